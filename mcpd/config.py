@@ -1,0 +1,211 @@
+"""The daemon configuration (``mcpd.yaml``): one typed schema, validated once (DESIGN.md).
+
+Every option lives in exactly one dataclass field below with its default; the YAML file may set
+any subset. Unknown keys and wrongly typed values are configuration errors
+(:class:`ConfigError`), which ``mcpd serve`` reports and exits with
+:data:`EXIT_CONFIG` so systemd does not restart it (``RestartPreventExitStatus=78``).
+
+Example (every key optional)::
+
+    listen: {host: 0.0.0.0, port: 9091}
+    tls: {cert: /etc/mcpd/tls/server.crt, key: /etc/mcpd/tls/server.key}
+    base_path: ""                  # public prefix added by a reverse proxy, e.g. /mcp
+    allowed_origins: []            # Origin values accepted on /sse and /message (SPEC §1.3)
+    keepalive_seconds: 15          # ': ping' comment interval on idle streams (SPEC §1.2)
+    max_body_bytes: 4194304        # POST /message body cap (SPEC §1.3)
+    session_queue_size: 256        # outgoing messages buffered per session (SPEC §1.4)
+    max_sessions: 1000
+    users_file: /etc/mcpd/users.yaml
+    grants_file: /etc/mcpd/mcp-sudo.yaml
+    helper_socket: /run/mcpd/helper.sock   # empty: no root helper (privileged → HELPER_UNAVAILABLE)
+    audit_log: /var/log/mcpd/audit.jsonl
+    read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536}
+    workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: configuration broken, do not restart
+
+
+class ConfigError(Exception):
+    """The configuration file is unreadable, not YAML, or breaks the schema (message says where)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Listen:
+    """Where the TLS listener binds (SPEC §1.1)."""
+
+    host: str = "0.0.0.0"
+    port: int = 9091
+
+
+@dataclasses.dataclass(frozen=True)
+class TLS:
+    """Certificate chain and private key files (PEM) for the listener (SPEC §1.1)."""
+
+    cert: str = "/etc/mcpd/tls/server.crt"
+    key: str = "/etc/mcpd/tls/server.key"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadLimits:
+    """SPEC §3 sizes, in bytes."""
+
+    default_bytes: int = 10240
+    response_cap: int = 10 * 1024 * 1024
+    max_line_bytes: int = 64 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Workers:
+    """Worker pool sizing (DESIGN.md): per OS account, with a per-request deadline in seconds."""
+
+    per_account: int = 4
+    timeout_seconds: float = 10.0
+    max_accounts: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The whole daemon configuration; build it with :func:`load` or :func:`from_dict`."""
+
+    listen: Listen = Listen()
+    tls: TLS = TLS()
+    base_path: str = ""
+    allowed_origins: tuple[str, ...] = ()
+    keepalive_seconds: float = 15.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    session_queue_size: int = 256
+    max_sessions: int = 1000
+    users_file: str = "/etc/mcpd/users.yaml"
+    grants_file: str = "/etc/mcpd/mcp-sudo.yaml"
+    helper_socket: str = "/run/mcpd/helper.sock"
+    audit_log: str = "/var/log/mcpd/audit.jsonl"
+    state_dir: str = "/var/lib/mcpd"
+    read: ReadLimits = ReadLimits()
+    workers: Workers = Workers()
+
+
+def _convert(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list")
+        (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
+        return tuple(_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false")
+        return value
+    if isinstance(hint, types.UnionType):  # pragma: no cover - no unions in the schema yet
+        raise ConfigError(f"{where}: unsupported type")
+    raise ConfigError(f"{where}: unsupported type")
+
+
+def _build(cls: Any, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names, key=str)
+    if unknown:
+        raise ConfigError(f"{where or 'config'}: unknown key {unknown[0]!r}")
+    kwargs = {k: _convert(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Validate a parsed mapping against the schema.
+
+    Raises:
+        ConfigError: unknown key, wrong type, or an out-of-range value.
+    """
+    cfg = _build(Config, data, "")
+    _check_ranges(cfg)
+    return cfg
+
+
+def _check_ranges(cfg: Config) -> None:
+    positive = {
+        "listen.port": cfg.listen.port,
+        "max_body_bytes": cfg.max_body_bytes,
+        "session_queue_size": cfg.session_queue_size,
+        "max_sessions": cfg.max_sessions,
+        "read.default_bytes": cfg.read.default_bytes,
+        "read.response_cap": cfg.read.response_cap,
+        "read.max_line_bytes": cfg.read.max_line_bytes,
+        "workers.per_account": cfg.workers.per_account,
+        "workers.max_accounts": cfg.workers.max_accounts,
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{name}: must be at least 1")
+    if not 1 <= cfg.listen.port <= 65535:
+        raise ConfigError("listen.port: must be 1..65535")
+    if cfg.keepalive_seconds <= 0 or cfg.workers.timeout_seconds <= 0:
+        raise ConfigError("keepalive_seconds and workers.timeout_seconds must be positive")
+    if cfg.base_path and (not cfg.base_path.startswith("/") or cfg.base_path.endswith("/")):
+        raise ConfigError("base_path: must start with '/' and not end with '/' (or be empty)")
+
+
+def load(path: str | Path) -> Config:
+    """Read and validate ``mcpd.yaml``.
+
+    Relative file paths inside it (``tls.cert``, ``users_file`` ...) are resolved against the
+    config file's folder, so a development state folder can be moved as a whole.
+
+    Raises:
+        ConfigError: unreadable file, invalid YAML, or a schema violation.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    try:
+        cfg = from_dict(data or {})
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from exc
+    return _resolve_paths(cfg, p.resolve().parent)
+
+
+def _resolve_paths(cfg: Config, base: Path) -> Config:
+    def r(value: str) -> str:
+        return value if not value or Path(value).is_absolute() else str(base / value)
+
+    return dataclasses.replace(
+        cfg,
+        tls=TLS(cert=r(cfg.tls.cert), key=r(cfg.tls.key)),
+        users_file=r(cfg.users_file),
+        grants_file=r(cfg.grants_file),
+        helper_socket=r(cfg.helper_socket),
+        audit_log=r(cfg.audit_log),
+        state_dir=r(cfg.state_dir),
+    )

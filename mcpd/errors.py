@@ -1,0 +1,118 @@
+"""One exception family with stable codes (SPEC §2.5).
+
+Every failure a client can see is a :class:`ToolError` carrying one of the codes below. The
+front turns it into a tool result with ``isError: true`` (or, for ``resources/read``, a JSON-RPC
+error whose ``data.code`` is the code); the root helper turns it into a refusal plus an audit
+record. Anything that is not a ``ToolError`` is an internal error: the client gets a generic
+message and the traceback goes to the log only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+FILE_NOT_FOUND = "FILE_NOT_FOUND"
+PERMISSION_DENIED = "PERMISSION_DENIED"
+NOT_A_REGULAR_FILE = "NOT_A_REGULAR_FILE"
+BINARY_FILE = "BINARY_FILE"
+ENCODING_ERROR = "ENCODING_ERROR"
+FILE_TOO_LARGE = "FILE_TOO_LARGE"
+LINE_TOO_LONG = "LINE_TOO_LONG"
+RANGE_OUT_OF_BOUNDS = "RANGE_OUT_OF_BOUNDS"
+HELPER_UNAVAILABLE = "HELPER_UNAVAILABLE"
+TIMEOUT = "TIMEOUT"
+RATE_LIMITED = "RATE_LIMITED"
+INTERNAL_ERROR = "INTERNAL_ERROR"
+
+CODES = frozenset(
+    {
+        INVALID_ARGUMENT,
+        FILE_NOT_FOUND,
+        PERMISSION_DENIED,
+        NOT_A_REGULAR_FILE,
+        BINARY_FILE,
+        ENCODING_ERROR,
+        FILE_TOO_LARGE,
+        LINE_TOO_LONG,
+        RANGE_OUT_OF_BOUNDS,
+        HELPER_UNAVAILABLE,
+        TIMEOUT,
+        RATE_LIMITED,
+        INTERNAL_ERROR,
+    }
+)
+
+
+class ToolError(Exception):
+    """A failure with a stable SPEC §2.5 code.
+
+    Args:
+        code: one of the module's code constants (``FILE_NOT_FOUND`` ...).
+        message: the human message, shown as the tool result's ``content[0].text``. It never
+            contains file contents, tokens or passwords.
+        details: JSON-serialisable facts for the agent (``path``, ``reason``, ``size`` ...).
+
+    Raises:
+        ValueError: ``code`` is not one of :data:`CODES`.
+    """
+
+    def __init__(self, code: str, message: str, **details: Any) -> None:
+        if code not in CODES:
+            raise ValueError(f"unknown error code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire shape ``{"code", "message", "details"}`` used in frames and ``structuredContent``."""
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ToolError":
+        """Rebuild an error from :meth:`to_dict`'s shape; anything malformed becomes ``INTERNAL_ERROR``."""
+        if not isinstance(data, dict):
+            return cls(INTERNAL_ERROR, "internal error")
+        code = data.get("code")
+        message = data.get("message")
+        details = data.get("details")
+        if code not in CODES or not isinstance(message, str) or not isinstance(details, dict):
+            return cls(INTERNAL_ERROR, "internal error")
+        return cls(code, message, **details)
+
+    def __repr__(self) -> str:
+        return f"ToolError({self.code}, {self.message!r}, {self.details!r})"
+
+
+def invalid_argument(message: str, **details: Any) -> ToolError:
+    """Shorthand for an ``INVALID_ARGUMENT`` error (SPEC §2.5: validation failures are tool errors)."""
+    return ToolError(INVALID_ARGUMENT, message, **details)
+
+
+def from_oserror(exc: OSError, path: str) -> ToolError:
+    """Map an ``OSError`` from opening or reading ``path`` to the SPEC §2.5 code.
+
+    ``ENOENT``/``ENOTDIR`` → ``FILE_NOT_FOUND``; ``EACCES``/``EPERM`` → ``PERMISSION_DENIED``
+    (reason ``the account may not read it``); ``ELOOP`` → ``PERMISSION_DENIED`` (reason
+    ``symlink in path``); ``EISDIR`` → ``NOT_A_REGULAR_FILE``; ``ENXIO`` (a FIFO or socket that
+    cannot be opened without blocking) → ``NOT_A_REGULAR_FILE``; anything else → ``INTERNAL_ERROR``
+    with the errno name only.
+    """
+    import errno
+
+    err = exc.errno
+    if err in (errno.ENOENT, errno.ENOTDIR):
+        return ToolError(FILE_NOT_FOUND, f"no such file: {path}", path=path)
+    if err in (errno.EACCES, errno.EPERM):
+        return ToolError(
+            PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="the account may not read it"
+        )
+    if err == errno.ELOOP:
+        return ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="symlink in path")
+    if err == errno.EISDIR:
+        return ToolError(NOT_A_REGULAR_FILE, f"not a regular file: {path}", path=path, type="directory")
+    if err == errno.ENXIO:
+        return ToolError(NOT_A_REGULAR_FILE, f"not a regular file: {path}", path=path, type="fifo or socket")
+    name = errno.errorcode.get(err or 0, "EIO")
+    return ToolError(INTERNAL_ERROR, f"cannot read {path}: {name}", path=path, errno=name)

@@ -1,0 +1,113 @@
+"""Length-prefixed JSON frames between the front, the workers and the root helper (DESIGN.md).
+
+A frame is a 4-byte big-endian unsigned length followed by that many bytes of UTF-8 JSON (one
+object). The receiver checks the announced length against its cap *before* reading or allocating
+the body, so a peer announcing 1 GB costs nothing (the connection is simply refused).
+
+Caps: the root helper accepts request frames up to :data:`HELPER_REQUEST_CAP` (64 KiB). Replies
+carrying file text are bounded by the response cap (SPEC §3, default 10 MiB); JSON escaping can
+grow text up to 6x, so :func:`reply_cap` gives the cap for a reply frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+from typing import Any
+
+HEADER = struct.Struct("!I")
+HELPER_REQUEST_CAP = 64 * 1024
+
+
+class FrameError(Exception):
+    """A malformed frame: over the cap, truncated, not JSON, or not a JSON object."""
+
+
+def reply_cap(response_cap: int) -> int:
+    """The largest reply frame (bytes) that may carry an answer of ``response_cap`` bytes of text."""
+    return 6 * response_cap + 1024 * 1024
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    """Encode one object as a frame (header + compact UTF-8 JSON)."""
+    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    return HEADER.pack(len(body)) + body
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    """Parse a frame body; raise :class:`FrameError` unless it is one JSON object."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FrameError("frame is not JSON") from exc
+    if not isinstance(obj, dict):
+        raise FrameError("frame is not a JSON object")
+    return obj
+
+
+def check_length(length: int, cap: int) -> None:
+    """Raise :class:`FrameError` when an announced ``length`` (bytes) exceeds ``cap`` (bytes)."""
+    if length > cap:
+        raise FrameError(f"frame of {length} bytes exceeds the cap of {cap} bytes")
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < n:
+        chunk = sock.recv(min(n - len(chunks), 1024 * 1024))
+        if not chunk:
+            if not chunks:
+                return None
+            raise FrameError("connection closed inside a frame")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def send_frame(sock: socket.socket, obj: dict[str, Any]) -> None:
+    """Send one frame on a blocking socket."""
+    sock.sendall(encode(obj))
+
+
+def recv_frame(sock: socket.socket, cap: int) -> dict[str, Any] | None:
+    """Receive one frame from a blocking socket.
+
+    Returns:
+        the object, or ``None`` on a clean end of stream before a header.
+    Raises:
+        FrameError: over ``cap`` bytes (checked before reading the body), truncated, or not a
+            JSON object.
+    """
+    header = _recv_exactly(sock, HEADER.size)
+    if header is None:
+        return None
+    (length,) = HEADER.unpack(header)
+    check_length(length, cap)
+    body = _recv_exactly(sock, length)
+    if body is None:
+        raise FrameError("connection closed inside a frame")
+    return decode_body(body)
+
+
+async def read_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, Any] | None:
+    """Asyncio twin of :func:`recv_frame`; ``None`` on a clean end of stream."""
+    try:
+        header = await reader.readexactly(HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise FrameError("connection closed inside a frame header") from exc
+    (length,) = HEADER.unpack(header)
+    check_length(length, cap)
+    try:
+        body = await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        raise FrameError("connection closed inside a frame") from exc
+    return decode_body(body)
+
+
+async def write_frame(writer: asyncio.StreamWriter, obj: dict[str, Any]) -> None:
+    """Asyncio twin of :func:`send_frame`: write and drain one frame."""
+    writer.write(encode(obj))
+    await writer.drain()

@@ -1,0 +1,237 @@
+"""Principals and bearer tokens (SPEC §5.1).
+
+A token looks like ``mcpd_<id>_<secret>``: ``id`` is 12 lowercase hex digits naming the token
+record, ``secret`` is 43 URL-safe base64 characters (256 bits). ``users.yaml`` stores, per token,
+a random salt and ``sha256(salt || secret)`` in hex; the plain token exists only in the output of
+the command that created it. Verification looks the record up by ``id`` and compares digests with
+:func:`hmac.compare_digest` (constant time); an unknown id still costs one digest and compare.
+
+``users.yaml``::
+
+    users:
+      alice:                       # principal name
+        os_user: alice             # the OS account whose rights unprivileged calls use
+        tokens:
+          - id: 0a1b2c3d4e5f
+            salt: 9f...            # 32 hex digits
+            sha256: 5e...          # 64 hex digits
+            created: 2026-11-29T21:00:00Z
+            expires: null          # optional ISO 8601 UTC
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TOKEN_RE = re.compile(r"^mcpd_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
+NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+
+
+class UsersFileError(Exception):
+    """``users.yaml`` is unreadable, malformed, or breaks the schema above."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller.
+
+    Attributes:
+        name: the principal's name in ``users.yaml``.
+        os_user: the OS account whose rights its unprivileged calls use (SPEC §5.1).
+        token_id: the 12-hex id of the token that authenticated this request.
+    """
+
+    name: str
+    os_user: str
+    token_id: str
+
+
+@dataclass
+class TokenRecord:
+    """One stored token: its id, salt and digest (hex strings) and ISO 8601 times."""
+
+    id: str
+    salt: str
+    sha256: str
+    created: str
+    expires: str | None = None
+
+
+@dataclass
+class UserRecord:
+    """One principal in ``users.yaml``."""
+
+    name: str
+    os_user: str
+    tokens: list[TokenRecord] = field(default_factory=list)
+
+
+def _digest(salt_hex: str, secret: str) -> str:
+    return hashlib.sha256(bytes.fromhex(salt_hex) + secret.encode("ascii")).hexdigest()
+
+
+def new_token() -> tuple[str, TokenRecord]:
+    """Create a fresh token.
+
+    Returns:
+        ``(plain_token, record)``; only the record may be stored.
+    """
+    token_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(32)[:43]
+    while len(secret) < 43:  # token_urlsafe(32) is always 43 chars; be explicit anyway
+        secret += secrets.token_urlsafe(8)
+    secret = secret[:43]
+    salt = secrets.token_hex(16)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    record = TokenRecord(id=token_id, salt=salt, sha256=_digest(salt, secret), created=now)
+    return f"mcpd_{token_id}_{secret}", record
+
+
+_DUMMY_SALT = "00" * 16
+
+
+def verify(users: dict[str, UserRecord], token: str, now: datetime.datetime | None = None) -> Principal | None:
+    """Find the principal a plain ``token`` belongs to, in constant time per token.
+
+    Returns ``None`` for a malformed, unknown, wrong or expired token (the caller answers 401).
+    """
+    m = TOKEN_RE.match(token)
+    if not m:
+        return None
+    token_id, secret = m.group(1), m.group(2)
+    found: tuple[UserRecord, TokenRecord] | None = None
+    for user in users.values():
+        for rec in user.tokens:
+            if hmac.compare_digest(rec.id, token_id):
+                found = (user, rec)
+    if found is None:
+        hmac.compare_digest(_digest(_DUMMY_SALT, secret), "0" * 64)
+        return None
+    user, rec = found
+    if not hmac.compare_digest(_digest(rec.salt, secret), rec.sha256):
+        return None
+    if rec.expires:
+        when = now or datetime.datetime.now(datetime.timezone.utc)
+        if when >= parse_time(rec.expires):
+            return None
+    return Principal(name=user.name, os_user=user.os_user, token_id=rec.id)
+
+
+def parse_time(value: str) -> datetime.datetime:
+    """Parse an ISO 8601 UTC time (``2026-11-29T21:00:00Z``); raise ``ValueError`` if malformed."""
+    dt = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=datetime.timezone.utc)
+    return dt
+
+
+def _str(value: Any, where: str, pattern: re.Pattern[str] | None = None) -> str:
+    if isinstance(value, datetime.datetime):
+        value = value.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if not isinstance(value, str) or (pattern and not pattern.match(value)):
+        raise UsersFileError(f"{where}: invalid value")
+    return value
+
+
+_HEX12 = re.compile(r"^[0-9a-f]{12}$")
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def parse_users(data: Any, source: str = "users.yaml") -> dict[str, UserRecord]:
+    """Validate a parsed ``users.yaml`` mapping; raise :class:`UsersFileError` naming the bad key."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or set(data) - {"users"}:
+        raise UsersFileError(f"{source}: top level must be a mapping with only 'users'")
+    users_raw = data.get("users") or {}
+    if not isinstance(users_raw, dict):
+        raise UsersFileError(f"{source}: 'users' must be a mapping")
+    users: dict[str, UserRecord] = {}
+    for name, body in users_raw.items():
+        where = f"{source}: users.{name}"
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise UsersFileError(f"{where}: invalid principal name")
+        if not isinstance(body, dict) or set(body) - {"os_user", "tokens"}:
+            raise UsersFileError(f"{where}: expected keys os_user, tokens")
+        os_user = _str(body.get("os_user"), f"{where}.os_user", NAME_RE)
+        tokens: list[TokenRecord] = []
+        for i, t in enumerate(body.get("tokens") or []):
+            tw = f"{where}.tokens[{i}]"
+            if not isinstance(t, dict) or set(t) - {"id", "salt", "sha256", "created", "expires"}:
+                raise UsersFileError(f"{tw}: unknown or missing keys")
+            expires = t.get("expires")
+            tokens.append(
+                TokenRecord(
+                    id=_str(t.get("id"), f"{tw}.id", _HEX12),
+                    salt=_str(t.get("salt"), f"{tw}.salt", _HEX32),
+                    sha256=_str(t.get("sha256"), f"{tw}.sha256", _HEX64),
+                    created=_str(t.get("created"), f"{tw}.created"),
+                    expires=None if expires is None else _str(expires, f"{tw}.expires"),
+                )
+            )
+        users[name] = UserRecord(name=name, os_user=os_user, tokens=tokens)
+    return users
+
+
+def load_users(path: str | Path) -> dict[str, UserRecord]:
+    """Read and validate ``users.yaml``; a missing file means no users.
+
+    Raises:
+        UsersFileError: unreadable, not YAML, or schema violation.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise UsersFileError(f"{p}: cannot read: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UsersFileError(f"{p}: not valid YAML: {exc}") from exc
+    return parse_users(data, str(p))
+
+
+def dump_users(users: dict[str, UserRecord]) -> dict[str, Any]:
+    """The YAML-ready mapping for ``users`` (inverse of :func:`parse_users`)."""
+    out: dict[str, Any] = {}
+    for name, u in sorted(users.items()):
+        out[name] = {
+            "os_user": u.os_user,
+            "tokens": [
+                {k: v for k, v in vars(t).items() if v is not None} for t in u.tokens
+            ],
+        }
+    return {"users": out}
+
+
+def save_users(path: str | Path, users: dict[str, UserRecord]) -> None:
+    """Atomically replace ``users.yaml`` with mode 0600 (rename over the old file)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".users.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("# mcpd principals and token digests (SPEC §5.1). Manage with `mcpd users`.\n")
+            yaml.safe_dump(dump_users(users), f, sort_keys=False)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
