@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets up and runs mcpd in its development default on https://127.0.0.1:9091 with its own
+# certificate, token and config under ./dev-state; prints the export lines for linuxctl.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+exec .venv/bin/mcpd dev --state-dir ./dev-state "$@"
