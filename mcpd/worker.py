@@ -1,0 +1,451 @@
+"""Worker processes and the per-account worker pool (DESIGN.md "worker"; SPEC §1.4, §1.5, §2.5).
+
+A worker is a long-lived process that runs ops (``mcpd.ops.run``) for one OS account, one request
+at a time, over its end of a ``socketpair`` with length-prefixed frames (``mcpd.frames``). It
+starts as ``python -I -m mcpd.worker --fd N --limits JSON``, closes every other descriptor, and
+exits when the socket closes. It holds nothing of the front's: no TLS key, no tokens.
+
+The front talks to workers only through :class:`WorkerPool`: per account up to
+``workers.per_account`` workers, spawned lazily and reused; a deadline per call
+(``workers.timeout_seconds``, SPEC §2.5 ``TIMEOUT``) after which the worker is killed, reaped and
+replaced; a crashed worker fails only its own request; cancelling a call kills its worker. The
+pool never blocks the event loop and leaves no zombies.
+
+Spawning is delegated to a :class:`Spawner`: :class:`LocalSpawner` (development, the daemon's own
+user) here; the root helper provides one that starts workers as the account.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import ctypes
+import dataclasses
+import json
+import logging
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any, Protocol
+
+from mcpd import frames
+from mcpd.config import Config, ReadLimits
+from mcpd.errors import INTERNAL_ERROR, TIMEOUT, ToolError, invalid_argument
+
+if TYPE_CHECKING:
+    from mcpd.ops import OpContext
+
+log = logging.getLogger("mcpd.worker")
+
+REQUEST_CAP = frames.HELPER_REQUEST_CAP  # bytes: a request frame to a worker is at most 64 KiB
+STREAM_LIMIT = 1024 * 1024  # bytes: asyncio stream buffer per worker connection
+REAP_GRACE = 2.0  # seconds a failed call waits for its killed worker to be reaped before answering
+
+
+# --------------------------------------------------------------------------- worker process side
+
+
+def serve(sock: socket.socket, ctx: OpContext) -> None:
+    """Run the worker loop until the peer closes the socket (DESIGN.md "worker").
+
+    Args:
+        sock: a blocking, connected ``AF_UNIX`` stream socket (the worker's end of a socketpair).
+        ctx: the ops context (read limits and the unprivileged openers).
+
+    Each request frame (at most :data:`REQUEST_CAP` bytes, ``{"id", "op", "args"}``) gets exactly
+    one reply frame from ``mcpd.ops.run``. A malformed or oversized frame ends the connection, as
+    does any socket error; nothing is raised.
+    """
+    from mcpd import ops
+
+    while True:
+        try:
+            frame = frames.recv_frame(sock, REQUEST_CAP)
+        except (frames.FrameError, OSError):
+            return
+        if frame is None:
+            return
+        reply = ops.run(frame, ctx)
+        try:
+            frames.send_frame(sock, reply)
+        except OSError:
+            return
+
+
+def _harden(keep_fd: int) -> None:
+    """Drop everything the worker does not need before it touches a client's path."""
+    os.closerange(3, keep_fd)
+    os.closerange(keep_fd + 1, os.sysconf("SC_OPEN_MAX"))
+    os.chdir("/")
+    os.umask(0o077)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a core dump would hold file contents
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when a worker ends
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_no_new_privs = 38
+    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point ``python -m mcpd.worker --fd N --limits JSON``; returns the exit status.
+
+    ``--limits`` is a JSON object of :class:`mcpd.config.ReadLimits` fields (bytes). Exits 0 when
+    the socket closes, 2 on bad arguments (not a Unix stream socket, bad limits).
+    """
+    parser = argparse.ArgumentParser(prog="python -m mcpd.worker")
+    parser.add_argument("--fd", type=int, required=True, help="the worker's socketpair end")
+    parser.add_argument("--limits", default="{}", help="ReadLimits as a JSON object (bytes)")
+    opts = parser.parse_args(argv)
+    try:
+        limits = ReadLimits(**json.loads(opts.limits))
+        sock = socket.socket(fileno=opts.fd)
+    except (ValueError, TypeError, OSError) as exc:
+        print(f"mcpd.worker: bad arguments: {exc}", file=sys.stderr)
+        return 2
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        print("mcpd.worker: --fd is not a Unix stream socket", file=sys.stderr)
+        return 2
+    _harden(opts.fd)
+    sock.setblocking(True)
+    from mcpd import fileopen
+    from mcpd.ops import OpContext
+
+    ctx = OpContext(limits=limits, open_file=fileopen.open_regular, open_dir=fileopen.open_directory)
+    with sock:
+        serve(sock, ctx)
+    return 0
+
+
+# --------------------------------------------------------------------------- spawners
+
+
+class Spawner(Protocol):
+    """Starts and stops worker processes for an OS account (DESIGN.md "worker").
+
+    ``spawn`` returns the front's end of a connected ``AF_UNIX`` stream socketpair and the
+    worker's pid; the pool owns the socket from then on. ``kill`` sends SIGKILL to a worker it
+    spawned and returns once the process has been reaped (a no-op for an unknown or gone pid).
+    Both may raise ``OSError`` or :class:`ToolError`.
+    """
+
+    async def spawn(self, os_user: str) -> tuple[socket.socket, int]: ...
+
+    async def kill(self, pid: int) -> None: ...
+
+
+class LocalSpawner:
+    """Development spawner: workers run as the daemon's own user (``os_user`` is ignored).
+
+    Args:
+        limits: the read limits (bytes) handed to every worker on its command line.
+        python: the interpreter to run (default: the current one).
+
+    Children get only their socket (``pass_fds``), ``/dev/null`` as stdin/stdout, the daemon's
+    stderr for tracebacks, a minimal environment, a new session (terminal signals do not reach
+    them) and ``-I`` (isolated mode). Each child is watched through a pidfd and reaped as soon as
+    it exits, so no zombie outlives its process.
+    """
+
+    def __init__(self, limits: ReadLimits, python: str = sys.executable) -> None:
+        self._argv = [python, "-I", "-m", "mcpd.worker", "--limits", json.dumps(dataclasses.asdict(limits))]
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._exited: dict[int, asyncio.Future[None]] = {}
+
+    async def spawn(self, os_user: str) -> tuple[socket.socket, int]:
+        """Start one worker; see :class:`Spawner`. Raises ``OSError`` when the fork/exec fails."""
+        loop = asyncio.get_running_loop()
+        front, back = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = subprocess.Popen(
+                [*self._argv, "--fd", str(back.fileno())],
+                pass_fds=(back.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                cwd="/",
+                env={"PATH": os.defpath, "LANG": "C.UTF-8"},
+                start_new_session=True,
+            )
+        except BaseException:
+            front.close()
+            raise
+        finally:
+            back.close()
+        pidfd = os.pidfd_open(proc.pid)
+        self._procs[proc.pid] = proc
+        self._exited[proc.pid] = loop.create_future()
+        loop.add_reader(pidfd, self._reap, loop, pidfd, proc.pid)
+        return front, proc.pid
+
+    def _reap(self, loop: asyncio.AbstractEventLoop, pidfd: int, pid: int) -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        proc = self._procs.pop(pid)
+        proc.wait()  # the pidfd is readable: the child has exited, this does not block
+        done = self._exited.pop(pid)
+        if not done.done():
+            done.set_result(None)
+
+    async def kill(self, pid: int) -> None:
+        """SIGKILL a worker this spawner started and wait until it is reaped; see :class:`Spawner`."""
+        proc = self._procs.get(pid)
+        done = self._exited.get(pid)
+        if proc is None or done is None:
+            return
+        proc.kill()
+        await asyncio.shield(done)
+
+    def live_pids(self) -> list[int]:
+        """Pids started by this spawner and not yet reaped (introspection for tests and status)."""
+        return list(self._procs)
+
+
+# --------------------------------------------------------------------------- the pool
+
+
+@dataclasses.dataclass(eq=False)
+class _Worker:
+    pid: int
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    busy: bool = False
+    retired: bool = False
+    next_id: int = 0
+
+
+class _Crashed(Exception):
+    """The worker closed its socket or broke the frame protocol."""
+
+
+class _Account:
+    def __init__(self, size: int) -> None:
+        self.slots = asyncio.Semaphore(size)  # one per call in progress
+        self.idle: list[_Worker] = []
+        self.workers: dict[int, _Worker] = {}  # every live worker, idle or busy
+        self.callers = 0  # calls inside (waiting or running): an account in use is never evicted
+
+
+class WorkerPool:
+    """Per-account pools of long-lived workers (DESIGN.md "worker"; SPEC §1.5, §2.5 ``TIMEOUT``).
+
+    Args:
+        spawner: starts and kills worker processes (:class:`LocalSpawner`, or the root helper's).
+        cfg: the daemon config; uses ``workers.per_account`` (workers per account),
+            ``workers.max_accounts`` (accounts with workers at once; the least recently used idle
+            account is evicted), ``workers.timeout_seconds`` (default deadline per call) and
+            ``read.response_cap`` (bytes; sets the reply frame cap).
+
+    Must be used from one event loop. Call :meth:`close` before the loop ends.
+    """
+
+    def __init__(self, spawner: Spawner, cfg: Config) -> None:
+        self._spawner = spawner
+        self._cfg = cfg
+        self._reply_cap = frames.reply_cap(cfg.read.response_cap)
+        self._accounts: collections.OrderedDict[str, _Account] = collections.OrderedDict()
+        self._account_freed = asyncio.Event()
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def workers(self, os_user: str) -> dict[int, bool]:
+        """Live workers of ``os_user`` as ``{pid: busy}`` (introspection for tests and status)."""
+        account = self._accounts.get(os_user)
+        return {} if account is None else {w.pid: w.busy for w in account.workers.values()}
+
+    async def call(self, os_user: str, op: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """Run ``op`` with ``args`` in one of ``os_user``'s workers and return its result dict.
+
+        Args:
+            os_user: the OS account whose rights the worker has.
+            op: an op name (``"files/read"``); args: its JSON-serialisable arguments.
+            timeout: seconds for the whole call (queueing, spawning, running); default
+                ``workers.timeout_seconds``.
+
+        Raises:
+            ToolError: the worker's own error; ``TIMEOUT`` when the deadline passes (a running
+                worker is then killed, reaped and replaced); ``INTERNAL_ERROR`` ("worker crashed")
+                when the worker dies or breaks the protocol; ``INVALID_ARGUMENT`` when the request
+                frame would exceed 64 KiB.
+            asyncio.CancelledError: the call was cancelled; its worker is killed and replaced.
+        """
+        if self._closed:
+            raise ToolError(INTERNAL_ERROR, "worker pool is closed")
+        limit = self._cfg.workers.timeout_seconds if timeout is None else timeout
+        request = self._encode(0, op, args)  # size check before any worker is taken
+        del request
+        deadline = asyncio.get_running_loop().time() + limit
+        account = await self._enter(os_user, deadline, limit)
+        try:
+            return await self._call_in(account, os_user, op, args, deadline, limit)
+        finally:
+            account.callers -= 1
+            if account.callers == 0:
+                self._account_freed.set()
+
+    @staticmethod
+    def _encode(rid: int, op: str, args: dict[str, Any]) -> bytes:
+        try:
+            data = frames.encode({"id": rid, "op": op, "args": args})
+        except (TypeError, ValueError) as exc:
+            raise invalid_argument("arguments are not JSON-serialisable") from exc
+        if len(data) - frames.HEADER.size > REQUEST_CAP - 32:  # 32 bytes of room for a larger id
+            raise invalid_argument(f"request over {REQUEST_CAP} bytes", limit=REQUEST_CAP)
+        return data
+
+    async def _enter(self, os_user: str, deadline: float, limit: float) -> _Account:
+        while True:
+            if self._closed:
+                raise ToolError(INTERNAL_ERROR, "worker pool is closed")
+            account = self._accounts.get(os_user)
+            if account is None and len(self._accounts) >= self._cfg.workers.max_accounts:
+                self._evict_one()
+            if account is None and len(self._accounts) < self._cfg.workers.max_accounts:
+                account = self._accounts[os_user] = _Account(self._cfg.workers.per_account)
+            if account is not None:
+                self._accounts.move_to_end(os_user)
+                account.callers += 1
+                return account
+            self._account_freed.clear()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._account_freed.wait()
+            except TimeoutError:
+                raise ToolError(TIMEOUT, "too many accounts have requests running", seconds=limit) from None
+
+    def _evict_one(self) -> None:
+        for name, account in self._accounts.items():  # least recently used first
+            if account.callers == 0:
+                for worker in list(account.workers.values()):
+                    self._retire(account, worker, release=False)
+                del self._accounts[name]
+                return
+
+    async def _call_in(
+        self, account: _Account, os_user: str, op: str, args: dict[str, Any], deadline: float, limit: float
+    ) -> dict[str, Any]:
+        try:
+            async with asyncio.timeout_at(deadline):
+                await account.slots.acquire()
+        except TimeoutError:
+            raise ToolError(TIMEOUT, "all workers of this account stayed busy", seconds=limit) from None
+        worker: _Worker | None = None
+        try:
+            worker = await self._checkout(account, os_user, deadline)
+            reply = await self._exchange(worker, op, args, deadline)
+        except TimeoutError:
+            await self._fail(account, worker)
+            log.warning("worker %s timed out on %s after %.1f s", worker and worker.pid, op, limit)
+            raise ToolError(TIMEOUT, f"the worker did not finish in {limit:g} s", seconds=limit) from None
+        except (_Crashed, frames.FrameError, OSError) as exc:
+            await self._fail(account, worker)
+            log.warning("worker %s failed on %s: %s", worker and worker.pid, op, type(exc).__name__)
+            raise ToolError(INTERNAL_ERROR, "worker crashed") from None
+        except BaseException:  # cancellation: kill the worker in the background, answer nothing
+            if worker is None:
+                account.slots.release()
+            else:
+                self._retire(account, worker, release=True)
+            raise
+        worker.busy = False
+        account.idle.append(worker)
+        account.slots.release()
+        if reply["ok"] is True:
+            result: dict[str, Any] = reply["result"]
+            return result
+        raise ToolError.from_dict(reply.get("error"))
+
+    async def _fail(self, account: _Account, worker: _Worker | None) -> None:
+        if worker is None:
+            account.slots.release()
+            return
+        task = self._retire(account, worker, release=True)
+        if task is not None:
+            await asyncio.wait({task}, timeout=REAP_GRACE)
+
+    async def _checkout(self, account: _Account, os_user: str, deadline: float) -> _Worker:
+        while account.idle:
+            worker = account.idle.pop()
+            if worker.reader.at_eof() or worker.writer.is_closing():  # died while idle
+                self._retire(account, worker, release=False)
+                continue
+            worker.busy = True
+            return worker
+        async with asyncio.timeout_at(deadline):
+            sock, pid = await self._spawner.spawn(os_user)
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=sock, limit=STREAM_LIMIT)
+        except BaseException:
+            sock.close()
+            self._track(asyncio.get_running_loop().create_task(self._reap(pid, None, None)))
+            raise
+        worker = _Worker(pid=pid, reader=reader, writer=writer, busy=True)
+        account.workers[pid] = worker
+        return worker
+
+    async def _exchange(self, worker: _Worker, op: str, args: dict[str, Any], deadline: float) -> dict[str, Any]:
+        worker.next_id += 1
+        data = self._encode(worker.next_id, op, args)
+        async with asyncio.timeout_at(deadline):
+            worker.writer.write(data)
+            await worker.writer.drain()
+            reply = await frames.read_frame(worker.reader, self._reply_cap)
+        if reply is None:
+            raise _Crashed("end of stream")
+        ok = reply.get("ok")
+        if reply.get("id") != worker.next_id or not isinstance(ok, bool):
+            raise _Crashed("malformed reply")
+        if ok and not isinstance(reply.get("result"), dict):
+            raise _Crashed("malformed result")
+        return reply
+
+    def _retire(self, account: _Account, worker: _Worker, release: bool) -> asyncio.Task[None] | None:
+        """Kill and reap ``worker`` in the background; release a call slot once it is reaped."""
+        if worker.retired:
+            if release:
+                account.slots.release()
+            return None
+        worker.retired = True
+        account.workers.pop(worker.pid, None)
+        if worker in account.idle:
+            account.idle.remove(worker)
+        slots = account.slots if release else None
+        return self._track(asyncio.get_running_loop().create_task(self._reap(worker.pid, worker.writer, slots)))
+
+    def _track(self, task: asyncio.Task[None]) -> asyncio.Task[None]:
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+        return task
+
+    async def _reap(self, pid: int, writer: asyncio.StreamWriter | None, slots: asyncio.Semaphore | None) -> None:
+        if writer is not None:
+            writer.close()
+        try:
+            await self._spawner.kill(pid)
+        except Exception:
+            log.exception("could not kill worker %s", pid)
+        finally:
+            if slots is not None:
+                slots.release()
+        if writer is not None:
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
+
+    async def close(self) -> None:
+        """Kill and reap every worker; later calls raise ``INTERNAL_ERROR``. Idempotent."""
+        self._closed = True
+        self._account_freed.set()
+        for account in self._accounts.values():
+            for worker in list(account.workers.values()):
+                self._retire(account, worker, release=False)
+        self._accounts.clear()
+        while self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
