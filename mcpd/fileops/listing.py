@@ -1,0 +1,108 @@
+"""``files/list``: a directory's entries, or one non-directory entry (issue 4).
+
+Entries come from the directory descriptor returned by ``ctx.open_dir`` (``os.listdir(fd)`` and
+``os.stat(name, dir_fd=fd, follow_symlinks=False)``): hidden names included, sorted by name
+(bytewise order of the UTF-8 names), symlinks shown as links with their target, never followed.
+On the privileged route every entry is filtered by ``ctx.allow`` before anything about it is
+shown (see :mod:`mcpd.fileops`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from mcpd.errors import FILE_NOT_FOUND, NOT_A_REGULAR_FILE, ToolError, from_oserror
+from mcpd.fileops import Context, allowed, clean, describe, join, lstat_path, no_grant, type_name
+
+DEFAULT_LIMIT = 1000
+MAX_LIMIT = 10000
+
+
+def list_path(path: str, ctx: Context, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
+    """List ``path``: a directory's entries, or the one entry ``path`` names.
+
+    Args:
+        path: absolute path of a directory (listed) or of any other entry (described alone;
+            a symlink is described as a link, not followed).
+        ctx: the op context (openers, optional ``allow`` filter).
+        limit: at most this many entries are returned (1..10000).
+
+    Returns:
+        ``{"path", "kind": "directory" | "entry", "entries": [describe(...)], "total": int,
+        "truncated": bool, "note": str | None}``; ``total`` counts the visible entries.
+
+    Raises:
+        ToolError: ``FILE_NOT_FOUND``, ``PERMISSION_DENIED`` (kernel refusal, or on the
+            privileged route an entry outside the grant), or the opener's own error.
+    """
+    path = clean(path)
+    try:
+        dfd = ctx.open_dir(path)
+    except ToolError as exc:
+        if exc.code not in (FILE_NOT_FOUND, NOT_A_REGULAR_FILE):
+            raise
+        return _single(path, ctx, exc)
+    try:
+        return _directory(path, dfd, ctx, limit)
+    finally:
+        os.close(dfd)
+
+
+def _single(path: str, ctx: Context, original: ToolError) -> dict[str, Any]:
+    """Describe one non-directory entry; re-raise ``original`` if it turns out to be a directory."""
+    if not allowed(ctx, path):
+        raise no_grant(path)
+    st, target = lstat_path(ctx, path)
+    if type_name(st.st_mode) == "dir":
+        raise original
+    name = path.rsplit("/", 1)[-1]
+    note = f"{path} is a symlink to {target}; list the target to see its entries" if target else None
+    return {
+        "path": path,
+        "kind": "entry",
+        "entries": [describe(name, st, target)],
+        "total": 1,
+        "truncated": False,
+        "note": note,
+    }
+
+
+def _directory(path: str, dfd: int, ctx: Context, limit: int) -> dict[str, Any]:
+    """List the open directory ``dfd`` (whose path is ``path``), at most ``limit`` entries."""
+    try:
+        names = sorted(os.listdir(dfd), key=os.fsencode)
+    except OSError as err:
+        raise from_oserror(err, path) from None
+    names = [n for n in names if allowed(ctx, join(path, n))]
+    entries: list[dict[str, object]] = []
+    for name in names[:limit]:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            target = os.readlink(name, dir_fd=dfd) if type_name(st.st_mode) == "symlink" else None
+        except FileNotFoundError:
+            continue  # removed since it was listed
+        except OSError as err:
+            raise from_oserror(err, join(path, name)) from None
+        entries.append(describe(name, st, target))
+    truncated = len(names) > limit
+    note = None
+    if truncated:
+        note = (
+            f"showing the first {limit} of {len(names)} entries (sorted by name); "
+            f"{len(names) - limit} were left out: call again with a larger limit (max {MAX_LIMIT}) "
+            "or use files/find with a name pattern"
+        )
+    return {
+        "path": path,
+        "kind": "directory",
+        "entries": entries,
+        "total": len(names),
+        "truncated": truncated,
+        "note": note,
+    }
+
+
+def op_list(args: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """The ``files/list`` op handler: ``args`` as returned by ``tools.files_list.parse_args``."""
+    return list_path(args["path"], ctx, int(args.get("limit", DEFAULT_LIMIT)))
