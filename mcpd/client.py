@@ -1,0 +1,429 @@
+"""An async MCP client over the HTTP+SSE transport (SPEC §1, §2), used by ``linuxctl`` and tests.
+
+Usage::
+
+    async with Client("https://127.0.0.1:9091", token, cafile="ca.crt") as c:
+        tools = await c.list_tools()
+        result = await c.call_tool("files/read", {"path": "/etc/hosts"})
+
+Entering the context opens ``GET /sse`` with the bearer token, waits for the ``endpoint`` event,
+then sends ``initialize`` and ``notifications/initialized``. A reader task dispatches every
+``message`` event to the future of the request with the same ``id``, so concurrent requests on
+one client are matched by id in any order (SPEC §1.5).
+
+Failures are one exception family whose ``exit_code`` is the ``linuxctl`` exit status (SPEC §6):
+:class:`ToolFailed` 1, :class:`RPCError` 1, :class:`ProtocolError` 1, :class:`UsageError` 2,
+:class:`AuthError` 3, :class:`ConnectError` 4 (refused, DNS, TLS verification, lost stream, no
+answer in time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import httpx
+from httpx_sse import EventSource, SSEError, aconnect_sse
+
+PROTOCOL_VERSION = "2025-06-18"
+CLIENT_INFO = {"name": "mcpd-client", "version": "0.1.0"}
+T = TypeVar("T")
+
+
+class MCPClientError(Exception):
+    """Base of the client's errors; ``code`` is a short stable word, ``exit_code`` the SPEC §6 status."""
+
+    exit_code = 1
+    default_code = "CLIENT_ERROR"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+
+
+class ToolFailed(MCPClientError):
+    """A tool result with ``isError: true`` (SPEC §2.5); ``code`` is its error code, exit 1.
+
+    Attributes:
+        details: the ``structuredContent.error.details`` mapping (empty if absent).
+        result: the whole ``CallToolResult``.
+    """
+
+    exit_code = 1
+    default_code = "TOOL_ERROR"
+
+    def __init__(self, code: str, message: str, details: dict[str, Any], result: dict[str, Any]) -> None:
+        super().__init__(message, code)
+        self.details = details
+        self.result = result
+
+
+class RPCError(MCPClientError):
+    """A JSON-RPC error response (SPEC §2.3), exit 1; ``rpc_code`` is the integer code, ``data`` its data."""
+
+    exit_code = 1
+    default_code = "RPC_ERROR"
+
+    def __init__(self, rpc_code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"{message} ({rpc_code})")
+        self.rpc_code = rpc_code
+        self.data = data
+
+
+class ProtocolError(MCPClientError):
+    """The server answered something this client cannot use (unexpected status or message), exit 1."""
+
+    default_code = "PROTOCOL_ERROR"
+
+
+class UsageError(MCPClientError):
+    """The caller's input is unusable (missing URL or token, malformed argument), exit 2."""
+
+    exit_code = 2
+    default_code = "USAGE_ERROR"
+
+
+class AuthError(MCPClientError):
+    """The server answered ``401``: no, wrong or expired token (SPEC §1.3), exit 3."""
+
+    exit_code = 3
+    default_code = "AUTH_FAILED"
+
+
+class ConnectError(MCPClientError):
+    """The server cannot be reached, its certificate is not trusted, or it stopped answering, exit 4."""
+
+    exit_code = 4
+    default_code = "CONNECT_FAILED"
+
+
+def sse_url(url: str) -> str:
+    """The ``/sse`` URL for a server base URL (``https://host:9091`` or one already ending in ``/sse``).
+
+    Raises:
+        UsageError: not an ``http``/``https`` URL with a host.
+    """
+    try:
+        u = httpx.URL(url.strip())
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise UsageError(f"invalid server URL: {exc}") from exc
+    if u.scheme != "https" or not u.host:
+        raise UsageError("server URL must look like https://HOST:PORT (TLS is required, SPEC §1.1)")
+    path = u.path.rstrip("/")
+    if not path.endswith("/sse"):
+        path += "/sse"
+    return str(u.copy_with(path=path, query=None, fragment=None))
+
+
+def ssl_context(cafile: str | None) -> ssl.SSLContext:
+    """A verifying TLS ≥ 1.2 context trusting ``cafile`` (PEM), or the system store when ``None``.
+
+    Raises:
+        UsageError: ``cafile`` cannot be read or holds no certificate.
+    """
+    try:
+        ctx = ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"cannot load CA file {cafile}: {exc}") from exc
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+def _transport_error(exc: Exception) -> ConnectError:
+    text = str(exc) or type(exc).__name__
+    if "CERTIFICATE_VERIFY_FAILED" in text or isinstance(exc.__context__, ssl.SSLCertVerificationError):
+        return ConnectError(f"server certificate not trusted: {text}", "TLS_ERROR")
+    return ConnectError(f"cannot reach server: {text}")
+
+
+class Client:
+    """One MCP session over SSE (SPEC §1, §2); an async context manager.
+
+    Args:
+        url: server base URL (``https://127.0.0.1:9091``); ``/sse`` is appended unless present.
+        token: the bearer token (never logged, never put in a URL).
+        cafile: PEM file of the CA to trust; ``None`` uses the system trust store.
+        timeout: seconds to wait for connecting, each POST, and each response.
+        auto_initialize: send ``initialize`` + ``notifications/initialized`` on entry.
+        protocol_version: the version requested in ``initialize`` (SPEC §2.1).
+
+    Raises (on entry): :class:`UsageError`, :class:`AuthError`, :class:`ConnectError`,
+    :class:`ProtocolError`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        cafile: str | None = None,
+        timeout: float = 30.0,
+        *,
+        auto_initialize: bool = True,
+        protocol_version: str = PROTOCOL_VERSION,
+    ) -> None:
+        if not token:
+            raise UsageError("no token given")
+        self.url = sse_url(url)
+        self.timeout = timeout
+        self.protocol_version = protocol_version
+        self.auto_initialize = auto_initialize
+        self.endpoint: str | None = None
+        self.server_info: dict[str, Any] | None = None
+        self._token = token
+        self._ssl = ssl_context(cafile)
+        self._ids = itertools.count(1)
+        self._pending: dict[int | str, asyncio.Future[dict[str, Any]]] = {}
+        self._endpoint_ready: asyncio.Future[str] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._stack = contextlib.AsyncExitStack()
+        self._http: httpx.AsyncClient | None = None
+        self._closed_reason: MCPClientError | None = None
+
+    @property
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"}
+
+    async def __aenter__(self) -> "Client":
+        try:
+            await self.connect()
+            if self.auto_initialize:
+                await self.initialize()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Open the SSE stream and wait (``timeout`` s) for the ``endpoint`` event (SPEC §1.2)."""
+        self._http = await self._stack.enter_async_context(
+            httpx.AsyncClient(verify=self._ssl, timeout=self.timeout, follow_redirects=False)
+        )
+        stream_timeout = httpx.Timeout(self.timeout, read=None)
+        try:
+            source = await self._stack.enter_async_context(
+                aconnect_sse(self._http, "GET", self.url, headers=self._headers, timeout=stream_timeout)
+            )
+        except httpx.TransportError as exc:
+            raise _transport_error(exc) from None
+        status = source.response.status_code
+        if status == 401:
+            raise AuthError("authentication failed (401): check the token")
+        if status != 200:
+            raise ProtocolError(f"GET {self.url} answered {status}", f"HTTP_{status}")
+        loop = asyncio.get_running_loop()
+        self._endpoint_ready = loop.create_future()
+        self._reader = asyncio.create_task(self._read(source))
+        try:
+            endpoint = await asyncio.wait_for(asyncio.shield(self._endpoint_ready), self.timeout)
+        except TimeoutError:
+            raise ConnectError("no endpoint event from server in time") from None
+        self.endpoint = self._resolve_endpoint(endpoint)
+
+    def _resolve_endpoint(self, data: str) -> str:
+        base = httpx.URL(self.url)
+        target = base.join(data.strip())
+        if (target.scheme, target.host, target.port) != (base.scheme, base.host, base.port):
+            raise ProtocolError("endpoint event names another server; refusing to send the token there")
+        return str(target)
+
+    async def _read(self, source: EventSource) -> None:
+        reason: MCPClientError = ConnectError("the server closed the event stream")
+        try:
+            async for event in source.aiter_sse():
+                if event.event == "endpoint":
+                    if self._endpoint_ready is not None and not self._endpoint_ready.done():
+                        self._endpoint_ready.set_result(event.data)
+                elif event.event == "message":
+                    self._dispatch(event.data)
+        except SSEError as exc:
+            reason = ProtocolError(f"not an event stream: {exc}")
+        except httpx.TransportError as exc:
+            reason = _transport_error(exc)
+        finally:
+            self._fail_all(reason)
+
+    def _dispatch(self, data: str) -> None:
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            return
+        for item in msg if isinstance(msg, list) else [msg]:
+            if not isinstance(item, dict) or "method" in item:
+                continue  # server-initiated requests and notifications are not used by mcpd
+            fut = self._pending.pop(item.get("id"), None)  # type: ignore[arg-type]
+            if fut is not None and not fut.done():
+                fut.set_result(item)
+
+    def _fail_all(self, reason: MCPClientError) -> None:
+        self._closed_reason = reason
+        if self._endpoint_ready is not None and not self._endpoint_ready.done():
+            self._endpoint_ready.set_exception(reason)
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(reason)
+        self._pending.clear()
+
+    async def _post(self, message: dict[str, Any] | list[Any]) -> None:
+        if self._http is None or self.endpoint is None:
+            raise ProtocolError("client is not connected")
+        if self._closed_reason is not None:
+            raise self._closed_reason
+        try:
+            resp = await self._http.post(self.endpoint, json=message, headers=self._headers)
+        except httpx.TransportError as exc:
+            raise _transport_error(exc) from None
+        if resp.status_code == 401:
+            raise AuthError("authentication failed (401): check the token")
+        if resp.status_code not in (200, 202):
+            raise ProtocolError(f"POST answered {resp.status_code}", f"HTTP_{resp.status_code}")
+
+    async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        """Send a JSON-RPC notification (no reply, SPEC §2.3)."""
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            msg["params"] = params
+        await self._post(msg)
+
+    async def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        """Send one JSON-RPC request and wait for its response on the stream.
+
+        Args:
+            method: e.g. ``tools/list``. params: the ``params`` object, omitted when ``None``.
+            timeout: seconds to wait for the answer (default: the client's ``timeout``); on
+                expiry or cancellation ``notifications/cancelled`` is sent (SPEC §2.3).
+
+        Returns: the ``result`` member.
+        Raises: :class:`RPCError` for an ``error`` response, and the transport errors above.
+        """
+        if self._closed_reason is not None:
+            raise self._closed_reason
+        req_id = next(self._ids)
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "id": req_id, "method": method}
+        if params is not None:
+            msg["params"] = params
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = fut
+        try:
+            await self._post(msg)
+            reply = await asyncio.wait_for(asyncio.shield(fut), timeout or self.timeout)
+        except TimeoutError:
+            await self._cancel(req_id)
+            raise ConnectError(f"no answer to {method} within {timeout or self.timeout:g} s", "TIMEOUT") from None
+        except asyncio.CancelledError:
+            await self._cancel(req_id)
+            raise
+        finally:
+            self._pending.pop(req_id, None)
+        if "error" in reply:
+            err = reply["error"] if isinstance(reply["error"], dict) else {}
+            code = err.get("code")
+            raise RPCError(code if isinstance(code, int) else -32603, str(err.get("message", "error")), err.get("data"))
+        return reply.get("result")
+
+    async def _cancel(self, req_id: int) -> None:
+        with contextlib.suppress(MCPClientError):
+            await asyncio.wait_for(
+                self.notify("notifications/cancelled", {"requestId": req_id, "reason": "client gave up"}), 5.0
+            )
+
+    async def initialize(self) -> dict[str, Any]:
+        """Run the MCP handshake once (SPEC §2.1); later calls return the first result."""
+        if self.server_info is None:
+            result = await self.request(
+                "initialize",
+                {"protocolVersion": self.protocol_version, "capabilities": {}, "clientInfo": CLIENT_INFO},
+            )
+            if not isinstance(result, dict):
+                raise ProtocolError("initialize returned no result object")
+            self.server_info = result
+            await self.notify("notifications/initialized")
+        return self.server_info
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        """``tools/list``: the tool descriptions (name, description, inputSchema ...), SPEC §2.4."""
+        result = await self.request("tools/list", {})
+        tools = result.get("tools") if isinstance(result, dict) else None
+        if not isinstance(tools, list):
+            raise ProtocolError("tools/list returned no tool list")
+        return tools
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], *, check: bool = True,
+                        timeout: float | None = None) -> dict[str, Any]:
+        """``tools/call``; returns the ``CallToolResult`` mapping (SPEC §2.5).
+
+        Args:
+            check: raise :class:`ToolFailed` (code from ``structuredContent.error.code``) when the
+                result has ``isError: true``; with ``False`` the error result is returned as is.
+        """
+        result = await self.request("tools/call", {"name": name, "arguments": arguments}, timeout)
+        if not isinstance(result, dict):
+            raise ProtocolError("tools/call returned no result object")
+        if check and result.get("isError"):
+            raise tool_failure(result)
+        return result
+
+    async def read_resource(self, uri: str, timeout: float | None = None) -> dict[str, Any]:
+        """``resources/read`` of ``uri``; returns the result (``contents`` list)."""
+        return await self.request("resources/read", {"uri": uri}, timeout)  # type: ignore[no-any-return]
+
+    async def list_resource_templates(self) -> list[dict[str, Any]]:
+        """``resources/templates/list``: the ``resourceTemplates`` list."""
+        result = await self.request("resources/templates/list", {})
+        return list(result.get("resourceTemplates", [])) if isinstance(result, dict) else []
+
+    async def close(self) -> None:
+        """Close the stream (the server ends the session, SPEC §1.4) and fail pending requests."""
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+            self._reader = None
+        self._fail_all(ConnectError("client closed"))
+        with contextlib.suppress(Exception):
+            await self._stack.aclose()
+
+
+def tool_failure(result: dict[str, Any]) -> ToolFailed:
+    """Build :class:`ToolFailed` from an ``isError`` result (code from ``structuredContent``)."""
+    structured = result.get("structuredContent")
+    err = structured.get("error") if isinstance(structured, dict) else None
+    err = err if isinstance(err, dict) else {}
+    message = err.get("message")
+    if not isinstance(message, str):
+        message = text_of(result) or "tool failed"
+    details = err.get("details") if isinstance(err.get("details"), dict) else {}
+    return ToolFailed(str(err.get("code") or "TOOL_ERROR"), message, details, result)
+
+
+def text_of(result: dict[str, Any]) -> str:
+    """The concatenated ``text`` of a result's text content items."""
+    content = result.get("content")
+    if not isinstance(content, list):
+        return ""
+    return "".join(c["text"] for c in content if isinstance(c, dict) and isinstance(c.get("text"), str))
+
+
+def run_sync(url: str, token: str, cafile: str | None, fn: Callable[[Client], Awaitable[T]],
+             timeout: float = 30.0) -> T:
+    """Open a :class:`Client`, run ``await fn(client)``, close, and return its value (for scripts)."""
+
+    async def go() -> T:
+        async with Client(url, token, cafile, timeout) as c:
+            return await fn(c)
+
+    return asyncio.run(go())
+
+
+def call_tool_sync(url: str, token: str, cafile: str | None, name: str, arguments: dict[str, Any],
+                   timeout: float = 30.0) -> dict[str, Any]:
+    """Blocking :meth:`Client.call_tool` (raises :class:`ToolFailed` on a tool error)."""
+    return run_sync(url, token, cafile, lambda c: c.call_tool(name, arguments), timeout)

@@ -1,0 +1,151 @@
+"""SPEC §6: linuxctl usage errors exit 2; settings come from flags, environment, then config file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from mcpd import client, linuxctl
+
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No MCPD_* / MCP_TOKEN in the environment and an empty XDG config folder."""
+    for var in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg" / "linuxctl" / "config.yaml"
+
+
+def invoke(*args: str) -> "click.testing.Result":
+    return CliRunner().invoke(linuxctl.main, list(args))
+
+
+def write_config(path: Path, text: str, mode: int = 0o600) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.chmod(path, mode)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["get", "files"],                                   # missing PATH
+        ["get", "files", "/etc/hosts", "--bogus"],          # unknown option
+        ["get", "files", "/etc/hosts", "--start-line", "0"],
+        ["get", "files", "/etc/hosts", "--end-line", "x"],
+        ["get", "files", "/etc/hosts", "--offset", "-1"],
+        ["get", "files", "/etc/hosts", "--limit", "0"],
+        ["nosuchcommand"],
+        ["call"],                                            # missing TOOL
+        ["--timeout", "0", "tools"],
+    ],
+)
+def test_usage_errors_exit_2(isolated: Path, args: list[str]) -> None:
+    result = invoke("--url", "https://127.0.0.1:1", "--token", "t", *args)
+    assert result.exit_code == 2, result.output
+
+
+def test_usage_error_missing_token_exits_2(isolated: Path) -> None:
+    result = invoke("--url", "https://127.0.0.1:1", "get", "files", "/etc/hosts")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("USAGE_ERROR: no token")
+
+
+def test_usage_error_missing_url_exits_2(isolated: Path) -> None:
+    result = invoke("--token", "t", "tools")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("USAGE_ERROR: no server URL")
+
+
+def test_usage_error_plain_http_url_exits_2(isolated: Path) -> None:
+    result = invoke("--url", "http://127.0.0.1:1", "--token", "t", "tools")
+    assert result.exit_code == 2
+    assert "TLS is required" in result.stderr
+
+
+def test_usage_error_unreadable_cacert_exits_2(isolated: Path, tmp_path: Path) -> None:
+    result = invoke("--url", "https://127.0.0.1:1", "--token", "t", "--cacert", str(tmp_path / "none.pem"), "tools")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("USAGE_ERROR: cannot load CA file")
+
+
+@pytest.mark.parametrize("extra", [["not json"], ["[1, 2]"], ["--arg", "novalue"], ["--arg", "=x"]])
+def test_call_bad_arguments_exit_2(isolated: Path, extra: list[str]) -> None:
+    result = invoke("--url", "https://127.0.0.1:1", "--token", "t", "call", "files/read", *extra)
+    assert result.exit_code == 2, result.output
+
+
+def test_call_arguments_merge_json_and_pairs() -> None:
+    args = linuxctl.build_arguments('{"path": "/a", "limit": 3}', ("limit=5", "privileged=true", "path=/etc/hosts"))
+    assert args == {"path": "/etc/hosts", "limit": 5, "privileged": True}
+    assert linuxctl.build_arguments(None, ("path=not json", 'x="5"')) == {"path": "not json", "x": "5"}
+
+
+def test_settings_fall_back_to_config_file(isolated: Path) -> None:
+    write_config(isolated, "url: https://h:1\ntoken: file-token\ncacert: /ca.pem\n")
+    got = linuxctl.resolve(linuxctl.Settings(url=None, token=None, cacert=None, timeout=1))
+    assert got == ("https://h:1", "file-token", "/ca.pem")
+
+
+def test_flags_and_environment_win_over_config_file(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_config(isolated, "url: https://file:1\ntoken: file-token\ncacert: /file.pem\n")
+    monkeypatch.setenv("MCP_TOKEN", "env-token")
+    runner = CliRunner()
+    seen: dict[str, object] = {}
+
+    @linuxctl.main.command("probe-settings")
+    @click.pass_obj
+    def probe(settings: linuxctl.Settings) -> None:
+        seen["resolved"] = linuxctl.resolve(settings)
+
+    try:
+        result = runner.invoke(linuxctl.main, ["--url", "https://flag:2", "probe-settings"])
+    finally:
+        linuxctl.main.commands.pop("probe-settings")
+    assert result.exit_code == 0, result.output
+    assert seen["resolved"] == ("https://flag:2", "env-token", "/file.pem")
+
+
+def test_config_file_with_token_readable_by_others_is_refused(isolated: Path) -> None:
+    write_config(isolated, "url: https://h:1\ntoken: secret\n", mode=0o644)
+    result = invoke("tools")
+    assert result.exit_code == 2
+    assert "readable by others" in result.stderr
+    assert "secret" not in result.output
+
+
+def test_config_file_unknown_key_is_refused(isolated: Path) -> None:
+    write_config(isolated, "url: https://h:1\npassword: x\n")
+    result = invoke("--token", "t", "tools")
+    assert result.exit_code == 2
+
+
+def test_url_gets_sse_suffix_once() -> None:
+    assert client.sse_url("https://127.0.0.1:9091") == "https://127.0.0.1:9091/sse"
+    assert client.sse_url("https://127.0.0.1:9091/") == "https://127.0.0.1:9091/sse"
+    assert client.sse_url("https://127.0.0.1:9091/sse") == "https://127.0.0.1:9091/sse"
+    assert client.sse_url("https://h/mcp") == "https://h/mcp/sse"
+    with pytest.raises(client.UsageError):
+        client.sse_url("ftp://h/")
+
+
+def test_exit_codes_of_the_error_family() -> None:
+    assert client.ToolFailed("FILE_NOT_FOUND", "m", {}, {}).exit_code == 1
+    assert client.UsageError("m").exit_code == 2
+    assert client.AuthError("m").exit_code == 3
+    assert client.ConnectError("m").exit_code == 4
+
+
+def test_tool_failure_takes_code_from_structured_content() -> None:
+    result = {
+        "isError": True,
+        "content": [{"type": "text", "text": "cannot read binary file"}],
+        "structuredContent": {"error": {"code": "BINARY_FILE", "message": "cannot read binary file", "details": {}}},
+    }
+    exc = client.tool_failure(result)
+    assert (exc.code, exc.message, exc.exit_code) == ("BINARY_FILE", "cannot read binary file", 1)
