@@ -1,0 +1,107 @@
+"""`mcpd dev` (SPEC §1.1 development listen address, §5.1 tokens; issue "two commands")."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mcpd import config, devmode, identity
+
+BIN = Path(sys.executable).parent
+START_DEADLINE = 60.0  # seconds the daemon gets to print its exports and answer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_dev_state_folder_is_private_and_complete(tmp_path: Path) -> None:
+    state = devmode.prepare(tmp_path / "dev-state", 9191)
+    folder = tmp_path / "dev-state"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for name in ("ca.key", "server.key", "users.yaml"):
+        assert stat.S_IMODE((folder / name).stat().st_mode) == 0o600, name
+    cfg = config.load(state.config_path)
+    assert (cfg.listen.host, cfg.listen.port) == ("127.0.0.1", 9191)
+    assert cfg.helper_socket == ""
+    for path in (cfg.users_file, cfg.grants_file, cfg.audit_log, cfg.tls.cert, cfg.tls.key):
+        assert Path(path).parent == folder
+    assert state.url == "https://127.0.0.1:9191"
+    assert state.cacert == folder / "ca.crt" and state.cacert.is_absolute()
+    principal = identity.verify(identity.load_users(cfg.users_file), state.token)
+    assert principal is not None
+    assert (principal.name, principal.os_user) == ("dev", devmode.current_account())
+
+
+def test_dev_rerun_keeps_folder_and_ca_but_issues_fresh_token(tmp_path: Path) -> None:
+    first = devmode.prepare(tmp_path / "s", 9191)
+    ca_before = first.cacert.read_bytes()
+    users = identity.load_users(tmp_path / "s" / "users.yaml")
+    token_other, rec = identity.new_token()
+    users["other"] = identity.UserRecord(name="other", os_user=devmode.current_account(), tokens=[rec])
+    identity.save_users(tmp_path / "s" / "users.yaml", users)
+
+    second = devmode.prepare(tmp_path / "s", 9292)
+    assert second.cacert.read_bytes() == ca_before
+    assert second.token != first.token
+    users = identity.load_users(tmp_path / "s" / "users.yaml")
+    assert identity.verify(users, first.token) is None
+    assert identity.verify(users, second.token) is not None
+    assert identity.verify(users, token_other) is not None
+    assert config.load(second.config_path).listen.port == 9292
+
+
+def _read_lines(proc: subprocess.Popen[str], out: "queue.Queue[str]") -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        out.put(line)
+
+
+def test_dev_prints_working_exports(tmp_path: Path) -> None:
+    pytest.importorskip("mcpd.server")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    proc = subprocess.Popen(
+        [str(BIN / "mcpd"), "dev", "--port", str(port)], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=_read_lines, args=(proc, lines), daemon=True).start()
+        printed = [lines.get(timeout=START_DEADLINE) for _ in range(4)]
+        assert printed[0] == f"export MCPD_URL=https://127.0.0.1:{port}\n"
+        assert printed[1].startswith("export MCP_TOKEN=mcpd_")
+        assert printed[2] == f"export MCPD_CACERT={tmp_path / 'dev-state' / 'ca.crt'}\n"
+        assert "linuxctl get files /etc/hosts" in printed[3]
+        exports = dict(line.removeprefix("export ").strip().split("=", 1) for line in printed[:3])
+        env.update(exports)
+
+        deadline = time.monotonic() + START_DEADLINE
+        while True:  # the server may still be binding its port: retry while unreachable (exit 4)
+            res = subprocess.run([str(BIN / "linuxctl"), "get", "files", "/etc/hosts"], env=env,
+                                 capture_output=True, timeout=START_DEADLINE)
+            if res.returncode != 4 or time.monotonic() > deadline or proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout == Path("/etc/hosts").read_bytes()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
