@@ -1,0 +1,415 @@
+"""Worker processes and the worker pool, with real processes and real sockets (DESIGN.md "worker").
+
+SPEC rules covered: §2.5 TIMEOUT (a hung worker is killed, reaped, replaced; the call answers
+TIMEOUT), §1.5 (a slow or hung request never delays another request or account), §1.4 (a
+cancelled request stops its worker job), §3 (the read result comes back through the pool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcpd import config, errors, frames
+from mcpd.errors import ToolError
+from mcpd.worker import LocalSpawner, WorkerPool
+
+HUNG_TIMEOUT = 1.0  # seconds: the deadline used for calls that are meant to hit a stopped worker
+
+
+def make_cfg(per_account: int = 2, max_accounts: int = 4, timeout: float = 20.0) -> config.Config:
+    return config.from_dict(
+        {"workers": {"per_account": per_account, "max_accounts": max_accounts, "timeout_seconds": timeout}}
+    )
+
+
+@asynccontextmanager
+async def open_pool(cfg: config.Config) -> AsyncIterator[tuple[WorkerPool, LocalSpawner]]:
+    spawner = LocalSpawner(cfg.read)
+    pool = WorkerPool(spawner, cfg)
+    try:
+        yield pool, spawner
+    finally:
+        await pool.close()
+
+
+async def eventually(predicate: Callable[[], bool], what: str, tries: int = 1000) -> None:
+    """Wait (up to ~10 s, not a timing assertion) until ``predicate()`` holds."""
+    for _ in range(tries):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+def is_reaped(pid: int) -> bool:
+    """True once ``pid`` is neither running nor a zombie child of this process."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+def children() -> set[int]:
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        text = (task / "children").read_text()
+        pids.update(int(p) for p in text.split())
+    return pids
+
+
+def read_args(path: Path) -> dict[str, Any]:
+    return {"path": str(path)}
+
+
+@pytest.fixture
+def sample(tmp_path: Path) -> Path:
+    p = tmp_path / "sample.txt"
+    p.write_bytes(b"alpha\nbeta\r\ngamma")
+    return p
+
+
+async def warm(pool: WorkerPool, user: str, sample: Path, n: int) -> list[int]:
+    """Make ``user`` have ``n`` live idle workers (n concurrent calls); return their pids."""
+    await asyncio.gather(*(pool.call(user, "files/read", read_args(sample)) for _ in range(n)))
+    pids = list(pool.workers(user))
+    if len(pids) != n:
+        raise AssertionError(f"expected {n} workers, got {pids}")
+    return pids
+
+
+# --------------------------------------------------------------------------- results
+
+
+def test_call_returns_read_result(sample: Path) -> None:
+    async def main() -> None:
+        async with open_pool(make_cfg()) as (pool, _):
+            result = await pool.call("nobody-in-dev", "files/read", read_args(sample))
+            assert result["text"] == "alpha\nbeta\r\ngamma"
+
+    asyncio.run(main())
+
+
+def test_worker_error_becomes_tool_error_and_worker_is_kept(tmp_path: Path, sample: Path) -> None:
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=1)) as (pool, _):
+            with pytest.raises(ToolError) as err:
+                await pool.call("u", "files/read", read_args(tmp_path / "missing"))
+            assert err.value.code == errors.FILE_NOT_FOUND
+            (pid,) = pool.workers("u")
+            await pool.call("u", "files/read", read_args(sample))
+            assert list(pool.workers("u")) == [pid]
+
+    asyncio.run(main())
+
+
+def test_workers_are_reused_and_bounded_per_account(sample: Path) -> None:
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=3)) as (pool, spawner):
+            seen: set[int] = set()
+            for _ in range(5):
+                results = await asyncio.gather(*(pool.call("u", "files/read", read_args(sample)) for _ in range(6)))
+                assert all(r["text"] == "alpha\nbeta\r\ngamma" for r in results)
+                seen.update(pool.workers("u"))
+            assert len(seen) <= 3
+            assert len(spawner.live_pids()) <= 3
+
+    asyncio.run(main())
+
+
+def test_parallel_calls_on_all_workers_are_all_answered(tmp_path: Path) -> None:
+    files = []
+    for i in range(16):
+        p = tmp_path / f"f{i}.txt"
+        p.write_text(f"file {i}\n")
+        files.append(p)
+
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=4, max_accounts=2)) as (pool, _):
+            calls = [pool.call(f"user{i % 2}", "files/read", read_args(p)) for i, p in enumerate(files)]
+            results = await asyncio.gather(*calls)
+            assert [r["text"] for r in results] == [f"file {i}\n" for i in range(16)]
+            assert 1 <= len(pool.workers("user0")) <= 4
+
+    asyncio.run(main())
+
+
+def test_request_over_64k_is_invalid_argument_without_a_worker() -> None:
+    async def main() -> None:
+        async with open_pool(make_cfg()) as (pool, spawner):
+            with pytest.raises(ToolError) as err:
+                await pool.call("u", "files/read", {"path": "/" + "a" * (70 * 1024)})
+            assert err.value.code == errors.INVALID_ARGUMENT
+            assert spawner.live_pids() == []
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- SPEC §2.5 TIMEOUT, §1.5
+
+
+def test_timeout_hung_worker_is_killed_reaped_and_replaced(sample: Path) -> None:
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=2)) as (pool, spawner):
+            hung, healthy = await warm(pool, "u", sample, 2)
+            await warm(pool, "other", sample, 1)
+            os.kill(hung, signal.SIGSTOP)
+            outcomes = await asyncio.gather(
+                pool.call("u", "files/read", read_args(sample), timeout=HUNG_TIMEOUT),
+                pool.call("u", "files/read", read_args(sample), timeout=HUNG_TIMEOUT),
+                pool.call("other", "files/read", read_args(sample)),
+                return_exceptions=True,
+            )
+            timeouts = [o for o in outcomes if isinstance(o, ToolError)]
+            answers = [o for o in outcomes if isinstance(o, dict)]
+            assert len(timeouts) == 1 and timeouts[0].code == errors.TIMEOUT
+            assert len(answers) == 2
+            assert hung not in pool.workers("u") and hung not in spawner.live_pids()
+            await eventually(lambda: is_reaped(hung), "hung worker reaped")
+            await asyncio.gather(*(pool.call("u", "files/read", read_args(sample)) for _ in range(2)))
+            workers = pool.workers("u")
+            assert healthy in workers and len(workers) == 2 and hung not in workers
+
+    asyncio.run(main())
+
+
+def test_timeout_when_all_workers_stay_busy_queue_is_bounded(sample: Path) -> None:
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=1)) as (pool, _):
+            (pid,) = await warm(pool, "u", sample, 1)
+            os.kill(pid, signal.SIGSTOP)
+            first = asyncio.create_task(pool.call("u", "files/read", read_args(sample), timeout=30))
+            await eventually(lambda: pool.workers("u") == {pid: True}, "worker busy")
+            with pytest.raises(ToolError) as err:
+                await pool.call("u", "files/read", read_args(sample), timeout=HUNG_TIMEOUT)
+            assert err.value.code == errors.TIMEOUT
+            assert pool.workers("u") == {pid: True}  # the queued call did not touch the busy worker
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            await eventually(lambda: is_reaped(pid), "worker reaped")
+
+    asyncio.run(main())
+
+
+def test_crashed_worker_fails_only_its_request(sample: Path) -> None:
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=2)) as (pool, spawner):
+            victim, survivor = await warm(pool, "u", sample, 2)
+            os.kill(victim, signal.SIGSTOP)
+            calls = [asyncio.create_task(pool.call("u", "files/read", read_args(sample))) for _ in range(2)]
+            done, pending = await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
+            assert len(done) == 1 and done.pop().result()["text"] == "alpha\nbeta\r\ngamma"
+            os.kill(victim, signal.SIGKILL)
+            with pytest.raises(ToolError) as err:
+                await pending.pop()
+            assert err.value.code == errors.INTERNAL_ERROR and err.value.message == "worker crashed"
+            await eventually(lambda: is_reaped(victim), "crashed worker reaped")
+            assert victim not in spawner.live_pids()
+            results = await asyncio.gather(*(pool.call("u", "files/read", read_args(sample)) for _ in range(2)))
+            assert all(r["text"] == "alpha\nbeta\r\ngamma" for r in results)
+            assert survivor in pool.workers("u") and victim not in pool.workers("u")
+
+    asyncio.run(main())
+
+
+def test_worker_that_died_while_idle_is_replaced_without_failing_a_call(sample: Path) -> None:
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=1)) as (pool, spawner):
+            (pid,) = await warm(pool, "u", sample, 1)
+            os.kill(pid, signal.SIGKILL)
+            await eventually(lambda: pid not in spawner.live_pids(), "dead idle worker reaped")
+            result = await pool.call("u", "files/read", read_args(sample))
+            assert result["text"] == "alpha\nbeta\r\ngamma"
+            assert pid not in pool.workers("u")
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- SPEC §1.4 cancellation
+
+
+def test_cancelled_call_kills_its_worker_and_pool_keeps_serving(sample: Path) -> None:
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=1)) as (pool, spawner):
+            (pid,) = await warm(pool, "u", sample, 1)
+            os.kill(pid, signal.SIGSTOP)
+            task = asyncio.create_task(pool.call("u", "files/read", read_args(sample)))
+            await eventually(lambda: pool.workers("u") == {pid: True}, "worker busy")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await eventually(lambda: is_reaped(pid), "cancelled worker reaped")
+            result = await pool.call("u", "files/read", read_args(sample))
+            assert result["text"] == "alpha\nbeta\r\ngamma"
+            assert pid not in pool.workers("u") and len(pool.workers("u")) == 1
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- accounts, leaks, close
+
+
+def test_max_accounts_evicts_least_recently_used_idle_account(sample: Path) -> None:
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=1, max_accounts=2)) as (pool, _):
+            (a,) = await warm(pool, "a", sample, 1)
+            await warm(pool, "b", sample, 1)
+            await pool.call("a", "files/read", read_args(sample))  # b is now least recently used
+            (b,) = pool.workers("b")
+            await pool.call("c", "files/read", read_args(sample))
+            assert pool.workers("b") == {}
+            assert list(pool.workers("a")) == [a]
+            await eventually(lambda: is_reaped(b), "evicted worker reaped")
+
+    asyncio.run(main())
+
+
+def test_no_leaked_fds_or_zombies_after_many_calls_and_close(tmp_path: Path, sample: Path) -> None:
+    fds_before = set(os.listdir("/proc/self/fd"))
+
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=2, max_accounts=2)) as (pool, spawner):
+            for round_ in range(10):
+                users = ["a", "b", "c"][round_ % 3 :] + ["a"]
+                await asyncio.gather(*(pool.call(u, "files/read", read_args(sample)) for u in users))
+                with pytest.raises(ToolError):
+                    await pool.call("a", "files/read", read_args(tmp_path / "nope"))
+            (pid, *_) = pool.workers("a")
+            os.kill(pid, signal.SIGSTOP)
+            await asyncio.gather(
+                *(pool.call("a", "files/read", read_args(sample), timeout=HUNG_TIMEOUT) for _ in range(2)),
+                return_exceptions=True,
+            )
+            assert pool.workers("a") or pool.workers("b") or pool.workers("c")
+        assert spawner.live_pids() == []
+        with pytest.raises(ToolError):
+            await pool.call("a", "files/read", read_args(sample))
+
+    asyncio.run(main())
+    assert children() == set()
+    assert set(os.listdir("/proc/self/fd")) == fds_before
+
+
+def test_close_kills_workers_with_calls_in_flight(sample: Path) -> None:
+    async def main() -> None:
+        pool = WorkerPool(LocalSpawner(config.ReadLimits()), make_cfg(per_account=1))
+        (pid,) = await warm(pool, "u", sample, 1)
+        os.kill(pid, signal.SIGSTOP)
+        task = asyncio.create_task(pool.call("u", "files/read", read_args(sample)))
+        await eventually(lambda: pool.workers("u") == {pid: True}, "worker busy")
+        await pool.close()
+        with pytest.raises(ToolError):
+            await task
+        assert is_reaped(pid)
+
+    asyncio.run(main())
+    assert children() == set()
+
+
+# --------------------------------------------------------------------------- the worker process
+
+
+def test_worker_inherits_only_its_socket_and_no_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MCPD_TEST_SECRET", "s3cret-value")
+    key = tmp_path / "server.key"
+    key.write_text("PRIVATE KEY")
+
+    async def main() -> None:
+        spawner = LocalSpawner(config.ReadLimits())
+        fd = os.open(key, os.O_RDONLY)
+        os.set_inheritable(fd, True)  # even a descriptor left inheritable by mistake stays home
+        try:
+            front, pid = await spawner.spawn("u")
+        finally:
+            os.close(fd)
+        with front:
+            frames.send_frame(front, {"id": 1, "op": "files/read", "args": {"path": str(key)}})
+            reply = await asyncio.to_thread(frames.recv_frame, front, 1 << 20)
+            assert reply is not None and reply["id"] == 1
+            fds = {int(n): os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")}
+            sockets = [n for n, target in fds.items() if target.startswith("socket:")]
+            assert len(sockets) == 1 and set(fds) == {0, 1, 2, *sockets}
+            assert fds[0] == fds[1] == "/dev/null"
+            assert str(key) not in fds.values()
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            assert b"MCPD_TEST_SECRET" not in environ and b"s3cret" not in environ
+            assert os.readlink(f"/proc/{pid}/cwd") == "/"
+            status = Path(f"/proc/{pid}/status").read_text()
+            assert "NoNewPrivs:\t1" in status
+            await spawner.kill(pid)
+        assert spawner.live_pids() == [] and is_reaped(pid)
+
+    asyncio.run(main())
+
+
+def test_worker_exits_when_socket_closes() -> None:
+    async def main() -> None:
+        spawner = LocalSpawner(config.ReadLimits())
+        front, pid = await spawner.spawn("u")
+        front.close()
+        await eventually(lambda: pid not in spawner.live_pids(), "worker exited on EOF")
+        assert is_reaped(pid)
+
+    asyncio.run(main())
+
+
+def test_worker_drops_oversized_request_frame() -> None:
+    async def main() -> None:
+        spawner = LocalSpawner(config.ReadLimits())
+        front, pid = await spawner.spawn("u")
+        with front:
+            front.sendall(struct.pack("!I", 1 << 30))  # announces 1 GiB: refused before any read
+            data = await asyncio.to_thread(front.recv, 16)
+            assert data == b""
+        await eventually(lambda: pid not in spawner.live_pids(), "worker exited")
+
+    asyncio.run(main())
+
+
+def test_worker_refuses_a_descriptor_that_is_not_a_socket() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mcpd.worker", "--fd", "0"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert b"bad arguments" in proc.stderr or b"not a Unix stream socket" in proc.stderr
+
+
+def test_worker_refuses_an_inet_socket() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        proc = subprocess.run(
+            [sys.executable, "-m", "mcpd.worker", "--fd", str(s.fileno())],
+            pass_fds=(s.fileno(),),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=60,
+        )
+    assert proc.returncode == 2
+
+
+def test_limits_reach_the_worker(tmp_path: Path) -> None:
+    big = tmp_path / "big.txt"
+    big.write_text("x" * 300 + "\n")
+    cfg = dataclasses.replace(make_cfg(), read=config.ReadLimits(default_bytes=100, response_cap=200))
+
+    async def main() -> None:
+        async with open_pool(cfg) as (pool, _):
+            with pytest.raises(ToolError) as err:
+                await pool.call("u", "files/read", {"path": str(big), "limit": 250})
+            assert err.value.code == errors.FILE_TOO_LARGE
+
+    asyncio.run(main())
+
+
