@@ -57,7 +57,8 @@ def serve(sock: socket.socket, ctx: OpContext) -> None:
         ctx: the ops context (read limits and the unprivileged openers).
 
     Each request frame (at most :data:`REQUEST_CAP` bytes, ``{"id", "op", "args"}``) gets exactly
-    one reply frame from ``mcpd.ops.run``. A malformed or oversized frame ends the connection, as
+    one reply frame from ``mcpd.ops.run`` (an unexpected exception there becomes an
+    ``INTERNAL_ERROR`` reply naming only the exception type). A malformed or oversized frame ends the connection, as
     does any socket error; nothing is raised.
     """
     from mcpd import ops
@@ -69,7 +70,11 @@ def serve(sock: socket.socket, ctx: OpContext) -> None:
             return
         if frame is None:
             return
-        reply = ops.run(frame, ctx)
+        try:
+            reply = ops.run(frame, ctx)
+        except Exception as exc:  # ops.run never raises; if it does, answer without details
+            print(f"mcpd.worker: op failed: {type(exc).__name__}", file=sys.stderr)
+            reply = {"id": frame.get("id"), "ok": False, "error": ToolError(INTERNAL_ERROR, "internal error").to_dict()}
         try:
             frames.send_frame(sock, reply)
         except OSError:

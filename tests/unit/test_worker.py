@@ -173,8 +173,8 @@ def test_timeout_hung_worker_is_killed_reaped_and_replaced(sample: Path) -> None
             answers = [o for o in outcomes if isinstance(o, dict)]
             assert len(timeouts) == 1 and timeouts[0].code == errors.TIMEOUT
             assert len(answers) == 2
-            assert hung not in pool.workers("u") and hung not in spawner.live_pids()
-            await eventually(lambda: is_reaped(hung), "hung worker reaped")
+            assert hung not in pool.workers("u")
+            await eventually(lambda: hung not in spawner.live_pids() and is_reaped(hung), "hung worker reaped")
             await asyncio.gather(*(pool.call("u", "files/read", read_args(sample)) for _ in range(2)))
             workers = pool.workers("u")
             assert healthy in workers and len(workers) == 2 and hung not in workers
@@ -276,6 +276,7 @@ def test_max_accounts_evicts_least_recently_used_idle_account(sample: Path) -> N
 
 def test_no_leaked_fds_or_zombies_after_many_calls_and_close(tmp_path: Path, sample: Path) -> None:
     fds_before = set(os.listdir("/proc/self/fd"))
+    children_before = children()
 
     async def main() -> None:
         async with open_pool(make_cfg(per_account=2, max_accounts=2)) as (pool, spawner):
@@ -296,11 +297,13 @@ def test_no_leaked_fds_or_zombies_after_many_calls_and_close(tmp_path: Path, sam
             await pool.call("a", "files/read", read_args(sample))
 
     asyncio.run(main())
-    assert children() == set()
+    assert children() <= children_before
     assert set(os.listdir("/proc/self/fd")) == fds_before
 
 
 def test_close_kills_workers_with_calls_in_flight(sample: Path) -> None:
+    children_before = children()
+
     async def main() -> None:
         pool = WorkerPool(LocalSpawner(config.ReadLimits()), make_cfg(per_account=1))
         (pid,) = await warm(pool, "u", sample, 1)
@@ -313,7 +316,7 @@ def test_close_kills_workers_with_calls_in_flight(sample: Path) -> None:
         assert is_reaped(pid)
 
     asyncio.run(main())
-    assert children() == set()
+    assert children() <= children_before
 
 
 # --------------------------------------------------------------------------- the worker process
