@@ -1,0 +1,291 @@
+"""Shared fixtures: the real daemon over TLS on 127.0.0.1, and a small raw HTTP/SSE helper.
+
+``daemon`` (session scope) and ``daemon_factory`` (per test, config overrides) start
+``python -m mcpd.server --config FILE`` as a subprocess with a temp state folder holding a
+private CA, a server certificate, ``mcpd.yaml`` and ``users.yaml`` with two principals:
+``alice`` (``token``) and ``bob`` (``other_token``), both mapped to the current OS account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pwd
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from mcpd import certs, identity
+
+START_TIMEOUT = 30.0
+EVENT_TIMEOUT = 20.0
+
+
+@dataclass
+class Daemon:
+    """A running ``mcpd serve`` subprocess and what a client needs to reach it."""
+
+    url: str
+    token: str
+    other_token: str
+    cacert: str
+    state_dir: Path
+    config_path: Path
+    proc: subprocess.Popen[bytes] = field(repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, port = self.url.removeprefix("https://").split(":")
+        return host, int(port)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=self.cacert)
+
+    def auth(self, token: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token or self.token}"}
+
+    def log(self) -> str:
+        return (self.state_dir / "daemon.log").read_text(errors="replace")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(d: Daemon) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    host, port = d.host_port
+    while time.monotonic() < deadline:
+        if d.proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {d.proc.returncode}:\n{d.log()}")
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"daemon did not start:\n{d.log()}")
+
+
+def start_daemon(state_dir: Path, **overrides: Any) -> Daemon:
+    """Create a state folder under ``state_dir`` and start the daemon; ``overrides`` go into mcpd.yaml."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    pki = certs.make_pki(state_dir, ["localhost", "127.0.0.1"])
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    users: dict[str, identity.UserRecord] = {}
+    tokens: dict[str, str] = {}
+    for name in ("alice", "bob"):
+        plain, rec = identity.new_token()
+        tokens[name] = plain
+        users[name] = identity.UserRecord(name=name, os_user=me, tokens=[rec])
+    identity.save_users(state_dir / "users.yaml", users)
+    port = _free_port()
+    cfg: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "tls": {"cert": str(pki.server_cert), "key": str(pki.server_key)},
+        "users_file": "users.yaml",
+        "grants_file": "mcp-sudo.yaml",
+        "helper_socket": "",
+        "audit_log": "audit.jsonl",
+        "state_dir": ".",
+    }
+    cfg.update(overrides)
+    config_path = state_dir / "mcpd.yaml"
+    config_path.write_text(yaml.safe_dump(cfg))
+    log = open(state_dir / "daemon.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mcpd.server", "--config", str(config_path)],
+        stdout=log, stderr=subprocess.STDOUT, cwd=state_dir,
+    )
+    log.close()
+    d = Daemon(f"https://127.0.0.1:{port}", tokens["alice"], tokens["bob"], str(pki.ca_cert), state_dir,
+               config_path, proc)
+    try:
+        _wait_ready(d)
+    except BaseException:
+        stop_daemon(d)
+        raise
+    return d
+
+
+def stop_daemon(d: Daemon) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    if d.proc.poll() is None:
+        d.proc.terminate()
+        try:
+            d.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            d.proc.kill()
+            d.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = start_daemon(tmp_path_factory.mktemp("mcpd"), keepalive_seconds=1.0)
+    yield d
+    stop_daemon(d)
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def make(**overrides: Any) -> Daemon:
+        d = start_daemon(tmp_path / f"d{len(started)}", **overrides)
+        started.append(d)
+        return d
+
+    yield make
+    for d in started:
+        stop_daemon(d)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+# -- raw HTTP/SSE helper ---------------------------------------------------------------------------
+
+
+@dataclass
+class Event:
+    """One SSE event; ``event == "comment"`` for a comment line (``data`` is its text)."""
+
+    event: str
+    data: str
+
+
+class SseSession:
+    """A raw client session: ``GET /sse`` read incrementally by a background task, POSTs by hand.
+
+    Use as ``async with SseSession(daemon) as s:``; ``s.endpoint`` is the endpoint event's data.
+    """
+
+    def __init__(self, d: Daemon, token: str | None = None, client: httpx.AsyncClient | None = None) -> None:
+        self.d = d
+        self.token = token or d.token
+        self._own_client = client is None
+        self.client = client or httpx.AsyncClient(verify=d.ssl_context(), timeout=EVENT_TIMEOUT)
+        self.events: asyncio.Queue[Event | None] = asyncio.Queue()
+        self.endpoint = ""
+        self._next_id = 0
+        self._reader: asyncio.Task[None] | None = None
+        self._stream_cm: Any = None
+        self.response: httpx.Response | None = None
+        self.pending: dict[Any, Any] = {}
+
+    async def __aenter__(self) -> "SseSession":
+        self._stream_cm = self.client.stream("GET", f"{self.d.url}/sse", headers=self.d.auth(self.token))
+        self.response = await self._stream_cm.__aenter__()
+        if self.response.status_code != 200:
+            raise RuntimeError(f"GET /sse: {self.response.status_code}")
+        self._reader = asyncio.create_task(self._read())
+        ev = await self.next_event()
+        if ev.event != "endpoint":
+            raise RuntimeError(f"first event {ev}")
+        self.endpoint = ev.data
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+            self._reader = None
+        if self._stream_cm is not None:
+            await self._stream_cm.__aexit__(None, None, None)
+            self._stream_cm = None
+        if self._own_client:
+            await self.client.aclose()
+
+    async def _read(self) -> None:
+        assert self.response is not None
+        event, data = "message", []
+        try:
+            async for line in self.response.aiter_lines():
+                if line.startswith(":"):
+                    await self.events.put(Event("comment", line[1:].strip()))
+                elif line == "":
+                    if data:
+                        await self.events.put(Event(event, "\n".join(data)))
+                    event, data = "message", []
+                elif line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].removeprefix(" "))
+        except (httpx.HTTPError, asyncio.CancelledError):
+            pass
+        finally:
+            self.events.put_nowait(None)
+
+    async def next_event(self, timeout: float = EVENT_TIMEOUT, skip_comments: bool = True) -> Event:
+        """The next event (comments skipped unless asked); raises ``EOFError`` when the stream ended."""
+        while True:
+            ev = await asyncio.wait_for(self.events.get(), timeout)
+            if ev is None:
+                self.events.put_nowait(None)
+                raise EOFError("stream ended")
+            if ev.event == "comment" and skip_comments:
+                continue
+            return ev
+
+    async def next_message(self, timeout: float = EVENT_TIMEOUT) -> Any:
+        ev = await self.next_event(timeout)
+        if ev.event != "message":
+            raise RuntimeError(f"unexpected event {ev}")
+        return json.loads(ev.data)
+
+    async def post(self, body: Any, raw: bytes | None = None, headers: dict[str, str] | None = None,
+                   token: str | None = None, path: str | None = None) -> httpx.Response:
+        h = {"Content-Type": "application/json", **self.d.auth(token or self.token)}
+        h.update(headers or {})
+        content = raw if raw is not None else json.dumps(body).encode()
+        return await self.client.post(f"{self.d.url}{path or self.endpoint}", content=content, headers=h)
+
+    def new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    async def request(self, method: str, params: dict[str, Any] | None = None, req_id: Any = None) -> Any:
+        """POST one request and wait for the reply with its id (other messages are kept in ``pending``)."""
+        rid = self.new_id() if req_id is None else req_id
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": method}
+        if params is not None:
+            msg["params"] = params
+        r = await self.post(msg)
+        if r.status_code != 202:
+            raise RuntimeError(f"POST {method}: {r.status_code} {r.text}")
+        return await self.reply(rid)
+
+    async def reply(self, rid: Any) -> Any:
+        key = json.dumps(rid)
+        while key not in self.pending:
+            m = await self.next_message()
+            if isinstance(m, dict) and "id" in m:
+                self.pending[json.dumps(m["id"])] = m
+        return self.pending.pop(key)
+
+    async def initialize(self, version: str = "2025-06-18") -> Any:
+        reply = await self.request("initialize", {
+            "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}})
+        await self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return reply
