@@ -84,7 +84,7 @@ def find(root: str, ctx: Context, query: FindQuery) -> dict[str, Any]:
     Returns:
         ``{"root", "matches": [{"path", "type"}], "truncated": bool, "stopped": None |
         "max_results" | "time_budget", "scanned": int, "errors": [{"path", "reason"}],
-        "error_count": int}``.
+        "error_count": int}``; matches are sorted by path, component by component.
 
     Raises:
         ToolError: the root cannot be opened (the opener's error), or ``follow_symlinks`` was
@@ -121,6 +121,7 @@ def find(root: str, ctx: Context, query: FindQuery) -> dict[str, Any]:
     finally:
         for fd, *_ in stack:
             close_quietly(fd)
+    walk.matches.sort(key=lambda m: m["path"].split("/"))
     return {
         "root": root,
         "matches": walk.matches,
