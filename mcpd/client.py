@@ -248,6 +248,9 @@ class Client:
             reason = ProtocolError(f"not an event stream: {exc}")
         except httpx.TransportError as exc:
             reason = _transport_error(exc)
+        except asyncio.CancelledError:
+            reason = ConnectError("client closed")
+            raise
         finally:
             self._fail_all(reason)
 
@@ -264,12 +267,13 @@ class Client:
                 fut.set_result(item)
 
     def _fail_all(self, reason: MCPClientError) -> None:
-        self._closed_reason = reason
-        if self._endpoint_ready is not None and not self._endpoint_ready.done():
-            self._endpoint_ready.set_exception(reason)
-        for fut in self._pending.values():
+        if self._closed_reason is None:
+            self._closed_reason = reason
+        futures = [*self._pending.values(), *([self._endpoint_ready] if self._endpoint_ready else [])]
+        for fut in futures:
             if not fut.done():
-                fut.set_exception(reason)
+                fut.set_exception(self._closed_reason)
+                fut.exception()  # retrieved: nobody may be waiting any more, that is fine
         self._pending.clear()
 
     async def _post(self, message: dict[str, Any] | list[Any]) -> None:

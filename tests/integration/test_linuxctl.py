@@ -1,0 +1,188 @@
+"""SPEC §6 against the real daemon: `linuxctl` output, exit codes, settings; the client under it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcpd import certs, client
+
+LINUXCTL = str(Path(sys.executable).parent / "linuxctl")
+
+
+def linuxctl(*args: str, env: dict[str, str] | None = None, home: Path | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run the real `linuxctl` with a clean environment (no MCPD_* variables, empty config folder)."""
+    base = {k: v for k, v in os.environ.items() if k not in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT")}
+    base["XDG_CONFIG_HOME"] = str(home or Path("/nonexistent-linuxctl-config"))
+    base.update(env or {})
+    return subprocess.run([LINUXCTL, *args], capture_output=True, env=base, timeout=60)
+
+
+def flags(daemon: Any) -> list[str]:
+    return ["--url", daemon.url, "--token", daemon.token, "--cacert", str(daemon.cacert)]
+
+
+def make_file(tmp_path: Path, name: str, data: bytes) -> Path:
+    for p in (tmp_path, *tmp_path.parents):  # let a worker running as another account reach it
+        if p == Path("/tmp") or p == Path("/"):
+            break
+        os.chmod(p, 0o755)
+    path = tmp_path / name
+    path.write_bytes(data)
+    os.chmod(path, 0o644)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_get_files_prints_content_exactly(daemon: Any, tmp_path: Path) -> None:
+    data = "first\r\nsecond\n\u00e9t\u00e9 \u2028 last line without newline".encode()
+    path = make_file(tmp_path, "exact.txt", data)
+    res = linuxctl(*flags(daemon), "get", "files", str(path))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == data
+    assert res.stderr == b""
+
+
+def test_get_files_line_range(daemon: Any, tmp_path: Path) -> None:
+    path = make_file(tmp_path, "lines.txt", b"l1\nl2\r\nl3\nl4")
+    res = linuxctl(*flags(daemon), "get", "files", str(path), "--start-line", "2", "--end-line", "3")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == b"l2\r\nl3\n"
+    res = linuxctl(*flags(daemon), "get", "files", str(path), "--start-line", "4")
+    assert (res.returncode, res.stdout) == (0, b"l4")
+
+
+def test_get_files_byte_range(daemon: Any, tmp_path: Path) -> None:
+    path = make_file(tmp_path, "bytes.txt", b"0123456789")
+    res = linuxctl(*flags(daemon), "get", "files", str(path), "--offset", "3", "--limit", "4")
+    assert (res.returncode, res.stdout) == (0, b"3456"), res.stderr
+
+
+def test_tool_error_exits_1_with_code_on_stderr(daemon: Any, tmp_path: Path) -> None:
+    res = linuxctl(*flags(daemon), "get", "files", str(tmp_path / "missing.txt"))
+    assert res.returncode == 1
+    assert res.stdout == b""
+    assert res.stderr.startswith(b"FILE_NOT_FOUND: ")
+
+
+def test_range_out_of_bounds_exits_1(daemon: Any, tmp_path: Path) -> None:
+    path = make_file(tmp_path, "two.txt", b"a\nb\n")
+    res = linuxctl(*flags(daemon), "get", "files", str(path), "--start-line", "3")
+    assert res.returncode == 1
+    assert res.stderr.startswith(b"RANGE_OUT_OF_BOUNDS: ")
+
+
+def test_bad_token_exits_3(daemon: Any) -> None:
+    res = linuxctl("--url", daemon.url, "--token", "mcpd_000000000000_" + "A" * 43, "--cacert",
+                   str(daemon.cacert), "get", "files", "/etc/hosts")
+    assert res.returncode == 3
+    assert res.stderr.startswith(b"AUTH_FAILED: ")
+    assert res.stdout == b""
+
+
+def test_untrusted_certificate_exits_4(daemon: Any, tmp_path: Path) -> None:
+    other = certs.make_pki(tmp_path / "other-ca", ["localhost", "127.0.0.1"])
+    res = linuxctl("--url", daemon.url, "--token", daemon.token, "--cacert", str(other.ca_cert),
+                   "get", "files", "/etc/hosts")
+    assert res.returncode == 4
+    assert res.stderr.startswith(b"TLS_ERROR: ")
+
+
+def test_closed_port_exits_4(tmp_path: Path) -> None:
+    pki = certs.make_pki(tmp_path / "ca", ["127.0.0.1"])
+    res = linuxctl("--url", f"https://127.0.0.1:{free_port()}", "--token", "t", "--cacert", str(pki.ca_cert),
+                   "get", "files", "/etc/hosts")
+    assert res.returncode == 4
+    assert res.stderr.startswith(b"CONNECT_FAILED: ")
+
+
+def test_settings_from_environment(daemon: Any, tmp_path: Path) -> None:
+    path = make_file(tmp_path, "env.txt", b"from env")
+    env = {"MCPD_URL": daemon.url, "MCP_TOKEN": daemon.token, "MCPD_CACERT": str(daemon.cacert)}
+    res = linuxctl("get", "files", str(path), env=env)
+    assert (res.returncode, res.stdout) == (0, b"from env"), res.stderr
+
+
+def test_settings_from_config_file(daemon: Any, tmp_path: Path) -> None:
+    path = make_file(tmp_path, "conf.txt", b"from config")
+    conf = tmp_path / "xdg" / "linuxctl" / "config.yaml"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(json.dumps({"url": daemon.url + "/sse", "token": daemon.token, "cacert": str(daemon.cacert)}))
+    os.chmod(conf, 0o600)
+    res = linuxctl("get", "files", str(path), home=tmp_path / "xdg")
+    assert (res.returncode, res.stdout) == (0, b"from config"), res.stderr
+
+
+def test_tools_lists_files_read(daemon: Any) -> None:
+    res = linuxctl(*flags(daemon), "tools")
+    assert res.returncode == 0, res.stderr
+    assert any(line.split(b"\t")[0] == b"files/read" for line in res.stdout.splitlines())
+    res = linuxctl(*flags(daemon), "tools", "--json")
+    tools = json.loads(res.stdout)
+    assert "files/read" in {t["name"] for t in tools}
+
+
+def test_call_prints_result_json(daemon: Any, tmp_path: Path) -> None:
+    path = make_file(tmp_path, "call.txt", b"a\nb\nc\n")
+    res = linuxctl(*flags(daemon), "call", "files/read", json.dumps({"path": str(path)}), "--arg", "start_line=2")
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout)
+    assert result["content"][0]["text"] == "b\nc\n"
+    assert not result.get("isError")
+
+
+def test_call_tool_error_exits_1_and_prints_result(daemon: Any) -> None:
+    res = linuxctl(*flags(daemon), "call", "files/read", "--arg", "path=relative/path")
+    assert res.returncode == 1
+    assert json.loads(res.stdout)["isError"] is True
+    assert res.stderr.startswith(b"INVALID_ARGUMENT: ")
+
+
+def test_client_matches_concurrent_responses_by_id(daemon: Any, tmp_path: Path) -> None:
+    paths = [make_file(tmp_path, f"c{i}.txt", f"content {i}\n".encode() * (i + 1)) for i in range(8)]
+
+    async def go() -> list[str]:
+        async with client.Client(daemon.url, daemon.token, str(daemon.cacert)) as c:
+            results = await asyncio.gather(*(c.call_tool("files/read", {"path": str(p)}) for p in paths))
+            return [client.text_of(r) for r in results]
+
+    texts = asyncio.run(go())
+    assert texts == [p.read_text() for p in paths]
+
+
+def test_client_raises_tool_failed_with_code(daemon: Any, tmp_path: Path) -> None:
+    with pytest.raises(client.ToolFailed) as info:
+        client.call_tool_sync(daemon.url, daemon.token, str(daemon.cacert), "files/read",
+                              {"path": str(tmp_path / "nope")})
+    assert (info.value.code, info.value.exit_code) == ("FILE_NOT_FOUND", 1)
+    assert info.value.details.get("path") == str(tmp_path / "nope")
+
+
+def test_client_initialize_reports_server_info(daemon: Any) -> None:
+    async def go() -> dict[str, Any]:
+        async with client.Client(daemon.url, daemon.token, str(daemon.cacert)) as c:
+            assert await c.request("ping") == {}
+            return await c.initialize()
+
+    info = asyncio.run(go())
+    assert info["serverInfo"]["name"] == "mcpd"
+    assert info["protocolVersion"] == client.PROTOCOL_VERSION
+
+
+def test_client_unknown_tool_is_rpc_error(daemon: Any) -> None:
+    with pytest.raises(client.RPCError) as info:
+        client.call_tool_sync(daemon.url, daemon.token, str(daemon.cacert), "no/such/tool", {})
+    assert info.value.rpc_code == -32602
