@@ -289,3 +289,21 @@ class SseSession:
             "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}})
         await self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
         return reply
+
+
+def open_raw(d: Daemon, timeout: float = EVENT_TIMEOUT) -> ssl.SSLSocket:
+    """A raw TLS socket to the daemon (for requests httpx will not send, or a client that stops reading)."""
+    host, port = d.host_port
+    sock = socket.create_connection((host, port), timeout=timeout)
+    return d.ssl_context().wrap_socket(sock, server_hostname=host)
+
+
+def read_status(sock: ssl.SSLSocket) -> int:
+    """Read a response's status line and headers from ``sock``; return the status code."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        buf += chunk
+    return int(buf.split(b" ", 2)[1])

@@ -31,6 +31,9 @@ from mcpd.protocol import INVALID_REQUEST, PARSE_ERROR, Caller, Dispatcher, McpS
 log = logging.getLogger(__name__)
 
 SESSION_ID_RE = re.compile(r"[0-9a-f]{32}")
+# JSON leaves these raw, but line readers built on str.splitlines (httpx's among them) break
+# lines at them; escaping keeps every message on one data line for every client.
+_LINE_BREAKERS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
 class McpUser(BaseUser):
@@ -80,7 +83,7 @@ class SseSession:
         """
         if self.closed:
             return
-        data = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKERS)
         try:
             self._queue.put_nowait(data)
         except asyncio.QueueFull:
