@@ -7,9 +7,10 @@ tools in :data:`TOOLS`.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any, Protocol
+
+from mcpd.tools import files_filetype, files_find, files_list, files_read
 
 
 class ToolModule(Protocol):
@@ -28,20 +29,8 @@ class ToolModule(Protocol):
         ...
 
 
-_MODULES: tuple[str, ...] = ("files_read",)
+def _registry(*modules: Any) -> dict[str, ToolModule]:
+    return {m.NAME: m for m in modules}
 
 
-def _load() -> dict[str, ToolModule]:
-    tools: dict[str, ToolModule] = {}
-    for name in _MODULES:
-        try:
-            mod: Any = importlib.import_module(f"mcpd.tools.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"mcpd.tools.{name}":
-                raise
-            continue  # not written yet
-        tools[mod.NAME] = mod
-    return tools
-
-
-TOOLS: Mapping[str, ToolModule] = _load()
+TOOLS: Mapping[str, ToolModule] = _registry(files_read, files_list, files_find, files_filetype)
