@@ -118,7 +118,9 @@ def _open(path: str, flags: int, follow_symlinks: bool) -> int:
             return _openat2(path, flags, _RESOLVE_NO_MAGICLINKS)
         return os.open(path, flags)
     if HAVE_OPENAT2:
-        return _openat2(path, flags | os.O_NOFOLLOW, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
+        # RESOLVE_NO_SYMLINKS refuses a trailing symlink too (ELOOP); O_NOFOLLOW would make
+        # O_DIRECTORY report ENOTDIR instead
+        return _openat2(path, flags, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
     return _walk(path, flags)
 
 
@@ -175,6 +177,8 @@ def _checked(path: str, follow_symlinks: bool, flags: int, want_dir: bool) -> in
             if not stat.S_ISREG(st.st_mode):
                 kind = _kind(st.st_mode)
                 raise ToolError(NOT_A_REGULAR_FILE, f"not a regular file: {cleaned}", path=cleaned, type=kind)
+            if st.st_nlink == 0:
+                raise _denied(cleaned, CHANGED)  # unlinked or replaced since it was opened
             if st.st_nlink != 1:
                 raise _denied(cleaned, HARD_LINKS)
         if not follow_symlinks and fd_path(fd) != cleaned:
