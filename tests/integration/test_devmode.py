@@ -13,8 +13,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from mcpd import config, devmode, identity
 
 BIN = Path(sys.executable).parent
@@ -70,7 +68,6 @@ def _read_lines(proc: subprocess.Popen[str], out: "queue.Queue[str]") -> None:
 
 
 def test_dev_prints_working_exports(tmp_path: Path) -> None:
-    pytest.importorskip("mcpd.server")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT")}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
@@ -78,9 +75,10 @@ def test_dev_prints_working_exports(tmp_path: Path) -> None:
         [str(BIN / "mcpd"), "dev", "--port", str(port)], cwd=tmp_path, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=_read_lines, args=(proc, lines), daemon=True)
+    reader.start()
     try:
-        lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=_read_lines, args=(proc, lines), daemon=True).start()
         printed = [lines.get(timeout=START_DEADLINE) for _ in range(4)]
         assert printed[0] == f"export MCPD_URL=https://127.0.0.1:{port}\n"
         assert printed[1].startswith("export MCP_TOKEN=mcpd_")
@@ -98,10 +96,12 @@ def test_dev_prints_working_exports(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert res.returncode == 0, res.stderr
         assert res.stdout == Path("/etc/hosts").read_bytes()
+        proc.send_signal(signal.SIGINT)  # Ctrl-C ends the foreground server cleanly
+        assert proc.wait(timeout=30) == 0
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=15)
+        reader.join(timeout=15)
+        assert proc.stdout is not None
+        proc.stdout.close()
