@@ -186,3 +186,25 @@ def test_client_unknown_tool_is_rpc_error(daemon: Any) -> None:
     with pytest.raises(client.RPCError) as info:
         client.call_tool_sync(daemon.url, daemon.token, str(daemon.cacert), "no/such/tool", {})
     assert info.value.rpc_code == -32602
+
+
+def test_privileged_flag_is_sent_never_downgraded(daemon: Any) -> None:
+    # the fixture runs without a root helper: a privileged read must fail, never fall back (SPEC §4.1)
+    res = linuxctl(*flags(daemon), "get", "files", "/etc/hosts", "--privileged")
+    assert res.returncode == 1
+    assert res.stdout == b""
+    assert res.stderr.startswith(b"HELPER_UNAVAILABLE: ")
+
+
+def test_client_lost_stream_is_connect_error(daemon_factory: Any) -> None:
+    d = daemon_factory()
+
+    async def go() -> None:
+        async with client.Client(d.url, d.token, d.cacert, timeout=20) as c:
+            d.proc.kill()
+            d.proc.wait(timeout=10)
+            with pytest.raises(client.ConnectError) as info:
+                await c.list_tools()
+            assert info.value.exit_code == 4
+
+    asyncio.run(go())
