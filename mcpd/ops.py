@@ -17,6 +17,7 @@ from typing import Any
 from mcpd import textread
 from mcpd.config import ReadLimits
 from mcpd.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
+from mcpd.fileops import filetype, find, listing
 from mcpd.tools import files_read
 
 log = logging.getLogger(__name__)
@@ -28,13 +29,15 @@ class OpContext:
 
     ``open_file(path) -> fd`` returns a regular file opened ``O_RDONLY|O_NONBLOCK|O_CLOEXEC|O_NOCTTY``
     or raises ``ToolError``; ``open_dir(path) -> fd`` a directory; ``allow(path)`` is the privileged
-    route's grant filter (``None``: no filter).
+    route's grant filter (``None``: no filter). ``progress(done, total | None, message)`` is
+    called by long ops (``files/find``) every few thousand entries (``None``: nobody listens).
     """
 
     limits: ReadLimits
     open_file: Callable[[str], int]
     open_dir: Callable[[str], int]
     allow: Callable[[str], bool] | None = None
+    progress: Callable[[int, int | None, str], None] | None = None
 
 
 def files_read_op(args: Any, ctx: OpContext) -> dict[str, Any]:
@@ -57,7 +60,12 @@ def files_read_op(args: Any, ctx: OpContext) -> dict[str, Any]:
         os.close(fd)
 
 
-OPS: dict[str, Callable[[Any, OpContext], dict[str, Any]]] = {"files/read": files_read_op}
+OPS: dict[str, Callable[[Any, OpContext], dict[str, Any]]] = {
+    "files/read": files_read_op,
+    "files/list": listing.op_list,
+    "files/find": find.op_find,
+    "files/filetype": filetype.op_filetype,
+}
 
 
 def run(frame: Any, ctx: OpContext) -> dict[str, Any]:

@@ -33,6 +33,9 @@ ProgressFn = Callable[[int, "int | None", str], None]
 #: Entry type names shared by list, find and filetype (and the ``type`` argument of find).
 TYPE_NAMES = ("file", "dir", "symlink", "fifo", "socket", "char", "block")
 
+#: Bytes of a regular file that ``files/filetype`` reads and judges (64 KiB).
+SAMPLE_BYTES = 64 * 1024
+
 
 class Context(Protocol):
     """The part of ``mcpd.ops.OpContext`` these ops use (structural, see docs/INTERNALS.md)."""

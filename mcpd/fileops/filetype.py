@@ -19,9 +19,9 @@ import charset_normalizer
 import magic
 
 from mcpd.errors import PERMISSION_DENIED, ToolError, from_oserror
-from mcpd.fileops import Context, allowed, clean, lstat_path, no_grant, type_name
+from mcpd.fileops import SAMPLE_BYTES, Context, allowed, clean, lstat_path, no_grant, type_name
+from mcpd.tools import files_filetype
 
-SAMPLE_BYTES = 64 * 1024  # bytes read from a regular file
 BINARY_PROBE = 8 * 1024  # a NUL in these first bytes means binary (SPEC §3's rule)
 
 _INODE_MIME = {
@@ -168,6 +168,10 @@ def _line_endings(text: str) -> tuple[str, dict[str, int]]:
     return (kinds[0] if len(kinds) == 1 else "mixed"), counts
 
 
-def op_filetype(args: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    """The ``files/filetype`` op handler: ``args`` as returned by ``tools.files_filetype.parse_args``."""
-    return filetype(args["path"], ctx)
+def op_filetype(args: Any, ctx: Context) -> dict[str, Any]:
+    """The ``files/filetype`` op handler: validates ``args`` again (the op trusts no caller).
+
+    Raises:
+        ToolError: ``INVALID_ARGUMENT`` from ``files_filetype.parse_args``, or :func:`filetype`'s.
+    """
+    return filetype(files_filetype.parse_args(args)["path"], ctx)

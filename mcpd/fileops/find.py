@@ -22,6 +22,7 @@ from typing import Any
 
 from mcpd.errors import INVALID_ARGUMENT, ToolError, from_oserror
 from mcpd.fileops import Context, allowed, clean, close_quietly, join, progress_of, type_name
+from mcpd.tools import files_find
 
 PROGRESS_EVERY = 5000  # entries between two progress callbacks
 MAX_ERRORS = 100  # errors kept in the answer (the count goes on)
@@ -213,14 +214,19 @@ def _open_child(walk: _Walk, parent_fd: int, path: str, name: str) -> int | None
     return fd
 
 
-def op_find(args: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    """The ``files/find`` op handler: ``args`` as returned by ``tools.files_find.parse_args``."""
+def op_find(args: Any, ctx: Context) -> dict[str, Any]:
+    """The ``files/find`` op handler: validates ``args`` again (the op trusts no caller).
+
+    Raises:
+        ToolError: ``INVALID_ARGUMENT`` from ``files_find.parse_args``, or :func:`find`'s.
+    """
+    a = files_find.parse_args(args)
     query = FindQuery(
-        name=args.get("name"),
-        type=args.get("type"),
-        max_depth=args.get("max_depth"),
-        max_results=int(args.get("max_results", 1000)),
-        time_budget=float(args.get("time_budget_seconds", 10.0)),
-        follow_symlinks=bool(args.get("follow_symlinks", False)),
+        name=a["name"],
+        type=a["type"],
+        max_depth=a["max_depth"],
+        max_results=a["max_results"],
+        time_budget=a["time_budget_seconds"],
+        follow_symlinks=a["follow_symlinks"],
     )
-    return find(args["root"], ctx, query)
+    return find(a["root"], ctx, query)

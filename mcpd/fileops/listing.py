@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mcpd.errors import FILE_NOT_FOUND, NOT_A_REGULAR_FILE, ToolError, from_oserror
+from mcpd.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, ToolError, from_oserror
 from mcpd.fileops import Context, allowed, clean, describe, join, lstat_path, no_grant, type_name
+from mcpd.tools import files_list
+from mcpd.tools.files_list import DEFAULT_LIMIT, MAX_LIMIT
 
-DEFAULT_LIMIT = 1000
-MAX_LIMIT = 10000
+# what the directory opener raises for an existing entry that is not a directory
+_NOT_A_DIR = (FILE_NOT_FOUND, NOT_A_REGULAR_FILE, INVALID_ARGUMENT)
 
 
 def list_path(path: str, ctx: Context, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
@@ -40,7 +42,7 @@ def list_path(path: str, ctx: Context, limit: int = DEFAULT_LIMIT) -> dict[str, 
     try:
         dfd = ctx.open_dir(path)
     except ToolError as exc:
-        if exc.code not in (FILE_NOT_FOUND, NOT_A_REGULAR_FILE):
+        if exc.code not in _NOT_A_DIR:
             raise
         return _single(path, ctx, exc)
     try:
@@ -103,6 +105,11 @@ def _directory(path: str, dfd: int, ctx: Context, limit: int) -> dict[str, Any]:
     }
 
 
-def op_list(args: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    """The ``files/list`` op handler: ``args`` as returned by ``tools.files_list.parse_args``."""
-    return list_path(args["path"], ctx, int(args.get("limit", DEFAULT_LIMIT)))
+def op_list(args: Any, ctx: Context) -> dict[str, Any]:
+    """The ``files/list`` op handler: validates ``args`` again (the op trusts no caller).
+
+    Raises:
+        ToolError: ``INVALID_ARGUMENT`` from ``files_list.parse_args``, or :func:`list_path`'s.
+    """
+    a = files_list.parse_args(args)
+    return list_path(a["path"], ctx, a["limit"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcpd.fileops.filetype import SAMPLE_BYTES
+from mcpd.fileops import SAMPLE_BYTES
 from mcpd.tools._fileops_args import PATH_SCHEMA, PRIVILEGED_SCHEMA, check_bool, check_object, check_path
 
 NAME = "files/filetype"

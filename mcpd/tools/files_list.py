@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcpd.fileops.listing import DEFAULT_LIMIT, MAX_LIMIT
 from mcpd.tools._fileops_args import PATH_SCHEMA, PRIVILEGED_SCHEMA, check_bool, check_int, check_object, check_path
 
 NAME = "files/list"
+DEFAULT_LIMIT = 1000  # entries
+MAX_LIMIT = 10000  # entries
 DESCRIPTION = (
     "List a directory on the server: every entry, hidden ones included, sorted by name, each with "
     "its type (file, dir, symlink with its target, fifo, socket, char or block device), size in "
