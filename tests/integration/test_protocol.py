@@ -1,0 +1,352 @@
+"""SPEC §2 against the real daemon: lifecycle, envelope, batches, cancellation, tools/list and tools/call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcpd.identity import Principal
+from mcpd.privileged import Unavailable
+from mcpd.protocol import Caller, Dispatcher, McpSession
+from tests.conftest import Daemon, SseSession
+
+pytestmark = pytest.mark.anyio
+
+VERSIONS = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"]
+
+
+def msg(method: str, req_id: Any = 1, params: Any = None) -> dict[str, Any]:
+    m: dict[str, Any] = {"jsonrpc": "2.0", "id": req_id, "method": method}
+    if params is not None:
+        m["params"] = params
+    return m
+
+
+async def post_ok(s: SseSession, body: Any) -> None:
+    r = await s.post(body)
+    assert r.status_code == 202, r.text
+
+
+async def answered_next(s: SseSession, body: Any) -> Any:
+    """POST ``body`` then a ping with id "probe"; return every message that arrived before the probe's reply."""
+    await post_ok(s, body)
+    await post_ok(s, msg("ping", "probe"))
+    seen = []
+    while True:
+        m = await s.next_message()
+        if isinstance(m, dict) and m.get("id") == "probe":
+            return seen
+        seen.append(m)
+
+
+# -- §2.1 initialize -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+async def test_initialize_echoes_supported_version(daemon: Daemon, version: str) -> None:
+    async with SseSession(daemon) as s:
+        r = await s.initialize(version)
+        assert r["result"]["protocolVersion"] == version
+
+
+@pytest.mark.parametrize("version", ["2099-01-01", "2024-01-01", "1.0"])
+async def test_initialize_unsupported_version_offers_newest(daemon: Daemon, version: str) -> None:
+    async with SseSession(daemon) as s:
+        r = await s.initialize(version)
+        assert r["result"]["protocolVersion"] == "2025-11-25"
+
+
+async def test_initialize_result_capabilities_server_info_instructions(daemon: Daemon) -> None:
+    async with SseSession(daemon) as s:
+        res = (await s.initialize())["result"]
+        assert set(res["capabilities"]) >= {"tools", "resources"}
+        assert res["serverInfo"]["name"] == "mcpd" and res["serverInfo"]["version"]
+        assert isinstance(res["instructions"], str) and 0 < len(res["instructions"]) < 500
+
+
+async def test_initialized_notification_gets_no_answer(daemon: Daemon) -> None:
+    async with SseSession(daemon) as s:
+        await s.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}})
+        assert await answered_next(s, {"jsonrpc": "2.0", "method": "notifications/initialized"}) == []
+
+
+async def test_initialize_bad_params_32602(daemon: Daemon) -> None:
+    async with SseSession(daemon) as s:
+        assert (await s.request("initialize", {"protocolVersion": 5}))["error"]["code"] == -32602
+        await post_ok(s, {"jsonrpc": "2.0", "id": 9, "method": "initialize", "params": "x"})
+        assert (await s.reply(9))["error"]["code"] == -32602
+
+
+# -- §2.2 before initialize ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["tools/list", "tools/call", "resources/list", "resources/read"])
+async def test_before_initialize_only_initialize_and_ping(daemon: Daemon, method: str) -> None:
+    async with SseSession(daemon) as s:
+        r = await s.request(method, {"name": "files/read", "arguments": {"path": "/etc/hostname"}})
+        assert r["error"]["code"] == -32600
+        assert r["error"]["message"] == "session not initialized"
+        assert (await s.request("ping"))["result"] == {}
+        await s.initialize()
+        assert "result" in await s.request("tools/list")
+
+
+async def test_ping_answers_empty_object_any_time(daemon: Daemon) -> None:
+    async with SseSession(daemon) as s:
+        assert (await s.request("ping"))["result"] == {}
+        await s.initialize()
+        assert (await s.request("ping", {}))["result"] == {}
+
+
+async def test_server_discover_32601(daemon: Daemon) -> None:
+    async with SseSession(daemon) as s:
+        assert (await s.request("server/discover", {}))["error"]["code"] == -32601
+        await s.initialize()
+        assert (await s.request("server/discover"))["error"]["code"] == -32601
+
+
+# -- §2.3 envelope -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("req_id", [0, 1, -5, 2**40, 1.5, "", "abc", "0"])
+async def test_id_string_or_number_zero_valid(daemon: Daemon, req_id: Any) -> None:
+    async with SseSession(daemon) as s:
+        r = await s.request("ping", req_id=req_id)
+        assert r == {"jsonrpc": "2.0", "id": req_id, "result": {}}
+
+
+@pytest.mark.parametrize("body", [
+    {"jsonrpc": "2.0", "id": None, "method": "ping"},
+    {"id": 1, "method": "ping"},
+    {"jsonrpc": "1.0", "id": 1, "method": "ping"},
+    {"jsonrpc": 2.0, "id": 1, "method": "ping"},
+    {"jsonrpc": "2.0", "id": 1, "method": 5},
+    {"jsonrpc": "2.0", "id": 1, "method": None},
+    {"jsonrpc": "2.0", "id": True, "method": "ping"},
+    {"jsonrpc": "2.0", "id": [1], "method": "ping"},
+    {"jsonrpc": "2.0", "id": 1},
+])
+async def test_bad_envelope_32600(daemon: Daemon, body: dict[str, Any]) -> None:
+    async with SseSession(daemon) as s:
+        seen = await answered_next(s, body)
+        assert len(seen) == 1 and seen[0]["error"]["code"] == -32600
+        expected_id = body.get("id") if isinstance(body.get("id"), int) and body.get("id") is not True else None
+        assert seen[0]["id"] == expected_id
+
+
+async def test_unknown_method_32601(daemon: Daemon) -> None:
+    async with SseSession(daemon) as s:
+        await s.initialize()
+        assert (await s.request("files/delete", {}))["error"]["code"] == -32601
+
+
+async def test_bad_params_32602(daemon: Daemon) -> None:
+    async with SseSession(daemon) as s:
+        await s.initialize()
+        await post_ok(s, msg("tools/list", 5, params=[1, 2]))
+        assert (await s.reply(5))["error"]["code"] == -32602
+        assert (await s.request("tools/call", {"name": 5}))["error"]["code"] == -32602
+        assert (await s.request("tools/call", {}))["error"]["code"] == -32602
+
+
+@pytest.mark.parametrize("body", [
+    {"jsonrpc": "2.0", "method": "notifications/whatever"},
+    {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "nope"}},
+    {"jsonrpc": "2.0", "method": "ping"},
+    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 12345}},
+])
+async def test_notifications_never_answered(daemon: Daemon, body: dict[str, Any]) -> None:
+    async with SseSession(daemon) as s:
+        await s.initialize()
+        assert await answered_next(s, body) == []
+
+
+async def test_client_responses_are_not_answered(daemon: Daemon) -> None:
+    async with SseSession(daemon) as s:
+        assert await answered_next(s, {"jsonrpc": "2.0", "id": 77, "result": {}}) == []
+
+
+def worker_pids(daemon_pid: int) -> set[int]:
+    pids: set[int] = set()
+    for tid in os.listdir(f"/proc/{daemon_pid}/task"):
+        with open(f"/proc/{daemon_pid}/task/{tid}/children") as f:
+            pids.update(int(p) for p in f.read().split())
+    return pids
+
+
+def slow_file(tmp_path: Path) -> Path:
+    """A text head, then a 1 TiB hole: finding line 3 means scanning the hole (minutes of work)."""
+    p = tmp_path / "sparse.log"
+    with open(p, "wb") as f:
+        f.write(b"a\n" + b"b" * 9000)
+        f.truncate(1 << 40)
+    return p
+
+
+async def test_notifications_cancelled_stops_request_no_reply(daemon_factory: Any, tmp_path: Path) -> None:
+    d = daemon_factory(workers={"timeout_seconds": 3})
+    path = slow_file(tmp_path)
+    async with SseSession(d) as s:
+        await s.initialize()
+        before = worker_pids(d.pid)
+        await post_ok(s, msg("tools/call", "slow", {"name": "files/read",
+                                                    "arguments": {"path": str(path), "start_line": 3}}))
+        busy: set[int] = set()
+        for _ in range(200):
+            busy = worker_pids(d.pid) - before
+            if busy:
+                break
+            await asyncio.sleep(0.05)
+        await s.request("ping")  # the request is in flight (its worker spawned, no reply yet)
+        assert "\"slow\"" not in s.pending
+        await post_ok(s, {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                          "params": {"requestId": "slow", "reason": "test"}})
+        # Without cancellation a TIMEOUT result would arrive after 3 s; wait past that.
+        deadline = asyncio.get_running_loop().time() + 5
+        seen = []
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            try:
+                seen.append(await s.next_message(timeout=left))
+            except asyncio.TimeoutError:
+                break
+        assert all(m.get("id") != "slow" for m in seen if isinstance(m, dict))
+        assert busy and not (busy & worker_pids(d.pid))  # the worker that ran it was killed
+
+
+async def test_batch_replies_as_one_array(daemon: Daemon) -> None:
+    async with SseSession(daemon) as s:
+        batch = [msg("ping", 1), {"jsonrpc": "2.0", "method": "notifications/initialized"}, msg("ping", "two"),
+                 msg("nope", 3), 5]
+        seen = await answered_next(s, batch)
+        assert len(seen) == 1 and isinstance(seen[0], list)
+        by_id = {json.dumps(m["id"]): m for m in seen[0]}
+        assert len(seen[0]) == 4
+        assert by_id["1"]["result"] == {} and by_id['"two"']["result"] == {}
+        assert by_id["3"]["error"]["code"] == -32601 and by_id["null"]["error"]["code"] == -32600
+
+
+async def test_batch_of_notifications_gets_no_reply(daemon: Daemon) -> None:
+    async with SseSession(daemon) as s:
+        assert await answered_next(s, [{"jsonrpc": "2.0", "method": "notifications/initialized"}]) == []
+
+
+async def test_empty_batch_one_32600(daemon: Daemon) -> None:
+    async with SseSession(daemon) as s:
+        seen = await answered_next(s, [])
+        assert seen == [{"jsonrpc": "2.0", "id": None, "error": seen[0]["error"]}]
+        assert seen[0]["error"]["code"] == -32600
+
+
+# -- §2.4 tools/list, §2.5 tools/call ------------------------------------------------------------
+
+
+async def test_tools_list_schema_and_annotations(daemon: Daemon) -> None:
+    async with SseSession(daemon) as s:
+        await s.initialize()
+        tools = (await s.request("tools/list"))["result"]["tools"]
+        names = [t["name"] for t in tools]
+        assert "files/read" in names
+        for t in tools:
+            assert isinstance(t["description"], str) and len(t["description"]) > 40
+            assert t["inputSchema"]["type"] == "object"
+            assert t["inputSchema"]["additionalProperties"] is False
+            assert t["annotations"] == {"readOnlyHint": True, "openWorldHint": False}
+
+
+async def test_tools_call_unknown_tool_32602(daemon: Daemon) -> None:
+    async with SseSession(daemon) as s:
+        await s.initialize()
+        r = await s.request("tools/call", {"name": "files/delete", "arguments": {}})
+        assert r["error"]["code"] == -32602
+
+
+async def call(s: SseSession, args: dict[str, Any]) -> dict[str, Any]:
+    r = await s.request("tools/call", {"name": "files/read", "arguments": args})
+    result: dict[str, Any] = r["result"]
+    return result
+
+
+async def test_tools_call_reads_file(daemon: Daemon, tmp_path: Path) -> None:
+    p = tmp_path / "t.txt"
+    p.write_bytes(b"one\r\ntwo\nthree")
+    async with SseSession(daemon) as s:
+        await s.initialize()
+        assert (await call(s, {"path": str(p)}))["content"] == [{"type": "text", "text": "one\r\ntwo\nthree"}]
+        assert (await call(s, {"path": str(p), "start_line": 2}))["content"][0]["text"] == "two\nthree"
+
+
+@pytest.mark.parametrize("case,code", [("binary", "BINARY_FILE"), ("missing", "FILE_NOT_FOUND"),
+                                       ("relative", "INVALID_ARGUMENT"), ("badtype", "INVALID_ARGUMENT"),
+                                       ("privileged", "HELPER_UNAVAILABLE")])
+async def test_tool_failure_is_error_result(daemon: Daemon, tmp_path: Path, case: str, code: str) -> None:
+    binary = tmp_path / "b.bin"
+    binary.write_bytes(b"abc\x00def")
+    args = {"binary": {"path": str(binary)}, "missing": {"path": str(tmp_path / "nope")},
+            "relative": {"path": "etc/hostname"}, "badtype": {"path": str(binary), "start_line": "x"},
+            "privileged": {"path": str(binary), "privileged": True}}[case]
+    async with SseSession(daemon) as s:
+        await s.initialize()
+        res = await call(s, args)
+        assert res["isError"] is True
+        err = res["structuredContent"]["error"]
+        assert err["code"] == code and res["content"][0]["text"] == err["message"]
+        assert set(err) == {"code", "message", "details"}
+        if case == "binary":
+            assert err["message"] == "cannot read binary file"
+        if case == "missing":
+            assert err["details"]["path"] == str(tmp_path / "nope")
+
+
+# -- in-process: the hooks and the internal-error boundary ----------------------------------------
+
+
+class _BrokenTool:
+    NAME = "broken"
+    DESCRIPTION = "raises"
+    INPUT_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": False}
+
+    @staticmethod
+    def parse_args(args: Any) -> dict[str, Any]:
+        raise RuntimeError("secret-internal-detail")
+
+    @staticmethod
+    def format_result(result: dict[str, Any]) -> dict[str, Any]:
+        return result
+
+
+async def _run(session: McpSession, payload: Any, out: list[Any]) -> None:
+    session.receive(payload, Caller(Principal("alice", "root", "0" * 12), "tok", "127.0.0.1:1"))
+    for _ in range(100):
+        if out:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_unexpected_exception_generic_error_traceback_in_log(caplog: pytest.LogCaptureFixture) -> None:
+    out: list[Any] = []
+    dispatcher = Dispatcher(pool=None, privileged=Unavailable(), tools={"broken": _BrokenTool})  # type: ignore[arg-type,dict-item]
+    session = McpSession(dispatcher, "s" * 32, out.append)
+    session.initialized = True
+    with caplog.at_level(logging.ERROR):
+        await _run(session, msg("tools/call", 1, {"name": "broken", "arguments": {}}), out)
+    res = out[0]["result"]
+    assert res["isError"] is True and res["structuredContent"]["error"]["code"] == "INTERNAL_ERROR"
+    assert "secret-internal-detail" not in json.dumps(out)
+    assert "secret-internal-detail" in caplog.text and "Traceback" in caplog.text
+
+
+async def test_progress_hook_sends_notifications_progress() -> None:
+    from mcpd.protocol import RequestContext
+
+    out: list[Any] = []
+    caller = Caller(Principal("alice", "root", "0" * 12), "tok", "peer")
+    await RequestContext(caller, "s", "tok-1", out.append).progress(5, 10, "half")
+    await RequestContext(caller, "s", None, out.append).progress(5)
+    assert out == [{"jsonrpc": "2.0", "method": "notifications/progress",
+                    "params": {"progressToken": "tok-1", "progress": 5, "total": 10, "message": "half"}}]
