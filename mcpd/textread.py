@@ -215,6 +215,7 @@ def _window(fd: int, st: os.stat_result, args: dict, limits: ReadLimits, codec: 
     n = limit if limit is not None else limits.default_bytes
     cap = limits.response_cap
     start = max(offset, bom)
+    n = max(0, n - (start - offset))  # the window counts file bytes, a stripped BOM included
     suggestion = f"read a smaller range: offset/limit with limit <= {cap}, or start_line/end_line"
     if n > cap and st.st_size - start > cap:
         raise too_large(st.st_size, limits, suggestion)  # known too large: refuse without reading
