@@ -1,0 +1,60 @@
+"""The official MCP Python SDK client against the real daemon over TLS (SPEC §1, §2, §3).
+
+The SDK 2.x talks through ``httpx2``: ``sse_client`` gets an ``httpx_client_factory`` that builds an
+``httpx2.AsyncClient`` trusting the private CA, and the bearer token goes in the headers.
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import ClientSession
+from mcp.client.sse import sse_client
+
+from tests.conftest import Daemon
+
+pytestmark = pytest.mark.anyio
+
+
+def factory(cafile: str) -> Any:
+    def make(headers: dict[str, str] | None = None, timeout: httpx2.Timeout | None = None,
+             auth: httpx2.Auth | None = None) -> httpx2.AsyncClient:
+        ctx = ssl.create_default_context(cafile=cafile)
+        return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, verify=ctx)
+
+    return make
+
+
+async def test_sdk_client_initializes_lists_tools_reads_file(daemon: Daemon, tmp_path: Path) -> None:
+    p = tmp_path / "notes.txt"
+    p.write_text("first line\nsecond line\n", encoding="utf-8")
+    async with sse_client(f"{daemon.url}/sse", headers=daemon.auth(), timeout=20,
+                          httpx_client_factory=factory(daemon.cacert)) as (read, write):
+        async with ClientSession(read, write) as session:
+            init = await session.initialize()
+            assert init.server_info.name == "mcpd"
+            assert init.capabilities.tools is not None
+            tools = await session.list_tools()
+            read_tool = next(t for t in tools.tools if t.name == "files/read")
+            assert read_tool.input_schema["additionalProperties"] is False
+            result = await session.call_tool("files/read", {"path": str(p)})
+            assert not result.is_error
+            assert result.content[0].text == "first line\nsecond line\n"  # type: ignore[union-attr]
+            ranged = await session.call_tool("files/read", {"path": str(p), "start_line": 2})
+            assert ranged.content[0].text == "second line\n"  # type: ignore[union-attr]
+            failed = await session.call_tool("files/read", {"path": str(tmp_path / "missing")})
+            assert failed.is_error
+            assert failed.structured_content is not None
+            assert failed.structured_content["error"]["code"] == "FILE_NOT_FOUND"
+            await session.send_ping()
+
+
+async def test_sdk_client_rejected_without_token(daemon: Daemon) -> None:
+    with pytest.raises(BaseException) as info:
+        async with sse_client(f"{daemon.url}/sse", timeout=10, httpx_client_factory=factory(daemon.cacert)):
+            pass
+    assert "401" in repr(info.value) or any("401" in repr(e) for e in getattr(info.value, "exceptions", []))
