@@ -20,6 +20,8 @@ import pytest
 
 from tests.osaccounts import AccountFactory, expire_user, lock_user, os_accounts  # noqa: F401
 
+pytestmark = pytest.mark.root
+
 PAM_FILE = Path(__file__).resolve().parents[2] / "etc/pam.d/mcpd"
 
 

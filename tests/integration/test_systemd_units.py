@@ -197,6 +197,7 @@ def _account_ids(root: Path) -> tuple[int, int]:
     pytest.fail("systemd-sysusers did not create the mcpd account")
 
 
+@pytest.mark.root
 def test_tmpfiles_grants_and_users_files_root_only(applied_root: Path) -> None:
     """SPEC §4.5/§5.1: mcp-sudo.yaml and users.yaml end up 0600 root:root, whatever they were."""
     for rel in ("mcp-sudo.yaml", "users.yaml"):
@@ -204,6 +205,7 @@ def test_tmpfiles_grants_and_users_files_root_only(applied_root: Path) -> None:
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600), rel
 
 
+@pytest.mark.root
 def test_tmpfiles_front_reads_config_and_key_only(applied_root: Path) -> None:
     """The front's group may read mcpd.yaml and the TLS key (0640 root:mcpd), nothing writable."""
     _, gid = _account_ids(applied_root)
@@ -220,6 +222,7 @@ def test_tmpfiles_front_reads_config_and_key_only(applied_root: Path) -> None:
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == want, rel
 
 
+@pytest.mark.root
 def test_tmpfiles_audit_log_folder_root_only_state_folder_mcpd(applied_root: Path) -> None:
     """SPEC §4.5: the audit log folder is 0700 root; /var/lib/mcpd is the front's (0750 mcpd)."""
     uid, gid = _account_ids(applied_root)
