@@ -253,6 +253,8 @@ class WorkerPool:
         self._accounts: collections.OrderedDict[str, _Account] = collections.OrderedDict()
         self._account_freed = asyncio.Event()
         self._retiring: set[asyncio.Task[None]] = set()
+        self._inflight = 0  # calls inside call(); close() waits for them to end
+        self._quiet = asyncio.Event()
         self._closed = False
 
     def workers(self, os_user: str) -> dict[int, bool]:
@@ -282,13 +284,19 @@ class WorkerPool:
         request = self._encode(0, op, args)  # size check before any worker is taken
         del request
         deadline = asyncio.get_running_loop().time() + limit
-        account = await self._enter(os_user, deadline, limit)
+        self._inflight += 1
         try:
-            return await self._call_in(account, os_user, op, args, deadline, limit)
+            account = await self._enter(os_user, deadline, limit)
+            try:
+                return await self._call_in(account, os_user, op, args, deadline, limit)
+            finally:
+                account.callers -= 1
+                if account.callers == 0:
+                    self._account_freed.set()
         finally:
-            account.callers -= 1
-            if account.callers == 0:
-                self._account_freed.set()
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._quiet.set()
 
     @staticmethod
     def _encode(rid: int, op: str, args: dict[str, Any]) -> bytes:
@@ -355,8 +363,11 @@ class WorkerPool:
                 self._retire(account, worker, release=True)
             raise
         worker.busy = False
-        account.idle.append(worker)
-        account.slots.release()
+        if self._closed or worker.retired:
+            self._retire(account, worker, release=True)
+        else:
+            account.idle.append(worker)
+            account.slots.release()
         if reply["ok"] is True:
             result: dict[str, Any] = reply["result"]
             return result
@@ -371,6 +382,8 @@ class WorkerPool:
             await asyncio.wait({task}, timeout=REAP_GRACE)
 
     async def _checkout(self, account: _Account, os_user: str, deadline: float) -> _Worker:
+        if self._closed:
+            raise ToolError(INTERNAL_ERROR, "worker pool is closed")
         while account.idle:
             worker = account.idle.pop()
             if worker.reader.at_eof() or worker.writer.is_closing():  # died while idle
@@ -388,6 +401,9 @@ class WorkerPool:
             raise
         worker = _Worker(pid=pid, reader=reader, writer=writer, busy=True)
         account.workers[pid] = worker
+        if self._closed:  # close() ran while this worker was starting: it must not outlive the pool
+            self._retire(account, worker, release=False)
+            raise ToolError(INTERNAL_ERROR, "worker pool is closed")
         return worker
 
     async def _exchange(self, worker: _Worker, op: str, args: dict[str, Any], deadline: float) -> dict[str, Any]:
@@ -441,15 +457,23 @@ class WorkerPool:
                 pass
 
     async def close(self) -> None:
-        """Kill and reap every worker; later calls raise ``INTERNAL_ERROR``. Idempotent."""
+        """Kill and reap every worker; later calls raise ``INTERNAL_ERROR``. Idempotent.
+
+        Calls in flight end with ``INTERNAL_ERROR`` (their workers are killed); a call still
+        waiting for its spawner ends at the latest at its deadline, and close() returns after it.
+        """
         self._closed = True
         self._account_freed.set()
         for account in self._accounts.values():
             for worker in list(account.workers.values()):
                 self._retire(account, worker, release=False)
         self._accounts.clear()
-        while self._retiring:
-            await asyncio.gather(*self._retiring, return_exceptions=True)
+        while self._retiring or self._inflight:
+            if self._retiring:
+                await asyncio.gather(*self._retiring, return_exceptions=True)
+            else:
+                self._quiet.clear()
+                await self._quiet.wait()
 
 
 if __name__ == "__main__":

@@ -319,6 +319,28 @@ def test_close_kills_workers_with_calls_in_flight(sample: Path) -> None:
     assert children() <= children_before
 
 
+def test_close_while_a_worker_is_starting_leaves_no_process(sample: Path) -> None:
+    children_before = children()
+
+    async def main() -> None:
+        spawner = LocalSpawner(config.ReadLimits())
+        pool = WorkerPool(spawner, make_cfg(per_account=1))
+        task = asyncio.create_task(pool.call("u", "files/read", read_args(sample)))
+        for _ in range(1000):  # single loop steps: stop while the worker is spawned but not connected
+            await asyncio.sleep(0)
+            if spawner.live_pids():
+                break
+        assert pool.workers("u") == {}  # started, not yet connected to the pool
+        await pool.close()
+        assert spawner.live_pids() == []
+        assert task.done()
+        with pytest.raises(ToolError):
+            task.result()
+
+    asyncio.run(main())
+    assert children() <= children_before
+
+
 # --------------------------------------------------------------------------- the worker process
 
 
