@@ -168,10 +168,30 @@ def users_list(users_file: str) -> None:
         click.echo(f"{name}\tos_user={rec.os_user}\ttokens: {tokens or 'none'}")
 
 
-# Other command groups are registered here by the integrator, each from its own module, e.g.:
-#   from mcpd.grants_cli import grants; main.add_command(grants)
-#   from mcpd.helper.cli import helper; main.add_command(helper)
-#   from mcpd.audit_cli import audit; main.add_command(audit)
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="The daemon configuration (mcpd.yaml)")
+def helper(config_path: str) -> None:
+    """Run the root helper (SPEC §4): token checks, account workers, grants, audit. Root only."""
+    import logging
+
+    from mcpd.config import EXIT_CONFIG, ConfigError, load
+    from mcpd.helper.server import run as run_helper
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load(config_path)
+    except ConfigError as exc:
+        click.echo(f"mcpd helper: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    sys.exit(run_helper(cfg))
+
+
+# Other command groups live in their own modules.
+from mcpd.grants_cli import audit, grants  # noqa: E402
+
+main.add_command(grants)
+main.add_command(audit)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,6 +18,8 @@ Example (every key optional)::
     users_file: /etc/mcpd/users.yaml
     grants_file: /etc/mcpd/mcp-sudo.yaml
     helper_socket: /run/mcpd/helper.sock   # empty: no root helper (privileged → HELPER_UNAVAILABLE)
+    service_user: mcpd             # the only uid the root helper accepts on its socket (SO_PEERCRED)
+    auth_cache_seconds: 300        # how long the front may reuse a helper-verified token when the helper is down
     audit_log: /var/log/mcpd/audit.jsonl
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536}
     workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64}
@@ -89,6 +91,8 @@ class Config:
     users_file: str = "/etc/mcpd/users.yaml"
     grants_file: str = "/etc/mcpd/mcp-sudo.yaml"
     helper_socket: str = "/run/mcpd/helper.sock"
+    service_user: str = "mcpd"
+    auth_cache_seconds: float = 300.0
     audit_log: str = "/var/log/mcpd/audit.jsonl"
     state_dir: str = "/var/lib/mcpd"
     read: ReadLimits = ReadLimits()
@@ -165,6 +169,8 @@ def _check_ranges(cfg: Config) -> None:
             raise ConfigError(f"{name}: must be at least 1")
     if not 1 <= cfg.listen.port <= 65535:
         raise ConfigError("listen.port: must be 1..65535")
+    if cfg.auth_cache_seconds < 0:
+        raise ConfigError("auth_cache_seconds: must not be negative")
     if cfg.keepalive_seconds <= 0 or cfg.workers.timeout_seconds <= 0:
         raise ConfigError("keepalive_seconds and workers.timeout_seconds must be positive")
     if cfg.base_path and (not cfg.base_path.startswith("/") or cfg.base_path.endswith("/")):

@@ -11,18 +11,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 import ssl
 import sys
 
 import uvicorn
 
 from mcpd.app import build_app
-from mcpd.auth import FileAuthenticator
+from mcpd import frames, sdnotify
+from mcpd.auth import Authenticator, FileAuthenticator
 from mcpd.config import EXIT_CONFIG, Config, ConfigError, load
+from mcpd.helper.client import HelperAuthenticator, HelperBackend, HelperClient, HelperSpawner
 from mcpd.privileged import PrivilegedBackend, Unavailable
 from mcpd.protocol import Dispatcher
 from mcpd.transport.sse import SessionManager
-from mcpd.worker import LocalSpawner, WorkerPool
+from mcpd.worker import LocalSpawner, Spawner, WorkerPool
 
 log = logging.getLogger("mcpd.server")
 
@@ -44,13 +47,32 @@ def tls_context(cfg: Config) -> ssl.SSLContext:
     return ctx
 
 
-def _privileged_backend(cfg: Config) -> PrivilegedBackend:
-    """The backend for ``privileged: true`` calls (SPEC §4.1).
+def _backends(cfg: Config) -> tuple[Authenticator, Spawner, PrivilegedBackend]:
+    """Who authenticates tokens, starts workers and decides privileged calls (DESIGN.md).
 
-    The root helper client (``mcpd/helper/client.py``) plugs in here once it exists; until then
-    every privileged call is ``HELPER_UNAVAILABLE``, never a downgrade.
+    With a ``helper_socket`` configured, all three go through the root helper: it alone reads
+    ``users.yaml``, starts workers with each account's own uid, and decides grants (SPEC §4.1).
+    Without one (development as a normal user), the front reads ``users.yaml`` itself, workers run
+    as the daemon's own user, and every privileged call is ``HELPER_UNAVAILABLE``, never a
+    downgrade.
     """
-    return Unavailable()
+    if not cfg.helper_socket:
+        return FileAuthenticator(cfg.users_file), LocalSpawner(cfg.read), Unavailable()
+    client = HelperClient(cfg.helper_socket, frames.reply_cap(cfg.read.response_cap))
+    return (
+        HelperAuthenticator(client, cfg.auth_cache_seconds),
+        HelperSpawner(client),
+        HelperBackend(client, timeout=cfg.workers.timeout_seconds + 5),
+    )
+
+
+class _NotifyingServer(uvicorn.Server):
+    """uvicorn's server that tells systemd ``READY=1`` once the listener is up (``Type=notify``)."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            sdnotify.notify()
 
 
 class Server:
@@ -70,9 +92,10 @@ class Server:
         except ConfigError as exc:
             log.error("%s", exc)
             return EXIT_CONFIG
-        pool = WorkerPool(LocalSpawner(self.cfg.read), self.cfg)
-        dispatcher = Dispatcher(pool, _privileged_backend(self.cfg))
-        app = build_app(self.cfg, FileAuthenticator(self.cfg.users_file), dispatcher)
+        authenticator, spawner, backend = _backends(self.cfg)
+        pool = WorkerPool(spawner, self.cfg)
+        dispatcher = Dispatcher(pool, backend)
+        app = build_app(self.cfg, authenticator, dispatcher)
         sessions: SessionManager = app.state.sessions
         config = uvicorn.Config(
             app,
@@ -89,7 +112,7 @@ class Server:
         )
         config.load()
         config.ssl = context  # same files, plus the TLS 1.2 floor uvicorn has no option for
-        server = uvicorn.Server(config)
+        server = _NotifyingServer(config)
         try:
             await server.serve()
         finally:

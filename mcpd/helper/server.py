@@ -1,0 +1,458 @@
+"""``mcpd helper``: the root helper, the only privileged code (SPEC §4, §5.1; docs/PRIVSEP.md).
+
+It listens on a Unix stream socket (passed by systemd socket activation, or created here in the
+development mode), accepts only the service user's uid (``SO_PEERCRED``), and speaks
+:mod:`mcpd.frames` with a 64 KiB cap on what it receives. Each connection may send any number of
+requests from the fixed table :data:`REQUESTS`; an unknown, malformed or oversized request ends
+the connection and leaves an audit ``alert`` record (OpenSSH's monitor does the same).
+
+The helper trusts nothing the front says: it verifies the caller's bearer token against
+``users.yaml`` itself, loads ``mcp-sudo.yaml`` itself, re-validates the tool arguments, decides the
+grant (:func:`mcpd.helper.grants.decide`), and runs a granted call in a forked child with a
+deadline through the opener of SPEC §4.4 and the same reading core as the workers. Every
+privileged decision and every reload is one audit record.
+
+Threads: the main thread accepts and handles signals (handlers only set flags); each connection
+is served by its own thread, at most :data:`MAX_CONNECTIONS` at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pwd
+import select
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from mcpd import frames, identity, ops, sdnotify
+from mcpd.config import Config
+from mcpd.errors import INTERNAL_ERROR, PERMISSION_DENIED, TIMEOUT, ToolError
+from mcpd.helper import grants, opener
+from mcpd.helper.audit import AuditLog
+from mcpd.helper.grants_reload import PolicyHolder
+from mcpd.helper.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
+from mcpd.tools import TOOLS
+
+log = logging.getLogger("mcpd.helper")
+
+MAX_CONNECTIONS = 256
+_PEERCRED = struct.Struct("3i")
+
+
+class UsersHolder:
+    """``users.yaml`` as the helper sees it: loaded like sudo (root-owned, mode without group/world
+    write, strict YAML), re-read when it changes on disk, last good version kept (SPEC §4.5, §5.1).
+
+    Args:
+        path: the users file.
+        audit: where reload outcomes are recorded.
+    """
+
+    def __init__(self, path: str, audit: AuditLog) -> None:
+        self.path = path
+        self._audit = audit
+        self._key: tuple[int, int, int, int] | None = None
+        self._users: dict[str, identity.UserRecord] = {}
+        self._lock = threading.Lock()
+        self.refresh(force=True)
+
+    def refresh(self, force: bool = False) -> None:
+        """Re-read the file when its (dev, ino, size, mtime) changed, or always with ``force``."""
+        try:
+            st = os.stat(self.path)
+            key: tuple[int, int, int, int] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = None
+        with self._lock:
+            if key == self._key and not force:
+                return
+            self._key = key
+            try:
+                text = read_secure_file(self.path)
+                users = identity.parse_users(parse_strict_yaml(text, self.path), self.path)
+            except (ConfigFileError, identity.UsersFileError) as exc:
+                errors = exc.errors if isinstance(exc, ConfigFileError) else [str(exc)]
+                self._audit.record("reload", file=self.path, decision="reject", reason="; ".join(errors)[:2000])
+                log.error("users file not loaded, keeping the last good one: %s", "; ".join(errors))
+                return
+            self._users = users
+        self._audit.record("reload", file=self.path, decision="accept", reason=f"{len(users)} principals")
+
+    def verify(self, token: str) -> identity.Principal | None:
+        """The principal of a plain ``token`` (constant-time compare), or ``None``."""
+        self.refresh()
+        with self._lock:
+            users = self._users
+        return identity.verify(users, token)
+
+    def os_users(self) -> set[str]:
+        """The OS accounts some principal maps to (the only accounts workers may run as)."""
+        self.refresh()
+        with self._lock:
+            return {u.os_user for u in self._users.values()}
+
+
+@dataclasses.dataclass
+class HelperState:
+    """Everything the request handlers share."""
+
+    cfg: Config
+    audit: AuditLog
+    users: UsersHolder
+    policy: PolicyHolder
+    workers: dict[int, subprocess.Popen[bytes]] = dataclasses.field(default_factory=dict)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+class Refused(Exception):
+    """A request that must end the connection with an audit ``alert`` (reason in the message)."""
+
+
+# ------------------------------------------------------------------ request handlers
+
+
+def _str_field(req: dict[str, Any], name: str, limit: int = 4096) -> str:
+    value = req.get(name)
+    if not isinstance(value, str) or len(value) > limit:
+        raise Refused(f"field {name!r} missing or malformed")
+    return value
+
+
+def handle_authenticate(state: HelperState, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
+    """``{"type": "authenticate", "token"}`` → ``{"ok": true, "principal": {name, os_user, token_id}}``
+    or ``{"ok": false}`` (SPEC §5.1). The token never leaves this process again."""
+    principal = state.users.verify(_str_field(req, "token"))
+    if principal is None:
+        return {"ok": False}
+    return {"ok": True, "principal": dataclasses.asdict(principal)}
+
+
+def _account(name: str) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        raise ToolError(PERMISSION_DENIED, f"no OS account {name}", reason="unknown OS account") from None
+
+
+def handle_spawn_worker(state: HelperState, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
+    """``{"type": "spawn_worker", "os_user"}`` → a worker running with exactly that account's uid,
+    gid and supplementary groups and no capabilities; its socket end travels back by SCM_RIGHTS.
+
+    Only accounts that some principal in ``users.yaml`` maps to are allowed, never uid 0.
+    """
+    os_user = _str_field(req, "os_user", 64)
+    if os_user not in state.users.os_users():
+        raise ToolError(PERMISSION_DENIED, "no principal maps to that account", reason="unknown OS account")
+    pw = _account(os_user)
+    if pw.pw_uid == 0:
+        raise ToolError(PERMISSION_DENIED, "workers never run as root", reason="root account")
+    groups = [g for g in os.getgrouplist(pw.pw_name, pw.pw_gid) if g != pw.pw_gid]
+    front, back = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    limits = json.dumps(dataclasses.asdict(state.cfg.read))
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-m", "mcpd.worker", "--limits", limits, "--fd", str(back.fileno())],
+            pass_fds=(back.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd="/",
+            env={"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": pw.pw_dir, "USER": pw.pw_name},
+            user=pw.pw_uid, group=pw.pw_gid, extra_groups=groups, start_new_session=True,
+        )
+    except BaseException:
+        front.close()
+        raise
+    finally:
+        back.close()
+    with state.lock:
+        state.workers[proc.pid] = proc
+    reply = frames.encode({"ok": True, "pid": proc.pid})
+    try:
+        socket.send_fds(conn, [reply], [front.fileno()])
+    finally:
+        front.close()
+    return {}
+
+
+def handle_kill_worker(state: HelperState, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
+    """``{"type": "kill_worker", "pid"}``: SIGKILL a worker this helper spawned and reap it; other
+    pids are refused (the front cannot signal processes of other accounts itself)."""
+    pid = req.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        raise Refused("field 'pid' missing or malformed")
+    with state.lock:
+        proc = state.workers.pop(pid, None)
+    if proc is None:
+        return {"ok": False}
+    proc.kill()
+    proc.wait()
+    return {"ok": True}
+
+
+def _request_path(args: dict[str, Any]) -> str:
+    value = args.get("path", args.get("root"))
+    return value if isinstance(value, str) else ""
+
+
+def handle_privileged_call(state: HelperState, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
+    """``{"type": "privileged_call", "token", "session", "peer", "op", "args"}`` (SPEC §4.1-4.5).
+
+    Verifies the token, re-validates ``args`` with the tool's own ``parse_args``, decides the grant
+    for the principal's OS account and groups, and runs a granted op in a forked child. Exactly one
+    audit record (``accept`` or ``reject``) per call. Returns ``{"ok": true, "result"}`` or
+    ``{"ok": false, "error": ToolError.to_dict()}``.
+    """
+    token = _str_field(req, "token")
+    who = {"session": req.get("session") if isinstance(req.get("session"), str) else None,
+           "peer": req.get("peer") if isinstance(req.get("peer"), str) else None}
+    op = _str_field(req, "op", 64)
+    tool = TOOLS.get(op)
+    principal = state.users.verify(token)
+    if principal is None or tool is None:
+        reason = "invalid token" if principal is None else "unknown tool"
+        state.audit.record("reject", tool=op, decision="reject", reason=reason, **who)
+        return _error(ToolError(PERMISSION_DENIED, "permission denied", reason=reason))
+    who.update(user=principal.name, os_user=principal.os_user, tool=op)
+    try:
+        args = tool.parse_args(req.get("args"))
+    except ToolError as exc:
+        state.audit.record("reject", decision="reject", reason=exc.message, **who)
+        return _error(exc)
+    requested = _request_path(args)
+    groups = grants.os_groups(principal.os_user)
+    policy = state.policy.policy
+    decision = grants.decide(policy, principal.os_user, groups, op, requested, grants.utcnow())
+    record = dict(who, requested_path=requested, resolved_path=decision.resolved_path, grant=decision.rule)
+    if not decision.allowed or decision.resolved_path is None:
+        state.audit.record("reject", decision="reject", reason=decision.reason, **record)
+        return _error(ToolError(PERMISSION_DENIED, f"permission denied: {requested}: {decision.reason}",
+                                path=requested, reason=decision.reason))
+    key = "path" if "path" in args else "root"
+    args[key] = decision.resolved_path
+
+    def allow(path: str) -> bool:
+        return grants.covers(policy, principal.os_user, groups, op, path)
+
+    reply = run_in_child(state, op, args, decision.covers_root, allow)
+    if reply.get("ok"):
+        result = reply.get("result") or {}
+        size = len(result.get("text", "").encode("utf-8", "surrogatepass")) if isinstance(result, dict) else 0
+        state.audit.record("accept", decision="accept", reason="granted", bytes=size, **record)
+        return {"ok": True, "result": result}
+    error = ToolError.from_dict(reply.get("error"))
+    state.audit.record("accept", decision="accept", reason="granted", outcome=error.code, bytes=0,
+                       **dict(record, reason_detail=error.details.get("reason")))
+    return _error(error)
+
+
+def _error(exc: ToolError) -> dict[str, Any]:
+    return {"ok": False, "error": exc.to_dict()}
+
+
+def run_in_child(
+    state: HelperState, op: str, args: dict[str, Any], follow: bool, allow: Callable[[str], bool]
+) -> dict[str, Any]:
+    """Run one granted op in a forked child with the workers' deadline (seconds); return its reply
+    frame. A child past the deadline is killed and the call answers ``TIMEOUT``."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:  # child: no logging, no threads, exit without cleanup handlers
+        status = 0
+        try:
+            parent.close()
+            ctx = ops.OpContext(
+                limits=state.cfg.read,
+                open_file=lambda p: opener.open_checked(p, follow_symlinks=follow),
+                open_dir=lambda p: opener.open_checked_dir(p, follow_symlinks=follow),
+                allow=allow,
+            )
+            frames.send_frame(child, ops.run({"id": 0, "op": op, "args": args}, ctx))
+        except BaseException:
+            status = 1
+        finally:
+            os._exit(status)
+    child.close()
+    try:
+        parent.settimeout(state.cfg.workers.timeout_seconds)
+        reply = frames.recv_frame(parent, frames.reply_cap(state.cfg.read.response_cap))
+        if reply is None:
+            raise frames.FrameError("child ended without a reply")
+        return reply
+    except (socket.timeout, TimeoutError):
+        return _error(ToolError(TIMEOUT, "the read did not finish in time", seconds=state.cfg.workers.timeout_seconds))
+    except (frames.FrameError, OSError):
+        return _error(ToolError(INTERNAL_ERROR, "internal error"))
+    finally:
+        parent.close()
+        try:  # a finished child is only a zombie now; a hung one must not outlive its deadline
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+
+
+Handler = Callable[[HelperState, dict[str, Any], socket.socket], dict[str, Any]]
+
+#: The fixed request table (DESIGN.md: OpenSSH's monitor dispatch). Anything else is an alert.
+REQUESTS: dict[str, Handler] = {
+    "authenticate": handle_authenticate,
+    "spawn_worker": handle_spawn_worker,
+    "kill_worker": handle_kill_worker,
+    "privileged_call": handle_privileged_call,
+}
+
+
+# ------------------------------------------------------------------ connections
+
+
+def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the peer from ``SO_PEERCRED`` (Linux)."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid, uid, gid = _PEERCRED.unpack(raw)
+    return pid, uid, gid
+
+
+def serve_connection(state: HelperState, conn: socket.socket, allowed_uid: int) -> None:
+    """Serve one front connection until it closes or misbehaves (then an ``alert`` record)."""
+    with conn:
+        pid, uid, _ = peer_credentials(conn)
+        peer = f"pid={pid} uid={uid}"
+        if uid != allowed_uid:
+            state.audit.record("alert", peer=peer, reason="connection from a uid other than the service user")
+            return
+        while True:
+            try:
+                req = frames.recv_frame(conn, frames.HELPER_REQUEST_CAP)
+            except frames.FrameError as exc:
+                state.audit.record("alert", peer=peer, reason=f"malformed frame: {exc}")
+                return
+            except OSError:
+                return
+            if req is None:
+                return
+            kind = req.get("type")
+            handler = REQUESTS.get(kind) if isinstance(kind, str) else None
+            if handler is None:
+                state.audit.record("alert", peer=peer, reason="unknown request type")
+                return
+            try:
+                reply = handler(state, req, conn)
+            except Refused as exc:
+                state.audit.record("alert", peer=peer, reason=f"{kind}: {exc}")
+                return
+            except ToolError as exc:
+                reply = _error(exc)
+            except Exception:
+                log.exception("request %s failed", kind)
+                reply = _error(ToolError(INTERNAL_ERROR, "internal error"))
+            if reply:
+                try:
+                    frames.send_frame(conn, reply)
+                except OSError:
+                    return
+
+
+def listening_socket(cfg: Config, service_gid: int) -> socket.socket:
+    """The socket from systemd (``LISTEN_FDS``, fd 3), or a new one at ``cfg.helper_socket`` with
+    mode 0660, owner root and group ``service_gid``."""
+    if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1":
+        return socket.socket(fileno=3)
+    path = cfg.helper_socket
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    os.chown(path, 0, service_gid)
+    os.chmod(path, 0o660)
+    sock.listen(128)
+    return sock
+
+
+def _reap_workers(state: HelperState) -> None:
+    with state.lock:
+        done = [pid for pid, p in state.workers.items() if p.poll() is not None]
+        for pid in done:
+            del state.workers[pid]
+
+
+def run(cfg: Config) -> int:
+    """Run the helper until SIGTERM/SIGINT; SIGHUP reloads ``users.yaml`` and ``mcp-sudo.yaml``
+    (both are also re-read when they change on disk; a failed reload keeps the last good one).
+
+    Returns the exit status: 0 after a clean stop, 78 when it is not root, the service user is
+    unknown, or the first grants load fails (fail closed: no helper without a policy).
+    """
+    if os.geteuid() != 0:
+        log.error("the root helper must run as root")
+        return 78
+    try:
+        service = pwd.getpwnam(cfg.service_user)
+    except KeyError:
+        log.error("service user %s does not exist", cfg.service_user)
+        return 78
+    audit = AuditLog(cfg.audit_log)
+    holder = PolicyHolder(cfg.grants_file, audit=audit)
+    if holder.last_errors:
+        log.error("grants file not loaded: %s", "; ".join(holder.last_errors))
+        return 78
+    state = HelperState(cfg=cfg, audit=audit, users=UsersHolder(cfg.users_file, audit), policy=holder)
+    flags = {"stop": False, "hup": False}
+    signal.signal(signal.SIGTERM, lambda *_: flags.update(stop=True))
+    signal.signal(signal.SIGINT, lambda *_: flags.update(stop=True))
+    signal.signal(signal.SIGHUP, lambda *_: flags.update(hup=True))
+    sock = listening_socket(cfg, service.pw_gid)
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    sdnotify.notify()
+    log.info("root helper listening; accepting uid %d (%s)", service.pw_uid, cfg.service_user)
+    while not flags["stop"]:
+        if flags["hup"]:
+            flags["hup"] = False
+            result = holder.reload()
+            state.users.refresh(force=True)
+            log.info("reload: %s", "; ".join(result.summary or result.errors))
+        else:
+            holder.reload_if_changed()
+        _reap_workers(state)
+        try:
+            ready, _, _ = select.select([sock], [], [], 0.5)
+        except InterruptedError:
+            continue
+        if not ready:
+            continue
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            continue
+        if not slots.acquire(blocking=False):
+            audit.record("alert", reason="too many helper connections")
+            conn.close()
+            continue
+
+        def worker(c: socket.socket = conn) -> None:
+            try:
+                serve_connection(state, c, service.pw_uid)
+            finally:
+                slots.release()
+
+        threading.Thread(target=worker, daemon=True).start()
+    sock.close()
+    with state.lock:
+        for proc in state.workers.values():
+            proc.kill()
+    audit.close()
+    return 0
