@@ -269,7 +269,9 @@ class Client:
     def _fail_all(self, reason: MCPClientError) -> None:
         if self._closed_reason is None:
             self._closed_reason = reason
-        futures = [*self._pending.values(), *([self._endpoint_ready] if self._endpoint_ready else [])]
+        futures: list[asyncio.Future[Any]] = list(self._pending.values())
+        if self._endpoint_ready is not None:
+            futures.append(self._endpoint_ready)
         for fut in futures:
             if not fut.done():
                 fut.set_exception(self._closed_reason)
@@ -404,7 +406,8 @@ def tool_failure(result: dict[str, Any]) -> ToolFailed:
     message = err.get("message")
     if not isinstance(message, str):
         message = text_of(result) or "tool failed"
-    details = err.get("details") if isinstance(err.get("details"), dict) else {}
+    raw_details = err.get("details")
+    details: dict[str, Any] = raw_details if isinstance(raw_details, dict) else {}
     return ToolFailed(str(err.get("code") or "TOOL_ERROR"), message, details, result)
 
 

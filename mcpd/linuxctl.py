@@ -116,7 +116,7 @@ def run(settings: Settings, fn: Callable[[Client], Awaitable[T]]) -> T:
 
 def write_out(data: bytes) -> None:
     """Write ``data`` to stdout exactly (no added newline); a closed pipe ends quietly."""
-    out = click.get_binary_stream("stdout")
+    out = sys.stdout.buffer
     try:
         out.write(data)
         out.flush()
