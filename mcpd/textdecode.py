@@ -110,8 +110,8 @@ def _lead_skip(data: bytes, codec: str, rel: int) -> int:
     if size > 1:
         n = (-rel) % size
         if size == 2 and len(data) >= n + 2:
-            order = "little" if codec.endswith("le") else "big"
-            if 0xDC00 <= int.from_bytes(data[n : n + 2], order) <= 0xDFFF:  # low surrogate
+            first = int.from_bytes(data[n : n + 2], "little" if codec.endswith("le") else "big")
+            if 0xDC00 <= first <= 0xDFFF:  # low surrogate
                 n += 2
         return n
     if codecs.lookup(codec).name in ("latin-1", "iso8859-1", "ascii", "cp1252"):

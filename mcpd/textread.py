@@ -23,7 +23,7 @@ from typing import Any
 
 from mcpd import textdecode, textmeta
 from mcpd.config import ReadLimits
-from mcpd.errors import BINARY_FILE, LINE_TOO_LONG, RANGE_OUT_OF_BOUNDS, ToolError, FILE_TOO_LARGE
+from mcpd.errors import BINARY_FILE, FILE_TOO_LARGE, LINE_TOO_LONG, RANGE_OUT_OF_BOUNDS, ToolError
 
 CHUNK = 1024 * 1024  # bytes per pread
 BINARY_PROBE = 8192  # bytes of the file's head searched for a NUL byte
@@ -138,12 +138,20 @@ class _Selector:
         return self.line - 1 + (1 if self.seen and not self.last_nl else 0)
 
 
+def _offsets(base: int) -> Callable[[int], int]:
+    return lambda k: base + k
+
+
+def _text_offsets(base: int, t: str, codec: str) -> Callable[[int], int]:
+    return lambda k: base + len(t[:k].encode(codec))
+
+
 def _byte_chunks(fd: int, pos: int) -> Iterator[tuple[bytes, Callable[[int], int]]]:
     while True:
         b = os.pread(fd, CHUNK, pos)
         if not b:
             return
-        yield b, (lambda k, base=pos: base + k)
+        yield b, _offsets(pos)
         pos += len(b)
 
 
@@ -156,14 +164,14 @@ def _text_chunks(fd: int, pos: int, codec: str, requested: str) -> Iterator[tupl
             t = dec.decode(b, final=not b)
         except UnicodeDecodeError as exc:
             raise textdecode.encoding_error(b, requested, exc.start) from None
-        yield t, (lambda k, base=start, t=t: base + len(t[:k].encode(codec)))
+        yield t, _text_offsets(start, t, codec)
         if not b:
             return
         pos += len(b)
         start = pos - len(dec.getstate()[0])
 
 
-def _lines(fd: int, args: dict, limits: ReadLimits, codec: str, bom: int) -> tuple[str, str, dict]:
+def _lines(fd: int, args: dict[str, Any], limits: ReadLimits, codec: str, bom: int) -> tuple[str, str, dict[str, Any]]:
     start = args.get("start_line") or 1
     end = args.get("end_line")
     if end is not None and end < start:
@@ -198,7 +206,7 @@ def _lines(fd: int, args: dict, limits: ReadLimits, codec: str, bom: int) -> tup
     return text, used, info
 
 
-def _warning(args: dict, first: int, end: int, total: int | None) -> str:
+def _warning(args: dict[str, Any], first: int, end: int, total: int | None) -> str:
     nxt: dict[str, Any] = {"path": args["path"], "offset": end}
     if args.get("encoding", "utf-8") != "utf-8":
         nxt["encoding"] = args["encoding"]
@@ -209,7 +217,7 @@ def _warning(args: dict, first: int, end: int, total: int | None) -> str:
     return f"[WARNING: File truncated: showed bytes {first}-{end - 1} of {of}. To read more, call files/read with {call}]"
 
 
-def _window(fd: int, st: os.stat_result, args: dict, limits: ReadLimits, codec: str, bom: int) -> tuple[str, str, dict]:
+def _window(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits, codec: str, bom: int) -> tuple[str, str, dict[str, Any]]:
     offset = args.get("offset") or 0
     limit = args.get("limit")
     n = limit if limit is not None else limits.default_bytes
@@ -238,7 +246,7 @@ def _window(fd: int, st: os.stat_result, args: dict, limits: ReadLimits, codec: 
     return text, win.codec, {"byteRange": {"start": first, "end": end}}
 
 
-def read_fd(fd: int, args: dict, limits: ReadLimits) -> dict:
+def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]:
     """Answer a ``files/read`` call from an open regular file (SPEC §3, issue 4).
 
     Args:

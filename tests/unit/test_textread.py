@@ -106,7 +106,7 @@ def test_default_mode_next_call_continues_exactly(tmp_path: Path) -> None:
     p = mk(tmp_path, data)
     got, args = "", {"path": str(p)}
     for _ in range(10):
-        answer = text(**args)
+        answer = text(args["path"], offset=args.get("offset"))
         if "[WARNING: File truncated" not in answer:
             got += answer
             break
@@ -479,8 +479,9 @@ def refused_at_once(path: str) -> dict[str, Any]:
     t.start()
     t.join(30)  # a bound against hanging the suite, not a timing assertion
     assert box, f"reading {path} hung"
-    assert box[0]["error"]["code"] == "NOT_A_REGULAR_FILE"
-    return box[0]["error"]
+    err: dict[str, Any] = box[0]["error"]
+    assert err["code"] == "NOT_A_REGULAR_FILE"
+    return err
 
 
 def test_non_regular_fifo_without_writer_refused_at_once(tmp_path: Path) -> None:
@@ -538,7 +539,7 @@ def test_ops_run_invalid_argument_is_a_reply(tmp_path: Path) -> None:
     assert error("relative/path", "INVALID_ARGUMENT")["message"] == "path must be absolute"
     reply = ops.run({"id": 1, "op": "files/delete", "args": {}}, CTX)
     assert reply == {"id": 1, "ok": False, "error": reply["error"]} and reply["error"]["code"] == "INVALID_ARGUMENT"
-    assert ops.run("junk", CTX)["error"]["code"] == "INVALID_ARGUMENT"  # type: ignore[arg-type]
+    assert ops.run("junk", CTX)["error"]["code"] == "INVALID_ARGUMENT"
 
 
 def test_ops_run_unexpected_exception_is_generic_internal_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -653,7 +654,8 @@ def big_file(path: Path, size: int) -> int:
 
 def peak(argv: list[dict[str, Any]]) -> dict[str, Any]:
     done = subprocess.run([sys.executable, "-c", _PEAK, json.dumps(argv)], capture_output=True, text=True, timeout=600, check=True)
-    return dict(json.loads(done.stdout))
+    res: dict[str, Any] = json.loads(done.stdout)
+    return res
 
 
 def test_memory_range_deep_in_generated_file(tmp_path: Path) -> None:
