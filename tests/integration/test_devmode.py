@@ -105,3 +105,23 @@ def test_dev_prints_working_exports(tmp_path: Path) -> None:
         reader.join(timeout=15)
         assert proc.stdout is not None
         proc.stdout.close()
+
+
+def test_serve_exits_with_the_servers_code_on_broken_config(tmp_path: Path) -> None:
+    bad = tmp_path / "mcpd.yaml"
+    bad.write_text("listen: {port: 0}\nno_such_key: 1\n")
+    res = subprocess.run([str(BIN / "mcpd"), "serve", "--config", str(bad)], capture_output=True, timeout=60)
+    assert res.returncode == config.EXIT_CONFIG
+
+
+def test_certs_command_makes_a_ca_and_server_certificate(tmp_path: Path) -> None:
+    from cryptography import x509
+
+    res = subprocess.run([str(BIN / "mcpd"), "certs", "--dir", str(tmp_path / "tls"), "--host", "mcp.example",
+                          "--host", "127.0.0.1"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls" / "server.crt").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["mcp.example"]
+    assert stat.S_IMODE((tmp_path / "tls" / "ca.key").stat().st_mode) == 0o600
+    assert f"ca_cert: {tmp_path / 'tls' / 'ca.crt'}" in res.stdout
