@@ -204,23 +204,25 @@ def tail(count: int, follow: bool, log_file: str | None, config_path: str | None
     """Print the last N audit records, and with --follow the new ones as they come."""
     path = log_file or _defaults(config_path).audit_log
     try:
-        for line in tail_lines(path, count):
+        end = os.stat(path).st_size
+        for line in tail_lines(path, count, end=end):
             click.echo(line)
+        sys.stdout.flush()
     except OSError as exc:
         click.echo(f"error: {path}: {exc.strerror}", err=True)
         sys.exit(1)
     if follow:
         try:
-            _follow(path)
+            _follow(path, end)
         except KeyboardInterrupt:
             pass
 
 
-def _follow(path: str, interval: float = 0.5) -> None:
-    """Print lines appended to ``path``; reopen it when it is rotated (inode changes)."""
+def _follow(path: str, start: int, interval: float = 0.5) -> None:
+    """Print lines appended to ``path`` after byte ``start``; reopen it when rotated (inode changes)."""
     handle = open(path, "rb")
     try:
-        handle.seek(0, os.SEEK_END)
+        handle.seek(start)
         inode = os.fstat(handle.fileno()).st_ino
         pending = b""
         while True:

@@ -144,8 +144,11 @@ class AuditLog:
         self.close()
 
 
-def tail_lines(path: str, count: int, block: int = 65536) -> list[str]:
+def tail_lines(path: str, count: int, block: int = 65536, end: int | None = None) -> list[str]:
     """The last ``count`` lines of ``path`` (read backwards in ``block``-byte steps, memory ~ answer).
+
+    ``end`` (bytes) stops at that offset instead of the current size, so a follower can go on from
+    exactly there.
 
     Raises:
         OSError: cannot open the file.
@@ -154,7 +157,8 @@ def tail_lines(path: str, count: int, block: int = 65536) -> list[str]:
         return []
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     try:
-        end = os.fstat(fd).st_size
+        size = os.fstat(fd).st_size
+        end = size if end is None else min(end, size)
         found: deque[bytes] = deque()
         rest = b""
         pos = end

@@ -1,0 +1,157 @@
+"""SPEC §4.5: the audit log — one JSON line per record, private files, secrets never logged."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mcpd.grants_cli import audit
+from mcpd.helper.audit import AuditError, AuditLog, tail_lines
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_audit_record_is_one_json_line_with_fields(tmp_path: Path) -> None:
+    path = tmp_path / "log" / "audit.jsonl"
+    with AuditLog(str(path), syslog=False) as log:
+        log.record("accept", user="alice", os_user="alice", peer="127.0.0.1:5555", session="ab" * 16,
+                   tool="files/read", requested_path="/var/log/../log/x\nfake", resolved_path="/var/log/x",
+                   rule="users.alice files/read paths /var/log", decision="allowed", reason="granted", bytes=12)
+        log.record("reject", user="bob", tool="files/read", requested_path="/etc/shadow",
+                   decision="denied", reason="no grant covers this path", bytes=0)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2
+    first, second = records(path)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", first["time"])
+    assert first["event"] == "accept" and first["bytes"] == 12
+    assert first["requested_path"] == "/var/log/../log/x\nfake"  # newline escaped, still one line
+    assert second["event"] == "reject" and second["reason"] == "no grant covers this path"
+
+
+def test_audit_file_0600_in_0700_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "auditdir"
+    with AuditLog(str(folder / "audit.jsonl"), syslog=False) as log:
+        log.record("reload", decision="loaded")
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE((folder / "audit.jsonl").stat().st_mode) == 0o600
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    os.chmod(loose, 0o755)
+    (loose / "a.jsonl").write_text("")
+    os.chmod(loose / "a.jsonl", 0o644)
+    AuditLog(str(loose / "a.jsonl"), syslog=False).close()
+    assert stat.S_IMODE(loose.stat().st_mode) == 0o700
+    assert stat.S_IMODE((loose / "a.jsonl").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("key", ["token", "password", "content", "contents", "secret", "user_password",
+                                 "bearer_token"])
+def test_audit_never_logs_tokens_passwords_or_contents(tmp_path: Path, key: str) -> None:
+    path = tmp_path / "a.jsonl"
+    with AuditLog(str(path), syslog=False) as log:
+        with pytest.raises(AuditError):
+            log.record("accept", **{key: "hunter2"})
+    assert path.read_text() == ""
+
+
+def test_audit_refuses_non_scalar_values_and_bad_names(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    with AuditLog(str(path), syslog=False) as log:
+        with pytest.raises(AuditError):
+            log.record("accept", reason={"text": "file body"})
+        with pytest.raises(AuditError):
+            log.record("accept", reason=b"bytes")
+        with pytest.raises(AuditError):
+            log.record("Accept; rm")
+        with pytest.raises(AuditError):
+            log.record("accept", time="forged")
+    assert path.read_text() == ""
+
+
+def test_audit_appends_across_writers(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"event":"old"}\n')
+    os.chmod(path, 0o600)
+    a, b = AuditLog(str(path), syslog=False), AuditLog(str(path), syslog=False)
+    for i in range(50):
+        a.record("accept", bytes=i)
+        b.record("reject", bytes=i)
+    a.close()
+    b.close()
+    got = records(path)
+    assert len(got) == 101 and got[0] == {"event": "old"}
+    assert [r["bytes"] for r in got[1:]] == [i for i in range(50) for _ in (0, 1)]
+
+
+def test_audit_log_symlink_refused(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").write_text("")
+    (tmp_path / "a.jsonl").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):
+        AuditLog(str(tmp_path / "a.jsonl"), syslog=False)
+
+
+def test_tail_lines_reads_backwards(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    lines = [f"line {i} " + "x" * (i % 37) for i in range(500)]
+    path.write_text("\n".join(lines) + "\n")
+    assert tail_lines(str(path), 3, block=16) == lines[-3:]
+    assert tail_lines(str(path), 1000, block=7) == lines
+    assert tail_lines(str(path), 0) == []
+    path.write_text("a\nb")
+    assert tail_lines(str(path), 5, block=1) == ["a", "b"]
+
+
+def test_audit_tail_command(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    with AuditLog(str(path), syslog=False) as log:
+        for i in range(5):
+            log.record("accept", bytes=i)
+    out = CliRunner().invoke(audit, ["tail", "-n", "2", "--file", str(path)])
+    assert out.exit_code == 0
+    assert [json.loads(line)["bytes"] for line in out.output.splitlines()] == [3, 4]
+    missing = CliRunner().invoke(audit, ["tail", "--file", str(tmp_path / "none")])
+    assert missing.exit_code == 1
+
+
+def test_audit_tail_follow_prints_new_records(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    log = AuditLog(str(path), syslog=False)
+    log.record("accept", bytes=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mcpd.grants_cli", "audit", "tail", "-n", "1", "--follow", "--file", str(path)],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        seen: list[dict] = []
+        buf = b""
+        for _ in range(300):  # bounded: at most ~30 s
+            ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+            if ready:
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                buf += chunk
+                seen = [json.loads(x) for x in buf.decode().splitlines()]
+                if len(seen) == 1 and seen[0]["event"] == "accept":
+                    log.record("reject", bytes=2)  # written only once the tail is printed
+                if len(seen) >= 2:
+                    break
+        assert [r["event"] for r in seen] == ["accept", "reject"]
+    finally:
+        proc.kill()
+        proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        log.close()
