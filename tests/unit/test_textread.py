@@ -291,6 +291,21 @@ def test_long_unterminated_last_line_is_line_too_long(tmp_path: Path) -> None:
     assert err["details"] == {"line": 2, "offset": 3}
 
 
+def test_long_line_in_utf16_reports_byte_offset(tmp_path: Path) -> None:
+    limits = dataclasses.replace(LIMITS, max_line_bytes=10)
+    p = mk(tmp_path, codecs.BOM_UTF16_LE + ("ok\n" + "w" * 6 + "\n").encode("utf-16-le"))
+    err = error(p, "LINE_TOO_LONG", limits, start_line=2)
+    assert err["details"] == {"line": 2, "offset": 8}
+    assert text(p, limits, start_line=1, end_line=1) == "ok\n"
+
+
+def test_line_mode_invalid_bytes_in_selection_only(tmp_path: Path) -> None:
+    p = mk(tmp_path, b"bad \xff line\ngood line\n")
+    assert text(p, start_line=2) == "good line\n"
+    err = error(p, "ENCODING_ERROR", start_line=1, end_line=1)
+    assert err["details"]["requestedEncoding"] == "utf-8" and err["details"]["detectedEncoding"]
+
+
 # --- binary -------------------------------------------------------------------------------------
 
 
