@@ -111,10 +111,15 @@ class Decision:
 class _Errors:
     def __init__(self, source: str) -> None:
         self.source = source
-        self.items: list[str] = []
+        self._found: list[tuple[int, str]] = []
 
     def add(self, line: int, message: str) -> None:
-        self.items.append(f"{self.source}:{line}: {message}")
+        self._found.append((line, f"{self.source}:{line}: {message}"))
+
+    @property
+    def items(self) -> list[str]:
+        """The messages in file order (stable for one line)."""
+        return [text for _, text in sorted(self._found, key=lambda item: item[0])]
 
 
 def _mapping(value: Any, line: int, what: str, errs: _Errors) -> LineDict | None:
