@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Shared setup for scripts/dev.sh and scripts/test.sh: system packages (when root and missing)
-# and a virtual environment in .venv with mcpd installed (editable) plus its test extras.
+# and a virtual environment at .venv with mcpd installed plus its test extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
-[ -e /usr/lib/x86_64-linux-gnu/libmagic.so.1 ] || [ -e /usr/lib/aarch64-linux-gnu/libmagic.so.1 ] || need_apt+=(libmagic1)
+ldconfig -p 2>/dev/null | grep -q 'libmagic\.so\.1' || need_apt+=(libmagic1)
+ldconfig -p 2>/dev/null | grep -q 'libpam\.so\.0' || need_apt+=(libpam0g libpam-modules)
 command -v useradd >/dev/null 2>&1 || need_apt+=(passwd)
-[ -e /lib/x86_64-linux-gnu/libpam.so.0 ] || [ -e /lib/aarch64-linux-gnu/libpam.so.0 ] || need_apt+=(libpam0g libpam-modules)
+command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
+if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
+[ -x /usr/bin/python3 ] || need_apt+=(python3 python3-venv)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -q
@@ -18,9 +21,26 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   fi
 fi
 
-PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+# Debian's interpreter: workers run as other OS accounts and must be able to execute it (an
+# interpreter under /root, such as pyenv's, is not reachable by them). PYTHON overrides.
+PY=${PYTHON:-/usr/bin/python3}
+[ -x "$PY" ] || PY=python3
+
+# Workers run as other accounts and import mcpd: when this checkout is not readable by them
+# (e.g. it lives under /root), install a copy outside it instead of an editable install.
+editable=1
+if [ "$(id -u)" = 0 ] && ! setpriv --reuid=nobody --regid=nogroup --clear-groups \
+    test -r "$PWD/mcpd/__init__.py" 2>/dev/null; then
+  editable=0
 fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q -e '.[test]'
+if [ "$editable" = 1 ]; then
+  [ -L .venv ] && rm .venv
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/python -m pip install -q -e '.[test]'
+else
+  venv=/opt/mcpd-test/venv
+  [ -x "$venv/bin/python" ] || { mkdir -p /opt/mcpd-test && "$PY" -m venv "$venv"; }
+  chmod 755 /opt/mcpd-test
+  "$venv/bin/python" -m pip install -q --force-reinstall --no-deps . && "$venv/bin/python" -m pip install -q '.[test]'
+  [ -e .venv ] || ln -s "$venv" .venv
+fi
