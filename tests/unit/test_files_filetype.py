@@ -214,3 +214,13 @@ def test_filetype_schema_closed() -> None:
         "path": "/etc/hosts",
         "privileged": True,
     }
+
+
+def test_filetype_registered_in_ops_run(tmp_path: Path) -> None:
+    from mcpd import ops
+
+    os.mkfifo(tmp_path / "p")
+    reply = ops.run({"id": 9, "op": "files/filetype", "args": {"path": str(tmp_path / "p")}}, make_ctx())
+    assert reply == {"id": 9, "ok": True, "result": {"path": str(tmp_path / "p"), "type": "fifo", "size": 0, "mime": "inode/fifo"}}
+    bad = ops.run({"id": 10, "op": "files/filetype", "args": {"path": str(tmp_path / "missing")}}, make_ctx())
+    assert bad["ok"] is False and bad["error"]["code"] == FILE_NOT_FOUND

@@ -178,13 +178,28 @@ def test_find_unreadable_subdirectory_reported_and_skipped(shared_dir: Path) -> 
     assert "[ERROR: " in files_find.format_result(res)["content"][0]["text"]
 
 
+@pytest.fixture
+def big_tree() -> Iterator[Path]:
+    """100 directories of 1000 empty files (created relative to directory descriptors), removed after."""
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # tmpfs: fast to fill and empty
+    root = Path(tempfile.mkdtemp(prefix="mcpd-find-100k-", dir=shm))
+    try:
+        for i in range(100):
+            os.mkdir(root / f"dir{i:03d}")
+            dfd = os.open(root / f"dir{i:03d}", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                for j in range(1000):
+                    os.close(os.open(f"file{j:04d}.log", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=dfd))
+            finally:
+                os.close(dfd)
+        yield root
+    finally:
+        shutil.rmtree(root)
+
+
 @pytest.mark.slow
-def test_find_100k_tree_under_time_budget(tmp_path: Path) -> None:
-    for i in range(100):
-        d = tmp_path / f"dir{i:03d}"
-        d.mkdir()
-        for j in range(1000):
-            os.close(os.open(d / f"file{j:04d}.log", os.O_CREAT | os.O_WRONLY, 0o644))
+def test_find_100k_tree_under_time_budget(big_tree: Path) -> None:
+    tmp_path = big_tree
     (tmp_path / "dir099" / "needle.conf").write_bytes(b"")
     t0 = time.monotonic()
     res = find(str(tmp_path), make_ctx(), FindQuery(name="needle.*", time_budget=60))
@@ -239,3 +254,13 @@ def test_find_parse_args_defaults() -> None:
         "privileged": False,
     }
     assert files_find.INPUT_SCHEMA["additionalProperties"] is False
+
+
+def test_find_registered_in_ops_run(tree: Path) -> None:
+    from mcpd import ops
+
+    reply = ops.run({"id": 1, "op": "files/find", "args": {"root": str(tree), "name": "two.txt"}}, make_ctx())
+    assert reply["ok"] is True
+    assert paths(reply["result"], tree) == ["a/deep/two.txt"]
+    bad = ops.run({"id": 2, "op": "files/find", "args": {"root": str(tree), "max_results": -1}}, make_ctx())
+    assert bad["ok"] is False and bad["error"]["code"] == INVALID_ARGUMENT

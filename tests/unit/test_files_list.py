@@ -223,3 +223,13 @@ def test_list_format_result_text_and_structured(tree: Path) -> None:
     assert out["structuredContent"] == res
     assert re.search(r"^lrwxrwxrwx .* link -> b\.txt$", text, re.M)
     assert re.search(r"^prw", text, re.M)
+
+
+def test_list_registered_in_ops_run(tree: Path) -> None:
+    from mcpd import ops
+
+    reply = ops.run({"id": 3, "op": "files/list", "args": {"path": str(tree), "limit": 1}}, make_ctx())
+    assert reply["ok"] is True and reply["id"] == 3
+    assert [e["name"] for e in reply["result"]["entries"]] == [".hidden"]
+    bad = ops.run({"id": 4, "op": "files/list", "args": {"path": "rel"}}, make_ctx())
+    assert bad["ok"] is False and bad["error"]["code"] == INVALID_ARGUMENT
