@@ -9,7 +9,9 @@ shown (see :mod:`mcpd.fileops`).
 
 from __future__ import annotations
 
+import heapq
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from mcpd.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, ToolError, from_oserror
@@ -71,14 +73,27 @@ def _single(path: str, ctx: Context, original: ToolError) -> dict[str, Any]:
 
 
 def _directory(path: str, dfd: int, ctx: Context, limit: int) -> dict[str, Any]:
-    """List the open directory ``dfd`` (whose path is ``path``), at most ``limit`` entries."""
+    """List the open directory ``dfd`` (whose path is ``path``), at most ``limit`` entries.
+
+    Memory is proportional to ``limit``, not to the directory: the names are streamed, counted
+    and only the ``limit`` smallest are kept.
+    """
+    total = 0
+
+    def visible(it: Iterator[os.DirEntry[str]]) -> Iterator[str]:
+        nonlocal total
+        for entry in it:
+            if allowed(ctx, join(path, entry.name)):
+                total += 1
+                yield entry.name
+
     try:
-        names = sorted(os.listdir(dfd), key=os.fsencode)
+        with os.scandir(dfd) as it:
+            names = heapq.nsmallest(limit, visible(it), key=os.fsencode)
     except OSError as err:
         raise from_oserror(err, path) from None
-    names = [n for n in names if allowed(ctx, join(path, n))]
     entries: list[dict[str, object]] = []
-    for name in names[:limit]:
+    for name in names:
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             target = os.readlink(name, dir_fd=dfd) if type_name(st.st_mode) == "symlink" else None
@@ -87,19 +102,19 @@ def _directory(path: str, dfd: int, ctx: Context, limit: int) -> dict[str, Any]:
         except OSError as err:
             raise from_oserror(err, join(path, name)) from None
         entries.append(describe(name, st, target))
-    truncated = len(names) > limit
+    truncated = total > limit
     note = None
     if truncated:
         note = (
-            f"showing the first {limit} of {len(names)} entries (sorted by name); "
-            f"{len(names) - limit} were left out: call again with a larger limit (max {MAX_LIMIT}) "
+            f"showing the first {limit} of {total} entries (sorted by name); "
+            f"{total - limit} were left out: call again with a larger limit (max {MAX_LIMIT}) "
             "or use files/find with a name pattern"
         )
     return {
         "path": path,
         "kind": "directory",
         "entries": entries,
-        "total": len(names),
+        "total": total,
         "truncated": truncated,
         "note": note,
     }
