@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -224,3 +225,39 @@ def test_filetype_registered_in_ops_run(tmp_path: Path) -> None:
     assert reply == {"id": 9, "ok": True, "result": {"path": str(tmp_path / "p"), "type": "fifo", "size": 0, "mime": "inode/fifo"}}
     bad = ops.run({"id": 10, "op": "files/filetype", "args": {"path": str(tmp_path / "missing")}}, make_ctx())
     assert bad["ok"] is False and bad["error"]["code"] == FILE_NOT_FOUND
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to nobody")
+def test_filetype_in_search_only_directory_as_the_account() -> None:
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="mcpd-ft-"))
+    try:
+        os.chmod(base, 0o755)
+        search_only = base / "home"
+        search_only.mkdir(mode=0o711)
+        os.chmod(search_only, 0o711)  # like a home directory: enter, but not read
+        (search_only / "pub.txt").write_text("hello\n")
+        os.symlink("pub.txt", search_only / "ln")
+        (base / "closed").mkdir(mode=0o700)
+        os.chmod(base / "closed", 0o700)
+        (base / "closed" / "x.txt").write_text("x\n")
+        code = (
+            "import sys, json; sys.path.insert(0, sys.argv[1]);"
+            "from fileops_support import make_ctx; from mcpd.fileops.filetype import filetype;"
+            "from mcpd.errors import ToolError\n"
+            "out = [filetype(sys.argv[2], make_ctx())['mime'], filetype(sys.argv[3], make_ctx())['mime']]\n"
+            "try:\n filetype(sys.argv[4], make_ctx()); out.append('read')\n"
+            "except ToolError as e:\n out.append(e.code)\n"
+            "print(json.dumps(out))"
+        )
+        out = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", code,
+             os.path.dirname(__file__), str(search_only / "pub.txt"), str(search_only / "ln"),
+             str(base / "closed" / "x.txt")],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout
+        assert json.loads(out) == ["text/plain", "inode/symlink", PERMISSION_DENIED]
+    finally:
+        shutil.rmtree(base)
