@@ -97,7 +97,11 @@ def format_result(result: dict[str, Any]) -> dict[str, Any]:
     """
     matches = result.get("matches", [])
     lines = [f"{m['path']}/" if m.get("type") == "dir" else m["path"] for m in matches]
-    lines.append(f"[{len(matches)} matches, {result.get('scanned', 0)} entries scanned under {result['root']}]")
+    n, scanned = len(matches), result.get("scanned", 0)
+    lines.append(
+        f"[{n} {'match' if n == 1 else 'matches'}, {scanned} {'entry' if scanned == 1 else 'entries'} "
+        f"scanned under {result['root']}]"
+    )
     if result.get("stopped") == "max_results":
         lines.append("[NOTE: stopped at max_results; narrow the search or raise max_results]")
     elif result.get("stopped") == "time_budget":

@@ -80,7 +80,8 @@ def format_result(result: dict[str, Any]) -> dict[str, Any]:
     """
     entries = result.get("entries", [])
     if result.get("kind") == "directory":
-        head = f"{result['path']}: {result['total']} entries"
+        total = result["total"]
+        head = f"{result['path']}: {total} {'entry' if total == 1 else 'entries'}"
         if result.get("truncated"):
             head += f", {len(entries)} shown"
     else:
