@@ -103,29 +103,47 @@ def print_exports(state: DevState, out: TextIO) -> None:
 def start_root_helper(state: DevState) -> Callable[[], None] | None:
     """Start the root helper for privileged reads when running as root; return its stopper.
 
-    Placeholder for issue 3: until the helper exists, development mode runs without it
-    (``helper_socket`` is empty, so privileged calls answer ``HELPER_UNAVAILABLE``).
+    Not root: nothing happens (``None``; privileged calls answer ``HELPER_UNAVAILABLE``).
+    As root, :func:`mcpd.devroot.setup_root_state` first makes the folder fit for privilege
+    separation (service user, ``mcpd-dev`` account, example grant, ``helper_socket``), then
+    ``mcpd helper`` runs as a child process (its own session, so only this process gets Ctrl-C).
+
+    Raises:
+        mcpd.devroot.DevRootError: an account could not be created or the helper did not start
+            within its deadline (seconds, :data:`mcpd.devroot.HELPER_START_SECONDS`).
     """
     if os.geteuid() != 0:
         return None
-    return None  # issue 3: spawn `mcpd helper` here, set helper_socket in mcpd.yaml, return a stopper
+    from mcpd import devroot
+
+    setup = devroot.setup_root_state(state)
+    return devroot.start_helper(setup)
 
 
 def run(state_dir: Path, port: int) -> int:
-    """Prepare the folder, print the exports, and run the server until Ctrl-C; return the exit code."""
+    """Prepare the folder, print the exports, and run the server until Ctrl-C; return the exit code.
+
+    As root the root helper runs too and the front runs as the service user (``mcpd``), with the
+    ``dev`` principal bound to the unprivileged ``mcpd-dev`` account (SPEC §4, §5.1).
+    """
     try:
         state = prepare(state_dir, port)
-    except (config.ConfigError, identity.UsersFileError, OSError) as exc:
+        stop_helper = start_root_helper(state)
+    except Exception as exc:  # config, users file, OS error, account or helper start failure
         print(f"mcpd dev: {exc}", file=sys.stderr)
         return config.EXIT_CONFIG
     print_exports(state, sys.stdout)
-    stop_helper = start_root_helper(state)
+    if stop_helper is not None:
+        from mcpd import devroot
+
+        try:
+            devroot.print_routes(state, sys.stdout)
+            return devroot.run_front(state)
+        finally:
+            stop_helper()
     try:
         from mcpd.server import serve
 
         return serve(str(state.config_path))
     except KeyboardInterrupt:
         return 0
-    finally:
-        if stop_helper is not None:
-            stop_helper()
