@@ -99,6 +99,27 @@ def _folder(path: Path, gid: int, mode: int) -> None:
     _own(path, 0, gid, mode)
 
 
+def check_reachable(folder: Path, account: pwd.struct_passwd) -> None:
+    """Check that ``account`` may enter every folder above ``folder`` (the front, running as the
+    service user, must open its config and TLS files there).
+
+    Raises:
+        DevRootError: a parent folder is closed to the account (the message names it).
+    """
+    groups = set(os.getgrouplist(account.pw_name, account.pw_gid))
+    for parent in folder.parents:
+        st = os.stat(parent)
+        if st.st_uid == account.pw_uid:
+            ok = bool(st.st_mode & stat.S_IXUSR)
+        elif st.st_gid in groups:
+            ok = bool(st.st_mode & stat.S_IXGRP)
+        else:
+            ok = bool(st.st_mode & stat.S_IXOTH)
+        if not ok:
+            raise DevRootError(f"the service user {account.pw_name} cannot enter {parent}: "
+                               "choose a --state-dir whose parent folders others may enter")
+
+
 def example_grants(folder: Path) -> dict[str, object]:
     """The example ``mcp-sudo.yaml`` (SPEC §4.2): ``mcpd-dev`` may read and list ``folder``."""
     rule = {"allowed": True, "paths": [str(folder)]}
@@ -119,6 +140,7 @@ def setup_root_state(state: DevState) -> RootSetup:
     folder: Path = state.state_dir
     service = ensure_system_account(SERVICE_USER)
     dev = ensure_system_account(DEV_ACCOUNT)
+    check_reachable(folder, service)
     _folder(folder, service.pw_gid, 0o750)
     _folder(folder / "run", service.pw_gid, 0o750)
     _folder(folder / "audit", 0, 0o700)
@@ -230,8 +252,8 @@ def run_front(state: DevState) -> int:
     try:
         return proc.wait()
     except (KeyboardInterrupt, _Stop):
-        code = _stop(proc, signal.SIGINT)
-        return 0 if code in (0, -signal.SIGINT) else code
+        code = _stop(proc, signal.SIGTERM)  # uvicorn's graceful stop, without a KeyboardInterrupt trace
+        return 0 if code in (0, -signal.SIGTERM) else code
     finally:
         signal.signal(signal.SIGTERM, previous)
         if proc.poll() is None:

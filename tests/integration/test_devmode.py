@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -68,6 +70,17 @@ def _read_lines(proc: subprocess.Popen[str], out: "queue.Queue[str]") -> None:
 
 
 def test_dev_prints_working_exports(tmp_path: Path) -> None:
+    if os.geteuid() == 0:  # as root the front runs as `mcpd`, which must be able to enter the folder
+        tmp_path = Path(tempfile.mkdtemp(prefix="mcpd-devtest-", dir="/tmp"))
+        os.chmod(tmp_path, 0o755)
+    try:
+        _dev_prints_working_exports(tmp_path)
+    finally:
+        if os.geteuid() == 0:
+            shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _dev_prints_working_exports(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT")}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
