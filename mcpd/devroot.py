@@ -196,6 +196,7 @@ def start_helper(setup: RootSetup) -> Callable[[], None]:
         DevRootError: the helper exited, or its socket did not appear within
             :data:`HELPER_START_SECONDS` seconds.
     """
+    setup.socket_path.unlink(missing_ok=True)  # a previous helper's socket must not look ready
     with open(setup.helper_log, "ab") as log:
         os.fchmod(log.fileno(), 0o600)
         proc = subprocess.Popen(

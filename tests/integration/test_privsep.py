@@ -1,0 +1,354 @@
+"""Privilege separation end to end, through the real daemon over TLS (issue 3; SPEC §4, §5.1;
+docs/PRIVSEP.md). Root only: the helper runs as root, the front as ``mcpd``, workers as accounts.
+
+The fixture (:mod:`tests.integration.privsep_fixture`) describes the principals and the tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcpd.client import Client, text_of
+from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
+    LOG_TEXT,
+    SECRET_TEXT,
+    PrivsepDaemon,
+    children,
+    privsep_daemon,
+    proc_status,
+)
+
+pytestmark = pytest.mark.root
+CALL_TIMEOUT = 30.0
+RACE_SECONDS = float(os.environ.get("MCPD_RACE_SECONDS", "90"))
+RACE_SESSIONS = 4
+NO_GRANT = "no grant covers this path"
+
+
+def client(d: PrivsepDaemon, principal: str = "alice") -> Client:
+    return Client(d.url, d.tokens[principal], d.cacert, timeout=CALL_TIMEOUT)
+
+
+async def read(c: Client, path: Path | str, privileged: bool = False, **args: Any) -> tuple[str | None, dict[str, Any]]:
+    """``(text, {})`` on success, ``(None, error)`` on a tool error (``structuredContent.error``)."""
+    res = await c.call_tool("files/read", {"path": str(path), "privileged": privileged, **args}, check=False)
+    if res.get("isError"):
+        return None, res["structuredContent"]["error"]
+    return text_of(res), {}
+
+
+def read_once(d: PrivsepDaemon, path: Path | str, privileged: bool = False, principal: str = "alice",
+              **args: Any) -> tuple[str | None, dict[str, Any]]:
+    async def go() -> tuple[str | None, dict[str, Any]]:
+        async with client(d, principal) as c:
+            return await read(c, path, privileged, **args)
+
+    return asyncio.run(go())
+
+
+def uid_pids(uid: int) -> list[int]:
+    """Every process whose real uid is ``uid``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if proc_status(int(entry))["Uid"].split()[0] == str(uid):
+                    pids.append(int(entry))
+            except (OSError, KeyError):
+                pass
+    return pids
+
+
+def wait_for(predicate: Any, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------ SPEC §5.1: the kernel decides
+
+
+def test_unprivileged_read_of_root_only_file_is_denied_by_the_kernel(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    text, err = read_once(d, d.log_file)
+    assert text is None and err["code"] == "PERMISSION_DENIED"
+    alice = d.accounts["alice"]
+    workers = d.workers("alice")
+    assert workers, "the worker must be a child of the helper running as the account"
+    expected_groups = {g for g in os.getgrouplist(alice.name, alice.gid) if g != alice.gid}
+    for pid in workers:
+        st = proc_status(pid)
+        assert st["Uid"].split() == [str(alice.uid)] * 4
+        assert st["Gid"].split() == [str(alice.gid)] * 4
+        assert {int(g) for g in st["Groups"].split()} == expected_groups
+        assert int(st["CapEff"], 16) == 0 and int(st["CapPrm"], 16) == 0
+    front = proc_status(d.front_pid)
+    assert front["Uid"].split() == [str(d.service.pw_uid)] * 4
+    assert front["Groups"] == "" and int(front["CapEff"], 16) == 0
+
+
+def test_account_bound_to_root_gets_no_worker(privsep_daemon: PrivsepDaemon) -> None:
+    text, err = read_once(privsep_daemon, "/etc/hostname", principal="rooty")
+    assert text is None and err["code"] == "PERMISSION_DENIED"
+    assert err["details"].get("reason") == "root account"
+
+
+# ------------------------------------------------------------------ SPEC §4.1, §4.5: grants and audit
+
+
+def test_privileged_read_without_grant_is_denied_and_audited(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    text, err = read_once(d, d.log_file, privileged=True, principal="bob")
+    assert text is None and err["code"] == "PERMISSION_DENIED"
+    assert err["details"]["reason"] == NO_GRANT
+    rec = [r for r in d.audit() if r["event"] == "reject" and r.get("user") == "bob"][-1]
+    assert rec["reason"] == NO_GRANT and rec["decision"] == "reject"
+    assert rec["requested_path"] == str(d.log_file) and rec["tool"] == "files/read"
+
+
+def test_privileged_read_with_grant_returns_content_and_audits_accept(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    text, err = read_once(d, d.log_file, privileged=True)
+    assert err == {} and text == LOG_TEXT
+    rec = [r for r in d.audit() if r["event"] == "accept" and r.get("user") == "alice"][-1]
+    assert rec["decision"] == "accept" and rec["tool"] == "files/read"
+    assert re.fullmatch(r"[0-9a-f]{32}", rec["session"])
+    assert rec["requested_path"] == rec["resolved_path"] == str(d.log_file)
+    assert str(d.app) in rec["grant"] and rec["bytes"] == len(LOG_TEXT.encode())
+    assert rec["os_user"] == d.accounts["alice"].name and rec["peer"].startswith("127.0.0.1:")
+    log = d.audit_text()
+    for token in d.tokens.values():
+        assert token not in log
+    assert LOG_TEXT.splitlines()[0] not in log
+
+
+def test_grant_covers_components_and_judges_the_cleaned_path(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    for path in (f"{d.app}-evil/x", f"{d.app}/../secret"):
+        text, err = read_once(d, path, privileged=True)
+        assert text is None and err["code"] == "PERMISSION_DENIED", path
+        assert err["details"]["reason"] == NO_GRANT
+    rec = [r for r in d.audit() if r.get("requested_path") == f"{d.app}/../secret"][-1]
+    assert rec["resolved_path"] == str(d.secret)
+
+
+def test_symlink_and_hard_link_inside_the_grant_are_refused(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    link, hard, dirlink = d.app / "link", d.app / "hard", d.app / "up"
+    os.symlink(d.secret, link)
+    os.link(d.secret, hard)
+    os.symlink(d.srv, dirlink)
+    try:
+        cases = {link: "symlink in path", hard: "file has several hard links", dirlink / "secret": "symlink in path"}
+        for path, reason in cases.items():
+            text, err = read_once(d, path, privileged=True)
+            assert text is None and err["code"] == "PERMISSION_DENIED", path
+            assert err["details"]["reason"] == reason, path
+    finally:
+        for p in (link, hard, dirlink):
+            p.unlink()
+    assert SECRET_TEXT.strip() not in d.audit_text()
+
+
+def _swap(target: Path, secret: Path, stop: threading.Event, counter: list[int]) -> None:
+    tmp_link, tmp_file = target.with_name(".swap-link"), target.with_name(".swap-file")
+    while not stop.is_set():
+        os.symlink(secret, tmp_link)
+        os.rename(tmp_link, target)
+        tmp_file.write_text("SAFE\n")
+        os.rename(tmp_file, target)
+        counter[0] += 1
+
+
+def test_symlink_swap_race_leaks_zero_bytes_through_the_daemon(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    target = d.app / "swapped"
+    target.write_text("SAFE\n")
+    stop, swaps = threading.Event(), [0]
+    swapper = threading.Thread(target=_swap, args=(target, d.secret, stop, swaps), daemon=True)
+    outcomes: dict[str, int] = {}
+    leaked: list[str] = []
+
+    async def session(deadline: float) -> None:
+        async with client(d) as c:
+            while time.monotonic() < deadline:
+                text, err = await read(c, target, privileged=True)
+                key = "content" if text is not None else f"{err['code']}: {err['details'].get('reason', '')}"
+                outcomes[key] = outcomes.get(key, 0) + 1
+                if text is not None and text != "SAFE\n":
+                    leaked.append(text)
+
+    async def go() -> None:
+        deadline = time.monotonic() + RACE_SECONDS
+        await asyncio.gather(*(session(deadline) for _ in range(RACE_SESSIONS)))
+
+    swapper.start()
+    try:
+        asyncio.run(go())
+    finally:
+        stop.set()
+        swapper.join(timeout=10)
+        for name in ("swapped", ".swap-link", ".swap-file"):
+            (d.app / name).unlink(missing_ok=True)
+    total = sum(outcomes.values())
+    print(f"\n{total} privileged reads through the daemon in {RACE_SECONDS:g} s "
+          f"({RACE_SESSIONS} sessions), {swaps[0]} swaps: {outcomes}")
+    assert total > 0 and leaked == []
+    assert set(outcomes) <= {"content", "PERMISSION_DENIED: symlink in path",
+                             "PERMISSION_DENIED: path changed while opening"}
+    assert SECRET_TEXT.strip() not in d.audit_text()
+
+
+# ------------------------------------------------------------------ SPEC §3 non-regular files
+
+
+def test_fifo_socket_and_device_under_grant_are_refused_at_once(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    fifo, sock_path, dev = d.app / "fifo", d.app / "sock", d.app / "zero"
+    os.mkfifo(fifo)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(sock_path))
+    os.mknod(dev, 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+    try:
+        for path, kind in ((fifo, "fifo"), (sock_path, "socket"), (dev, "char device")):
+            text, err = read_once(d, path, privileged=True)
+            assert text is None and err["code"] == "NOT_A_REGULAR_FILE", path
+            assert err["details"]["type"] == kind
+        assert read_once(d, d.log_file, privileged=True) == (LOG_TEXT, {})
+    finally:
+        sock.close()
+        for p in (fifo, sock_path, dev):
+            p.unlink()
+
+
+# ------------------------------------------------------------------ PRIVSEP §6: when a process dies
+
+
+def _big_file(path: Path, lines: int) -> None:
+    line = b"x" * 99 + b"\n"
+    with open(path, "wb") as f:
+        for _ in range(lines // 10000):
+            f.write(line * 10000)
+    os.chmod(path, 0o600)
+
+
+def _stop_privileged_child(helper_pid: int, deadline: float) -> int | None:
+    while time.monotonic() < deadline:
+        for pid in children(helper_pid, 0):
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                return pid
+            except ProcessLookupError:
+                pass
+        time.sleep(0.002)
+    return None
+
+
+def test_helper_killed_mid_request_answers_helper_unavailable_and_recovers(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    big = d.app / "big.log"
+    lines = 3_000_000
+    _big_file(big, lines)
+
+    async def go() -> None:
+        async with client(d) as c:
+            assert (await read(c, "/etc/hostname"))[1] == {}
+            for _attempt in range(10):
+                task = asyncio.create_task(read(c, big, privileged=True, start_line=lines))
+                stopped = await asyncio.to_thread(_stop_privileged_child, d.helper_pid, time.monotonic() + 20)
+                if stopped is None:
+                    await task
+                    continue
+                d.kill_helper(signal.SIGKILL)
+                os.kill(stopped, signal.SIGKILL)
+                text, err = await task
+                assert text is None and err["code"] == "HELPER_UNAVAILABLE"
+                break
+            else:
+                pytest.fail("never caught the privileged child in flight")
+            # unprivileged reads on the existing session go on (cached auth, live workers)
+            assert await read(c, "/etc/hostname") == (Path("/etc/hostname").read_text(), {})
+            text, err = await read(c, d.log_file, privileged=True)
+            assert err["code"] == "HELPER_UNAVAILABLE"
+            await asyncio.to_thread(d.start_helper)
+            text, err = await read(c, d.log_file, privileged=True)
+            assert (text, err) == (LOG_TEXT, {}), (err, d.log("helper.log")[-3000:])
+
+    try:
+        asyncio.run(go())
+    finally:
+        big.unlink()
+        if d.helper is None or d.helper.poll() is not None:
+            d.start_helper()
+
+
+def test_worker_killed_mid_request_fails_only_its_request(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    uid = d.accounts["alice"].uid
+    hostname = Path("/etc/hostname").read_text()
+
+    async def go() -> None:
+        async with client(d) as c, client(d, "bob") as other:
+            assert await read(c, "/etc/hostname") == (hostname, {})
+            victims = uid_pids(uid)
+            assert victims
+            for pid in victims:
+                os.kill(pid, signal.SIGSTOP)
+            task = asyncio.create_task(read(c, "/etc/hostname"))
+            await asyncio.sleep(1.0)  # sequencing only: let the front hand the request to a stopped worker
+            assert await read(other, "/etc/hostname") == (hostname, {})  # another account is not delayed
+            for pid in victims:
+                os.kill(pid, signal.SIGKILL)
+            text, err = await task
+            assert text is None and err["code"] == "INTERNAL_ERROR"
+            assert await read(c, "/etc/hostname") == (hostname, {})  # a replacement worker serves
+            assert not set(victims) & set(uid_pids(uid))
+
+    asyncio.run(go())
+
+
+# ------------------------------------------------------------------ SPEC §4.5: reloads
+
+
+def _audit_count(d: PrivsepDaemon, event: str) -> int:
+    return sum(1 for r in d.audit() if r["event"] == event and r.get("grants_file") == str(d.grants_path))
+
+
+def test_sighup_with_broken_grants_keeps_last_good_and_audits(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    try:
+        for broken in ("users: [unclosed\n", "users:\n  x:\n    privileged: {tools: {files/read: {allowed: true}}}\n"):
+            before = _audit_count(d, "reload_failed")
+            d.write_grants(broken)
+            wait_for(lambda: _audit_count(d, "reload_failed") > before)
+            assert read_once(d, d.log_file, privileged=True) == (LOG_TEXT, {})
+        before = _audit_count(d, "reload_failed")
+        d.write_grants(d.default_grants())
+        os.chmod(d.grants_path, 0o666)  # group/world-writable: refused like sudoers
+        d.helper.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        wait_for(lambda: _audit_count(d, "reload_failed") > before)
+        grants = d.default_grants()
+        grants["users"][d.accounts["bob"].name] = grants["users"][d.accounts["alice"].name]
+        before = _audit_count(d, "reload")
+        d.write_grants(grants)
+        wait_for(lambda: _audit_count(d, "reload") > before)
+        assert read_once(d, d.log_file, privileged=True, principal="bob") == (LOG_TEXT, {})
+    finally:
+        before = _audit_count(d, "reload")
+        d.write_grants(d.default_grants())
+        wait_for(lambda: _audit_count(d, "reload") > before)
+    text, err = read_once(d, d.log_file, privileged=True, principal="bob")
+    assert err["details"]["reason"] == NO_GRANT
