@@ -58,12 +58,13 @@ def read_once(d: PrivsepDaemon, path: Path | str, privileged: bool = False, prin
 
 
 def uid_pids(uid: int) -> list[int]:
-    """Every process whose real uid is ``uid``."""
+    """Every live (not zombie) process whose real uid is ``uid``."""
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if proc_status(int(entry))["Uid"].split()[0] == str(uid):
+                st = proc_status(int(entry))
+                if st["Uid"].split()[0] == str(uid) and not st["State"].startswith("Z"):
                     pids.append(int(entry))
             except (OSError, KeyError):
                 pass
