@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
+import queue
 import re
+import shutil
 import signal
 import socket
 import stat
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -353,3 +359,78 @@ def test_sighup_with_broken_grants_keeps_last_good_and_audits(privsep_daemon: Pr
         wait_for(lambda: _audit_count(d, "reload") > before)
     text, err = read_once(d, d.log_file, privileged=True, principal="bob")
     assert err["details"]["reason"] == NO_GRANT
+
+
+# ------------------------------------------------------------------ `mcpd dev` as root
+
+
+def _dev_lines(proc: subprocess.Popen[str], out: "queue.Queue[str]") -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        out.put(line)
+
+
+def test_dev_mode_as_root_runs_helper_and_front_as_service_user(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: `mcpd dev` as root starts the root helper")
+    from mcpd import devroot
+    from tests.integration.privsep_fixture import free_port
+
+    base = Path(tempfile.mkdtemp(prefix="mcpd-devroot-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    state_dir, port, bin_dir = base / "dev-state", free_port(), Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if k not in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    proc = subprocess.Popen([str(bin_dir / "mcpd"), "dev", "--port", str(port), "--state-dir", str(state_dir)],
+                            cwd=base, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=_dev_lines, args=(proc, lines), daemon=True)
+    reader.start()
+    try:
+        printed = [lines.get(timeout=60) for _ in range(5)]
+        sample = state_dir / "root-only" / "secret.txt"
+        assert f"linuxctl get files {sample}" in printed[4] and "--privileged" in printed[4]
+        env.update(line.removeprefix("export ").strip().split("=", 1) for line in printed[:3])
+
+        def linuxctl(*args: str) -> subprocess.CompletedProcess[bytes]:
+            deadline = time.monotonic() + 60
+            while True:  # the front may still be binding its port (exit 4)
+                res = subprocess.run([str(bin_dir / "linuxctl"), "get", "files", *args], env=env,
+                                     capture_output=True, timeout=60)
+                if res.returncode != 4 or time.monotonic() > deadline or proc.poll() is not None:
+                    return res
+                time.sleep(0.2)
+
+        denied = linuxctl(str(sample))
+        assert denied.returncode == 1 and denied.stderr.startswith(b"PERMISSION_DENIED"), denied.stderr
+        granted = linuxctl("--privileged", str(sample))
+        assert granted.returncode == 0, granted.stderr
+        assert granted.stdout == devroot.SAMPLE_TEXT.encode()
+
+        service, dev = pwd.getpwnam("mcpd"), pwd.getpwnam(devroot.DEV_ACCOUNT)
+        kids = {int(p): proc_status(int(p)) for p in children(proc.pid)}
+        uids = sorted(int(st["Uid"].split()[0]) for st in kids.values())
+        assert uids == sorted([0, service.pw_uid]), kids  # helper as root, front as mcpd
+        helper_pid = next(p for p, st in kids.items() if st["Uid"].split()[0] == "0")
+        assert children(helper_pid, dev.pw_uid), "workers run as mcpd-dev"
+        modes = {name: os.stat(state_dir / name) for name in ("", "users.yaml", "mcp-sudo.yaml", "server.key",
+                                                              "mcpd.yaml", "root-only", "ca.key")}
+        assert (stat.S_IMODE(modes[""].st_mode), modes[""].st_gid) == (0o750, service.pw_gid)
+        for name in ("users.yaml", "mcp-sudo.yaml", "ca.key"):
+            assert (stat.S_IMODE(modes[name].st_mode), modes[name].st_uid) == (0o600, 0), name
+        for name in ("server.key", "mcpd.yaml"):
+            assert (stat.S_IMODE(modes[name].st_mode), modes[name].st_gid) == (0o640, service.pw_gid), name
+        assert stat.S_IMODE(modes["root-only"].st_mode) == 0o700
+
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=45) == 0
+        for pid in kids:
+            assert not os.path.exists(f"/proc/{pid}") or proc_status(pid)["State"].startswith("Z")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=15)
+        reader.join(timeout=15)
+        assert proc.stdout is not None
+        proc.stdout.close()
+        shutil.rmtree(base, ignore_errors=True)
