@@ -103,10 +103,10 @@ class SseSession:
 
     async def events(self, endpoint: str) -> AsyncIterator[ServerSentEvent]:
         """The stream's events: ``endpoint`` first, then one ``message`` per queued JSON-RPC message."""
-        yield ServerSentEvent(event="endpoint", data=endpoint)
+        yield ServerSentEvent(event="endpoint", data=endpoint, sep="\n")
         while not self.closed:
             data = await self._queue.get()
-            yield ServerSentEvent(event="message", data=data)
+            yield ServerSentEvent(event="message", data=data, sep="\n")
 
     def attach(self, scope: anyio.CancelScope) -> None:
         """Bind the cancel scope that runs this session's stream, so :meth:`close` can cut it."""
@@ -167,7 +167,7 @@ class SessionStream(EventSourceResponse):
             headers={"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"},
             ping=keepalive,
             sep="\n",
-            ping_message_factory=lambda: ServerSentEvent(comment="ping"),
+            ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
         )
         self.session = session
         self.manager = manager
