@@ -269,3 +269,13 @@ async def test_mcp_protocol_version_header_ignored(daemon: Daemon) -> None:
             r = await s.post({"jsonrpc": "2.0", "id": value, "method": "ping"}, headers={"MCP-Protocol-Version": value})
             assert r.status_code == 202
             assert (await s.reply(value))["result"] == {}
+
+
+async def test_endpoint_event_exact_bytes(daemon: Daemon) -> None:
+    with open_raw(daemon) as sock:
+        sock.sendall(f"GET /sse HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {daemon.token}\r\n\r\n".encode())
+        buf = b""
+        while b"\n\n" not in buf.split(b"\r\n\r\n", 1)[-1]:
+            buf += sock.recv(4096)
+        body = buf.split(b"\r\n\r\n", 1)[1]
+        assert re.search(rb"\r\nevent: endpoint\ndata: /message\?session_id=[0-9a-f]{32}\n\n", body), body
