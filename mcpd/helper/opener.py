@@ -28,6 +28,7 @@ import platform
 import stat
 
 from mcpd.errors import NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
+from mcpd.fileopen import kind as file_kind
 from mcpd.helper.pathmatch import PathError, clean_path, components
 
 SYMLINK = "symlink in path"
@@ -124,22 +125,6 @@ def _open(path: str, flags: int, follow_symlinks: bool) -> int:
     return _walk(path, flags)
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "directory"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    if stat.S_ISCHR(mode):
-        return "char device"
-    if stat.S_ISBLK(mode):
-        return "block device"
-    if stat.S_ISREG(mode):
-        return "regular file"
-    return "unknown"
-
-
 def _denied(path: str, reason: str) -> ToolError:
     return ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason=reason)
 
@@ -172,10 +157,10 @@ def _checked(path: str, follow_symlinks: bool, flags: int, want_dir: bool) -> in
         st = os.fstat(fd)
         if want_dir:
             if not stat.S_ISDIR(st.st_mode):
-                raise ToolError(NOT_A_REGULAR_FILE, f"not a directory: {cleaned}", path=cleaned, type=_kind(st.st_mode))
+                raise ToolError(NOT_A_REGULAR_FILE, f"not a directory: {cleaned}", path=cleaned, type=file_kind(st.st_mode))
         else:
             if not stat.S_ISREG(st.st_mode):
-                kind = _kind(st.st_mode)
+                kind = file_kind(st.st_mode)
                 raise ToolError(NOT_A_REGULAR_FILE, f"not a regular file: {cleaned}", path=cleaned, type=kind)
             if st.st_nlink == 0:
                 raise _denied(cleaned, CHANGED)  # unlinked or replaced since it was opened
