@@ -23,6 +23,8 @@ Example (every key optional)::
     audit_log: /var/log/mcpd/audit.jsonl
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536}
     workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64}
+    workspaces: {alice: /srv/projects/alice}   # root of relative file: resource URIs, per principal
+    default_workspace: "~"         # for principals not listed: "~" = the OS account's home, "" = none
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ class Config:
     state_dir: str = "/var/lib/mcpd"
     read: ReadLimits = ReadLimits()
     workers: Workers = Workers()
+    workspaces: dict[str, str] = dataclasses.field(default_factory=dict)
+    default_workspace: str = "~"
 
 
 def _convert(value: Any, hint: Any, where: str) -> Any:
@@ -108,6 +112,11 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a list")
         (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
         return tuple(_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping")
+        key_hint, value_hint = typing.get_args(hint)
+        return {_convert(k, key_hint, f"{where} key"): _convert(v, value_hint, f"{where}.{k}") for k, v in value.items()}
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number")
@@ -173,6 +182,11 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError("auth_cache_seconds: must not be negative")
     if cfg.keepalive_seconds <= 0 or cfg.workers.timeout_seconds <= 0:
         raise ConfigError("keepalive_seconds and workers.timeout_seconds must be positive")
+    for name, root in cfg.workspaces.items():
+        if not root.startswith("/") or "\0" in root:
+            raise ConfigError(f"workspaces.{name}: must be an absolute path")
+    if cfg.default_workspace not in ("", "~") and not cfg.default_workspace.startswith("/"):
+        raise ConfigError('default_workspace: must be "~", "" or an absolute path')
     if cfg.base_path and (not cfg.base_path.startswith("/") or cfg.base_path.endswith("/")):
         raise ConfigError("base_path: must start with '/' and not end with '/' (or be empty)")
 
