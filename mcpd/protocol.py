@@ -9,6 +9,7 @@ worker pool, the privileged backend, and the resource hooks.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -261,7 +262,7 @@ class McpSession:
             key = _id_key(msg["id"])
             if key not in self._in_flight:
                 self._in_flight[key] = task
-                task.add_done_callback(lambda t, k=key: self._forget(k, t))
+                task.add_done_callback(functools.partial(self._forget, key))
         return task
 
     def _forget(self, key: tuple[str, Any], task: asyncio.Task[Any]) -> None:

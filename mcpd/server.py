@@ -29,7 +29,7 @@ from mcpd.worker import LocalSpawner, Spawner, WorkerPool
 
 log = logging.getLogger("mcpd.server")
 
-GRACEFUL_SHUTDOWN_SECONDS = 5.0
+GRACEFUL_SHUTDOWN_SECONDS = 5
 
 
 def tls_context(cfg: Config) -> ssl.SSLContext:
