@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mcpd import frames
@@ -45,6 +46,9 @@ REQUEST_CAP = frames.HELPER_REQUEST_CAP  # bytes: a request frame to a worker is
 STREAM_LIMIT = 1024 * 1024  # bytes: asyncio stream buffer per worker connection
 REAP_GRACE = 2.0  # seconds a failed call waits for its killed worker to be reaped before answering
 
+#: ``on_progress(done, total | None, message)`` of :meth:`WorkerPool.call`, awaited per interim frame.
+ProgressCallback = Callable[[int, "int | None", str], Awaitable[None]]
+
 
 # --------------------------------------------------------------------------- worker process side
 
@@ -58,7 +62,9 @@ def serve(sock: socket.socket, ctx: OpContext) -> None:
 
     Each request frame (at most :data:`REQUEST_CAP` bytes, ``{"id", "op", "args"}``) gets exactly
     one reply frame from ``mcpd.ops.run`` (an unexpected exception there becomes an
-    ``INTERNAL_ERROR`` reply naming only the exception type). A malformed or oversized frame ends the connection, as
+    ``INTERNAL_ERROR`` reply naming only the exception type). A request with ``"progress": true``
+    may first get interim frames ``{"id", "progress": {"done", "total", "message"}}`` (entries
+    seen, ``None`` or a total, a short text) from ops that report progress. A malformed or oversized frame ends the connection, as
     does any socket error; nothing is raised.
     """
     from mcpd import ops
@@ -70,8 +76,11 @@ def serve(sock: socket.socket, ctx: OpContext) -> None:
             return
         if frame is None:
             return
+        op_ctx = ctx
+        if frame.get("progress") is True:
+            op_ctx = dataclasses.replace(ctx, progress=_progress_sender(sock, frame.get("id")))
         try:
-            reply = ops.run(frame, ctx)
+            reply = ops.run(frame, op_ctx)
         except Exception as exc:  # ops.run never raises; if it does, answer without details
             print(f"mcpd.worker: op failed: {type(exc).__name__}", file=sys.stderr)
             reply = {"id": frame.get("id"), "ok": False, "error": ToolError(INTERNAL_ERROR, "internal error").to_dict()}
@@ -79,6 +88,19 @@ def serve(sock: socket.socket, ctx: OpContext) -> None:
             frames.send_frame(sock, reply)
         except OSError:
             return
+
+
+def _progress_sender(sock: socket.socket, rid: Any) -> Callable[[int, int | None, str], None]:
+    """An ``OpContext.progress`` that sends one interim frame per call; a send error is ignored
+    (the final reply's send fails the same way and ends the loop)."""
+
+    def send(done: int, total: int | None, message: str) -> None:
+        try:
+            frames.send_frame(sock, {"id": rid, "progress": {"done": done, "total": total, "message": message[:200]}})
+        except OSError:
+            pass
+
+    return send
 
 
 def _harden(keep_fd: int) -> None:
@@ -262,7 +284,10 @@ class WorkerPool:
         account = self._accounts.get(os_user)
         return {} if account is None else {w.pid: w.busy for w in account.workers.values()}
 
-    async def call(self, os_user: str, op: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    async def call(
+        self, os_user: str, op: str, args: dict[str, Any], timeout: float | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> dict[str, Any]:
         """Run ``op`` with ``args`` in one of ``os_user``'s workers and return its result dict.
 
         Args:
@@ -270,6 +295,8 @@ class WorkerPool:
             op: an op name (``"files/read"``); args: its JSON-serialisable arguments.
             timeout: seconds for the whole call (queueing, spawning, running); default
                 ``workers.timeout_seconds``.
+            on_progress: awaited with ``(done, total | None, message)`` for each progress frame
+                the op sends (``files/find``); ``None``: the worker is not asked for progress.
 
         Raises:
             ToolError: the worker's own error; ``TIMEOUT`` when the deadline passes (a running
@@ -288,7 +315,7 @@ class WorkerPool:
         try:
             account = await self._enter(os_user, deadline, limit)
             try:
-                return await self._call_in(account, os_user, op, args, deadline, limit)
+                return await self._call_in(account, os_user, op, args, deadline, limit, on_progress)
             finally:
                 account.callers -= 1
                 if account.callers == 0:
@@ -299,9 +326,12 @@ class WorkerPool:
                 self._quiet.set()
 
     @staticmethod
-    def _encode(rid: int, op: str, args: dict[str, Any]) -> bytes:
+    def _encode(rid: int, op: str, args: dict[str, Any], progress: bool = False) -> bytes:
+        request: dict[str, Any] = {"id": rid, "op": op, "args": args}
+        if progress:
+            request["progress"] = True
         try:
-            data = frames.encode({"id": rid, "op": op, "args": args})
+            data = frames.encode(request)
         except (TypeError, ValueError) as exc:
             raise invalid_argument("arguments are not JSON-serialisable") from exc
         if len(data) - frames.HEADER.size > REQUEST_CAP - 32:  # 32 bytes of room for a larger id
@@ -337,7 +367,8 @@ class WorkerPool:
                 return
 
     async def _call_in(
-        self, account: _Account, os_user: str, op: str, args: dict[str, Any], deadline: float, limit: float
+        self, account: _Account, os_user: str, op: str, args: dict[str, Any], deadline: float, limit: float,
+        on_progress: ProgressCallback | None = None,
     ) -> dict[str, Any]:
         try:
             async with asyncio.timeout_at(deadline):
@@ -347,7 +378,7 @@ class WorkerPool:
         worker: _Worker | None = None
         try:
             worker = await self._checkout(account, os_user, deadline)
-            reply = await self._exchange(worker, op, args, deadline)
+            reply = await self._exchange(worker, op, args, deadline, on_progress)
         except TimeoutError:
             await self._fail(account, worker)
             log.warning("worker %s timed out on %s after %.1f s", worker and worker.pid, op, limit)
@@ -406,13 +437,19 @@ class WorkerPool:
             raise ToolError(INTERNAL_ERROR, "worker pool is closed")
         return worker
 
-    async def _exchange(self, worker: _Worker, op: str, args: dict[str, Any], deadline: float) -> dict[str, Any]:
+    async def _exchange(
+        self, worker: _Worker, op: str, args: dict[str, Any], deadline: float, on_progress: ProgressCallback | None
+    ) -> dict[str, Any]:
         worker.next_id += 1
-        data = self._encode(worker.next_id, op, args)
+        data = self._encode(worker.next_id, op, args, progress=on_progress is not None)
         async with asyncio.timeout_at(deadline):
             worker.writer.write(data)
             await worker.writer.drain()
-            reply = await frames.read_frame(worker.reader, self._reply_cap)
+            while True:
+                reply = await frames.read_frame(worker.reader, self._reply_cap)
+                if reply is None or "progress" not in reply or "ok" in reply:
+                    break
+                await self._forward_progress(worker, reply, on_progress)
         if reply is None:
             raise _Crashed("end of stream")
         ok = reply.get("ok")
@@ -421,6 +458,20 @@ class WorkerPool:
         if ok and not isinstance(reply.get("result"), dict):
             raise _Crashed("malformed result")
         return reply
+
+    @staticmethod
+    async def _forward_progress(worker: _Worker, frame: dict[str, Any], on_progress: ProgressCallback | None) -> None:
+        """Check one interim frame and hand it to ``on_progress``; a malformed one is a protocol break."""
+        p = frame.get("progress")
+        if on_progress is None or frame.get("id") != worker.next_id or not isinstance(p, dict):
+            raise _Crashed("unexpected progress frame")
+        done, total, message = p.get("done"), p.get("total"), p.get("message")
+        if not isinstance(done, int) or not (total is None or isinstance(total, int)) or not isinstance(message, str):
+            raise _Crashed("malformed progress frame")
+        try:
+            await on_progress(done, total, message)
+        except Exception:
+            log.exception("progress callback failed")
 
     def _retire(self, account: _Account, worker: _Worker, release: bool) -> asyncio.Task[None] | None:
         """Kill and reap ``worker`` in the background; release a call slot once it is reaped."""
