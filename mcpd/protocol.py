@@ -19,7 +19,7 @@ from mcpd import __version__
 from mcpd.errors import INTERNAL_ERROR, ToolError
 from mcpd.identity import Principal
 from mcpd.privileged import PrivilegedBackend
-from mcpd.tools import TOOLS, ToolModule
+from mcpd.tools import TOOLS, ToolModule, deadline_seconds
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,12 @@ class RequestContext:
 class ToolPool(Protocol):
     """The worker pool's interface as the front uses it (``mcpd.worker.WorkerPool``)."""
 
-    async def call(self, os_user: str, op: str, args: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        """Run ``op`` as ``os_user``; return its result or raise ToolError."""
+    async def call(
+        self, os_user: str, op: str, args: dict[str, Any], timeout: float | None = None,
+        on_progress: Callable[[int, int | None, str], Awaitable[None]] | None = None,
+    ) -> dict[str, Any]:
+        """Run ``op`` as ``os_user`` (``timeout`` seconds, ``None``: the pool's default); return its
+        result or raise ToolError. ``on_progress(done, total, message)`` gets the op's progress."""
         ...
 
 
@@ -168,7 +172,10 @@ class Dispatcher:
                 c = ctx.caller
                 result = await self.privileged.call(c.token, c.principal, ctx.session_id, c.peer, tool.NAME, args)
             else:
-                result = await self.pool.call(ctx.caller.principal.os_user, tool.NAME, args)
+                result = await self.pool.call(
+                    ctx.caller.principal.os_user, tool.NAME, args, timeout=deadline_seconds(args, 0.0) or None,
+                    on_progress=ctx.progress if ctx.progress_token is not None else None,
+                )
             return tool.format_result(result)
         except ToolError as exc:
             return tool_error_result(exc)

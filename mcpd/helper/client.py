@@ -19,6 +19,7 @@ from typing import Any
 from mcpd import frames
 from mcpd.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
 from mcpd.identity import Principal
+from mcpd.tools import DEADLINE_MARGIN, deadline_seconds
 
 log = logging.getLogger("mcpd.helper.client")
 
@@ -183,7 +184,8 @@ class HelperBackend:
 
     Args:
         client: the helper connection factory.
-        timeout: seconds to wait for the helper's answer (its own child deadline plus margin).
+        timeout: seconds to wait for the helper's answer (its own child deadline plus margin);
+            a call with ``time_budget_seconds`` (files/find) waits that budget plus two margins.
     """
 
     def __init__(self, client: HelperClient, timeout: float) -> None:
@@ -201,7 +203,8 @@ class HelperBackend:
         """
         req = {"type": "privileged_call", "token": token, "session": session_id, "peer": peer, "op": op, "args": args}
         try:
-            reply = await self._client.request(req, timeout=self._timeout)
+            timeout = max(self._timeout, deadline_seconds(args, 0.0) + DEADLINE_MARGIN)
+            reply = await self._client.request(req, timeout=timeout)
         except HelperUnavailable:
             raise ToolError(HELPER_UNAVAILABLE, _UNAVAILABLE) from None
         except TimeoutError:

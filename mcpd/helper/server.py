@@ -41,7 +41,7 @@ from mcpd.helper import grants, opener
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.grants_reload import PolicyHolder
 from mcpd.helper.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
-from mcpd.tools import TOOLS
+from mcpd.tools import TOOLS, deadline_seconds
 
 log = logging.getLogger("mcpd.helper")
 
@@ -259,8 +259,10 @@ def _error(exc: ToolError) -> dict[str, Any]:
 def run_in_child(
     state: HelperState, op: str, args: dict[str, Any], follow: bool, allow: Callable[[str], bool]
 ) -> dict[str, Any]:
-    """Run one granted op in a forked child with the workers' deadline (seconds); return its reply
-    frame. A child past the deadline is killed and the call answers ``TIMEOUT``."""
+    """Run one granted op in a forked child with the workers' deadline (seconds; for an op with
+    ``time_budget_seconds``, that budget plus a margin); return its reply frame. A child past the
+    deadline is killed and the call answers ``TIMEOUT``. No progress is reported on this route."""
+    limit = deadline_seconds(args, state.cfg.workers.timeout_seconds)
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:  # child: no logging, no threads, exit without cleanup handlers
@@ -280,13 +282,13 @@ def run_in_child(
             os._exit(status)
     child.close()
     try:
-        parent.settimeout(state.cfg.workers.timeout_seconds)
+        parent.settimeout(limit)
         reply = frames.recv_frame(parent, frames.reply_cap(state.cfg.read.response_cap))
         if reply is None:
             raise frames.FrameError("child ended without a reply")
         return reply
     except (socket.timeout, TimeoutError):
-        return _error(ToolError(TIMEOUT, "the read did not finish in time", seconds=state.cfg.workers.timeout_seconds))
+        return _error(ToolError(TIMEOUT, "the call did not finish in time", seconds=limit))
     except (frames.FrameError, OSError):
         return _error(ToolError(INTERNAL_ERROR, "internal error"))
     finally:
