@@ -11,6 +11,7 @@ The file (SPEC §4.2)::
               paths: ["/var/log", "/etc/nginx/*.conf"]   # required when allowed
               deny: ["/var/log/auth.log"]     # optional; always wins
               expires: 2027-03-31T00:00:00Z   # optional, ISO 8601 with a UTC offset
+              reauth_after: 5m                # optional: 0, 30s, 5m, 1h (issue 5)
     groups:
       ops: {privileged: {tools: {...}}}       # members of the OS group (primary group included)
 
@@ -21,6 +22,10 @@ policy plugin. Choices where SPEC is silent:
 * Keys under ``users:`` are OS user names (the helper passes the principal's ``os_user``).
 * ``deny`` entries of every rule that applies to the user for the tool are honoured, even those of
   a rule that is ``allowed: false`` or expired: a deny only ever narrows (fail closed).
+* ``reauth_after`` (like sudo's ``timestamp_timeout``): a call under such a rule needs a token
+  from a password login (``linuxctl login``) of that OS account at most that long ago; a static
+  ``users.yaml`` token never satisfies it. ``0`` means every call: one password login satisfies
+  one such call. Otherwise the answer is ``reauthentication required``.
 * Symlinks may be followed (SPEC §4.4) only when the allowing entry covers ``/`` and no deny entry
   applies to the user for the tool (a followed link could otherwise reach a denied file).
 """
@@ -36,10 +41,13 @@ from mcpd.helper.pathmatch import PathError, clean_path, components, entry_cover
 from mcpd.helper.strictyaml import ConfigFileError, LineDict, LineList, parse_strict_yaml, read_secure_file
 
 TOOLS = ("files/read", "files/list", "files/find", "files/filetype")
-RULE_KEYS = ("allowed", "paths", "deny", "expires")
+RULE_KEYS = ("allowed", "paths", "deny", "expires", "reauth_after")
 NO_GRANT = "no grant covers this path"
 DENIED = "path is denied by the grant"
 GRANTED = "granted"
+REAUTH = "reauthentication required"
+_DURATION_RE = re.compile(r"^(0|[1-9][0-9]{0,6})(s|m|h)?$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, None: 1}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?$")
 
 
@@ -67,6 +75,7 @@ class Rule:
     deny: tuple[Entry, ...]
     expires: datetime.datetime | None
     line: int
+    reauth_after: float | None = None
 
     def expired(self, now: datetime.datetime) -> bool:
         """Whether ``expires`` is at or before ``now`` (an aware datetime)."""
@@ -95,6 +104,7 @@ class Decision:
         resolved_path: the lexically cleaned path, or ``None`` when the path is invalid.
         covers_root: the allowing entry covers ``/`` and no deny applies (symlinks may be followed).
         note: an explanation for operators only (e.g. which grant expired).
+        reauth_after: the ``reauth_after`` window (seconds) of the allowing rule, or ``None``.
     """
 
     allowed: bool
@@ -103,6 +113,7 @@ class Decision:
     resolved_path: str | None
     covers_root: bool = False
     note: str = ""
+    reauth_after: float | None = None
 
 
 # ---------------------------------------------------------------- loading
@@ -152,6 +163,16 @@ def _expires(value: Any, line: int, errs: _Errors) -> datetime.datetime | None:
     return when.astimezone(datetime.timezone.utc)
 
 
+def parse_duration(value: Any) -> float | None:
+    """Seconds of a ``reauth_after`` value: ``0``, ``30``, ``30s``, ``5m``, ``1h``; ``None`` if malformed."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    m = _DURATION_RE.match(value) if isinstance(value, str) else None
+    if m is None:
+        return None
+    return float(int(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+
+
 def _entries(value: Any, line: int, key: str, errs: _Errors) -> tuple[Entry, ...]:
     if not isinstance(value, LineList):
         errs.add(line, f"{key} must be a list of absolute paths")
@@ -184,7 +205,12 @@ def _rule(subject: str, tool: str, body: Any, line: int, errs: _Errors) -> Rule 
     elif allowed and "paths" not in d:
         errs.add(line, f"{subject} {tool}: a path tool granted without paths (write paths: ['/'] for everything)")
     expires = _expires(d["expires"], d.key_line["expires"], errs) if "expires" in d else None
-    return Rule(subject, tool, allowed, paths, deny, expires, line)
+    reauth: float | None = None
+    if "reauth_after" in d:
+        reauth = parse_duration(d["reauth_after"])
+        if reauth is None:
+            errs.add(d.key_line["reauth_after"], "reauth_after must be a duration like 0, 30s, 5m or 1h")
+    return Rule(subject, tool, allowed, paths, deny, expires, line, reauth)
 
 
 def _subjects(kind: str, value: Any, line: int, errs: _Errors) -> dict[str, dict[str, Rule]]:
@@ -287,8 +313,10 @@ def decide(
     tool: str,
     path: str,
     now: datetime.datetime,
+    login_time: datetime.datetime | None = None,
+    login_used: bool = False,
 ) -> Decision:
-    """Decide a privileged call, purely (SPEC §4.1, §4.3).
+    """Decide a privileged call, purely (SPEC §4.1, §4.3; ``reauth_after``: issue 5).
 
     Args:
         policy: the loaded grants.
@@ -297,6 +325,9 @@ def decide(
         tool: ``files/read`` ... (an unknown tool is never granted).
         path: the request path, cleaned lexically before matching.
         now: the current time, timezone-aware.
+        login_time: when the caller's token was issued by a password login (aware), or ``None``
+            for a static ``users.yaml`` token (never fresh enough for ``reauth_after``).
+        login_used: that login already satisfied a ``reauth_after: 0`` call.
 
     Returns:
         A :class:`Decision`; anything but ``allowed`` is a refusal. Never raises for bad input.
@@ -312,6 +343,7 @@ def decide(
             if entry_covers(entry.parts, parts):
                 return Decision(False, DENIED, _where(policy, rule, "deny", entry), cleaned)
     expired_note = ""
+    needs_reauth: tuple[Rule, Entry] | None = None
     for rule in rules:
         if not rule.allowed:
             continue
@@ -323,9 +355,35 @@ def decide(
                     when = rule.expires.strftime("%Y-%m-%dT%H:%M:%SZ")
                     expired_note = f"{_where(policy, rule, 'paths', entry)} expired {when}"
                 continue
+            if not fresh_enough(rule.reauth_after, now, login_time, login_used):
+                needs_reauth = needs_reauth or (rule, entry)
+                continue
             root = entry_covers_root(entry.parts) and not any(r.deny for r in rules)
-            return Decision(True, GRANTED, _where(policy, rule, "paths", entry), cleaned, root)
+            return Decision(True, GRANTED, _where(policy, rule, "paths", entry), cleaned, root,
+                            reauth_after=rule.reauth_after)
+    if needs_reauth is not None:
+        rule, entry = needs_reauth
+        return Decision(False, REAUTH, _where(policy, rule, "paths", entry), cleaned,
+                        note=f"reauth_after {rule.reauth_after:g}s", reauth_after=rule.reauth_after)
     return Decision(False, NO_GRANT, None, cleaned, note=expired_note)
+
+
+def fresh_enough(
+    window: float | None, now: datetime.datetime, login_time: datetime.datetime | None, login_used: bool
+) -> bool:
+    """Whether a login at ``login_time`` satisfies a ``reauth_after`` of ``window`` seconds at ``now``.
+
+    ``None`` (no ``reauth_after``) is always satisfied; otherwise a static token (``login_time``
+    ``None``) never is; ``0`` needs a login not yet used for such a call; a positive window needs
+    ``now - login_time <= window``.
+    """
+    if window is None:
+        return True
+    if login_time is None:
+        return False
+    if window == 0:
+        return not login_used
+    return (now - login_time).total_seconds() <= window
 
 
 def covers(

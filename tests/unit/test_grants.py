@@ -214,9 +214,9 @@ def test_unknown_keys_rejected_with_line() -> None:
                 files/read:
                   allowed: true
                   paths: [/var/log]
-                  reauth_after: 10
+                  timeout: 10
         """)
-    assert len(errs) == 1 and errs[0].startswith("g.yaml:8: unknown key 'reauth_after'")
+    assert len(errs) == 1 and errs[0].startswith("g.yaml:8: unknown key 'timeout'")
     assert errors_of("extra: 1\n")[0].startswith("g.yaml:1: unknown key 'extra'")
     assert errors_of("users: {a: {privileged: {tools: {files/write: {allowed: true, paths: [/]}}}}}\n")[0] \
         .startswith("g.yaml:1: unknown tool 'files/write'")
