@@ -25,6 +25,13 @@ Example (every key optional)::
     workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64}
     workspaces: {alice: /srv/projects/alice}   # root of relative file: resource URIs, per principal
     default_workspace: "~"         # for principals not listed: "~" = the OS account's home, "" = none
+    login: {pam_service: mcpd, token_ttl_seconds: 28800, free_failures: 2, base_delay_seconds: 0.5,
+            max_delay_seconds: 4, max_failures: 5, lockout_seconds: 900}   # password logins (SPEC §5.2)
+    limits:                        # per principal; 0 = unlimited (requests) / read.response_cap (bytes)
+      default: {requests_per_day: 0, max_file_bytes: 0}
+      tiers: {small: {requests_per_day: 100, max_file_bytes: 1048576}}
+      users: {alice: small}        # principal -> tier (login principals are named after the OS account)
+      save_every: 20               # counters hit disk every N requests and at shutdown
 """
 
 from __future__ import annotations
@@ -79,6 +86,38 @@ class Workers:
 
 
 @dataclasses.dataclass(frozen=True)
+class Login:
+    """Password logins (SPEC §5.2, issue 5): PAM service, token lifetime, lockout (seconds, counts)."""
+
+    pam_service: str = "mcpd"
+    token_ttl_seconds: float = 8 * 3600.0
+    free_failures: int = 2
+    base_delay_seconds: float = 0.5
+    max_delay_seconds: float = 4.0
+    max_failures: int = 5
+    lockout_seconds: float = 900.0
+
+
+@dataclasses.dataclass(frozen=True)
+class UserLimits:
+    """One tier of per-principal limits (issue 5): ``0`` means unlimited / the response cap."""
+
+    requests_per_day: int = 0
+    max_file_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Per-principal limits: ``default`` tier, named ``tiers``, ``users`` (principal → tier name);
+    counters are saved every ``save_every`` requests and at shutdown (see ``mcpd/limits.py``)."""
+
+    default: UserLimits = UserLimits()
+    tiers: dict[str, UserLimits] = dataclasses.field(default_factory=dict)
+    users: dict[str, str] = dataclasses.field(default_factory=dict)
+    save_every: int = 20
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """The whole daemon configuration; build it with :func:`load` or :func:`from_dict`."""
 
@@ -101,6 +140,8 @@ class Config:
     workers: Workers = Workers()
     workspaces: dict[str, str] = dataclasses.field(default_factory=dict)
     default_workspace: str = "~"
+    login: Login = Login()
+    limits: Limits = Limits()
 
 
 def _convert(value: Any, hint: Any, where: str) -> Any:
@@ -173,6 +214,15 @@ def _check_ranges(cfg: Config) -> None:
         "workers.per_account": cfg.workers.per_account,
         "workers.max_accounts": cfg.workers.max_accounts,
     }
+    positive.update({"login.max_failures": cfg.login.max_failures, "limits.save_every": cfg.limits.save_every})
+    for tier in (cfg.limits.default, *cfg.limits.tiers.values()):
+        if tier.requests_per_day < 0 or tier.max_file_bytes < 0:
+            raise ConfigError("limits: requests_per_day and max_file_bytes must not be negative")
+    for user, tier_name in cfg.limits.users.items():
+        if tier_name not in cfg.limits.tiers:
+            raise ConfigError(f"limits.users.{user}: unknown tier {tier_name!r}")
+    if min(cfg.login.token_ttl_seconds, cfg.login.lockout_seconds) <= 0 or cfg.login.base_delay_seconds < 0:
+        raise ConfigError("login: token_ttl_seconds and lockout_seconds must be positive")
     for name, value in positive.items():
         if value < 1:
             raise ConfigError(f"{name}: must be at least 1")
