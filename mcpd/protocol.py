@@ -112,14 +112,15 @@ class ToolPool(Protocol):
 
 
 class ResourceProvider(Protocol):
-    """Hook for ``resources/templates/list`` and ``resources/read`` (filled by a later issue)."""
+    """Hook for ``resources/templates/list`` and ``resources/read`` (``mcpd.resources.FileResources``)."""
 
     def list_templates(self) -> list[dict[str, Any]]:
         """The ``resourceTemplates`` list."""
         ...
 
-    async def read(self, ctx: RequestContext, uri: str) -> dict[str, Any]:
-        """The ``ReadResourceResult`` for ``uri``; raise :class:`RpcError` for an unknown or failed resource."""
+    async def read(self, ctx: RequestContext, uri: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The ``ReadResourceResult`` for ``uri`` (``params``: the whole ``resources/read`` params);
+        raise :class:`RpcError` for an unknown or failed resource."""
         ...
 
 
@@ -391,4 +392,4 @@ class McpSession:
         provider = self.dispatcher.resources
         if provider is None:
             raise RpcError(INVALID_PARAMS, "unknown resource")
-        return await provider.read(ctx, uri)
+        return await provider.read(ctx, uri, params)

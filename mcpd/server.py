@@ -24,6 +24,7 @@ from mcpd.config import EXIT_CONFIG, Config, ConfigError, load
 from mcpd.helper.client import HelperAuthenticator, HelperBackend, HelperClient, HelperSpawner
 from mcpd.privileged import PrivilegedBackend, Unavailable
 from mcpd.protocol import Dispatcher
+from mcpd.resources import FileResources
 from mcpd.transport.sse import SessionManager
 from mcpd.worker import LocalSpawner, Spawner, WorkerPool
 
@@ -94,7 +95,8 @@ class Server:
             return EXIT_CONFIG
         authenticator, spawner, backend = _backends(self.cfg)
         pool = WorkerPool(spawner, self.cfg)
-        dispatcher = Dispatcher(pool, backend)
+        resources = FileResources(pool, backend, self.cfg.workspaces, self.cfg.default_workspace)
+        dispatcher = Dispatcher(pool, backend, resources=resources)
         app = build_app(self.cfg, authenticator, dispatcher)
         sessions: SessionManager = app.state.sessions
         config = uvicorn.Config(
