@@ -19,6 +19,7 @@ is served by its own thread, at most :data:`MAX_CONNECTIONS` at once.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import logging
 import os
@@ -35,11 +36,14 @@ from collections.abc import Callable
 from typing import Any
 
 from mcpd import frames, identity, ops, sdnotify
-from mcpd.config import Config
+from mcpd.config import Config, ReadLimits
 from mcpd.errors import INTERNAL_ERROR, PERMISSION_DENIED, TIMEOUT, ToolError
 from mcpd.helper import grants, opener
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.grants_reload import PolicyHolder
+from mcpd.helper.issued import Issued, IssuedStore, store_path
+from mcpd.helper.lockout import Lockout, LockoutPolicy
+from mcpd.helper.pam_login import PamLogin
 from mcpd.helper.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 from mcpd.tools import TOOLS, deadline_seconds
 
@@ -112,6 +116,19 @@ class HelperState:
     policy: PolicyHolder
     workers: dict[int, subprocess.Popen[bytes]] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    issued: IssuedStore | None = None
+    login: PamLogin | None = None
+
+    def authenticate(self, token: str) -> tuple[identity.Principal, Issued | None] | None:
+        """The principal of a ``users.yaml`` token, or of a login token (named after its OS
+        account, with its :class:`Issued` record); ``None`` when neither knows it (SPEC §5)."""
+        principal = self.users.verify(token)
+        if principal is not None:
+            return principal, None
+        rec = self.issued.verify(token) if self.issued is not None else None
+        if rec is None:
+            return None
+        return identity.Principal(name=rec.os_user, os_user=rec.os_user, token_id=rec.id), rec
 
 
 class Refused(Exception):
@@ -131,10 +148,10 @@ def _str_field(req: dict[str, Any], name: str, limit: int = 4096) -> str:
 def handle_authenticate(state: HelperState, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
     """``{"type": "authenticate", "token"}`` → ``{"ok": true, "principal": {name, os_user, token_id}}``
     or ``{"ok": false}`` (SPEC §5.1). The token never leaves this process again."""
-    principal = state.users.verify(_str_field(req, "token"))
-    if principal is None:
+    found = state.authenticate(_str_field(req, "token"))
+    if found is None:
         return {"ok": False}
-    return {"ok": True, "principal": dataclasses.asdict(principal)}
+    return {"ok": True, "principal": dataclasses.asdict(found[0])}
 
 
 def _account(name: str) -> pwd.struct_passwd:
@@ -214,7 +231,8 @@ def handle_privileged_call(state: HelperState, req: dict[str, Any], conn: socket
            "peer": req.get("peer") if isinstance(req.get("peer"), str) else None}
     op = _str_field(req, "op", 64)
     tool = TOOLS.get(op)
-    principal = state.users.verify(token)
+    found = state.authenticate(token)
+    principal, login = found if found is not None else (None, None)
     if principal is None or tool is None:
         reason = "invalid token" if principal is None else "unknown tool"
         state.audit.record("reject", tool=op, decision="reject", reason=reason, **who)
@@ -228,8 +246,15 @@ def handle_privileged_call(state: HelperState, req: dict[str, Any], conn: socket
     requested = _request_path(args)
     groups = grants.os_groups(principal.os_user)
     policy = state.policy.policy
-    decision = grants.decide(policy, principal.os_user, groups, op, requested, grants.utcnow())
+    login_time = None if login is None else datetime.datetime.fromtimestamp(login.login_time, datetime.timezone.utc)
+    decision = grants.decide(policy, principal.os_user, groups, op, requested, grants.utcnow(),
+                             login_time=login_time, login_used=login is not None and login.reauth_used)
     record = dict(who, requested_path=requested, resolved_path=decision.resolved_path, grant=decision.rule)
+    if decision.reason == grants.REAUTH:
+        state.audit.record("reject", decision="reject", reason=decision.reason, **record)
+        return _error(ToolError(PERMISSION_DENIED, f"permission denied: {requested}: reauthentication required"
+                                f" by the grant; run: linuxctl login, then use the new token",
+                                path=requested, reason=grants.REAUTH))
     if not decision.allowed or decision.resolved_path is None:
         state.audit.record("reject", decision="reject", reason=decision.reason, **record)
         return _error(ToolError(PERMISSION_DENIED, f"permission denied: {requested}: {decision.reason}",
@@ -240,7 +265,13 @@ def handle_privileged_call(state: HelperState, req: dict[str, Any], conn: socket
     def allow(path: str) -> bool:
         return grants.covers(policy, principal.os_user, groups, op, path)
 
-    reply = run_in_child(state, op, args, decision.covers_root, allow)
+    if decision.reauth_after == 0 and login is not None and state.issued is not None:
+        state.issued.mark_reauth_used(login.id)  # reauth_after: 0 — one login, one call
+    cap = req.get("cap")
+    limits = state.cfg.read
+    if isinstance(cap, int) and not isinstance(cap, bool) and 0 < cap < limits.response_cap:
+        limits = dataclasses.replace(limits, response_cap=cap)  # the principal's max_file_bytes
+    reply = run_in_child(state, op, args, decision.covers_root, allow, limits)
     if reply.get("ok"):
         result = reply.get("result") or {}
         size = len(result.get("text", "").encode("utf-8", "surrogatepass")) if isinstance(result, dict) else 0
@@ -257,7 +288,8 @@ def _error(exc: ToolError) -> dict[str, Any]:
 
 
 def run_in_child(
-    state: HelperState, op: str, args: dict[str, Any], follow: bool, allow: Callable[[str], bool]
+    state: HelperState, op: str, args: dict[str, Any], follow: bool, allow: Callable[[str], bool],
+    limits: ReadLimits | None = None,
 ) -> dict[str, Any]:
     """Run one granted op in a forked child with the workers' deadline (seconds; for an op with
     ``time_budget_seconds``, that budget plus a margin); return its reply frame. A child past the
@@ -270,7 +302,7 @@ def run_in_child(
         try:
             parent.close()
             ctx = ops.OpContext(
-                limits=state.cfg.read,
+                limits=limits or state.cfg.read,
                 open_file=lambda p: opener.open_checked(p, follow_symlinks=follow),
                 open_dir=lambda p: opener.open_checked_dir(p, follow_symlinks=follow),
                 allow=allow,
@@ -300,6 +332,33 @@ def run_in_child(
         os.waitpid(pid, 0)
 
 
+def handle_pam_login(state: HelperState, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
+    """``{"type": "pam_login", "user", "password", "peer"}`` (SPEC §5.2): PAM auth + account check
+    off the main loop, lockout, then a login token. ``{"ok": true, "token", "expires", "os_user"}``
+    once, or ``{"ok": false}`` whatever went wrong (the reason is in the audit record only)."""
+    user = _str_field(req, "user", 64)
+    password = _str_field(req, "password", 4096)
+    peer = _str_field(req, "peer", 100)
+    if state.login is None:
+        return {"ok": False}
+    outcome = state.login.login(user, password, peer)
+    if outcome.token is None:
+        return {"ok": False}
+    return {"ok": True, "token": outcome.token, "expires": outcome.expires, "os_user": outcome.os_user}
+
+
+def handle_revoke(state: HelperState, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
+    """``{"type": "revoke", "token"}``: delete the login token itself (``linuxctl logout``).
+    ``{"ok": true}`` when it was a live login token, else ``{"ok": false}``."""
+    rec = state.issued.verify(_str_field(req, "token")) if state.issued is not None else None
+    if rec is None or state.issued is None:
+        return {"ok": False}
+    state.issued.revoke(rec.id)
+    state.audit.record("logout", tool="login", os_user=rec.os_user, token_id=rec.id, decision="accept",
+                       reason="revoked by its holder")
+    return {"ok": True}
+
+
 Handler = Callable[[HelperState, dict[str, Any], socket.socket], dict[str, Any]]
 
 #: The fixed request table (DESIGN.md: OpenSSH's monitor dispatch). Anything else is an alert.
@@ -308,6 +367,8 @@ REQUESTS: dict[str, Handler] = {
     "spawn_worker": handle_spawn_worker,
     "kill_worker": handle_kill_worker,
     "privileged_call": handle_privileged_call,
+    "pam_login": handle_pam_login,
+    "revoke": handle_revoke,
 }
 
 
@@ -413,6 +474,12 @@ def run(cfg: Config) -> int:
         log.error("grants file not loaded: %s", "; ".join(holder.last_errors))
         return 78
     state = HelperState(cfg=cfg, audit=audit, users=UsersHolder(cfg.users_file, audit), policy=holder)
+    os.makedirs(cfg.state_dir, exist_ok=True)
+    state.issued = IssuedStore(store_path(cfg.state_dir))
+    lc = cfg.login
+    lockout = Lockout(LockoutPolicy(lc.free_failures, lc.base_delay_seconds, lc.max_delay_seconds,
+                                    lc.max_failures, lc.lockout_seconds))
+    state.login = PamLogin(lc.pam_service, state.issued, lockout, audit, lc.token_ttl_seconds, state.users.os_users)
     flags = {"stop": False, "hup": False}
     signal.signal(signal.SIGTERM, lambda *_: flags.update(stop=True))
     signal.signal(signal.SIGINT, lambda *_: flags.update(stop=True))
