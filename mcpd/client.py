@@ -33,6 +33,7 @@ from httpx_sse import EventSource, SSEError, aconnect_sse
 PROTOCOL_VERSION = "2025-06-18"
 CLIENT_INFO = {"name": "mcpd-client", "version": "0.1.0"}
 T = TypeVar("T")
+ProgressHandler = Callable[[float, "float | None", "str | None"], None]
 
 
 class MCPClientError(Exception):
@@ -74,6 +75,15 @@ class RPCError(MCPClientError):
         super().__init__(f"{message} ({rpc_code})")
         self.rpc_code = rpc_code
         self.data = data
+
+
+class ResourceFailed(ToolFailed):
+    """A ``resources/read`` JSON-RPC error carrying a SPEC §2.5 code in ``data.code`` (exit 1);
+    ``rpc_code`` is the JSON-RPC code (``-32002`` for ``FILE_NOT_FOUND``)."""
+
+    def __init__(self, rpc_code: int, code: str, message: str, details: dict[str, Any]) -> None:
+        super().__init__(code, message, details, {})
+        self.rpc_code = rpc_code
 
 
 class ProtocolError(MCPClientError):
@@ -179,6 +189,7 @@ class Client:
         self._ssl = ssl_context(cafile)
         self._ids = itertools.count(1)
         self._pending: dict[int | str, asyncio.Future[dict[str, Any]]] = {}
+        self._progress: dict[str, ProgressHandler] = {}
         self._endpoint_ready: asyncio.Future[str] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._stack = contextlib.AsyncExitStack()
@@ -260,11 +271,22 @@ class Client:
         except ValueError:
             return
         for item in msg if isinstance(msg, list) else [msg]:
+            if isinstance(item, dict) and item.get("method") == "notifications/progress":
+                self._on_progress(item.get("params"))
+                continue
             if not isinstance(item, dict) or "method" in item:
-                continue  # server-initiated requests and notifications are not used by mcpd
+                continue  # server-initiated requests and other notifications are not used by mcpd
             fut = self._pending.pop(item.get("id"), None)  # type: ignore[arg-type]
             if fut is not None and not fut.done():
                 fut.set_result(item)
+
+    def _on_progress(self, params: Any) -> None:
+        if not isinstance(params, dict):
+            return
+        handler = self._progress.get(params.get("progressToken"))  # type: ignore[arg-type]
+        if handler is not None:
+            message = params.get("message")
+            handler(params.get("progress", 0), params.get("total"), message if isinstance(message, str) else None)
 
     def _fail_all(self, reason: MCPClientError) -> None:
         if self._closed_reason is None:
@@ -363,23 +385,76 @@ class Client:
         return tools
 
     async def call_tool(self, name: str, arguments: dict[str, Any], *, check: bool = True,
-                        timeout: float | None = None) -> dict[str, Any]:
+                        timeout: float | None = None, on_progress: ProgressHandler | None = None) -> dict[str, Any]:
         """``tools/call``; returns the ``CallToolResult`` mapping (SPEC §2.5).
 
         Args:
             check: raise :class:`ToolFailed` (code from ``structuredContent.error.code``) when the
                 result has ``isError: true``; with ``False`` the error result is returned as is.
+            timeout: seconds to wait for the answer (default: the client's).
+            on_progress: called as ``(progress, total | None, message | None)`` for each
+                ``notifications/progress`` of this call (a ``_meta.progressToken`` is sent).
         """
-        result = await self.request("tools/call", {"name": name, "arguments": arguments}, timeout)
+        params: dict[str, Any] = {"name": name, "arguments": arguments}
+        token = None
+        if on_progress is not None:
+            token = f"progress-{next(self._ids)}"
+            self._progress[token] = on_progress
+            params["_meta"] = {"progressToken": token}
+        try:
+            result = await self.request("tools/call", params, timeout)
+        finally:
+            if token is not None:
+                self._progress.pop(token, None)
         if not isinstance(result, dict):
             raise ProtocolError("tools/call returned no result object")
         if check and result.get("isError"):
             raise tool_failure(result)
         return result
 
-    async def read_resource(self, uri: str, timeout: float | None = None) -> dict[str, Any]:
-        """``resources/read`` of ``uri``; returns the result (``contents`` list)."""
-        return await self.request("resources/read", {"uri": uri}, timeout)  # type: ignore[no-any-return]
+    async def read_resource(
+        self, uri: str, encoding: str | None = None, include_metadata: bool = False,
+        line_range: tuple[int | None, int | None] | None = None, privileged: bool = False,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """``resources/read`` of a ``file:`` URI (issue 4); safe to run many at once
+        (``asyncio.gather``) on one client: answers are matched by id.
+
+        Args:
+            uri: ``file:///abs/path`` (or ``file:relative/path`` inside the workspace); a query
+                such as ``?start_line=5&end_line=9&encoding=latin-1`` also works.
+            encoding: ``utf-8``, ``ascii``, ``latin-1``, ``cp1252``, ``utf-16`` or ``auto``.
+            include_metadata: ask for ``_meta`` (size, lines, encoding, language, sha256 ...).
+            line_range: ``(start, end)`` lines, 1-based and inclusive; ``None`` for an open end.
+            privileged: read through an mcp-sudo.yaml grant (SPEC §4).
+
+        Returns: the first ``contents`` item: ``{"uri", "mimeType", "text", "_meta"?}``.
+        Raises: :class:`ResourceFailed` (``.code`` is the SPEC §2.5 code), :class:`RPCError`, and
+            the transport errors.
+        """
+        params: dict[str, Any] = {"uri": uri, "includeMetadata": include_metadata}
+        if encoding is not None:
+            params["encoding"] = encoding
+        if line_range is not None:
+            start, end = line_range
+            params["lineRange"] = {k: v for k, v in (("start", start), ("end", end)) if v is not None}
+        if privileged:
+            params["privileged"] = True
+        try:
+            result = await self.request("resources/read", params, timeout)
+        except RPCError as exc:
+            data = exc.data if isinstance(exc.data, dict) else {}
+            code, details = data.get("code"), data.get("details")
+            if not isinstance(code, str):
+                raise
+            message = data.get("message")
+            raise ResourceFailed(exc.rpc_code, code, message if isinstance(message, str) else exc.message,
+                                 details if isinstance(details, dict) else {}) from None
+        contents = result.get("contents") if isinstance(result, dict) else None
+        if not isinstance(contents, list) or not contents or not isinstance(contents[0], dict):
+            raise ProtocolError("resources/read returned no contents")
+        item: dict[str, Any] = contents[0]
+        return item
 
     async def list_resource_templates(self) -> list[dict[str, Any]]:
         """``resources/templates/list``: the ``resourceTemplates`` list."""
@@ -428,6 +503,12 @@ def run_sync(url: str, token: str, cafile: str | None, fn: Callable[[Client], Aw
             return await fn(c)
 
     return asyncio.run(go())
+
+
+def read_resource_sync(url: str, token: str, cafile: str | None, uri: str, timeout: float = 30.0,
+                       **options: Any) -> dict[str, Any]:
+    """Blocking :meth:`Client.read_resource` (``options``: its keyword arguments) for scripts."""
+    return run_sync(url, token, cafile, lambda c: c.read_resource(uri, **options), timeout)
 
 
 def call_tool_sync(url: str, token: str, cafile: str | None, name: str, arguments: dict[str, Any],
