@@ -1,6 +1,11 @@
 """``linuxctl``: the command-line client of mcpd (SPEC §6).
 
     linuxctl get files PATH [--start-line N] [--end-line N] [--offset N] [--limit N] [--privileged]
+    linuxctl list files DIR [--limit N] [--privileged]
+    linuxctl find files ROOT [--name GLOB] [--type T] [--max-depth N] [--max-results N]
+                             [--time-budget S] [--progress] [--privileged]
+    linuxctl get filetype PATH [--privileged]
+    linuxctl read URI [--start-line N] [--end-line N] [--encoding E] [--metadata] [--privileged]
     linuxctl tools [--json]
     linuxctl call TOOL ['{"json": "object"}'] [--arg key=value ...]
 
@@ -164,6 +169,98 @@ def get_files(settings: Settings, path: str, start_line: int | None, end_line: i
         args["privileged"] = True
     result = run(settings, lambda c: c.call_tool("files/read", args))
     write_out(text_of(result).encode("utf-8"))
+
+
+def print_text(result: dict[str, Any]) -> None:
+    """Print a listing-style result's text with exactly one final newline."""
+    text = text_of(result)
+    write_out((text if text.endswith("\n") else text + "\n").encode("utf-8"))
+
+
+@get.command("filetype")
+@click.argument("path")
+@click.option("--privileged", is_flag=True, help="Look through a sudo-style grant (SPEC §4)")
+@click.pass_obj
+def get_filetype(settings: Settings, path: str, privileged: bool) -> None:
+    """Print what the files/filetype tool says about PATH (MIME type, encoding, line endings)."""
+    args: dict[str, Any] = {"path": path, "privileged": privileged}
+    print_text(run(settings, lambda c: c.call_tool("files/filetype", args)))
+
+
+@main.group("list")
+def list_group() -> None:
+    """List things on the server."""
+
+
+@list_group.command("files")
+@click.argument("directory")
+@click.option("--limit", type=click.IntRange(min=1), help="At most this many entries")
+@click.option("--privileged", is_flag=True, help="List through a sudo-style grant (SPEC §4)")
+@click.pass_obj
+def list_files(settings: Settings, directory: str, limit: int | None, privileged: bool) -> None:
+    """Print DIRECTORY's entries as the files/list tool returns them (hidden ones included)."""
+    args: dict[str, Any] = {"path": directory, "privileged": privileged}
+    if limit is not None:
+        args["limit"] = limit
+    print_text(run(settings, lambda c: c.call_tool("files/list", args)))
+
+
+@main.group("find")
+def find_group() -> None:
+    """Search the server."""
+
+
+@find_group.command("files")
+@click.argument("root")
+@click.option("--name", help="Glob on entry names (* ? [...])")
+@click.option("--type", "kind", type=click.Choice(["file", "dir", "symlink", "fifo", "socket", "char", "block"]))
+@click.option("--max-depth", type=click.IntRange(min=1), help="Levels below ROOT (1 = its own entries)")
+@click.option("--max-results", type=click.IntRange(min=1, max=10000), help="Stop after this many matches")
+@click.option("--time-budget", type=click.FloatRange(min=0.1, max=60), help="Seconds the search may take")
+@click.option("--progress", is_flag=True, help="Show progress on stderr while the server walks")
+@click.option("--privileged", is_flag=True, help="Search through a sudo-style grant (SPEC §4)")
+@click.pass_obj
+def find_files(settings: Settings, root: str, name: str | None, kind: str | None, max_depth: int | None,
+               max_results: int | None, time_budget: float | None, progress: bool, privileged: bool) -> None:
+    """Print the paths below ROOT that match, one per line, then a summary line."""
+    args: dict[str, Any] = {"root": root, "privileged": privileged}
+    for key, value in (("name", name), ("type", kind), ("max_depth", max_depth), ("max_results", max_results),
+                       ("time_budget_seconds", time_budget)):
+        if value is not None:
+            args[key] = value
+    wait = max(settings.timeout, (time_budget or 10.0) + 15.0)  # the server may use the whole budget
+
+    def show(done: float, total: float | None, message: str | None) -> None:
+        click.echo(f"progress: {message or int(done)}", err=True)
+
+    print_text(run(settings, lambda c: c.call_tool("files/find", args, timeout=wait,
+                                                   on_progress=show if progress else None)))
+
+
+@main.command("read")
+@click.argument("uri")
+@click.option("--start-line", type=click.IntRange(min=1), help="First line (1-based)")
+@click.option("--end-line", type=click.IntRange(min=1), help="Last line (inclusive)")
+@click.option("--encoding", help="utf-8 (default), ascii, latin-1, cp1252, utf-16 or auto")
+@click.option("--metadata", is_flag=True, help="Print one JSON object: uri, mimeType, text, metadata")
+@click.option("--privileged", is_flag=True, help="Read through a sudo-style grant (SPEC §4)")
+@click.pass_obj
+def read_uri(settings: Settings, uri: str, start_line: int | None, end_line: int | None, encoding: str | None,
+             metadata: bool, privileged: bool) -> None:
+    """Read the resource URI (file:///abs/path or file:relative/path in the workspace).
+
+    Prints the text exactly (no extra newline); with --metadata, one JSON object instead.
+    """
+    line_range = (start_line, end_line) if start_line is not None or end_line is not None else None
+    item = run(settings, lambda c: c.read_resource(uri, encoding=encoding, include_metadata=metadata,
+                                                   line_range=line_range, privileged=privileged))
+    if metadata:
+        out = {"uri": item.get("uri"), "mimeType": item.get("mimeType"), "text": item.get("text"),
+               "metadata": item.get("_meta")}
+        click.echo(json.dumps(out, indent=2, ensure_ascii=False))
+        return
+    text = item.get("text")
+    write_out((text if isinstance(text, str) else "").encode("utf-8"))
 
 
 @main.command("tools")
