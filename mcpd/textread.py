@@ -241,7 +241,7 @@ def _window(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimit
     if limit is None and (more or end < start + len(data)):
         seen = start + len(got)
         total = st.st_size if st.st_size >= seen else None
-        sep = "" if not text or text.endswith("\n") else "\n"
+        sep = "\n" if text else ""  # always one added line break: the agent strips exactly it
         text = text + sep + _warning(args, first, end, total)
     return text, win.codec, {"byteRange": {"start": first, "end": end}}
 

@@ -80,8 +80,8 @@ def mk(tmp_path: Path, data: bytes, name: str = "f.txt") -> Path:
     return p
 
 
-WARNING = re.compile(
-    r"\n?\[WARNING: File truncated: showed bytes (\d+)-(\d+) of (.*?)\. "
+WARNING = re.compile(  # the warning is its own line: one "\n" separates it from any text before it
+    r"(?:^|\n)\[WARNING: File truncated: showed bytes (\d+)-(\d+) of (.*?)\. "
     r"To read more, call files/read with (\{.*\})\]$"
 )
 
@@ -154,6 +154,17 @@ def test_default_mode_cut_back_to_whole_character_and_continuity(daemon: Daemon,
     q = mk(tmp_path, multi, "multi.txt")
     got, calls = follow(daemon, {"path": str(q)})
     assert got == multi.decode() and calls == 6
+
+
+def test_default_mode_warning_separator_unambiguous_when_cut_after_newline(daemon: Daemon, tmp_path: Path) -> None:
+    """A cut right after a line's ``\n``: the warning line still follows one added ``\n``, so an
+    agent strips exactly one line break before ``[WARNING`` and never loses a newline of the file."""
+    data = b"".join(b"row %011d\n" % i for i in range(1500))  # 16-byte lines: 10240 ends on a newline
+    p = mk(tmp_path, data)
+    answer = read(daemon, p)
+    assert answer == data[:10240].decode() + "\n" + warning_line(0, 10239, 24000, {"path": str(p), "offset": 10240})
+    got, calls = follow(daemon, {"path": str(p)})
+    assert (got, calls) == (data.decode(), 3)
 
 
 # --- byte mode ----------------------------------------------------------------------------------
