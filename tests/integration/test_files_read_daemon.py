@@ -174,7 +174,8 @@ def test_byte_mode_offset_alone_10240_bytes_with_warning(daemon: Daemon, tmp_pat
     data = bytes(range(32, 127)) * 400  # 38000 bytes
     p = mk(tmp_path, data)
     answer = read(daemon, p, offset=100)
-    assert answer == data[100:10340].decode() + "\n" + warning_line(100, 10339, 38000, {"path": str(p), "offset": 10340})
+    nxt = {"path": str(p), "offset": 10340}
+    assert answer == data[100:10340].decode() + "\n" + warning_line(100, 10339, 38000, nxt)
     got, _ = follow(daemon, {"path": str(p), "offset": 100})
     assert got == data[100:].decode()
     assert read(daemon, p, offset=30000) == data[30000:].decode()  # nothing remains: no warning
@@ -369,10 +370,29 @@ def test_file_size_not_trusted_sparse_file_range_deep_inside(daemon: Daemon, tmp
         f.seek(10 * 1024**3)  # reports 10 GiB, holds almost nothing
         f.write(b"tail line\n")
     size = p.stat().st_size
-    tail, middle, whole = results(daemon, {"path": str(p), "offset": size - 10}, {"path": str(p), "offset": size - 5, "limit": 3},
-                                  {"path": str(p), "offset": 0, "limit": size})
+    tail, middle, whole = results(
+        daemon, {"path": str(p), "offset": size - 10}, {"path": str(p), "offset": size - 5, "limit": 3},
+        {"path": str(p), "offset": 0, "limit": size})
     assert (ok(tail), ok(middle)) == ("tail line\n", "lin")
     assert err(whole, "FILE_TOO_LARGE")["details"]["size"] == size
+
+
+def test_file_size_not_trusted_growing_file_cut_at_cap(daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """A writer appends while the daemon reads the file to its end: no answer is over the cap."""
+    d = daemon_factory(read={"response_cap": 65536})
+    p = mk(tmp_path, b"start\n")
+    writer = subprocess.Popen([sys.executable, "-c", "import sys\nf=open(sys.argv[1],'ab',buffering=0)\n"
+                               "for _ in range(4000): f.write(b'g'*99+b'\\n')", str(p)])
+    try:
+        for r in results(d, *([{"path": str(p), "start_line": 1}] * 20)):
+            if r.get("isError"):
+                assert err(r, "FILE_TOO_LARGE")["details"]["limit"] == 65536
+            else:
+                text = ok(r)
+                assert len(text) <= 65536 and text.startswith("start\n")
+    finally:
+        writer.wait(timeout=60)
+    assert fail(d, p, "FILE_TOO_LARGE", start_line=1)["details"]["size"] > 65536
 
 
 # --- non-regular files --------------------------------------------------------------------------
@@ -407,7 +427,8 @@ def test_non_regular_fifo_with_silent_writer_never_hangs(daemon: Daemon, tmp_pat
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     writer = subprocess.Popen(  # holds the FIFO open for writing and never writes
-        [sys.executable, "-c", "import os,sys,time\nfd=os.open(sys.argv[1], os.O_RDWR)\nprint('ready', flush=True)\ntime.sleep(120)",
+        [sys.executable, "-c",
+         "import os,sys,time\nfd=os.open(sys.argv[1], os.O_RDWR)\nprint('ready', flush=True)\ntime.sleep(120)",
          str(fifo)], stdout=subprocess.PIPE)
     try:
         assert writer.stdout is not None and writer.stdout.readline() == b"ready\n"
@@ -497,7 +518,8 @@ def _status_kb(pid: int, key: str) -> int:
 
 
 @pytest.mark.slow
-def test_memory_1gb_file_line_in_middle_and_file_too_large(daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+def test_memory_1gb_file_line_in_middle_and_file_too_large(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
     if shutil.disk_usage(tmp_path).free < 3 * GIB:
         pytest.skip("needs 3 GB of free disk space")
     d = daemon_factory(workers={"per_account": 1, "timeout_seconds": 120})
