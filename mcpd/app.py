@@ -5,8 +5,9 @@ Order of the stack, outermost first (read it top to bottom in :func:`build_app`)
 1. ``OriginMiddleware`` — an ``Origin`` header not in ``allowed_origins`` → ``403`` (SPEC §1.3).
 2. ``AuthenticationMiddleware`` with :class:`BearerBackend` — no or bad bearer token on any route
    → ``401`` with ``WWW-Authenticate: Bearer`` (SPEC §1.3); tokens in the query string are ignored.
-3. The router: ``GET /sse`` and ``POST /message`` (``mcpd.transport.sse``), at the root and, when
-   set, also under ``base_path``.
+3. The router: ``GET /sse`` and ``POST /message`` (``mcpd.transport.sse``), ``POST /login`` and
+   ``POST /logout`` (``mcpd.transport.login``; ``/login`` alone needs no bearer), at the root and,
+   when set, also under ``base_path``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mcpd.auth import Authenticator, parse_bearer
 from mcpd.config import Config
 from mcpd.protocol import Dispatcher
+from mcpd.transport.login import LoginBackend, LoginRoutes, NoLogin
 from mcpd.transport.sse import McpUser, SessionManager, Transport
 
 
@@ -53,11 +55,14 @@ class BearerBackend(AuthenticationBackend):
     Raises ``AuthenticationError`` (→ 401) for a missing, malformed, unknown or expired token.
     """
 
-    def __init__(self, authenticator: Authenticator) -> None:
+    def __init__(self, authenticator: Authenticator, open_paths: frozenset[str] = frozenset()) -> None:
         self.authenticator = authenticator
+        self.open_paths = open_paths
 
-    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, McpUser]:
+    async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, McpUser] | None:
         token = parse_bearer(conn.headers.get("authorization"))
+        if token is None and conn.scope.get("path") in self.open_paths:
+            return None  # POST /login: the password is the credential (SPEC §5.2)
         if token is None:
             raise AuthenticationError("bearer token required")
         principal = await self.authenticator.authenticate(token)
@@ -71,24 +76,29 @@ def unauthorized(conn: HTTPConnection, exc: AuthenticationError) -> Response:
     return PlainTextResponse(str(exc), status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
 
-def build_app(cfg: Config, authenticator: Authenticator, dispatcher: Dispatcher) -> Starlette:
+def build_app(
+    cfg: Config, authenticator: Authenticator, dispatcher: Dispatcher, login: LoginBackend | None = None
+) -> Starlette:
     """Assemble the front: middleware stack (outermost first) and routes.
 
     Args:
         cfg: validated daemon config.
         authenticator: token → principal.
         dispatcher: tools and resources for every session.
+        login: password logins (``POST /login``, ``/logout``); ``None`` → 503 (no helper).
 
     The session table is exposed as ``app.state.sessions`` (closed on shutdown by the server).
     """
     manager = SessionManager(cfg, dispatcher)
     transport = Transport(cfg, manager)
-    routes: list[BaseRoute] = list(transport.routes())
+    logins = LoginRoutes(login or NoLogin())
+    routes: list[BaseRoute] = [*transport.routes(), *logins.routes()]
     if cfg.base_path:
-        routes.append(Mount(cfg.base_path, routes=transport.routes()))
+        routes.append(Mount(cfg.base_path, routes=transport.routes() + logins.routes()))
+    open_paths = frozenset({"/login", f"{cfg.base_path}/login"})
     middleware = [
         Middleware(OriginMiddleware, allowed_origins=cfg.allowed_origins),
-        Middleware(AuthenticationMiddleware, backend=BearerBackend(authenticator), on_error=unauthorized),
+        Middleware(AuthenticationMiddleware, backend=BearerBackend(authenticator, open_paths), on_error=unauthorized),
     ]
     app = Starlette(routes=routes, middleware=middleware)
     app.state.sessions = manager

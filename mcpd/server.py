@@ -25,6 +25,8 @@ from mcpd.helper.client import HelperAuthenticator, HelperBackend, HelperClient,
 from mcpd.privileged import PrivilegedBackend, Unavailable
 from mcpd.protocol import Dispatcher
 from mcpd.resources import FileResources
+from mcpd.transport.login import HelperLogin, NoLogin
+from mcpd.transport.revalidate import revalidate_forever
 from mcpd.transport.sse import SessionManager
 from mcpd.worker import LocalSpawner, Spawner, WorkerPool
 
@@ -97,7 +99,9 @@ class Server:
         pool = WorkerPool(spawner, self.cfg)
         resources = FileResources(pool, backend, self.cfg.workspaces, self.cfg.default_workspace)
         dispatcher = Dispatcher(pool, backend, resources=resources)
-        app = build_app(self.cfg, authenticator, dispatcher)
+        login = HelperLogin(HelperClient(self.cfg.helper_socket, frames.HELPER_REQUEST_CAP)) \
+            if self.cfg.helper_socket else NoLogin()
+        app = build_app(self.cfg, authenticator, dispatcher, login)
         sessions: SessionManager = app.state.sessions
         config = uvicorn.Config(
             app,
@@ -115,9 +119,11 @@ class Server:
         config.load()
         config.ssl = context  # same files, plus the TLS 1.2 floor uvicorn has no option for
         server = _NotifyingServer(config)
+        revalidation = asyncio.create_task(revalidate_forever(sessions, authenticator))
         try:
             await server.serve()
         finally:
+            revalidation.cancel()
             sessions.close_all()
             await pool.close()
         return 0 if server.started else 1

@@ -70,6 +70,7 @@ class SseSession:
     ) -> None:
         self.id = session_id
         self.principal = principal
+        self.token = ""  # the bearer that opened it, re-checked every second (mcpd/transport/revalidate.py)
         self.closed = False
         self._manager = manager
         self._queue: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
@@ -131,12 +132,14 @@ class SessionManager:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def open(self, principal: Principal) -> SseSession | None:
-        """Create a session owned by ``principal``; ``None`` when ``max_sessions`` are open."""
+    def open(self, principal: Principal, token: str = "") -> SseSession | None:
+        """Create a session owned by ``principal`` opened with bearer ``token`` (kept in memory only,
+        so a revoked or rotated token closes it); ``None`` when ``max_sessions`` are open."""
         if len(self._sessions) >= self._cfg.max_sessions:
             return None
         sid = secrets.token_hex(16)
         session = SseSession(sid, principal, self._cfg.session_queue_size, self, self._dispatcher)
+        session.token = token
         self._sessions[sid] = session
         return session
 
@@ -151,6 +154,10 @@ class SessionManager:
         """Close ``session`` and forget it."""
         self._sessions.pop(session.id, None)
         session.close()
+
+    def sessions(self) -> list[SseSession]:
+        """A snapshot of the open sessions."""
+        return list(self._sessions.values())
 
     def close_all(self) -> None:
         """Close every session (server shutdown)."""
@@ -212,7 +219,7 @@ class Transport:
     async def sse(self, request: Request) -> Response:
         """``GET /sse`` (SPEC §1.2): open a session; ``503`` when ``max_sessions`` are open."""
         user: McpUser = request.user
-        session = self.manager.open(user.principal)
+        session = self.manager.open(user.principal, user.token)
         if session is None:
             return PlainTextResponse("too many sessions", status_code=503)
         endpoint = f"{self.cfg.base_path}/message?session_id={session.id}"
