@@ -32,6 +32,7 @@ Choices (written down for SPEC's notes):
 from __future__ import annotations
 
 import mimetypes
+import posixpath
 import pwd
 import urllib.parse
 from collections.abc import Mapping
@@ -71,9 +72,21 @@ def rpc_error(exc: ToolError) -> RpcError:
     return RpcError(code, exc.message, exc.to_dict())
 
 
+#: Extensions the host's mime.types may lack (checked first, so the answer does not depend on it).
+_MIME_BY_SUFFIX: dict[str, str] = {
+    ".yaml": "application/yaml", ".yml": "application/yaml", ".md": "text/markdown", ".toml": "application/toml",
+    ".json": "application/json", ".py": "text/x-python", ".sh": "text/x-shellscript", ".log": "text/plain",
+    ".conf": "text/plain", ".cfg": "text/plain", ".ini": "text/plain", ".txt": "text/plain",
+}
+
+
 def mime_type(path: str) -> str:
-    """A MIME type from ``path``'s extension; ``text/plain`` when unknown."""
-    guessed, _ = mimetypes.guess_type(path, strict=False)
+    """A MIME type from ``path``'s extension (a small built-in table, then ``mimetypes``);
+    ``text/plain`` when unknown."""
+    suffix = posixpath.splitext(path)[1].lower()
+    if suffix in _MIME_BY_SUFFIX:
+        return _MIME_BY_SUFFIX[suffix]
+    guessed, _ = mimetypes.guess_type(posixpath.basename(path), strict=False)
     return guessed or "text/plain"
 
 
