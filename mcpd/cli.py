@@ -193,6 +193,10 @@ from mcpd.grants_cli import audit, grants  # noqa: E402
 main.add_command(grants)
 main.add_command(audit)
 
+from mcpd.sessions_cli import sessions  # noqa: E402
+
+users.add_command(sessions)
+
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -8,6 +8,8 @@
     linuxctl read URI [--start-line N] [--end-line N] [--encoding E] [--metadata] [--privileged]
     linuxctl tools [--json]
     linuxctl call TOOL ['{"json": "object"}'] [--arg key=value ...]
+    linuxctl login [--user U] [--password-stdin]     # prints export MCP_TOKEN=... (SPEC §5.2)
+    linuxctl logout                                  # revokes the login token in use
 
 The server, token and CA come from ``--url/--token/--cacert``, else ``MCPD_URL``/``MCP_TOKEN``/
 ``MCPD_CACERT``, else the config file ``$XDG_CONFIG_HOME/linuxctl/config.yaml`` (default
@@ -320,6 +322,63 @@ def call(settings: Settings, tool: str, arguments_json: str | None, pairs: tuple
     click.echo(json.dumps(result, indent=2, ensure_ascii=False))
     if result.get("isError"):
         fail(tool_failure(result))
+
+
+
+# --- login / logout (SPEC §5.2, issue 5); code in mcpd/login_client.py ---------------------------
+
+
+@main.command("login")
+@click.option("--user", "user", help="OS account to log in as [default: the current user]")
+@click.option("--password-stdin", is_flag=True, help="Read the password from standard input (first line)")
+@click.pass_obj
+def login_cmd(settings: Settings, user: str | None, password_stdin: bool) -> None:
+    """Log in with your OS password; prints `export MCP_TOKEN=...` (use: eval "$(linuxctl login)").
+
+    The token expires (8 h by default) and is printed only, never written to disk by linuxctl.
+    """
+    import getpass
+
+    from mcpd import login_client
+
+    name = user or getpass.getuser()
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = getpass.getpass(f"password for {name}: ")
+    try:
+        url, cacert = _server(settings)
+        answer = login_client.login(url, name, password, cacert, timeout=max(settings.timeout, 60.0))
+    except MCPClientError as exc:
+        fail(exc)
+    click.echo(f"export MCP_TOKEN={answer['token']}")
+    click.echo(f"logged in as {answer.get('user')}; token expires at UNIX time {int(answer.get('expires') or 0)}",
+               err=True)
+
+
+@main.command("logout")
+@click.pass_obj
+def logout_cmd(settings: Settings) -> None:
+    """Revoke the login token in use (MCP_TOKEN, --token or the config file)."""
+    from mcpd import login_client
+
+    try:
+        url, token, cacert = resolve(settings)
+        login_client.logout(url, token, cacert, timeout=settings.timeout)
+    except MCPClientError as exc:
+        fail(exc)
+    click.echo("logged out", err=True)
+
+
+def _server(settings: Settings) -> tuple[str, str | None]:
+    """``(url, cacert)`` from the options, environment or config file (no token needed)."""
+    url, cacert = settings.url, settings.cacert
+    if not (url and cacert):
+        file = load_config_file(config_path())
+        url, cacert = url or file.get("url"), cacert or file.get("cacert")
+    if not url:
+        raise UsageError("no server URL: use --url, MCPD_URL or the config file")
+    return url, cacert or None
 
 
 if __name__ == "__main__":  # pragma: no cover

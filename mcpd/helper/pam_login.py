@@ -58,7 +58,10 @@ class PamLogin:
     Args:
         service: the PAM service name (``mcpd``; tests install a uniquely named copy).
         store: where issued tokens go.
-        lockout: per-user and per-address failure tracking.
+        lockout: per-user failure tracking (keys ``user:NAME``).
+        peers: per-address failure tracking (keys ``peer:ADDRESS``); give it higher thresholds
+            than ``lockout``, so one account's guesser locks out that account long before its
+            address, and other operators behind the same address go on working.
         audit: one record per attempt: ``login`` (accept) or ``reject`` with ``pam_code``.
         ttl_seconds: lifetime of an issued token.
         enrolled: returns the OS accounts allowed to log in (those bound to a principal in
@@ -66,10 +69,11 @@ class PamLogin:
     """
 
     def __init__(self, service: str, store: IssuedStore, lockout: Lockout, audit: AuditLog,
-                 ttl_seconds: float, enrolled: Callable[[], set[str]]) -> None:
+                 ttl_seconds: float, enrolled: Callable[[], set[str]], peers: Lockout | None = None) -> None:
         self.service = service
         self.store = store
         self.lockout = lockout
+        self.peers = peers or Lockout(lockout.policy)
         self.audit = audit
         self.ttl_seconds = ttl_seconds
         self.enrolled = enrolled
@@ -89,11 +93,11 @@ class PamLogin:
             :class:`LoginOutcome`; ``token is None`` for every kind of failure (bad password,
             locked or expired account, unknown or unenrolled account, lockout, root).
         """
-        keys = [f"user:{user}", f"peer:{peer.rsplit(':', 1)[0]}"]
-        wait = self.lockout.locked(keys)
+        ukeys, pkeys = [f"user:{user}"], [f"peer:{peer}"]
+        wait = max(self.lockout.locked(ukeys), self.peers.locked(pkeys))
         if wait > 0:
             return self._reject(user, peer, f"locked out for {int(wait) + 1} s after repeated failures")
-        delay = self.lockout.delay_for(keys)
+        delay = max(self.lockout.delay_for(ukeys), self.peers.delay_for(pkeys))
         if delay > 0:
             time.sleep(delay)  # this connection's thread only; no lock held
         try:
@@ -106,7 +110,8 @@ class PamLogin:
         except concurrent.futures.TimeoutError:
             ok, code, reason = False, -1, "PAM did not answer in time"
         if not ok:
-            self.lockout.failure(keys)
+            self.lockout.failure(ukeys)
+            self.peers.failure(pkeys)
             return self._reject(user, peer, f"pam: {reason}", code)
         if uid == 0:
             return self._reject(user, peer, "root may not log in; use grants", code)
@@ -116,7 +121,7 @@ class PamLogin:
             token, rec = self.store.issue(user, self.ttl_seconds, peer)
         except (StoreError, OSError) as exc:
             return self._reject(user, peer, f"token store: {exc}")
-        self.lockout.success(keys[:1])
+        self.lockout.success(ukeys)
         self.audit.record("login", tool="login", os_user=user, peer=peer, decision="accept",
                           reason="pam: Success", token_id=rec.id, expires=int(rec.expires))
         return LoginOutcome(token, rec.expires, user)

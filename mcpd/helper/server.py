@@ -479,7 +479,10 @@ def run(cfg: Config) -> int:
     lc = cfg.login
     lockout = Lockout(LockoutPolicy(lc.free_failures, lc.base_delay_seconds, lc.max_delay_seconds,
                                     lc.max_failures, lc.lockout_seconds))
-    state.login = PamLogin(lc.pam_service, state.issued, lockout, audit, lc.token_ttl_seconds, state.users.os_users)
+    peers = Lockout(LockoutPolicy(lc.free_failures * 4, lc.base_delay_seconds, lc.max_delay_seconds,
+                                  lc.max_failures * 4, lc.lockout_seconds))  # an address may hold several operators
+    state.login = PamLogin(lc.pam_service, state.issued, lockout, audit, lc.token_ttl_seconds, state.users.os_users,
+                           peers)
     flags = {"stop": False, "hup": False}
     signal.signal(signal.SIGTERM, lambda *_: flags.update(stop=True))
     signal.signal(signal.SIGINT, lambda *_: flags.update(stop=True))
