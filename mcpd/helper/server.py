@@ -274,7 +274,8 @@ def handle_privileged_call(state: HelperState, req: dict[str, Any], conn: socket
     reply = run_in_child(state, op, args, decision.covers_root, allow, limits)
     if reply.get("ok"):
         result = reply.get("result") or {}
-        size = len(result.get("text", "").encode("utf-8", "surrogatepass")) if isinstance(result, dict) else 0
+        text = result.get("text") if isinstance(result, dict) else None  # files/filetype's "text" is a bool
+        size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else 0
         state.audit.record("accept", decision="accept", reason="granted", bytes=size, **record)
         return {"ok": True, "result": result}
     error = ToolError.from_dict(reply.get("error"))
