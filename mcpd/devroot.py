@@ -122,8 +122,10 @@ def check_reachable(folder: Path, account: pwd.struct_passwd) -> None:
 
 def example_grants(folder: Path) -> dict[str, object]:
     """The example ``mcp-sudo.yaml`` (SPEC §4.2): ``mcpd-dev`` may read and list ``folder``."""
-    rule = {"allowed": True, "paths": [str(folder)]}
-    return {"users": {DEV_ACCOUNT: {"privileged": {"tools": {"files/read": rule, "files/list": dict(rule)}}}}}
+    def rule() -> dict[str, object]:  # a fresh mapping per tool, so the YAML has no anchors
+        return {"allowed": True, "paths": [str(folder)]}
+
+    return {"users": {DEV_ACCOUNT: {"privileged": {"tools": {"files/read": rule(), "files/list": rule()}}}}}
 
 
 def setup_root_state(state: DevState) -> RootSetup:
@@ -226,8 +228,9 @@ def start_helper(setup: RootSetup) -> Callable[[], None]:
 def print_routes(state: DevState, out: TextIO) -> None:
     """Print one line showing the ordinary and the privileged route to the example's sample file."""
     sample = state.state_dir / "root-only" / "secret.txt"
-    out.write(f"# as {DEV_ACCOUNT}: linuxctl get files {sample}  -> PERMISSION_DENIED;"
-              f"  linuxctl get files --privileged {sample}  -> its content (grant in mcp-sudo.yaml)\n")
+    out.write(f"# the dev token reads as OS account {DEV_ACCOUNT}; a root-only file shows both routes:\n"
+              f"#   linuxctl get files {sample}               -> PERMISSION_DENIED\n"
+              f"#   linuxctl get files --privileged {sample}  -> its content (grant in mcp-sudo.yaml, audited)\n")
     out.flush()
 
 
