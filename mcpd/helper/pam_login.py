@@ -73,7 +73,7 @@ class PamLogin:
         self.service = service
         self.store = store
         self.lockout = lockout
-        self.peers = peers or Lockout(lockout.policy)
+        self.peers = peers if peers is not None else Lockout(lockout.policy)
         self.audit = audit
         self.ttl_seconds = ttl_seconds
         self.enrolled = enrolled

@@ -262,8 +262,9 @@ def handle_privileged_call(state: HelperState, req: dict[str, Any], conn: socket
     key = "path" if "path" in args else "root"
     args[key] = decision.resolved_path
 
-    def allow(path: str) -> bool:
-        return grants.covers(policy, principal.os_user, groups, op, path)
+    def allow(path: str) -> bool:  # the call is decided: its login counts as fresh for this call's filter
+        return grants.decide(policy, principal.os_user, groups, op, path, grants.utcnow(),
+                             login_time=login_time, login_used=False).allowed
 
     if decision.reauth_after == 0 and login is not None and state.issued is not None:
         state.issued.mark_reauth_used(login.id)  # reauth_after: 0 — one login, one call

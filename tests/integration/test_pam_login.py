@@ -1,0 +1,295 @@
+"""Password logins end to end with real PAM and real OS accounts (SPEC §5.2; issue 5).
+
+The root helper and the front run as in production (``privsep_fixture``); the shipped PAM
+service ``etc/pam.d/mcpd`` is installed under a unique name and named in ``login.pam_service``.
+Accounts get real passwords (``chpasswd``), are locked with ``usermod -L`` and expired with
+``chage -E 0``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from mcpd import identity, login_client
+from mcpd.client import AuthError, Client, ToolFailed, ssl_context
+from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.osaccounts import Account, AccountFactory, ensure_user, expire_user, lock_user
+
+pytestmark = pytest.mark.root
+
+PAM_FILE = Path(__file__).resolve().parents[2] / "etc/pam.d/mcpd"
+LOCK_SECONDS = 4.0
+MAX_FAILURES = 3
+REAUTH_SECONDS = 3
+
+
+@pytest.fixture(scope="module")
+def pamd() -> Iterator[tuple[PrivsepDaemon, AccountFactory, dict[str, str]]]:
+    """The privsep daemon with a test PAM service, short lockout, and passwords for alice and bob."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: PAM service, OS accounts, root helper")
+    service = f"mcpd-test-{secrets.token_hex(3)}"
+    target = Path("/etc/pam.d") / service
+    shutil.copy(PAM_FILE, target)
+    target.chmod(0o644)
+    factory = AccountFactory()
+    d: PrivsepDaemon | None = None
+    try:
+        d = start_privsep(factory, login={
+            "pam_service": service, "free_failures": 1, "base_delay_seconds": 0.1, "max_delay_seconds": 0.5,
+            "max_failures": MAX_FAILURES, "lockout_seconds": LOCK_SECONDS, "token_ttl_seconds": 3600})
+        passwords = {}
+        for name in ("alice", "bob"):
+            passwords[name] = secrets.token_urlsafe(12)
+            ensure_user(d.accounts[name].name, password=passwords[name])
+        yield d, factory, passwords
+    finally:
+        if d is not None:
+            stop_privsep(d)
+        factory.cleanup()
+        target.unlink(missing_ok=True)
+
+
+def enroll(d: PrivsepDaemon, factory: AccountFactory) -> tuple[Account, str]:
+    """A fresh account with a password, bound to a principal of its own name in users.yaml."""
+    password = secrets.token_urlsafe(12)
+    acct = factory.user(password=password)
+    path = d.state_dir / "users.yaml"
+    users = identity.load_users(path)
+    _, rec = identity.new_token()
+    users[acct.name] = identity.UserRecord(name=acct.name, os_user=acct.name, tokens=[rec])
+    identity.save_users(path, users)
+    return acct, password
+
+
+def login(d: PrivsepDaemon, user: str, password: str) -> str:
+    return str(login_client.login(d.url, user, password, d.cacert)["token"])
+
+
+def read(d: PrivsepDaemon, token: str, path: str, privileged: bool = False) -> str:
+    async def go() -> str:
+        async with Client(d.url, token, d.cacert, 30) as c:
+            args: dict[str, Any] = {"path": path}
+            if privileged:
+                args["privileged"] = True
+            result = await c.call_tool("files/read", args)
+            return str(result["content"][0]["text"])
+
+    return asyncio.run(go())
+
+
+def status_of_sse(d: PrivsepDaemon, token: str) -> int:
+    with httpx.Client(verify=ssl_context(d.cacert), timeout=10) as c:
+        with c.stream("GET", d.url + "/sse", headers={"Authorization": f"Bearer {token}"}) as resp:
+            return resp.status_code
+
+
+def login_rejects(d: PrivsepDaemon, user: str) -> list[dict[str, Any]]:
+    return [r for r in d.audit() if r.get("event") == "reject" and r.get("tool") == "login" and r.get("os_user") == user]
+
+
+def test_pam_login_right_password_gives_a_token_that_works(pamd: Any) -> None:
+    d, _, pw = pamd
+    alice = d.accounts["alice"].name
+    token = login(d, alice, pw["alice"])
+    assert identity.TOKEN_RE.match(token)
+    assert "root:" in read(d, token, "/etc/passwd")
+    accepted = [r for r in d.audit() if r.get("event") == "login" and r.get("os_user") == alice]
+    assert accepted and pw["alice"] not in d.audit_text() and token not in d.audit_text()
+
+
+def test_pam_login_wrong_password_is_generic_and_audited_with_pam_code(pamd: Any) -> None:
+    d, factory, _ = pamd
+    acct, _ = enroll(d, factory)
+    with httpx.Client(verify=ssl_context(d.cacert), timeout=60) as c:
+        resp = c.post(d.url + "/login", json={"user": acct.name, "password": "wrong-password"})
+        unknown = c.post(d.url + "/login", json={"user": "nosuchuser" + secrets.token_hex(2), "password": "x"})
+    assert (resp.status_code, resp.json()) == (401, {"error": "authentication failed"})
+    assert (unknown.status_code, unknown.json()) == (401, {"error": "authentication failed"})
+    rejects = login_rejects(d, acct.name)
+    assert rejects and isinstance(rejects[-1].get("pam_code"), int) and rejects[-1]["pam_code"] != 0
+    assert "wrong-password" not in d.audit_text()
+
+
+def test_pam_login_locked_account_is_refused(pamd: Any) -> None:
+    d, factory, _ = pamd
+    acct, password = enroll(d, factory)
+    lock_user(acct.name)
+    with pytest.raises(AuthError):
+        login(d, acct.name, password)
+    assert login_rejects(d, acct.name)[-1].get("pam_code", 0) != 0, login_rejects(d, acct.name)[-1]["reason"]
+
+
+def test_pam_login_expired_account_is_refused(pamd: Any) -> None:
+    d, factory, _ = pamd
+    acct, password = enroll(d, factory)
+    expire_user(acct.name)
+    with pytest.raises(AuthError):
+        login(d, acct.name, password)
+    assert login_rejects(d, acct.name)[-1].get("pam_code", 0) != 0, login_rejects(d, acct.name)[-1]["reason"]
+
+
+def test_pam_login_unenrolled_account_is_refused(pamd: Any) -> None:
+    d, factory, _ = pamd
+    password = secrets.token_urlsafe(12)
+    acct = factory.user(password=password)
+    with pytest.raises(AuthError):
+        login(d, acct.name, password)
+    assert "not bound" in login_rejects(d, acct.name)[-1]["reason"]
+
+
+def test_pam_login_lockout_after_repeated_failures_and_recovery(pamd: Any) -> None:
+    d, factory, pw = pamd
+    acct, password = enroll(d, factory)
+    for _ in range(MAX_FAILURES):
+        with pytest.raises(AuthError):
+            login(d, acct.name, "wrong")
+    with pytest.raises(AuthError):  # locked: even the right password is refused
+        login(d, acct.name, password)
+    assert "locked out" in login_rejects(d, acct.name)[-1]["reason"]
+    # other users are unaffected meanwhile, from the same address
+    assert identity.TOKEN_RE.match(login(d, d.accounts["bob"].name, pw["bob"]))
+    time.sleep(LOCK_SECONDS + 0.5)
+    assert identity.TOKEN_RE.match(login(d, acct.name, password))
+
+
+def test_reauth_after_honoured_and_expiring(pamd: Any) -> None:
+    d, _, pw = pamd
+    alice = d.accounts["alice"].name
+    grants = d.default_grants()
+    grants["users"][alice]["privileged"]["tools"]["files/read"]["reauth_after"] = f"{REAUTH_SECONDS}s"
+    d.write_grants(grants)
+    try:
+        time.sleep(1.0)  # SIGHUP reload
+        with pytest.raises(ToolFailed) as info:
+            read(d, d.tokens["alice"], str(d.log_file), privileged=True)
+        assert info.value.code == "PERMISSION_DENIED"
+        assert info.value.details["reason"] == "reauthentication required"
+        assert "linuxctl login" in info.value.message
+        token = login(d, alice, pw["alice"])
+        try:
+            text = read(d, token, str(d.log_file), privileged=True)
+        except ToolFailed as exc:
+            raise AssertionError(exc.details) from None
+        assert text.startswith("app log line 1")
+        time.sleep(REAUTH_SECONDS + 1)
+        with pytest.raises(ToolFailed) as info:
+            read(d, token, str(d.log_file), privileged=True)
+        assert info.value.details["reason"] == "reauthentication required"
+    finally:
+        d.write_grants(d.default_grants())
+        time.sleep(1.0)
+
+
+async def _stream_ends_after(d: PrivsepDaemon, token: str, action: Any) -> bool:
+    """Open /sse with ``token``, run ``action()`` once the endpoint arrived; True if the stream ends within 10 s."""
+    async with httpx.AsyncClient(verify=ssl_context(d.cacert), timeout=30) as c:
+        async with c.stream("GET", d.url + "/sse", headers={"Authorization": f"Bearer {token}"}) as resp:
+            assert resp.status_code == 200
+            lines = resp.aiter_lines()
+            async for line in lines:
+                if line.startswith("data: /message"):
+                    break
+            await asyncio.to_thread(action)
+            try:
+                async with asyncio.timeout(10):
+                    async for _ in lines:
+                        pass
+            except TimeoutError:
+                return False
+            except httpx.RemoteProtocolError:
+                return True  # cut mid-chunk: closed all the same
+            return True
+
+
+def test_revoked_token_stops_working_and_its_stream_is_closed(pamd: Any) -> None:
+    d, _, pw = pamd
+    token = login(d, d.accounts["alice"].name, pw["alice"])
+    ended = asyncio.run(_stream_ends_after(d, token, lambda: login_client.logout(d.url, token, d.cacert)))
+    assert ended
+    assert status_of_sse(d, token) == 401
+
+
+def test_revoked_by_mcpd_users_sessions_closes_the_stream(pamd: Any) -> None:
+    d, _, pw = pamd
+    token = login(d, d.accounts["bob"].name, pw["bob"])
+    token_id = identity.TOKEN_RE.match(token).group(1)  # type: ignore[union-attr]
+    listed = subprocess.run([sys.executable, "-m", "mcpd.cli", "users", "sessions", "--config", str(d.config_path)],
+                            capture_output=True, text=True, timeout=60, check=True).stdout
+    assert token_id in listed and token not in listed
+
+    def revoke() -> None:
+        subprocess.run([sys.executable, "-m", "mcpd.cli", "users", "sessions", "--config", str(d.config_path),
+                        "--revoke", token_id], capture_output=True, timeout=60, check=True)
+
+    assert asyncio.run(_stream_ends_after(d, token, revoke))
+    assert status_of_sse(d, token) == 401
+
+
+def test_rotating_a_users_token_closes_its_open_sessions(pamd: Any) -> None:
+    d, _, _ = pamd
+    old = d.tokens["bob"]
+
+    def rotate() -> None:
+        out = subprocess.run([sys.executable, "-m", "mcpd.cli", "users", "rotate", "bob",
+                              "--file", str(d.state_dir / "users.yaml")],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        d.tokens["bob"] = out.strip()
+
+    assert asyncio.run(_stream_ends_after(d, old, rotate))
+    assert status_of_sse(d, old) == 401
+    assert status_of_sse(d, d.tokens["bob"]) == 200
+
+
+def test_issued_tokens_survive_a_helper_restart_stored_hashed_root_only(pamd: Any) -> None:
+    d, _, pw = pamd
+    token = login(d, d.accounts["alice"].name, pw["alice"])
+    d.restart_helper()
+    assert "root:" in read(d, token, "/etc/passwd")
+    store = d.state_dir / "issued-tokens.json"
+    st = os.stat(store)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600)
+    assert token.rsplit("_", 1)[1] not in store.read_text()
+
+
+def test_linuxctl_login_password_stdin_and_logout(pamd: Any) -> None:
+    d, _, pw = pamd
+    env = dict(os.environ, MCPD_URL=d.url, MCPD_CACERT=d.cacert)
+    env.pop("MCP_TOKEN", None)
+    out = subprocess.run([sys.executable, "-m", "mcpd.linuxctl", "login", "--user", d.accounts["alice"].name,
+                          "--password-stdin"], input=pw["alice"] + "\n", capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("export MCP_TOKEN=mcpd_")
+    token = out.stdout.strip().split("=", 1)[1]
+    bad = subprocess.run([sys.executable, "-m", "mcpd.linuxctl", "login", "--user", d.accounts["alice"].name,
+                          "--password-stdin"], input="wrong\n", capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 3 and "authentication failed" in bad.stderr
+    env["MCP_TOKEN"] = token
+    gone = subprocess.run([sys.executable, "-m", "mcpd.linuxctl", "logout"], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert gone.returncode == 0, gone.stderr
+    assert status_of_sse(d, token) == 401
+
+
+def test_login_without_helper_answers_503(daemon: Any) -> None:
+    with httpx.Client(verify=ssl_context(daemon.cacert), timeout=30) as c:
+        resp = c.post(daemon.url + "/login", json={"user": "x", "password": "y"})
+        logout = c.post(daemon.url + "/logout", headers={"Authorization": f"Bearer {daemon.token}"})
+        no_bearer_logout = c.post(daemon.url + "/logout")
+    assert resp.status_code == 503 and "root helper" in resp.json()["error"]
+    assert logout.status_code == 503
+    assert no_bearer_logout.status_code == 401
