@@ -8,6 +8,8 @@ message, and its traceback goes to the log only (SPEC §2.5, DESIGN.md).
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import os
 from collections.abc import Callable
@@ -84,7 +86,13 @@ def run(frame: Any, ctx: OpContext) -> dict[str, Any]:
         handler = OPS.get(op) if isinstance(op, str) else None
         if handler is None:
             raise invalid_argument("unknown operation")
-        return {"id": fid, "ok": True, "result": handler(frame.get("args"), ctx)}
+        args = frame.get("args")
+        if isinstance(args, dict) and "_cap" in args:  # the caller's max_file_bytes (mcpd/limits.py)
+            args = dict(args)
+            cap = args.pop("_cap")
+            if isinstance(cap, int) and not isinstance(cap, bool) and 0 < cap < ctx.limits.response_cap:
+                ctx = dataclasses.replace(ctx, limits=dataclasses.replace(ctx.limits, response_cap=cap))
+        return {"id": fid, "ok": True, "result": handler(args, ctx)}
     except ToolError as exc:
         return {"id": fid, "ok": False, "error": exc.to_dict()}
     except Exception:

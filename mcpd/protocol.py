@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from mcpd import __version__
 from mcpd.errors import INTERNAL_ERROR, ToolError
 from mcpd.identity import Principal
+from mcpd.limits import LimitsTracker
 from mcpd.privileged import PrivilegedBackend
 from mcpd.tools import TOOLS, ToolModule, deadline_seconds
 
@@ -145,6 +146,7 @@ class Dispatcher:
         self.privileged = privileged
         self.tools = tools
         self.resources = resources
+        self.limits: LimitsTracker | None = None  # set by the server when limits are configured
 
     def list_tools(self) -> list[dict[str, Any]]:
         """The ``tools`` array of ``tools/list``."""
@@ -169,6 +171,11 @@ class Dispatcher:
             raise RpcError(INVALID_PARAMS, "unknown tool")
         try:
             args = tool.parse_args({} if arguments is None else arguments)
+            if self.limits is not None:  # per-principal quota and answer size (issue 5)
+                self.limits.charge(ctx.caller.principal.name)
+                cap = self.limits.max_bytes(ctx.caller.principal.name)
+                if cap is not None:
+                    args = dict(args, _cap=cap)
             if args.get("privileged"):
                 c = ctx.caller
                 result = await self.privileged.call(c.token, c.principal, ctx.session_id, c.peer, tool.NAME, args)

@@ -14,13 +14,15 @@ import logging
 import socket
 import ssl
 import sys
+from collections.abc import Callable
 
 import uvicorn
 
 from mcpd.app import build_app
 from mcpd import frames, sdnotify
 from mcpd.auth import Authenticator, FileAuthenticator
-from mcpd.config import EXIT_CONFIG, Config, ConfigError, load
+from mcpd.config import EXIT_CONFIG, Config, ConfigError, Limits, load
+from mcpd.limits import LimitsTracker
 from mcpd.helper.client import HelperAuthenticator, HelperBackend, HelperClient, HelperSpawner
 from mcpd.privileged import PrivilegedBackend, Unavailable
 from mcpd.protocol import Dispatcher
@@ -72,10 +74,19 @@ def _backends(cfg: Config) -> tuple[Authenticator, Spawner, PrivilegedBackend]:
 class _NotifyingServer(uvicorn.Server):
     """uvicorn's server that tells systemd ``READY=1`` once the listener is up (``Type=notify``)."""
 
+    on_shutdown: tuple[Callable[[], None], ...] = ()
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
             sdnotify.notify()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown, then :attr:`on_shutdown` (uvicorn re-raises the stop signal when
+        ``serve`` returns, so work after ``serve`` may never run)."""
+        await super().shutdown(sockets)
+        for hook in self.on_shutdown:
+            hook()
 
 
 class Server:
@@ -101,6 +112,8 @@ class Server:
         dispatcher = Dispatcher(pool, backend, resources=resources)
         login = HelperLogin(HelperClient(self.cfg.helper_socket, frames.HELPER_REQUEST_CAP)) \
             if self.cfg.helper_socket else NoLogin()
+        if self.cfg.limits != Limits():
+            dispatcher.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)
         app = build_app(self.cfg, authenticator, dispatcher, login)
         sessions: SessionManager = app.state.sessions
         config = uvicorn.Config(
@@ -119,12 +132,16 @@ class Server:
         config.load()
         config.ssl = context  # same files, plus the TLS 1.2 floor uvicorn has no option for
         server = _NotifyingServer(config)
+        if dispatcher.limits is not None:
+            server.on_shutdown = (dispatcher.limits.save,)
         revalidation = asyncio.create_task(revalidate_forever(sessions, authenticator))
         try:
             await server.serve()
         finally:
             revalidation.cancel()
             sessions.close_all()
+            if dispatcher.limits is not None:
+                dispatcher.limits.save()
             await pool.close()
         return 0 if server.started else 1
 

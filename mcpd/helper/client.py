@@ -201,7 +201,11 @@ class HelperBackend:
             ToolError: the helper's refusal or failure; ``HELPER_UNAVAILABLE`` when it is down
                 or dies mid-request.
         """
+        args = dict(args)
+        cap = args.pop("_cap", None)  # the principal's max_file_bytes (mcpd/limits.py) travels apart
         req = {"type": "privileged_call", "token": token, "session": session_id, "peer": peer, "op": op, "args": args}
+        if cap is not None:
+            req["cap"] = cap
         try:
             timeout = max(self._timeout, deadline_seconds(args, 0.0) + DEADLINE_MARGIN)
             reply = await self._client.request(req, timeout=timeout)
