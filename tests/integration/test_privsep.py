@@ -387,9 +387,11 @@ def test_dev_mode_as_root_runs_helper_and_front_as_service_user(tmp_path: Path) 
     reader = threading.Thread(target=_dev_lines, args=(proc, lines), daemon=True)
     reader.start()
     try:
-        printed = [lines.get(timeout=60) for _ in range(5)]
+        printed = [lines.get(timeout=60) for _ in range(7)]
         sample = state_dir / "root-only" / "secret.txt"
-        assert f"linuxctl get files {sample}" in printed[4] and "--privileged" in printed[4]
+        assert "mcpd-dev" in printed[4]
+        assert f"linuxctl get files {sample}" in printed[5] and "PERMISSION_DENIED" in printed[5]
+        assert f"linuxctl get files --privileged {sample}" in printed[6]
         env.update(line.removeprefix("export ").strip().split("=", 1) for line in printed[:3])
 
         def linuxctl(*args: str) -> subprocess.CompletedProcess[bytes]:
