@@ -1,6 +1,6 @@
 """``mcpd users sessions``: list and revoke login tokens (SPEC §5.2; issue 5). Root only.
 
-It reads the root helper's store (``<state_dir>/issued-tokens.json``, :mod:`mcpd.helper.issued`)
+It reads the root helper's store (``<state_dir>/helper/issued-tokens.json``, :mod:`mcpd.helper.issued`)
 under the same lock the helper uses; the helper notices the change on the next request, and the
 front closes the sessions of a revoked token within a second.
 """

@@ -476,8 +476,11 @@ def run(cfg: Config) -> int:
         log.error("grants file not loaded: %s", "; ".join(holder.last_errors))
         return 78
     state = HelperState(cfg=cfg, audit=audit, users=UsersHolder(cfg.users_file, audit), policy=holder)
-    os.makedirs(cfg.state_dir, exist_ok=True)
-    state.issued = IssuedStore(store_path(cfg.state_dir))
+    store = store_path(cfg.state_dir)
+    os.makedirs(os.path.dirname(store), mode=0o700, exist_ok=True)
+    os.chown(os.path.dirname(store), 0, 0)
+    os.chmod(os.path.dirname(store), 0o700)
+    state.issued = IssuedStore(store)
     lc = cfg.login
     lockout = Lockout(LockoutPolicy(lc.free_failures, lc.base_delay_seconds, lc.max_delay_seconds,
                                     lc.max_failures, lc.lockout_seconds))

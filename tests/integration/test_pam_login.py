@@ -259,7 +259,7 @@ def test_issued_tokens_survive_a_helper_restart_stored_hashed_root_only(pamd: An
     token = login(d, d.accounts["alice"].name, pw["alice"])
     d.restart_helper()
     assert "root:" in read(d, token, "/etc/passwd")
-    store = d.state_dir / "issued-tokens.json"
+    store = d.state_dir / "helper" / "issued-tokens.json"
     st = os.stat(store)
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600)
     assert token.rsplit("_", 1)[1] not in store.read_text()
