@@ -113,7 +113,7 @@ class Server:
         login = HelperLogin(HelperClient(self.cfg.helper_socket, frames.HELPER_REQUEST_CAP)) \
             if self.cfg.helper_socket else NoLogin()
         if self.cfg.limits != Limits():
-            dispatcher.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)
+            dispatcher.limits = resources.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)
         app = build_app(self.cfg, authenticator, dispatcher, login)
         sessions: SessionManager = app.state.sessions
         config = uvicorn.Config(

@@ -347,3 +347,16 @@ async def test_sdk_reads_resource_template_and_resource_with_metadata(daemon: Da
     assert dumped["text"] == data.decode() and dumped["mimeType"] == "text/plain"
     assert dumped["_meta"]["sha256"] == hashlib.sha256(data).hexdigest()
     assert dumped["_meta"]["language"] == "shell"
+
+
+async def test_resource_reads_count_against_principal_limits(daemon_factory: Callable[..., Daemon],
+                                                             tmp_path: Path) -> None:
+    d = daemon_factory(limits={"default": {"requests_per_day": 2, "max_file_bytes": 16}})
+    (tmp_path / "small").write_text("tiny\n")
+    (tmp_path / "big").write_text("x" * 100)
+    async with client(d) as c:
+        assert (await c.read_resource(uri_of(tmp_path / "small")))["text"] == "tiny\n"
+        too_big = await rpc_failure(c, uri_of(tmp_path / "big"))
+        spent = await rpc_failure(c, uri_of(tmp_path / "small"))
+    assert too_big.code == "FILE_TOO_LARGE"
+    assert spent.code == "RATE_LIMITED" and spent.details["retryAfter"] > 0
