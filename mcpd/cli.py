@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import pwd
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -63,10 +65,28 @@ def certs_cmd(directory: str, hosts: tuple[str, ...], days: int) -> None:
 
 # --- users (SPEC §5.1) -------------------------------------------------------------------------
 
-users_file_option = click.option(
-    "--file", "users_file", default=DEFAULT_USERS_FILE, show_default=True, envvar="MCPD_USERS_FILE",
-    type=click.Path(dir_okay=False), help="The users file [MCPD_USERS_FILE]",
-)
+def users_file_option(fn: Callable[..., None]) -> Callable[..., None]:
+    """Add ``--file`` and ``--config`` to a users command and pass it the resolved ``users_file``:
+    ``--file`` (or ``MCPD_USERS_FILE``) wins, else the ``users_file`` of ``--config``'s mcpd.yaml,
+    else ``/etc/mcpd/users.yaml``."""
+
+    @click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False),
+                  help="mcpd.yaml, to find users_file")
+    @click.option("--file", "users_file", default=None, envvar="MCPD_USERS_FILE", type=click.Path(dir_okay=False),
+                  help=f"The users file [MCPD_USERS_FILE; default: from --config, else {DEFAULT_USERS_FILE}]")
+    @functools.wraps(fn)
+    def wrapper(*args: Any, config_path: str | None, users_file: str | None, **kwargs: Any) -> None:
+        if users_file is None and config_path:
+            from mcpd.config import EXIT_CONFIG, ConfigError, load
+
+            try:
+                users_file = load(config_path).users_file
+            except ConfigError as exc:
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(EXIT_CONFIG)
+        fn(*args, users_file=users_file or DEFAULT_USERS_FILE, **kwargs)
+
+    return wrapper
 
 
 @contextlib.contextmanager

@@ -84,3 +84,15 @@ def test_users_add_defaults_os_user_to_name(users_file: Path) -> None:
     res = mcpd("users", "add", ME, users_file=users_file)
     assert res.returncode == 0, res.stderr
     assert identity.load_users(users_file)[ME].os_user == ME
+
+
+def test_users_commands_find_the_users_file_through_config(tmp_path: Path) -> None:
+    (tmp_path / "mcpd.yaml").write_text("users_file: state/users.yaml\n")
+    env = {k: v for k, v in os.environ.items() if k != "MCPD_USERS_FILE"}
+    add = subprocess.run([MCPD, "users", "add", "carol", "--os-user", ME, "--config", str(tmp_path / "mcpd.yaml")],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert add.returncode == 0, add.stderr
+    assert "carol" in identity.load_users(tmp_path / "state" / "users.yaml")
+    listed = subprocess.run([MCPD, "users", "list", "--config", str(tmp_path / "mcpd.yaml")],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert listed.returncode == 0 and listed.stdout.startswith("carol\t"), listed.stdout + listed.stderr
