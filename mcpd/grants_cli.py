@@ -136,11 +136,11 @@ def list_cmd(user: str, groups: tuple[str, ...], grants_file: str | None, config
             if rule.allowed and rule.expired(now):
                 state = "expired"
             expires = f", expires {rule.expires.strftime(_FMT)}" if rule.expires else ""
-            click.echo(f"  {tool} via {subject} ({state}{expires}, line {rule.line})")
+            click.echo(f"  {tool} via {subject} ({state}{expires}, {policy.source}:{rule.line})")
             for entry in rule.paths:
-                click.echo(f"    path {entry.text}")
+                click.echo(f"    path {entry.text} ({policy.source}:{entry.line})")
             for entry in rule.deny:
-                click.echo(f"    deny {entry.text}")
+                click.echo(f"    deny {entry.text} ({policy.source}:{entry.line})")
     if not found:
         click.echo("  (no grants)")
 

@@ -407,11 +407,11 @@ def test_grants_list_shows_user_and_group_grants(tmp_path: Path) -> None:
     assert out.exit_code == 0
     assert out.output.splitlines() == [
         "Grants for alice (groups: ops):",
-        "  files/read via users.alice (allowed, line 1)",
-        "    path /var/log",
-        "  files/find via groups.ops (allowed, expires 2030-01-01T00:00:00Z, line 2)",
-        "    path /srv",
-        "    deny /srv/k",
+        f"  files/read via users.alice (allowed, {path}:1)",
+        f"    path /var/log ({path}:1)",
+        f"  files/find via groups.ops (allowed, expires 2030-01-01T00:00:00Z, {path}:2)",
+        f"    path /srv ({path}:2)",
+        f"    deny /srv/k ({path}:2)",
     ]
 
 
