@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mcpd.helper.client import HelperClient, HelperUnavailable
+from mcpd.transport.body import BodyRefused, read_capped
 
 LOGIN_BODY_CAP = 8192
 GENERIC = "authentication failed"
@@ -91,20 +92,10 @@ class HelperLogin:
 
 
 async def _read_capped(request: Request, cap: int) -> bytes | None:
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > cap):
-        return None
-    chunks: list[bytes] = []
-    size = 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > cap:
-                return None
-            chunks.append(chunk)
-    except ClientDisconnect:
+        return await read_capped(request, cap)
+    except BodyRefused:
         return None
-    return b"".join(chunks)
 
 
 def _peer(request: Request) -> str:

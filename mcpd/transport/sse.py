@@ -19,12 +19,13 @@ from typing import Any
 import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.authentication import BaseUser
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from mcpd.config import Config
+from mcpd.transport.body import BodyRefused, read_capped
 from mcpd.identity import Principal
 from mcpd.protocol import INVALID_REQUEST, PARSE_ERROR, Caller, Dispatcher, McpSession, error_reply
 
@@ -251,22 +252,7 @@ class Transport:
 
     async def _read_body(self, request: Request) -> bytes | Response:
         """The body, read chunk by chunk and never buffered past ``max_body_bytes`` (413)."""
-        cap = self.cfg.max_body_bytes
-        too_large = PlainTextResponse("body too large", status_code=413)
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                return PlainTextResponse("bad content-length", status_code=400)
-            if int(declared) > cap:
-                return too_large
-        chunks: list[bytes] = []
-        size = 0
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > cap:
-                    return too_large
-                chunks.append(chunk)
-        except ClientDisconnect:
-            return PlainTextResponse("client disconnected", status_code=400)
-        return b"".join(chunks)
+            return await read_capped(request, self.cfg.max_body_bytes)
+        except BodyRefused as exc:
+            return PlainTextResponse(exc.reason, status_code=exc.status)
