@@ -22,6 +22,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 from mcpd.config import Limits, UserLimits
 from mcpd.errors import RATE_LIMITED, ToolError
@@ -97,6 +98,17 @@ class LimitsTracker:
         self._unsaved += 1
         if self._unsaved >= self.limits.save_every:
             self.save()
+
+    def charge_call(self, principal: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Charge one call (:meth:`charge`) and return ``args`` with the principal's response cap
+        under :data:`CAP_KEY` when its tier has one (``tools/call`` and ``resources/read`` alike).
+
+        Raises:
+            ToolError: ``RATE_LIMITED`` as :meth:`charge`.
+        """
+        self.charge(principal)
+        cap = self.max_bytes(principal)
+        return args if cap is None else {**args, CAP_KEY: cap}
 
     def max_bytes(self, principal: str) -> int | None:
         """``max_file_bytes`` of ``principal``'s tier in bytes, or ``None`` when unlimited."""

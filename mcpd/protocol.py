@@ -172,10 +172,7 @@ class Dispatcher:
         try:
             args = tool.parse_args({} if arguments is None else arguments)
             if self.limits is not None:  # per-principal quota and answer size (issue 5)
-                self.limits.charge(ctx.caller.principal.name)
-                cap = self.limits.max_bytes(ctx.caller.principal.name)
-                if cap is not None:
-                    args = dict(args, _cap=cap)
+                args = self.limits.charge_call(ctx.caller.principal.name, args)
             if args.get("privileged"):
                 c = ctx.caller
                 result = await self.privileged.call(c.token, c.principal, ctx.session_id, c.peer, tool.NAME, args)

@@ -40,7 +40,7 @@ from typing import Any
 
 from mcpd.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError, invalid_argument
 from mcpd.identity import Principal
-from mcpd.limits import CAP_KEY, LimitsTracker
+from mcpd.limits import LimitsTracker
 from mcpd.privileged import PrivilegedBackend
 from mcpd.protocol import INTERNAL, INVALID_PARAMS, RequestContext, RpcError, ToolPool
 from mcpd.tools import files_read
@@ -267,10 +267,7 @@ class FileResources:
         try:
             args = read_args(uri, params, self.workspace_of(caller.principal))
             if self.limits is not None:  # same quota and answer cap as tools/call (RATE_LIMITED)
-                self.limits.charge(caller.principal.name)
-                cap = self.limits.max_bytes(caller.principal.name)
-                if cap is not None:
-                    args = dict(args, **{CAP_KEY: cap})
+                args = self.limits.charge_call(caller.principal.name, args)
             if args["privileged"]:
                 result = await self.privileged.call(
                     caller.token, caller.principal, ctx.session_id, caller.peer, files_read.NAME, args
