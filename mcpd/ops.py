@@ -20,6 +20,7 @@ from mcpd import textread
 from mcpd.config import ReadLimits
 from mcpd.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
 from mcpd.fileops import filetype, find, listing
+from mcpd.limits import CAP_KEY
 from mcpd.tools import files_read
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,9 @@ def run(frame: Any, ctx: OpContext) -> dict[str, Any]:
         if handler is None:
             raise invalid_argument("unknown operation")
         args = frame.get("args")
-        if isinstance(args, dict) and "_cap" in args:  # the caller's max_file_bytes (mcpd/limits.py)
+        if isinstance(args, dict) and CAP_KEY in args:  # the caller's max_file_bytes (mcpd/limits.py)
             args = dict(args)
-            cap = args.pop("_cap")
+            cap = args.pop(CAP_KEY)
             if isinstance(cap, int) and not isinstance(cap, bool) and 0 < cap < ctx.limits.response_cap:
                 ctx = dataclasses.replace(ctx, limits=dataclasses.replace(ctx.limits, response_cap=cap))
         return {"id": fid, "ok": True, "result": handler(args, ctx)}

@@ -19,6 +19,7 @@ from typing import Any
 from mcpd import frames
 from mcpd.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
 from mcpd.identity import Principal
+from mcpd.limits import CAP_KEY
 from mcpd.tools import DEADLINE_MARGIN, deadline_seconds
 
 log = logging.getLogger("mcpd.helper.client")
@@ -202,7 +203,7 @@ class HelperBackend:
                 or dies mid-request.
         """
         args = dict(args)
-        cap = args.pop("_cap", None)  # the principal's max_file_bytes (mcpd/limits.py) travels apart
+        cap = args.pop(CAP_KEY, None)  # the principal's max_file_bytes (mcpd/limits.py) travels apart
         req = {"type": "privileged_call", "token": token, "session": session_id, "peer": peer, "op": op, "args": args}
         if cap is not None:
             req["cap"] = cap
