@@ -201,8 +201,17 @@ def load_users(path: str | Path) -> dict[str, UserRecord]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise UsersFileError(f"{p}: not valid YAML: {exc}") from exc
+        raise UsersFileError(f"{p}: not valid YAML{_yaml_where(exc)}") from exc
     return parse_users(data, str(p))
+
+
+def _yaml_where(exc: yaml.YAMLError) -> str:
+    """Where and what a YAML error is, without PyYAML's snippet of the file: these messages are
+    logged, and ``users.yaml`` lines hold salts and digests."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{where}: {problem}" if problem else where
 
 
 def dump_users(users: dict[str, UserRecord]) -> dict[str, Any]:
