@@ -3,9 +3,10 @@
 The state folder (default ``./dev-state``, mode 0700) holds::
 
     ca.crt ca.key server.crt server.key   private CA and a certificate for localhost/127.0.0.1/::1
-    mcpd.yaml                             listen 127.0.0.1:PORT, no root helper, paths relative here
+    mcpd.yaml                             listen 127.0.0.1:PORT, paths relative here; no root helper
+                                          unless run as root (mcpd/devroot.py then sets helper_socket)
     users.yaml                            principal ``dev`` → the current OS account, mode 0600
-    mcp-sudo.yaml, audit.jsonl            grants and audit paths (used once the root helper runs)
+    mcp-sudo.yaml, audit.jsonl            grants and audit paths (used by the root helper, as root)
 
 Re-running keeps the folder and the CA (clients keep trusting it) but revokes the ``dev`` token
 and issues a fresh one. The command prints the ``export`` lines for ``linuxctl`` and a hint, then
@@ -55,7 +56,7 @@ def dev_config(port: int) -> dict[str, object]:
         "tls": {"cert": "server.crt", "key": "server.key"},
         "users_file": "users.yaml",
         "grants_file": "mcp-sudo.yaml",
-        "helper_socket": "",  # no root helper yet: privileged calls answer HELPER_UNAVAILABLE
+        "helper_socket": "",  # not root: no helper, privileged calls answer HELPER_UNAVAILABLE (devroot sets it)
         "audit_log": "audit.jsonl",
         "state_dir": ".",
     }
