@@ -26,21 +26,5 @@ fi
 PY=${PYTHON:-/usr/bin/python3}
 [ -x "$PY" ] || PY=python3
 
-# Workers run as other accounts and import mcpd: when this checkout is not readable by them
-# (e.g. it lives under /root), install a copy outside it instead of an editable install.
-editable=1
-if [ "$(id -u)" = 0 ] && ! setpriv --reuid=nobody --regid=nogroup --clear-groups \
-    test -r "$PWD/mcpd/__init__.py" 2>/dev/null; then
-  editable=0
-fi
-if [ "$editable" = 1 ]; then
-  [ -L .venv ] && rm .venv
-  [ -x .venv/bin/python ] || "$PY" -m venv .venv
-  .venv/bin/python -m pip install -q -e '.[test]'
-else
-  venv=/opt/mcpd-test/venv
-  [ -x "$venv/bin/python" ] || { mkdir -p /opt/mcpd-test && "$PY" -m venv "$venv"; }
-  chmod 755 /opt/mcpd-test
-  "$venv/bin/python" -m pip install -q --force-reinstall --no-deps . && "$venv/bin/python" -m pip install -q '.[test]'
-  [ -e .venv ] || ln -s "$venv" .venv
-fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q -e '.[test]'
