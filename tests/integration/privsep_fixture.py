@@ -281,8 +281,12 @@ def start_privsep(factory: AccountFactory, **overrides: Any) -> PrivsepDaemon:
         service=service, srv=srv,
     )
     d.write_grants(d.default_grants(), hup=False)
-    d.start_helper()
-    d.start_front()
+    try:
+        d.start_helper()
+        d.start_front()
+    except BaseException:  # a half-started daemon must not outlive the test run
+        stop_privsep(d)
+        raise
     return d
 
 
