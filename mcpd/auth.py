@@ -9,11 +9,11 @@ cannot be read or parsed fails closed: no token is accepted until it is fixed.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from typing import Protocol
 
 from mcpd import identity
+from mcpd.filesig import Signature, signature
 from mcpd.identity import Principal, UserRecord
 
 log = logging.getLogger(__name__)
@@ -41,9 +41,6 @@ class Authenticator(Protocol):
         ...
 
 
-_FileKey = tuple[int, int, int, int]
-
-
 class FileAuthenticator:
     """Authenticate against ``users.yaml`` (SPEC §5.1), reloading it when it changes.
 
@@ -57,15 +54,11 @@ class FileAuthenticator:
 
     def __init__(self, users_file: str) -> None:
         self._path = users_file
-        self._key: _FileKey | None = None
+        self._key: Signature | None = None
         self._users: dict[str, UserRecord] = {}
 
-    def _stat_key(self) -> _FileKey | None:
-        try:
-            st = os.stat(self._path)
-        except FileNotFoundError:
-            return None
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    def _stat_key(self) -> Signature | None:
+        return signature(self._path)
 
     def _refresh(self) -> None:
         try:

@@ -9,10 +9,10 @@ given.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 
+from mcpd.filesig import Signature, signature
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.grants import Policy, PolicyError, Rule, load_policy
 
@@ -68,12 +68,11 @@ def summarize_changes(old: Policy, new: Policy) -> list[str]:
     return lines or ["no changes"]
 
 
-def _signature(path: str) -> tuple[int, int, int, int] | None:
+def _signature(path: str) -> Signature | None:
     try:
-        st = os.stat(path)
+        return signature(path)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class PolicyHolder:

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mcpd import identity
+from mcpd.filesig import Signature, signature
 
 FILE_NAME = "issued-tokens.json"
 MAX_RECORDS = 10000
@@ -137,16 +138,12 @@ class IssuedStore:
         self.path = path
         self.owner_uid = owner_uid
         self._mutex = threading.Lock()
-        self._key: tuple[int, int, int] | None = None
+        self._key: Signature | None = None
         self._records: dict[str, Issued] = {}
         self._load()
 
     def _load(self) -> None:
-        try:
-            st = os.stat(self.path)
-            key: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
-        except FileNotFoundError:
-            key = None
+        key = signature(self.path)
         if key == self._key and key is not None:
             return
         self._records = read_records(self.path, self.owner_uid) if key is not None else {}

@@ -38,6 +38,7 @@ from typing import Any
 from mcpd import frames, identity, ops, sdnotify
 from mcpd.config import Config, ReadLimits
 from mcpd.errors import INTERNAL_ERROR, PERMISSION_DENIED, TIMEOUT, ToolError
+from mcpd.filesig import Signature, signature
 from mcpd.helper import grants, opener
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.grants_reload import PolicyHolder
@@ -65,7 +66,7 @@ class UsersHolder:
     def __init__(self, path: str, audit: AuditLog) -> None:
         self.path = path
         self._audit = audit
-        self._key: tuple[int, int, int, int] | None = None
+        self._key: Signature | None = None
         self._users: dict[str, identity.UserRecord] = {}
         self._lock = threading.Lock()
         self.refresh(force=True)
@@ -73,8 +74,7 @@ class UsersHolder:
     def refresh(self, force: bool = False) -> None:
         """Re-read the file when its (dev, ino, size, mtime) changed, or always with ``force``."""
         try:
-            st = os.stat(self.path)
-            key: tuple[int, int, int, int] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            key = signature(self.path)
         except OSError:
             key = None
         with self._lock:
