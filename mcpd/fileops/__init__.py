@@ -56,22 +56,22 @@ def progress_of(ctx: object) -> ProgressFn | None:
     return fn if callable(fn) else None
 
 
+_TYPE_TESTS = (
+    (stat.S_ISREG, "file"),
+    (stat.S_ISDIR, "dir"),
+    (stat.S_ISLNK, "symlink"),
+    (stat.S_ISFIFO, "fifo"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISCHR, "char"),
+    (stat.S_ISBLK, "block"),
+)
+
+
 def type_name(mode: int) -> str:
     """Map an ``st_mode`` to one of :data:`TYPE_NAMES` (``"unknown"`` for anything else)."""
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    if stat.S_ISCHR(mode):
-        return "char"
-    if stat.S_ISBLK(mode):
-        return "block"
+    for test, name in _TYPE_TESTS:
+        if test(mode):
+            return name
     return "unknown"
 
 
