@@ -1,7 +1,7 @@
 """Shared fixtures: the real daemon over TLS on 127.0.0.1, and a small raw HTTP/SSE helper.
 
 ``daemon`` (session scope) and ``daemon_factory`` (per test, config overrides) start
-``python -m mcpd.server --config FILE`` as a subprocess with a temp state folder holding a
+``python -m mcpd.front.server --config FILE`` as a subprocess with a temp state folder holding a
 private CA, a server certificate, ``mcpd.yaml`` and ``users.yaml`` with two principals:
 ``alice`` (``token``) and ``bob`` (``other_token``), both mapped to the current OS account.
 """
@@ -26,7 +26,8 @@ import httpx
 import pytest
 import yaml
 
-from mcpd import certs, identity
+from mcpd.admin import certs
+from mcpd.common import identity
 
 START_TIMEOUT = 30.0
 EVENT_TIMEOUT = 20.0
@@ -110,7 +111,7 @@ def start_daemon(state_dir: Path, **overrides: Any) -> Daemon:
     config_path.write_text(yaml.safe_dump(cfg))
     log = open(state_dir / "daemon.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mcpd.server", "--config", str(config_path)],
+        [sys.executable, "-m", "mcpd.front.server", "--config", str(config_path)],
         stdout=log, stderr=subprocess.STDOUT, cwd=state_dir,
     )
     log.close()

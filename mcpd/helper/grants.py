@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mcpd.helper.pathmatch import PathError, clean_path, components, entry_covers, entry_covers_root, split_entry
-from mcpd.helper.strictyaml import ConfigFileError, LineDict, LineList, parse_strict_yaml, read_secure_file
+from mcpd.common.strictyaml import ConfigFileError, LineDict, LineList, parse_strict_yaml, read_secure_file
 
 TOOLS = ("files/read", "files/list", "files/find", "files/filetype")
 RULE_KEYS = ("allowed", "paths", "deny", "expires", "reauth_after")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from mcpd.filesig import Signature, signature
+from mcpd.common.filesig import Signature, signature
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.grants import Policy, PolicyError, Rule, load_policy
 

@@ -1,7 +1,7 @@
 """Tokens issued by password logins (SPEC §5.2; issue 5), kept by the root helper.
 
 A login token has the same shape as a ``users.yaml`` token (``mcpd_<id>_<secret>``,
-:mod:`mcpd.identity`) and is stored the same way: salt and ``sha256(salt || secret)``, never the
+:mod:`mcpd.common.identity`) and is stored the same way: salt and ``sha256(salt || secret)``, never the
 token. Each record is bound to one OS account and carries its login time and expiry (UNIX
 seconds), so a grant's ``reauth_after`` can ask how fresh the password login is.
 
@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mcpd import identity
-from mcpd.filesig import Signature, signature
+from mcpd.common import identity
+from mcpd.common.filesig import Signature, signature
 
 FILE_NAME = "issued-tokens.json"
 MAX_RECORDS = 10000

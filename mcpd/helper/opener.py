@@ -27,8 +27,8 @@ import os
 import platform
 import stat
 
-from mcpd.errors import NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
-from mcpd.fileopen import kind as file_kind
+from mcpd.common.errors import NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
+from mcpd.core.fileopen import kind as file_kind
 from mcpd.helper.pathmatch import PathError, clean_path, components
 
 SYMLINK = "symlink in path"

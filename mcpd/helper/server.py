@@ -2,7 +2,7 @@
 
 It listens on a Unix stream socket (passed by systemd socket activation, or created here in the
 development mode), accepts only the service user's uid (``SO_PEERCRED``), and speaks
-:mod:`mcpd.frames` with a 64 KiB cap on what it receives. Each connection may send any number of
+:mod:`mcpd.common.frames` with a 64 KiB cap on what it receives. Each connection may send any number of
 requests from the fixed table :data:`REQUESTS`; an unknown, malformed or oversized request ends
 the connection and leaves an audit ``alert`` record (OpenSSH's monitor does the same).
 
@@ -35,18 +35,21 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mcpd import frames, identity, ops, sdnotify
-from mcpd.config import Config, ReadLimits
-from mcpd.errors import INTERNAL_ERROR, PERMISSION_DENIED, TIMEOUT, ToolError
-from mcpd.filesig import Signature, signature
+from mcpd.common import frames
+from mcpd.common import identity
+from mcpd.core import ops
+from mcpd.common import sdnotify
+from mcpd.common.config import Config, ReadLimits
+from mcpd.common.errors import INTERNAL_ERROR, PERMISSION_DENIED, TIMEOUT, ToolError
+from mcpd.common.filesig import Signature, signature
 from mcpd.helper import grants, opener
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.grants_reload import PolicyHolder
 from mcpd.helper.issued import Issued, IssuedStore, store_path
 from mcpd.helper.lockout import Lockout, LockoutPolicy
 from mcpd.helper.pam_login import PamLogin
-from mcpd.helper.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
-from mcpd.tools import TOOLS, deadline_seconds
+from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
+from mcpd.core.tools import TOOLS, deadline_seconds
 
 log = logging.getLogger("mcpd.helper")
 

@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python tests/bench/bench_load.py [--sessions 16] [--reads 200] [--size 4096]``.
 Starts a real ``mcpd serve`` (``tests/conftest.py``'s ``start_daemon``: private CA, a token, a
-free port on 127.0.0.1), opens the sessions with :class:`mcpd.client.Client`, and has each one
+free port on 127.0.0.1), opens the sessions with :class:`mcpd.client.api.Client`, and has each one
 read a file of ``--size`` bytes ``--reads`` times, one call at a time per session, all sessions at
 once. Every answer is checked against the file. Prints total calls/s and p50/p99/max latency in
 milliseconds, plus a single-session baseline measured in the same run, so the figures can be read
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mcpd.client import Client, text_of  # noqa: E402
+from mcpd.client.api import Client, text_of  # noqa: E402
 from tests.conftest import start_daemon, stop_daemon  # noqa: E402
 
 DEADLINE_SECONDS = 300.0

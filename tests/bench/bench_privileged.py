@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mcpd.client import Client  # noqa: E402
+from mcpd.client.api import Client  # noqa: E402
 from tests.integration.privsep_fixture import start_privsep, stop_privsep  # noqa: E402
 from tests.osaccounts import AccountFactory  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Benchmark: calls/s through the worker pool for a 4 KiB file (DESIGN.md "worker").
 
 Run: ``.venv/bin/python tests/bench/bench_worker.py [--calls N]``. Prints figures only; the
-baseline is the same op run in-process (``mcpd.ops.run``), measured in the same run, so the
+baseline is the same op run in-process (``mcpd.core.ops.run``), measured in the same run, so the
 ratio shows what the process boundary costs.
 """
 
@@ -14,8 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from mcpd import config, fileopen, ops
-from mcpd.worker import LocalSpawner, WorkerPool
+from mcpd.common import config
+from mcpd.core import fileopen
+from mcpd.core import ops
+from mcpd.front.pool import LocalSpawner, WorkerPool
 
 
 def baseline(path: str, calls: int, limits: config.ReadLimits) -> float:

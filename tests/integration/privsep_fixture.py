@@ -39,7 +39,9 @@ from typing import Any
 import pytest
 import yaml
 
-from mcpd import certs, devroot, identity
+from mcpd.admin import certs
+from mcpd.admin import devroot
+from mcpd.common import identity
 from tests.osaccounts import Account, AccountFactory, require_root
 
 START_SECONDS = 30.0
@@ -139,7 +141,7 @@ class PrivsepDaemon:
         self.socket_path.unlink(missing_ok=True)  # a killed helper's socket must not look ready
         with open(self.state_dir / "helper.log", "ab") as log:
             self.helper = subprocess.Popen(
-                [sys.executable, "-m", "mcpd.cli", "helper", "--config", str(self.config_path)],
+                [sys.executable, "-m", "mcpd.admin.cli", "helper", "--config", str(self.config_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.state_dir,
             )
         deadline = time.monotonic() + START_SECONDS
@@ -170,7 +172,7 @@ class PrivsepDaemon:
         port = int(self.url.rsplit(":", 1)[1])
         with open(self.state_dir / "front.log", "ab") as log:
             self.front = subprocess.Popen(
-                [sys.executable, "-m", "mcpd.server", "--config", str(self.config_path)],
+                [sys.executable, "-m", "mcpd.front.server", "--config", str(self.config_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.state_dir,
                 user=self.service.pw_uid, group=self.service.pw_gid, extra_groups=[],
                 env={"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": "/"},

@@ -15,7 +15,9 @@ import threading
 import time
 from pathlib import Path
 
-from mcpd import config, devmode, identity
+from mcpd.common import config
+from mcpd.admin import devmode
+from mcpd.common import identity
 
 BIN = Path(sys.executable).parent
 START_DEADLINE = 60.0  # seconds the daemon gets to print its exports and answer

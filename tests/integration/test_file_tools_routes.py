@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from mcpd.client import Client, ResourceFailed, ToolFailed
+from mcpd.client.api import Client, ResourceFailed, ToolFailed
 from tests.conftest import Daemon, SseSession
 from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
 

@@ -1,6 +1,6 @@
 """SPEC §3 (``files/read``) row by row through the real daemon: TLS + SSE on 127.0.0.1 (issue 2).
 
-Every call goes through ``mcpd.client.Client`` to a real ``mcpd serve`` (the ``daemon`` fixture) and
+Every call goes through ``mcpd.client.api.Client`` to a real ``mcpd serve`` (the ``daemon`` fixture) and
 its worker processes, and every assertion is on what an agent receives over the wire: the tool
 result's ``isError``, ``content[0].text`` and ``structuredContent.error.code/details``.
 The reading core itself is tested row by row in ``tests/unit/test_textread.py``.
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from mcpd.client import Client
+from mcpd.client.api import Client
 from tests.conftest import Daemon
 
 CALL_TIMEOUT = 30.0  # seconds: a bound against hanging the suite, never asserted on

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mcpd.client import Client, ToolFailed
+from mcpd.client.api import Client, ToolFailed
 from tests.conftest import Daemon, start_daemon, stop_daemon
 
 QUOTA = 3

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from mcpd import certs, client
+from mcpd.admin import certs
+from mcpd.client import api as client
 
 LINUXCTL = str(Path(sys.executable).parent / "linuxctl")
 

@@ -23,8 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from mcpd import identity, login_client
-from mcpd.client import AuthError, Client, ToolFailed, ssl_context
+from mcpd.common import identity
+from mcpd.client import login as login_client
+from mcpd.client.api import AuthError, Client, ToolFailed, ssl_context
 from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.osaccounts import Account, AccountFactory, ensure_user, expire_user, lock_user
 
@@ -227,12 +228,12 @@ def test_revoked_by_mcpd_users_sessions_closes_the_stream(pamd: Any) -> None:
     d, _, pw = pamd
     token = login(d, d.accounts["bob"].name, pw["bob"])
     token_id = identity.TOKEN_RE.match(token).group(1)  # type: ignore[union-attr]
-    listed = subprocess.run([sys.executable, "-m", "mcpd.cli", "users", "sessions", "--config", str(d.config_path)],
+    listed = subprocess.run([sys.executable, "-m", "mcpd.admin.cli", "users", "sessions", "--config", str(d.config_path)],
                             capture_output=True, text=True, timeout=60, check=True).stdout
     assert token_id in listed and token not in listed
 
     def revoke() -> None:
-        subprocess.run([sys.executable, "-m", "mcpd.cli", "users", "sessions", "--config", str(d.config_path),
+        subprocess.run([sys.executable, "-m", "mcpd.admin.cli", "users", "sessions", "--config", str(d.config_path),
                         "--revoke", token_id], capture_output=True, timeout=60, check=True)
 
     assert asyncio.run(_stream_ends_after(d, token, revoke))
@@ -244,7 +245,7 @@ def test_rotating_a_users_token_closes_its_open_sessions(pamd: Any) -> None:
     old = d.tokens["bob"]
 
     def rotate() -> None:
-        out = subprocess.run([sys.executable, "-m", "mcpd.cli", "users", "rotate", "bob",
+        out = subprocess.run([sys.executable, "-m", "mcpd.admin.cli", "users", "rotate", "bob",
                               "--file", str(d.state_dir / "users.yaml")],
                              capture_output=True, text=True, timeout=60, check=True).stdout
         d.tokens["bob"] = out.strip()
@@ -269,17 +270,17 @@ def test_linuxctl_login_password_stdin_and_logout(pamd: Any) -> None:
     d, _, pw = pamd
     env = dict(os.environ, MCPD_URL=d.url, MCPD_CACERT=d.cacert)
     env.pop("MCP_TOKEN", None)
-    out = subprocess.run([sys.executable, "-m", "mcpd.linuxctl", "login", "--user", d.accounts["alice"].name,
+    out = subprocess.run([sys.executable, "-m", "mcpd.client.linuxctl", "login", "--user", d.accounts["alice"].name,
                           "--password-stdin"], input=pw["alice"] + "\n", capture_output=True, text=True,
                          timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("export MCP_TOKEN=mcpd_")
     token = out.stdout.strip().split("=", 1)[1]
-    bad = subprocess.run([sys.executable, "-m", "mcpd.linuxctl", "login", "--user", d.accounts["alice"].name,
+    bad = subprocess.run([sys.executable, "-m", "mcpd.client.linuxctl", "login", "--user", d.accounts["alice"].name,
                           "--password-stdin"], input="wrong\n", capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 3 and "authentication failed" in bad.stderr
     env["MCP_TOKEN"] = token
-    gone = subprocess.run([sys.executable, "-m", "mcpd.linuxctl", "logout"], capture_output=True, text=True,
+    gone = subprocess.run([sys.executable, "-m", "mcpd.client.linuxctl", "logout"], capture_output=True, text=True,
                           timeout=60, env=env)
     assert gone.returncode == 0, gone.stderr
     assert status_of_sse(d, token) == 401

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from mcpd.client import Client, text_of
+from mcpd.client.api import Client, text_of
 from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
     SECRET_TEXT,
@@ -373,7 +373,7 @@ def _dev_lines(proc: subprocess.Popen[str], out: "queue.Queue[str]") -> None:
 def test_dev_mode_as_root_runs_helper_and_front_as_service_user(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: `mcpd dev` as root starts the root helper")
-    from mcpd import devroot
+    from mcpd.admin import devroot
     from tests.integration.privsep_fixture import free_port
 
     base = Path(tempfile.mkdtemp(prefix="mcpd-devroot-", dir="/tmp"))

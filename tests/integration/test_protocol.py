@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from mcpd.identity import Principal
-from mcpd.privileged import Unavailable
-from mcpd.protocol import Caller, Dispatcher, McpSession
+from mcpd.common.identity import Principal
+from mcpd.front.privileged import Unavailable
+from mcpd.front.protocol import Caller, Dispatcher, McpSession
 from tests.conftest import Daemon, SseSession
 
 pytestmark = pytest.mark.anyio
@@ -342,7 +342,7 @@ async def test_unexpected_exception_generic_error_traceback_in_log(caplog: pytes
 
 
 async def test_progress_hook_sends_notifications_progress() -> None:
-    from mcpd.protocol import RequestContext
+    from mcpd.front.protocol import RequestContext
 
     out: list[Any] = []
     caller = Caller(Principal("alice", "root", "0" * 12), "tok", "peer")

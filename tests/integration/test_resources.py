@@ -19,7 +19,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.sse import sse_client
 
-from mcpd.client import Client, ResourceFailed, ToolFailed, read_resource_sync, text_of
+from mcpd.client.api import Client, ResourceFailed, ToolFailed, read_resource_sync, text_of
 from tests.conftest import Daemon
 
 pytestmark = pytest.mark.anyio

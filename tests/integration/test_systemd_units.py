@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.config import EXIT_CONFIG
+from mcpd.common.config import EXIT_CONFIG
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
@@ -114,7 +114,7 @@ def test_sandbox_exposure_front_at_most_2(tmp_path: Path) -> None:
 
 
 def test_config_broken_exit_status_prevents_restart() -> None:
-    """Both services restart on failure except on EXIT_CONFIG (78), as mcpd.config promises."""
+    """Both services restart on failure except on EXIT_CONFIG (78), as mcpd.common.config promises."""
     for name in ("mcpd.service", "mcpd-helper.service"):
         service = parse_unit(UNITS / name)["Service"]
         assert service["Restart"] == ["on-failure"], name

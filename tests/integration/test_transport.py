@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from mcpd import config
-from mcpd.server import tls_context
+from mcpd.common import config
+from mcpd.front.server import tls_context
 from tests.conftest import Daemon, SseSession, open_raw, read_status
 
 pytestmark = pytest.mark.anyio

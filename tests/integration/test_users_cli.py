@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpd import identity
+from mcpd.common import identity
 
 MCPD = str(Path(sys.executable).parent / "mcpd")
 ME = pwd.getpwuid(os.geteuid()).pw_name

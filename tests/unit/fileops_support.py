@@ -1,6 +1,6 @@
 """Real op contexts for the fileops tests (not a test module).
 
-Uses the product's unprivileged openers (``mcpd.fileopen``) and ``mcpd.ops.OpContext`` when they
+Uses the product's unprivileged openers (``mcpd.core.fileopen``) and ``mcpd.core.ops.OpContext`` when they
 exist; until then, the same kernel calls (``os.open`` with ``O_NONBLOCK``, fstat checks) — real
 openers, not mocks.
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from mcpd.errors import NOT_A_REGULAR_FILE, ToolError, from_oserror
+from mcpd.common.errors import NOT_A_REGULAR_FILE, ToolError, from_oserror
 
 
 def _open_dir(path: str) -> int:
@@ -52,8 +52,8 @@ def make_ctx(
     of, od = openers()
     fields: dict[str, Any] = {"open_file": open_file or of, "open_dir": od, "allow": allow}
     try:
-        from mcpd.config import ReadLimits
-        from mcpd.ops import OpContext  # type: ignore[attr-defined]
+        from mcpd.common.config import ReadLimits
+        from mcpd.core.ops import OpContext  # type: ignore[attr-defined]
     except ImportError:
         return SimpleNamespace(progress=progress, **fields)
     if "progress" in OpContext.__dataclass_fields__:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mcpd.grants_cli import audit
+from mcpd.admin.grants_cli import audit
 from mcpd.helper.audit import AuditError, AuditLog, tail_lines
 
 
@@ -129,7 +129,7 @@ def test_audit_tail_follow_prints_new_records(tmp_path: Path) -> None:
     log = AuditLog(str(path), syslog=False)
     log.record("accept", bytes=1)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mcpd.grants_cli", "audit", "tail", "-n", "1", "--follow", "--file", str(path)],
+        [sys.executable, "-m", "mcpd.admin.grants_cli", "audit", "tail", "-n", "1", "--follow", "--file", str(path)],
         stdout=subprocess.PIPE,
     )
     try:

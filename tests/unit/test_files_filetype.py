@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError
-from mcpd.fileops.filetype import SAMPLE_BYTES, filetype, op_filetype
-from mcpd.tools import files_filetype
+from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError
+from mcpd.core.fileops.filetype import SAMPLE_BYTES, filetype, op_filetype
+from mcpd.core.tools import files_filetype
 
 sys.path.insert(0, os.path.dirname(__file__))
 from fileops_support import make_ctx, openers  # noqa: E402
@@ -145,7 +145,7 @@ def test_filetype_fifo_never_blocks(tmp_path: Path) -> None:
     # and the child would be killed by the timeout instead of printing
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from fileops_support import make_ctx; from mcpd.fileops.filetype import filetype;"
+        "from fileops_support import make_ctx; from mcpd.core.fileops.filetype import filetype;"
         "print(filetype(sys.argv[2], make_ctx())['mime'], filetype(sys.argv[3], make_ctx())['mime'])"
     )
     out = subprocess.run(
@@ -218,7 +218,7 @@ def test_filetype_schema_closed() -> None:
 
 
 def test_filetype_registered_in_ops_run(tmp_path: Path) -> None:
-    from mcpd import ops
+    from mcpd.core import ops
 
     os.mkfifo(tmp_path / "p")
     reply = ops.run({"id": 9, "op": "files/filetype", "args": {"path": str(tmp_path / "p")}}, make_ctx())
@@ -245,8 +245,8 @@ def test_filetype_in_search_only_directory_as_the_account() -> None:
         (base / "closed" / "x.txt").write_text("x\n")
         code = (
             "import sys, json; sys.path.insert(0, sys.argv[1]);"
-            "from fileops_support import make_ctx; from mcpd.fileops.filetype import filetype;"
-            "from mcpd.errors import ToolError\n"
+            "from fileops_support import make_ctx; from mcpd.core.fileops.filetype import filetype;"
+            "from mcpd.common.errors import ToolError\n"
             "out = [filetype(sys.argv[2], make_ctx())['mime'], filetype(sys.argv[3], make_ctx())['mime']]\n"
             "try:\n filetype(sys.argv[4], make_ctx()); out.append('read')\n"
             "except ToolError as e:\n out.append(e.code)\n"

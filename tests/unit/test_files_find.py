@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.errors import INVALID_ARGUMENT, ToolError
-from mcpd.fileops.find import FindQuery, find, op_find
-from mcpd.tools import files_find
+from mcpd.common.errors import INVALID_ARGUMENT, ToolError
+from mcpd.core.fileops.find import FindQuery, find, op_find
+from mcpd.core.tools import files_find
 
 sys.path.insert(0, os.path.dirname(__file__))
 from fileops_support import make_ctx  # noqa: E402
@@ -164,7 +164,7 @@ def test_find_unreadable_subdirectory_reported_and_skipped(shared_dir: Path) -> 
     (shared_dir / "z.txt").write_bytes(b"")
     code = (
         "import sys, json; sys.path.insert(0, sys.argv[1]);"
-        "from fileops_support import make_ctx; from mcpd.fileops.find import find, FindQuery;"
+        "from fileops_support import make_ctx; from mcpd.core.fileops.find import find, FindQuery;"
         "print(json.dumps(find(sys.argv[2], make_ctx(), FindQuery(name='*.txt'))))"
     )
     out = subprocess.run(
@@ -257,7 +257,7 @@ def test_find_parse_args_defaults() -> None:
 
 
 def test_find_registered_in_ops_run(tree: Path) -> None:
-    from mcpd import ops
+    from mcpd.core import ops
 
     reply = ops.run({"id": 1, "op": "files/find", "args": {"root": str(tree), "name": "two.txt"}}, make_ctx())
     assert reply["ok"] is True

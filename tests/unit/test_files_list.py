@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError
-from mcpd.fileops.listing import list_path, op_list
-from mcpd.tools import files_list
+from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError
+from mcpd.core.fileops.listing import list_path, op_list
+from mcpd.core.tools import files_list
 
 sys.path.insert(0, os.path.dirname(__file__))
 from fileops_support import make_ctx  # noqa: E402
@@ -168,8 +168,8 @@ def test_list_permission_denied_for_the_account(shared_dir: Path) -> None:
     closed.mkdir(mode=0o700)
     code = (
         "import sys, json; sys.path.insert(0, sys.argv[1]);"
-        "from fileops_support import make_ctx; from mcpd.fileops.listing import list_path;"
-        "from mcpd.errors import ToolError\n"
+        "from fileops_support import make_ctx; from mcpd.core.fileops.listing import list_path;"
+        "from mcpd.common.errors import ToolError\n"
         "try:\n list_path(sys.argv[2], make_ctx()); print('listed')\n"
         "except ToolError as e:\n print(json.dumps(e.to_dict()))\n"
     )
@@ -226,7 +226,7 @@ def test_list_format_result_text_and_structured(tree: Path) -> None:
 
 
 def test_list_registered_in_ops_run(tree: Path) -> None:
-    from mcpd import ops
+    from mcpd.core import ops
 
     reply = ops.run({"id": 3, "op": "files/list", "args": {"path": str(tree), "limit": 1}}, make_ctx())
     assert reply["ok"] is True and reply["id"] == 3

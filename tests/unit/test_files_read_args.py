@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from mcpd.errors import INVALID_ARGUMENT, ToolError
-from mcpd.tools import files_read
+from mcpd.common.errors import INVALID_ARGUMENT, ToolError
+from mcpd.core.tools import files_read
 
 
 def invalid(args: Any) -> ToolError:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mcpd.grants_cli import grants
+from mcpd.admin.grants_cli import grants
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.grants import (
     NO_GRANT,
@@ -26,7 +26,7 @@ from mcpd.helper.grants import (
 )
 from mcpd.helper.grants_reload import PolicyHolder
 from mcpd.helper.pathmatch import entry_covers, split_entry
-from mcpd.helper.strictyaml import ConfigFileError, load_secure_yaml
+from mcpd.common.strictyaml import ConfigFileError, load_secure_yaml
 
 NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)
 

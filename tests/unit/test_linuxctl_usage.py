@@ -9,7 +9,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from mcpd import client, linuxctl
+from mcpd.client import api as client
+from mcpd.client import linuxctl
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError
+from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError
 from mcpd.helper import opener
 
 METHODS = ["openat2", "walk"] if opener.HAVE_OPENAT2 else ["walk"]

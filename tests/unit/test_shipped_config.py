@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from mcpd import config
+from mcpd.common import config
 from mcpd.helper.grants import DENIED, GRANTED, NO_GRANT, TOOLS, decide, load_policy, parse_policy
-from mcpd.identity import parse_users, verify
+from mcpd.common.identity import parse_users, verify
 
 ETC = Path(__file__).resolve().parents[2] / "etc"
 DAEMON = ETC / "mcpd/mcpd.yaml"
@@ -41,7 +41,7 @@ def _file_keys(data: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_shipped_daemon_config_loads_and_equals_defaults() -> None:
-    """etc/mcpd/mcpd.yaml passes mcpd.config.load and states exactly the built-in defaults."""
+    """etc/mcpd/mcpd.yaml passes mcpd.common.config.load and states exactly the built-in defaults."""
     assert config.load(DAEMON) == config.Config()
 
 

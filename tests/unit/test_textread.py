@@ -1,6 +1,6 @@
 """SPEC §3 (files/read) row by row, and issue 4's encoding/include_metadata, against real files.
 
-Every call goes through ``ops.run`` with the real unprivileged opener (``mcpd.fileopen``), so the
+Every call goes through ``ops.run`` with the real unprivileged opener (``mcpd.core.fileopen``), so the
 request frame, validation, opening, reading and the reply frame are all exercised.
 """
 
@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from mcpd import fileopen, ops
-from mcpd.config import ReadLimits
+from mcpd.core import fileopen
+from mcpd.core import ops
+from mcpd.common.config import ReadLimits
 
 LIMITS = ReadLimits()
 CTX = ops.OpContext(limits=LIMITS, open_file=fileopen.open_regular, open_dir=fileopen.open_directory)
@@ -643,8 +644,9 @@ def test_include_metadata_language(tmp_path: Path, name: str, head: bytes, langu
 
 _PEAK = r"""
 import json, os, sys
-from mcpd import fileopen, ops
-from mcpd.config import ReadLimits
+from mcpd.core import fileopen
+from mcpd.core import ops
+from mcpd.common.config import ReadLimits
 def hwm():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):

@@ -22,9 +22,11 @@ from typing import Any
 
 import pytest
 
-from mcpd import config, errors, frames
-from mcpd.errors import ToolError
-from mcpd.worker import LocalSpawner, WorkerPool
+from mcpd.common import config
+from mcpd.common import errors
+from mcpd.common import frames
+from mcpd.common.errors import ToolError
+from mcpd.front.pool import LocalSpawner, WorkerPool
 
 HUNG_TIMEOUT = 1.0  # seconds: the deadline used for calls that are meant to hit a stopped worker
 

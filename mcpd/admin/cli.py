@@ -1,0 +1,223 @@
+"""The ``mcpd`` command: ``serve``, ``dev``, ``certs`` and ``users`` (SPEC §1.1, §5.1).
+
+Other command groups live in their own modules and are registered at the bottom of this file
+with ``main.add_command(...)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import pwd
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from mcpd.admin import certs
+from mcpd.common import identity
+
+DEFAULT_USERS_FILE = "/etc/mcpd/users.yaml"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """mcpd: serve this server's files to MCP agents over TLS."""
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="The daemon configuration (mcpd.yaml)")
+def serve(config_path: str) -> None:
+    """Run the daemon in the foreground (exit 78 when the configuration is broken)."""
+    from mcpd.front.server import serve as run_server
+
+    sys.exit(run_server(config_path))
+
+
+@main.command()
+@click.option("--state-dir", default="./dev-state", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for the CA, certificates, config and users file")
+@click.option("--port", default=9091, show_default=True, type=click.IntRange(1, 65535),
+              help="TCP port on 127.0.0.1")
+def dev(state_dir: str, port: int) -> None:
+    """Development mode: private CA, a `dev` user with a fresh token, server on 127.0.0.1 (SPEC §1.1)."""
+    from mcpd.admin import devmode
+
+    sys.exit(devmode.run(Path(state_dir), port))
+
+
+@main.command("certs")
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False),
+              help="Folder for ca.crt, ca.key, server.crt, server.key")
+@click.option("--host", "hosts", multiple=True, required=True, help="DNS name or IP for the certificate (repeat)")
+@click.option("--days", default=825, show_default=True, type=click.IntRange(1, 825), help="Server certificate lifetime")
+def certs_cmd(directory: str, hosts: tuple[str, ...], days: int) -> None:
+    """Create a private CA (reused when present) and issue a server certificate for HOSTs."""
+    pki = certs.make_pki(directory, list(hosts), days=days)
+    for label, path in (("ca_cert", pki.ca_cert), ("ca_key", pki.ca_key),
+                        ("server_cert", pki.server_cert), ("server_key", pki.server_key)):
+        click.echo(f"{label}: {path.resolve()}")
+
+
+# --- users (SPEC §5.1) -------------------------------------------------------------------------
+
+def users_file_option(fn: Callable[..., None]) -> Callable[..., None]:
+    """Add ``--file`` and ``--config`` to a users command and pass it the resolved ``users_file``:
+    ``--file`` (or ``MCPD_USERS_FILE``) wins, else the ``users_file`` of ``--config``'s mcpd.yaml,
+    else ``/etc/mcpd/users.yaml``."""
+
+    @click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False),
+                  help="mcpd.yaml, to find users_file")
+    @click.option("--file", "users_file", default=None, envvar="MCPD_USERS_FILE", type=click.Path(dir_okay=False),
+                  help=f"The users file [MCPD_USERS_FILE; default: from --config, else {DEFAULT_USERS_FILE}]")
+    @functools.wraps(fn)
+    def wrapper(*args: Any, config_path: str | None, users_file: str | None, **kwargs: Any) -> None:
+        if users_file is None and config_path:
+            from mcpd.common.config import EXIT_CONFIG, ConfigError, load
+
+            try:
+                users_file = load(config_path).users_file
+            except ConfigError as exc:
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(EXIT_CONFIG)
+        fn(*args, users_file=users_file or DEFAULT_USERS_FILE, **kwargs)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def locked_users(path: str) -> Iterator[dict[str, identity.UserRecord]]:
+    """Load ``users.yaml`` under an exclusive lock on its folder; save on a clean exit.
+
+    Raises:
+        click.ClickException: the file is malformed (exit 1).
+    """
+    folder = Path(path).resolve().parent
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            users = identity.load_users(path)
+        except identity.UsersFileError as exc:
+            raise click.ClickException(str(exc)) from None
+        yield users
+        identity.save_users(path, users)
+    finally:
+        os.close(fd)
+
+
+def check_os_user(name: str) -> None:
+    """Refuse a principal bound to an OS account that does not exist (SPEC §5.1)."""
+    if not identity.NAME_RE.match(name):
+        raise click.BadParameter(f"invalid account name {name!r}", param_hint="--os-user")
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        raise click.BadParameter(f"no such OS account: {name}", param_hint="--os-user") from None
+
+
+def issue_token(users: dict[str, identity.UserRecord], name: str, os_user: str) -> str:
+    """Replace ``name``'s tokens with one fresh token; return the plain token (to print once)."""
+    token, record = identity.new_token()
+    users[name] = identity.UserRecord(name=name, os_user=os_user, tokens=[record])
+    return token
+
+
+@main.group()
+def users() -> None:
+    """Manage principals and their tokens in users.yaml (SPEC §5.1)."""
+
+
+@users.command("add")
+@click.argument("name")
+@click.option("--os-user", help="OS account whose rights the principal uses [default: NAME]")
+@users_file_option
+def users_add(name: str, os_user: str | None, users_file: str) -> None:
+    """Add principal NAME and print its token (shown only this once)."""
+    if not identity.NAME_RE.match(name):
+        raise click.BadParameter(f"invalid principal name {name!r}", param_hint="NAME")
+    account = os_user or name
+    check_os_user(account)
+    with locked_users(users_file) as table:
+        if name in table:
+            raise click.ClickException(f"principal {name} exists; use `mcpd users rotate {name}`")
+        token = issue_token(table, name, account)
+    click.echo(token)
+
+
+@users.command("rotate")
+@click.argument("name")
+@users_file_option
+def users_rotate(name: str, users_file: str) -> None:
+    """Revoke NAME's tokens and print a fresh one (shown only this once)."""
+    with locked_users(users_file) as table:
+        if name not in table:
+            raise click.ClickException(f"no principal {name}")
+        token = issue_token(table, name, table[name].os_user)
+    click.echo(token)
+
+
+@users.command("remove")
+@click.argument("name")
+@users_file_option
+def users_remove(name: str, users_file: str) -> None:
+    """Remove principal NAME and all its tokens."""
+    with locked_users(users_file) as table:
+        if table.pop(name, None) is None:
+            raise click.ClickException(f"no principal {name}")
+    click.echo(f"removed {name}")
+
+
+@users.command("list")
+@users_file_option
+def users_list(users_file: str) -> None:
+    """List principals: name, OS account, token ids with creation and expiry (never digests)."""
+    try:
+        table = identity.load_users(users_file)
+    except identity.UsersFileError as exc:
+        raise click.ClickException(str(exc)) from None
+    for name, rec in sorted(table.items()):
+        tokens = ", ".join(
+            f"{t.id} (created {t.created}{', expires ' + t.expires if t.expires else ''})" for t in rec.tokens
+        )
+        click.echo(f"{name}\tos_user={rec.os_user}\ttokens: {tokens or 'none'}")
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="The daemon configuration (mcpd.yaml)")
+def helper(config_path: str) -> None:
+    """Run the root helper (SPEC §4): token checks, account workers, grants, audit. Root only."""
+    import logging
+
+    from mcpd.common.config import EXIT_CONFIG, ConfigError, load
+    from mcpd.helper.server import run as run_helper
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load(config_path)
+    except ConfigError as exc:
+        click.echo(f"mcpd helper: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    sys.exit(run_helper(cfg))
+
+
+# Other command groups live in their own modules.
+from mcpd.admin.grants_cli import audit, grants  # noqa: E402
+
+main.add_command(grants)
+main.add_command(audit)
+
+from mcpd.admin.sessions_cli import sessions  # noqa: E402
+
+users.add_command(sessions)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,77 @@
+"""Client side of password logins (SPEC §5.2, §6; issue 5): ``POST /login`` and ``POST /logout``.
+
+Used by ``linuxctl login`` / ``linuxctl logout`` and by tests. Errors are the client's exception
+family (:mod:`mcpd.client.api`), so ``linuxctl`` exits 3 for a refused login and 4 when the server
+cannot be reached, is not trusted, or has no root helper to run PAM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from mcpd.client.api import AuthError, ConnectError, ProtocolError, UsageError, sse_url, ssl_context
+
+
+def route_url(url: str, route: str) -> str:
+    """``https://host:port[/base]/ROUTE`` for a server URL as ``linuxctl`` takes it (with or without ``/sse``)."""
+    return sse_url(url)[: -len("/sse")] + "/" + route
+
+
+def _post(url: str, route: str, cafile: str | None, timeout: float, **kwargs: Any) -> httpx.Response:
+    try:
+        with httpx.Client(verify=ssl_context(cafile), timeout=timeout) as client:
+            return client.post(route_url(url, route), **kwargs)
+    except httpx.HTTPError as exc:
+        raise ConnectError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
+
+
+def login(url: str, user: str, password: str, cafile: str | None, timeout: float = 60.0) -> dict[str, Any]:
+    """Log in with an OS password; return ``{"token", "expires" (UNIX seconds), "user"}``.
+
+    Raises:
+        AuthError: refused (wrong password, locked or expired account, lockout): exit 3.
+        ConnectError: unreachable, untrusted, or no helper on the server (503): exit 4.
+        UsageError: bad URL or CA file.
+    """
+    if not user or not password:
+        raise UsageError("user and password must not be empty")
+    resp = _post(url, "login", cafile, timeout, json={"user": user, "password": password})
+    if resp.status_code == 401:
+        raise AuthError("authentication failed")
+    if resp.status_code == 503:
+        raise ConnectError(_error_text(resp))
+    if resp.status_code != 200:
+        raise ProtocolError(f"login answered {resp.status_code}: {_error_text(resp)}")
+    data = resp.json()
+    if not isinstance(data, dict) or not isinstance(data.get("token"), str):
+        raise ProtocolError("login answer has no token")
+    return data
+
+
+def logout(url: str, token: str, cafile: str | None, timeout: float = 30.0) -> None:
+    """Revoke the login ``token`` on the server.
+
+    Raises:
+        AuthError: the token is already invalid (exit 3).
+        UsageError: it is a static token, which ``mcpd users rotate`` changes instead (exit 2).
+        ConnectError: unreachable or no helper (exit 4).
+    """
+    resp = _post(url, "logout", cafile, timeout, headers={"Authorization": f"Bearer {token}"})
+    if resp.status_code == 401:
+        raise AuthError("token is not valid (already logged out or expired)")
+    if resp.status_code == 400:
+        raise UsageError(_error_text(resp))
+    if resp.status_code == 503:
+        raise ConnectError(_error_text(resp))
+    if resp.status_code != 200:
+        raise ProtocolError(f"logout answered {resp.status_code}")
+
+
+def _error_text(resp: httpx.Response) -> str:
+    try:
+        data = resp.json()
+    except ValueError:
+        return resp.text[:200]
+    return str(data.get("error")) if isinstance(data, dict) else resp.text[:200]

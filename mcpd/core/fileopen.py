@@ -1,0 +1,101 @@
+"""Opening files on the unprivileged route (SPEC §3 "non-regular files", INTERNALS.md).
+
+The kernel decides what the worker's account may read. Files are opened without blocking
+(``O_NONBLOCK``: a FIFO with no writer opens at once), never become a controlling terminal
+(``O_NOCTTY``) and are not inherited (``O_CLOEXEC``); the type is then checked with ``fstat`` on
+the descriptor, so a FIFO, socket or device (``/dev/zero``) is refused before a byte is read.
+A ``stat`` before opening also spares devices the side effects of being opened at all; the
+``fstat`` after opening stays the authoritative check.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from mcpd.common.errors import INVALID_ARGUMENT, NOT_A_REGULAR_FILE, ToolError, from_oserror
+
+_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+
+def kind(mode: int) -> str:
+    """The SPEC §2.5 ``details.type`` of a file mode: ``regular file``, ``directory``, ``fifo``,
+    ``socket``, ``char device``, ``block device`` (``symlink``/``unknown`` otherwise)."""
+    for test, name in (
+        (stat.S_ISREG, "regular file"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "char device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISLNK, "symlink"),
+    ):
+        if test(mode):
+            return name
+    return "unknown"
+
+
+def not_regular(path: str, mode: int) -> ToolError:
+    """``NOT_A_REGULAR_FILE`` for ``path`` whose ``st_mode`` is ``mode`` (details: ``path``, ``type``)."""
+    t = kind(mode)
+    return ToolError(NOT_A_REGULAR_FILE, f"not a regular file: {path} is a {t}", path=path, type=t)
+
+
+def _open(path: str, flags: int) -> int:
+    try:
+        return os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket (or a device without its driver)
+            try:
+                return_mode = os.stat(path).st_mode
+            except OSError:
+                raise from_oserror(exc, path) from None
+            raise not_regular(path, return_mode) from None
+        raise from_oserror(exc, path) from None
+
+
+def open_regular(path: str) -> int:
+    """Open ``path`` (absolute) for reading and return the descriptor of a regular file.
+
+    Raises:
+        ToolError: ``FILE_NOT_FOUND``, ``PERMISSION_DENIED`` (details ``path``, ``reason``),
+            ``NOT_A_REGULAR_FILE`` (details ``path``, ``type``: ``directory|fifo|socket|char
+            device|block device``); the descriptor is closed before raising.
+    """
+    try:
+        pre = os.stat(path)
+    except OSError as exc:
+        raise from_oserror(exc, path) from None
+    if not stat.S_ISREG(pre.st_mode):
+        raise not_regular(path, pre.st_mode)
+    fd = _open(path, _FILE_FLAGS)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as exc:
+        os.close(fd)
+        raise from_oserror(exc, path) from None
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise not_regular(path, mode)
+    return fd
+
+
+def open_directory(path: str) -> int:
+    """Open ``path`` (absolute) as a directory (``O_DIRECTORY``) and return the descriptor.
+
+    Raises:
+        ToolError: ``FILE_NOT_FOUND``, ``PERMISSION_DENIED``, or ``INVALID_ARGUMENT`` (details
+            ``path``, ``type``) when it exists but is not a directory.
+    """
+    try:
+        return os.open(path, _DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ENOTDIR:
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                raise from_oserror(exc, path) from None
+            raise ToolError(INVALID_ARGUMENT, f"not a directory: {path}", path=path, type=kind(mode)) from None
+        raise from_oserror(exc, path) from None

@@ -1,0 +1,177 @@
+"""``files/filetype``: what a file is, without reading more than a sample (issue 4).
+
+The last component is examined with ``lstat`` relative to the parent's descriptor, so a symlink
+is reported as ``inode/symlink`` (with its target) and a FIFO, socket or device as
+``inode/fifo`` etc. without ever being opened: nothing can block. A regular file is opened once
+through ``ctx.open_file``; the descriptor must be the inode ``lstat`` saw (else
+``PERMISSION_DENIED``, reason ``path changed while opening``); at most :data:`SAMPLE_BYTES` are
+read from it and everything else (libmagic's MIME type, text or binary, encoding, line endings)
+is judged from those bytes.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+from typing import Any
+
+import charset_normalizer
+import magic
+
+from mcpd.common.errors import PERMISSION_DENIED, ToolError, from_oserror
+from mcpd.core.fileops import SAMPLE_BYTES, Context, allowed, clean, lstat_path, no_grant, type_name
+from mcpd.core.tools import files_filetype
+
+BINARY_PROBE = 8 * 1024  # a NUL in these first bytes means binary (SPEC §3's rule)
+
+_INODE_MIME = {
+    "dir": "inode/directory",
+    "symlink": "inode/symlink",
+    "fifo": "inode/fifo",
+    "socket": "inode/socket",
+    "char": "inode/chardevice",
+    "block": "inode/blockdevice",
+}
+
+# Longest first: the UTF-32-LE BOM starts with the UTF-16-LE one.
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+
+
+def filetype(path: str, ctx: Context) -> dict[str, Any]:
+    """Describe ``path``'s type, MIME type, text/binary nature, encoding and line endings.
+
+    Args:
+        path: absolute path; a symlink is described, never followed.
+        ctx: the op context (``open_dir`` for the parent, ``open_file`` for a regular file,
+            ``allow`` on the privileged route).
+
+    Returns:
+        ``{"path", "type", "mime", "size" (bytes)}`` and, for a symlink, ``"target"``; for a
+        regular file also ``"description"`` (libmagic's text), ``"text": bool``,
+        ``"encoding": str | None``, ``"bom": bool``, ``"line_endings": "LF" | "CRLF" | "CR" |
+        "mixed" | "none" | None`` (None for binary), ``"line_ending_counts"`` and
+        ``"sampled_bytes"`` (how many bytes the verdict rests on).
+
+    Raises:
+        ToolError: ``FILE_NOT_FOUND``, ``PERMISSION_DENIED`` (kernel refusal, outside the
+            grant, or ``path changed while opening``), or the opener's own error.
+    """
+    path = clean(path)
+    if not allowed(ctx, path):
+        raise no_grant(path)
+    st, target = lstat_path(ctx, path)
+    kind = type_name(st.st_mode)
+    result: dict[str, Any] = {"path": path, "type": kind, "size": st.st_size}
+    if kind != "file":
+        result["mime"] = _INODE_MIME.get(kind, "inode/x-unknown")
+        if target is not None:
+            result["target"] = target
+        return result
+    sample = _sample(ctx, path, st)
+    result.update(describe_bytes(sample, truncated=len(sample) >= SAMPLE_BYTES))
+    return result
+
+
+def _sample(ctx: Context, path: str, lst: os.stat_result) -> bytes:
+    """Open ``path`` once through the context, check it is ``lst``'s inode, read the sample."""
+    fd = ctx.open_file(path)
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (lst.st_dev, lst.st_ino):
+            raise ToolError(
+                PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="path changed while opening"
+            )
+        chunks: list[bytes] = []
+        got = 0
+        while got < SAMPLE_BYTES:
+            chunk = os.read(fd, SAMPLE_BYTES - got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+    except OSError as err:
+        raise from_oserror(err, path) from None
+    finally:
+        os.close(fd)
+
+
+def describe_bytes(sample: bytes, truncated: bool) -> dict[str, Any]:
+    """Judge the first bytes of a regular file.
+
+    Args:
+        sample: up to :data:`SAMPLE_BYTES` bytes from the start of the file.
+        truncated: True when the file may continue past ``sample`` (a character or a
+            ``\\r\\n`` cut at the end is then not held against it).
+
+    Returns:
+        The regular-file fields documented in :func:`filetype`.
+    """
+    mime = magic.from_buffer(sample, mime=True)
+    description = magic.from_buffer(sample)
+    encoding, bom = _encoding(sample, truncated)
+    out: dict[str, Any] = {
+        "mime": mime,
+        "description": description,
+        "text": encoding is not None or not sample,
+        "encoding": encoding,
+        "bom": bom,
+        "line_endings": None,
+        "line_ending_counts": None,
+        "sampled_bytes": len(sample),
+    }
+    if encoding is not None:
+        text = sample.decode(encoding, errors="replace")
+        if bom and text.startswith("\ufeff"):
+            text = text[1:]
+        if truncated and text.endswith("\r"):
+            text = text[:-1]  # its "\n" may be the next byte
+        out["line_endings"], out["line_ending_counts"] = _line_endings(text)
+    elif not sample:
+        out["line_endings"] = "none"
+        out["line_ending_counts"] = {"LF": 0, "CRLF": 0, "CR": 0}
+    return out
+
+
+def _encoding(sample: bytes, truncated: bool) -> tuple[str | None, bool]:
+    """``(encoding, bom)``: BOM first, then strict UTF-8, then charset-normalizer; None = binary."""
+    for mark, name in _BOMS:
+        if sample.startswith(mark):
+            return name, True
+    if not sample or b"\0" in sample[:BINARY_PROBE]:
+        return None, False
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        decoder.decode(sample, final=not truncated)
+        return "utf-8", False
+    except UnicodeDecodeError:
+        pass
+    best = charset_normalizer.from_bytes(sample).best()
+    if best is None:
+        return None, False
+    return str(best.encoding), False
+
+
+def _line_endings(text: str) -> tuple[str, dict[str, int]]:
+    """Classify line terminators in ``text``: one kind, ``mixed``, or ``none``."""
+    crlf = text.count("\r\n")
+    counts = {"LF": text.count("\n") - crlf, "CRLF": crlf, "CR": text.count("\r") - crlf}
+    kinds = [k for k, n in counts.items() if n]
+    if not kinds:
+        return "none", counts
+    return (kinds[0] if len(kinds) == 1 else "mixed"), counts
+
+
+def op_filetype(args: Any, ctx: Context) -> dict[str, Any]:
+    """The ``files/filetype`` op handler: validates ``args`` again (the op trusts no caller).
+
+    Raises:
+        ToolError: ``INVALID_ARGUMENT`` from ``files_filetype.parse_args``, or :func:`filetype`'s.
+    """
+    return filetype(files_filetype.parse_args(args)["path"], ctx)

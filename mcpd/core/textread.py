@@ -1,0 +1,291 @@
+"""The reading core: pure functions from an open descriptor to SPEC §3's answer.
+
+One core serves the account workers and the root helper's privileged child alike (DESIGN.md), so
+the two routes cannot drift apart. It reads only with ``os.pread`` on the descriptor it is given,
+streams in 1 MiB chunks, counts lines with ``bytes.count`` and never trusts the file size: memory
+is proportional to the answer (at most the response cap), never to the file.
+
+Lines end at ``\\n`` only. For UTF-8, ASCII, Latin-1, CP1252 and other ASCII-compatible
+encodings, lines are found in the bytes (0x0A is only ever ``\\n`` there) and the selection is
+returned byte-exact. For UTF-16/32 (where 0x0A may be half of another character) the file is
+decoded incrementally from its start up to the end of the selection and lines are found in the
+decoded text; bytes before the selection are decoded (an invalid byte there is an
+``ENCODING_ERROR``) but never held.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from mcpd.core import textdecode
+from mcpd.core import textmeta
+from mcpd.common.config import ReadLimits
+from mcpd.common.errors import BINARY_FILE, FILE_TOO_LARGE, LINE_TOO_LONG, RANGE_OUT_OF_BOUNDS, ToolError
+
+CHUNK = 1024 * 1024  # bytes per pread
+BINARY_PROBE = 8192  # bytes of the file's head searched for a NUL byte
+
+
+def too_large(size: int, limits: ReadLimits, suggestion: str) -> ToolError:
+    """A ``FILE_TOO_LARGE`` error (SPEC §3 "response cap"): ``size`` in bytes as far as known."""
+    return ToolError(
+        FILE_TOO_LARGE,
+        f"the answer would exceed the response cap of {limits.response_cap} bytes",
+        size=size,
+        limit=limits.response_cap,
+        suggestion=suggestion,
+    )
+
+
+def pread_full(fd: int, n: int, pos: int) -> bytes:
+    """Up to ``n`` bytes at byte ``pos`` (fewer only at end of file)."""
+    parts: list[bytes] = []
+    got = 0
+    while got < n:
+        b = os.pread(fd, min(n - got, CHUNK), pos + got)
+        if not b:
+            break
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
+
+
+def _nth(buf: Any, nl: Any, n: int, start: int = 0) -> int:
+    """Index of the ``n``-th (1-based) ``nl`` in ``buf`` at or after ``start`` (caller checked it exists)."""
+    p = start - 1
+    for _ in range(n):
+        p = buf.find(nl, p + 1)
+    return int(p)
+
+
+class _Selector:
+    """Line-mode state machine fed with consecutive chunks (bytes, or str for UTF-16/32)."""
+
+    def __init__(self, start: int, end: int | None, limits: ReadLimits, nl: Any, nbytes: Callable[[Any], int]):
+        self.start, self.end, self.limits, self.nl, self.nbytes = start, end, limits, nl, nbytes
+        self.line = 1  # number of the line at the current position
+        self.selecting = start == 1
+        self.done = False
+        self.col = 0  # length of the current selected line so far (bytes, or characters × unit)
+        self.line_off = 0  # byte offset of the current selected line
+        self.parts: list[Any] = []
+        self.size = 0  # bytes selected
+        self.seen = 0  # bytes scanned
+        self.last_nl = False
+
+    def feed(self, chunk: Any, byte_of: Callable[[int], int], scale: int) -> None:
+        """Consume one chunk; ``byte_of(i)`` is the file offset of ``chunk[i]``; ``scale`` bytes per unit."""
+        if not chunk:
+            return
+        self.last_nl = chunk[-1:] == self.nl
+        i = 0
+        if not self.selecting:
+            need = self.start - self.line
+            c = chunk.count(self.nl)
+            if c < need:
+                self.line += c
+                return
+            i = _nth(chunk, self.nl, need) + 1
+            self.line, self.selecting, self.col, self.line_off = self.start, True, 0, byte_of(i)
+        seg = chunk[i:]
+        if self.end is not None:
+            need = self.end - self.line + 1
+            if seg.count(self.nl) >= need:
+                seg, self.done = seg[: _nth(seg, self.nl, need) + 1], True
+        self._check_long(seg, lambda k: byte_of(i + k), scale)
+        self.line += seg.count(self.nl)
+        self.parts.append(seg)
+        self.size += self.nbytes(seg)
+        if self.size > self.limits.response_cap:
+            raise too_large(self.size, self.limits, "select fewer lines with start_line and end_line")
+
+    def _long(self, line: int, offset: int) -> ToolError:
+        return ToolError(
+            LINE_TOO_LONG,
+            f"line {line} is longer than {self.limits.max_line_bytes} bytes",
+            line=line,
+            offset=offset,
+        )
+
+    def _check_long(self, seg: Any, byte_of: Callable[[int], int], scale: int) -> None:
+        """SPEC §3 "long line": no selected line over ``max_line_bytes``; jumps window by window."""
+        mx = self.limits.max_line_bytes // scale
+        first = seg.find(self.nl)
+        if first == -1:
+            self.col += len(seg)
+            if self.col > mx:
+                raise self._long(self.line, self.line_off)
+            return
+        if self.col + first > mx:
+            raise self._long(self.line, self.line_off)
+        last = seg.rfind(self.nl)
+        pos = first
+        while pos < last:
+            r = seg.rfind(self.nl, pos + 1, min(pos + mx + 2, last + 1))
+            if r == -1:
+                raise self._long(self.line + seg.count(self.nl, 0, pos + 1), byte_of(pos + 1))
+            pos = r
+        self.col = len(seg) - last - 1
+        self.line_off = byte_of(last + 1)
+        if self.col > mx:
+            raise self._long(self.line + seg.count(self.nl), self.line_off)
+
+    def total_lines(self) -> int:
+        """Lines in the file once it was scanned to the end: ``\\n`` count + 1 for an unterminated last line."""
+        return self.line - 1 + (1 if self.seen and not self.last_nl else 0)
+
+
+def _offsets(base: int) -> Callable[[int], int]:
+    return lambda k: base + k
+
+
+def _text_offsets(base: int, t: str, codec: str) -> Callable[[int], int]:
+    return lambda k: base + len(t[:k].encode(codec))
+
+
+def _byte_chunks(fd: int, pos: int) -> Iterator[tuple[bytes, Callable[[int], int]]]:
+    while True:
+        b = os.pread(fd, CHUNK, pos)
+        if not b:
+            return
+        yield b, _offsets(pos)
+        pos += len(b)
+
+
+def _text_chunks(fd: int, pos: int, codec: str, requested: str) -> Iterator[tuple[str, Callable[[int], int]]]:
+    dec = codecs.getincrementaldecoder(codec)()
+    start = pos
+    while True:
+        b = os.pread(fd, CHUNK, pos)
+        try:
+            t = dec.decode(b, final=not b)
+        except UnicodeDecodeError as exc:
+            raise textdecode.encoding_error(b, requested, exc.start) from None
+        yield t, _text_offsets(start, t, codec)
+        if not b:
+            return
+        pos += len(b)
+        start = pos - len(dec.getstate()[0])
+
+
+def _lines(fd: int, args: dict[str, Any], limits: ReadLimits, codec: str, bom: int) -> tuple[str, str, dict[str, Any]]:
+    start = args.get("start_line") or 1
+    end = args.get("end_line")
+    if end is not None and end < start:
+        end = None  # SPEC §3: end_line < start_line is ignored
+    wide = textdecode.is_wide(codec)
+    scale = textdecode.unit(codec) if wide else 1
+    nl: Any = "\n" if wide else b"\n"
+    nbytes: Callable[[Any], int] = (lambda s: len(s.encode(codec))) if wide else len
+    sel = _Selector(start, end, limits, nl, nbytes)
+    chunks = _text_chunks(fd, bom, codec, args["encoding"]) if wide else _byte_chunks(fd, bom)
+    for chunk, byte_of in chunks:
+        sel.seen += len(chunk)
+        sel.feed(chunk, byte_of, scale)
+        if sel.done:
+            break
+    if not sel.done:
+        total = sel.total_lines()
+        if start > total and not (total == 0 and start == 1):
+            raise ToolError(
+                RANGE_OUT_OF_BOUNDS,
+                f"start_line {start} is past the end of the file ({total} lines)",
+                start_line=start,
+                totalLines=total,
+            )
+    if wide:
+        text, used = "".join(sel.parts), codec
+    else:
+        win = textdecode.decode_window(b"".join(sel.parts), codec, args["encoding"], final=True)
+        text, used = win.text, win.codec
+    returned = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+    info = {"linesReturned": returned, "lineRange": {"start": start, "end": start + returned - 1}}
+    return text, used, info
+
+
+def _warning(args: dict[str, Any], first: int, end: int, total: int | None) -> str:
+    nxt: dict[str, Any] = {"path": args["path"], "offset": end}
+    if args.get("encoding", "utf-8") != "utf-8":
+        nxt["encoding"] = args["encoding"]
+    if args.get("privileged"):
+        nxt["privileged"] = True
+    of = f"{total} bytes total" if total is not None else "an unknown total (the file reports no size)"
+    call = json.dumps(nxt, ensure_ascii=False)
+    return f"[WARNING: File truncated: showed bytes {first}-{end - 1} of {of}. To read more, call files/read with {call}]"
+
+
+def _window(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits, codec: str, bom: int) -> tuple[str, str, dict[str, Any]]:
+    offset = args.get("offset") or 0
+    limit = args.get("limit")
+    n = limit if limit is not None else limits.default_bytes
+    cap = limits.response_cap
+    start = max(offset, bom)
+    n = max(0, n - (start - offset))  # the window counts file bytes, a stripped BOM included
+    suggestion = f"read a smaller range: offset/limit with limit <= {cap}, or start_line/end_line"
+    if n > cap and st.st_size - start > cap:
+        raise too_large(st.st_size, limits, suggestion)  # known too large: refuse without reading
+    want = min(n, cap + 1)
+    got = pread_full(fd, want + 1, start)
+    if len(got) > cap and n > cap:
+        raise too_large(max(st.st_size, start + len(got)), limits, suggestion)
+    more = len(got) > want
+    data = got[:want]
+    win = textdecode.decode_window(
+        data, codec, args["encoding"], final=not more, cut_start=start > bom, rel=start - bom
+    )
+    first, end = start + win.skip, start + win.skip + win.used
+    text = win.text
+    if limit is None and (more or end < start + len(data)):
+        seen = start + len(got)
+        total = st.st_size if st.st_size >= seen else None
+        sep = "\n" if text else ""  # always one added line break: the agent strips exactly it
+        text = text + sep + _warning(args, first, end, total)
+    return text, win.codec, {"byteRange": {"start": first, "end": end}}
+
+
+def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]:
+    """Answer a ``files/read`` call from an open regular file (SPEC §3, issue 4).
+
+    Args:
+        fd: a descriptor open for reading (position is not used; only ``pread``).
+        args: the normalised arguments of :func:`mcpd.core.tools.files_read.parse_args`: ``path``,
+            ``start_line``/``end_line``/``offset``/``limit`` (int or None), ``encoding``
+            (``utf-8``, ``ascii``, ``latin-1``, ``cp1252``, ``utf-16``, ``auto``),
+            ``include_metadata`` (bool).
+        limits: ``default_bytes``, ``response_cap``, ``max_line_bytes`` (bytes).
+
+    Returns:
+        ``{"text": str}``, plus ``"metadata"`` (see :func:`mcpd.core.textmeta.describe`) when
+        ``include_metadata``; for a line selection it adds ``linesReturned``, ``totalLines`` and
+        ``lineRange``.
+
+    Raises:
+        ToolError: ``BINARY_FILE``, ``ENCODING_ERROR``, ``FILE_TOO_LARGE``, ``LINE_TOO_LONG``,
+            ``RANGE_OUT_OF_BOUNDS``. ``OSError`` from reading propagates (the caller maps it).
+    """
+    st = os.fstat(fd)
+    head = pread_full(fd, BINARY_PROBE, 0)
+    bom_codec, bom = textdecode.sniff_bom(head)
+    requested = args.get("encoding") or "utf-8"
+    args = {**args, "encoding": requested}
+    codec = bom_codec or textdecode.ENCODINGS[requested]
+    exempt = (bom_codec is not None and textdecode.is_wide(bom_codec)) or requested == "utf-16"
+    if b"\0" in head and not exempt:
+        raise ToolError(BINARY_FILE, "cannot read binary file")
+    if args.get("start_line") is not None or args.get("end_line") is not None:
+        text, used, info = _lines(fd, args, limits, codec, bom)
+    else:
+        text, used, info = _window(fd, st, args, limits, codec, bom)
+    if len(text) > limits.response_cap // 4 and len(text.encode("utf-8")) > limits.response_cap:
+        raise too_large(st.st_size, limits, "read a smaller range")
+    result: dict[str, Any] = {"text": text}
+    if args.get("include_metadata"):
+        meta = textmeta.describe(fd, st, args["path"], head, used, bom, limits)
+        if "lineRange" in info:
+            info["totalLines"] = meta["lines"]
+        result["metadata"] = {**meta, **info}
+    return result

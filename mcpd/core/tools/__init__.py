@@ -1,0 +1,53 @@
+"""The tool registry (SPEC §2.4): tool name → the module that defines it.
+
+Each tool module defines ``NAME``, ``DESCRIPTION``, ``INPUT_SCHEMA``, ``parse_args(args)`` and
+``format_result(result)`` (see docs/INTERNALS.md). The front lists and dispatches exactly the
+tools in :data:`TOOLS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from mcpd.core.tools import files_filetype, files_find, files_list, files_read
+
+
+class ToolModule(Protocol):
+    """The shape every ``mcpd/tools/<tool>.py`` module has."""
+
+    NAME: str
+    DESCRIPTION: str
+    INPUT_SCHEMA: dict[str, Any]
+
+    def parse_args(self, args: Any) -> dict[str, Any]:
+        """Validate raw arguments; return them normalised (incl. ``privileged``) or raise ToolError."""
+        ...
+
+    def format_result(self, result: dict[str, Any]) -> dict[str, Any]:
+        """Turn an op result dict into an MCP ``CallToolResult``."""
+        ...
+
+
+def _registry(*modules: Any) -> dict[str, ToolModule]:
+    return {m.NAME: m for m in modules}
+
+
+TOOLS: Mapping[str, ToolModule] = _registry(files_read, files_list, files_find, files_filetype)
+
+
+DEADLINE_MARGIN = 5.0  # seconds a call may run past a tool's own time budget (startup, answer)
+
+
+def deadline_seconds(args: dict[str, Any], default: float) -> float:
+    """The deadline in seconds for one call with parsed ``args`` (SPEC §2.5 ``TIMEOUT``).
+
+    A tool with its own ``time_budget_seconds`` (``files/find``, at most 60 s after ``parse_args``)
+    gets that budget plus :data:`DEADLINE_MARGIN`, so the walk can stop itself and answer before
+    the worker (or the root helper's child) is killed; the result is never below ``default``
+    (``workers.timeout_seconds``). Used by the front for both routes and by the root helper.
+    """
+    budget = args.get("time_budget_seconds")
+    if isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0:
+        return max(default, float(budget) + DEADLINE_MARGIN)
+    return default

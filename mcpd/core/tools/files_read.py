@@ -1,0 +1,123 @@
+"""The ``files/read`` tool: schema, description, argument validation, result shape (SPEC §3, §2.4, §2.5).
+
+``parse_args`` is pure and trusts nothing: the front runs it, and so do the worker and the root
+helper again before opening anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcpd.common.errors import invalid_argument
+from mcpd.core.textdecode import ENCODINGS
+
+NAME = "files/read"
+
+DESCRIPTION = """Read a text file on the server. Returns the text raw (no line numbers) as one text item.
+
+Arguments: path (absolute, required); start_line, end_line (integers >= 1); offset (integer >= 0, bytes); \
+limit (integer >= 1, bytes); privileged (boolean, default false: read with the root helper under a \
+mcp-sudo.yaml grant); encoding (utf-8 default, ascii, latin-1, cp1252, utf-16, auto); include_metadata \
+(boolean: adds path, size, lines, encoding, language, lastModified, sha256 as structured content).
+
+Modes, in this precedence:
+- line mode (start_line and/or end_line given): lines end at \\n only (\\r, \\f, U+2028 are ordinary \
+characters); the lines come back byte-exact with their own terminators. start_line alone: to the end; \
+end_line alone: from line 1; end_line < start_line: end_line ignored; end_line past the end: clamped. \
+start_line past the end -> RANGE_OUT_OF_BOUNDS (details start_line, totalLines). A file has as many lines \
+as \\n characters, plus one if the last byte is not \\n.
+- byte mode (offset and/or limit given): offset alone returns up to 10240 bytes from offset, then a \
+[WARNING: File truncated ...] line with the exact arguments of the next call when more remains; with \
+limit, up to limit bytes and no warning. offset at or past the end returns "". Characters cut at either \
+edge are left out.
+- default mode: the whole file up to 10240 bytes; a longer file gives its first 10240 bytes (cut back to \
+a whole character) and the truncation warning with the next call's arguments.
+
+An empty file reads as "" in every mode (start_line 1 included). A byte-order mark selects UTF-8/16/32 \
+and is stripped. Errors (isError, structuredContent.error.code): INVALID_ARGUMENT, FILE_NOT_FOUND, \
+PERMISSION_DENIED, NOT_A_REGULAR_FILE (directories, FIFOs, sockets, devices), BINARY_FILE (a NUL byte in \
+the first 8 KiB), ENCODING_ERROR (details requestedEncoding, detectedEncoding: retry with that \
+encoding), LINE_TOO_LONG (a selected line over 64 KiB: use offset/limit), FILE_TOO_LARGE (answer over \
+the 10 MiB response cap: read a smaller range), HELPER_UNAVAILABLE, TIMEOUT, RATE_LIMITED."""
+
+INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string", "description": "Absolute path of the file."},
+        "start_line": {"type": "integer", "minimum": 1, "description": "First line (1-based) of a line range."},
+        "end_line": {"type": "integer", "minimum": 1, "description": "Last line (inclusive) of a line range."},
+        "offset": {"type": "integer", "minimum": 0, "description": "Byte offset of a byte range."},
+        "limit": {"type": "integer", "minimum": 1, "description": "Maximum bytes of a byte range."},
+        "privileged": {"type": "boolean", "default": False, "description": "Read through a sudo-style grant."},
+        "encoding": {"type": "string", "enum": sorted(ENCODINGS), "default": "utf-8"},
+        "include_metadata": {"type": "boolean", "default": False, "description": "Add file metadata."},
+    },
+    "required": ["path"],
+    "additionalProperties": False,
+}
+
+_INTS: dict[str, int] = {"start_line": 1, "end_line": 1, "offset": 0, "limit": 1}
+_BOOLS = ("privileged", "include_metadata")
+MAX_PATH = 4096  # bytes, PATH_MAX
+
+
+def parse_args(args: Any) -> dict[str, Any]:
+    """Validate ``files/read`` arguments (SPEC §3, §2.5).
+
+    Args:
+        args: the JSON ``arguments`` object as received (anything).
+
+    Returns:
+        ``{"path": str, "start_line", "end_line", "offset", "limit": int | None,
+        "privileged": bool, "encoding": str, "include_metadata": bool}``.
+
+    Raises:
+        ToolError: ``INVALID_ARGUMENT`` (details ``argument``) for a non-object, an unknown key,
+            a missing, relative, over-long or NUL-containing path, a wrong type (``true`` is not
+            an integer), a line number < 1, a negative offset, a limit < 1, an unknown encoding.
+    """
+    if not isinstance(args, dict):
+        raise invalid_argument("arguments must be an object")
+    for key in args:
+        if key not in INPUT_SCHEMA["properties"]:
+            raise invalid_argument(f"unknown argument {str(key)[:64]!r}", argument=str(key)[:64])
+    path = args.get("path")
+    if path is None:
+        raise invalid_argument("path is required", argument="path")
+    if not isinstance(path, str):
+        raise invalid_argument("path must be a string", argument="path")
+    if "\0" in path:
+        raise invalid_argument("path must not contain a NUL byte", argument="path")
+    if not path.startswith("/"):
+        raise invalid_argument("path must be absolute", argument="path")
+    if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH:
+        raise invalid_argument(f"path is longer than {MAX_PATH} bytes", argument="path")
+    out: dict[str, Any] = {"path": path}
+    for name, low in _INTS.items():
+        value = args.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise invalid_argument(f"{name} must be an integer", argument=name)
+        if value is not None and value < low:
+            raise invalid_argument(f"{name} must be at least {low}", argument=name)
+        out[name] = value
+    for name in _BOOLS:
+        value = args.get(name)
+        value = False if value is None else value
+        if not isinstance(value, bool):
+            raise invalid_argument(f"{name} must be true or false", argument=name)
+        out[name] = value
+    encoding = args.get("encoding")
+    encoding = "utf-8" if encoding is None else encoding
+    if not isinstance(encoding, str) or encoding not in ENCODINGS:
+        raise invalid_argument(f"encoding must be one of {', '.join(sorted(ENCODINGS))}", argument="encoding")
+    out["encoding"] = encoding
+    return out
+
+
+def format_result(result: dict[str, Any]) -> dict[str, Any]:
+    """The MCP ``CallToolResult`` for a ``files/read`` result ``{"text", "metadata"?}``: one raw text
+    content item, and ``structuredContent`` = the metadata when present."""
+    reply: dict[str, Any] = {"content": [{"type": "text", "text": result["text"]}]}
+    if result.get("metadata") is not None:
+        reply["structuredContent"] = result["metadata"]
+    return reply

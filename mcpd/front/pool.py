@@ -1,0 +1,424 @@
+"""Worker processes and the per-account worker pool (DESIGN.md "worker"; SPEC §1.4, §1.5, §2.5).
+
+A worker is a long-lived process that runs ops (``mcpd.core.ops.run``) for one OS account, one request
+at a time, over its end of a ``socketpair`` with length-prefixed frames (``mcpd.common.frames``). It
+starts as ``python -I -m mcpd.worker --fd N --limits JSON``, closes every other descriptor, and
+exits when the socket closes. It holds nothing of the front's: no TLS key, no tokens.
+
+The front talks to workers only through :class:`WorkerPool`: per account up to
+``workers.per_account`` workers, spawned lazily and reused; a deadline per call
+(``workers.timeout_seconds``, SPEC §2.5 ``TIMEOUT``) after which the worker is killed, reaped and
+replaced; a crashed worker fails only its own request; cancelling a call kills its worker. The
+pool never blocks the event loop and leaves no zombies.
+
+Spawning is delegated to a :class:`Spawner`: :class:`LocalSpawner` (development, the daemon's own
+user) here; the root helper provides one that starts workers as the account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from mcpd.common import frames
+from mcpd.common.config import Config, ReadLimits
+from mcpd.common.errors import INTERNAL_ERROR, TIMEOUT, ToolError, invalid_argument
+
+log = logging.getLogger("mcpd.front.pool")
+
+REQUEST_CAP = frames.HELPER_REQUEST_CAP  # bytes: a request frame to a worker is at most 64 KiB
+STREAM_LIMIT = 1024 * 1024  # bytes: asyncio stream buffer per worker connection
+REAP_GRACE = 2.0  # seconds a failed call waits for its killed worker to be reaped before answering
+
+#: ``on_progress(done, total | None, message)`` of :meth:`WorkerPool.call`, awaited per interim frame.
+ProgressCallback = Callable[[int, "int | None", str], Awaitable[None]]
+
+
+# --------------------------------------------------------------------------- spawners
+
+
+class Spawner(Protocol):
+    """Starts and stops worker processes for an OS account (DESIGN.md "worker").
+
+    ``spawn`` returns the front's end of a connected ``AF_UNIX`` stream socketpair and the
+    worker's pid; the pool owns the socket from then on. ``kill`` sends SIGKILL to a worker it
+    spawned and returns once the process has been reaped (a no-op for an unknown or gone pid).
+    Both may raise ``OSError`` or :class:`ToolError`.
+    """
+
+    async def spawn(self, os_user: str) -> tuple[socket.socket, int]: ...
+
+    async def kill(self, pid: int) -> None: ...
+
+
+class LocalSpawner:
+    """Development spawner: workers run as the daemon's own user (``os_user`` is ignored).
+
+    Args:
+        limits: the read limits (bytes) handed to every worker on its command line.
+        python: the interpreter to run (default: the current one).
+
+    Children get only their socket (``pass_fds``), ``/dev/null`` as stdin/stdout, the daemon's
+    stderr for tracebacks, a minimal environment, a new session (terminal signals do not reach
+    them) and ``-I`` (isolated mode). Each child is watched through a pidfd and reaped as soon as
+    it exits, so no zombie outlives its process.
+    """
+
+    def __init__(self, limits: ReadLimits, python: str = sys.executable) -> None:
+        self._argv = [python, "-I", "-m", "mcpd.worker", "--limits", json.dumps(dataclasses.asdict(limits))]
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._exited: dict[int, asyncio.Future[None]] = {}
+
+    async def spawn(self, os_user: str) -> tuple[socket.socket, int]:
+        """Start one worker; see :class:`Spawner`. Raises ``OSError`` when the fork/exec fails."""
+        loop = asyncio.get_running_loop()
+        front, back = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = subprocess.Popen(
+                [*self._argv, "--fd", str(back.fileno())],
+                pass_fds=(back.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                cwd="/",
+                env={"PATH": os.defpath, "LANG": "C.UTF-8"},
+                start_new_session=True,
+            )
+        except BaseException:
+            front.close()
+            raise
+        finally:
+            back.close()
+        pidfd = os.pidfd_open(proc.pid)
+        self._procs[proc.pid] = proc
+        self._exited[proc.pid] = loop.create_future()
+        loop.add_reader(pidfd, self._reap, loop, pidfd, proc.pid)
+        return front, proc.pid
+
+    def _reap(self, loop: asyncio.AbstractEventLoop, pidfd: int, pid: int) -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        proc = self._procs.pop(pid)
+        proc.wait()  # the pidfd is readable: the child has exited, this does not block
+        done = self._exited.pop(pid)
+        if not done.done():
+            done.set_result(None)
+
+    async def kill(self, pid: int) -> None:
+        """SIGKILL a worker this spawner started and wait until it is reaped; see :class:`Spawner`."""
+        proc = self._procs.get(pid)
+        done = self._exited.get(pid)
+        if proc is None or done is None:
+            return
+        proc.kill()
+        await asyncio.shield(done)
+
+    def live_pids(self) -> list[int]:
+        """Pids started by this spawner and not yet reaped (introspection for tests and status)."""
+        return list(self._procs)
+
+
+# --------------------------------------------------------------------------- the pool
+
+
+@dataclasses.dataclass(eq=False)
+class _Worker:
+    pid: int
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    busy: bool = False
+    retired: bool = False
+    next_id: int = 0
+
+
+class _Crashed(Exception):
+    """The worker closed its socket or broke the frame protocol."""
+
+
+class _Account:
+    def __init__(self, size: int) -> None:
+        self.slots = asyncio.Semaphore(size)  # one per call in progress
+        self.idle: list[_Worker] = []
+        self.workers: dict[int, _Worker] = {}  # every live worker, idle or busy
+        self.callers = 0  # calls inside (waiting or running): an account in use is never evicted
+
+
+class WorkerPool:
+    """Per-account pools of long-lived workers (DESIGN.md "worker"; SPEC §1.5, §2.5 ``TIMEOUT``).
+
+    Args:
+        spawner: starts and kills worker processes (:class:`LocalSpawner`, or the root helper's).
+        cfg: the daemon config; uses ``workers.per_account`` (workers per account),
+            ``workers.max_accounts`` (accounts with workers at once; the least recently used idle
+            account is evicted), ``workers.timeout_seconds`` (default deadline per call) and
+            ``read.response_cap`` (bytes; sets the reply frame cap).
+
+    Must be used from one event loop. Call :meth:`close` before the loop ends.
+    """
+
+    def __init__(self, spawner: Spawner, cfg: Config) -> None:
+        self._spawner = spawner
+        self._cfg = cfg
+        self._reply_cap = frames.reply_cap(cfg.read.response_cap)
+        self._accounts: collections.OrderedDict[str, _Account] = collections.OrderedDict()
+        self._account_freed = asyncio.Event()
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._inflight = 0  # calls inside call(); close() waits for them to end
+        self._quiet = asyncio.Event()
+        self._closed = False
+
+    def workers(self, os_user: str) -> dict[int, bool]:
+        """Live workers of ``os_user`` as ``{pid: busy}`` (introspection for tests and status)."""
+        account = self._accounts.get(os_user)
+        return {} if account is None else {w.pid: w.busy for w in account.workers.values()}
+
+    async def call(
+        self, os_user: str, op: str, args: dict[str, Any], timeout: float | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> dict[str, Any]:
+        """Run ``op`` with ``args`` in one of ``os_user``'s workers and return its result dict.
+
+        Args:
+            os_user: the OS account whose rights the worker has.
+            op: an op name (``"files/read"``); args: its JSON-serialisable arguments.
+            timeout: seconds for the whole call (queueing, spawning, running); default
+                ``workers.timeout_seconds``.
+            on_progress: awaited with ``(done, total | None, message)`` for each progress frame
+                the op sends (``files/find``); ``None``: the worker is not asked for progress.
+
+        Raises:
+            ToolError: the worker's own error; ``TIMEOUT`` when the deadline passes (a running
+                worker is then killed, reaped and replaced); ``INTERNAL_ERROR`` ("worker crashed")
+                when the worker dies or breaks the protocol; ``INVALID_ARGUMENT`` when the request
+                frame would exceed 64 KiB.
+            asyncio.CancelledError: the call was cancelled; its worker is killed and replaced.
+        """
+        if self._closed:
+            raise ToolError(INTERNAL_ERROR, "worker pool is closed")
+        limit = self._cfg.workers.timeout_seconds if timeout is None else timeout
+        request = self._encode(0, op, args)  # size check before any worker is taken
+        del request
+        deadline = asyncio.get_running_loop().time() + limit
+        self._inflight += 1
+        try:
+            account = await self._enter(os_user, deadline, limit)
+            try:
+                return await self._call_in(account, os_user, op, args, deadline, limit, on_progress)
+            finally:
+                account.callers -= 1
+                if account.callers == 0:
+                    self._account_freed.set()
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._quiet.set()
+
+    @staticmethod
+    def _encode(rid: int, op: str, args: dict[str, Any], progress: bool = False) -> bytes:
+        request: dict[str, Any] = {"id": rid, "op": op, "args": args}
+        if progress:
+            request["progress"] = True
+        try:
+            data = frames.encode(request)
+        except (TypeError, ValueError) as exc:
+            raise invalid_argument("arguments are not JSON-serialisable") from exc
+        if len(data) - frames.HEADER.size > REQUEST_CAP - 32:  # 32 bytes of room for a larger id
+            raise invalid_argument(f"request over {REQUEST_CAP} bytes", limit=REQUEST_CAP)
+        return data
+
+    async def _enter(self, os_user: str, deadline: float, limit: float) -> _Account:
+        while True:
+            if self._closed:
+                raise ToolError(INTERNAL_ERROR, "worker pool is closed")
+            account = self._accounts.get(os_user)
+            if account is None and len(self._accounts) >= self._cfg.workers.max_accounts:
+                self._evict_one()
+            if account is None and len(self._accounts) < self._cfg.workers.max_accounts:
+                account = self._accounts[os_user] = _Account(self._cfg.workers.per_account)
+            if account is not None:
+                self._accounts.move_to_end(os_user)
+                account.callers += 1
+                return account
+            self._account_freed.clear()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._account_freed.wait()
+            except TimeoutError:
+                raise ToolError(TIMEOUT, "too many accounts have requests running", seconds=limit) from None
+
+    def _evict_one(self) -> None:
+        for name, account in self._accounts.items():  # least recently used first
+            if account.callers == 0:
+                for worker in list(account.workers.values()):
+                    self._retire(account, worker, release=False)
+                del self._accounts[name]
+                return
+
+    async def _call_in(
+        self, account: _Account, os_user: str, op: str, args: dict[str, Any], deadline: float, limit: float,
+        on_progress: ProgressCallback | None = None,
+    ) -> dict[str, Any]:
+        try:
+            async with asyncio.timeout_at(deadline):
+                await account.slots.acquire()
+        except TimeoutError:
+            raise ToolError(TIMEOUT, "all workers of this account stayed busy", seconds=limit) from None
+        worker: _Worker | None = None
+        try:
+            worker = await self._checkout(account, os_user, deadline)
+            reply = await self._exchange(worker, op, args, deadline, on_progress)
+        except TimeoutError:
+            await self._fail(account, worker)
+            log.warning("worker %s timed out on %s after %.1f s", worker and worker.pid, op, limit)
+            raise ToolError(TIMEOUT, f"the worker did not finish in {limit:g} s", seconds=limit) from None
+        except (_Crashed, frames.FrameError, OSError) as exc:
+            await self._fail(account, worker)
+            log.warning("worker %s failed on %s: %s", worker and worker.pid, op, type(exc).__name__)
+            raise ToolError(INTERNAL_ERROR, "worker crashed") from None
+        except BaseException:  # cancellation: kill the worker in the background, answer nothing
+            if worker is None:
+                account.slots.release()
+            else:
+                self._retire(account, worker, release=True)
+            raise
+        worker.busy = False
+        if self._closed or worker.retired:
+            self._retire(account, worker, release=True)
+        else:
+            account.idle.append(worker)
+            account.slots.release()
+        if reply["ok"] is True:
+            result: dict[str, Any] = reply["result"]
+            return result
+        raise ToolError.from_dict(reply.get("error"))
+
+    async def _fail(self, account: _Account, worker: _Worker | None) -> None:
+        if worker is None:
+            account.slots.release()
+            return
+        task = self._retire(account, worker, release=True)
+        if task is not None:
+            await asyncio.wait({task}, timeout=REAP_GRACE)
+
+    async def _checkout(self, account: _Account, os_user: str, deadline: float) -> _Worker:
+        if self._closed:
+            raise ToolError(INTERNAL_ERROR, "worker pool is closed")
+        while account.idle:
+            worker = account.idle.pop()
+            if worker.reader.at_eof() or worker.writer.is_closing():  # died while idle
+                self._retire(account, worker, release=False)
+                continue
+            worker.busy = True
+            return worker
+        async with asyncio.timeout_at(deadline):
+            sock, pid = await self._spawner.spawn(os_user)
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=sock, limit=STREAM_LIMIT)
+        except BaseException:
+            sock.close()
+            self._track(asyncio.get_running_loop().create_task(self._reap(pid, None, None)))
+            raise
+        worker = _Worker(pid=pid, reader=reader, writer=writer, busy=True)
+        account.workers[pid] = worker
+        if self._closed:  # close() ran while this worker was starting: it must not outlive the pool
+            self._retire(account, worker, release=False)
+            raise ToolError(INTERNAL_ERROR, "worker pool is closed")
+        return worker
+
+    async def _exchange(
+        self, worker: _Worker, op: str, args: dict[str, Any], deadline: float, on_progress: ProgressCallback | None
+    ) -> dict[str, Any]:
+        worker.next_id += 1
+        data = self._encode(worker.next_id, op, args, progress=on_progress is not None)
+        async with asyncio.timeout_at(deadline):
+            worker.writer.write(data)
+            await worker.writer.drain()
+            while True:
+                reply = await frames.read_frame(worker.reader, self._reply_cap)
+                if reply is None or "progress" not in reply or "ok" in reply:
+                    break
+                await self._forward_progress(worker, reply, on_progress)
+        if reply is None:
+            raise _Crashed("end of stream")
+        ok = reply.get("ok")
+        if reply.get("id") != worker.next_id or not isinstance(ok, bool):
+            raise _Crashed("malformed reply")
+        if ok and not isinstance(reply.get("result"), dict):
+            raise _Crashed("malformed result")
+        return reply
+
+    @staticmethod
+    async def _forward_progress(worker: _Worker, frame: dict[str, Any], on_progress: ProgressCallback | None) -> None:
+        """Check one interim frame and hand it to ``on_progress``; a malformed one is a protocol break."""
+        p = frame.get("progress")
+        if on_progress is None or frame.get("id") != worker.next_id or not isinstance(p, dict):
+            raise _Crashed("unexpected progress frame")
+        done, total, message = p.get("done"), p.get("total"), p.get("message")
+        if not isinstance(done, int) or not (total is None or isinstance(total, int)) or not isinstance(message, str):
+            raise _Crashed("malformed progress frame")
+        try:
+            await on_progress(done, total, message)
+        except Exception:
+            log.exception("progress callback failed")
+
+    def _retire(self, account: _Account, worker: _Worker, release: bool) -> asyncio.Task[None] | None:
+        """Kill and reap ``worker`` in the background; release a call slot once it is reaped."""
+        if worker.retired:
+            if release:
+                account.slots.release()
+            return None
+        worker.retired = True
+        account.workers.pop(worker.pid, None)
+        if worker in account.idle:
+            account.idle.remove(worker)
+        slots = account.slots if release else None
+        return self._track(asyncio.get_running_loop().create_task(self._reap(worker.pid, worker.writer, slots)))
+
+    def _track(self, task: asyncio.Task[None]) -> asyncio.Task[None]:
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+        return task
+
+    async def _reap(self, pid: int, writer: asyncio.StreamWriter | None, slots: asyncio.Semaphore | None) -> None:
+        if writer is not None:
+            writer.close()
+        try:
+            await self._spawner.kill(pid)
+        except Exception:
+            log.exception("could not kill worker %s", pid)
+        finally:
+            if slots is not None:
+                slots.release()
+        if writer is not None:
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
+
+    async def close(self) -> None:
+        """Kill and reap every worker; later calls raise ``INTERNAL_ERROR``. Idempotent.
+
+        Calls in flight end with ``INTERNAL_ERROR`` (their workers are killed); a call still
+        waiting for its spawner ends at the latest at its deadline, and close() returns after it.
+        """
+        self._closed = True
+        self._account_freed.set()
+        for account in self._accounts.values():
+            for worker in list(account.workers.values()):
+                self._retire(account, worker, release=False)
+        self._accounts.clear()
+        while self._retiring or self._inflight:
+            if self._retiring:
+                await asyncio.gather(*self._retiring, return_exceptions=True)
+            else:
+                self._quiet.clear()
+                await self._quiet.wait()
+

@@ -1,0 +1,399 @@
+"""JSON-RPC 2.0 envelope and the MCP lifecycle for one session (SPEC §2).
+
+:class:`McpSession` receives parsed POST bodies (an object or a batch array), runs every request
+as its own asyncio task (SPEC §1.5) and hands each reply to the session's ``send`` callback, which
+puts it on the SSE stream. :class:`Dispatcher` owns what the methods reach: the tool registry, the
+worker pool, the privileged backend, and the resource hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mcpd import __version__
+from mcpd.common.errors import INTERNAL_ERROR, ToolError
+from mcpd.common.identity import Principal
+from mcpd.front.limits import LimitsTracker
+from mcpd.front.privileged import PrivilegedBackend
+from mcpd.core.tools import TOOLS, ToolModule, deadline_seconds
+
+log = logging.getLogger(__name__)
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL = -32603
+
+SUPPORTED_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+LATEST_VERSION = SUPPORTED_VERSIONS[-1]
+INSTRUCTIONS = (
+    "mcpd serves this Linux server's files read-only. Call files/read with an absolute path; "
+    "use start_line/end_line or offset/limit for large files, and privileged: true only where a "
+    "sudo-style grant exists."
+)
+READ_ONLY_ANNOTATIONS = {"readOnlyHint": True, "openWorldHint": False}
+
+Message = dict[str, Any]
+Send = Callable[[Any], None]
+
+
+class RpcError(Exception):
+    """A JSON-RPC error answer (SPEC §2.3): ``code`` (-32xxx), ``message``, optional ``data``."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+def error_reply(req_id: Any, code: int, message: str, data: Any = None) -> Message:
+    """The JSON-RPC error object for ``req_id`` (``None`` when the id is unknown or invalid)."""
+    err: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        err["data"] = data
+    return {"jsonrpc": "2.0", "id": req_id, "error": err}
+
+
+def tool_error_result(exc: ToolError) -> dict[str, Any]:
+    """The ``CallToolResult`` for a tool failure (SPEC §2.5): ``isError`` with the code in ``structuredContent``."""
+    return {
+        "content": [{"type": "text", "text": exc.message}],
+        "isError": True,
+        "structuredContent": {"error": exc.to_dict()},
+    }
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a POST: the authenticated principal, its bearer token (never logged) and peer ``host:port``."""
+
+    principal: Principal
+    token: str = field(repr=False)
+    peer: str
+
+
+@dataclass
+class RequestContext:
+    """What a method handler knows about its request; ``progress`` sends ``notifications/progress``."""
+
+    caller: Caller
+    session_id: str
+    progress_token: str | int | None
+    send: Send = field(repr=False)
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        """Send one ``notifications/progress`` on this session, if the request asked for it (``_meta.progressToken``)."""
+        if self.progress_token is None:
+            return
+        params: dict[str, Any] = {"progressToken": self.progress_token, "progress": progress}
+        if total is not None:
+            params["total"] = total
+        if message is not None:
+            params["message"] = message
+        self.send({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+
+
+class ToolPool(Protocol):
+    """The worker pool's interface as the front uses it (``mcpd.front.pool.WorkerPool``)."""
+
+    async def call(
+        self, os_user: str, op: str, args: dict[str, Any], timeout: float | None = None,
+        on_progress: Callable[[int, int | None, str], Awaitable[None]] | None = None,
+    ) -> dict[str, Any]:
+        """Run ``op`` as ``os_user`` (``timeout`` seconds, ``None``: the pool's default); return its
+        result or raise ToolError. ``on_progress(done, total, message)`` gets the op's progress."""
+        ...
+
+
+class ResourceProvider(Protocol):
+    """Hook for ``resources/templates/list`` and ``resources/read`` (``mcpd.front.resources.FileResources``)."""
+
+    def list_templates(self) -> list[dict[str, Any]]:
+        """The ``resourceTemplates`` list."""
+        ...
+
+    async def read(self, ctx: RequestContext, uri: str, params: dict[str, Any]) -> dict[str, Any]:
+        """The ``ReadResourceResult`` for ``uri`` (``params``: the whole ``resources/read`` params);
+        raise :class:`RpcError` for an unknown or failed resource."""
+        ...
+
+
+class Dispatcher:
+    """Tool and resource dispatch for every session (SPEC §2.4, §2.5).
+
+    Args:
+        pool: runs unprivileged ops as the caller's OS account.
+        privileged: forwards ``privileged: true`` calls to the root helper.
+        tools: name → tool module; defaults to :data:`mcpd.core.tools.TOOLS`.
+        resources: resource hook, or ``None`` (no resources yet).
+    """
+
+    def __init__(
+        self,
+        pool: ToolPool,
+        privileged: PrivilegedBackend,
+        tools: Mapping[str, ToolModule] = TOOLS,
+        resources: ResourceProvider | None = None,
+    ) -> None:
+        self.pool = pool
+        self.privileged = privileged
+        self.tools = tools
+        self.resources = resources
+        self.limits: LimitsTracker | None = None  # set by the server when limits are configured
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        """The ``tools`` array of ``tools/list``."""
+        return [
+            {
+                "name": t.NAME,
+                "description": t.DESCRIPTION,
+                "inputSchema": t.INPUT_SCHEMA,
+                "annotations": dict(READ_ONLY_ANNOTATIONS),
+            }
+            for t in self.tools.values()
+        ]
+
+    async def call_tool(self, ctx: RequestContext, name: Any, arguments: Any) -> dict[str, Any]:
+        """Run one ``tools/call``; tool failures become ``isError`` results.
+
+        Raises:
+            RpcError: ``-32602`` for an unknown tool name.
+        """
+        tool = self.tools.get(name) if isinstance(name, str) else None
+        if tool is None:
+            raise RpcError(INVALID_PARAMS, "unknown tool")
+        try:
+            args = tool.parse_args({} if arguments is None else arguments)
+            if self.limits is not None:  # per-principal quota and answer size (issue 5)
+                args = self.limits.charge_call(ctx.caller.principal.name, args)
+            if args.get("privileged"):
+                c = ctx.caller
+                result = await self.privileged.call(c.token, c.principal, ctx.session_id, c.peer, tool.NAME, args)
+            else:
+                result = await self.pool.call(
+                    ctx.caller.principal.os_user, tool.NAME, args, timeout=deadline_seconds(args, 0.0) or None,
+                    on_progress=ctx.progress if ctx.progress_token is not None else None,
+                )
+            return tool.format_result(result)
+        except ToolError as exc:
+            return tool_error_result(exc)
+        except Exception:
+            log.exception("tool %s failed unexpectedly (session %s)", tool.NAME, ctx.session_id)
+            return tool_error_result(ToolError(INTERNAL_ERROR, "internal error"))
+
+
+def _valid_id(value: Any) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
+
+
+def _id_key(value: Any) -> tuple[str, Any]:
+    return ("s", value) if isinstance(value, str) else ("n", value)
+
+
+def _params(msg: Message) -> dict[str, Any]:
+    params = msg.get("params", {})
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise RpcError(INVALID_PARAMS, "params must be an object")
+    return params
+
+
+def negotiate(requested: str) -> str:
+    """Echo a supported protocol version, else offer the newest (SPEC §2.1)."""
+    return requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION
+
+
+Handler = Callable[[RequestContext, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class McpSession:
+    """The JSON-RPC state of one SSE session (SPEC §2): lifecycle, in-flight requests, cancellation.
+
+    Args:
+        dispatcher: the shared :class:`Dispatcher`.
+        session_id: the 32-hex session id (for logs and the privileged backend).
+        send: puts one JSON-RPC message (object or array) on the session's stream; never blocks.
+    """
+
+    def __init__(self, dispatcher: Dispatcher, session_id: str, send: Send) -> None:
+        self.dispatcher = dispatcher
+        self.session_id = session_id
+        self.send = send
+        self.initialized = False
+        self.protocol_version: str | None = None
+        self._in_flight: dict[tuple[str, Any], asyncio.Task[Message | None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self._methods: dict[str, tuple[Handler, bool]] = {
+            "initialize": (self._initialize, False),
+            "ping": (self._ping, False),
+            "tools/list": (self._tools_list, True),
+            "tools/call": (self._tools_call, True),
+            "resources/list": (self._resources_list, True),
+            "resources/templates/list": (self._resource_templates_list, True),
+            "resources/read": (self._resources_read, True),
+        }
+
+    # -- intake -------------------------------------------------------------------------------
+
+    def receive(self, payload: Any, caller: Caller) -> None:
+        """Take one parsed POST body (object or array) and schedule its handling; returns at once.
+
+        Requests run as separate tasks and reply through ``send`` in any order (SPEC §1.5); a
+        batch replies with one array (SPEC §2.3).
+        """
+        if self._closed:
+            return
+        if isinstance(payload, list):
+            if not payload:
+                self.send(error_reply(None, INVALID_REQUEST, "invalid request: empty batch"))
+                return
+            members = [self._start(m, caller, in_batch=True) for m in payload]
+            self._spawn(self._gather_batch(members))
+        else:
+            self._start(payload, caller, in_batch=False)
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _start(self, msg: Any, caller: Caller, in_batch: bool) -> asyncio.Task[Message | None]:
+        """Schedule one message; register it as in flight when it is a well-formed request."""
+        task: asyncio.Task[Message | None] = self._spawn(self._handle(msg, caller, not in_batch))
+        if isinstance(msg, dict) and isinstance(msg.get("method"), str) and _valid_id(msg.get("id")):
+            key = _id_key(msg["id"])
+            if key not in self._in_flight:
+                self._in_flight[key] = task
+                task.add_done_callback(functools.partial(self._forget, key))
+        return task
+
+    def _forget(self, key: tuple[str, Any], task: asyncio.Task[Any]) -> None:
+        if self._in_flight.get(key) is task:
+            del self._in_flight[key]
+
+    async def _gather_batch(self, members: list[asyncio.Task[Message | None]]) -> None:
+        results = await asyncio.gather(*members, return_exceptions=True)
+        replies = [r for r in results if isinstance(r, dict)]
+        if replies and not self._closed:
+            self.send(replies)
+
+    def close(self) -> None:
+        """End the session: cancel every in-flight task (their worker jobs are stopped by the pool)."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        self._in_flight.clear()
+
+    # -- one message --------------------------------------------------------------------------
+
+    async def _handle(self, msg: Any, caller: Caller, send_reply: bool) -> Message | None:
+        reply = await self._reply_for(msg, caller)
+        if send_reply and reply is not None and not self._closed:
+            self.send(reply)
+        return reply
+
+    async def _reply_for(self, msg: Any, caller: Caller) -> Message | None:
+        if not isinstance(msg, dict):
+            return error_reply(None, INVALID_REQUEST, "invalid request: not an object")
+        has_id = "id" in msg
+        req_id = msg.get("id")
+        reply_id = req_id if _valid_id(req_id) else None
+        if msg.get("jsonrpc") != "2.0":
+            return error_reply(reply_id, INVALID_REQUEST, 'invalid request: jsonrpc must be "2.0"')
+        if "method" not in msg:
+            if has_id and ("result" in msg or "error" in msg):
+                return None  # a response from the client; this server sends no requests
+            return error_reply(reply_id, INVALID_REQUEST, "invalid request: no method")
+        method = msg["method"]
+        if not isinstance(method, str):
+            return error_reply(reply_id, INVALID_REQUEST, "invalid request: method must be a string")
+        if not has_id:
+            self._notification(method, msg.get("params"))
+            return None
+        if not _valid_id(req_id):
+            return error_reply(None, INVALID_REQUEST, "invalid request: id must be a string or a number")
+        if self._in_flight.get(_id_key(req_id)) is not asyncio.current_task():
+            return error_reply(req_id, INVALID_REQUEST, "invalid request: id already in flight")
+        return await self._request(req_id, method, msg, caller)
+
+    async def _request(self, req_id: Any, method: str, msg: Message, caller: Caller) -> Message | None:
+        entry = self._methods.get(method)
+        if entry is None:
+            return error_reply(req_id, METHOD_NOT_FOUND, "method not found")
+        handler, needs_init = entry
+        if needs_init and not self.initialized:
+            return error_reply(req_id, INVALID_REQUEST, "session not initialized")
+        try:
+            params = _params(msg)
+            meta = params.get("_meta")
+            token = meta.get("progressToken") if isinstance(meta, dict) else None
+            ctx = RequestContext(caller, self.session_id, token if _valid_id(token) else None, self.send)
+            result = await handler(ctx, params)
+        except RpcError as exc:
+            return error_reply(req_id, exc.code, exc.message, exc.data)
+        except Exception:
+            log.exception("method %s failed unexpectedly (session %s)", method, self.session_id)
+            return error_reply(req_id, INTERNAL, "internal error")
+        return {"jsonrpc": "2.0", "id": req_id, "result": result}
+
+    def _notification(self, method: str, params: Any) -> None:
+        if method == "notifications/cancelled" and isinstance(params, dict):
+            target = params.get("requestId")
+            if _valid_id(target):
+                task = self._in_flight.pop(_id_key(target), None)
+                if task is not None:
+                    task.cancel()
+        # notifications/initialized and unknown notifications: nothing to do, never answered
+
+    # -- methods ------------------------------------------------------------------------------
+
+    async def _initialize(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+        requested = params.get("protocolVersion")
+        if not isinstance(requested, str):
+            raise RpcError(INVALID_PARAMS, "protocolVersion must be a string")
+        self.protocol_version = negotiate(requested)
+        self.initialized = True
+        return {
+            "protocolVersion": self.protocol_version,
+            "capabilities": {"tools": {"listChanged": False}, "resources": {"listChanged": False}},
+            "serverInfo": {"name": "mcpd", "version": __version__},
+            "instructions": INSTRUCTIONS,
+        }
+
+    async def _ping(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    async def _tools_list(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+        return {"tools": self.dispatcher.list_tools()}
+
+    async def _tools_call(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+        name = params.get("name")
+        if not isinstance(name, str):
+            raise RpcError(INVALID_PARAMS, "name must be a string")
+        return await self.dispatcher.call_tool(ctx, name, params.get("arguments"))
+
+    async def _resources_list(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+        return {"resources": []}
+
+    async def _resource_templates_list(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+        provider = self.dispatcher.resources
+        return {"resourceTemplates": provider.list_templates() if provider else []}
+
+    async def _resources_read(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+        uri = params.get("uri")
+        if not isinstance(uri, str):
+            raise RpcError(INVALID_PARAMS, "uri must be a string")
+        provider = self.dispatcher.resources
+        if provider is None:
+            raise RpcError(INVALID_PARAMS, "unknown resource")
+        return await provider.read(ctx, uri, params)

@@ -1,0 +1,170 @@
+"""``mcpd serve``: run the front over TLS (SPEC §1.1) until SIGTERM/SIGINT.
+
+:class:`Server` only starts, runs and shuts down (uvicorn's own signal handlers set its exit flag);
+:func:`serve` loads the config and returns the process exit code: 0 after a clean shutdown,
+:data:`mcpd.common.config.EXIT_CONFIG` (78) when the configuration or TLS material is broken, so systemd
+does not restart it. ``python -m mcpd.front.server --config FILE`` does the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+import ssl
+import sys
+from collections.abc import Callable
+
+import uvicorn
+
+from mcpd.front.app import build_app
+from mcpd.common import frames
+from mcpd.common import sdnotify
+from mcpd.front.auth import Authenticator, FileAuthenticator
+from mcpd.common.config import EXIT_CONFIG, Config, ConfigError, Limits, load
+from mcpd.front.limits import LimitsTracker
+from mcpd.front.helper_client import HelperAuthenticator, HelperBackend, HelperClient, HelperSpawner
+from mcpd.front.privileged import PrivilegedBackend, Unavailable
+from mcpd.front.protocol import Dispatcher
+from mcpd.front.resources import FileResources
+from mcpd.front.transport.login import HelperLogin, NoLogin
+from mcpd.front.transport.revalidate import revalidate_forever
+from mcpd.front.transport.sse import SessionManager
+from mcpd.front.pool import LocalSpawner, Spawner, WorkerPool
+
+log = logging.getLogger("mcpd.front.server")
+
+GRACEFUL_SHUTDOWN_SECONDS = 5
+
+
+def tls_context(cfg: Config) -> ssl.SSLContext:
+    """The listener's server context: TLS 1.2 minimum, certificate and key from ``cfg.tls`` (SPEC §1.1).
+
+    Raises:
+        ConfigError: the certificate or key cannot be loaded.
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cfg.tls.cert, cfg.tls.key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"tls: cannot load certificate/key: {exc}") from exc
+    return ctx
+
+
+def _backends(cfg: Config) -> tuple[Authenticator, Spawner, PrivilegedBackend]:
+    """Who authenticates tokens, starts workers and decides privileged calls (DESIGN.md).
+
+    With a ``helper_socket`` configured, all three go through the root helper: it alone reads
+    ``users.yaml``, starts workers with each account's own uid, and decides grants (SPEC §4.1).
+    Without one (development as a normal user), the front reads ``users.yaml`` itself, workers run
+    as the daemon's own user, and every privileged call is ``HELPER_UNAVAILABLE``, never a
+    downgrade.
+    """
+    if not cfg.helper_socket:
+        return FileAuthenticator(cfg.users_file), LocalSpawner(cfg.read), Unavailable()
+    client = HelperClient(cfg.helper_socket, frames.reply_cap(cfg.read.response_cap))
+    return (
+        HelperAuthenticator(client, cfg.auth_cache_seconds),
+        HelperSpawner(client),
+        HelperBackend(client, timeout=cfg.workers.timeout_seconds + 5),
+    )
+
+
+class _NotifyingServer(uvicorn.Server):
+    """uvicorn's server that tells systemd ``READY=1`` once the listener is up (``Type=notify``)."""
+
+    on_shutdown: tuple[Callable[[], None], ...] = ()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            sdnotify.notify()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown, then :attr:`on_shutdown` (uvicorn re-raises the stop signal when
+        ``serve`` returns, so work after ``serve`` may never run)."""
+        await super().shutdown(sockets)
+        for hook in self.on_shutdown:
+            hook()
+
+
+class Server:
+    """The front process: worker pool, sessions and uvicorn over TLS.
+
+    Args:
+        cfg: a validated :class:`Config`.
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    async def run(self) -> int:
+        """Serve until a shutdown signal; return the exit code (0, or 78 for broken TLS material)."""
+        try:
+            context = tls_context(self.cfg)
+        except ConfigError as exc:
+            log.error("%s", exc)
+            return EXIT_CONFIG
+        authenticator, spawner, backend = _backends(self.cfg)
+        pool = WorkerPool(spawner, self.cfg)
+        resources = FileResources(pool, backend, self.cfg.workspaces, self.cfg.default_workspace)
+        dispatcher = Dispatcher(pool, backend, resources=resources)
+        login = HelperLogin(HelperClient(self.cfg.helper_socket, frames.HELPER_REQUEST_CAP)) \
+            if self.cfg.helper_socket else NoLogin()
+        if self.cfg.limits != Limits():
+            dispatcher.limits = resources.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)
+        app = build_app(self.cfg, authenticator, dispatcher, login)
+        sessions: SessionManager = app.state.sessions
+        config = uvicorn.Config(
+            app,
+            host=self.cfg.listen.host,
+            port=self.cfg.listen.port,
+            ssl_certfile=self.cfg.tls.cert,
+            ssl_keyfile=self.cfg.tls.key,
+            lifespan="off",
+            access_log=False,
+            server_header=False,
+            proxy_headers=False,
+            log_config=None,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        )
+        config.load()
+        config.ssl = context  # same files, plus the TLS 1.2 floor uvicorn has no option for
+        server = _NotifyingServer(config)
+        if dispatcher.limits is not None:
+            server.on_shutdown = (dispatcher.limits.save,)
+        revalidation = asyncio.create_task(revalidate_forever(sessions, authenticator))
+        try:
+            await server.serve()
+        finally:
+            revalidation.cancel()
+            sessions.close_all()
+            if dispatcher.limits is not None:
+                dispatcher.limits.save()
+            await pool.close()
+        return 0 if server.started else 1
+
+
+def serve(config_path: str) -> int:
+    """Load ``config_path`` and run the front; return the exit code (78 for a broken config)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load(config_path)
+    except ConfigError as exc:
+        log.error("configuration error: %s", exc)
+        return EXIT_CONFIG
+    return asyncio.run(Server(cfg).run())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mcpd.front.server --config FILE``."""
+    parser = argparse.ArgumentParser(prog="mcpd.front.server", description="Run the mcpd front over TLS.")
+    parser.add_argument("--config", required=True, help="path of mcpd.yaml")
+    ns = parser.parse_args(argv)
+    return serve(ns.config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

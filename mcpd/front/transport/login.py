@@ -1,0 +1,149 @@
+"""``POST /login`` and ``POST /logout`` on the front (SPEC §5.2; issue 5).
+
+``POST {base}/login`` takes ``{"user": ..., "password": ...}`` (JSON, at most
+:data:`LOGIN_BODY_CAP` bytes, no bearer needed) and forwards it to the root helper's ``pam_login``;
+the answer is ``200 {"token", "expires", "user"}`` with the token shown this once, ``401
+{"error": "authentication failed"}`` for every kind of refusal, or ``503`` when there is no
+helper (development mode: PAM runs only in the root helper). ``POST {base}/logout`` with the
+bearer revokes that login token (``200``), or answers ``400`` for a static ``users.yaml`` token
+(rotate those with ``mcpd users rotate``).
+
+The password lives in this process for one request; it is never logged.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from mcpd.front.helper_client import HelperClient, HelperUnavailable
+from mcpd.front.transport.body import BodyRefused, read_capped
+
+LOGIN_BODY_CAP = 8192
+GENERIC = "authentication failed"
+NO_HELPER = "password login needs the root helper (PAM runs there only); this daemon runs without one"
+
+
+class LoginUnavailable(Exception):
+    """No root helper to run PAM (development mode) or it is down."""
+
+
+class LoginBackend(Protocol):
+    """Where logins and logouts go (the root helper in production)."""
+
+    async def login(self, user: str, password: str, peer: str) -> dict[str, Any] | None:
+        """``{"token", "expires", "os_user"}`` on success, ``None`` on any refusal.
+
+        Raises:
+            LoginUnavailable: nobody can check passwords now.
+        """
+        ...
+
+    async def revoke(self, token: str) -> bool:
+        """Revoke a login token; ``False`` when it is not one (a static token)."""
+        ...
+
+
+class NoLogin:
+    """The backend of a front without a helper: every login answers 503."""
+
+    async def login(self, user: str, password: str, peer: str) -> dict[str, Any] | None:
+        """Always raises :class:`LoginUnavailable`."""
+        raise LoginUnavailable(NO_HELPER)
+
+    async def revoke(self, token: str) -> bool:
+        """Always raises :class:`LoginUnavailable`."""
+        raise LoginUnavailable(NO_HELPER)
+
+
+class HelperLogin:
+    """Forwards ``pam_login`` and ``revoke`` to the root helper.
+
+    Args:
+        client: the helper connection factory.
+        timeout: seconds to wait for PAM (its own delays included).
+    """
+
+    def __init__(self, client: HelperClient, timeout: float = 60.0) -> None:
+        self._client = client
+        self._timeout = timeout
+
+    async def _ask(self, req: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await self._client.request(req, timeout=self._timeout)
+        except (HelperUnavailable, TimeoutError):
+            raise LoginUnavailable("the root helper is not reachable") from None
+
+    async def login(self, user: str, password: str, peer: str) -> dict[str, Any] | None:
+        """See :class:`LoginBackend`."""
+        reply = await self._ask({"type": "pam_login", "user": user, "password": password, "peer": peer})
+        if not reply.get("ok") or not isinstance(reply.get("token"), str):
+            return None
+        return {"token": reply["token"], "expires": reply.get("expires"), "os_user": reply.get("os_user")}
+
+    async def revoke(self, token: str) -> bool:
+        """See :class:`LoginBackend`."""
+        reply = await self._ask({"type": "revoke", "token": token})
+        return bool(reply.get("ok"))
+
+
+async def _read_capped(request: Request, cap: int) -> bytes | None:
+    try:
+        return await read_capped(request, cap)
+    except BodyRefused:
+        return None
+
+
+def _peer(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+class LoginRoutes:
+    """The two routes over one :class:`LoginBackend`."""
+
+    def __init__(self, backend: LoginBackend) -> None:
+        self.backend = backend
+
+    def routes(self) -> list[Route]:
+        """``POST /login`` and ``POST /logout``."""
+        return [Route("/login", self.login, methods=["POST"]), Route("/logout", self.logout, methods=["POST"])]
+
+    async def login(self, request: Request) -> Response:
+        """``POST /login``: see the module docstring."""
+        if (request.headers.get("content-type") or "").split(";")[0].strip().lower() != "application/json":
+            return JSONResponse({"error": "content type must be application/json"}, status_code=415)
+        body = await _read_capped(request, LOGIN_BODY_CAP)
+        if body is None:
+            return JSONResponse({"error": "body too large"}, status_code=413)
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or set(data) != {"user", "password"} or not all(
+            isinstance(v, str) and 0 < len(v) <= 1024 for v in data.values()
+        ):
+            return JSONResponse({"error": 'expected {"user": string, "password": string}'}, status_code=400)
+        try:
+            outcome = await self.backend.login(data["user"], data["password"], _peer(request))
+        except LoginUnavailable as exc:
+            return JSONResponse({"error": str(exc)}, status_code=503)
+        if outcome is None:
+            return JSONResponse({"error": GENERIC}, status_code=401)
+        return JSONResponse({"token": outcome["token"], "expires": outcome["expires"], "user": outcome["os_user"]},
+                            headers={"Cache-Control": "no-store"})
+
+    async def logout(self, request: Request) -> Response:
+        """``POST /logout`` with the bearer (checked by the middleware): revoke that login token."""
+        token: str = request.user.token
+        try:
+            revoked = await self.backend.revoke(token)
+        except LoginUnavailable as exc:
+            return JSONResponse({"error": str(exc)}, status_code=503)
+        if not revoked:
+            return JSONResponse({"error": "not a login token; static tokens are changed with mcpd users rotate"},
+                                status_code=400)
+        return JSONResponse({"revoked": True})

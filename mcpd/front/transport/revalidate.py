@@ -1,0 +1,58 @@
+"""Close sessions whose token stopped being valid (issue 5; SPEC §1.4, §5).
+
+Rotating or removing a principal's token (``mcpd users rotate|remove``), a login token's
+revocation (``linuxctl logout``, ``mcpd users sessions --revoke``) or its expiry must end the
+sessions it opened at once, not only refuse its next POST. The front cannot be told by the files
+it may not read, so it asks: every :data:`INTERVAL` seconds, each distinct token of the open
+sessions is authenticated again with the front's :class:`~mcpd.front.auth.Authenticator` (the root
+helper, or ``users.yaml`` in development mode); a session whose token now fails, or belongs to
+another token id or principal, is closed, which ends its stream and cancels its requests.
+
+While the helper restarts, :class:`~mcpd.front.helper_client.HelperAuthenticator` answers from its
+short cache, so a helper restart alone closes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from mcpd.front.auth import Authenticator
+from mcpd.front.transport.sse import SessionManager, SseSession
+
+log = logging.getLogger(__name__)
+
+INTERVAL = 1.0
+CHECK_TIMEOUT = 15.0
+
+
+async def revalidate_once(manager: SessionManager, authenticator: Authenticator) -> int:
+    """Check every open session's token once; return how many sessions were closed."""
+    by_token: dict[str, list[SseSession]] = {}
+    for session in manager.sessions():
+        by_token.setdefault(session.token, []).append(session)
+    closed = 0
+    for token, sessions in by_token.items():
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT):
+                principal = await authenticator.authenticate(token) if token else None
+        except TimeoutError:
+            continue  # undecided: check again next round
+        for session in sessions:
+            p = session.principal
+            if principal is None or (principal.name, principal.token_id) != (p.name, p.token_id):
+                log.info("session %s closed: its token is no longer valid", session.id)
+                manager.close(session)
+                closed += 1
+    return closed
+
+
+async def revalidate_forever(manager: SessionManager, authenticator: Authenticator,
+                             interval: float = INTERVAL) -> None:
+    """Run :func:`revalidate_once` every ``interval`` seconds until cancelled."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await revalidate_once(manager, authenticator)
+        except Exception:
+            log.exception("session revalidation failed; retrying")

@@ -1,0 +1,258 @@
+"""The HTTP+SSE transport (SPEC §1.2–§1.5): ``GET /sse``, ``POST /message``, sessions, queues.
+
+A session is born with its ``GET /sse`` stream and dies with it: the stream's end (client gone,
+queue overflow, server shutdown) closes the session at once, cancels its in-flight requests and
+drops it from the table, so later POSTs get ``404``. Outgoing messages wait in a bounded queue; a
+client that stops reading fills it and is disconnected instead of growing the server's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.authentication import BaseUser
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from mcpd.common.config import Config
+from mcpd.front.transport.body import BodyRefused, read_capped
+from mcpd.common.identity import Principal
+from mcpd.front.protocol import INVALID_REQUEST, PARSE_ERROR, Caller, Dispatcher, McpSession, error_reply
+
+log = logging.getLogger(__name__)
+
+SESSION_ID_RE = re.compile(r"[0-9a-f]{32}")
+# JSON leaves these raw, but line readers built on str.splitlines (httpx's among them) break
+# lines at them; escaping keeps every message on one data line for every client.
+_LINE_BREAKERS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+class McpUser(BaseUser):
+    """The authenticated caller of one HTTP request (set by the auth middleware in ``app.py``)."""
+
+    def __init__(self, principal: Principal, token: str) -> None:
+        self.principal = principal
+        self.token = token
+
+    @property
+    def is_authenticated(self) -> bool:
+        """Always true: unauthenticated requests never get past the middleware."""
+        return True
+
+    @property
+    def display_name(self) -> str:
+        """The principal's name."""
+        return self.principal.name
+
+
+class SseSession:
+    """One session: owner, bounded outgoing queue, and its :class:`McpSession` (SPEC §1.4).
+
+    Args:
+        session_id: 32 lowercase hex digits.
+        principal: the owner; POSTs from anyone else get 404.
+        queue_size: outgoing messages buffered (``session_queue_size``).
+        manager: the table this session lives in (closing removes it).
+        dispatcher: shared tool/resource dispatch.
+    """
+
+    def __init__(
+        self, session_id: str, principal: Principal, queue_size: int, manager: SessionManager, dispatcher: Dispatcher
+    ) -> None:
+        self.id = session_id
+        self.principal = principal
+        self.token = ""  # the bearer that opened it, re-checked every second (mcpd/transport/revalidate.py)
+        self.closed = False
+        self._manager = manager
+        self._queue: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
+        self._cancel_scope: anyio.CancelScope | None = None
+        self.protocol = McpSession(dispatcher, session_id, self.send)
+
+    def send(self, message: Any) -> None:
+        """Queue one JSON-RPC message (object or array) for the stream; never blocks.
+
+        A full queue means the client stopped reading: the session is closed and its stream cut.
+        """
+        if self.closed:
+            return
+        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKERS)
+        try:
+            self._queue.put_nowait(data)
+        except asyncio.QueueFull:
+            log.warning("session %s: outgoing queue full, disconnecting a client that stopped reading", self.id)
+            self._manager.close(self)
+
+    def close(self) -> None:
+        """Close the session (idempotent): cancel in-flight work, cut the stream, drop queued messages."""
+        if self.closed:
+            return
+        self.closed = True
+        self.protocol.close()
+        if self._cancel_scope is not None:
+            self._cancel_scope.cancel()
+        while not self._queue.empty():
+            self._queue.get_nowait()
+
+    async def events(self, endpoint: str) -> AsyncIterator[ServerSentEvent]:
+        """The stream's events: ``endpoint`` first, then one ``message`` per queued JSON-RPC message."""
+        yield ServerSentEvent(event="endpoint", data=endpoint, sep="\n")
+        while not self.closed:
+            data = await self._queue.get()
+            yield ServerSentEvent(event="message", data=data, sep="\n")
+
+    def attach(self, scope: anyio.CancelScope) -> None:
+        """Bind the cancel scope that runs this session's stream, so :meth:`close` can cut it."""
+        self._cancel_scope = scope
+        if self.closed:
+            scope.cancel()
+
+
+class SessionManager:
+    """The table of live sessions, capped at ``max_sessions`` (SPEC §1.4).
+
+    Args:
+        cfg: the daemon config (``max_sessions``, ``session_queue_size``).
+        dispatcher: shared by every session.
+    """
+
+    def __init__(self, cfg: Config, dispatcher: Dispatcher) -> None:
+        self._cfg = cfg
+        self._dispatcher = dispatcher
+        self._sessions: dict[str, SseSession] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def open(self, principal: Principal, token: str = "") -> SseSession | None:
+        """Create a session owned by ``principal`` opened with bearer ``token`` (kept in memory only,
+        so a revoked or rotated token closes it); ``None`` when ``max_sessions`` are open."""
+        if len(self._sessions) >= self._cfg.max_sessions:
+            return None
+        sid = secrets.token_hex(16)
+        session = SseSession(sid, principal, self._cfg.session_queue_size, self, self._dispatcher)
+        session.token = token
+        self._sessions[sid] = session
+        return session
+
+    def find(self, session_id: str, principal: Principal) -> SseSession | None:
+        """The live session ``session_id`` if ``principal`` owns it, else ``None`` (both answer 404)."""
+        session = self._sessions.get(session_id)
+        if session is None or session.closed or session.principal.name != principal.name:
+            return None
+        return session
+
+    def close(self, session: SseSession) -> None:
+        """Close ``session`` and forget it."""
+        self._sessions.pop(session.id, None)
+        session.close()
+
+    def sessions(self) -> list[SseSession]:
+        """A snapshot of the open sessions."""
+        return list(self._sessions.values())
+
+    def close_all(self) -> None:
+        """Close every session (server shutdown)."""
+        for session in list(self._sessions.values()):
+            self.close(session)
+
+
+class SessionStream(EventSourceResponse):
+    """The ``GET /sse`` response: an event stream whose end closes its session (SPEC §1.2, §1.4)."""
+
+    def __init__(self, session: SseSession, manager: SessionManager, endpoint: str, keepalive: float) -> None:
+        super().__init__(
+            session.events(endpoint),
+            headers={"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"},
+            ping=keepalive,
+            sep="\n",
+            ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
+        )
+        self.session = session
+        self.manager = manager
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Stream until the client leaves or the session is closed, then close the session."""
+        try:
+            with anyio.CancelScope() as cancel_scope:
+                self.session.attach(cancel_scope)
+                await super().__call__(scope, receive, send)
+        finally:
+            self.manager.close(self.session)
+
+
+def _media_type(value: str | None) -> str:
+    return (value or "").split(";", 1)[0].strip().lower()
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+class Transport:
+    """The ``/sse`` and ``/message`` endpoints over one :class:`SessionManager`.
+
+    Args:
+        cfg: the daemon config (``base_path``, ``keepalive_seconds``, ``max_body_bytes`` ...).
+        manager: the session table.
+    """
+
+    def __init__(self, cfg: Config, manager: SessionManager) -> None:
+        self.cfg = cfg
+        self.manager = manager
+
+    def routes(self) -> list[Route]:
+        """Starlette routes, mounted at the server root (the public ``base_path`` only prefixes the endpoint URL)."""
+        return [
+            Route("/sse", self.sse, methods=["GET"]),
+            Route("/message", self.message, methods=["POST"]),
+        ]
+
+    async def sse(self, request: Request) -> Response:
+        """``GET /sse`` (SPEC §1.2): open a session; ``503`` when ``max_sessions`` are open."""
+        user: McpUser = request.user
+        session = self.manager.open(user.principal, user.token)
+        if session is None:
+            return PlainTextResponse("too many sessions", status_code=503)
+        endpoint = f"{self.cfg.base_path}/message?session_id={session.id}"
+        return SessionStream(session, self.manager, endpoint, self.cfg.keepalive_seconds)
+
+    async def message(self, request: Request) -> Response:
+        """``POST /message?session_id=`` (SPEC §1.3): validate, then hand the body to the session."""
+        user: McpUser = request.user
+        ids = request.query_params.getlist("session_id")
+        if len(ids) != 1 or not SESSION_ID_RE.fullmatch(ids[0]):
+            return PlainTextResponse("missing or malformed session_id", status_code=400)
+        session = self.manager.find(ids[0], user.principal)
+        if session is None:
+            return PlainTextResponse("no such session", status_code=404)
+        if _media_type(request.headers.get("content-type")) != "application/json":
+            return PlainTextResponse("content type must be application/json", status_code=415)
+        body = await self._read_body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            payload = json.loads(body, parse_constant=_reject_constant)
+        except ValueError:
+            return JSONResponse(error_reply(None, PARSE_ERROR, "parse error"), status_code=400)
+        if not isinstance(payload, (dict, list)):
+            return JSONResponse(error_reply(None, INVALID_REQUEST, "invalid request"), status_code=400)
+        peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
+        session.protocol.receive(payload, Caller(user.principal, user.token, peer))
+        return Response(status_code=202)
+
+    async def _read_body(self, request: Request) -> bytes | Response:
+        """The body, read chunk by chunk and never buffered past ``max_body_bytes`` (413)."""
+        try:
+            return await read_capped(request, self.cfg.max_body_bytes)
+        except BodyRefused as exc:
+            return PlainTextResponse(exc.reason, status_code=exc.status)

@@ -1,0 +1,127 @@
+"""The worker process (DESIGN.md "worker"): runs ops for one OS account over its socketpair.
+
+It starts as ``python -I -m mcpd.worker --fd N --limits JSON``, closes every other descriptor,
+sets no_new_privs, and exits when the socket closes. It holds nothing of the front's: no TLS key,
+no tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import json
+import os
+import resource
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mcpd.common import frames
+from mcpd.common.config import ReadLimits
+from mcpd.common.errors import INTERNAL_ERROR, ToolError
+
+if TYPE_CHECKING:
+    from mcpd.core.ops import OpContext
+
+REQUEST_CAP = frames.HELPER_REQUEST_CAP  # bytes: a request frame to a worker is at most 64 KiB
+
+
+
+
+def serve(sock: socket.socket, ctx: OpContext) -> None:
+    """Run the worker loop until the peer closes the socket (DESIGN.md "worker").
+
+    Args:
+        sock: a blocking, connected ``AF_UNIX`` stream socket (the worker's end of a socketpair).
+        ctx: the ops context (read limits and the unprivileged openers).
+
+    Each request frame (at most :data:`REQUEST_CAP` bytes, ``{"id", "op", "args"}``) gets exactly
+    one reply frame from ``mcpd.core.ops.run`` (an unexpected exception there becomes an
+    ``INTERNAL_ERROR`` reply naming only the exception type). A request with ``"progress": true``
+    may first get interim frames ``{"id", "progress": {"done", "total", "message"}}`` (entries
+    seen, ``None`` or a total, a short text) from ops that report progress. A malformed or oversized frame ends the connection, as
+    does any socket error; nothing is raised.
+    """
+    from mcpd.core import ops
+
+    while True:
+        try:
+            frame = frames.recv_frame(sock, REQUEST_CAP)
+        except (frames.FrameError, OSError):
+            return
+        if frame is None:
+            return
+        op_ctx = ctx
+        if frame.get("progress") is True:
+            op_ctx = dataclasses.replace(ctx, progress=_progress_sender(sock, frame.get("id")))
+        try:
+            reply = ops.run(frame, op_ctx)
+        except Exception as exc:  # ops.run never raises; if it does, answer without details
+            print(f"mcpd.worker: op failed: {type(exc).__name__}", file=sys.stderr)
+            reply = {"id": frame.get("id"), "ok": False, "error": ToolError(INTERNAL_ERROR, "internal error").to_dict()}
+        try:
+            frames.send_frame(sock, reply)
+        except OSError:
+            return
+
+
+def _progress_sender(sock: socket.socket, rid: Any) -> Callable[[int, int | None, str], None]:
+    """An ``OpContext.progress`` that sends one interim frame per call; a send error is ignored
+    (the final reply's send fails the same way and ends the loop)."""
+
+    def send(done: int, total: int | None, message: str) -> None:
+        try:
+            frames.send_frame(sock, {"id": rid, "progress": {"done": done, "total": total, "message": message[:200]}})
+        except OSError:
+            pass
+
+    return send
+
+
+def _harden(keep_fd: int) -> None:
+    """Drop everything the worker does not need before it touches a client's path."""
+    os.closerange(3, keep_fd)
+    os.closerange(keep_fd + 1, os.sysconf("SC_OPEN_MAX"))
+    os.chdir("/")
+    os.umask(0o077)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a core dump would hold file contents
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when a worker ends
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_no_new_privs = 38
+    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point ``python -m mcpd.worker --fd N --limits JSON``; returns the exit status.
+
+    ``--limits`` is a JSON object of :class:`mcpd.common.config.ReadLimits` fields (bytes). Exits 0 when
+    the socket closes, 2 on bad arguments (not a Unix stream socket, bad limits).
+    """
+    parser = argparse.ArgumentParser(prog="python -m mcpd.worker")
+    parser.add_argument("--fd", type=int, required=True, help="the worker's socketpair end")
+    parser.add_argument("--limits", default="{}", help="ReadLimits as a JSON object (bytes)")
+    opts = parser.parse_args(argv)
+    try:
+        limits = ReadLimits(**json.loads(opts.limits))
+        sock = socket.socket(fileno=opts.fd)
+    except (ValueError, TypeError, OSError) as exc:
+        print(f"mcpd.worker: bad arguments: {exc}", file=sys.stderr)
+        return 2
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        print("mcpd.worker: --fd is not a Unix stream socket", file=sys.stderr)
+        return 2
+    _harden(opts.fd)
+    sock.setblocking(True)
+    from mcpd.core import fileopen
+    from mcpd.core.ops import OpContext
+
+    ctx = OpContext(limits=limits, open_file=fileopen.open_regular, open_dir=fileopen.open_directory)
+    with sock:
+        serve(sock, ctx)
+    return 0
+
+
