@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from mcpd.common.errors import invalid_argument
+from mcpd.common.validate import check_bool, check_choice, check_int, check_object, check_path
 from mcpd.core.fileops import TYPE_NAMES
-from mcpd.core.tools._fileops_args import PATH_SCHEMA, PRIVILEGED_SCHEMA, check_bool, check_int, check_object, check_path
+from mcpd.core.tools._schemas import PATH_SCHEMA, PRIVILEGED_SCHEMA
 
 NAME = "files/find"
 DEFAULT_MAX_RESULTS = 1000
@@ -70,10 +71,7 @@ def parse_args(args: Any) -> dict[str, Any]:
     if name is not None and (not isinstance(name, str) or not name or len(name) > MAX_PATTERN or "\0" in name):
         raise invalid_argument(f"name must be a glob of 1 to {MAX_PATTERN} characters", argument="name")
     out["name"] = name
-    kind = args.get("type")
-    if kind is not None and kind not in TYPE_NAMES:
-        raise invalid_argument(f"type must be one of {', '.join(TYPE_NAMES)}", argument="type")
-    out["type"] = kind
+    out["type"] = check_choice(args, "type", TYPE_NAMES, None)
     out["max_depth"] = check_int(args, "max_depth", None, 1, None)
     out["max_results"] = check_int(args, "max_results", DEFAULT_MAX_RESULTS, 1, MAX_RESULTS)
     budget = args.get("time_budget_seconds", DEFAULT_BUDGET)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcpd.core.tools._fileops_args import PATH_SCHEMA, PRIVILEGED_SCHEMA, check_bool, check_int, check_object, check_path
+from mcpd.common.validate import check_bool, check_int, check_object, check_path
+from mcpd.core.tools._schemas import PATH_SCHEMA, PRIVILEGED_SCHEMA
 
 NAME = "files/list"
 DEFAULT_LIMIT = 1000  # entries

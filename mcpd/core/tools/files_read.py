@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcpd.common.errors import invalid_argument
+from mcpd.common.validate import check_bool, check_choice, check_int, check_object, check_path
 from mcpd.core.textdecode import ENCODINGS
 
 NAME = "files/read"
@@ -58,11 +58,11 @@ INPUT_SCHEMA: dict[str, Any] = {
 
 _INTS: dict[str, int] = {"start_line": 1, "end_line": 1, "offset": 0, "limit": 1}
 _BOOLS = ("privileged", "include_metadata")
-MAX_PATH = 4096  # bytes, PATH_MAX
+_KNOWN = frozenset(INPUT_SCHEMA["properties"])
 
 
 def parse_args(args: Any) -> dict[str, Any]:
-    """Validate ``files/read`` arguments (SPEC §3, §2.5).
+    """Validate ``files/read`` arguments (SPEC §3, §2.5) with :mod:`mcpd.common.validate`.
 
     Args:
         args: the JSON ``arguments`` object as received (anything).
@@ -73,44 +73,17 @@ def parse_args(args: Any) -> dict[str, Any]:
 
     Raises:
         ToolError: ``INVALID_ARGUMENT`` (details ``argument``) for a non-object, an unknown key,
-            a missing, relative, over-long or NUL-containing path, a wrong type (``true`` is not
-            an integer), a line number < 1, a negative offset, a limit < 1, an unknown encoding.
+            a missing, relative, over-long, NUL-containing or non-UTF-8 path, a wrong type
+            (``true`` and ``3.0`` are not integers), a line number < 1, a negative offset, a
+            limit < 1, an unknown encoding.
     """
-    if not isinstance(args, dict):
-        raise invalid_argument("arguments must be an object")
-    for key in args:
-        if key not in INPUT_SCHEMA["properties"]:
-            raise invalid_argument(f"unknown argument {str(key)[:64]!r}", argument=str(key)[:64])
-    path = args.get("path")
-    if path is None:
-        raise invalid_argument("path is required", argument="path")
-    if not isinstance(path, str):
-        raise invalid_argument("path must be a string", argument="path")
-    if "\0" in path:
-        raise invalid_argument("path must not contain a NUL byte", argument="path")
-    if not path.startswith("/"):
-        raise invalid_argument("path must be absolute", argument="path")
-    if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH:
-        raise invalid_argument(f"path is longer than {MAX_PATH} bytes", argument="path")
-    out: dict[str, Any] = {"path": path}
+    args = check_object(args, _KNOWN)
+    out: dict[str, Any] = {"path": check_path(args, "path")}
     for name, low in _INTS.items():
-        value = args.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise invalid_argument(f"{name} must be an integer", argument=name)
-        if value is not None and value < low:
-            raise invalid_argument(f"{name} must be at least {low}", argument=name)
-        out[name] = value
+        out[name] = check_int(args, name, None, low, None)
     for name in _BOOLS:
-        value = args.get(name)
-        value = False if value is None else value
-        if not isinstance(value, bool):
-            raise invalid_argument(f"{name} must be true or false", argument=name)
-        out[name] = value
-    encoding = args.get("encoding")
-    encoding = "utf-8" if encoding is None else encoding
-    if not isinstance(encoding, str) or encoding not in ENCODINGS:
-        raise invalid_argument(f"encoding must be one of {', '.join(sorted(ENCODINGS))}", argument="encoding")
-    out["encoding"] = encoding
+        out[name] = check_bool(args, name)
+    out["encoding"] = check_choice(args, "encoding", ENCODINGS, "utf-8")
     return out
 
 

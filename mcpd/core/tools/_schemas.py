@@ -1,0 +1,17 @@
+"""JSON Schema fragments shared by the tools' ``INPUT_SCHEMA`` (SPEC §2.4).
+
+The checks themselves are :mod:`mcpd.common.validate` (one validator set for every tool).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcpd.common.validate import PATH_MAX
+
+PATH_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": PATH_MAX}
+PRIVILEGED_SCHEMA: dict[str, Any] = {
+    "type": "boolean",
+    "default": False,
+    "description": "Run through the root helper under an mcp-sudo.yaml grant (never silently downgraded).",
+}
