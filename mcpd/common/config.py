@@ -21,6 +21,8 @@ Example (every key optional)::
     service_user: mcpd             # the only uid the root helper accepts on its socket (SO_PEERCRED)
     auth_cache_seconds: 300        # how long the front may reuse a helper-verified token when the helper is down
     audit_log: /var/log/mcpd/audit.jsonl
+    state_dir: /var/lib/mcpd       # the front's state (0750 mcpd)
+    helper_state_dir: /var/lib/mcpd-helper   # the root helper's state (0700 root): issued tokens
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536}
     workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64}
     workspaces: {alice: /srv/projects/alice}   # root of relative file: resource URIs, per principal
@@ -136,6 +138,7 @@ class Config:
     auth_cache_seconds: float = 300.0
     audit_log: str = "/var/log/mcpd/audit.jsonl"
     state_dir: str = "/var/lib/mcpd"
+    helper_state_dir: str = "/var/lib/mcpd-helper"
     read: ReadLimits = ReadLimits()
     workers: Workers = Workers()
     workspaces: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -278,4 +281,5 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
         helper_socket=r(cfg.helper_socket),
         audit_log=r(cfg.audit_log),
         state_dir=r(cfg.state_dir),
+        helper_state_dir=r(cfg.helper_state_dir),
     )
