@@ -78,6 +78,12 @@ class ReadLimits:
     max_line_bytes: int = 64 * 1024
 
 
+#: Reserved key in the args of a worker-bound request: this call's own response cap in bytes (the
+#: principal's ``max_file_bytes``, set by mcpd.front.limits, honoured by mcpd.core.ops when it is
+#: below ``ReadLimits.response_cap``).
+CAP_KEY = "_cap"
+
+
 @dataclasses.dataclass(frozen=True)
 class Workers:
     """Worker pool sizing (DESIGN.md): per OS account, with a per-request deadline in seconds."""

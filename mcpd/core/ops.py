@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcpd.core import textread
-from mcpd.common.config import ReadLimits
+from mcpd.common.config import CAP_KEY, ReadLimits
 from mcpd.common.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
 from mcpd.core.fileops import filetype, find, listing
-from mcpd.front.limits import CAP_KEY
 from mcpd.core.tools import files_read
 
 log = logging.getLogger(__name__)
@@ -88,7 +87,7 @@ def run(frame: Any, ctx: OpContext) -> dict[str, Any]:
         if handler is None:
             raise invalid_argument("unknown operation")
         args = frame.get("args")
-        if isinstance(args, dict) and CAP_KEY in args:  # the caller's max_file_bytes (mcpd/limits.py)
+        if isinstance(args, dict) and CAP_KEY in args:  # the caller's max_file_bytes (mcpd/front/limits.py)
             args = dict(args)
             cap = args.pop(CAP_KEY)
             if isinstance(cap, int) and not isinstance(cap, bool) and 0 < cap < ctx.limits.response_cap:

@@ -24,13 +24,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.common.config import Limits, UserLimits
+from mcpd.common.config import CAP_KEY, Limits, UserLimits
 from mcpd.common.errors import RATE_LIMITED, ToolError
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "limits-counters.json"
-CAP_KEY = "_cap"  # reserved key in worker-bound args: this call's response cap in bytes (mcpd/ops.py)
 
 
 def _day(now: float) -> str:
