@@ -1,0 +1,124 @@
+"""The root surface (issue 8 item 1): what the root helper loads, and how much of it is mcpd's own.
+
+The helper's entry point is ``python -I -m mcpd.helper`` (console script ``mcpd-helper``), whose
+``__main__`` calls :func:`mcpd.helper.main.main`. ``mcpd.helper.main`` imports at its top level
+everything the root side ever runs, so a fresh isolated interpreter that imports it holds the
+whole root surface in ``sys.modules``. The test sums the code lines (:mod:`tests.codelines`) of
+every ``mcpd`` module there, plus the ``__main__`` file, and fails above the budget; it also fails
+when a parser or web-stack package is loaded, or when a loaded mcpd module imports inside a
+function something the count would miss.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.codelines import code_lines
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRY_MODULE = "mcpd.helper.main"
+MAIN_FILE = ("mcpd.helper.__main__", "mcpd/helper/__main__.py")  # run by `python -m mcpd.helper`
+BUDGET = 800  # code lines of mcpd loaded as root (issue 8: at most 800, aim for under 600)
+FORBIDDEN = frozenset({
+    "click", "cryptography", "charset_normalizer", "magic", "starlette", "uvicorn", "httpx",
+    "sse_starlette", "anyio",
+})
+
+# Runs in a fresh interpreter with -I: no PYTHONPATH, no user site, no current folder on sys.path.
+PROBE = f"""
+import json, sys
+import {ENTRY_MODULE}
+mods = sorted(sys.modules)
+files = {{n: getattr(sys.modules[n], "__file__", None) for n in mods if n == "mcpd" or n.startswith("mcpd.")}}
+print(json.dumps({{"modules": mods, "files": files}}))
+"""
+
+
+def is_mcpd(name: str) -> bool:
+    return name == "mcpd" or name.startswith("mcpd.")
+
+
+def helper_surface() -> tuple[list[str], dict[str, str]]:
+    """(every module name, {mcpd module: its source file}) after importing the entry module."""
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", PROBE], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, f"importing {ENTRY_MODULE} failed:\n{proc.stderr[-3000:]}"
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    files = {name: path for name, path in data["files"].items() if path}
+    name, rel = MAIN_FILE
+    files[name] = str(REPO / rel)
+    return data["modules"], files
+
+
+def lazy_imports(source: str) -> set[str]:
+    """Modules imported inside a function body (absolute imports only; mcpd uses no others)."""
+    found: set[str] = set()
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_code_line_counter() -> None:
+    """Docstrings, comments, blank lines and indentation are not code; other strings are."""
+    source = '''"""Module
+docstring."""
+import os  # a comment
+
+# only a comment
+
+class A:
+    """Class docstring."""
+
+    def f(self) -> str:
+        """Function
+        docstring."""
+        return """a string
+that is code"""
+
+
+def g(): """one line: the def counts"""
+'''
+    assert code_lines(source) == 6  # import, class A, def f, the return and its string (2), def g
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="mcpd/helper/main.py (the helper's own entry point) is being written by the lead; "
+    "remove this mark when it lands",
+)
+def test_root_surface_within_budget_and_without_parsers() -> None:
+    """The helper's entry point loads at most BUDGET code lines of mcpd and no parser or web stack."""
+    modules, files = helper_surface()
+    counts = {name: code_lines(Path(path).read_text(encoding="utf-8")) for name, path in sorted(files.items())}
+    width = max(len(name) for name in counts)
+    for name, count in counts.items():
+        print(f"{name:<{width}} {count:5d}")
+    total = sum(counts.values())
+    print(f"{'total (' + str(len(counts)) + ' modules)':<{width}} {total:5d}  budget {BUDGET}")
+
+    loaded = {m.split(".")[0] for m in modules}
+    assert not loaded & FORBIDDEN, f"loaded as root: {sorted(loaded & FORBIDDEN)}"
+
+    missed: list[str] = []
+    for name, path in files.items():
+        for target in lazy_imports(Path(path).read_text(encoding="utf-8")):
+            top = target.split(".")[0]
+            if top in FORBIDDEN or (is_mcpd(target) and target not in modules and target.rsplit(".", 1)[0] not in modules):
+                missed.append(f"{name} imports {target} inside a function")
+    assert not missed, "imports the count cannot see (import them at the top of the module):\n" + "\n".join(missed)
+
+    assert total <= BUDGET, f"{total} code lines of mcpd loaded as root, budget {BUDGET}"
