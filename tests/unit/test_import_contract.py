@@ -1,0 +1,53 @@
+"""The import contract (DESIGN.md "Layout", issue 8 item 9): who may import whom.
+
+The contracts live in ``pyproject.toml`` (``[tool.importlinter]``) and are checked by import-linter's
+``lint-imports``, which follows chains as well as direct imports. In short: the root helper imports
+only ``mcpd.common``, ``mcpd.helper`` and ``mcpd.core.walk`` (and no parser or web stack); ``core``
+imports only ``common``; ``common`` imports none of the others; ``worker`` only ``common`` and
+``core``; the front and the client never import root-side code.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``lint-imports`` on the package and ``pyproject.toml`` found in ``cwd``."""
+    if not LINT_IMPORTS.exists():
+        pytest.fail(f"{LINT_IMPORTS} missing: install the test extras (pip install -e '.[test]')")
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--no-logo"],
+        cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+def test_import_contracts_are_kept() -> None:
+    """Every contract in pyproject.toml is kept (lint-imports exits 0)."""
+    proc = lint_imports(REPO)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_import_contract_catches_a_forbidden_import(tmp_path: Path) -> None:
+    """The check is not vacuous: root-side code reaching the front, a core reader or libmagic
+    (directly or through core.walk) breaks it."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(REPO / "mcpd", tmp_path / "mcpd", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "mcpd/helper/lockout.py", "a", encoding="utf-8") as f:
+        f.write("\nimport mcpd.front.limits\n")
+    with open(tmp_path / "mcpd/core/walk.py", "a", encoding="utf-8") as f:
+        f.write("\nimport mcpd.core.textread\n")
+    proc = lint_imports(tmp_path)  # the copy comes first on sys.path: lint-imports adds its cwd
+    assert proc.returncode != 0, proc.stdout
+    assert "mcpd.helper.lockout -> mcpd.front.limits" in proc.stdout, proc.stdout
+    assert "mcpd.core.walk -> mcpd.core.textread" in proc.stdout, proc.stdout
+    assert "mcpd.core.walk is not allowed to import charset_normalizer" in proc.stdout, proc.stdout
