@@ -241,7 +241,7 @@ def test_fifo_socket_and_device_under_grant_are_refused_at_once(privsep_daemon: 
             p.unlink()
 
 
-# ------------------------------------------------------------------ PRIVSEP §6: when a process dies
+# ------------------------------------------------------------------ PRIVSEP §8: when a process dies
 
 
 def _big_file(path: Path, lines: int) -> None:
