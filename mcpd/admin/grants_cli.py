@@ -1,16 +1,19 @@
 """``mcpd grants`` and ``mcpd audit``: operator commands for ``mcp-sudo.yaml`` (SPEC §4).
 
 * ``mcpd grants check [FILE]`` — like ``visudo -c``: exit 0 and ``FILE: parsed OK``, or exit 1
-  with one ``file:line: message`` per problem on stderr.
+  with one ``file:line: message`` per problem on stderr. A grant of everything (an entry covering
+  ``/``, like ``paths: ["/"]``) is a warning on stderr (exit 0).
 * ``mcpd grants list --user U`` — like ``sudo -l -U U``: every tool, path, deny entry and expiry
-  that applies to U, directly or through its OS groups.
+  that applies to U, directly or through its OS groups, then the fixed deny of the daemon's own
+  secrets (SPEC §4.5a), which no grant overrides.
 * ``mcpd grants test --user U --tool T --path P`` — exit 0 when allowed, 1 when denied; prints the
-  rule that decided and why.
+  rule that decided and why (a secret answers ``denied: the daemon's own secrets are never served``).
 * ``mcpd grants export --json`` — the policy as JSON.
 * ``mcpd audit tail [-n N] [--follow]`` — the last audit records.
 
 The grants file and audit log default to ``mcpd.yaml``'s ``grants_file``/``audit_log``
-(``--config``), else the built-in defaults. A broken grants file makes ``list``, ``test`` and
+(``--config``, default ``/etc/mcpd/mcpd.yaml`` when it exists), else the built-in defaults; the
+fixed deny is computed from the same configuration, as the helper does. A broken grants file makes ``list``, ``test`` and
 ``export`` exit 78 (configuration error).
 """
 
@@ -23,18 +26,22 @@ import sys
 import time
 from typing import Any
 
+import dataclasses
+
 import click
 
 from mcpd.common import config as mcpd_config
 from mcpd.helper.audit import tail_lines
-from mcpd.helper.grants import TOOLS, Policy, PolicyError, Rule, decide, load_policy, os_groups, utcnow
+from mcpd.helper.grants import TOOLS, Policy, PolicyError, Rule, decide, load_policy, os_groups, secret_paths, utcnow
+from mcpd.helper.pathmatch import entry_covers_root
 
 _FMT = "%Y-%m-%dT%H:%M:%SZ"
+DEFAULT_CONFIG = "/etc/mcpd/mcpd.yaml"
 
 
 def _defaults(config_path: str | None) -> mcpd_config.Config:
     if not config_path:
-        return mcpd_config.Config()
+        return mcpd_config.load(DEFAULT_CONFIG) if os.path.exists(DEFAULT_CONFIG) else mcpd_config.Config()
     try:
         return mcpd_config.load(config_path)
     except mcpd_config.ConfigError as exc:
@@ -46,9 +53,12 @@ def _owner_uid(any_owner: bool) -> int:
     return os.geteuid() if any_owner else 0
 
 
-def _load(path: str, any_owner: bool) -> Policy:
+def _load(grants_file: str | None, config_path: str | None, any_owner: bool) -> Policy:
+    """The grants file (``--file``, else the configuration's) with the helper's fixed deny."""
+    cfg = _defaults(config_path)
+    cfg = dataclasses.replace(cfg, grants_file=grants_file or cfg.grants_file)
     try:
-        return load_policy(path, _owner_uid(any_owner))
+        return load_policy(cfg.grants_file, _owner_uid(any_owner), secret_paths(cfg, config_path or DEFAULT_CONFIG))
     except PolicyError as exc:
         for line in exc.errors:
             click.echo(line, err=True)
@@ -102,11 +112,18 @@ def check(file: str | None, config_path: str | None, any_owner: bool) -> None:
     """Check FILE like `visudo -c`: exit 0 if it parses, 1 with file:line errors otherwise."""
     path = file or _defaults(config_path).grants_file
     try:
-        load_policy(path, _owner_uid(any_owner))
+        policy = load_policy(path, _owner_uid(any_owner))
     except PolicyError as exc:
         for line in exc.errors:
             click.echo(line, err=True)
         sys.exit(1)
+    for table in (policy.users, policy.groups):
+        for rules in table.values():
+            for rule in rules.values():
+                for entry in (e for e in rule.paths if rule.allowed and entry_covers_root(e.parts)):
+                    click.echo(f"warning: {path}:{entry.line}: {rule.subject} {rule.tool}: paths {entry.text} "
+                               "grants every file on the system (/etc/shadow, SSH host keys, other users' "
+                               "files); grant the folders really needed", err=True)
     click.echo(f"{path}: parsed OK")
 
 
@@ -119,7 +136,7 @@ def check(file: str | None, config_path: str | None, any_owner: bool) -> None:
 def list_cmd(user: str, groups: tuple[str, ...], grants_file: str | None, config_path: str | None,
              any_owner: bool) -> None:
     """List every grant that applies to USER, like `sudo -l -U USER`."""
-    policy = _load(grants_file or _defaults(config_path).grants_file, any_owner)
+    policy = _load(grants_file, config_path, any_owner)
     member = _groups(user, groups)
     now = utcnow()
     sources = [(f"users.{user}", policy.users.get(user, {}))]
@@ -143,6 +160,9 @@ def list_cmd(user: str, groups: tuple[str, ...], grants_file: str | None, config
                 click.echo(f"    deny {entry.text} ({policy.source}:{entry.line})")
     if not found:
         click.echo("  (no grants)")
+    click.echo("Fixed deny (the daemon's own secrets, never served whatever a grant says):")
+    for secret in policy.secrets:
+        click.echo(f"  deny {secret}")
 
 
 @grants.command()
@@ -157,7 +177,7 @@ def list_cmd(user: str, groups: tuple[str, ...], grants_file: str | None, config
 def test(user: str, tool: str, path: str, groups: tuple[str, ...], now_text: str | None,
          grants_file: str | None, config_path: str | None, any_owner: bool) -> None:
     """Decide one call: exit 0 when allowed, 1 when denied; print the deciding rule and why."""
-    policy = _load(grants_file or _defaults(config_path).grants_file, any_owner)
+    policy = _load(grants_file, config_path, any_owner)
     now = utcnow()
     if now_text:
         try:
@@ -184,7 +204,7 @@ def test(user: str, tool: str, path: str, groups: tuple[str, ...], now_text: str
 @_any_owner_option
 def export(as_json: bool, grants_file: str | None, config_path: str | None, any_owner: bool) -> None:
     """Print the whole policy as JSON."""
-    policy = _load(grants_file or _defaults(config_path).grants_file, any_owner)
+    policy = _load(grants_file, config_path, any_owner)
     click.echo(json.dumps(policy_to_dict(policy), indent=2, sort_keys=True))
 
 

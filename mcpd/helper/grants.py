@@ -28,17 +28,25 @@ policy plugin. Choices where SPEC is silent:
   one such call. Otherwise the answer is ``reauthentication required``.
 * Symlinks may be followed (SPEC §4.4) only when the allowing entry covers ``/`` and no deny entry
   applies to the user for the tool (a followed link could otherwise reach a denied file).
+* The daemon's own secrets (SPEC §4.5a, :func:`secret_paths`) are a fixed deny checked before any
+  grant, ``/`` included: :attr:`Policy.secrets`. A followed symlink can still reach one, so the
+  opener's caller checks the descriptor's real path with :func:`is_secret` after opening.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
+import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mcpd.helper.pathmatch import PathError, clean_path, components, entry_covers, entry_covers_root, split_entry
 from mcpd.common.strictyaml import ConfigFileError, LineDict, LineList, parse_strict_yaml, read_secure_file
+from mcpd.helper.pathmatch import PathError, clean_path, components, entry_covers, entry_covers_root, split_entry
+
+if TYPE_CHECKING:
+    from mcpd.common.config import Config
 
 TOOLS = ("files/read", "files/list", "files/find", "files/filetype")
 RULE_KEYS = ("allowed", "paths", "deny", "expires", "reauth_after")
@@ -46,9 +54,11 @@ NO_GRANT = "no grant covers this path"
 DENIED = "path is denied by the grant"
 GRANTED = "granted"
 REAUTH = "reauthentication required"
+SECRET = "the daemon's own secrets are never served"
 _DURATION_RE = re.compile(r"^(0|[1-9][0-9]{0,6})(s|m|h)?$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, None: 1}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?$")
+_Errors = list[tuple[int, str]]  # (line, message), prefixed with the file name at the end
 
 
 class PolicyError(ConfigFileError):
@@ -84,11 +94,14 @@ class Rule:
 
 @dataclass(frozen=True)
 class Policy:
-    """A loaded grants file: ``users[name][tool]`` and ``groups[name][tool]`` rules."""
+    """A loaded grants file: ``users[name][tool]`` and ``groups[name][tool]`` rules, the fixed deny
+    ``secrets`` (:func:`secret_paths`, given by the caller) and the ``text`` it was parsed from."""
 
     source: str = "mcp-sudo.yaml"
     users: dict[str, dict[str, Rule]] = field(default_factory=dict)
     groups: dict[str, dict[str, Rule]] = field(default_factory=dict)
+    secrets: tuple[str, ...] = ()
+    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -97,10 +110,10 @@ class Decision:
 
     Attributes:
         allowed: True only when a live grant covers the path and no deny entry does.
-        reason: ``granted``, ``path is denied by the grant`` or ``no grant covers this path``
-            (SPEC §4.1), or why the path itself is invalid.
+        reason: ``granted``, ``the daemon's own secrets are never served``, ``path is denied by
+            the grant`` or ``no grant covers this path`` (SPEC §4.1), or why the path is invalid.
         rule: the rule and entry that decided (``users.alice files/read paths /var/log
-            (mcp-sudo.yaml:6)``), or ``None`` when nothing matched.
+            (mcp-sudo.yaml:6)``, ``fixed deny /etc/mcpd/users.yaml*``), or ``None``.
         resolved_path: the lexically cleaned path, or ``None`` when the path is invalid.
         covers_root: the allowing entry covers ``/`` and no deny applies (symlinks may be followed).
         note: an explanation for operators only (e.g. which grant expired).
@@ -119,46 +132,24 @@ class Decision:
 # ---------------------------------------------------------------- loading
 
 
-class _Errors:
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self._found: list[tuple[int, str]] = []
-
-    def add(self, line: int, message: str) -> None:
-        self._found.append((line, f"{self.source}:{line}: {message}"))
-
-    @property
-    def items(self) -> list[str]:
-        """The messages in file order (stable for one line)."""
-        return [text for _, text in sorted(self._found, key=lambda item: item[0])]
-
-
-def _mapping(value: Any, line: int, what: str, errs: _Errors) -> LineDict | None:
+def _mapping(value: Any, line: int, what: str, errs: _Errors, keys: tuple[str, ...] = ()) -> LineDict | None:
     if value is None:
         return LineDict()
     if not isinstance(value, LineDict):
-        errs.add(line, f"{what} must be a mapping")
+        errs.append((line, f"{what} must be a mapping"))
         return None
+    bad = [k for k in value if keys and k not in keys]
+    errs += [(value.key_line[k], f"unknown key {k!r} in {what} (expected {', '.join(keys)})") for k in bad]
     return value
 
 
-def _unknown_keys(d: LineDict, allowed: tuple[str, ...], what: str, errs: _Errors) -> None:
-    for key in d:
-        if key not in allowed:
-            errs.add(d.key_line[key], f"unknown key {key!r} in {what} (expected {', '.join(allowed)})")
-
-
 def _expires(value: Any, line: int, errs: _Errors) -> datetime.datetime | None:
-    when: datetime.datetime | None = None
-    if isinstance(value, datetime.datetime):
-        when = value
-    elif isinstance(value, str):
-        try:
-            when = datetime.datetime.fromisoformat(value)
-        except ValueError:
-            when = None
+    try:
+        when = value if isinstance(value, datetime.datetime) else datetime.datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        when = None
     if when is None or when.tzinfo is None:
-        errs.add(line, "expires must be an ISO 8601 time with a UTC offset, like 2027-03-31T00:00:00Z")
+        errs.append((line, "expires must be an ISO 8601 time with a UTC offset, like 2027-03-31T00:00:00Z"))
         return None
     return when.astimezone(datetime.timezone.utc)
 
@@ -168,88 +159,75 @@ def parse_duration(value: Any) -> float | None:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return float(value)
     m = _DURATION_RE.match(value) if isinstance(value, str) else None
-    if m is None:
-        return None
-    return float(int(m.group(1)) * _UNIT_SECONDS[m.group(2)])
+    return None if m is None else float(int(m.group(1)) * _UNIT_SECONDS[m.group(2)])
 
 
-def _entries(value: Any, line: int, key: str, errs: _Errors) -> tuple[Entry, ...]:
+def _entries(d: LineDict, key: str, errs: _Errors) -> tuple[Entry, ...]:
+    value, out = d.get(key, LineList()), []
     if not isinstance(value, LineList):
-        errs.add(line, f"{key} must be a list of absolute paths")
+        errs.append((d.key_line[key], f"{key} must be a list of absolute paths"))
         return ()
-    out: list[Entry] = []
-    for item, item_line in zip(value, value.item_line):
-        if not isinstance(item, str):
-            errs.add(item_line, f"{key} entries must be strings")
-            continue
+    for item, line in zip(value, value.item_line):
         try:
-            out.append(Entry(item, split_entry(item), item_line))
+            if not isinstance(item, str):
+                raise PathError(f"{key} entries must be strings")
+            out.append(Entry(item, split_entry(item), line))
         except PathError as exc:
-            errs.add(item_line, str(exc))
+            errs.append((line, str(exc)))
     return tuple(out)
 
 
 def _rule(subject: str, tool: str, body: Any, line: int, errs: _Errors) -> Rule | None:
-    d = _mapping(body, line, f"{subject} {tool}", errs)
+    where = f"{subject} {tool}"
+    d = _mapping(body, line, where, errs, RULE_KEYS)
     if d is None:
         return None
-    _unknown_keys(d, RULE_KEYS, f"{subject} {tool}", errs)
-    allowed = d.get("allowed")
+    allowed, at = d.get("allowed"), d.key_line.get
     if not isinstance(allowed, bool):
-        errs.add(d.key_line.get("allowed", line), f"{subject} {tool}: allowed must be true or false")
+        errs.append((at("allowed", line), f"{where}: allowed must be true or false"))
         return None
-    paths = _entries(d["paths"], d.key_line["paths"], "paths", errs) if "paths" in d else ()
-    deny = _entries(d["deny"], d.key_line["deny"], "deny", errs) if "deny" in d else ()
+    paths, deny = _entries(d, "paths", errs), _entries(d, "deny", errs)
     if allowed and isinstance(d.get("paths"), LineList) and not d["paths"]:
-        errs.add(d.key_line["paths"], f"{subject} {tool}: empty paths grant nothing; write paths: ['/'] for everything")
+        errs.append((at("paths", line), f"{where}: empty paths grant nothing; write paths: ['/'] for everything"))
     elif allowed and "paths" not in d:
-        errs.add(line, f"{subject} {tool}: a path tool granted without paths (write paths: ['/'] for everything)")
-    expires = _expires(d["expires"], d.key_line["expires"], errs) if "expires" in d else None
-    reauth: float | None = None
-    if "reauth_after" in d:
-        reauth = parse_duration(d["reauth_after"])
-        if reauth is None:
-            errs.add(d.key_line["reauth_after"], "reauth_after must be a duration like 0, 30s, 5m or 1h")
+        errs.append((line, f"{where}: a path tool granted without paths (write paths: ['/'] for everything)"))
+    expires = _expires(d["expires"], at("expires", line), errs) if "expires" in d else None
+    reauth = parse_duration(d["reauth_after"]) if "reauth_after" in d else None
+    if reauth is None and "reauth_after" in d:
+        errs.append((at("reauth_after", line), "reauth_after must be a duration like 0, 30s, 5m or 1h"))
     return Rule(subject, tool, allowed, paths, deny, expires, line, reauth)
 
 
 def _subjects(kind: str, value: Any, line: int, errs: _Errors) -> dict[str, dict[str, Rule]]:
     out: dict[str, dict[str, Rule]] = {}
-    d = _mapping(value, line, kind, errs)
-    if d is None:
-        return out
+    d = _mapping(value, line, kind, errs) or LineDict()
     for name, body in d.items():
-        nline = d.key_line[name]
+        at = d.key_line[name]
         if not isinstance(name, str) or not _NAME_RE.match(name):
-            errs.add(nline, f"invalid {kind[:-1]} name {name!r}")
+            errs.append((at, f"invalid {kind[:-1]} name {name!r}"))
             continue
         subject = f"{kind}.{name}"
-        sd = _mapping(body, nline, subject, errs)
-        if sd is None:
-            continue
-        _unknown_keys(sd, ("privileged",), subject, errs)
-        priv = _mapping(sd.get("privileged"), sd.key_line.get("privileged", nline), f"{subject}.privileged", errs)
-        if priv is None:
-            continue
-        _unknown_keys(priv, ("tools",), f"{subject}.privileged", errs)
-        tools = _mapping(priv.get("tools"), priv.key_line.get("tools", nline), f"{subject}.privileged.tools", errs)
+        sd = _mapping(body, at, subject, errs, ("privileged",))
+        priv = None if sd is None else _mapping(sd.get("privileged"), sd.key_line.get("privileged", at),
+                                                 f"{subject}.privileged", errs, ("tools",))
+        tools = None if priv is None else _mapping(priv.get("tools"), priv.key_line.get("tools", at),
+                                                   f"{subject}.privileged.tools", errs)
         if tools is None:
             continue
-        rules: dict[str, Rule] = {}
+        out[name] = {}
         for tool, rbody in tools.items():
-            tline = tools.key_line[tool]
             if tool not in TOOLS:
-                errs.add(tline, f"unknown tool {tool!r} (expected {', '.join(TOOLS)})")
-                continue
-            rule = _rule(subject, tool, rbody, tline, errs)
-            if rule is not None:
-                rules[tool] = rule
-        out[name] = rules
+                errs.append((tools.key_line[tool], f"unknown tool {tool!r} (expected {', '.join(TOOLS)})"))
+            elif (rule := _rule(subject, tool, rbody, tools.key_line[tool], errs)) is not None:
+                out[name][tool] = rule
     return out
 
 
-def parse_policy(text: str, source: str = "mcp-sudo.yaml") -> Policy:
+def parse_policy(text: str, source: str = "mcp-sudo.yaml", secrets: tuple[str, ...] = ()) -> Policy:
     """Parse and validate a grants file's text (SPEC §4.2, §4.3, §4.5); no file-safety check.
+
+    Args:
+        text: the file's text. source: the name in messages. secrets: :attr:`Policy.secrets`.
 
     Raises:
         PolicyError: YAML errors, duplicate/unknown keys, wrong types, bad or missing paths,
@@ -259,22 +237,18 @@ def parse_policy(text: str, source: str = "mcp-sudo.yaml") -> Policy:
         data = parse_strict_yaml(text, source)
     except ConfigFileError as exc:
         raise PolicyError(exc.errors) from None
-    errs = _Errors(source)
-    top = _mapping(data, 1, "the top level", errs)
-    users: dict[str, dict[str, Rule]] = {}
-    groups: dict[str, dict[str, Rule]] = {}
-    if top is not None:
-        _unknown_keys(top, ("users", "groups"), "the top level", errs)
-        users = _subjects("users", top.get("users"), top.key_line.get("users", 1), errs)
-        groups = _subjects("groups", top.get("groups"), top.key_line.get("groups", 1), errs)
-    if errs.items:
-        raise PolicyError(errs.items)
-    return Policy(source, users, groups)
+    errs: _Errors = []
+    top = _mapping(data, 1, "the top level", errs, ("users", "groups")) or LineDict()
+    users = _subjects("users", top.get("users"), top.key_line.get("users", 1), errs)
+    groups = _subjects("groups", top.get("groups"), top.key_line.get("groups", 1), errs)
+    if errs:
+        raise PolicyError([f"{source}:{line}: {msg}" for line, msg in sorted(errs, key=lambda e: e[0])])
+    return Policy(source, users, groups, tuple(secrets), text)
 
 
-def load_policy(path: str, owner_uid: int = 0) -> Policy:
+def load_policy(path: str, owner_uid: int = 0, secrets: tuple[str, ...] = ()) -> Policy:
     """Load the grants file like ``visudo -c``: safe file (root-owned, not group/world-writable,
-    checked on the open descriptor), then :func:`parse_policy`.
+    checked on the open descriptor), then :func:`parse_policy` with ``secrets``.
 
     Raises:
         PolicyError: any problem, as ``file:line: message`` strings.
@@ -283,7 +257,68 @@ def load_policy(path: str, owner_uid: int = 0) -> Policy:
         text = read_secure_file(path, owner_uid)
     except ConfigFileError as exc:
         raise PolicyError(exc.errors) from None
-    return parse_policy(text, path)
+    return parse_policy(text, path, secrets)
+
+
+# ---------------------------------------------------------------- the daemon's own secrets
+
+
+def _escape(path: str) -> str:
+    return re.sub(r"[*?[]", lambda m: f"[{m.group(0)}]", path)
+
+
+def secret_paths(cfg: Config, config_path: str) -> tuple[str, ...]:
+    """The fixed deny of the daemon's own secrets (SPEC §4.5a), for :attr:`Policy.secrets`.
+
+    Each result is a grant-style entry covering itself and everything below it:
+
+    * ``mcpd.yaml`` (``config_path``), ``users_file`` and ``grants_file``: each file ``F`` as
+      ``F*`` and ``.F*`` in its folder, so backups (``F~``, ``F.bak``, ``F.dpkg-old``) and editor
+      swap files (``.F.swp``) go too.
+    * ``audit_log``: its whole folder when that folder is the log's own (named ``mcpd`` or
+      ``audit``, like ``/var/log/mcpd``), else the file as above (rotated ``F.1``, ``F.2.gz``).
+    * ``tls.key`` and the CA key ``ca.key`` that ``mcpd certs`` writes beside it: their folder
+      when it is a dedicated one named ``tls`` (``/etc/mcpd/tls``), else both files as above.
+    * ``helper_state_dir`` (root's state) and ``<state_dir>/helper`` (the older token store).
+
+    Relative settings are taken from ``config_path``'s folder; every path is also given by its
+    ``realpath`` when that differs (a symlinked ``/etc/mcpd`` is covered under both names).
+    Empty settings are skipped. Glob characters in the names are escaped.
+    """
+    base, out = os.path.dirname(os.path.abspath(config_path)), set()
+    audit_dir = os.path.dirname(os.path.join(base, cfg.audit_log))
+    key_dir = os.path.dirname(os.path.join(base, cfg.tls.key))
+    own_audit = bool(cfg.audit_log) and os.path.basename(audit_dir) in ("mcpd", "audit")
+    own_tls = os.path.basename(key_dir) == "tls"
+    files = [os.path.abspath(config_path), cfg.users_file, cfg.grants_file, "" if own_audit else cfg.audit_log]
+    files += [] if own_tls else [cfg.tls.key, os.path.join(key_dir, "ca.key")]
+    folders = [cfg.helper_state_dir, os.path.join(cfg.state_dir, "helper") if cfg.state_dir else ""]
+    folders += [audit_dir] * own_audit + [key_dir] * own_tls
+    for path, folder in [(f, False) for f in files if f] + [(d, True) for d in folders if d]:
+        for p in {clean_path(os.path.join(base, path)), os.path.realpath(os.path.join(base, path))}:
+            head, name = os.path.split(_escape(p))
+            out.update({_escape(p)} if folder else {f"{_escape(p)}*", os.path.join(head, f".{name}*")})
+    return tuple(sorted(out))
+
+
+@functools.lru_cache(maxsize=8)
+def _secret_entries(secrets: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return tuple((s, split_entry(s)) for s in secrets)
+
+
+def _secret_hit(secrets: tuple[str, ...], parts: tuple[str, ...]) -> str | None:
+    return next((text for text, entry in _secret_entries(secrets) if entry_covers(entry, parts)), None)
+
+
+def is_secret(secrets: Policy | tuple[str, ...], path: str) -> bool:
+    """Whether ``path`` (cleaned lexically) is one of the daemon's own secrets or below one; for
+    the descriptor's real path after opening. ``secrets``: a :class:`Policy` or its ``secrets``.
+    A path that cannot be cleaned (relative, ``socket:[...]``) counts as secret: fail closed."""
+    try:
+        parts = components(clean_path(path))
+    except PathError:
+        return True
+    return _secret_hit(secrets.secrets if isinstance(secrets, Policy) else secrets, parts) is not None
 
 
 # ---------------------------------------------------------------- decision
@@ -291,35 +326,21 @@ def load_policy(path: str, owner_uid: int = 0) -> Policy:
 
 def applicable_rules(policy: Policy, user: str, groups: frozenset[str] | set[str], tool: str) -> list[Rule]:
     """The rules for ``tool`` that apply to ``user``: the user's own first, then its groups' by name."""
-    rules: list[Rule] = []
-    own = policy.users.get(user, {}).get(tool)
-    if own is not None:
-        rules.append(own)
-    for group in sorted(groups):
-        rule = policy.groups.get(group, {}).get(tool)
-        if rule is not None:
-            rules.append(rule)
-    return rules
+    tables = [policy.users.get(user, {})] + [policy.groups.get(g, {}) for g in sorted(groups)]
+    return [t[tool] for t in tables if tool in t]
 
 
 def _where(policy: Policy, rule: Rule, kind: str, entry: Entry) -> str:
     return f"{rule.subject} {rule.tool} {kind} {entry.text} ({policy.source}:{entry.line})"
 
 
-def decide(
-    policy: Policy,
-    user: str,
-    groups: frozenset[str] | set[str],
-    tool: str,
-    path: str,
-    now: datetime.datetime,
-    login_time: datetime.datetime | None = None,
-    login_used: bool = False,
-) -> Decision:
-    """Decide a privileged call, purely (SPEC §4.1, §4.3; ``reauth_after``: issue 5).
+def decide(policy: Policy, user: str, groups: frozenset[str] | set[str], tool: str, path: str,
+           now: datetime.datetime, login_time: datetime.datetime | None = None, login_used: bool = False) -> Decision:
+    """Decide a privileged call, purely (SPEC §4.1, §4.3, §4.5a; ``reauth_after``: issue 5).
 
     Args:
-        policy: the loaded grants.
+        policy: the loaded grants, with its fixed deny ``secrets`` (refused first, whatever a
+            grant says).
         user: the OS user name (a key under ``users:``).
         groups: the OS group names the user belongs to (see :func:`os_groups`).
         tool: ``files/read`` ... (an unknown tool is never granted).
@@ -331,84 +352,46 @@ def decide(
 
     Returns:
         A :class:`Decision`; anything but ``allowed`` is a refusal. Never raises for bad input.
+        When ``covers_root`` lets the opener follow symlinks, the caller must still check the
+        opened descriptor's real path with :func:`is_secret`.
     """
     try:
         cleaned = clean_path(path)
     except PathError as exc:
         return Decision(False, str(exc), None, None)
     parts = components(cleaned)
+    if (secret := _secret_hit(policy.secrets, parts)) is not None:
+        return Decision(False, SECRET, f"fixed deny {secret}", cleaned)
     rules = applicable_rules(policy, user, groups, tool) if tool in TOOLS else []
-    for rule in rules:
-        for entry in rule.deny:
-            if entry_covers(entry.parts, parts):
-                return Decision(False, DENIED, _where(policy, rule, "deny", entry), cleaned)
-    expired_note = ""
-    needs_reauth: tuple[Rule, Entry] | None = None
-    for rule in rules:
-        if not rule.allowed:
-            continue
-        for entry in rule.paths:
-            if not entry_covers(entry.parts, parts):
-                continue
-            if rule.expired(now):
-                if not expired_note and rule.expires is not None:
-                    when = rule.expires.strftime("%Y-%m-%dT%H:%M:%SZ")
-                    expired_note = f"{_where(policy, rule, 'paths', entry)} expired {when}"
-                continue
-            if not fresh_enough(rule.reauth_after, now, login_time, login_used):
-                needs_reauth = needs_reauth or (rule, entry)
-                continue
+    for rule, entry in ((r, e) for r in rules for e in r.deny if entry_covers(e.parts, parts)):
+        return Decision(False, DENIED, _where(policy, rule, "deny", entry), cleaned)
+    note, reauth = "", None
+    for rule, entry in ((r, e) for r in rules if r.allowed for e in r.paths if entry_covers(e.parts, parts)):
+        if rule.expired(now):
+            note = note or f"{_where(policy, rule, 'paths', entry)} expired {rule.expires:%Y-%m-%dT%H:%M:%SZ}"
+        elif not fresh_enough(rule.reauth_after, now, login_time, login_used):
+            reauth = reauth or (rule, entry)
+        else:
             root = entry_covers_root(entry.parts) and not any(r.deny for r in rules)
-            return Decision(True, GRANTED, _where(policy, rule, "paths", entry), cleaned, root,
-                            reauth_after=rule.reauth_after)
-    if needs_reauth is not None:
-        rule, entry = needs_reauth
-        return Decision(False, REAUTH, _where(policy, rule, "paths", entry), cleaned,
-                        note=f"reauth_after {rule.reauth_after:g}s", reauth_after=rule.reauth_after)
-    return Decision(False, NO_GRANT, None, cleaned, note=expired_note)
+            return Decision(True, GRANTED, _where(policy, rule, "paths", entry), cleaned, root, "", rule.reauth_after)
+    if reauth is not None:
+        rule, entry = reauth
+        return Decision(False, REAUTH, _where(policy, rule, "paths", entry), cleaned, False,
+                        f"reauth_after {rule.reauth_after:g}s", rule.reauth_after)
+    return Decision(False, NO_GRANT, None, cleaned, note=note)
 
 
-def fresh_enough(
-    window: float | None, now: datetime.datetime, login_time: datetime.datetime | None, login_used: bool
-) -> bool:
+def fresh_enough(window: float | None, now: datetime.datetime, login_time: datetime.datetime | None,
+                 login_used: bool) -> bool:
     """Whether a login at ``login_time`` satisfies a ``reauth_after`` of ``window`` seconds at ``now``.
 
     ``None`` (no ``reauth_after``) is always satisfied; otherwise a static token (``login_time``
     ``None``) never is; ``0`` needs a login not yet used for such a call; a positive window needs
     ``now - login_time <= window``.
     """
-    if window is None:
-        return True
-    if login_time is None:
-        return False
-    if window == 0:
-        return not login_used
-    return (now - login_time).total_seconds() <= window
-
-
-def covers(
-    policy: Policy,
-    user: str,
-    groups: frozenset[str] | set[str],
-    tool: str,
-    path: str,
-    now: datetime.datetime | None = None,
-) -> bool:
-    """Whether a live grant covers ``path`` (filters ``files/list``/``files/find`` entries)."""
-    return decide(policy, user, groups, tool, path, now or utcnow()).allowed
-
-
-def grant_covers_root(
-    policy: Policy,
-    user: str,
-    groups: frozenset[str] | set[str],
-    tool: str,
-    path: str,
-    now: datetime.datetime | None = None,
-) -> bool:
-    """Whether the grant allowing this call covers ``/`` with no deny, so symlinks may be followed
-    (SPEC §4.4)."""
-    return decide(policy, user, groups, tool, path, now or utcnow()).covers_root
+    if window is None or login_time is None:
+        return window is None
+    return not login_used if window == 0 else (now - login_time).total_seconds() <= window
 
 
 def utcnow() -> datetime.datetime:
@@ -419,18 +402,16 @@ def utcnow() -> datetime.datetime:
 def os_groups(user: str) -> frozenset[str]:
     """The OS groups of ``user``, its primary group included; empty for an unknown user."""
     import grp
-    import os
     import pwd
 
     try:
-        gid = pwd.getpwnam(user).pw_gid
-        gids = os.getgrouplist(user, gid)
+        gids = os.getgrouplist(user, pwd.getpwnam(user).pw_gid)
     except (KeyError, OSError):
         return frozenset()
-    names: set[str] = set()
-    for g in gids:
+    names = set()
+    for gid in gids:
         try:
-            names.add(grp.getgrgid(g).gr_name)
+            names.add(grp.getgrgid(gid).gr_name)
         except KeyError:
-            continue
+            pass
     return frozenset(names)

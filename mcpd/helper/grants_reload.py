@@ -1,20 +1,20 @@
 """Reloading ``mcp-sudo.yaml`` safely: keep the last good policy (SPEC §4.5).
 
-:class:`PolicyHolder` owns the current :class:`~mcpd.helper.grants.Policy`. A reload that fails
-(unsafe file, bad YAML, schema error) changes nothing and is reported; a reload that succeeds
-replaces the policy and reports a human summary of what changed (:func:`summarize_changes`).
-Every reload, good or bad, is one audit record when an :class:`~mcpd.helper.audit.AuditLog` is
-given.
+:class:`PolicyHolder` owns the current :class:`~mcpd.helper.grants.Policy` through the one reload
+holder, :class:`mcpd.common.reload.Reloading`. A reload that fails (unsafe file, bad YAML, schema
+error) changes nothing and is reported; a reload that succeeds replaces the policy and reports a
+human summary of what changed (:func:`summarize_changes`). Every reload, good or bad, is one
+audit record when an :class:`~mcpd.helper.audit.AuditLog` is given. Every policy it holds carries
+the fixed deny ``secrets`` (:func:`mcpd.helper.grants.secret_paths`).
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
-from mcpd.common.filesig import Signature, signature
+from mcpd.common.reload import Reloading
 from mcpd.helper.audit import AuditLog
-from mcpd.helper.grants import Policy, PolicyError, Rule, load_policy
+from mcpd.helper.grants import Policy, Rule, is_secret, load_policy
 
 
 @dataclass(frozen=True)
@@ -26,108 +26,76 @@ class ReloadResult:
     errors: list[str] = field(default_factory=list)
 
 
-def _flatten(policy: Policy) -> dict[str, dict[str, Rule]]:
-    out: dict[str, dict[str, Rule]] = {}
-    for name, rules in policy.users.items():
-        out[f"users.{name}"] = rules
-    for name, rules in policy.groups.items():
-        out[f"groups.{name}"] = rules
+def _facts(policy: Policy) -> set[str]:
+    out: set[str] = set()
+    for kind in ("users", "groups"):
+        for name, rules in getattr(policy, kind).items():
+            out.add(f"{kind}.{name}")
+            for tool, r in rules.items():
+                expires = r.expires.strftime("%Y-%m-%dT%H:%M:%SZ") if r.expires else None
+                where = f"{kind}.{name} {tool}"
+                out |= {where, f"{where} allowed {str(r.allowed).lower()}", f"{where} expires {expires or 'never'}"}
+                out |= {f"{where} reauth_after {r.reauth_after:g}s"} if r.reauth_after is not None else set()
+                out |= {f"{where} {k} {e.text}" for k in ("paths", "deny") for e in getattr(r, k)}
     return out
 
 
-def _rule_changes(subject: str, tool: str, old: Rule, new: Rule) -> list[str]:
-    lines: list[str] = []
-    where = f"{subject} {tool}"
-    if old.allowed != new.allowed:
-        lines.append(f"{where}: allowed {str(old.allowed).lower()} -> {str(new.allowed).lower()}")
-    for kind in ("paths", "deny"):
-        before = {e.text for e in getattr(old, kind)}
-        after = {e.text for e in getattr(new, kind)}
-        lines += [f"{where}: {kind} added {p}" for p in sorted(after - before)]
-        lines += [f"{where}: {kind} removed {p}" for p in sorted(before - after)]
-    if old.expires != new.expires:
-        fmt = "%Y-%m-%dT%H:%M:%SZ"
-        a = old.expires.strftime(fmt) if old.expires else "never"
-        b = new.expires.strftime(fmt) if new.expires else "never"
-        lines.append(f"{where}: expires {a} -> {b}")
-    return lines
-
-
 def summarize_changes(old: Policy, new: Policy) -> list[str]:
-    """Human lines describing what changed from ``old`` to ``new``: subjects, tools, paths, deny
-    entries, ``allowed`` and ``expires``; ``["no changes"]`` when nothing did."""
-    before, after = _flatten(old), _flatten(new)
-    lines = [f"{s} added" for s in sorted(set(after) - set(before))]
-    lines += [f"{s} removed" for s in sorted(set(before) - set(after))]
-    for subject in sorted(set(before) & set(after)):
-        a, b = before[subject], after[subject]
-        lines += [f"{subject} {t} added" for t in sorted(set(b) - set(a))]
-        lines += [f"{subject} {t} removed" for t in sorted(set(a) - set(b))]
-        for tool in sorted(set(a) & set(b)):
-            lines += _rule_changes(subject, tool, a[tool], b[tool])
+    """Human lines describing what changed from ``old`` to ``new``, one per fact added or removed
+    (a subject, a tool, ``allowed``, ``expires``, ``reauth_after``, each ``paths`` and ``deny``
+    entry): ``users.alice files/read paths /srv added``; ``["no changes"]`` when nothing did."""
+    before, after = _facts(old), _facts(new)
+    lines = [f"{f} added" for f in sorted(after - before)] + [f"{f} removed" for f in sorted(before - after)]
     return lines or ["no changes"]
 
 
-def _signature(path: str) -> Signature | None:
-    try:
-        return signature(path)
-    except OSError:
-        return None
-
-
-class PolicyHolder:
-    """The live grants policy with last-good reloads (SPEC §4.5).
+class PolicyHolder(Reloading[Policy]):
+    """The live grants policy with last-good reloads (SPEC §4.5), on :class:`Reloading`.
 
     Args:
         path: the grants file.
         owner_uid: the required owner of the file (0 = root).
         audit: where reloads are recorded, or ``None``.
+        secrets: the fixed deny (:func:`mcpd.helper.grants.secret_paths`) of every policy held.
 
     The initial load happens in the constructor; if it fails the policy is empty (nothing is
-    granted) and :attr:`last_errors` says why.
+    granted, the secrets still denied) and :attr:`last_errors` says why.
     """
 
-    def __init__(self, path: str, owner_uid: int = 0, audit: AuditLog | None = None) -> None:
-        self.path = path
-        self.owner_uid = owner_uid
-        self.audit = audit
-        self._lock = threading.Lock()
-        self._policy = Policy(source=path)
-        self._signature: tuple[int, int, int, int] | None = None
-        self.last_errors: list[str] = []
-        self.reload()
+    def __init__(self, path: str, owner_uid: int = 0, audit: AuditLog | None = None,
+                 secrets: tuple[str, ...] = ()) -> None:
+        self.audit, self.secrets = audit, tuple(secrets)
+        is_secret(self.secrets, "/")  # a malformed entry raises PathError here, not in a decision
+        empty = Policy(source=path, secrets=self.secrets)
+        super().__init__(path, lambda p: load_policy(p, owner_uid, self.secrets), empty)
+        self._report(empty)
 
     @property
     def policy(self) -> Policy:
         """The current (last good) policy."""
-        with self._lock:
-            return self._policy
+        return self.current
+
+    @property
+    def text(self) -> str:
+        """The text the current policy was parsed from (``""`` while nothing loaded)."""
+        return self.current.text
 
     def reload(self) -> ReloadResult:
         """Load the file again; on failure keep the current policy. Never raises for file problems."""
-        signature = _signature(self.path)
-        try:
-            new = load_policy(self.path, self.owner_uid)
-        except PolicyError as exc:
-            with self._lock:
-                self.last_errors = exc.errors
-                self._signature = signature
-            self._record("reload_failed", "kept the last good policy", "; ".join(exc.errors))
-            return ReloadResult(False, errors=exc.errors)
-        with self._lock:
-            summary = summarize_changes(self._policy, new)
-            self._policy = new
-            self._signature = signature
-            self.last_errors = []
-        self._record("reload", "loaded", "; ".join(summary))
-        return ReloadResult(True, summary=summary)
+        old = self.current
+        self.refresh(force=True)
+        return self._report(old)
 
     def reload_if_changed(self) -> ReloadResult | None:
         """Reload when the file's device, inode, size or mtime changed; ``None`` when unchanged."""
-        if _signature(self.path) == self._signature:
-            return None
-        return self.reload()
+        old = self.current
+        return self._report(old) if self.refresh() else None
 
-    def _record(self, event: str, decision: str, reason: str) -> None:
+    def _report(self, old: Policy) -> ReloadResult:
+        errors = self.last_errors
+        result = ReloadResult(not errors, [] if errors else summarize_changes(old, self.current), errors)
         if self.audit is not None:
-            self.audit.record(event, grants_file=self.path, decision=decision, reason=reason)
+            self.audit.record("reload" if result.ok else "reload_failed", grants_file=self.path,
+                              decision="loaded" if result.ok else "kept the last good policy",
+                              reason="; ".join(result.summary or result.errors))
+        return result

@@ -61,50 +61,36 @@ def split_entry(entry: str) -> tuple[str, ...]:
         PathError: relative, not normalised (``..``, ``.``, ``//``, trailing ``/``), NUL byte, or
             ``**`` mixed with other characters inside one component.
     """
-    if "\0" in entry:
-        raise PathError("path contains a NUL byte")
-    if not entry.startswith("/"):
+    if not entry.startswith("/") and "\0" not in entry:
         raise PathError(f"path {entry!r} must be absolute")
     cleaned = clean_path(entry)
     if cleaned != entry:
         raise PathError(f"path {entry!r} is not normalised (write {cleaned!r})")
     parts = components(entry)
-    for part in parts:
-        if "**" in part and part != "**":
-            raise PathError(f"path {entry!r}: '**' must be a whole component")
+    if any("**" in part and part != "**" for part in parts):
+        raise PathError(f"path {entry!r}: '**' must be a whole component")
     return parts
 
 
 def _component_matches(pattern: str, name: str) -> bool:
-    if _GLOB_CHARS.isdisjoint(pattern):
-        return pattern == name
-    return fnmatch.fnmatchcase(name, pattern)
+    return pattern == name if _GLOB_CHARS.isdisjoint(pattern) else fnmatch.fnmatchcase(name, pattern)
 
 
 def entry_covers(pattern: tuple[str, ...], path: tuple[str, ...]) -> bool:
     """Whether an entry (components of :func:`split_entry`) covers a path (its components).
 
-    The entry covers the path when it matches the path or any ancestor of it. Dynamic
-    programming over (pattern index, path index); time O(len(pattern) x len(path)^2).
+    The entry covers the path when it matches the path or any ancestor of it. ``reach`` holds
+    the path positions where the pattern consumed so far may end; time O(len(pattern) x len(path)).
     """
-    n = len(path)
-    # reach[j]: the pattern prefix consumed so far can end right before path component j
-    reach = [True] + [False] * n
+    reach = {0}
     for part in pattern:
-        nxt = [False] * (n + 1)
         if part == "**":
-            seen = False
-            for j in range(n + 1):
-                seen = seen or reach[j]
-                nxt[j] = seen
+            reach = set(range(min(reach), len(path) + 1))
         else:
-            for j in range(n):
-                if reach[j] and _component_matches(part, path[j]):
-                    nxt[j + 1] = True
-        reach = nxt
-        if not any(reach):
+            reach = {j + 1 for j in reach if j < len(path) and _component_matches(part, path[j])}
+        if not reach:
             return False
-    return any(reach)
+    return True
 
 
 def entry_covers_root(pattern: tuple[str, ...]) -> bool:

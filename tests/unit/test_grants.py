@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from dataclasses import replace
 import os
 import pwd
 import textwrap
@@ -13,18 +14,11 @@ import pytest
 from click.testing import CliRunner
 
 from mcpd.admin.grants_cli import grants
+from mcpd.common.config import Config
 from mcpd.helper.audit import AuditLog
-from mcpd.helper.grants import (
-    NO_GRANT,
-    PolicyError,
-    covers,
-    decide,
-    grant_covers_root,
-    load_policy,
-    os_groups,
-    parse_policy,
-)
-from mcpd.helper.grants_reload import PolicyHolder
+from mcpd.helper.grants import NO_GRANT, PolicyError, decide, load_policy, os_groups, parse_policy
+from mcpd.helper.grants import secret_paths
+from mcpd.helper.grants_reload import PolicyHolder, summarize_changes
 from mcpd.helper.pathmatch import entry_covers, split_entry
 from mcpd.common.strictyaml import ConfigFileError, load_secure_yaml
 
@@ -167,14 +161,14 @@ def test_grant_is_per_tool() -> None:
     assert not allowed(p, "/var/log", tool="files/write")
 
 
-def test_covers_and_grant_covers_root() -> None:
-    p = policy_for(["/"])
-    assert covers(p, "alice", frozenset(), "files/read", "/x", NOW)
-    assert grant_covers_root(p, "alice", frozenset(), "files/read", "/x", NOW)
-    assert not grant_covers_root(policy_for(["/var"]), "alice", frozenset(), "files/read", "/var/x", NOW)
+def test_covers_root_only_for_a_root_grant_without_deny() -> None:
+    def covers_root(p) -> bool:
+        return decide(p, "alice", frozenset(), "files/read", "/var/x", NOW).covers_root
+
+    assert covers_root(policy_for(["/"])) and covers_root(policy_for(["/**"]))
+    assert not covers_root(policy_for(["/var"]))
     # a deny entry means links may not be followed: one could lead into the denied path
-    assert not grant_covers_root(policy_for(["/"], deny=["/etc/shadow"]), "alice", frozenset(), "files/read",
-                                 "/x", NOW)
+    assert not covers_root(policy_for(["/"], deny=["/etc/shadow"]))
 
 
 def test_os_groups_include_the_primary_group() -> None:
@@ -368,9 +362,13 @@ def test_reload_keeps_last_good_policy_and_summarises_changes(tmp_path: Path) ->
         assert result.ok
         assert result.summary == [
             "groups.ops added",
-            "users.alice files/read: paths added /srv",
-            "users.alice files/read: paths removed /var/log",
-            "users.alice files/read: deny added /srv/k",
+            "groups.ops files/list added",
+            "groups.ops files/list allowed true added",
+            "groups.ops files/list expires never added",
+            "groups.ops files/list paths / added",
+            "users.alice files/read deny /srv/k added",
+            "users.alice files/read paths /srv added",
+            "users.alice files/read paths /var/log removed",
         ]
         assert not allowed(holder.policy, "/var/log/x") and allowed(holder.policy, "/srv/x")
         assert holder.reload_if_changed() is None
@@ -412,7 +410,10 @@ def test_grants_list_shows_user_and_group_grants(tmp_path: Path) -> None:
         f"  files/find via groups.ops (allowed, expires 2030-01-01T00:00:00Z, {path}:2)",
         f"    path /srv ({path}:2)",
         f"    deny /srv/k ({path}:2)",
+        "Fixed deny (the daemon's own secrets, never served whatever a grant says):",
+        *(f"  deny {s}" for s in sorted(secret_paths(replace(Config(), grants_file=path), "/etc/mcpd/mcpd.yaml"))),
     ]
+    assert f"  deny {path}*" in out.output and "  deny /etc/mcpd/users.yaml*" in out.output
 
 
 @pytest.mark.root
