@@ -15,8 +15,12 @@ import pytest
 import yaml
 
 from mcpd.common import config
-from mcpd.helper.grants import DENIED, GRANTED, NO_GRANT, TOOLS, decide, load_policy, parse_policy
+from click.testing import CliRunner
+
+from mcpd.admin.grants_cli import grants
 from mcpd.common.identity import parse_users, verify
+from mcpd.helper.grants import DENIED, GRANTED, NO_GRANT, SECRET, TOOLS, decide, load_policy, parse_policy, secret_paths
+from mcpd.helper.pathmatch import entry_covers_root
 
 ETC = Path(__file__).resolve().parents[2] / "etc"
 DAEMON = ETC / "mcpd/mcpd.yaml"
@@ -77,6 +81,8 @@ def test_grants_example_loads_with_the_helper_loader(tmp_path: Path) -> None:
     policy = load_policy(str(installed), owner_uid=os.geteuid())
     assert set(policy.users) == {"alice", "bob", "carol"}
     assert set(policy.groups) == {"ops", "auditors"}
+    check = CliRunner().invoke(grants, ["check", "--any-owner", str(installed)])
+    assert check.exit_code == 0 and check.stderr == ""  # no grant of everything, so no warning
 
 
 def test_grants_example_refused_when_group_writable(tmp_path: Path) -> None:
@@ -92,26 +98,44 @@ def test_grants_example_refused_when_group_writable(tmp_path: Path) -> None:
 
 # (user, groups, path, when, allowed, reason): what the comments in the example promise.
 GOLDEN = [
-    ("alice", (), "/var/log/syslog", BEFORE_EXPIRY, True, GRANTED),
-    ("alice", (), "/var/log/auth.log", BEFORE_EXPIRY, False, DENIED),
+    ("dave", ("ops",), "/var/log/syslog", BEFORE_EXPIRY, True, GRANTED),
+    ("dave", ("ops",), "/var/log/nginx/access.log.2.gz", BEFORE_EXPIRY, True, GRANTED),
+    ("dave", ("ops",), "/var/log/auth.log", BEFORE_EXPIRY, False, DENIED),
+    ("dave", ("ops",), "/var/log/auth.log.1", BEFORE_EXPIRY, False, DENIED),
+    ("dave", ("ops",), "/var/log/btmp", BEFORE_EXPIRY, False, DENIED),
+    ("dave", ("ops",), "/var/log/audit/audit.log", BEFORE_EXPIRY, False, DENIED),
+    ("dave", ("ops",), "/etc/nginx/nginx.conf", BEFORE_EXPIRY, True, GRANTED),
+    ("dave", ("ops",), "/etc/nginx/sites-enabled/default", BEFORE_EXPIRY, True, GRANTED),
+    ("dave", ("ops",), "/etc/nginx/ssl/site.key", BEFORE_EXPIRY, False, DENIED),
+    ("dave", ("ops",), "/etc/nginx/.htpasswd", BEFORE_EXPIRY, False, DENIED),
+    ("dave", ("ops",), "/etc/apache2/apache2.conf", BEFORE_EXPIRY, True, GRANTED),
+    ("dave", ("ops",), "/etc/systemd/system/app.service.d/override.conf", BEFORE_EXPIRY, True, GRANTED),
+    ("dave", ("ops",), "/usr/lib/systemd/system/ssh.service", BEFORE_EXPIRY, True, GRANTED),
+    ("dave", ("ops",), "/lib/systemd/system/ssh.service", BEFORE_EXPIRY, True, GRANTED),
+    ("dave", ("ops",), "/etc/nginx-evil/x", BEFORE_EXPIRY, False, NO_GRANT),
+    ("dave", ("ops",), "/etc/shadow", BEFORE_EXPIRY, False, NO_GRANT),
+    ("dave", ("ops",), "/var/log/../../etc/shadow", BEFORE_EXPIRY, False, NO_GRANT),
+    ("dave", ("ops",), "/var/log/mcpd/audit.jsonl", BEFORE_EXPIRY, False, SECRET),
+    ("carol", ("ops",), "/etc/apache2/apache2.conf", BEFORE_EXPIRY, False, DENIED),
+    ("carol", ("ops",), "/etc/nginx/nginx.conf", BEFORE_EXPIRY, True, GRANTED),
+    ("erin", ("auditors",), "/var/log/auth.log", BEFORE_EXPIRY, True, GRANTED),
+    ("erin", ("auditors",), "/var/log/audit/audit.log", BEFORE_EXPIRY, True, GRANTED),
+    ("erin", ("auditors",), "/var/log/syslog", BEFORE_EXPIRY, False, NO_GRANT),
+    ("frank", ("ops", "auditors"), "/var/log/auth.log", BEFORE_EXPIRY, False, DENIED),
     ("alice", (), "/etc/nginx/nginx.conf", BEFORE_EXPIRY, True, GRANTED),
     ("alice", (), "/etc/nginx/conf.d/site.conf", BEFORE_EXPIRY, False, NO_GRANT),
-    ("bob", (), "/srv/app/config/db.yaml", BEFORE_EXPIRY, True, GRANTED),
-    ("bob", (), "/srv/app-staging/config/db.yaml", BEFORE_EXPIRY, False, NO_GRANT),
-    ("bob", (), "/srv/app/secrets/db.password", BEFORE_EXPIRY, False, DENIED),
-    ("bob", (), "/srv/app/tls/server.key", BEFORE_EXPIRY, False, DENIED),
-    ("bob", (), "/srv/app/config/db.yaml", AFTER_EXPIRY, False, NO_GRANT),
-    ("carol", ("ops",), "/etc/hosts", BEFORE_EXPIRY, True, GRANTED),
-    ("carol", ("ops",), "/var/lib/postgresql/15/main/PG_VERSION", BEFORE_EXPIRY, False, DENIED),
-    ("dave", ("ops",), "/var/lib/postgresql/15/main/PG_VERSION", BEFORE_EXPIRY, True, GRANTED),
-    ("dave", ("ops",), "/etc/shadow", BEFORE_EXPIRY, False, DENIED),
-    ("dave", ("ops",), "/var/log/../../etc/shadow", BEFORE_EXPIRY, False, DENIED),
-    ("dave", ("ops",), "/home/erin/.ssh/id_ed25519", BEFORE_EXPIRY, False, DENIED),
-    ("dave", ("ops",), "/home/erin/old/.ssh/id_rsa", BEFORE_EXPIRY, False, DENIED),
-    ("erin", ("auditors",), "/var/log/mcpd/audit.jsonl", BEFORE_EXPIRY, True, GRANTED),
-    ("erin", ("auditors",), "/var/log/mcpd/old/audit.jsonl", BEFORE_EXPIRY, False, NO_GRANT),
+    ("alice", (), "/var/log/nginx/error.log", BEFORE_EXPIRY, True, GRANTED),
+    ("alice", (), "/var/log/syslog", BEFORE_EXPIRY, False, NO_GRANT),
+    ("bob", (), "/srv/app/log/app.log", BEFORE_EXPIRY, True, GRANTED),
+    ("bob", (), "/srv/app-staging/log/app.log", BEFORE_EXPIRY, False, NO_GRANT),
+    ("bob", (), "/srv/app/log/app.log", AFTER_EXPIRY, False, NO_GRANT),
     ("erin", (), "/etc/hosts", BEFORE_EXPIRY, False, NO_GRANT),
 ]
+SHIPPED_SECRETS = secret_paths(config.Config(), "/etc/mcpd/mcpd.yaml")
+
+
+def shipped_policy() -> Any:
+    return parse_policy(GRANTS.read_text(encoding="utf-8"), str(GRANTS), SHIPPED_SECRETS)
 
 
 @pytest.mark.parametrize(("user", "groups", "path", "when", "allowed", "reason"), GOLDEN)
@@ -119,9 +143,41 @@ def test_grants_example_decisions_match_its_comments(
     user: str, groups: tuple[str, ...], path: str, when: datetime.datetime, allowed: bool, reason: str
 ) -> None:
     """SPEC §4.1/§4.3: component matching, globs, **, deny wins, expiry, lexical cleaning."""
-    policy = parse_policy(GRANTS.read_text(encoding="utf-8"), str(GRANTS))
-    decision = decide(policy, user, set(groups), "files/read", path, when)
+    decision = decide(shipped_policy(), user, set(groups), "files/read", path, when)
     assert (decision.allowed, decision.reason) == (allowed, reason)
+
+
+NEVER = [
+    "/", "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d/ops",
+    "/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_rsa_key", "/etc/ssh/ssh_host_ecdsa_key",
+    "/root/.ssh/id_ed25519", "/home/alice/.ssh/id_rsa", "/etc/ssl/private/site.key",
+    "/etc/nginx/ssl/site.key", "/etc/nginx/conf.d/.htpasswd", "/etc/apache2/.htpasswd",
+    "/var/log/auth.log", "/var/log/auth.log.1", "/var/log/btmp", "/var/log/secure",
+    "/etc/mcpd/users.yaml", "/etc/mcpd/mcp-sudo.yaml", "/etc/mcpd/mcpd.yaml", "/etc/mcpd/tls/server.key",
+    "/etc/mcpd/tls/ca.key", "/var/log/mcpd/audit.jsonl", "/var/lib/mcpd-helper/issued-tokens.json",
+    "/var/lib/postgresql/15/main/PG_VERSION", "/proc/1/environ",
+]
+
+
+@pytest.mark.parametrize("path", NEVER)
+@pytest.mark.parametrize("tool", TOOLS)
+def test_grants_example_never_grants_the_machine_s_secrets(path: str, tool: str) -> None:
+    """An account in every group and named like every user of the example still gets none of
+    these (the auth logs aside, which only the auditors group reads)."""
+    policy = shipped_policy()
+    every_group = set(policy.groups) - ({"auditors"} if path.startswith(("/var/log/auth.log", "/var/log/secure"))
+                                        else set())
+    for user in (*policy.users, "someone"):
+        d = decide(policy, user, every_group, tool, path, BEFORE_EXPIRY)
+        assert not d.allowed, (user, tool, path, d.rule)
+
+
+def test_grants_example_grants_no_entry_covering_root() -> None:
+    policy = shipped_policy()
+    for table in (policy.users, policy.groups):
+        for rules in table.values():
+            for rule in rules.values():
+                assert not any(entry_covers_root(e.parts) for e in rule.paths), rule.subject
 
 
 def test_users_example_parses_and_its_placeholders_match_no_token() -> None:
