@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
-import yaml
 
 from mcpd.client.api import Client, MCPClientError, UsageError, text_of, tool_failure
+from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml
 
 T = TypeVar("T")
 CONFIG_KEYS = frozenset({"url", "token", "cacert"})
@@ -70,8 +70,8 @@ def load_config_file(path: Path) -> dict[str, str]:
     with os.fdopen(fd, encoding="utf-8") as f:
         mode = os.fstat(f.fileno()).st_mode
         try:
-            data = yaml.safe_load(f)
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            data = parse_strict_yaml(f.read(), str(path))
+        except (ConfigFileError, UnicodeDecodeError) as exc:
             raise UsageError(f"{path}: not valid YAML") from exc
     if data is None:
         return {}

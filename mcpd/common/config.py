@@ -44,7 +44,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
+from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: configuration broken, do not restart
 
@@ -250,24 +250,29 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError("base_path: must start with '/' and not end with '/' (or be empty)")
 
 
-def load(path: str | Path) -> Config:
-    """Read and validate ``mcpd.yaml``.
+def load(path: str | Path, owner_uid: int | None = None) -> Config:
+    """Read and validate ``mcpd.yaml`` with the one strict YAML loader (duplicate keys refused).
 
     Relative file paths inside it (``tls.cert``, ``users_file`` ...) are resolved against the
     config file's folder, so a development state folder can be moved as a whole.
 
+    Args:
+        path: the file.
+        owner_uid: when given (0 for root, as the helper reads it), the file is read once by
+            :func:`mcpd.common.strictyaml.read_secure_file`: no symlink, owned by that uid, not
+            group- or world-writable, checked on the open descriptor that is parsed.
+
     Raises:
-        ConfigError: unreadable file, invalid YAML, or a schema violation.
+        ConfigError: unreadable or unsafe file, invalid YAML, or a schema violation.
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+        text = p.read_text(encoding="utf-8") if owner_uid is None else read_secure_file(str(p), owner_uid)
+        data = parse_strict_yaml(text, str(p))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read: {getattr(exc, 'strerror', None) or 'not UTF-8'}") from exc
+    except ConfigFileError as exc:
+        raise ConfigError("; ".join(exc.errors)) from exc
     try:
         cfg = from_dict(data or {})
     except ConfigError as exc:

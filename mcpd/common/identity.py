@@ -34,6 +34,8 @@ from typing import Any
 
 import yaml
 
+from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
+
 TOKEN_RE = re.compile(r"^mcpd_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
 NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 
@@ -182,33 +184,33 @@ def parse_users(data: Any, source: str = "users.yaml") -> dict[str, UserRecord]:
     return users
 
 
-def load_users(path: str | Path) -> dict[str, UserRecord]:
-    """Read and validate ``users.yaml``; a missing file means no users.
+def load_users(path: str | Path, owner_uid: int | None = None) -> dict[str, UserRecord]:
+    """Read and validate ``users.yaml`` with the one strict YAML loader (duplicate keys refused;
+    messages give lines, never the file's text, whose lines hold salts and digests). A missing
+    file means no users.
+
+    Args:
+        path: the file.
+        owner_uid: when given (0 for root's file, as the helper reads it), the file is read by
+            :func:`mcpd.common.strictyaml.read_secure_file`: no symlink, owned by that uid, not
+            group- or world-writable, checked on the open descriptor.
 
     Raises:
-        UsersFileError: unreadable, not YAML, or schema violation.
+        UsersFileError: unreadable, unsafe, not YAML, or schema violation.
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        if owner_uid is not None and not os.path.lexists(p):
+            return {}
+        text = p.read_text(encoding="utf-8") if owner_uid is None else read_secure_file(str(p), owner_uid)
+        data = parse_strict_yaml(text, str(p))
     except FileNotFoundError:
         return {}
-    except OSError as exc:
-        raise UsersFileError(f"{p}: cannot read: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UsersFileError(f"{p}: not valid YAML{_yaml_where(exc)}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsersFileError(f"{p}: cannot read: {getattr(exc, 'strerror', None) or 'not UTF-8'}") from exc
+    except ConfigFileError as exc:
+        raise UsersFileError("; ".join(exc.errors)) from exc
     return parse_users(data, str(p))
-
-
-def _yaml_where(exc: yaml.YAMLError) -> str:
-    """Where and what a YAML error is, without PyYAML's snippet of the file: these messages are
-    logged, and ``users.yaml`` lines hold salts and digests."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"{where}: {problem}" if problem else where
 
 
 def dump_users(users: dict[str, UserRecord]) -> dict[str, Any]:

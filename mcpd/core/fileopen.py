@@ -15,26 +15,10 @@ import os
 import stat
 
 from mcpd.common.errors import INVALID_ARGUMENT, NOT_A_REGULAR_FILE, ToolError, from_oserror
+from mcpd.common.filekind import kind  # the one file-type table (SPEC §2.5 details.type)
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-
-
-def kind(mode: int) -> str:
-    """The SPEC §2.5 ``details.type`` of a file mode: ``regular file``, ``directory``, ``fifo``,
-    ``socket``, ``char device``, ``block device`` (``symlink``/``unknown`` otherwise)."""
-    for test, name in (
-        (stat.S_ISREG, "regular file"),
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISFIFO, "fifo"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISCHR, "char device"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISLNK, "symlink"),
-    ):
-        if test(mode):
-            return name
-    return "unknown"
 
 
 def not_regular(path: str, mode: int) -> ToolError:

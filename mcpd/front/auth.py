@@ -13,7 +13,7 @@ import re
 from typing import Protocol
 
 from mcpd.common import identity
-from mcpd.common.filesig import Signature, signature
+from mcpd.common.reload import Reloading
 from mcpd.common.identity import Principal, UserRecord
 
 log = logging.getLogger(__name__)
@@ -47,39 +47,24 @@ class FileAuthenticator:
     Args:
         users_file: path of ``users.yaml``. A missing file means no users (everything is 401).
 
-    The file is stat'ed on every call (a cheap syscall); when ``(device, inode, size,
-    mtime_ns)`` differs from the loaded version it is parsed again. A parse error is logged
-    (without contents) and leaves the authenticator with no users: fail closed.
+    The file is held by the one reload holder, :class:`mcpd.common.reload.Reloading`: stat'ed on
+    every call (a cheap syscall) and parsed again when ``(device, inode, size, mtime_ns)``
+    changes. A parse error is logged (without contents) and leaves the authenticator with no
+    users until the file is fixed: fail closed (``fail_closed``), never the last good users, so a
+    broken edit cannot keep a revoked token alive.
     """
 
     def __init__(self, users_file: str) -> None:
-        self._path = users_file
-        self._key: Signature | None = None
-        self._users: dict[str, UserRecord] = {}
+        self._users: Reloading[dict[str, UserRecord]] = Reloading(
+            users_file, identity.load_users, empty={}, fail_closed=True)
+        self._log_errors()
 
-    def _stat_key(self) -> Signature | None:
-        return signature(self._path)
-
-    def _refresh(self) -> None:
-        try:
-            key = self._stat_key()
-        except OSError as exc:
-            log.error("users file %s cannot be checked: %s; refusing all tokens", self._path, exc.strerror)
-            self._key, self._users = None, {}
-            return
-        if key is not None and key == self._key:
-            return
-        if key is None:
-            self._key, self._users = None, {}
-            return
-        try:
-            self._users = identity.load_users(self._path)
-        except identity.UsersFileError as exc:
-            log.error("users file rejected, refusing all tokens until fixed: %s", exc)
-            self._users = {}
-        self._key = key
+    def _log_errors(self) -> None:
+        if self._users.last_errors:
+            log.error("users file rejected, refusing all tokens until fixed: %s", "; ".join(self._users.last_errors))
 
     async def authenticate(self, token: str) -> Principal | None:
         """Verify ``token`` (constant-time digest compare in :func:`identity.verify`)."""
-        self._refresh()
-        return identity.verify(self._users, token)
+        if self._users.refresh():
+            self._log_errors()
+        return identity.verify(self._users.current, token)
