@@ -6,8 +6,10 @@ Two steps, usable for ``mcp-sudo.yaml`` and ``users.yaml`` alike:
   and checks the *open descriptor* with ``fstat``: a regular file, owned by root (or the owner
   given), neither group- nor world-writable, and at most ``max_bytes`` long.
 * :func:`parse_strict_yaml` parses one YAML document with a loader that refuses duplicate keys and
-  merge keys and remembers line numbers: every mapping is a :class:`LineDict` (``.line`` and
-  ``.key_line[key]``), every sequence a :class:`LineList` (``.line`` and ``.item_line[i]``).
+  merge keys and remembers line numbers: every mapping is a :class:`LineDict` (``.key_line[key]``),
+  every sequence a :class:`LineList` (``.item_line[i]``).
+
+It is the one YAML loader of ``mcpd.yaml``, ``users.yaml``, the grants and the linuxctl config.
 
 Errors are :class:`ConfigFileError` whose ``errors`` are ``file:line: message`` strings. Messages
 name keys and line numbers only; they never quote the file's text.
@@ -37,32 +39,23 @@ class ConfigFileError(Exception):
 
 
 class LineDict(dict[Any, Any]):
-    """A YAML mapping remembering where it and each of its keys start (1-based lines)."""
-
-    line: int = 0
-    key_line: dict[Any, int]
+    """A YAML mapping remembering where each of its keys starts (``key_line``, 1-based lines)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.key_line = {}
+        self.key_line: dict[Any, int] = {}
 
 
 class LineList(list[Any]):
-    """A YAML sequence remembering where it and each of its items start (1-based lines)."""
-
-    line: int = 0
-    item_line: list[int]
+    """A YAML sequence remembering where each of its items starts (``item_line``, 1-based lines)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.item_line = []
+        self.item_line: list[int] = []
 
 
 class _StrictError(Exception):
-    def __init__(self, line: int, message: str) -> None:
-        super().__init__(message)
-        self.line = line
-        self.message = message
+    """``args``: (1-based line, message)."""
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -73,7 +66,6 @@ def _construct_map(loader: _StrictLoader, node: yaml.Node) -> LineDict:
     if not isinstance(node, yaml.MappingNode):
         raise _StrictError(node.start_mark.line + 1, "expected a mapping")
     out = LineDict()
-    out.line = node.start_mark.line + 1
     for key_node, value_node in node.value:
         line = key_node.start_mark.line + 1
         if key_node.tag == "tag:yaml.org,2002:merge":
@@ -94,7 +86,6 @@ def _construct_seq(loader: _StrictLoader, node: yaml.Node) -> LineList:
     if not isinstance(node, yaml.SequenceNode):
         raise _StrictError(node.start_mark.line + 1, "expected a sequence")
     out = LineList()
-    out.line = node.start_mark.line + 1
     for item in node.value:
         out.append(loader.construct_object(item, deep=True))
         out.item_line.append(item.start_mark.line + 1)
@@ -123,7 +114,7 @@ def parse_strict_yaml(text: str, source: str) -> Any:
     try:
         return loader.get_single_data()
     except _StrictError as exc:
-        raise ConfigFileError([f"{source}:{exc.line}: {exc.message}"]) from None
+        raise ConfigFileError([f"{source}:{exc.args[0]}: {exc.args[1]}"]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f"{mark.line + 1}" if mark is not None else "?"
@@ -175,15 +166,10 @@ def read_secure_file(path: str, owner_uid: int = 0, max_bytes: int = MAX_CONFIG_
     try:
         check_secure_stat(os.fstat(fd), path, owner_uid)
         chunks: list[bytes] = []
-        total = 0
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            total += len(chunk)
-            if total > max_bytes:
-                raise ConfigFileError([f"{path}: larger than {max_bytes} bytes"])
+        while chunk := os.read(fd, 65536):
             chunks.append(chunk)
+            if sum(map(len, chunks)) > max_bytes:
+                raise ConfigFileError([f"{path}: larger than {max_bytes} bytes"])
     except OSError as exc:
         raise ConfigFileError([f"{path}: cannot read: {exc.strerror}"]) from None
     finally:

@@ -35,10 +35,7 @@ policy plugin. Choices where SPEC is silent:
 
 from __future__ import annotations
 
-import datetime
-import functools
-import os
-import re
+import datetime, functools, os, re  # noqa: E401 (root side's line budget)
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -206,12 +203,11 @@ def _subjects(kind: str, value: Any, line: int, errs: _Errors) -> dict[str, dict
         if not isinstance(name, str) or not _NAME_RE.match(name):
             errs.append((at, f"invalid {kind[:-1]} name {name!r}"))
             continue
-        subject = f"{kind}.{name}"
-        sd = _mapping(body, at, subject, errs, ("privileged",))
-        priv = None if sd is None else _mapping(sd.get("privileged"), sd.key_line.get("privileged", at),
-                                                 f"{subject}.privileged", errs, ("tools",))
-        tools = None if priv is None else _mapping(priv.get("tools"), priv.key_line.get("tools", at),
-                                                   f"{subject}.privileged.tools", errs)
+        subject = what = f"{kind}.{name}"
+        tools = _mapping(body, at, subject, errs, ("privileged",))
+        for key, keys in (("privileged", ("tools",)), ("tools", ())):  # down to subject.privileged.tools
+            what = f"{what}.{key}"
+            tools = None if tools is None else _mapping(tools.get(key), tools.key_line.get(key, at), what, errs, keys)
         if tools is None:
             continue
         out[name] = {}
@@ -401,8 +397,7 @@ def utcnow() -> datetime.datetime:
 
 def os_groups(user: str) -> frozenset[str]:
     """The OS groups of ``user``, its primary group included; empty for an unknown user."""
-    import grp
-    import pwd
+    import grp, pwd  # noqa: E401
 
     try:
         gids = os.getgrouplist(user, pwd.getpwnam(user).pw_gid)

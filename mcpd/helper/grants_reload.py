@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from mcpd.common.reload import Reloading
 from mcpd.helper.audit import AuditLog
-from mcpd.helper.grants import Policy, Rule, is_secret, load_policy
+from mcpd.helper.grants import Policy, is_secret, load_policy
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from mcpd.common.config import Config
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.grants import NO_GRANT, PolicyError, decide, load_policy, os_groups, parse_policy
 from mcpd.helper.grants import secret_paths
-from mcpd.helper.grants_reload import PolicyHolder, summarize_changes
+from mcpd.helper.grants_reload import PolicyHolder
 from mcpd.helper.pathmatch import entry_covers, split_entry
 from mcpd.common.strictyaml import ConfigFileError, load_secure_yaml
 

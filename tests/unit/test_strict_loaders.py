@@ -88,3 +88,19 @@ def test_file_authenticator_reloads_and_fails_closed(tmp_path: Path) -> None:
     assert asyncio.run(auth.authenticate(token)) is not None
     path.unlink()
     assert asyncio.run(auth.authenticate(token)) is None
+
+
+def test_merge_keys_oversized_and_non_utf8_files_are_refused(tmp_path: Path) -> None:
+    from mcpd.common.strictyaml import MAX_CONFIG_BYTES, ConfigFileError, load_secure_yaml, parse_strict_yaml
+
+    with pytest.raises(ConfigFileError, match=r"x:2: merge keys"):
+        parse_strict_yaml("a: &a {b: 1}\nc: {<<: *a}\n", "x")
+    big = write(tmp_path / "big.yaml", "# " + "x" * MAX_CONFIG_BYTES + "\n")
+    with pytest.raises(ConfigFileError, match="larger than"):
+        load_secure_yaml(str(big), os.geteuid())
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"a: caf\xe9\n")
+    latin.chmod(0o600)
+    with pytest.raises(ConfigFileError, match="not UTF-8"):
+        load_secure_yaml(str(latin), os.geteuid())
+    assert load_secure_yaml(str(write(tmp_path / "ok.yaml", "a: [1, 2]\n")), os.geteuid()) == {"a": [1, 2]}
