@@ -2,7 +2,8 @@
 
 Each folder of ``tests/unit/golden/`` holds ``policy.yaml``, ``requests.txt`` (one request a line:
 ``user groups tool path [now]``, groups comma-separated or ``-``) and ``expected.txt``: either the
-load errors or one decision line per request. Regenerate after a deliberate change with
+load errors or one decision line per request. An optional ``secrets.txt`` (one entry a line) is the
+fixed deny of the daemon's own secrets (SPEC §4.5a), as ``secret_paths`` gives it. Regenerate after a deliberate change with
 ``UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/test_grants_golden.py`` and review the diff.
 """
 
@@ -24,7 +25,8 @@ CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "policy.yaml").exists())
 def run_case(folder: Path) -> str:
     """Load the folder's policy and judge its requests; the text ``expected.txt`` must equal."""
     try:
-        policy = parse_policy((folder / "policy.yaml").read_text(), "policy.yaml")
+        secrets = (folder / "secrets.txt").read_text().split() if (folder / "secrets.txt").exists() else []
+        policy = parse_policy((folder / "policy.yaml").read_text(), "policy.yaml", tuple(secrets))
     except PolicyError as exc:
         return "".join(f"error: {line}\n" for line in exc.errors)
     out: list[str] = []
