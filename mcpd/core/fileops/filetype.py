@@ -1,26 +1,38 @@
 """``files/filetype``: what a file is, without reading more than a sample (issue 4).
 
-The last component is examined with ``lstat`` relative to the parent's descriptor, so a symlink
-is reported as ``inode/symlink`` (with its target) and a FIFO, socket or device as
-``inode/fifo`` etc. without ever being opened: nothing can block. A regular file is opened once
-through ``ctx.open_file``; the descriptor must be the inode ``lstat`` saw (else
-``PERMISSION_DENIED``, reason ``path changed while opening``); at most :data:`SAMPLE_BYTES` are
-read from it and everything else (libmagic's MIME type, text or binary, encoding, line endings)
-is judged from those bytes.
+Two routes, one op:
+
+* Unprivileged (``ctx.allow`` None, the caller's own rights): the last component is examined with
+  ``lstat`` (:func:`mcpd.core.walk.lstat_at`), so a symlink is reported as ``inode/symlink``
+  (with its target) and a FIFO, socket or device as ``inode/fifo`` etc. without ever being opened:
+  nothing can block. A regular file is then opened once through ``ctx.open_file``; the
+  descriptor must be the inode ``lstat`` saw (else ``PERMISSION_DENIED``, reason ``path changed
+  while opening``).
+* Privileged (``ctx.allow`` set): the root helper has already decided, resolved and checked the
+  path (SPEC §4.4) and hands the one descriptor it opened to the worker, whose ``ctx.open_file``
+  returns it: ``O_RDONLY`` for a regular file, ``O_PATH`` (never opened for reading, no driver
+  run) for anything else. ``ctx.open_file(path)`` is called exactly once, ``ctx.open_dir`` never;
+  the type, size and a symlink's target come from the descriptor (``fstat``, ``readlinkat(fd,
+  "")``), and only a regular file's descriptor is ever read.
+
+At most :data:`SAMPLE_BYTES` are read and everything else (libmagic's MIME type, text or binary,
+encoding, line endings) is judged from those bytes.
 """
 
 from __future__ import annotations
 
 import codecs
 import os
+import stat
 from typing import Any
 
 import charset_normalizer
 import magic
 
 from mcpd.common.errors import PERMISSION_DENIED, ToolError, from_oserror
-from mcpd.core.fileops import SAMPLE_BYTES, Context, allowed, clean, lstat_path, no_grant, type_name
+from mcpd.core.fileops import SAMPLE_BYTES, Context, allowed, clean, no_grant, type_name
 from mcpd.core.tools import files_filetype
+from mcpd.core.walk import lstat_at
 
 BINARY_PROBE = 8 * 1024  # a NUL in these first bytes means binary (SPEC §3's rule)
 
@@ -48,8 +60,8 @@ def filetype(path: str, ctx: Context) -> dict[str, Any]:
 
     Args:
         path: absolute path; a symlink is described, never followed.
-        ctx: the op context (``open_dir`` for the parent, ``open_file`` for a regular file,
-            ``allow`` on the privileged route).
+        ctx: the op context (``open_file``; ``allow`` on the privileged route, where
+            ``open_file`` may return an ``O_PATH`` descriptor of a non-regular file).
 
     Returns:
         ``{"path", "type", "mime", "size" (bytes)}`` and, for a symlink, ``"target"``; for a
@@ -65,28 +77,58 @@ def filetype(path: str, ctx: Context) -> dict[str, Any]:
     path = clean(path)
     if not allowed(ctx, path):
         raise no_grant(path)
-    st, target = lstat_path(ctx, path)
+    st, target, fd = _examine(path, ctx)
     kind = type_name(st.st_mode)
     result: dict[str, Any] = {"path": path, "type": kind, "size": st.st_size}
-    if kind != "file":
+    if fd is None:
         result["mime"] = _INODE_MIME.get(kind, "inode/x-unknown")
         if target is not None:
             result["target"] = target
         return result
-    sample = _sample(ctx, path, st)
+    sample = _sample(fd, path)
     result.update(describe_bytes(sample, truncated=len(sample) >= SAMPLE_BYTES))
     return result
 
 
-def _sample(ctx: Context, path: str, lst: os.stat_result) -> bytes:
-    """Open ``path`` once through the context, check it is ``lst``'s inode, read the sample."""
+def _examine(path: str, ctx: Context) -> tuple[os.stat_result, str | None, int | None]:
+    """``(stat, symlink target, descriptor to sample)`` of ``path``; the descriptor (owned by the
+    caller) is given for a regular file only. See the module docstring for the two routes."""
+    if ctx.allow is None:
+        try:
+            lst, target = lstat_at(path, None)
+        except OSError as err:
+            raise from_oserror(err, path) from None
+        return lst, target, _open_same(ctx, path, lst) if stat.S_ISREG(lst.st_mode) else None
     fd = ctx.open_file(path)
     try:
         st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (lst.st_dev, lst.st_ino):
-            raise ToolError(
-                PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="path changed while opening"
-            )
+        if stat.S_ISREG(st.st_mode):
+            return st, None, fd
+        target = os.readlink("", dir_fd=fd) if stat.S_ISLNK(st.st_mode) else None  # readlinkat(fd, "")
+    except OSError as err:
+        os.close(fd)
+        raise from_oserror(err, path) from None
+    os.close(fd)
+    return st, target, None
+
+
+def _open_same(ctx: Context, path: str, lst: os.stat_result) -> int:
+    """Open ``path`` once through the context and check it is ``lst``'s inode."""
+    fd = ctx.open_file(path)
+    try:
+        st = os.fstat(fd)
+    except OSError as err:
+        os.close(fd)
+        raise from_oserror(err, path) from None
+    if (st.st_dev, st.st_ino) != (lst.st_dev, lst.st_ino):
+        os.close(fd)
+        raise ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="path changed while opening")
+    return fd
+
+
+def _sample(fd: int, path: str) -> bytes:
+    """Read up to :data:`SAMPLE_BYTES` from the start of the open regular file ``fd``, then close it."""
+    try:
         chunks: list[bytes] = []
         got = 0
         while got < SAMPLE_BYTES:

@@ -1,25 +1,23 @@
 """The ``files/find`` tool: search a tree by name glob, type and depth (issue 4).
 
-Front side only: schema, argument checks and formatting of :func:`mcpd.core.fileops.find.op_find`'s
-result.
+Schema, description and the text of the op's result. The argument checks are
+:func:`mcpd.core.walk.parse_find_args`, which the root helper runs too; the walk is
+:func:`mcpd.core.walk.walk_find` and the result :func:`mcpd.core.fileops.find.format_find`'s.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mcpd.common.errors import invalid_argument
-from mcpd.common.validate import check_bool, check_choice, check_int, check_object, check_path
-from mcpd.core.fileops import TYPE_NAMES
 from mcpd.core.tools._schemas import PATH_SCHEMA, PRIVILEGED_SCHEMA
+from mcpd.core.walk import FIND_BUDGET as DEFAULT_BUDGET
+from mcpd.core.walk import FIND_MAX as MAX_RESULTS
+from mcpd.core.walk import FIND_MAX_BUDGET as MAX_BUDGET
+from mcpd.core.walk import FIND_RESULTS as DEFAULT_MAX_RESULTS
+from mcpd.core.walk import MAX_PATTERN, TYPE_NAMES
+from mcpd.core.walk import parse_find_args as parse_args
 
 NAME = "files/find"
-DEFAULT_MAX_RESULTS = 1000
-MAX_RESULTS = 10000
-DEFAULT_BUDGET = 10  # seconds
-MAX_BUDGET = 60  # seconds
-MAX_PATTERN = 1024  # characters
-
 DESCRIPTION = (
     "Find entries below a directory on the server, like find(1): filter by `name` (a glob matched "
     "against each entry's own name, case-sensitive: * ? [...]), `type` (file, dir, symlink, fifo, "
@@ -50,48 +48,17 @@ INPUT_SCHEMA: dict[str, Any] = {
     "required": ["root"],
     "additionalProperties": False,
 }
-_KNOWN = frozenset(INPUT_SCHEMA["properties"])
-
-
-def parse_args(args: Any) -> dict[str, Any]:
-    """Validate ``files/find`` arguments.
-
-    Returns:
-        ``{"root": str, "name": str | None, "type": str | None, "max_depth": int | None,
-        "max_results": int, "time_budget_seconds": float, "follow_symlinks": bool,
-        "privileged": bool}``.
-
-    Raises:
-        ToolError: ``INVALID_ARGUMENT`` (SPEC §2.5) for a bad root, pattern, type or number, an
-            unknown key, or ``follow_symlinks`` with ``privileged`` (SPEC §4.4 follows no link).
-    """
-    args = check_object(args, _KNOWN)
-    out: dict[str, Any] = {"root": check_path(args, "root")}
-    name = args.get("name")
-    if name is not None and (not isinstance(name, str) or not name or len(name) > MAX_PATTERN or "\0" in name):
-        raise invalid_argument(f"name must be a glob of 1 to {MAX_PATTERN} characters", argument="name")
-    out["name"] = name
-    out["type"] = check_choice(args, "type", TYPE_NAMES, None)
-    out["max_depth"] = check_int(args, "max_depth", None, 1, None)
-    out["max_results"] = check_int(args, "max_results", DEFAULT_MAX_RESULTS, 1, MAX_RESULTS)
-    budget = args.get("time_budget_seconds", DEFAULT_BUDGET)
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= MAX_BUDGET:
-        raise invalid_argument(
-            f"time_budget_seconds must be a number above 0 and at most {MAX_BUDGET}", argument="time_budget_seconds"
-        )
-    out["time_budget_seconds"] = float(budget)
-    out["follow_symlinks"] = check_bool(args, "follow_symlinks")
-    out["privileged"] = check_bool(args, "privileged")
-    if out["follow_symlinks"] and out["privileged"]:
-        raise invalid_argument("follow_symlinks is not available with privileged", argument="follow_symlinks")
-    return out
+__all__ = [
+    "DEFAULT_BUDGET", "DEFAULT_MAX_RESULTS", "DESCRIPTION", "INPUT_SCHEMA", "MAX_BUDGET", "MAX_PATTERN", "MAX_RESULTS",
+    "NAME", "format_result", "parse_args",
+]
 
 
 def format_result(result: dict[str, Any]) -> dict[str, Any]:
     """The MCP ``CallToolResult``: one match per line, then notes; ``structuredContent`` is the op result.
 
     Args:
-        result: :func:`mcpd.core.fileops.find.find`'s dict.
+        result: :func:`mcpd.core.fileops.find.format_find`'s dict.
     """
     matches = result.get("matches", [])
     lines = [f"{m['path']}/" if m.get("type") == "dir" else m["path"] for m in matches]

@@ -1,19 +1,20 @@
 """The ``files/list`` tool: a directory's entries with their metadata (issue 4).
 
-Front side only: schema, argument checks and the formatting of the op's result
-(:func:`mcpd.core.fileops.listing.op_list` runs in the worker or the privileged child).
+Schema, description and the text of the op's result. The argument checks are
+:func:`mcpd.core.walk.parse_list_args`, which the root helper runs too; the walk is
+:func:`mcpd.core.walk.walk_list` and the result :func:`mcpd.core.fileops.listing.format_list`'s.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mcpd.common.validate import check_bool, check_int, check_object, check_path
 from mcpd.core.tools._schemas import PATH_SCHEMA, PRIVILEGED_SCHEMA
+from mcpd.core.walk import LIST_LIMIT as DEFAULT_LIMIT
+from mcpd.core.walk import LIST_MAX as MAX_LIMIT
+from mcpd.core.walk import parse_list_args as parse_args
 
 NAME = "files/list"
-DEFAULT_LIMIT = 1000  # entries
-MAX_LIMIT = 10000  # entries
 DESCRIPTION = (
     "List a directory on the server: every entry, hidden ones included, sorted by name, each with "
     "its type (file, dir, symlink with its target, fifo, socket, char or block device), size in "
@@ -39,28 +40,7 @@ INPUT_SCHEMA: dict[str, Any] = {
     "required": ["path"],
     "additionalProperties": False,
 }
-_KNOWN = frozenset(INPUT_SCHEMA["properties"])
-
-
-def parse_args(args: Any) -> dict[str, Any]:
-    """Validate ``files/list`` arguments.
-
-    Args:
-        args: the raw ``arguments`` object of ``tools/call``.
-
-    Returns:
-        ``{"path": str, "limit": int, "privileged": bool}``.
-
-    Raises:
-        ToolError: ``INVALID_ARGUMENT`` (SPEC §2.5) for a missing/relative path, a NUL byte,
-            an unknown key, or a limit outside 1..10000.
-    """
-    args = check_object(args, _KNOWN)
-    return {
-        "path": check_path(args, "path"),
-        "limit": check_int(args, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT),
-        "privileged": check_bool(args, "privileged"),
-    }
+__all__ = ["DEFAULT_LIMIT", "DESCRIPTION", "INPUT_SCHEMA", "MAX_LIMIT", "NAME", "format_result", "parse_args"]
 
 
 def _line(entry: dict[str, Any]) -> str:
@@ -77,7 +57,7 @@ def format_result(result: dict[str, Any]) -> dict[str, Any]:
     """The MCP ``CallToolResult``: an ``ls -l``-like text listing; ``structuredContent`` is the op result.
 
     Args:
-        result: :func:`mcpd.core.fileops.listing.list_path`'s dict.
+        result: :func:`mcpd.core.fileops.listing.format_list`'s dict.
     """
     entries = result.get("entries", [])
     if result.get("kind") == "directory":
