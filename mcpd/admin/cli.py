@@ -193,19 +193,11 @@ def users_list(users_file: str) -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
               help="The daemon configuration (mcpd.yaml)")
 def helper(config_path: str) -> None:
-    """Run the root helper (SPEC §4): token checks, account workers, grants, audit. Root only."""
-    import logging
+    """Run the root helper (token checks, account workers, grants, audit). Root only.
 
-    from mcpd.common.config import EXIT_CONFIG, ConfigError, load
-    from mcpd.helper.server import run as run_helper
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = load(config_path)
-    except ConfigError as exc:
-        click.echo(f"mcpd helper: {exc}", err=True)
-        sys.exit(EXIT_CONFIG)
-    sys.exit(run_helper(cfg))
+    Replaces this process with the helper's own small entry point (``python -I -m mcpd.helper``),
+    so the root side never holds the CLI's libraries."""
+    os.execv(sys.executable, [sys.executable, "-I", "-m", "mcpd.helper", "--config", os.path.abspath(config_path)])
 
 
 # Other command groups live in their own modules.

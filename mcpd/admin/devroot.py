@@ -155,7 +155,8 @@ def setup_root_state(state: DevState) -> RootSetup:
     _own(sample, 0, 0, 0o600)
 
     cfg_data = yaml.safe_load(state.config_path.read_text()) or {}
-    cfg_data.update(helper_socket="run/helper.sock", audit_log="audit/audit.jsonl", service_user=SERVICE_USER)
+    cfg_data.update(helper_socket="run/helper.sock", audit_log="audit/audit.jsonl", helper_state_dir="helper",
+                    service_user=SERVICE_USER)
     with open(state.config_path, "w", encoding="utf-8") as f:
         f.write("# mcpd development configuration, written by `mcpd dev` as root (rewritten on each run)\n")
         yaml.safe_dump(cfg_data, f, sort_keys=False)

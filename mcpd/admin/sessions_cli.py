@@ -1,6 +1,6 @@
 """``mcpd users sessions``: list and revoke login tokens (SPEC §5.2; issue 5). Root only.
 
-It reads the root helper's store (``<state_dir>/helper/issued-tokens.json``, :mod:`mcpd.helper.issued`)
+It reads the root helper's store (``<helper_state_dir>/issued-tokens.json``, :mod:`mcpd.helper.issued`)
 under the same lock the helper uses; the helper notices the change on the next request, and the
 front closes the sessions of a revoked token within a second.
 """
@@ -21,7 +21,7 @@ def _when(seconds: float) -> str:
 
 @click.command("sessions")
 @click.option("--config", "config_path", default="/etc/mcpd/mcpd.yaml", show_default=True,
-              type=click.Path(dir_okay=False), help="The daemon configuration (its state_dir holds the store)")
+              type=click.Path(dir_okay=False), help="The daemon configuration (its helper_state_dir holds the store)")
 @click.option("--revoke", "revoke_id", metavar="ID", help="Revoke the login token with this id")
 @click.option("--revoke-user", metavar="OS_USER", help="Revoke every login token of this OS account")
 def sessions(config_path: str, revoke_id: str | None, revoke_user: str | None) -> None:
@@ -32,7 +32,7 @@ def sessions(config_path: str, revoke_id: str | None, revoke_user: str | None) -
         raise click.ClickException("must run as root (the store is root-only)")
     try:
         cfg = load(config_path)
-        store = IssuedStore(store_path(cfg.state_dir))
+        store = IssuedStore(store_path(cfg.helper_state_dir))
     except (ConfigError, StoreError) as exc:
         raise click.ClickException(str(exc)) from None
     if revoke_id:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import struct
 from typing import Any
@@ -65,9 +66,34 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
     return bytes(chunks)
 
 
-def send_frame(sock: socket.socket, obj: dict[str, Any]) -> None:
-    """Send one frame on a blocking socket."""
-    sock.sendall(encode(obj))
+def send_frame(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None) -> None:
+    """Send one frame on a blocking socket; ``fds`` travel with its first byte (SCM_RIGHTS)."""
+    data = encode(obj)
+    if fds:
+        sent = socket.send_fds(sock, [data], fds)
+        data = data[sent:]
+    sock.sendall(data)
+
+
+def recv_frame_fds(sock: socket.socket, cap: int, max_fds: int) -> tuple[dict[str, Any] | None, list[int]]:
+    """Receive one frame and the descriptors sent with it (at most ``max_fds``; the caller closes
+    them). Returns ``(None, [])`` on a clean end of stream. Raises :class:`FrameError` like
+    :func:`recv_frame` (descriptors received before the error are closed)."""
+    data, fds, _, _ = socket.recv_fds(sock, HEADER.size, max_fds)
+    try:
+        if not data:
+            return None, fds
+        rest = _recv_exactly(sock, HEADER.size - len(data)) if len(data) < HEADER.size else b""
+        (length,) = HEADER.unpack(data + (rest or b""))
+        check_length(length, cap)
+        body = _recv_exactly(sock, length) if length else b""
+        if body is None:
+            raise FrameError("connection closed inside a frame")
+        return decode_body(body), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def recv_frame(sock: socket.socket, cap: int) -> dict[str, Any] | None:

@@ -43,27 +43,29 @@ def _open(path: str, flags: int) -> int:
 def open_regular(path: str) -> int:
     """Open ``path`` (absolute) for reading and return the descriptor of a regular file.
 
+    The path is resolved once to an ``O_PATH`` descriptor and its type checked with ``fstat``;
+    only a regular file is then opened, through ``/proc/self/fd/N`` (the same inode; the kernel
+    checks the account's read permission there). A FIFO, socket or device is never opened: a
+    FIFO's blocked writer stays blocked and no device driver runs (SPEC §4.5a).
+
     Raises:
         ToolError: ``FILE_NOT_FOUND``, ``PERMISSION_DENIED`` (details ``path``, ``reason``),
             ``NOT_A_REGULAR_FILE`` (details ``path``, ``type``: ``directory|fifo|socket|char
-            device|block device``); the descriptor is closed before raising.
+            device|block device``).
     """
     try:
-        pre = os.stat(path)
+        pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError as exc:
         raise from_oserror(exc, path) from None
-    if not stat.S_ISREG(pre.st_mode):
-        raise not_regular(path, pre.st_mode)
-    fd = _open(path, _FILE_FLAGS)
     try:
-        mode = os.fstat(fd).st_mode
+        st = os.fstat(pfd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(path, st.st_mode)
+        return os.open(f"/proc/self/fd/{pfd}", _FILE_FLAGS)
     except OSError as exc:
-        os.close(fd)
         raise from_oserror(exc, path) from None
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise not_regular(path, mode)
-    return fd
+    finally:
+        os.close(pfd)
 
 
 def open_directory(path: str) -> int:

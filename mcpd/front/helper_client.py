@@ -1,171 +1,266 @@
-"""The front's side of the root helper socket (SPEC §4.1, §5.1; docs/PRIVSEP.md).
+"""The front's side of the root helper (SPEC §4.1, §4.5a, §5; docs/PRIVSEP.md).
 
-The front never decides anything privileged. It forwards: token checks
-(:class:`HelperAuthenticator`), worker spawning for OS accounts (:class:`HelperSpawner`), and
-privileged calls (:class:`HelperBackend`). Each request uses its own short connection, so a helper
-that dies or restarts fails only the requests in flight: they answer ``HELPER_UNAVAILABLE``.
+The front never decides anything privileged; it asks, always with the caller's token. Requests
+travel over a few persistent connections (:class:`HelperChannel`), multiplexed by ``id``: no
+connection and no thread per request. A helper that dies fails the requests in flight
+(``HELPER_UNAVAILABLE``); the next request reconnects.
+
+- :class:`HelperAuthenticator`: token checks, with a short cache so a POST carrying its session's
+  recently verified token needs no round trip.
+- :class:`HelperSpawner`: workers for the token's principal (the helper binds each to it).
+- :class:`HelperBackend`: privileged calls. ``files/read``/``files/filetype`` run in the caller's
+  own worker on a descriptor the helper passes it; ``files/list``/``files/find`` come back as the
+  helper's raw metadata walk, formatted here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hashlib
+import itertools
 import logging
+import os
 import socket
 import time
 from typing import Any
 
 from mcpd.common import frames
-from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
+from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 from mcpd.common.identity import Principal
-from mcpd.front.limits import CAP_KEY
+from mcpd.core import fileops
 from mcpd.core.tools import DEADLINE_MARGIN, deadline_seconds
+from mcpd.front.limits import CAP_KEY
+from mcpd.front.pool import WorkerPool
 
 log = logging.getLogger("mcpd.front.helper_client")
 
 _UNAVAILABLE = "privileged reads are unavailable: the root helper is not running"
+CONNECTIONS = 4
+#: refusals decided before the helper touched the worker: the worker stays in the pool
+_DECIDED = frozenset({PERMISSION_DENIED, "NOT_A_REGULAR_FILE", "FILE_NOT_FOUND", "INVALID_ARGUMENT"})
 
 
 class HelperUnavailable(Exception):
     """The helper socket is missing, refused, or closed before answering."""
 
 
-class HelperClient:
-    """Sends one request frame per connection to the helper at ``path`` and reads the reply.
+class _Connection:
+    """One persistent connection: frames out under a lock, frames (and descriptors) in by a reader."""
+
+    def __init__(self, sock: socket.socket, reply_cap: int) -> None:
+        self.sock, self.reply_cap = sock, reply_cap
+        self.pending: dict[int, asyncio.Future[tuple[dict[str, Any], list[socket.socket]]]] = {}
+        self.closed = False
+        self._buf = bytearray()
+        self._fds: list[int] = []
+        self._loop = asyncio.get_running_loop()
+        self._write = asyncio.Lock()
+        self._loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data, fds, _, _ = socket.recv_fds(self.sock, 1 << 20, 4)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, fds = b"", []
+        self._fds += fds
+        if not data:
+            return self.close()
+        self._buf += data
+        try:
+            while len(self._buf) >= frames.HEADER.size:
+                (length,) = frames.HEADER.unpack_from(self._buf)
+                frames.check_length(length, self.reply_cap)
+                if len(self._buf) < frames.HEADER.size + length:
+                    break
+                reply = frames.decode_body(bytes(self._buf[frames.HEADER.size:frames.HEADER.size + length]))
+                del self._buf[:frames.HEADER.size + length]
+                n = reply.pop("fds", 0)
+                n = n if isinstance(n, int) and 0 <= n <= len(self._fds) else 0
+                got, self._fds = [socket.socket(fileno=fd) for fd in self._fds[:n]], self._fds[n:]
+                fut = self.pending.pop(reply.get("id"), None)  # type: ignore[arg-type]
+                if fut is not None and not fut.done():
+                    fut.set_result((reply, got))
+                else:
+                    for s in got:
+                        s.close()
+        except frames.FrameError:
+            log.error("malformed frame from the root helper; reconnecting")
+            self.close()
+
+    async def send(self, req: dict[str, Any]) -> None:
+        data = frames.encode(req)
+        async with self._write:
+            await self._loop.sock_sendall(self.sock, data)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+        for fd in self._fds:
+            os.close(fd)
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(HelperUnavailable("the helper closed the connection"))
+        self.pending.clear()
+
+
+class HelperChannel:
+    """Requests to the root helper at ``path``, multiplexed over :data:`CONNECTIONS` persistent
+    connections (round robin), each request with its own ``id``.
 
     Args:
         path: the helper's Unix socket (``helper_socket`` in mcpd.yaml).
         reply_cap: the largest reply frame accepted, in bytes.
-        connect_timeout: seconds to wait for the connection.
+        connect_timeout: seconds to wait for a connection.
     """
 
     def __init__(self, path: str, reply_cap: int, connect_timeout: float = 5.0) -> None:
-        self.path = path
-        self.reply_cap = reply_cap
-        self.connect_timeout = connect_timeout
-        self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="helper-fd")
+        self.path, self.reply_cap, self.connect_timeout = path, reply_cap, connect_timeout
+        self._conns: list[_Connection | None] = [None] * CONNECTIONS
+        self._ids = itertools.count(1)
+        self._next = itertools.count()
+        self._connecting = asyncio.Lock()
 
-    async def request(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """Send ``req`` and return the reply object.
+    async def _connection(self) -> _Connection:
+        i = next(self._next) % CONNECTIONS
+        conn = self._conns[i]
+        if conn is not None and not conn.closed:
+            return conn
+        async with self._connecting:
+            conn = self._conns[i]
+            if conn is None or conn.closed:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                try:
+                    async with asyncio.timeout(self.connect_timeout):
+                        await asyncio.get_running_loop().sock_connect(sock, self.path)
+                except (OSError, TimeoutError) as exc:
+                    sock.close()
+                    raise HelperUnavailable(str(exc)) from None
+                conn = self._conns[i] = _Connection(sock, self.reply_cap)
+            return conn
+
+    async def request(self, req: dict[str, Any], timeout: float) -> tuple[dict[str, Any], list[socket.socket]]:
+        """Send ``req`` (an ``id`` is added) and return ``(reply, sockets passed with it)``.
 
         Raises:
             HelperUnavailable: no helper, or it closed the connection without a reply.
             TimeoutError: no reply within ``timeout`` seconds.
         """
+        conn = await self._connection()
+        rid = next(self._ids)
+        fut: asyncio.Future[tuple[dict[str, Any], list[socket.socket]]] = asyncio.get_running_loop().create_future()
+        conn.pending[rid] = fut
         try:
-            async with asyncio.timeout(self.connect_timeout):
-                reader, writer = await asyncio.open_unix_connection(self.path, limit=2**20)
-        except (OSError, TimeoutError) as exc:
-            raise HelperUnavailable(str(exc)) from None
-        try:
-            await frames.write_frame(writer, req)
+            await conn.send(dict(req, id=rid))
             async with asyncio.timeout(timeout):
-                reply = await frames.read_frame(reader, self.reply_cap)
-        except (OSError, frames.FrameError) as exc:
+                return await fut
+        except OSError as exc:
+            conn.close()
             raise HelperUnavailable(str(exc)) from None
         finally:
-            writer.close()
-        if reply is None:
-            raise HelperUnavailable("the helper closed the connection")
+            conn.pending.pop(rid, None)
+
+    async def ask(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """:meth:`request` for replies that carry no descriptors; a refusal raises its ToolError.
+
+        Raises:
+            ToolError: the helper's refusal; ``HELPER_UNAVAILABLE`` when it is down or too slow.
+        """
+        try:
+            reply, fds = await self.request(req, timeout)
+        except HelperUnavailable:
+            raise ToolError(HELPER_UNAVAILABLE, _UNAVAILABLE) from None
+        except TimeoutError:
+            raise ToolError(HELPER_UNAVAILABLE, "the root helper did not answer in time") from None
+        for s in fds:
+            s.close()
+        if not reply.get("ok"):
+            raise ToolError.from_dict(reply.get("error")) if reply.get("error") else ToolError(
+                PERMISSION_DENIED, "permission denied")
         return reply
 
-    def _spawn_blocking(self, os_user: str) -> tuple[socket.socket, int]:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(30)
-            try:
-                s.connect(self.path)
-                frames.send_frame(s, {"type": "spawn_worker", "os_user": os_user})
-                data, fds, _flags, _addr = socket.recv_fds(s, frames.HELPER_REQUEST_CAP, 1)
-            except OSError as exc:
-                raise HelperUnavailable(str(exc)) from None
-            sockets = [socket.socket(fileno=fd) for fd in fds]
-            try:
-                if len(data) < frames.HEADER.size:
-                    raise HelperUnavailable("the helper closed the connection")
-                (length,) = frames.HEADER.unpack(data[: frames.HEADER.size])
-                frames.check_length(length, frames.HELPER_REQUEST_CAP)
-                body = data[frames.HEADER.size :]
-                while len(body) < length:
-                    chunk = s.recv(length - len(body))
-                    if not chunk:
-                        raise HelperUnavailable("the helper closed the connection")
-                    body += chunk
-                reply = frames.decode_body(body)
-            except BaseException:
-                for sock in sockets:
-                    sock.close()
-                raise
-        if not reply.get("ok"):
-            for sock in sockets:
-                sock.close()
-            raise ToolError.from_dict(reply.get("error"))
-        pid = reply.get("pid")
-        if len(sockets) != 1 or not isinstance(pid, int):
-            for sock in sockets:
-                sock.close()
-            raise ToolError(INTERNAL_ERROR, "internal error")
-        return sockets[0], pid
-
-    async def spawn_worker(self, os_user: str) -> tuple[socket.socket, int]:
-        """Ask the helper for a worker running as ``os_user``; its socket arrives by SCM_RIGHTS."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads, self._spawn_blocking, os_user)
+    def close(self) -> None:
+        """Close every connection (requests in flight fail with :class:`HelperUnavailable`)."""
+        for conn in self._conns:
+            if conn is not None:
+                conn.close()
 
 
 class HelperSpawner:
-    """A :class:`mcpd.front.pool.Spawner` whose workers the root helper starts with the account's
-    uid, gid and groups (DESIGN.md "worker")."""
+    """A :class:`mcpd.front.pool.Spawner` whose workers the root helper starts for the principal
+    of the token given, as that principal's OS account (DESIGN.md "worker")."""
 
-    def __init__(self, client: HelperClient) -> None:
-        self._client = client
+    def __init__(self, channel: HelperChannel) -> None:
+        self._channel = channel
+        self._tokens: dict[int, str] = {}  # pid -> the token that started it (needed to kill it)
 
-    async def spawn(self, os_user: str) -> tuple[socket.socket, int]:
-        """Start one worker for ``os_user``.
+    async def spawn(self, os_user: str, token: str = "") -> tuple[socket.socket, int]:
+        """Start one worker for the principal of ``token`` (``os_user`` is only the pool's key).
 
         Raises:
             ToolError: ``HELPER_UNAVAILABLE`` when the helper is down, or its refusal
-                (e.g. ``PERMISSION_DENIED`` for an account no principal maps to).
+                (``PERMISSION_DENIED`` for a bad token or a root account).
         """
         try:
-            return await self._client.spawn_worker(os_user)
-        except HelperUnavailable:
+            reply, socks = await self._channel.request({"type": "spawn_worker", "token": token}, timeout=30)
+        except (HelperUnavailable, TimeoutError):
             raise ToolError(HELPER_UNAVAILABLE, "cannot start a worker: the root helper is not running") from None
+        pid = reply.get("pid")
+        if not reply.get("ok") or len(socks) != 1 or not isinstance(pid, int):
+            for s in socks:
+                s.close()
+            if reply.get("error"):
+                raise ToolError.from_dict(reply["error"])
+            raise ToolError(INTERNAL_ERROR, "internal error")
+        self._tokens[pid] = token
+        return socks[0], pid
 
     async def kill(self, pid: int) -> None:
-        """Ask the helper to SIGKILL and reap worker ``pid``; a down helper is logged, not raised."""
+        """Ask the helper to SIGKILL worker ``pid`` (with the token that started it); a refusal or a
+        down helper is logged: the worker still ends when its socket closes."""
+        token = self._tokens.pop(pid, "")
         try:
-            await self._client.request({"type": "kill_worker", "pid": pid}, timeout=10)
-        except (HelperUnavailable, TimeoutError):
-            log.warning("could not kill worker %d: the root helper is not reachable", pid)
+            await self._channel.ask({"type": "kill_worker", "token": token, "pid": pid}, timeout=10)
+        except ToolError as exc:
+            log.warning("could not kill worker %d: %s", pid, exc.message)
 
 
 class HelperAuthenticator:
-    """An :class:`mcpd.front.auth.Authenticator` that asks the helper (which alone reads ``users.yaml``).
+    """An :class:`mcpd.front.auth.Authenticator` that asks the helper (which alone reads the tokens).
 
     Args:
-        client: the helper connection factory.
+        channel: the helper channel.
         cache_seconds: while the helper is unreachable, a token it verified within this many
-            seconds is still accepted, so sessions go on during a helper restart. The cache key is
-            a SHA-256 of the token; the token itself is never kept. A token the helper refuses is
-            dropped from the cache at once.
+            seconds is still accepted (default 30). A refused token is dropped at once.
+        fresh_seconds: a token verified within this many seconds is accepted without asking
+            again (the session re-check keeps open sessions' tokens fresh every second).
+
+    The cache key is a SHA-256 of the token; the token itself is never kept.
     """
 
-    def __init__(self, client: HelperClient, cache_seconds: float) -> None:
-        self._client = client
+    def __init__(self, channel: HelperChannel, cache_seconds: float = 30.0, fresh_seconds: float = 2.0) -> None:
+        self._channel = channel
         self._cache_seconds = cache_seconds
+        self._fresh_seconds = fresh_seconds
         self._cache: dict[str, tuple[float, Principal]] = {}
 
-    async def authenticate(self, token: str) -> Principal | None:
-        """The token's principal, or ``None`` (the front answers 401)."""
+    async def authenticate(self, token: str, fresh: bool = False) -> Principal | None:
+        """The token's principal, or ``None`` (the front answers 401). ``fresh`` forces a helper
+        round trip (stream opening, the once-a-second re-check)."""
         key = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+        cached = self._cache.get(key)
+        age = time.monotonic() - cached[0] if cached else None
+        if cached and not fresh and age is not None and age <= self._fresh_seconds:
+            return cached[1]
         try:
-            reply = await self._client.request({"type": "authenticate", "token": token}, timeout=10)
+            reply, _ = await self._channel.request({"type": "authenticate", "token": token}, timeout=10)
         except (HelperUnavailable, TimeoutError):
-            cached = self._cache.get(key)
-            if cached and time.monotonic() - cached[0] <= self._cache_seconds:
-                return cached[1]
-            return None
+            return cached[1] if cached and age is not None and age <= self._cache_seconds else None
         p = reply.get("principal")
         if not reply.get("ok") or not isinstance(p, dict):
             self._cache.pop(key, None)
@@ -181,42 +276,39 @@ class HelperAuthenticator:
 
 
 class HelperBackend:
-    """The :class:`mcpd.front.privileged.PrivilegedBackend` that forwards to the root helper (SPEC §4.1).
+    """The :class:`mcpd.front.privileged.PrivilegedBackend` that forwards to the root helper.
 
     Args:
-        client: the helper connection factory.
-        timeout: seconds to wait for the helper's answer (its own child deadline plus margin);
-            a call with ``time_budget_seconds`` (files/find) waits that budget plus two margins.
+        channel: the helper channel.
+        pool: the worker pool; content calls run in the caller's own worker.
+        timeout: seconds to wait for the helper's answer (its deadline plus margin).
     """
 
-    def __init__(self, client: HelperClient, timeout: float) -> None:
-        self._client = client
-        self._timeout = timeout
+    def __init__(self, channel: HelperChannel, pool: WorkerPool, timeout: float) -> None:
+        self._channel, self._pool, self._timeout = channel, pool, timeout
 
     async def call(
         self, token: str, principal: Principal, session_id: str, peer: str, op: str, args: dict[str, Any]
     ) -> dict[str, Any]:
-        """Forward one privileged call; return the op's result dict.
+        """Run one privileged call; return the op's result dict.
 
         Raises:
-            ToolError: the helper's refusal or failure; ``HELPER_UNAVAILABLE`` when it is down
-                or dies mid-request.
+            ToolError: the helper's refusal or failure; ``HELPER_UNAVAILABLE`` when it is down.
         """
         args = dict(args)
-        cap = args.pop(CAP_KEY, None)  # the principal's max_file_bytes (mcpd/limits.py) travels apart
-        req = {"type": "privileged_call", "token": token, "session": session_id, "peer": peer, "op": op, "args": args}
+        cap = args.pop(CAP_KEY, None)  # the principal's max_file_bytes (mcpd/front/limits.py)
+        req: dict[str, Any] = {"type": "privileged_call", "token": token, "session": session_id, "peer": peer[:100],
+                               "op": op, "args": args}
         if cap is not None:
             req["cap"] = cap
-        try:
-            timeout = max(self._timeout, deadline_seconds(args, 0.0) + DEADLINE_MARGIN)
-            reply = await self._client.request(req, timeout=timeout)
-        except HelperUnavailable:
-            raise ToolError(HELPER_UNAVAILABLE, _UNAVAILABLE) from None
-        except TimeoutError:
-            raise ToolError(HELPER_UNAVAILABLE, "the root helper did not answer in time") from None
-        if reply.get("ok"):
-            result = reply.get("result")
-            if not isinstance(result, dict):
-                raise ToolError(INTERNAL_ERROR, "internal error")
-            return result
-        raise ToolError.from_dict(reply.get("error"))
+        timeout = max(self._timeout, deadline_seconds(args, 0.0) + 2 * DEADLINE_MARGIN)
+        if op in ("files/list", "files/find"):
+            raw = (await self._channel.ask(req, timeout))["result"]
+            return fileops.format_list(raw) if op == "files/list" else fileops.format_find(raw)
+
+        async def grant(pid: int, rid: int) -> None:
+            await self._channel.ask(dict(req, worker=pid, rid=rid), timeout)
+
+        return await self._pool.call(principal.os_user, op, dict(args, **({CAP_KEY: cap} if cap else {})),
+                                     timeout=timeout, token=token, owner=principal.name, grant=grant,
+                                     decided=_DECIDED)

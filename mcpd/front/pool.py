@@ -39,6 +39,9 @@ REQUEST_CAP = frames.HELPER_REQUEST_CAP  # bytes: a request frame to a worker is
 STREAM_LIMIT = 1024 * 1024  # bytes: asyncio stream buffer per worker connection
 REAP_GRACE = 2.0  # seconds a failed call waits for its killed worker to be reaped before answering
 
+#: ``grant(worker_pid, request_id)`` of :meth:`WorkerPool.call` (the privileged content route).
+GrantCallback = Callable[[int, int], Awaitable[None]]
+
 #: ``on_progress(done, total | None, message)`` of :meth:`WorkerPool.call`, awaited per interim frame.
 ProgressCallback = Callable[[int, "int | None", str], Awaitable[None]]
 
@@ -55,7 +58,7 @@ class Spawner(Protocol):
     Both may raise ``OSError`` or :class:`ToolError`.
     """
 
-    async def spawn(self, os_user: str) -> tuple[socket.socket, int]: ...
+    async def spawn(self, os_user: str, token: str = "") -> tuple[socket.socket, int]: ...
 
     async def kill(self, pid: int) -> None: ...
 
@@ -78,7 +81,7 @@ class LocalSpawner:
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._exited: dict[int, asyncio.Future[None]] = {}
 
-    async def spawn(self, os_user: str) -> tuple[socket.socket, int]:
+    async def spawn(self, os_user: str, token: str = "") -> tuple[socket.socket, int]:
         """Start one worker; see :class:`Spawner`. Raises ``OSError`` when the fork/exec fails."""
         loop = asyncio.get_running_loop()
         front, back = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -182,7 +185,8 @@ class WorkerPool:
 
     async def call(
         self, os_user: str, op: str, args: dict[str, Any], timeout: float | None = None,
-        on_progress: ProgressCallback | None = None,
+        on_progress: ProgressCallback | None = None, *, token: str = "", owner: str | None = None,
+        grant: GrantCallback | None = None, decided: frozenset[str] = frozenset(),
     ) -> dict[str, Any]:
         """Run ``op`` with ``args`` in one of ``os_user``'s workers and return its result dict.
 
@@ -193,6 +197,15 @@ class WorkerPool:
                 ``workers.timeout_seconds``.
             on_progress: awaited with ``(done, total | None, message)`` for each progress frame
                 the op sends (``files/find``); ``None``: the worker is not asked for progress.
+            token: the caller's bearer token, handed to the spawner (the root helper starts
+                workers only for the token's principal).
+            owner: the principal's name: workers are pooled per (owner, os_user), since the
+                helper binds each worker to one principal.
+            grant: privileged content route: instead of sending the request, the pool awaits
+                ``grant(worker_pid, request_id)``, which has the root helper decide and pass the
+                opened file to that worker; the worker's reply is then read as usual.
+            decided: error codes of ``grant`` that mean the helper refused before touching the
+                worker (the worker goes back to the pool; any other failure retires it).
 
         Raises:
             ToolError: the worker's own error; ``TIMEOUT`` when the deadline passes (a running
@@ -207,11 +220,13 @@ class WorkerPool:
         request = self._encode(0, op, args)  # size check before any worker is taken
         del request
         deadline = asyncio.get_running_loop().time() + limit
+        key = os_user if owner is None else f"{owner}\n{os_user}"
         self._inflight += 1
         try:
-            account = await self._enter(os_user, deadline, limit)
+            account = await self._enter(key, deadline, limit)
             try:
-                return await self._call_in(account, os_user, op, args, deadline, limit, on_progress)
+                return await self._call_in(account, os_user, op, args, deadline, limit, on_progress,
+                                           token, grant, decided)
             finally:
                 account.callers -= 1
                 if account.callers == 0:
@@ -264,7 +279,8 @@ class WorkerPool:
 
     async def _call_in(
         self, account: _Account, os_user: str, op: str, args: dict[str, Any], deadline: float, limit: float,
-        on_progress: ProgressCallback | None = None,
+        on_progress: ProgressCallback | None = None, token: str = "", grant: GrantCallback | None = None,
+        decided: frozenset[str] = frozenset(),
     ) -> dict[str, Any]:
         try:
             async with asyncio.timeout_at(deadline):
@@ -273,8 +289,16 @@ class WorkerPool:
             raise ToolError(TIMEOUT, "all workers of this account stayed busy", seconds=limit) from None
         worker: _Worker | None = None
         try:
-            worker = await self._checkout(account, os_user, deadline)
-            reply = await self._exchange(worker, op, args, deadline, on_progress)
+            worker = await self._checkout(account, os_user, deadline, token)
+            reply = await self._exchange(worker, op, args, deadline, on_progress, grant)
+        except ToolError as exc:  # the root helper refused a granted call
+            if worker is None or exc.code not in decided:
+                await self._fail(account, worker)
+            else:
+                worker.busy = False
+                account.idle.append(worker)
+                account.slots.release()
+            raise
         except TimeoutError:
             await self._fail(account, worker)
             log.warning("worker %s timed out on %s after %.1f s", worker and worker.pid, op, limit)
@@ -308,7 +332,7 @@ class WorkerPool:
         if task is not None:
             await asyncio.wait({task}, timeout=REAP_GRACE)
 
-    async def _checkout(self, account: _Account, os_user: str, deadline: float) -> _Worker:
+    async def _checkout(self, account: _Account, os_user: str, deadline: float, token: str = "") -> _Worker:
         if self._closed:
             raise ToolError(INTERNAL_ERROR, "worker pool is closed")
         while account.idle:
@@ -319,7 +343,7 @@ class WorkerPool:
             worker.busy = True
             return worker
         async with asyncio.timeout_at(deadline):
-            sock, pid = await self._spawner.spawn(os_user)
+            sock, pid = await self._spawner.spawn(os_user, token)
         try:
             reader, writer = await asyncio.open_unix_connection(sock=sock, limit=STREAM_LIMIT)
         except BaseException:
@@ -334,13 +358,17 @@ class WorkerPool:
         return worker
 
     async def _exchange(
-        self, worker: _Worker, op: str, args: dict[str, Any], deadline: float, on_progress: ProgressCallback | None
+        self, worker: _Worker, op: str, args: dict[str, Any], deadline: float, on_progress: ProgressCallback | None,
+        grant: GrantCallback | None = None,
     ) -> dict[str, Any]:
         worker.next_id += 1
         data = self._encode(worker.next_id, op, args, progress=on_progress is not None)
         async with asyncio.timeout_at(deadline):
-            worker.writer.write(data)
-            await worker.writer.drain()
+            if grant is not None:
+                await grant(worker.pid, worker.next_id)
+            else:
+                worker.writer.write(data)
+                await worker.writer.drain()
             while True:
                 reply = await frames.read_frame(worker.reader, self._reply_cap)
                 if reply is None or "progress" not in reply or "ok" in reply:

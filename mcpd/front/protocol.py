@@ -105,7 +105,8 @@ class ToolPool(Protocol):
 
     async def call(
         self, os_user: str, op: str, args: dict[str, Any], timeout: float | None = None,
-        on_progress: Callable[[int, int | None, str], Awaitable[None]] | None = None,
+        on_progress: Callable[[int, int | None, str], Awaitable[None]] | None = None, *, token: str = "",
+        owner: str | None = None,
     ) -> dict[str, Any]:
         """Run ``op`` as ``os_user`` (``timeout`` seconds, ``None``: the pool's default); return its
         result or raise ToolError. ``on_progress(done, total, message)`` gets the op's progress."""
@@ -180,6 +181,7 @@ class Dispatcher:
                 result = await self.pool.call(
                     ctx.caller.principal.os_user, tool.NAME, args, timeout=deadline_seconds(args, 0.0) or None,
                     on_progress=ctx.progress if ctx.progress_token is not None else None,
+                    token=ctx.caller.token, owner=ctx.caller.principal.name,
                 )
             return tool.format_result(result)
         except ToolError as exc:

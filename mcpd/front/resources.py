@@ -273,7 +273,8 @@ class FileResources:
                     caller.token, caller.principal, ctx.session_id, caller.peer, files_read.NAME, args
                 )
             else:
-                result = await self.pool.call(caller.principal.os_user, files_read.NAME, args)
+                result = await self.pool.call(caller.principal.os_user, files_read.NAME, args,
+                                              token=caller.token, owner=caller.principal.name)
         except ToolError as exc:
             raise rpc_error(exc) from None
         item: dict[str, Any] = {"uri": uri, "mimeType": mime_type(args["path"]), "text": result["text"]}

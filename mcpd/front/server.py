@@ -24,7 +24,7 @@ from mcpd.common import sdnotify
 from mcpd.front.auth import Authenticator, FileAuthenticator
 from mcpd.common.config import EXIT_CONFIG, Config, ConfigError, Limits, load
 from mcpd.front.limits import LimitsTracker
-from mcpd.front.helper_client import HelperAuthenticator, HelperBackend, HelperClient, HelperSpawner
+from mcpd.front.helper_client import HelperAuthenticator, HelperBackend, HelperChannel, HelperSpawner
 from mcpd.front.privileged import PrivilegedBackend, Unavailable
 from mcpd.front.protocol import Dispatcher
 from mcpd.front.resources import FileResources
@@ -53,7 +53,7 @@ def tls_context(cfg: Config) -> ssl.SSLContext:
     return ctx
 
 
-def _backends(cfg: Config) -> tuple[Authenticator, Spawner, PrivilegedBackend]:
+def _backends(cfg: Config) -> tuple[Authenticator, Spawner, HelperChannel | None]:
     """Who authenticates tokens, starts workers and decides privileged calls (DESIGN.md).
 
     With a ``helper_socket`` configured, all three go through the root helper: it alone reads
@@ -63,13 +63,9 @@ def _backends(cfg: Config) -> tuple[Authenticator, Spawner, PrivilegedBackend]:
     downgrade.
     """
     if not cfg.helper_socket:
-        return FileAuthenticator(cfg.users_file), LocalSpawner(cfg.read), Unavailable()
-    client = HelperClient(cfg.helper_socket, frames.reply_cap(cfg.read.response_cap))
-    return (
-        HelperAuthenticator(client, cfg.auth_cache_seconds),
-        HelperSpawner(client),
-        HelperBackend(client, timeout=cfg.workers.timeout_seconds + 5),
-    )
+        return FileAuthenticator(cfg.users_file), LocalSpawner(cfg.read), None
+    channel = HelperChannel(cfg.helper_socket, frames.reply_cap(cfg.read.response_cap))
+    return HelperAuthenticator(channel, cfg.auth_cache_seconds), HelperSpawner(channel), channel
 
 
 class _NotifyingServer(uvicorn.Server):
@@ -107,12 +103,13 @@ class Server:
         except ConfigError as exc:
             log.error("%s", exc)
             return EXIT_CONFIG
-        authenticator, spawner, backend = _backends(self.cfg)
+        authenticator, spawner, channel = _backends(self.cfg)
         pool = WorkerPool(spawner, self.cfg)
+        backend: PrivilegedBackend = Unavailable() if channel is None else \
+            HelperBackend(channel, pool, timeout=self.cfg.workers.timeout_seconds + 5)
         resources = FileResources(pool, backend, self.cfg.workspaces, self.cfg.default_workspace)
         dispatcher = Dispatcher(pool, backend, resources=resources)
-        login = HelperLogin(HelperClient(self.cfg.helper_socket, frames.HELPER_REQUEST_CAP)) \
-            if self.cfg.helper_socket else NoLogin()
+        login = HelperLogin(channel) if channel is not None else NoLogin()
         if self.cfg.limits != Limits():
             dispatcher.limits = resources.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)
         app = build_app(self.cfg, authenticator, dispatcher, login)

@@ -5,7 +5,7 @@ A login token has the same shape as a ``users.yaml`` token (``mcpd_<id>_<secret>
 token. Each record is bound to one OS account and carries its login time and expiry (UNIX
 seconds), so a grant's ``reauth_after`` can ask how fresh the password login is.
 
-The store is one JSON file, ``<state_dir>/helper/issued-tokens.json``, mode 0600, owned by root,
+The store is one JSON file, ``<helper_state_dir>/issued-tokens.json``, mode 0600, owned by root,
 replaced atomically (write + fsync + rename) on every change, so tokens survive a helper
 restart. Expired records are dropped on the next write. ``mcpd users sessions`` reads and edits
 the same file under the same ``flock`` (on ``<file>.lock``); the helper re-reads the file when its
@@ -65,10 +65,9 @@ class Issued:
 HELPER_SUBDIR = "helper"
 
 
-def store_path(state_dir: str) -> str:
-    """The store file: ``<state_dir>/helper/issued-tokens.json``. The ``helper`` folder is root's
-    (0700): the front owns ``state_dir`` and could otherwise delete or replace the store."""
-    return os.path.join(state_dir, HELPER_SUBDIR, FILE_NAME)
+def store_path(helper_state_dir: str) -> str:
+    """The store file inside the helper's own root-owned 0700 state folder (``helper_state_dir``)."""
+    return os.path.join(helper_state_dir, FILE_NAME)
 
 
 @contextlib.contextmanager

@@ -1,22 +1,25 @@
 """The privileged route's safe opener (SPEC §4.4).
 
-The root helper's child opens a granted path exactly once and makes every check on the open
-descriptor, so a symlink swapped in at any moment can never make it read something else:
+The root helper resolves a granted path exactly once, to an ``O_PATH`` descriptor, and makes every
+check on that descriptor, so a symlink swapped in at any moment can never make it read something
+else, and nothing it will refuse is ever opened (an ``O_PATH`` open runs no device driver and does
+not count as a FIFO's reader):
 
-1. Open with ``openat2(RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`` (a ``ctypes`` syscall) when
-   the kernel has it; otherwise walk the path from ``/`` one component at a time, each parent with
-   ``O_DIRECTORY | O_NOFOLLOW`` relative to the previous descriptor and the leaf with
-   ``O_NOFOLLOW | O_NONBLOCK``. A symlink anywhere fails with ``ELOOP`` → ``PERMISSION_DENIED``
-   (reason ``symlink in path``). The leaf is opened ``O_NONBLOCK`` so a FIFO never blocks.
-2. ``fstat`` the descriptor: a regular file (else ``NOT_A_REGULAR_FILE`` with its ``type``) with one
-   hard link (else ``file has several hard links``).
+1. Resolve with ``openat2(O_PATH, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`` (a ``ctypes``
+   syscall) when the kernel has it; otherwise walk from ``/`` one component at a time with
+   ``O_PATH | O_NOFOLLOW`` relative to the previous descriptor. A symlink anywhere is
+   ``PERMISSION_DENIED`` (reason ``symlink in path``).
+2. ``fstat`` the descriptor: the kind the call needs (else ``NOT_A_REGULAR_FILE`` with its
+   ``type``), a regular file with one hard link (else ``file has several hard links``).
 3. ``readlink /proc/self/fd/N`` must equal the checked path (else ``path changed while opening``).
+4. Only then is the same inode opened for reading, through ``/proc/self/fd/N`` (the magic link
+   names the inode already checked, not a path), and its identity compared again.
 
 When the grant covers ``/`` (``follow_symlinks=True``) symlinks are followed and step 3 is skipped:
 anywhere the link leads is granted. :func:`fd_path` gives the real path for the audit record.
 
-:func:`open_checked` and :func:`open_checked_dir` have the signatures of ``mcpd/fileopen.py``'s
-``open_regular``/``open_directory`` so the ops core takes either.
+:func:`open_checked_dir` has the signature of :func:`mcpd.core.fileopen.open_directory`, so the
+metadata walk (:mod:`mcpd.core.walk`) takes either.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import platform
 import stat
 
 from mcpd.common.errors import NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
-from mcpd.core.fileopen import kind as file_kind
+from mcpd.common.filekind import kind as file_kind
 from mcpd.helper.pathmatch import PathError, clean_path, components
 
 SYMLINK = "symlink in path"
@@ -39,8 +42,6 @@ _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(platform.machine())
 _AT_FDCWD = -100
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
-_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOCTTY
 
 
 class _OpenHow(ctypes.Structure):
@@ -79,50 +80,24 @@ def _probe_openat2() -> bool:
 HAVE_OPENAT2 = _probe_openat2()
 
 
-def _is_symlink(name: str, dir_fd: int) -> bool:
+def _open(path: str, follow_symlinks: bool) -> int:
+    flags = os.O_PATH | os.O_CLOEXEC
+    if HAVE_OPENAT2:
+        return _openat2(path, flags, _RESOLVE_NO_MAGICLINKS if follow_symlinks else _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
+    if follow_symlinks:
+        return os.open(path, flags)
+    fd = os.open("/", flags)
     try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
-
-
-def _walk(path: str, leaf_flags: int) -> int:
-    """Open ``path`` component by component from ``/``, never following a symlink."""
-    parts = components(path)
-    fd = os.open("/", _DIR_FLAGS)
-    try:
-        for i, name in enumerate(parts):
-            last = i == len(parts) - 1
-            flags = (leaf_flags if last else _DIR_FLAGS) | os.O_NOFOLLOW
-            try:
-                nfd = os.open(name, flags, dir_fd=fd)
-            except OSError as exc:
-                # O_DIRECTORY|O_NOFOLLOW on a symlink gives ENOTDIR: say what it really was
-                if exc.errno == errno.ENOTDIR and _is_symlink(name, fd):
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path) from None
-                raise
+        for name in components(path):
+            nfd = os.open(name, flags | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = nfd
-        if not parts:
-            nfd = os.open(".", leaf_flags, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
     except BaseException:
         os.close(fd)
         raise
     return fd
-
-
-def _open(path: str, flags: int, follow_symlinks: bool) -> int:
-    if follow_symlinks:
-        if HAVE_OPENAT2:
-            return _openat2(path, flags, _RESOLVE_NO_MAGICLINKS)
-        return os.open(path, flags)
-    if HAVE_OPENAT2:
-        # RESOLVE_NO_SYMLINKS refuses a trailing symlink too (ELOOP); O_NOFOLLOW would make
-        # O_DIRECTORY report ENOTDIR instead
-        return _openat2(path, flags, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
-    return _walk(path, flags)
 
 
 def _denied(path: str, reason: str) -> ToolError:
@@ -130,7 +105,7 @@ def _denied(path: str, reason: str) -> ToolError:
 
 
 def fd_path(fd: int) -> str:
-    """The kernel's current path of an open descriptor (``/proc/self/fd/N``), for audit records.
+    """The kernel's current path of an open descriptor (``/proc/self/fd/N``).
 
     Raises:
         OSError: ``/proc`` is not mounted.
@@ -138,68 +113,64 @@ def fd_path(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
-def _checked(path: str, follow_symlinks: bool, flags: int, want_dir: bool) -> int:
-    try:
-        cleaned = clean_path(path)
-    except PathError as exc:
-        raise invalid_argument(str(exc), path=path if isinstance(path, str) else None) from None
-    try:
-        fd = _open(cleaned, flags, follow_symlinks)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _denied(cleaned, SYMLINK) from None
-        if exc.errno == errno.ENXIO:
-            raise ToolError(NOT_A_REGULAR_FILE, f"not a regular file: {cleaned}", path=cleaned, type="socket") from None
-        if exc.errno == errno.ENOTDIR and want_dir:
-            raise ToolError(NOT_A_REGULAR_FILE, f"not a directory: {cleaned}", path=cleaned, type="regular file") from None
-        raise from_oserror(exc, cleaned) from None
-    try:
-        st = os.fstat(fd)
-        if want_dir:
-            if not stat.S_ISDIR(st.st_mode):
-                raise ToolError(NOT_A_REGULAR_FILE, f"not a directory: {cleaned}", path=cleaned, type=file_kind(st.st_mode))
-        else:
-            if not stat.S_ISREG(st.st_mode):
-                kind = file_kind(st.st_mode)
-                raise ToolError(NOT_A_REGULAR_FILE, f"not a regular file: {cleaned}", path=cleaned, type=kind)
-            if st.st_nlink == 0:
-                raise _denied(cleaned, CHANGED)  # unlinked or replaced since it was opened
-            if st.st_nlink != 1:
-                raise _denied(cleaned, HARD_LINKS)
-        if not follow_symlinks and fd_path(fd) != cleaned:
-            raise _denied(cleaned, CHANGED)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+def _reopen(fd: int, st: os.stat_result, flags: int, path: str) -> int:
+    new = os.open(f"/proc/self/fd/{fd}", flags | os.O_CLOEXEC | os.O_NOCTTY)
+    now = os.fstat(new)
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        os.close(new)
+        raise _denied(path, CHANGED)
+    return new
 
 
-def open_checked(path: str, follow_symlinks: bool = False) -> int:
-    """Open a granted regular file for reading, safely (SPEC §4.4).
+def open_checked(path: str, follow_symlinks: bool = False, want: str = "file") -> tuple[int, os.stat_result]:
+    """Resolve and check a granted path, then open it the way the call needs (SPEC §4.4, §4.5a).
 
     Args:
-        path: an absolute path; it is cleaned lexically exactly as ``grants.decide`` cleans it, and
-            the descriptor's real path must equal the cleaned path.
-        follow_symlinks: True only when the grant covers ``/`` (see ``grants.grant_covers_root``).
+        path: an absolute path, cleaned lexically exactly as ``grants.decide`` cleans it.
+        follow_symlinks: True only when the grant covers ``/``.
+        want: ``"file"`` (a regular file, opened ``O_RDONLY | O_NONBLOCK``), ``"dir"`` (a
+            directory, opened ``O_RDONLY | O_DIRECTORY``), or ``"any"`` (a regular file opened as
+            for ``"file"``; anything else is returned as its ``O_PATH`` descriptor, never opened).
 
     Returns:
-        A descriptor opened ``O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY``; the caller closes it.
+        ``(fd, stat)``; the caller closes ``fd``.
 
     Raises:
         ToolError: ``PERMISSION_DENIED`` (reasons ``symlink in path``, ``file has several hard
             links``, ``path changed while opening``), ``NOT_A_REGULAR_FILE`` (``details.type``),
             ``FILE_NOT_FOUND``, ``INVALID_ARGUMENT`` for a relative path or NUL byte.
     """
-    return _checked(path, follow_symlinks, _FILE_FLAGS, want_dir=False)
+    try:
+        cleaned = clean_path(path)
+    except PathError as exc:
+        raise invalid_argument(str(exc), path=path if isinstance(path, str) else None) from None
+    try:
+        fd = _open(cleaned, follow_symlinks)
+    except OSError as exc:
+        raise (_denied(cleaned, SYMLINK) if exc.errno == errno.ELOOP else from_oserror(exc, cleaned)) from None
+    try:
+        st = os.fstat(fd)
+        if not follow_symlinks and fd_path(fd) != cleaned:
+            raise _denied(cleaned, CHANGED)
+        if want == "dir":
+            if not stat.S_ISDIR(st.st_mode):
+                raise ToolError(NOT_A_REGULAR_FILE, f"not a directory: {cleaned}", path=cleaned,
+                                type=file_kind(st.st_mode))
+            return _reopen(fd, st, os.O_RDONLY | os.O_DIRECTORY, cleaned), st
+        if not stat.S_ISREG(st.st_mode):
+            if want == "any":
+                fd, keep = -1, fd
+                return keep, st
+            raise ToolError(NOT_A_REGULAR_FILE, f"not a regular file: {cleaned}", path=cleaned,
+                            type=file_kind(st.st_mode))
+        if st.st_nlink != 1:
+            raise _denied(cleaned, CHANGED if st.st_nlink == 0 else HARD_LINKS)
+        return _reopen(fd, st, os.O_RDONLY | os.O_NONBLOCK, cleaned), st
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def open_checked_dir(path: str, follow_symlinks: bool = False) -> int:
-    """Open a granted directory for ``files/list``/``files/find``, safely (SPEC §4.4).
-
-    Same checks as :func:`open_checked` except the target must be a directory (hard links are
-    not checked: a directory always has several).
-
-    Raises:
-        ToolError: as :func:`open_checked`; a non-directory is ``NOT_A_REGULAR_FILE``.
-    """
-    return _checked(path, follow_symlinks, _DIR_FLAGS, want_dir=True)
+    """:func:`open_checked` with ``want="dir"``, returning the descriptor only (the walk's opener)."""
+    return open_checked(path, follow_symlinks, "dir")[0]

@@ -11,6 +11,7 @@ import argparse
 import ctypes
 import dataclasses
 import json
+import select
 import os
 import resource
 import signal
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from mcpd.common import frames
 from mcpd.common.config import ReadLimits
-from mcpd.common.errors import INTERNAL_ERROR, ToolError
+from mcpd.common.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 
 if TYPE_CHECKING:
     from mcpd.core.ops import OpContext
@@ -31,7 +32,7 @@ REQUEST_CAP = frames.HELPER_REQUEST_CAP  # bytes: a request frame to a worker is
 
 
 
-def serve(sock: socket.socket, ctx: OpContext) -> None:
+def serve(sock: socket.socket, ctx: OpContext, ctl: socket.socket | None = None) -> None:
     """Run the worker loop until the peer closes the socket (DESIGN.md "worker").
 
     Args:
@@ -49,6 +50,12 @@ def serve(sock: socket.socket, ctx: OpContext) -> None:
 
     while True:
         try:
+            if ctl is not None and ctl in select.select([sock, ctl], [], [])[0]:
+                granted, fds = frames.recv_frame_fds(ctl, REQUEST_CAP, 1)
+                if granted is None:
+                    return
+                serve_granted(sock, ctl, granted, fds, ctx)
+                continue
             frame = frames.recv_frame(sock, REQUEST_CAP)
         except (frames.FrameError, OSError):
             return
@@ -68,6 +75,39 @@ def serve(sock: socket.socket, ctx: OpContext) -> None:
             return
 
 
+def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], fds: list[int],
+                  ctx: OpContext) -> None:
+    """Run one privileged content call the root helper granted (SPEC §4.5a): ``frame`` is
+    ``{"id", "op", "args"}`` with the granted path in ``args["path"]`` and ``fds`` the one
+    descriptor the helper opened for it; nothing else may be opened. The reply goes to the front
+    on ``sock``; a report ``{"id", "code", "bytes"}`` (no content) goes back to the helper on ``ctl``
+    for its audit record."""
+    from mcpd.core import ops
+
+    args = frame.get("args")
+    granted = args.get("path") if isinstance(args, dict) else None
+
+    def open_granted(path: str) -> int:
+        if len(fds) != 1 or path != granted:
+            raise ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="no grant covers this path")
+        return os.dup(fds[0])
+
+    def no_dir(path: str) -> int:
+        raise ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="no grant covers this path")
+
+    try:
+        reply = ops.run(frame, dataclasses.replace(ctx, open_file=open_granted, open_dir=no_dir))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    result = reply.get("result") if reply.get("ok") else None
+    text = result.get("text") if isinstance(result, dict) else None
+    size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else 0
+    frames.send_frame(sock, reply)
+    code = None if reply.get("ok") else reply["error"]["code"]
+    frames.send_frame(ctl, {"id": frame.get("id"), "code": code, "bytes": size})
+
+
 def _progress_sender(sock: socket.socket, rid: Any) -> Callable[[int, int | None, str], None]:
     """An ``OpContext.progress`` that sends one interim frame per call; a send error is ignored
     (the final reply's send fails the same way and ends the loop)."""
@@ -81,28 +121,38 @@ def _progress_sender(sock: socket.socket, rid: Any) -> Callable[[int, int | None
     return send
 
 
-def _harden(keep_fd: int) -> None:
+def _harden(keep: set[int]) -> None:
     """Drop everything the worker does not need before it touches a client's path."""
-    os.closerange(3, keep_fd)
-    os.closerange(keep_fd + 1, os.sysconf("SC_OPEN_MAX"))
+    for fd in range(3, max(keep) + 1):
+        if fd not in keep:
+            os.closerange(fd, fd + 1)
+    os.closerange(max(keep) + 1, os.sysconf("SC_OPEN_MAX"))
     os.chdir("/")
     os.umask(0o077)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a core dump would hold file contents
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when a worker ends
     libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_no_new_privs = 38
+    pr_set_no_new_privs, pr_set_dumpable = 38, 4
     if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    # not dumpable: the account's other processes cannot ptrace it to take descriptors the root
+    # helper passed in for a privileged read
+    if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point ``python -m mcpd.worker --fd N --limits JSON``; returns the exit status.
+    """Entry point ``python -m mcpd.worker --fd N [--ctl M] --limits JSON``; returns the exit status.
+
+    ``--ctl`` is the root helper's channel, over which it passes descriptors for privileged reads
+    (:func:`serve_granted`); workers started by the front itself (development mode) have none.
 
     ``--limits`` is a JSON object of :class:`mcpd.common.config.ReadLimits` fields (bytes). Exits 0 when
     the socket closes, 2 on bad arguments (not a Unix stream socket, bad limits).
     """
     parser = argparse.ArgumentParser(prog="python -m mcpd.worker")
     parser.add_argument("--fd", type=int, required=True, help="the worker's socketpair end")
+    parser.add_argument("--ctl", type=int, default=None, help="the root helper's channel (privileged reads)")
     parser.add_argument("--limits", default="{}", help="ReadLimits as a JSON object (bytes)")
     opts = parser.parse_args(argv)
     try:
@@ -114,14 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
         print("mcpd.worker: --fd is not a Unix stream socket", file=sys.stderr)
         return 2
-    _harden(opts.fd)
+    ctl = socket.socket(fileno=opts.ctl) if opts.ctl is not None else None
+    _harden({opts.fd} | ({opts.ctl} if opts.ctl is not None else set()))
     sock.setblocking(True)
     from mcpd.core import fileopen
     from mcpd.core.ops import OpContext
 
     ctx = OpContext(limits=limits, open_file=fileopen.open_regular, open_dir=fileopen.open_directory)
     with sock:
-        serve(sock, ctx)
+        serve(sock, ctx, ctl)
     return 0
 
 

@@ -189,8 +189,10 @@ class PrivsepDaemon:
             time.sleep(0.05)
 
     def workers(self, principal: str) -> list[int]:
-        """Pids of the helper's worker children running as ``principal``'s account."""
-        return children(self.helper_pid, self.accounts[principal].uid)
+        """Pids of the root side's workers running as ``principal``'s account (children of the
+        helper's fork server)."""
+        uid = self.accounts[principal].uid
+        return [pid for fs in children(self.helper_pid, 0) for pid in children(fs, uid)]
 
     # -- files ----------------------------------------------------------------------------------
 
@@ -268,7 +270,7 @@ def start_privsep(factory: AccountFactory, **overrides: Any) -> PrivsepDaemon:
         "tls": {"cert": str(pki.server_cert), "key": str(pki.server_key)},
         "users_file": "users.yaml", "grants_file": "mcp-sudo.yaml",
         "helper_socket": "run/helper.sock", "service_user": "mcpd",
-        "audit_log": "audit/audit.jsonl", "state_dir": ".",
+        "audit_log": "audit/audit.jsonl", "state_dir": ".", "helper_state_dir": "helper",
         "workers": {"per_account": 4, "timeout_seconds": 20},
     }
     cfg.update(overrides)

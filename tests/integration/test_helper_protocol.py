@@ -33,7 +33,11 @@ s.connect(path)
 if mode == "header":
     s.sendall(struct.pack("!I", int(payload)))
 else:
-    frames.send_frame(s, json.loads(payload))
+    try:
+        frames.send_frame(s, json.loads(payload))
+    except OSError:  # refused at once: the helper closed before reading
+        print(json.dumps({"closed": True, "fds": 0}))
+        sys.exit(0)
 try:
     data, fds, _flags, _addr = socket.recv_fds(s, 65536, 4)
 except OSError as exc:
@@ -126,34 +130,35 @@ def test_other_account_in_the_service_group_is_refused_with_alert(privsep_daemon
 
 def test_authenticate_from_the_service_user(privsep_daemon: PrivsepDaemon) -> None:
     d = privsep_daemon
-    ok = as_mcpd(d, "frame", {"type": "authenticate", "token": d.tokens["alice"]})
-    assert ok["reply"]["ok"] is True
+    ok = as_mcpd(d, "frame", {"type": "authenticate", "id": 1, "token": d.tokens["alice"]})
+    assert ok["reply"]["ok"] is True and ok["reply"]["id"] == 1
     assert ok["reply"]["principal"]["os_user"] == d.accounts["alice"].name
-    bad = as_mcpd(d, "frame", {"type": "authenticate", "token": d.tokens["alice"] + "x"})
-    assert bad["reply"] == {"ok": False}
+    bad = as_mcpd(d, "frame", {"type": "authenticate", "id": 2, "token": d.tokens["alice"] + "x"})
+    assert bad["reply"] == {"ok": False, "id": 2}
 
 
-def test_spawn_worker_refused_for_unmapped_account_and_root(privsep_daemon: PrivsepDaemon) -> None:
+def test_spawn_worker_refused_for_a_bad_token_and_root(privsep_daemon: PrivsepDaemon) -> None:
     d = privsep_daemon
-    unmapped = as_mcpd(d, "frame", {"type": "spawn_worker", "os_user": "nobody"})
-    assert unmapped["fds"] == 0 and unmapped["reply"]["ok"] is False
-    assert unmapped["reply"]["error"]["details"]["reason"] == "unknown OS account"
-    root = as_mcpd(d, "frame", {"type": "spawn_worker", "os_user": "root"})  # principal `rooty` maps to root
+    unknown = as_mcpd(d, "frame", {"type": "spawn_worker", "id": 1, "token": d.tokens["alice"] + "x"})
+    assert unknown["fds"] == 0 and unknown["reply"]["ok"] is False
+    assert unknown["reply"]["error"]["details"]["reason"] == "invalid token"
+    root = as_mcpd(d, "frame", {"type": "spawn_worker", "id": 2, "token": d.tokens["rooty"]})  # rooty maps to root
     assert root["fds"] == 0 and root["reply"]["ok"] is False
     assert root["reply"]["error"]["details"]["reason"] == "root account"
 
 
 def test_spawn_worker_for_a_mapped_account_passes_the_socket(privsep_daemon: PrivsepDaemon) -> None:
     d = privsep_daemon
-    answer = as_mcpd(d, "frame", {"type": "spawn_worker", "os_user": d.accounts["bob"].name})
+    answer = as_mcpd(d, "frame", {"type": "spawn_worker", "id": 1, "token": d.tokens["bob"]})
     assert answer["reply"]["ok"] is True and answer["fds"] == 1
     pid = answer["reply"]["pid"]
     assert proc_status(pid)["Uid"].split()[0] == str(d.accounts["bob"].uid)
-    assert as_mcpd(d, "frame", {"type": "kill_worker", "pid": pid})["reply"] == {"ok": True}
+    status = proc_status(pid)
+    assert int(status["CapEff"], 16) == 0 and status["NoNewPrivs"].strip() == "1"
 
 
 def test_kill_worker_refuses_pids_it_did_not_spawn(privsep_daemon: PrivsepDaemon) -> None:
     d = privsep_daemon
-    answer = as_mcpd(d, "frame", {"type": "kill_worker", "pid": d.front_pid})
-    assert answer["reply"] == {"ok": False}
+    answer = as_mcpd(d, "frame", {"type": "kill_worker", "id": 1, "token": d.tokens["alice"], "pid": d.front_pid})
+    assert answer["reply"]["ok"] is False and answer["reply"]["error"]["details"]["reason"] == "not your worker"
     assert proc_status(d.front_pid)["State"][0] in "RS"

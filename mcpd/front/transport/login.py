@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mcpd.front.helper_client import HelperClient, HelperUnavailable
+from mcpd.front.helper_client import HelperChannel, HelperUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
 
 LOGIN_BODY_CAP = 8192
@@ -64,19 +64,22 @@ class HelperLogin:
     """Forwards ``pam_login`` and ``revoke`` to the root helper.
 
     Args:
-        client: the helper connection factory.
+        client: the helper channel.
         timeout: seconds to wait for PAM (its own delays included).
     """
 
-    def __init__(self, client: HelperClient, timeout: float = 60.0) -> None:
+    def __init__(self, client: HelperChannel, timeout: float = 60.0) -> None:
         self._client = client
         self._timeout = timeout
 
     async def _ask(self, req: dict[str, Any]) -> dict[str, Any]:
         try:
-            return await self._client.request(req, timeout=self._timeout)
+            reply, fds = await self._client.request(req, timeout=self._timeout)
         except (HelperUnavailable, TimeoutError):
             raise LoginUnavailable("the root helper is not reachable") from None
+        for s in fds:
+            s.close()
+        return reply
 
     async def login(self, user: str, password: str, peer: str) -> dict[str, Any] | None:
         """See :class:`LoginBackend`."""

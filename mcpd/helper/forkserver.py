@@ -1,0 +1,141 @@
+"""The fork server: the only process of the root side that forks (docs/PRIVSEP.md).
+
+The helper starts it before it starts any thread, so every ``fork`` happens in a single-threaded
+process (a fork from a threaded process copies locks held by other threads). It serves two
+requests from the helper over a socketpair, one at a time:
+
+- ``spawn``: a worker for one OS account. The child drops to the account (groups, gid, uid, all
+  three ids), sets no_new_privs, keeps only the worker's two sockets (as fd 3 and 4), and execs
+  ``python -I -m mcpd.worker``. After ``setresuid`` to a non-root uid its capabilities are empty.
+- ``walk``: a child that keeps only its channel (fd 3), runs one privileged files/list or
+  files/find metadata walk (:func:`mcpd.helper.server.run_walk`), sends one reply frame and exits.
+
+Each reply carries the child's pid and a pidfd, so the helper signals the right process even
+after the pid is reused. The fork server reaps every child it made.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from mcpd.common import frames
+
+_PR_SET_NO_NEW_PRIVS = 38
+FORK_REQUEST_CAP = 4 * 1024 * 1024  # bytes: a walk request carries the grants text (at most 1 MiB)
+
+
+def _prctl(option: int, value: int) -> None:
+    if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl failed")
+
+
+def _keep_only(fds: list[int]) -> None:
+    """Move ``fds`` to 3, 4, ... and close every other descriptor (stdin/out/err become /dev/null)."""
+    high = [os.dup(fd) for fd in fds]  # above every target, so no dup2 below clobbers a source
+    for i, fd in enumerate(high):
+        os.dup2(fd, 3 + i)
+    null = os.open(os.devnull, os.O_RDWR)
+    for std in (0, 1, 2):
+        os.dup2(null, std)
+    os.closerange(3 + len(fds), os.sysconf("SC_OPEN_MAX"))
+
+
+def _spawn_child(req: dict[str, Any], fds: list[int]) -> None:
+    _keep_only(fds)
+    os.setgroups(req["groups"])
+    os.setresgid(req["gid"], req["gid"], req["gid"])
+    os.setresuid(req["uid"], req["uid"], req["uid"])
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    os.chdir("/")
+    env = {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": req["home"], "USER": req["user"]}
+    os.execve(sys.executable, [sys.executable, "-I", "-m", "mcpd.worker", "--fd", "3", "--ctl", "4",
+                               "--limits", req["limits"]], env)
+
+
+def serve(sock: socket.socket, walk: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Serve spawn and walk requests on ``sock`` until the helper closes it; reap children."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        while True:  # reap what has exited
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        if not select.select([sock], [], [], 0.5)[0]:
+            continue
+        req, fds = frames.recv_frame_fds(sock, FORK_REQUEST_CAP, 4)
+        if req is None:
+            return
+        pid = os.fork()
+        if pid == 0:
+            try:
+                if req["type"] == "spawn":
+                    _spawn_child(req, fds)
+                else:
+                    _keep_only(fds)
+                    chan = socket.socket(fileno=3)
+                    frames.send_frame(chan, walk(req))
+                    os._exit(0)
+            finally:
+                os._exit(127)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        frames.send_frame(sock, {"pid": pid}, [pidfd])
+        os.close(pidfd)
+
+
+class ForkServer:
+    """The helper's handle on the fork server (thread-safe; one request at a time).
+
+    Args:
+        sock: the helper's end of the socketpair.
+        pid: the fork server's pid.
+    """
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.sock, self.pid = sock, pid
+        self._lock = threading.Lock()
+
+    def request(self, req: dict[str, Any], fds: list[int]) -> tuple[int, int]:
+        """Send one ``spawn`` or ``walk`` request with ``fds`` (which stay the caller's to close).
+
+        Returns:
+            ``(pid, pidfd)`` of the new child; the pidfd is the caller's to close.
+        Raises:
+            OSError: the fork server is gone or answered without a pidfd.
+        """
+        with self._lock:
+            frames.send_frame(self.sock, req, fds)
+            reply, got = frames.recv_frame_fds(self.sock, 4096, 1)
+        if reply is None or len(got) != 1:
+            for fd in got:
+                os.close(fd)
+            raise OSError("the fork server did not answer")
+        return int(reply["pid"]), got[0]
+
+
+def start(walk: Callable[[dict[str, Any]], dict[str, Any]]) -> ForkServer:
+    """Fork the fork server. Call before any thread exists (raises ``RuntimeError`` otherwise)."""
+    if threading.active_count() != 1:
+        raise RuntimeError("the fork server must be started before any thread")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ours.close()
+            serve(theirs, walk)
+        finally:
+            os._exit(0)
+    theirs.close()
+    return ForkServer(ours, pid)
