@@ -1,19 +1,20 @@
 """``files/filetype``: what a file is, without reading more than a sample (issue 4).
 
-Two routes, one op:
+One flow for both routes. The last component is first examined with ``lstat`` as the worker's own
+account (:func:`mcpd.core.walk.lstat_at`), so a symlink is reported as ``inode/symlink`` (with its
+target) and a FIFO, socket or device as ``inode/fifo`` etc. without ever being opened: nothing can
+block. Otherwise the path is opened once through ``ctx.open_file`` and, when ``lstat`` saw it, the
+descriptor must be that inode (else ``PERMISSION_DENIED``, reason ``path changed while opening``).
 
-* Unprivileged (``ctx.allow`` None, the caller's own rights): the last component is examined with
-  ``lstat`` (:func:`mcpd.core.walk.lstat_at`), so a symlink is reported as ``inode/symlink``
-  (with its target) and a FIFO, socket or device as ``inode/fifo`` etc. without ever being opened:
-  nothing can block. A regular file is then opened once through ``ctx.open_file``; the
-  descriptor must be the inode ``lstat`` saw (else ``PERMISSION_DENIED``, reason ``path changed
-  while opening``).
-* Privileged (``ctx.allow`` set): the root helper has already decided, resolved and checked the
-  path (SPEC §4.4) and hands the one descriptor it opened to the worker, whose ``ctx.open_file``
-  returns it: ``O_RDONLY`` for a regular file, ``O_PATH`` (never opened for reading, no driver
-  run) for anything else. ``ctx.open_file(path)`` is called exactly once, ``ctx.open_dir`` never;
-  the type, size and a symlink's target come from the descriptor (``fstat``, ``readlinkat(fd,
-  "")``), and only a regular file's descriptor is ever read.
+* Unprivileged route: ``ctx.open_file`` is :func:`mcpd.core.fileopen.open_regular` (the kernel
+  judges; it refuses anything but a regular file without opening it).
+* Privileged content route: the root helper decided, resolved and checked the path (SPEC §4.4) and
+  handed its one descriptor to the caller's worker, whose ``ctx.open_file(path)`` returns it:
+  ``O_RDONLY`` for a regular file, ``O_PATH`` (opened for nothing: no driver run, no FIFO reader)
+  for anything else. When the caller may not ``lstat`` the path itself, the type, size and a
+  symlink's target come from that descriptor (``fstat``, ``readlinkat(fd, "")``); only a regular
+  file's descriptor is ever read. ``ctx.open_dir`` is never used, ``ctx.open_file`` at most once,
+  and the descriptor is closed by the op. ``ctx.allow``, when set, must cover the path.
 
 At most :data:`SAMPLE_BYTES` are read and everything else (libmagic's MIME type, text or binary,
 encoding, line endings) is judged from those bytes.
@@ -60,8 +61,8 @@ def filetype(path: str, ctx: Context) -> dict[str, Any]:
 
     Args:
         path: absolute path; a symlink is described, never followed.
-        ctx: the op context (``open_file``; ``allow`` on the privileged route, where
-            ``open_file`` may return an ``O_PATH`` descriptor of a non-regular file).
+        ctx: the op context (``open_file``, which on the privileged route may return an
+            ``O_PATH`` descriptor of a non-regular file; ``allow`` when set).
 
     Returns:
         ``{"path", "type", "mime", "size" (bytes)}`` and, for a symlink, ``"target"``; for a
@@ -91,39 +92,31 @@ def filetype(path: str, ctx: Context) -> dict[str, Any]:
 
 
 def _examine(path: str, ctx: Context) -> tuple[os.stat_result, str | None, int | None]:
-    """``(stat, symlink target, descriptor to sample)`` of ``path``; the descriptor (owned by the
-    caller) is given for a regular file only. See the module docstring for the two routes."""
-    if ctx.allow is None:
-        try:
-            lst, target = lstat_at(path, None)
-        except OSError as err:
-            raise from_oserror(err, path) from None
-        return lst, target, _open_same(ctx, path, lst) if stat.S_ISREG(lst.st_mode) else None
+    """``(stat, symlink target, descriptor to sample)`` of ``path``; the descriptor (the caller
+    closes it) is given for a regular file only. See the module docstring for the two routes."""
+    try:
+        lst, target = lstat_at(path, None)  # the worker's own view: the kernel judges, as the caller
+    except OSError:
+        lst, target = None, None  # hidden from the caller: the route's opener decides (and names the error)
+    if lst is not None and not stat.S_ISREG(lst.st_mode):
+        return lst, target, None  # never opened
     fd = ctx.open_file(path)
     try:
         st = os.fstat(fd)
+        if lst is not None and (st.st_dev, st.st_ino) != (lst.st_dev, lst.st_ino):
+            raise ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path,
+                            reason="path changed while opening")
         if stat.S_ISREG(st.st_mode):
             return st, None, fd
         target = os.readlink("", dir_fd=fd) if stat.S_ISLNK(st.st_mode) else None  # readlinkat(fd, "")
     except OSError as err:
         os.close(fd)
         raise from_oserror(err, path) from None
-    os.close(fd)
+    except ToolError:
+        os.close(fd)
+        raise
+    os.close(fd)  # an O_PATH descriptor (privileged route): described, never read
     return st, target, None
-
-
-def _open_same(ctx: Context, path: str, lst: os.stat_result) -> int:
-    """Open ``path`` once through the context and check it is ``lst``'s inode."""
-    fd = ctx.open_file(path)
-    try:
-        st = os.fstat(fd)
-    except OSError as err:
-        os.close(fd)
-        raise from_oserror(err, path) from None
-    if (st.st_dev, st.st_ino) != (lst.st_dev, lst.st_ino):
-        os.close(fd)
-        raise ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="path changed while opening")
-    return fd
 
 
 def _sample(fd: int, path: str) -> bytes:
