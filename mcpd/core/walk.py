@@ -25,13 +25,12 @@ from typing import Any
 
 from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError
 from mcpd.common.errors import from_oserror, invalid_argument
+from mcpd.common.filekind import TYPE_NAMES, type_name  # the one file-type table
 from mcpd.common.validate import check_bool, check_choice, check_int, check_object, check_path
 
 Opener = Callable[[str], int]  # absolute path -> descriptor of that directory, or raises ToolError
 Allow = Callable[[str], bool] | None  # the grant filter: may this absolute path be shown (or entered)?
 
-TYPE_NAMES = ("file", "dir", "symlink", "fifo", "socket", "char", "block")  # list, find, filetype
-_TESTS = (stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK, stat.S_ISFIFO, stat.S_ISSOCK, stat.S_ISCHR, stat.S_ISBLK)
 LIST_LIMIT, LIST_MAX = 1000, 10000  # files/list: default and largest ``limit`` (entries)
 FIND_RESULTS, FIND_MAX, FIND_BUDGET, FIND_MAX_BUDGET, MAX_PATTERN = 1000, 10000, 10, 60, 1024  # files/find
 # find: entries between progress calls, errors kept (error_count goes on), levels entered (one descriptor each)
@@ -39,11 +38,6 @@ PROGRESS_EVERY, MAX_ERRORS, DEPTH_CAP = 5000, 100, 256
 _REASONS = {**errno.errorcode, errno.EACCES: "permission denied", errno.EPERM: "permission denied",  # find's errors
             errno.ENOENT: "vanished during the walk", errno.ENOTDIR: "vanished during the walk",
             errno.ELOOP: "symlink not followed"}
-
-
-def type_name(mode: int) -> str:
-    """One of :data:`TYPE_NAMES` for an ``st_mode`` (``"unknown"`` for anything else)."""
-    return next((name for test, name in zip(_TESTS, TYPE_NAMES) if test(mode)), "unknown")
 
 
 def clean(path: str) -> str:

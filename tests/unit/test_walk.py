@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError, from_oserror
+from mcpd.common.filekind import TYPE_NAMES
 from mcpd.core import walk
 from mcpd.core.fileopen import open_directory
 from mcpd.core.fileops import format_find, format_list
@@ -20,7 +21,7 @@ from mcpd.core.tools import files_find, files_list
 from tests.codelines import code_lines
 
 WALK_PY = Path(walk.__file__)
-BUDGET = 155  # code lines (tests/codelines.py): the root helper loads this module (walker + list/find arg checks)
+BUDGET = 151  # code lines (tests/codelines.py): the root helper loads this module (walker + list/find arg checks)
 
 
 def find_args(root: Path | str, **kw: object) -> dict:
@@ -229,18 +230,11 @@ def test_find_progress(tmp_path: Path) -> None:
     assert calls == [(walk.PROGRESS_EVERY, None)]
 
 
-def test_type_name_table() -> None:
-    import stat
-
-    assert [walk.type_name(m) for m in (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK, stat.S_IFIFO, stat.S_IFSOCK,
-                                          stat.S_IFCHR, stat.S_IFBLK, 0)] == [*walk.TYPE_NAMES, "unknown"]
-
-
 def test_parsers_are_the_tools_parsers_and_match_their_schemas() -> None:
     assert files_list.parse_args is walk.parse_list_args and files_find.parse_args is walk.parse_find_args
     assert set(walk.parse_list_args({"path": "/"})) == set(files_list.INPUT_SCHEMA["properties"])
     assert set(walk.parse_find_args({"root": "/"})) == set(files_find.INPUT_SCHEMA["properties"])
-    assert files_find.INPUT_SCHEMA["properties"]["type"]["enum"] == list(walk.TYPE_NAMES)
+    assert files_find.INPUT_SCHEMA["properties"]["type"]["enum"] == list(TYPE_NAMES)
 
 
 def test_find_parser_null_is_absent_and_budget_is_float() -> None:

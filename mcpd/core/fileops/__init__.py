@@ -25,7 +25,8 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any, Protocol
 
-from mcpd.core.walk import LIST_MAX, TYPE_NAMES, clean, no_grant, type_name
+from mcpd.common.filekind import TYPE_NAMES, type_name
+from mcpd.core.walk import LIST_MAX, clean, no_grant
 
 __all__ = [
     "SAMPLE_BYTES", "TYPE_NAMES", "Context", "allowed", "clean", "describe", "format_find", "format_list",
