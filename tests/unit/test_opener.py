@@ -49,9 +49,9 @@ def tree(tmp_path: Path) -> Path:
 
 
 def test_regular_file_opens(tree: Path, method: str) -> None:
-    assert read_all(opener.open_checked(str(tree / "granted" / "ok.txt"))) == b"public\n"
+    assert read_all(opener.open_checked(str(tree / "granted" / "ok.txt"))[0]) == b"public\n"
     # the path is cleaned lexically as the grant decision cleans it
-    assert read_all(opener.open_checked(str(tree / "granted" / "x" / ".." / "ok.txt"))) == b"public\n"
+    assert read_all(opener.open_checked(str(tree / "granted" / "x" / ".." / "ok.txt"))[0]) == b"public\n"
 
 
 def test_symlink_inside_granted_dir_refused(tree: Path, method: str) -> None:
@@ -70,7 +70,7 @@ def test_symlink_in_parent_component_refused(tree: Path, method: str) -> None:
 def test_symlink_followed_only_when_grant_covers_root(tree: Path, method: str) -> None:
     link = tree / "granted" / "link"
     link.symlink_to(tree / "secret")
-    fd = opener.open_checked(str(link), follow_symlinks=True)
+    fd = opener.open_checked(str(link), follow_symlinks=True)[0]
     assert opener.fd_path(fd) == str(tree / "secret")
     assert read_all(fd) == b"TOPSECRET\n"
 
@@ -88,7 +88,7 @@ def test_fifo_refused_without_blocking(tree: Path, method: str) -> None:
 
     def attempt() -> None:
         try:
-            outcome.append(opener.open_checked(str(fifo)))
+            outcome.append(opener.open_checked(str(fifo))[0])
         except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             outcome.append(exc)
 
@@ -173,7 +173,7 @@ def test_symlink_swap_race_never_leaks_a_byte(tree: Path, method: str) -> None:
         leaked = 0
         for _ in range(20_000):
             try:
-                data = read_all(opener.open_checked(str(target)))
+                data = read_all(opener.open_checked(str(target))[0])
             except ToolError as exc:
                 key = exc.details.get("reason") or exc.code
                 outcomes[key] = outcomes.get(key, 0) + 1
