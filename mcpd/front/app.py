@@ -65,7 +65,9 @@ class BearerBackend(AuthenticationBackend):
             return None  # POST /login: the password is the credential (SPEC §5.2)
         if token is None:
             raise AuthenticationError("bearer token required")
-        principal = await self.authenticator.authenticate(token)
+        # Opening a stream (GET) always asks the helper; a POST within a couple of seconds of the
+        # token's last check (the session re-check renews it every second) needs no round trip.
+        principal = await self.authenticator.authenticate(token, fresh=conn.scope.get("method") != "POST")
         if principal is None:
             raise AuthenticationError("invalid token")
         return AuthCredentials(["mcp"]), McpUser(principal, token)

@@ -36,8 +36,12 @@ def parse_bearer(header: str | None) -> str | None:
 class Authenticator(Protocol):
     """Turns a plain bearer token into a :class:`Principal`, or ``None`` (answer 401)."""
 
-    async def authenticate(self, token: str) -> Principal | None:
-        """Return the token's principal, or ``None`` for an unknown, wrong or expired token."""
+    async def authenticate(self, token: str, fresh: bool = False) -> Principal | None:
+        """Return the token's principal, or ``None`` for an unknown, wrong or expired token.
+
+        ``fresh``: the answer must come from the token's owner of record (the root helper), not
+        from a cache; used when a stream opens and by the once-a-second session re-check.
+        """
         ...
 
 
@@ -63,8 +67,9 @@ class FileAuthenticator:
         if self._users.last_errors:
             log.error("users file rejected, refusing all tokens until fixed: %s", "; ".join(self._users.last_errors))
 
-    async def authenticate(self, token: str) -> Principal | None:
-        """Verify ``token`` (constant-time digest compare in :func:`identity.verify`)."""
+    async def authenticate(self, token: str, fresh: bool = False) -> Principal | None:
+        """Verify ``token`` (constant-time digest compare in :func:`identity.verify`); every
+        answer is fresh (the file's signature is checked on each call)."""
         if self._users.refresh():
             self._log_errors()
         return identity.verify(self._users.current, token)

@@ -9,6 +9,7 @@ while this process has one thread, and only then are files, the socket and threa
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import pwd
@@ -84,6 +85,12 @@ def listening_socket(path: str, service_gid: int) -> socket.socket:
     return sock
 
 
+def enrolled(users: Reloading[dict[str, identity.UserRecord]]) -> set[str]:
+    """The OS accounts bound to a principal in ``users.yaml`` as it is now (re-read on change)."""
+    users.refresh()
+    return {u.os_user for u in users.current.values()}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the root helper until SIGTERM/SIGINT; SIGHUP reloads the grants and users files.
 
@@ -112,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     if holder.last_errors:
         log.error("grants file not loaded: %s", "; ".join(holder.last_errors))
         return config.EXIT_CONFIG
-    users: Reloading[dict[str, identity.UserRecord]] = Reloading(cfg.users_file, server.load_users, empty={})
+    users: Reloading[dict[str, identity.UserRecord]] = Reloading(
+        cfg.users_file, functools.partial(identity.load_users, owner_uid=0), empty={}, fail_closed=True)
     issued = IssuedStore(store_path(cfg.helper_state_dir))
     lc = cfg.login
     lockout = Lockout(LockoutPolicy(lc.free_failures, lc.base_delay_seconds, lc.max_delay_seconds,
@@ -120,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     peers = Lockout(LockoutPolicy(lc.free_failures * 4, lc.base_delay_seconds, lc.max_delay_seconds,
                                   lc.max_failures * 4, lc.lockout_seconds))
     login = PamLogin(lc.pam_service, issued, lockout, audit, lc.token_ttl_seconds,
-                     lambda: {u.os_user for u in users.current.values()}, peers)
+                     lambda: enrolled(users), peers)
     state = server.State(cfg=cfg, audit=audit, users=users, policy=holder, forks=forks, issued=issued, login=login)
     flags = {"stop": False, "hup": False}
     signal.signal(signal.SIGTERM, lambda *_: flags.update(stop=True))

@@ -39,7 +39,6 @@ from mcpd.common import frames, identity
 from mcpd.common.config import CAP_KEY, Config
 from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, TIMEOUT, ToolError
 from mcpd.common.reload import Reloading
-from mcpd.common.strictyaml import parse_strict_yaml, read_secure_file
 from mcpd.common.validate import check_path
 from mcpd.core import walk
 from mcpd.helper import grants, opener
@@ -98,11 +97,6 @@ class State:
         if rec is None:
             return None
         return identity.Principal(name=rec.os_user, os_user=rec.os_user, token_id=rec.id), rec
-
-
-def load_users(path: str) -> dict[str, identity.UserRecord]:
-    """``users.yaml`` as the helper loads it: root-owned, not group/world-writable, strict YAML."""
-    return identity.parse_users(parse_strict_yaml(read_secure_file(path), path), path)
 
 
 def _who(state: State, req: dict[str, Any]) -> tuple[identity.Principal, Issued | None]:

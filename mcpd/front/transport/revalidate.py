@@ -35,7 +35,7 @@ async def revalidate_once(manager: SessionManager, authenticator: Authenticator)
     for token, sessions in by_token.items():
         try:
             async with asyncio.timeout(CHECK_TIMEOUT):
-                principal = await authenticator.authenticate(token) if token else None
+                principal = await authenticator.authenticate(token, fresh=True) if token else None
         except TimeoutError:
             continue  # undecided: check again next round
         for session in sessions:
