@@ -19,7 +19,7 @@ Example (every key optional)::
     grants_file: /etc/mcpd/mcp-sudo.yaml
     helper_socket: /run/mcpd/helper.sock   # empty: no root helper (privileged → HELPER_UNAVAILABLE)
     service_user: mcpd             # the only uid the root helper accepts on its socket (SO_PEERCRED)
-    auth_cache_seconds: 300        # how long the front may reuse a helper-verified token when the helper is down
+    auth_cache_seconds: 30         # how long the front may reuse a helper-verified token when the helper is down
     audit_log: /var/log/mcpd/audit.jsonl
     state_dir: /var/lib/mcpd       # the front's state (0750 mcpd)
     helper_state_dir: /var/lib/mcpd-helper   # the root helper's state (0700 root): issued tokens
@@ -141,7 +141,7 @@ class Config:
     grants_file: str = "/etc/mcpd/mcp-sudo.yaml"
     helper_socket: str = "/run/mcpd/helper.sock"
     service_user: str = "mcpd"
-    auth_cache_seconds: float = 300.0
+    auth_cache_seconds: float = 30.0
     audit_log: str = "/var/log/mcpd/audit.jsonl"
     state_dir: str = "/var/lib/mcpd"
     helper_state_dir: str = "/var/lib/mcpd-helper"

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from mcpd.client.api import Client, text_of
+from mcpd.client.api import Client, ConnectError, text_of
 from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
     SECRET_TEXT,
@@ -436,3 +436,40 @@ def test_dev_mode_as_root_runs_helper_and_front_as_service_user(tmp_path: Path) 
         assert proc.stdout is not None
         proc.stdout.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_while_the_helper_is_down_a_verified_token_lasts_only_the_short_window() -> None:
+    """Helper down: a token the helper verified is served for at most ``auth_cache_seconds``, and
+    then only for calls that start no worker and make no privileged call (those answer
+    HELPER_UNAVAILABLE). Once the window has passed, the open session is closed and a new stream
+    is refused (401)."""
+    from tests.integration.privsep_fixture import start_privsep, stop_privsep
+    from tests.integration.test_pam_login import status_of_sse
+    from tests.osaccounts import AccountFactory
+
+    window = 4.0
+    factory = AccountFactory()
+    d = start_privsep(factory, auth_cache_seconds=window)
+    try:
+        async def go() -> None:
+            async with client(d) as c:
+                assert (await read(c, "/etc/hostname"))[1] == {}
+                d.kill_helper(signal.SIGKILL)
+                down = time.monotonic()
+                text, err = await read(c, "/etc/hostname")
+                assert text is None and err["code"] == "HELPER_UNAVAILABLE", err
+                text, err = await read(c, d.log_file, privileged=True)
+                assert text is None and err["code"] == "HELPER_UNAVAILABLE", err
+                async with client(d) as again:  # inside the window: the verified token still opens a stream
+                    text, err = await read(again, "/etc/hostname")
+                    assert err["code"] == "HELPER_UNAVAILABLE", err
+                assert time.monotonic() - down < window
+                await asyncio.sleep(window + 2.5)  # the session re-check runs every second
+                with pytest.raises(ConnectError):  # the stream was closed
+                    await read(c, "/etc/hostname")
+            assert status_of_sse(d, d.tokens["alice"]) == 401
+
+        asyncio.run(go())
+    finally:
+        stop_privsep(d)
+        factory.cleanup()
