@@ -16,6 +16,7 @@ runs the server in the foreground until Ctrl-C.
 from __future__ import annotations
 
 import os
+import stat
 import pwd
 import shlex
 import sys
@@ -123,6 +124,25 @@ def start_root_helper(state: DevState) -> Callable[[], None] | None:
     return devroot.start_helper(setup)
 
 
+def check_root_state_folder(state_dir: Path) -> None:
+    """As root, refuse a state folder that root does not own or that another account can change:
+    the folder (when it exists) and every folder above it must be root's and not writable by
+    group or others (sticky ``/tmp`` excepted above it); no level may be a symlink.
+
+    Raises:
+        OSError: the message names the path and the rule it breaks.
+    """
+    from mcpd.helper.main import root_folder
+
+    path = os.path.abspath(state_dir)
+    if os.path.lexists(path):
+        os.close(root_folder(path, leaf_mask=stat.S_IWGRP | stat.S_IWOTH))
+        return
+    while not os.path.lexists(path):  # missing levels are created by root below, root-owned
+        path = os.path.dirname(path)
+    os.close(root_folder(path, leaf_mask=0))  # (a sticky /tmp above is fine)
+
+
 def run(state_dir: Path, port: int) -> int:
     """Prepare the folder, print the exports, and run the server until Ctrl-C; return the exit code.
 
@@ -130,6 +150,8 @@ def run(state_dir: Path, port: int) -> int:
     ``dev`` principal bound to the unprivileged ``mcpd-dev`` account (SPEC §4, §5.1).
     """
     try:
+        if os.geteuid() == 0:
+            check_root_state_folder(state_dir)
         state = prepare(state_dir, port)
         stop_helper = start_root_helper(state)
     except Exception as exc:  # config, users file, OS error, account or helper start failure

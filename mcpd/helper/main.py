@@ -32,12 +32,15 @@ from mcpd.helper.pam_login import PamLogin
 log = logging.getLogger("mcpd.helper")
 
 
-def root_folder(path: str) -> int:
-    """Open the helper's state folder, creating it 0700 when missing, and return a descriptor.
+def root_folder(path: str, leaf_mask: int = 0o077) -> int:
+    """Open a folder root keeps state in, creating it 0700 when missing, and return an ``O_PATH``
+    descriptor (the helper's state folder; ``mcpd dev``'s state folder when run as root).
 
     The folder and every folder above it must be owned by root and not writable by group or
-    others, so no path root uses inside it can be changed by the front (SPEC §4.5a). Each level is
-    opened with ``O_NOFOLLOW`` relative to the one above.
+    others (a sticky folder such as ``/tmp`` excepted, above the leaf), so no path root uses inside
+    it can be changed by another account (SPEC §4.5a). Each level is opened with ``O_NOFOLLOW``
+    relative to the one above. ``leaf_mask``: mode bits the folder itself must not have (default:
+    it must be 0700).
 
     Raises:
         OSError: a level is a symlink, is not a folder, or fails the owner/mode check.
@@ -55,8 +58,8 @@ def root_folder(path: str) -> int:
             st = os.fstat(fd)
             if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
                 raise OSError(f"{path}: {name} must be owned by root and not writable by group or others")
-        if os.fstat(fd).st_mode & 0o077:
-            raise OSError(f"{path}: the helper's state folder must be mode 0700")
+        if os.fstat(fd).st_mode & leaf_mask:
+            raise OSError(f"{path}: mode has bits {oct(leaf_mask)} set (must not)")
     except BaseException:
         os.close(fd)
         raise

@@ -140,3 +140,47 @@ def test_certs_command_makes_a_ca_and_server_certificate(tmp_path: Path) -> None
     assert san.get_values_for_type(x509.DNSName) == ["mcp.example"]
     assert stat.S_IMODE((tmp_path / "tls" / "ca.key").stat().st_mode) == 0o600
     assert f"ca_cert: {tmp_path / 'tls' / 'ca.crt'}" in res.stdout
+
+
+def _dev_as_root(state: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "mcpd"), "dev", "--port", str(free_port()), "--state-dir", str(state)],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_dev_as_root_refuses_a_state_folder_another_account_can_change() -> None:
+    """As root, `mcpd dev` writes keys, tokens and grants into its state folder, so it refuses a
+    folder that another account owns or can write, a folder under one, or a symlink, and writes
+    nothing there."""
+    if os.geteuid() != 0:
+        import pytest
+
+        pytest.skip("needs root")
+    nobody = 65534
+    base = Path(tempfile.mkdtemp(prefix="mcpd-devstate-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        cases = {}
+        owned = base / "owned-by-nobody"
+        owned.mkdir()
+        os.chown(owned, nobody, nobody)
+        cases["owned"] = owned
+        loose = base / "world-writable"
+        loose.mkdir()
+        os.chmod(loose, 0o777)
+        cases["loose"] = loose
+        parent = base / "their-folder"
+        parent.mkdir()
+        os.chown(parent, nobody, nobody)
+        cases["under"] = parent / "dev-state"  # missing: nobody could swap it before root makes it
+        target = base / "target"
+        target.mkdir(mode=0o700)
+        (base / "link").symlink_to(target)
+        cases["symlink"] = base / "link"
+        for name, state in cases.items():
+            res = _dev_as_root(state)
+            assert res.returncode == config.EXIT_CONFIG, (name, res.stdout, res.stderr)
+            assert "mcpd dev:" in res.stderr and "MCP_TOKEN" not in res.stdout, (name, res.stderr)
+        assert not any(owned.iterdir()) and not any(loose.iterdir()) and not any(parent.iterdir())
+        assert not any(target.iterdir())
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
