@@ -20,7 +20,6 @@ import sys
 
 from mcpd.common import config, identity, sdnotify
 from mcpd.common.reload import Reloading
-from mcpd.common.strictyaml import ConfigFileError, read_secure_file
 from mcpd.helper import forkserver, server
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.grants import secret_paths
@@ -109,11 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         log.error("the root helper must run as root")
         return config.EXIT_CONFIG
     try:
-        read_secure_file(opts.config)
-        cfg = config.load(opts.config)
+        cfg = config.load(opts.config, owner_uid=0)  # one read, of the descriptor checked: root's, not g/o-writable
         service = pwd.getpwnam(cfg.service_user)
         os.close(root_folder(cfg.helper_state_dir))
-    except (ConfigFileError, config.ConfigError, KeyError, OSError) as exc:
+    except (config.ConfigError, KeyError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return config.EXIT_CONFIG
     forks = forkserver.start(server.run_walk)  # one thread here: the only safe moment to fork

@@ -1,0 +1,175 @@
+"""Root state that root owns, tried by a compromised front (issue 8 item 7; SPEC §4.5a).
+
+The front runs as the service user ``mcpd``, whose state folder it owns and may write, as in
+production (``/var/lib/mcpd``). An attacker running code as ``mcpd`` plants, in every folder that
+account can write, a symlink named like every file the root helper writes (its token store, the
+store's lock and temporary files, the audit log, its socket) pointing at a root-owned canary, and an
+old copy of the token store taken while a since-revoked login token was live. The helper is then
+driven through everything that writes state (logins, a logout, privileged calls, a SIGHUP reload,
+a restart). Root must never write, chmod or chown the canary nor create anything beside it, and the
+revoked token must stay revoked.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mcpd.common import identity
+from mcpd.client import login as login_client
+from mcpd.client.api import AuthError
+from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.integration.test_pam_login import status_of_sse
+from tests.integration.test_privsep import read_once
+from tests.osaccounts import AccountFactory, ensure_user
+
+pytestmark = pytest.mark.root
+
+PAM_FILE = Path(__file__).resolve().parents[2] / "etc/pam.d/mcpd"
+
+
+def writable_by(account: pwd.struct_passwd, top: Path) -> list[Path]:
+    """Every folder under ``top`` (itself included) that ``account`` may create entries in, as the
+    kernel decides it (``test -w`` run as the account)."""
+    found = []
+    for folder, dirs, _ in os.walk(top):
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+        probe = subprocess.run(["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}",
+                                "--clear-groups", "test", "-w", folder, "-a", "-x", folder], timeout=30)
+        if probe.returncode == 0:
+            found.append(Path(folder))
+    return found
+
+
+def as_account(account: pwd.struct_passwd, *argv: str) -> None:
+    subprocess.run(["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups",
+                    *argv], check=True, timeout=30)
+
+
+@pytest.fixture()
+def front_owned_daemon() -> Iterator[tuple[PrivsepDaemon, Path, AccountFactory, str]]:
+    """A daemon whose front state folder belongs to ``mcpd`` (0750), with a test PAM service."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: PAM service, OS accounts, root helper")
+    service_name = f"mcpd-test-{secrets.token_hex(3)}"
+    pam_target = Path("/etc/pam.d") / service_name
+    shutil.copy(PAM_FILE, pam_target)
+    pam_target.chmod(0o644)
+    front_state = Path(tempfile.mkdtemp(prefix="mcpd-front-state-", dir="/tmp"))
+    factory = AccountFactory()
+    d: PrivsepDaemon | None = None
+    try:
+        d = start_privsep(factory, state_dir=str(front_state), login={"pam_service": service_name})
+        os.chown(front_state, d.service.pw_uid, d.service.pw_gid)
+        os.chmod(front_state, 0o750)
+        yield d, front_state, factory, service_name
+    finally:
+        if d is not None:
+            stop_privsep(d)
+        factory.cleanup()
+        pam_target.unlink(missing_ok=True)
+        shutil.rmtree(front_state, ignore_errors=True)
+
+
+def test_planted_symlinks_and_an_old_token_store_change_nothing_of_roots(
+        front_owned_daemon: tuple[PrivsepDaemon, Path, AccountFactory, str]) -> None:
+    d, front_state, factory, _ = front_owned_daemon
+    service = d.service
+    helper_state = d.state_dir / "helper"
+    password = secrets.token_urlsafe(12)
+    acct = factory.user(password=password)
+    ensure_user(acct.name, password=password)
+    users = identity.load_users(d.state_dir / "users.yaml")
+    users[acct.name] = identity.UserRecord(name=acct.name, os_user=acct.name, tokens=[identity.new_token()[1]])
+    identity.save_users(d.state_dir / "users.yaml", users)
+
+    def login() -> str:
+        return str(login_client.login(d.url, acct.name, password, d.cacert)["token"])
+
+    revoked, kept = login(), login()
+    assert status_of_sse(d, revoked) == 200
+    old_store = {p.name: p.read_bytes() for p in helper_state.iterdir() if p.is_file()}
+    assert old_store, "the helper's store holds the live login tokens"
+    login_client.logout(d.url, revoked, d.cacert)
+    assert status_of_sse(d, revoked) == 401
+
+    # the canary: a root-owned file the attacker wants root to overwrite, chmod or chown
+    canary_dir = Path(tempfile.mkdtemp(prefix="mcpd-canary-", dir="/tmp"))
+    canary = canary_dir / "root-file"
+    canary.write_bytes(b"root's own bytes\n")
+    os.chmod(canary, 0o600)
+    before = os.stat(canary)
+    try:
+        folders = writable_by(service, d.state_dir) + writable_by(service, front_state)
+        assert front_state in folders, "the front's own state folder is the service user's to write"
+        assert not [f for f in folders if f == helper_state or helper_state in f.parents], \
+            "the service user can write into the helper's state"
+        names = set(old_store) | {n + suffix for n in old_store for suffix in (".lock", ".tmp", "~")}
+        names |= {"issued-tokens.json", "issued-tokens.json.lock", "helper", os.path.basename(d.audit_path),
+                  os.path.basename(d.socket_path), "lockout.json"}
+        for folder in folders:
+            for name in names:
+                target = folder / name
+                if os.path.lexists(target):
+                    continue
+                as_account(service, "ln", "-s", str(canary), str(target))
+            copy = folder / "helper-copy"
+            copy.mkdir(exist_ok=True)
+            os.chown(copy, service.pw_uid, service.pw_gid)
+            for name, data in old_store.items():  # an old store: the revoked token still in it
+                (copy / name).write_bytes(data)
+                os.chown(copy / name, service.pw_uid, service.pw_gid)
+
+        # drive the helper through everything that writes state
+        third = login()
+        with pytest.raises(AuthError):
+            login_client.login(d.url, acct.name, "wrong password", d.cacert)
+        login_client.logout(d.url, third, d.cacert)
+        assert read_once(d, d.log_file, privileged=True)[1] == {}
+        d.helper.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        time.sleep(1.0)
+        d.restart_helper()
+        assert read_once(d, d.log_file, privileged=True)[1] == {}
+
+        after = os.stat(canary)
+        assert canary.read_bytes() == b"root's own bytes\n"
+        assert (after.st_uid, after.st_gid, stat.S_IMODE(after.st_mode), after.st_mtime_ns, after.st_ino) == \
+            (before.st_uid, before.st_gid, 0o600, before.st_mtime_ns, before.st_ino)
+        assert sorted(p.name for p in canary_dir.iterdir()) == ["root-file"]
+        assert status_of_sse(d, revoked) == 401 and status_of_sse(d, third) == 401
+        assert status_of_sse(d, kept) == 200
+    finally:
+        shutil.rmtree(canary_dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("owner, mode", [("service", 0o640), ("root", 0o660), ("root", 0o646)])
+def test_helper_refuses_a_config_file_another_account_can_change(
+        front_owned_daemon: tuple[PrivsepDaemon, Path, AccountFactory, str], owner: str, mode: int) -> None:
+    """``mcpd.yaml`` names the files root trusts (grants, users, its state): the helper reads it
+    only when root owns it and neither group nor others may write it, like the grants file."""
+    import sys
+
+    d = front_owned_daemon[0]
+    bad = d.state_dir / f"bad-{secrets.token_hex(3)}.yaml"
+    bad.write_bytes(d.config_path.read_bytes())
+    uid = d.service.pw_uid if owner == "service" else 0
+    os.chown(bad, uid, d.service.pw_gid)
+    os.chmod(bad, mode)
+    try:
+        res = subprocess.run([sys.executable, "-I", "-m", "mcpd.helper", "--config", str(bad)],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 78, res.stderr
+        assert "cannot start" in res.stderr and str(bad) in res.stderr, res.stderr
+    finally:
+        bad.unlink()
