@@ -21,7 +21,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -82,20 +82,24 @@ def front_owned_daemon() -> Iterator[tuple[PrivsepDaemon, Path, AccountFactory, 
         shutil.rmtree(front_state, ignore_errors=True)
 
 
-def test_planted_symlinks_and_an_old_token_store_change_nothing_of_roots(
-        front_owned_daemon: tuple[PrivsepDaemon, Path, AccountFactory, str]) -> None:
-    d, front_state, factory, _ = front_owned_daemon
-    service = d.service
-    helper_state = d.state_dir / "helper"
+def enrolled_login(d: PrivsepDaemon, factory: AccountFactory) -> tuple[str, str, Callable[[], str]]:
+    """A fresh account with a password, bound to a principal in ``users.yaml``; returns
+    ``(name, password, login)`` where ``login()`` returns a new login token."""
     password = secrets.token_urlsafe(12)
     acct = factory.user(password=password)
     ensure_user(acct.name, password=password)
     users = identity.load_users(d.state_dir / "users.yaml")
     users[acct.name] = identity.UserRecord(name=acct.name, os_user=acct.name, tokens=[identity.new_token()[1]])
     identity.save_users(d.state_dir / "users.yaml", users)
+    return acct.name, password, lambda: str(login_client.login(d.url, acct.name, password, d.cacert)["token"])
 
-    def login() -> str:
-        return str(login_client.login(d.url, acct.name, password, d.cacert)["token"])
+
+def test_planted_symlinks_and_an_old_token_store_change_nothing_of_roots(
+        front_owned_daemon: tuple[PrivsepDaemon, Path, AccountFactory, str]) -> None:
+    d, front_state, factory, _ = front_owned_daemon
+    service = d.service
+    helper_state = d.state_dir / "helper"
+    name, password, login = enrolled_login(d, factory)
 
     revoked, kept = login(), login()
     assert status_of_sse(d, revoked) == 200
@@ -134,7 +138,7 @@ def test_planted_symlinks_and_an_old_token_store_change_nothing_of_roots(
         # drive the helper through everything that writes state
         third = login()
         with pytest.raises(AuthError):
-            login_client.login(d.url, acct.name, "wrong password", d.cacert)
+            login_client.login(d.url, name, "wrong password", d.cacert)
         login_client.logout(d.url, third, d.cacert)
         assert read_once(d, d.log_file, privileged=True)[1] == {}
         d.helper.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
@@ -173,3 +177,52 @@ def test_helper_refuses_a_config_file_another_account_can_change(
         assert "cannot start" in res.stderr and str(bad) in res.stderr, res.stderr
     finally:
         bad.unlink()
+
+
+def test_a_grant_covering_root_still_refuses_every_secret_of_the_daemon(
+        front_owned_daemon: tuple[PrivsepDaemon, Path, AccountFactory, str]) -> None:
+    """The fixed deny: with ``paths: ["/"]`` for every tool, the daemon's own secrets are refused
+    by name and through a symlink, and a listing or search never shows them."""
+    import asyncio
+
+    from tests.integration.test_privsep import client
+
+    d, _, factory, _ = front_owned_daemon
+    enrolled_login(d, factory)[2]()  # the helper's state now holds a login token
+    everything = {"allowed": True, "paths": ["/"]}
+    d.write_grants({"users": {d.accounts["alice"].name: {"privileged": {"tools": {
+        tool: dict(everything) for tool in ("files/read", "files/list", "files/find", "files/filetype")}}}}})
+    time.sleep(1.0)
+    helper_files = [p for p in (d.state_dir / "helper").iterdir()]
+    secrets_ = [d.config_path, d.state_dir / "users.yaml", d.grants_path, d.audit_path,
+                d.state_dir / "tls" / "server.key", d.state_dir / "tls" / "ca.key", *helper_files]
+    assert helper_files, "the helper keeps state"
+    link = d.app / "innocent.txt"
+    os.symlink(d.state_dir / "users.yaml", link)
+
+    async def go() -> None:
+        async with client(d) as c:
+            assert not (await c.call_tool("files/read", {"path": str(d.log_file), "privileged": True})).get("isError")
+            for path in [*secrets_, link]:
+                for tool in ("files/read", "files/filetype"):
+                    res = await c.call_tool(tool, {"path": str(path), "privileged": True}, check=False)
+                    assert res.get("isError"), (tool, path)
+                    assert res["structuredContent"]["error"]["code"] == "PERMISSION_DENIED", (tool, path, res)
+            names = {p.name for p in secrets_}
+            for folder in {p.parent for p in secrets_}:
+                res = await c.call_tool("files/list", {"path": str(folder), "privileged": True}, check=False)
+                listed = res["structuredContent"]
+                assert not res.get("isError") or listed["error"]["code"] == "PERMISSION_DENIED", res
+                shown = {e["name"] for e in listed.get("entries", [])}
+                assert not shown & names, (folder, shown & names)
+            res = await c.call_tool("files/find", {"root": str(d.state_dir), "privileged": True}, check=False)
+            found = res["structuredContent"]
+            assert not res.get("isError"), found
+            paths = {m["path"] for m in found["matches"]}
+            assert str(d.state_dir / "helper.log") in paths, paths  # the search does show what is not secret
+            assert not paths & {str(p) for p in secrets_}, paths & {str(p) for p in secrets_}
+
+    try:
+        asyncio.run(go())
+    finally:
+        link.unlink()
