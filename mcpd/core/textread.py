@@ -15,7 +15,9 @@ decoded text; bytes before the selection are decoded (an invalid byte there is a
 
 from __future__ import annotations
 
+import bisect
 import codecs
+import collections
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -28,6 +30,60 @@ from mcpd.common.errors import BINARY_FILE, FILE_TOO_LARGE, LINE_TOO_LONG, RANGE
 
 CHUNK = 1024 * 1024  # bytes per pread
 BINARY_PROBE = 8192  # bytes of the file's head searched for a NUL byte
+INDEX_FILES = 32  # files with a line index per process (the least recently used is dropped first)
+INDEX_POINTS = 2048  # checkpoints per file; past that, every other one is dropped
+
+
+class LineIndex:
+    """Sparse line offsets of recently read files, so a deep line read need not count every line
+    before it again (issue 11, workload "lines 300000-300100 of a 50 MiB log").
+
+    A checkpoint ``(pos, line)`` says that byte ``pos`` of the file lies in line ``line``
+    (1-based). Checkpoints are recorded at chunk starts while a line-mode read scans the file, so
+    they cost nothing extra, and they hold only numbers, never content. An index is keyed by the
+    file's identity and version as ``fstat`` reports it: ``(st_dev, st_ino, st_size,
+    st_mtime_ns)``; a file that is appended to, truncated, rewritten or replaced gets a new key, so
+    a stale index is never consulted (a growing log is scanned afresh, and indexed again). Memory
+    is bounded: :data:`INDEX_FILES` files, least recently used dropped first, and
+    :data:`INDEX_POINTS` checkpoints per file. Not thread-safe: one per worker process.
+    """
+
+    def __init__(self, files: int = INDEX_FILES, points: int = INDEX_POINTS) -> None:
+        self._files: collections.OrderedDict[tuple[int, ...], list[tuple[int, int]]] = collections.OrderedDict()
+        self._max_files, self._max_points = files, points
+
+    @staticmethod
+    def key(st: os.stat_result) -> tuple[int, ...]:
+        """The index key of an open file: device, inode, size (bytes) and mtime (ns)."""
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def before(self, key: tuple[int, ...], line: int) -> tuple[int, int] | None:
+        """The last checkpoint ``(pos, line_at_pos)`` with ``line_at_pos < line``, or ``None``."""
+        points = self._files.get(key)
+        if not points:
+            return None
+        self._files.move_to_end(key)
+        i = bisect.bisect_left(points, line, key=lambda p: p[1]) - 1
+        return points[i] if i >= 0 else None
+
+    def add(self, key: tuple[int, ...], pos: int, line: int) -> None:
+        """Record that byte ``pos`` lies in line ``line`` (ignored unless past the last checkpoint)."""
+        points = self._files.get(key)
+        if points is None:
+            points = self._files[key] = []
+            while len(self._files) > self._max_files:
+                self._files.popitem(last=False)
+        if points and pos <= points[-1][0]:
+            return
+        points.append((pos, line))
+        if len(points) > self._max_points:
+            points[:] = points[::2]
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+
+LINE_INDEX = LineIndex()  # this process's index (each worker has its own)
 
 
 def too_large(size: int, limits: ReadLimits, suggestion: str) -> ToolError:
@@ -172,7 +228,8 @@ def _text_chunks(fd: int, pos: int, codec: str, requested: str) -> Iterator[tupl
         start = pos - len(dec.getstate()[0])
 
 
-def _lines(fd: int, args: dict[str, Any], limits: ReadLimits, codec: str, bom: int) -> tuple[str, str, dict[str, Any]]:
+def _lines(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits, codec: str,
+           bom: int) -> tuple[str, str, dict[str, Any]]:
     start = args.get("start_line") or 1
     end = args.get("end_line")
     if end is not None and end < start:
@@ -182,8 +239,17 @@ def _lines(fd: int, args: dict[str, Any], limits: ReadLimits, codec: str, bom: i
     nl: Any = "\n" if wide else b"\n"
     nbytes: Callable[[Any], int] = (lambda s: len(s.encode(codec))) if wide else len
     sel = _Selector(start, end, limits, nl, nbytes)
-    chunks = _text_chunks(fd, bom, codec, args["encoding"]) if wide else _byte_chunks(fd, bom)
+    pos, key = bom, None
+    if not wide:  # bytes: a checkpoint is a place to start counting (UTF-16/32 decode from the start)
+        key = LineIndex.key(st)
+        hit = LINE_INDEX.before(key, start)
+        if hit is not None:
+            pos, sel.line = hit
+    chunks = _text_chunks(fd, bom, codec, args["encoding"]) if wide else _byte_chunks(fd, pos)
     for chunk, byte_of in chunks:
+        if key is not None and pos < st.st_size:
+            LINE_INDEX.add(key, pos, sel.line)
+        pos += len(chunk)
         sel.seen += len(chunk)
         sel.feed(chunk, byte_of, scale)
         if sel.done:
@@ -277,7 +343,7 @@ def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]
     if b"\0" in head and not exempt:
         raise ToolError(BINARY_FILE, "cannot read binary file")
     if args.get("start_line") is not None or args.get("end_line") is not None:
-        text, used, info = _lines(fd, args, limits, codec, bom)
+        text, used, info = _lines(fd, st, args, limits, codec, bom)
     else:
         text, used, info = _window(fd, st, args, limits, codec, bom)
     if len(text) > limits.response_cap // 4 and len(text.encode("utf-8")) > limits.response_cap:
