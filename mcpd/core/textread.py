@@ -31,7 +31,8 @@ from mcpd.common.errors import BINARY_FILE, FILE_TOO_LARGE, LINE_TOO_LONG, RANGE
 CHUNK = 1024 * 1024  # bytes per pread
 BINARY_PROBE = 8192  # bytes of the file's head searched for a NUL byte
 INDEX_FILES = 32  # files with a line index per process (the least recently used is dropped first)
-INDEX_POINTS = 2048  # checkpoints per file; past that, every other one is dropped
+INDEX_POINTS = 4096  # checkpoints per file; past that, every other one is dropped
+INDEX_STEP = 64 * 1024  # bytes between checkpoints (a deep read counts at most this far by itself)
 
 
 class LineIndex:
@@ -39,8 +40,8 @@ class LineIndex:
     before it again (issue 11, workload "lines 300000-300100 of a 50 MiB log").
 
     A checkpoint ``(pos, line)`` says that byte ``pos`` of the file lies in line ``line``
-    (1-based). Checkpoints are recorded at chunk starts while a line-mode read scans the file, so
-    they cost nothing extra, and they hold only numbers, never content. An index is keyed by the
+    (1-based). Checkpoints are recorded every :data:`INDEX_STEP` bytes while a line-mode read
+    counts its way to its first line, and hold only numbers, never content. An index is keyed by the
     file's identity and version as ``fstat`` reports it: ``(st_dev, st_ino, st_size,
     st_mtime_ns)``; a file that is appended to, truncated, rewritten or replaced gets a new key, so
     a stale index is never consulted (a growing log is scanned afresh, and indexed again). Memory
@@ -65,6 +66,11 @@ class LineIndex:
         self._files.move_to_end(key)
         i = bisect.bisect_left(points, line, key=lambda p: p[1]) - 1
         return points[i] if i >= 0 else None
+
+    def frontier(self, key: tuple[int, ...]) -> int:
+        """The offset of the last checkpoint of ``key`` (-1 when it has none)."""
+        points = self._files.get(key)
+        return points[-1][0] if points else -1
 
     def add(self, key: tuple[int, ...], pos: int, line: int) -> None:
         """Record that byte ``pos`` lies in line ``line`` (ignored unless past the last checkpoint)."""
@@ -203,9 +209,9 @@ def _text_offsets(base: int, t: str, codec: str) -> Callable[[int], int]:
     return lambda k: base + len(t[:k].encode(codec))
 
 
-def _byte_chunks(fd: int, pos: int) -> Iterator[tuple[bytes, Callable[[int], int]]]:
+def _byte_chunks(fd: int, pos: int, size: int = CHUNK) -> Iterator[tuple[bytes, Callable[[int], int]]]:
     while True:
-        b = os.pread(fd, CHUNK, pos)
+        b = os.pread(fd, size, pos)
         if not b:
             return
         yield b, _offsets(pos)
@@ -239,16 +245,21 @@ def _lines(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits
     nl: Any = "\n" if wide else b"\n"
     nbytes: Callable[[Any], int] = (lambda s: len(s.encode(codec))) if wide else len
     sel = _Selector(start, end, limits, nl, nbytes)
-    pos, key = bom, None
+    pos, key, size, known = bom, None, CHUNK, -1
     if not wide:  # bytes: a checkpoint is a place to start counting (UTF-16/32 decode from the start)
         key = LineIndex.key(st)
+        known = LINE_INDEX.frontier(key)
         hit = LINE_INDEX.before(key, start)
-        if hit is not None:
-            pos, sel.line = hit
-    chunks = _text_chunks(fd, bom, codec, args["encoding"]) if wide else _byte_chunks(fd, pos)
+        if hit is not None:  # near the first line already: small reads, the selection is often short
+            (pos, sel.line), size = hit, 2 * INDEX_STEP
+    chunks = _text_chunks(fd, bom, codec, args["encoding"]) if wide else _byte_chunks(fd, pos, size)
     for chunk, byte_of in chunks:
-        if key is not None and pos < st.st_size:
-            LINE_INDEX.add(key, pos, sel.line)
+        if key is not None and not sel.selecting and pos + len(chunk) > known + INDEX_STEP:
+            line, prev = sel.line, 0  # checkpoints every INDEX_STEP bytes of new ground
+            for sub in range(0, min(len(chunk), st.st_size - pos), INDEX_STEP):
+                line += chunk.count(nl, prev, sub)
+                LINE_INDEX.add(key, pos + sub, line)
+                prev = sub
         pos += len(chunk)
         sel.seen += len(chunk)
         sel.feed(chunk, byte_of, scale)

@@ -59,6 +59,9 @@ def test_a_deep_read_after_the_first_starts_near_its_line(tmp_path: Path, monkey
     for start in (100_000, 99_999, 100_050, 60_000, 2, 1):
         preads.clear()
         assert text(log, start_line=start, end_line=start + 10) == expect(rows, start, start + 10), start
+    # a selection longer than the reads made from a checkpoint, and one running to the end
+    assert text(log, start_line=100_000, end_line=112_000) == expect(rows, 100_000, 112_000)
+    assert text(log, start_line=119_000) == expect(rows, 119_000, LINES)
     target = sum(len(r) for r in rows[:99_999])
     preads.clear()
     assert text(log, start_line=100_000, end_line=100_100) == expect(rows, 100_000, 100_100)
