@@ -37,12 +37,40 @@ def encode(obj: dict[str, Any]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def decode_body(body: bytes) -> dict[str, Any]:
-    """Parse a frame body; raise :class:`FrameError` unless it is one JSON object."""
+MAX_DEPTH = 64  # JSON nested deeper than this is refused like unparsable JSON (SPEC §2.3)
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` (parsed JSON) nests arrays and objects more than ``limit`` levels deep
+    (a bare object or array is one level). Iterative, so any depth is safe to check."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def loads(data: bytes | str, parse_constant: Any = None) -> Any:
+    """Parse JSON as every mcpd process does: :class:`FrameError` for anything unparsable, nested
+    deeper than :data:`MAX_DEPTH` levels, or so deep the parser itself gives up.
+    ``parse_constant``: as for :func:`json.loads` (called for ``NaN``, ``Infinity``)."""
     try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FrameError("frame is not JSON") from exc
+        value = json.loads(data, parse_constant=parse_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise FrameError("not JSON" if not isinstance(exc, RecursionError) else "JSON nested too deeply") from None
+    if too_deep(value):
+        raise FrameError(f"JSON nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    """Parse a frame body with :func:`loads`; raise :class:`FrameError` unless it is one JSON object."""
+    obj = loads(body)
     if not isinstance(obj, dict):
         raise FrameError("frame is not a JSON object")
     return obj
