@@ -39,14 +39,22 @@ log = logging.getLogger("mcpd.front.server")
 GRACEFUL_SHUTDOWN_SECONDS = 5
 
 
+#: TLS 1.2 suites offered (OpenSSL names): ECDHE key exchange with AES-GCM or ChaCha20-Poly1305 only.
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!SHA1:!SHA256:!SHA384:!CBC"
+
+
 def tls_context(cfg: Config) -> ssl.SSLContext:
-    """The listener's server context: TLS 1.2 minimum, certificate and key from ``cfg.tls`` (SPEC §1.1).
+    """The listener's server context: TLS 1.3 preferred, TLS 1.2 minimum with ECDHE and AEAD
+    suites only (AES-GCM, ChaCha20-Poly1305), no compression or renegotiation; certificate and key
+    from ``cfg.tls`` (SPEC §1.1).
 
     Raises:
         ConfigError: the certificate or key cannot be loaded.
     """
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(TLS12_CIPHERS)  # TLS 1.2: forward secrecy and AEAD only; TLS 1.3 suites are all AEAD
+    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE | ssl.OP_NO_RENEGOTIATION
     try:
         ctx.load_cert_chain(cfg.tls.cert, cfg.tls.key)
     except (OSError, ssl.SSLError) as exc:

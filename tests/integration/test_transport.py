@@ -61,6 +61,34 @@ async def test_tls_1_2_minimum(daemon: Daemon) -> None:
         _handshake(daemon, ssl.TLSVersion.TLSv1)
 
 
+def _tls12_with(d: Daemon, ciphers: str) -> tuple[str, str]:
+    ctx = d.ssl_context()
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(ciphers + ":@SECLEVEL=0")
+    host, port = d.host_port
+    with socket.create_connection((host, port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname=host) as s:
+            cipher = s.cipher()
+            return str(s.version()), str(cipher[0] if cipher else "")
+
+
+@pytest.mark.parametrize("offered", ["AES128-SHA", "AES256-SHA256", "ECDHE-ECDSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA384",
+                                     "AES128-GCM-SHA256", "DHE-RSA-AES128-GCM-SHA256"])
+async def test_tls_1_2_refuses_suites_without_ecdhe_or_aead(daemon: Daemon, offered: str) -> None:
+    with pytest.raises(ssl.SSLError):
+        _tls12_with(daemon, offered)
+
+
+@pytest.mark.parametrize("offered", ["ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384",  # (an EC key)
+                                     "ECDHE-ECDSA-CHACHA20-POLY1305"])
+async def test_tls_1_2_serves_ecdhe_aead_suites_and_prefers_1_3(daemon: Daemon, offered: str) -> None:
+    assert _tls12_with(daemon, offered) == ("TLSv1.2", offered)
+    host, port = daemon.host_port
+    with socket.create_connection((host, port), timeout=10) as raw:
+        with daemon.ssl_context().wrap_socket(raw, server_hostname=host) as s:
+            assert s.version() == "TLSv1.3"
+
+
 async def test_tls_1_2_minimum_server_context(daemon: Daemon) -> None:
     ctx = tls_context(config.load(daemon.config_path))
     assert ctx.minimum_version == ssl.TLSVersion.TLSv1_2
