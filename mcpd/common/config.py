@@ -25,6 +25,8 @@ Example (every key optional)::
     helper_state_dir: /var/lib/mcpd-helper   # the root helper's state (0700 root): issued tokens
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536}
     workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64}
+    connections: {max_total: 4096, max_per_address: 1024, handshake_seconds: 10, header_seconds: 10,
+                  body_seconds: 30, idle_seconds: 5}   # what one client connection may hold
     workspaces: {alice: /srv/projects/alice}   # root of relative file: resource URIs, per principal
     default_workspace: "~"         # for principals not listed: "~" = the OS account's home, "" = none
     login: {pam_service: mcpd, token_ttl_seconds: 28800, free_failures: 2, base_delay_seconds: 0.5,
@@ -94,6 +96,18 @@ class Workers:
 
 
 @dataclasses.dataclass(frozen=True)
+class Connections:
+    """What one client connection may hold (SPEC §1.7): counts, and seconds to send each part."""
+
+    max_total: int = 4096  # TLS connections at once; more are closed at once
+    max_per_address: int = 1024  # from one client address
+    handshake_seconds: float = 10.0  # to finish the TLS handshake
+    header_seconds: float = 10.0  # from a request's first byte (or the connection's start) to its last header
+    body_seconds: float = 30.0  # from the last header to the last byte of the body
+    idle_seconds: float = 5.0  # a kept-alive connection with no request in flight
+
+
+@dataclasses.dataclass(frozen=True)
 class Login:
     """Password logins (SPEC §5.2, issue 5): PAM service, token lifetime, lockout (seconds, counts)."""
 
@@ -147,6 +161,7 @@ class Config:
     helper_state_dir: str = "/var/lib/mcpd-helper"
     read: ReadLimits = ReadLimits()
     workers: Workers = Workers()
+    connections: Connections = Connections()
     workspaces: dict[str, str] = dataclasses.field(default_factory=dict)
     default_workspace: str = "~"
     login: Login = Login()
@@ -223,7 +238,12 @@ def _check_ranges(cfg: Config) -> None:
         "workers.per_account": cfg.workers.per_account,
         "workers.max_accounts": cfg.workers.max_accounts,
     }
-    positive.update({"login.max_failures": cfg.login.max_failures, "limits.save_every": cfg.limits.save_every})
+    positive.update({"login.max_failures": cfg.login.max_failures, "limits.save_every": cfg.limits.save_every,
+                     "connections.max_total": cfg.connections.max_total,
+                     "connections.max_per_address": cfg.connections.max_per_address})
+    c = cfg.connections
+    if min(c.handshake_seconds, c.header_seconds, c.body_seconds, c.idle_seconds) <= 0:
+        raise ConfigError("connections: every *_seconds must be positive")
     for tier in (cfg.limits.default, *cfg.limits.tiers.values()):
         if tier.requests_per_day < 0 or tier.max_file_bytes < 0:
             raise ConfigError("limits: requests_per_day and max_file_bytes must not be negative")

@@ -1,0 +1,112 @@
+"""Client connections are bounded (SPEC §1.7; issue "hostile load"): a client that trickles its
+TLS handshake, its headers or its body is dropped within seconds, connections over the total or
+per-address cap are closed at once, and none of it delays anyone else.
+
+The daemon runs with short deadlines so the tests stay quick; every loop is bounded.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from tests.conftest import Daemon
+
+LIMITS = {"max_total": 40, "max_per_address": 6, "handshake_seconds": 2, "header_seconds": 2,
+          "body_seconds": 2, "idle_seconds": 2}
+DROP_WITHIN = 6.0  # seconds: the deadline (2 s) plus generous scheduling slack
+
+
+def closed_within(sock: socket.socket | ssl.SSLSocket, seconds: float) -> float | None:
+    """Seconds until the server closed ``sock`` (read returns EOF or the socket errors), or None."""
+    start = time.monotonic()
+    sock.settimeout(0.25)
+    while time.monotonic() - start < seconds:
+        try:
+            data = sock.recv(4096)
+        except (socket.timeout, ssl.SSLWantReadError, TimeoutError):
+            continue
+        except (OSError, ssl.SSLError):
+            return time.monotonic() - start
+        if not data:
+            return time.monotonic() - start
+    return None
+
+
+def tls(d: Daemon, source: str = "127.0.0.1") -> ssl.SSLSocket:
+    host, port = d.host_port
+    raw = socket.create_connection((host, port), timeout=10, source_address=(source, 0))
+    return d.ssl_context().wrap_socket(raw, server_hostname=host)
+
+
+def works(d: Daemon) -> bool:
+    with httpx.Client(verify=d.ssl_context(), timeout=10) as c:
+        return c.get(d.url + "/sse", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_slow_clients_are_dropped_and_delay_no_one(daemon_factory: Callable[..., Daemon]) -> None:
+    d = daemon_factory(connections=LIMITS)
+    host, port = d.host_port
+    no_handshake = socket.create_connection((host, port), timeout=10, source_address=("127.0.0.2", 0))
+    no_headers = tls(d, "127.0.0.3")  # handshake done, then nothing
+    trickle = tls(d, "127.0.0.4")
+    trickle.sendall(b"GET /sse HTTP/1.1\r\nHost: x\r\n")  # headers never finish
+    slow_body = tls(d, "127.0.0.5")
+    slow_body.sendall(b"POST /message?session_id=x HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\nAuthorization: Bearer x\r\n\r\n{")
+    try:
+        assert works(d)  # the slow ones delay no one
+        for name, sock in (("handshake", no_handshake), ("headers", no_headers), ("trickle", trickle),
+                           ("body", slow_body)):
+            took = closed_within(sock, DROP_WITHIN)
+            assert took is not None, f"{name}: still held after {DROP_WITHIN} s"
+        assert works(d)
+    finally:
+        for s in (no_handshake, no_headers, trickle, slow_body):
+            s.close()
+
+
+def test_connections_over_the_per_address_cap_are_closed_at_once(daemon_factory: Callable[..., Daemon]) -> None:
+    d = daemon_factory(connections=dict(LIMITS, header_seconds=30))
+    held: list[Any] = []
+    try:
+        for _ in range(LIMITS["max_per_address"]):
+            held.append(tls(d, "127.0.0.7"))
+        time.sleep(0.3)
+        assert all(closed_within(s, 0.5) is None for s in held), "connections within the cap stay open"
+        extra = tls(d, "127.0.0.7")
+        held.append(extra)
+        assert closed_within(extra, 3.0) is not None, "one over the cap is closed"
+        assert works(d)  # another address is not affected
+        held.pop(0).close()
+        time.sleep(0.3)
+        again = tls(d, "127.0.0.7")  # a slot freed by a close is usable again
+        held.append(again)
+        assert closed_within(again, 1.0) is None
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_connections_over_the_total_cap_are_closed_at_once(daemon_factory: Callable[..., Daemon]) -> None:
+    d = daemon_factory(connections=dict(LIMITS, max_total=8, header_seconds=30))
+    held: list[Any] = []
+    try:
+        for i in range(8):
+            held.append(tls(d, f"127.0.1.{i + 1}"))
+        time.sleep(0.3)
+        extra = tls(d, "127.0.1.100")
+        held.append(extra)
+        assert closed_within(extra, 3.0) is not None
+        for s in held[:-1]:
+            s.close()
+        time.sleep(0.3)
+        assert works(d)
+    finally:
+        for s in held:
+            s.close()
