@@ -25,15 +25,14 @@ from mcpd.helper import forkserver, server
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.grants import secret_paths
 from mcpd.helper.grants_reload import PolicyHolder
-from mcpd.helper.issued import IssuedStore, store_path
-from mcpd.helper.lockout import Lockout, LockoutPolicy
-from mcpd.helper.pam_login import PamLogin
+from mcpd.helper.login import Login, Store
 
 log = logging.getLogger("mcpd.helper")
 
 
 def root_folder(path: str) -> int:
-    """Open the helper's state folder, creating it 0700 when missing, and return a descriptor.
+    """Open the helper's state folder, creating it 0700 when missing, and return a descriptor
+    (``O_RDONLY|O_DIRECTORY``: files are opened relative to it, it can be listed and locked).
 
     The folder and every folder above it must be owned by root and not writable by group or
     others, so no path root uses inside it can be changed by the front (SPEC §4.5a). Each level is
@@ -57,10 +56,9 @@ def root_folder(path: str) -> int:
                 raise OSError(f"{path}: {name} must be owned by root and not writable by group or others")
         if os.fstat(fd).st_mode & 0o077:
             raise OSError(f"{path}: the helper's state folder must be mode 0700")
-    except BaseException:
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+    finally:
         os.close(fd)
-        raise
-    return fd
 
 
 def listening_socket(path: str, service_gid: int) -> socket.socket:
@@ -121,14 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         return config.EXIT_CONFIG
     users: Reloading[dict[str, identity.UserRecord]] = Reloading(
         cfg.users_file, functools.partial(identity.load_users, owner_uid=0), empty={}, fail_closed=True)
-    issued = IssuedStore(store_path(cfg.helper_state_dir))
-    lc = cfg.login
-    lockout = Lockout(LockoutPolicy(lc.free_failures, lc.base_delay_seconds, lc.max_delay_seconds,
-                                    lc.max_failures, lc.lockout_seconds))
-    peers = Lockout(LockoutPolicy(lc.free_failures * 4, lc.base_delay_seconds, lc.max_delay_seconds,
-                                  lc.max_failures * 4, lc.lockout_seconds))
-    login = PamLogin(lc.pam_service, issued, lockout, audit, lc.token_ttl_seconds,
-                     lambda: enrolled(users), peers)
+    issued = Store(root_folder(cfg.helper_state_dir), cfg.login.tokens_per_user)  # after the fork: not inherited
+    login = Login(cfg.login, issued, audit, lambda: enrolled(users))
     state = server.State(cfg=cfg, audit=audit, users=users, policy=holder, forks=forks, issued=issued, login=login)
     flags = {"stop": False, "hup": False}
     signal.signal(signal.SIGTERM, lambda *_: flags.update(stop=True))
