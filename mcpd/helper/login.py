@@ -312,17 +312,18 @@ class Login:
             uid: int | None = pwd.getpwnam(user).pw_uid
         except (KeyError, ValueError):
             uid = None
-        why, delay = self._take_slot(user, peer, uid is not None)
+        slot, delay = self._take_slot(user, peer, uid is not None)
         fields: dict[str, Any] = {"os_user": user[:64], "peer": peer}
-        why = why or ("unknown account" if uid is None else "root may not log in; use grants" if uid == 0 else
-                      "account not bound to any principal in users.yaml" if user not in self.enrolled() else None)
+        why = slot or ("unknown account" if uid is None else "root may not log in; use grants" if uid == 0 else
+                       "account not bound to any principal in users.yaml" if user not in self.enrolled() else None)
         issued = None
-        if why is None:
-            try:
+        try:
+            if why is None:
                 issued = self._attempt(user, password, peer, fields)
-            except OSError as exc:
-                fields["reason"] = f"token store: {exc.strerror}"
-            finally:
+        except OSError as exc:
+            fields["reason"] = f"token store: {exc.strerror}"
+        finally:
+            if slot is None:
                 self._release(user, peer, issued is not None)
         if issued is None:
             self.audit.record("reject", tool="login", decision="reject", **dict(fields, reason=why or fields["reason"]))

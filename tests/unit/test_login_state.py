@@ -140,6 +140,7 @@ def test_unknown_names_count_on_the_address_only(folder: tuple[Path, int], audit
     assert login.login("nosuchuser-x", "pw", "10.0.0.9") is None
     table = json.loads((path / LOCKOUT_FILE).read_text())
     assert list(table) == ["peer:10.0.0.9"] and records(audit)[-1]["reason"] == "unknown account"
+    assert (login._busy, login._peers) == (set(), {})  # its slot is given back
 
 
 def test_one_attempt_in_flight_per_account_and_a_few_per_address(folder: tuple[Path, int], audit: AuditLog) -> None:
