@@ -12,18 +12,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from mcpd.common import identity
 from mcpd.common.config import Login as LoginConfig
+from mcpd.helper import login as login_module
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.login import LOCKOUT_FILE, Login, Store, unlock
 from mcpd.helper.main import root_folder
+from tests.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the helper's state folder must be root's")
 
@@ -165,3 +168,35 @@ def test_an_address_is_slowed_with_a_growing_delay_but_never_locked(folder: tupl
         delays.append(delay)
     assert delays == [0, 0, 0, 0, 0.5, 1.0, 2.0, 2.0, 2.0, 2.0]  # free: 4 * free_failures
     assert json.loads((path / LOCKOUT_FILE).read_text())["peer:192.0.2.1"][2] == 0  # never a lock
+
+
+def test_pam_timeout_cancels_queued_calls_and_gives_back_the_slots(
+        folder: tuple[Path, int], audit: AuditLog, tmp_path: Path, os_accounts: AccountFactory,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PAM service that hangs (pam_exec sleeping 3 s): six enrolled accounts at once, the wait set
+    to 0.5 s. All six fail at the wait, only the four in the pool ever reached PAM (the two queued
+    calls were cancelled), and every slot is free again."""
+    _, fd = folder
+    ran = tmp_path / "ran"
+    script = tmp_path / "hang.sh"
+    script.write_text(f"#!/bin/sh\necho \"$PAM_USER\" >> {ran}\nsleep 3\n")
+    script.chmod(0o700)
+    service = f"mcpd-test-hang-{secrets.token_hex(3)}"
+    pamd = Path("/etc/pam.d") / service
+    pamd.write_text(f"auth required pam_exec.so quiet {script}\naccount required pam_permit.so\n")
+    monkeypatch.setattr(login_module, "PAM_TIMEOUT_SECONDS", 0.5)
+    users = [os_accounts.user().name for _ in range(login_module.PAM_WORKERS + 2)]
+    login = Login(dataclasses.replace(CFG, pam_service=service), Store(fd), audit, lambda: set(users))
+    try:
+        threads = [threading.Thread(target=login.login, args=(u, "pw", f"10.1.0.{i}")) for i, u in enumerate(users)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert (login._busy, login._peers) == (set(), {})
+        assert [r["reason"] for r in records(audit)] == ["pam: PAM did not answer in time"] * len(users)
+        time.sleep(3.5)  # the four hung calls end
+        assert len(ran.read_text().split()) == login_module.PAM_WORKERS
+    finally:
+        login.close()
+        pamd.unlink()
