@@ -60,7 +60,7 @@ from mcpd.common.config import Login as LoginConfig
 from mcpd.helper.audit import AuditLog
 
 LOCKOUT_FILE = "lockout.json"
-PAM_WORKERS = 4
+PAM_WORKERS = 8  # the helper's login threads (server.CLASSES): PAM never queues behind another login
 PAM_TIMEOUT_SECONDS = 10.0
 MAX_ADDRESSES = 1024
 _ID = re.compile(r"[0-9a-f]{12}")

@@ -173,9 +173,9 @@ def test_an_address_is_slowed_with_a_growing_delay_but_never_locked(folder: tupl
 def test_pam_timeout_cancels_queued_calls_and_gives_back_the_slots(
         folder: tuple[Path, int], audit: AuditLog, tmp_path: Path, os_accounts: AccountFactory,  # noqa: F811
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A PAM service that hangs (pam_exec sleeping 3 s): six enrolled accounts at once, the wait set
-    to 0.5 s. All six fail at the wait, only the four in the pool ever reached PAM (the two queued
-    calls were cancelled), and every slot is free again."""
+    """A PAM service that hangs (pam_exec sleeping 3 s), a pool of two, four enrolled accounts at
+    once, the wait set to 0.5 s. All four fail at the wait, only the two in the pool ever reached
+    PAM (the two queued calls were cancelled), and every slot is free again."""
     _, fd = folder
     ran = tmp_path / "ran"
     script = tmp_path / "hang.sh"
@@ -185,6 +185,7 @@ def test_pam_timeout_cancels_queued_calls_and_gives_back_the_slots(
     pamd = Path("/etc/pam.d") / service
     pamd.write_text(f"auth required pam_exec.so quiet {script}\naccount required pam_permit.so\n")
     monkeypatch.setattr(login_module, "PAM_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(login_module, "PAM_WORKERS", 2)
     users = [os_accounts.user().name for _ in range(login_module.PAM_WORKERS + 2)]
     login = Login(dataclasses.replace(CFG, pam_service=service), Store(fd), audit, lambda: set(users))
     try:
