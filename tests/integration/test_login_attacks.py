@@ -221,6 +221,17 @@ def test_login_flood_leaves_tokens_calls_and_later_logins_working(attacked: Any)
     assert status == 200 and body["token"].startswith("mcpd_"), str(login_records(d, alice)[-1])
 
 
+def test_overlong_user_name_is_refused_at_the_front_without_an_alert(attacked: Any) -> None:
+    """A user name longer than the helper's schema allows would make the helper drop the front's
+    connection (an alert), failing the requests multiplexed on it: the front refuses it first."""
+    d, _, _ = attacked
+    alerts = sum(r["event"] == "alert" for r in d.audit())
+    status, _, body = post_login(d, "a" * 65, "x")
+    assert status == 400 and "64" in body["error"]
+    assert post_login(d, "a" * 64, "x")[0] == 401
+    assert sum(r["event"] == "alert" for r in d.audit()) == alerts
+
+
 def test_reauth_zero_admits_exactly_one_call_of_a_batch_of_twenty(attacked: Any) -> None:
     d, _, password = attacked
     alice = d.accounts["alice"].name

@@ -29,6 +29,7 @@ from mcpd.front.helper_client import HelperChannel, HelperUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
 
 LOGIN_BODY_CAP = 8192
+FIELD_CAPS = {"user": 64, "password": 1024}  # within the helper's pam_login schema: a longer field would be an alert there
 GENERIC = "authentication failed"
 NO_HELPER = "password login needs the root helper (PAM runs there only); this daemon runs without one"
 
@@ -166,10 +167,11 @@ class LoginRoutes:
             data = json.loads(body)
         except ValueError:
             data = None
-        if not isinstance(data, dict) or set(data) != {"user", "password"} or not all(
-            isinstance(v, str) and 0 < len(v) <= 1024 for v in data.values()
+        if not isinstance(data, dict) or set(data) != set(FIELD_CAPS) or not all(
+            isinstance(v, str) and 0 < len(v) <= FIELD_CAPS[k] for k, v in data.items()
         ):
-            return JSONResponse({"error": 'expected {"user": string, "password": string}'}, status_code=400)
+            return JSONResponse({"error": 'expected {"user": string (at most 64 characters), "password": string}'},
+                                status_code=400)
         try:
             outcome = await self.backend.login(data["user"], data["password"], peer)
         except LoginUnavailable as exc:
