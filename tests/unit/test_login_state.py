@@ -201,3 +201,21 @@ def test_pam_timeout_cancels_queued_calls_and_gives_back_the_slots(
     finally:
         login.close()
         pamd.unlink()
+
+
+def test_state_folder_must_be_roots_own_without_symlinks(tmp_path: Path) -> None:
+    """The folder that holds tokens and lockout: a symlink at any level, a folder others may write
+    above it, or a folder not 0700 is refused, so the service user can never swap it."""
+    real = tmp_path / "real"
+    os.close(root_folder(str(real)))
+    os.symlink(real, tmp_path / "link")
+    with pytest.raises(OSError):
+        root_folder(str(tmp_path / "link"))
+    os.chmod(real, 0o750)
+    with pytest.raises(OSError, match="0700"):
+        root_folder(str(real))
+    open_parent = tmp_path / "open"
+    open_parent.mkdir()
+    os.chmod(open_parent, 0o777)
+    with pytest.raises(OSError, match="not writable"):
+        root_folder(str(open_parent / "helper"))
