@@ -206,9 +206,10 @@ from mcpd.admin.grants_cli import audit, grants  # noqa: E402
 main.add_command(grants)
 main.add_command(audit)
 
-from mcpd.admin.sessions_cli import sessions  # noqa: E402
+from mcpd.admin.sessions_cli import sessions, unlock_cmd  # noqa: E402
 
 users.add_command(sessions)
+users.add_command(unlock_cmd)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,8 +1,10 @@
-"""``mcpd users sessions``: list and revoke login tokens (SPEC §5.2; issue 5). Root only.
+"""``mcpd users sessions`` (list and revoke login tokens) and ``mcpd users unlock`` (SPEC §5.2,
+§5.3). Root only.
 
-It reads the root helper's store (``<helper_state_dir>/issued-tokens.json``, :mod:`mcpd.helper.issued`)
-under the same lock the helper uses; the helper notices the change on the next request, and the
-front closes the sessions of a revoked token within a second.
+Both work on the root helper's state folder (``helper_state_dir``, :mod:`mcpd.helper.login`): a
+login token is one file there, so revoking deletes it and the helper refuses the token on its next
+check (the front closes its sessions within a second); ``unlock`` edits ``lockout.json`` under the
+lock the helper takes for every attempt, like ``faillock --reset``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,24 @@ import os
 
 import click
 
-from mcpd.helper.issued import IssuedStore, StoreError, store_path
+from mcpd.helper.login import Store, unlock
+from mcpd.helper.main import root_folder
+
+
+def _state_folder(config_path: str) -> int:
+    """The helper's state folder of ``config_path``'s mcpd.yaml, opened as the helper does."""
+    from mcpd.common.config import ConfigError, load
+
+    if os.geteuid() != 0:
+        raise click.ClickException("must run as root (the helper's state is root-only)")
+    try:
+        return root_folder(load(config_path).helper_state_dir)
+    except (ConfigError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+_CONFIG = click.option("--config", "config_path", default="/etc/mcpd/mcpd.yaml", show_default=True,
+                       type=click.Path(dir_okay=False), help="The daemon configuration (its helper_state_dir)")
 
 
 def _when(seconds: float) -> str:
@@ -20,21 +39,12 @@ def _when(seconds: float) -> str:
 
 
 @click.command("sessions")
-@click.option("--config", "config_path", default="/etc/mcpd/mcpd.yaml", show_default=True,
-              type=click.Path(dir_okay=False), help="The daemon configuration (its helper_state_dir holds the store)")
+@_CONFIG
 @click.option("--revoke", "revoke_id", metavar="ID", help="Revoke the login token with this id")
 @click.option("--revoke-user", metavar="OS_USER", help="Revoke every login token of this OS account")
 def sessions(config_path: str, revoke_id: str | None, revoke_user: str | None) -> None:
     """List login tokens (id, OS account, login time, expiry, address), or revoke some."""
-    from mcpd.common.config import ConfigError, load
-
-    if os.geteuid() != 0:
-        raise click.ClickException("must run as root (the store is root-only)")
-    try:
-        cfg = load(config_path)
-        store = IssuedStore(store_path(cfg.helper_state_dir))
-    except (ConfigError, StoreError) as exc:
-        raise click.ClickException(str(exc)) from None
+    store = Store(_state_folder(config_path))
     if revoke_id:
         if not store.revoke(revoke_id):
             raise click.ClickException(f"no login token {revoke_id}")
@@ -45,3 +55,15 @@ def sessions(config_path: str, revoke_id: str | None, revoke_user: str | None) -
         return
     for rec in store.records():
         click.echo(f"{rec.id}\t{rec.os_user}\tlogin {_when(rec.login_time)}\texpires {_when(rec.expires)}\tfrom {rec.peer}")
+
+
+@click.command("unlock")
+@click.argument("os_user")
+@_CONFIG
+def unlock_cmd(os_user: str, config_path: str) -> None:
+    """Clear the login lockout and failure count of OS account OS_USER (like faillock --reset)."""
+    try:
+        found = unlock(_state_folder(config_path), os_user)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"lockout state unreadable: {exc}") from None
+    click.echo(f"unlocked {os_user}" if found else f"{os_user} had no login failures recorded")

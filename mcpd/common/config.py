@@ -30,7 +30,8 @@ Example (every key optional)::
     workspaces: {alice: /srv/projects/alice}   # root of relative file: resource URIs, per principal
     default_workspace: "~"         # for principals not listed: "~" = the OS account's home, "" = none
     login: {pam_service: mcpd, token_ttl_seconds: 28800, free_failures: 2, base_delay_seconds: 0.5,
-            max_delay_seconds: 4, max_failures: 5, lockout_seconds: 900}   # password logins (SPEC §5.2)
+            max_delay_seconds: 4, max_failures: 5, lockout_seconds: 900, answer_seconds: 3.2,
+            tokens_per_user: 10, in_flight: 8, in_flight_per_address: 2}   # password logins (SPEC §5.2, §5.3)
     limits:                        # per principal; 0 = unlimited (requests) / read.response_cap (bytes)
       default: {requests_per_day: 0, max_file_bytes: 0}
       tiers: {small: {requests_per_day: 100, max_file_bytes: 1048576}}
@@ -109,7 +110,9 @@ class Connections:
 
 @dataclasses.dataclass(frozen=True)
 class Login:
-    """Password logins (SPEC §5.2, issue 5): PAM service, token lifetime, lockout (seconds, counts)."""
+    """Password logins (SPEC §5.2, §5.3): PAM service, token lifetime, lockout (seconds, counts),
+    the one answer time of every login (above PAM's failure delay: pam_unix asks 2 s, which libpam
+    randomises to 1-3 s), live tokens per account, logins in flight (in total, per address)."""
 
     pam_service: str = "mcpd"
     token_ttl_seconds: float = 8 * 3600.0
@@ -118,6 +121,10 @@ class Login:
     max_delay_seconds: float = 4.0
     max_failures: int = 5
     lockout_seconds: float = 900.0
+    answer_seconds: float = 3.2
+    tokens_per_user: int = 10
+    in_flight: int = 8
+    in_flight_per_address: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +247,9 @@ def _check_ranges(cfg: Config) -> None:
     }
     positive.update({"login.max_failures": cfg.login.max_failures, "limits.save_every": cfg.limits.save_every,
                      "connections.max_total": cfg.connections.max_total,
-                     "connections.max_per_address": cfg.connections.max_per_address})
+                     "connections.max_per_address": cfg.connections.max_per_address,
+                     "login.tokens_per_user": cfg.login.tokens_per_user, "login.in_flight": cfg.login.in_flight,
+                     "login.in_flight_per_address": cfg.login.in_flight_per_address})
     c = cfg.connections
     if min(c.handshake_seconds, c.header_seconds, c.body_seconds, c.idle_seconds) <= 0:
         raise ConfigError("connections: every *_seconds must be positive")
@@ -250,8 +259,9 @@ def _check_ranges(cfg: Config) -> None:
     for user, tier_name in cfg.limits.users.items():
         if tier_name not in cfg.limits.tiers:
             raise ConfigError(f"limits.users.{user}: unknown tier {tier_name!r}")
-    if min(cfg.login.token_ttl_seconds, cfg.login.lockout_seconds) <= 0 or cfg.login.base_delay_seconds < 0:
-        raise ConfigError("login: token_ttl_seconds and lockout_seconds must be positive")
+    if min(cfg.login.token_ttl_seconds, cfg.login.lockout_seconds) <= 0 or min(
+            cfg.login.base_delay_seconds, cfg.login.answer_seconds) < 0:
+        raise ConfigError("login: token_ttl_seconds and lockout_seconds must be positive, the delays not negative")
     for name, value in positive.items():
         if value < 1:
             raise ConfigError(f"{name}: must be at least 1")

@@ -93,7 +93,7 @@ def build_app(
     """
     manager = SessionManager(cfg, dispatcher)
     transport = Transport(cfg, manager)
-    logins = LoginRoutes(login or NoLogin())
+    logins = LoginRoutes(login or NoLogin(), cfg.login)
     routes: list[BaseRoute] = [*transport.routes(), *logins.routes()]
     if cfg.base_path:
         routes.append(Mount(cfg.base_path, routes=transport.routes() + logins.routes()))

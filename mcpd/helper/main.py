@@ -24,16 +24,15 @@ from mcpd.helper import forkserver, server
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.grants import secret_paths
 from mcpd.helper.grants_reload import PolicyHolder
-from mcpd.helper.issued import IssuedStore, store_path
-from mcpd.helper.lockout import Lockout, LockoutPolicy
-from mcpd.helper.pam_login import PamLogin
+from mcpd.helper.login import Login, Store
 
 log = logging.getLogger("mcpd.helper")
 
 
 def root_folder(path: str, leaf_mask: int = 0o077) -> int:
-    """Open a folder root keeps state in, creating it 0700 when missing, and return an ``O_PATH``
-    descriptor (the helper's state folder; ``mcpd dev``'s state folder when run as root).
+    """Open a folder root keeps state in, creating it 0700 when missing, and return a descriptor
+    (``O_RDONLY|O_DIRECTORY``: files are opened relative to it, it can be listed and locked): the
+    helper's state folder; ``mcpd dev``'s state folder when run as root.
 
     The folder and every folder above it must be owned by root and not writable by group or
     others (a sticky folder such as ``/tmp`` excepted, above the leaf), so no path root uses inside
@@ -59,10 +58,9 @@ def root_folder(path: str, leaf_mask: int = 0o077) -> int:
                 raise OSError(f"{path}: {name} must be owned by root and not writable by group or others")
         if os.fstat(fd).st_mode & leaf_mask:
             raise OSError(f"{path}: mode has bits {oct(leaf_mask)} set (must not)")
-    except BaseException:
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+    finally:
         os.close(fd)
-        raise
-    return fd
 
 
 def listening_socket(path: str, service_gid: int) -> socket.socket:
@@ -122,14 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         return config.EXIT_CONFIG
     users: Reloading[dict[str, identity.UserRecord]] = Reloading(
         cfg.users_file, functools.partial(identity.load_users, owner_uid=0), empty={}, fail_closed=True)
-    issued = IssuedStore(store_path(cfg.helper_state_dir))
-    lc = cfg.login
-    lockout = Lockout(LockoutPolicy(lc.free_failures, lc.base_delay_seconds, lc.max_delay_seconds,
-                                    lc.max_failures, lc.lockout_seconds))
-    peers = Lockout(LockoutPolicy(lc.free_failures * 4, lc.base_delay_seconds, lc.max_delay_seconds,
-                                  lc.max_failures * 4, lc.lockout_seconds))
-    login = PamLogin(lc.pam_service, issued, lockout, audit, lc.token_ttl_seconds,
-                     lambda: enrolled(users), peers)
+    issued = Store(root_folder(cfg.helper_state_dir), cfg.login.tokens_per_user)  # after the fork: not inherited
+    login = Login(cfg.login, issued, audit, lambda: enrolled(users))
     state = server.State(cfg=cfg, audit=audit, users=users, policy=holder, forks=forks, issued=issued, login=login)
     flags = {"stop": False, "hup": False}
     signal.signal(signal.SIGTERM, lambda *_: flags.update(stop=True))

@@ -45,14 +45,13 @@ from mcpd.helper import grants, opener
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.forkserver import ForkServer
 from mcpd.helper.grants_reload import PolicyHolder
-from mcpd.helper.issued import Issued, IssuedStore
-from mcpd.helper.pam_login import PamLogin
+from mcpd.helper.login import Issued, Login, Store
 
 log = logging.getLogger("mcpd.helper")
 
 FRAME_SECONDS = 5.0  # a frame whose first byte arrived must be complete within this many seconds
 MAX_CONNECTIONS = 16
-CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 4}  # capacity class -> threads (in flight: 4x)
+CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}  # capacity class -> threads (in flight: 4x)
 CONTENT_OPS = ("files/read", "files/filetype")
 WALK_OPS = {"files/list": (walk.walk_list, walk.parse_list_args), "files/find": (walk.walk_find, walk.parse_find_args)}
 _PEERCRED = struct.Struct("3i")
@@ -82,8 +81,8 @@ class State:
     users: Reloading[dict[str, identity.UserRecord]]
     policy: PolicyHolder
     forks: ForkServer
-    issued: IssuedStore
-    login: PamLogin
+    issued: Store
+    login: Login
     workers: dict[int, Worker] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -214,15 +213,15 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     policy = state.policy.policy
     login_time = None if login is None else datetime.datetime.fromtimestamp(login.login_time, datetime.timezone.utc)
     decision = grants.decide(policy, principal.os_user, groups, op, requested, grants.utcnow(),
-                             login_time=login_time, login_used=login is not None and login.reauth_used)
+                             login_time=login_time, login_used=login is not None and state.issued.used(login.id))
+    if decision.allowed and decision.reauth_after == 0 and login is not None and not state.issued.claim(login.id):
+        decision = dataclasses.replace(decision, allowed=False, reason=grants.REAUTH)  # one login, one call
     record = dict(who, requested_path=requested, resolved_path=decision.resolved_path, grant=decision.rule)
     if not decision.allowed or decision.resolved_path is None:
         state.audit.record("reject", decision="reject", reason=decision.reason, **record)
         hint = "; run: linuxctl login, then use the new token" if decision.reason == grants.REAUTH else ""
         raise ToolError(PERMISSION_DENIED, f"permission denied: {requested}: {decision.reason}{hint}",
                         path=requested, reason=decision.reason)
-    if decision.reauth_after == 0 and login is not None:
-        state.issued.mark_reauth_used(login.id)  # reauth_after: 0 — one login, one call
     args[key] = decision.resolved_path
     try:
         if op in WALK_OPS:
@@ -331,12 +330,13 @@ def run_walk(frame: dict[str, Any]) -> dict[str, Any]:
 
 
 def handle_login(state: State, req: dict[str, Any]) -> dict[str, Any]:
-    """``pam_login {user, password, peer}`` (SPEC §5.2) → ``{token, expires, os_user}`` once, or
-    ``ok: false`` whatever went wrong (the reason is in the audit record only)."""
-    outcome = state.login.login(req["user"], req["password"], req["peer"])
-    if outcome.token is None:
+    """``pam_login {user, password, peer}`` (SPEC §5.2, §5.3) → ``{token, expires, os_user}`` once,
+    or ``ok: false`` whatever went wrong (the reason is in the audit record only); every answer
+    leaves after the same time (:mod:`mcpd.helper.login`)."""
+    found = state.login.login(req["user"], req["password"], req["peer"])
+    if found is None:
         return {"ok": False}
-    return {"ok": True, "token": outcome.token, "expires": outcome.expires, "os_user": outcome.os_user}
+    return {"ok": True, "token": found[0], "expires": found[1].expires, "os_user": found[1].os_user}
 
 
 def handle_revoke(state: State, req: dict[str, Any]) -> dict[str, Any]:

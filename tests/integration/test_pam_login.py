@@ -51,7 +51,8 @@ def pamd() -> Iterator[tuple[PrivsepDaemon, AccountFactory, dict[str, str]]]:
     try:
         d = start_privsep(factory, login={
             "pam_service": service, "free_failures": 1, "base_delay_seconds": 0.1, "max_delay_seconds": 0.5,
-            "max_failures": MAX_FAILURES, "lockout_seconds": LOCK_SECONDS, "token_ttl_seconds": 3600})
+            "max_failures": MAX_FAILURES, "lockout_seconds": LOCK_SECONDS, "token_ttl_seconds": 3600,
+            "answer_seconds": 0.0})  # timing: tests/integration/test_login_attacks.py
         passwords = {}
         for name in ("alice", "bob"):
             passwords[name] = secrets.token_urlsafe(12)
@@ -260,7 +261,7 @@ def test_issued_tokens_survive_a_helper_restart_stored_hashed_root_only(pamd: An
     token = login(d, d.accounts["alice"].name, pw["alice"])
     d.restart_helper()
     assert "root:" in read(d, token, "/etc/passwd")
-    store = d.state_dir / "helper" / "issued-tokens.json"
+    store = d.state_dir / "helper" / f"token.{identity.TOKEN_RE.match(token).group(1)}"  # type: ignore[union-attr]
     st = os.stat(store)
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600)
     assert token.rsplit("_", 1)[1] not in store.read_text()

@@ -42,12 +42,12 @@ def test_import_contract_catches_a_forbidden_import(tmp_path: Path) -> None:
     (directly or through core.walk) breaks it."""
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     shutil.copytree(REPO / "mcpd", tmp_path / "mcpd", ignore=shutil.ignore_patterns("__pycache__"))
-    with open(tmp_path / "mcpd/helper/lockout.py", "a", encoding="utf-8") as f:
+    with open(tmp_path / "mcpd/helper/login.py", "a", encoding="utf-8") as f:
         f.write("\nimport mcpd.front.limits\n")
     with open(tmp_path / "mcpd/core/walk.py", "a", encoding="utf-8") as f:
         f.write("\nimport mcpd.core.textread\n")
     proc = lint_imports(tmp_path)  # the copy comes first on sys.path: lint-imports adds its cwd
     assert proc.returncode != 0, proc.stdout
-    assert "mcpd.helper.lockout -> mcpd.front.limits" in proc.stdout, proc.stdout
+    assert "mcpd.helper.login -> mcpd.front.limits" in proc.stdout, proc.stdout
     assert "mcpd.core.walk -> mcpd.core.textread" in proc.stdout, proc.stdout
     assert "mcpd.core.walk is not allowed to import charset_normalizer" in proc.stdout, proc.stdout

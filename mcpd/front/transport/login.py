@@ -4,7 +4,10 @@
 :data:`LOGIN_BODY_CAP` bytes, no bearer needed) and forwards it to the root helper's ``pam_login``;
 the answer is ``200 {"token", "expires", "user"}`` with the token shown this once, ``401
 {"error": "authentication failed"}`` for every kind of refusal, or ``503`` when there is no
-helper (development mode: PAM runs only in the root helper). ``POST {base}/logout`` with the
+helper (development mode: PAM runs only in the root helper). Logins in flight are bounded, in
+total (``login.in_flight``) and per client address (``login.in_flight_per_address``); beyond that,
+or when the helper's login capacity is full, the answer is ``429`` with ``Retry-After`` at once,
+so a login flood never holds more than its share of the helper (SPEC §5.3). ``POST {base}/logout`` with the
 bearer revokes that login token (``200``), or answers ``400`` for a static ``users.yaml`` token
 (rotate those with ``mcpd users rotate``).
 
@@ -14,22 +17,29 @@ The password lives in this process for one request; it is never logged.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from mcpd.common.config import Login as LoginConfig
 from mcpd.front.helper_client import HelperChannel, HelperUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
 
 LOGIN_BODY_CAP = 8192
+FIELD_CAPS = {"user": 64, "password": 1024}  # within the helper's pam_login schema: a longer field would be an alert there
 GENERIC = "authentication failed"
 NO_HELPER = "password login needs the root helper (PAM runs there only); this daemon runs without one"
 
 
 class LoginUnavailable(Exception):
     """No root helper to run PAM (development mode) or it is down."""
+
+
+class LoginBusy(Exception):
+    """The helper's login capacity is full: try again later."""
 
 
 class LoginBackend(Protocol):
@@ -40,6 +50,7 @@ class LoginBackend(Protocol):
 
         Raises:
             LoginUnavailable: nobody can check passwords now.
+            LoginBusy: too many logins in flight at the helper.
         """
         ...
 
@@ -84,6 +95,8 @@ class HelperLogin:
     async def login(self, user: str, password: str, peer: str) -> dict[str, Any] | None:
         """See :class:`LoginBackend`."""
         reply = await self._ask({"type": "pam_login", "user": user, "password": password, "peer": peer})
+        if (reply.get("error") or {}).get("details", {}).get("reason") == "busy":
+            raise LoginBusy("the helper's login capacity is full")
         if not reply.get("ok") or not isinstance(reply.get("token"), str):
             return None
         return {"token": reply["token"], "expires": reply.get("expires"), "os_user": reply.get("os_user")}
@@ -106,10 +119,18 @@ def _peer(request: Request) -> str:
 
 
 class LoginRoutes:
-    """The two routes over one :class:`LoginBackend`."""
+    """The two routes over one :class:`LoginBackend`.
 
-    def __init__(self, backend: LoginBackend) -> None:
-        self.backend = backend
+    Args:
+        backend: where logins go.
+        cfg: ``login`` of mcpd.yaml: ``in_flight``, ``in_flight_per_address`` (counts) and
+            ``answer_seconds`` (the ``Retry-After`` of a ``429``, rounded up).
+    """
+
+    def __init__(self, backend: LoginBackend, cfg: LoginConfig) -> None:
+        self.backend, self.cfg = backend, cfg
+        self._total = 0
+        self._peers: dict[str, int] = {}  # address -> logins in flight (one event loop: no lock)
 
     def routes(self) -> list[Route]:
         """``POST /login`` and ``POST /logout``."""
@@ -117,6 +138,26 @@ class LoginRoutes:
 
     async def login(self, request: Request) -> Response:
         """``POST /login``: see the module docstring."""
+        peer = _peer(request)
+        if self._total >= self.cfg.in_flight or self._peers.get(peer, 0) >= self.cfg.in_flight_per_address:
+            return self._busy()
+        self._total += 1
+        self._peers[peer] = self._peers.get(peer, 0) + 1
+        try:
+            return await self._login(request, peer)
+        except LoginBusy:
+            return self._busy()
+        finally:
+            self._total -= 1
+            self._peers[peer] -= 1
+            if not self._peers[peer]:
+                del self._peers[peer]
+
+    def _busy(self) -> Response:
+        return JSONResponse({"error": "too many logins in flight; try again later"}, status_code=429,
+                            headers={"Retry-After": str(math.ceil(self.cfg.answer_seconds) + 1)})
+
+    async def _login(self, request: Request, peer: str) -> Response:
         if (request.headers.get("content-type") or "").split(";")[0].strip().lower() != "application/json":
             return JSONResponse({"error": "content type must be application/json"}, status_code=415)
         body = await _read_capped(request, LOGIN_BODY_CAP)
@@ -126,12 +167,13 @@ class LoginRoutes:
             data = json.loads(body)
         except ValueError:
             data = None
-        if not isinstance(data, dict) or set(data) != {"user", "password"} or not all(
-            isinstance(v, str) and 0 < len(v) <= 1024 for v in data.values()
+        if not isinstance(data, dict) or set(data) != set(FIELD_CAPS) or not all(
+            isinstance(v, str) and 0 < len(v) <= FIELD_CAPS[k] for k, v in data.items()
         ):
-            return JSONResponse({"error": 'expected {"user": string, "password": string}'}, status_code=400)
+            return JSONResponse({"error": 'expected {"user": string (at most 64 characters), "password": string}'},
+                                status_code=400)
         try:
-            outcome = await self.backend.login(data["user"], data["password"], _peer(request))
+            outcome = await self.backend.login(data["user"], data["password"], peer)
         except LoginUnavailable as exc:
             return JSONResponse({"error": str(exc)}, status_code=503)
         if outcome is None:
