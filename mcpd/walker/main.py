@@ -1,0 +1,79 @@
+"""One privileged files/list or files/find metadata walk, out of root (SPEC §4.4, §4.5a; docs/PRIVSEP.md).
+
+The fork server starts it for each call as ``python -I -m mcpd.walker --fd 3``, already dropped to
+the walker account (:data:`mcpd.common.config.WALK_USER`: not root, no groups, owns nothing) with
+CAP_DAC_READ_SEARCH alone (read and list any folder, ``lstat`` anything), no_new_privs, and no
+descriptor but its channel to the root helper. It reads one request frame from the helper::
+
+    {"op", "args" (the call's arguments, the path already the decided one), "os_user", "groups",
+     "follow" (the grant covers /), "grants" (the grants file's text), "secrets" (the fixed deny)}
+
+parses and checks ``args`` with the tool's own ``parse_args`` (so both routes answer the same
+codes, ``INVALID_ARGUMENT`` included), walks with :mod:`mcpd.core.walk` (names and ``lstat``
+only, never a byte of content), shows an entry only when the same grants allow it for the same
+principal (the secrets never are), sends one reply frame ``{"ok": true, "result": RAW}`` or
+``{"ok": false, "error": {...}}`` and exits. The helper SIGKILLs it at the call's deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import resource
+import socket
+from typing import Any
+
+from mcpd.common import frames
+from mcpd.common.errors import INTERNAL_ERROR, ToolError
+from mcpd.core import walk
+from mcpd.helper import grants, opener
+
+REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and the grants text (the grants file is at most 1 MiB)
+READ_SECONDS = 5.0  # the helper sends the request as soon as the walker exists
+OPS = {"files/list": (walk.walk_list, walk.parse_list_args), "files/find": (walk.walk_find, walk.parse_find_args)}
+_PR_SET_DUMPABLE = 4
+
+
+def run(frame: dict[str, Any]) -> dict[str, Any]:
+    """The reply frame for one request frame (module docstring); never raises."""
+    try:
+        op = frame["op"]
+        walk_op, parse_args = OPS[op]
+        args = parse_args(frame["args"])
+        policy = grants.parse_policy(frame["grants"], secrets=tuple(frame["secrets"]))
+        follow, user, groups = bool(frame["follow"]), frame["os_user"], frozenset(frame["groups"])
+
+        def allow(path: str) -> bool:
+            return grants.decide(policy, user, groups, op, path, grants.utcnow()).allowed
+
+        def open_dir(path: str) -> int:
+            return opener.open_checked(path, follow, "dir")[0]
+
+        return {"ok": True, "result": walk_op(args, open_dir, allow)}
+    except ToolError as exc:
+        return {"ok": False, "error": exc.to_dict()}
+    except Exception:  # noqa: BLE001 - the walker answers, whatever happened
+        return {"ok": False, "error": ToolError(INTERNAL_ERROR, "internal error").to_dict()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point ``python -m mcpd.walker --fd N``: one request, one reply. Returns 0 after
+    replying, 1 when no well-formed request arrived within :data:`READ_SECONDS`."""
+    parser = argparse.ArgumentParser(prog="python -m mcpd.walker")
+    parser.add_argument("--fd", type=int, required=True, help="the channel to the root helper")
+    opts = parser.parse_args(argv)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # not dumpable: another walker (same uid) cannot ptrace it or read its /proc entries
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        return 1
+    with socket.socket(fileno=opts.fd) as chan:
+        chan.settimeout(READ_SECONDS)
+        try:
+            frame = frames.recv_frame(chan, REQUEST_CAP)
+        except (OSError, frames.FrameError):
+            return 1
+        if frame is None:
+            return 1
+        chan.settimeout(None)
+        frames.send_frame(chan, run(frame))
+    return 0
