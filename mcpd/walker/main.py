@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import resource
 import socket
 from typing import Any
@@ -46,10 +47,7 @@ def run(frame: dict[str, Any]) -> dict[str, Any]:
         def allow(path: str) -> bool:
             return grants.decide(policy, user, groups, op, path, grants.utcnow()).allowed
 
-        def open_dir(path: str) -> int:
-            return opener.open_checked(path, follow, "dir")[0]
-
-        return {"ok": True, "result": walk_op(args, open_dir, allow)}
+        return {"ok": True, "result": walk_op(args, functools.partial(opener.open_checked_dir, follow_symlinks=follow), allow)}
     except ToolError as exc:
         return {"ok": False, "error": exc.to_dict()}
     except Exception:  # noqa: BLE001 - the walker answers, whatever happened
