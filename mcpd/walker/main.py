@@ -13,6 +13,11 @@ codes, ``INVALID_ARGUMENT`` included), walks with :mod:`mcpd.core.walk` (names a
 only, never a byte of content), shows an entry only when the same grants allow it for the same
 principal (the secrets never are), sends one reply frame ``{"ok": true, "result": RAW}`` or
 ``{"ok": false, "error": {...}}`` and exits. The helper SIGKILLs it at the call's deadline.
+
+Before it walks, it confines itself with Landlock where the kernel has it (:func:`metadata_only`):
+from then on it can list folders, ``lstat`` and ``readlink``, but not open a file for reading,
+write, create, remove, execute, use TCP or signal outside itself. So even a walker taken over
+reads no file content, although CAP_DAC_READ_SEARCH alone would let it.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
+import os
 import resource
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from mcpd.common import frames
@@ -33,16 +40,43 @@ REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and the grants text (the grants
 READ_SECONDS = 5.0  # the helper sends the request as soon as the walker exists
 OPS = {"files/list": (walk.walk_list, walk.parse_list_args), "files/find": (walk.walk_find, walk.parse_find_args)}
 _PR_SET_DUMPABLE = 4
+_SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_RESTRICT_SELF = 444, 446  # the same on every architecture
+_LANDLOCK_READ_DIR = 1 << 3
 
 
-def run(frame: dict[str, Any]) -> dict[str, Any]:
-    """The reply frame for one request frame (module docstring); never raises."""
+def metadata_only() -> bool:
+    """Confine this process for good with Landlock: of the file system accesses the kernel knows,
+    only listing a folder stays allowed (``O_PATH`` opens, ``stat`` and ``readlink`` are not
+    file-system accesses to Landlock); TCP bind/connect and signals or abstract sockets outside
+    this process are refused where the kernel can. Returns False, confining nothing, where the
+    kernel lacks Landlock or refuses it (the walker then relies on its uid and capability)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # ABI version
+    if abi < 1:
+        return False
+    fs = (1 << (13 + (abi >= 2) + (abi >= 3))) - 1 | (1 << 15 if abi >= 5 else 0)  # ABI 2: REFER, 3: TRUNCATE, 5: IOCTL_DEV
+    attr = (ctypes.c_uint64 * 3)(fs & ~_LANDLOCK_READ_DIR, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
+    size = 8 * (1 + (abi >= 4) + (abi >= 6))  # struct landlock_ruleset_attr grew with the ABI
+    fd = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if fd < 0:
+        return False
+    try:
+        return bool(libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) == 0)
+    finally:
+        os.close(fd)
+
+
+def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None) -> dict[str, Any]:
+    """The reply frame for one request frame (module docstring); never raises. ``confine`` runs
+    once everything is parsed, just before the walk (:func:`metadata_only` in a real walker)."""
     try:
         op = frame["op"]
         walk_op, parse_args = OPS[op]
         args = parse_args(frame["args"])
         policy = grants.parse_policy(frame["grants"], secrets=tuple(frame["secrets"]))
         follow, user, groups = bool(frame["follow"]), frame["os_user"], frozenset(frame["groups"])
+        confine()
 
         def allow(path: str) -> bool:
             return grants.decide(policy, user, groups, op, path, grants.utcnow()).allowed
@@ -73,5 +107,5 @@ def main(argv: list[str] | None = None) -> int:
         if frame is None:
             return 1
         chan.settimeout(None)
-        frames.send_frame(chan, run(frame))
+        frames.send_frame(chan, run(frame, metadata_only))
     return 0

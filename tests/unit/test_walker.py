@@ -136,3 +136,37 @@ def test_walker_imports_only_its_allowed_modules() -> None:
     ours = {m for m in mods if m == "mcpd" or m.startswith("mcpd.")}
     assert ours - ALLOWED <= {m for m in ours if m.startswith("mcpd.common.")}, sorted(ours - ALLOWED)
     assert not {m.split(".")[0] for m in mods} & {"pam", "magic", "charset_normalizer", "click", "starlette"}
+
+
+def test_a_confined_walker_lists_folders_but_opens_no_file(tree: Path) -> None:
+    """After :func:`mcpd.walker.main.metadata_only` (Landlock), a process still lists and lstat()s,
+    but reading, writing or creating a file, even one it owns, and running a program are refused."""
+    probe = r"""
+import json, os, subprocess, sys
+from mcpd.walker.main import metadata_only
+tree = sys.argv[1]
+def attempt(fn):
+    try:
+        fn()
+        return "done"
+    except OSError as exc:
+        return exc.__class__.__name__
+before = attempt(lambda: open(os.path.join(tree, "pub", "a.log")).read())
+confined = metadata_only()
+print(json.dumps({"before": before, "confined": confined,
+    "list": sorted(os.listdir(os.path.join(tree, "pub"))),
+    "lstat": os.lstat(os.path.join(tree, "pub", "a.log")).st_size,
+    "read": attempt(lambda: open(os.path.join(tree, "pub", "a.log")).read()),
+    "write": attempt(lambda: open(os.path.join(tree, "pub", "a.log"), "a").write("x")),
+    "create": attempt(lambda: open(os.path.join(tree, "new"), "x").close()),
+    "exec": attempt(lambda: subprocess.run(["/bin/true"], check=False))}))
+"""
+    out = subprocess.run([sys.executable, "-I", "-c", probe, str(tree)], capture_output=True, text=True,
+                         timeout=60, check=True)
+    got = json.loads(out.stdout)
+    if not got["confined"]:
+        pytest.skip("this kernel has no Landlock (or refuses it): the walker relies on its uid and capability")
+    assert got["before"] == "done" and got["list"] == ["a.log", "deep"] and got["lstat"] == 2
+    assert {k: got[k] for k in ("read", "write", "create", "exec")} == {
+        "read": "PermissionError", "write": "PermissionError", "create": "PermissionError", "exec": "PermissionError"}
+    assert (tree / "pub" / "a.log").read_text() == "a\n" and not (tree / "new").exists()
