@@ -185,8 +185,9 @@ def handle_kill(state: State, req: dict[str, Any]) -> dict[str, Any]:
 
 def _deadline(args: dict[str, Any], default: float) -> float:
     budget = args.get("time_budget_seconds")  # not parsed here: NaN, bool and junk get the default
-    ok = isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0
-    return min(float(budget), WALK_MAX_SECONDS) + 5.0 if ok else default
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        return default
+    return min(float(budget), WALK_MAX_SECONDS) + 5.0
 
 
 def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:

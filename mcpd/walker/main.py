@@ -22,12 +22,12 @@ reads no file content, although CAP_DAC_READ_SEARCH alone would let it.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import functools
 import os
 import resource
 import socket
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -90,15 +90,16 @@ def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point ``python -m mcpd.walker --fd N``: one request, one reply. Returns 0 after
-    replying, 1 when no well-formed request arrived within :data:`READ_SECONDS`."""
-    parser = argparse.ArgumentParser(prog="python -m mcpd.walker")
-    parser.add_argument("--fd", type=int, required=True, help="the channel to the root helper")
-    opts = parser.parse_args(argv)
+    replying, 1 when no well-formed request arrived within :data:`READ_SECONDS`, 2 on bad usage."""
+    argv = sys.argv[1:] if argv is None else argv  # no argparse: every walker start counts (one per call)
+    if len(argv) != 2 or argv[0] != "--fd" or not argv[1].isdigit():
+        print("usage: python -m mcpd.walker --fd N", file=sys.stderr)
+        return 2
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     # not dumpable: another walker (same uid) cannot ptrace it or read its /proc entries
     if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         return 1
-    with socket.socket(fileno=opts.fd) as chan:
+    with socket.socket(fileno=int(argv[1])) as chan:
         chan.settimeout(READ_SECONDS)
         try:
             frame = frames.recv_frame(chan, REQUEST_CAP)
