@@ -284,7 +284,8 @@ def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:
 def _walk(state: State, op: str, args: dict[str, Any], os_user: str, groups: list[str], follow: bool) -> dict[str, Any]:
     """Run one walk in a new walker (fork server; :mod:`mcpd.walker`): send it the call and the
     grants that filter it, wait for its one reply until the deadline, then SIGKILL it through its
-    pidfd whatever happened (``TIMEOUT`` when no reply came in time)."""
+    pidfd whatever happened (``TIMEOUT`` when no reply came in time, ``INTERNAL_ERROR`` when it
+    ended without one)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     frame = {"op": op, "args": args, "os_user": os_user, "groups": groups, "follow": follow,
              "grants": state.policy.policy.text, "secrets": list(state.policy.policy.secrets)}
@@ -297,9 +298,11 @@ def _walk(state: State, op: str, args: dict[str, Any], os_user: str, groups: lis
         ours.settimeout(end - time.monotonic())
         frames.send_frame(ours, frame)
         ours.settimeout(max(end - time.monotonic(), 0.001))
-        reply = frames.recv_frame(ours, frames.reply_cap(state.cfg.read.response_cap))
-    except (TimeoutError, OSError, frames.FrameError):
+        reply = frames.recv_frame(ours, frames.reply_cap(state.cfg.read.response_cap)) or {"ok": False}
+    except TimeoutError:
         reply = None
+    except (OSError, frames.FrameError):  # it ended (or garbled) without a reply: INTERNAL_ERROR
+        reply = {"ok": False}
     finally:
         ours.close()
         try:

@@ -13,6 +13,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -267,11 +268,8 @@ def _walkers(d: PrivsepDaemon) -> list[int]:
     return [pid for fs in children(d.helper_pid, 0) for pid in children(fs, uid)]
 
 
-def test_the_walker_of_a_privileged_find_holds_dac_read_search_only(find_granted: PrivsepDaemon) -> None:
-    """During a privileged find on a big root-only tree, the process that walks is not root (all
-    four uids), holds CAP_DAC_READ_SEARCH alone, has no_new_privs and no supplementary group, and
-    holds no descriptor but its channel, /dev/null as 0-2 and the folders of its own walk."""
-    d = find_granted
+def _big_tree(d: PrivsepDaemon) -> Path:
+    """``app/big``: 40 root-only folders of 500 root-only files (20,040 entries under it)."""
     big = d.app / "big"
     for i in range(40):
         sub = big / f"d{i:02d}"
@@ -279,6 +277,62 @@ def test_the_walker_of_a_privileged_find_holds_dac_read_search_only(find_granted
         for j in range(500):
             (sub / f"f{j:03d}").touch(mode=0o600)
     os.chmod(big, 0o700)
+    return big
+
+
+def _walker_during(d: PrivsepDaemon, args: dict[str, Any], act: Any) -> tuple[dict[str, Any], int, float]:
+    """Run a privileged find with ``args``; call ``act(pid)`` once on its walker (bounded wait).
+    Returns (the reply, the walker's pid, seconds from ``act`` to the reply)."""
+    replies: list[tuple[dict[str, Any], float]] = []
+    finder = threading.Thread(target=lambda: replies.append((_find(d, args), time.monotonic())))
+    finder.start()
+    deadline, pid = time.monotonic() + 20, 0
+    while not pid and finder.is_alive() and time.monotonic() < deadline:
+        pid = next(iter(_walkers(d)), 0)
+        time.sleep(0.005)
+    acted = time.monotonic()
+    if pid:
+        act(pid)
+    finder.join(60)
+    assert pid and replies, "no walker seen, or no reply"
+    return replies[0][0], pid, replies[0][1] - acted
+
+
+def test_a_hung_walker_is_killed_at_the_deadline(find_granted: PrivsepDaemon) -> None:
+    """A walker that stops answering (SIGSTOP) is SIGKILLed through its pidfd at the call's
+    deadline (time_budget_seconds + 5 s) and the call answers TIMEOUT."""
+    d = find_granted
+    big = _big_tree(d)
+    try:
+        reply, pid, waited = _walker_during(d, {"root": str(big), "time_budget_seconds": 1},
+                                            lambda pid: os.kill(pid, signal.SIGSTOP))
+    finally:
+        shutil.rmtree(big)
+    print(f"hung walker: TIMEOUT after {waited:.1f} s")
+    assert reply["ok"] is False and reply["error"]["code"] == "TIMEOUT", reply
+    assert 3.0 < waited < 15.0
+    time.sleep(0.5)  # the fork server reaps it within its 0.5 s tick
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_walker_that_dies_fails_only_its_call(find_granted: PrivsepDaemon) -> None:
+    d = find_granted
+    big = _big_tree(d)
+    try:
+        reply, _, waited = _walker_during(d, {"root": str(big), "name": "nomatch"},
+                                          lambda pid: os.kill(pid, signal.SIGKILL))
+    finally:
+        shutil.rmtree(big)
+    assert reply["ok"] is False and reply["error"]["code"] == "INTERNAL_ERROR" and waited < 3.0, reply
+    assert _find(d, {"root": str(d.app)})["ok"] is True
+
+
+def test_the_walker_of_a_privileged_find_holds_dac_read_search_only(find_granted: PrivsepDaemon) -> None:
+    """During a privileged find on a big root-only tree, the process that walks is not root (all
+    four uids), holds CAP_DAC_READ_SEARCH alone, has no_new_privs and no supplementary group, and
+    holds no descriptor but its channel, /dev/null as 0-2 and the folders of its own walk."""
+    d = find_granted
+    big = _big_tree(d)
     replies: list[dict[str, Any]] = []
     started = time.monotonic()
     finder = threading.Thread(target=lambda: replies.append(_find(d, {"root": str(big), "name": "nomatch"})))
