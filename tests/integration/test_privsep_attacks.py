@@ -436,3 +436,16 @@ def test_the_walker_answers_bad_arguments_with_the_same_codes(find_granted: Priv
     reply = _find(d, {"root": "relative"}, 9)
     assert reply["error"]["code"] == "INVALID_ARGUMENT"  # the path: checked by the helper itself
     assert _find(d, {"root": str(d.app)}, 10)["ok"] is True
+
+
+@pytest.mark.parametrize("account", ["mcpd-no-such-walker", "root"])
+def test_the_helper_refuses_to_start_without_a_non_root_walker_account(privsep_daemon: PrivsepDaemon,
+                                                                        account: str) -> None:
+    """Fail closed: no walker account, or one that is root, is a broken configuration (exit 78)."""
+    d = privsep_daemon
+    code = ("import sys; import mcpd.common.config as c; c.WALK_USER = sys.argv[1]; "
+            "from mcpd.helper.main import main; sys.exit(main(['--config', sys.argv[2]]))")
+    proc = subprocess.run([sys.executable, "-I", "-c", code, account, str(d.config_path)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 78, proc.stderr
+    assert "cannot start" in proc.stderr and (account in proc.stderr or "getpwnam" in proc.stderr), proc.stderr
