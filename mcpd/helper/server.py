@@ -295,7 +295,7 @@ def _walk(state: State, op: str, args: dict[str, Any], os_user: str, groups: lis
         theirs.close()
     end = time.monotonic() + _deadline(args, state.cfg.workers.timeout_seconds)
     try:
-        ours.settimeout(end - time.monotonic())
+        ours.settimeout(max(end - time.monotonic(), 0.001))
         frames.send_frame(ours, frame)
         ours.settimeout(max(end - time.monotonic(), 0.001))
         reply = frames.recv_frame(ours, frames.reply_cap(state.cfg.read.response_cap)) or {"ok": False}
@@ -312,7 +312,7 @@ def _walk(state: State, op: str, args: dict[str, Any], os_user: str, groups: lis
         os.close(pidfd)
     if reply is None:
         raise ToolError(TIMEOUT, "the call did not finish in time")
-    if not reply.get("ok"):
+    if not reply.get("ok") or not isinstance(reply.get("result"), dict):
         raise ToolError.from_dict(reply.get("error"))
     return {"ok": True, "result": reply["result"]}
 
