@@ -14,7 +14,8 @@ becomes::
       root-only/secret.txt   0600 root        (folder 0700 root) the example's sample file
 
 Accounts are created when missing, as system accounts without a login shell: ``mcpd`` (the
-service user the helper accepts on its socket) and ``mcpd-dev``.
+service user the helper accepts on its socket), ``mcpd-walk`` (privileged list/find walkers) and
+``mcpd-dev``.
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ def setup_root_state(state: DevState) -> RootSetup:
     folder: Path = state.state_dir
     service = ensure_system_account(SERVICE_USER)
     dev = ensure_system_account(DEV_ACCOUNT)
+    ensure_system_account(config.WALK_USER)
     check_reachable(folder, service)
     _folder(folder, service.pw_gid, 0o750)
     _folder(folder / "run", service.pw_gid, 0o750)

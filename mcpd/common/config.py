@@ -50,6 +50,7 @@ from typing import Any
 from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: configuration broken, do not restart
+WALK_USER = "mcpd-walk"  # the account of privileged list/find walkers (docs/PRIVSEP.md): owns nothing
 
 
 class ConfigError(Exception):

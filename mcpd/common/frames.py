@@ -11,12 +11,14 @@ grow text up to 6x, so :func:`reply_cap` gives the cap for a reply frame.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the asyncio twins serve the front's event loop only: the helper, workers and
+    import asyncio  # walkers (one exec per privileged list/find) never pay for loading asyncio
 
 HEADER = struct.Struct("!I")
 HELPER_REQUEST_CAP = 64 * 1024
@@ -146,6 +148,8 @@ def recv_frame(sock: socket.socket, cap: int) -> dict[str, Any] | None:
 
 async def read_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, Any] | None:
     """Asyncio twin of :func:`recv_frame`; ``None`` on a clean end of stream."""
+    import asyncio  # loaded already wherever an event loop runs (see the top of the module)
+
     try:
         header = await reader.readexactly(HEADER.size)
     except asyncio.IncompleteReadError as exc:

@@ -1,7 +1,7 @@
 """The one directory walker of ``files/list`` and ``files/find``, on both routes (DESIGN-v2.md).
 
-The root helper runs this module as root for privileged calls, so it stays small, imports only the
-standard library and ``mcpd.common``, and is metadata only: names and ``lstat`` numbers, never a
+The walker of privileged calls (:mod:`mcpd.walker`: not root, but CAP_DAC_READ_SEARCH) runs this
+module, so it stays small, imports only the standard library and ``mcpd.common``, and is metadata only: names and ``lstat`` numbers, never a
 byte of content, no user or group name lookups, no formatting (:mod:`mcpd.core.fileops` turns the
 raw results into the tools' results, in the front or the worker). Results are JSON-serialisable.
 
@@ -51,7 +51,7 @@ def no_grant(path: str) -> ToolError:
 
 
 def parse_list_args(args: Any) -> dict[str, Any]:
-    """Validate ``files/list`` arguments (SPEC §2.5; run by the front, the worker and the root helper).
+    """Validate ``files/list`` arguments (SPEC §2.5; run by the front, the worker and the walker).
 
     Returns ``{"path": str, "limit": int, "privileged": bool}``.
 
@@ -64,7 +64,7 @@ def parse_list_args(args: Any) -> dict[str, Any]:
 
 
 def parse_find_args(args: Any) -> dict[str, Any]:
-    """Validate ``files/find`` arguments (SPEC §2.5; run by the front, the worker and the root helper).
+    """Validate ``files/find`` arguments (SPEC §2.5; run by the front, the worker and the walker).
 
     Returns ``{"root": str, "name": str | None, "type": str | None, "max_depth": int | None,
     "max_results": int, "time_budget_seconds": float, "follow_symlinks": bool, "privileged": bool}``.

@@ -7,8 +7,10 @@ requests from the helper over a socketpair, one at a time:
 - ``spawn``: a worker for one OS account. The child drops to the account (groups, gid, uid, all
   three ids), sets no_new_privs, keeps only the worker's two sockets (as fd 3 and 4), and execs
   ``python -I -m mcpd.worker``. After ``setresuid`` to a non-root uid its capabilities are empty.
-- ``walk``: a child that keeps only its channel (fd 3), runs one privileged files/list or
-  files/find metadata walk (:func:`mcpd.helper.server.run_walk`), sends one reply frame and exits.
+- ``walk``: a walker for one privileged files/list or files/find. The child keeps only its
+  channel (fd 3), drops to the walker account (:data:`mcpd.common.config.WALK_USER`, no groups)
+  keeping CAP_DAC_READ_SEARCH alone (:func:`drop_to_walker`), and execs ``python -I -m
+  mcpd.walker``, which reads the call from the helper on its channel, walks and answers.
 
 Each reply carries the child's pid and a pidfd, so the helper signals the right process even
 after the pid is reused. The fork server reaps every child it made.
@@ -23,18 +25,36 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from mcpd.common import frames
 
-_PR_SET_NO_NEW_PRIVS = 38
-FORK_REQUEST_CAP = 4 * 1024 * 1024  # bytes: a walk request carries the grants text (at most 1 MiB)
+_PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 8, 38, 47, 2
+CAP_DAC_READ_SEARCH = 2  # linux/capability.h: the one capability a walker keeps
+_CAP_VERSION_3 = 0x20080522
+FORK_REQUEST_CAP = 1024 * 1024  # bytes: a spawn request carries the account's groups
 
 
-def _prctl(option: int, value: int) -> None:
-    if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
+def _prctl(option: int, *args: int) -> None:
+    if ctypes.CDLL(None, use_errno=True).prctl(option, *args, *[0] * (4 - len(args))) != 0:
         raise OSError(ctypes.get_errno(), "prctl failed")
+
+
+def drop_to_walker(uid: int, gid: int) -> None:
+    """As root: become ``uid``/``gid`` (all three ids, no supplementary group) keeping only
+    CAP_DAC_READ_SEARCH in the permitted, effective, inheritable and ambient sets, so it survives
+    the ``exec`` of the walker; then set no_new_privs. Raises ``OSError`` (the child then exits)."""
+    _prctl(_PR_SET_KEEPCAPS, 1)  # setresuid away from root keeps the permitted set (exec clears it)
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)  # struct __user_cap_header_struct {version, pid}
+    one = 1 << CAP_DAC_READ_SEARCH
+    data = (ctypes.c_uint32 * 6)(one, one, one, 0, 0, 0)  # 2 x {effective, permitted, inheritable}
+    if ctypes.CDLL(None, use_errno=True).capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+    _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH)
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
 
 def _keep_only(fds: list[int]) -> None:
@@ -60,8 +80,17 @@ def _spawn_child(req: dict[str, Any], fds: list[int]) -> None:
                                "--limits", req["limits"]], env)
 
 
-def serve(sock: socket.socket, walk: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-    """Serve spawn and walk requests on ``sock`` until the helper closes it; reap children."""
+def _walk_child(walker: tuple[int, int], fds: list[int]) -> None:
+    _keep_only(fds)
+    drop_to_walker(*walker)
+    os.chdir("/")
+    env = {"PATH": os.defpath, "LANG": "C.UTF-8"}
+    os.execve(sys.executable, [sys.executable, "-I", "-m", "mcpd.walker", "--fd", "3"], env)
+
+
+def serve(sock: socket.socket, walker: tuple[int, int]) -> None:
+    """Serve spawn and walk requests on ``sock`` until the helper closes it; reap children.
+    ``walker``: the ``(uid, gid)`` walkers run as."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
@@ -82,10 +111,7 @@ def serve(sock: socket.socket, walk: Callable[[dict[str, Any]], dict[str, Any]])
                 if req["type"] == "spawn":
                     _spawn_child(req, fds)
                 else:
-                    _keep_only(fds)
-                    chan = socket.socket(fileno=3)
-                    frames.send_frame(chan, walk(req))
-                    os._exit(0)
+                    _walk_child(walker, fds)
             finally:
                 os._exit(127)
         for fd in fds:
@@ -125,8 +151,9 @@ class ForkServer:
         return int(reply["pid"]), got[0]
 
 
-def start(walk: Callable[[dict[str, Any]], dict[str, Any]]) -> ForkServer:
-    """Fork the fork server. Call before any thread exists (raises ``RuntimeError`` otherwise)."""
+def start(walker: tuple[int, int]) -> ForkServer:
+    """Fork the fork server; walkers will run as ``walker`` = ``(uid, gid)`` (not root's: the
+    caller checks). Call before any thread exists (raises ``RuntimeError`` otherwise)."""
     if threading.active_count() != 1:
         raise RuntimeError("the fork server must be started before any thread")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -134,7 +161,7 @@ def start(walk: Callable[[dict[str, Any]], dict[str, Any]]) -> ForkServer:
     if pid == 0:
         try:
             ours.close()
-            serve(theirs, walk)
+            serve(theirs, walker)
         finally:
             os._exit(0)
     theirs.close()

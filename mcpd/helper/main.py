@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the root helper until SIGTERM/SIGINT; SIGHUP reloads the grants and users files.
 
     Returns 0 after a clean stop, 78 (configuration broken, do not restart) when not root, when
-    ``mcpd.yaml`` is not root's (owner, mode), the service user is unknown, the state folder is
-    unsafe, or the first grants load fails (fail closed).
+    ``mcpd.yaml`` is not root's (owner, mode), the service user or the walker account
+    (``mcpd-walk``, uid and gid not 0) is unknown, the state folder is unsafe, or the first grants
+    load fails (fail closed).
     """
     parser = argparse.ArgumentParser(prog="mcpd-helper", description="The mcpd root helper.")
     parser.add_argument("--config", default="/etc/mcpd/mcpd.yaml")
@@ -107,12 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         return config.EXIT_CONFIG
     try:
         cfg = config.load(opts.config, owner_uid=0)  # one read, of the descriptor checked: root's, not g/o-writable
-        service = pwd.getpwnam(cfg.service_user)
+        service, walker = pwd.getpwnam(cfg.service_user), pwd.getpwnam(config.WALK_USER)
+        if 0 in (walker.pw_uid, walker.pw_gid):
+            raise OSError(f"the walker account {config.WALK_USER} must not be root")
         os.close(root_folder(cfg.helper_state_dir))
     except (config.ConfigError, KeyError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return config.EXIT_CONFIG
-    forks = forkserver.start(server.run_walk)  # one thread here: the only safe moment to fork
+    forks = forkserver.start((walker.pw_uid, walker.pw_gid))  # one thread here: the only safe moment to fork
     audit = AuditLog(cfg.audit_log)
     holder = PolicyHolder(cfg.grants_file, audit=audit, secrets=secret_paths(cfg, opts.config))
     if holder.last_errors:

@@ -19,7 +19,8 @@ When the grant covers ``/`` (``follow_symlinks=True``) symlinks are followed and
 anywhere the link leads is granted. :func:`fd_path` gives the real path for the audit record.
 
 :func:`open_checked_dir` has the signature of :func:`mcpd.core.fileopen.open_directory`, so the
-metadata walk (:mod:`mcpd.core.walk`) takes either.
+metadata walk (:mod:`mcpd.core.walk`) takes either: the walker of privileged list/find
+(:mod:`mcpd.walker`, not root) opens its starting folder with it.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ The helper trusts nothing the front says: every request that acts for a principa
 principal's token, verified here. It parses no file content: for ``files/read``/``files/filetype``
 it opens the granted file once (:mod:`mcpd.helper.opener`) and passes the descriptor to the
 caller's own worker (uid of the account, CapEff 0, no_new_privs), which runs the reading core and
-answers the front directly. ``files/list``/``files/find`` run as a metadata walk in a killable
-child of the fork server.
+answers the front directly. ``files/list``/``files/find`` run as a metadata walk in a walker
+(:mod:`mcpd.walker`): a killable child of the fork server, not root, holding CAP_DAC_READ_SEARCH
+only, which parses the call's arguments itself and filters every entry by the grant.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from mcpd.common.config import CAP_KEY, Config
 from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, TIMEOUT, ToolError
 from mcpd.common.reload import Reloading
 from mcpd.common.validate import check_path
-from mcpd.core import walk
 from mcpd.helper import grants, opener
 from mcpd.helper.audit import AuditLog
 from mcpd.helper.forkserver import ForkServer
@@ -53,7 +53,8 @@ FRAME_SECONDS = 5.0  # a frame whose first byte arrived must be complete within 
 MAX_CONNECTIONS = 16
 CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}  # capacity class -> threads (in flight: 4x)
 CONTENT_OPS = ("files/read", "files/filetype")
-WALK_OPS = {"files/list": (walk.walk_list, walk.parse_list_args), "files/find": (walk.walk_find, walk.parse_find_args)}
+WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path argument (the walker parses the rest)
+WALK_MAX_SECONDS = 60.0  # files/find's largest time_budget_seconds (core.walk checks it in the walker)
 _PEERCRED = struct.Struct("3i")
 
 
@@ -182,8 +183,10 @@ def handle_kill(state: State, req: dict[str, Any]) -> dict[str, Any]:
 
 
 def _deadline(args: dict[str, Any], default: float) -> float:
-    budget = args.get("time_budget_seconds")
-    return float(budget) + 5.0 if isinstance(budget, (int, float)) else default
+    budget = args.get("time_budget_seconds")  # not parsed here: NaN, bool and junk get the default
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        return default
+    return min(float(budget), WALK_MAX_SECONDS) + 5.0
 
 
 def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
@@ -196,19 +199,15 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     principal, login = _who(state, req)
     op, who = req["op"], {"session": req["session"], "peer": req["peer"], "user": principal.name,
                           "os_user": principal.os_user, "token_id": principal.token_id, "tool": req["op"]}
+    key = WALK_OPS.get(op, "path")
+    args = dict(req["args"])  # only the path here: the worker or walker parses the rest (tool's own parse_args)
     try:
-        if op in WALK_OPS:
-            args = WALK_OPS[op][1](req["args"])
-        elif op in CONTENT_OPS:
-            args = dict(req["args"])  # the worker parses the rest with the tool's own parse_args
-            check_path(args, "path")
-        else:
+        if op not in WALK_OPS and op not in CONTENT_OPS:
             raise ToolError(PERMISSION_DENIED, "permission denied", reason="unknown tool")
+        requested = check_path(args, key)
     except ToolError as exc:
         state.audit.record("reject", decision="reject", reason=exc.message, **who)
         raise
-    key = "path" if "path" in args else "root"
-    requested = args[key]
     groups = grants.os_groups(principal.os_user)
     policy = state.policy.policy
     login_time = None if login is None else datetime.datetime.fromtimestamp(login.login_time, datetime.timezone.utc)
@@ -225,7 +224,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     args[key] = decision.resolved_path
     try:
         if op in WALK_OPS:
-            reply = _walk(state, op, args, principal.os_user, sorted(groups), decision.covers_root, req)
+            reply = _walk(state, op, args, principal.os_user, sorted(groups), decision.covers_root)
             outcome, size = None, len(reply["result"].get("entries", reply["result"].get("matches", [])))
         else:
             reply, outcome, size = _content(state, op, args, principal, decision.covers_root, req)
@@ -281,20 +280,28 @@ def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:
     return None
 
 
-def _walk(state: State, op: str, args: dict[str, Any], os_user: str, groups: list[str], follow: bool,
-          req: dict[str, Any]) -> dict[str, Any]:
+def _walk(state: State, op: str, args: dict[str, Any], os_user: str, groups: list[str], follow: bool) -> dict[str, Any]:
+    """Run one walk in a new walker (fork server; :mod:`mcpd.walker`): send it the call and the
+    grants that filter it, wait for its one reply until the deadline, then SIGKILL it through its
+    pidfd whatever happened (``TIMEOUT`` when no reply came in time, ``INTERNAL_ERROR`` when it
+    ended without one)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    frame = {"type": "walk", "op": op, "args": args, "os_user": os_user, "groups": groups, "follow": follow,
+    frame = {"op": op, "args": args, "os_user": os_user, "groups": groups, "follow": follow,
              "grants": state.policy.policy.text, "secrets": list(state.policy.policy.secrets)}
     try:
-        pid, pidfd = state.forks.request(frame, [theirs.fileno()])
+        pid, pidfd = state.forks.request({"type": "walk"}, [theirs.fileno()])
     finally:
         theirs.close()
+    end = time.monotonic() + _deadline(args, state.cfg.workers.timeout_seconds)
     try:
-        ours.settimeout(_deadline(args, state.cfg.workers.timeout_seconds))
-        reply = frames.recv_frame(ours, frames.reply_cap(state.cfg.read.response_cap))
-    except (TimeoutError, OSError, frames.FrameError):
+        ours.settimeout(max(end - time.monotonic(), 0.001))
+        frames.send_frame(ours, frame)
+        ours.settimeout(max(end - time.monotonic(), 0.001))
+        reply = frames.recv_frame(ours, frames.reply_cap(state.cfg.read.response_cap)) or {"ok": False}
+    except TimeoutError:
         reply = None
+    except (OSError, frames.FrameError):  # it ended (or garbled) without a reply: INTERNAL_ERROR
+        reply = {"ok": False}
     finally:
         ours.close()
         try:
@@ -304,29 +311,9 @@ def _walk(state: State, op: str, args: dict[str, Any], os_user: str, groups: lis
         os.close(pidfd)
     if reply is None:
         raise ToolError(TIMEOUT, "the call did not finish in time")
-    if not reply.get("ok"):
+    if not reply.get("ok") or not isinstance(reply.get("result"), dict):
         raise ToolError.from_dict(reply.get("error"))
     return {"ok": True, "result": reply["result"]}
-
-
-def run_walk(frame: dict[str, Any]) -> dict[str, Any]:
-    """In a walk child of the fork server: run one privileged list/find metadata walk, filtering
-    every entry by the grant (SPEC §4.4, §4.5a). Returns the reply frame; never raises."""
-    try:
-        policy = grants.parse_policy(frame["grants"], secrets=tuple(frame["secrets"]))
-        op, follow, groups = frame["op"], frame["follow"], frozenset(frame["groups"])
-
-        def allow(path: str) -> bool:
-            return grants.decide(policy, frame["os_user"], groups, op, path, grants.utcnow()).allowed
-
-        def open_dir(path: str) -> int:
-            return opener.open_checked(path, follow, "dir")[0]
-
-        return {"ok": True, "result": WALK_OPS[op][0](frame["args"], open_dir, allow)}
-    except ToolError as exc:
-        return {"ok": False, "error": exc.to_dict()}
-    except Exception:  # noqa: BLE001 - the child answers, whatever happened
-        return {"ok": False, "error": ToolError(INTERNAL_ERROR, "internal error").to_dict()}
 
 
 def handle_login(state: State, req: dict[str, Any]) -> dict[str, Any]:

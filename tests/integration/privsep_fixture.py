@@ -42,6 +42,7 @@ import yaml
 from mcpd.admin import certs
 from mcpd.admin import devroot
 from mcpd.common import identity
+from mcpd.common.config import WALK_USER
 from tests.osaccounts import Account, AccountFactory, require_root
 
 START_SECONDS = 30.0
@@ -243,6 +244,7 @@ def start_privsep(factory: AccountFactory, **overrides: Any) -> PrivsepDaemon:
     """Create accounts, files and folder, and start helper and front (see the module docstring)."""
     require_root()
     service = devroot.ensure_system_account("mcpd")
+    devroot.ensure_system_account(WALK_USER)  # the helper refuses to start without it
     alice, bob = factory.user(), factory.user()
     state = Path(tempfile.mkdtemp(prefix="mcpd-privsep-", dir="/tmp"))
     os.chown(state, 0, service.pw_gid)

@@ -2,9 +2,10 @@
 
 The contracts live in ``pyproject.toml`` (``[tool.importlinter]``) and are checked by import-linter's
 ``lint-imports``, which follows chains as well as direct imports. In short: the root helper imports
-only ``mcpd.common``, ``mcpd.helper`` and ``mcpd.core.walk`` (and no parser or web stack); ``core``
-imports only ``common``; ``common`` imports none of the others; ``worker`` only ``common`` and
-``core``; the front and the client never import root-side code.
+only ``mcpd.common`` and ``mcpd.helper`` (and no parser or web stack); the walker of privileged
+list/find (``mcpd.walker``) only ``mcpd.common``, ``mcpd.core.walk`` and the helper's grant
+matcher and opener; ``core`` imports only ``common``; ``common`` imports none of the others;
+``worker`` only ``common`` and ``core``; the front and the client never import root-side code.
 """
 
 from __future__ import annotations
@@ -38,16 +39,19 @@ def test_import_contracts_are_kept() -> None:
 
 
 def test_import_contract_catches_a_forbidden_import(tmp_path: Path) -> None:
-    """The check is not vacuous: root-side code reaching the front, a core reader or libmagic
-    (directly or through core.walk) breaks it."""
+    """The check is not vacuous: root-side code reaching the front, the walker reaching the helper's
+    state, or a core reader or libmagic reached through core.walk breaks it."""
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     shutil.copytree(REPO / "mcpd", tmp_path / "mcpd", ignore=shutil.ignore_patterns("__pycache__"))
     with open(tmp_path / "mcpd/helper/login.py", "a", encoding="utf-8") as f:
         f.write("\nimport mcpd.front.limits\n")
     with open(tmp_path / "mcpd/core/walk.py", "a", encoding="utf-8") as f:
         f.write("\nimport mcpd.core.textread\n")
+    with open(tmp_path / "mcpd/walker/main.py", "a", encoding="utf-8") as f:
+        f.write("\nimport mcpd.helper.issued\n")
     proc = lint_imports(tmp_path)  # the copy comes first on sys.path: lint-imports adds its cwd
     assert proc.returncode != 0, proc.stdout
     assert "mcpd.helper.login -> mcpd.front.limits" in proc.stdout, proc.stdout
     assert "mcpd.core.walk -> mcpd.core.textread" in proc.stdout, proc.stdout
+    assert "mcpd.walker.main -> mcpd.helper.issued" in proc.stdout, proc.stdout
     assert "mcpd.core.walk is not allowed to import charset_normalizer" in proc.stdout, proc.stdout

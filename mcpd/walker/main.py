@@ -1,0 +1,112 @@
+"""One privileged files/list or files/find metadata walk, out of root (SPEC §4.4, §4.5a; docs/PRIVSEP.md).
+
+The fork server starts it for each call as ``python -I -m mcpd.walker --fd 3``, already dropped to
+the walker account (:data:`mcpd.common.config.WALK_USER`: not root, no groups, owns nothing) with
+CAP_DAC_READ_SEARCH alone (read and list any folder, ``lstat`` anything), no_new_privs, and no
+descriptor but its channel to the root helper. It reads one request frame from the helper::
+
+    {"op", "args" (the call's arguments, the path already the decided one), "os_user", "groups",
+     "follow" (the grant covers /), "grants" (the grants file's text), "secrets" (the fixed deny)}
+
+parses and checks ``args`` with the tool's own ``parse_args`` (so both routes answer the same
+codes, ``INVALID_ARGUMENT`` included), walks with :mod:`mcpd.core.walk` (names and ``lstat``
+only, never a byte of content), shows an entry only when the same grants allow it for the same
+principal (the secrets never are), sends one reply frame ``{"ok": true, "result": RAW}`` or
+``{"ok": false, "error": {...}}`` and exits. The helper SIGKILLs it at the call's deadline.
+
+Before it walks, it confines itself with Landlock where the kernel has it (:func:`metadata_only`):
+from then on it can list folders, ``lstat`` and ``readlink``, but not open a file for reading,
+write, create, remove, execute, use TCP or signal outside itself. So even a walker taken over
+reads no file content, although CAP_DAC_READ_SEARCH alone would let it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import resource
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from mcpd.common import frames
+from mcpd.common.errors import INTERNAL_ERROR, ToolError
+from mcpd.core import walk
+from mcpd.helper import grants, opener
+
+REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and the grants text (the grants file is at most 1 MiB)
+READ_SECONDS = 5.0  # the helper sends the request as soon as the walker exists
+OPS = {"files/list": (walk.walk_list, walk.parse_list_args), "files/find": (walk.walk_find, walk.parse_find_args)}
+_PR_SET_DUMPABLE = 4
+_SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_RESTRICT_SELF = 444, 446  # the same on every architecture
+_LANDLOCK_READ_DIR = 1 << 3
+
+
+def metadata_only() -> bool:
+    """Confine this process for good with Landlock: of the file system accesses the kernel knows,
+    only listing a folder stays allowed (``O_PATH`` opens, ``stat`` and ``readlink`` are not
+    file-system accesses to Landlock); TCP bind/connect and signals or abstract sockets outside
+    this process are refused where the kernel can. Returns False, confining nothing, where the
+    kernel lacks Landlock or refuses it (the walker then relies on its uid and capability)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # ABI version
+    if abi < 1:
+        return False
+    fs = (1 << (13 + (abi >= 2) + (abi >= 3))) - 1 | (1 << 15 if abi >= 5 else 0)  # ABI 2: REFER, 3: TRUNCATE, 5: IOCTL_DEV
+    attr = (ctypes.c_uint64 * 3)(fs & ~_LANDLOCK_READ_DIR, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
+    size = 8 * (1 + (abi >= 4) + (abi >= 6))  # struct landlock_ruleset_attr grew with the ABI
+    fd = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if fd < 0:
+        return False
+    try:
+        return bool(libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) == 0)
+    finally:
+        os.close(fd)
+
+
+def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None) -> dict[str, Any]:
+    """The reply frame for one request frame (module docstring); never raises. ``confine`` runs
+    once everything is parsed, just before the walk (:func:`metadata_only` in a real walker)."""
+    try:
+        op = frame["op"]
+        walk_op, parse_args = OPS[op]
+        args = parse_args(frame["args"])
+        policy = grants.parse_policy(frame["grants"], secrets=tuple(frame["secrets"]))
+        follow, user, groups = bool(frame["follow"]), frame["os_user"], frozenset(frame["groups"])
+        confine()
+
+        def allow(path: str) -> bool:
+            return grants.decide(policy, user, groups, op, path, grants.utcnow()).allowed
+
+        return {"ok": True, "result": walk_op(args, functools.partial(opener.open_checked_dir, follow_symlinks=follow), allow)}
+    except ToolError as exc:
+        return {"ok": False, "error": exc.to_dict()}
+    except Exception:  # noqa: BLE001 - the walker answers, whatever happened
+        return {"ok": False, "error": ToolError(INTERNAL_ERROR, "internal error").to_dict()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point ``python -m mcpd.walker --fd N``: one request, one reply. Returns 0 after
+    replying, 1 when no well-formed request arrived within :data:`READ_SECONDS`, 2 on bad usage."""
+    argv = sys.argv[1:] if argv is None else argv  # no argparse: every walker start counts (one per call)
+    if len(argv) != 2 or argv[0] != "--fd" or not argv[1].isdigit():
+        print("usage: python -m mcpd.walker --fd N", file=sys.stderr)
+        return 2
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # not dumpable: another walker (same uid) cannot ptrace it or read its /proc entries
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        return 1
+    with socket.socket(fileno=int(argv[1])) as chan:
+        chan.settimeout(READ_SECONDS)
+        try:
+            frame = frames.recv_frame(chan, REQUEST_CAP)
+        except (OSError, frames.FrameError):
+            return 1
+        if frame is None:
+            return 1
+        chan.settimeout(None)
+        frames.send_frame(chan, run(frame, metadata_only))
+    return 0
