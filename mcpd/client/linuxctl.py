@@ -31,6 +31,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from mcpd.client import pager
 from mcpd.client.api import Client, MCPClientError, UsageError, text_of, tool_failure
 from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml
 
@@ -154,23 +155,59 @@ def get() -> None:
 @click.argument("path")
 @click.option("--start-line", type=click.IntRange(min=1), help="First line (1-based)")
 @click.option("--end-line", type=click.IntRange(min=1), help="Last line (inclusive)")
-@click.option("--offset", type=click.IntRange(min=0), help="Byte offset")
-@click.option("--limit", type=click.IntRange(min=1), help="Byte count")
-@click.option("--privileged", is_flag=True, help="Read through a sudo-style grant (SPEC §4)")
-@click.option("--encoding", help="Requested text encoding")
+@click.option("--offset", type=click.IntRange(min=0), help="Byte offset to start at")
+@click.option("--limit", type=click.IntRange(min=1), help="Bytes to print from --offset")
+@click.option("--max-bytes", type=click.IntRange(min=1), default=pager.DEFAULT_MAX_BYTES, show_default=True,
+              help="Refuse (exit 1) a file or range larger than this many bytes")
+@click.option("--privileged", is_flag=True, help="Read through a sudo-style grant (mcp-sudo.yaml)")
+@click.option("--encoding", default="utf-8", show_default=True,
+              help="How the server decodes the file (utf-8, ascii, latin-1, cp1252, utf-16 or auto); "
+                   "the output is still the file's own bytes")
 @click.pass_obj
 def get_files(settings: Settings, path: str, start_line: int | None, end_line: int | None,
-              offset: int | None, limit: int | None, privileged: bool, encoding: str | None) -> None:
-    """Print the file PATH exactly as the files/read tool returns it (SPEC §3)."""
-    args: dict[str, Any] = {"path": path}
-    for key, value in (("start_line", start_line), ("end_line", end_line), ("offset", offset),
-                       ("limit", limit), ("encoding", encoding)):
-        if value is not None:
-            args[key] = value
-    if privileged:
-        args["privileged"] = True
-    result = run(settings, lambda c: c.call_tool("files/read", args))
-    write_out(text_of(result).encode("utf-8"))
+              offset: int | None, limit: int | None, max_bytes: int, privileged: bool, encoding: str) -> None:
+    """Print the file PATH byte for byte (no newline added), however long.
+
+    The file is read in pages of a few MiB up to the size it had when reading began, so a file that
+    grows meanwhile still ends. With --offset/--limit only that byte range is printed; with
+    --start-line/--end-line, those lines (one answer, so at most the server's response cap).
+    Progress goes to stderr when stderr is a terminal and the file spans several pages.
+    """
+    if start_line is not None or end_line is not None:
+        args: dict[str, Any] = {"path": path, "encoding": encoding}
+        for key, value in (("start_line", start_line), ("end_line", end_line)):
+            if value is not None:
+                args[key] = value
+        if privileged:
+            args["privileged"] = True
+        result = run(settings, lambda c: c.call_tool("files/read", args))
+        write_out(text_of(result).encode("utf-8"))
+        return
+    show = _progress_printer() if sys.stderr.isatty() else None
+
+    async def copy(client: Client) -> None:
+        async for chunk in pager.read_pages(client, path, offset=offset or 0, limit=limit, encoding=encoding,
+                                            privileged=privileged, max_bytes=max_bytes, on_progress=show):
+            write_out(chunk)
+
+    run(settings, copy)
+
+
+def _progress_printer() -> Callable[[int, int], None]:
+    """A progress line on stderr (``\r``-rewritten) once the copy spans more than one page."""
+    shown = [False]
+
+    def show(done: int, total: int) -> None:
+        if total <= pager.PAGE_BYTES and not shown[0]:
+            return
+        shown[0] = True
+        end = "\n" if total and done >= total else ""
+        pct = f" ({100 * done // total}%)" if total else ""
+        click.echo(f"\r{done} of {total or '?'} bytes{pct}", err=True, nl=False)
+        if end:
+            click.echo("", err=True)
+
+    return show
 
 
 def print_text(result: dict[str, Any]) -> None:
