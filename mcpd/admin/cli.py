@@ -25,6 +25,7 @@ DEFAULT_USERS_FILE = "/etc/mcpd/users.yaml"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mcpd", prog_name="mcpd", message="%(prog)s %(version)s")
 def main() -> None:
     """mcpd: serve this server's files to MCP agents over TLS."""
 

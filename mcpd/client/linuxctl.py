@@ -135,6 +135,7 @@ def write_out(data: bytes) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mcpd", prog_name="linuxctl", message="%(prog)s %(version)s")
 @click.option("--url", envvar="MCPD_URL", help="Server base URL, e.g. https://127.0.0.1:9091 [MCPD_URL]")
 @click.option("--token", envvar="MCP_TOKEN", help="Bearer token [MCP_TOKEN]")
 @click.option("--cacert", envvar="MCPD_CACERT", help="PEM file of the CA to trust [MCPD_CACERT]")

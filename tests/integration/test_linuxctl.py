@@ -209,3 +209,15 @@ def test_client_lost_stream_is_connect_error(daemon_factory: Any) -> None:
             assert info.value.exit_code == 4
 
     asyncio.run(go())
+
+
+def test_client_and_server_report_the_package_version(daemon: Any) -> None:
+    import importlib.metadata
+
+    async def go() -> dict[str, Any]:
+        async with client.Client(daemon.url, daemon.token, daemon.cacert) as c:
+            assert c.server_info is not None
+            return c.server_info
+
+    info = asyncio.run(go())
+    assert info["serverInfo"]["version"] == importlib.metadata.version("mcpd")
