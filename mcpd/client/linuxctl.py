@@ -217,14 +217,43 @@ def print_text(result: dict[str, Any]) -> None:
     write_out((text if text.endswith("\n") else text + "\n").encode("utf-8"))
 
 
+def print_split(body: str, notes: list[str]) -> None:
+    """Print ``body`` (the data lines) on stdout and the ``notes`` (summaries, warnings) on stderr."""
+    if body:
+        write_out((body if body.endswith("\n") else body + "\n").encode("utf-8"))
+    for note in notes:
+        click.echo(note, err=True)
+
+
+def print_json(result: dict[str, Any], notes: list[str]) -> None:
+    """Print the result's ``structuredContent`` as one JSON document; ``notes`` go to stderr."""
+    click.echo(json.dumps(result.get("structuredContent"), indent=2, ensure_ascii=False))
+    for note in notes:
+        click.echo(note, err=True)
+
+
+def split_notes(text: str, body: str) -> list[str] | None:
+    """The note lines after ``body`` when the server's ``text`` is ``body`` then notes (joined by
+    ``\n``); None when it does not begin with ``body`` (then nothing may be dropped)."""
+    if not text.startswith(body):
+        return None
+    tail = text[len(body):].removeprefix("\n")
+    return tail.split("\n") if tail else []
+
+
 @get.command("filetype")
 @click.argument("path")
-@click.option("--privileged", is_flag=True, help="Look through a sudo-style grant (SPEC §4)")
+@click.option("--privileged", is_flag=True, help="Look through a sudo-style grant (mcp-sudo.yaml)")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object")
 @click.pass_obj
-def get_filetype(settings: Settings, path: str, privileged: bool) -> None:
+def get_filetype(settings: Settings, path: str, privileged: bool, as_json: bool) -> None:
     """Print what the files/filetype tool says about PATH (MIME type, encoding, line endings)."""
     args: dict[str, Any] = {"path": path, "privileged": privileged}
-    print_text(run(settings, lambda c: c.call_tool("files/filetype", args)))
+    result = run(settings, lambda c: c.call_tool("files/filetype", args))
+    if as_json:
+        print_json(result, [])
+    else:
+        print_text(result)
 
 
 @main.group("list")
@@ -235,14 +264,32 @@ def list_group() -> None:
 @list_group.command("files")
 @click.argument("directory")
 @click.option("--limit", type=click.IntRange(min=1), help="At most this many entries")
-@click.option("--privileged", is_flag=True, help="List through a sudo-style grant (SPEC §4)")
+@click.option("--privileged", is_flag=True, help="List through a sudo-style grant (mcp-sudo.yaml)")
+@click.option("--json", "as_json", is_flag=True, help="Print the listing as one JSON object")
 @click.pass_obj
-def list_files(settings: Settings, directory: str, limit: int | None, privileged: bool) -> None:
-    """Print DIRECTORY's entries as the files/list tool returns them (hidden ones included)."""
+def list_files(settings: Settings, directory: str, limit: int | None, privileged: bool, as_json: bool) -> None:
+    """Print DIRECTORY's entries, one per line (hidden ones included), like ``ls -l``.
+
+    The summary line (how many entries) and any note (entries left out by --limit) go to stderr.
+    """
     args: dict[str, Any] = {"path": directory, "privileged": privileged}
     if limit is not None:
         args["limit"] = limit
-    print_text(run(settings, lambda c: c.call_tool("files/list", args)))
+    result = run(settings, lambda c: c.call_tool("files/list", args))
+    data = result.get("structuredContent") or {}
+    note = data.get("note")
+    if as_json:
+        print_json(result, [f"[NOTE: {note}]"] if note else [])
+        return
+    text = text_of(result)
+    path = str(data.get("path", ""))
+    head_end = text.find("\n", len(path)) if text.startswith(path) else -1
+    head_end = head_end if head_end >= 0 else len(text)
+    head, rest = text[:head_end], text[head_end + 1:]  # "PATH: N entries", then ls -l lines
+    note_line = f"[NOTE: {note}]" if note else ""
+    if note_line and rest.endswith(note_line):
+        rest = rest[: -len(note_line)].removesuffix("\n")
+    print_split(rest, [head] + ([note_line] if note_line else []))
 
 
 @main.group("find")
@@ -258,11 +305,17 @@ def find_group() -> None:
 @click.option("--max-results", type=click.IntRange(min=1, max=10000), help="Stop after this many matches")
 @click.option("--time-budget", type=click.FloatRange(min=0.1, max=60), help="Seconds the search may take")
 @click.option("--progress", is_flag=True, help="Show progress on stderr while the server walks")
-@click.option("--privileged", is_flag=True, help="Search through a sudo-style grant (SPEC §4)")
+@click.option("--privileged", is_flag=True, help="Search through a sudo-style grant (mcp-sudo.yaml)")
+@click.option("--json", "as_json", is_flag=True, help="Print matches, counts and errors as one JSON object")
 @click.pass_obj
 def find_files(settings: Settings, root: str, name: str | None, kind: str | None, max_depth: int | None,
-               max_results: int | None, time_budget: float | None, progress: bool, privileged: bool) -> None:
-    """Print the paths below ROOT that match, one per line, then a summary line."""
+               max_results: int | None, time_budget: float | None, progress: bool, privileged: bool,
+               as_json: bool) -> None:
+    """Print the paths below ROOT that match, one per line (folders end in /).
+
+    The summary (matches, entries scanned), notes (stopped early) and unreadable folders go to
+    stderr, so the output can be piped to xargs.
+    """
     args: dict[str, Any] = {"root": root, "privileged": privileged}
     for key, value in (("name", name), ("type", kind), ("max_depth", max_depth), ("max_results", max_results),
                        ("time_budget_seconds", time_budget)):
@@ -273,8 +326,19 @@ def find_files(settings: Settings, root: str, name: str | None, kind: str | None
     def show(done: float, total: float | None, message: str | None) -> None:
         click.echo(f"progress: {message or int(done)}", err=True)
 
-    print_text(run(settings, lambda c: c.call_tool("files/find", args, timeout=wait,
-                                                   on_progress=show if progress else None)))
+    result = run(settings, lambda c: c.call_tool("files/find", args, timeout=wait,
+                                                 on_progress=show if progress else None))
+    data = result.get("structuredContent") or {}
+    raw = data.get("matches")
+    matches: list[dict[str, Any]] = [m for m in raw if isinstance(m, dict)] if isinstance(raw, list) else []
+    body = "\n".join(f"{m['path']}/" if m.get("type") == "dir" else str(m["path"]) for m in matches)
+    notes = split_notes(text_of(result), body)
+    if as_json:
+        print_json(result, notes or [])
+    elif notes is None:
+        print_text(result)
+    else:
+        print_split(body, notes)
 
 
 @main.command("read")
@@ -289,18 +353,26 @@ def read_uri(settings: Settings, uri: str, start_line: int | None, end_line: int
              metadata: bool, privileged: bool) -> None:
     """Read the resource URI (file:///abs/path or file:relative/path in the workspace).
 
-    Prints the text exactly (no extra newline); with --metadata, one JSON object instead.
+    Prints the text exactly (no extra newline); with --metadata, one JSON object instead. Without
+    a line range the server sends at most its first window (10 KiB by default): a longer file is
+    printed up to there and the command exits 1 with TRUNCATED on stderr.
     """
     line_range = (start_line, end_line) if start_line is not None or end_line is not None else None
     item = run(settings, lambda c: c.read_resource(uri, encoding=encoding, include_metadata=metadata,
                                                    line_range=line_range, privileged=privileged))
+    raw = item.get("text")
+    text = raw if isinstance(raw, str) else ""
+    cut = pager.NOTICE.search(text) if line_range is None else None
     if metadata:
-        out = {"uri": item.get("uri"), "mimeType": item.get("mimeType"), "text": item.get("text"),
+        out = {"uri": item.get("uri"), "mimeType": item.get("mimeType"), "text": text,
                "metadata": item.get("_meta")}
         click.echo(json.dumps(out, indent=2, ensure_ascii=False))
-        return
-    text = item.get("text")
-    write_out((text if isinstance(text, str) else "").encode("utf-8"))
+    else:
+        write_out(text[: cut.start()].encode("utf-8") if cut else text.encode("utf-8"))
+    if cut:
+        click.echo(f"TRUNCATED: the server sent only bytes {cut.group(1)}-{cut.group(2)} of the file: "
+                   "`linuxctl get files PATH` prints it whole, --start-line/--end-line choose lines", err=True)
+        sys.exit(1)
 
 
 @main.command("tools")

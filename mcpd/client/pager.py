@@ -38,7 +38,7 @@ _REQUESTABLE = {"utf-8": "utf-8", "ascii": "ascii", "latin-1": "latin-1", "iso88
                 "cp1252": "cp1252", "utf-16-le": "utf-16"}
 _BOM_OF = {"utf-8": codecs.BOM_UTF8, "utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE,
            "utf-32-le": codecs.BOM_UTF32_LE, "utf-32-be": codecs.BOM_UTF32_BE}
-_NOTICE = re.compile(r"\n?\[WARNING: File truncated: showed bytes (\d+)-(\d+) of [^\n]*\]\Z")
+NOTICE = re.compile(r"\n?\[WARNING: File truncated: showed bytes (\d+)-(\d+) of [^\n]*\]\Z")
 
 Progress = Callable[[int, int], None]
 
@@ -127,7 +127,7 @@ async def _first_page_large(client: Client, base: dict[str, Any], offset: int, p
     bom = b""
     if offset == 0:
         head = text_of(await client.call_tool("files/read", {**base, "offset": 0}))
-        m = _NOTICE.search(head)
+        m = NOTICE.search(head)
         skipped = int(m.group(1)) if m else 0
         if skipped == 3:
             codec, bom = "utf-8", codecs.BOM_UTF8
