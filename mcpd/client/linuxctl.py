@@ -1,21 +1,21 @@
-"""``linuxctl``: the command-line client of mcpd (SPEC §6).
+"""``linuxctl``: the command-line client of mcpd.
 
-    linuxctl get files PATH [--start-line N] [--end-line N] [--offset N] [--limit N] [--privileged]
-    linuxctl list files DIR [--limit N] [--privileged]
+    linuxctl get files PATH [--start-line N] [--end-line N] [--offset N] [--limit N] [--max-bytes N]
+                            [--encoding E] [--privileged]
+    linuxctl list files DIR [--limit N] [--json] [--privileged]
     linuxctl find files ROOT [--name GLOB] [--type T] [--max-depth N] [--max-results N]
-                             [--time-budget S] [--progress] [--privileged]
-    linuxctl get filetype PATH [--privileged]
+                             [--time-budget S] [--progress] [--json] [--privileged]
+    linuxctl get filetype PATH [--json] [--privileged]
     linuxctl read URI [--start-line N] [--end-line N] [--encoding E] [--metadata] [--privileged]
     linuxctl tools [--json]
     linuxctl call TOOL ['{"json": "object"}'] [--arg key=value ...]
-    linuxctl login [--user U] [--password-stdin]     # prints export MCP_TOKEN=... (SPEC §5.2)
+    linuxctl login [--user U] [--password-stdin]     # prints export MCP_TOKEN=...
     linuxctl logout                                  # revokes the login token in use
+    linuxctl contexts                                # the config file's contexts
 
-The server, token and CA come from ``--url/--token/--cacert``, else ``MCPD_URL``/``MCP_TOKEN``/
-``MCPD_CACERT``, else the config file ``$XDG_CONFIG_HOME/linuxctl/config.yaml`` (default
-``~/.config/linuxctl/config.yaml``; keys ``url``, ``token``, ``cacert``; a file holding a token must
-not be readable by group or others). Errors go to stderr as ``CODE: message``. Exit status: 0 ok,
-1 tool error, 2 usage error, 3 authentication failure, 4 server unreachable or not trusted.
+The server, token and CA come from flags, the environment and the config file with its contexts
+(:mod:`mcpd.client.config`). Errors go to stderr as ``CODE: message``. Exit status: 0 ok, 1 tool
+error, 2 usage error, 3 authentication failure, 4 server unreachable or not trusted.
 """
 
 from __future__ import annotations
@@ -25,85 +25,19 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
 
 from mcpd.client import pager
-from mcpd.client.api import Client, MCPClientError, UsageError, text_of, tool_failure
-from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml
+from mcpd.client.api import Client, MCPClientError, text_of, tool_failure
+from mcpd.client.config import Settings, config_path, load_config_file, resolve
 
 T = TypeVar("T")
-CONFIG_KEYS = frozenset({"url", "token", "cacert"})
-
-
-@dataclass
-class Settings:
-    """Connection settings as given on the command line or in the environment (may be incomplete)."""
-
-    url: str | None
-    token: str | None
-    cacert: str | None
-    timeout: float
-
-
-def config_path() -> Path:
-    """The config file path: ``$XDG_CONFIG_HOME/linuxctl/config.yaml`` or ``~/.config/...``."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "linuxctl" / "config.yaml"
-
-
-def load_config_file(path: Path) -> dict[str, str]:
-    """Read the optional config file (SPEC §6); a missing file is empty.
-
-    Raises:
-        UsageError: unreadable, not a mapping of the known string keys, or holding a token while
-            readable by group/others.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror}") from exc
-    with os.fdopen(fd, encoding="utf-8") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        try:
-            data = parse_strict_yaml(f.read(), str(path))
-        except (ConfigFileError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{path}: not valid YAML") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict) or set(data) - CONFIG_KEYS:
-        raise UsageError(f"{path}: expected a mapping with only the keys url, token, cacert")
-    if not all(isinstance(v, str) for v in data.values()):
-        raise UsageError(f"{path}: url, token and cacert must be strings")
-    if "token" in data and mode & 0o077:
-        raise UsageError(f"{path}: holds a token but is readable by others (chmod 600 it)")
-    return dict(data)
-
-
-def resolve(settings: Settings) -> tuple[str, str, str | None]:
-    """Fill missing settings from the config file; return ``(url, token, cacert)``.
-
-    Raises:
-        UsageError: no URL or no token anywhere.
-    """
-    url, token, cacert = settings.url, settings.token, settings.cacert
-    if not (url and token and cacert):
-        file = load_config_file(config_path())
-        url, token, cacert = url or file.get("url"), token or file.get("token"), cacert or file.get("cacert")
-    if not url:
-        raise UsageError("no server URL: use --url, MCPD_URL or the config file")
-    if not token:
-        raise UsageError("no token: use --token, MCP_TOKEN or the config file")
-    return url, token, cacert or None
 
 
 def fail(exc: MCPClientError) -> NoReturn:
-    """Print ``CODE: message`` on stderr and exit with the error's SPEC §6 status."""
+    """Print ``CODE: message`` on stderr and exit with the error's status (1 to 4)."""
     click.echo(f"{exc.code}: {exc.message}", err=True)
     sys.exit(exc.exit_code)
 
@@ -134,17 +68,68 @@ def write_out(data: bytes) -> None:
         sys.exit(0)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+HELP = """Read files on an mcpd server: whole files, ranges, listings, searches.
+
+\b
+Where the server, token and CA come from, first match wins:
+  --url / --token / --cacert flags
+  with --context NAME (or MCPD_CONTEXT): that context of the config file
+  MCPD_URL / MCP_TOKEN / MCPD_CACERT
+  without --context: the config file's current-context
+  the config file's top-level url / token / cacert
+
+\b
+The config file is ~/.config/linuxctl/config.yaml ($XDG_CONFIG_HOME/linuxctl/config.yaml),
+one context per server, like kubectl's:
+  current-context: prod
+  contexts:
+    prod:    {url: "https://files.example.com:9091", cacert: /etc/ssl/prod-ca.crt}
+    staging: {url: "https://staging:9091", cacert: /etc/ssl/staging-ca.crt, token: mcpd_...}
+A file holding a token must be readable by its owner only (chmod 600).
+
+\b
+Shell completion (bash; zsh and fish likewise with zsh_source / fish_source):
+  eval "$(_LINUXCTL_COMPLETE=bash_source linuxctl)"
+
+\b
+Exit status: 0 ok, 1 tool error (its code on stderr, e.g. FILE_NOT_FOUND), 2 usage error,
+3 authentication failure, 4 server unreachable or certificate not trusted.
+"""
+
+ENV_OPTIONS = {"url": "MCPD_URL", "token": "MCP_TOKEN", "cacert": "MCPD_CACERT"}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, help=HELP)
 @click.version_option(package_name="mcpd", prog_name="linuxctl", message="%(prog)s %(version)s")
 @click.option("--url", envvar="MCPD_URL", help="Server base URL, e.g. https://127.0.0.1:9091 [MCPD_URL]")
 @click.option("--token", envvar="MCP_TOKEN", help="Bearer token [MCP_TOKEN]")
 @click.option("--cacert", envvar="MCPD_CACERT", help="PEM file of the CA to trust [MCPD_CACERT]")
+@click.option("--context", "context_name", envvar="MCPD_CONTEXT", metavar="NAME",
+              help="Use this context of the config file [MCPD_CONTEXT]")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds to wait for the server")
 @click.pass_context
-def main(ctx: click.Context, url: str | None, token: str | None, cacert: str | None, timeout: float) -> None:
-    """Read files on an mcpd server (SPEC §6)."""
-    ctx.obj = Settings(url=url, token=token, cacert=cacert, timeout=timeout)
+def main(ctx: click.Context, url: str | None, token: str | None, cacert: str | None, context_name: str | None,
+         timeout: float) -> None:
+    from_env = frozenset(name for name in ENV_OPTIONS
+                         if ctx.get_parameter_source(name) == click.core.ParameterSource.ENVIRONMENT)
+    ctx.obj = Settings(url=url, token=token, cacert=cacert, timeout=timeout, context=context_name or None,
+                       from_env=from_env)
+
+
+@main.command("contexts")
+def contexts_cmd() -> None:
+    """List the config file's contexts (* marks current-context) with their URLs."""
+    try:
+        file = load_config_file(config_path())
+    except MCPClientError as exc:
+        fail(exc)
+    if not file.contexts:
+        click.echo(f"no contexts in {config_path()}", err=True)
+        return
+    for name in sorted(file.contexts):
+        mark = "*" if name == file.current else " "
+        click.echo(f"{mark} {name}\t{file.contexts[name].get('url', file.top.get('url', ''))}")
 
 
 @main.group()
@@ -347,7 +332,7 @@ def find_files(settings: Settings, root: str, name: str | None, kind: str | None
 @click.option("--end-line", type=click.IntRange(min=1), help="Last line (inclusive)")
 @click.option("--encoding", help="utf-8 (default), ascii, latin-1, cp1252, utf-16 or auto")
 @click.option("--metadata", is_flag=True, help="Print one JSON object: uri, mimeType, text, metadata")
-@click.option("--privileged", is_flag=True, help="Read through a sudo-style grant (SPEC §4)")
+@click.option("--privileged", is_flag=True, help="Read through a sudo-style grant (mcp-sudo.yaml)")
 @click.pass_obj
 def read_uri(settings: Settings, uri: str, start_line: int | None, end_line: int | None, encoding: str | None,
              metadata: bool, privileged: bool) -> None:
@@ -435,7 +420,7 @@ def call(settings: Settings, tool: str, arguments_json: str | None, pairs: tuple
 
 
 
-# --- login / logout (SPEC §5.2, issue 5); code in mcpd/login_client.py ---------------------------
+# --- login / logout (issue 5); the HTTP side is mcpd/client/login.py ----------------------------
 
 
 @main.command("login")
@@ -481,14 +466,9 @@ def logout_cmd(settings: Settings) -> None:
 
 
 def _server(settings: Settings) -> tuple[str, str | None]:
-    """``(url, cacert)`` from the options, environment or config file (no token needed)."""
-    url, cacert = settings.url, settings.cacert
-    if not (url and cacert):
-        file = load_config_file(config_path())
-        url, cacert = url or file.get("url"), cacert or file.get("cacert")
-    if not url:
-        raise UsageError("no server URL: use --url, MCPD_URL or the config file")
-    return url, cacert or None
+    """``(url, cacert)`` from the flags, environment or config file (no token needed)."""
+    url, _token, cacert = resolve(settings, need_token=False)
+    return url, cacert
 
 
 if __name__ == "__main__":  # pragma: no cover
