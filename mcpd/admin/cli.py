@@ -1,4 +1,4 @@
-"""The ``mcpd`` command: ``serve``, ``dev``, ``certs`` and ``users`` (SPEC §1.1, §5.1).
+"""The ``mcpd`` command: ``serve``, ``dev``, ``certs``, ``users`` and ``helper``.
 
 Other command groups live in their own modules and are registered at the bottom of this file
 with ``main.add_command(...)``.
@@ -46,7 +46,7 @@ def serve(config_path: str) -> None:
 @click.option("--port", default=9091, show_default=True, type=click.IntRange(1, 65535),
               help="TCP port on 127.0.0.1")
 def dev(state_dir: str, port: int) -> None:
-    """Development mode: private CA, a `dev` user with a fresh token, server on 127.0.0.1 (SPEC §1.1)."""
+    """Development mode: private CA, a `dev` user with a fresh token, server on 127.0.0.1."""
     from mcpd.admin import devmode
 
     sys.exit(devmode.run(Path(state_dir), port))
@@ -65,7 +65,7 @@ def certs_cmd(directory: str, hosts: tuple[str, ...], days: int) -> None:
         click.echo(f"{label}: {path.resolve()}")
 
 
-# --- users (SPEC §5.1) -------------------------------------------------------------------------
+# --- users --------------------------------------------------------------------------------
 
 def users_file_option(fn: Callable[..., None]) -> Callable[..., None]:
     """Add ``--file`` and ``--config`` to a users command and pass it the resolved ``users_file``:
@@ -114,13 +114,23 @@ def locked_users(path: str) -> Iterator[dict[str, identity.UserRecord]]:
 
 
 def check_os_user(name: str) -> None:
-    """Refuse a principal bound to an OS account that does not exist (SPEC §5.1)."""
+    """Refuse a principal bound to an OS account that does not exist, or to root (uid 0 under any
+    name): unprivileged calls run with the account's own rights, and the workers never run as root.
+
+    Raises:
+        click.BadParameter: a malformed name, no such account, or uid 0 (exit 2).
+    """
     if not identity.NAME_RE.match(name):
         raise click.BadParameter(f"invalid account name {name!r}", param_hint="--os-user")
     try:
-        pwd.getpwnam(name)
+        uid = pwd.getpwnam(name).pw_uid
     except KeyError:
         raise click.BadParameter(f"no such OS account: {name}", param_hint="--os-user") from None
+    if uid == 0:
+        raise click.BadParameter(
+            f"{name} is root (uid 0): a principal's calls run with its account's rights, never root's; "
+            "map it to an unprivileged account and grant root-only files in mcp-sudo.yaml",
+            param_hint="--os-user")
 
 
 def issue_token(users: dict[str, identity.UserRecord], name: str, os_user: str) -> str:
@@ -132,7 +142,7 @@ def issue_token(users: dict[str, identity.UserRecord], name: str, os_user: str) 
 
 @main.group()
 def users() -> None:
-    """Manage principals and their tokens in users.yaml (SPEC §5.1)."""
+    """Manage principals (a name bound to an OS account) and their tokens in users.yaml."""
 
 
 @users.command("add")
@@ -183,6 +193,9 @@ def users_list(users_file: str) -> None:
         table = identity.load_users(users_file)
     except identity.UsersFileError as exc:
         raise click.ClickException(str(exc)) from None
+    if not table:
+        click.echo(f"no principals in {users_file}; add one with `mcpd users add NAME`", err=True)
+        return
     for name, rec in sorted(table.items()):
         tokens = ", ".join(
             f"{t.id} (created {t.created}{', expires ' + t.expires if t.expires else ''})" for t in rec.tokens
