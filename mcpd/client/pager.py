@@ -166,18 +166,17 @@ async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int |
     want = (stop - offset) if stop is not None else 0
     if want > max_bytes:
         raise FileTooBig(want, max_bytes)
+    if plan.encoding is None and (stop is None or pos < stop):
+        raise MCPClientError(f"the server guessed {plan.codec}, which cannot be asked for again page by "
+                             "page: give --encoding", "UNSUPPORTED")
     done = len(data)
     if data:
         yield data
-    if plan.encoding is not None:
-        base["encoding"] = plan.encoding
+    base["encoding"] = plan.encoding or encoding
     page = plan.page
     while stop is None or pos < stop:
         if on_progress is not None:
             on_progress(done, want)
-        if plan.encoding is None:
-            raise MCPClientError(f"the server guessed {plan.codec}, which cannot be asked for again page by "
-                                 "page: give --encoding", "UNSUPPORTED")
         n = page if stop is None else min(page, stop - pos)
         try:
             result = await client.call_tool("files/read", {**base, "offset": pos, "limit": n})

@@ -211,3 +211,20 @@ def test_privileged_commands_outside_grant_exit_1_permission_denied(granted: Pri
         assert res.returncode == 1, args
         assert res.stderr.decode().startswith("PERMISSION_DENIED: "), args
         assert b"do not leak" not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize(("text", "encoding"), [("café crème\n", "latin-1"), ("naïve “façade” 5 €\n", "cp1252"),
+                                                ("café crème ☃\n", "utf-8")])
+def test_encodings_reported_and_auto_decoded_through_the_daemon(daemon: Daemon, tmp_path: Path, text: str,
+                                                                encoding: str) -> None:
+    path = tmp_path / f"{encoding}.txt"
+    path.write_bytes(text.encode(encoding))
+    os.chmod(tmp_path, 0o755)
+    os.chmod(path, 0o644)
+    kind = linuxctl(*flags(daemon), "get", "filetype", str(path), "--json")
+    assert kind.returncode == 0, kind.stderr
+    assert json.loads(kind.stdout)["encoding"] == encoding
+    auto = linuxctl(*flags(daemon), "read", f"file://{path}", "--encoding", "auto", "--metadata")
+    assert auto.returncode == 0, auto.stderr
+    doc = json.loads(auto.stdout)
+    assert (doc["text"], doc["metadata"]["encoding"]) == (text, encoding)

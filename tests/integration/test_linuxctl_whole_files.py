@@ -199,3 +199,17 @@ def test_progress_on_a_terminal_only_for_large_files(daemon: Any, tmp_path: Path
             assert b"100%" in err and str(target.stat().st_size).encode() in err
         else:
             assert err == b""
+
+
+def test_auto_encoding_pages_with_the_first_guess_or_refuses_before_printing(daemon: Any, tmp_path: Path) -> None:
+    latin = b"".join(f"Gr\u00f6\u00dfe caf\u00e9 {i}\n".encode("latin-1") for i in range(400_000))  # ~6 MiB
+    path = make_file(tmp_path, "latin.txt", latin)
+    res = linuxctl(*flags(daemon), "get", "files", str(path), "--encoding", "auto")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == latin
+    russian = "\u041f\u0440\u0438\u0432\u0435\u0442, \u043c\u0438\u0440! \u042d\u0442\u043e \u0444\u0430\u0439\u043b.\n"
+    data = russian.encode("cp1251") * (pager.PAGE_BYTES // 20)  # cp1251 cannot be requested again
+    path = make_file(tmp_path, "cyrillic.txt", data)
+    res = linuxctl(*flags(daemon), "get", "files", str(path), "--encoding", "auto")
+    assert (res.returncode, res.stdout) == (1, b"")
+    assert res.stderr.startswith(b"UNSUPPORTED: ") and b"--encoding" in res.stderr
