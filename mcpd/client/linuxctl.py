@@ -154,10 +154,10 @@ def get_files(settings: Settings, path: str, start_line: int | None, end_line: i
               offset: int | None, limit: int | None, max_bytes: int, privileged: bool, encoding: str) -> None:
     """Print the file PATH byte for byte (no newline added), however long.
 
-    The file is read in pages of a few MiB up to the size it had when reading began, so a file that
+    The file is read in pages of 1 MiB up to the size it had when reading began, so a file that
     grows meanwhile still ends. With --offset/--limit only that byte range is printed; with
     --start-line/--end-line, those lines (one answer, so at most the server's response cap).
-    Progress goes to stderr when stderr is a terminal and the file spans several pages.
+    Progress goes to stderr when stderr is a terminal and the file is over 8 MiB.
     """
     if start_line is not None or end_line is not None:
         args: dict[str, Any] = {"path": path, "encoding": encoding}
@@ -180,17 +180,17 @@ def get_files(settings: Settings, path: str, start_line: int | None, end_line: i
 
 
 def _progress_printer() -> Callable[[int, int], None]:
-    """A progress line on stderr (``\r``-rewritten) once the copy spans more than one page."""
+    """A progress line on stderr, rewritten in place, for a copy over 8 MiB (or of unknown size
+    once it passes 8 MiB)."""
     shown = [False]
 
     def show(done: int, total: int) -> None:
-        if total <= pager.PAGE_BYTES and not shown[0]:
+        if not shown[0] and max(total, done) <= pager.PROGRESS_BYTES:
             return
         shown[0] = True
-        end = "\n" if total and done >= total else ""
         pct = f" ({100 * done // total}%)" if total else ""
         click.echo(f"\r{done} of {total or '?'} bytes{pct}", err=True, nl=False)
-        if end:
+        if total and done >= total:
             click.echo("", err=True)
 
     return show

@@ -2,7 +2,7 @@
 
 A single ``files/read`` answer is at most the server's response cap (10 MiB by default), and a call
 without a range shows only the first 10 KiB, so a whole file is read as consecutive byte ranges
-(``offset``/``limit``, which never carry a truncation warning):
+(``offset``/``limit`` pages of 1 MiB, which never carry a truncation warning):
 
 * The first page asks for ``include_metadata``: it gives the file's size as the server saw it
   (``fstat`` at open), whether a byte-order mark was stripped, the codec used and the exact
@@ -29,8 +29,9 @@ from typing import Any
 
 from mcpd.client.api import Client, MCPClientError, ToolFailed, text_of
 
-PAGE_BYTES = 4 * 1024 * 1024  # file bytes asked for per page (under the default 10 MiB cap)
+PAGE_BYTES = 1024 * 1024  # file bytes asked for per page: well under the 10 MiB default cap
 MIN_PAGE_BYTES = 64 * 1024
+PROGRESS_BYTES = 8 * 1024 * 1024  # a copy this large shows progress on a terminal
 DEFAULT_MAX_BYTES = 100 * 1024 * 1024
 
 #: codec the server reports → the ``encoding`` argument that asks for it again on later pages

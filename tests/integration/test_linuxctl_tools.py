@@ -203,6 +203,23 @@ def test_privileged_commands_under_grant(granted: PrivsepDaemon) -> None:
     assert read.returncode == 0 and read.stdout == LOG_TEXT.encode()
 
 
+def test_privileged_get_files_pages_a_large_root_only_file(granted: PrivsepDaemon) -> None:
+    """Every page of a whole-file copy is a privileged call under the grant (metadata page included)."""
+    d = granted
+    big = d.app / "big.log"
+    data = "".join(f"{i:07d} root-only caf\u00e9 \U0001f600 line\r\n" for i in range(200_000)).encode()  # ~6.6 MB
+    big.write_bytes(data)
+    os.chmod(big, 0o600)
+    try:
+        res = linuxctl(*pflags(d), "get", "files", str(big), "--privileged")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout == data
+        plain = linuxctl(*pflags(d), "get", "files", str(big))
+        assert plain.returncode == 1 and plain.stderr.startswith(b"PERMISSION_DENIED: ") and plain.stdout == b""
+    finally:
+        big.unlink()
+
+
 def test_privileged_commands_outside_grant_exit_1_permission_denied(granted: PrivsepDaemon) -> None:
     d = granted
     for args in (["list", "files", str(d.app / "private")], ["find", "files", str(d.srv)],

@@ -1,6 +1,6 @@
 """`linuxctl get files` prints whole files byte for byte (issue 14), against the real daemon.
 
-The file is paged through files/read (4 MiB pages under the 10 MiB response cap), so these files
+The file is paged through files/read (1 MiB pages under the 10 MiB response cap), so these files
 are chosen to cross the 10 KiB default window, page edges inside multi-byte characters, the
 response cap itself (the no-metadata path), a byte-order mark, a file growing and one shrinking
 while it is read, and --max-bytes.
