@@ -12,9 +12,10 @@ without a range shows only the first 10 KiB, so a whole file is read as consecut
 * Each page's text is encoded back with the codec the server decoded it with, which gives the
   file's own bytes (a decoder that accepted them round-trips exactly); the next page starts where
   those bytes end, so a character cut at a page edge is read whole by the next page.
-* Reading stops at the size seen first, so a file that grows while it is read still ends; a file
-  that reports no size (``/proc``) is read until an empty page. A file that shrank below the first
-  size is an error, never a silent short copy.
+* Reading stops at the size seen first, so a file that grows while it is read still ends (a
+  character that size cut in two is read whole); a file that reports no size (``/proc``) is read
+  until an empty page. A file that shrank below the first size is an error, never a silent short
+  copy.
 
 Errors are the client's exception family (:mod:`mcpd.client.api`).
 """
@@ -175,6 +176,8 @@ async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int |
         yield data
     base["encoding"] = plan.encoding or encoding
     page = plan.page
+    first_size = plan.size if plan.size and stop == plan.size else None  # the end is the size first seen
+    stretched = 0  # bytes read past the first size to finish a character it cut in two (at most 3)
     while stop is None or pos < stop:
         if on_progress is not None:
             on_progress(done, want)
@@ -188,10 +191,13 @@ async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int |
             continue
         chunk = text_of(result).encode(plan.codec)
         if not chunk:
-            if stop is not None and stop - pos >= 4:  # not just a character cut by the size we saw
-                raise Shrank(f"the file ended at byte {pos}, before the {stop} bytes it had when reading "
-                             "began: it was truncated or replaced while read")
-            break
+            if stop is None or (first_size is None and stop - pos < 4):
+                break  # end of a file without a size, or --limit ends inside a character (left out)
+            if first_size is not None and stop - pos + 1 <= 4 and stretched < 3:
+                stretched, stop = stretched + 1, stop + 1  # one byte more, until the character is whole
+                continue
+            raise Shrank(f"the file ended at byte {pos}, before the {first_size or stop} bytes it had when "
+                         "reading began: it was truncated or replaced while read")
         pos += len(chunk)
         done += len(chunk)
         if stop is None and done > max_bytes:

@@ -213,3 +213,27 @@ def test_auto_encoding_pages_with_the_first_guess_or_refuses_before_printing(dae
     res = linuxctl(*flags(daemon), "get", "files", str(path), "--encoding", "auto")
     assert (res.returncode, res.stdout) == (1, b"")
     assert res.stderr.startswith(b"UNSUPPORTED: ") and b"--encoding" in res.stderr
+
+
+def test_character_cut_by_the_first_size_is_completed(daemon: Any, tmp_path: Path) -> None:
+    """The file's size, when reading began, ended inside a character that a writer then finished."""
+    head = b"x" * pager.PAGE_BYTES + b"caf\xc3"  # the first byte of the two-byte \u00e9
+    path = make_file(tmp_path, "cut.txt", head)
+    with subprocess.Popen([LINUXCTL, *flags(daemon), "get", "files", str(path)], env=env_for(daemon),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            got = b""
+            while len(got) < pager.PAGE_BYTES - 1:  # page 1 is read, page 2 not yet asked for
+                chunk = proc.stdout.read(pager.PAGE_BYTES - 1 - len(got))
+                assert chunk, proc.stderr.read()
+                got += chunk
+            with open(path, "ab") as f:
+                f.write(b"\xa9 and more text that is not printed\n")
+            got += proc.stdout.read()
+            err = proc.stderr.read()
+            assert proc.wait(timeout=60) == 0, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert got == head + b"\xa9"
