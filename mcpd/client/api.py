@@ -126,7 +126,7 @@ def sse_url(url: str) -> str:
     except (httpx.InvalidURL, TypeError) as exc:
         raise UsageError(f"invalid server URL: {exc}") from exc
     if u.scheme != "https" or not u.host:
-        raise UsageError("server URL must look like https://HOST:PORT (the server speaks TLS only)")
+        raise UsageError("server URL must look like https://HOST:PORT (TLS is required)")
     path = u.path.rstrip("/")
     if not path.endswith("/sse"):
         path += "/sse"
