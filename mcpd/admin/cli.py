@@ -52,17 +52,53 @@ def dev(state_dir: str, port: int) -> None:
     sys.exit(devmode.run(Path(state_dir), port))
 
 
+SERVICE_GROUP = "mcpd"  # the service user's group (systemd/sysusers.d)
+
+
 @main.command("certs")
 @click.option("--dir", "directory", required=True, type=click.Path(file_okay=False),
               help="Folder for ca.crt, ca.key, server.crt, server.key")
 @click.option("--host", "hosts", multiple=True, required=True, help="DNS name or IP for the certificate (repeat)")
 @click.option("--days", default=825, show_default=True, type=click.IntRange(1, 825), help="Server certificate lifetime")
-def certs_cmd(directory: str, hosts: tuple[str, ...], days: int) -> None:
+@click.option("--group", default=None,
+              help=f"Group that may read server.key (0640) and enter the folder (0750): the service user's, so "
+                   f"the front can load its key [default: {SERVICE_GROUP} when that group exists]; "
+                   "--group '' keeps both private (0600, 0700). The CA key stays 0600 either way")
+def certs_cmd(directory: str, hosts: tuple[str, ...], days: int, group: str | None) -> None:
     """Create a private CA (reused when present) and issue a server certificate for HOSTs."""
+    gid = service_gid(group)
     pki = certs.make_pki(directory, list(hosts), days=days)
+    if gid is not None:
+        try:
+            for path, mode in ((Path(directory), 0o750), (pki.server_key, 0o640)):
+                os.chown(path, -1, gid)
+                os.chmod(path, mode)
+        except PermissionError:
+            raise click.ClickException(f"cannot give {pki.server_key} to group {group or SERVICE_GROUP}: run as "
+                                       "root, or pass --group ''") from None
+    elif group is None:
+        click.echo(f"note: no group {SERVICE_GROUP}: {pki.server_key} stays 0600, readable by you only; "
+                   f"give it to the service user's group with --group NAME", err=True)
     for label, path in (("ca_cert", pki.ca_cert), ("ca_key", pki.ca_key),
                         ("server_cert", pki.server_cert), ("server_key", pki.server_key)):
         click.echo(f"{label}: {path.resolve()}")
+
+
+def service_gid(group: str | None) -> int | None:
+    """The gid that may read the server key: ``group``'s, or the service group's when ``group`` is
+    None and that group exists; None for ``""`` or a missing default group.
+
+    Raises:
+        click.BadParameter: an explicitly named group does not exist (exit 2).
+    """
+    import grp
+
+    try:
+        return grp.getgrnam(group or SERVICE_GROUP).gr_gid if group != "" else None
+    except KeyError:
+        if group is None:
+            return None
+        raise click.BadParameter(f"no group {group}", param_hint="--group") from None
 
 
 # --- users --------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The small operator fixes of issue 14: `users add` refuses root, `users list` says when it is
-empty, `grants list`/`grants test` say when no OS account has the name, help texts and shipped
+empty, `grants list`/`grants test` say when no OS account has the name, `certs` gives the server key
+to the service group, help texts and shipped
 files speak of behaviour and name only commands that exist, bootstrap.sh sees /sbin as non-root."""
 
 from __future__ import annotations
@@ -101,3 +102,22 @@ def test_bootstrap_sees_sbin_when_not_root() -> None:
                           str(ROOT / "scripts" / "bootstrap.sh"), "--check"],
                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)
     assert (res.returncode, res.stdout) == (0, "system packages: all present\n"), res.stderr
+
+
+def test_certs_give_the_server_key_to_the_service_group(tmp_path: Path) -> None:
+    import grp
+    import stat
+
+    gid = grp.getgrnam("nogroup").gr_gid
+    res = CliRunner().invoke(mcpd_main, ["certs", "--dir", str(tmp_path / "tls"), "--host", "h", "--group", "nogroup"])
+    assert res.exit_code == 0, res.output
+    key, folder, ca_key = (tmp_path / "tls" / "server.key", tmp_path / "tls", tmp_path / "tls" / "ca.key")
+    assert (stat.S_IMODE(key.stat().st_mode), key.stat().st_gid) == (0o640, gid)
+    assert (stat.S_IMODE(folder.stat().st_mode), folder.stat().st_gid) == (0o750, gid)
+    assert stat.S_IMODE(ca_key.stat().st_mode) == 0o600  # the CA key is never shared
+    private = CliRunner().invoke(mcpd_main, ["certs", "--dir", str(tmp_path / "own"), "--host", "h", "--group", ""])
+    assert private.exit_code == 0
+    assert stat.S_IMODE((tmp_path / "own" / "server.key").stat().st_mode) == 0o600
+    missing = CliRunner().invoke(mcpd_main, ["certs", "--dir", str(tmp_path / "x"), "--host", "h",
+                                             "--group", "no-such-group-x"])
+    assert missing.exit_code == 2 and not (tmp_path / "x").exists()
