@@ -1,7 +1,7 @@
 """The small operator fixes of issue 14: `users add` refuses root, `users list` says when it is
-empty, `grants list`/`grants test` say when no OS account has the name, `certs` gives the server key
-to the service group, help texts and shipped
-files speak of behaviour and name only commands that exist, bootstrap.sh sees /sbin as non-root."""
+empty, `grants list`/`grants test` say when no OS account has the name, `certs` gives the server
+key to the service group, help texts and shipped files speak of behaviour and name only commands
+that exist, bootstrap.sh sees /sbin as non-root."""
 
 from __future__ import annotations
 
