@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Shared setup for scripts/dev.sh and scripts/test.sh: system packages (when root and missing)
 # and a virtual environment at .venv with mcpd installed plus its test extras.
+# `bootstrap.sh --check` only reports missing system packages (exit 1 when some are missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ldconfig and useradd live in /sbin and /usr/sbin, which a non-root PATH often lacks.
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 need_apt=()
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
@@ -12,6 +15,10 @@ command -v useradd >/dev/null 2>&1 || need_apt+=(passwd)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
 [ -x /usr/bin/python3 ] || need_apt+=(python3 python3-venv)
+if [ "${1:-}" = "--check" ]; then
+  if [ "${#need_apt[@]}" -gt 0 ]; then echo "missing system packages: ${need_apt[*]}"; exit 1; fi
+  echo "system packages: all present"; exit 0
+fi
 if [ "${#need_apt[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -q

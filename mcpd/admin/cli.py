@@ -1,4 +1,4 @@
-"""The ``mcpd`` command: ``serve``, ``dev``, ``certs`` and ``users`` (SPEC §1.1, §5.1).
+"""The ``mcpd`` command: ``serve``, ``dev``, ``certs``, ``users`` and ``helper``.
 
 Other command groups live in their own modules and are registered at the bottom of this file
 with ``main.add_command(...)``.
@@ -25,6 +25,7 @@ DEFAULT_USERS_FILE = "/etc/mcpd/users.yaml"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mcpd", prog_name="mcpd", message="%(prog)s %(version)s")
 def main() -> None:
     """mcpd: serve this server's files to MCP agents over TLS."""
 
@@ -45,10 +46,13 @@ def serve(config_path: str) -> None:
 @click.option("--port", default=9091, show_default=True, type=click.IntRange(1, 65535),
               help="TCP port on 127.0.0.1")
 def dev(state_dir: str, port: int) -> None:
-    """Development mode: private CA, a `dev` user with a fresh token, server on 127.0.0.1 (SPEC §1.1)."""
+    """Development mode: private CA, a `dev` user with a fresh token, server on 127.0.0.1."""
     from mcpd.admin import devmode
 
     sys.exit(devmode.run(Path(state_dir), port))
+
+
+SERVICE_GROUP = "mcpd"  # the service user's group (systemd/sysusers.d)
 
 
 @main.command("certs")
@@ -56,15 +60,48 @@ def dev(state_dir: str, port: int) -> None:
               help="Folder for ca.crt, ca.key, server.crt, server.key")
 @click.option("--host", "hosts", multiple=True, required=True, help="DNS name or IP for the certificate (repeat)")
 @click.option("--days", default=825, show_default=True, type=click.IntRange(1, 825), help="Server certificate lifetime")
-def certs_cmd(directory: str, hosts: tuple[str, ...], days: int) -> None:
+@click.option("--group", default=None,
+              help=f"Group that may read server.key (0640) and enter the folder (0750): the service user's, so "
+                   f"the front can load its key [default: {SERVICE_GROUP} when that group exists]; "
+                   "--group '' keeps both private (0600, 0700). The CA key stays 0600 either way")
+def certs_cmd(directory: str, hosts: tuple[str, ...], days: int, group: str | None) -> None:
     """Create a private CA (reused when present) and issue a server certificate for HOSTs."""
+    gid = service_gid(group)
     pki = certs.make_pki(directory, list(hosts), days=days)
+    if gid is not None:
+        try:
+            for path, mode in ((Path(directory), 0o750), (pki.server_key, 0o640)):
+                os.chown(path, -1, gid)
+                os.chmod(path, mode)
+        except PermissionError:
+            raise click.ClickException(f"cannot give {pki.server_key} to group {group or SERVICE_GROUP}: run as "
+                                       "root, or pass --group ''") from None
+    elif group is None:
+        click.echo(f"note: no group {SERVICE_GROUP}: {pki.server_key} stays 0600, readable by you only; "
+                   f"give it to the service user's group with --group NAME", err=True)
     for label, path in (("ca_cert", pki.ca_cert), ("ca_key", pki.ca_key),
                         ("server_cert", pki.server_cert), ("server_key", pki.server_key)):
         click.echo(f"{label}: {path.resolve()}")
 
 
-# --- users (SPEC §5.1) -------------------------------------------------------------------------
+def service_gid(group: str | None) -> int | None:
+    """The gid that may read the server key: ``group``'s, or the service group's when ``group`` is
+    None and that group exists; None for ``""`` or a missing default group.
+
+    Raises:
+        click.BadParameter: an explicitly named group does not exist (exit 2).
+    """
+    import grp
+
+    try:
+        return grp.getgrnam(group or SERVICE_GROUP).gr_gid if group != "" else None
+    except KeyError:
+        if group is None:
+            return None
+        raise click.BadParameter(f"no group {group}", param_hint="--group") from None
+
+
+# --- users --------------------------------------------------------------------------------
 
 def users_file_option(fn: Callable[..., None]) -> Callable[..., None]:
     """Add ``--file`` and ``--config`` to a users command and pass it the resolved ``users_file``:
@@ -113,13 +150,23 @@ def locked_users(path: str) -> Iterator[dict[str, identity.UserRecord]]:
 
 
 def check_os_user(name: str) -> None:
-    """Refuse a principal bound to an OS account that does not exist (SPEC §5.1)."""
+    """Refuse a principal bound to an OS account that does not exist, or to root (uid 0 under any
+    name): unprivileged calls run with the account's own rights, and the workers never run as root.
+
+    Raises:
+        click.BadParameter: a malformed name, no such account, or uid 0 (exit 2).
+    """
     if not identity.NAME_RE.match(name):
         raise click.BadParameter(f"invalid account name {name!r}", param_hint="--os-user")
     try:
-        pwd.getpwnam(name)
+        uid = pwd.getpwnam(name).pw_uid
     except KeyError:
         raise click.BadParameter(f"no such OS account: {name}", param_hint="--os-user") from None
+    if uid == 0:
+        raise click.BadParameter(
+            f"{name} is root (uid 0): a principal's calls run with its account's rights, never root's; "
+            "map it to an unprivileged account and grant root-only files in mcp-sudo.yaml",
+            param_hint="--os-user")
 
 
 def issue_token(users: dict[str, identity.UserRecord], name: str, os_user: str) -> str:
@@ -131,7 +178,7 @@ def issue_token(users: dict[str, identity.UserRecord], name: str, os_user: str) 
 
 @main.group()
 def users() -> None:
-    """Manage principals and their tokens in users.yaml (SPEC §5.1)."""
+    """Manage principals (a name bound to an OS account) and their tokens in users.yaml."""
 
 
 @users.command("add")
@@ -182,6 +229,9 @@ def users_list(users_file: str) -> None:
         table = identity.load_users(users_file)
     except identity.UsersFileError as exc:
         raise click.ClickException(str(exc)) from None
+    if not table:
+        click.echo(f"no principals in {users_file}; add one with `mcpd users add NAME`", err=True)
+        return
     for name, rec in sorted(table.items()):
         tokens = ", ".join(
             f"{t.id} (created {t.created}{', expires ' + t.expires if t.expires else ''})" for t in rec.tokens

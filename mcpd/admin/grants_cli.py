@@ -69,6 +69,18 @@ def _groups(user: str, given: tuple[str, ...]) -> frozenset[str]:
     return frozenset(given) if given else os_groups(user)
 
 
+def _note_unknown(user: str) -> None:
+    """Say on stderr when no OS account is named ``user``: grants are matched by account name, so
+    an answer for a misspelt name would otherwise look like a real "no grants"."""
+    import pwd
+
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        click.echo(f"note: no OS account is named {user}: grants are matched by OS account name, so "
+                   "this answer is about a user who cannot log in (check the spelling)", err=True)
+
+
 def rule_to_dict(rule: Rule) -> dict[str, Any]:
     """The JSON shape of one rule (``allowed``, ``paths``, ``deny``, ``expires`` or null, ``line``)."""
     return {
@@ -101,7 +113,7 @@ _any_owner_option = click.option("--any-owner", is_flag=True,
 
 @click.group()
 def grants() -> None:
-    """Check, list, test and export privileged grants (mcp-sudo.yaml, SPEC §4)."""
+    """Check, list, test and export privileged grants (mcp-sudo.yaml)."""
 
 
 @grants.command()
@@ -163,6 +175,7 @@ def list_cmd(user: str, groups: tuple[str, ...], grants_file: str | None, config
     click.echo("Fixed deny (the daemon's own secrets, never served whatever a grant says):")
     for secret in policy.secrets:
         click.echo(f"  deny {secret}")
+    _note_unknown(user)
 
 
 @grants.command()
@@ -194,6 +207,7 @@ def test(user: str, tool: str, path: str, groups: tuple[str, ...], now_text: str
         click.echo(f"note: {d.note}")
     if d.covers_root:
         click.echo("symlinks: followed (the grant covers /)")
+    _note_unknown(user)
     sys.exit(0 if d.allowed else 1)
 
 
@@ -210,7 +224,7 @@ def export(as_json: bool, grants_file: str | None, config_path: str | None, any_
 
 @click.group()
 def audit() -> None:
-    """Read the privileged-call audit log (SPEC §4.5)."""
+    """Read the privileged-call audit log."""
 
 
 @audit.command()

@@ -30,8 +30,10 @@ from typing import Any, TypeVar
 import httpx
 from httpx_sse import EventSource, SSEError, aconnect_sse
 
+import mcpd
+
 PROTOCOL_VERSION = "2025-06-18"
-CLIENT_INFO = {"name": "mcpd-client", "version": "0.1.0"}
+CLIENT_NAME = "mcpd-client"
 T = TypeVar("T")
 ProgressHandler = Callable[[float, "float | None", "str | None"], None]
 
@@ -124,7 +126,7 @@ def sse_url(url: str) -> str:
     except (httpx.InvalidURL, TypeError) as exc:
         raise UsageError(f"invalid server URL: {exc}") from exc
     if u.scheme != "https" or not u.host:
-        raise UsageError("server URL must look like https://HOST:PORT (TLS is required, SPEC §1.1)")
+        raise UsageError("server URL must look like https://HOST:PORT (TLS is required)")
     path = u.path.rstrip("/")
     if not path.endswith("/sse"):
         path += "/sse"
@@ -368,7 +370,7 @@ class Client:
         if self.server_info is None:
             result = await self.request(
                 "initialize",
-                {"protocolVersion": self.protocol_version, "capabilities": {}, "clientInfo": CLIENT_INFO},
+                {"protocolVersion": self.protocol_version, "capabilities": {}, "clientInfo": {"name": CLIENT_NAME, "version": mcpd.version()}},
             )
             if not isinstance(result, dict):
                 raise ProtocolError("initialize returned no result object")

@@ -1,21 +1,21 @@
-"""``linuxctl``: the command-line client of mcpd (SPEC §6).
+"""``linuxctl``: the command-line client of mcpd.
 
-    linuxctl get files PATH [--start-line N] [--end-line N] [--offset N] [--limit N] [--privileged]
-    linuxctl list files DIR [--limit N] [--privileged]
+    linuxctl get files PATH [--start-line N] [--end-line N] [--offset N] [--limit N] [--max-bytes N]
+                            [--encoding E] [--privileged]
+    linuxctl list files DIR [--limit N] [--json] [--privileged]
     linuxctl find files ROOT [--name GLOB] [--type T] [--max-depth N] [--max-results N]
-                             [--time-budget S] [--progress] [--privileged]
-    linuxctl get filetype PATH [--privileged]
+                             [--time-budget S] [--progress] [--json] [--privileged]
+    linuxctl get filetype PATH [--json] [--privileged]
     linuxctl read URI [--start-line N] [--end-line N] [--encoding E] [--metadata] [--privileged]
     linuxctl tools [--json]
     linuxctl call TOOL ['{"json": "object"}'] [--arg key=value ...]
-    linuxctl login [--user U] [--password-stdin]     # prints export MCP_TOKEN=... (SPEC §5.2)
+    linuxctl login [--user U] [--password-stdin]     # prints export MCP_TOKEN=...
     linuxctl logout                                  # revokes the login token in use
+    linuxctl contexts                                # the config file's contexts
 
-The server, token and CA come from ``--url/--token/--cacert``, else ``MCPD_URL``/``MCP_TOKEN``/
-``MCPD_CACERT``, else the config file ``$XDG_CONFIG_HOME/linuxctl/config.yaml`` (default
-``~/.config/linuxctl/config.yaml``; keys ``url``, ``token``, ``cacert``; a file holding a token must
-not be readable by group or others). Errors go to stderr as ``CODE: message``. Exit status: 0 ok,
-1 tool error, 2 usage error, 3 authentication failure, 4 server unreachable or not trusted.
+The server, token and CA come from flags, the environment and the config file with its contexts
+(:mod:`mcpd.client.config`). Errors go to stderr as ``CODE: message``. Exit status: 0 ok, 1 tool
+error, 2 usage error, 3 authentication failure, 4 server unreachable or not trusted.
 """
 
 from __future__ import annotations
@@ -25,84 +25,19 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
 
-from mcpd.client.api import Client, MCPClientError, UsageError, text_of, tool_failure
-from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml
+from mcpd.client import pager
+from mcpd.client.api import Client, MCPClientError, text_of, tool_failure
+from mcpd.client.config import Settings, config_path, load_config_file, resolve
 
 T = TypeVar("T")
-CONFIG_KEYS = frozenset({"url", "token", "cacert"})
-
-
-@dataclass
-class Settings:
-    """Connection settings as given on the command line or in the environment (may be incomplete)."""
-
-    url: str | None
-    token: str | None
-    cacert: str | None
-    timeout: float
-
-
-def config_path() -> Path:
-    """The config file path: ``$XDG_CONFIG_HOME/linuxctl/config.yaml`` or ``~/.config/...``."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "linuxctl" / "config.yaml"
-
-
-def load_config_file(path: Path) -> dict[str, str]:
-    """Read the optional config file (SPEC §6); a missing file is empty.
-
-    Raises:
-        UsageError: unreadable, not a mapping of the known string keys, or holding a token while
-            readable by group/others.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror}") from exc
-    with os.fdopen(fd, encoding="utf-8") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        try:
-            data = parse_strict_yaml(f.read(), str(path))
-        except (ConfigFileError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{path}: not valid YAML") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict) or set(data) - CONFIG_KEYS:
-        raise UsageError(f"{path}: expected a mapping with only the keys url, token, cacert")
-    if not all(isinstance(v, str) for v in data.values()):
-        raise UsageError(f"{path}: url, token and cacert must be strings")
-    if "token" in data and mode & 0o077:
-        raise UsageError(f"{path}: holds a token but is readable by others (chmod 600 it)")
-    return dict(data)
-
-
-def resolve(settings: Settings) -> tuple[str, str, str | None]:
-    """Fill missing settings from the config file; return ``(url, token, cacert)``.
-
-    Raises:
-        UsageError: no URL or no token anywhere.
-    """
-    url, token, cacert = settings.url, settings.token, settings.cacert
-    if not (url and token and cacert):
-        file = load_config_file(config_path())
-        url, token, cacert = url or file.get("url"), token or file.get("token"), cacert or file.get("cacert")
-    if not url:
-        raise UsageError("no server URL: use --url, MCPD_URL or the config file")
-    if not token:
-        raise UsageError("no token: use --token, MCP_TOKEN or the config file")
-    return url, token, cacert or None
 
 
 def fail(exc: MCPClientError) -> NoReturn:
-    """Print ``CODE: message`` on stderr and exit with the error's SPEC §6 status."""
+    """Print ``CODE: message`` on stderr and exit with the error's status (1 to 4)."""
     click.echo(f"{exc.code}: {exc.message}", err=True)
     sys.exit(exc.exit_code)
 
@@ -133,16 +68,68 @@ def write_out(data: bytes) -> None:
         sys.exit(0)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+HELP = """Read files on an mcpd server: whole files, ranges, listings, searches.
+
+\b
+Where the server, token and CA come from, first match wins:
+  --url / --token / --cacert flags
+  with --context NAME (or MCPD_CONTEXT): that context of the config file
+  MCPD_URL / MCP_TOKEN / MCPD_CACERT
+  without --context: the config file's current-context
+  the config file's top-level url / token / cacert
+
+\b
+The config file is ~/.config/linuxctl/config.yaml ($XDG_CONFIG_HOME/linuxctl/config.yaml),
+one context per server, like kubectl's:
+  current-context: prod
+  contexts:
+    prod:    {url: "https://files.example.com:9091", cacert: /etc/ssl/prod-ca.crt}
+    staging: {url: "https://staging:9091", cacert: /etc/ssl/staging-ca.crt, token: mcpd_...}
+A file holding a token must be readable by its owner only (chmod 600).
+
+\b
+Shell completion (bash; zsh and fish likewise with zsh_source / fish_source):
+  eval "$(_LINUXCTL_COMPLETE=bash_source linuxctl)"
+
+\b
+Exit status: 0 ok, 1 tool error (its code on stderr, e.g. FILE_NOT_FOUND), 2 usage error,
+3 authentication failure, 4 server unreachable or certificate not trusted.
+"""
+
+ENV_OPTIONS = {"url": "MCPD_URL", "token": "MCP_TOKEN", "cacert": "MCPD_CACERT"}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, help=HELP)
+@click.version_option(package_name="mcpd", prog_name="linuxctl", message="%(prog)s %(version)s")
 @click.option("--url", envvar="MCPD_URL", help="Server base URL, e.g. https://127.0.0.1:9091 [MCPD_URL]")
 @click.option("--token", envvar="MCP_TOKEN", help="Bearer token [MCP_TOKEN]")
 @click.option("--cacert", envvar="MCPD_CACERT", help="PEM file of the CA to trust [MCPD_CACERT]")
+@click.option("--context", "context_name", envvar="MCPD_CONTEXT", metavar="NAME",
+              help="Use this context of the config file [MCPD_CONTEXT]")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds to wait for the server")
 @click.pass_context
-def main(ctx: click.Context, url: str | None, token: str | None, cacert: str | None, timeout: float) -> None:
-    """Read files on an mcpd server (SPEC §6)."""
-    ctx.obj = Settings(url=url, token=token, cacert=cacert, timeout=timeout)
+def main(ctx: click.Context, url: str | None, token: str | None, cacert: str | None, context_name: str | None,
+         timeout: float) -> None:
+    from_env = frozenset(name for name in ENV_OPTIONS
+                         if ctx.get_parameter_source(name) == click.core.ParameterSource.ENVIRONMENT)
+    ctx.obj = Settings(url=url, token=token, cacert=cacert, timeout=timeout, context=context_name or None,
+                       from_env=from_env)
+
+
+@main.command("contexts")
+def contexts_cmd() -> None:
+    """List the config file's contexts (* marks current-context) with their URLs."""
+    try:
+        file = load_config_file(config_path())
+    except MCPClientError as exc:
+        fail(exc)
+    if not file.contexts:
+        click.echo(f"no contexts in {config_path()}", err=True)
+        return
+    for name in sorted(file.contexts):
+        mark = "*" if name == file.current else " "
+        click.echo(f"{mark} {name}\t{file.contexts[name].get('url', file.top.get('url', ''))}")
 
 
 @main.group()
@@ -154,23 +141,59 @@ def get() -> None:
 @click.argument("path")
 @click.option("--start-line", type=click.IntRange(min=1), help="First line (1-based)")
 @click.option("--end-line", type=click.IntRange(min=1), help="Last line (inclusive)")
-@click.option("--offset", type=click.IntRange(min=0), help="Byte offset")
-@click.option("--limit", type=click.IntRange(min=1), help="Byte count")
-@click.option("--privileged", is_flag=True, help="Read through a sudo-style grant (SPEC §4)")
-@click.option("--encoding", help="Requested text encoding")
+@click.option("--offset", type=click.IntRange(min=0), help="Byte offset to start at")
+@click.option("--limit", type=click.IntRange(min=1), help="Bytes to print from --offset")
+@click.option("--max-bytes", type=click.IntRange(min=1), default=pager.DEFAULT_MAX_BYTES, show_default=True,
+              help="Refuse (exit 1) a file or range larger than this many bytes")
+@click.option("--privileged", is_flag=True, help="Read through a sudo-style grant (mcp-sudo.yaml)")
+@click.option("--encoding", default="utf-8", show_default=True,
+              help="How the server decodes the file (utf-8, ascii, latin-1, cp1252, utf-16 or auto); "
+                   "the output is still the file's own bytes")
 @click.pass_obj
 def get_files(settings: Settings, path: str, start_line: int | None, end_line: int | None,
-              offset: int | None, limit: int | None, privileged: bool, encoding: str | None) -> None:
-    """Print the file PATH exactly as the files/read tool returns it (SPEC §3)."""
-    args: dict[str, Any] = {"path": path}
-    for key, value in (("start_line", start_line), ("end_line", end_line), ("offset", offset),
-                       ("limit", limit), ("encoding", encoding)):
-        if value is not None:
-            args[key] = value
-    if privileged:
-        args["privileged"] = True
-    result = run(settings, lambda c: c.call_tool("files/read", args))
-    write_out(text_of(result).encode("utf-8"))
+              offset: int | None, limit: int | None, max_bytes: int, privileged: bool, encoding: str) -> None:
+    """Print the file PATH byte for byte (no newline added), however long.
+
+    The file is read in pages of 1 MiB up to the size it had when reading began, so a file that
+    grows meanwhile still ends. With --offset/--limit only that byte range is printed; with
+    --start-line/--end-line, those lines (one answer, so at most the server's response cap).
+    Progress goes to stderr when stderr is a terminal and the file is over 8 MiB.
+    """
+    if start_line is not None or end_line is not None:
+        args: dict[str, Any] = {"path": path, "encoding": encoding}
+        for key, value in (("start_line", start_line), ("end_line", end_line)):
+            if value is not None:
+                args[key] = value
+        if privileged:
+            args["privileged"] = True
+        result = run(settings, lambda c: c.call_tool("files/read", args))
+        write_out(text_of(result).encode("utf-8"))
+        return
+    show = _progress_printer() if sys.stderr.isatty() else None
+
+    async def copy(client: Client) -> None:
+        async for chunk in pager.read_pages(client, path, offset=offset or 0, limit=limit, encoding=encoding,
+                                            privileged=privileged, max_bytes=max_bytes, on_progress=show):
+            write_out(chunk)
+
+    run(settings, copy)
+
+
+def _progress_printer() -> Callable[[int, int], None]:
+    """A progress line on stderr, rewritten in place, for a copy over 8 MiB (or of unknown size
+    once it passes 8 MiB)."""
+    shown = [False]
+
+    def show(done: int, total: int) -> None:
+        if not shown[0] and max(total, done) <= pager.PROGRESS_BYTES:
+            return
+        shown[0] = True
+        pct = f" ({100 * done // total}%)" if total else ""
+        click.echo(f"\r{done} of {total or '?'} bytes{pct}", err=True, nl=False)
+        if total and done >= total:
+            click.echo("", err=True)
+
+    return show
 
 
 def print_text(result: dict[str, Any]) -> None:
@@ -179,14 +202,43 @@ def print_text(result: dict[str, Any]) -> None:
     write_out((text if text.endswith("\n") else text + "\n").encode("utf-8"))
 
 
+def print_split(body: str, notes: list[str]) -> None:
+    """Print ``body`` (the data lines) on stdout and the ``notes`` (summaries, warnings) on stderr."""
+    if body:
+        write_out((body if body.endswith("\n") else body + "\n").encode("utf-8"))
+    for note in notes:
+        click.echo(note, err=True)
+
+
+def print_json(result: dict[str, Any], notes: list[str]) -> None:
+    """Print the result's ``structuredContent`` as one JSON document; ``notes`` go to stderr."""
+    click.echo(json.dumps(result.get("structuredContent"), indent=2, ensure_ascii=False))
+    for note in notes:
+        click.echo(note, err=True)
+
+
+def split_notes(text: str, body: str) -> list[str] | None:
+    """The note lines after ``body`` when the server's ``text`` is ``body`` then notes (joined by
+    ``\n``); None when it does not begin with ``body`` (then nothing may be dropped)."""
+    if not text.startswith(body):
+        return None
+    tail = text[len(body):].removeprefix("\n")
+    return tail.split("\n") if tail else []
+
+
 @get.command("filetype")
 @click.argument("path")
-@click.option("--privileged", is_flag=True, help="Look through a sudo-style grant (SPEC §4)")
+@click.option("--privileged", is_flag=True, help="Look through a sudo-style grant (mcp-sudo.yaml)")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object")
 @click.pass_obj
-def get_filetype(settings: Settings, path: str, privileged: bool) -> None:
+def get_filetype(settings: Settings, path: str, privileged: bool, as_json: bool) -> None:
     """Print what the files/filetype tool says about PATH (MIME type, encoding, line endings)."""
     args: dict[str, Any] = {"path": path, "privileged": privileged}
-    print_text(run(settings, lambda c: c.call_tool("files/filetype", args)))
+    result = run(settings, lambda c: c.call_tool("files/filetype", args))
+    if as_json:
+        print_json(result, [])
+    else:
+        print_text(result)
 
 
 @main.group("list")
@@ -197,14 +249,32 @@ def list_group() -> None:
 @list_group.command("files")
 @click.argument("directory")
 @click.option("--limit", type=click.IntRange(min=1), help="At most this many entries")
-@click.option("--privileged", is_flag=True, help="List through a sudo-style grant (SPEC §4)")
+@click.option("--privileged", is_flag=True, help="List through a sudo-style grant (mcp-sudo.yaml)")
+@click.option("--json", "as_json", is_flag=True, help="Print the listing as one JSON object")
 @click.pass_obj
-def list_files(settings: Settings, directory: str, limit: int | None, privileged: bool) -> None:
-    """Print DIRECTORY's entries as the files/list tool returns them (hidden ones included)."""
+def list_files(settings: Settings, directory: str, limit: int | None, privileged: bool, as_json: bool) -> None:
+    """Print DIRECTORY's entries, one per line (hidden ones included), like ``ls -l``.
+
+    The summary line (how many entries) and any note (entries left out by --limit) go to stderr.
+    """
     args: dict[str, Any] = {"path": directory, "privileged": privileged}
     if limit is not None:
         args["limit"] = limit
-    print_text(run(settings, lambda c: c.call_tool("files/list", args)))
+    result = run(settings, lambda c: c.call_tool("files/list", args))
+    data = result.get("structuredContent") or {}
+    note = data.get("note")
+    if as_json:
+        print_json(result, [f"[NOTE: {note}]"] if note else [])
+        return
+    text = text_of(result)
+    path = str(data.get("path", ""))
+    head_end = text.find("\n", len(path)) if text.startswith(path) else -1
+    head_end = head_end if head_end >= 0 else len(text)
+    head, rest = text[:head_end], text[head_end + 1:]  # "PATH: N entries", then ls -l lines
+    note_line = f"[NOTE: {note}]" if note else ""
+    if note_line and rest.endswith(note_line):
+        rest = rest[: -len(note_line)].removesuffix("\n")
+    print_split(rest, [head] + ([note_line] if note_line else []))
 
 
 @main.group("find")
@@ -220,11 +290,17 @@ def find_group() -> None:
 @click.option("--max-results", type=click.IntRange(min=1, max=10000), help="Stop after this many matches")
 @click.option("--time-budget", type=click.FloatRange(min=0.1, max=60), help="Seconds the search may take")
 @click.option("--progress", is_flag=True, help="Show progress on stderr while the server walks")
-@click.option("--privileged", is_flag=True, help="Search through a sudo-style grant (SPEC §4)")
+@click.option("--privileged", is_flag=True, help="Search through a sudo-style grant (mcp-sudo.yaml)")
+@click.option("--json", "as_json", is_flag=True, help="Print matches, counts and errors as one JSON object")
 @click.pass_obj
 def find_files(settings: Settings, root: str, name: str | None, kind: str | None, max_depth: int | None,
-               max_results: int | None, time_budget: float | None, progress: bool, privileged: bool) -> None:
-    """Print the paths below ROOT that match, one per line, then a summary line."""
+               max_results: int | None, time_budget: float | None, progress: bool, privileged: bool,
+               as_json: bool) -> None:
+    """Print the paths below ROOT that match, one per line (folders end in /).
+
+    The summary (matches, entries scanned), notes (stopped early) and unreadable folders go to
+    stderr, so the output can be piped to xargs.
+    """
     args: dict[str, Any] = {"root": root, "privileged": privileged}
     for key, value in (("name", name), ("type", kind), ("max_depth", max_depth), ("max_results", max_results),
                        ("time_budget_seconds", time_budget)):
@@ -235,8 +311,19 @@ def find_files(settings: Settings, root: str, name: str | None, kind: str | None
     def show(done: float, total: float | None, message: str | None) -> None:
         click.echo(f"progress: {message or int(done)}", err=True)
 
-    print_text(run(settings, lambda c: c.call_tool("files/find", args, timeout=wait,
-                                                   on_progress=show if progress else None)))
+    result = run(settings, lambda c: c.call_tool("files/find", args, timeout=wait,
+                                                 on_progress=show if progress else None))
+    data = result.get("structuredContent") or {}
+    raw = data.get("matches")
+    matches: list[dict[str, Any]] = [m for m in raw if isinstance(m, dict)] if isinstance(raw, list) else []
+    body = "\n".join(f"{m['path']}/" if m.get("type") == "dir" else str(m["path"]) for m in matches)
+    notes = split_notes(text_of(result), body)
+    if as_json:
+        print_json(result, notes or [])
+    elif notes is None:
+        print_text(result)
+    else:
+        print_split(body, notes)
 
 
 @main.command("read")
@@ -245,24 +332,32 @@ def find_files(settings: Settings, root: str, name: str | None, kind: str | None
 @click.option("--end-line", type=click.IntRange(min=1), help="Last line (inclusive)")
 @click.option("--encoding", help="utf-8 (default), ascii, latin-1, cp1252, utf-16 or auto")
 @click.option("--metadata", is_flag=True, help="Print one JSON object: uri, mimeType, text, metadata")
-@click.option("--privileged", is_flag=True, help="Read through a sudo-style grant (SPEC §4)")
+@click.option("--privileged", is_flag=True, help="Read through a sudo-style grant (mcp-sudo.yaml)")
 @click.pass_obj
 def read_uri(settings: Settings, uri: str, start_line: int | None, end_line: int | None, encoding: str | None,
              metadata: bool, privileged: bool) -> None:
     """Read the resource URI (file:///abs/path or file:relative/path in the workspace).
 
-    Prints the text exactly (no extra newline); with --metadata, one JSON object instead.
+    Prints the text exactly (no extra newline); with --metadata, one JSON object instead. Without
+    a line range the server sends at most its first window (10 KiB by default): a longer file is
+    printed up to there and the command exits 1 with TRUNCATED on stderr.
     """
     line_range = (start_line, end_line) if start_line is not None or end_line is not None else None
     item = run(settings, lambda c: c.read_resource(uri, encoding=encoding, include_metadata=metadata,
                                                    line_range=line_range, privileged=privileged))
+    raw = item.get("text")
+    text = raw if isinstance(raw, str) else ""
+    cut = pager.NOTICE.search(text) if line_range is None else None
     if metadata:
-        out = {"uri": item.get("uri"), "mimeType": item.get("mimeType"), "text": item.get("text"),
+        out = {"uri": item.get("uri"), "mimeType": item.get("mimeType"), "text": text,
                "metadata": item.get("_meta")}
         click.echo(json.dumps(out, indent=2, ensure_ascii=False))
-        return
-    text = item.get("text")
-    write_out((text if isinstance(text, str) else "").encode("utf-8"))
+    else:
+        write_out(text[: cut.start()].encode("utf-8") if cut else text.encode("utf-8"))
+    if cut:
+        click.echo(f"TRUNCATED: the server sent only bytes {cut.group(1)}-{cut.group(2)} of the file: "
+                   "`linuxctl get files PATH` prints it whole, --start-line/--end-line choose lines", err=True)
+        sys.exit(1)
 
 
 @main.command("tools")
@@ -325,7 +420,7 @@ def call(settings: Settings, tool: str, arguments_json: str | None, pairs: tuple
 
 
 
-# --- login / logout (SPEC §5.2, issue 5); code in mcpd/login_client.py ---------------------------
+# --- login / logout (issue 5); the HTTP side is mcpd/client/login.py ----------------------------
 
 
 @main.command("login")
@@ -371,14 +466,9 @@ def logout_cmd(settings: Settings) -> None:
 
 
 def _server(settings: Settings) -> tuple[str, str | None]:
-    """``(url, cacert)`` from the options, environment or config file (no token needed)."""
-    url, cacert = settings.url, settings.cacert
-    if not (url and cacert):
-        file = load_config_file(config_path())
-        url, cacert = url or file.get("url"), cacert or file.get("cacert")
-    if not url:
-        raise UsageError("no server URL: use --url, MCPD_URL or the config file")
-    return url, cacert or None
+    """``(url, cacert)`` from the flags, environment or config file (no token needed)."""
+    url, _token, cacert = resolve(settings, need_token=False)
+    return url, cacert
 
 
 if __name__ == "__main__":  # pragma: no cover

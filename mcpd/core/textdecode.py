@@ -1,8 +1,8 @@
 """Decoding for the reading core (SPEC §3 "decoding", issue 4's ``encoding`` argument).
 
 A byte-order mark selects UTF-8/16/32 and is stripped; otherwise the requested encoding is used
-(default UTF-8). ``auto`` means: BOM, else UTF-8 when the bytes are valid UTF-8, else
-charset-normalizer's best guess. Invalid bytes are an ``ENCODING_ERROR`` naming the requested
+(default UTF-8). ``auto`` means: BOM, else UTF-8 when the bytes are valid UTF-8, else the guess of
+:func:`detect` (libmagic and charset-normalizer combined); the metadata names the codec used. Invalid bytes are an ``ENCODING_ERROR`` naming the requested
 encoding and a detected one.
 
 A byte window (default and byte mode) can start or end inside a character; such cut characters
@@ -16,9 +16,11 @@ BOM is full of NUL bytes.
 from __future__ import annotations
 
 import codecs
+import functools
 from dataclasses import dataclass
 
 import charset_normalizer
+import magic
 
 from mcpd.common.errors import ENCODING_ERROR, ToolError
 
@@ -78,10 +80,55 @@ def is_wide(codec: str) -> bool:
     return unit(codec) > 1
 
 
+@functools.cache
+def _magic_encoding() -> magic.Magic:
+    return magic.Magic(mime_encoding=True)
+
+
+def _western(sample: bytes, verdict: str) -> str | None:
+    """``latin-1`` or ``cp1252`` when libmagic's ``verdict`` allows it and the bytes read as Western
+    European text, else None.
+
+    libmagic says ``iso-8859-1`` for bytes that hold no 0x80-0x9F (ISO-8859 text) and
+    ``unknown-8bit`` when they do (cp1252 puts € “ ” — there). Either is only taken when the
+    decoded text looks like a Latin-script language: ASCII letters are the majority (a Cyrillic or
+    Greek single-byte file is nearly all high bytes), and no non-letter sits inside a word (cp1250
+    Polish read as Latin-1 gives ``¿`` and ``³`` between letters).
+    """
+    codec = {"iso-8859-1": "latin-1", "unknown-8bit": "cp1252"}.get(verdict)
+    if codec is None:
+        return None
+    try:
+        text = sample.decode(codec)
+    except UnicodeDecodeError:  # one of cp1252's five undefined bytes
+        return None
+    letters = sum(1 for ch in text if ch.isalpha())
+    high = sum(1 for ch in text if ch.isalpha() and ord(ch) > 0x7F)
+    if not letters or 2 * high > letters:
+        return None
+    for i in range(1, len(text) - 1):
+        ch = text[i]
+        if ord(ch) > 0x7F and not ch.isalpha() and text[i - 1].isalpha() and text[i + 1].isalpha():
+            return None
+    return codec
+
+
 def detect(data: bytes) -> str:
-    """charset-normalizer's best guess for ``data`` (a sample of at most 64 KiB is used), or
-    ``"unknown"``."""
-    best = charset_normalizer.from_bytes(data[:_SAMPLE]).best()
+    """The encoding of bytes that are not UTF-8: a name the ``encoding`` argument accepts when it
+    can (``latin-1``, ``cp1252``), else a Python codec name, or ``"unknown"``.
+
+    libmagic's verdict and charset-normalizer's are combined: charset-normalizer alone guesses
+    short Western text badly (``café crème`` in Latin-1 comes out as cp1006, Urdu), while libmagic
+    tells ISO-8859 from other 8-bit text but not which language. So Latin-1 or cp1252 is chosen
+    when libmagic allows it and the text reads as a Latin-script language (:func:`_western`), and
+    charset-normalizer decides otherwise (Cyrillic, Greek, CJK, Central European ...). A sample of
+    at most 64 KiB is used.
+    """
+    sample = data[:_SAMPLE]
+    western = _western(sample, str(_magic_encoding().from_buffer(sample)).lower())
+    if western is not None:
+        return western
+    best = charset_normalizer.from_bytes(sample).best()
     return best.encoding if best is not None else "unknown"
 
 

@@ -21,7 +21,7 @@ LINUXCTL = str(Path(sys.executable).parent / "linuxctl")
 
 def linuxctl(*args: str, env: dict[str, str] | None = None, home: Path | None = None) -> subprocess.CompletedProcess[bytes]:
     """Run the real `linuxctl` with a clean environment (no MCPD_* variables, empty config folder)."""
-    base = {k: v for k, v in os.environ.items() if k not in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT")}
+    base = {k: v for k, v in os.environ.items() if k not in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT", "MCPD_CONTEXT")}
     base["XDG_CONFIG_HOME"] = str(home or Path("/nonexistent-linuxctl-config"))
     base.update(env or {})
     return subprocess.run([LINUXCTL, *args], capture_output=True, env=base, timeout=60)
@@ -127,6 +127,25 @@ def test_settings_from_config_file(daemon: Any, tmp_path: Path) -> None:
     assert (res.returncode, res.stdout) == (0, b"from config"), res.stderr
 
 
+def test_contexts_pick_the_server(daemon: Any, tmp_path: Path) -> None:
+    path = make_file(tmp_path, "ctx.txt", b"from a context")
+    conf = tmp_path / "xdg" / "linuxctl" / "config.yaml"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(json.dumps({
+        "current-context": "gone",
+        "cacert": str(daemon.cacert),
+        "contexts": {"here": {"url": daemon.url, "token": daemon.token},
+                     "gone": {"url": f"https://127.0.0.1:{free_port()}", "token": daemon.token}},
+    }))
+    os.chmod(conf, 0o600)
+    res = linuxctl("--context", "here", "get", "files", str(path), home=tmp_path / "xdg")
+    assert (res.returncode, res.stdout) == (0, b"from a context"), res.stderr
+    res = linuxctl("get", "files", str(path), home=tmp_path / "xdg")  # current-context: nothing listens
+    assert res.returncode == 4 and res.stderr.startswith(b"CONNECT_FAILED: ")
+    res = linuxctl("get", "files", str(path), home=tmp_path / "xdg", env={"MCPD_CONTEXT": "here"})
+    assert (res.returncode, res.stdout) == (0, b"from a context"), res.stderr
+
+
 def test_tools_lists_files_read(daemon: Any) -> None:
     res = linuxctl(*flags(daemon), "tools")
     assert res.returncode == 0, res.stderr
@@ -209,3 +228,15 @@ def test_client_lost_stream_is_connect_error(daemon_factory: Any) -> None:
             assert info.value.exit_code == 4
 
     asyncio.run(go())
+
+
+def test_client_and_server_report_the_package_version(daemon: Any) -> None:
+    import importlib.metadata
+
+    async def go() -> dict[str, Any]:
+        async with client.Client(daemon.url, daemon.token, daemon.cacert) as c:
+            assert c.server_info is not None
+            return c.server_info
+
+    info = asyncio.run(go())
+    assert info["serverInfo"]["version"] == importlib.metadata.version("mcpd")

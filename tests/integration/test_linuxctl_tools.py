@@ -47,8 +47,8 @@ def test_find_files_by_name_type_depth(daemon: Daemon, tree: Path) -> None:
     res = linuxctl(*flags(daemon), "find", "files", str(tree), "--name", "*.conf", "--type", "file",
                    "--max-depth", "2", "--max-results", "10")
     assert res.returncode == 0, res.stderr
-    lines = res.stdout.decode().splitlines()
-    assert lines[0] == str(tree / "sub" / "b.conf") and "1 match" in lines[1]
+    assert res.stdout.decode().splitlines() == [str(tree / "sub" / "b.conf")]
+    assert "1 match" in res.stderr.decode()
     shallow = linuxctl(*flags(daemon), "find", "files", str(tree), "--name", "*.conf", "--max-depth", "1")
     assert str(tree / "sub" / "b.conf") not in shallow.stdout.decode()
 
@@ -60,6 +60,54 @@ def test_find_files_progress_on_stderr(daemon: Daemon, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert b"progress: 5000 entries scanned" in res.stderr
     assert res.stdout.decode().splitlines()[0] == str(tmp_path / "f5999")
+
+
+def test_list_and_find_print_only_data_on_stdout(daemon: Daemon, tree: Path) -> None:
+    """Summaries and notes go to stderr, so `| xargs` sees nothing but entries and paths."""
+    res = linuxctl(*flags(daemon), "list", "files", str(tree), "--limit", "2")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout.decode().splitlines()
+    assert [line.split()[-1] for line in out] == [".hidden", "a.txt"]
+    err = res.stderr.decode().splitlines()
+    assert err[0] == f"{tree}: 3 entries, 2 shown" and err[1].startswith("[NOTE: showing the first 2 of 3")
+    empty = tree / "empty"
+    empty.mkdir()
+    res = linuxctl(*flags(daemon), "list", "files", str(empty))
+    assert (res.returncode, res.stdout, res.stderr) == (0, b"", f"{empty}: 0 entries\n".encode())
+    res = linuxctl(*flags(daemon), "find", "files", str(tree), "--max-results", "1")
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout.decode().splitlines()) == 1 and not res.stdout.startswith(b"[")
+    assert "[NOTE: stopped at max_results" in res.stderr.decode()
+
+
+def test_json_output_of_list_find_filetype(daemon: Daemon, tree: Path) -> None:
+    res = linuxctl(*flags(daemon), "list", "files", str(tree), "--json", "--limit", "1")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["total"] == 3 and doc["truncated"] and [e["name"] for e in doc["entries"]] == [".hidden"]
+    assert b"[NOTE: showing the first 1 of 3" in res.stderr
+    res = linuxctl(*flags(daemon), "find", "files", str(tree), "--name", "*.conf", "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["matches"] == [{"path": str(tree / "sub" / "b.conf"), "type": "file"}] and doc["scanned"] >= 4
+    res = linuxctl(*flags(daemon), "get", "filetype", str(tree / "sub" / "b.conf"), "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert (doc["type"], doc["mime"], doc["encoding"], doc["line_endings"]) == ("file", "text/plain", "utf-8", "LF")
+
+
+def test_read_uri_truncation_is_never_silent(daemon: Daemon, tmp_path: Path) -> None:
+    data = b"".join(b"line %05d\n" % i for i in range(3000))  # 33 KB: over the 10 KiB window
+    path = tmp_path / "long.txt"
+    path.write_bytes(data)
+    for p in (tmp_path, path):
+        os.chmod(p, 0o755)
+    res = linuxctl(*flags(daemon), "read", f"file://{path}")
+    assert res.returncode == 1
+    assert res.stdout == data[:10240] and b"[WARNING" not in res.stdout
+    assert res.stderr.startswith(b"TRUNCATED: ") and b"linuxctl get files" in res.stderr
+    whole = linuxctl(*flags(daemon), "read", f"file://{path}", "--start-line", "1")
+    assert (whole.returncode, whole.stdout) == (0, data)
 
 
 def test_find_files_usage_error_exits_2(daemon: Daemon, tree: Path) -> None:
@@ -155,6 +203,23 @@ def test_privileged_commands_under_grant(granted: PrivsepDaemon) -> None:
     assert read.returncode == 0 and read.stdout == LOG_TEXT.encode()
 
 
+def test_privileged_get_files_pages_a_large_root_only_file(granted: PrivsepDaemon) -> None:
+    """Every page of a whole-file copy is a privileged call under the grant (metadata page included)."""
+    d = granted
+    big = d.app / "big.log"
+    data = "".join(f"{i:07d} root-only caf\u00e9 \U0001f600 line\r\n" for i in range(200_000)).encode()  # ~6.6 MB
+    big.write_bytes(data)
+    os.chmod(big, 0o600)
+    try:
+        res = linuxctl(*pflags(d), "get", "files", str(big), "--privileged")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout == data
+        plain = linuxctl(*pflags(d), "get", "files", str(big))
+        assert plain.returncode == 1 and plain.stderr.startswith(b"PERMISSION_DENIED: ") and plain.stdout == b""
+    finally:
+        big.unlink()
+
+
 def test_privileged_commands_outside_grant_exit_1_permission_denied(granted: PrivsepDaemon) -> None:
     d = granted
     for args in (["list", "files", str(d.app / "private")], ["find", "files", str(d.srv)],
@@ -163,3 +228,20 @@ def test_privileged_commands_outside_grant_exit_1_permission_denied(granted: Pri
         assert res.returncode == 1, args
         assert res.stderr.decode().startswith("PERMISSION_DENIED: "), args
         assert b"do not leak" not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize(("text", "encoding"), [("café crème\n", "latin-1"), ("naïve “façade” 5 €\n", "cp1252"),
+                                                ("café crème ☃\n", "utf-8")])
+def test_encodings_reported_and_auto_decoded_through_the_daemon(daemon: Daemon, tmp_path: Path, text: str,
+                                                                encoding: str) -> None:
+    path = tmp_path / f"{encoding}.txt"
+    path.write_bytes(text.encode(encoding))
+    os.chmod(tmp_path, 0o755)
+    os.chmod(path, 0o644)
+    kind = linuxctl(*flags(daemon), "get", "filetype", str(path), "--json")
+    assert kind.returncode == 0, kind.stderr
+    assert json.loads(kind.stdout)["encoding"] == encoding
+    auto = linuxctl(*flags(daemon), "read", f"file://{path}", "--encoding", "auto", "--metadata")
+    assert auto.returncode == 0, auto.stderr
+    doc = json.loads(auto.stdout)
+    assert (doc["text"], doc["metadata"]["encoding"]) == (text, encoding)

@@ -14,7 +14,8 @@ import pytest
 from mcpd.common import identity
 
 MCPD = str(Path(sys.executable).parent / "mcpd")
-ME = pwd.getpwuid(os.geteuid()).pw_name
+# an unprivileged account: a principal is never mapped to root (uid 0)
+ME = pwd.getpwuid(os.geteuid()).pw_name if os.geteuid() != 0 else "nobody"
 
 
 def mcpd(*args: str, users_file: Path) -> subprocess.CompletedProcess[str]:

@@ -403,7 +403,7 @@ def test_grants_list_shows_user_and_group_grants(tmp_path: Path) -> None:
                            "{allowed: true, paths: [/srv], deny: [/srv/k], expires: 2030-01-01T00:00:00Z}}}}}\n")
     out = CliRunner().invoke(grants, ["list", "--user", "alice", "--group", "ops", "--file", path])
     assert out.exit_code == 0
-    assert out.output.splitlines() == [
+    assert out.stdout.splitlines() == [
         "Grants for alice (groups: ops):",
         f"  files/read via users.alice (allowed, {path}:1)",
         f"    path /var/log ({path}:1)",

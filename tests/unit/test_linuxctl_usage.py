@@ -16,7 +16,7 @@ from mcpd.client import linuxctl
 @pytest.fixture
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """No MCPD_* / MCP_TOKEN in the environment and an empty XDG config folder."""
-    for var in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT"):
+    for var in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT", "MCPD_CONTEXT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     return tmp_path / "xdg" / "linuxctl" / "config.yaml"
@@ -150,3 +150,112 @@ def test_tool_failure_takes_code_from_structured_content() -> None:
     }
     exc = client.tool_failure(result)
     assert (exc.code, exc.message, exc.exit_code) == ("BINARY_FILE", "cannot read binary file", 1)
+
+
+def resolved(*args: str) -> object:
+    """What `linuxctl ARGS probe` would connect to: (url, token, cacert), or the usage error's exit."""
+    seen: dict[str, object] = {}
+
+    @linuxctl.main.command("probe-settings")
+    @click.pass_obj
+    def probe(settings: linuxctl.Settings) -> None:
+        try:
+            seen["resolved"] = linuxctl.resolve(settings)
+        except client.UsageError as exc:
+            seen["resolved"] = ("usage error", exc.message)
+
+    try:
+        result = CliRunner().invoke(linuxctl.main, [*args, "probe-settings"])
+    finally:
+        linuxctl.main.commands.pop("probe-settings")
+    assert result.exit_code == 0, result.output
+    return seen["resolved"]
+
+
+CONTEXTS = """\
+cacert: /top.pem
+current-context: prod
+contexts:
+  prod:
+    url: https://prod:1
+    token: prod-token
+  staging:
+    url: https://staging:2
+    cacert: /staging.pem
+  bare: {}
+"""
+
+
+def test_contexts_current_and_chosen(isolated: Path) -> None:
+    write_config(isolated, CONTEXTS)
+    assert resolved("--token", "t") == ("https://prod:1", "t", "/top.pem")  # current-context, top-level CA
+    assert resolved() == ("https://prod:1", "prod-token", "/top.pem")
+    assert resolved("--context", "staging", "--token", "t") == ("https://staging:2", "t", "/staging.pem")
+    assert resolved("--context", "staging", "--url", "https://flag:3", "--token", "t") == \
+        ("https://flag:3", "t", "/staging.pem")  # flags win over the context
+    kind, message = resolved("--context", "nope")  # type: ignore[misc]
+    assert kind == "usage error" and "no context 'nope'" in message and "bare, prod, staging" in message
+
+
+def test_explicit_context_beats_environment_but_env_token_fills_it(isolated: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    write_config(isolated, CONTEXTS)
+    monkeypatch.setenv("MCPD_URL", "https://env:4")
+    monkeypatch.setenv("MCP_TOKEN", "env-token")
+    assert resolved() == ("https://env:4", "env-token", "/top.pem")  # no --context: environment first
+    assert resolved("--context", "prod") == ("https://prod:1", "prod-token", "/top.pem")
+    assert resolved("--context", "staging") == ("https://staging:2", "env-token", "/staging.pem")
+    monkeypatch.setenv("MCPD_CONTEXT", "staging")
+    assert resolved() == ("https://staging:2", "env-token", "/staging.pem")
+
+
+@pytest.mark.parametrize("text", [
+    "contexts:\n  a:\n    url: https://a:1\n    password: x\n",   # unknown key in a context
+    "contexts: [a, b]\n",                                        # not a mapping
+    "current-context: ghost\ncontexts:\n  a: {url: 'https://a:1'}\n",
+    "contexts:\n  a: {url: 5}\n",
+])
+def test_bad_context_files_exit_2(isolated: Path, text: str) -> None:
+    write_config(isolated, text)
+    assert invoke("--token", "t", "tools").exit_code == 2
+
+
+def test_token_in_a_context_needs_a_private_file(isolated: Path) -> None:
+    write_config(isolated, "contexts:\n  a:\n    url: https://a:1\n    token: secret\n", mode=0o640)
+    result = invoke("--context", "a", "tools")
+    assert result.exit_code == 2 and "readable by others" in result.stderr and "secret" not in result.output
+
+
+def test_contexts_command_lists_them(isolated: Path) -> None:
+    write_config(isolated, CONTEXTS)
+    result = invoke("contexts")
+    assert result.exit_code == 0
+    assert result.stdout.splitlines() == ["  bare\t", "* prod\thttps://prod:1", "  staging\thttps://staging:2"]
+
+
+def test_help_documents_config_file_contexts_and_completion() -> None:
+    text = invoke("--help").output
+    for needle in ("~/.config/linuxctl/config.yaml", "current-context", "--context NAME", "MCPD_CONTEXT",
+                   "_LINUXCTL_COMPLETE=bash_source linuxctl", "chmod 600"):
+        assert needle in text
+    assert "SPEC" not in text
+
+
+def test_completion_script_is_generated() -> None:
+    import subprocess
+    import sys
+
+    exe = str(Path(sys.executable).parent / "linuxctl")
+    res = subprocess.run([exe], env={**os.environ, "_LINUXCTL_COMPLETE": "bash_source"}, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0 and "complete -o nosort -F _linuxctl_completion linuxctl" in res.stdout
+
+
+def test_no_spec_section_numbers_in_any_help() -> None:
+    def walk(cmd: click.Command, path: list[str]) -> None:
+        text = CliRunner().invoke(linuxctl.main, [*path, "--help"]).output
+        assert "SPEC" not in text, path
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(linuxctl.main, [])

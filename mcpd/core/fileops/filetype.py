@@ -27,10 +27,10 @@ import os
 import stat
 from typing import Any
 
-import charset_normalizer
 import magic
 
 from mcpd.common.errors import PERMISSION_DENIED, ToolError, from_oserror
+from mcpd.core import textdecode
 from mcpd.core.fileops import SAMPLE_BYTES, Context, allowed, clean, no_grant, type_name
 from mcpd.core.tools import files_filetype
 from mcpd.core.walk import lstat_at
@@ -45,15 +45,6 @@ _INODE_MIME = {
     "char": "inode/chardevice",
     "block": "inode/blockdevice",
 }
-
-# Longest first: the UTF-32-LE BOM starts with the UTF-16-LE one.
-_BOMS = (
-    (codecs.BOM_UTF32_LE, "utf-32-le"),
-    (codecs.BOM_UTF32_BE, "utf-32-be"),
-    (codecs.BOM_UTF8, "utf-8"),
-    (codecs.BOM_UTF16_LE, "utf-16-le"),
-    (codecs.BOM_UTF16_BE, "utf-16-be"),
-)
 
 
 def filetype(path: str, ctx: Context) -> dict[str, Any]:
@@ -175,10 +166,11 @@ def describe_bytes(sample: bytes, truncated: bool) -> dict[str, Any]:
 
 
 def _encoding(sample: bytes, truncated: bool) -> tuple[str | None, bool]:
-    """``(encoding, bom)``: BOM first, then strict UTF-8, then charset-normalizer; None = binary."""
-    for mark, name in _BOMS:
-        if sample.startswith(mark):
-            return name, True
+    """``(encoding, bom)``: BOM first, then strict UTF-8, then the reading core's guess
+    (:func:`mcpd.core.textdecode.detect`: libmagic and charset-normalizer); None = binary."""
+    bom_codec, _ = textdecode.sniff_bom(sample)
+    if bom_codec is not None:
+        return bom_codec, True
     if not sample or b"\0" in sample[:BINARY_PROBE]:
         return None, False
     decoder = codecs.getincrementaldecoder("utf-8")()
@@ -187,10 +179,8 @@ def _encoding(sample: bytes, truncated: bool) -> tuple[str | None, bool]:
         return "utf-8", False
     except UnicodeDecodeError:
         pass
-    best = charset_normalizer.from_bytes(sample).best()
-    if best is None:
-        return None, False
-    return str(best.encoding), False
+    guess = textdecode.detect(sample)
+    return (None, False) if guess == "unknown" else (guess, False)
 
 
 def _line_endings(text: str) -> tuple[str, dict[str, int]]:

@@ -1,0 +1,208 @@
+"""Whole files, byte-exact, through ``files/read`` pages (issue 14): the engine of ``linuxctl get files``.
+
+A single ``files/read`` answer is at most the server's response cap (10 MiB by default), and a call
+without a range shows only the first 10 KiB, so a whole file is read as consecutive byte ranges
+(``offset``/``limit`` pages of 1 MiB, which never carry a truncation warning):
+
+* The first page asks for ``include_metadata``: it gives the file's size as the server saw it
+  (``fstat`` at open), whether a byte-order mark was stripped, the codec used and the exact
+  ``byteRange`` the text covers. A file over the response cap cannot have metadata (the server
+  hashes it whole); its ``FILE_TOO_LARGE`` answer still names the size, and the BOM is then learnt
+  from the first bytes' range in the truncation notice of one small call.
+* Each page's text is encoded back with the codec the server decoded it with, which gives the
+  file's own bytes (a decoder that accepted them round-trips exactly); the next page starts where
+  those bytes end, so a character cut at a page edge is read whole by the next page.
+* Reading stops at the size seen first, so a file that grows while it is read still ends (a
+  character that size cut in two is read whole); a file that reports no size (``/proc``) is read
+  until an empty page. A file that shrank below the first size is an error, never a silent short
+  copy.
+
+Errors are the client's exception family (:mod:`mcpd.client.api`).
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mcpd.client.api import Client, MCPClientError, ToolFailed, text_of
+
+PAGE_BYTES = 1024 * 1024  # file bytes asked for per page: well under the 10 MiB default cap
+MIN_PAGE_BYTES = 64 * 1024
+PROGRESS_BYTES = 8 * 1024 * 1024  # a copy this large shows progress on a terminal
+DEFAULT_MAX_BYTES = 100 * 1024 * 1024
+
+#: codec the server reports → the ``encoding`` argument that asks for it again on later pages
+_REQUESTABLE = {"utf-8": "utf-8", "ascii": "ascii", "latin-1": "latin-1", "iso8859-1": "latin-1",
+                "cp1252": "cp1252", "utf-16-le": "utf-16"}
+_BOM_OF = {"utf-8": codecs.BOM_UTF8, "utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE,
+           "utf-32-le": codecs.BOM_UTF32_LE, "utf-32-be": codecs.BOM_UTF32_BE}
+NOTICE = re.compile(r"\n?\[WARNING: File truncated: showed bytes (\d+)-(\d+) of [^\n]*\]\Z")
+
+Progress = Callable[[int, int], None]
+
+
+class FileTooBig(MCPClientError):
+    """The file is larger than the caller's ``max_bytes`` (exit 1); ``size`` in bytes."""
+
+    default_code = "FILE_TOO_BIG"
+
+    def __init__(self, size: int, max_bytes: int) -> None:
+        super().__init__(f"the file has {size} bytes, over --max-bytes {max_bytes}: raise --max-bytes, or read "
+                         "a part with --offset/--limit or --start-line/--end-line")
+        self.size = size
+
+
+class Shrank(MCPClientError):
+    """The file ended before the size first seen: it was truncated or replaced while read (exit 1)."""
+
+    default_code = "FILE_CHANGED"
+
+
+@dataclass
+class Plan:
+    """What the first page taught: ``size`` (bytes, 0 = unknown), ``codec``, ``bom`` bytes to
+    print first, the ``encoding`` to request on later pages (None: cannot page), ``page`` bytes."""
+
+    size: int
+    codec: str
+    bom: bytes
+    encoding: str | None
+    page: int
+
+
+def _codec_name(codec: str) -> str:
+    try:
+        return codecs.lookup(codec).name
+    except LookupError:
+        return codec
+
+
+def _is_too_large(exc: ToolFailed) -> bool:
+    return exc.code == "FILE_TOO_LARGE"
+
+
+async def _first_page(client: Client, base: dict[str, Any], offset: int, page: int,
+                      requested: str) -> tuple[Plan, bytes, int]:
+    """The first page with metadata: ``(plan, bytes, end offset)``; falls back for files over the cap."""
+    while True:
+        try:
+            result = await client.call_tool("files/read", {**base, "offset": offset, "limit": page,
+                                                           "include_metadata": True})
+            break
+        except ToolFailed as exc:
+            if not _is_too_large(exc):
+                raise
+            limit = exc.details.get("limit")
+            if "include_metadata" in str(exc.details.get("suggestion", "")) or not isinstance(limit, int):
+                return await _first_page_large(client, base, offset, page, requested, exc)
+            if page <= MIN_PAGE_BYTES:
+                raise
+            page = max(MIN_PAGE_BYTES, min(page // 2, limit // 4))
+    meta = result.get("structuredContent") or {}
+    rng = meta.get("byteRange") or {}
+    codec = _codec_name(str(meta.get("encoding") or "utf-8"))
+    bom = _BOM_OF.get(codec, b"") if meta.get("bom") and offset == 0 else b""
+    text = text_of(result)
+    data = bom + text.encode(codec)
+    end = int(rng.get("end", offset + len(data)))
+    encoding = requested if requested != "auto" else _REQUESTABLE.get(codec)
+    if meta.get("bom"):
+        encoding = requested if requested != "auto" else "utf-8"  # a BOM selects the codec again
+    plan = Plan(int(meta.get("size") or 0), codec, bom, encoding, page)
+    return plan, data, end
+
+
+async def _first_page_large(client: Client, base: dict[str, Any], offset: int, page: int, requested: str,
+                            refused: ToolFailed) -> tuple[Plan, bytes, int]:
+    """A file over the response cap: size from the refusal; BOM from the truncation notice of a
+    small call at offset 0 (``showed bytes B-...`` where B is the BOM's length)."""
+    size = refused.details.get("size")
+    size = size if isinstance(size, int) and size > 0 else 0
+    if requested == "auto":
+        raise MCPClientError("--encoding auto needs the file's metadata, which a file over the server's "
+                             "response cap has not: give the encoding (utf-8, latin-1, ...)", "USAGE_ERROR")
+    codec = {"utf-16": "utf-16-le"}.get(requested, requested)
+    bom = b""
+    if offset == 0:
+        head = text_of(await client.call_tool("files/read", {**base, "offset": 0}))
+        m = NOTICE.search(head)
+        skipped = int(m.group(1)) if m else 0
+        if skipped == 3:
+            codec, bom = "utf-8", codecs.BOM_UTF8
+        elif skipped in (2, 4):
+            raise MCPClientError("the file starts with a UTF-16/32 byte-order mark and is over the server's "
+                                 "response cap: read it with --offset/--limit", "UNSUPPORTED")
+        offset = skipped
+    return Plan(size, _codec_name(codec), bom, requested, page), bom, offset
+
+
+async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int | None = None,
+                     encoding: str = "utf-8", privileged: bool = False, max_bytes: int = DEFAULT_MAX_BYTES,
+                     page_bytes: int = PAGE_BYTES, on_progress: Progress | None = None) -> AsyncIterator[bytes]:
+    """Yield the bytes of ``path`` from ``offset`` (to the end, or ``limit`` bytes), page by page.
+
+    Args:
+        client: an initialised :class:`Client`.
+        path: absolute path on the server. offset, limit: the byte range (``limit`` None = to the end).
+        encoding: the ``encoding`` argument (``utf-8`` default; ``auto`` lets the server guess once).
+        privileged: read through a grant (every page is a privileged call).
+        max_bytes: refuse (:class:`FileTooBig`) a range larger than this many bytes.
+        page_bytes: file bytes per call (halved when the server's cap is smaller).
+        on_progress: called as ``(bytes done, total bytes or 0)`` after each page.
+
+    Raises:
+        FileTooBig, Shrank, ToolFailed (the server's codes), and the transport errors.
+    """
+    base: dict[str, Any] = {"path": path, "encoding": encoding}
+    if privileged:
+        base["privileged"] = True
+    first = min(page_bytes, limit) if limit is not None else page_bytes
+    plan, data, pos = await _first_page(client, base, offset, first, encoding)
+    stop = plan.size if plan.size else None
+    if limit is not None:
+        stop = offset + limit if stop is None else min(stop, offset + limit)
+    want = (stop - offset) if stop is not None else 0
+    if want > max_bytes:
+        raise FileTooBig(want, max_bytes)
+    if plan.encoding is None and (stop is None or pos < stop):
+        raise MCPClientError(f"the server guessed {plan.codec}, which cannot be asked for again page by "
+                             "page: give --encoding", "UNSUPPORTED")
+    done = len(data)
+    if data:
+        yield data
+    base["encoding"] = plan.encoding or encoding
+    page = plan.page
+    first_size = plan.size if plan.size and stop == plan.size else None  # the end is the size first seen
+    stretched = 0  # bytes read past the first size to finish a character it cut in two (at most 3)
+    while stop is None or pos < stop:
+        if on_progress is not None:
+            on_progress(done, want)
+        n = page if stop is None else min(page, stop - pos)
+        try:
+            result = await client.call_tool("files/read", {**base, "offset": pos, "limit": n})
+        except ToolFailed as exc:
+            if not _is_too_large(exc) or page <= MIN_PAGE_BYTES:
+                raise
+            page = max(MIN_PAGE_BYTES, page // 2)
+            continue
+        chunk = text_of(result).encode(plan.codec)
+        if not chunk:
+            if stop is None or (first_size is None and stop - pos < 4):
+                break  # end of a file without a size, or --limit ends inside a character (left out)
+            if first_size is not None and stop - pos + 1 <= 4 and stretched < 3:
+                stretched, stop = stretched + 1, stop + 1  # one byte more, until the character is whole
+                continue
+            raise Shrank(f"the file ended at byte {pos}, before the {first_size or stop} bytes it had when "
+                         "reading began: it was truncated or replaced while read")
+        pos += len(chunk)
+        done += len(chunk)
+        if stop is None and done > max_bytes:
+            raise FileTooBig(done, max_bytes)
+        yield chunk
+    if on_progress is not None:
+        on_progress(done, want)
+
