@@ -363,17 +363,29 @@ class WorkerPool:
     ) -> dict[str, Any]:
         worker.next_id += 1
         data = self._encode(worker.next_id, op, args, progress=on_progress is not None)
+        async def read_reply() -> dict[str, Any] | None:
+            while True:
+                frame = await frames.read_frame(worker.reader, self._reply_cap)
+                if frame is None or "progress" not in frame or "ok" in frame:
+                    return frame
+                await self._forward_progress(worker, frame, on_progress)
+
         async with asyncio.timeout_at(deadline):
             if grant is not None:
-                await grant(worker.pid, worker.next_id)
+                # The worker answers on its own socket while the helper still waits for its report,
+                # so the reply is read at the same time: a reply larger than the socket buffers
+                # would otherwise block the worker, hence its report, hence the grant.
+                reading = asyncio.ensure_future(read_reply())
+                try:
+                    await grant(worker.pid, worker.next_id)
+                except BaseException:
+                    reading.cancel()
+                    raise
+                reply = await reading
             else:
                 worker.writer.write(data)
                 await worker.writer.drain()
-            while True:
-                reply = await frames.read_frame(worker.reader, self._reply_cap)
-                if reply is None or "progress" not in reply or "ok" in reply:
-                    break
-                await self._forward_progress(worker, reply, on_progress)
+                reply = await read_reply()
         if reply is None:
             raise _Crashed("end of stream")
         ok = reply.get("ok")

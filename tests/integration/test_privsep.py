@@ -473,3 +473,18 @@ def test_while_the_helper_is_down_a_verified_token_lasts_only_the_short_window()
     finally:
         stop_privsep(d)
         factory.cleanup()
+
+
+def test_a_privileged_read_larger_than_the_socket_buffers_arrives_whole(privsep_daemon: PrivsepDaemon) -> None:
+    """The caller's worker answers the front while the helper waits for its report: a reply of
+    several MiB must not block either (it did past about 2 MiB, until the call timed out)."""
+    d = privsep_daemon
+    big = d.app / "four-mib.txt"
+    line = b"0123456789abcdef" * 4 + b"\n"
+    big.write_bytes(line * (4 * 1024 * 1024 // len(line)))
+    os.chmod(big, 0o600)
+    try:
+        text, err = read_once(d, big, privileged=True, offset=0, limit=4 * 1024 * 1024)
+        assert err == {} and text is not None and text.encode() == big.read_bytes(), err
+    finally:
+        big.unlink()
