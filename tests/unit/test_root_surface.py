@@ -95,24 +95,23 @@ def g(): """one line: the def counts"""
     assert code_lines(source) == 6  # import, class A, def f, the return and its string (2), def g
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="mcpd/helper/main.py (the helper's own entry point) is being written by the lead; "
-    "remove this mark when it lands",
-)
-def test_root_surface_within_budget_and_without_parsers() -> None:
-    """The helper's entry point loads at most BUDGET code lines of mcpd and no parser or web stack."""
+def surface_counts() -> tuple[list[str], dict[str, str], dict[str, int]]:
+    """(every module loaded, {mcpd module: file}, {mcpd module: code lines}), printed as a table."""
     modules, files = helper_surface()
     counts = {name: code_lines(Path(path).read_text(encoding="utf-8")) for name, path in sorted(files.items())}
     width = max(len(name) for name in counts)
     for name, count in counts.items():
         print(f"{name:<{width}} {count:5d}")
-    total = sum(counts.values())
-    print(f"{'total (' + str(len(counts)) + ' modules)':<{width}} {total:5d}  budget {BUDGET}")
+    print(f"{'total (' + str(len(counts)) + ' modules)':<{width}} {sum(counts.values()):5d}  budget {BUDGET}")
+    return modules, files, counts
 
+
+def test_root_surface_loads_no_parser_or_web_stack_and_hides_no_import() -> None:
+    """No parser or web stack is loaded as root, and no mcpd module the root side loads imports
+    inside a function something the line count would miss."""
+    modules, files, _ = surface_counts()
     loaded = {m.split(".")[0] for m in modules}
     assert not loaded & FORBIDDEN, f"loaded as root: {sorted(loaded & FORBIDDEN)}"
-
     missed: list[str] = []
     for name, path in files.items():
         for target in lazy_imports(Path(path).read_text(encoding="utf-8")):
@@ -121,4 +120,19 @@ def test_root_surface_within_budget_and_without_parsers() -> None:
                 missed.append(f"{name} imports {target} inside a function")
     assert not missed, "imports the count cannot see (import them at the top of the module):\n" + "\n".join(missed)
 
+
+#: The root surface as it stands (issue 8 is open until BUDGET is met): it may shrink, never grow.
+#: Lower this number whenever the surface shrinks.
+CEILING = 2150
+
+
+def test_root_surface_never_grows() -> None:
+    total = sum(surface_counts()[2].values())
+    assert total <= CEILING, f"{total} code lines of mcpd loaded as root, more than the {CEILING} it had"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 8: the root side loads about 2,130 code lines of mcpd, the budget "
+                   "is 800; the next step is a smaller root (see docs/PRIVSEP.md, the root surface)")
+def test_root_surface_within_budget() -> None:
+    total = sum(surface_counts()[2].values())
     assert total <= BUDGET, f"{total} code lines of mcpd loaded as root, budget {BUDGET}"
