@@ -21,14 +21,17 @@ number of times.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import pwd
 import secrets
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -232,3 +235,21 @@ def os_accounts() -> Iterator[AccountFactory]:
         yield factory
     finally:
         factory.cleanup()
+
+
+SHIPPED_PAM_FILE = Path(__file__).resolve().parents[1] / "etc/pam.d/mcpd"
+
+
+@contextlib.contextmanager
+def pam_service(source: Path = SHIPPED_PAM_FILE) -> Iterator[str]:
+    """Install ``source`` (the shipped PAM service by default) under a unique name in
+    ``/etc/pam.d`` (root only); yield the name; remove it afterwards."""
+    require_root()
+    name = f"mcpd-test-{secrets.token_hex(3)}"
+    target = Path("/etc/pam.d") / name
+    shutil.copy(source, target)
+    target.chmod(0o644)
+    try:
+        yield name
+    finally:
+        target.unlink(missing_ok=True)

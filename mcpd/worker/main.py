@@ -121,8 +121,9 @@ def _progress_sender(sock: socket.socket, rid: Any) -> Callable[[int, int | None
     return send
 
 
-def _harden(keep: set[int]) -> None:
-    """Drop everything the worker does not need before it touches a client's path."""
+def _harden(keep: set[int], parent: int) -> None:
+    """Drop everything the worker does not need before it touches a client's path; ``parent`` is
+    the pid that started it (read first thing in :func:`main`)."""
     for fd in range(3, max(keep) + 1):
         if fd not in keep:
             os.closerange(fd, fd + 1)
@@ -132,13 +133,19 @@ def _harden(keep: set[int]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a core dump would hold file contents
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when a worker ends
     libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_no_new_privs, pr_set_dumpable = 38, 4
+    pr_set_no_new_privs, pr_set_dumpable, pr_set_pdeathsig = 38, 4, 1
     if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
     # not dumpable: the account's other processes cannot ptrace it to take descriptors the root
     # helper passed in for a privileged read
     if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+    # die with the process that started it (the front's pool, or the helper's fork server), even
+    # in the middle of a long read: no worker outlives whoever controls it
+    if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # it died before the line above took effect
+        os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ``--limits`` is a JSON object of :class:`mcpd.common.config.ReadLimits` fields (bytes). Exits 0 when
     the socket closes, 2 on bad arguments (not a Unix stream socket, bad limits).
     """
+    parent = os.getppid()
     parser = argparse.ArgumentParser(prog="python -m mcpd.worker")
     parser.add_argument("--fd", type=int, required=True, help="the worker's socketpair end")
     parser.add_argument("--ctl", type=int, default=None, help="the root helper's channel (privileged reads)")
@@ -165,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         print("mcpd.worker: --fd is not a Unix stream socket", file=sys.stderr)
         return 2
     ctl = socket.socket(fileno=opts.ctl) if opts.ctl is not None else None
-    _harden({opts.fd} | ({opts.ctl} if opts.ctl is not None else set()))
+    _harden({opts.fd} | ({opts.ctl} if opts.ctl is not None else set()), parent)
     sock.setblocking(True)
     from mcpd.core import fileopen
     from mcpd.core.ops import OpContext

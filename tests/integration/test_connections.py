@@ -8,6 +8,7 @@ The daemon runs with short deadlines so the tests stay quick; every loop is boun
 from __future__ import annotations
 
 import socket
+import subprocess
 import ssl
 import time
 from collections.abc import Callable
@@ -110,3 +111,67 @@ def test_connections_over_the_total_cap_are_closed_at_once(daemon_factory: Calla
     finally:
         for s in held:
             s.close()
+
+
+def stat_fields(pid: int) -> list[str]:
+    """``/proc/PID/stat`` after the command name: state, ppid, ... (utime is index 11)."""
+    from pathlib import Path
+
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def test_a_worker_busy_in_a_long_read_dies_with_the_front(daemon_factory: Callable[..., Daemon],
+                                                          tmp_path: Any) -> None:
+    """A worker never outlives the process that started it, even mid-call: SIGKILL the front
+    while its worker counts the lines of a huge (sparse) file, and the worker is gone at once."""
+    import asyncio
+    import os
+    import signal
+
+    from mcpd.client.api import Client
+
+    d = daemon_factory()
+    huge = tmp_path / "huge.log"
+    with open(huge, "wb") as f:
+        f.write(b"a\n" * 8192)  # text up front; the rest is a hole of NUL bytes with no line end
+        f.truncate(64 * 1024 ** 3)
+    os.chmod(tmp_path, 0o755)
+
+    def workers() -> set[int]:
+        out = subprocess.run(["pgrep", "-f", "mcpd.worker"], capture_output=True, text=True)
+        mine = set()
+        for pid in (int(p) for p in out.stdout.split()):
+            try:
+                ppid = int(stat_fields(pid)[1])
+            except (OSError, ValueError):
+                continue
+            if ppid == d.proc.pid:
+                mine.add(pid)
+        return mine
+
+    async def long_read() -> None:
+        async with Client(d.url, d.token, d.cacert, timeout=30) as c:
+            await c.call_tool("files/read", {"path": str(huge), "start_line": 10 ** 9}, check=False)
+
+    def in_background() -> None:
+        try:
+            asyncio.run(long_read())
+        except Exception:
+            pass  # the front is killed under it
+
+    import threading
+
+    threading.Thread(target=in_background, daemon=True).start()
+    deadline = time.monotonic() + 10
+    busy: set[int] = set()
+    while time.monotonic() < deadline and not busy:
+        time.sleep(0.2)
+        busy = {p for p in workers() if int(stat_fields(p)[11]) > 10}  # utime: it is busy reading
+    assert busy, "a worker is counting lines"
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait(timeout=10)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in busy):
+        time.sleep(0.05)
+    alive = [p for p in busy if os.path.exists(f"/proc/{p}") and stat_fields(p)[0] != "Z"]
+    assert not alive, f"workers outlived the front: {alive}"

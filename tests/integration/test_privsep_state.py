@@ -32,12 +32,9 @@ from mcpd.client.api import AuthError
 from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_pam_login import status_of_sse
 from tests.integration.test_privsep import read_once
-from tests.osaccounts import AccountFactory, ensure_user
+from tests.osaccounts import AccountFactory, ensure_user, pam_service
 
 pytestmark = pytest.mark.root
-
-PAM_FILE = Path(__file__).resolve().parents[2] / "etc/pam.d/mcpd"
-
 
 def writable_by(account: pwd.struct_passwd, top: Path) -> list[Path]:
     """Every folder under ``top`` (itself included) that ``account`` may create entries in, as the
@@ -62,24 +59,21 @@ def front_owned_daemon() -> Iterator[tuple[PrivsepDaemon, Path, AccountFactory, 
     """A daemon whose front state folder belongs to ``mcpd`` (0750), with a test PAM service."""
     if os.geteuid() != 0:
         pytest.skip("needs root: PAM service, OS accounts, root helper")
-    service_name = f"mcpd-test-{secrets.token_hex(3)}"
-    pam_target = Path("/etc/pam.d") / service_name
-    shutil.copy(PAM_FILE, pam_target)
-    pam_target.chmod(0o644)
     front_state = Path(tempfile.mkdtemp(prefix="mcpd-front-state-", dir="/tmp"))
     factory = AccountFactory()
     d: PrivsepDaemon | None = None
-    try:
-        d = start_privsep(factory, state_dir=str(front_state), login={"pam_service": service_name})
-        os.chown(front_state, d.service.pw_uid, d.service.pw_gid)
-        os.chmod(front_state, 0o750)
-        yield d, front_state, factory, service_name
-    finally:
-        if d is not None:
-            stop_privsep(d)
-        factory.cleanup()
-        pam_target.unlink(missing_ok=True)
-        shutil.rmtree(front_state, ignore_errors=True)
+    with pam_service() as service_name:
+        try:
+            d = start_privsep(factory, state_dir=str(front_state),
+                              login={"pam_service": service_name, "answer_seconds": 0.3})
+            os.chown(front_state, d.service.pw_uid, d.service.pw_gid)
+            os.chmod(front_state, 0o750)
+            yield d, front_state, factory, service_name
+        finally:
+            if d is not None:
+                stop_privsep(d)
+            factory.cleanup()
+            shutil.rmtree(front_state, ignore_errors=True)
 
 
 def enrolled_login(d: PrivsepDaemon, factory: AccountFactory) -> tuple[str, str, Callable[[], str]]:
