@@ -57,7 +57,8 @@ def root_folder(path: str, leaf_mask: int = 0o077) -> int:
             if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
                 raise OSError(f"{path}: {name} must be owned by root and not writable by group or others")
         if os.fstat(fd).st_mode & leaf_mask:
-            raise OSError(f"{path}: mode has bits {oct(leaf_mask)} set (must not)")
+            raise OSError(f"{path}: must be mode 0700" if leaf_mask == 0o077 else
+                          f"{path}: must not be writable by group or others")
         return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
     finally:
         os.close(fd)
