@@ -1,19 +1,30 @@
-"""The audit log: one JSON line per privileged decision or reload (SPEC §4.5).
+"""The audit log: one JSON line per privileged decision, login, worker, reload or alert (SPEC §7).
 
 Each record is one ``write`` on a descriptor opened with ``O_APPEND`` (mode 0600, in a 0700
-folder), so records from several processes never interleave and each reaches the kernel at once.
-Each line is also sent to syslog (the journal picks it up) when ``/dev/log`` exists.
+folder), under an exclusive ``flock``, so records never interleave and each reaches the kernel at
+once. Each line is also sent to syslog (the journal picks it up) when ``/dev/log`` exists.
 
-Record fields (all optional but ``time`` and ``event``): ``time`` (ISO 8601 UTC), ``event``
-(``accept``, ``reject``, ``reload``, ``reload_failed``, ``alert`` ...), ``user`` (principal),
-``os_user``, ``peer``, ``session``, ``tool``, ``requested_path``, ``resolved_path``, ``rule``,
-``decision``, ``reason``, ``bytes``. Keys that name secrets or contents (``token``, ``password``,
-``content`` ...) are refused, and values must be scalars, so nothing larger can slip in.
+The log is a hash chain (SPEC §7.2): every record starts with ``seq`` (1, 2, 3 ...) and ``prev``,
+the SHA-256 (hex) of the previous record's exact bytes, its newline included (:data:`GENESIS` for
+the first record ever). The chain goes on across rotation: before each write the writer checks
+that the path still names its file (device and inode); when logrotate (``create``) has renamed
+it, the writer opens the new file and its first record carries the hash of the last record of the
+old one. On start the chain resumes from the file's last line, or, when the file is empty, from
+the last line of ``FILE.1`` (the file logrotate just renamed). ``mcpd audit verify`` checks it.
+
+Record fields (all optional but ``seq``, ``prev``, ``time`` and ``event``): ``time`` (ISO 8601
+UTC), ``event`` (``accept``, ``reject``, ``reload``, ``reload_failed``, ``alert``, ``spawn``,
+``kill`` ...), ``user`` (principal), ``os_user``, ``token_id``, ``peer``, ``session``, ``tool``,
+``requested_path``, ``resolved_path``, ``grant``, ``decision``, ``reason``, ``outcome``, ``bytes``.
+Keys that name secrets or contents (``token``, ``password``, ``content`` ...) are refused, and
+values must be scalars, so nothing larger can slip in.
 """
 
 from __future__ import annotations
 
 import datetime
+import fcntl
+import hashlib
 import json
 import logging
 import logging.handlers
@@ -21,13 +32,14 @@ import os
 import re
 import stat
 import threading
-from collections import deque
 from typing import Any
 
 FORBIDDEN_KEYS = frozenset({"token", "password", "passwd", "secret", "content", "contents"})
 _EVENT_RE = re.compile(r"^[a-z][a-z_]{0,31}$")
 _KEY_RE = re.compile(r"^[a-z][a-z_]{0,31}$")
 MAX_VALUE_CHARS = 4096  # longer strings are cut (a path is at most 4096 bytes anyway)
+GENESIS = "0" * 64  # ``prev`` of the first record of a chain
+_RESERVED = ("seq", "prev", "time", "event")
 
 
 class AuditError(ValueError):
@@ -46,8 +58,10 @@ def _clean(value: Any, key: str) -> Any:
     raise AuditError(f"audit field {key!r} must be a string, number, boolean or null")
 
 
-def format_record(event: str, fields: dict[str, Any], now: datetime.datetime | None = None) -> str:
-    """Build one audit line (JSON, no trailing newline), validating it.
+def format_record(event: str, fields: dict[str, Any], now: datetime.datetime | None = None,
+                  seq: int | None = None, prev: str | None = None) -> str:
+    """Build one audit line (JSON, no trailing newline), validating it: ``seq`` and ``prev`` first
+    when given (the chain), then ``time``, ``event`` and ``fields`` in order.
 
     Raises:
         AuditError: bad event name, a key naming a secret or contents, or a non-scalar value.
@@ -55,14 +69,41 @@ def format_record(event: str, fields: dict[str, Any], now: datetime.datetime | N
     if not _EVENT_RE.match(event):
         raise AuditError(f"bad audit event {event!r}")
     when = now or datetime.datetime.now(datetime.timezone.utc)
-    record: dict[str, Any] = {"time": when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "event": event}
+    record: dict[str, Any] = {} if seq is None else {"seq": seq, "prev": prev}
+    record.update(time=when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), event=event)
     for key, value in fields.items():
-        if not _KEY_RE.match(key) or key in ("time", "event"):
+        if not _KEY_RE.match(key) or key in _RESERVED:
             raise AuditError(f"bad audit field name {key!r}")
         if _forbidden(key):
             raise AuditError(f"audit field {key!r} is never logged")
         record[key] = _clean(value, key)
     return json.dumps(record, ensure_ascii=True, separators=(",", ":"))
+
+
+def last_line(fd: int, block: int = 65536) -> bytes:
+    """The last line of the open file ``fd`` (its newline included when present; ``b""`` when empty)."""
+    pos = os.fstat(fd).st_size
+    found = b""
+    while pos > 0:
+        step = min(block, pos)
+        pos -= step
+        found = os.pread(fd, step, pos) + found
+        cut = found.rfind(b"\n", 0, len(found) - 1)
+        if cut >= 0:
+            return found[cut + 1:]
+    return found
+
+
+def chain_after(line: bytes) -> tuple[int, str]:
+    """``(seq, hash)`` a record written after ``line`` continues from: the line's ``seq`` (0 when
+    it has none or is empty) and the SHA-256 of its bytes (:data:`GENESIS` for no line at all)."""
+    if not line:
+        return 0, GENESIS
+    try:
+        seq = json.loads(line).get("seq")
+    except (ValueError, AttributeError):
+        seq = None
+    return (seq if isinstance(seq, int) and not isinstance(seq, bool) else 0), hashlib.sha256(line).hexdigest()
 
 
 def _syslog_logger() -> logging.Logger | None:
@@ -86,7 +127,7 @@ def _syslog_logger() -> logging.Logger | None:
 
 
 class AuditLog:
-    """An append-only JSON-lines audit log (SPEC §4.5).
+    """An append-only, hash-chained JSON-lines audit log (SPEC §7; see the module docstring).
 
     Args:
         path: the log file; its folder is created with mode 0700 when missing, the file with 0600.
@@ -103,30 +144,74 @@ class AuditLog:
         st = os.stat(folder)
         if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
             os.chmod(folder, 0o700)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY
-        self._fd = os.open(path, flags, 0o600)
-        fst = os.fstat(self._fd)
-        if not stat.S_ISREG(fst.st_mode):
-            os.close(self._fd)
-            raise OSError(f"{path}: audit log is not a regular file")
-        if stat.S_IMODE(fst.st_mode) != 0o600 and fst.st_uid == os.geteuid():
-            os.fchmod(self._fd, 0o600)
+        self._fd = self._open()
         self._lock = threading.Lock()
+        self._end, self._seq, self._prev = -1, 0, GENESIS
+        if os.fstat(self._fd).st_size == 0:
+            self._resume_from(path + ".1")
         self._syslog = _syslog_logger() if syslog else None
 
+    def _open(self) -> int:
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY
+        fd = os.open(self.path, flags, 0o600)  # read too: the chain resumes from the last line
+        fst = os.fstat(fd)
+        if not stat.S_ISREG(fst.st_mode):
+            os.close(fd)
+            raise OSError(f"{self.path}: audit log is not a regular file")
+        if stat.S_IMODE(fst.st_mode) != 0o600 and fst.st_uid == os.geteuid():
+            os.fchmod(fd, 0o600)
+        return fd
+
+    def _resume_from(self, rotated: str) -> None:
+        try:
+            fd = os.open(rotated, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                self._seq, self._prev = chain_after(last_line(fd))
+        finally:
+            os.close(fd)
+
+    def _follow_rotation(self) -> None:
+        """Reopen the path when it no longer names our file (renamed by logrotate, or removed)."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+            fst = os.fstat(self._fd)
+            if (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino):
+                return
+        except FileNotFoundError:
+            pass
+        fd = self._open()
+        os.close(self._fd)
+        self._fd = fd
+
     def record(self, event: str, **fields: Any) -> None:
-        """Append one record (see the module docstring for the fields).
+        """Append one record (see the module docstring for the fields), next link of the chain.
 
         Raises:
             AuditError: the record breaks the rules (nothing is written).
             OSError: the write failed.
         """
-        line = format_record(event, fields)
-        data = (line + "\n").encode("ascii")
+        format_record(event, fields)  # validate before touching the file
         with self._lock:
-            written = os.write(self._fd, data)
-            if written != len(data):
-                raise OSError(f"{self.path}: short audit write")
+            self._follow_rotation()
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                size, torn = os.fstat(self._fd).st_size, b""
+                if size != self._end and size > 0:  # first write, or another writer appended
+                    last = last_line(self._fd)
+                    self._seq, self._prev = chain_after(last)
+                    torn = b"" if last.endswith(b"\n") else b"\n"  # a torn line stays its own line
+                line = format_record(event, fields, seq=self._seq + 1, prev=self._prev)
+                data = (line + "\n").encode("ascii")
+                self._end = size + len(torn) + len(data)
+                data = torn + data
+                if os.write(self._fd, data) != len(data):
+                    raise OSError(f"{self.path}: short audit write")
+                self._seq, self._prev = self._seq + 1, hashlib.sha256(data[len(torn):]).hexdigest()
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
         if self._syslog is not None:
             self._syslog.info("%s", line)
 
@@ -142,39 +227,3 @@ class AuditLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def tail_lines(path: str, count: int, block: int = 65536, end: int | None = None) -> list[str]:
-    """The last ``count`` lines of ``path`` (read backwards in ``block``-byte steps, memory ~ answer).
-
-    ``end`` (bytes) stops at that offset instead of the current size, so a follower can go on from
-    exactly there.
-
-    Raises:
-        OSError: cannot open the file.
-    """
-    if count <= 0:
-        return []
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
-    try:
-        size = os.fstat(fd).st_size
-        end = size if end is None else min(end, size)
-        found: deque[bytes] = deque()
-        rest = b""
-        pos = end
-        while pos > 0 and len(found) <= count:
-            step = min(block, pos)
-            pos -= step
-            chunk = os.pread(fd, step, pos) + rest
-            pieces = chunk.split(b"\n")
-            rest = pieces[0]
-            for piece in reversed(pieces[1:]):
-                found.appendleft(piece)
-        if pos == 0:
-            found.appendleft(rest)
-    finally:
-        os.close(fd)
-    lines = [p.decode("utf-8", "replace") for p in found]
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line for line in lines if line][-count:]
