@@ -298,8 +298,8 @@ def human(rec: dict[str, Any]) -> str:
         reason += f" (+{rec['suppressed']} like it suppressed)"
     extra = f" pid={rec['pid']}" if "pid" in rec else ""
     size = rec.get("bytes")
-    return (f"{when}  {who}  {route}  {rec.get('tool') or '-'}  {path}{extra}  {rec.get('decision') or '-'}  "
-            f"{reason}  {'-' if size is None else size}")
+    return (f"{when}  {who:<14} {route:<12} {rec.get('tool') or '-':<14} {path}{extra}  "
+            f"{rec.get('decision') or '-'}  {reason}  {'-' if size is None else size}")
 
 
 def format_json(rec: dict[str, Any]) -> str:
