@@ -18,6 +18,11 @@ UTC), ``event`` (``accept``, ``reject``, ``reload``, ``reload_failed``, ``alert`
 ``requested_path``, ``resolved_path``, ``grant``, ``decision``, ``reason``, ``outcome``, ``bytes``.
 Keys that name secrets or contents (``token``, ``password``, ``content`` ...) are refused, and
 values must be scalars, so nothing larger can slip in.
+
+Alerts are rate-limited (SPEC §7.1): at most :data:`ALERT_BURST` per reason in each
+:data:`ALERT_WINDOW` seconds; the ones over are counted, and once the window is over (checked at
+every record, and on close) one more alert of that reason carries the count as ``suppressed``. A
+flood costs a few lines and loses no count.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import os
 import re
 import stat
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 FORBIDDEN_KEYS = frozenset({"token", "password", "passwd", "secret", "content", "contents"})
@@ -39,6 +46,7 @@ _EVENT_RE = re.compile(r"^[a-z][a-z_]{0,31}$")
 _KEY_RE = re.compile(r"^[a-z][a-z_]{0,31}$")
 MAX_VALUE_CHARS = 4096  # longer strings are cut (a path is at most 4096 bytes anyway)
 GENESIS = "0" * 64  # ``prev`` of the first record of a chain
+ALERT_BURST, ALERT_WINDOW, ALERT_KEYS = 10, 60.0, 256  # alerts per reason per window (s); reasons tracked
 _RESERVED = ("seq", "prev", "time", "event")
 
 
@@ -137,8 +145,9 @@ class AuditLog:
         OSError: the folder or file cannot be created or opened (the helper must not run blind).
     """
 
-    def __init__(self, path: str, syslog: bool = True) -> None:
-        self.path = path
+    def __init__(self, path: str, syslog: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path, self._clock = path, clock
+        self._alerts: dict[str, list[float]] = {}  # reason -> [window start, written, suppressed]
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, mode=0o700, exist_ok=True)
         st = os.stat(folder)
@@ -195,30 +204,57 @@ class AuditLog:
         """
         format_record(event, fields)  # validate before touching the file
         with self._lock:
-            self._follow_rotation()
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                size, torn = os.fstat(self._fd).st_size, b""
-                if size != self._end and size > 0:  # first write, or another writer appended
-                    last = last_line(self._fd)
-                    self._seq, self._prev = chain_after(last)
-                    torn = b"" if last.endswith(b"\n") else b"\n"  # a torn line stays its own line
-                line = format_record(event, fields, seq=self._seq + 1, prev=self._prev)
-                data = (line + "\n").encode("ascii")
-                self._end = size + len(torn) + len(data)
-                data = torn + data
-                if os.write(self._fd, data) != len(data):
-                    raise OSError(f"{self.path}: short audit write")
-                self._seq, self._prev = self._seq + 1, hashlib.sha256(data[len(torn):]).hexdigest()
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            for reason, (_, _, dropped) in self._due(self._clock()):
+                self._write("alert", {"reason": reason, "suppressed": int(dropped)})
+            if event == "alert" and not self._admit(fields):
+                return
+            self._write(event, fields)
+
+    def _due(self, now: float | None) -> list[tuple[str, list[float]]]:
+        """Alert reasons whose window is over (all when ``now`` is None) with a count to write; forgets them."""
+        done = [(k, v) for k, v in self._alerts.items() if now is None or now - v[0] >= ALERT_WINDOW]
+        for key, _ in done:
+            del self._alerts[key]
+        return [(k, v) for k, v in done if v[2]]
+
+    def _admit(self, fields: dict[str, Any]) -> bool:
+        """Whether an alert may be written now (else it is counted as suppressed)."""
+        key = str(fields.get("reason"))[:200]
+        key = key if key in self._alerts or len(self._alerts) < ALERT_KEYS else "(other reasons)"
+        slot = self._alerts.setdefault(key, [self._clock(), 0, 0])
+        if slot[1] >= ALERT_BURST:
+            slot[2] += 1
+            return False
+        slot[1] += 1
+        return True
+
+    def _write(self, event: str, fields: dict[str, Any]) -> None:
+        self._follow_rotation()
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            size, torn = os.fstat(self._fd).st_size, b""
+            if size != self._end and size > 0:  # first write, or another writer appended
+                last = last_line(self._fd)
+                self._seq, self._prev = chain_after(last)
+                torn = b"" if last.endswith(b"\n") else b"\n"  # a torn line stays its own line
+            line = format_record(event, fields, seq=self._seq + 1, prev=self._prev)
+            data = (line + "\n").encode("ascii")
+            self._end = size + len(torn) + len(data)
+            data = torn + data
+            if os.write(self._fd, data) != len(data):
+                raise OSError(f"{self.path}: short audit write")
+            self._seq, self._prev = self._seq + 1, hashlib.sha256(data[len(torn):]).hexdigest()
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
         if self._syslog is not None:
             self._syslog.info("%s", line)
 
     def close(self) -> None:
-        """Close the file (idempotent)."""
+        """Write the counts of alerts still held back, then close the file (idempotent)."""
         with self._lock:
             if self._fd >= 0:
+                for reason, (_, _, dropped) in self._due(None):
+                    self._write("alert", {"reason": reason, "suppressed": int(dropped)})
                 os.close(self._fd)
                 self._fd = -1
 

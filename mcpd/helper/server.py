@@ -159,8 +159,9 @@ def _bound_worker(state: State, principal: identity.Principal, pid: int) -> Work
     return w
 
 
-def kill_worker(state: State, w: Worker) -> None:
-    """SIGKILL worker ``w`` through its pidfd, wait (at most 5 s) until it is gone, forget it."""
+def kill_worker(state: State, w: Worker, reason: str = "helper stopping", token_id: str | None = None) -> None:
+    """SIGKILL worker ``w`` through its pidfd, wait (at most 5 s) until it is gone, forget it; one
+    audit ``kill`` record saying why (``reason``) and, when asked by the front, with ``token_id``."""
     with state.lock:
         state.workers.pop(w.pid, None)
     try:
@@ -170,15 +171,15 @@ def kill_worker(state: State, w: Worker) -> None:
         pass
     os.close(w.pidfd)
     w.ctl.close()
+    state.audit.record("kill", user=w.owner[0], os_user=w.owner[1], token_id=token_id, pid=w.pid,
+                       decision="accept", reason=reason)
 
 
 def handle_kill(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``kill_worker {token, pid}``: SIGKILL a worker bound to the token's principal (through its
     pidfd, so a reused pid is never hit); any other pid is refused and audited."""
     principal, _ = _who(state, req)
-    w = _bound_worker(state, principal, req["pid"])
-    kill_worker(state, w)
-    state.audit.record("kill", user=principal.name, os_user=principal.os_user, pid=w.pid, decision="accept")
+    kill_worker(state, _bound_worker(state, principal, req["pid"]), "asked by the front", principal.token_id)
     return {"ok": True}
 
 
@@ -196,7 +197,8 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """
     principal, login = _who(state, req)
     op, who = req["op"], {"session": req["session"], "peer": req["peer"], "user": principal.name,
-                          "os_user": principal.os_user, "token_id": principal.token_id, "tool": req["op"]}
+                          "os_user": principal.os_user, "token_id": principal.token_id, "tool": req["op"],
+                          "route": "privileged"}
     try:
         if op in WALK_OPS:
             args = WALK_OPS[op][1](req["args"])
@@ -470,7 +472,7 @@ def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
 
 
 def reap(state: State) -> None:
-    """Forget workers that have exited (their pidfd is readable)."""
+    """Forget workers that have exited (their pidfd is readable), one audit ``exit`` record each."""
     with state.lock:
         items = list(state.workers.values())
     done = select.select([w.pidfd for w in items], [], [], 0)[0] if items else []
@@ -480,6 +482,7 @@ def reap(state: State) -> None:
                 state.workers.pop(w.pid, None)
             os.close(w.pidfd)
             w.ctl.close()
+            state.audit.record("exit", user=w.owner[0], os_user=w.owner[1], pid=w.pid, reason="worker ended")
 
 
 def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[], bool],

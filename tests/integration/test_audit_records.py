@@ -9,14 +9,16 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mcpd.client.api import Client, text_of
+from mcpd.client.api import Client
 from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.root
@@ -108,3 +110,89 @@ def test_tampering_with_a_real_log_is_named_at_its_line(privsep_daemon: PrivsepD
     out = mcpd("audit", "verify", str(old), str(new))
     assert out.returncode == 1
     assert out.stdout.startswith(f"{new}:{count if line == -1 else line}: {kind}"), out.stdout
+
+
+def wait_for_record(d: PrivsepDaemon, match: Any, seconds: float = 15.0) -> dict[str, Any]:
+    deadline = time.monotonic() + seconds
+    while True:
+        found = [r for r in d.audit() if match(r)]
+        if found:
+            return found[-1]
+        assert time.monotonic() < deadline, "no such audit record"
+        time.sleep(0.1)
+
+
+def test_privileged_record_carries_route_and_token_id_never_the_token(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    call(d, "alice", d.log_file, privileged=True)
+    rec = [r for r in d.audit() if r["event"] == "accept" and r.get("user") == "alice"][-1]
+    assert rec["route"] == "privileged" and rec["token_id"] == d.tokens["alice"].split("_")[1]
+    text = d.audit_text()
+    assert all(token not in text and token.rsplit("_", 1)[1] not in text for token in d.tokens.values())
+
+
+def test_reload_record_describes_reauth_deny_and_expires_changes(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    before = len(d.audit())
+    grants = d.default_grants()
+    rule = next(iter(grants["users"].values()))["privileged"]["tools"]["files/read"]
+    rule.update(reauth_after="5m", deny=[str(d.app / "private")], expires="2099-01-01T00:00:00Z")
+    try:
+        d.write_grants(grants)
+        rec = wait_for_record(d, lambda r: r["event"] == "reload" and r["seq"] > before and "reauth" in r["reason"])
+        where = f"users.{d.accounts['alice'].name} files/read"
+        for part in (f"{where} reauth_after 300s added", f"{where} deny {d.app}/private added",
+                     f"{where} expires never -> 2099-01-01T00:00:00Z"):
+            assert part in rec["reason"], rec["reason"]
+        rule["reauth_after"] = "10m"
+        d.write_grants(grants)
+        rec = wait_for_record(d, lambda r: r["event"] == "reload" and "300s -> 600s" in r["reason"])
+        assert rec["reason"] == f"{where} reauth_after 300s -> 600s"
+    finally:
+        d.write_grants(d.default_grants())
+        wait_for_record(d, lambda r: r["event"] == "reload" and "reauth_after 600s removed" in r["reason"])
+
+
+FLOOD = r"""
+import socket, struct, sys
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sys.argv[1])
+    s.sendall(struct.pack("!I", 8) + b"not json")
+    s.settimeout(10)
+    s.recv(1)
+    s.close()
+"""
+
+
+def test_spawns_exits_kills_and_an_alert_flood_are_recorded(privsep_daemon: PrivsepDaemon) -> None:
+    from mcpd.helper.audit import ALERT_BURST
+
+    d = privsep_daemon
+    call(d, "alice", d.app, privileged=False, tool="files/list")
+    rotated = d.audit_path.with_name(d.audit_path.name + ".1")
+    older = [json.loads(x) for x in rotated.read_text().splitlines()] if rotated.exists() else []
+    spawn = [r for r in older + d.audit() if r["event"] == "spawn" and r.get("user") == "alice"][-1]
+    assert spawn["token_id"] == d.tokens["alice"].split("_")[1] and spawn["os_user"] == d.accounts["alice"].name
+    victim = d.workers("alice")[0]
+    os.kill(victim, signal.SIGKILL)  # a worker that dies by itself: the helper notices and records it
+    wait_for_record(d, lambda r: r["event"] == "exit" and r.get("pid") == victim)
+    seq = d.audit()[-1]["seq"]
+    flood = 4 * ALERT_BURST
+    subprocess.run(["setpriv", f"--reuid={d.service.pw_uid}", f"--regid={d.service.pw_gid}", "--clear-groups",
+                    sys.executable, "-I", "-c", FLOOD, str(d.socket_path), str(flood)], check=True, timeout=120)
+    new = [r for r in d.audit() if r["seq"] > seq and r["event"] == "alert"]
+    assert 1 <= len(new) <= ALERT_BURST and all(r["reason"].startswith("malformed frame") for r in new)
+    call(d, "alice", d.app, privileged=False, tool="files/list")  # a worker again
+    live = set(d.workers("alice"))
+    d.kill_helper(signal.SIGTERM)  # a clean stop: held-back counts written, workers killed and recorded
+    try:
+        recs = [r for r in d.audit() if r["seq"] > seq]
+        flood_recs = [r for r in recs if r["event"] == "alert" and r["reason"] == new[0]["reason"]]
+        assert sum(r.get("suppressed", 1) for r in flood_recs) == flood
+        killed = {r["pid"] for r in recs if r["event"] == "kill" and r["reason"] == "helper stopping"}
+        assert live and live <= killed
+        assert mcpd("audit", "verify", "--config", str(d.config_path)).returncode == 0
+    finally:
+        d.start_helper()
+

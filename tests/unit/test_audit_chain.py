@@ -189,3 +189,42 @@ def test_records_before_the_chain_existed_are_counted_apart(tmp_path: Path) -> N
     write_n(path, 2)
     verdict = check(path)
     assert verdict.ok and verdict.unchained == 1 and verdict.count == 2
+
+
+def test_repeated_alerts_are_rate_limited_with_a_count_of_those_suppressed(tmp_path: Path) -> None:
+    from mcpd.helper.audit import ALERT_BURST, ALERT_WINDOW
+
+    path = tmp_path / "audit.jsonl"
+    now = [1000.0]
+    log = AuditLog(str(path), syslog=False, clock=lambda: now[0])
+    for i in range(500):
+        log.record("alert", peer=f"pid={i} uid=999", reason="malformed frame")
+    log.record("alert", reason="another reason")  # its own allowance
+    recs = [json.loads(x) for x in raw_lines(path)]
+    assert len(recs) == ALERT_BURST + 1 and not any("suppressed" in r for r in recs)
+    now[0] += ALERT_WINDOW  # the window is over: the next record of any kind brings out the count
+    log.record("accept", bytes=1)
+    recs = [json.loads(x) for x in raw_lines(path)]
+    assert recs[-2] == dict(recs[-2], event="alert", reason="malformed frame", suppressed=500 - ALERT_BURST)
+    assert recs[-1]["event"] == "accept"
+    for _ in range(ALERT_BURST + 3):
+        log.record("alert", reason="malformed frame")  # a new window: a new allowance
+    log.close()  # what is still held back is written on close
+    recs = [json.loads(x) for x in raw_lines(path)]
+    assert recs[-1] == dict(recs[-1], event="alert", reason="malformed frame", suppressed=3)
+    # every alert raised is either written or counted in a summary: none lost
+    assert sum(r.get("suppressed", 1) for r in recs if r["event"] == "alert") == 500 + 1 + ALERT_BURST + 3
+    assert check(path).ok
+
+
+def test_alert_reasons_tracked_are_bounded(tmp_path: Path) -> None:
+    from mcpd.helper.audit import ALERT_BURST, ALERT_KEYS
+
+    path = tmp_path / "audit.jsonl"
+    with AuditLog(str(path), syslog=False, clock=lambda: 0.0) as log:
+        for i in range(ALERT_KEYS + 100):  # an attacker varying the reason text
+            log.record("alert", reason=f"unknown key 'k{i}'")
+        assert len(log._alerts) == ALERT_KEYS + 1  # the reasons seen first, and one for all others
+    recs = [json.loads(x) for x in raw_lines(path)]
+    assert len([r for r in recs if "suppressed" not in r]) == ALERT_KEYS + ALERT_BURST
+    assert recs[-1]["reason"] == "(other reasons)" and recs[-1]["suppressed"] == 100 - ALERT_BURST
