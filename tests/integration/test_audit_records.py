@@ -196,3 +196,40 @@ def test_spawns_exits_kills_and_an_alert_flood_are_recorded(privsep_daemon: Priv
     finally:
         d.start_helper()
 
+
+def history(d: PrivsepDaemon) -> list[dict[str, Any]]:
+    rotated = d.audit_path.with_name(d.audit_path.name + ".1")
+    older = [json.loads(x) for x in rotated.read_text().splitlines()] if rotated.exists() else []
+    return older + d.audit()
+
+
+def replayed(d: PrivsepDaemon, grants: dict[str, Any]) -> list[str]:
+    """The paths `mcpd audit replay --user alice` lists under ``grants`` (the file only: no reload)."""
+    d.write_grants(grants, hup=False)
+    try:
+        out = mcpd("audit", "replay", "--user", "alice", "--config", str(d.config_path))
+    finally:
+        d.write_grants(d.default_grants(), hup=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1].startswith(f"{(len(lines) - 1) // 2} past privileged call")
+    return [lines[i].split("files/read", 1)[1].split()[0] for i in range(0, len(lines) - 1, 2)]
+
+
+def test_replay_lists_exactly_what_a_narrowed_or_widened_grant_changes(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    evil = d.srv / "app-evil" / "x"
+    for path in (d.log_file, evil, d.app / "missing.txt"):
+        call(d, "alice", path, privileged=True)
+    past = [r for r in history(d) if r.get("user") == "alice" and r.get("tool") == "files/read"]
+    was_allowed = [r["resolved_path"] for r in past if r["event"] == "accept" and r["resolved_path"] == str(d.log_file)]
+    was_refused = [r["resolved_path"] for r in past if r["event"] == "reject" and r["resolved_path"] == str(evil)]
+    assert was_allowed and was_refused
+    narrowed = d.default_grants()
+    rule = next(iter(narrowed["users"].values()))["privileged"]["tools"]["files/read"]
+    rule["deny"] = [str(d.log_file)]
+    assert replayed(d, narrowed) == was_allowed
+    widened = d.default_grants()
+    next(iter(widened["users"].values()))["privileged"]["tools"]["files/read"]["paths"].append(str(evil.parent))
+    assert replayed(d, widened) == was_refused
+    assert replayed(d, d.default_grants()) == []
