@@ -1,9 +1,10 @@
 """Reading the audit logs: the hash chain check, filters and the human form (SPEC §7).
 
-The root helper writes the chained log (:mod:`mcpd.helper.audit`); this module only reads it, as
-``mcpd audit verify``, ``tail`` and ``replay`` do, so none of it runs as root inside the daemon.
+The root helper writes the chained audit log and the front its access log, both with
+:mod:`mcpd.common.audit`; this module only reads them, as ``mcpd audit verify``, ``tail`` and
+``replay`` do, so none of it runs inside the daemon.
 
-The chain (see :mod:`mcpd.helper.audit`): record ``n`` carries ``seq`` and ``prev``, the SHA-256 of
+The chain (see :mod:`mcpd.common.audit`): record ``n`` carries ``seq`` and ``prev``, the SHA-256 of
 record ``n-1``'s exact bytes (newline included). :func:`verify` walks files in the order given
 (oldest first) and stops at the first line that breaks it, saying what is wrong:
 
@@ -35,7 +36,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-GENESIS = "0" * 64  # as mcpd.helper.audit.GENESIS (not imported: this side loads no helper module it needs not)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _ROTATED = re.compile(r"^\.(\d+)(\.gz)?$")
 

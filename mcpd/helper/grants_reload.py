@@ -4,7 +4,7 @@
 holder, :class:`mcpd.common.reload.Reloading`. A reload that fails (unsafe file, bad YAML, schema
 error) changes nothing and is reported; a reload that succeeds replaces the policy and reports a
 human summary of what changed (:func:`summarize_changes`). Every reload, good or bad, is one
-audit record when an :class:`~mcpd.helper.audit.AuditLog` is given. Every policy it holds carries
+audit record when an :class:`~mcpd.common.audit.AuditLog` is given. Every policy it holds carries
 the fixed deny ``secrets`` (:func:`mcpd.helper.grants.secret_paths`).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mcpd.common.reload import Reloading
-from mcpd.helper.audit import AuditLog
+from mcpd.common.audit import AuditLog
 from mcpd.helper.grants import Policy, is_secret, load_policy
 
 

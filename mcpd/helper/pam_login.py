@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pam
 
-from mcpd.helper.audit import AuditLog
+from mcpd.common.audit import AuditLog
 from mcpd.helper.issued import IssuedStore, StoreError
 from mcpd.helper.lockout import Lockout
 

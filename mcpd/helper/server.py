@@ -42,7 +42,7 @@ from mcpd.common.reload import Reloading
 from mcpd.common.validate import check_path
 from mcpd.core import walk
 from mcpd.helper import grants, opener
-from mcpd.helper.audit import AuditLog
+from mcpd.common.audit import AuditLog
 from mcpd.helper.forkserver import ForkServer
 from mcpd.helper.grants_reload import PolicyHolder
 from mcpd.helper.issued import Issued, IssuedStore
@@ -195,6 +195,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     descriptor to the principal's worker ``worker`` (its reply, id ``rid``, goes to the front);
     walk ops run in a killable child and return their raw result. One audit record per call.
     """
+    started = time.monotonic()
     principal, login = _who(state, req)
     op, who = req["op"], {"session": req["session"], "peer": req["peer"], "user": principal.name,
                           "os_user": principal.os_user, "token_id": principal.token_id, "tool": req["op"],
@@ -208,7 +209,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
         else:
             raise ToolError(PERMISSION_DENIED, "permission denied", reason="unknown tool")
     except ToolError as exc:
-        state.audit.record("reject", decision="reject", reason=exc.message, **who)
+        state.audit.record("reject", decision="reject", reason=exc.message, outcome=exc.code, **who)
         raise
     key = "path" if "path" in args else "root"
     requested = args[key]
@@ -219,7 +220,8 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
                              login_time=login_time, login_used=login is not None and login.reauth_used)
     record = dict(who, requested_path=requested, resolved_path=decision.resolved_path, grant=decision.rule)
     if not decision.allowed or decision.resolved_path is None:
-        state.audit.record("reject", decision="reject", reason=decision.reason, **record)
+        state.audit.record("reject", decision="reject", reason=decision.reason, outcome=PERMISSION_DENIED, bytes=0,
+                           duration_ms=_ms(started), **record)
         hint = "; run: linuxctl login, then use the new token" if decision.reason == grants.REAUTH else ""
         raise ToolError(PERMISSION_DENIED, f"permission denied: {requested}: {decision.reason}{hint}",
                         path=requested, reason=decision.reason)
@@ -234,10 +236,15 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
             reply, outcome, size = _content(state, op, args, principal, decision.covers_root, req)
     except ToolError as exc:
         state.audit.record("accept", decision="accept", reason="granted", outcome=exc.code, bytes=0,
-                           reason_detail=exc.details.get("reason"), **record)
+                           reason_detail=exc.details.get("reason"), duration_ms=_ms(started), **record)
         raise
-    state.audit.record("accept", decision="accept", reason="granted", outcome=outcome, bytes=size, **record)
+    state.audit.record("accept", decision="accept", reason="granted", outcome=outcome, bytes=size,
+                       duration_ms=_ms(started), **record)
     return reply
+
+
+def _ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)
 
 
 def _content(state: State, op: str, args: dict[str, Any], principal: identity.Principal, follow: bool,

@@ -166,7 +166,7 @@ for _ in range(int(sys.argv[2])):
 
 
 def test_spawns_exits_kills_and_an_alert_flood_are_recorded(privsep_daemon: PrivsepDaemon) -> None:
-    from mcpd.helper.audit import ALERT_BURST
+    from mcpd.common.audit import ALERT_BURST
 
     d = privsep_daemon
     call(d, "alice", d.app, privileged=False, tool="files/list")
@@ -233,3 +233,81 @@ def test_replay_lists_exactly_what_a_narrowed_or_widened_grant_changes(privsep_d
     next(iter(widened["users"].values()))["privileged"]["tools"]["files/read"]["paths"].append(str(evil.parent))
     assert replayed(d, widened) == was_refused
     assert replayed(d, d.default_grants()) == []
+
+
+SPEC_FIELDS = ("user", "token_id", "os_user", "peer", "session", "route", "tool", "requested_path", "resolved_path",
+               "decision", "reason", "outcome", "bytes", "duration_ms")
+PUBLIC_TEXT = "public words for everyone\n"
+
+
+def call_records(d: PrivsepDaemon) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the helper's call records, the front's access records) so far."""
+    access = [json.loads(x) for x in d.access_path.read_text().splitlines()] if d.access_path.exists() else []
+    return [r for r in d.audit() if r["event"] in ("accept", "reject") and r.get("route") == "privileged"], access
+
+
+def one_new(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any] | None:
+    assert len(after) - len(before) <= 1, after[len(before):]
+    return after[-1] if len(after) > len(before) else None
+
+
+@pytest.mark.parametrize("privileged", [False, True])
+def test_every_call_leaves_exactly_one_record_with_every_field(privsep_daemon: PrivsepDaemon, privileged: bool) -> None:
+    d = privsep_daemon
+    public = d.app / "public.txt" if privileged else d.srv / "public.txt"
+    public.write_text(PUBLIC_TEXT)
+    os.chmod(public, 0o600 if privileged else 0o644)
+    call(d, "alice", public, privileged=privileged)  # a worker is up: its spawn record is no call record
+    calls, access = call_records(d)
+    res = call(d, "alice", public, privileged=privileged)
+    assert not res.get("isError") and PUBLIC_TEXT in res["content"][0]["text"]
+    calls2, access2 = call_records(d)
+    helper_rec, front_rec = one_new(calls, calls2), one_new(access, access2)
+    rec = helper_rec if privileged else front_rec
+    assert rec is not None and (front_rec if privileged else helper_rec) is None  # one record, on its route's log
+    assert set(SPEC_FIELDS) <= set(rec), set(SPEC_FIELDS) - set(rec)
+    assert rec["route"] == ("privileged" if privileged else "unprivileged")
+    assert rec["user"] == "alice" and rec["os_user"] == d.accounts["alice"].name
+    assert rec["token_id"] == d.tokens["alice"].split("_")[1] and rec["peer"].startswith("127.0.0.1:")
+    assert rec["tool"] == "files/read" and rec["requested_path"] == rec["resolved_path"] == str(public)
+    assert rec["decision"] == "accept" and rec["outcome"] is None and rec["bytes"] == len(PUBLIC_TEXT)
+    assert isinstance(rec["duration_ms"], float) and len(rec["session"]) == 32
+    for text in (d.audit_text(), d.access_path.read_text()):
+        assert PUBLIC_TEXT.strip() not in text
+        assert all(token.rsplit("_", 1)[1] not in text for token in d.tokens.values())
+
+
+def test_refused_and_kernel_denied_calls_are_recorded_by_the_front(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    _, access = call_records(d)
+    res = call(d, "alice", d.log_file, privileged=False)  # root's 0600 file: the kernel says no
+    assert res["structuredContent"]["error"]["code"] == "PERMISSION_DENIED"
+    _, access2 = call_records(d)
+    rec = one_new(access, access2)
+    assert rec is not None and rec["decision"] == "accept" and rec["outcome"] == "PERMISSION_DENIED"
+    res = call(d, "alice", "relative/path", privileged=True)  # refused before any route
+    assert res.get("isError")
+    calls3, access3 = call_records(d)
+    rec = one_new(access2, access3)
+    assert rec is not None and rec["decision"] == "reject" and rec["outcome"] == "INVALID_ARGUMENT"
+    assert rec["route"] == "privileged" and rec["requested_path"] == "relative/path"
+    verified = mcpd("audit", "verify", str(d.access_path))
+    assert verified.returncode == 0, verified.stdout
+    tail = mcpd("audit", "tail", "--access", "-n", "1", "--config", str(d.config_path))
+    assert "relative/path" in tail.stdout and "reject" in tail.stdout and "unprivileged" not in tail.stdout
+
+
+def test_front_refuses_to_start_without_its_access_log(tmp_path: Path) -> None:
+    from mcpd.admin import certs
+
+    pki = certs.make_pki(tmp_path, ["127.0.0.1"])
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    config = tmp_path / "mcpd.yaml"
+    config.write_text(json.dumps({"listen": {"host": "127.0.0.1", "port": 1}, "helper_socket": "",
+                                  "tls": {"cert": str(pki.server_cert), "key": str(pki.server_key)},
+                                  "users_file": "users.yaml", "state_dir": ".",
+                                  "access_log": str(blocker / "access.jsonl")}))
+    proc = subprocess.run([sys.executable, "-m", "mcpd.front.server", "--config", str(config)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 78 and "access_log" in proc.stderr

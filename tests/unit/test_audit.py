@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from mcpd.admin.audit_cli import audit
 from mcpd.admin.auditlog import tail_lines
-from mcpd.helper.audit import AuditError, AuditLog
+from mcpd.common.audit import AuditError, AuditLog
 
 
 def records(path: Path) -> list[dict]:

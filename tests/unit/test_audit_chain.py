@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from mcpd.admin import auditlog
 from mcpd.admin.audit_cli import audit
-from mcpd.helper.audit import GENESIS, AuditLog
+from mcpd.common.audit import GENESIS, AuditLog
 
 
 def raw_lines(path: Path) -> list[bytes]:
@@ -192,7 +192,7 @@ def test_records_before_the_chain_existed_are_counted_apart(tmp_path: Path) -> N
 
 
 def test_repeated_alerts_are_rate_limited_with_a_count_of_those_suppressed(tmp_path: Path) -> None:
-    from mcpd.helper.audit import ALERT_BURST, ALERT_WINDOW
+    from mcpd.common.audit import ALERT_BURST, ALERT_WINDOW
 
     path = tmp_path / "audit.jsonl"
     now = [1000.0]
@@ -218,7 +218,7 @@ def test_repeated_alerts_are_rate_limited_with_a_count_of_those_suppressed(tmp_p
 
 
 def test_alert_reasons_tracked_are_bounded(tmp_path: Path) -> None:
-    from mcpd.helper.audit import ALERT_BURST, ALERT_KEYS
+    from mcpd.common.audit import ALERT_BURST, ALERT_KEYS
 
     path = tmp_path / "audit.jsonl"
     with AuditLog(str(path), syslog=False, clock=lambda: 0.0) as log:

@@ -76,6 +76,7 @@ def test_default_secret_paths_are_exactly_these() -> None:
         "/etc/mcpd/users.yaml*", "/etc/mcpd/.users.yaml*",
         "/etc/mcpd/mcp-sudo.yaml*", "/etc/mcpd/.mcp-sudo.yaml*",
         "/var/log/mcpd", "/etc/mcpd/tls", "/var/lib/mcpd-helper", "/var/lib/mcpd/helper",
+        "/var/log/mcpd-front/access.jsonl*", "/var/log/mcpd-front/.access.jsonl*",  # who read what, by the front
     }
 
 

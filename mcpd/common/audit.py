@@ -1,4 +1,7 @@
-"""The audit log: one JSON line per privileged decision, login, worker, reload or alert (SPEC §7).
+"""Audit records: one JSON line per call, decision, login, worker, reload or alert (SPEC §7).
+
+Two logs use it: the root helper's audit log (privileged calls and everything else the helper
+does) and the front's access log (every call that does not reach the helper), same format.
 
 Each record is one ``write`` on a descriptor opened with ``O_APPEND`` (mode 0600, in a 0700
 folder), under an exclusive ``flock``, so records never interleave and each reaches the kernel at
