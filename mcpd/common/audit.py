@@ -5,7 +5,11 @@ does) and the front's access log (every call that does not reach the helper), sa
 
 Each record is one ``write`` on a descriptor opened with ``O_APPEND`` (mode 0600, in a 0700
 folder), under an exclusive ``flock``, so records never interleave and each reaches the kernel at
-once. Each line is also sent to syslog (the journal picks it up) when ``/dev/log`` exists.
+once. Each record also goes to the system log: where journald runs, by the journal's native
+protocol (:func:`journal_entry`: the line as ``MESSAGE`` and every field as ``MCPD_<FIELD>``, plus
+``MCPD_PATH``, so journal-remote, rsyslog or Vector carry them off the host), else to syslog when
+``/dev/log`` exists. That copy is best effort (never blocks, never fails a record); the file is
+the record.
 
 The log is a hash chain (SPEC §7.2): every record starts with ``seq`` (1, 2, 3 ...) and ``prev``,
 the SHA-256 (hex) of the previous record's exact bytes, its newline included (:data:`GENESIS` for
@@ -38,6 +42,7 @@ import logging
 import logging.handlers
 import os
 import re
+import socket
 import stat
 import threading
 import time
@@ -117,7 +122,29 @@ def chain_after(line: bytes) -> tuple[int, str]:
     return (seq if isinstance(seq, int) and not isinstance(seq, bool) else 0), hashlib.sha256(line).hexdigest()
 
 
-def _syslog_logger() -> logging.Logger | None:
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
+
+
+def journal_entry(line: str, ident: str) -> bytes:
+    """One record (``line``, as :func:`format_record` made it) in the journal's native protocol
+    (systemd.io/JOURNAL_NATIVE_PROTOCOL): ``MESSAGE``, ``SYSLOG_IDENTIFIER`` = ``ident``,
+    ``PRIORITY`` (4 alert, 5 reject, else 6), ``MCPD_PATH`` (resolved, else requested path) and
+    ``MCPD_<KEY>`` for every field but null ones (``MCPD_USER``, ``MCPD_DECISION`` ...). Values
+    go in the protocol's length-prefixed form, so no newline in a path can forge a field."""
+    record = json.loads(line)
+    event = record.get("event")
+    fields = {"MESSAGE": line, "SYSLOG_IDENTIFIER": ident, "PRIORITY": {"alert": 4, "reject": 5}.get(event, 6)}
+    path = record.get("resolved_path") or record.get("requested_path")
+    fields.update({"MCPD_PATH": path} if path else {})
+    fields.update({f"MCPD_{k.upper()}": v for k, v in record.items() if v is not None})
+    out = bytearray()
+    for key, value in fields.items():
+        data = (str(value).lower() if isinstance(value, bool) else str(value)).encode()
+        out += key.encode() + b"\n" + len(data).to_bytes(8, "little") + data + b"\n"
+    return bytes(out)
+
+
+def _syslog_logger(ident: str) -> logging.Logger | None:
     if not os.path.exists("/dev/log"):
         return None
     try:
@@ -126,8 +153,8 @@ def _syslog_logger() -> logging.Logger | None:
         )
     except OSError:
         return None
-    handler.ident = "mcpd-audit: "
-    logger = logging.getLogger("mcpd.audit.syslog")
+    handler.ident = f"{ident}: "
+    logger = logging.getLogger(f"mcpd.audit.syslog.{ident}")
     logger.propagate = False
     logger.setLevel(logging.INFO)
     if not logger.handlers:
@@ -142,13 +169,18 @@ class AuditLog:
 
     Args:
         path: the log file; its folder is created with mode 0700 when missing, the file with 0600.
-        syslog: also send each line to syslog when ``/dev/log`` exists.
+        syslog: also send each record to the journal (native protocol, at ``journal``) when that
+            socket exists, else to syslog when ``/dev/log`` exists.
+        ident: the journal's ``SYSLOG_IDENTIFIER`` (``mcpd-audit``; the front's access log:
+            ``mcpd-access``).
+        journal: the journal socket (a namespaced journald's, in tests).
 
     Raises:
         OSError: the folder or file cannot be created or opened (the helper must not run blind).
     """
 
-    def __init__(self, path: str, syslog: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: str, syslog: bool = True, clock: Callable[[], float] = time.monotonic,
+                 ident: str = "mcpd-audit", journal: str = JOURNAL_SOCKET) -> None:
         self.path, self._clock = path, clock
         self._alerts: dict[str, list[float]] = {}  # reason -> [window start, written, suppressed]
         folder = os.path.dirname(os.path.abspath(path))
@@ -161,7 +193,11 @@ class AuditLog:
         self._end, self._seq, self._prev = -1, 0, GENESIS
         if os.fstat(self._fd).st_size == 0:
             self._resume_from(path + ".1")
-        self._syslog = _syslog_logger() if syslog else None
+        self._journal: tuple[socket.socket, str] | None = None
+        if syslog and stat.S_ISSOCK(os.stat(journal).st_mode if os.path.exists(journal) else 0):
+            self._journal = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC), journal
+        self._syslog = _syslog_logger(ident) if syslog and self._journal is None else None
+        self._ident = ident
 
     def _open(self) -> int:
         flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY
@@ -249,7 +285,12 @@ class AuditLog:
             self._seq, self._prev = self._seq + 1, hashlib.sha256(data[len(torn):]).hexdigest()
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
-        if self._syslog is not None:
+        if self._journal is not None:
+            try:
+                self._journal[0].sendto(journal_entry(line, self._ident), socket.MSG_DONTWAIT, self._journal[1])
+            except OSError:
+                pass  # journald busy or gone: the file has the record
+        elif self._syslog is not None:
             self._syslog.info("%s", line)
 
     def close(self) -> None:
@@ -260,6 +301,8 @@ class AuditLog:
                     self._write("alert", {"reason": reason, "suppressed": int(dropped)})
                 os.close(self._fd)
                 self._fd = -1
+            if self._journal is not None:
+                self._journal[0].close()
 
     def __enter__(self) -> "AuditLog":
         return self
