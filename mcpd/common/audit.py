@@ -5,24 +5,27 @@ does) and the front's access log (every call that does not reach the helper), sa
 
 Each record is one ``write`` on a descriptor opened with ``O_APPEND`` (mode 0600, in a 0700
 folder), under an exclusive ``flock``, so records never interleave and each reaches the kernel at
-once. Each record also goes to the system log: where journald runs, by the journal's native
-protocol (:func:`journal_entry`: the line as ``MESSAGE`` and every field as ``MCPD_<FIELD>``, plus
-``MCPD_PATH``, so journal-remote, rsyslog or Vector carry them off the host), else to syslog when
-``/dev/log`` exists. That copy is best effort (never blocks, never fails a record); the file is
-the record.
+once. Where journald runs, each record also goes to the journal by its native protocol
+(:func:`journal_entry`: the line as ``MESSAGE`` and every field as ``MCPD_<FIELD>``, plus
+``MCPD_PATH``), so journal-remote, rsyslog or Vector carry them off the host. That copy is best
+effort (never blocks, never fails a record); the file is the record.
 
 The log is a hash chain (SPEC §7.2): every record starts with ``seq`` (1, 2, 3 ...) and ``prev``,
 the SHA-256 (hex) of the previous record's exact bytes, its newline included (:data:`GENESIS` for
-the first record ever). The chain goes on across rotation: before each write the writer checks
-that the path still names its file (device and inode); when logrotate (``create``) has renamed
-it, the writer opens the new file and its first record carries the hash of the last record of the
-old one. On start the chain resumes from the file's last line, or, when the file is empty, from
-the last line of ``FILE.1`` (the file logrotate just renamed). ``mcpd audit verify`` checks it.
+the first record ever). The chain goes on across rotation: holding the file's lock, the writer
+checks that the path still names its file (device and inode); when logrotate (``create``) has
+renamed it, the writer opens the new file and its first record carries the hash of the last
+record of the old one. On start the chain resumes from the file's last line, or, when the file is
+empty, from the last line of ``FILE.1`` (the file logrotate just renamed); a writer that finds
+records it did not write (another process) goes on from the last of them. Each log has one
+writer process in the daemon; two writers stay chained except across two rotations between two
+records of one of them. ``mcpd audit verify`` checks the chain.
 
 Record fields (all optional but ``seq``, ``prev``, ``time`` and ``event``): ``time`` (ISO 8601
 UTC), ``event`` (``accept``, ``reject``, ``reload``, ``reload_failed``, ``alert``, ``spawn``,
 ``kill`` ...), ``user`` (principal), ``os_user``, ``token_id``, ``peer``, ``session``, ``tool``,
-``requested_path``, ``resolved_path``, ``grant``, ``decision``, ``reason``, ``outcome``, ``bytes``.
+``requested_path``, ``resolved_path``, ``grant``, ``decision``, ``reason``, ``outcome``, ``bytes``,
+``duration_ms``, ``route``, ``pid``, ``suppressed``.
 Keys that name secrets or contents (``token``, ``password``, ``content`` ...) are refused, and
 values must be scalars, so nothing larger can slip in.
 
@@ -38,8 +41,6 @@ import datetime
 import fcntl
 import hashlib
 import json
-import logging
-import logging.handlers
 import os
 import re
 import socket
@@ -144,33 +145,13 @@ def journal_entry(line: str, ident: str) -> bytes:
     return bytes(out)
 
 
-def _syslog_logger(ident: str) -> logging.Logger | None:
-    if not os.path.exists("/dev/log"):
-        return None
-    try:
-        handler = logging.handlers.SysLogHandler(
-            address="/dev/log", facility=logging.handlers.SysLogHandler.LOG_AUTHPRIV
-        )
-    except OSError:
-        return None
-    handler.ident = f"{ident}: "
-    logger = logging.getLogger(f"mcpd.audit.syslog.{ident}")
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    if not logger.handlers:
-        logger.addHandler(handler)
-    else:
-        handler.close()
-    return logger
-
-
 class AuditLog:
     """An append-only, hash-chained JSON-lines audit log (SPEC §7; see the module docstring).
 
     Args:
         path: the log file; its folder is created with mode 0700 when missing, the file with 0600.
-        syslog: also send each record to the journal (native protocol, at ``journal``) when that
-            socket exists, else to syslog when ``/dev/log`` exists.
+        syslog: also send each record to the system log: the journal (native protocol, at
+            ``journal``), when that socket exists at start.
         ident: the journal's ``SYSLOG_IDENTIFIER`` (``mcpd-audit``; the front's access log:
             ``mcpd-access``).
         journal: the journal socket (a namespaced journald's, in tests).
@@ -196,7 +177,6 @@ class AuditLog:
         self._journal: tuple[socket.socket, str] | None = None
         if syslog and stat.S_ISSOCK(os.stat(journal).st_mode if os.path.exists(journal) else 0):
             self._journal = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC), journal
-        self._syslog = _syslog_logger(ident) if syslog and self._journal is None else None
         self._ident = ident
 
     def _open(self) -> int:
@@ -221,18 +201,23 @@ class AuditLog:
         finally:
             os.close(fd)
 
-    def _follow_rotation(self) -> None:
-        """Reopen the path when it no longer names our file (renamed by logrotate, or removed)."""
-        try:
-            st = os.stat(self.path, follow_symlinks=False)
-            fst = os.fstat(self._fd)
-            if (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino):
-                return
-        except FileNotFoundError:
-            pass
-        fd = self._open()
-        os.close(self._fd)
-        self._fd = fd
+    def _lock_current(self) -> None:
+        """``flock`` our file, first reopening the path while it no longer names it (renamed by
+        logrotate, or removed). Writers check the path under the lock, so once we hold the old
+        file's lock nobody writes to it again: its last line is where the chain goes on."""
+        while True:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                st, fst = os.stat(self.path, follow_symlinks=False), os.fstat(self._fd)
+                if (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino):
+                    return
+            except FileNotFoundError:
+                pass
+            if (last := last_line(self._fd)):
+                self._seq, self._prev = chain_after(last)
+            fd, self._end = self._open(), 0
+            os.close(self._fd)  # drops the old file's lock
+            self._fd = fd
 
     def record(self, event: str, **fields: Any) -> None:
         """Append one record (see the module docstring for the fields), next link of the chain.
@@ -268,8 +253,7 @@ class AuditLog:
         return True
 
     def _write(self, event: str, fields: dict[str, Any]) -> None:
-        self._follow_rotation()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._lock_current()
         try:
             size, torn = os.fstat(self._fd).st_size, b""
             if size != self._end and size > 0:  # first write, or another writer appended
@@ -290,8 +274,6 @@ class AuditLog:
                 self._journal[0].sendto(journal_entry(line, self._ident), socket.MSG_DONTWAIT, self._journal[1])
             except OSError:
                 pass  # journald busy or gone: the file has the record
-        elif self._syslog is not None:
-            self._syslog.info("%s", line)
 
     def close(self) -> None:
         """Write the counts of alerts still held back, then close the file (idempotent)."""

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,67 @@ def test_alert_reasons_tracked_are_bounded(tmp_path: Path) -> None:
     recs = [json.loads(x) for x in raw_lines(path)]
     assert len([r for r in recs if "suppressed" not in r]) == ALERT_KEYS + ALERT_BURST
     assert recs[-1]["reason"] == "(other reasons)" and recs[-1]["suppressed"] == 100 - ALERT_BURST
+
+
+def race(path: Path, logs: list[AuditLog], threads: int, per_thread: int, rotations: int) -> list[Path]:
+    """``threads`` threads write ``per_thread`` records each through ``logs`` (round robin) while
+    the path is renamed away ``rotations`` times, logrotate-style; returns the files, oldest first."""
+    import threading
+
+    rotated: list[Path] = []
+
+    def write(log: AuditLog, t: int) -> None:
+        for i in range(per_thread):
+            log.record("accept", user=f"t{t}", bytes=i)
+
+    workers = [threading.Thread(target=write, args=(logs[t % len(logs)], t)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + 60
+    for n in range(rotations):
+        while path.exists() and path.stat().st_size < 3000 and any(w.is_alive() for w in workers):
+            assert time.monotonic() < deadline
+        old = path.with_name(f"{path.name}.r{n}")
+        os.rename(path, old)
+        rotated.append(old)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for w in workers:
+        w.join(60)
+    for log in logs:
+        log.close()
+    return rotated + [path]
+
+
+def test_threads_racing_rotations_keep_one_whole_chain(tmp_path: Path) -> None:
+    """The helper's case: one writer, many threads, logrotate renaming under them."""
+    path = tmp_path / "audit.jsonl"
+    files = race(path, [AuditLog(str(path), syslog=False)], threads=8, per_thread=250, rotations=6)
+    verdict = check(*files)
+    assert verdict.ok, verdict
+    assert (verdict.count, verdict.first_seq, verdict.last_seq) == (2000, 1, 2000)
+
+
+def test_two_writers_racing_keep_one_whole_chain(tmp_path: Path) -> None:
+    """Two writers on one file (a helper still stopping while the next one starts): each takes
+    the file lock and goes on from the last line the other wrote."""
+    path = tmp_path / "audit.jsonl"
+    logs = [AuditLog(str(path), syslog=False), AuditLog(str(path), syslog=False)]
+    files = race(path, logs, threads=4, per_thread=300, rotations=0)
+    verdict = check(*files)
+    assert verdict.ok, verdict
+    assert (verdict.count, verdict.last_seq) == (1200, 1200)
+
+
+def test_two_writers_across_a_rotation_go_on_from_the_last_record_written(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    a, b = AuditLog(str(path), syslog=False), AuditLog(str(path), syslog=False)
+    a.record("accept", bytes=1)
+    b.record("accept", bytes=2)
+    old = rotate_like_logrotate_create(path)
+    a.record("accept", bytes=3)  # a's own last record is not the last one: b wrote after it
+    b.record("accept", bytes=4)
+    a.close()
+    b.close()
+    assert [json.loads(x)["bytes"] for x in raw_lines(path)] == [3, 4]
+    verdict = check(old, path)
+    assert verdict.ok and verdict.count == 4, verdict
