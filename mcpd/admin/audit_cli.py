@@ -4,8 +4,8 @@
   [--until T] [--follow] [--access]`` — the last records, one readable line each (time, user,
   route, tool, path, decision, reason, bytes), or the raw JSON lines with ``--json``; ``--access``
   reads the front's access log (the unprivileged route) instead of the helper's audit log.
-* ``mcpd audit verify [FILE...]`` — checks the hash chain (default: the audit log and its rotated
-  files, oldest first): exit 0 and the record count when whole, else exit 1 naming the first
+* ``mcpd audit verify [--access] [FILE...]`` — checks the hash chain (default: the audit log, or
+  the access log, and its rotated files, oldest first): exit 0 and the record count when whole, else exit 1 naming the first
   broken line and what is wrong (:func:`mcpd.admin.auditlog.verify`).
 * ``mcpd audit replay [--since T] [--user U]`` — re-decides every past privileged call against
   today's grants and lists those whose decision would now differ, with the rule deciding today.
@@ -70,7 +70,7 @@ def tail(count: int, as_json: bool, user: str | None, decision: str | None, path
          log_file: str | None, config_path: str | None) -> None:
     """Print the last N records (readable, or --json), filtered, and with --follow the new ones."""
     cfg = _defaults(config_path)
-    path = log_file or (getattr(cfg, "access_log", "") if access else cfg.audit_log)
+    path = log_file or (cfg.access_log if access else cfg.audit_log)
     if not path:
         raise click.ClickException("no access log is configured (access_log in mcpd.yaml)")
     flt = auditlog.Filter(user, decision, path_glob, since, until)
@@ -130,11 +130,14 @@ def _follow(path: str, start: int, interval: float = 0.5) -> Iterator[bytes]:
 
 @audit.command()
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--access", is_flag=True, help="Default to the front's access log instead of the audit log")
 @_config_option
-def verify(files: tuple[str, ...], config_path: str | None) -> None:
-    """Prove the audit log's hash chain whole over FILEs, oldest first (default: the audit log and
-    its rotated files). Exit 0 with the record count, or 1 naming the first broken line."""
-    paths = list(files) or auditlog.rotated_set(_defaults(config_path).audit_log)
+def verify(files: tuple[str, ...], access: bool, config_path: str | None) -> None:
+    """Prove the audit log's hash chain whole over FILEs, oldest first (default: the audit log, or
+    with --access the access log, and its rotated files). Exit 0 with the record count, or 1
+    naming the first broken line."""
+    cfg = _defaults(config_path)
+    paths = list(files) or auditlog.rotated_set(cfg.access_log if access else cfg.audit_log)
     if not paths:
         raise click.ClickException("no audit log found")
     try:
@@ -149,7 +152,7 @@ def verify(files: tuple[str, ...], config_path: str | None) -> None:
     span = "" if verdict.first_seq is None else f" (seq {verdict.first_seq}..{verdict.last_seq})"
     start = ""
     if verdict.first_seq not in (None, 1):
-        start = f"; it starts mid-chain, earlier records are in files not given"
+        start = "; it starts mid-chain, earlier records are in files not given"
     old = f"; {verdict.unchained} older records before the chain began" if verdict.unchained else ""
     click.echo(f"OK: {verdict.count} records, chain whole{span}{start}{old}")
 

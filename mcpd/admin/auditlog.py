@@ -91,7 +91,7 @@ def rotated_set(path: str) -> list[str]:
     when it exists: the default file list of ``mcpd audit verify``."""
     folder, base = os.path.split(os.path.abspath(path))
     found = []
-    for name in os.listdir(folder or "."):
+    for name in (os.listdir(folder) if os.path.isdir(folder) else []):
         m = _ROTATED.match(name[len(base):]) if name.startswith(base) else None
         if m:
             found.append((int(m.group(1)), os.path.join(folder, name)))

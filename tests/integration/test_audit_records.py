@@ -291,8 +291,8 @@ def test_refused_and_kernel_denied_calls_are_recorded_by_the_front(privsep_daemo
     rec = one_new(access2, access3)
     assert rec is not None and rec["decision"] == "reject" and rec["outcome"] == "INVALID_ARGUMENT"
     assert rec["route"] == "privileged" and rec["requested_path"] == "relative/path"
-    verified = mcpd("audit", "verify", str(d.access_path))
-    assert verified.returncode == 0, verified.stdout
+    verified = mcpd("audit", "verify", "--access", "--config", str(d.config_path))
+    assert verified.returncode == 0 and f"{len(access3)} records" in verified.stdout, verified.stdout
     tail = mcpd("audit", "tail", "--access", "-n", "1", "--config", str(d.config_path))
     assert "relative/path" in tail.stdout and "reject" in tail.stdout and "unprivileged" not in tail.stdout
 
