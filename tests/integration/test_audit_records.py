@@ -39,13 +39,16 @@ def mcpd(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
                           timeout=60, check=check)
 
 
-def logrotate(d: PrivsepDaemon) -> None:
-    """Run the real logrotate, forced, with the shipped file pointed at the test's audit log."""
+def logrotate(d: PrivsepDaemon, audit: Path | None = None, access: Path | None = None) -> None:
+    """Run the real logrotate, forced, with the shipped file pointed at the test's logs (the audit
+    log by default; a missing path is left alone, as `missingok` says)."""
     if shutil.which("logrotate") is None:
         pytest.skip("logrotate is not installed (apt-get install logrotate)")
     shipped = (REPO / "etc" / "logrotate.d" / "mcpd").read_text()
     conf = d.state_dir / "logrotate.conf"
-    conf.write_text(shipped.replace("/var/log/mcpd/audit.jsonl", str(d.audit_path)))
+    missing = d.state_dir / "no-such.jsonl"
+    conf.write_text(shipped.replace("/var/log/mcpd/audit.jsonl", str(audit or d.audit_path))
+                    .replace("/var/log/mcpd-front/access.jsonl", str(access or missing)))
     os.chmod(conf, 0o644)
     proc = subprocess.run(["logrotate", "-f", "-s", str(d.state_dir / "logrotate.state"), str(conf)],
                           capture_output=True, text=True, timeout=60)
@@ -311,3 +314,19 @@ def test_front_refuses_to_start_without_its_access_log(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "mcpd.front.server", "--config", str(config)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 78 and "access_log" in proc.stderr
+
+
+def test_access_log_rotated_by_the_shipped_file_as_the_service_user_verifies(privsep_daemon: PrivsepDaemon) -> None:
+    d = privsep_daemon
+    call(d, "alice", d.app, privileged=False, tool="files/list")
+    before = d.access_path.read_bytes().splitlines(keepends=True)
+    logrotate(d, audit=d.state_dir / "no-such-audit.jsonl", access=d.access_path)
+    rotated = d.access_path.with_name(d.access_path.name + ".1")
+    st = d.access_path.stat()
+    assert rotated.read_bytes().splitlines(keepends=True) == before
+    assert st.st_size == 0 and (st.st_uid, st.st_mode & 0o777) == (d.service.pw_uid, 0o600)
+    call(d, "alice", d.app, privileged=False, tool="files/list")
+    first = json.loads(d.access_path.read_bytes().splitlines(keepends=True)[0])
+    assert first["prev"] == hashlib.sha256(before[-1]).hexdigest()
+    out = mcpd("audit", "verify", "--access", "--config", str(d.config_path))
+    assert out.returncode == 0 and f"{len(before) + 1} records" in out.stdout, out.stdout + out.stderr
