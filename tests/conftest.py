@@ -104,6 +104,7 @@ def start_daemon(state_dir: Path, **overrides: Any) -> Daemon:
         "grants_file": "mcp-sudo.yaml",
         "helper_socket": "",
         "audit_log": "audit.jsonl",
+        "access_log": "access.jsonl",
         "state_dir": ".",
     }
     cfg.update(overrides)

@@ -251,7 +251,8 @@ def helper(config_path: str) -> None:
 
 
 # Other command groups live in their own modules.
-from mcpd.admin.grants_cli import audit, grants  # noqa: E402
+from mcpd.admin.audit_cli import audit  # noqa: E402
+from mcpd.admin.grants_cli import grants  # noqa: E402
 
 main.add_command(grants)
 main.add_command(audit)

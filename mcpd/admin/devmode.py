@@ -61,6 +61,7 @@ def dev_config(port: int) -> dict[str, object]:
         "grants_file": "mcp-sudo.yaml",
         "helper_socket": "",  # not root: no helper, privileged calls answer HELPER_UNAVAILABLE (devroot sets it)
         "audit_log": "audit.jsonl",
+        "access_log": "access.jsonl",
         "state_dir": ".",
     }
 

@@ -149,6 +149,8 @@ def setup_root_state(state: DevState) -> RootSetup:
     _folder(folder, service.pw_gid, 0o750)
     _folder(folder / "run", service.pw_gid, 0o750)
     _folder(folder / "audit", 0, 0o700)
+    (folder / "front").mkdir(exist_ok=True)  # the front's access log: the service user's own folder
+    _own(folder / "front", service.pw_uid, service.pw_gid, 0o700)
     root_only = folder / "root-only"
     _folder(root_only, 0, 0o700)
     sample = root_only / "secret.txt"
@@ -158,7 +160,7 @@ def setup_root_state(state: DevState) -> RootSetup:
 
     cfg_data = yaml.safe_load(state.config_path.read_text()) or {}
     cfg_data.update(helper_socket="run/helper.sock", audit_log="audit/audit.jsonl", helper_state_dir="helper",
-                    service_user=SERVICE_USER)
+                    service_user=SERVICE_USER, access_log="front/access.jsonl")
     with open(state.config_path, "w", encoding="utf-8") as f:
         f.write("# mcpd development configuration, written by `mcpd dev` as root (rewritten on each run)\n")
         yaml.safe_dump(cfg_data, f, sort_keys=False)

@@ -1,4 +1,4 @@
-"""``mcpd grants`` and ``mcpd audit``: operator commands for ``mcp-sudo.yaml`` (SPEC §4).
+"""``mcpd grants``: operator commands for ``mcp-sudo.yaml`` (SPEC §4).
 
 * ``mcpd grants check [FILE]`` — like ``visudo -c``: exit 0 and ``FILE: parsed OK``, or exit 1
   with one ``file:line: message`` per problem on stderr. A grant of everything (an entry covering
@@ -9,9 +9,8 @@
 * ``mcpd grants test --user U --tool T --path P`` — exit 0 when allowed, 1 when denied; prints the
   rule that decided and why (a secret answers ``denied: the daemon's own secrets are never served``).
 * ``mcpd grants export --json`` — the policy as JSON.
-* ``mcpd audit tail [-n N] [--follow]`` — the last audit records.
 
-The grants file and audit log default to ``mcpd.yaml``'s ``grants_file``/``audit_log``
+The grants file defaults to ``mcpd.yaml``'s ``grants_file``
 (``--config``, default ``/etc/mcpd/mcpd.yaml`` when it exists), else the built-in defaults; the
 fixed deny is computed from the same configuration, as the helper does. A broken grants file makes ``list``, ``test`` and
 ``export`` exit 78 (configuration error).
@@ -23,7 +22,6 @@ import datetime
 import json
 import os
 import sys
-import time
 from typing import Any
 
 import dataclasses
@@ -31,7 +29,6 @@ import dataclasses
 import click
 
 from mcpd.common import config as mcpd_config
-from mcpd.helper.audit import tail_lines
 from mcpd.helper.grants import TOOLS, Policy, PolicyError, Rule, decide, load_policy, os_groups, secret_paths, utcnow
 from mcpd.helper.pathmatch import entry_covers_root
 
@@ -223,71 +220,11 @@ def export(as_json: bool, grants_file: str | None, config_path: str | None, any_
 
 
 @click.group()
-def audit() -> None:
-    """Read the privileged-call audit log."""
-
-
-@audit.command()
-@click.option("-n", "count", default=20, show_default=True, type=click.IntRange(0, 100000),
-              help="How many records")
-@click.option("--follow", is_flag=True, help="Keep printing new records (Ctrl-C to stop)")
-@click.option("--file", "log_file", default=None, type=click.Path(dir_okay=False),
-              help="The audit log (default: from --config, else /var/log/mcpd/audit.jsonl)")
-@_config_option
-def tail(count: int, follow: bool, log_file: str | None, config_path: str | None) -> None:
-    """Print the last N audit records, and with --follow the new ones as they come."""
-    path = log_file or _defaults(config_path).audit_log
-    try:
-        end = os.stat(path).st_size
-        for line in tail_lines(path, count, end=end):
-            click.echo(line)
-        sys.stdout.flush()
-    except OSError as exc:
-        click.echo(f"error: {path}: {exc.strerror}", err=True)
-        sys.exit(1)
-    if follow:
-        try:
-            _follow(path, end)
-        except KeyboardInterrupt:
-            pass
-
-
-def _follow(path: str, start: int, interval: float = 0.5) -> None:
-    """Print lines appended to ``path`` after byte ``start``; reopen it when rotated (inode changes)."""
-    handle = open(path, "rb")
-    try:
-        handle.seek(start)
-        inode = os.fstat(handle.fileno()).st_ino
-        pending = b""
-        while True:
-            chunk = handle.read(65536)
-            if chunk:
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    click.echo(line.decode("utf-8", "replace"))
-                sys.stdout.flush()
-                continue
-            time.sleep(interval)
-            try:
-                if os.stat(path).st_ino != inode:
-                    handle.close()
-                    handle = open(path, "rb")
-                    inode = os.fstat(handle.fileno()).st_ino
-                    pending = b""
-            except FileNotFoundError:
-                continue
-    finally:
-        handle.close()
-
-
-@click.group()
 def _main() -> None:
-    """Stand-alone entry (``python -m mcpd.admin.grants_cli``) until ``mcpd.admin.cli`` registers the groups."""
+    """Stand-alone entry (``python -m mcpd.admin.grants_cli``) until ``mcpd.admin.cli`` registers the group."""
 
 
 _main.add_command(grants)
-_main.add_command(audit)
 
 if __name__ == "__main__":
     _main()

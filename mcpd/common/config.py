@@ -21,6 +21,7 @@ Example (every key optional)::
     service_user: mcpd             # the only uid the root helper accepts on its socket (SO_PEERCRED)
     auth_cache_seconds: 30         # how long the front may reuse a helper-verified token when the helper is down
     audit_log: /var/log/mcpd/audit.jsonl
+    access_log: /var/log/mcpd-front/access.jsonl   # the front's record of calls not sent to the helper
     state_dir: /var/lib/mcpd       # the front's state (0750 mcpd)
     helper_state_dir: /var/lib/mcpd-helper   # the root helper's state (0700 root): issued tokens
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536}
@@ -165,6 +166,7 @@ class Config:
     service_user: str = "mcpd"
     auth_cache_seconds: float = 30.0
     audit_log: str = "/var/log/mcpd/audit.jsonl"
+    access_log: str = "/var/log/mcpd-front/access.jsonl"
     state_dir: str = "/var/lib/mcpd"
     helper_state_dir: str = "/var/lib/mcpd-helper"
     read: ReadLimits = ReadLimits()
@@ -322,6 +324,7 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
         grants_file=r(cfg.grants_file),
         helper_socket=r(cfg.helper_socket),
         audit_log=r(cfg.audit_log),
+        access_log=r(cfg.access_log),
         state_dir=r(cfg.state_dir),
         helper_state_dir=r(cfg.helper_state_dir),
     )

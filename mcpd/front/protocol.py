@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from mcpd import __version__
 from mcpd.common.errors import INTERNAL_ERROR, ToolError
 from mcpd.common.identity import Principal
+from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.privileged import PrivilegedBackend
 from mcpd.core.tools import TOOLS, ToolModule, deadline_seconds
@@ -148,6 +149,7 @@ class Dispatcher:
         self.tools = tools
         self.resources = resources
         self.limits: LimitsTracker | None = None  # set by the server when limits are configured
+        self.access: AccessLog | None = None  # set by the server: every call's record (SPEC §7.1)
 
     def list_tools(self) -> list[dict[str, Any]]:
         """The ``tools`` array of ``tools/list``."""
@@ -170,20 +172,24 @@ class Dispatcher:
         tool = self.tools.get(name) if isinstance(name, str) else None
         if tool is None:
             raise RpcError(INVALID_PARAMS, "unknown tool")
+        c = ctx.caller
         try:
-            args = tool.parse_args({} if arguments is None else arguments)
-            if self.limits is not None:  # per-principal quota and answer size (issue 5)
-                args = self.limits.charge_call(ctx.caller.principal.name, args)
-            if args.get("privileged"):
-                c = ctx.caller
-                result = await self.privileged.call(c.token, c.principal, ctx.session_id, c.peer, tool.NAME, args)
-            else:
-                result = await self.pool.call(
-                    ctx.caller.principal.os_user, tool.NAME, args, timeout=deadline_seconds(args, 0.0) or None,
-                    on_progress=ctx.progress if ctx.progress_token is not None else None,
-                    token=ctx.caller.token, owner=ctx.caller.principal.name,
-                )
-            return tool.format_result(result)
+            with Call(self.access, c.principal, c.peer, ctx.session_id, tool.NAME, arguments) as call:
+                args = tool.parse_args({} if arguments is None else arguments)
+                if self.limits is not None:  # per-principal quota and answer size (issue 5)
+                    args = self.limits.charge_call(c.principal.name, args)
+                if args.get("privileged"):
+                    call.stage = "forwarded"
+                    call.result = await self.privileged.call(c.token, c.principal, ctx.session_id, c.peer,
+                                                             tool.NAME, args)
+                else:
+                    call.stage = "unprivileged"
+                    call.result = await self.pool.call(
+                        c.principal.os_user, tool.NAME, args, timeout=deadline_seconds(args, 0.0) or None,
+                        on_progress=ctx.progress if ctx.progress_token is not None else None,
+                        token=c.token, owner=c.principal.name,
+                    )
+                return tool.format_result(call.result)
         except ToolError as exc:
             return tool_error_result(exc)
         except Exception:

@@ -40,6 +40,7 @@ from typing import Any
 
 from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError, invalid_argument
 from mcpd.common.identity import Principal
+from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.privileged import PrivilegedBackend
 from mcpd.front.protocol import INTERNAL, INVALID_PARAMS, RequestContext, RpcError, ToolPool
@@ -235,6 +236,7 @@ class FileResources:
         self.workspaces = dict(workspaces)
         self.default_workspace = default_workspace
         self.limits: LimitsTracker | None = None  # the Dispatcher's, so resource reads count too (issue 5)
+        self.access: AccessLog | None = None  # the Dispatcher's: each read is one record (SPEC §7.1)
 
     def list_templates(self) -> list[dict[str, Any]]:
         """``resourceTemplates``: the one ``file:///{+path}`` template."""
@@ -264,17 +266,23 @@ class FileResources:
                 by :func:`rpc_error`.
         """
         caller = ctx.caller
+        call = Call(self.access, caller.principal, caller.peer, ctx.session_id, "resources/read", {"uri": uri})
         try:
-            args = read_args(uri, params, self.workspace_of(caller.principal))
-            if self.limits is not None:  # same quota and answer cap as tools/call (RATE_LIMITED)
-                args = self.limits.charge_call(caller.principal.name, args)
-            if args["privileged"]:
-                result = await self.privileged.call(
-                    caller.token, caller.principal, ctx.session_id, caller.peer, files_read.NAME, args
-                )
-            else:
-                result = await self.pool.call(caller.principal.os_user, files_read.NAME, args,
-                                              token=caller.token, owner=caller.principal.name)
+            with call:
+                args = read_args(uri, params, self.workspace_of(caller.principal))
+                call.arguments = args
+                if self.limits is not None:  # same quota and answer cap as tools/call (RATE_LIMITED)
+                    args = self.limits.charge_call(caller.principal.name, args)
+                if args["privileged"]:
+                    call.stage = "forwarded"
+                    result = await self.privileged.call(
+                        caller.token, caller.principal, ctx.session_id, caller.peer, files_read.NAME, args
+                    )
+                else:
+                    call.stage = "unprivileged"
+                    result = await self.pool.call(caller.principal.os_user, files_read.NAME, args,
+                                                  token=caller.token, owner=caller.principal.name)
+                call.result = result
         except ToolError as exc:
             raise rpc_error(exc) from None
         item: dict[str, Any] = {"uri": uri, "mimeType": mime_type(args["path"]), "text": result["text"]}

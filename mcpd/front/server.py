@@ -22,6 +22,7 @@ from mcpd.front.connguard import ConnectionCount, guarded_protocol, loop_factory
 from mcpd.front.app import build_app
 from mcpd.common import frames
 from mcpd.common import sdnotify
+from mcpd.front.access import AccessLog
 from mcpd.front.auth import Authenticator, FileAuthenticator
 from mcpd.common.config import EXIT_CONFIG, Config, ConfigError, Limits, load
 from mcpd.front.limits import LimitsTracker
@@ -121,6 +122,12 @@ class Server:
         login = HelperLogin(channel) if channel is not None else NoLogin()
         if self.cfg.limits != Limits():
             dispatcher.limits = resources.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)
+        if self.cfg.access_log:
+            try:
+                dispatcher.access = resources.access = AccessLog(self.cfg.access_log)
+            except OSError as exc:  # every call must leave a record: no log, no service
+                log.error("access_log: cannot open %s: %s", self.cfg.access_log, exc)
+                return EXIT_CONFIG
         app = build_app(self.cfg, authenticator, dispatcher, login)
         sessions: SessionManager = app.state.sessions
         config = uvicorn.Config(
@@ -154,6 +161,8 @@ class Server:
             if dispatcher.limits is not None:
                 dispatcher.limits.save()
             await pool.close()
+            if dispatcher.access is not None:
+                dispatcher.access.log.close()
         return 0 if server.started else 1
 
 

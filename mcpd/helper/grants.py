@@ -273,6 +273,7 @@ def secret_paths(cfg: Config, config_path: str) -> tuple[str, ...]:
       swap files (``.F.swp``) go too.
     * ``audit_log``: its whole folder when that folder is the log's own (named ``mcpd`` or
       ``audit``, like ``/var/log/mcpd``), else the file as above (rotated ``F.1``, ``F.2.gz``).
+    * ``access_log`` (the front's record of calls): the file as above.
     * ``tls.key`` and the CA key ``ca.key`` that ``mcpd certs`` writes beside it: their folder
       when it is a dedicated one named ``tls`` (``/etc/mcpd/tls``), else both files as above.
     * ``helper_state_dir`` (root's state) and ``<state_dir>/helper`` (the older token store).
@@ -286,7 +287,8 @@ def secret_paths(cfg: Config, config_path: str) -> tuple[str, ...]:
     key_dir = os.path.dirname(os.path.join(base, cfg.tls.key))
     own_audit = bool(cfg.audit_log) and os.path.basename(audit_dir) in ("mcpd", "audit")
     own_tls = os.path.basename(key_dir) == "tls"
-    files = [os.path.abspath(config_path), cfg.users_file, cfg.grants_file, "" if own_audit else cfg.audit_log]
+    files = [os.path.abspath(config_path), cfg.users_file, cfg.grants_file, "" if own_audit else cfg.audit_log,
+             cfg.access_log]
     files += [] if own_tls else [cfg.tls.key, os.path.join(key_dir, "ca.key")]
     folders = [cfg.helper_state_dir, os.path.join(cfg.state_dir, "helper") if cfg.state_dir else ""]
     folders += [audit_dir] * own_audit + [key_dir] * own_tls

@@ -4,7 +4,7 @@
 holder, :class:`mcpd.common.reload.Reloading`. A reload that fails (unsafe file, bad YAML, schema
 error) changes nothing and is reported; a reload that succeeds replaces the policy and reports a
 human summary of what changed (:func:`summarize_changes`). Every reload, good or bad, is one
-audit record when an :class:`~mcpd.helper.audit.AuditLog` is given. Every policy it holds carries
+audit record when an :class:`~mcpd.common.audit.AuditLog` is given. Every policy it holds carries
 the fixed deny ``secrets`` (:func:`mcpd.helper.grants.secret_paths`).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mcpd.common.reload import Reloading
-from mcpd.helper.audit import AuditLog
+from mcpd.common.audit import AuditLog
 from mcpd.helper.grants import Policy, is_secret, load_policy
 
 
@@ -41,11 +41,24 @@ def _facts(policy: Policy) -> set[str]:
 
 
 def summarize_changes(old: Policy, new: Policy) -> list[str]:
-    """Human lines describing what changed from ``old`` to ``new``, one per fact added or removed
-    (a subject, a tool, ``allowed``, ``expires``, ``reauth_after``, each ``paths`` and ``deny``
-    entry): ``users.alice files/read paths /srv added``; ``["no changes"]`` when nothing did."""
+    """Human lines describing what changed from ``old`` to ``new``: a single-valued setting
+    (``allowed``, ``expires``, ``reauth_after``) that changed is one line ``users.alice files/read
+    reauth_after 300s -> 600s``; any other fact (a subject, a tool, each ``paths`` and ``deny``
+    entry, a setting set or unset) is ``... added`` or ``... removed``; ``["no changes"]`` when
+    nothing did."""
     before, after = _facts(old), _facts(new)
-    lines = [f"{f} added" for f in sorted(after - before)] + [f"{f} removed" for f in sorted(before - after)]
+    gone, came = sorted(before - after), sorted(after - before)
+    single = (" allowed ", " expires ", " reauth_after ")
+    was = {f.rpartition(" ")[0]: f.rpartition(" ")[2] for f in gone if any(k in f for k in single)}
+    lines, changed = [], set()
+    for fact in came:
+        head, _, value = fact.rpartition(" ")
+        if head in was:
+            lines.append(f"{head} {was[head]} -> {value}")
+            changed.add(head)
+        else:
+            lines.append(f"{fact} added")
+    lines += [f"{f} removed" for f in gone if f.rpartition(" ")[0] not in changed]
     return lines or ["no changes"]
 
 

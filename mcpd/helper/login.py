@@ -57,7 +57,7 @@ import pam
 
 from mcpd.common import identity
 from mcpd.common.config import Login as LoginConfig
-from mcpd.helper.audit import AuditLog
+from mcpd.common.audit import AuditLog
 
 LOCKOUT_FILE = "lockout.json"
 PAM_WORKERS = 8  # the helper's login threads (server.CLASSES): PAM never queues behind another login

@@ -21,7 +21,7 @@ import sys
 from mcpd.common import config, identity, sdnotify
 from mcpd.common.reload import Reloading
 from mcpd.helper import forkserver, server
-from mcpd.helper.audit import AuditLog
+from mcpd.common.audit import AuditLog
 from mcpd.helper.grants import secret_paths
 from mcpd.helper.grants_reload import PolicyHolder
 from mcpd.helper.login import Login, Store

@@ -42,7 +42,7 @@ from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DE
 from mcpd.common.reload import Reloading
 from mcpd.common.validate import check_path
 from mcpd.helper import grants, opener
-from mcpd.helper.audit import AuditLog
+from mcpd.common.audit import AuditLog
 from mcpd.helper.forkserver import ForkServer
 from mcpd.helper.grants_reload import PolicyHolder
 from mcpd.helper.login import Issued, Login, Store
@@ -159,8 +159,9 @@ def _bound_worker(state: State, principal: identity.Principal, pid: int) -> Work
     return w
 
 
-def kill_worker(state: State, w: Worker) -> None:
-    """SIGKILL worker ``w`` through its pidfd, wait (at most 5 s) until it is gone, forget it."""
+def kill_worker(state: State, w: Worker, reason: str = "helper stopping", token_id: str | None = None) -> None:
+    """SIGKILL worker ``w`` through its pidfd, wait (at most 5 s) until it is gone, forget it; one
+    audit ``kill`` record saying why (``reason``) and, when asked by the front, with ``token_id``."""
     with state.lock:
         state.workers.pop(w.pid, None)
     try:
@@ -170,15 +171,15 @@ def kill_worker(state: State, w: Worker) -> None:
         pass
     os.close(w.pidfd)
     w.ctl.close()
+    state.audit.record("kill", user=w.owner[0], os_user=w.owner[1], token_id=token_id, pid=w.pid,
+                       decision="accept", reason=reason)
 
 
 def handle_kill(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``kill_worker {token, pid}``: SIGKILL a worker bound to the token's principal (through its
     pidfd, so a reused pid is never hit); any other pid is refused and audited."""
     principal, _ = _who(state, req)
-    w = _bound_worker(state, principal, req["pid"])
-    kill_worker(state, w)
-    state.audit.record("kill", user=principal.name, os_user=principal.os_user, pid=w.pid, decision="accept")
+    kill_worker(state, _bound_worker(state, principal, req["pid"]), "asked by the front", principal.token_id)
     return {"ok": True}
 
 
@@ -196,9 +197,11 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     descriptor to the principal's worker ``worker`` (its reply, id ``rid``, goes to the front);
     walk ops run in a killable child and return their raw result. One audit record per call.
     """
+    started = time.monotonic()
     principal, login = _who(state, req)
     op, who = req["op"], {"session": req["session"], "peer": req["peer"], "user": principal.name,
-                          "os_user": principal.os_user, "token_id": principal.token_id, "tool": req["op"]}
+                          "os_user": principal.os_user, "token_id": principal.token_id, "tool": req["op"],
+                          "route": "privileged"}
     key = WALK_OPS.get(op, "path")
     args = dict(req["args"])  # only the path here: the worker or walker parses the rest (tool's own parse_args)
     try:
@@ -206,7 +209,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
             raise ToolError(PERMISSION_DENIED, "permission denied", reason="unknown tool")
         requested = check_path(args, key)
     except ToolError as exc:
-        state.audit.record("reject", decision="reject", reason=exc.message, **who)
+        state.audit.record("reject", decision="reject", reason=exc.message, outcome=exc.code, **who)
         raise
     groups = grants.os_groups(principal.os_user)
     policy = state.policy.policy
@@ -217,7 +220,8 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
         decision = dataclasses.replace(decision, allowed=False, reason=grants.REAUTH)  # one login, one call
     record = dict(who, requested_path=requested, resolved_path=decision.resolved_path, grant=decision.rule)
     if not decision.allowed or decision.resolved_path is None:
-        state.audit.record("reject", decision="reject", reason=decision.reason, **record)
+        state.audit.record("reject", decision="reject", reason=decision.reason, outcome=PERMISSION_DENIED, bytes=0,
+                           duration_ms=_ms(started), **record)
         hint = "; run: linuxctl login, then use the new token" if decision.reason == grants.REAUTH else ""
         raise ToolError(PERMISSION_DENIED, f"permission denied: {requested}: {decision.reason}{hint}",
                         path=requested, reason=decision.reason)
@@ -230,10 +234,15 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
             reply, outcome, size = _content(state, op, args, principal, decision.covers_root, req)
     except ToolError as exc:
         state.audit.record("accept", decision="accept", reason="granted", outcome=exc.code, bytes=0,
-                           reason_detail=exc.details.get("reason"), **record)
+                           reason_detail=exc.details.get("reason"), duration_ms=_ms(started), **record)
         raise
-    state.audit.record("accept", decision="accept", reason="granted", outcome=outcome, bytes=size, **record)
+    state.audit.record("accept", decision="accept", reason="granted", outcome=outcome, bytes=size,
+                       duration_ms=_ms(started), **record)
     return reply
+
+
+def _ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)
 
 
 def _content(state: State, op: str, args: dict[str, Any], principal: identity.Principal, follow: bool,
@@ -457,7 +466,7 @@ def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
 
 
 def reap(state: State) -> None:
-    """Forget workers that have exited (their pidfd is readable)."""
+    """Forget workers that have exited (their pidfd is readable), one audit ``exit`` record each."""
     with state.lock:
         items = list(state.workers.values())
     done = select.select([w.pidfd for w in items], [], [], 0)[0] if items else []
@@ -467,6 +476,7 @@ def reap(state: State) -> None:
                 state.workers.pop(w.pid, None)
             os.close(w.pidfd)
             w.ctl.close()
+            state.audit.record("exit", user=w.owner[0], os_user=w.owner[1], pid=w.pid, reason="worker ended")
 
 
 def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[], bool],

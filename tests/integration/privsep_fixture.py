@@ -103,6 +103,7 @@ class PrivsepDaemon:
     config_path: Path
     socket_path: Path
     audit_path: Path
+    access_path: Path
     grants_path: Path
     tokens: dict[str, str]
     accounts: dict[str, Account]
@@ -249,6 +250,8 @@ def start_privsep(factory: AccountFactory, **overrides: Any) -> PrivsepDaemon:
     state = Path(tempfile.mkdtemp(prefix="mcpd-privsep-", dir="/tmp"))
     os.chown(state, 0, service.pw_gid)
     os.chmod(state, 0o750)
+    (state / "access").mkdir(mode=0o700)  # the front's access log: the service user's own folder
+    os.chown(state / "access", service.pw_uid, service.pw_gid)
     Path("/srv").mkdir(exist_ok=True)
     srv = Path(f"/srv/mcpd-test-{secrets.token_hex(4)}")
     _make_tree(srv)
@@ -272,7 +275,8 @@ def start_privsep(factory: AccountFactory, **overrides: Any) -> PrivsepDaemon:
         "tls": {"cert": str(pki.server_cert), "key": str(pki.server_key)},
         "users_file": "users.yaml", "grants_file": "mcp-sudo.yaml",
         "helper_socket": "run/helper.sock", "service_user": "mcpd",
-        "audit_log": "audit/audit.jsonl", "state_dir": ".", "helper_state_dir": "helper",
+        "audit_log": "audit/audit.jsonl", "access_log": "access/access.jsonl", "state_dir": ".",
+        "helper_state_dir": "helper",
         "workers": {"per_account": 4, "timeout_seconds": 20},
     }
     cfg.update(overrides)
@@ -283,6 +287,7 @@ def start_privsep(factory: AccountFactory, **overrides: Any) -> PrivsepDaemon:
     d = PrivsepDaemon(
         url=f"https://127.0.0.1:{port}", cacert=str(pki.ca_cert), state_dir=state, config_path=config_path,
         socket_path=state / "run" / "helper.sock", audit_path=state / "audit" / "audit.jsonl",
+        access_path=state / "access" / "access.jsonl",
         grants_path=state / "mcp-sudo.yaml", tokens=tokens, accounts={"alice": alice, "bob": bob},
         service=service, srv=srv,
     )

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from mcpd.admin.grants_cli import grants
 from mcpd.common.config import Config
-from mcpd.helper.audit import AuditLog
+from mcpd.common.audit import AuditLog
 from mcpd.helper.grants import NO_GRANT, PolicyError, decide, load_policy, os_groups, parse_policy
 from mcpd.helper.grants import secret_paths
 from mcpd.helper.grants_reload import PolicyHolder

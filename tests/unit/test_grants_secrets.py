@@ -76,6 +76,7 @@ def test_default_secret_paths_are_exactly_these() -> None:
         "/etc/mcpd/users.yaml*", "/etc/mcpd/.users.yaml*",
         "/etc/mcpd/mcp-sudo.yaml*", "/etc/mcpd/.mcp-sudo.yaml*",
         "/var/log/mcpd", "/etc/mcpd/tls", "/var/lib/mcpd-helper", "/var/lib/mcpd/helper",
+        "/var/log/mcpd-front/access.jsonl*", "/var/log/mcpd-front/.access.jsonl*",  # who read what, by the front
     }
 
 
@@ -145,12 +146,23 @@ def test_summary_lists_each_changed_fact() -> None:
                      "expires: 2030-01-01T00:00:00Z, reauth_after: 5m}}}}}")
     assert summarize_changes(a, a) == ["no changes"]
     assert summarize_changes(a, b) == [
-        "users.alice files/read allowed false added",
-        "users.alice files/read expires 2030-01-01T00:00:00Z added",
+        "users.alice files/read allowed true -> false",
+        "users.alice files/read expires never -> 2030-01-01T00:00:00Z",
         "users.alice files/read reauth_after 300s added",
-        "users.alice files/read allowed true removed",
-        "users.alice files/read expires never removed",
     ]
+    c = parse_policy("users: {alice: {privileged: {tools: {files/read: {allowed: false, paths: [/a], deny: [/a/k], "
+                     "expires: 2031-01-01T00:00:00Z, reauth_after: 10m}}}}}")
+    assert summarize_changes(b, c) == [
+        "users.alice files/read deny /a/k added",
+        "users.alice files/read expires 2030-01-01T00:00:00Z -> 2031-01-01T00:00:00Z",
+        "users.alice files/read reauth_after 300s -> 600s",
+    ]
+    assert summarize_changes(c, b) == [
+        "users.alice files/read expires 2031-01-01T00:00:00Z -> 2030-01-01T00:00:00Z",
+        "users.alice files/read reauth_after 600s -> 300s",
+        "users.alice files/read deny /a/k removed",
+    ]
+    assert summarize_changes(b, a)[-1] == "users.alice files/read reauth_after 300s removed"
 
 
 # ---------------------------------------------------------------- `mcpd grants`

@@ -23,7 +23,7 @@ import pytest
 
 from mcpd.common.config import Login as LoginConfig
 from mcpd.helper import login as login_module
-from mcpd.helper.audit import AuditLog
+from mcpd.common.audit import AuditLog
 from mcpd.helper.login import LOCKOUT_FILE, Login, Store, unlock
 from mcpd.helper.main import root_folder
 from tests.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)

@@ -1,0 +1,212 @@
+"""``mcpd audit``: read, prove and replay the audit logs (SPEC §7).
+
+* ``mcpd audit tail [-n N] [--json] [--user U] [--decision D] [--path GLOB] [--since T]
+  [--until T] [--follow] [--access]`` — the last records, one readable line each (time, user,
+  route, tool, path, decision, reason, bytes), or the raw JSON lines with ``--json``; ``--access``
+  reads the front's access log (the unprivileged route) instead of the helper's audit log.
+* ``mcpd audit verify [--access] [FILE...]`` — checks the hash chain (default: the audit log, or
+  the access log, and its rotated files, oldest first): exit 0 and the record count when whole, else exit 1 naming the first
+  broken line and what is wrong (:func:`mcpd.admin.auditlog.verify`).
+* ``mcpd audit replay [--since T] [--user U]`` — re-decides every past privileged call against
+  today's grants and lists those whose decision would now differ, with the rule deciding today.
+
+Files default to ``mcpd.yaml``'s ``audit_log``/``access_log``/``grants_file`` (``--config``,
+default ``/etc/mcpd/mcpd.yaml`` when it exists).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+from mcpd.admin import auditlog
+from mcpd.admin.grants_cli import _any_owner_option, _config_option, _defaults, _file_option, _load
+from mcpd.helper.grants import REAUTH, TOOLS, decide, os_groups, utcnow
+
+
+def _time_option(name: str, help_text: str) -> Any:
+    def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> datetime.datetime | None:
+        if value is None:
+            return None
+        try:
+            return auditlog.parse_time(value)
+        except ValueError:
+            raise click.BadParameter("an ISO 8601 time (2026-12-01T06:00Z) or a span back (90s, 15m, 2h, 3d)") from None
+
+    return click.option(name, default=None, callback=convert, help=help_text)
+
+
+_since = _time_option("--since", "Only records at or after this time (ISO 8601, or 15m, 2h, 3d ago)")
+_until = _time_option("--until", "Only records at or before this time")
+
+
+@click.group()
+def audit() -> None:
+    """Read, verify and replay the audit logs (privileged decisions and every call)."""
+
+
+@audit.command()
+@click.option("-n", "count", default=20, show_default=True, type=click.IntRange(0, 1000000),
+              help="How many (matching) records")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON records")
+@click.option("--user", default=None, help="Only this principal or OS account")
+@click.option("--decision", default=None, help="Only this decision (accept, reject ...)")
+@click.option("--path", "path_glob", default=None, help="Only records whose requested or resolved path matches this glob")
+@_since
+@_until
+@click.option("--follow", is_flag=True, help="Keep printing new records (Ctrl-C to stop)")
+@click.option("--access", is_flag=True, help="Read the front's access log (unprivileged calls) instead")
+@click.option("--file", "log_file", default=None, type=click.Path(dir_okay=False),
+              help="The log to read (default: from --config, else /var/log/mcpd/audit.jsonl)")
+@_config_option
+def tail(count: int, as_json: bool, user: str | None, decision: str | None, path_glob: str | None,
+         since: datetime.datetime | None, until: datetime.datetime | None, follow: bool, access: bool,
+         log_file: str | None, config_path: str | None) -> None:
+    """Print the last N records (readable, or --json), filtered, and with --follow the new ones."""
+    cfg = _defaults(config_path)
+    path = log_file or (cfg.access_log if access else cfg.audit_log)
+    if not path:
+        raise click.ClickException("no access log is configured (access_log in mcpd.yaml)")
+    flt = auditlog.Filter(user, decision, path_glob, since, until)
+
+    def show(raw: bytes) -> None:
+        rec = auditlog.Line("", raw).record()
+        if rec is not None and flt.match(rec):
+            click.echo(raw.decode("utf-8", "replace").rstrip("\n") if as_json else auditlog.human(rec))
+
+    try:
+        end = os.stat(path).st_size
+        if flt:
+            for line, _ in auditlog.last_matching(auditlog.read_lines([path]), flt, count):
+                show(line.raw)
+        else:
+            for raw in auditlog.tail_lines(path, count, end=end):
+                show(raw)
+        sys.stdout.flush()
+    except OSError as exc:
+        click.echo(f"error: {path}: {exc.strerror}", err=True)
+        sys.exit(1)
+    if follow:
+        try:
+            for raw in _follow(path, end):
+                show(raw)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            pass
+
+
+def _follow(path: str, start: int, interval: float = 0.5) -> Iterator[bytes]:
+    """Lines appended to ``path`` after byte ``start``; reopens it when rotated (inode changes)."""
+    handle = open(path, "rb")
+    try:
+        handle.seek(start)
+        inode = os.fstat(handle.fileno()).st_ino
+        pending = b""
+        while True:
+            chunk = handle.read(65536)
+            if chunk:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                yield from (line for line in lines if line)
+                continue
+            time.sleep(interval)
+            try:
+                if os.stat(path).st_ino != inode:
+                    handle.close()
+                    handle = open(path, "rb")
+                    inode = os.fstat(handle.fileno()).st_ino
+                    pending = b""
+            except FileNotFoundError:
+                continue
+    finally:
+        handle.close()
+
+
+@audit.command()
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--access", is_flag=True, help="Default to the front's access log instead of the audit log")
+@_config_option
+def verify(files: tuple[str, ...], access: bool, config_path: str | None) -> None:
+    """Prove the audit log's hash chain whole over FILEs, oldest first (default: the audit log, or
+    with --access the access log, and its rotated files). Exit 0 with the record count, or 1
+    naming the first broken line."""
+    cfg = _defaults(config_path)
+    paths = list(files) or auditlog.rotated_set(cfg.access_log if access else cfg.audit_log)
+    if not paths:
+        raise click.ClickException("no audit log found")
+    try:
+        verdict = auditlog.verify(auditlog.read_lines(paths))
+    except (OSError, EOFError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    if not verdict.ok:
+        click.echo(f"{verdict.where}: {verdict.problem}")
+        click.echo(f"chain broken after {verdict.count} good records", err=True)
+        sys.exit(1)
+    span = "" if verdict.first_seq is None else f" (seq {verdict.first_seq}..{verdict.last_seq})"
+    start = ""
+    if verdict.first_seq not in (None, 1):
+        start = "; it starts mid-chain, earlier records are in files not given"
+    old = f"; {verdict.unchained} older records before the chain began" if verdict.unchained else ""
+    click.echo(f"OK: {verdict.count} records, chain whole{span}{start}{old}")
+
+
+def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter,
+                 now: datetime.datetime | None = None) -> Iterator[tuple[dict[str, Any], Any]]:
+    """Past privileged calls (``accept``/``reject`` records with a tool and a requested path) whose
+    decision under ``policy`` at ``now`` differs from the recorded one, with today's decision.
+
+    A call refused only for freshness (``reauthentication required``) counts as granted then, and
+    each call is judged as if its login were fresh now: replay compares what the grants cover,
+    not when the caller last typed a password. Calls refused before any grant was looked at
+    (invalid token, unknown tool, malformed path) are skipped.
+    """
+    now = now or utcnow()
+    groups: dict[str, frozenset[str]] = {}
+    for _, rec in auditlog.records(lines):
+        if rec.get("event") not in ("accept", "reject") or rec.get("tool") not in TOOLS:
+            continue
+        if not rec.get("os_user") or not isinstance(rec.get("requested_path"), str) or not flt.match(rec):
+            continue
+        if rec["event"] == "reject" and rec.get("resolved_path") is None:
+            continue
+        user = rec["os_user"]
+        member = groups.setdefault(user, os_groups(user))
+        then = rec["event"] == "accept" or rec.get("reason") == REAUTH
+        today = decide(policy, user, member, rec["tool"], rec["requested_path"], now, login_time=now)
+        if today.allowed != then:
+            yield rec, today
+
+
+@audit.command()
+@_since
+@click.option("--user", default=None, help="Only this principal or OS account")
+@click.option("--log", "log_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Audit log file(s), oldest first (default: the audit log and its rotated files)")
+@_file_option
+@_config_option
+@_any_owner_option
+def replay(since: datetime.datetime | None, user: str | None, log_files: tuple[str, ...], grants_file: str | None,
+           config_path: str | None, any_owner: bool) -> None:
+    """Re-decide past privileged calls against today's grants; list those that would now differ."""
+    policy = _load(grants_file, config_path, any_owner)
+    paths = list(log_files) or auditlog.rotated_set(_defaults(config_path).audit_log)
+    flt = auditlog.Filter(user=user, since=since)
+    found = 0
+    try:
+        for rec, today in replay_diffs(policy, auditlog.read_lines(paths), flt):
+            found += 1
+            was = "allowed" if rec["event"] == "accept" else "refused"
+            now = "allowed" if today.allowed else "refused"
+            click.echo(f"{auditlog.human(rec)}\n    was {was}, now {now}: {today.reason}; "
+                       f"rule: {today.rule or '(no grant)'}{'; ' + today.note if today.note else ''}")
+    except (OSError, EOFError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"{found} past privileged call{'s' * (found != 1)} would be decided differently today")
