@@ -14,7 +14,8 @@ Example (every key optional)::
     keepalive_seconds: 15          # ': ping' comment interval on idle streams (SPEC §1.2)
     max_body_bytes: 4194304        # POST /message body cap (SPEC §1.3)
     session_queue_size: 256        # outgoing messages buffered per session (SPEC §1.4)
-    max_sessions: 1000
+    max_sessions: 1000             # open sessions in total, /sse and /mcp together
+    mcp_session_idle_seconds: 3600 # a Streamable HTTP session with no request nor GET stream this long ends
     users_file: /etc/mcpd/users.yaml
     grants_file: /etc/mcpd/mcp-sudo.yaml
     helper_socket: /run/mcpd/helper.sock   # empty: no root helper (privileged → HELPER_UNAVAILABLE)
@@ -137,6 +138,7 @@ class Config:
     max_body_bytes: int = 4 * 1024 * 1024
     session_queue_size: int = 256
     max_sessions: int = 1000
+    mcp_session_idle_seconds: float = 3600.0
     users_file: str = "/etc/mcpd/users.yaml"
     grants_file: str = "/etc/mcpd/mcp-sudo.yaml"
     helper_socket: str = "/run/mcpd/helper.sock"
@@ -239,8 +241,8 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError("listen.port: must be 1..65535")
     if cfg.auth_cache_seconds < 0:
         raise ConfigError("auth_cache_seconds: must not be negative")
-    if cfg.keepalive_seconds <= 0 or cfg.workers.timeout_seconds <= 0:
-        raise ConfigError("keepalive_seconds and workers.timeout_seconds must be positive")
+    if min(cfg.keepalive_seconds, cfg.workers.timeout_seconds, cfg.mcp_session_idle_seconds) <= 0:
+        raise ConfigError("keepalive_seconds, workers.timeout_seconds and mcp_session_idle_seconds must be positive")
     for name, root in cfg.workspaces.items():
         if not root.startswith("/") or "\0" in root:
             raise ConfigError(f"workspaces.{name}: must be an absolute path")

@@ -5,7 +5,8 @@ Order of the stack, outermost first (read it top to bottom in :func:`build_app`)
 1. ``OriginMiddleware`` — an ``Origin`` header not in ``allowed_origins`` → ``403`` (SPEC §1.3).
 2. ``AuthenticationMiddleware`` with :class:`BearerBackend` — no or bad bearer token on any route
    → ``401`` with ``WWW-Authenticate: Bearer`` (SPEC §1.3); tokens in the query string are ignored.
-3. The router: ``GET /sse`` and ``POST /message`` (``mcpd.front.transport.sse``), ``POST /login`` and
+3. The router: ``GET /sse`` and ``POST /message`` (``mcpd.front.transport.sse``), ``GET``, ``POST``
+   and ``DELETE /mcp`` (``mcpd.front.transport.streamable``), ``POST /login`` and
    ``POST /logout`` (``mcpd.front.transport.login``; ``/login`` alone needs no bearer), at the root and,
    when set, also under ``base_path``.
 """
@@ -26,6 +27,7 @@ from mcpd.common.config import Config
 from mcpd.front.protocol import Dispatcher
 from mcpd.front.transport.login import LoginBackend, LoginRoutes, NoLogin
 from mcpd.front.transport.sse import McpUser, SessionManager, Transport
+from mcpd.front.transport.streamable import StreamableTransport
 
 
 class OriginMiddleware:
@@ -93,10 +95,11 @@ def build_app(
     """
     manager = SessionManager(cfg, dispatcher)
     transport = Transport(cfg, manager)
+    streamable = StreamableTransport(cfg, manager)
     logins = LoginRoutes(login or NoLogin())
-    routes: list[BaseRoute] = [*transport.routes(), *logins.routes()]
+    routes: list[BaseRoute] = [*transport.routes(), *streamable.routes(), *logins.routes()]
     if cfg.base_path:
-        routes.append(Mount(cfg.base_path, routes=transport.routes() + logins.routes()))
+        routes.append(Mount(cfg.base_path, routes=transport.routes() + streamable.routes() + logins.routes()))
     open_paths = frozenset({"/login", f"{cfg.base_path}/login"})
     middleware = [
         Middleware(OriginMiddleware, allowed_origins=cfg.allowed_origins),

@@ -246,22 +246,32 @@ class McpSession:
 
     # -- intake -------------------------------------------------------------------------------
 
-    def receive(self, payload: Any, caller: Caller) -> None:
+    def receive(self, payload: Any, caller: Caller, send: Send | None = None) -> asyncio.Task[Any] | None:
         """Take one parsed POST body (object or array) and schedule its handling; returns at once.
 
         Requests run as separate tasks and reply through ``send`` in any order (SPEC §1.5); a
         batch replies with one array (SPEC §2.3).
+
+        Args:
+            payload: the parsed body.
+            caller: who sent it.
+            send: where this body's replies and progress go; ``None``: the session's own ``send``
+                (the SSE stream). Streamable HTTP passes the POST's own response here.
+
+        Returns:
+            The task that ends once every reply of this body was handed to ``send`` (``None`` when
+            nothing was scheduled: a closed session, or an empty batch answered at once).
         """
         if self._closed:
-            return
+            return None
+        out = self.send if send is None else send
         if isinstance(payload, list):
             if not payload:
-                self.send(error_reply(None, INVALID_REQUEST, "invalid request: empty batch"))
-                return
-            members = [self._start(m, caller, in_batch=True) for m in payload]
-            self._spawn(self._gather_batch(members))
-        else:
-            self._start(payload, caller, in_batch=False)
+                out(error_reply(None, INVALID_REQUEST, "invalid request: empty batch"))
+                return None
+            members = [self._start(m, caller, out, send_reply=False) for m in payload]
+            return self._spawn(self._gather_batch(members, out))
+        return self._start(payload, caller, out, send_reply=True)
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -269,9 +279,12 @@ class McpSession:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _start(self, msg: Any, caller: Caller, in_batch: bool) -> asyncio.Task[Message | None]:
-        """Schedule one message; register it as in flight when it is a well-formed request."""
-        task: asyncio.Task[Message | None] = self._spawn(self._handle(msg, caller, not in_batch))
+    def _start(self, msg: Any, caller: Caller, out: Send, send_reply: bool) -> asyncio.Task[Message | None]:
+        """Schedule one message; register it as in flight when it is a well-formed request.
+
+        ``out`` gets the request's progress, and its reply when ``send_reply`` (a batch member's
+        reply is only the task's result, gathered into the batch's array)."""
+        task: asyncio.Task[Message | None] = self._spawn(self._handle(msg, caller, out, send_reply))
         if isinstance(msg, dict) and isinstance(msg.get("method"), str) and _valid_id(msg.get("id")):
             key = _id_key(msg["id"])
             if key not in self._in_flight:
@@ -283,11 +296,16 @@ class McpSession:
         if self._in_flight.get(key) is task:
             del self._in_flight[key]
 
-    async def _gather_batch(self, members: list[asyncio.Task[Message | None]]) -> None:
+    async def _gather_batch(self, members: list[asyncio.Task[Message | None]], out: Send) -> None:
         results = await asyncio.gather(*members, return_exceptions=True)
         replies = [r for r in results if isinstance(r, dict)]
         if replies and not self._closed:
-            self.send(replies)
+            out(replies)
+
+    @property
+    def busy(self) -> bool:
+        """Some message of this session is still being handled."""
+        return bool(self._tasks)
 
     def close(self) -> None:
         """End the session: cancel every in-flight task (their worker jobs are stopped by the pool)."""
@@ -298,13 +316,13 @@ class McpSession:
 
     # -- one message --------------------------------------------------------------------------
 
-    async def _handle(self, msg: Any, caller: Caller, send_reply: bool) -> Message | None:
-        reply = await self._reply_for(msg, caller)
+    async def _handle(self, msg: Any, caller: Caller, out: Send, send_reply: bool) -> Message | None:
+        reply = await self._reply_for(msg, caller, out)
         if send_reply and reply is not None and not self._closed:
-            self.send(reply)
+            out(reply)
         return reply
 
-    async def _reply_for(self, msg: Any, caller: Caller) -> Message | None:
+    async def _reply_for(self, msg: Any, caller: Caller, out: Send) -> Message | None:
         if not isinstance(msg, dict):
             return error_reply(None, INVALID_REQUEST, "invalid request: not an object")
         has_id = "id" in msg
@@ -326,9 +344,9 @@ class McpSession:
             return error_reply(None, INVALID_REQUEST, "invalid request: id must be a string or a number")
         if self._in_flight.get(_id_key(req_id)) is not asyncio.current_task():
             return error_reply(req_id, INVALID_REQUEST, "invalid request: id already in flight")
-        return await self._request(req_id, method, msg, caller)
+        return await self._request(req_id, method, msg, caller, out)
 
-    async def _request(self, req_id: Any, method: str, msg: Message, caller: Caller) -> Message | None:
+    async def _request(self, req_id: Any, method: str, msg: Message, caller: Caller, out: Send) -> Message | None:
         entry = self._methods.get(method)
         if entry is None:
             return error_reply(req_id, METHOD_NOT_FOUND, "method not found")
@@ -339,7 +357,7 @@ class McpSession:
             params = _params(msg)
             meta = params.get("_meta")
             token = meta.get("progressToken") if isinstance(meta, dict) else None
-            ctx = RequestContext(caller, self.session_id, token if _valid_id(token) else None, self.send)
+            ctx = RequestContext(caller, self.session_id, token if _valid_id(token) else None, out)
             result = await handler(ctx, params)
         except RpcError as exc:
             return error_reply(req_id, exc.code, exc.message, exc.data)

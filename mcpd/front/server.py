@@ -132,7 +132,8 @@ class Server:
         server = _NotifyingServer(config)
         if dispatcher.limits is not None:
             server.on_shutdown = (dispatcher.limits.save,)
-        revalidation = asyncio.create_task(revalidate_forever(sessions, authenticator))
+        revalidation = asyncio.create_task(revalidate_forever(
+            sessions, authenticator, idle_seconds=self.cfg.mcp_session_idle_seconds))
         try:
             await server.serve()
         finally:
