@@ -9,8 +9,8 @@ Example (every key optional)::
 
     listen: {host: 0.0.0.0, port: 9091}
     tls: {cert: /etc/mcpd/tls/server.crt, key: /etc/mcpd/tls/server.key}
-    base_path: ""                  # public prefix added by a reverse proxy, e.g. /mcp
-    allowed_origins: []            # Origin values accepted on /sse and /message (SPEC §1.3)
+    base_path: ""                  # public prefix added by a reverse proxy, e.g. /files
+    allowed_origins: []            # Origin values accepted on /sse, /message and /mcp (SPEC §1.3)
     keepalive_seconds: 15          # ': ping' comment interval on idle streams (SPEC §1.2)
     max_body_bytes: 4194304        # POST /message body cap (SPEC §1.3)
     session_queue_size: 256        # outgoing messages buffered per session (SPEC §1.4)
