@@ -16,6 +16,7 @@ Example (every key optional)::
     session_queue_size: 256        # outgoing messages buffered per session (SPEC §1.4)
     max_sessions: 1000             # open sessions in total, /sse and /mcp together
     mcp_session_idle_seconds: 3600 # a Streamable HTTP session with no request nor GET stream this long ends
+    tool_names: slash              # "portable": tools/list says files_read ... (calls accept both)
     users_file: /etc/mcpd/users.yaml
     grants_file: /etc/mcpd/mcp-sudo.yaml
     helper_socket: /run/mcpd/helper.sock   # empty: no root helper (privileged → HELPER_UNAVAILABLE)
@@ -138,6 +139,7 @@ class Config:
     max_body_bytes: int = 4 * 1024 * 1024
     session_queue_size: int = 256
     max_sessions: int = 1000
+    tool_names: str = "slash"
     mcp_session_idle_seconds: float = 3600.0
     users_file: str = "/etc/mcpd/users.yaml"
     grants_file: str = "/etc/mcpd/mcp-sudo.yaml"
@@ -248,6 +250,8 @@ def _check_ranges(cfg: Config) -> None:
             raise ConfigError(f"workspaces.{name}: must be an absolute path")
     if cfg.default_workspace not in ("", "~") and not cfg.default_workspace.startswith("/"):
         raise ConfigError('default_workspace: must be "~", "" or an absolute path')
+    if cfg.tool_names not in ("slash", "portable"):
+        raise ConfigError('tool_names: must be "slash" or "portable"')
     if cfg.base_path and (not cfg.base_path.startswith("/") or cfg.base_path.endswith("/")):
         raise ConfigError("base_path: must start with '/' and not end with '/' (or be empty)")
 

@@ -20,7 +20,7 @@ from mcpd.common.errors import INTERNAL_ERROR, ToolError
 from mcpd.common.identity import Principal
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.privileged import PrivilegedBackend
-from mcpd.core.tools import TOOLS, ToolModule, deadline_seconds
+from mcpd.core.tools import TOOLS, ToolModule, by_any_name, deadline_seconds, portable_name
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,8 @@ class Dispatcher:
         privileged: forwards ``privileged: true`` calls to the root helper.
         tools: name → tool module; defaults to :data:`mcpd.core.tools.TOOLS`.
         resources: resource hook, or ``None`` (no resources yet).
+        tool_names: ``"slash"`` lists ``files/read`` …, ``"portable"`` lists ``files_read`` …;
+            calls accept both spellings either way.
     """
 
     def __init__(
@@ -142,10 +144,13 @@ class Dispatcher:
         privileged: PrivilegedBackend,
         tools: Mapping[str, ToolModule] = TOOLS,
         resources: ResourceProvider | None = None,
+        tool_names: str = "slash",
     ) -> None:
         self.pool = pool
         self.privileged = privileged
         self.tools = tools
+        self._callable = by_any_name(tools)
+        self._portable = tool_names == "portable"
         self.resources = resources
         self.limits: LimitsTracker | None = None  # set by the server when limits are configured
 
@@ -153,7 +158,7 @@ class Dispatcher:
         """The ``tools`` array of ``tools/list``."""
         return [
             {
-                "name": t.NAME,
+                "name": portable_name(t.NAME) if self._portable else t.NAME,
                 "description": t.DESCRIPTION,
                 "inputSchema": t.INPUT_SCHEMA,
                 "annotations": dict(READ_ONLY_ANNOTATIONS),
@@ -162,12 +167,13 @@ class Dispatcher:
         ]
 
     async def call_tool(self, ctx: RequestContext, name: Any, arguments: Any) -> dict[str, Any]:
-        """Run one ``tools/call``; tool failures become ``isError`` results.
+        """Run one ``tools/call`` by either spelling of the tool's name; tool failures become
+        ``isError`` results. Grants, limits and records always see the ``files/…`` name.
 
         Raises:
             RpcError: ``-32602`` for an unknown tool name.
         """
-        tool = self.tools.get(name) if isinstance(name, str) else None
+        tool = self._callable.get(name) if isinstance(name, str) else None
         if tool is None:
             raise RpcError(INVALID_PARAMS, "unknown tool")
         try:

@@ -108,7 +108,7 @@ class Server:
         backend: PrivilegedBackend = Unavailable() if channel is None else \
             HelperBackend(channel, pool, timeout=self.cfg.workers.timeout_seconds + 5)
         resources = FileResources(pool, backend, self.cfg.workspaces, self.cfg.default_workspace)
-        dispatcher = Dispatcher(pool, backend, resources=resources)
+        dispatcher = Dispatcher(pool, backend, resources=resources, tool_names=self.cfg.tool_names)
         login = HelperLogin(channel) if channel is not None else NoLogin()
         if self.cfg.limits != Limits():
             dispatcher.limits = resources.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)
