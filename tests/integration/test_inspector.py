@@ -42,3 +42,11 @@ def test_inspector_lists_calls_reads(daemon: Daemon, tmp_path: Path, path: str, 
     read = result(inspector(daemon, path, "--transport", transport, "--method", "resources/read",
                             "--uri", f"file://{f}"))
     assert read["contents"][0]["text"] == "hello\n"
+
+
+@pytest.mark.parametrize(("path", "transport", "says"), [("/sse", "sse", "(401)"), ("/mcp", "http", "invalid token")])
+def test_inspector_reports_a_bad_token(daemon: Daemon, path: str, transport: str, says: str) -> None:
+    # --stored-auth-only: the Inspector may not open a browser for OAuth; it reports the 401's reason.
+    res = inspector(daemon, path, "--transport", transport, "--stored-auth-only", "--method", "tools/list",
+                    token="mcpd_000000000000_" + "A" * 43)
+    assert says in res.stdout + res.stderr

@@ -129,7 +129,25 @@ async def test_no_or_bad_token_401_on_any_route(daemon: Daemon, path: str, auth:
         method = "GET" if path != "/message?session_id=" + "0" * 32 else "POST"
         r = await c.request(method, f"{daemon.url}{path}", headers=headers, content=b"{}")
     assert r.status_code == 401
-    assert r.headers["www-authenticate"] == "Bearer"
+    if auth is None or auth.startswith("Basic"):  # no bearer token: a challenge without an error (RFC 6750 §3.1)
+        assert r.headers["www-authenticate"] == "Bearer"
+    else:  # a refused one: says so, so clients report a bad token instead of starting OAuth
+        assert r.headers["www-authenticate"].startswith('Bearer error="invalid_token", error_description="')
+
+
+@pytest.mark.parametrize("path", ["/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp",
+                                  "/.well-known/oauth-authorization-server", "/.well-known/openid-configuration",
+                                  "/base/.well-known/oauth-protected-resource"])
+@pytest.mark.parametrize("auth", [None, "Bearer nope"])
+async def test_no_oauth_discovery_documents(daemon_factory: Any, path: str, auth: str | None) -> None:
+    d = daemon_factory(base_path="/base")
+    async with client(d) as c:
+        r = await c.get(f"{d.url}{path}", headers={"Authorization": auth} if auth else {})
+        assert r.status_code == 404
+        r = await c.get(f"{d.url}{path}", headers=d.auth())
+        assert r.status_code == 404
+        r = await c.get(f"{d.url}/sse/.well-known/oauth-protected-resource")  # only the prefix is open
+        assert r.status_code == 401
 
 
 async def test_bad_token_post_reaches_no_stream(daemon: Daemon) -> None:
