@@ -11,6 +11,7 @@ Example (every key optional)::
     tls: {cert: /etc/mcpd/tls/server.crt, key: /etc/mcpd/tls/server.key}
     base_path: ""                  # public prefix added by a reverse proxy, e.g. /files
     allowed_origins: []            # Origin values accepted on /sse, /message and /mcp (SPEC §1.3)
+    allowed_hosts: []              # Host values accepted (421 otherwise); auto = the certificate's names
     keepalive_seconds: 15          # ': ping' comment interval on idle streams (SPEC §1.2)
     max_body_bytes: 4194304        # POST /message body cap (SPEC §1.3)
     session_queue_size: 256        # outgoing messages buffered per session (SPEC §1.4)
@@ -135,6 +136,7 @@ class Config:
     tls: TLS = TLS()
     base_path: str = ""
     allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
     keepalive_seconds: float = 15.0
     max_body_bytes: int = 4 * 1024 * 1024
     session_queue_size: int = 256
@@ -210,6 +212,8 @@ def from_dict(data: dict[str, Any]) -> Config:
     Raises:
         ConfigError: unknown key, wrong type, or an out-of-range value.
     """
+    if data.get("allowed_hosts") == "auto":
+        data = {**data, "allowed_hosts": ["auto"]}
     cfg = _build(Config, data, "")
     _check_ranges(cfg)
     return cfg

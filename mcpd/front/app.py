@@ -2,7 +2,8 @@
 
 Order of the stack, outermost first (read it top to bottom in :func:`build_app`):
 
-1. ``OriginMiddleware`` — an ``Origin`` header not in ``allowed_origins`` → ``403`` (SPEC §1.3).
+1. ``OriginMiddleware`` — an ``Origin`` header not in ``allowed_origins`` → ``403`` (SPEC §1.3);
+   then ``HostMiddleware`` — with ``allowed_hosts`` set, a ``Host`` it does not name → ``421``.
 2. ``AuthenticationMiddleware`` with :class:`BearerBackend` — no or bad bearer token on any route
    → ``401`` with an RFC 6750 challenge (SPEC §1.3); tokens in the query string are ignored. Paths
    under ``/.well-known/`` need no token and are all ``404``: mcpd serves no OAuth discovery
@@ -25,9 +26,10 @@ from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcpd.front.auth import Authenticator, parse_bearer
-from mcpd.common.config import Config
+from mcpd.common.config import Config, ConfigError
 from mcpd.front.protocol import Dispatcher
 from mcpd.front.transport.login import LoginBackend, LoginRoutes, NoLogin
+from mcpd.front.transport.hosts import HostMiddleware, HostRule
 from mcpd.front.transport.sse import McpUser, SessionManager, Transport
 from mcpd.front.transport.streamable import StreamableTransport
 
@@ -124,7 +126,14 @@ def build_app(
         login: password logins (``POST /login``, ``/logout``); ``None`` → 503 (no helper).
 
     The session table is exposed as ``app.state.sessions`` (closed on shutdown by the server).
+
+    Raises:
+        ConfigError: a malformed ``allowed_hosts`` entry, or ``auto`` with an unreadable certificate.
     """
+    try:
+        hosts = HostRule(cfg.allowed_hosts, cfg.tls.cert)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     manager = SessionManager(cfg, dispatcher)
     transport = Transport(cfg, manager)
     streamable = StreamableTransport(cfg, manager)
@@ -137,6 +146,7 @@ def build_app(
     backend = BearerBackend(authenticator, open_paths, open_prefixes)
     middleware = [
         Middleware(OriginMiddleware, allowed_origins=cfg.allowed_origins),
+        Middleware(HostMiddleware, rule=hosts),
         Middleware(AuthenticationMiddleware, backend=backend, on_error=unauthorized),
     ]
     app = Starlette(routes=routes, middleware=middleware)

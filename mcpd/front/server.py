@@ -112,7 +112,12 @@ class Server:
         login = HelperLogin(channel) if channel is not None else NoLogin()
         if self.cfg.limits != Limits():
             dispatcher.limits = resources.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)
-        app = build_app(self.cfg, authenticator, dispatcher, login)
+        try:
+            app = build_app(self.cfg, authenticator, dispatcher, login)
+        except ConfigError as exc:
+            log.error("%s", exc)
+            await pool.close()
+            return EXIT_CONFIG
         sessions: SessionManager = app.state.sessions
         config = uvicorn.Config(
             app,
