@@ -32,6 +32,26 @@ INTERNAL = -32603
 
 SUPPORTED_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_VERSION = SUPPORTED_VERSIONS[-1]
+# The stateless era (no initialize; version and capabilities in each request's _meta), served on
+# Streamable HTTP only (mcpd.front.transport.streamable).
+MODERN_VERSIONS = ("2026-07-28",)
+HEADER_MISMATCH = -32020
+UNSUPPORTED_VERSION = -32022
+META_VERSION = "io.modelcontextprotocol/protocolVersion"
+META_CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+SERVER_INFO = {"name": "mcpd", "version": __version__}
+CAPABILITIES = {"tools": {"listChanged": False}, "resources": {"listChanged": False}}
+# Caching hints the 2026-07-28 revision requires on these results: (ttlMs, cacheScope). The lists
+# change only with the daemon's configuration; a file can change at any time and is the caller's.
+LIST_TTL_MS = 300_000
+CACHE_HINTS: dict[str, tuple[int, str]] = {
+    "server/discover": (LIST_TTL_MS, "public"),
+    "tools/list": (LIST_TTL_MS, "public"),
+    "resources/list": (LIST_TTL_MS, "public"),
+    "resources/templates/list": (LIST_TTL_MS, "public"),
+    "resources/read": (0, "private"),
+}
 INSTRUCTIONS = (
     "mcpd serves this Linux server's files read-only. Call files/read with an absolute path; "
     "use start_line/end_line or offset/limit for large files, and privileged: true only where a "
@@ -87,6 +107,7 @@ class RequestContext:
     session_id: str
     progress_token: str | int | None
     send: Send = field(repr=False)
+    modern: bool = False  # a 2026-07-28 request (its resource errors use that revision's codes)
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Send one ``notifications/progress`` on this session, if the request asked for it (``_meta.progressToken``)."""
@@ -219,19 +240,35 @@ def negotiate(requested: str) -> str:
     return requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION
 
 
+def modern_result(method: str, result: dict[str, Any]) -> dict[str, Any]:
+    """A result as the 2026-07-28 revision shapes it: ``resultType: "complete"``, the server's
+    identity in ``_meta``, and ``ttlMs``/``cacheScope`` on the cacheable methods (:data:`CACHE_HINTS`)."""
+    out = dict(result)
+    out["resultType"] = "complete"
+    meta = out.get("_meta")
+    out["_meta"] = {**(meta if isinstance(meta, dict) else {}), META_SERVER_INFO: dict(SERVER_INFO)}
+    hint = CACHE_HINTS.get(method)
+    if hint is not None:
+        out["ttlMs"], out["cacheScope"] = hint
+    return out
+
+
 Handler = Callable[[RequestContext, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 class McpSession:
-    """The JSON-RPC state of one SSE session (SPEC §2): lifecycle, in-flight requests, cancellation.
+    """The JSON-RPC state of one session (SPEC §2): lifecycle, in-flight requests, cancellation.
 
     Args:
         dispatcher: the shared :class:`Dispatcher`.
         session_id: the 32-hex session id (for logs and the privileged backend).
         send: puts one JSON-RPC message (object or array) on the session's stream; never blocks.
+        modern: serve one 2026-07-28 request (SPEC §1.6, stateless era): no ``initialize`` nor
+            ``ping``, ``server/discover`` instead, results shaped by :func:`modern_result`. The
+            transport has checked the request's ``_meta`` and headers already.
     """
 
-    def __init__(self, dispatcher: Dispatcher, session_id: str, send: Send) -> None:
+    def __init__(self, dispatcher: Dispatcher, session_id: str, send: Send, modern: bool = False) -> None:
         self.dispatcher = dispatcher
         self.session_id = session_id
         self.send = send
@@ -249,6 +286,16 @@ class McpSession:
             "resources/templates/list": (self._resource_templates_list, True),
             "resources/read": (self._resources_read, True),
         }
+        self.modern = modern
+        if modern:
+            self.initialized = True
+            self.protocol_version = MODERN_VERSIONS[-1]
+            del self._methods["initialize"], self._methods["ping"]
+            self._methods["server/discover"] = (self._discover, False)
+
+    def knows(self, method: str) -> bool:
+        """Whether ``method`` is served (in this session's era)."""
+        return method in self._methods
 
     # -- intake -------------------------------------------------------------------------------
 
@@ -363,8 +410,10 @@ class McpSession:
             params = _params(msg)
             meta = params.get("_meta")
             token = meta.get("progressToken") if isinstance(meta, dict) else None
-            ctx = RequestContext(caller, self.session_id, token if _valid_id(token) else None, out)
+            ctx = RequestContext(caller, self.session_id, token if _valid_id(token) else None, out, self.modern)
             result = await handler(ctx, params)
+            if self.modern:
+                result = modern_result(method, result)
         except RpcError as exc:
             return error_reply(req_id, exc.code, exc.message, exc.data)
         except Exception:
@@ -391,8 +440,17 @@ class McpSession:
         self.initialized = True
         return {
             "protocolVersion": self.protocol_version,
-            "capabilities": {"tools": {"listChanged": False}, "resources": {"listChanged": False}},
-            "serverInfo": {"name": "mcpd", "version": __version__},
+            "capabilities": CAPABILITIES,
+            "serverInfo": dict(SERVER_INFO),
+            "instructions": INSTRUCTIONS,
+        }
+
+    async def _discover(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+        """``server/discover`` (2026-07-28): every version served, newest first (the session-era
+        ones need ``initialize``), capabilities and instructions; identity via :func:`modern_result`."""
+        return {
+            "supportedVersions": [*reversed(MODERN_VERSIONS), *reversed(SUPPORTED_VERSIONS)],
+            "capabilities": CAPABILITIES,
             "instructions": INSTRUCTIONS,
         }
 

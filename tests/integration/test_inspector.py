@@ -1,6 +1,7 @@
 """The MCP Inspector CLI (``@modelcontextprotocol/inspector``, from the npm registry) against the
 real daemon: lists the tools, calls ``files/read`` and reads the resource over ``/sse``
-(``--transport sse``) and over Streamable HTTP at ``/mcp`` (``--transport http``)."""
+(``--transport sse``) and over Streamable HTTP at ``/mcp`` (``--transport http``), in the session
+era and in the stateless one (``--protocol-era modern``, and ``auto``, which must pick it)."""
 
 from __future__ import annotations
 
@@ -30,18 +31,21 @@ def result(res: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(res.stdout)["result"]
 
 
-@pytest.mark.parametrize(("path", "transport"), [("/sse", "sse"), ("/mcp", "http")])
-def test_inspector_lists_calls_reads(daemon: Daemon, tmp_path: Path, path: str, transport: str) -> None:
+@pytest.mark.parametrize(("path", "transport", "era"), [
+    ("/sse", "sse", "legacy"), ("/mcp", "http", "legacy"), ("/mcp", "http", "modern"), ("/mcp", "http", "auto"),
+])
+def test_inspector_lists_calls_reads(daemon: Daemon, tmp_path: Path, path: str, transport: str, era: str) -> None:
     f = tmp_path / "hello.txt"
     f.write_text("hello\n")
-    tools = result(inspector(daemon, path, "--transport", transport, "--method", "tools/list"))
+    opts = ["--transport", transport, "--protocol-era", era]
+    tools = result(inspector(daemon, path, *opts, "--method", "tools/list"))
     assert "files/read" in [t["name"] for t in tools["tools"]]
-    called = result(inspector(daemon, path, "--transport", transport, "--method", "tools/call",
+    called = result(inspector(daemon, path, *opts, "--method", "tools/call",
                               "--tool-name", "files/read", "--tool-arg", f"path={f}"))
     assert called["content"][0]["text"] == "hello\n"
-    read = result(inspector(daemon, path, "--transport", transport, "--method", "resources/read",
-                            "--uri", f"file://{f}"))
+    read = result(inspector(daemon, path, *opts, "--method", "resources/read", "--uri", f"file://{f}"))
     assert read["contents"][0]["text"] == "hello\n"
+    # (modern pins 2026-07-28 with no fallback: it fails unless server/discover offers that version)
 
 
 @pytest.mark.parametrize(("path", "transport", "says"), [("/sse", "sse", "(401)"), ("/mcp", "http", "invalid token")])

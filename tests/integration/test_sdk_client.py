@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from mcp import ClientSession
+from mcp import Client, ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -72,6 +72,21 @@ def http_client(daemon: Daemon, token: str | None = None) -> httpx2.AsyncClient:
                               verify=ssl.create_default_context(cafile=daemon.cacert))
 
 
+async def list_call_read(client: Any, p: Path) -> None:
+    """What every client must manage: ``files/read`` listed, called (a success and a tool error)
+    and the file read as a resource; ``p`` holds two lines."""
+    tools = await client.list_tools()
+    assert "files/read" in [t.name for t in tools.tools]
+    result = await client.call_tool("files/read", {"path": str(p)})
+    assert not result.is_error
+    assert result.content[0].text == "first line\nsecond line\n"
+    failed = await client.call_tool("files/read", {"path": str(p.parent / "missing")})
+    assert failed.is_error and failed.structured_content is not None
+    assert failed.structured_content["error"]["code"] == "FILE_NOT_FOUND"
+    res = await client.read_resource(f"file://{p}")
+    assert res.contents[0].text == "first line\nsecond line\n"
+
+
 async def test_sdk_streamable_http_lists_calls_reads_resource(daemon: Daemon, tmp_path: Path) -> None:
     p = tmp_path / "notes.txt"
     p.write_text("first line\nsecond line\n", encoding="utf-8")
@@ -79,16 +94,7 @@ async def test_sdk_streamable_http_lists_calls_reads_resource(daemon: Daemon, tm
         async with ClientSession(read, write) as session:
             init = await session.initialize()
             assert init.server_info.name == "mcpd"
-            tools = await session.list_tools()
-            assert "files/read" in [t.name for t in tools.tools]
-            result = await session.call_tool("files/read", {"path": str(p)})
-            assert not result.is_error
-            assert result.content[0].text == "first line\nsecond line\n"  # type: ignore[union-attr]
-            failed = await session.call_tool("files/read", {"path": str(tmp_path / "missing")})
-            assert failed.is_error and failed.structured_content is not None
-            assert failed.structured_content["error"]["code"] == "FILE_NOT_FOUND"
-            res = await session.read_resource(f"file://{p}")
-            assert res.contents[0].text == "first line\nsecond line\n"  # type: ignore[union-attr]
+            await list_call_read(session, p)
             await session.send_ping()
 
 
@@ -119,3 +125,15 @@ async def test_sdk_streamable_http_rejected_with_bad_token(daemon: Daemon) -> No
                 with anyio.fail_after(20):
                     await session.initialize()
     assert not isinstance(info.value, TimeoutError)  # refused at once (the 401 itself: test_streamable.py)
+
+
+@pytest.mark.parametrize("mode", ["auto", "2026-07-28", "legacy"])
+async def test_sdk_client_modes_list_call_read(daemon: Daemon, tmp_path: Path, mode: str) -> None:
+    """``mcp.Client`` in auto mode (probes ``server/discover``), pinned to 2026-07-28 (stateless,
+    no initialize) and legacy (initialize, session): the same tools, results and resource."""
+    p = tmp_path / "notes.txt"
+    p.write_text("first line\nsecond line\n", encoding="utf-8")
+    async with http_client(daemon) as hc:
+        async with Client(streamable_http_client(f"{daemon.url}/mcp", http_client=hc), mode=mode) as client:
+            assert client.protocol_version == ("2025-11-25" if mode == "legacy" else "2026-07-28")
+            await list_call_read(client, p)

@@ -152,6 +152,11 @@ class SessionManager:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The tools and resources every session reaches (also one-request stateless ones)."""
+        return self._dispatcher
+
     def open(self, principal: Principal, token: str = "", kind: str = "sse") -> SseSession | None:
         """Create a session of ``kind`` (``"sse"`` or ``"mcp"``) owned by ``principal`` opened with
         bearer ``token`` (kept in memory only, so a revoked or rotated token closes it); ``None``
