@@ -14,7 +14,9 @@
 The server, token and CA come from ``--url/--token/--cacert``, else ``MCPD_URL``/``MCP_TOKEN``/
 ``MCPD_CACERT``, else the config file ``$XDG_CONFIG_HOME/linuxctl/config.yaml`` (default
 ``~/.config/linuxctl/config.yaml``; keys ``url``, ``token``, ``cacert``; a file holding a token must
-not be readable by group or others). Errors go to stderr as ``CODE: message``. Exit status: 0 ok,
+not be readable by group or others). ``--transport`` (``MCPD_TRANSPORT``): ``auto`` (default) speaks
+Streamable HTTP at ``/mcp`` and falls back to ``/sse`` when the server has no ``/mcp``; ``http`` or
+``sse`` forces one. Errors go to stderr as ``CODE: message``. Exit status: 0 ok,
 1 tool error, 2 usage error, 3 authentication failure, 4 server unreachable or not trusted.
 """
 
@@ -31,7 +33,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from mcpd.client.api import Client, MCPClientError, UsageError, text_of, tool_failure
+from mcpd.client.api import TRANSPORTS, Client, MCPClientError, UsageError, text_of, tool_failure
 from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml
 
 T = TypeVar("T")
@@ -46,6 +48,7 @@ class Settings:
     token: str | None
     cacert: str | None
     timeout: float
+    transport: str = "auto"
 
 
 def config_path() -> Path:
@@ -112,7 +115,7 @@ def run(settings: Settings, fn: Callable[[Client], Awaitable[T]]) -> T:
 
     async def go() -> T:
         url, token, cacert = resolve(settings)
-        async with Client(url, token, cacert, settings.timeout) as client:
+        async with Client(url, token, cacert, settings.timeout, transport=settings.transport) as client:
             return await fn(client)
 
     try:
@@ -139,10 +142,14 @@ def write_out(data: bytes) -> None:
 @click.option("--cacert", envvar="MCPD_CACERT", help="PEM file of the CA to trust [MCPD_CACERT]")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds to wait for the server")
+@click.option("--transport", envvar="MCPD_TRANSPORT", type=click.Choice(TRANSPORTS), default="auto",
+              show_default=True,
+              help="http: Streamable HTTP (/mcp); sse: the older HTTP+SSE (/sse); auto: http, else sse [MCPD_TRANSPORT]")
 @click.pass_context
-def main(ctx: click.Context, url: str | None, token: str | None, cacert: str | None, timeout: float) -> None:
+def main(ctx: click.Context, url: str | None, token: str | None, cacert: str | None, timeout: float,
+         transport: str) -> None:
     """Read files on an mcpd server (SPEC §6)."""
-    ctx.obj = Settings(url=url, token=token, cacert=cacert, timeout=timeout)
+    ctx.obj = Settings(url=url, token=token, cacert=cacert, timeout=timeout, transport=transport)
 
 
 @main.group()
