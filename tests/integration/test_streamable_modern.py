@@ -4,7 +4,9 @@ and caching hints, the revision's error codes, and no session minted."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,8 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession
-from tests.integration.test_streamable import ACCEPT_BOTH, client, sse_messages
+from tests.integration.test_protocol import slow_file, worker_pids
+from tests.integration.test_streamable import ACCEPT_BOTH, client, hdrs, open_session, sse_messages
 
 pytestmark = pytest.mark.anyio
 
@@ -167,3 +170,57 @@ async def test_auth_and_origin_apply(daemon_factory: Callable[..., Daemon]) -> N
         assert r.status_code == 401 and 'error="invalid_token"' in r.headers["www-authenticate"]
         r = await post(c, d, body, Origin="https://evil.example")
         assert r.status_code == 403
+
+
+# -- cancellation: closing is cancelling in the stateless era; DELETE ends a session's work ----------
+
+
+async def _wait_worker(d: Daemon, before: set[int]) -> set[int]:
+    for _ in range(200):
+        busy = worker_pids(d.pid) - before
+        if busy:
+            return busy
+        await asyncio.sleep(0.05)
+    raise AssertionError("no worker started for the slow read")
+
+
+async def _wait_gone(d: Daemon, busy: set[int]) -> None:
+    for _ in range(400):  # the deadline is 120 s: only the cancellation can stop it this soon
+        if not busy & worker_pids(d.pid):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the worker of the abandoned request still runs")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_closing_the_answer_cancels_the_request(daemon_factory: Callable[..., Daemon], tmp_path: Path,
+                                                      stream: bool) -> None:
+    d = daemon_factory(workers={"timeout_seconds": 120})
+    path = slow_file(tmp_path)
+    meta = {**META, "progressToken": "p"} if stream else META
+    call = request("tools/call", {"name": "files/read", "arguments": {"path": str(path), "start_line": 3}}, meta=meta)
+    before = worker_pids(d.pid)
+    async with client(d) as c:
+        task = asyncio.ensure_future(post(c, d, call))
+        busy = await _wait_worker(d, before)
+        task.cancel()  # the client gives up: httpx closes the connection
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await _wait_gone(d, busy)
+
+
+async def test_delete_cancels_a_sessions_requests(daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    d = daemon_factory(workers={"timeout_seconds": 120})
+    path = slow_file(tmp_path)
+    before = worker_pids(d.pid)
+    async with client(d) as c:
+        sid = await open_session(c, d)
+        call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                "params": {"name": "files/read", "arguments": {"path": str(path), "start_line": 3}}}
+        task = asyncio.ensure_future(c.post("/mcp", json=call, headers=hdrs(d, sid)))
+        busy = await _wait_worker(d, before)
+        r = await c.delete("/mcp", headers=hdrs(d, sid))
+        assert r.status_code == 200
+        await _wait_gone(d, busy)
+        r = await task  # the POST ends too: its session is gone
+        assert r.status_code == 404
