@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +52,7 @@ async def open_session(c: httpx.AsyncClient, d: Daemon, token: str | None = None
     sid = r.headers["mcp-session-id"]
     assert SID_RE.fullmatch(sid)
     r = await c.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
-                     headers=hdrs(d, sid, **{"MCP-Protocol-Version": version}))
+                     headers=hdrs(d, sid, token=token, **{"MCP-Protocol-Version": version}))
     assert r.status_code == 202 and r.content == b""
     return sid
 
@@ -281,3 +283,23 @@ async def test_idle_session_expires(daemon_factory: Callable[..., Daemon]) -> No
             # A session with an open GET stream is not idle.
             r = await c.post("/mcp", json=ping, headers=hdrs(d, streaming))
             assert r.status_code == 200
+
+
+async def test_rotated_token_ends_its_mcp_session(daemon_factory: Callable[..., Daemon]) -> None:
+    """The once-a-second token re-check covers /mcp sessions too: after ``mcpd users rotate``, the
+    session opened with the old token is gone even for the principal's new token."""
+    d = daemon_factory()
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with client(d) as c:
+        sid = await open_session(c, d, token=d.other_token)
+        out = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "mcpd.admin.cli", "users", "rotate", "bob", "--file", str(d.state_dir / "users.yaml")],
+            capture_output=True, text=True, timeout=60, check=True)
+        new = out.stdout.strip()
+        deadline = time.monotonic() + 10
+        while (r := await c.post("/mcp", json=ping, headers=hdrs(d, sid, token=new))).status_code == 200:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+        assert r.status_code == 404
+        r = await c.post("/mcp", json=ping, headers=hdrs(d, sid, token=d.other_token))
+        assert r.status_code == 401
