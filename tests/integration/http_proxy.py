@@ -1,10 +1,12 @@
 """A small TLS reverse proxy for interoperability tests, run as its own process.
 
-``python -m tests.integration.http_proxy --upstream URL --cacert CA --cert C --key K --port P
-[--hide PATH ...] [--bearer TOKEN]`` forwards every request to the daemon at ``URL`` and streams
-the answer back (event streams included). ``--hide`` answers ``404`` for a path, as a server
-without it would (an mcpd from before Streamable HTTP); ``--bearer`` adds an ``Authorization``
-header, as a deployment's gateway would for a client that has no option for one.
+``python -m tests.integration.http_proxy --upstream URL --cacert CA --port P [--cert C --key K]
+[--hide PATH ...] [--bearer TOKEN]`` forwards every request to the daemon at ``URL`` (over TLS,
+trusting ``CA``) and streams the answer back (event streams included). It listens with TLS when
+given ``--cert``/``--key``, else in plain HTTP on loopback, like a local gateway. The client's
+``Host`` and ``Origin`` reach the daemon unchanged. ``--hide`` answers ``404`` for a path, as a
+server without it would (an mcpd from before Streamable HTTP); ``--bearer`` adds an
+``Authorization`` header, as a deployment's gateway would for a client that has no option for one.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from tests.conftest import _free_port
 if TYPE_CHECKING:
     from tests.conftest import Daemon
 
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"}
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "content-length"}
 
 
 def build(upstream: str, cacert: str, hide: list[str], bearer: str | None) -> Starlette:
@@ -67,8 +69,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--upstream", required=True)
     p.add_argument("--cacert", required=True)
-    p.add_argument("--cert", required=True)
-    p.add_argument("--key", required=True)
+    p.add_argument("--cert")
+    p.add_argument("--key")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--hide", action="append", default=[])
     p.add_argument("--bearer")
@@ -82,13 +84,16 @@ if __name__ == "__main__":
     main()
 
 
-def start(d: Daemon, hide: tuple[str, ...] = (), bearer: str | None = None) -> tuple[str, subprocess.Popen[bytes]]:
-    """Run the proxy in front of daemon ``d`` with ``d``'s own certificate; return its URL and process
-    (the caller terminates it)."""
+def start(d: Daemon, hide: tuple[str, ...] = (), bearer: str | None = None, plain: bool = False,
+          port: int | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+    """Run the proxy in front of daemon ``d`` (with ``d``'s own certificate unless ``plain``) on
+    ``port`` (default: a free one); return its URL and process (the caller terminates it)."""
     cfg = yaml.safe_load(d.config_path.read_text())
-    port = _free_port()
+    port = port or _free_port()
     args = [sys.executable, "-m", "tests.integration.http_proxy", "--upstream", d.url, "--cacert", d.cacert,
-            "--cert", cfg["tls"]["cert"], "--key", cfg["tls"]["key"], "--port", str(port)]
+            "--port", str(port)]
+    if not plain:
+        args += ["--cert", cfg["tls"]["cert"], "--key", cfg["tls"]["key"]]
     for path in hide:
         args += ["--hide", path]
     if bearer:
@@ -104,4 +109,4 @@ def start(d: Daemon, hide: tuple[str, ...] = (), bearer: str | None = None) -> t
                 proc.kill()
                 raise RuntimeError("proxy did not start") from None
             time.sleep(0.05)
-    return f"https://127.0.0.1:{port}", proc
+    return f"{'http' if plain else 'https'}://127.0.0.1:{port}", proc
