@@ -184,12 +184,16 @@ async def test_auth_origin_content_type_body_cap(daemon_factory: Callable[..., D
         assert r.status_code == 406
 
 
-async def test_failed_initialize_leaves_no_session(daemon: Daemon) -> None:
+async def test_failed_initialize_leaves_no_session(daemon_factory: Callable[..., Daemon]) -> None:
+    daemon = daemon_factory(max_sessions=1)
     async with client(daemon) as c:
         bad = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 7}}
-        r = await c.post("/mcp", json=bad, headers=hdrs(daemon))
-        assert r.status_code == 200 and r.json()["error"]["code"] == -32602
-        assert "mcp-session-id" not in r.headers
+        with_progress = {**bad, "params": {**bad["params"], "_meta": {"progressToken": "p"}}}
+        for body in (bad, with_progress):  # answered as JSON either way, with no session left behind
+            r = await c.post("/mcp", json=body, headers=hdrs(daemon))
+            assert r.status_code == 200 and r.json()["error"]["code"] == -32602
+            assert "mcp-session-id" not in r.headers
+        await open_session(c, daemon)  # the only slot is still free
 
 
 async def test_requests_before_initialized_and_envelope_errors(daemon: Daemon) -> None:

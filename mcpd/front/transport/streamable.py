@@ -299,7 +299,8 @@ class StreamableTransport:
         return Response(status_code=200)
 
     async def post(self, request: Request) -> Response:
-        """``POST /mcp``: one JSON-RPC message (or a batch) of the session era."""
+        """``POST /mcp``: one JSON-RPC message (or a batch) of the session era, or one request of
+        the stateless era (:meth:`_stateless`), told apart as the module docstring says."""
         accepts = _accepts(request)
         if not accepts:
             return PlainTextResponse(f"Accept must include {JSON_TYPE} or {SSE_TYPE}", status_code=406)
@@ -334,13 +335,9 @@ class StreamableTransport:
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
         caller = Caller(user.principal, user.token, peer)
         members = _members(payload)
-        stream = SSE_TYPE in accepts and any(_is_request(m) and _wants_progress(m) for m in members)
-        if stream:
-            return EventSourceResponse(
-                self._events(session, payload, caller), headers={**STREAM_HEADERS, **headers},
-                ping=self.cfg.keepalive_seconds, sep="\n",
-                ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
-            )
+        # (an initialize is answered as JSON: a failed one must not leave its session behind)
+        if not opened and SSE_TYPE in accepts and any(_is_request(m) and _wants_progress(m) for m in members):
+            return self._event_response(self._events(session, payload, caller), headers)
         out = PostStream(self.cfg.session_queue_size)
         task = session.protocol.receive(payload, caller, out.put)
         if task is not None:
@@ -377,11 +374,7 @@ class StreamableTransport:
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
         caller = Caller(user.principal, user.token, peer)
         if SSE_TYPE in accepts and _wants_progress(payload):
-            return EventSourceResponse(
-                self._stream(protocol, payload, caller, "stateless", cancel_on_close=True),
-                headers=STREAM_HEADERS, ping=self.cfg.keepalive_seconds, sep="\n",
-                ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
-            )
+            return self._event_response(self._stream(protocol, payload, caller, "stateless", cancel_on_close=True))
         out = PostStream(self.cfg.session_queue_size)
         task = protocol.receive(payload, caller, out.put)
         if task is None:
@@ -399,6 +392,13 @@ class StreamableTransport:
         if JSON_TYPE not in accepts:
             return EventSourceResponse(_once(replies[0]), headers=STREAM_HEADERS, sep="\n")
         return JSONResponse(replies[0])
+
+    def _event_response(self, events: AsyncIterator[ServerSentEvent], headers: dict[str, str] | None = None,
+                        ) -> EventSourceResponse:
+        """A POST answered as an event stream (with the keep-alive comments of ``/sse``)."""
+        return EventSourceResponse(events, headers={**STREAM_HEADERS, **(headers or {})},
+                                   ping=self.cfg.keepalive_seconds, sep="\n",
+                                   ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"))
 
     def _events(self, session: SseSession, payload: Any, caller: Caller) -> AsyncIterator[ServerSentEvent]:
         """One session-era POST's response stream. The client going away is not a cancellation
