@@ -15,7 +15,8 @@ Example (every key optional)::
     keepalive_seconds: 15          # ': ping' comment interval on idle streams (SPEC §1.2)
     max_body_bytes: 4194304        # POST /message body cap (SPEC §1.3)
     session_queue_size: 256        # outgoing messages buffered per session (SPEC §1.4)
-    max_sessions: 1000             # open sessions in total, /sse and /mcp together
+    max_sessions: 1000             # open sessions in total, /sse and /mcp together (503 beyond)
+    max_sessions_per_principal: 100  # open sessions of one principal, both transports (429 beyond)
     mcp_session_idle_seconds: 3600 # a Streamable HTTP session with no request nor GET stream this long ends
     tool_names: slash              # "portable": tools/list says files_read ... (calls accept both)
     users_file: /etc/mcpd/users.yaml
@@ -141,6 +142,7 @@ class Config:
     max_body_bytes: int = 4 * 1024 * 1024
     session_queue_size: int = 256
     max_sessions: int = 1000
+    max_sessions_per_principal: int = 100
     tool_names: str = "slash"
     mcp_session_idle_seconds: float = 3600.0
     users_file: str = "/etc/mcpd/users.yaml"
@@ -225,6 +227,7 @@ def _check_ranges(cfg: Config) -> None:
         "max_body_bytes": cfg.max_body_bytes,
         "session_queue_size": cfg.session_queue_size,
         "max_sessions": cfg.max_sessions,
+        "max_sessions_per_principal": cfg.max_sessions_per_principal,
         "read.default_bytes": cfg.read.default_bytes,
         "read.response_cap": cfg.read.response_cap,
         "read.max_line_bytes": cfg.read.max_line_bytes,

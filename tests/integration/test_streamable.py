@@ -307,3 +307,20 @@ async def test_rotated_token_ends_its_mcp_session(daemon_factory: Callable[..., 
         assert r.status_code == 404
         r = await c.post("/mcp", json=ping, headers=hdrs(d, sid, token=d.other_token))
         assert r.status_code == 401
+
+
+async def test_per_principal_session_cap_counts_both_transports(daemon_factory: Callable[..., Daemon]) -> None:
+    d = daemon_factory(max_sessions_per_principal=2)
+    async with client(d) as c, SseSession(d):  # alice: one /sse session ...
+        sid = await open_session(c, d)  # ... and one /mcp session: her cap
+        r = await c.post("/mcp", json=INIT, headers=hdrs(d))
+        assert r.status_code == 429 and "mcp-session-id" not in r.headers
+        async with c.stream("GET", "/sse", headers=d.auth()) as s:
+            assert s.status_code == 429
+        # Another principal is not held back by alice's sessions.
+        await open_session(c, d, token=d.other_token)
+        async with SseSession(d, token=d.other_token):
+            pass
+        r = await c.delete("/mcp", headers=hdrs(d, sid))
+        assert r.status_code == 200
+        await open_session(c, d)  # a slot of alice's is free again

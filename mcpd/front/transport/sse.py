@@ -136,8 +136,19 @@ class SseSession:
             scope.cancel()
 
 
+class SessionRefused(Exception):
+    """No session may be opened: ``status`` is ``503`` (``max_sessions`` open in all) or ``429``
+    (the principal holds ``max_sessions_per_principal``); ``reason`` is the answer's text."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
 class SessionManager:
-    """The table of live sessions, capped at ``max_sessions`` (SPEC §1.4).
+    """The table of live sessions, capped at ``max_sessions`` in all and at
+    ``max_sessions_per_principal`` for each principal, both transports counted together (SPEC §1.4, §1.7).
 
     Args:
         cfg: the daemon config (``max_sessions``, ``session_queue_size``).
@@ -157,12 +168,19 @@ class SessionManager:
         """The tools and resources every session reaches (also one-request stateless ones)."""
         return self._dispatcher
 
-    def open(self, principal: Principal, token: str = "", kind: str = "sse") -> SseSession | None:
+    def open(self, principal: Principal, token: str = "", kind: str = "sse") -> SseSession:
         """Create a session of ``kind`` (``"sse"`` or ``"mcp"``) owned by ``principal`` opened with
-        bearer ``token`` (kept in memory only, so a revoked or rotated token closes it); ``None``
-        when ``max_sessions`` are open, counting both kinds."""
+        bearer ``token`` (kept in memory only, so a revoked or rotated token closes it).
+
+        Raises:
+            SessionRefused: ``503`` when ``max_sessions`` are open, ``429`` when ``principal``
+                holds ``max_sessions_per_principal``; both count the two kinds together.
+        """
         if len(self._sessions) >= self._cfg.max_sessions:
-            return None
+            raise SessionRefused(503, "too many sessions")
+        held = sum(1 for s in self._sessions.values() if s.principal.name == principal.name)
+        if held >= self._cfg.max_sessions_per_principal:
+            raise SessionRefused(429, "too many sessions for this principal")
         sid = secrets.token_hex(16)
         session = SseSession(sid, principal, self._cfg.session_queue_size, self, self._dispatcher, kind)
         session.token = token
@@ -267,9 +285,10 @@ class Transport:
     async def sse(self, request: Request) -> Response:
         """``GET /sse`` (SPEC §1.2): open a session; ``503`` when ``max_sessions`` are open."""
         user: McpUser = request.user
-        session = self.manager.open(user.principal, user.token)
-        if session is None:
-            return PlainTextResponse("too many sessions", status_code=503)
+        try:
+            session = self.manager.open(user.principal, user.token)
+        except SessionRefused as exc:
+            return PlainTextResponse(exc.reason, status_code=exc.status)
         endpoint = f"{self.cfg.base_path}/message?session_id={session.id}"
         return SessionStream(session, self.manager, endpoint, self.cfg.keepalive_seconds)
 

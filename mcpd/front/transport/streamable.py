@@ -56,7 +56,8 @@ from mcpd.front.protocol import (
 )
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.front.transport.sse import (
-    SESSION_ID_RE, STREAM_HEADERS, McpUser, SessionManager, SessionStream, SseSession, encode_message,
+    SESSION_ID_RE, STREAM_HEADERS, McpUser, SessionManager, SessionRefused, SessionStream, SseSession,
+    encode_message,
 )
 
 log = logging.getLogger(__name__)
@@ -322,9 +323,10 @@ class StreamableTransport:
         headers: dict[str, str] = {}
         opened = False
         if sid is None and is_initialize:
-            session = self.manager.open(user.principal, user.token, kind="mcp")
-            if session is None:
-                return _rpc_error(503, INVALID_REQUEST, "too many sessions")
+            try:
+                session = self.manager.open(user.principal, user.token, kind="mcp")
+            except SessionRefused as exc:
+                return _rpc_error(exc.status, INVALID_REQUEST, exc.reason)
             opened = True
         else:
             found = self._session(request)
