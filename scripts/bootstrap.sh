@@ -13,6 +13,8 @@ ldconfig -p 2>/dev/null | grep -q 'libmagic\.so\.1' || need_apt+=(libmagic1)
 ldconfig -p 2>/dev/null | grep -q 'libpam\.so\.0' || need_apt+=(libpam0g libpam-modules)
 command -v useradd >/dev/null 2>&1 || need_apt+=(passwd)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
+# npm fetches the pinned Node 22 and MCP clients of the interoperability tests (tests/integration/node_clients.py)
+command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
 [ -x /usr/bin/python3 ] || need_apt+=(python3 python3-venv)
 if [ "${1:-}" = "--check" ]; then

@@ -1,15 +1,24 @@
-"""An async MCP client over the HTTP+SSE transport (SPEC §1, §2), used by ``linuxctl`` and tests.
+"""An async MCP client over Streamable HTTP or HTTP+SSE (SPEC §1, §2), used by ``linuxctl`` and tests.
 
 Usage::
 
-    async with Client("https://127.0.0.1:9091", token, cafile="ca.crt") as c:
+    async with Client("https://127.0.0.1:9091", token, cafile="ca.crt", transport="auto") as c:
         tools = await c.list_tools()
         result = await c.call_tool("files/read", {"path": "/etc/hosts"})
 
-Entering the context opens ``GET /sse`` with the bearer token, waits for the ``endpoint`` event,
-then sends ``initialize`` and ``notifications/initialized``. A reader task dispatches every
-``message`` event to the future of the request with the same ``id``, so concurrent requests on
-one client are matched by id in any order (SPEC §1.5).
+``transport``:
+
+- ``"sse"`` (the default): entering the context opens ``GET /sse`` with the bearer token, waits for
+  the ``endpoint`` event, then sends ``initialize`` and ``notifications/initialized``. A reader
+  task dispatches every ``message`` event to the future of the request with the same ``id``, so
+  concurrent requests on one client are matched by id in any order (SPEC §1.5).
+- ``"http"``: Streamable HTTP at ``/mcp`` in the session era: ``initialize`` is POSTed, its
+  ``Mcp-Session-Id`` goes with every later POST, each POST's answer (JSON, or an event stream with
+  the call's progress and then its reply) is dispatched the same way, and closing sends ``DELETE``.
+- ``"auto"``: ``"http"``, falling back to ``"sse"`` when the ``initialize`` POST answers ``400``,
+  ``404`` or ``405``, as the specification's backwards-compatibility section describes (an mcpd
+  without ``/mcp``, or a server speaking only the old transport). A URL ending in ``/sse`` or
+  ``/mcp`` names the transport itself.
 
 Failures are one exception family whose ``exit_code`` is the ``linuxctl`` exit status (SPEC §6):
 :class:`ToolFailed` 1, :class:`RPCError` 1, :class:`ProtocolError` 1, :class:`UsageError` 2,
@@ -34,7 +43,16 @@ import mcpd
 
 PROTOCOL_VERSION = "2025-06-18"
 CLIENT_NAME = "mcpd-client"
+TRANSPORTS = ("auto", "http", "sse")
+FALLBACK_STATUSES = frozenset({400, 404, 405})  # a POST to /mcp answered so: try the old transport
 T = TypeVar("T")
+
+
+def client_info() -> dict[str, str]:
+    """The ``clientInfo`` sent in ``initialize``: this client's name and the package's version."""
+    return {"name": CLIENT_NAME, "version": mcpd.version()}
+
+
 ProgressHandler = Callable[[float, "float | None", "str | None"], None]
 
 
@@ -115,11 +133,13 @@ class ConnectError(MCPClientError):
     default_code = "CONNECT_FAILED"
 
 
-def sse_url(url: str) -> str:
-    """The ``/sse`` URL for a server base URL (``https://host:9091`` or one already ending in ``/sse``).
+def endpoints(url: str) -> tuple[str, str, str | None]:
+    """``(mcp_url, sse_url, named)`` for a server URL: ``https://host:9091`` (plus any base path),
+    or one already ending in ``/mcp`` or ``/sse``; ``named`` is ``"http"``/``"sse"`` for such an
+    ending, else ``None``.
 
     Raises:
-        UsageError: not an ``http``/``https`` URL with a host.
+        UsageError: not an ``https`` URL with a host.
     """
     try:
         u = httpx.URL(url.strip())
@@ -127,10 +147,21 @@ def sse_url(url: str) -> str:
         raise UsageError(f"invalid server URL: {exc}") from exc
     if u.scheme != "https" or not u.host:
         raise UsageError("server URL must look like https://HOST:PORT (TLS is required)")
-    path = u.path.rstrip("/")
-    if not path.endswith("/sse"):
-        path += "/sse"
-    return str(u.copy_with(path=path, query=None, fragment=None))
+    path, named = u.path.rstrip("/"), None
+    for suffix, transport in (("/sse", "sse"), ("/mcp", "http")):
+        if path.endswith(suffix):
+            path, named = path[: -len(suffix)], transport
+    return (str(u.copy_with(path=path + "/mcp", query=None, fragment=None)),
+            str(u.copy_with(path=path + "/sse", query=None, fragment=None)), named)
+
+
+def sse_url(url: str) -> str:
+    """The ``/sse`` URL for a server base URL (``https://host:9091`` or one already ending in ``/sse``).
+
+    Raises:
+        UsageError: not an ``http``/``https`` URL with a host.
+    """
+    return endpoints(url)[1]
 
 
 def ssl_context(cafile: str | None) -> ssl.SSLContext:
@@ -155,15 +186,20 @@ def _transport_error(exc: Exception) -> ConnectError:
 
 
 class Client:
-    """One MCP session over SSE (SPEC §1, §2); an async context manager.
+    """One MCP session over Streamable HTTP or SSE (SPEC §1, §2); an async context manager.
 
     Args:
-        url: server base URL (``https://127.0.0.1:9091``); ``/sse`` is appended unless present.
+        url: server base URL (``https://127.0.0.1:9091``); ``/mcp`` or ``/sse`` is appended
+            unless present.
         token: the bearer token (never logged, never put in a URL).
         cafile: PEM file of the CA to trust; ``None`` uses the system trust store.
         timeout: seconds to wait for connecting, each POST, and each response.
-        auto_initialize: send ``initialize`` + ``notifications/initialized`` on entry.
+        auto_initialize: send ``initialize`` + ``notifications/initialized`` on entry (Streamable
+            HTTP always does: its session starts with it).
         protocol_version: the version requested in ``initialize`` (SPEC §2.1).
+        transport: ``"sse"``, ``"http"`` or ``"auto"`` (see the module docstring); a URL ending in
+            ``/mcp`` or ``/sse`` overrides ``"auto"``. :attr:`transport` tells which one is in use
+            once connected.
 
     Raises (on entry): :class:`UsageError`, :class:`AuthError`, :class:`ConnectError`,
     :class:`ProtocolError`.
@@ -178,10 +214,15 @@ class Client:
         *,
         auto_initialize: bool = True,
         protocol_version: str = PROTOCOL_VERSION,
+        transport: str = "sse",
     ) -> None:
         if not token:
             raise UsageError("no token given")
-        self.url = sse_url(url)
+        if transport not in TRANSPORTS:
+            raise UsageError(f"transport must be one of {', '.join(TRANSPORTS)}")
+        self.mcp_url, self.url, named = endpoints(url)
+        self.transport = named if named is not None and transport == "auto" else transport
+        self.session_id: str | None = None  # Streamable HTTP: the server's Mcp-Session-Id
         self.timeout = timeout
         self.protocol_version = protocol_version
         self.auto_initialize = auto_initialize
@@ -216,10 +257,50 @@ class Client:
         await self.close()
 
     async def connect(self) -> None:
-        """Open the SSE stream and wait (``timeout`` s) for the ``endpoint`` event (SPEC §1.2)."""
+        """Connect with :attr:`transport`: for ``"http"``/``"auto"`` POST ``initialize`` to
+        ``/mcp`` (``"auto"`` falls back to SSE on ``400``/``404``/``405``); for SSE open the stream
+        and wait (``timeout`` s) for the ``endpoint`` event (SPEC §1.2)."""
         self._http = await self._stack.enter_async_context(
             httpx.AsyncClient(verify=self._ssl, timeout=self.timeout, follow_redirects=False)
         )
+        if self.transport in ("auto", "http"):
+            status = await self._start_streamable()
+            if status is None:
+                return
+            if self.transport == "http" or status not in FALLBACK_STATUSES:
+                raise ProtocolError(f"POST {self.mcp_url} answered {status}", f"HTTP_{status}")
+            self.transport = "sse"
+        await self._connect_sse()
+
+    async def _start_streamable(self) -> int | None:
+        """POST ``initialize`` to ``/mcp``; ``None`` once the session is open, else the HTTP status
+        that refused it (``401`` raises :class:`AuthError`)."""
+        self.endpoint = self.mcp_url
+        req_id = next(self._ids)
+        msg = {"jsonrpc": "2.0", "id": req_id, "method": "initialize",
+               "params": {"protocolVersion": self.protocol_version, "capabilities": {}, "clientInfo": client_info()}}
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = fut
+        try:
+            status = await asyncio.wait_for(self._post_streamable(msg, probe=True), self.timeout)
+        except TimeoutError:
+            raise ConnectError("no answer to initialize in time", "TIMEOUT") from None
+        finally:
+            self._pending.pop(req_id, None)
+        if status is not None:
+            return status
+        if not fut.done():
+            raise ProtocolError("initialize got no answer")
+        self.server_info = self._result_of(fut.result())
+        if not isinstance(self.server_info, dict):
+            raise ProtocolError("initialize returned no result object")
+        self.transport = "http"
+        await self.notify("notifications/initialized")
+        return None
+
+    async def _connect_sse(self) -> None:
+        if self._http is None:
+            raise ProtocolError("client is not connected")
         stream_timeout = httpx.Timeout(self.timeout, read=None)
         try:
             source = await self._stack.enter_async_context(
@@ -307,6 +388,9 @@ class Client:
             raise ProtocolError("client is not connected")
         if self._closed_reason is not None:
             raise self._closed_reason
+        if self.transport == "http":
+            await self._post_streamable(message)
+            return
         try:
             resp = await self._http.post(self.endpoint, json=message, headers=self._headers)
         except httpx.TransportError as exc:
@@ -315,6 +399,65 @@ class Client:
             raise AuthError("authentication failed (401): check the token")
         if resp.status_code not in (200, 202):
             raise ProtocolError(f"POST answered {resp.status_code}", f"HTTP_{resp.status_code}")
+
+    async def _post_streamable(self, message: dict[str, Any] | list[Any], probe: bool = False) -> int | None:
+        """POST one message to ``/mcp`` and dispatch what comes back (the JSON reply, or the
+        event stream's progress and reply). ``probe`` (the ``initialize``): a refusal by status
+        is returned instead of raised, and the session id is taken from the answer."""
+        if self._http is None:
+            raise ProtocolError("client is not connected")
+        headers = {**self._headers, "Accept": "application/json, text/event-stream"}
+        if self.session_id is not None:
+            headers["Mcp-Session-Id"] = self.session_id
+            headers["MCP-Protocol-Version"] = str((self.server_info or {}).get("protocolVersion", self.protocol_version))
+        try:
+            async with self._http.stream("POST", self.mcp_url, json=message, headers=headers,
+                                         timeout=httpx.Timeout(self.timeout, read=None)) as resp:
+                if resp.status_code == 401:
+                    raise AuthError("authentication failed (401): check the token")
+                kind = resp.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+                if kind == "text/event-stream" and resp.status_code == 200:
+                    async for event in EventSource(resp).aiter_sse():
+                        if event.event == "message":
+                            self._dispatch(event.data)
+                else:
+                    body = await resp.aread()
+                    answered = kind == "application/json" and self._dispatch_reply(body, message)
+                    if not answered and resp.status_code not in (200, 202):
+                        if probe:
+                            return resp.status_code
+                        if resp.status_code == 404 and self.session_id is not None:
+                            raise ProtocolError("the server ended this session", "SESSION_ENDED")
+                        raise ProtocolError(f"POST answered {resp.status_code}", f"HTTP_{resp.status_code}")
+                if probe and resp.status_code == 200:
+                    self.session_id = resp.headers.get("mcp-session-id")
+        except httpx.TransportError as exc:
+            raise _transport_error(exc) from None
+        except SSEError as exc:
+            raise ProtocolError(f"not an event stream: {exc}") from None
+        return None
+
+    def _dispatch_reply(self, body: bytes, message: dict[str, Any] | list[Any]) -> bool:
+        """Dispatch a JSON answer if it is the reply to one of ``message``'s requests."""
+        try:
+            reply = json.loads(body)
+        except ValueError:
+            return False
+        ids = {m.get("id") for m in (message if isinstance(message, list) else [message]) if isinstance(m, dict)}
+        items = reply if isinstance(reply, list) else [reply]
+        if not any(isinstance(r, dict) and r.get("id") in ids and r.get("id") is not None for r in items):
+            return False
+        self._dispatch(body.decode("utf-8", "replace"))
+        return True
+
+    @staticmethod
+    def _result_of(reply: dict[str, Any]) -> Any:
+        """A reply's ``result``; :class:`RPCError` for an ``error`` reply."""
+        if "error" in reply:
+            err = reply["error"] if isinstance(reply["error"], dict) else {}
+            code = err.get("code")
+            raise RPCError(code if isinstance(code, int) else -32603, str(err.get("message", "error")), err.get("data"))
+        return reply.get("result")
 
     async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
         """Send a JSON-RPC notification (no reply, SPEC §2.3)."""
@@ -343,7 +486,10 @@ class Client:
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = fut
         try:
-            await self._post(msg)
+            if self.transport == "http":  # the answer comes back on the POST itself, however long
+                await asyncio.wait_for(self._post(msg), timeout or self.timeout)
+            else:
+                await self._post(msg)
             reply = await asyncio.wait_for(asyncio.shield(fut), timeout or self.timeout)
         except TimeoutError:
             await self._cancel(req_id)
@@ -353,11 +499,7 @@ class Client:
             raise
         finally:
             self._pending.pop(req_id, None)
-        if "error" in reply:
-            err = reply["error"] if isinstance(reply["error"], dict) else {}
-            code = err.get("code")
-            raise RPCError(code if isinstance(code, int) else -32603, str(err.get("message", "error")), err.get("data"))
-        return reply.get("result")
+        return self._result_of(reply)
 
     async def _cancel(self, req_id: int) -> None:
         with contextlib.suppress(MCPClientError):
@@ -370,7 +512,7 @@ class Client:
         if self.server_info is None:
             result = await self.request(
                 "initialize",
-                {"protocolVersion": self.protocol_version, "capabilities": {}, "clientInfo": {"name": CLIENT_NAME, "version": mcpd.version()}},
+                {"protocolVersion": self.protocol_version, "capabilities": {}, "clientInfo": client_info()},
             )
             if not isinstance(result, dict):
                 raise ProtocolError("initialize returned no result object")
@@ -464,7 +606,13 @@ class Client:
         return list(result.get("resourceTemplates", [])) if isinstance(result, dict) else []
 
     async def close(self) -> None:
-        """Close the stream (the server ends the session, SPEC §1.4) and fail pending requests."""
+        """Close the stream (the server ends the session, SPEC §1.4), or ``DELETE`` the
+        Streamable HTTP session, and fail pending requests."""
+        if self.session_id is not None and self._http is not None:
+            with contextlib.suppress(Exception):
+                await self._http.delete(self.mcp_url, timeout=5.0,
+                                        headers={**self._headers, "Mcp-Session-Id": self.session_id})
+            self.session_id = None
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

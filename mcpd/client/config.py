@@ -53,6 +53,7 @@ class Settings:
     timeout: float
     context: str | None = None
     from_env: frozenset[str] = field(default_factory=frozenset)
+    transport: str = "auto"  # "auto", "http" (Streamable HTTP, /mcp) or "sse" (/sse)
 
 
 @dataclass

@@ -14,8 +14,10 @@
     linuxctl contexts                                # the config file's contexts
 
 The server, token and CA come from flags, the environment and the config file with its contexts
-(:mod:`mcpd.client.config`). Errors go to stderr as ``CODE: message``. Exit status: 0 ok, 1 tool
-error, 2 usage error, 3 authentication failure, 4 server unreachable or not trusted.
+(:mod:`mcpd.client.config`). ``--transport`` (``MCPD_TRANSPORT``): ``auto`` (default) speaks
+Streamable HTTP at ``/mcp`` and falls back to ``/sse`` when the server has no ``/mcp``; ``http`` or
+``sse`` forces one. Errors go to stderr as ``CODE: message``. Exit status: 0 ok, 1 tool error,
+2 usage error, 3 authentication failure, 4 server unreachable or not trusted.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from mcpd.client import pager
-from mcpd.client.api import Client, MCPClientError, text_of, tool_failure
+from mcpd.client.api import TRANSPORTS, Client, MCPClientError, text_of, tool_failure
 from mcpd.client.config import Settings, config_path, load_config_file, resolve
 
 T = TypeVar("T")
@@ -47,7 +49,7 @@ def run(settings: Settings, fn: Callable[[Client], Awaitable[T]]) -> T:
 
     async def go() -> T:
         url, token, cacert = resolve(settings)
-        async with Client(url, token, cacert, settings.timeout) as client:
+        async with Client(url, token, cacert, settings.timeout, transport=settings.transport) as client:
             return await fn(client)
 
     try:
@@ -108,13 +110,16 @@ ENV_OPTIONS = {"url": "MCPD_URL", "token": "MCP_TOKEN", "cacert": "MCPD_CACERT"}
               help="Use this context of the config file [MCPD_CONTEXT]")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds to wait for the server")
+@click.option("--transport", envvar="MCPD_TRANSPORT", type=click.Choice(TRANSPORTS), default="auto",
+              show_default=True,
+              help="http: Streamable HTTP (/mcp); sse: the older HTTP+SSE (/sse); auto: http, else sse [MCPD_TRANSPORT]")
 @click.pass_context
 def main(ctx: click.Context, url: str | None, token: str | None, cacert: str | None, context_name: str | None,
-         timeout: float) -> None:
+         timeout: float, transport: str) -> None:
     from_env = frozenset(name for name in ENV_OPTIONS
                          if ctx.get_parameter_source(name) == click.core.ParameterSource.ENVIRONMENT)
     ctx.obj = Settings(url=url, token=token, cacert=cacert, timeout=timeout, context=context_name or None,
-                       from_env=from_env)
+                       from_env=from_env, transport=transport)
 
 
 @main.command("contexts")

@@ -9,12 +9,16 @@ Example (every key optional)::
 
     listen: {host: 0.0.0.0, port: 9091}
     tls: {cert: /etc/mcpd/tls/server.crt, key: /etc/mcpd/tls/server.key}
-    base_path: ""                  # public prefix added by a reverse proxy, e.g. /mcp
-    allowed_origins: []            # Origin values accepted on /sse and /message (SPEC §1.3)
+    base_path: ""                  # public prefix added by a reverse proxy, e.g. /files
+    allowed_origins: []            # Origin values accepted on /sse, /message and /mcp (SPEC §1.3)
+    allowed_hosts: []              # Host values accepted (421 otherwise); auto = the certificate's names
     keepalive_seconds: 15          # ': ping' comment interval on idle streams (SPEC §1.2)
     max_body_bytes: 4194304        # POST /message body cap (SPEC §1.3)
     session_queue_size: 256        # outgoing messages buffered per session (SPEC §1.4)
-    max_sessions: 1000
+    max_sessions: 1000             # open sessions in total, /sse and /mcp together (503 beyond)
+    max_sessions_per_principal: 100  # open sessions of one principal, both transports (429 beyond)
+    mcp_session_idle_seconds: 3600 # a Streamable HTTP session with no request nor GET stream this long ends
+    tool_names: slash              # "portable": tools/list says files_read ... (calls accept both)
     users_file: /etc/mcpd/users.yaml
     grants_file: /etc/mcpd/mcp-sudo.yaml
     helper_socket: /run/mcpd/helper.sock   # empty: no root helper (privileged → HELPER_UNAVAILABLE)
@@ -156,10 +160,14 @@ class Config:
     tls: TLS = TLS()
     base_path: str = ""
     allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
     keepalive_seconds: float = 15.0
     max_body_bytes: int = 4 * 1024 * 1024
     session_queue_size: int = 256
     max_sessions: int = 1000
+    max_sessions_per_principal: int = 100
+    tool_names: str = "slash"
+    mcp_session_idle_seconds: float = 3600.0
     users_file: str = "/etc/mcpd/users.yaml"
     grants_file: str = "/etc/mcpd/mcp-sudo.yaml"
     helper_socket: str = "/run/mcpd/helper.sock"
@@ -231,6 +239,8 @@ def from_dict(data: dict[str, Any]) -> Config:
     Raises:
         ConfigError: unknown key, wrong type, or an out-of-range value.
     """
+    if data.get("allowed_hosts") == "auto":
+        data = {**data, "allowed_hosts": ["auto"]}
     cfg = _build(Config, data, "")
     _check_ranges(cfg)
     return cfg
@@ -242,6 +252,7 @@ def _check_ranges(cfg: Config) -> None:
         "max_body_bytes": cfg.max_body_bytes,
         "session_queue_size": cfg.session_queue_size,
         "max_sessions": cfg.max_sessions,
+        "max_sessions_per_principal": cfg.max_sessions_per_principal,
         "read.default_bytes": cfg.read.default_bytes,
         "read.response_cap": cfg.read.response_cap,
         "read.max_line_bytes": cfg.read.max_line_bytes,
@@ -272,13 +283,15 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError("listen.port: must be 1..65535")
     if cfg.auth_cache_seconds < 0:
         raise ConfigError("auth_cache_seconds: must not be negative")
-    if cfg.keepalive_seconds <= 0 or cfg.workers.timeout_seconds <= 0:
-        raise ConfigError("keepalive_seconds and workers.timeout_seconds must be positive")
+    if min(cfg.keepalive_seconds, cfg.workers.timeout_seconds, cfg.mcp_session_idle_seconds) <= 0:
+        raise ConfigError("keepalive_seconds, workers.timeout_seconds and mcp_session_idle_seconds must be positive")
     for name, root in cfg.workspaces.items():
         if not root.startswith("/") or "\0" in root:
             raise ConfigError(f"workspaces.{name}: must be an absolute path")
     if cfg.default_workspace not in ("", "~") and not cfg.default_workspace.startswith("/"):
         raise ConfigError('default_workspace: must be "~", "" or an absolute path')
+    if cfg.tool_names not in ("slash", "portable"):
+        raise ConfigError('tool_names: must be "slash" or "portable"')
     if cfg.base_path and (not cfg.base_path.startswith("/") or cfg.base_path.endswith("/")):
         raise ConfigError("base_path: must start with '/' and not end with '/' (or be empty)")
 

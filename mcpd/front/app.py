@@ -2,10 +2,14 @@
 
 Order of the stack, outermost first (read it top to bottom in :func:`build_app`):
 
-1. ``OriginMiddleware`` — an ``Origin`` header not in ``allowed_origins`` → ``403`` (SPEC §1.3).
+1. ``OriginMiddleware`` — an ``Origin`` header not in ``allowed_origins`` → ``403`` (SPEC §1.3);
+   then ``HostMiddleware`` — with ``allowed_hosts`` set, a ``Host`` it does not name → ``421``.
 2. ``AuthenticationMiddleware`` with :class:`BearerBackend` — no or bad bearer token on any route
-   → ``401`` with ``WWW-Authenticate: Bearer`` (SPEC §1.3); tokens in the query string are ignored.
-3. The router: ``GET /sse`` and ``POST /message`` (``mcpd.front.transport.sse``), ``POST /login`` and
+   → ``401`` with an RFC 6750 challenge (SPEC §1.3); tokens in the query string are ignored. Paths
+   under ``/.well-known/`` need no token and are all ``404``: mcpd serves no OAuth discovery
+   documents, so a client told "invalid token" says so instead of starting an OAuth flow.
+3. The router: ``GET /sse`` and ``POST /message`` (``mcpd.front.transport.sse``), ``GET``, ``POST``
+   and ``DELETE /mcp`` (``mcpd.front.transport.streamable``), ``POST /login`` and
    ``POST /logout`` (``mcpd.front.transport.login``; ``/login`` alone needs no bearer), at the root and,
    when set, also under ``base_path``.
 """
@@ -22,10 +26,12 @@ from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcpd.front.auth import Authenticator, parse_bearer
-from mcpd.common.config import Config
+from mcpd.common.config import Config, ConfigError
 from mcpd.front.protocol import Dispatcher
 from mcpd.front.transport.login import LoginBackend, LoginRoutes, NoLogin
+from mcpd.front.transport.hosts import HostMiddleware, HostRule
 from mcpd.front.transport.sse import McpUser, SessionManager, Transport
+from mcpd.front.transport.streamable import StreamableTransport
 
 
 class OriginMiddleware:
@@ -49,33 +55,63 @@ class OriginMiddleware:
         await self.app(scope, receive, send)
 
 
+WELL_KNOWN = "/.well-known/"
+INVALID_TOKEN_CHALLENGE = 'Bearer error="invalid_token", error_description="the token is unknown, expired or revoked"'
+
+
+class BearerRefused(AuthenticationError):
+    """A ``401``; ``error`` is the RFC 6750 error code, or ``None`` when no bearer token was sent
+    (RFC 6750 §3.1: then the challenge carries no error attribute)."""
+
+    def __init__(self, message: str, error: str | None) -> None:
+        super().__init__(message)
+        self.error = error
+
+
 class BearerBackend(AuthenticationBackend):
     """Starlette authentication backend for ``Authorization: Bearer TOKEN`` (SPEC §1.3, §5.1).
 
-    Raises ``AuthenticationError`` (→ 401) for a missing, malformed, unknown or expired token.
+    Raises :class:`BearerRefused` (→ 401): ``error`` ``None`` for no bearer token (no header,
+    another scheme), ``"invalid_token"`` for a malformed, unknown, expired or revoked one.
+
+    Args:
+        authenticator: token → principal.
+        open_paths: exact paths that need no token (``/login``).
+        open_prefixes: path prefixes never authenticated, token or not (``/.well-known/``: all ``404``).
     """
 
-    def __init__(self, authenticator: Authenticator, open_paths: frozenset[str] = frozenset()) -> None:
+    def __init__(self, authenticator: Authenticator, open_paths: frozenset[str] = frozenset(),
+                 open_prefixes: tuple[str, ...] = ()) -> None:
         self.authenticator = authenticator
         self.open_paths = open_paths
+        self.open_prefixes = open_prefixes
 
     async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, McpUser] | None:
-        token = parse_bearer(conn.headers.get("authorization"))
-        if token is None and conn.scope.get("path") in self.open_paths:
+        header = conn.headers.get("authorization")
+        token = parse_bearer(header)
+        path = conn.scope.get("path", "")
+        if path.startswith(self.open_prefixes):
+            return None  # nothing is served there (404), whatever the token
+        if token is None and path in self.open_paths:
             return None  # POST /login: the password is the credential (SPEC §5.2)
         if token is None:
-            raise AuthenticationError("bearer token required")
+            sent_bearer = header is not None and header.strip().lower().startswith("bearer")
+            raise BearerRefused("invalid token" if sent_bearer else "bearer token required",
+                                "invalid_token" if sent_bearer else None)
         # Opening a stream (GET) always asks the helper; a POST within a couple of seconds of the
         # token's last check (the session re-check renews it every second) needs no round trip.
         principal = await self.authenticator.authenticate(token, fresh=conn.scope.get("method") != "POST")
         if principal is None:
-            raise AuthenticationError("invalid token")
+            raise BearerRefused("invalid token", "invalid_token")
         return AuthCredentials(["mcp"]), McpUser(principal, token)
 
 
 def unauthorized(conn: HTTPConnection, exc: AuthenticationError) -> Response:
-    """The ``401`` answer, with the challenge header (SPEC §1.3)."""
-    return PlainTextResponse(str(exc), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+    """The ``401`` answer with its RFC 6750 challenge (SPEC §1.3): ``Bearer`` alone when no token
+    was sent, ``Bearer error="invalid_token", error_description=...`` for a refused one."""
+    error = exc.error if isinstance(exc, BearerRefused) else "invalid_token"
+    challenge = "Bearer" if error is None else INVALID_TOKEN_CHALLENGE
+    return PlainTextResponse(str(exc), status_code=401, headers={"WWW-Authenticate": challenge})
 
 
 def build_app(
@@ -90,17 +126,28 @@ def build_app(
         login: password logins (``POST /login``, ``/logout``); ``None`` → 503 (no helper).
 
     The session table is exposed as ``app.state.sessions`` (closed on shutdown by the server).
+
+    Raises:
+        ConfigError: a malformed ``allowed_hosts`` entry, or ``auto`` with an unreadable certificate.
     """
+    try:
+        hosts = HostRule(cfg.allowed_hosts, cfg.tls.cert)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     manager = SessionManager(cfg, dispatcher)
     transport = Transport(cfg, manager)
+    streamable = StreamableTransport(cfg, manager)
     logins = LoginRoutes(login or NoLogin(), cfg.login)
-    routes: list[BaseRoute] = [*transport.routes(), *logins.routes()]
+    routes: list[BaseRoute] = [*transport.routes(), *streamable.routes(), *logins.routes()]
     if cfg.base_path:
-        routes.append(Mount(cfg.base_path, routes=transport.routes() + logins.routes()))
+        routes.append(Mount(cfg.base_path, routes=transport.routes() + streamable.routes() + logins.routes()))
     open_paths = frozenset({"/login", f"{cfg.base_path}/login"})
+    open_prefixes = tuple({WELL_KNOWN, f"{cfg.base_path}{WELL_KNOWN}"})
+    backend = BearerBackend(authenticator, open_paths, open_prefixes)
     middleware = [
         Middleware(OriginMiddleware, allowed_origins=cfg.allowed_origins),
-        Middleware(AuthenticationMiddleware, backend=BearerBackend(authenticator, open_paths), on_error=unauthorized),
+        Middleware(HostMiddleware, rule=hosts),
+        Middleware(AuthenticationMiddleware, backend=backend, on_error=unauthorized),
     ]
     app = Starlette(routes=routes, middleware=middleware)
     app.state.sessions = manager

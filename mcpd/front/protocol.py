@@ -21,7 +21,7 @@ from mcpd.common.identity import Principal
 from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.privileged import PrivilegedBackend
-from mcpd.core.tools import TOOLS, ToolModule, deadline_seconds
+from mcpd.core.tools import TOOLS, ToolModule, by_any_name, deadline_seconds, portable_name
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,26 @@ INTERNAL = -32603
 
 SUPPORTED_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_VERSION = SUPPORTED_VERSIONS[-1]
+# The stateless era (no initialize; version and capabilities in each request's _meta), served on
+# Streamable HTTP only (mcpd.front.transport.streamable).
+MODERN_VERSIONS = ("2026-07-28",)
+HEADER_MISMATCH = -32020
+UNSUPPORTED_VERSION = -32022
+META_VERSION = "io.modelcontextprotocol/protocolVersion"
+META_CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+SERVER_INFO = {"name": "mcpd", "version": __version__}
+CAPABILITIES = {"tools": {"listChanged": False}, "resources": {"listChanged": False}}
+# Caching hints the 2026-07-28 revision requires on these results: (ttlMs, cacheScope). The lists
+# change only with the daemon's configuration; a file can change at any time and is the caller's.
+LIST_TTL_MS = 300_000
+CACHE_HINTS: dict[str, tuple[int, str]] = {
+    "server/discover": (LIST_TTL_MS, "public"),
+    "tools/list": (LIST_TTL_MS, "public"),
+    "resources/list": (LIST_TTL_MS, "public"),
+    "resources/templates/list": (LIST_TTL_MS, "public"),
+    "resources/read": (0, "private"),
+}
 INSTRUCTIONS = (
     "mcpd serves this Linux server's files read-only. Call files/read with an absolute path; "
     "use start_line/end_line or offset/limit for large files, and privileged: true only where a "
@@ -88,6 +108,7 @@ class RequestContext:
     session_id: str
     progress_token: str | int | None
     send: Send = field(repr=False)
+    modern: bool = False  # a 2026-07-28 request (its resource errors use that revision's codes)
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Send one ``notifications/progress`` on this session, if the request asked for it (``_meta.progressToken``)."""
@@ -135,6 +156,8 @@ class Dispatcher:
         privileged: forwards ``privileged: true`` calls to the root helper.
         tools: name → tool module; defaults to :data:`mcpd.core.tools.TOOLS`.
         resources: resource hook, or ``None`` (no resources yet).
+        tool_names: ``"slash"`` lists ``files/read`` …, ``"portable"`` lists ``files_read`` …;
+            calls accept both spellings either way.
     """
 
     def __init__(
@@ -143,10 +166,13 @@ class Dispatcher:
         privileged: PrivilegedBackend,
         tools: Mapping[str, ToolModule] = TOOLS,
         resources: ResourceProvider | None = None,
+        tool_names: str = "slash",
     ) -> None:
         self.pool = pool
         self.privileged = privileged
         self.tools = tools
+        self._callable = by_any_name(tools)
+        self._portable = tool_names == "portable"
         self.resources = resources
         self.limits: LimitsTracker | None = None  # set by the server when limits are configured
         self.access: AccessLog | None = None  # set by the server: every call's record (SPEC §7.1)
@@ -155,7 +181,7 @@ class Dispatcher:
         """The ``tools`` array of ``tools/list``."""
         return [
             {
-                "name": t.NAME,
+                "name": portable_name(t.NAME) if self._portable else t.NAME,
                 "description": t.DESCRIPTION,
                 "inputSchema": t.INPUT_SCHEMA,
                 "annotations": dict(READ_ONLY_ANNOTATIONS),
@@ -164,12 +190,13 @@ class Dispatcher:
         ]
 
     async def call_tool(self, ctx: RequestContext, name: Any, arguments: Any) -> dict[str, Any]:
-        """Run one ``tools/call``; tool failures become ``isError`` results.
+        """Run one ``tools/call`` by either spelling of the tool's name; tool failures become
+        ``isError`` results. Grants, limits and records always see the ``files/…`` name.
 
         Raises:
             RpcError: ``-32602`` for an unknown tool name.
         """
-        tool = self.tools.get(name) if isinstance(name, str) else None
+        tool = self._callable.get(name) if isinstance(name, str) else None
         if tool is None:
             raise RpcError(INVALID_PARAMS, "unknown tool")
         c = ctx.caller
@@ -219,19 +246,35 @@ def negotiate(requested: str) -> str:
     return requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION
 
 
+def modern_result(method: str, result: dict[str, Any]) -> dict[str, Any]:
+    """A result as the 2026-07-28 revision shapes it: ``resultType: "complete"``, the server's
+    identity in ``_meta``, and ``ttlMs``/``cacheScope`` on the cacheable methods (:data:`CACHE_HINTS`)."""
+    out = dict(result)
+    out["resultType"] = "complete"
+    meta = out.get("_meta")
+    out["_meta"] = {**(meta if isinstance(meta, dict) else {}), META_SERVER_INFO: dict(SERVER_INFO)}
+    hint = CACHE_HINTS.get(method)
+    if hint is not None:
+        out["ttlMs"], out["cacheScope"] = hint
+    return out
+
+
 Handler = Callable[[RequestContext, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 class McpSession:
-    """The JSON-RPC state of one SSE session (SPEC §2): lifecycle, in-flight requests, cancellation.
+    """The JSON-RPC state of one session (SPEC §2): lifecycle, in-flight requests, cancellation.
 
     Args:
         dispatcher: the shared :class:`Dispatcher`.
         session_id: the 32-hex session id (for logs and the privileged backend).
         send: puts one JSON-RPC message (object or array) on the session's stream; never blocks.
+        modern: serve one 2026-07-28 request (SPEC §1.6, stateless era): no ``initialize`` nor
+            ``ping``, ``server/discover`` instead, results shaped by :func:`modern_result`. The
+            transport has checked the request's ``_meta`` and headers already.
     """
 
-    def __init__(self, dispatcher: Dispatcher, session_id: str, send: Send) -> None:
+    def __init__(self, dispatcher: Dispatcher, session_id: str, send: Send, modern: bool = False) -> None:
         self.dispatcher = dispatcher
         self.session_id = session_id
         self.send = send
@@ -249,25 +292,45 @@ class McpSession:
             "resources/templates/list": (self._resource_templates_list, True),
             "resources/read": (self._resources_read, True),
         }
+        self.modern = modern
+        if modern:
+            self.initialized = True
+            self.protocol_version = MODERN_VERSIONS[-1]
+            del self._methods["initialize"], self._methods["ping"]
+            self._methods["server/discover"] = (self._discover, False)
+
+    def knows(self, method: str) -> bool:
+        """Whether ``method`` is served (in this session's era)."""
+        return method in self._methods
 
     # -- intake -------------------------------------------------------------------------------
 
-    def receive(self, payload: Any, caller: Caller) -> None:
+    def receive(self, payload: Any, caller: Caller, send: Send | None = None) -> asyncio.Task[Any] | None:
         """Take one parsed POST body (object or array) and schedule its handling; returns at once.
 
         Requests run as separate tasks and reply through ``send`` in any order (SPEC §1.5); a
         batch replies with one array (SPEC §2.3).
+
+        Args:
+            payload: the parsed body.
+            caller: who sent it.
+            send: where this body's replies and progress go; ``None``: the session's own ``send``
+                (the SSE stream). Streamable HTTP passes the POST's own response here.
+
+        Returns:
+            The task that ends once every reply of this body was handed to ``send`` (``None`` when
+            nothing was scheduled: a closed session, or an empty batch answered at once).
         """
         if self._closed:
-            return
+            return None
+        out = self.send if send is None else send
         if isinstance(payload, list):
             if not payload:
-                self.send(error_reply(None, INVALID_REQUEST, "invalid request: empty batch"))
-                return
-            members = [self._start(m, caller, in_batch=True) for m in payload]
-            self._spawn(self._gather_batch(members))
-        else:
-            self._start(payload, caller, in_batch=False)
+                out(error_reply(None, INVALID_REQUEST, "invalid request: empty batch"))
+                return None
+            members = [self._start(m, caller, out, send_reply=False) for m in payload]
+            return self._spawn(self._gather_batch(members, out))
+        return self._start(payload, caller, out, send_reply=True)
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -275,9 +338,12 @@ class McpSession:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _start(self, msg: Any, caller: Caller, in_batch: bool) -> asyncio.Task[Message | None]:
-        """Schedule one message; register it as in flight when it is a well-formed request."""
-        task: asyncio.Task[Message | None] = self._spawn(self._handle(msg, caller, not in_batch))
+    def _start(self, msg: Any, caller: Caller, out: Send, send_reply: bool) -> asyncio.Task[Message | None]:
+        """Schedule one message; register it as in flight when it is a well-formed request.
+
+        ``out`` gets the request's progress, and its reply when ``send_reply`` (a batch member's
+        reply is only the task's result, gathered into the batch's array)."""
+        task: asyncio.Task[Message | None] = self._spawn(self._handle(msg, caller, out, send_reply))
         if isinstance(msg, dict) and isinstance(msg.get("method"), str) and _valid_id(msg.get("id")):
             key = _id_key(msg["id"])
             if key not in self._in_flight:
@@ -289,11 +355,16 @@ class McpSession:
         if self._in_flight.get(key) is task:
             del self._in_flight[key]
 
-    async def _gather_batch(self, members: list[asyncio.Task[Message | None]]) -> None:
+    async def _gather_batch(self, members: list[asyncio.Task[Message | None]], out: Send) -> None:
         results = await asyncio.gather(*members, return_exceptions=True)
         replies = [r for r in results if isinstance(r, dict)]
         if replies and not self._closed:
-            self.send(replies)
+            out(replies)
+
+    @property
+    def busy(self) -> bool:
+        """Some message of this session is still being handled."""
+        return bool(self._tasks)
 
     def close(self) -> None:
         """End the session: cancel every in-flight task (their worker jobs are stopped by the pool)."""
@@ -304,13 +375,13 @@ class McpSession:
 
     # -- one message --------------------------------------------------------------------------
 
-    async def _handle(self, msg: Any, caller: Caller, send_reply: bool) -> Message | None:
-        reply = await self._reply_for(msg, caller)
+    async def _handle(self, msg: Any, caller: Caller, out: Send, send_reply: bool) -> Message | None:
+        reply = await self._reply_for(msg, caller, out)
         if send_reply and reply is not None and not self._closed:
-            self.send(reply)
+            out(reply)
         return reply
 
-    async def _reply_for(self, msg: Any, caller: Caller) -> Message | None:
+    async def _reply_for(self, msg: Any, caller: Caller, out: Send) -> Message | None:
         if not isinstance(msg, dict):
             return error_reply(None, INVALID_REQUEST, "invalid request: not an object")
         has_id = "id" in msg
@@ -332,9 +403,9 @@ class McpSession:
             return error_reply(None, INVALID_REQUEST, "invalid request: id must be a string or a number")
         if self._in_flight.get(_id_key(req_id)) is not asyncio.current_task():
             return error_reply(req_id, INVALID_REQUEST, "invalid request: id already in flight")
-        return await self._request(req_id, method, msg, caller)
+        return await self._request(req_id, method, msg, caller, out)
 
-    async def _request(self, req_id: Any, method: str, msg: Message, caller: Caller) -> Message | None:
+    async def _request(self, req_id: Any, method: str, msg: Message, caller: Caller, out: Send) -> Message | None:
         entry = self._methods.get(method)
         if entry is None:
             return error_reply(req_id, METHOD_NOT_FOUND, "method not found")
@@ -345,8 +416,10 @@ class McpSession:
             params = _params(msg)
             meta = params.get("_meta")
             token = meta.get("progressToken") if isinstance(meta, dict) else None
-            ctx = RequestContext(caller, self.session_id, token if _valid_id(token) else None, self.send)
+            ctx = RequestContext(caller, self.session_id, token if _valid_id(token) else None, out, self.modern)
             result = await handler(ctx, params)
+            if self.modern:
+                result = modern_result(method, result)
         except RpcError as exc:
             return error_reply(req_id, exc.code, exc.message, exc.data)
         except Exception:
@@ -373,8 +446,17 @@ class McpSession:
         self.initialized = True
         return {
             "protocolVersion": self.protocol_version,
-            "capabilities": {"tools": {"listChanged": False}, "resources": {"listChanged": False}},
-            "serverInfo": {"name": "mcpd", "version": __version__},
+            "capabilities": CAPABILITIES,
+            "serverInfo": dict(SERVER_INFO),
+            "instructions": INSTRUCTIONS,
+        }
+
+    async def _discover(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+        """``server/discover`` (2026-07-28): every version served, newest first (the session-era
+        ones need ``initialize``), capabilities and instructions; identity via :func:`modern_result`."""
+        return {
+            "supportedVersions": [*reversed(MODERN_VERSIONS), *reversed(SUPPORTED_VERSIONS)],
+            "capabilities": CAPABILITIES,
             "instructions": INSTRUCTIONS,
         }
 

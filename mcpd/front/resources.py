@@ -25,8 +25,11 @@ Choices (written down for SPEC's notes):
   which a file over the response cap needs (it is not hashed: ``FILE_TOO_LARGE``).
 * ``mimeType`` is guessed from the file name's extension (``mimetypes``), ``text/plain`` when
   unknown: it costs no second call and no second grant (libmagic is in ``files/filetype``).
-* Errors are JSON-RPC errors whose ``data`` is ``{"code", "message", "details"}`` (SPEC §2.5):
-  ``FILE_NOT_FOUND`` → ``-32002``, ``INVALID_ARGUMENT`` → ``-32602``, every other code → ``-32603``.
+* Errors are JSON-RPC errors whose ``data`` is ``{"code", "message", "details"}`` (SPEC §2.5), with
+  the codes of the request's revision: ``FILE_NOT_FOUND`` → ``-32002`` (``-32602`` for 2026-07-28,
+  which retired ``-32002``); what the server could not do (``HELPER_UNAVAILABLE``, ``TIMEOUT``,
+  ``RATE_LIMITED``, ``INTERNAL_ERROR``) → ``-32603``; everything about the request itself (bad
+  argument, permission, not a regular file, binary, encoding, size, range) → ``-32602``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError, invalid_argument
+from mcpd.common.errors import (
+    FILE_NOT_FOUND, HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError,
+    invalid_argument,
+)
 from mcpd.common.identity import Principal
 from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
@@ -46,7 +52,8 @@ from mcpd.front.privileged import PrivilegedBackend
 from mcpd.front.protocol import INTERNAL, INVALID_PARAMS, RequestContext, RpcError, ToolPool
 from mcpd.core.tools import files_read
 
-RESOURCE_NOT_FOUND = -32002  # JSON-RPC code of a missing resource (MCP convention)
+RESOURCE_NOT_FOUND = -32002  # JSON-RPC code of a missing resource (MCP up to 2025-11-25)
+_SERVER_SIDE = frozenset({HELPER_UNAVAILABLE, TIMEOUT, RATE_LIMITED, INTERNAL_ERROR})
 
 TEMPLATE: dict[str, Any] = {
     "uriTemplate": "file:///{+path}",
@@ -67,10 +74,15 @@ _QUERY_KEYS = frozenset({"start_line", "end_line", "encoding", "include_metadata
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
 
 
-def rpc_error(exc: ToolError) -> RpcError:
-    """The JSON-RPC error for a failed resource read: code by the table in the module docstring,
-    ``data = {"code", "message", "details"}``."""
-    code = {FILE_NOT_FOUND: RESOURCE_NOT_FOUND, INVALID_ARGUMENT: INVALID_PARAMS}.get(exc.code, INTERNAL)
+def rpc_error(exc: ToolError, modern: bool = False) -> RpcError:
+    """The JSON-RPC error for a failed resource read: code by the table in the module docstring
+    (``modern``: a 2026-07-28 request), ``data = {"code", "message", "details"}``."""
+    if exc.code in _SERVER_SIDE:
+        code = INTERNAL
+    elif exc.code == FILE_NOT_FOUND and not modern:
+        code = RESOURCE_NOT_FOUND
+    else:
+        code = INVALID_PARAMS
     return RpcError(code, exc.message, exc.to_dict())
 
 
@@ -284,7 +296,7 @@ class FileResources:
                                                   token=caller.token, owner=caller.principal.name)
                 call.result = result
         except ToolError as exc:
-            raise rpc_error(exc) from None
+            raise rpc_error(exc, ctx.modern) from None
         item: dict[str, Any] = {"uri": uri, "mimeType": mime_type(args["path"]), "text": result["text"]}
         if result.get("metadata") is not None:
             item["_meta"] = result["metadata"]

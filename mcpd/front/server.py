@@ -118,7 +118,7 @@ class Server:
         backend: PrivilegedBackend = Unavailable() if channel is None else \
             HelperBackend(channel, pool, timeout=self.cfg.workers.timeout_seconds + 5)
         resources = FileResources(pool, backend, self.cfg.workspaces, self.cfg.default_workspace)
-        dispatcher = Dispatcher(pool, backend, resources=resources)
+        dispatcher = Dispatcher(pool, backend, resources=resources, tool_names=self.cfg.tool_names)
         login = HelperLogin(channel) if channel is not None else NoLogin()
         if self.cfg.limits != Limits():
             dispatcher.limits = resources.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)
@@ -128,7 +128,12 @@ class Server:
             except OSError as exc:  # every call must leave a record: no log, no service
                 log.error("access_log: cannot open %s: %s", self.cfg.access_log, exc)
                 return EXIT_CONFIG
-        app = build_app(self.cfg, authenticator, dispatcher, login)
+        try:
+            app = build_app(self.cfg, authenticator, dispatcher, login)
+        except ConfigError as exc:
+            log.error("%s", exc)
+            await pool.close()
+            return EXIT_CONFIG
         sessions: SessionManager = app.state.sessions
         config = uvicorn.Config(
             app,
@@ -152,7 +157,8 @@ class Server:
         server = _NotifyingServer(config)
         if dispatcher.limits is not None:
             server.on_shutdown = (dispatcher.limits.save,)
-        revalidation = asyncio.create_task(revalidate_forever(sessions, authenticator))
+        revalidation = asyncio.create_task(revalidate_forever(
+            sessions, authenticator, idle_seconds=self.cfg.mcp_session_idle_seconds))
         try:
             await server.serve()
         finally:

@@ -1,6 +1,7 @@
-"""Load benchmark: N sessions over the real TLS + SSE transport, M ``files/read`` calls each (issue 2).
+"""Load benchmark: N sessions over the real TLS transport, M ``files/read`` calls each (issue 2).
 
-Run: ``.venv/bin/python tests/bench/bench_load.py [--sessions 16] [--reads 200] [--size 4096]``.
+Run: ``.venv/bin/python tests/bench/bench_load.py [--sessions 16] [--reads 200] [--size 4096]
+[--transport sse|http]`` (``http``: Streamable HTTP at ``/mcp``, one POST answered per call).
 Starts a real ``mcpd serve`` (``tests/conftest.py``'s ``start_daemon``: private CA, a token, a
 free port on 127.0.0.1), opens the sessions with :class:`mcpd.client.api.Client`, and has each one
 read a file of ``--size`` bytes ``--reads`` times, one call at a time per session, all sessions at
@@ -34,10 +35,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def one_session(url: str, token: str, cacert: str, path: str, expected: str, reads: int) -> list[float]:
+async def one_session(url: str, token: str, cacert: str, path: str, expected: str, reads: int,
+                      transport: str) -> list[float]:
     """Open one session and make ``reads`` sequential reads; return each latency in seconds."""
     latencies: list[float] = []
-    async with Client(url, token, cacert, timeout=60) as client:
+    async with Client(url, token, cacert, timeout=60, transport=transport) as client:
         for _ in range(reads):
             start = time.perf_counter()
             result = await client.call_tool("files/read", {"path": path})
@@ -47,12 +49,13 @@ async def one_session(url: str, token: str, cacert: str, path: str, expected: st
     return latencies
 
 
-async def run(url: str, token: str, cacert: str, path: str, expected: str, sessions: int, reads: int) -> tuple[list[float], float]:
+async def run(url: str, token: str, cacert: str, path: str, expected: str, transport: str, sessions: int,
+              reads: int) -> tuple[list[float], float]:
     """All sessions at once; return the latencies and the wall time in seconds."""
     start = time.perf_counter()
     async with asyncio.timeout(DEADLINE_SECONDS):
         results = await asyncio.gather(
-            *(one_session(url, token, cacert, path, expected, reads) for _ in range(sessions))
+            *(one_session(url, token, cacert, path, expected, reads, transport) for _ in range(sessions))
         )
     return [x for r in results for x in r], time.perf_counter() - start
 
@@ -71,6 +74,7 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--reads", type=int, default=200)
     parser.add_argument("--size", type=int, default=4096, help="file size in bytes (at most 10240)")
+    parser.add_argument("--transport", choices=("sse", "http"), default="sse")
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mcpd-bench-") as tmp:
         state = Path(tmp) / "state"
@@ -80,13 +84,14 @@ def main() -> int:
         target.write_text(text)
         daemon = start_daemon(state)
         try:
-            args = (daemon.url, daemon.token, str(daemon.cacert), str(target), text)
+            args = (daemon.url, daemon.token, str(daemon.cacert), str(target), text, opts.transport)
             asyncio.run(run(*args, 1, 20))  # warm-up: workers spawned, TLS and imports hot
             base, base_wall = asyncio.run(run(*args, 1, opts.reads))
             lat, wall = asyncio.run(run(*args, opts.sessions, opts.reads))
         finally:
             stop_daemon(daemon)
-    print(f"mcpd load benchmark: {opts.size}-byte file, TLS + SSE on 127.0.0.1")
+    name = {"sse": "SSE (/sse)", "http": "Streamable HTTP (/mcp)"}[opts.transport]
+    print(f"mcpd load benchmark: {opts.size}-byte file, TLS + {name} on 127.0.0.1")
     report("baseline 1 session", base, base_wall)
     report(f"{opts.sessions} sessions x {opts.reads}", lat, wall)
     print(f"throughput ratio (loaded / baseline): {(len(lat) / wall) / (len(base) / base_wall):.2f}")

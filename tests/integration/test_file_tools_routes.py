@@ -227,7 +227,7 @@ def test_privileged_resource_read_with_metadata_and_refusal(granted: PrivsepDaem
         return None
 
     err = run(d, d.tokens["alice"], refused)
-    assert err is not None and err.code == "PERMISSION_DENIED" and err.rpc_code == -32603
+    assert err is not None and err.code == "PERMISSION_DENIED" and err.rpc_code == -32602  # refused, not internal
 
 
 def test_privileged_tool_not_named_in_grant_is_denied(granted: PrivsepDaemon) -> None:

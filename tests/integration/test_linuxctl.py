@@ -15,13 +15,15 @@ import pytest
 
 from mcpd.admin import certs
 from mcpd.client import api as client
+from tests.integration import http_proxy
 
 LINUXCTL = str(Path(sys.executable).parent / "linuxctl")
 
 
 def linuxctl(*args: str, env: dict[str, str] | None = None, home: Path | None = None) -> subprocess.CompletedProcess[bytes]:
     """Run the real `linuxctl` with a clean environment (no MCPD_* variables, empty config folder)."""
-    base = {k: v for k, v in os.environ.items() if k not in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT", "MCPD_CONTEXT")}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT", "MCPD_CONTEXT", "MCPD_TRANSPORT")}
     base["XDG_CONFIG_HOME"] = str(home or Path("/nonexistent-linuxctl-config"))
     base.update(env or {})
     return subprocess.run([LINUXCTL, *args], capture_output=True, env=base, timeout=60)
@@ -240,3 +242,71 @@ def test_client_and_server_report_the_package_version(daemon: Any) -> None:
 
     info = asyncio.run(go())
     assert info["serverInfo"]["version"] == importlib.metadata.version("mcpd")
+
+
+# -- transports: Streamable HTTP first, HTTP+SSE as the fallback ------------------------------------
+
+
+@pytest.fixture
+def no_mcp_server(daemon: Any) -> Any:
+    """The daemon behind a proxy that answers 404 on /mcp: a server from before Streamable HTTP."""
+    url, proc = http_proxy.start(daemon, hide=("/mcp",))
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _get(url: str, daemon: Any, path: Path, *transport: str) -> subprocess.CompletedProcess[bytes]:
+    return linuxctl("--url", url, "--token", daemon.token, "--cacert", str(daemon.cacert), *transport,
+                    "get", "files", str(path))
+
+
+@pytest.mark.parametrize("transport", [(), ("--transport", "auto"), ("--transport", "http"), ("--transport", "sse")])
+def test_every_transport_reads_the_file(daemon: Any, tmp_path: Path, transport: tuple[str, ...]) -> None:
+    path = make_file(tmp_path, "a.txt", b"one\ntwo\n")
+    res = _get(daemon.url, daemon, path, *transport)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == b"one\ntwo\n"
+
+
+def test_auto_falls_back_to_sse_when_the_server_has_no_mcp(daemon: Any, no_mcp_server: str, tmp_path: Path) -> None:
+    path = make_file(tmp_path, "a.txt", b"one\n")
+    res = _get(no_mcp_server, daemon, path)
+    assert (res.returncode, res.stdout) == (0, b"one\n"), res.stderr
+    res = _get(no_mcp_server, daemon, path, "--transport", "http")  # forced: no fallback
+    assert res.returncode == 1 and b"HTTP_404" in res.stderr
+    res = linuxctl("--url", no_mcp_server, "--token", daemon.token, "--cacert", str(daemon.cacert),
+                   "find", "files", str(tmp_path), "--name", "a.txt", "--progress")
+    assert res.returncode == 0 and str(path).encode() in res.stdout
+
+
+def test_auto_tries_mcp_first(daemon_factory: Any, tmp_path: Path) -> None:
+    """With the only session slot held by an /sse stream, auto gets the 503 of /mcp's initialize
+    (not a fallback status), which proves it asked /mcp first; sse gets /sse's own 503."""
+    d = daemon_factory(max_sessions=1)
+    path = make_file(tmp_path, "a.txt", b"one\n")
+
+    async def hold() -> tuple[subprocess.CompletedProcess[bytes], ...]:
+        async with client.Client(d.url, d.token, d.cacert, transport="sse"):
+            return tuple([await asyncio.to_thread(_get, d.url, d, path, *t) for t in
+                          [(), ("--transport", "http"), ("--transport", "sse")]])
+
+    auto, http, sse = asyncio.run(hold())
+    assert auto.returncode == 1 and b"POST" in auto.stderr and b"503" in auto.stderr
+    assert http.returncode == 1 and b"POST" in http.stderr and b"503" in http.stderr
+    assert sse.returncode == 1 and b"GET" in sse.stderr and b"503" in sse.stderr
+
+
+def test_http_session_is_deleted_on_exit_and_progress_streams(daemon_factory: Any, tmp_path: Path) -> None:
+    d = daemon_factory(max_sessions=1)  # each run must give its session back, or the next gets 503
+    (tmp_path / "tree").mkdir()
+    tree = make_file(tmp_path / "tree", "x", b"").parent
+    for i in range(3):
+        (tree / f"d{i}").mkdir()
+        for j in range(4000):
+            (tree / f"d{i}" / f"f{j}").touch()
+    for _ in range(3):
+        res = linuxctl("--url", d.url, "--token", d.token, "--cacert", str(d.cacert), "--transport", "http",
+                       "find", "files", str(tree), "--name", "f3999", "--progress")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.count(b"f3999") == 3 and b"entries scanned" in res.stderr

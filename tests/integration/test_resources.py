@@ -122,9 +122,9 @@ async def test_resource_missing_file_is_32002_with_file_not_found(daemon: Daemon
 @pytest.mark.parametrize(
     ("make_uri", "rpc_code", "code"),
     [
-        (lambda t: uri_of(t), -32603, "NOT_A_REGULAR_FILE"),
-        (lambda t: uri_of(t / "two.txt", "start_line=9"), -32603, "RANGE_OUT_OF_BOUNDS"),
-        (lambda t: uri_of(t / "bin"), -32603, "BINARY_FILE"),
+        (lambda t: uri_of(t), -32602, "NOT_A_REGULAR_FILE"),
+        (lambda t: uri_of(t / "two.txt", "start_line=9"), -32602, "RANGE_OUT_OF_BOUNDS"),
+        (lambda t: uri_of(t / "bin"), -32602, "BINARY_FILE"),
         (lambda t: uri_of(t / "two.txt", "encoding=klingon"), -32602, "INVALID_ARGUMENT"),
         (lambda t: uri_of(t / "two.txt", "bogus=1"), -32602, "INVALID_ARGUMENT"),
         (lambda t: uri_of(t / "two.txt", "start_line=0"), -32602, "INVALID_ARGUMENT"),

@@ -14,7 +14,7 @@ import pytest
 
 from mcpd.common import config
 from mcpd.front.server import tls_context
-from tests.conftest import Daemon, SseSession, open_raw, read_status
+from tests.conftest import Daemon, SseSession, open_raw, read_status, start_daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -157,7 +157,25 @@ async def test_no_or_bad_token_401_on_any_route(daemon: Daemon, path: str, auth:
         method = "GET" if path != "/message?session_id=" + "0" * 32 else "POST"
         r = await c.request(method, f"{daemon.url}{path}", headers=headers, content=b"{}")
     assert r.status_code == 401
-    assert r.headers["www-authenticate"] == "Bearer"
+    if auth is None or auth.startswith("Basic"):  # no bearer token: a challenge without an error (RFC 6750 §3.1)
+        assert r.headers["www-authenticate"] == "Bearer"
+    else:  # a refused one: says so, so clients report a bad token instead of starting OAuth
+        assert r.headers["www-authenticate"].startswith('Bearer error="invalid_token", error_description="')
+
+
+@pytest.mark.parametrize("path", ["/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp",
+                                  "/.well-known/oauth-authorization-server", "/.well-known/openid-configuration",
+                                  "/base/.well-known/oauth-protected-resource"])
+@pytest.mark.parametrize("auth", [None, "Bearer nope"])
+async def test_no_oauth_discovery_documents(daemon_factory: Any, path: str, auth: str | None) -> None:
+    d = daemon_factory(base_path="/base")
+    async with client(d) as c:
+        r = await c.get(f"{d.url}{path}", headers={"Authorization": auth} if auth else {})
+        assert r.status_code == 404
+        r = await c.get(f"{d.url}{path}", headers=d.auth())
+        assert r.status_code == 404
+        r = await c.get(f"{d.url}/sse/.well-known/oauth-protected-resource")  # only the prefix is open
+        assert r.status_code == 401
 
 
 async def test_bad_token_post_reaches_no_stream(daemon: Daemon) -> None:
@@ -307,3 +325,31 @@ async def test_endpoint_event_exact_bytes(daemon: Daemon) -> None:
             buf += sock.recv(4096)
         body = buf.split(b"\r\n\r\n", 1)[1]
         assert re.search(rb"\r\nevent: endpoint\ndata: /message\?session_id=[0-9a-f]{32}\n\n", body), body
+
+
+# -- allowed_hosts: the Host header (DNS-rebinding defence) ---------------------------------------
+
+
+async def test_allowed_hosts_auto_refuses_other_hosts_421_before_auth(daemon_factory: Any) -> None:
+    d = daemon_factory(allowed_hosts="auto")  # the test certificate names localhost and 127.0.0.1
+    _, port = d.host_port
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    mcp_headers = {**d.auth(), "Accept": "application/json, text/event-stream"}
+    async with client(d) as c:
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST"):
+            r = await c.post(f"{d.url}/mcp", json=init, headers={**mcp_headers, "Host": host})
+            assert r.status_code == 200, host
+        for host in ("attacker.example", f"attacker.example:{port}", f"127.0.0.2:{port}", "localhost.attacker.example"):
+            for method, path in (("POST", "/mcp"), ("GET", "/sse"), ("POST", "/login"), ("POST", "/message")):
+                r = await c.request(method, f"{d.url}{path}", json=init, headers={**mcp_headers, "Host": host})
+                assert r.status_code == 421, (host, path)
+            r = await c.get(f"{d.url}/sse", headers={"Host": host})  # no token: still 421, not 401
+            assert r.status_code == 421
+        async with c.stream("GET", f"{d.url}/sse", headers=d.auth()) as s:
+            assert s.status_code == 200
+
+
+def test_allowed_hosts_malformed_entry_is_a_config_error(tmp_path: Any) -> None:
+    with pytest.raises(RuntimeError, match="exited with 78"):
+        start_daemon(tmp_path / "state", allowed_hosts=["a:b"])

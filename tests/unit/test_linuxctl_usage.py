@@ -130,9 +130,21 @@ def test_url_gets_sse_suffix_once() -> None:
     assert client.sse_url("https://127.0.0.1:9091") == "https://127.0.0.1:9091/sse"
     assert client.sse_url("https://127.0.0.1:9091/") == "https://127.0.0.1:9091/sse"
     assert client.sse_url("https://127.0.0.1:9091/sse") == "https://127.0.0.1:9091/sse"
-    assert client.sse_url("https://h/mcp") == "https://h/mcp/sse"
+    assert client.sse_url("https://h/base") == "https://h/base/sse"
+    assert client.sse_url("https://h/base/mcp") == "https://h/base/sse"  # the /mcp endpoint's sibling
     with pytest.raises(client.UsageError):
         client.sse_url("ftp://h/")
+
+
+def test_endpoints_and_the_transport_a_url_names() -> None:
+    assert client.endpoints("https://h:9091") == ("https://h:9091/mcp", "https://h:9091/sse", None)
+    assert client.endpoints("https://h:9091/base/") == ("https://h:9091/base/mcp", "https://h:9091/base/sse", None)
+    assert client.endpoints("https://h/mcp")[2] == "http" and client.endpoints("https://h/sse/")[2] == "sse"
+    assert client.Client("https://h/sse", "t", transport="auto").transport == "sse"
+    assert client.Client("https://h/mcp", "t", transport="auto").transport == "http"
+    assert client.Client("https://h/mcp", "t", transport="sse").transport == "sse"  # an explicit choice wins
+    with pytest.raises(client.UsageError):
+        client.Client("https://h", "t", transport="websocket")
 
 
 def test_exit_codes_of_the_error_family() -> None:

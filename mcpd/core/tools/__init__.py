@@ -36,6 +36,18 @@ def _registry(*modules: Any) -> dict[str, ToolModule]:
 TOOLS: Mapping[str, ToolModule] = _registry(files_read, files_list, files_find, files_filetype)
 
 
+def portable_name(name: str) -> str:
+    """The spelling of tool ``name`` every LLM API accepts (``^[a-zA-Z0-9_-]{1,64}$``):
+    ``files/read`` → ``files_read`` (SPEC §2.4, ``tool_names: portable``)."""
+    return name.replace("/", "_")
+
+
+def by_any_name(tools: Mapping[str, ToolModule]) -> dict[str, ToolModule]:
+    """``tools`` reachable by both spellings of each name (``tools/call`` accepts either, whatever
+    ``tools/list`` shows)."""
+    return {**{portable_name(n): t for n, t in tools.items()}, **tools}
+
+
 DEADLINE_MARGIN = 5.0  # seconds a call may run past a tool's own time budget (startup, answer)
 
 

@@ -1,18 +1,32 @@
-"""Reading a request body without ever buffering past a cap (SPEC §1.3: 413, never buffered)."""
+"""Reading a JSON-RPC request body without ever buffering past a cap (SPEC §1.3: 413, never
+buffered), shared by ``POST /message`` and ``POST /mcp``."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from mcpd.front.protocol import INVALID_REQUEST, PARSE_ERROR, error_reply
 
 
 class BodyRefused(Exception):
     """The body was not read: ``status`` is 413 (over the cap) or 400 (bad ``Content-Length`` or
     the client went away); ``reason`` is a short text for the response."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, rpc_code: int | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.rpc_code = rpc_code
+
+    def response(self) -> Response:
+        """The HTTP answer: a JSON-RPC error body (``id: null``) when ``rpc_code`` is set, else text."""
+        if self.rpc_code is not None:
+            return JSONResponse(error_reply(None, self.rpc_code, self.reason), status_code=self.status)
+        return PlainTextResponse(self.reason, status_code=self.status)
 
 
 async def read_capped(request: Request, cap: int) -> bytes:
@@ -41,3 +55,40 @@ async def read_capped(request: Request, cap: int) -> bytes:
     except ClientDisconnect:
         raise BodyRefused(400, "client disconnected") from None
     return b"".join(chunks)
+
+
+def media_type(value: str | None) -> str:
+    """The bare, lower-case media type of a ``Content-Type`` value (parameters dropped)."""
+    return (value or "").split(";", 1)[0].strip().lower()
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(body: bytes) -> Any:
+    """Parse a JSON-RPC body: an object or an array (SPEC §1.3, §2.3).
+
+    Raises:
+        BodyRefused: 400 with ``-32700`` for bytes that are not JSON (``NaN``/``Infinity`` included),
+            400 with ``-32600`` for JSON that is neither an object nor an array.
+    """
+    try:
+        payload = json.loads(body, parse_constant=_reject_constant)
+    except ValueError:
+        raise BodyRefused(400, "parse error", PARSE_ERROR) from None
+    if not isinstance(payload, (dict, list)):
+        raise BodyRefused(400, "invalid request", INVALID_REQUEST)
+    return payload
+
+
+async def read_json(request: Request, cap: int) -> Any:
+    """Check the content type, read at most ``cap`` bytes and parse them (:func:`parse_json`).
+
+    Raises:
+        BodyRefused: 415 unless ``Content-Type`` is ``application/json``; then as
+            :func:`read_capped` and :func:`parse_json`.
+    """
+    if media_type(request.headers.get("content-type")) != "application/json":
+        raise BodyRefused(415, "content type must be application/json")
+    return parse_json(await read_capped(request, cap))

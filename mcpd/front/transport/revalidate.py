@@ -48,11 +48,14 @@ async def revalidate_once(manager: SessionManager, authenticator: Authenticator)
 
 
 async def revalidate_forever(manager: SessionManager, authenticator: Authenticator,
-                             interval: float = INTERVAL) -> None:
-    """Run :func:`revalidate_once` every ``interval`` seconds until cancelled."""
+                             interval: float = INTERVAL, idle_seconds: float | None = None) -> None:
+    """Run :func:`revalidate_once` every ``interval`` seconds until cancelled; with
+    ``idle_seconds``, also expire idle Streamable HTTP sessions (:meth:`SessionManager.expire_idle`)."""
     while True:
         await asyncio.sleep(interval)
         try:
+            if idle_seconds is not None:
+                manager.expire_idle(idle_seconds)
             await revalidate_once(manager, authenticator)
         except Exception:
             log.exception("session revalidation failed; retrying")

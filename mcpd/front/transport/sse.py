@@ -4,6 +4,10 @@ A session is born with its ``GET /sse`` stream and dies with it: the stream's en
 queue overflow, server shutdown) closes the session at once, cancels its in-flight requests and
 drops it from the table, so later POSTs get ``404``. Outgoing messages wait in a bounded queue; a
 client that stops reading fills it and is disconnected instead of growing the server's memory.
+
+The :class:`SessionManager` table also holds the Streamable HTTP sessions of ``/mcp``
+(``mcpd.front.transport.streamable``, kind ``"mcp"``): one table, so ``max_sessions`` and every
+per-session rule count both transports together, and the once-a-second token re-check closes both.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import logging
 import re
 import secrets
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,9 +30,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from mcpd.common.config import Config
-from mcpd.front.transport.body import BodyRefused, read_capped
+from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.common.identity import Principal
-from mcpd.front.protocol import INVALID_REQUEST, PARSE_ERROR, Caller, Dispatcher, McpSession, error_reply
+from mcpd.front.protocol import Caller, Dispatcher, McpSession
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +40,12 @@ SESSION_ID_RE = re.compile(r"[0-9a-f]{32}")
 # JSON leaves these raw, but line readers built on str.splitlines (httpx's among them) break
 # lines at them; escaping keeps every message on one data line for every client.
 _LINE_BREAKERS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+STREAM_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
+
+
+def encode_message(message: Any) -> str:
+    """One JSON-RPC message (object or array) as compact JSON on one SSE ``data:`` line."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKERS)
 
 
 class McpUser(BaseUser):
@@ -64,13 +75,19 @@ class SseSession:
         queue_size: outgoing messages buffered (``session_queue_size``).
         manager: the table this session lives in (closing removes it).
         dispatcher: shared tool/resource dispatch.
+        kind: ``"sse"`` (``GET /sse``) or ``"mcp"`` (Streamable HTTP); a session answers only on
+            its own transport's endpoints.
     """
 
     def __init__(
-        self, session_id: str, principal: Principal, queue_size: int, manager: SessionManager, dispatcher: Dispatcher
+        self, session_id: str, principal: Principal, queue_size: int, manager: SessionManager, dispatcher: Dispatcher,
+        kind: str = "sse",
     ) -> None:
         self.id = session_id
+        self.kind = kind  # "sse": lives as long as its GET /sse stream; "mcp": Streamable HTTP
         self.principal = principal
+        self.last_active = time.monotonic()  # refreshed by each /mcp request; idle ones expire
+        self.stream_open = False  # a GET stream is attached
         self.token = ""  # the bearer that opened it, re-checked every second (mcpd/transport/revalidate.py)
         self.closed = False
         self._manager = manager
@@ -85,7 +102,7 @@ class SseSession:
         """
         if self.closed:
             return
-        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKERS)
+        data = encode_message(message)
         try:
             self._queue.put_nowait(data)
         except asyncio.QueueFull:
@@ -103,9 +120,11 @@ class SseSession:
         while not self._queue.empty():
             self._queue.get_nowait()
 
-    async def events(self, endpoint: str) -> AsyncIterator[ServerSentEvent]:
-        """The stream's events: ``endpoint`` first, then one ``message`` per queued JSON-RPC message."""
-        yield ServerSentEvent(event="endpoint", data=endpoint, sep="\n")
+    async def events(self, endpoint: str | None) -> AsyncIterator[ServerSentEvent]:
+        """The stream's events: ``endpoint`` first (when given), then one ``message`` per queued
+        JSON-RPC message."""
+        if endpoint is not None:
+            yield ServerSentEvent(event="endpoint", data=endpoint, sep="\n")
         while not self.closed:
             data = await self._queue.get()
             yield ServerSentEvent(event="message", data=data, sep="\n")
@@ -117,8 +136,19 @@ class SseSession:
             scope.cancel()
 
 
+class SessionRefused(Exception):
+    """No session may be opened: ``status`` is ``503`` (``max_sessions`` open in all) or ``429``
+    (the principal holds ``max_sessions_per_principal``); ``reason`` is the answer's text."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
 class SessionManager:
-    """The table of live sessions, capped at ``max_sessions`` (SPEC §1.4).
+    """The table of live sessions, capped at ``max_sessions`` in all and at
+    ``max_sessions_per_principal`` for each principal, both transports counted together (SPEC §1.4, §1.7).
 
     Args:
         cfg: the daemon config (``max_sessions``, ``session_queue_size``).
@@ -133,23 +163,49 @@ class SessionManager:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def open(self, principal: Principal, token: str = "") -> SseSession | None:
-        """Create a session owned by ``principal`` opened with bearer ``token`` (kept in memory only,
-        so a revoked or rotated token closes it); ``None`` when ``max_sessions`` are open."""
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The tools and resources every session reaches (also one-request stateless ones)."""
+        return self._dispatcher
+
+    def open(self, principal: Principal, token: str = "", kind: str = "sse") -> SseSession:
+        """Create a session of ``kind`` (``"sse"`` or ``"mcp"``) owned by ``principal`` opened with
+        bearer ``token`` (kept in memory only, so a revoked or rotated token closes it).
+
+        Raises:
+            SessionRefused: ``503`` when ``max_sessions`` are open, ``429`` when ``principal``
+                holds ``max_sessions_per_principal``; both count the two kinds together.
+        """
         if len(self._sessions) >= self._cfg.max_sessions:
-            return None
+            raise SessionRefused(503, "too many sessions")
+        held = sum(1 for s in self._sessions.values() if s.principal.name == principal.name)
+        if held >= self._cfg.max_sessions_per_principal:
+            raise SessionRefused(429, "too many sessions for this principal")
         sid = secrets.token_hex(16)
-        session = SseSession(sid, principal, self._cfg.session_queue_size, self, self._dispatcher)
+        session = SseSession(sid, principal, self._cfg.session_queue_size, self, self._dispatcher, kind)
         session.token = token
         self._sessions[sid] = session
         return session
 
-    def find(self, session_id: str, principal: Principal) -> SseSession | None:
-        """The live session ``session_id`` if ``principal`` owns it, else ``None`` (both answer 404)."""
+    def find(self, session_id: str, principal: Principal, kind: str = "sse") -> SseSession | None:
+        """The live session ``session_id`` of ``kind`` if ``principal`` owns it, else ``None``
+        (all answer 404: an id never reveals that another principal's or transport's session exists)."""
         session = self._sessions.get(session_id)
-        if session is None or session.closed or session.principal.name != principal.name:
+        if session is None or session.closed or session.kind != kind or session.principal.name != principal.name:
             return None
         return session
+
+    def expire_idle(self, idle_seconds: float, now: float | None = None) -> int:
+        """Close the ``"mcp"`` sessions with no GET stream, no request in flight and no request
+        for ``idle_seconds`` (a Streamable HTTP session has no stream whose end would close it);
+        return how many were closed. ``now``: ``time.monotonic()`` by default."""
+        now = time.monotonic() if now is None else now
+        idle = [s for s in self._sessions.values() if s.kind == "mcp" and not s.stream_open
+                and not s.protocol.busy and now - s.last_active > idle_seconds]
+        for session in idle:
+            log.info("session %s closed after %.0f s idle", session.id, idle_seconds)
+            self.close(session)
+        return len(idle)
 
     def close(self, session: SseSession) -> None:
         """Close ``session`` and forget it."""
@@ -167,35 +223,44 @@ class SessionManager:
 
 
 class SessionStream(EventSourceResponse):
-    """The ``GET /sse`` response: an event stream whose end closes its session (SPEC §1.2, §1.4)."""
+    """A session's GET stream: ``GET /sse``, whose end closes its session (SPEC §1.2, §1.4), or
+    ``GET /mcp`` (``endpoint`` ``None``, ``close_on_end`` false: the session outlives it).
 
-    def __init__(self, session: SseSession, manager: SessionManager, endpoint: str, keepalive: float) -> None:
+    Args:
+        session: the session whose queue feeds the stream.
+        manager: its table.
+        endpoint: the ``endpoint`` event's data, or ``None`` for no such event.
+        keepalive: seconds between ``: ping`` comments.
+        close_on_end: close the session when the stream ends.
+        headers: extra response headers.
+    """
+
+    def __init__(self, session: SseSession, manager: SessionManager, endpoint: str | None, keepalive: float,
+                 close_on_end: bool = True, headers: dict[str, str] | None = None) -> None:
         super().__init__(
             session.events(endpoint),
-            headers={"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"},
+            headers={**STREAM_HEADERS, **(headers or {})},
             ping=keepalive,
             sep="\n",
             ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
         )
         self.session = session
         self.manager = manager
+        self.close_on_end = close_on_end
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Stream until the client leaves or the session is closed, then close the session."""
+        """Stream until the client leaves or the session is closed, then close the session (or,
+        for ``close_on_end`` false, only detach the stream)."""
+        self.session.stream_open = True
         try:
             with anyio.CancelScope() as cancel_scope:
                 self.session.attach(cancel_scope)
                 await super().__call__(scope, receive, send)
         finally:
-            self.manager.close(self.session)
-
-
-def _media_type(value: str | None) -> str:
-    return (value or "").split(";", 1)[0].strip().lower()
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+            self.session.stream_open = False
+            self.session.last_active = time.monotonic()
+            if self.close_on_end:
+                self.manager.close(self.session)
 
 
 class Transport:
@@ -220,9 +285,10 @@ class Transport:
     async def sse(self, request: Request) -> Response:
         """``GET /sse`` (SPEC §1.2): open a session; ``503`` when ``max_sessions`` are open."""
         user: McpUser = request.user
-        session = self.manager.open(user.principal, user.token)
-        if session is None:
-            return PlainTextResponse("too many sessions", status_code=503)
+        try:
+            session = self.manager.open(user.principal, user.token)
+        except SessionRefused as exc:
+            return PlainTextResponse(exc.reason, status_code=exc.status)
         endpoint = f"{self.cfg.base_path}/message?session_id={session.id}"
         return SessionStream(session, self.manager, endpoint, self.cfg.keepalive_seconds)
 
@@ -235,24 +301,11 @@ class Transport:
         session = self.manager.find(ids[0], user.principal)
         if session is None:
             return PlainTextResponse("no such session", status_code=404)
-        if _media_type(request.headers.get("content-type")) != "application/json":
-            return PlainTextResponse("content type must be application/json", status_code=415)
-        body = await self._read_body(request)
-        if isinstance(body, Response):
-            return body
         try:
-            payload = json.loads(body, parse_constant=_reject_constant)
-        except ValueError:
-            return JSONResponse(error_reply(None, PARSE_ERROR, "parse error"), status_code=400)
-        if not isinstance(payload, (dict, list)):
-            return JSONResponse(error_reply(None, INVALID_REQUEST, "invalid request"), status_code=400)
+            payload = await read_json(request, self.cfg.max_body_bytes)
+        except BodyRefused as exc:
+            return exc.response()
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
         session.protocol.receive(payload, Caller(user.principal, user.token, peer))
         return Response(status_code=202)
 
-    async def _read_body(self, request: Request) -> bytes | Response:
-        """The body, read chunk by chunk and never buffered past ``max_body_bytes`` (413)."""
-        try:
-            return await read_capped(request, self.cfg.max_body_bytes)
-        except BodyRefused as exc:
-            return PlainTextResponse(exc.reason, status_code=exc.status)

@@ -1,0 +1,440 @@
+"""The Streamable HTTP transport at ``/mcp`` (SPEC §1.6), beside the HTTP+SSE one of ``sse.py``.
+
+Session era (protocol versions 2025-03-26 … 2025-11-25):
+
+- ``POST /mcp`` with an ``initialize`` request and no ``Mcp-Session-Id`` opens a session in the
+  one :class:`~mcpd.front.transport.sse.SessionManager` table (kind ``"mcp"``, so ``max_sessions``
+  counts ``/sse`` and ``/mcp`` together) and answers with its id in ``Mcp-Session-Id``. Every later
+  request names it; another principal's, an ended or an unknown id is ``404``, none is ``400``.
+- A POST holding requests is answered with ``application/json`` (the reply), or with
+  ``text/event-stream`` when the client accepts it and a request asked for progress
+  (``_meta.progressToken``): the progress notifications, then the reply, then the stream ends.
+  Only notifications and responses: ``202``.
+- ``GET /mcp`` opens the session's stream for server messages (one at a time: ``409``); its end
+  does not end the session. ``DELETE /mcp`` ends the session.
+- ``MCP-Protocol-Version``: an unsupported value is ``400``; absent means the negotiated one.
+- A session with no request and no GET stream for ``mcp_session_idle_seconds`` expires (``404``
+  afterwards, so the client initializes again).
+
+Stateless era (2026-07-28): a POST whose ``_meta`` names a protocol version (or that carries no
+session and names an ``MCP-Protocol-Version`` outside the session era) is one self-contained
+request, served by a one-request :class:`~mcpd.front.protocol.McpSession` in modern mode, and no
+session is minted. Before it runs, :func:`check_modern` holds the headers against the body:
+``_meta`` version and client capabilities present (``400``, ``-32602``), ``MCP-Protocol-Version``
+equal to the ``_meta`` one, ``Mcp-Method`` equal to the method and ``Mcp-Name`` (plain or
+``=?base64?…?=``) equal to ``params.name``/``params.uri`` (``400``, ``-32020``), a version served
+(``400``, ``-32022`` listing them). An unknown method is ``404`` with ``-32601``. The client closing
+the response (a stream, or the connection of a JSON answer) cancels the request.
+
+The JSON-RPC handling is the same :class:`~mcpd.front.protocol.McpSession` as ``/sse``'s: each
+POST hands its body over with its own ``send``, so the replies and progress of that POST come
+back on that POST's response. Authentication, the ``Origin`` check and the body cap are the same
+middleware and helpers as for ``/sse``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import collections
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from mcpd.common.config import Config
+from mcpd.front.protocol import (
+    HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, META_CLIENT_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
+    MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, error_reply,
+)
+from mcpd.front.transport.body import BodyRefused, read_json
+from mcpd.front.transport.sse import (
+    SESSION_ID_RE, STREAM_HEADERS, McpUser, SessionManager, SessionRefused, SessionStream, SseSession,
+    encode_message,
+)
+
+log = logging.getLogger(__name__)
+
+SESSION_HEADER = "Mcp-Session-Id"
+VERSION_HEADER = "MCP-Protocol-Version"
+METHOD_HEADER = "Mcp-Method"
+NAME_HEADER = "Mcp-Name"
+# Methods whose Mcp-Name header mirrors a body field (2026-07-28 Streamable HTTP, "Request Metadata").
+NAME_FIELDS = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
+_B64_PREFIX, _B64_SUFFIX = "=?base64?", "?="
+SSE_TYPE = "text/event-stream"
+JSON_TYPE = "application/json"
+
+
+def _accepts(request: Request) -> set[str]:
+    """The media types of the ``Accept`` header (``*/*`` and no header accept both of ours)."""
+    header = request.headers.get("accept")
+    if header is None:
+        return {JSON_TYPE, SSE_TYPE}
+    types = {part.split(";", 1)[0].strip().lower() for part in header.split(",")}
+    if "*/*" in types or {"text/*", "application/*"} <= types:
+        return {JSON_TYPE, SSE_TYPE}
+    if "application/*" in types:
+        types.add(JSON_TYPE)
+    if "text/*" in types:
+        types.add(SSE_TYPE)
+    return types & {JSON_TYPE, SSE_TYPE}
+
+
+def _members(payload: Any) -> list[Any]:
+    return payload if isinstance(payload, list) else [payload]
+
+
+def _is_request(msg: Any) -> bool:
+    return isinstance(msg, dict) and "method" in msg and "id" in msg
+
+
+def _wants_progress(msg: Any) -> bool:
+    params = msg.get("params") if isinstance(msg, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return isinstance(meta, dict) and meta.get("progressToken") is not None
+
+
+def _is_reply(msg: Any) -> bool:
+    return isinstance(msg, list) or (isinstance(msg, dict) and "method" not in msg)
+
+
+def _rpc_error(status: int, code: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """An HTTP error whose body is a JSON-RPC error without an id (what the specification allows)."""
+    return JSONResponse(error_reply(None, code, message), status_code=status, headers=headers)
+
+
+class Refusal(Exception):
+    """A stateless request refused before it runs: HTTP ``status`` with a JSON-RPC error body."""
+
+    def __init__(self, status: int, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.data = status, code, message, data
+
+
+def _header_value(raw: str, name: str) -> str:
+    """A mirrored header's value: visible ASCII, space and tab only; ``=?base64?…?=`` decoded
+    (UTF-8) for ``Mcp-Name``. Raises :class:`Refusal` (``-32020``) when malformed."""
+    if any(not (0x20 <= ord(c) <= 0x7E or c == "\t") for c in raw):
+        raise Refusal(400, HEADER_MISMATCH, f"{name} header holds invalid characters")
+    if name == NAME_HEADER and raw.startswith(_B64_PREFIX) and raw.endswith(_B64_SUFFIX) \
+            and len(raw) >= len(_B64_PREFIX) + len(_B64_SUFFIX):
+        try:
+            return base64.b64decode(raw[len(_B64_PREFIX):-len(_B64_SUFFIX)], validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            raise Refusal(400, HEADER_MISMATCH, f"{name} header: bad base64 value") from None
+    return raw
+
+
+def modern_version(payload: Any) -> Any:
+    """The ``_meta`` protocol version of a request body, or ``None`` when it names none."""
+    params = payload.get("params") if isinstance(payload, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta.get(META_VERSION) if isinstance(meta, dict) else None
+
+
+def check_modern(headers: Any, msg: Message) -> None:
+    """Hold a 2026-07-28 request's headers against its body (``msg`` is a request object).
+
+    Args:
+        headers: the request's headers (case-insensitive mapping).
+        msg: the JSON-RPC request.
+
+    Raises:
+        Refusal: ``400``/``-32602`` for missing ``_meta`` fields; ``400``/``-32020`` for a
+            missing, malformed or mismatched ``MCP-Protocol-Version``, ``Mcp-Method`` or
+            ``Mcp-Name``; ``400``/``-32022`` for a version not served (``data`` lists them).
+    """
+    params = msg.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not isinstance(meta, dict) or not isinstance(meta.get(META_VERSION), str) \
+            or not isinstance(meta.get(META_CLIENT_CAPABILITIES), dict):
+        raise Refusal(400, INVALID_PARAMS, f"_meta must carry {META_VERSION} and {META_CLIENT_CAPABILITIES}")
+    version = meta[META_VERSION]
+    header_version = headers.get(VERSION_HEADER)
+    if header_version is None:
+        raise Refusal(400, HEADER_MISMATCH, f"{VERSION_HEADER} header required")
+    if header_version != version:
+        raise Refusal(400, HEADER_MISMATCH, f"{VERSION_HEADER} header does not match _meta")
+    if version not in MODERN_VERSIONS:
+        supported = [*reversed(MODERN_VERSIONS), *reversed(SUPPORTED_VERSIONS)]
+        raise Refusal(400, UNSUPPORTED_VERSION, "Unsupported protocol version",
+                      {"supported": supported, "requested": version})
+    method = headers.get(METHOD_HEADER)
+    if method is None:
+        raise Refusal(400, HEADER_MISMATCH, f"{METHOD_HEADER} header required")
+    if _header_value(method, METHOD_HEADER) != msg.get("method"):
+        raise Refusal(400, HEADER_MISMATCH, f"{METHOD_HEADER} header does not match the method")
+    field = NAME_FIELDS.get(str(msg.get("method")))
+    if field is not None:
+        name = headers.get(NAME_HEADER)
+        if name is None:
+            raise Refusal(400, HEADER_MISMATCH, f"{NAME_HEADER} header required")
+        if _header_value(name, NAME_HEADER) != (params.get(field) if isinstance(params, dict) else None):
+            raise Refusal(400, HEADER_MISMATCH, f"{NAME_HEADER} header does not match params.{field}")
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone away (the body was read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class PostStream:
+    """The messages one POST's requests produce, in order, bounded like a session's queue.
+
+    ``put`` is the ``send`` handed to :meth:`McpSession.receive`; past ``limit`` queued messages
+    the client has stopped reading, and the stream is cut (``overflowed``).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._items: collections.deque[Message | list[Message]] = collections.deque()
+        self._limit = limit
+        self._ready = asyncio.Event()
+        self.overflowed = False
+
+    def put(self, message: Any) -> None:
+        """Queue one message (never blocks)."""
+        if self.overflowed:
+            return
+        if len(self._items) >= self._limit:
+            self.overflowed = True
+        else:
+            self._items.append(message)
+        self._ready.set()
+
+    def drain(self) -> list[Any]:
+        """Take everything queued so far."""
+        items = list(self._items)
+        self._items.clear()
+        self._ready.clear()
+        return items
+
+    async def wait(self, task: asyncio.Task[Any]) -> None:
+        """Wait until something is queued or ``task`` ends."""
+        waiter = asyncio.ensure_future(self._ready.wait())
+        try:
+            await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+
+
+class StreamableTransport:
+    """``GET``, ``POST`` and ``DELETE /mcp`` over the shared :class:`SessionManager`.
+
+    Args:
+        cfg: the daemon config (``max_body_bytes``, ``keepalive_seconds``, ``session_queue_size``).
+        manager: the session table shared with ``/sse``.
+    """
+
+    def __init__(self, cfg: Config, manager: SessionManager) -> None:
+        self.cfg = cfg
+        self.manager = manager
+
+    def routes(self) -> list[Route]:
+        """The one MCP endpoint."""
+        return [Route("/mcp", self.endpoint, methods=["GET", "POST", "DELETE"])]
+
+    async def endpoint(self, request: Request) -> Response:
+        """Dispatch on the method (the route admits only GET, POST and DELETE)."""
+        if request.method == "POST":
+            return await self.post(request)
+        if request.method == "GET":
+            return await self.get(request)
+        return await self.delete(request)
+
+    # -- session lookup ---------------------------------------------------------------------------
+
+    def _session(self, request: Request) -> SseSession | Response:
+        """The caller's session named by ``Mcp-Session-Id``, or the error answer (400/404)."""
+        sid = request.headers.get(SESSION_HEADER)
+        if sid is None:
+            return _rpc_error(400, INVALID_REQUEST, f"{SESSION_HEADER} header required")
+        if not SESSION_ID_RE.fullmatch(sid):
+            return _rpc_error(400, INVALID_REQUEST, f"malformed {SESSION_HEADER}")
+        user: McpUser = request.user
+        session = self.manager.find(sid, user.principal, kind="mcp")
+        if session is None:
+            return _rpc_error(404, INVALID_REQUEST, "no such session")
+        session.last_active = time.monotonic()
+        return session
+
+    @staticmethod
+    def _version_refused(request: Request) -> Response | None:
+        """``400`` for an ``MCP-Protocol-Version`` this server does not speak (absent is fine)."""
+        version = request.headers.get(VERSION_HEADER)
+        if version is not None and version not in SUPPORTED_VERSIONS:
+            return _rpc_error(400, INVALID_REQUEST, f"unsupported {VERSION_HEADER}: supported are "
+                              + ", ".join(SUPPORTED_VERSIONS))
+        return None
+
+    # -- methods ----------------------------------------------------------------------------------
+
+    async def get(self, request: Request) -> Response:
+        """``GET /mcp``: the session's stream for server messages (``409`` if one is open)."""
+        if SSE_TYPE not in _accepts(request):
+            return PlainTextResponse(f"Accept must include {SSE_TYPE}", status_code=406)
+        refused = self._version_refused(request)
+        if refused is not None:
+            return refused
+        session = self._session(request)
+        if isinstance(session, Response):
+            return session
+        if session.stream_open:
+            return _rpc_error(409, INVALID_REQUEST, "this session already has a GET stream")
+        return SessionStream(session, self.manager, None, self.cfg.keepalive_seconds, close_on_end=False)
+
+    async def delete(self, request: Request) -> Response:
+        """``DELETE /mcp``: end the session (its requests are cancelled; ``404`` afterwards)."""
+        session = self._session(request)
+        if isinstance(session, Response):
+            return session
+        self.manager.close(session)
+        return Response(status_code=200)
+
+    async def post(self, request: Request) -> Response:
+        """``POST /mcp``: one JSON-RPC message (or a batch) of the session era, or one request of
+        the stateless era (:meth:`_stateless`), told apart as the module docstring says."""
+        accepts = _accepts(request)
+        if not accepts:
+            return PlainTextResponse(f"Accept must include {JSON_TYPE} or {SSE_TYPE}", status_code=406)
+        try:
+            payload = await read_json(request, self.cfg.max_body_bytes)
+        except BodyRefused as exc:
+            return exc.response()
+        user: McpUser = request.user
+        sid = request.headers.get(SESSION_HEADER)
+        is_initialize = isinstance(payload, dict) and payload.get("method") == "initialize"
+        header_version = request.headers.get(VERSION_HEADER)
+        if modern_version(payload) is not None or (
+                sid is None and not is_initialize and header_version is not None
+                and header_version not in SUPPORTED_VERSIONS):
+            return await self._stateless(request, payload, accepts, user)
+        refused = self._version_refused(request)
+        if refused is not None:
+            return refused
+        headers: dict[str, str] = {}
+        opened = False
+        if sid is None and is_initialize:
+            try:
+                session = self.manager.open(user.principal, user.token, kind="mcp")
+            except SessionRefused as exc:
+                return _rpc_error(exc.status, INVALID_REQUEST, exc.reason)
+            opened = True
+        else:
+            found = self._session(request)
+            if isinstance(found, Response):
+                return found
+            session = found
+        headers[SESSION_HEADER] = session.id
+        peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
+        caller = Caller(user.principal, user.token, peer)
+        members = _members(payload)
+        # (an initialize is answered as JSON: a failed one must not leave its session behind)
+        if not opened and SSE_TYPE in accepts and any(_is_request(m) and _wants_progress(m) for m in members):
+            return self._event_response(self._events(session, payload, caller), headers)
+        out = PostStream(self.cfg.session_queue_size)
+        task = session.protocol.receive(payload, caller, out.put)
+        if task is not None:
+            await asyncio.wait({task})
+        replies = [m for m in out.drain() if _is_reply(m)]
+        if opened and not (replies and "result" in replies[0]):
+            self.manager.close(session)  # a failed initialize leaves no session behind
+            headers.pop(SESSION_HEADER)
+        if not replies:
+            if task is not None and task.cancelled():
+                return _rpc_error(404, INVALID_REQUEST, "session ended", headers)
+            return Response(status_code=202, headers=headers)
+        reply = replies[0]
+        status = 400 if isinstance(reply, dict) and reply.get("id") is None and "error" in reply else 200
+        if JSON_TYPE not in accepts:  # an SSE-only client: the reply as a one-event stream
+            return EventSourceResponse(_once(reply), headers={**STREAM_HEADERS, **headers}, sep="\n")
+        return JSONResponse(reply, status_code=status, headers=headers)
+
+    async def _stateless(self, request: Request, payload: Any, accepts: set[str], user: McpUser) -> Response:
+        """One 2026-07-28 request: checked by :func:`check_modern`, run, answered; no session."""
+        if not isinstance(payload, dict) or not isinstance(payload.get("method"), str):
+            return _rpc_error(400, INVALID_REQUEST, "the body must be one JSON-RPC request or notification")
+        if "id" not in payload:
+            return Response(status_code=202)  # no client notification means anything over HTTP here
+        req_id = payload["id"]
+        try:
+            check_modern(request.headers, payload)
+        except Refusal as exc:
+            reply_id = req_id if isinstance(req_id, (str, int)) and not isinstance(req_id, bool) else None
+            return JSONResponse(error_reply(reply_id, exc.code, exc.message, exc.data), status_code=exc.status)
+        protocol = McpSession(self.manager.dispatcher, secrets.token_hex(16), _discard, modern=True)
+        if not protocol.knows(payload["method"]):
+            return JSONResponse(error_reply(req_id, METHOD_NOT_FOUND, "method not found"), status_code=404)
+        peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
+        caller = Caller(user.principal, user.token, peer)
+        if SSE_TYPE in accepts and _wants_progress(payload):
+            return self._event_response(self._stream(protocol, payload, caller, "stateless", cancel_on_close=True))
+        out = PostStream(self.cfg.session_queue_size)
+        task = protocol.receive(payload, caller, out.put)
+        if task is None:
+            return Response(status_code=202)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not task.done():  # the client left: closing is cancelling in this era
+                protocol.close()
+        replies = [m for m in out.drain() if _is_reply(m)]
+        if not replies:
+            return Response(status_code=202)
+        if JSON_TYPE not in accepts:
+            return EventSourceResponse(_once(replies[0]), headers=STREAM_HEADERS, sep="\n")
+        return JSONResponse(replies[0])
+
+    def _event_response(self, events: AsyncIterator[ServerSentEvent], headers: dict[str, str] | None = None,
+                        ) -> EventSourceResponse:
+        """A POST answered as an event stream (with the keep-alive comments of ``/sse``)."""
+        return EventSourceResponse(events, headers={**STREAM_HEADERS, **(headers or {})},
+                                   ping=self.cfg.keepalive_seconds, sep="\n",
+                                   ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"))
+
+    def _events(self, session: SseSession, payload: Any, caller: Caller) -> AsyncIterator[ServerSentEvent]:
+        """One session-era POST's response stream. The client going away is not a cancellation
+        in this era (it sends ``notifications/cancelled`` for that)."""
+        return self._stream(session.protocol, payload, caller, session.id, cancel_on_close=False)
+
+    async def _stream(self, protocol: McpSession, payload: Any, caller: Caller, label: str,
+                      cancel_on_close: bool) -> AsyncIterator[ServerSentEvent]:
+        """One POST's response stream: its request's progress, then the reply, then the end; a
+        client that stops reading is cut off. ``cancel_on_close``: the stream ending early (the
+        client left) cancels the request."""
+        out = PostStream(self.cfg.session_queue_size)
+        task = protocol.receive(payload, caller, out.put)
+        if task is None:
+            return
+        try:
+            while True:
+                await out.wait(task)
+                done = task.done()  # then every message of the task is queued already
+                for message in out.drain():
+                    yield ServerSentEvent(event="message", data=encode_message(message), sep="\n")
+                if out.overflowed:
+                    log.warning("%s: a POST stream's client stopped reading; cut off", label)
+                    return
+                if done:
+                    return
+        finally:
+            if cancel_on_close and not task.done():
+                protocol.close()
+
+
+def _discard(message: Any) -> None:
+    """The ``send`` of a one-request session: every message goes to that request's own response."""
+
+
+async def _once(message: Any) -> AsyncIterator[ServerSentEvent]:
+    yield ServerSentEvent(event="message", data=encode_message(message), sep="\n")

@@ -1,0 +1,43 @@
+"""The official MCP conformance suite (``@modelcontextprotocol/conformance``, server mode) against
+``/mcp``. The suite has no option for a bearer token, so it talks to a local gateway (the test
+proxy of ``http_proxy.py``, plain HTTP on loopback) that adds the header and forwards to the daemon
+over TLS, as a deployment would; the client's ``Host`` and ``Origin`` pass through unchanged, so
+the suite's DNS-rebinding scenario meets mcpd's own ``allowed_hosts``/``allowed_origins`` checks.
+
+Every scenario that applies to a file-reading server must pass; the others are listed, each with
+its reason, in ``conformance-expected-failures.yaml`` (the suite also fails if one of those passes).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.conftest import Daemon, _free_port
+from tests.integration import http_proxy
+from tests.integration.node_clients import conformance_bin
+
+EXPECTED = Path(__file__).with_name("conformance-expected-failures.yaml")
+
+
+def test_conformance_suite_server_scenarios(daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    port = _free_port()
+    d = daemon_factory(allowed_hosts="auto", allowed_origins=[f"http://127.0.0.1:{port}"])
+    url, proxy = http_proxy.start(d, bearer=d.token, plain=True, port=port)
+    try:
+        res = subprocess.run([*conformance_bin(), "server", "--url", f"{url}/mcp", "--expected-failures",
+                              str(EXPECTED), "-o", str(tmp_path / "results")],
+                             capture_output=True, text=True, timeout=600, env=dict(os.environ),
+                             stdin=subprocess.DEVNULL)
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=10)
+    summary = res.stdout[res.stdout.find("=== SUMMARY ==="):]
+    print(summary)
+    assert res.returncode == 0, summary + res.stderr[-2000:]
+    assert "Baseline check passed" in res.stdout
+    for scenario in ("server-initialize", "ping", "tools-list", "resources-list", "server-sse-multiple-streams",
+                     "dns-rebinding-protection"):
+        assert f"✓ {scenario}:" in summary, scenario

@@ -1,0 +1,326 @@
+"""Streamable HTTP at ``/mcp``, session era (SPEC §1.6), against the real daemon over TLS.
+
+Raw HTTP, so every rule is seen on the wire: the session header, JSON or SSE answers, GET, DELETE,
+the protocol-version header, and the same auth, origin, body and session rules as ``/sse``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Daemon, SseSession
+
+pytestmark = pytest.mark.anyio
+
+ACCEPT_BOTH = "application/json, text/event-stream"
+SID_RE = re.compile(r"^[0-9a-f]{32}$")
+INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+
+def client(d: Daemon) -> httpx.AsyncClient:
+    return httpx.AsyncClient(verify=d.ssl_context(), timeout=30, base_url=d.url)
+
+
+def hdrs(d: Daemon, sid: str | None = None, token: str | None = None, accept: str = ACCEPT_BOTH,
+         **extra: str) -> dict[str, str]:
+    h = {**d.auth(token), "Accept": accept, "Content-Type": "application/json"}
+    if sid is not None:
+        h["Mcp-Session-Id"] = sid
+    h.update({k.replace("_", "-"): v for k, v in extra.items()})
+    return h
+
+
+async def open_session(c: httpx.AsyncClient, d: Daemon, token: str | None = None,
+                       version: str = "2025-06-18") -> str:
+    body = {**INIT, "params": {**INIT["params"], "protocolVersion": version}}
+    r = await c.post("/mcp", json=body, headers=hdrs(d, token=token))
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json()["result"]["protocolVersion"] == version
+    sid = r.headers["mcp-session-id"]
+    assert SID_RE.fullmatch(sid)
+    r = await c.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                     headers=hdrs(d, sid, token=token, **{"MCP-Protocol-Version": version}))
+    assert r.status_code == 202 and r.content == b""
+    return sid
+
+
+def sse_messages(text: str) -> list[Any]:
+    """The ``data:`` payloads of an event stream's ``message`` events."""
+    out = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        lines = block.split("\n")
+        if "event: message" in lines:
+            out.append(json.loads("".join(x[len("data: "):] for x in lines if x.startswith("data: "))))
+    return out
+
+
+async def test_initialize_list_call_read_resource_as_json(daemon: Daemon, tmp_path: Path) -> None:
+    p = tmp_path / "notes.txt"
+    p.write_text("first\nsecond\n")
+    async with client(daemon) as c:
+        sid = await open_session(c, daemon)
+        h = hdrs(daemon, sid, **{"MCP-Protocol-Version": "2025-06-18"})
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=h)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+        assert "files/read" in [t["name"] for t in r.json()["result"]["tools"]]
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": "two", "method": "tools/call",
+                                        "params": {"name": "files/read", "arguments": {"path": str(p)}}}, headers=h)
+        assert r.json() == {"jsonrpc": "2.0", "id": "two", "result": r.json()["result"]}
+        assert r.json()["result"]["content"][0]["text"] == "first\nsecond\n"
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": 3, "method": "resources/read",
+                                        "params": {"uri": f"file://{p}"}}, headers=h)
+        assert r.json()["result"]["contents"][0]["text"] == "first\nsecond\n"
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": 4, "method": "ping"}, headers=h)
+        assert r.json()["result"] == {}
+
+
+async def test_progress_request_answered_as_event_stream_then_ends(daemon: Daemon, tmp_path: Path) -> None:
+    for d in range(3):
+        (tmp_path / f"d{d}").mkdir()
+        for i in range(4000):
+            (tmp_path / f"d{d}" / f"f{i}").touch()
+    call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+            "params": {"name": "files/find", "arguments": {"root": str(tmp_path), "name": "nomatch"},
+                       "_meta": {"progressToken": "p1"}}}
+    async with client(daemon) as c:
+        sid = await open_session(c, daemon)
+        r = await c.post("/mcp", json=call, headers=hdrs(daemon, sid))
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["mcp-session-id"] == sid and r.headers["x-accel-buffering"] == "no"
+        msgs = sse_messages(r.text)  # the body ended: the stream closes after the reply
+        progress = [m for m in msgs if m.get("method") == "notifications/progress"]
+        assert progress and all(m["params"]["progressToken"] == "p1" for m in progress)
+        assert msgs[-1]["id"] == 9 and msgs[-1]["result"]["structuredContent"]["matches"] == []
+        # The same request from a client that accepts only JSON: one JSON reply, no progress.
+        r = await c.post("/mcp", json=call, headers=hdrs(daemon, sid, accept="application/json"))
+        assert r.headers["content-type"].startswith("application/json") and r.json()["id"] == 9
+        # Without a progress token: JSON even though the client accepts a stream.
+        plain = {**call, "params": {k: v for k, v in call["params"].items() if k != "_meta"}}
+        r = await c.post("/mcp", json=plain, headers=hdrs(daemon, sid))
+        assert r.headers["content-type"].startswith("application/json")
+
+
+async def test_session_header_rules(daemon: Daemon) -> None:
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with client(daemon) as c:
+        sid = await open_session(c, daemon)
+        r = await c.post("/mcp", json=ping, headers=hdrs(daemon))
+        assert r.status_code == 400 and r.json()["error"]["code"] == -32600 and r.json()["id"] is None
+        r = await c.post("/mcp", json=ping, headers=hdrs(daemon, "not-hex"))
+        assert r.status_code == 400
+        r = await c.post("/mcp", json=ping, headers=hdrs(daemon, "0" * 32))
+        assert r.status_code == 404
+        # Another principal's session id: 404, as if it did not exist.
+        r = await c.post("/mcp", json=ping, headers=hdrs(daemon, sid, token=daemon.other_token))
+        assert r.status_code == 404
+        for method in ("GET", "DELETE"):
+            r = await c.request(method, "/mcp", headers=hdrs(daemon, sid, token=daemon.other_token))
+            assert r.status_code == 404, method
+        r = await c.post("/mcp", json=ping, headers=hdrs(daemon, sid))
+        assert r.status_code == 200
+
+
+async def test_sessions_do_not_cross_transports(daemon: Daemon) -> None:
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with client(daemon) as c, SseSession(daemon) as s:
+        sse_id = s.endpoint.rsplit("=", 1)[1]
+        r = await c.post("/mcp", json=ping, headers=hdrs(daemon, sse_id))
+        assert r.status_code == 404
+        sid = await open_session(c, daemon)
+        r = await c.post(f"/message?session_id={sid}", json=ping, headers=hdrs(daemon))
+        assert r.status_code == 404
+
+
+async def test_protocol_version_header_checked(daemon: Daemon) -> None:
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with client(daemon) as c:
+        sid = await open_session(c, daemon, version="2025-11-25")
+        for bad in ("1999-01-01", "2025-06-18x", ""):
+            r = await c.post("/mcp", json=ping, headers=hdrs(daemon, sid, **{"MCP-Protocol-Version": bad}))
+            assert r.status_code == 400, bad
+            assert "2025-11-25" in r.json()["error"]["message"]
+        r = await c.post("/mcp", json=ping, headers=hdrs(daemon, sid, **{"MCP-Protocol-Version": "2025-11-25"}))
+        assert r.status_code == 200
+        r = await c.post("/mcp", json=ping, headers=hdrs(daemon, sid))  # absent: the negotiated one
+        assert r.status_code == 200
+        r = await c.post("/mcp", json=INIT, headers=hdrs(daemon, **{"MCP-Protocol-Version": "1999-01-01"}))
+        assert r.status_code == 400 and "mcp-session-id" not in r.headers
+
+
+async def test_auth_origin_content_type_body_cap(daemon_factory: Callable[..., Daemon]) -> None:
+    d = daemon_factory(max_body_bytes=1024, allowed_origins=["https://ok.example"])
+    async with client(d) as c:
+        r = await c.post("/mcp", json=INIT, headers={"Accept": ACCEPT_BOTH})
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+        r = await c.post("/mcp", json=INIT, headers=hdrs(d, token="wrong"))
+        assert r.status_code == 401
+        r = await c.post("/mcp", json=INIT, headers=hdrs(d, Origin="https://evil.example"))
+        assert r.status_code == 403
+        r = await c.post("/mcp", json=INIT, headers=hdrs(d, Origin="https://ok.example"))
+        assert r.status_code == 200
+        sid = r.headers["mcp-session-id"]
+        r = await c.post("/mcp", content=b"{}", headers={**hdrs(d, sid), "Content-Type": "text/plain"})
+        assert r.status_code == 415
+        r = await c.post("/mcp", content=b"{" + b" " * 2000 + b"}", headers=hdrs(d, sid))
+        assert r.status_code == 413
+        r = await c.post("/mcp", content=b"{nope", headers=hdrs(d, sid))
+        assert r.status_code == 400 and r.json()["error"]["code"] == -32700
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                         headers=hdrs(d, sid, accept="text/html"))
+        assert r.status_code == 406
+
+
+async def test_failed_initialize_leaves_no_session(daemon_factory: Callable[..., Daemon]) -> None:
+    daemon = daemon_factory(max_sessions=1)
+    async with client(daemon) as c:
+        bad = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 7}}
+        with_progress = {**bad, "params": {**bad["params"], "_meta": {"progressToken": "p"}}}
+        for body in (bad, with_progress):  # answered as JSON either way, with no session left behind
+            r = await c.post("/mcp", json=body, headers=hdrs(daemon))
+            assert r.status_code == 200 and r.json()["error"]["code"] == -32602
+            assert "mcp-session-id" not in r.headers
+        await open_session(c, daemon)  # the only slot is still free
+
+
+async def test_requests_before_initialized_and_envelope_errors(daemon: Daemon) -> None:
+    async with client(daemon) as c:
+        r = await c.post("/mcp", json=INIT, headers=hdrs(daemon))
+        sid = r.headers["mcp-session-id"]
+        r = await c.post("/mcp", json=[], headers=hdrs(daemon, sid))
+        assert r.status_code == 400 and r.json()["error"]["code"] == -32600
+        r = await c.post("/mcp", json={"jsonrpc": "1.0", "id": 5, "method": "ping"}, headers=hdrs(daemon, sid))
+        assert r.status_code == 200 and r.json()["error"]["code"] == -32600 and r.json()["id"] == 5
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": 6, "method": "nope"}, headers=hdrs(daemon, sid))
+        assert r.json()["error"]["code"] == -32601
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": 7, "result": {}}, headers=hdrs(daemon, sid))
+        assert r.status_code == 202  # a client's response: accepted, nothing to answer
+
+
+async def test_get_stream_and_delete(daemon: Daemon) -> None:
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with client(daemon) as c:
+        sid = await open_session(c, daemon)
+        r = await c.get("/mcp", headers=hdrs(daemon))
+        assert r.status_code == 400
+        r = await c.get("/mcp", headers=hdrs(daemon, sid, accept="application/json"))
+        assert r.status_code == 406
+        async with c.stream("GET", "/mcp", headers=hdrs(daemon, sid, accept="text/event-stream")) as g:
+            assert g.status_code == 200 and g.headers["content-type"].startswith("text/event-stream")
+            assert g.headers["cache-control"] == "no-cache, no-transform"
+            r = await c.get("/mcp", headers=hdrs(daemon, sid, accept="text/event-stream"))
+            assert r.status_code == 409
+        # The GET stream's end does not end the session.
+        await asyncio.sleep(0.3)
+        r = await c.post("/mcp", json=ping, headers=hdrs(daemon, sid))
+        assert r.status_code == 200
+        r = await c.delete("/mcp", headers=hdrs(daemon, sid))
+        assert r.status_code == 200
+        r = await c.post("/mcp", json=ping, headers=hdrs(daemon, sid))
+        assert r.status_code == 404
+        r = await c.delete("/mcp", headers=hdrs(daemon, sid))
+        assert r.status_code == 404
+
+
+async def test_delete_ends_an_open_get_stream(daemon: Daemon) -> None:
+    async with client(daemon) as c:
+        sid = await open_session(c, daemon)
+        async with c.stream("GET", "/mcp", headers=hdrs(daemon, sid, accept="text/event-stream")) as g:
+            assert g.status_code == 200
+            r = await c.delete("/mcp", headers=hdrs(daemon, sid))
+            assert r.status_code == 200
+            async with asyncio.timeout(10):
+                try:
+                    async for _ in g.aiter_bytes():
+                        pass  # returns once the server ended the stream
+                except httpx.RemoteProtocolError:
+                    pass  # cut like a /sse stream whose session ends
+
+
+async def test_session_cap_shared_with_sse(daemon_factory: Callable[..., Daemon]) -> None:
+    d = daemon_factory(max_sessions=2)
+    async with client(d) as c:
+        sid = await open_session(c, d)
+        async with SseSession(d):
+            r = await c.post("/mcp", json=INIT, headers=hdrs(d))
+            assert r.status_code == 503 and "mcp-session-id" not in r.headers
+            r = await c.get("/sse", headers=d.auth())
+            assert r.status_code == 503
+        # The /sse session ended with its stream: one slot is free again, for either transport.
+        deadline = time.monotonic() + 10
+        while (r := await c.post("/mcp", json=INIT, headers=hdrs(d))).status_code == 503:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        assert r.status_code == 200
+        async with c.stream("GET", "/sse", headers=d.auth()) as s:
+            assert s.status_code == 503
+        r = await c.delete("/mcp", headers=hdrs(d, sid))
+        assert r.status_code == 200
+        async with SseSession(d) as s:
+            assert s.endpoint.startswith("/message?session_id=")
+
+
+async def test_idle_session_expires(daemon_factory: Callable[..., Daemon]) -> None:
+    d = daemon_factory(mcp_session_idle_seconds=1)
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with client(d) as c:
+        idle = await open_session(c, d)
+        streaming = await open_session(c, d)
+        async with c.stream("GET", "/mcp", headers=hdrs(d, streaming, accept="text/event-stream")) as g:
+            assert g.status_code == 200
+            await asyncio.sleep(3.5)  # idle 1 s, swept once a second (each request would renew it)
+            r = await c.post("/mcp", json=ping, headers=hdrs(d, idle))
+            assert r.status_code == 404
+            # A session with an open GET stream is not idle.
+            r = await c.post("/mcp", json=ping, headers=hdrs(d, streaming))
+            assert r.status_code == 200
+
+
+async def test_rotated_token_ends_its_mcp_session(daemon_factory: Callable[..., Daemon]) -> None:
+    """The once-a-second token re-check covers /mcp sessions too: after ``mcpd users rotate``, the
+    session opened with the old token is gone even for the principal's new token."""
+    d = daemon_factory()
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with client(d) as c:
+        sid = await open_session(c, d, token=d.other_token)
+        out = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "mcpd.admin.cli", "users", "rotate", "bob", "--file", str(d.state_dir / "users.yaml")],
+            capture_output=True, text=True, timeout=60, check=True)
+        new = out.stdout.strip()
+        deadline = time.monotonic() + 10
+        while (r := await c.post("/mcp", json=ping, headers=hdrs(d, sid, token=new))).status_code == 200:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+        assert r.status_code == 404
+        r = await c.post("/mcp", json=ping, headers=hdrs(d, sid, token=d.other_token))
+        assert r.status_code == 401
+
+
+async def test_per_principal_session_cap_counts_both_transports(daemon_factory: Callable[..., Daemon]) -> None:
+    d = daemon_factory(max_sessions_per_principal=2)
+    async with client(d) as c, SseSession(d):  # alice: one /sse session ...
+        sid = await open_session(c, d)  # ... and one /mcp session: her cap
+        r = await c.post("/mcp", json=INIT, headers=hdrs(d))
+        assert r.status_code == 429 and "mcp-session-id" not in r.headers
+        async with c.stream("GET", "/sse", headers=d.auth()) as s:
+            assert s.status_code == 429
+        # Another principal is not held back by alice's sessions.
+        await open_session(c, d, token=d.other_token)
+        async with SseSession(d, token=d.other_token):
+            pass
+        r = await c.delete("/mcp", headers=hdrs(d, sid))
+        assert r.status_code == 200
+        await open_session(c, d)  # a slot of alice's is free again
