@@ -353,3 +353,36 @@ async def test_allowed_hosts_auto_refuses_other_hosts_421_before_auth(daemon_fac
 def test_allowed_hosts_malformed_entry_is_a_config_error(tmp_path: Any) -> None:
     with pytest.raises(RuntimeError, match="exited with 78"):
         start_daemon(tmp_path / "state", allowed_hosts=["a:b"])
+
+
+@pytest.mark.parametrize("depth", [65, 1000, 100_000])
+async def test_json_nested_deeper_than_64_levels_is_a_parse_error_and_the_stream_lives(daemon: Daemon,
+                                                                                       depth: int) -> None:
+    """On /message, /mcp and /login: 400 with -32700 (or the login's 400), never a 500 or a dead
+    stream; a well-formed request on the same session still works after it."""
+    deep = ("[" * depth + "]" * depth).encode()
+    deep_obj = b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": ' + deep + b"}}"
+    async with httpx.AsyncClient(verify=daemon.ssl_context(), timeout=30,
+                                 headers={"Authorization": f"Bearer {daemon.token}"}) as c:
+        async with c.stream("GET", daemon.url + "/sse") as stream:
+            lines = stream.aiter_lines()
+            endpoint = None
+            async for line in lines:
+                if line.startswith("data:"):
+                    endpoint = line.split(":", 1)[1].strip()
+                    break
+            assert endpoint
+            for body in (deep, deep_obj):
+                r = await c.post(daemon.url + endpoint, content=body, headers={"Content-Type": "application/json"})
+                assert r.status_code == 400 and r.json()["error"]["code"] == -32700, r.text
+            r = await c.post(daemon.url + endpoint, json={"jsonrpc": "2.0", "id": 2, "method": "ping"})
+            assert r.status_code == 202
+            async for line in lines:
+                if line.startswith("data:") and '"id":2' in line.replace(" ", ""):
+                    break
+        r = await c.post(daemon.url + "/mcp", content=deep_obj,
+                         headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == -32700, r.text
+        r = await c.post(daemon.url + "/login", content=b'{"user": ' + deep + b', "password": "x"}',
+                         headers={"Content-Type": "application/json"})
+        assert r.status_code in (400, 413, 503), r.text  # 413: over the login body cap; 503: no root helper here

@@ -3,12 +3,12 @@ buffered), shared by ``POST /message`` and ``POST /mcp``."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from mcpd.common import frames
 from mcpd.front.protocol import INVALID_REQUEST, PARSE_ERROR, error_reply
 
 
@@ -70,12 +70,13 @@ def parse_json(body: bytes) -> Any:
     """Parse a JSON-RPC body: an object or an array (SPEC §1.3, §2.3).
 
     Raises:
-        BodyRefused: 400 with ``-32700`` for bytes that are not JSON (``NaN``/``Infinity`` included),
-            400 with ``-32600`` for JSON that is neither an object nor an array.
+        BodyRefused: 400 with ``-32700`` for bytes that are not JSON (``NaN``/``Infinity`` included)
+            or JSON nested deeper than 64 levels, 400 with ``-32600`` for JSON that is neither an
+            object nor an array.
     """
     try:
-        payload = json.loads(body, parse_constant=_reject_constant)
-    except ValueError:
+        payload = frames.loads(body, parse_constant=_reject_constant)
+    except (ValueError, frames.FrameError):
         raise BodyRefused(400, "parse error", PARSE_ERROR) from None
     if not isinstance(payload, (dict, list)):
         raise BodyRefused(400, "invalid request", INVALID_REQUEST)

@@ -16,7 +16,6 @@ The password lives in this process for one request; it is never logged.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Protocol
 
@@ -24,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from mcpd.common import frames
 from mcpd.common.config import Login as LoginConfig
 from mcpd.front.helper_client import HelperChannel, HelperUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
@@ -164,8 +164,8 @@ class LoginRoutes:
         if body is None:
             return JSONResponse({"error": "body too large"}, status_code=413)
         try:
-            data = json.loads(body)
-        except ValueError:
+            data = frames.loads(body)
+        except frames.FrameError:  # not JSON, or nested deeper than 64 levels
             data = None
         if not isinstance(data, dict) or set(data) != set(FIELD_CAPS) or not all(
             isinstance(v, str) and 0 < len(v) <= FIELD_CAPS[k] for k, v in data.items()
