@@ -15,6 +15,8 @@ command -v useradd >/dev/null 2>&1 || need_apt+=(passwd)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 # npm fetches the pinned Node 22 and MCP clients of the interoperability tests (tests/integration/node_clients.py)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
+# the audit log's rotation is tested with the real logrotate and the shipped etc/logrotate.d/mcpd
+command -v logrotate >/dev/null 2>&1 || need_apt+=(logrotate)
 if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
 [ -x /usr/bin/python3 ] || need_apt+=(python3 python3-venv)
 if [ "${1:-}" = "--check" ]; then
