@@ -59,7 +59,7 @@ def test_one_root_0600_file_per_token_holding_no_secret(folder: tuple[Path, int]
     assert evicted == 0 and store.verify(token) == rec
     st = os.stat(path / f"token.{rec.id}")
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600)
-    assert token.rsplit("_", 1)[1] not in (path / f"token.{rec.id}").read_text()
+    assert token.split("_", 2)[2] not in (path / f"token.{rec.id}").read_text()
     assert store.verify(token[:-1] + ("A" if token[-1] != "A" else "B")) is None
     assert store.revoke(rec.id) and store.verify(token) is None and not store.revoke(rec.id)
 
