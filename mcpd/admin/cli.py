@@ -198,6 +198,27 @@ def users_add(name: str, os_user: str | None, users_file: str) -> None:
     click.echo(token)
 
 
+def end_logins(os_user: str) -> None:
+    """After ``users rotate`` or ``remove``: revoke the OS account's login tokens in the root
+    helper's state (root only; the folder comes from ``--config``, else /etc/mcpd/mcpd.yaml), so
+    the helper refuses them at their next check and the front closes their sessions. Says on
+    stderr what it did, or why it could not."""
+    from mcpd.admin.sessions_cli import _state_folder
+    from mcpd.helper.login import Store
+
+    config_path = click.get_current_context().params.get("config_path") or "/etc/mcpd/mcpd.yaml"
+    if os.geteuid() != 0 or not os.path.exists(config_path):
+        click.echo(f"note: login tokens of {os_user} not revoked (needs root and {config_path}); "
+                   f"run: mcpd users sessions --revoke-user {os_user}", err=True)
+        return
+    try:
+        count = Store(_state_folder(config_path)).revoke_user(os_user)
+    except click.ClickException as exc:
+        click.echo(f"note: login tokens of {os_user} not revoked: {exc.message}", err=True)
+        return
+    click.echo(f"revoked {count} login token(s) of {os_user}", err=True)
+
+
 @users.command("rotate")
 @click.argument("name")
 @users_file_option
@@ -207,7 +228,9 @@ def users_rotate(name: str, users_file: str) -> None:
         if name not in table:
             raise click.ClickException(f"no principal {name}")
         token = issue_token(table, name, table[name].os_user)
+        os_user = table[name].os_user
     click.echo(token)
+    end_logins(os_user)
 
 
 @users.command("remove")
@@ -216,9 +239,11 @@ def users_rotate(name: str, users_file: str) -> None:
 def users_remove(name: str, users_file: str) -> None:
     """Remove principal NAME and all its tokens."""
     with locked_users(users_file) as table:
-        if table.pop(name, None) is None:
+        removed = table.pop(name, None)
+        if removed is None:
             raise click.ClickException(f"no principal {name}")
     click.echo(f"removed {name}")
+    end_logins(removed.os_user)
 
 
 @users.command("list")

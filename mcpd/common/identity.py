@@ -127,6 +127,21 @@ def verify(users: dict[str, UserRecord], token: str, now: datetime.datetime | No
     return Principal(name=user.name, os_user=user.os_user, token_id=rec.id)
 
 
+def login_principal(users: dict[str, UserRecord], os_user: str, token_id: str) -> Principal | None:
+    """The identity a login token of OS account ``os_user`` acts as (SPEC §5.3).
+
+    It is the static principal that account is bound to in ``users.yaml``, so a login shares that
+    principal's sessions, quotas, limits and workspace and never collides with another one's; when
+    several principals are bound to the account, ``login:<os_user>``, a name no static principal
+    can have (``NAME_RE`` has no ``:``). ``None`` when no principal is bound to it any more
+    (``mcpd users remove``): the login token then authenticates nobody.
+    """
+    bound = sorted(u.name for u in users.values() if u.os_user == os_user)
+    if not bound:
+        return None
+    return Principal(name=bound[0] if len(bound) == 1 else f"login:{os_user}", os_user=os_user, token_id=token_id)
+
+
 def parse_time(value: str) -> datetime.datetime:
     """Parse an ISO 8601 UTC time (``2026-11-29T21:00:00Z``); raise ``ValueError`` if malformed."""
     dt = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))

@@ -178,6 +178,18 @@ class WorkerPool:
         self._quiet = asyncio.Event()
         self._closed = False
 
+    def retire_owner(self, owner: str) -> int:
+        """Kill the idle workers of principal ``owner`` (its token was revoked: they must not
+        outlive it); busy ones end with their calls, which their closed sessions cancel.
+        Returns how many were retired."""
+        count = 0
+        for key, account in self._accounts.items():
+            if key.split("\n", 1)[0] == owner:
+                for worker in list(account.idle):
+                    self._retire(account, worker, release=False)
+                    count += 1
+        return count
+
     def workers(self, os_user: str) -> dict[int, bool]:
         """Live workers of ``os_user`` as ``{pid: busy}`` (introspection for tests and status)."""
         account = self._accounts.get(os_user)

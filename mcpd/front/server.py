@@ -158,7 +158,7 @@ class Server:
         if dispatcher.limits is not None:
             server.on_shutdown = (dispatcher.limits.save,)
         revalidation = asyncio.create_task(revalidate_forever(
-            sessions, authenticator, idle_seconds=self.cfg.mcp_session_idle_seconds))
+            sessions, authenticator, idle_seconds=self.cfg.mcp_session_idle_seconds, on_revoked=pool.retire_owner))
         try:
             await server.serve()
         finally:

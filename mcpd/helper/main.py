@@ -24,7 +24,7 @@ from mcpd.helper import forkserver, server
 from mcpd.common.audit import AuditLog
 from mcpd.helper.grants import secret_paths
 from mcpd.helper.grants_reload import PolicyHolder
-from mcpd.helper.login import Login, Store
+from mcpd.helper.login import Accounts, Login, Store
 
 log = logging.getLogger("mcpd.helper")
 
@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg.users_file, functools.partial(identity.load_users, owner_uid=0), empty={}, fail_closed=True)
     issued = Store(root_folder(cfg.helper_state_dir), cfg.login.tokens_per_user)  # after the fork: not inherited
     login = Login(cfg.login, issued, audit, lambda: enrolled(users))
-    state = server.State(cfg=cfg, audit=audit, users=users, policy=holder, forks=forks, issued=issued, login=login)
+    state = server.State(cfg=cfg, audit=audit, users=users, policy=holder, forks=forks, issued=issued, login=login,
+                         accounts=Accounts())
     flags = {"stop": False, "hup": False}
     signal.signal(signal.SIGTERM, lambda *_: flags.update(stop=True))
     signal.signal(signal.SIGINT, lambda *_: flags.update(stop=True))

@@ -45,7 +45,7 @@ from mcpd.helper import grants, opener
 from mcpd.common.audit import AuditLog
 from mcpd.helper.forkserver import ForkServer
 from mcpd.helper.grants_reload import PolicyHolder
-from mcpd.helper.login import Issued, Login, Store
+from mcpd.helper.login import Accounts, Issued, Login, Store
 
 log = logging.getLogger("mcpd.helper")
 
@@ -84,6 +84,7 @@ class State:
     forks: ForkServer
     issued: Store
     login: Login
+    accounts: Accounts
     workers: dict[int, Worker] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -94,9 +95,10 @@ class State:
         if principal is not None:
             return principal, None
         rec = self.issued.verify(token)
-        if rec is None:
+        if rec is None or not self.accounts.usable(rec.os_user):  # locked or expired since the login
             return None
-        return identity.Principal(name=rec.os_user, os_user=rec.os_user, token_id=rec.id), rec
+        principal = identity.login_principal(self.users.current, rec.os_user, rec.id)
+        return None if principal is None else (principal, rec)
 
 
 def _who(state: State, req: dict[str, Any]) -> tuple[identity.Principal, Issued | None]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from mcpd.front.auth import Authenticator
 from mcpd.front.transport.sse import SessionManager, SseSession
@@ -26,12 +27,16 @@ INTERVAL = 1.0
 CHECK_TIMEOUT = 15.0
 
 
-async def revalidate_once(manager: SessionManager, authenticator: Authenticator) -> int:
-    """Check every open session's token once; return how many sessions were closed."""
+async def revalidate_once(manager: SessionManager, authenticator: Authenticator,
+                          on_revoked: Callable[[str], object] | None = None) -> int:
+    """Check every open session's token once; return how many sessions were closed.
+    ``on_revoked(principal_name)`` is called once per principal whose session was closed (the
+    front retires that principal's idle workers with it)."""
     by_token: dict[str, list[SseSession]] = {}
     for session in manager.sessions():
         by_token.setdefault(session.token, []).append(session)
     closed = 0
+    revoked: set[str] = set()
     for token, sessions in by_token.items():
         try:
             async with asyncio.timeout(CHECK_TIMEOUT):
@@ -43,12 +48,17 @@ async def revalidate_once(manager: SessionManager, authenticator: Authenticator)
             if principal is None or (principal.name, principal.token_id) != (p.name, p.token_id):
                 log.info("session %s closed: its token is no longer valid", session.id)
                 manager.close(session)
+                revoked.add(p.name)
                 closed += 1
+    if on_revoked is not None:
+        for name in revoked:
+            on_revoked(name)
     return closed
 
 
 async def revalidate_forever(manager: SessionManager, authenticator: Authenticator,
-                             interval: float = INTERVAL, idle_seconds: float | None = None) -> None:
+                             interval: float = INTERVAL, idle_seconds: float | None = None,
+                             on_revoked: Callable[[str], object] | None = None) -> None:
     """Run :func:`revalidate_once` every ``interval`` seconds until cancelled; with
     ``idle_seconds``, also expire idle Streamable HTTP sessions (:meth:`SessionManager.expire_idle`)."""
     while True:
@@ -56,6 +66,6 @@ async def revalidate_forever(manager: SessionManager, authenticator: Authenticat
         try:
             if idle_seconds is not None:
                 manager.expire_idle(idle_seconds)
-            await revalidate_once(manager, authenticator)
+            await revalidate_once(manager, authenticator, on_revoked)
         except Exception:
             log.exception("session revalidation failed; retrying")
