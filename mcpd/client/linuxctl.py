@@ -104,7 +104,10 @@ ENV_OPTIONS = {"url": "MCPD_URL", "token": "MCP_TOKEN", "cacert": "MCPD_CACERT"}
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, help=HELP)
 @click.version_option(package_name="mcpd", prog_name="linuxctl", message="%(prog)s %(version)s")
 @click.option("--url", envvar="MCPD_URL", help="Server base URL, e.g. https://127.0.0.1:9091 [MCPD_URL]")
-@click.option("--token", envvar="MCP_TOKEN", help="Bearer token [MCP_TOKEN]")
+@click.option("--token", envvar="MCP_TOKEN",
+              help="Bearer token [MCP_TOKEN]; on the command line it shows in ps: prefer --token-file")
+@click.option("--token-file", type=click.File("r"), default=None,
+              help="Read the bearer token from this file, or from stdin with '-'")
 @click.option("--cacert", envvar="MCPD_CACERT", help="PEM file of the CA to trust [MCPD_CACERT]")
 @click.option("--context", "context_name", envvar="MCPD_CONTEXT", metavar="NAME",
               help="Use this context of the config file [MCPD_CONTEXT]")
@@ -114,10 +117,20 @@ ENV_OPTIONS = {"url": "MCPD_URL", "token": "MCP_TOKEN", "cacert": "MCPD_CACERT"}
               show_default=True,
               help="http: Streamable HTTP (/mcp); sse: the older HTTP+SSE (/sse); auto: http, else sse [MCPD_TRANSPORT]")
 @click.pass_context
-def main(ctx: click.Context, url: str | None, token: str | None, cacert: str | None, context_name: str | None,
-         timeout: float, transport: str) -> None:
+def main(ctx: click.Context, url: str | None, token: str | None, token_file: Any, cacert: str | None,
+         context_name: str | None, timeout: float, transport: str) -> None:
     from_env = frozenset(name for name in ENV_OPTIONS
                          if ctx.get_parameter_source(name) == click.core.ParameterSource.ENVIRONMENT)
+    if token_file is not None:
+        if ctx.get_parameter_source("token") == click.core.ParameterSource.COMMANDLINE:
+            raise click.UsageError("give --token or --token-file, not both")
+        token = token_file.readline(4096).strip() or None
+        from_env = from_env - {"token"}  # a file given on the command line is as explicit as a flag
+        if token is None:
+            raise click.UsageError("--token-file: no token in the first line")
+    elif token and ctx.get_parameter_source("token") == click.core.ParameterSource.COMMANDLINE:
+        click.echo("warning: --token on the command line is visible to other users in ps; "
+                   "use --token-file, MCP_TOKEN or the config file", err=True)
     ctx.obj = Settings(url=url, token=token, cacert=cacert, timeout=timeout, context=context_name or None,
                        from_env=from_env, transport=transport)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import hashlib
 import os
 import socket
 import subprocess
@@ -20,8 +21,17 @@ from tests.integration import http_proxy
 LINUXCTL = str(Path(sys.executable).parent / "linuxctl")
 
 
-def linuxctl(*args: str, env: dict[str, str] | None = None, home: Path | None = None) -> subprocess.CompletedProcess[bytes]:
-    """Run the real `linuxctl` with a clean environment (no MCPD_* variables, empty config folder)."""
+def linuxctl(*args: str, env: dict[str, str] | None = None, home: Path | None = None,
+             token_flag: bool = False) -> subprocess.CompletedProcess[bytes]:
+    """Run the real `linuxctl` with a clean environment (no MCPD_* variables, empty config folder).
+    A ``--token T`` pair among ``args`` is passed as ``MCP_TOKEN`` instead (a token on the command
+    line shows in ps, and linuxctl warns about it), unless ``token_flag``."""
+    args_list = list(args)
+    if not token_flag and "--token" in args_list:
+        i = args_list.index("--token")
+        env = dict(env or {}, MCP_TOKEN=args_list[i + 1])
+        del args_list[i:i + 2]
+    args = tuple(args_list)
     base = {k: v for k, v in os.environ.items()
             if k not in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT", "MCPD_CONTEXT", "MCPD_TRANSPORT")}
     base["XDG_CONFIG_HOME"] = str(home or Path("/nonexistent-linuxctl-config"))
@@ -29,8 +39,15 @@ def linuxctl(*args: str, env: dict[str, str] | None = None, home: Path | None = 
     return subprocess.run([LINUXCTL, *args], capture_output=True, env=base, timeout=60)
 
 
-def flags(daemon: Any) -> list[str]:
-    return ["--url", daemon.url, "--token", daemon.token, "--cacert", str(daemon.cacert)]
+def flags(daemon: Any, token: str | None = None) -> list[str]:
+    """Connection options for ``daemon``, the token passed in a 0600 file (``--token-file``)."""
+    token = token or daemon.token
+    path = Path(daemon.state_dir) / f"linuxctl-token-{hashlib.sha256(token.encode()).hexdigest()[:16]}"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    return ["--url", daemon.url, "--token-file", str(path), "--cacert", str(daemon.cacert)]
 
 
 def make_file(tmp_path: Path, name: str, data: bytes) -> Path:
@@ -310,3 +327,24 @@ def test_http_session_is_deleted_on_exit_and_progress_streams(daemon_factory: An
                        "find", "files", str(tree), "--name", "f3999", "--progress")
         assert res.returncode == 0, res.stderr
         assert res.stdout.count(b"f3999") == 3 and b"entries scanned" in res.stderr
+
+
+def test_token_from_a_file_or_stdin_and_a_warning_for_one_on_the_command_line(daemon: Any, tmp_path: Path) -> None:
+    """A token given as --token shows in ps: linuxctl warns; --token-file FILE and - (stdin) don't."""
+    path = make_file(tmp_path, "a.txt", b"one\n")
+    base = ["--url", daemon.url, "--cacert", str(daemon.cacert)]
+    flagged = linuxctl(*base, "--token", daemon.token, "get", "files", str(path), token_flag=True)
+    assert flagged.returncode == 0 and flagged.stdout == b"one\n"
+    assert b"warning: --token on the command line" in flagged.stderr
+    token_file = tmp_path / "token"
+    token_file.write_text(daemon.token + "\n")
+    os.chmod(token_file, 0o600)
+    from_file = linuxctl(*base, "--token-file", str(token_file), "get", "files", str(path))
+    assert (from_file.returncode, from_file.stdout, from_file.stderr) == (0, b"one\n", b"")
+    env = {k: v for k, v in os.environ.items() if k not in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT")}
+    env["XDG_CONFIG_HOME"] = "/nonexistent-linuxctl-config"
+    from_stdin = subprocess.run([LINUXCTL, *base, "--token-file", "-", "get", "files", str(path)],
+                                input=(daemon.token + "\n").encode(), capture_output=True, env=env, timeout=60)
+    assert (from_stdin.returncode, from_stdin.stdout, from_stdin.stderr) == (0, b"one\n", b"")
+    both = linuxctl(*base, "--token", daemon.token, "--token-file", str(token_file), "tools", token_flag=True)
+    assert both.returncode == 2 and b"not both" in both.stderr

@@ -23,7 +23,14 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def invoke(*args: str) -> "click.testing.Result":
-    return CliRunner().invoke(linuxctl.main, list(args))
+    """Run linuxctl in-process; a ``--token T`` pair goes in as ``MCP_TOKEN`` (on the command line
+    linuxctl would warn that it shows in ps)."""
+    argv, env = list(args), {}
+    if "--token" in argv:
+        i = argv.index("--token")
+        env["MCP_TOKEN"] = argv[i + 1]
+        del argv[i:i + 2]
+    return CliRunner().invoke(linuxctl.main, argv, env=env)
 
 
 def write_config(path: Path, text: str, mode: int = 0o600) -> None:
