@@ -122,6 +122,7 @@ def start_root_helper(state: DevState) -> Callable[[], None] | None:
     from mcpd.admin import devroot
 
     setup = devroot.setup_root_state(state)
+    devroot.ensure_pam_service(sys.stderr)
     return devroot.start_helper(setup)
 
 

@@ -231,6 +231,30 @@ def start_helper(setup: RootSetup) -> Callable[[], None]:
     return stop
 
 
+PAM_SERVICE = Path("/etc/pam.d/mcpd")
+SHIPPED_PAM_SERVICE = Path(__file__).resolve().parents[2] / "etc" / "pam.d" / "mcpd"
+
+
+def ensure_pam_service(err: TextIO, target: Path = PAM_SERVICE, shipped: Path = SHIPPED_PAM_SERVICE) -> bool:
+    """Install the PAM service ``mcpd`` that ``linuxctl login`` needs (``target``, 0644 root),
+    from the project's ``etc/pam.d/mcpd``, when the host has none; an existing one is never
+    touched. Says on ``err`` what it did, or exactly how to do it. Returns whether one is there."""
+    if os.path.lexists(target):
+        return True
+    try:
+        data = shipped.read_bytes()
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(target, 0o644)
+    except OSError as exc:
+        err.write(f"# no PAM service mcpd, so `linuxctl login` will fail ({exc.strerror}); install it with:\n"
+                  f"#   install -m 0644 {shipped} {target}\n")
+        return False
+    err.write(f"# installed the PAM service mcpd ({target}, from {shipped}) for `linuxctl login`\n")
+    return True
+
+
 def print_routes(state: DevState, out: TextIO) -> None:
     """Print one line showing the ordinary and the privileged route to the example's sample file."""
     sample = state.state_dir / "root-only" / "secret.txt"

@@ -414,6 +414,7 @@ def test_dev_mode_as_root_runs_helper_and_front_as_service_user(tmp_path: Path) 
         for name in ("server.key", "mcpd.yaml"):
             assert (stat.S_IMODE(modes[name].st_mode), modes[name].st_gid) == (0o640, service.pw_gid), name
         assert stat.S_IMODE(modes["root-only"].st_mode) == 0o700
+        assert Path("/etc/pam.d/mcpd").exists(), "dev mode as root installs the PAM service linuxctl login needs"
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=45) == 0

@@ -201,3 +201,23 @@ def test_pam_service_checks_password_and_account_only() -> None:
     if Path("/etc/debian_version").exists():
         for included in ("common-auth", "common-account"):
             assert Path("/etc/pam.d", included).is_file(), included
+
+
+def test_dev_mode_installs_the_pam_service_only_when_missing(tmp_path: Path) -> None:
+    """`mcpd dev` as root: no PAM service mcpd → the shipped one is installed (0644), and said so;
+    an existing one is left alone; an impossible install says exactly how to do it."""
+    import io
+
+    from mcpd.admin import devroot
+
+    target, err = tmp_path / "pam.d" / "mcpd", io.StringIO()
+    target.parent.mkdir()
+    assert devroot.ensure_pam_service(err, target=target)
+    assert target.read_bytes() == devroot.SHIPPED_PAM_SERVICE.read_bytes()
+    assert (target.stat().st_mode & 0o777) == 0o644 and "installed the PAM service mcpd" in err.getvalue()
+    target.write_text("# the operator's own\n")
+    assert devroot.ensure_pam_service(io.StringIO(), target=target)
+    assert target.read_text() == "# the operator's own\n"
+    err = io.StringIO()
+    assert not devroot.ensure_pam_service(err, target=tmp_path / "missing-folder" / "mcpd")
+    assert f"install -m 0644 {devroot.SHIPPED_PAM_SERVICE} {tmp_path / 'missing-folder' / 'mcpd'}" in err.getvalue()
