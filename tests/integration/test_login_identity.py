@@ -31,7 +31,7 @@ from tests.osaccounts import AccountFactory, ensure_user, expire_user, lock_user
 
 pytestmark = pytest.mark.root
 
-GONE_WITHIN = 4.0  # seconds: the re-check runs every second; a margin for a loaded machine
+GONE_WITHIN = 2.0  # seconds (SPEC 5.3 "within seconds"; issue 9: 2 s): the re-check runs every second
 
 
 @pytest.fixture()
@@ -176,3 +176,28 @@ def test_revoking_the_principal_or_locking_the_account_ends_the_login(
         time.sleep(0.1)
     assert not helper_workers(d, os_user), f"after {how} the account's workers still run"
     assert status_of_sse(d, token) == 401
+
+
+def test_quotas_hold_across_a_login() -> None:
+    """A login acts as its account's principal, so it spends that principal's daily quota: two
+    calls with the static token and one with a login token use up a quota of three."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: PAM service, OS accounts, root helper")
+    factory = AccountFactory()
+    d: PrivsepDaemon | None = None
+    with pam_service() as service:
+        try:
+            limits = {"tiers": {"small": {"requests_per_day": 3, "max_file_bytes": 0}}, "users": {"quota-p": "small"}}
+            d = start_privsep(factory, login={"pam_service": service, "answer_seconds": 0.2}, limits=limits)
+            os_user, password = account_with_password(factory)
+            static = bind(d, "quota-p", os_user)
+            codes = []
+            for token in (static, static, None, None):
+                status, res = read_as(d, token or login(d, os_user, password))
+                assert status == 200, res
+                codes.append(res["structuredContent"]["error"]["code"] if res.get("isError") else "ok")
+            assert codes == ["ok", "ok", "ok", "RATE_LIMITED"], codes
+        finally:
+            if d is not None:
+                stop_privsep(d)
+            factory.cleanup()
