@@ -63,6 +63,8 @@ def dev_config(port: int) -> dict[str, object]:
         "audit_log": "audit.jsonl",
         "access_log": "access.jsonl",
         "state_dir": ".",
+        # one principal (dev) does everything here: it may hold every session slot
+        "max_sessions_per_principal": 1000,
     }
 
 
