@@ -366,7 +366,8 @@ def test_the_walker_of_a_privileged_find_holds_dac_read_search_only(find_granted
         assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == 1 << 2  # CAP_DAC_READ_SEARCH
         assert status["NoNewPrivs"] == "1"
         assert [fds[i] for i in (0, 1, 2)] == ["/dev/null"] * 3, fds
-        assert [fd for fd, t in fds.items() if not t.startswith("/")] == [3], fds  # one socket: its channel
+        # at most one socket, its channel (gone already when the walker is seen after its reply)
+        assert [fd for fd, t in fds.items() if not t.startswith("/")] in ([3], []), fds
         assert not [t for t in fds.values() if t.startswith(str(d.state_dir))], fds  # no audit log, no state
     for fds in walking:  # past start-up (the interpreter's own files): only the walk's folders
         assert all(t == str(big) or t.startswith(str(big) + "/") for fd, t in fds.items() if fd > 3), fds
