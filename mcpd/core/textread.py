@@ -29,6 +29,7 @@ from mcpd.common.config import ReadLimits
 from mcpd.common.errors import BINARY_FILE, FILE_TOO_LARGE, LINE_TOO_LONG, RANGE_OUT_OF_BOUNDS, ToolError
 
 CHUNK = 1024 * 1024  # bytes per pread
+OFF_T_END = 1 << 63  # bytes: no file offset reaches this (off_t is signed 64-bit); reads there are empty
 BINARY_PROBE = 8192  # bytes of the file's head searched for a NUL byte
 INDEX_FILES = 32  # files with a line index per process (the least recently used is dropped first)
 INDEX_POINTS = 4096  # checkpoints per file; past that, every other one is dropped
@@ -108,7 +109,10 @@ def pread_full(fd: int, n: int, pos: int) -> bytes:
     parts: list[bytes] = []
     got = 0
     while got < n:
-        b = os.pread(fd, min(n - got, CHUNK), pos + got)
+        room = OFF_T_END - 1 - (pos + got)  # offset + count may not pass the largest off_t: nothing is there
+        if room <= 0:
+            break
+        b = os.pread(fd, min(n - got, CHUNK, room), pos + got)
         if not b:
             break
         parts.append(b)

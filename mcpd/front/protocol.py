@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -225,7 +226,11 @@ class Dispatcher:
 
 
 def _valid_id(value: Any) -> bool:
-    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
+    """A JSON-RPC id (SPEC §2.3): a string, or a finite number (``1e400`` parses as infinity,
+    which no reply could carry as JSON: such an id is invalid, answered ``-32600`` with ``id: null``)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
 def _id_key(value: Any) -> tuple[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import socket
@@ -386,3 +387,40 @@ async def test_json_nested_deeper_than_64_levels_is_a_parse_error_and_the_stream
         r = await c.post(daemon.url + "/login", content=b'{"user": ' + deep + b', "password": "x"}',
                          headers={"Content-Type": "application/json"})
         assert r.status_code in (400, 413, 503), r.text  # 413: over the login body cap; 503: no root helper here
+
+
+async def test_a_non_finite_id_is_an_invalid_request_and_every_reply_stays_json(daemon: Daemon) -> None:
+    """``1e400`` parses as infinity: the request is refused -32600 with ``id: null`` (alone and in a
+    batch, whose other members are answered), and the stream goes on carrying valid JSON."""
+    async with httpx.AsyncClient(verify=daemon.ssl_context(), timeout=30,
+                                 headers={"Authorization": f"Bearer {daemon.token}"}) as c:
+        async with c.stream("GET", daemon.url + "/sse") as stream:
+            lines = stream.aiter_lines()
+            endpoint = None
+            async for line in lines:
+                if line.startswith("data:"):
+                    endpoint = line.split(":", 1)[1].strip()
+                    break
+            assert endpoint
+            init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+            assert (await c.post(daemon.url + endpoint, json=init)).status_code == 202
+            raw = b'[{"jsonrpc": "2.0", "id": 1e400, "method": "ping"}, {"jsonrpc": "2.0", "id": 7, "method": "ping"}]'
+            r = await c.post(daemon.url + endpoint, content=raw, headers={"Content-Type": "application/json"})
+            assert r.status_code == 202, r.text
+            single = b'{"jsonrpc": "2.0", "id": -1e400, "method": "ping"}'
+            r = await c.post(daemon.url + endpoint, content=single, headers={"Content-Type": "application/json"})
+            assert r.status_code == 202, r.text
+            messages = []
+            async for line in lines:
+                if line.startswith("data:"):
+                    strict = functools.partial(json.loads, parse_constant=lambda c: pytest.fail(f"{c} in a reply"))
+                    messages.append(strict(line.split(":", 1)[1]))  # every reply is valid JSON
+                    if len(messages) == 3:
+                        break
+    batch, alone = messages[1], messages[2]
+    assert isinstance(batch, list) and len(batch) == 2, batch
+    bad = [m for m in batch if m["id"] is None]
+    assert len(bad) == 1 and bad[0]["error"]["code"] == -32600
+    assert [m for m in batch if m["id"] == 7 and "result" in m]
+    assert alone["id"] is None and alone["error"]["code"] == -32600

@@ -702,3 +702,14 @@ def test_memory_proportional_to_answer_1gb(tmp_path: Path) -> None:
     assert third["error"]["code"] == "FILE_TOO_LARGE"
     print(f"peak RSS growth over 1 GiB reads: {res['growth'] / 1e6:.1f} MB")
     assert res["growth"] < 20 * 1024 * 1024
+
+
+@pytest.mark.parametrize("offset", [2 ** 63 - 1, 2 ** 63, 2 ** 64, 10 ** 30])
+def test_an_offset_past_any_file_reads_empty_however_large(tmp_path: Path, offset: int) -> None:
+    """SPEC §3: ``offset`` at or past the end answers ``""``, however large (2^64 included): the
+    kernel's offset limit is not the client's problem."""
+    p = tmp_path / "small.txt"
+    p.write_text("hello\n")
+    for extra in ({}, {"limit": 5}):
+        reply = call(p, offset=offset, **extra)
+        assert reply["ok"] is True and reply["result"]["text"] == "", reply
