@@ -424,3 +424,39 @@ async def test_a_non_finite_id_is_an_invalid_request_and_every_reply_stays_json(
     assert len(bad) == 1 and bad[0]["error"]["code"] == -32600
     assert [m for m in batch if m["id"] == 7 and "result" in m]
     assert alone["id"] is None and alone["error"]["code"] == -32600
+
+
+async def test_a_lone_surrogate_in_a_path_is_invalid_argument_and_the_stream_lives(daemon: Daemon) -> None:
+    """A path that is not valid UTF-8 (a lone surrogate, sent as a JSON escape) answers
+    INVALID_ARGUMENT on both routes; the reply is valid JSON and the stream carries the next one."""
+    async with httpx.AsyncClient(verify=daemon.ssl_context(), timeout=30,
+                                 headers={"Authorization": f"Bearer {daemon.token}"}) as c:
+        async with c.stream("GET", daemon.url + "/sse") as stream:
+            lines = stream.aiter_lines()
+            endpoint = None
+            async for line in lines:
+                if line.startswith("data:"):
+                    endpoint = line.split(":", 1)[1].strip()
+                    break
+            assert endpoint
+            init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+            assert (await c.post(daemon.url + endpoint, json=init)).status_code == 202
+            for rid, privileged in ((2, "false"), (3, "true")):
+                raw = ('{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "files/read", '
+                       '"arguments": {"path": "/etc/\\ud800x", "privileged": %s}}}' % (rid, privileged)).encode()
+                r = await c.post(daemon.url + endpoint, content=raw, headers={"Content-Type": "application/json"})
+                assert r.status_code == 202, r.text
+            r = await c.post(daemon.url + endpoint, json={"jsonrpc": "2.0", "id": 4, "method": "ping"})
+            assert r.status_code == 202
+            replies = {}
+            async for line in lines:
+                if line.startswith("data:"):
+                    msg = json.loads(line.split(":", 1)[1])
+                    replies[msg.get("id")] = msg
+                    if 4 in replies:
+                        break
+    for rid in (2, 3):
+        err = replies[rid]["result"]["structuredContent"]["error"]
+        assert err["code"] == "INVALID_ARGUMENT", replies[rid]
+    assert replies[4]["result"] == {}
