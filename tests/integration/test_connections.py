@@ -175,3 +175,40 @@ def test_a_worker_busy_in_a_long_read_dies_with_the_front(daemon_factory: Callab
         time.sleep(0.05)
     alive = [p for p in busy if os.path.exists(f"/proc/{p}") and stat_fields(p)[0] != "Z"]
     assert not alive, f"workers outlived the front: {alive}"
+
+
+def test_a_client_that_stops_reading_is_disconnected_when_its_queue_bytes_are_spent(
+        daemon_factory: Callable[..., Daemon], tmp_path: Any) -> None:
+    """The outgoing queue is bounded in bytes (SPEC §1.7): a session that posts 1 MiB reads and never
+    reads its stream is closed once its queue would pass ``session_queue_bytes`` (its POSTs then
+    get 404), and another session is served meanwhile."""
+    import os
+
+    d = daemon_factory(session_queue_bytes=4 * 1024 * 1024)
+    big = tmp_path / "one-mib.txt"
+    big.write_bytes((b"x" * 1023 + b"\n") * 1024)
+    os.chmod(tmp_path, 0o755)
+    stalled = tls(d)
+    stalled.sendall(f"GET /sse HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {d.token}\r\n\r\n".encode())
+    head = b""
+    while b"session_id=" not in head or not head.rstrip(b" ").endswith(b"\n"):
+        head += stalled.recv(4096)
+    endpoint = head.split(b"data: ", 1)[1].split(b"\n", 1)[0].decode().strip()
+    read = {"jsonrpc": "2.0", "method": "tools/call",
+            "params": {"name": "files/read", "arguments": {"path": str(big), "offset": 0, "limit": 1024 * 1024}}}
+    statuses = []
+    try:
+        with httpx.Client(verify=d.ssl_context(), timeout=30, headers={"Authorization": f"Bearer {d.token}"}) as c:
+            init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+            c.post(d.url + endpoint, json=init)
+            deadline = time.monotonic() + 60
+            for i in range(1, 41):  # 40 MiB of answers for a client that reads none of them
+                statuses.append(c.post(d.url + endpoint, json=dict(read, id=i)).status_code)
+                if statuses[-1] == 404 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert works(d)
+        assert statuses and statuses[-1] == 404, statuses  # the session is gone
+    finally:
+        stalled.close()

@@ -66,6 +66,11 @@ class McpUser(BaseUser):
         return self.principal.name
 
 
+def _utf8_len(text: str) -> int:
+    """Bytes of ``text`` in UTF-8 (without encoding it when it is ASCII, the usual case)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 class SseSession:
     """One session: owner, bounded outgoing queue, and its :class:`McpSession` (SPEC §1.4).
 
@@ -73,6 +78,8 @@ class SseSession:
         session_id: 32 lowercase hex digits.
         principal: the owner; POSTs from anyone else get 404.
         queue_size: outgoing messages buffered (``session_queue_size``).
+        queue_bytes: and at most this many bytes of them (``session_queue_bytes``); past either,
+            the client stopped reading: it is disconnected and the queue released.
         manager: the table this session lives in (closing removes it).
         dispatcher: shared tool/resource dispatch.
         kind: ``"sse"`` (``GET /sse``) or ``"mcp"`` (Streamable HTTP); a session answers only on
@@ -81,7 +88,7 @@ class SseSession:
 
     def __init__(
         self, session_id: str, principal: Principal, queue_size: int, manager: SessionManager, dispatcher: Dispatcher,
-        kind: str = "sse",
+        kind: str = "sse", queue_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.id = session_id
         self.kind = kind  # "sse": lives as long as its GET /sse stream; "mcp": Streamable HTTP
@@ -92,6 +99,8 @@ class SseSession:
         self.closed = False
         self._manager = manager
         self._queue: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
+        self._queue_bytes = queue_bytes
+        self._queued = 0  # bytes of the messages in the queue
         self._cancel_scope: anyio.CancelScope | None = None
         self.protocol = McpSession(dispatcher, session_id, self.send)
 
@@ -103,8 +112,12 @@ class SseSession:
         if self.closed:
             return
         data = encode_message(message)
+        size = _utf8_len(data)
         try:
+            if self._queued + size > self._queue_bytes and not self._queue.empty():
+                raise asyncio.QueueFull  # (one message alone may be larger: it is bounded by the response cap)
             self._queue.put_nowait(data)
+            self._queued += size
         except asyncio.QueueFull:
             log.warning("session %s: outgoing queue full, disconnecting a client that stopped reading", self.id)
             self._manager.close(self)
@@ -119,6 +132,7 @@ class SseSession:
             self._cancel_scope.cancel()
         while not self._queue.empty():
             self._queue.get_nowait()
+        self._queued = 0
 
     async def events(self, endpoint: str | None) -> AsyncIterator[ServerSentEvent]:
         """The stream's events: ``endpoint`` first (when given), then one ``message`` per queued
@@ -127,6 +141,7 @@ class SseSession:
             yield ServerSentEvent(event="endpoint", data=endpoint, sep="\n")
         while not self.closed:
             data = await self._queue.get()
+            self._queued = max(0, self._queued - _utf8_len(data))
             yield ServerSentEvent(event="message", data=data, sep="\n")
 
     def attach(self, scope: anyio.CancelScope) -> None:
@@ -182,7 +197,8 @@ class SessionManager:
         if held >= self._cfg.max_sessions_per_principal:
             raise SessionRefused(429, "too many sessions for this principal")
         sid = secrets.token_hex(16)
-        session = SseSession(sid, principal, self._cfg.session_queue_size, self, self._dispatcher, kind)
+        session = SseSession(sid, principal, self._cfg.session_queue_size, self, self._dispatcher, kind,
+                             self._cfg.session_queue_bytes)
         session.token = token
         self._sessions[sid] = session
         return session
