@@ -31,6 +31,7 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL = -32603
+SERVER_BUSY = -32000  # implementation-defined server error: a per-session bound was reached
 
 SUPPORTED_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_VERSION = SUPPORTED_VERSIONS[-1]
@@ -177,6 +178,10 @@ class Dispatcher:
         self.resources = resources
         self.limits: LimitsTracker | None = None  # set by the server when limits are configured
         self.access: AccessLog | None = None  # set by the server: every call's record (SPEC §7.1)
+        # per session (SPEC §1.7): requests in flight at once, and members of one batch that are run;
+        # set by the server from mcpd.yaml (max_in_flight, max_batch)
+        self.max_in_flight = 64
+        self.max_batch = 256
 
     def list_tools(self) -> list[dict[str, Any]]:
         """The ``tools`` array of ``tools/list``."""
@@ -333,7 +338,10 @@ class McpSession:
             if not payload:
                 out(error_reply(None, INVALID_REQUEST, "invalid request: empty batch"))
                 return None
-            members = [self._start(m, caller, out, send_reply=False) for m in payload]
+            cap = self.dispatcher.max_batch
+            members = [self._start(m, caller, out, send_reply=False) for m in payload[:cap]]
+            members += [self._refuse(m, out, False, INVALID_REQUEST, f"batch over {cap} members: not run")
+                        for m in payload[cap:]]
             return self._spawn(self._gather_batch(members, out))
         return self._start(payload, caller, out, send_reply=True)
 
@@ -348,13 +356,30 @@ class McpSession:
 
         ``out`` gets the request's progress, and its reply when ``send_reply`` (a batch member's
         reply is only the task's result, gathered into the batch's array)."""
+        request = isinstance(msg, dict) and isinstance(msg.get("method"), str) and _valid_id(msg.get("id"))
+        if request and len(self._in_flight) >= self.dispatcher.max_in_flight:
+            return self._refuse(msg, out, send_reply, SERVER_BUSY,
+                                f"{self.dispatcher.max_in_flight} requests of this session are in flight; retry later")
         task: asyncio.Task[Message | None] = self._spawn(self._handle(msg, caller, out, send_reply))
-        if isinstance(msg, dict) and isinstance(msg.get("method"), str) and _valid_id(msg.get("id")):
+        if request:
             key = _id_key(msg["id"])
             if key not in self._in_flight:
                 self._in_flight[key] = task
                 task.add_done_callback(functools.partial(self._forget, key))
         return task
+
+    def _refuse(self, msg: Any, out: Send, send_reply: bool, code: int, text: str) -> asyncio.Task[Message | None]:
+        """Answer ``msg`` with error ``code`` without running it (a notification gets nothing)."""
+        async def answer() -> Message | None:
+            if not isinstance(msg, dict) or "id" not in msg:
+                return None
+            reply = error_reply(msg["id"] if _valid_id(msg["id"]) else None, code, text)
+            if send_reply:
+                out(reply)
+                return None
+            return reply
+
+        return self._spawn(answer())
 
     def _forget(self, key: tuple[str, Any], task: asyncio.Task[Any]) -> None:
         if self._in_flight.get(key) is task:

@@ -212,3 +212,74 @@ def test_a_client_that_stops_reading_is_disconnected_when_its_queue_bytes_are_sp
         assert statuses and statuses[-1] == 404, statuses  # the session is gone
     finally:
         stalled.close()
+
+
+def _session(d: Daemon, c: httpx.Client) -> tuple[Any, str]:
+    """Open an SSE stream; return (its line iterator, the POST endpoint), after initialize."""
+    stream = c.stream("GET", d.url + "/sse")
+    resp = stream.__enter__()
+    lines = resp.iter_lines()
+    endpoint = next(line for line in lines if line.startswith("data:")).split(":", 1)[1].strip()
+    init = {"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    assert c.post(d.url + endpoint, json=init).status_code == 202
+    return (stream, lines), endpoint
+
+
+def _messages(lines: Any, count: int) -> list[Any]:
+    import json
+
+    out = []
+    for line in lines:
+        if line.startswith("data:"):
+            out.append(json.loads(line.split(":", 1)[1]))
+            if len(out) == count:
+                return out
+    return out
+
+
+def test_batch_members_past_the_cap_each_get_an_error_and_the_rest_run(daemon_factory: Callable[..., Daemon]) -> None:
+    d = daemon_factory(max_batch=3)
+    with httpx.Client(verify=d.ssl_context(), timeout=30, headers={"Authorization": f"Bearer {d.token}"}) as c:
+        (stream, lines), endpoint = _session(d, c)
+        try:
+            batch = [{"jsonrpc": "2.0", "id": i, "method": "ping"} for i in range(5)]
+            batch.insert(4, {"jsonrpc": "2.0", "method": "notifications/progress"})  # no id: no answer
+            assert c.post(d.url + endpoint, json=batch).status_code == 202
+            init, replies = _messages(lines, 2)
+            by_id = {r["id"]: r for r in replies}
+            assert sorted(by_id) == [0, 1, 2, 3, 4], replies
+            assert all(by_id[i]["result"] == {} for i in (0, 1, 2))
+            assert all(by_id[i]["error"]["code"] == -32600 and "batch over 3" in by_id[i]["error"]["message"]
+                       for i in (3, 4))
+        finally:
+            stream.__exit__(None, None, None)
+
+
+def test_requests_past_the_in_flight_cap_are_refused_at_once(daemon_factory: Callable[..., Daemon],
+                                                             tmp_path: Any) -> None:
+    import os
+
+    d = daemon_factory(max_in_flight=2)
+    huge = tmp_path / "huge.log"
+    with open(huge, "wb") as f:
+        f.write(b"a\n" * 8192)
+        f.truncate(16 * 1024 ** 3)  # a hole: counting its lines takes seconds
+    os.chmod(tmp_path, 0o755)
+    slow = {"jsonrpc": "2.0", "method": "tools/call",
+            "params": {"name": "files/read", "arguments": {"path": str(huge), "start_line": 10 ** 9}}}
+    with httpx.Client(verify=d.ssl_context(), timeout=30, headers={"Authorization": f"Bearer {d.token}"}) as c:
+        (stream, lines), endpoint = _session(d, c)
+        try:
+            for rid in ("slow-1", "slow-2", "third"):
+                assert c.post(d.url + endpoint, json=dict(slow, id=rid)).status_code == 202
+            init, refused = _messages(lines, 2)
+            assert refused["id"] == "third" and refused["error"]["code"] == -32000, refused
+            for rid in ("slow-1", "slow-2"):  # cancel them: their workers are killed, the slots freed
+                c.post(d.url + endpoint, json={"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                               "params": {"requestId": rid}})
+            time.sleep(0.5)
+            assert c.post(d.url + endpoint, json={"jsonrpc": "2.0", "id": "after", "method": "ping"}).status_code == 202
+            assert _messages(lines, 1)[0] == {"jsonrpc": "2.0", "id": "after", "result": {}}
+        finally:
+            stream.__exit__(None, None, None)
