@@ -18,6 +18,7 @@ Example (every key optional)::
     session_queue_bytes: 16777216  # and at most this many bytes of them (SPEC §1.7)
     max_in_flight: 64              # requests of one session running at once (-32000 beyond)
     max_batch: 256                 # members of one batch that are run (-32600 for each beyond)
+    max_privileged_per_principal: 8  # privileged calls of one principal in flight (RATE_LIMITED beyond)
     max_sessions: 1000             # open sessions in total, /sse and /mcp together (503 beyond)
     max_sessions_per_principal: 100  # open sessions of one principal, both transports (429 beyond)
     mcp_session_idle_seconds: 3600 # a Streamable HTTP session with no request nor GET stream this long ends
@@ -170,6 +171,7 @@ class Config:
     session_queue_bytes: int = 16 * 1024 * 1024
     max_in_flight: int = 64
     max_batch: int = 256
+    max_privileged_per_principal: int = 8
     max_sessions: int = 1000
     max_sessions_per_principal: int = 100
     tool_names: str = "slash"
@@ -260,6 +262,7 @@ def _check_ranges(cfg: Config) -> None:
         "session_queue_bytes": cfg.session_queue_bytes,
         "max_in_flight": cfg.max_in_flight,
         "max_batch": cfg.max_batch,
+        "max_privileged_per_principal": cfg.max_privileged_per_principal,
         "max_sessions": cfg.max_sessions,
         "max_sessions_per_principal": cfg.max_sessions_per_principal,
         "read.default_bytes": cfg.read.default_bytes,

@@ -16,6 +16,7 @@ connection and no thread per request. A helper that dies fails the requests in f
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import itertools
 import logging
@@ -25,7 +26,7 @@ import time
 from typing import Any
 
 from mcpd.common import frames
-from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, ToolError
+from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, ToolError
 from mcpd.common.identity import Principal
 from mcpd.core import fileops
 from mcpd.core.tools import DEADLINE_MARGIN, deadline_seconds
@@ -282,10 +283,14 @@ class HelperBackend:
         channel: the helper channel.
         pool: the worker pool; content calls run in the caller's own worker.
         timeout: seconds to wait for the helper's answer (its deadline plus margin).
+        per_principal: privileged calls one principal may have in flight at once (SPEC §1.7), so
+            no principal takes the helper's capacity from the others; beyond it ``RATE_LIMITED``.
     """
 
-    def __init__(self, channel: HelperChannel, pool: WorkerPool, timeout: float) -> None:
+    def __init__(self, channel: HelperChannel, pool: WorkerPool, timeout: float, per_principal: int = 8) -> None:
         self._channel, self._pool, self._timeout = channel, pool, timeout
+        self._per_principal = per_principal
+        self._in_flight: collections.Counter[str] = collections.Counter()
 
     async def call(
         self, token: str, principal: Principal, session_id: str, peer: str, op: str, args: dict[str, Any]
@@ -293,8 +298,23 @@ class HelperBackend:
         """Run one privileged call; return the op's result dict.
 
         Raises:
-            ToolError: the helper's refusal or failure; ``HELPER_UNAVAILABLE`` when it is down.
+            ToolError: the helper's refusal or failure; ``HELPER_UNAVAILABLE`` when it is down;
+                ``RATE_LIMITED`` when the principal already has ``per_principal`` calls in flight.
         """
+        if self._in_flight[principal.name] >= self._per_principal:
+            raise ToolError(RATE_LIMITED, f"{self._per_principal} privileged calls of this principal are in flight; "
+                            "retry when one ends", limit=self._per_principal)
+        self._in_flight[principal.name] += 1
+        try:
+            return await self._call(token, principal, session_id, peer, op, args)
+        finally:
+            self._in_flight[principal.name] -= 1
+            if self._in_flight[principal.name] <= 0:
+                del self._in_flight[principal.name]
+
+    async def _call(
+        self, token: str, principal: Principal, session_id: str, peer: str, op: str, args: dict[str, Any]
+    ) -> dict[str, Any]:
         args = dict(args)
         cap = args.pop(CAP_KEY, None)  # the principal's max_file_bytes (mcpd/front/limits.py)
         req: dict[str, Any] = {"type": "privileged_call", "token": token, "session": session_id, "peer": peer[:100],

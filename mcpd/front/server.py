@@ -116,7 +116,8 @@ class Server:
         authenticator, spawner, channel = _backends(self.cfg)
         pool = WorkerPool(spawner, self.cfg)
         backend: PrivilegedBackend = Unavailable() if channel is None else \
-            HelperBackend(channel, pool, timeout=self.cfg.workers.timeout_seconds + 5)
+            HelperBackend(channel, pool, timeout=self.cfg.workers.timeout_seconds + 5,
+                          per_principal=self.cfg.max_privileged_per_principal)
         resources = FileResources(pool, backend, self.cfg.workspaces, self.cfg.default_workspace)
         dispatcher = Dispatcher(pool, backend, resources=resources, tool_names=self.cfg.tool_names)
         dispatcher.max_in_flight, dispatcher.max_batch = self.cfg.max_in_flight, self.cfg.max_batch

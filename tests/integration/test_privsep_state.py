@@ -220,3 +220,38 @@ def test_a_grant_covering_root_still_refuses_every_secret_of_the_daemon(
         asyncio.run(go())
     finally:
         link.unlink()
+
+
+def test_one_principal_cannot_take_every_privileged_slot() -> None:
+    """``max_privileged_per_principal``: with one slow privileged call of alice's in flight, her next
+    one is refused RATE_LIMITED at once (on any session), and the slot is hers again afterwards."""
+    import asyncio
+
+    from tests.integration.test_privsep import client, read
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: OS accounts, root helper")
+    factory = AccountFactory()
+    d = start_privsep(factory, max_privileged_per_principal=1)
+    huge = d.app / "huge.log"
+    try:
+        with open(huge, "wb") as f:
+            f.write(b"a\n" * 8192)
+            f.truncate(16 * 1024 ** 3)  # a hole: counting its lines takes seconds
+
+        async def go() -> None:
+            async with client(d) as first, client(d) as second:
+                slow = asyncio.create_task(read(first, huge, privileged=True, start_line=10 ** 9))
+                await asyncio.sleep(1.0)
+                text, err = await read(second, d.log_file, privileged=True)
+                assert text is None and err["code"] == "RATE_LIMITED", err
+                slow.cancel()
+                await asyncio.sleep(1.0)
+                text, err = await read(second, d.log_file, privileged=True)
+                assert err == {}, err
+
+        asyncio.run(go())
+    finally:
+        huge.unlink(missing_ok=True)
+        stop_privsep(d)
+        factory.cleanup()
