@@ -33,16 +33,20 @@ async def post_ok(s: SseSession, body: Any) -> None:
     assert r.status_code == 202, r.text
 
 
-async def answered_next(s: SseSession, body: Any) -> Any:
-    """POST ``body`` then a ping with id "probe"; return every message that arrived before the probe's reply."""
+async def answered_next(s: SseSession, body: Any, expect: int = 0) -> Any:
+    """POST ``body`` then a ping with id "probe"; return every message that arrived before the
+    probe's reply, and at least ``expect`` messages other than it (a batch's one array may be
+    answered after a later single request: its members run concurrently)."""
     await post_ok(s, body)
     await post_ok(s, msg("ping", "probe"))
-    seen = []
-    while True:
+    seen, probed = [], False
+    while not probed or len(seen) < expect:
         m = await s.next_message()
         if isinstance(m, dict) and m.get("id") == "probe":
-            return seen
-        seen.append(m)
+            probed = True
+        else:
+            seen.append(m)
+    return seen
 
 
 # -- §2.1 initialize -----------------------------------------------------------------------------
@@ -134,7 +138,7 @@ async def test_id_string_or_number_zero_valid(daemon: Daemon, req_id: Any) -> No
 ])
 async def test_bad_envelope_32600(daemon: Daemon, body: dict[str, Any]) -> None:
     async with SseSession(daemon) as s:
-        seen = await answered_next(s, body)
+        seen = await answered_next(s, body, expect=1)
         assert len(seen) == 1 and seen[0]["error"]["code"] == -32600
         expected_id = body.get("id") if isinstance(body.get("id"), int) and body.get("id") is not True else None
         assert seen[0]["id"] == expected_id
@@ -223,7 +227,7 @@ async def test_batch_replies_as_one_array(daemon: Daemon) -> None:
     async with SseSession(daemon) as s:
         batch = [msg("ping", 1), {"jsonrpc": "2.0", "method": "notifications/initialized"}, msg("ping", "two"),
                  msg("nope", 3), 5]
-        seen = await answered_next(s, batch)
+        seen = await answered_next(s, batch, expect=1)
         assert len(seen) == 1 and isinstance(seen[0], list)
         by_id = {json.dumps(m["id"]): m for m in seen[0]}
         assert len(seen[0]) == 4
@@ -238,7 +242,7 @@ async def test_batch_of_notifications_gets_no_reply(daemon: Daemon) -> None:
 
 async def test_empty_batch_one_32600(daemon: Daemon) -> None:
     async with SseSession(daemon) as s:
-        seen = await answered_next(s, [])
+        seen = await answered_next(s, [], expect=1)
         assert seen == [{"jsonrpc": "2.0", "id": None, "error": seen[0]["error"]}]
         assert seen[0]["error"]["code"] == -32600
 
