@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
+from mcpd.front import metrics
 from mcpd.common.audit import AuditLog
 from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
 from mcpd.common.identity import Principal
@@ -104,6 +105,9 @@ class Call:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        code = "ok" if exc is None else exc.code if isinstance(exc, ToolError) else \
+            "CANCELLED" if isinstance(exc, asyncio.CancelledError) else INTERNAL_ERROR
+        metrics.observe_call(self.tool, self.stage, code, time.monotonic() - self.started)
         if self.log is None:
             return
         if exc is None:

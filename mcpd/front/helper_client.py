@@ -126,6 +126,11 @@ class HelperChannel:
         self._next = itertools.count()
         self._connecting = asyncio.Lock()
 
+    @property
+    def up(self) -> bool:
+        """Whether a connection to the helper is open now (the metrics' ``mcpd_helper_up``)."""
+        return any(c is not None and not c.closed for c in self._conns)
+
     async def _connection(self) -> _Connection:
         i = next(self._next) % CONNECTIONS
         conn = self._conns[i]

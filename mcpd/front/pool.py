@@ -178,6 +178,10 @@ class WorkerPool:
         self._quiet = asyncio.Event()
         self._closed = False
 
+    def live(self) -> int:
+        """Live worker processes, every account together (the metrics' ``mcpd_workers``)."""
+        return sum(len(account.workers) for account in self._accounts.values())
+
     def retire_owner(self, owner: str) -> int:
         """Kill the idle workers of principal ``owner`` (its token was revoked: they must not
         outlive it); busy ones end with their calls, which their closed sessions cancel.

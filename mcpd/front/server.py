@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import uvicorn
 
+from mcpd.front import metrics
 from mcpd.front.connguard import ConnectionCount, guarded_protocol, loop_factory
 from mcpd.front.app import build_app
 from mcpd.common import frames
@@ -159,12 +160,24 @@ class Server:
         server = _NotifyingServer(config)
         if dispatcher.limits is not None:
             server.on_shutdown = (dispatcher.limits.save,)
+        exporter = None
+        if self.cfg.metrics_listen:
+            try:
+                exporter = metrics.serve(self.cfg.metrics_listen, metrics.StateCollector(
+                    lambda: [s.kind for s in sessions.sessions()], pool.live,
+                    (lambda: channel.up) if channel is not None else (lambda: None)))
+            except (ValueError, OSError) as exc:
+                log.error("%s", exc)
+                await pool.close()
+                return EXIT_CONFIG
         revalidation = asyncio.create_task(revalidate_forever(
             sessions, authenticator, idle_seconds=self.cfg.mcp_session_idle_seconds, on_revoked=pool.retire_owner))
         try:
             await server.serve()
         finally:
             revalidation.cancel()
+            if exporter is not None:
+                exporter.shutdown()
             sessions.close_all()
             if dispatcher.limits is not None:
                 dispatcher.limits.save()

@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mcpd.common import frames
+from mcpd.front import metrics
 from mcpd.common.config import Login as LoginConfig
 from mcpd.front.helper_client import HelperChannel, HelperUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
@@ -154,6 +155,7 @@ class LoginRoutes:
                 del self._peers[peer]
 
     def _busy(self) -> Response:
+        metrics.LOGINS_REFUSED.labels("429").inc()
         return JSONResponse({"error": "too many logins in flight; try again later"}, status_code=429,
                             headers={"Retry-After": str(math.ceil(self.cfg.answer_seconds) + 1)})
 
@@ -177,6 +179,7 @@ class LoginRoutes:
         except LoginUnavailable as exc:
             return JSONResponse({"error": str(exc)}, status_code=503)
         if outcome is None:
+            metrics.LOGINS_REFUSED.labels("401").inc()
             return JSONResponse({"error": GENERIC}, status_code=401)
         return JSONResponse({"token": outcome["token"], "expires": outcome["expires"], "user": outcome["os_user"]},
                             headers={"Cache-Control": "no-store"})

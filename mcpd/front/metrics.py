@@ -1,0 +1,104 @@
+"""Prometheus metrics and a health check on a listener of their own (issue 14; off by default).
+
+``metrics_listen: "127.0.0.1:9109"`` in ``mcpd.yaml`` serves, over plain HTTP on that loopback
+address only (never on the TLS listener agents use):
+
+- ``GET /metrics``: the Prometheus text format (prometheus-client), with
+  ``mcpd_calls_total{tool,route,code}`` and ``mcpd_call_seconds{tool,route}`` (every tools/call and
+  resources/read, counted where the access record is written), ``mcpd_sessions{transport}``,
+  ``mcpd_workers``, ``mcpd_helper_up``, ``mcpd_logins_refused_total``;
+- ``GET /healthz``: ``200 ok`` while the front runs (for load balancers).
+
+Metrics never carry a path, a token or a principal's name: labels are tool names, routes and
+result codes only, so their number stays small.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+REGISTRY = CollectorRegistry()
+CALLS = Counter("mcpd_calls", "Tool calls and resource reads, by tool, route and result code",
+                ["tool", "route", "code"], registry=REGISTRY)
+CALL_SECONDS = Histogram("mcpd_call_seconds", "Time to answer a call, in seconds", ["tool", "route"],
+                         registry=REGISTRY, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+                                                      5, 10, 30))
+LOGINS_REFUSED = Counter("mcpd_logins_refused", "Password logins refused (401) or turned away (429)", ["status"],
+                         registry=REGISTRY)
+
+
+def observe_call(tool: str, route: str, code: str, seconds: float) -> None:
+    """Count one finished call: ``route`` is ``unprivileged``, ``forwarded`` (privileged) or
+    ``refused`` (before any route); ``code`` is ``ok`` or the error code; ``seconds`` its time."""
+    CALLS.labels(tool, route, code).inc()
+    CALL_SECONDS.labels(tool, route).observe(seconds)
+
+
+class StateCollector(Collector):
+    """Gauges read at scrape time from the live front: sessions by transport, workers, helper up."""
+
+    def __init__(self, sessions: Callable[[], Iterable[str]], workers: Callable[[], int],
+                 helper_up: Callable[[], bool | None]) -> None:
+        self._sessions, self._workers, self._helper_up = sessions, workers, helper_up
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        by_kind: dict[str, int] = {"sse": 0, "mcp": 0}
+        for kind in self._sessions():
+            by_kind[kind] = by_kind.get(kind, 0) + 1
+        sessions = GaugeMetricFamily("mcpd_sessions", "Open sessions by transport", labels=["transport"])
+        for kind, count in sorted(by_kind.items()):
+            sessions.add_metric([kind], count)
+        yield sessions
+        yield GaugeMetricFamily("mcpd_workers", "Live worker processes", value=self._workers())
+        up = self._helper_up()
+        if up is not None:
+            yield GaugeMetricFamily("mcpd_helper_up", "1 while the root helper answers", value=1 if up else 0)
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        pass
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` (``[::1]:PORT`` for IPv6) on a loopback address.
+
+    Raises:
+        ValueError: malformed, or not a loopback address (metrics are never served to the network).
+    """
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"metrics_listen: expected HOST:PORT, got {value!r}")
+    if not ipaddress.ip_address(host).is_loopback:
+        raise ValueError(f"metrics_listen: {host} is not a loopback address")
+    return host, int(port)
+
+
+def serve(listen: str, collector: StateCollector) -> WSGIServer:
+    """Start the metrics listener on ``listen`` in a daemon thread; returns the server (call its
+    ``shutdown()`` to stop). Raises ``ValueError`` for a bad address, ``OSError`` when it cannot bind."""
+    host, port = parse_listen(listen)
+    REGISTRY.register(collector)
+    metrics_app = make_wsgi_app(REGISTRY)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == "/healthz":
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"ok\n"]
+        if environ.get("PATH_INFO") != "/metrics":
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found\n"]
+        return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+
+    server = make_server(host, port, app, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
