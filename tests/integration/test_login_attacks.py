@@ -61,7 +61,8 @@ def attacked() -> Iterator[tuple[PrivsepDaemon, AccountFactory, str]]:
     factory = AccountFactory()
     d: PrivsepDaemon | None = None
     try:
-        d = start_privsep(factory, login={
+        # every one of a batch of 20 privileged calls must reach the helper's reauth check
+        d = start_privsep(factory, max_privileged_per_principal=32, login={
             "pam_service": service, "answer_seconds": ANSWER_SECONDS, "free_failures": 2,
             "base_delay_seconds": 0.1, "max_delay_seconds": 0.4, "max_failures": MAX_FAILURES,
             "lockout_seconds": 30, "token_ttl_seconds": 3600, "in_flight": 32, "in_flight_per_address": 2})
