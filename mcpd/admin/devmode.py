@@ -63,8 +63,10 @@ def dev_config(port: int) -> dict[str, object]:
         "audit_log": "audit.jsonl",
         "access_log": "access.jsonl",
         "state_dir": ".",
-        # one principal (dev) does everything here: it may hold every session slot
+        # one principal (dev) does everything here: it may hold every session slot and all of the
+        # root helper's capacity for privileged calls
         "max_sessions_per_principal": 1000,
+        "max_privileged_per_principal": 64,
     }
 
 

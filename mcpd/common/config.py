@@ -18,7 +18,7 @@ Example (every key optional)::
     session_queue_bytes: 16777216  # and at most this many bytes of them (SPEC §1.7)
     max_in_flight: 64              # requests of one session running at once (-32000 beyond)
     max_batch: 256                 # members of one batch that are run (-32600 for each beyond)
-    max_privileged_per_principal: 8  # privileged calls of one principal in flight (RATE_LIMITED beyond)
+    max_privileged_per_principal: 32  # privileged calls of one principal in flight (RATE_LIMITED beyond)
     metrics_listen: ""             # HOST:PORT on loopback for /metrics and /healthz (plain HTTP); "": off
     max_sessions: 1000             # open sessions in total, /sse and /mcp together (503 beyond)
     max_sessions_per_principal: 100  # open sessions of one principal, both transports (429 beyond)
@@ -172,7 +172,7 @@ class Config:
     session_queue_bytes: int = 16 * 1024 * 1024
     max_in_flight: int = 64
     max_batch: int = 256
-    max_privileged_per_principal: int = 8
+    max_privileged_per_principal: int = 32
     metrics_listen: str = ""
     max_sessions: int = 1000
     max_sessions_per_principal: int = 100

@@ -292,7 +292,7 @@ class HelperBackend:
             no principal takes the helper's capacity from the others; beyond it ``RATE_LIMITED``.
     """
 
-    def __init__(self, channel: HelperChannel, pool: WorkerPool, timeout: float, per_principal: int = 8) -> None:
+    def __init__(self, channel: HelperChannel, pool: WorkerPool, timeout: float, per_principal: int = 32) -> None:
         self._channel, self._pool, self._timeout = channel, pool, timeout
         self._per_principal = per_principal
         self._in_flight: collections.Counter[str] = collections.Counter()
