@@ -11,33 +11,26 @@ import grp
 import os
 import pwd
 import secrets
-import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.osaccounts import AccountFactory, expire_user, lock_user, os_accounts  # noqa: F401
+from tests.osaccounts import AccountFactory, expire_user, lock_user, os_accounts, pam_service  # noqa: F401
 
 pytestmark = pytest.mark.root
 
 PAM_FILE = Path(__file__).resolve().parents[2] / "etc/pam.d/mcpd"
 
 
-@pytest.fixture
-def pam_service() -> Iterator[str]:
+@pytest.fixture(name="pam_service")
+def pam_service_fixture() -> Iterator[str]:
     """The shipped PAM service installed under a unique name; yields that name."""
     if os.geteuid() != 0:
         pytest.skip("needs root: installs a PAM service file")
-    name = f"mcpd-test-{secrets.token_hex(3)}"
-    target = Path("/etc/pam.d") / name
-    shutil.copy(PAM_FILE, target)
-    target.chmod(0o644)
-    try:
+    with pam_service(PAM_FILE) as name:
         yield name
-    finally:
-        target.unlink(missing_ok=True)
 
 
 def _pam_ok(service: str, user: str, password: str) -> bool:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
 import socket
 import ssl
 import warnings
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -356,6 +358,27 @@ def test_allowed_hosts_malformed_entry_is_a_config_error(tmp_path: Any) -> None:
         start_daemon(tmp_path / "state", allowed_hosts=["a:b"])
 
 
+@contextlib.asynccontextmanager
+async def raw_session(daemon: Daemon, initialize: bool) -> AsyncIterator[tuple[httpx.AsyncClient, Any, str]]:
+    """A bare SSE session over httpx (no MCP client in the way): yields ``(client, the stream's
+    line iterator, the POST endpoint)``, after ``initialize`` when asked."""
+    async with httpx.AsyncClient(verify=daemon.ssl_context(), timeout=30,
+                                 headers={"Authorization": f"Bearer {daemon.token}"}) as c:
+        async with c.stream("GET", daemon.url + "/sse") as stream:
+            lines = stream.aiter_lines()
+            endpoint = ""
+            async for line in lines:
+                if line.startswith("data:"):
+                    endpoint = line.split(":", 1)[1].strip()
+                    break
+            assert endpoint
+            if initialize:
+                init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+                assert (await c.post(daemon.url + endpoint, json=init)).status_code == 202
+            yield c, lines, endpoint
+
+
 @pytest.mark.parametrize("depth", [65, 1000, 100_000])
 async def test_json_nested_deeper_than_64_levels_is_a_parse_error_and_the_stream_lives(daemon: Daemon,
                                                                                        depth: int) -> None:
@@ -363,24 +386,15 @@ async def test_json_nested_deeper_than_64_levels_is_a_parse_error_and_the_stream
     stream; a well-formed request on the same session still works after it."""
     deep = ("[" * depth + "]" * depth).encode()
     deep_obj = b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": ' + deep + b"}}"
-    async with httpx.AsyncClient(verify=daemon.ssl_context(), timeout=30,
-                                 headers={"Authorization": f"Bearer {daemon.token}"}) as c:
-        async with c.stream("GET", daemon.url + "/sse") as stream:
-            lines = stream.aiter_lines()
-            endpoint = None
-            async for line in lines:
-                if line.startswith("data:"):
-                    endpoint = line.split(":", 1)[1].strip()
-                    break
-            assert endpoint
-            for body in (deep, deep_obj):
-                r = await c.post(daemon.url + endpoint, content=body, headers={"Content-Type": "application/json"})
-                assert r.status_code == 400 and r.json()["error"]["code"] == -32700, r.text
-            r = await c.post(daemon.url + endpoint, json={"jsonrpc": "2.0", "id": 2, "method": "ping"})
-            assert r.status_code == 202
-            async for line in lines:
-                if line.startswith("data:") and '"id":2' in line.replace(" ", ""):
-                    break
+    async with raw_session(daemon, initialize=False) as (c, lines, endpoint):
+        for body in (deep, deep_obj):
+            r = await c.post(daemon.url + endpoint, content=body, headers={"Content-Type": "application/json"})
+            assert r.status_code == 400 and r.json()["error"]["code"] == -32700, r.text
+        r = await c.post(daemon.url + endpoint, json={"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        assert r.status_code == 202
+        async for line in lines:
+            if line.startswith("data:") and '"id":2' in line.replace(" ", ""):
+                break
         r = await c.post(daemon.url + "/mcp", content=deep_obj,
                          headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"})
         assert r.status_code == 400 and r.json()["error"]["code"] == -32700, r.text
@@ -392,32 +406,20 @@ async def test_json_nested_deeper_than_64_levels_is_a_parse_error_and_the_stream
 async def test_a_non_finite_id_is_an_invalid_request_and_every_reply_stays_json(daemon: Daemon) -> None:
     """``1e400`` parses as infinity: the request is refused -32600 with ``id: null`` (alone and in a
     batch, whose other members are answered), and the stream goes on carrying valid JSON."""
-    async with httpx.AsyncClient(verify=daemon.ssl_context(), timeout=30,
-                                 headers={"Authorization": f"Bearer {daemon.token}"}) as c:
-        async with c.stream("GET", daemon.url + "/sse") as stream:
-            lines = stream.aiter_lines()
-            endpoint = None
-            async for line in lines:
-                if line.startswith("data:"):
-                    endpoint = line.split(":", 1)[1].strip()
+    async with raw_session(daemon, initialize=True) as (c, lines, endpoint):
+        raw = b'[{"jsonrpc": "2.0", "id": 1e400, "method": "ping"}, {"jsonrpc": "2.0", "id": 7, "method": "ping"}]'
+        r = await c.post(daemon.url + endpoint, content=raw, headers={"Content-Type": "application/json"})
+        assert r.status_code == 202, r.text
+        single = b'{"jsonrpc": "2.0", "id": -1e400, "method": "ping"}'
+        r = await c.post(daemon.url + endpoint, content=single, headers={"Content-Type": "application/json"})
+        assert r.status_code == 202, r.text
+        messages = []
+        async for line in lines:
+            if line.startswith("data:"):
+                strict = functools.partial(json.loads, parse_constant=lambda c: pytest.fail(f"{c} in a reply"))
+                messages.append(strict(line.split(":", 1)[1]))  # every reply is valid JSON
+                if len(messages) == 3:
                     break
-            assert endpoint
-            init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
-            assert (await c.post(daemon.url + endpoint, json=init)).status_code == 202
-            raw = b'[{"jsonrpc": "2.0", "id": 1e400, "method": "ping"}, {"jsonrpc": "2.0", "id": 7, "method": "ping"}]'
-            r = await c.post(daemon.url + endpoint, content=raw, headers={"Content-Type": "application/json"})
-            assert r.status_code == 202, r.text
-            single = b'{"jsonrpc": "2.0", "id": -1e400, "method": "ping"}'
-            r = await c.post(daemon.url + endpoint, content=single, headers={"Content-Type": "application/json"})
-            assert r.status_code == 202, r.text
-            messages = []
-            async for line in lines:
-                if line.startswith("data:"):
-                    strict = functools.partial(json.loads, parse_constant=lambda c: pytest.fail(f"{c} in a reply"))
-                    messages.append(strict(line.split(":", 1)[1]))  # every reply is valid JSON
-                    if len(messages) == 3:
-                        break
     batch, alone = messages[1], messages[2]
     assert isinstance(batch, list) and len(batch) == 2, batch
     bad = [m for m in batch if m["id"] is None]
@@ -429,33 +431,21 @@ async def test_a_non_finite_id_is_an_invalid_request_and_every_reply_stays_json(
 async def test_a_lone_surrogate_in_a_path_is_invalid_argument_and_the_stream_lives(daemon: Daemon) -> None:
     """A path that is not valid UTF-8 (a lone surrogate, sent as a JSON escape) answers
     INVALID_ARGUMENT on both routes; the reply is valid JSON and the stream carries the next one."""
-    async with httpx.AsyncClient(verify=daemon.ssl_context(), timeout=30,
-                                 headers={"Authorization": f"Bearer {daemon.token}"}) as c:
-        async with c.stream("GET", daemon.url + "/sse") as stream:
-            lines = stream.aiter_lines()
-            endpoint = None
-            async for line in lines:
-                if line.startswith("data:"):
-                    endpoint = line.split(":", 1)[1].strip()
+    async with raw_session(daemon, initialize=True) as (c, lines, endpoint):
+        for rid, privileged in ((2, "false"), (3, "true")):
+            raw = ('{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "files/read", '
+                   '"arguments": {"path": "/etc/\\ud800x", "privileged": %s}}}' % (rid, privileged)).encode()
+            r = await c.post(daemon.url + endpoint, content=raw, headers={"Content-Type": "application/json"})
+            assert r.status_code == 202, r.text
+        r = await c.post(daemon.url + endpoint, json={"jsonrpc": "2.0", "id": 4, "method": "ping"})
+        assert r.status_code == 202
+        replies = {}
+        async for line in lines:
+            if line.startswith("data:"):
+                msg = json.loads(line.split(":", 1)[1])
+                replies[msg.get("id")] = msg
+                if 4 in replies:
                     break
-            assert endpoint
-            init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
-            assert (await c.post(daemon.url + endpoint, json=init)).status_code == 202
-            for rid, privileged in ((2, "false"), (3, "true")):
-                raw = ('{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "files/read", '
-                       '"arguments": {"path": "/etc/\\ud800x", "privileged": %s}}}' % (rid, privileged)).encode()
-                r = await c.post(daemon.url + endpoint, content=raw, headers={"Content-Type": "application/json"})
-                assert r.status_code == 202, r.text
-            r = await c.post(daemon.url + endpoint, json={"jsonrpc": "2.0", "id": 4, "method": "ping"})
-            assert r.status_code == 202
-            replies = {}
-            async for line in lines:
-                if line.startswith("data:"):
-                    msg = json.loads(line.split(":", 1)[1])
-                    replies[msg.get("id")] = msg
-                    if 4 in replies:
-                        break
     for rid in (2, 3):
         err = replies[rid]["result"]["structuredContent"]["error"]
         assert err["code"] == "INVALID_ARGUMENT", replies[rid]
