@@ -9,8 +9,8 @@ export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 need_apt=()
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
-ldconfig -p 2>/dev/null | grep -q 'libmagic\.so\.1' || need_apt+=(libmagic1)
-ldconfig -p 2>/dev/null | grep -q 'libpam\.so\.0' || need_apt+=(libpam0g libpam-modules)
+ldconfig -p 2>/dev/null | grep 'libmagic\.so\.1' >/dev/null || need_apt+=(libmagic1)  # (not grep -q: under pipefail its early exit makes ldconfig fail with SIGPIPE)
+ldconfig -p 2>/dev/null | grep 'libpam\.so\.0' >/dev/null || need_apt+=(libpam0g libpam-modules)
 command -v useradd >/dev/null 2>&1 || need_apt+=(passwd)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 # npm fetches the pinned Node 22 and MCP clients of the interoperability tests (tests/integration/node_clients.py)
