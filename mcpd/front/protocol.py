@@ -230,12 +230,27 @@ class Dispatcher:
             return tool_error_result(ToolError(INTERNAL_ERROR, "internal error"))
 
 
-def _valid_id(value: Any) -> bool:
-    """A JSON-RPC id (SPEC §2.3): a string, or a finite number (``1e400`` parses as infinity,
-    which no reply could carry as JSON: such an id is invalid, answered ``-32600`` with ``id: null``)."""
+def valid_id(value: Any) -> bool:
+    """A JSON-RPC id (SPEC §2.3): a string that is valid Unicode, or a finite number (``1e400``
+    parses as infinity, which no reply could carry as JSON: such an id is invalid, answered
+    ``-32600`` with ``id: null``)."""
     if isinstance(value, float):
         return math.isfinite(value)
-    return isinstance(value, (str, int)) and not isinstance(value, bool)
+    if isinstance(value, str):
+        return encodable(value)
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def encodable(text: str) -> bool:
+    """Whether ``text`` can be sent as UTF-8 (no lone surrogate, which a JSON body can spell as
+    ``"\\ud800"``): an id that is not would make its own reply unencodable, so it is invalid."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _id_key(value: Any) -> tuple[str, Any]:
@@ -356,7 +371,7 @@ class McpSession:
 
         ``out`` gets the request's progress, and its reply when ``send_reply`` (a batch member's
         reply is only the task's result, gathered into the batch's array)."""
-        request = isinstance(msg, dict) and isinstance(msg.get("method"), str) and _valid_id(msg.get("id"))
+        request = isinstance(msg, dict) and isinstance(msg.get("method"), str) and valid_id(msg.get("id"))
         if request and len(self._in_flight) >= self.dispatcher.max_in_flight:
             return self._refuse(msg, out, send_reply, SERVER_BUSY,
                                 f"{self.dispatcher.max_in_flight} requests of this session are in flight; retry later")
@@ -373,7 +388,7 @@ class McpSession:
         async def answer() -> Message | None:
             if not isinstance(msg, dict) or "id" not in msg:
                 return None
-            reply = error_reply(msg["id"] if _valid_id(msg["id"]) else None, code, text)
+            reply = error_reply(msg["id"] if valid_id(msg["id"]) else None, code, text)
             if send_reply:
                 out(reply)
                 return None
@@ -416,7 +431,7 @@ class McpSession:
             return error_reply(None, INVALID_REQUEST, "invalid request: not an object")
         has_id = "id" in msg
         req_id = msg.get("id")
-        reply_id = req_id if _valid_id(req_id) else None
+        reply_id = req_id if valid_id(req_id) else None
         if msg.get("jsonrpc") != "2.0":
             return error_reply(reply_id, INVALID_REQUEST, 'invalid request: jsonrpc must be "2.0"')
         if "method" not in msg:
@@ -429,7 +444,7 @@ class McpSession:
         if not has_id:
             self._notification(method, msg.get("params"))
             return None
-        if not _valid_id(req_id):
+        if not valid_id(req_id):
             return error_reply(None, INVALID_REQUEST, "invalid request: id must be a string or a number")
         if self._in_flight.get(_id_key(req_id)) is not asyncio.current_task():
             return error_reply(req_id, INVALID_REQUEST, "invalid request: id already in flight")
@@ -446,7 +461,7 @@ class McpSession:
             params = _params(msg)
             meta = params.get("_meta")
             token = meta.get("progressToken") if isinstance(meta, dict) else None
-            ctx = RequestContext(caller, self.session_id, token if _valid_id(token) else None, out, self.modern)
+            ctx = RequestContext(caller, self.session_id, token if valid_id(token) else None, out, self.modern)
             result = await handler(ctx, params)
             if self.modern:
                 result = modern_result(method, result)
@@ -460,7 +475,7 @@ class McpSession:
     def _notification(self, method: str, params: Any) -> None:
         if method == "notifications/cancelled" and isinstance(params, dict):
             target = params.get("requestId")
-            if _valid_id(target):
+            if valid_id(target):
                 task = self._in_flight.pop(_id_key(target), None)
                 if task is not None:
                     task.cancel()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import secrets
 import time
@@ -32,7 +33,7 @@ from starlette.types import Receive, Scope, Send
 from mcpd.common.config import Config
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.common.identity import Principal
-from mcpd.front.protocol import Caller, Dispatcher, McpSession
+from mcpd.front.protocol import INTERNAL, Caller, Dispatcher, McpSession, encodable, error_reply, valid_id
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +44,58 @@ _LINE_BREAKERS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029"
 STREAM_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
 
 
+def _dumps(message: Any) -> str:
+    """Strict, compact JSON that encodes as UTF-8; ``ValueError`` (``UnicodeEncodeError``
+    included) for a non-finite number or a lone surrogate anywhere in ``message``."""
+    text = json.dumps(message, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    if not text.isascii():
+        text.encode("utf-8")
+    return text
+
+
+def _clean(value: Any) -> Any:
+    """``value`` with lone surrogates replaced (U+FFFD) and non-finite numbers nulled."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8") if not encodable(value) else value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    return value
+
+
+def _sendable(message: Any) -> Any:
+    """A message that :func:`_dumps` accepts, in place of one it refused: a reply becomes an
+    internal error for its id (never silently altered content); a notification is cleaned."""
+    if isinstance(message, list):
+        out = []
+        for member in message:
+            try:
+                _dumps(member)
+                out.append(member)
+            except ValueError:
+                out.append(_sendable(member))
+        return out
+    if isinstance(message, dict) and "method" not in message:
+        rid = message.get("id")
+        return error_reply(rid if valid_id(rid) else None, INTERNAL, "internal error: the reply could not be encoded")
+    return _clean(message)
+
+
 def encode_message(message: Any) -> str:
-    """One JSON-RPC message (object or array) as compact JSON on one SSE ``data:`` line."""
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKERS)
+    """One JSON-RPC message (object or array) as compact JSON on one SSE ``data:`` line.
+
+    Always valid JSON that encodes as UTF-8 (SPEC §2.3 "every reply is valid JSON"): a reply that
+    cannot be (a lone surrogate or a non-finite number in it) is sent as an internal error for its
+    id instead, so the stream never dies of it."""
+    try:
+        text = _dumps(message)
+    except ValueError:
+        log.warning("a message could not be encoded as JSON; sent as an error instead")
+        text = _dumps(_sendable(message))
+    return text.translate(_LINE_BREAKERS)
 
 
 class McpUser(BaseUser):

@@ -52,7 +52,7 @@ from starlette.routing import Route
 from mcpd.common.config import Config
 from mcpd.front.protocol import (
     HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, META_CLIENT_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
-    MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, error_reply,
+    MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, error_reply, valid_id,
 )
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.front.transport.sse import (
@@ -109,6 +109,12 @@ def _is_reply(msg: Any) -> bool:
 def _rpc_error(status: int, code: int, message: str, headers: dict[str, str] | None = None) -> Response:
     """An HTTP error whose body is a JSON-RPC error without an id (what the specification allows)."""
     return JSONResponse(error_reply(None, code, message), status_code=status, headers=headers)
+
+
+def _json(message: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON answer holding a JSON-RPC message, encoded as the streams encode it: always valid
+    JSON (a reply that cannot be encoded becomes an error for its id, never a ``500``)."""
+    return Response(encode_message(message), status_code=status, headers=headers, media_type=JSON_TYPE)
 
 
 class Refusal(Exception):
@@ -356,7 +362,7 @@ class StreamableTransport:
         status = 400 if isinstance(reply, dict) and reply.get("id") is None and "error" in reply else 200
         if JSON_TYPE not in accepts:  # an SSE-only client: the reply as a one-event stream
             return EventSourceResponse(_once(reply), headers={**STREAM_HEADERS, **headers}, sep="\n")
-        return JSONResponse(reply, status_code=status, headers=headers)
+        return _json(reply, status, headers)
 
     async def _stateless(self, request: Request, payload: Any, accepts: set[str], user: McpUser) -> Response:
         """One 2026-07-28 request: checked by :func:`check_modern`, run, answered; no session."""
@@ -368,11 +374,11 @@ class StreamableTransport:
         try:
             check_modern(request.headers, payload)
         except Refusal as exc:
-            reply_id = req_id if isinstance(req_id, (str, int)) and not isinstance(req_id, bool) else None
-            return JSONResponse(error_reply(reply_id, exc.code, exc.message, exc.data), status_code=exc.status)
+            reply_id = req_id if valid_id(req_id) else None
+            return _json(error_reply(reply_id, exc.code, exc.message, exc.data), exc.status)
         protocol = McpSession(self.manager.dispatcher, secrets.token_hex(16), _discard, modern=True)
         if not protocol.knows(payload["method"]):
-            return JSONResponse(error_reply(req_id, METHOD_NOT_FOUND, "method not found"), status_code=404)
+            return _json(error_reply(req_id if valid_id(req_id) else None, METHOD_NOT_FOUND, "method not found"), 404)
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
         caller = Caller(user.principal, user.token, peer)
         if SSE_TYPE in accepts and _wants_progress(payload):
@@ -393,7 +399,7 @@ class StreamableTransport:
             return Response(status_code=202)
         if JSON_TYPE not in accepts:
             return EventSourceResponse(_once(replies[0]), headers=STREAM_HEADERS, sep="\n")
-        return JSONResponse(replies[0])
+        return _json(replies[0])
 
     def _event_response(self, events: AsyncIterator[ServerSentEvent], headers: dict[str, str] | None = None,
                         ) -> EventSourceResponse:

@@ -1,0 +1,114 @@
+"""Property tests (hypothesis) of the JSON-RPC envelope (SPEC §2.3) as the front parses and
+answers it: generated bodies (raw text, so ``1e400``, lone surrogates, deep nesting and huge
+integers are reachable) go through the front's body parser and a real session
+(:class:`mcpd.front.protocol.McpSession`), and every reply through the stream's encoder.
+
+Asserted for every body: it is refused with a JSON error body, or every member that is a request
+gets exactly one reply (a batch: one array holding one reply per request), notifications and
+client responses get none, and every reply is strict JSON (no ``NaN``/``Infinity``) that encodes as
+UTF-8. The methods generated never reach a worker (the transport fuzz test in
+``tests/integration/test_fuzz_transport.py`` does that). Derandomized, bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mcpd.common.identity import Principal
+from mcpd.front.protocol import Caller, Dispatcher, McpSession
+from mcpd.front.transport.body import BodyRefused, parse_json
+from mcpd.front.transport.sse import encode_message
+from tests.fuzzgen import Raw, answered, dump
+
+SETTINGS = settings(derandomize=True, max_examples=800, deadline=None, database=None)
+CALLER = Caller(Principal("alice", "alice", "t1"), "t" * 32, "127.0.0.1:1")
+
+
+SCALAR = st.one_of(
+    st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+    st.sampled_from([Raw("1e400"), Raw("-1e400"), Raw('"\\ud800"'), Raw('"a\\udfff"'), Raw("1.0"), Raw("-0"),
+                     Raw("123456789012345678901234567890"), Raw("1E+2")]),
+)
+VALUE = st.recursive(SCALAR, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                         max_size=3), max_leaves=8)
+METHOD = st.one_of(
+    st.sampled_from(["ping", "initialize", "tools/list", "resources/list", "resources/templates/list",
+                     "resources/read", "tools/call", "server/discover", "notifications/initialized",
+                     "notifications/cancelled", "nope", ""]),
+    SCALAR,
+)
+PARAMS = st.one_of(
+    VALUE,
+    st.fixed_dictionaries({}, optional={
+        "protocolVersion": st.sampled_from(["2024-11-05", "2025-06-18", "1999"]) | SCALAR,
+        "name": st.sampled_from(["no/such/tool", "x"]) | SCALAR,
+        "uri": st.text(max_size=8) | SCALAR,
+        "requestId": SCALAR,
+        "_meta": st.fixed_dictionaries({}, optional={"progressToken": SCALAR}) | SCALAR,
+    }),
+)
+MESSAGE = st.one_of(
+    st.fixed_dictionaries({}, optional={"jsonrpc": st.just("2.0") | SCALAR, "id": SCALAR, "method": METHOD,
+                                        "params": PARAMS, "result": VALUE, "error": VALUE}),
+    SCALAR,
+    VALUE,
+)
+BODY = st.one_of(MESSAGE, st.lists(MESSAGE, max_size=5), st.integers(60, 70).map(lambda d: Raw("[" * d + "]" * d)))
+
+
+def strict(text: str) -> Any:
+    def refuse(name: str) -> Any:
+        raise AssertionError(f"{name} in a reply: {text[:200]}")
+
+    text.encode("utf-8")  # a lone surrogate here would kill the stream
+    return json.loads(text, parse_constant=refuse)
+
+
+def exchange(payload: Any) -> list[Any]:
+    async def go() -> list[Any]:
+        sent: list[str] = []
+        session = McpSession(Dispatcher(pool=None, privileged=None), "0" * 32,  # type: ignore[arg-type]
+                             lambda m: sent.append(encode_message(m)))
+        task = session.receive(payload, CALLER)
+        if task is not None:
+            await asyncio.wait_for(task, 10)
+        session.close()
+        return [strict(s) for s in sent]
+
+    return asyncio.run(go())
+
+
+@SETTINGS
+@given(body=BODY)
+def test_every_request_gets_exactly_one_valid_json_reply(body: Any) -> None:
+    raw = dump(body).encode("utf-8", "surrogatepass")
+    try:
+        payload = parse_json(raw)
+    except BodyRefused as exc:
+        resp = exc.response()
+        assert resp.status_code == 400
+        reply = strict(bytes(resp.body).decode("utf-8"))
+        assert reply["id"] is None and reply["error"]["code"] in (-32700, -32600)
+        return
+    replies = exchange(payload)
+    if isinstance(payload, list):
+        want = [m for m in payload if answered(m)] if payload else [None]
+        if not want:
+            assert replies == []
+            return
+        assert len(replies) == 1, replies
+        got = replies[0] if payload else [replies[0]]
+        assert isinstance(got, list) and len(got) == len(want), (got, want)
+    else:
+        got = replies
+        assert len(got) == (1 if answered(payload) else 0), (payload, replies)
+    for reply in got:
+        assert reply["jsonrpc"] == "2.0" and ("result" in reply) != ("error" in reply), reply
+        rid = reply["id"]
+        assert rid is None or isinstance(rid, str) or (isinstance(rid, (int, float)) and not isinstance(rid, bool))
