@@ -34,6 +34,15 @@ def dump(value: Any) -> str:
     return json.dumps(value)
 
 
+def strict(text: str) -> Any:
+    """Parse a reply as strict JSON: ``NaN``/``Infinity`` fail the test, as a lone surrogate does."""
+    def refuse(name: str) -> Any:
+        raise AssertionError(f"{name} in a reply: {text[:200]}")
+
+    text.encode("utf-8")
+    return json.loads(text, parse_constant=refuse)
+
+
 def valid_id(value: Any) -> bool:
     """SPEC §2.3: a string that is valid Unicode, or a finite number (not a boolean)."""
     if isinstance(value, bool):

@@ -222,7 +222,7 @@ class Dispatcher:
                         on_progress=ctx.progress if ctx.progress_token is not None else None,
                         token=c.token, owner=c.principal.name,
                     )
-                return tool.format_result(call.result)
+                return tool.format_result(readable(call.result))
         except ToolError as exc:
             return tool_error_result(exc)
         except Exception:
@@ -251,6 +251,20 @@ def encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def readable(value: Any) -> Any:
+    """A tool result whose strings are all valid Unicode: a file name that is not UTF-8 comes from
+    the worker with its bad bytes as lone surrogates (``surrogateescape``), which no reply can
+    carry; such a string is shown with those bytes as ``\\xNN`` escapes, as ``ls -b`` shows them.
+    (File text never holds them: the reading core decodes strictly.)"""
+    if isinstance(value, str):
+        return value if encodable(value) else value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(value, list):
+        return [readable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: readable(v) for k, v in value.items()}
+    return value
 
 
 def _id_key(value: Any) -> tuple[str, Any]:

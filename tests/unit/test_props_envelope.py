@@ -23,7 +23,7 @@ from mcpd.common.identity import Principal
 from mcpd.front.protocol import Caller, Dispatcher, McpSession
 from mcpd.front.transport.body import BodyRefused, parse_json
 from mcpd.front.transport.sse import encode_message
-from tests.fuzzgen import Raw, answered, dump
+from tests.fuzzgen import Raw, answered, dump, strict
 
 SETTINGS = settings(derandomize=True, max_examples=800, deadline=None, database=None)
 CALLER = Caller(Principal("alice", "alice", "t1"), "t" * 32, "127.0.0.1:1")
@@ -62,12 +62,6 @@ MESSAGE = st.one_of(
 BODY = st.one_of(MESSAGE, st.lists(MESSAGE, max_size=5), st.integers(60, 70).map(lambda d: Raw("[" * d + "]" * d)))
 
 
-def strict(text: str) -> Any:
-    def refuse(name: str) -> Any:
-        raise AssertionError(f"{name} in a reply: {text[:200]}")
-
-    text.encode("utf-8")  # a lone surrogate here would kill the stream
-    return json.loads(text, parse_constant=refuse)
 
 
 def exchange(payload: Any) -> list[Any]:
