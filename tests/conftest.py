@@ -309,3 +309,35 @@ def read_status(sock: ssl.SSLSocket) -> int:
             break
         buf += chunk
     return int(buf.split(b" ", 2)[1])
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants that are alive now (from ``/proc/*/stat``)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
+def tree_rss_kib(pid: int) -> int:
+    """Resident memory (KiB, ``VmRSS``) of ``pid`` and all its descendants together."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+        except OSError:
+            continue
+    return total

@@ -15,10 +15,11 @@ Example (every key optional)::
     keepalive_seconds: 15          # ': ping' comment interval on idle streams (SPEC §1.2)
     max_body_bytes: 4194304        # POST /message body cap (SPEC §1.3)
     session_queue_size: 256        # outgoing messages buffered per session (SPEC §1.4)
-    session_queue_bytes: 16777216  # and at most this many bytes of them (SPEC §1.7)
+    session_queue_bytes: 16777216  # and at most this many bytes of them, also per /mcp POST and per batch answer (SPEC §1.7)
     max_in_flight: 64              # requests of one session running at once (-32000 beyond)
     max_batch: 256                 # members of one batch that are run (-32600 for each beyond)
     max_privileged_per_principal: 32  # privileged calls of one principal in flight (RATE_LIMITED beyond)
+    max_calls_per_principal: 64    # unprivileged calls of one principal waiting or running (RATE_LIMITED beyond)
     metrics_listen: ""             # HOST:PORT on loopback for /metrics and /healthz (plain HTTP); "": off
     max_sessions: 1000             # open sessions in total, /sse and /mcp together (503 beyond)
     max_sessions_per_principal: 100  # open sessions of one principal, both transports (429 beyond)
@@ -173,6 +174,7 @@ class Config:
     max_in_flight: int = 64
     max_batch: int = 256
     max_privileged_per_principal: int = 32
+    max_calls_per_principal: int = 64
     metrics_listen: str = ""
     max_sessions: int = 1000
     max_sessions_per_principal: int = 100
@@ -265,6 +267,7 @@ def _check_ranges(cfg: Config) -> None:
         "max_in_flight": cfg.max_in_flight,
         "max_batch": cfg.max_batch,
         "max_privileged_per_principal": cfg.max_privileged_per_principal,
+        "max_calls_per_principal": cfg.max_calls_per_principal,
         "max_sessions": cfg.max_sessions,
         "max_sessions_per_principal": cfg.max_sessions_per_principal,
         "read.default_bytes": cfg.read.default_bytes,

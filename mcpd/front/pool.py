@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from mcpd.common import frames
 from mcpd.common.config import Config, ReadLimits
-from mcpd.common.errors import INTERNAL_ERROR, TIMEOUT, ToolError, invalid_argument
+from mcpd.common.errors import INTERNAL_ERROR, RATE_LIMITED, TIMEOUT, ToolError, invalid_argument
 
 log = logging.getLogger("mcpd.front.pool")
 
@@ -162,7 +162,8 @@ class WorkerPool:
         cfg: the daemon config; uses ``workers.per_account`` (workers per account),
             ``workers.max_accounts`` (accounts with workers at once; the least recently used idle
             account is evicted), ``workers.timeout_seconds`` (default deadline per call) and
-            ``read.response_cap`` (bytes; sets the reply frame cap).
+            ``read.response_cap`` (bytes; sets the reply frame cap) and ``max_calls_per_principal``
+            (unprivileged calls of one owner waiting or running; ``RATE_LIMITED`` beyond).
 
     Must be used from one event loop. Call :meth:`close` before the loop ends.
     """
@@ -175,6 +176,7 @@ class WorkerPool:
         self._account_freed = asyncio.Event()
         self._retiring: set[asyncio.Task[None]] = set()
         self._inflight = 0  # calls inside call(); close() waits for them to end
+        self._by_owner: collections.Counter[str] = collections.Counter()  # unprivileged calls per principal
         self._quiet = asyncio.Event()
         self._closed = False
 
@@ -227,11 +229,31 @@ class WorkerPool:
             ToolError: the worker's own error; ``TIMEOUT`` when the deadline passes (a running
                 worker is then killed, reaped and replaced); ``INTERNAL_ERROR`` ("worker crashed")
                 when the worker dies or breaks the protocol; ``INVALID_ARGUMENT`` when the request
-                frame would exceed 64 KiB.
+                frame would exceed 64 KiB; ``RATE_LIMITED`` when ``owner`` already has
+                ``max_calls_per_principal`` unprivileged calls waiting or running.
             asyncio.CancelledError: the call was cancelled; its worker is killed and replaced.
         """
         if self._closed:
             raise ToolError(INTERNAL_ERROR, "worker pool is closed")
+        counted = owner if grant is None and owner is not None else None  # (privileged: the helper client's cap)
+        if counted is not None:
+            cap = self._cfg.max_calls_per_principal
+            if self._by_owner[counted] >= cap:
+                raise ToolError(RATE_LIMITED, f"{cap} calls of this principal are in flight; retry when one ends",
+                                limit=cap)
+            self._by_owner[counted] += 1
+        try:
+            return await self._call(os_user, op, args, timeout, on_progress, token, owner, grant, decided)
+        finally:
+            if counted is not None:
+                self._by_owner[counted] -= 1
+                if self._by_owner[counted] <= 0:
+                    del self._by_owner[counted]
+
+    async def _call(
+        self, os_user: str, op: str, args: dict[str, Any], timeout: float | None, on_progress: ProgressCallback | None,
+        token: str, owner: str | None, grant: GrantCallback | None, decided: frozenset[str],
+    ) -> dict[str, Any]:
         limit = self._cfg.workers.timeout_seconds if timeout is None else timeout
         request = self._encode(0, op, args)  # size check before any worker is taken
         del request

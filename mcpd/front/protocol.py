@@ -182,6 +182,7 @@ class Dispatcher:
         # set by the server from mcpd.yaml (max_in_flight, max_batch)
         self.max_in_flight = 64
         self.max_batch = 256
+        self.max_batch_bytes = 16 * 1024 * 1024  # one batch's answer (session_queue_bytes): beyond, -32000 per member
 
     def list_tools(self) -> list[dict[str, Any]]:
         """The ``tools`` array of ``tools/list``."""
@@ -265,6 +266,18 @@ def readable(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: readable(v) for k, v in value.items()}
     return value
+
+
+def approx_size(value: Any) -> int:
+    """About the bytes of ``value`` as JSON, without encoding it: characters of its strings plus a
+    few bytes for each other item (a bound for what a reply holds, not an exact length)."""
+    if isinstance(value, str):
+        return len(value) + 2
+    if isinstance(value, dict):
+        return sum(approx_size(k) + approx_size(v) + 2 for k, v in value.items()) + 2
+    if isinstance(value, list):
+        return sum(approx_size(v) + 1 for v in value) + 2
+    return 8
 
 
 def _id_key(value: Any) -> tuple[str, Any]:
@@ -368,7 +381,8 @@ class McpSession:
                 out(error_reply(None, INVALID_REQUEST, "invalid request: empty batch"))
                 return None
             cap = self.dispatcher.max_batch
-            members = [self._start(m, caller, out, send_reply=False) for m in payload[:cap]]
+            budget = [self.dispatcher.max_batch_bytes]  # bytes the batch's array may still take
+            members = [self._start(m, caller, out, send_reply=False, budget=budget) for m in payload[:cap]]
             members += [self._refuse(m, out, False, INVALID_REQUEST, f"batch over {cap} members: not run")
                         for m in payload[cap:]]
             return self._spawn(self._gather_batch(members, out))
@@ -380,16 +394,18 @@ class McpSession:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _start(self, msg: Any, caller: Caller, out: Send, send_reply: bool) -> asyncio.Task[Message | None]:
+    def _start(self, msg: Any, caller: Caller, out: Send, send_reply: bool,
+               budget: list[int] | None = None) -> asyncio.Task[Message | None]:
         """Schedule one message; register it as in flight when it is a well-formed request.
 
         ``out`` gets the request's progress, and its reply when ``send_reply`` (a batch member's
-        reply is only the task's result, gathered into the batch's array)."""
+        reply is only the task's result, gathered into the batch's array, which ``budget`` bounds:
+        ``[bytes left]``, shared by the batch's members)."""
         request = isinstance(msg, dict) and isinstance(msg.get("method"), str) and valid_id(msg.get("id"))
         if request and len(self._in_flight) >= self.dispatcher.max_in_flight:
             return self._refuse(msg, out, send_reply, SERVER_BUSY,
                                 f"{self.dispatcher.max_in_flight} requests of this session are in flight; retry later")
-        task: asyncio.Task[Message | None] = self._spawn(self._handle(msg, caller, out, send_reply))
+        task: asyncio.Task[Message | None] = self._spawn(self._handle(msg, caller, out, send_reply, budget))
         if request:
             key = _id_key(msg["id"])
             if key not in self._in_flight:
@@ -434,8 +450,16 @@ class McpSession:
 
     # -- one message --------------------------------------------------------------------------
 
-    async def _handle(self, msg: Any, caller: Caller, out: Send, send_reply: bool) -> Message | None:
+    async def _handle(self, msg: Any, caller: Caller, out: Send, send_reply: bool,
+                      budget: list[int] | None = None) -> Message | None:
         reply = await self._reply_for(msg, caller, out)
+        if budget is not None and reply is not None:  # a batch member: its array is bounded in bytes
+            size = approx_size(reply)
+            if size > budget[0]:
+                reply = error_reply(reply.get("id"), SERVER_BUSY, f"the batch's answer would pass "
+                                    f"{self.dispatcher.max_batch_bytes} bytes: this reply was dropped; send it alone")
+            else:
+                budget[0] -= size
         if send_reply and reply is not None and not self._closed:
             out(reply)
         return reply

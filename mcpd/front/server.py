@@ -122,6 +122,7 @@ class Server:
         resources = FileResources(pool, backend, self.cfg.workspaces, self.cfg.default_workspace)
         dispatcher = Dispatcher(pool, backend, resources=resources, tool_names=self.cfg.tool_names)
         dispatcher.max_in_flight, dispatcher.max_batch = self.cfg.max_in_flight, self.cfg.max_batch
+        dispatcher.max_batch_bytes = self.cfg.session_queue_bytes
         login = HelperLogin(channel) if channel is not None else NoLogin()
         if self.cfg.limits != Limits():
             dispatcher.limits = resources.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)

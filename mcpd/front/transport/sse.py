@@ -116,7 +116,7 @@ class McpUser(BaseUser):
         return self.principal.name
 
 
-def _utf8_len(text: str) -> int:
+def utf8_len(text: str) -> int:
     """Bytes of ``text`` in UTF-8 (without encoding it when it is ASCII, the usual case)."""
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
@@ -162,7 +162,7 @@ class SseSession:
         if self.closed:
             return
         data = encode_message(message)
-        size = _utf8_len(data)
+        size = utf8_len(data)
         try:
             if self._queued + size > self._queue_bytes and not self._queue.empty():
                 raise asyncio.QueueFull  # (one message alone may be larger: it is bounded by the response cap)
@@ -191,7 +191,7 @@ class SseSession:
             yield ServerSentEvent(event="endpoint", data=endpoint, sep="\n")
         while not self.closed:
             data = await self._queue.get()
-            self._queued = max(0, self._queued - _utf8_len(data))
+            self._queued = max(0, self._queued - utf8_len(data))
             yield ServerSentEvent(event="message", data=data, sep="\n")
 
     def attach(self, scope: anyio.CancelScope) -> None:

@@ -38,6 +38,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import dataclasses
 import logging
 import secrets
 import time
@@ -57,7 +58,7 @@ from mcpd.front.protocol import (
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.front.transport.sse import (
     SESSION_ID_RE, STREAM_HEADERS, McpUser, SessionManager, SessionRefused, SessionStream, SseSession,
-    encode_message,
+    encode_message, utf8_len,
 )
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,12 @@ def _rpc_error(status: int, code: int, message: str, headers: dict[str, str] | N
 def _json(message: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     """A JSON answer holding a JSON-RPC message, encoded as the streams encode it: always valid
     JSON (a reply that cannot be encoded becomes an error for its id, never a ``500``)."""
-    return Response(encode_message(message), status_code=status, headers=headers, media_type=JSON_TYPE)
+    return _json_text(encode_message(message), status, headers)
+
+
+def _json_text(text: str, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON answer of an already encoded message (:func:`encode_message`)."""
+    return Response(text, status_code=status, headers=headers, media_type=JSON_TYPE)
 
 
 class Refusal(Exception):
@@ -194,32 +200,49 @@ async def _disconnected(request: Request) -> None:
 
 
 class PostStream:
-    """The messages one POST's requests produce, in order, bounded like a session's queue.
+    """The messages one POST's requests produce, in order, encoded, bounded like a session's queue.
 
-    ``put`` is the ``send`` handed to :meth:`McpSession.receive`; past ``limit`` queued messages
-    the client has stopped reading, and the stream is cut (``overflowed``).
+    ``put`` is the ``send`` handed to :meth:`McpSession.receive`. Past ``limit`` queued messages
+    or ``limit_bytes`` queued bytes (``session_queue_size``, ``session_queue_bytes``) the client
+    has stopped reading: the stream is cut (``overflowed``) and what was queued is released. One
+    message alone may be larger (a reply is bounded by the response cap, a batch's by
+    ``session_queue_bytes`` in :class:`~mcpd.front.protocol.McpSession`). ``replies_only``: keep
+    only replies (an answer sent as JSON, which carries no progress).
     """
 
-    def __init__(self, limit: int) -> None:
-        self._items: collections.deque[Message | list[Message]] = collections.deque()
+    def __init__(self, limit: int, limit_bytes: int = 16 * 1024 * 1024, replies_only: bool = False) -> None:
+        self._items: collections.deque[Queued] = collections.deque()
         self._limit = limit
+        self._limit_bytes = limit_bytes
+        self._bytes = 0
+        self._replies_only = replies_only
         self._ready = asyncio.Event()
         self.overflowed = False
 
     def put(self, message: Any) -> None:
-        """Queue one message (never blocks)."""
+        """Encode and queue one message (never blocks)."""
         if self.overflowed:
             return
-        if len(self._items) >= self._limit:
+        reply = _is_reply(message)
+        if self._replies_only and not reply:
+            return
+        text = encode_message(message)
+        size = utf8_len(text)
+        if self._items and (len(self._items) >= self._limit or self._bytes + size > self._limit_bytes):
             self.overflowed = True
+            self._items.clear()
+            self._bytes = 0
         else:
-            self._items.append(message)
+            refused = isinstance(message, dict) and message.get("id") is None and "error" in message
+            self._items.append(Queued(text, reply, refused, isinstance(message, dict) and "result" in message))
+            self._bytes += size
         self._ready.set()
 
-    def drain(self) -> list[Any]:
+    def drain(self) -> list[Queued]:
         """Take everything queued so far."""
         items = list(self._items)
         self._items.clear()
+        self._bytes = 0
         self._ready.clear()
         return items
 
@@ -230,6 +253,18 @@ class PostStream:
             await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
+
+
+@dataclasses.dataclass(frozen=True)
+class Queued:
+    """One encoded message of a :class:`PostStream`: its JSON ``text``, whether it is a ``reply``,
+    whether it is an error without an id (``refused``: answered ``400`` as JSON), and whether it
+    is a success (``result``)."""
+
+    text: str
+    reply: bool
+    refused: bool
+    result: bool
 
 
 class StreamableTransport:
@@ -255,6 +290,10 @@ class StreamableTransport:
         if request.method == "GET":
             return await self.get(request)
         return await self.delete(request)
+
+    def _post_stream(self, replies_only: bool = False) -> PostStream:
+        """A POST's bounded outgoing queue (``session_queue_size`` messages, ``session_queue_bytes``)."""
+        return PostStream(self.cfg.session_queue_size, self.cfg.session_queue_bytes, replies_only)
 
     # -- session lookup ---------------------------------------------------------------------------
 
@@ -346,12 +385,12 @@ class StreamableTransport:
         # (an initialize is answered as JSON: a failed one must not leave its session behind)
         if not opened and SSE_TYPE in accepts and any(_is_request(m) and _wants_progress(m) for m in members):
             return self._event_response(self._events(session, payload, caller), headers)
-        out = PostStream(self.cfg.session_queue_size)
+        out = self._post_stream(replies_only=True)
         task = session.protocol.receive(payload, caller, out.put)
         if task is not None:
             await asyncio.wait({task})
-        replies = [m for m in out.drain() if _is_reply(m)]
-        if opened and not (replies and "result" in replies[0]):
+        replies = out.drain()
+        if opened and not (replies and replies[0].result):
             self.manager.close(session)  # a failed initialize leaves no session behind
             headers.pop(SESSION_HEADER)
         if not replies:
@@ -359,10 +398,9 @@ class StreamableTransport:
                 return _rpc_error(404, INVALID_REQUEST, "session ended", headers)
             return Response(status_code=202, headers=headers)
         reply = replies[0]
-        status = 400 if isinstance(reply, dict) and reply.get("id") is None and "error" in reply else 200
         if JSON_TYPE not in accepts:  # an SSE-only client: the reply as a one-event stream
-            return EventSourceResponse(_once(reply), headers={**STREAM_HEADERS, **headers}, sep="\n")
-        return _json(reply, status, headers)
+            return EventSourceResponse(_once(reply.text), headers={**STREAM_HEADERS, **headers}, sep="\n")
+        return _json_text(reply.text, 400 if reply.refused else 200, headers)
 
     async def _stateless(self, request: Request, payload: Any, accepts: set[str], user: McpUser) -> Response:
         """One 2026-07-28 request: checked by :func:`check_modern`, run, answered; no session."""
@@ -383,7 +421,7 @@ class StreamableTransport:
         caller = Caller(user.principal, user.token, peer)
         if SSE_TYPE in accepts and _wants_progress(payload):
             return self._event_response(self._stream(protocol, payload, caller, "stateless", cancel_on_close=True))
-        out = PostStream(self.cfg.session_queue_size)
+        out = self._post_stream(replies_only=True)
         task = protocol.receive(payload, caller, out.put)
         if task is None:
             return Response(status_code=202)
@@ -394,12 +432,12 @@ class StreamableTransport:
             gone.cancel()
             if not task.done():  # the client left: closing is cancelling in this era
                 protocol.close()
-        replies = [m for m in out.drain() if _is_reply(m)]
+        replies = out.drain()
         if not replies:
             return Response(status_code=202)
         if JSON_TYPE not in accepts:
-            return EventSourceResponse(_once(replies[0]), headers=STREAM_HEADERS, sep="\n")
-        return _json(replies[0])
+            return EventSourceResponse(_once(replies[0].text), headers=STREAM_HEADERS, sep="\n")
+        return _json_text(replies[0].text)
 
     def _event_response(self, events: AsyncIterator[ServerSentEvent], headers: dict[str, str] | None = None,
                         ) -> EventSourceResponse:
@@ -418,7 +456,7 @@ class StreamableTransport:
         """One POST's response stream: its request's progress, then the reply, then the end; a
         client that stops reading is cut off. ``cancel_on_close``: the stream ending early (the
         client left) cancels the request."""
-        out = PostStream(self.cfg.session_queue_size)
+        out = self._post_stream()
         task = protocol.receive(payload, caller, out.put)
         if task is None:
             return
@@ -426,8 +464,8 @@ class StreamableTransport:
             while True:
                 await out.wait(task)
                 done = task.done()  # then every message of the task is queued already
-                for message in out.drain():
-                    yield ServerSentEvent(event="message", data=encode_message(message), sep="\n")
+                for item in out.drain():
+                    yield ServerSentEvent(event="message", data=item.text, sep="\n")
                 if out.overflowed:
                     log.warning("%s: a POST stream's client stopped reading; cut off", label)
                     return
@@ -442,5 +480,5 @@ def _discard(message: Any) -> None:
     """The ``send`` of a one-request session: every message goes to that request's own response."""
 
 
-async def _once(message: Any) -> AsyncIterator[ServerSentEvent]:
-    yield ServerSentEvent(event="message", data=encode_message(message), sep="\n")
+async def _once(text: str) -> AsyncIterator[ServerSentEvent]:
+    yield ServerSentEvent(event="message", data=text, sep="\n")
