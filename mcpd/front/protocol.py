@@ -335,21 +335,11 @@ class McpSession:
         self._in_flight: dict[tuple[str, Any], asyncio.Task[Message | None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
-        self._methods: dict[str, tuple[Handler, bool]] = {
-            "initialize": (self._initialize, False),
-            "ping": (self._ping, False),
-            "tools/list": (self._tools_list, True),
-            "tools/call": (self._tools_call, True),
-            "resources/list": (self._resources_list, True),
-            "resources/templates/list": (self._resource_templates_list, True),
-            "resources/read": (self._resources_read, True),
-        }
+        self._methods = _MODERN_METHODS if modern else _METHODS
         self.modern = modern
         if modern:
             self.initialized = True
             self.protocol_version = MODERN_VERSIONS[-1]
-            del self._methods["initialize"], self._methods["ping"]
-            self._methods["server/discover"] = (self._discover, False)
 
     def knows(self, method: str) -> bool:
         """Whether ``method`` is served (in this session's era)."""
@@ -492,7 +482,8 @@ class McpSession:
         entry = self._methods.get(method)
         if entry is None:
             return error_reply(req_id, METHOD_NOT_FOUND, "method not found")
-        handler, needs_init = entry
+        handler_name, needs_init = entry
+        handler: Handler = getattr(self, handler_name)
         if needs_init and not self.initialized:
             return error_reply(req_id, INVALID_REQUEST, "session not initialized")
         try:
@@ -570,3 +561,18 @@ class McpSession:
         if provider is None:
             raise RpcError(INVALID_PARAMS, "unknown resource")
         return await provider.read(ctx, uri, params)
+
+
+# method → (McpSession handler's name, needs initialize); shared by every session (an idle session
+# should hold little), the stateless era's set apart.
+_METHODS: dict[str, tuple[str, bool]] = {
+    "initialize": ("_initialize", False),
+    "ping": ("_ping", False),
+    "tools/list": ("_tools_list", True),
+    "tools/call": ("_tools_call", True),
+    "resources/list": ("_resources_list", True),
+    "resources/templates/list": ("_resource_templates_list", True),
+    "resources/read": ("_resources_read", True),
+}
+_MODERN_METHODS = {**{k: v for k, v in _METHODS.items() if k not in ("initialize", "ping")},
+                   "server/discover": ("_discover", False)}

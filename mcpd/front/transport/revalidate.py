@@ -60,12 +60,14 @@ async def revalidate_forever(manager: SessionManager, authenticator: Authenticat
                              interval: float = INTERVAL, idle_seconds: float | None = None,
                              on_revoked: Callable[[str], object] | None = None) -> None:
     """Run :func:`revalidate_once` every ``interval`` seconds until cancelled; with
-    ``idle_seconds``, also expire idle Streamable HTTP sessions (:meth:`SessionManager.expire_idle`)."""
+    ``idle_seconds``, also expire idle Streamable HTTP sessions (:meth:`SessionManager.expire_idle`);
+    after many sessions closed, give their memory back (:meth:`SessionManager.give_back_memory`)."""
     while True:
         await asyncio.sleep(interval)
         try:
             if idle_seconds is not None:
                 manager.expire_idle(idle_seconds)
             await revalidate_once(manager, authenticator, on_revoked)
+            manager.give_back_memory()
         except Exception:
             log.exception("session revalidation failed; retrying")

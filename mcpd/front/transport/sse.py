@@ -13,6 +13,10 @@ per-session rule count both transports together, and the once-a-second token re-
 from __future__ import annotations
 
 import asyncio
+import collections
+import ctypes
+import functools
+import gc
 import json
 import logging
 import math
@@ -98,6 +102,28 @@ def encode_message(message: Any) -> str:
     return text.translate(_LINE_BREAKERS)
 
 
+TRIM_AFTER = 32  # sessions closed before the heap is trimmed (SessionManager.give_back_memory)
+TRIM_QUIET = 0.5  # seconds without a close before it is
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc only; elsewhere nothing to do
+    except (OSError, AttributeError):
+        return None
+
+
+def trim_heap() -> bool:
+    """Return the C heap's free pages to the system (glibc ``malloc_trim(0)``); ``False`` where
+    the C library has no such call."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
 class McpUser(BaseUser):
     """The authenticated caller of one HTTP request (set by the auth middleware in ``app.py``)."""
 
@@ -148,7 +174,10 @@ class SseSession:
         self.token = ""  # the bearer that opened it, re-checked every second (mcpd/transport/revalidate.py)
         self.closed = False
         self._manager = manager
-        self._queue: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
+        # (a deque and one Event, not an asyncio.Queue: an idle session should hold little)
+        self._queue: collections.deque[str] = collections.deque()
+        self._ready = asyncio.Event()
+        self._queue_size = queue_size
         self._queue_bytes = queue_bytes
         self._queued = 0  # bytes of the messages in the queue
         self._cancel_scope: anyio.CancelScope | None = None
@@ -163,14 +192,14 @@ class SseSession:
             return
         data = encode_message(message)
         size = utf8_len(data)
-        try:
-            if self._queued + size > self._queue_bytes and not self._queue.empty():
-                raise asyncio.QueueFull  # (one message alone may be larger: it is bounded by the response cap)
-            self._queue.put_nowait(data)
-            self._queued += size
-        except asyncio.QueueFull:
+        # (one message alone may be larger than queue_bytes: it is bounded by the response cap)
+        if self._queue and (len(self._queue) >= self._queue_size or self._queued + size > self._queue_bytes):
             log.warning("session %s: outgoing queue full, disconnecting a client that stopped reading", self.id)
             self._manager.close(self)
+            return
+        self._queue.append(data)
+        self._queued += size
+        self._ready.set()
 
     def close(self) -> None:
         """Close the session (idempotent): cancel in-flight work, cut the stream, drop queued messages."""
@@ -180,17 +209,26 @@ class SseSession:
         self.protocol.close()
         if self._cancel_scope is not None:
             self._cancel_scope.cancel()
-        while not self._queue.empty():
-            self._queue.get_nowait()
+        self._queue.clear()
         self._queued = 0
+        self._ready.set()
 
-    async def events(self, endpoint: str | None) -> AsyncIterator[ServerSentEvent]:
+    async def events(self, endpoint: str | None, keepalive: float) -> AsyncIterator[ServerSentEvent]:
         """The stream's events: ``endpoint`` first (when given), then one ``message`` per queued
-        JSON-RPC message."""
+        JSON-RPC message, and a ``: ping`` comment after each ``keepalive`` seconds without one
+        (here rather than in a task of its own: an idle stream costs one task less)."""
         if endpoint is not None:
             yield ServerSentEvent(event="endpoint", data=endpoint, sep="\n")
         while not self.closed:
-            data = await self._queue.get()
+            if not self._queue:
+                self._ready.clear()
+                try:
+                    async with asyncio.timeout(keepalive):
+                        await self._ready.wait()
+                except TimeoutError:
+                    yield ServerSentEvent(comment="ping", sep="\n")
+                continue
+            data = self._queue.popleft()
             self._queued = max(0, self._queued - utf8_len(data))
             yield ServerSentEvent(event="message", data=data, sep="\n")
 
@@ -224,6 +262,8 @@ class SessionManager:
         self._cfg = cfg
         self._dispatcher = dispatcher
         self._sessions: dict[str, SseSession] = {}
+        self.closed_since_trim = 0  # sessions closed since the heap was last trimmed
+        self._last_close = 0.0  # time.monotonic() of the last close
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -275,8 +315,25 @@ class SessionManager:
 
     def close(self, session: SseSession) -> None:
         """Close ``session`` and forget it."""
-        self._sessions.pop(session.id, None)
+        if self._sessions.pop(session.id, None) is not None:
+            self.closed_since_trim += 1
+            self._last_close = time.monotonic()
         session.close()
+
+    def give_back_memory(self, after: int = TRIM_AFTER, now: float | None = None) -> bool:
+        """Once ``after`` sessions were closed since the last trim and closing has paused for
+        :data:`TRIM_QUIET` seconds (or ``8 * after`` were closed, however busy), collect the
+        cycles closed streams leave (a full ``gc.collect``: until the collector's rare full pass,
+        cancelled tasks, their exceptions and frames keep a closed session's memory) and hand the
+        C heap's free pages back to the system (glibc ``malloc_trim``). Returns whether it trimmed.
+        Meant to be called every second."""
+        now = time.monotonic() if now is None else now
+        quiet = now - self._last_close >= TRIM_QUIET
+        if self.closed_since_trim < after or not (quiet or self.closed_since_trim >= 8 * after):
+            return False
+        self.closed_since_trim = 0
+        gc.collect()  # a closed stream leaves cycles (cancelled tasks, their exceptions and frames)
+        return trim_heap()
 
     def sessions(self) -> list[SseSession]:
         """A snapshot of the open sessions."""
@@ -304,11 +361,10 @@ class SessionStream(EventSourceResponse):
     def __init__(self, session: SseSession, manager: SessionManager, endpoint: str | None, keepalive: float,
                  close_on_end: bool = True, headers: dict[str, str] | None = None) -> None:
         super().__init__(
-            session.events(endpoint),
+            session.events(endpoint, keepalive),
             headers={**STREAM_HEADERS, **(headers or {})},
-            ping=keepalive,
+            ping=0,  # the session's events() sends the keep-alive comments
             sep="\n",
-            ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
         )
         self.session = session
         self.manager = manager
