@@ -19,7 +19,7 @@ Example (every key optional)::
     max_in_flight: 64              # requests of one session running at once (-32000 beyond)
     max_batch: 256                 # members of one batch that are run (-32600 for each beyond)
     max_privileged_per_principal: 32  # privileged calls of one principal in flight (RATE_LIMITED beyond)
-    max_calls_per_principal: 64    # unprivileged calls of one principal waiting or running (RATE_LIMITED beyond)
+    max_calls_per_principal: 1024  # unprivileged calls of one principal waiting or running (RATE_LIMITED beyond)
     metrics_listen: ""             # HOST:PORT on loopback for /metrics and /healthz (plain HTTP); "": off
     max_sessions: 1000             # open sessions in total, /sse and /mcp together (503 beyond)
     max_sessions_per_principal: 100  # open sessions of one principal, both transports (429 beyond)
@@ -174,7 +174,7 @@ class Config:
     max_in_flight: int = 64
     max_batch: int = 256
     max_privileged_per_principal: int = 32
-    max_calls_per_principal: int = 64
+    max_calls_per_principal: int = 1024
     metrics_listen: str = ""
     max_sessions: int = 1000
     max_sessions_per_principal: int = 100

@@ -83,6 +83,7 @@ class _NotifyingServer(uvicorn.Server):
     """uvicorn's server that tells systemd ``READY=1`` once the listener is up (``Type=notify``)."""
 
     on_shutdown: tuple[Callable[[], None], ...] = ()
+    before_shutdown: tuple[Callable[[], None], ...] = ()  # e.g. closing the sessions, which ends their streams
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -91,7 +92,10 @@ class _NotifyingServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's shutdown, then :attr:`on_shutdown` (uvicorn re-raises the stop signal when
-        ``serve`` returns, so work after ``serve`` may never run)."""
+        ``serve`` returns, so work after ``serve`` may never run). :attr:`before_shutdown` runs
+        first: uvicorn waits for open connections, and a session's stream ends only when it closes."""
+        for hook in self.before_shutdown:
+            hook()
         await super().shutdown(sockets)
         for hook in self.on_shutdown:
             hook()
@@ -159,6 +163,7 @@ class Server:
         config.load()
         config.ssl = context  # same files, plus the TLS 1.2 floor uvicorn has no option for
         server = _NotifyingServer(config)
+        server.before_shutdown = (sessions.close_all,)
         if dispatcher.limits is not None:
             server.on_shutdown = (dispatcher.limits.save,)
         exporter = None

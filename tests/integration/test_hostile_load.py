@@ -248,3 +248,31 @@ def test_slowloris_half_sent_requests_are_all_closed_while_a_normal_client_is_se
     assert opened == count
     assert closed_count == count
     assert normal_ok
+
+
+def test_the_daemon_stops_on_sigterm_while_streams_are_open(daemon_factory: Callable[..., Daemon]) -> None:
+    """Shutdown closes the sessions first, which ends their streams (a stalled one included), so
+    the daemon exits, and every response was completed (none cut by the shutdown)."""
+    d = daemon_factory()
+    stalled, _ = stalled_session(d)
+
+    async def go() -> list[bool]:
+        async with SseSession(d) as a, SseSession(d, token=d.other_token) as b:
+            await a.initialize()
+            await b.initialize()
+            d.proc.terminate()
+            ended = []
+            for s in (a, b):
+                try:
+                    while True:
+                        await s.next_event(timeout=15)
+                except EOFError:
+                    ended.append(True)
+            return ended
+
+    try:
+        assert asyncio.run(go()) == [True, True]
+        assert d.proc.wait(timeout=15) in (0, -15)  # (uvicorn re-raises the stop signal once it is done)
+        assert "Traceback" not in d.log() and "without completing response" not in d.log(), d.log()[-2000:]
+    finally:
+        stalled.close()

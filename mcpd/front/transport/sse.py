@@ -27,10 +27,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 from starlette.authentication import BaseUser
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -345,9 +345,14 @@ class SessionManager:
             self.close(session)
 
 
-class SessionStream(EventSourceResponse):
+class SessionStream(StreamingResponse):
     """A session's GET stream: ``GET /sse``, whose end closes its session (SPEC §1.2, §1.4), or
     ``GET /mcp`` (``endpoint`` ``None``, ``close_on_end`` false: the session outlives it).
+
+    Events are sse-starlette's :class:`ServerSentEvent`; the stream itself is run here with one
+    helper task (watching for the client's disconnect) instead of ``EventSourceResponse``'s task
+    group of four: an idle session holds little (issue "hostile load"). Server shutdown closes the
+    sessions first (:meth:`SessionManager.close_all`), which ends every stream.
 
     Args:
         session: the session whose queue feeds the stream.
@@ -360,29 +365,46 @@ class SessionStream(EventSourceResponse):
 
     def __init__(self, session: SseSession, manager: SessionManager, endpoint: str | None, keepalive: float,
                  close_on_end: bool = True, headers: dict[str, str] | None = None) -> None:
-        super().__init__(
-            session.events(endpoint, keepalive),
-            headers={**STREAM_HEADERS, **(headers or {})},
-            ping=0,  # the session's events() sends the keep-alive comments
-            sep="\n",
-        )
+        super().__init__(iter(()), headers={**STREAM_HEADERS, **(headers or {})},
+                         media_type="text/event-stream; charset=utf-8")
         self.session = session
         self.manager = manager
+        self.endpoint = endpoint
+        self.keepalive = keepalive
         self.close_on_end = close_on_end
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Stream until the client leaves or the session is closed, then close the session (or,
-        for ``close_on_end`` false, only detach the stream)."""
+        for ``close_on_end`` false, only detach the stream). ``HEAD`` gets the headers only."""
         self.session.stream_open = True
         try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            if scope.get("method") == "HEAD":
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
             with anyio.CancelScope() as cancel_scope:
                 self.session.attach(cancel_scope)
-                await super().__call__(scope, receive, send)
+                watcher = asyncio.ensure_future(_until_disconnect(receive, cancel_scope))
+                try:
+                    async for event in self.session.events(self.endpoint, self.keepalive):
+                        await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
+                finally:
+                    watcher.cancel()
+            # the session was closed (or the client left: then this is a no-op): end the response,
+            # so the connection is closed rather than left open
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self.session.stream_open = False
             self.session.last_active = time.monotonic()
             if self.close_on_end:
                 self.manager.close(self.session)
+
+
+async def _until_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` (the stream) once the client has gone away."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 class Transport:
