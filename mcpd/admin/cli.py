@@ -204,7 +204,7 @@ def end_logins(os_user: str) -> None:
     the helper refuses them at their next check and the front closes their sessions. Says on
     stderr what it did, or why it could not."""
     from mcpd.admin.sessions_cli import _state_folder
-    from mcpd.helper.login import Store
+    from mcpd.policy.login import Store
 
     config_path = click.get_current_context().params.get("config_path") or "/etc/mcpd/mcpd.yaml"
     if os.geteuid() != 0 or not os.path.exists(config_path):

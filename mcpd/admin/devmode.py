@@ -138,15 +138,15 @@ def check_root_state_folder(state_dir: Path) -> None:
     Raises:
         OSError: the message names the path and the rule it breaks.
     """
-    from mcpd.helper.main import root_folder
+    from mcpd.common.folders import safe_folder
 
     path = os.path.abspath(state_dir)
     if os.path.lexists(path):
-        os.close(root_folder(path, leaf_mask=stat.S_IWGRP | stat.S_IWOTH))
+        os.close(safe_folder(path, leaf_mask=stat.S_IWGRP | stat.S_IWOTH))
         return
     while not os.path.lexists(path):  # missing levels are created by root below, root-owned
         path = os.path.dirname(path)
-    os.close(root_folder(path, leaf_mask=0))  # (a sticky /tmp above is fine)
+    os.close(safe_folder(path, leaf_mask=0))  # (a sticky /tmp above is fine)
 
 
 def run(state_dir: Path, port: int) -> int:

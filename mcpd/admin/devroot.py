@@ -4,18 +4,19 @@
 :func:`mcpd.admin.devmode.run` then runs the front through :func:`run_front`. As root the state folder
 becomes::
 
-    <state>/                 0750 root:mcpd   the front may enter, nobody else
+    <state>/                 0751 root:mcpd   the front may enter and list; the policy enter
       mcpd.yaml              0640 root:mcpd   helper_socket run/helper.sock, audit in audit/
       server.key             0640 root:mcpd   the front's TLS key; ca.key stays 0600 root
       users.yaml             0600 root        principal ``dev`` → the unprivileged ``mcpd-dev``
       mcp-sudo.yaml          0600 root        example grant: mcpd-dev may read root-only/
       run/helper.sock        0660 root:mcpd   the helper's socket (folder 0750 root:mcpd)
-      audit/audit.jsonl      0600 root        (folder 0700 root)
+      audit/audit.jsonl      0600 mcpd-policy (folder 0700 mcpd-policy, made by the helper)
+      helper/                0700 mcpd-policy login tokens and lockout (made by the helper)
       root-only/secret.txt   0600 root        (folder 0700 root) the example's sample file
 
 Accounts are created when missing, as system accounts without a login shell: ``mcpd`` (the
-service user the helper accepts on its socket), ``mcpd-walk`` (privileged list/find walkers) and
-``mcpd-dev``.
+service user the helper accepts on its socket), ``mcpd-policy`` (the policy process),
+``mcpd-walk`` (privileged list/find walkers) and ``mcpd-dev``.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def check_reachable(folder: Path, account: pwd.struct_passwd) -> None:
         else:
             ok = bool(st.st_mode & stat.S_IXOTH)
         if not ok:
-            raise DevRootError(f"the service user {account.pw_name} cannot enter {parent}: "
+            raise DevRootError(f"the account {account.pw_name} cannot enter {parent}: "
                                "choose a --state-dir whose parent folders others may enter")
 
 
@@ -145,10 +146,15 @@ def setup_root_state(state: DevState) -> RootSetup:
     service = ensure_system_account(SERVICE_USER)
     dev = ensure_system_account(DEV_ACCOUNT)
     ensure_system_account(config.WALK_USER)
+    policy = ensure_system_account(config.POLICY_USER)
     check_reachable(folder, service)
-    _folder(folder, service.pw_gid, 0o750)
+    check_reachable(folder, policy)
+    _folder(folder, service.pw_gid, 0o751)
     _folder(folder / "run", service.pw_gid, 0o750)
-    _folder(folder / "audit", 0, 0o700)
+    for own in (folder / "audit", folder / "helper"):  # the policy's own (an older dev folder had them root's)
+        if own.is_dir() and not own.is_symlink() and own.stat().st_uid == 0:
+            for path in [own, *own.iterdir()]:
+                os.chown(path, policy.pw_uid, policy.pw_gid, follow_symlinks=False)
     (folder / "front").mkdir(exist_ok=True)  # the front's access log: the service user's own folder
     _own(folder / "front", service.pw_uid, service.pw_gid, 0o700)
     root_only = folder / "root-only"

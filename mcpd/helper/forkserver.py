@@ -3,7 +3,6 @@
 The helper starts it before it starts any thread, so every ``fork`` happens in a single-threaded
 process (a fork from a threaded process copies locks held by other threads). It serves two
 requests from the helper over a socketpair, one at a time:
-
 - ``spawn``: a worker for one OS account. The child drops to the account (groups, gid, uid, all
   three ids), sets no_new_privs, keeps only the worker's two sockets (as fd 3 and 4), and execs
   ``python -I -m mcpd.worker``. After ``setresuid`` to a non-root uid its capabilities are empty.
@@ -29,7 +28,7 @@ from typing import Any
 
 from mcpd.common import frames
 
-_PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 8, 38, 47, 2
+_PR_SET_PDEATHSIG, _PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 1, 8, 38, 47, 2
 CAP_DAC_READ_SEARCH = 2  # linux/capability.h: the one capability a walker keeps
 _CAP_VERSION_3 = 0x20080522
 FORK_REQUEST_CAP = 1024 * 1024  # bytes: a spawn request carries the account's groups
@@ -78,6 +77,24 @@ def _spawn_child(req: dict[str, Any], fds: list[int]) -> None:
     env = {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": req["home"], "USER": req["user"]}
     os.execve(sys.executable, [sys.executable, "-I", "-m", "mcpd.worker", "--fd", "3", "--ctl", "4",
                                "--limits", req["limits"]], env)
+
+
+def policy_child(uid: int, gid: int, config: str, fds: list[int]) -> None:
+    """In a child the helper forked while single-threaded: keep only ``fds`` (the channel to the
+    helper as fd 3, the front's listening socket as fd 4), become ``uid``/``gid`` (no
+    supplementary group), set no_new_privs and exec ``python -I -m mcpd.policy``. Its stderr
+    stays the helper's (the journal)."""
+    _keep_only([*fds, 2])
+    os.dup2(3 + len(fds), 2)
+    os.close(3 + len(fds))
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it: dies with the helper
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    os.chdir("/")
+    env = {"PATH": os.defpath, "LANG": "C.UTF-8"}
+    os.execve(sys.executable, [sys.executable, "-I", "-m", "mcpd.policy", "--config", config], env)
 
 
 def _walk_child(walker: tuple[int, int], fds: list[int]) -> None:

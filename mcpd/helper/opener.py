@@ -33,7 +33,7 @@ import stat
 
 from mcpd.common.errors import NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
 from mcpd.common.filekind import kind as file_kind
-from mcpd.helper.pathmatch import PathError, clean_path, components
+from mcpd.common.pathmatch import PathError, clean_path, components
 
 SYMLINK = "symlink in path"
 HARD_LINKS = "file has several hard links"

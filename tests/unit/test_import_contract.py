@@ -48,10 +48,10 @@ def test_import_contract_catches_a_forbidden_import(tmp_path: Path) -> None:
     with open(tmp_path / "mcpd/core/walk.py", "a", encoding="utf-8") as f:
         f.write("\nimport mcpd.core.textread\n")
     with open(tmp_path / "mcpd/walker/main.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.helper.login\n")
+        f.write("\nimport mcpd.policy.login\n")
     proc = lint_imports(tmp_path)  # the copy comes first on sys.path: lint-imports adds its cwd
     assert proc.returncode != 0, proc.stdout
-    assert "mcpd.helper.login -> mcpd.front.limits" in proc.stdout, proc.stdout
+    assert "mcpd.policy.login -> mcpd.front.limits" in proc.stdout, proc.stdout
     assert "mcpd.core.walk -> mcpd.core.textread" in proc.stdout, proc.stdout
-    assert "mcpd.walker.main -> mcpd.helper.login" in proc.stdout, proc.stdout
+    assert "mcpd.walker.main -> mcpd.policy.login" in proc.stdout, proc.stdout
     assert "mcpd.core.walk is not allowed to import charset_normalizer" in proc.stdout, proc.stdout

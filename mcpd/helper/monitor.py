@@ -1,0 +1,246 @@
+"""The root helper's request table: what root does for the policy process, and nothing else.
+
+Like OpenSSH's monitor (``monitor.c``): root serves one peer, the policy process it started
+(:mod:`mcpd.policy`, account ``mcpd-policy``), over a socketpair nobody else holds. Each request
+type has a strict schema (unknown, missing or wrongly typed keys end the channel, and with it the
+daemon) and a handler. Root decides no grant and verifies no token: the policy process does both
+before it asks. Root only does what needs root, with its own limits:
+
+``config {path}`` / ``stat {path}``
+    Open (``O_NOFOLLOW``, passed by SCM_RIGHTS) or look at ``mcpd.yaml``, the users file or the
+    grants file: those three paths only. The policy checks the descriptor (owner, mode) and parses.
+``open {path, follow, want}``
+    The privileged opener (:mod:`mcpd.helper.opener`): devices, FIFOs and sockets are never
+    opened; the daemon's own secrets (:meth:`RootSettings.private`) are refused whatever it is told.
+``spawn {user, limits}`` / ``walk {}`` / ``kill {pid}``
+    A worker as that OS account (never uid or gid 0), a walker (``mcpd-walk``), both from the fork
+    server; kill only a child made here, through its pidfd.
+``pam {user, password}`` / ``account {user}``
+    PAM authentication and account check (never for uid 0); whether ``/etc/shadow`` still lets an
+    account use its login tokens (not locked, not expired).
+``ready {}``
+    The policy is serving: tell systemd.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import pwd
+import select
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from mcpd.common import frames, sdnotify
+from mcpd.common.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
+from mcpd.common.pamauth import pam_check
+from mcpd.common.rootconf import RootSettings
+from mcpd.common.shadow import Accounts
+from mcpd.helper import opener
+from mcpd.helper.forkserver import ForkServer
+
+log = logging.getLogger("mcpd.helper")
+
+class Broken(Exception):
+    """The policy process broke the protocol: the helper stops (and the daemon with it)."""
+
+
+def _account_ids(user: str) -> pwd.struct_passwd:
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise ToolError(PERMISSION_DENIED, "no such OS account", reason="unknown OS account") from None
+    if 0 in (pw.pw_uid, pw.pw_gid):
+        raise ToolError(PERMISSION_DENIED, "never for root", reason="root account")
+    return pw
+
+
+class Monitor:
+    """Serves the policy process's requests on ``sock`` (see the module docstring).
+
+    Args:
+        sock: root's end of the socketpair whose other end the policy process holds.
+        forks: the fork server.
+        settings: root's settings; ``config_path``: the ``mcpd.yaml`` root read.
+    """
+
+    def __init__(self, sock: socket.socket, forks: ForkServer, settings: RootSettings, config_path: str) -> None:
+        self.sock, self.forks, self.settings = sock, forks, settings
+        self.files = frozenset({config_path, settings.users_file, settings.grants_file})
+        self.private = tuple(p for p in settings.private(config_path) if p)
+        self.children: dict[int, int] = {}  # pid -> pidfd of every worker and walker made here
+        self.accounts = Accounts()
+        self._lock, self._send = threading.Lock(), threading.Lock()
+        self.pools = {k: (concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix=k), threading.Semaphore(4 * n))
+                      for k, n in (("fork", 4), ("pam", 8))}
+
+    # ------------------------------------------------------------ handlers
+
+    def config(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req["path"] not in self.files:
+            raise ToolError(PERMISSION_DENIED, "not a configuration file", reason="not a configuration file")
+        return {"_fds": [os.open(req["path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)]}
+
+    def stat(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req["path"] not in self.files:
+            raise ToolError(PERMISSION_DENIED, "not a configuration file", reason="not a configuration file")
+        try:
+            st = os.stat(req["path"])
+        except FileNotFoundError:
+            return {"sig": None}
+        return {"sig": [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]}
+
+    def open(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req["want"] not in ("file", "any"):
+            raise Broken("open: bad want")
+        fd, _ = opener.open_checked(req["path"], req["follow"], req["want"])
+        real = opener.fd_path(fd)
+        if real.startswith(self.private):
+            os.close(fd)
+            raise ToolError(PERMISSION_DENIED, f"permission denied: {req['path']}", reason="daemon secret")
+        return {"_fds": [fd]}
+
+    def _child(self, pid: int, pidfd: int, fds: list[int]) -> dict[str, Any]:
+        with self._lock:
+            self.children[pid] = pidfd
+        return {"pid": pid, "_fds": [*fds, os.dup(pidfd)]}
+
+    def spawn(self, req: dict[str, Any]) -> dict[str, Any]:
+        pw = _account_ids(req["user"])
+        front, back = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ctl, wctl = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid, pidfd = self.forks.request(
+                {"type": "spawn", "uid": pw.pw_uid, "gid": pw.pw_gid, "user": pw.pw_name, "home": pw.pw_dir,
+                 "groups": os.getgrouplist(pw.pw_name, pw.pw_gid), "limits": req["limits"]},
+                [back.fileno(), wctl.fileno()])
+        except BaseException:
+            front.close()
+            ctl.close()
+            raise
+        finally:
+            back.close()
+            wctl.close()
+        return self._child(pid, pidfd, [front.detach(), ctl.detach()])
+
+    def walk(self, req: dict[str, Any]) -> dict[str, Any]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid, pidfd = self.forks.request({"type": "walk"}, [theirs.fileno()])
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return self._child(pid, pidfd, [ours.detach()])
+
+    def kill(self, req: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            pidfd = self.children.pop(req["pid"], None)
+        if pidfd is None:
+            raise ToolError(PERMISSION_DENIED, "not a child of the helper", reason="unknown pid")
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            select.select([pidfd], [], [], 5.0)  # readable once the process has exited
+        except ProcessLookupError:
+            pass
+        os.close(pidfd)
+        return {}
+
+    def pam(self, req: dict[str, Any]) -> dict[str, Any]:
+        _account_ids(req["user"])
+        ok, code, reason = pam_check(self.settings.pam_service, req["user"], req["password"])
+        return {"pass": ok, "code": code, "reason": reason}
+
+    def account(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"usable": self.accounts.usable(req["user"])}
+
+    def ready(self, req: dict[str, Any]) -> dict[str, Any]:
+        sdnotify.notify()
+        return {}
+
+    # ------------------------------------------------------------ channel
+
+    def table(self) -> dict[str, tuple[str | None, dict[str, type], Callable[[dict[str, Any]], dict[str, Any]]]]:
+        """type -> (pool or None for inline, schema {key: exact type}, handler)."""
+        return {
+            "config": (None, {"path": str}, self.config), "stat": (None, {"path": str}, self.stat),
+            "open": (None, {"path": str, "follow": bool, "want": str}, self.open),
+            "account": (None, {"user": str}, self.account), "ready": (None, {}, self.ready),
+            "spawn": ("fork", {"user": str, "limits": str}, self.spawn), "walk": ("fork", {}, self.walk),
+            "kill": ("fork", {"pid": int}, self.kill), "pam": ("pam", {"user": str, "password": str}, self.pam),
+        }
+
+    def reply(self, rid: int, body: dict[str, Any]) -> None:
+        """Send one reply frame (and its descriptors, then closed here)."""
+        fds = body.pop("_fds", [])
+        try:
+            with self._send:
+                frames.send_frame(self.sock, dict(body, id=rid), fds)
+        except OSError:
+            pass
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def run(self, handler: Callable[[dict[str, Any]], dict[str, Any]], req: dict[str, Any],
+            slot: threading.Semaphore | None = None) -> None:
+        """Run one handler and reply: ``ok`` and its fields, or the refusal (any failure but
+        :class:`Broken` is a refusal; the reason goes to the policy, the traceback to the log)."""
+        try:
+            body = dict(handler(req), ok=True)
+        except ToolError as exc:
+            body = {"ok": False, "error": exc.to_dict()}
+        except Broken:
+            self.sock.shutdown(socket.SHUT_RDWR)
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to the policy, never kills the helper
+            log.warning("%s failed: %s", req["type"], exc)
+            body = {"ok": False, "error": ToolError(PERMISSION_DENIED, "refused by the helper", reason=str(exc)[:200]).to_dict()}
+        finally:
+            if slot is not None:
+                slot.release()
+        self.reply(req["id"], body)
+
+    def handle(self, req: dict[str, Any]) -> None:
+        """Check one request against the table, then run it inline or in its pool (``BUSY``
+        when the pool is full). Raises :class:`Broken` on a schema break."""
+        entry = self.table().get(req.get("type"))  # type: ignore[arg-type]
+        if entry is None:
+            raise Broken("unknown request type")
+        pool, schema, handler = entry
+        if set(req) != {"type", "id", *schema} or type(req["id"]) is not int or any(
+                type(req[k]) is not t or t is str and len(req[k]) > 4096 for k, t in schema.items()):
+            raise Broken(f"{req['type']}: malformed request")
+        if pool is None:
+            return self.run(handler, req)
+        executor, slot = self.pools[pool]
+        if not slot.acquire(blocking=False):
+            return self.reply(req["id"], {"ok": False, "error": ToolError(HELPER_UNAVAILABLE, "busy", reason="busy").to_dict()})
+        executor.submit(self.run, handler, req, slot)
+        return None
+
+    def reap(self) -> None:
+        """Forget children that have exited (their pidfd is readable)."""
+        with self._lock:
+            done = select.select(list(self.children.values()), [], [], 0)[0] if self.children else []
+            for pid, pidfd in [(p, f) for p, f in self.children.items() if f in done]:
+                del self.children[pid]
+                os.close(pidfd)
+
+    def close(self) -> None:
+        """SIGKILL every child still alive."""
+        with self._lock:
+            kids, self.children = list(self.children.values()), {}
+        for pidfd in kids:
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.close(pidfd)
+        for executor, _ in self.pools.values():
+            executor.shutdown(wait=False, cancel_futures=True)
