@@ -34,7 +34,9 @@ def main() -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
               help="The daemon configuration (mcpd.yaml)")
 def serve(config_path: str) -> None:
-    """Run the daemon in the foreground (exit 78 when the configuration is broken)."""
+    """Run the front in the foreground, as the service user: it refuses to start as root (run the
+    root helper with `mcpd helper` as root, and this as the service user). Exit 78 when the
+    configuration is broken or when started as root."""
     from mcpd.front.server import serve as run_server
 
     sys.exit(run_server(config_path))

@@ -13,7 +13,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcpd.client.api import Client
-from tests.conftest import Daemon
+from tests.conftest import FRONT_ENV, Daemon
 
 
 def free_port() -> int:
@@ -69,5 +69,5 @@ def test_metrics_are_off_by_default_and_never_on_a_public_address(daemon_factory
     data["listen"]["port"] = free_port()
     bad.write_text(yaml.safe_dump(data))
     res = subprocess.run([sys.executable, "-m", "mcpd.front.server", "--config", str(bad)], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, env=FRONT_ENV)
     assert res.returncode == 78 and "not a loopback address" in res.stderr, res.stderr
