@@ -30,6 +30,7 @@ from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DE
 from mcpd.common.identity import Principal
 from mcpd.core import fileops
 from mcpd.core.tools import DEADLINE_MARGIN, deadline_seconds
+from mcpd.front import metrics
 from mcpd.front.limits import CAP_KEY
 from mcpd.front.pool import WorkerPool
 
@@ -307,6 +308,7 @@ class HelperBackend:
                 ``RATE_LIMITED`` when the principal already has ``per_principal`` calls in flight.
         """
         if self._in_flight[principal.name] >= self._per_principal:
+            metrics.limit_hit("privileged_per_principal")
             raise ToolError(RATE_LIMITED, f"{self._per_principal} privileged calls of this principal are in flight; "
                             "retry when one ends", limit=self._per_principal)
         self._in_flight[principal.name] += 1

@@ -148,7 +148,7 @@ class Server:
             lifespan="off",
             # the C HTTP/1.1 parser (h11 cost a seventh of the front's time per call), with the
             # connection caps and the header and body deadlines (mcpd/front/connguard.py)
-            http=guarded_protocol(ConnectionCount(self.cfg.connections)),
+            http=guarded_protocol(ConnectionCount(self.cfg.connections), on_refused=metrics.limit_hit),
             timeout_keep_alive=int(max(1, self.cfg.connections.idle_seconds)),
             access_log=False,
             server_header=False,
@@ -165,7 +165,7 @@ class Server:
         if self.cfg.metrics_listen:
             try:
                 exporter = metrics.serve(self.cfg.metrics_listen, metrics.StateCollector(
-                    lambda: [s.kind for s in sessions.sessions()], pool.live,
+                    lambda: [s.kind for s in sessions.sessions()], pool,
                     (lambda: channel.up) if channel is not None else (lambda: None)))
             except (ValueError, OSError) as exc:
                 log.error("%s", exc)
