@@ -48,11 +48,16 @@ def serve(config_path: str) -> None:
               help="Folder for the CA, certificates, config and users file")
 @click.option("--port", default=9091, show_default=True, type=click.IntRange(1, 65535),
               help="TCP port on 127.0.0.1")
-def dev(state_dir: str, port: int) -> None:
-    """Development mode: private CA, a `dev` user with a fresh token, server on 127.0.0.1."""
+@click.option("--new-token", is_flag=True, help="Revoke the dev token and issue a fresh one (default: keep it)")
+def dev(state_dir: str, port: int, new_token: bool) -> None:
+    """Development mode: private CA, a `dev` user and its token, server on 127.0.0.1.
+
+    The token stays the same across restarts unless --new-token. A second `mcpd dev` on a port or
+    state folder in use refuses (exit 75) and leaves the running one alone. As root, privileged
+    calls are on (the root helper runs, restarted if it dies); otherwise they are off."""
     from mcpd.admin import devmode
 
-    sys.exit(devmode.run(Path(state_dir), port))
+    sys.exit(devmode.run(Path(state_dir), port, new_token))
 
 
 SERVICE_GROUP = "mcpd"  # the service user's group (systemd/sysusers.d)
