@@ -1,4 +1,4 @@
-"""``mcpd dev`` run as root: the root helper, the front as the service user (SPEC §4, §5.1).
+"""``mcpd dev`` run as root: the root helper, the front as the service user (docs/PRIVSEP.md).
 
 :func:`mcpd.admin.devmode.start_root_helper` calls :func:`setup_root_state` and :func:`start_helper`;
 :func:`mcpd.admin.devmode.run` then runs the front through :func:`run_front`. As root the state folder
@@ -123,7 +123,7 @@ def check_reachable(folder: Path, account: pwd.struct_passwd) -> None:
 
 
 def example_grants(folder: Path) -> dict[str, object]:
-    """The example ``mcp-sudo.yaml`` (SPEC §4.2): ``mcpd-dev`` may read and list ``folder``."""
+    """The example ``mcp-sudo.yaml`` (format: etc/mcpd/mcp-sudo.yaml): ``mcpd-dev`` may read and list ``folder``."""
     def rule() -> dict[str, object]:  # a fresh mapping per tool, so the YAML has no anchors
         return {"allowed": True, "paths": [str(folder)]}
 
@@ -178,7 +178,8 @@ def setup_root_state(state: DevState) -> RootSetup:
     grants = Path(cfg.grants_file)
     if not grants.exists():
         with open(grants, "w", encoding="utf-8") as f:
-            f.write("# example grant written by `mcpd dev` (SPEC §4.2); edit and the helper reloads it\n")
+            f.write("# example grant written by `mcpd dev`; the format is explained in etc/mcpd/mcp-sudo.yaml.\n"
+                    "# Edit it: the helper reloads it, and `mcpd grants check FILE` validates it.\n")
             yaml.safe_dump(example_grants(root_only), f, sort_keys=False)
     _own(grants, 0, 0, 0o600)
     return RootSetup(config_path=state.config_path, socket_path=Path(cfg.helper_socket),
