@@ -129,8 +129,19 @@ class HelperChannel:
 
     @property
     def up(self) -> bool:
-        """Whether a connection to the helper is open now (the metrics' ``mcpd_helper_up``)."""
+        """Whether a connection to the helper is open now (the metrics' ``mcpd_helper_up``; with
+        metrics on, the server keeps one open with :meth:`probe` every second)."""
         return any(c is not None and not c.closed for c in self._conns)
+
+    async def probe(self) -> bool:
+        """Open a connection when none is open (the first of the pool); return :attr:`up`. Never
+        raises: a helper that is not there is ``False``."""
+        if not self.up:
+            try:
+                await self._connection()
+            except HelperUnavailable:
+                return False
+        return self.up
 
     async def _connection(self) -> _Connection:
         i = next(self._next) % CONNECTIONS

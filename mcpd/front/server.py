@@ -98,6 +98,18 @@ class _NotifyingServer(uvicorn.Server):
             hook()
 
 
+HELPER_PROBE_SECONDS = 1.0
+
+
+async def _probe_forever(channel: HelperChannel) -> None:
+    """With metrics on: keep a connection to the helper open, reopening it every
+    :data:`HELPER_PROBE_SECONDS` while it is closed, so ``mcpd_helper_up`` says whether the helper
+    answers now rather than whether a call happened to need it."""
+    while True:
+        await channel.probe()
+        await asyncio.sleep(HELPER_PROBE_SECONDS)
+
+
 class Server:
     """The front process: worker pool, sessions and uvicorn over TLS.
 
@@ -171,12 +183,16 @@ class Server:
                 log.error("%s", exc)
                 await pool.close()
                 return EXIT_CONFIG
+        probing = asyncio.create_task(_probe_forever(channel)) if exporter is not None and channel is not None \
+            else None
         revalidation = asyncio.create_task(revalidate_forever(
             sessions, authenticator, idle_seconds=self.cfg.mcp_session_idle_seconds, on_revoked=pool.retire_owner))
         try:
             await server.serve()
         finally:
             revalidation.cancel()
+            if probing is not None:
+                probing.cancel()
             if exporter is not None:
                 exporter.shutdown()
             sessions.close_all()

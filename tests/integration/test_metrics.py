@@ -5,11 +5,14 @@ up in the call counter, without paths or principals in any label."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcpd.client.api import Client
@@ -126,3 +129,37 @@ def test_metrics_are_off_by_default_and_never_on_a_public_address(daemon_factory
     res = subprocess.run([sys.executable, "-m", "mcpd.front.server", "--config", str(bad)], capture_output=True,
                          text=True, timeout=60, env=FRONT_ENV)
     assert res.returncode == 78 and "not a loopback address" in res.stderr, res.stderr
+
+
+@pytest.mark.root
+def test_helper_up_follows_the_root_helper() -> None:
+    """With a root helper, ``mcpd_helper_up`` is 1 while it answers, 0 once it is gone, 1 again
+    after a restart (bounded waits: the front notices a closed connection at once)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: starts the root helper")
+    from tests.integration.privsep_fixture import start_privsep, stop_privsep
+    from tests.osaccounts import AccountFactory
+
+    port = free_port()
+    factory = AccountFactory()
+    d = None
+    try:
+        d = start_privsep(factory, metrics_listen=f"127.0.0.1:{port}")
+
+        def helper_up(expected: float) -> float:
+            deadline = time.monotonic() + 30
+            while True:
+                value = samples(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)[("mcpd_helper_up", ())]
+                if value == expected or time.monotonic() > deadline:
+                    return value
+                time.sleep(0.2)
+
+        assert helper_up(1) == 1
+        d.kill_helper()
+        assert helper_up(0) == 0
+        d.start_helper()
+        assert helper_up(1) == 1
+    finally:
+        if d is not None:
+            stop_privsep(d)
+        factory.cleanup()
