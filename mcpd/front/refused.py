@@ -73,6 +73,7 @@ class RefusalLogMiddleware:
             await self.app(scope, receive, send)
             return
         status = 0
+        challenge = False  # a 401 of the bearer check (not of a password login)
         content_type = ""
         body = bytearray()
         logged = False
@@ -84,7 +85,7 @@ class RefusalLogMiddleware:
             peer = f"{client[0]}:{client[1]}" if client else "unknown"
             path = clean(scope.get("path", ""), PATH_CHARS)
             extra = ""
-            if status == 401:
+            if status == 401 and challenge:
                 token = parse_bearer(dict(scope["headers"]).get(b"authorization", b"").decode("latin-1"))
                 match = _TOKEN_RE.fullmatch(token or "")
                 extra = f" (token id {match.group(1)})" if match else (" (no bearer token)" if token is None
@@ -93,13 +94,15 @@ class RefusalLogMiddleware:
                      clean(reason_of(bytes(body), content_type), REASON_CHARS), extra)
 
         async def watch(message: Message) -> None:
-            nonlocal status, content_type
+            nonlocal status, content_type, challenge
             if message["type"] == "http.response.start":
                 status = int(message["status"])
                 if status >= 400:
                     for key, value in message.get("headers", ()):
                         if key.lower() == b"content-type":
                             content_type = value.decode("latin-1").lower()
+                        elif key.lower() == b"www-authenticate":
+                            challenge = True
             elif message["type"] == "http.response.body" and status >= 400 and not logged:
                 if len(body) < _BODY_KEPT:
                     body.extend(message.get("body", b"")[:_BODY_KEPT - len(body)])
