@@ -1,4 +1,4 @@
-"""``mcpd dev`` run as root: the root helper, the front as the service user (SPEC §4, §5.1).
+"""``mcpd dev`` run as root: the root helper, the front as the service user (docs/PRIVSEP.md).
 
 :func:`mcpd.admin.devmode.start_root_helper` calls :func:`setup_root_state` and :func:`start_helper`;
 :func:`mcpd.admin.devmode.run` then runs the front through :func:`run_front`. As root the state folder
@@ -124,7 +124,7 @@ def check_reachable(folder: Path, account: pwd.struct_passwd) -> None:
 
 
 def example_grants(folder: Path) -> dict[str, object]:
-    """The example ``mcp-sudo.yaml`` (SPEC §4.2): ``mcpd-dev`` may read and list ``folder``."""
+    """The example ``mcp-sudo.yaml`` (format: etc/mcpd/mcp-sudo.yaml): ``mcpd-dev`` may read and list ``folder``."""
     def rule() -> dict[str, object]:  # a fresh mapping per tool, so the YAML has no anchors
         return {"allowed": True, "paths": [str(folder)]}
 
@@ -184,7 +184,8 @@ def setup_root_state(state: DevState) -> RootSetup:
     grants = Path(cfg.grants_file)
     if not grants.exists():
         with open(grants, "w", encoding="utf-8") as f:
-            f.write("# example grant written by `mcpd dev` (SPEC §4.2); edit and the helper reloads it\n")
+            f.write("# example grant written by `mcpd dev`; the format is explained in etc/mcpd/mcp-sudo.yaml.\n"
+                    "# Edit it: the helper reloads it, and `mcpd grants check FILE` validates it.\n")
             yaml.safe_dump(example_grants(root_only), f, sort_keys=False)
     _own(grants, 0, 0, 0o600)
     return RootSetup(config_path=state.config_path, socket_path=Path(cfg.helper_socket),
@@ -202,14 +203,13 @@ def _stop(proc: subprocess.Popen[bytes], sig: int) -> int:
     return proc.returncode
 
 
-def start_helper(setup: RootSetup) -> Callable[[], None]:
-    """Start ``mcpd helper`` (root) with its log in ``<state>/helper.log``; return a stopper that
-    sends SIGTERM and, after :data:`STOP_SECONDS`, SIGKILL.
+RESTART_DELAY_SECONDS = 1.0  # as systemd's RestartSec= would wait (the unit says 2 s)
+RESTART_BURST = 5  # at most this many restarts ...
+RESTART_WINDOW_SECONDS = 60.0  # ... in this many seconds, then give up (systemd's StartLimitBurst)
 
-    Raises:
-        DevRootError: the helper exited, or its socket did not appear within
-            :data:`HELPER_START_SECONDS` seconds.
-    """
+
+def _spawn_helper(setup: RootSetup) -> subprocess.Popen[bytes]:
+    """Start ``mcpd helper`` and wait for its socket (see :func:`start_helper`)."""
     setup.socket_path.unlink(missing_ok=True)  # a previous helper's socket must not look ready
     with open(setup.helper_log, "ab") as log:
         os.fchmod(log.fileno(), 0o600)
@@ -230,9 +230,65 @@ def start_helper(setup: RootSetup) -> Callable[[], None]:
             _stop(proc, signal.SIGTERM)
             raise DevRootError(f"the root helper did not start (exit {proc.returncode}); see {setup.helper_log}")
         time.sleep(0.05)
+    return proc
+
+
+def start_helper(setup: RootSetup, err: TextIO = sys.stderr) -> Callable[[], None]:
+    """Start ``mcpd helper`` (root) with its log in ``<state>/helper.log`` and keep it running, as
+    systemd would in production: a helper that exits is started again after
+    :data:`RESTART_DELAY_SECONDS`, except after exit 78 (a broken configuration) or more than
+    :data:`RESTART_BURST` restarts in :data:`RESTART_WINDOW_SECONDS`; each restart is said on
+    ``err``. Returns a stopper that ends the watch, then sends SIGTERM and, after
+    :data:`STOP_SECONDS`, SIGKILL.
+
+    Raises:
+        DevRootError: the helper exited, or its socket did not appear within
+            :data:`HELPER_START_SECONDS` seconds (the first start only).
+    """
+    import threading
+
+    current = [_spawn_helper(setup)]
+    stopping = threading.Event()
+    guard = threading.Lock()  # a restart and the stopper never interleave
+
+    def watch() -> None:
+        restarts: list[float] = []
+        while True:
+            code = current[0].wait()
+            if stopping.is_set():
+                return
+            if code == config.EXIT_CONFIG:
+                err.write(f"# the root helper exited {code} (configuration); not restarted, see {setup.helper_log}\n")
+                return
+            now = time.monotonic()
+            restarts = [t for t in restarts if now - t < RESTART_WINDOW_SECONDS] + [now]
+            if len(restarts) > RESTART_BURST:
+                err.write(f"# the root helper died {len(restarts)} times in {RESTART_WINDOW_SECONDS:g} s; not "
+                          f"restarted again, see {setup.helper_log}\n")
+                return
+            err.write(f"# the root helper exited ({code}); restarting it in {RESTART_DELAY_SECONDS:g} s\n")
+            err.flush()
+            if stopping.wait(RESTART_DELAY_SECONDS):
+                return
+            with guard:
+                if stopping.is_set():
+                    return
+                try:
+                    current[0] = _spawn_helper(setup)
+                except DevRootError as exc:
+                    err.write(f"# {exc}\n")
+                    return
+            err.write(f"# the root helper runs again (pid {current[0].pid})\n")
+            err.flush()
+
+    watcher = threading.Thread(target=watch, name="helper-watch", daemon=True)
+    watcher.start()
 
     def stop() -> None:
-        _stop(proc, signal.SIGTERM)
+        stopping.set()
+        with guard:
+            _stop(current[0], signal.SIGTERM)
+        watcher.join(timeout=STOP_SECONDS)
 
     return stop
 

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from mcpd.common import frames
 from mcpd.common.config import Config, ReadLimits
 from mcpd.common.errors import INTERNAL_ERROR, TIMEOUT, ToolError, invalid_argument
+from mcpd.front import metrics
 
 log = logging.getLogger("mcpd.front.pool")
 
@@ -175,12 +176,22 @@ class WorkerPool:
         self._account_freed = asyncio.Event()
         self._retiring: set[asyncio.Task[None]] = set()
         self._inflight = 0  # calls inside call(); close() waits for them to end
+        self._waiting = 0  # calls inside call() that hold no worker slot yet (the metrics' queue)
         self._quiet = asyncio.Event()
         self._closed = False
 
     def live(self) -> int:
         """Live worker processes, every account together (the metrics' ``mcpd_workers``)."""
         return sum(len(account.workers) for account in self._accounts.values())
+
+    def busy(self) -> int:
+        """Live workers running a call (the metrics' ``mcpd_workers_busy``)."""
+        return sum(1 for account in self._accounts.values() for w in account.workers.values() if w.busy)
+
+    def queued(self) -> int:
+        """Calls waiting for a worker slot: for an account to be admitted, or for one of its
+        ``per_account`` slots (the metrics' ``mcpd_pool_queued``)."""
+        return self._waiting
 
     def retire_owner(self, owner: str) -> int:
         """Kill the idle workers of principal ``owner`` (its token was revoked: they must not
@@ -238,16 +249,25 @@ class WorkerPool:
         deadline = asyncio.get_running_loop().time() + limit
         key = os_user if owner is None else f"{owner}\n{os_user}"
         self._inflight += 1
+        self._waiting += 1
+        waiting = [True]
+
+        def admitted() -> None:
+            if waiting[0]:
+                waiting[0] = False
+                self._waiting -= 1
+
         try:
             account = await self._enter(key, deadline, limit)
             try:
                 return await self._call_in(account, os_user, op, args, deadline, limit, on_progress,
-                                           token, grant, decided)
+                                           token, grant, decided, admitted)
             finally:
                 account.callers -= 1
                 if account.callers == 0:
                     self._account_freed.set()
         finally:
+            admitted()
             self._inflight -= 1
             if self._inflight == 0:
                 self._quiet.set()
@@ -283,6 +303,7 @@ class WorkerPool:
                 async with asyncio.timeout_at(deadline):
                     await self._account_freed.wait()
             except TimeoutError:
+                metrics.limit_hit("worker_accounts")
                 raise ToolError(TIMEOUT, "too many accounts have requests running", seconds=limit) from None
 
     def _evict_one(self) -> None:
@@ -296,12 +317,14 @@ class WorkerPool:
     async def _call_in(
         self, account: _Account, os_user: str, op: str, args: dict[str, Any], deadline: float, limit: float,
         on_progress: ProgressCallback | None = None, token: str = "", grant: GrantCallback | None = None,
-        decided: frozenset[str] = frozenset(),
+        decided: frozenset[str] = frozenset(), admitted: Callable[[], None] = lambda: None,
     ) -> dict[str, Any]:
         try:
             async with asyncio.timeout_at(deadline):
                 await account.slots.acquire()
+            admitted()
         except TimeoutError:
+            metrics.limit_hit("account_workers")
             raise ToolError(TIMEOUT, "all workers of this account stayed busy", seconds=limit) from None
         worker: _Worker | None = None
         try:

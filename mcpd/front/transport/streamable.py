@@ -50,6 +50,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from mcpd.common.config import Config
+from mcpd.front import metrics
 from mcpd.front.protocol import (
     HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, META_CLIENT_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
     MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, error_reply,
@@ -206,6 +207,7 @@ class PostStream:
             return
         if len(self._items) >= self._limit:
             self.overflowed = True
+            metrics.limit_hit("queue_overflow")
         else:
             self._items.append(message)
         self._ready.set()
