@@ -50,6 +50,28 @@ ProgressCallback = Callable[[int, "int | None", str], Awaitable[None]]
 # --------------------------------------------------------------------------- spawners
 
 
+
+async def read_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, Any] | None:
+    """Asyncio twin of :func:`mcpd.common.frames.recv_frame`; ``None`` on a clean end of stream.
+
+    Raises:
+        FrameError: over ``cap`` bytes (checked before reading the body), truncated, or not one
+            JSON object.
+    """
+    try:
+        header = await reader.readexactly(frames.HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise frames.FrameError("connection closed inside a frame header") from exc
+    (length,) = frames.HEADER.unpack(header)
+    frames.check_length(length, cap)
+    try:
+        body = await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        raise frames.FrameError("connection closed inside a frame") from exc
+    return frames.decode_body(body)
+
 class Spawner(Protocol):
     """Starts and stops worker processes for an OS account (DESIGN.md "worker").
 
@@ -404,7 +426,7 @@ class WorkerPool:
         data = self._encode(worker.next_id, op, args, progress=on_progress is not None)
         async def read_reply() -> dict[str, Any] | None:
             while True:
-                frame = await frames.read_frame(worker.reader, self._reply_cap)
+                frame = await read_frame(worker.reader, self._reply_cap)
                 if frame is None or "progress" not in frame or "ok" in frame:
                     return frame
                 await self._forward_progress(worker, frame, on_progress)
