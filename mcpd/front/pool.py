@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from mcpd.common import frames
 from mcpd.common.config import Config, ReadLimits
-from mcpd.common.errors import INTERNAL_ERROR, TIMEOUT, ToolError, invalid_argument
+from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, TIMEOUT, ToolError, invalid_argument
 from mcpd.front import metrics
 
 log = logging.getLogger("mcpd.front.pool")
@@ -84,6 +84,10 @@ class Spawner(Protocol):
     async def spawn(self, os_user: str, token: str = "") -> tuple[socket.socket, int]: ...
 
     async def kill(self, pid: int) -> None: ...
+
+    async def alive(self) -> bool:
+        """Whether new workers can be started now (asked after a worker ended mid-call)."""
+        ...
 
 
 class LocalSpawner:
@@ -146,6 +150,10 @@ class LocalSpawner:
             return
         proc.kill()
         await asyncio.shield(done)
+
+    async def alive(self) -> bool:
+        """Always: these workers need nobody's help to start."""
+        return True
 
     def live_pids(self) -> list[int]:
         """Pids started by this spawner and not yet reaped (introspection for tests and status)."""
@@ -367,6 +375,8 @@ class WorkerPool:
         except (_Crashed, frames.FrameError, OSError) as exc:
             await self._fail(account, worker)
             log.warning("worker %s failed on %s: %s", worker and worker.pid, op, type(exc).__name__)
+            if not await self._spawner.alive():  # the root helper died and took its workers along
+                raise ToolError(HELPER_UNAVAILABLE, "the root helper is not running") from None
             raise ToolError(INTERNAL_ERROR, "worker crashed") from None
         except BaseException:  # cancellation: kill the worker in the background, answer nothing
             if worker is None:

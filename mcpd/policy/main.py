@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return config.EXIT_CONFIG
     root = RootClient(socket.socket(fileno=3))
     listener = socket.socket(fileno=4)
+    listener.listen(64)  # again, as this process: the front's SO_PEERCRED names mcpd-policy, not root
     use_root_for_config(root)
     try:
         cfg = config.load(opts.config, owner_uid=0)  # read through root, checked on the descriptor
