@@ -185,7 +185,7 @@ class Config:
     service_user: str = _ROOT.service_user
     auth_cache_seconds: float = 30.0
     audit_log: str = _ROOT.audit_log
-    access_log: str = "/var/log/mcpd-front/access.jsonl"
+    access_log: str = _ROOT.access_log
     state_dir: str = "/var/lib/mcpd"
     helper_state_dir: str = _ROOT.helper_state_dir
     read: ReadLimits = ReadLimits()

@@ -28,6 +28,7 @@ class RootSettings:
     helper_socket: str = "/run/mcpd/helper.sock"
     service_user: str = "mcpd"
     audit_log: str = "/var/log/mcpd/audit.jsonl"
+    access_log: str = "/var/log/mcpd-front/access.jsonl"
     helper_state_dir: str = "/var/lib/mcpd-helper"
     pam_service: str = "mcpd"
     tls_key: str = "/etc/mcpd/tls/server.key"
@@ -35,10 +36,10 @@ class RootSettings:
     def private(self, config_path: str) -> tuple[str, ...]:
         """The daemon's own secrets root refuses to open whatever it is asked, as path prefixes (so
         ``F~``, ``F.1`` and everything in a folder go too): the config, users and grants files,
-        the policy's state, the audit log, the TLS key and the CA key beside it. The policy
+        the policy's state, the audit and access logs, the TLS key and the CA key beside it. The policy
         process checks the complete list, :func:`mcpd.policy.grants.secret_paths`."""
         return (config_path, self.users_file, self.grants_file, self.helper_state_dir, self.audit_log,
-                self.tls_key, os.path.join(os.path.dirname(self.tls_key), "ca.key"))
+                self.access_log, self.tls_key, os.path.join(os.path.dirname(self.tls_key), "ca.key"))
 
 
 def root_settings(data: Any, config_path: str) -> RootSettings:

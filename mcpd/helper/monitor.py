@@ -37,26 +37,28 @@ from typing import Any
 from mcpd.common import frames
 from mcpd.common.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
 from mcpd.common.pamauth import pam_check
-from mcpd.common.rootconf import RootSettings
+from mcpd.common.rootconf import POLICY_USER, WALK_USER, RootSettings
 from mcpd.common.shadow import usable
 from mcpd.helper import opener
 from mcpd.helper.forkserver import ForkServer
 
 log = logging.getLogger("mcpd.helper")
-SLOW_THREADS = 12  # spawns, walks, kills and PAM (the policy bounds its logins to 8 in flight)
 
 
 class Broken(Exception):
     """The policy process broke the protocol: the helper stops (and the daemon with it)."""
 
 
-def _account_ids(user: str) -> pwd.struct_passwd:
+def _account_ids(user: str, daemon: frozenset[str]) -> pwd.struct_passwd:
+    """The account, unless it is root, in group 0, or one of the ``daemon``'s own accounts."""
     try:
         pw = pwd.getpwnam(user)
     except KeyError:
         raise ToolError(PERMISSION_DENIED, "no such OS account", reason="unknown OS account") from None
-    if 0 in (pw.pw_uid, pw.pw_gid):
+    if 0 in (pw.pw_uid, *os.getgrouplist(pw.pw_name, pw.pw_gid)):
         raise ToolError(PERMISSION_DENIED, "never for root", reason="root account")
+    if pw.pw_name in daemon:
+        raise ToolError(PERMISSION_DENIED, "never as the daemon's own accounts", reason="daemon account")
     return pw
 
 
@@ -77,11 +79,13 @@ class Monitor:
     def __init__(self, sock: socket.socket, forks: ForkServer, settings: RootSettings, config_path: str) -> None:
         self.sock, self.forks, self.settings = sock, forks, settings
         self.files = frozenset({config_path, settings.users_file, settings.grants_file})
-        self.private = tuple(p for p in settings.private(config_path) if p)
+        self.private = tuple({q for p in settings.private(config_path) if p for q in (p, os.path.realpath(p))})
+        self.daemon = frozenset({settings.service_user, POLICY_USER, WALK_USER})
+        self.pam_users: set[str] = set()  # one PAM conversation per account at a time
         self.children: dict[int, int] = {}  # pid -> pidfd of every worker and walker made here
         self._lock, self._send = threading.Lock(), threading.Lock()
-        self.pool = concurrent.futures.ThreadPoolExecutor(SLOW_THREADS, thread_name_prefix="slow")
-        self.slots = threading.Semaphore(4 * SLOW_THREADS)  # slow requests in flight or queued
+        self.pools = {slow: (concurrent.futures.ThreadPoolExecutor(n), threading.Semaphore(4 * n))
+                      for slow, n in ((False, 8), (True, 12))}  # in flight or queued: 4 per thread
 
     # ------------------------------------------------------------ handlers
 
@@ -115,7 +119,7 @@ class Monitor:
         return {"pid": pid, "_fds": [*mine, os.dup(pidfd)]}
 
     def spawn(self, req: dict[str, Any]) -> dict[str, Any]:
-        pw = _account_ids(req["user"])
+        pw = _account_ids(req["user"], self.daemon)
         (front, back), (ctl, wctl) = _pair(), _pair()
         return self._fork({"type": "spawn", "uid": pw.pw_uid, "gid": pw.pw_gid, "user": pw.pw_name, "home": pw.pw_dir,
                            "groups": os.getgrouplist(pw.pw_name, pw.pw_gid), "limits": req["limits"]},
@@ -139,8 +143,16 @@ class Monitor:
         return {}
 
     def pam(self, req: dict[str, Any]) -> dict[str, Any]:
-        _account_ids(req["user"])
-        ok, code, reason = pam_check(self.settings.pam_service, req["user"], req["password"])
+        user = _account_ids(req["user"], self.daemon).pw_name
+        with self._lock:
+            if user in self.pam_users:
+                raise ToolError(HELPER_UNAVAILABLE, "a login for this account is in flight", reason="busy")
+            self.pam_users.add(user)
+        try:
+            ok, code, reason = pam_check(self.settings.pam_service, user, req["password"])
+        finally:
+            with self._lock:
+                self.pam_users.discard(user)
         return {"pass": ok, "code": code, "reason": reason}
 
     def account(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +161,7 @@ class Monitor:
     # ------------------------------------------------------------ channel
 
     def table(self) -> dict[str, tuple[bool, dict[str, type], Callable[[dict[str, Any]], dict[str, Any]]]]:
-        """type -> (slow: run in the pool, schema {key: exact type}, handler)."""
+        """type -> (slow: run in the slow pool, else the fast one; schema {key: exact type}; handler)."""
         return {
             "config": (False, {"path": str}, self.config),
             "open": (False, {"path": str, "follow": bool, "want": str}, self.open),
@@ -184,13 +196,13 @@ class Monitor:
             log.warning("%s failed: %s", req["type"], exc)
             body = {"ok": False, "error": ToolError(PERMISSION_DENIED, "refused by the helper", reason=str(exc)[:200]).to_dict()}
         finally:
-            if slow:
-                self.slots.release()
+            self.pools[slow][1].release()
         self.reply(req["id"], body)
 
     def handle(self, req: dict[str, Any]) -> None:
-        """Check one request against the table, then run it inline or in the pool (``BUSY`` when
-        it is full). Raises :class:`Broken` on a schema break."""
+        """Check one request against the table, then run it in its pool (``HELPER_UNAVAILABLE``,
+        reason ``busy``, when that is full): nothing runs on the reading thread, so a file system
+        that hangs an ``open`` stops no other request. Raises :class:`Broken` on a schema break."""
         entry = self.table().get(req.get("type"))  # type: ignore[arg-type]
         if entry is None:
             raise Broken("unknown request type")
@@ -198,11 +210,10 @@ class Monitor:
         if set(req) != {"type", "id", *schema} or type(req["id"]) is not int or any(
                 type(req[k]) is not t or t is str and len(req[k]) > 4096 for k, t in schema.items()):
             raise Broken(f"{req['type']}: malformed request")
-        if not slow:
-            return self.run(handler, req, False)
-        if not self.slots.acquire(blocking=False):
+        pool, slots = self.pools[slow]
+        if not slots.acquire(blocking=False):
             return self.reply(req["id"], {"ok": False, "error": ToolError(HELPER_UNAVAILABLE, "busy", reason="busy").to_dict()})
-        self.pool.submit(self.run, handler, req, True)
+        pool.submit(self.run, handler, req, slow)
         return None
 
     def reap(self) -> None:
@@ -223,4 +234,5 @@ class Monitor:
             except ProcessLookupError:
                 pass
             os.close(pidfd)
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        for pool, _ in self.pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)

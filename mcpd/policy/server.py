@@ -6,7 +6,7 @@ strict schema (unknown, missing or wrongly typed keys are refused), a capacity c
 handler. The front keeps a few persistent connections and multiplexes requests on them by ``id``;
 each capacity class has its own threads and a bounded number of requests in flight, so a burst of
 one kind (logins) never takes capacity from another (token checks, spawns, privileged calls): a
-full class answers ``BUSY`` at once. Anything malformed (a frame over the cap, a body that is not
+full class answers ``HELPER_UNAVAILABLE`` (reason ``busy``) at once. Anything malformed (a frame over the cap, a body that is not
 one JSON object, an unknown type, a schema break, a frame not finished within
 :data:`FRAME_SECONDS`) is an audit ``alert`` and ends that connection; it never kills a thread.
 

@@ -157,6 +157,8 @@ def test_root_makes_no_worker_and_runs_no_pam_for_root_or_an_unknown_account(pri
     with as_policy(d) as root:
         assert root.refused("spawn", user="root", limits="{}")["details"]["reason"] == "root account"
         assert root.refused("spawn", user="mcpd-no-such-account", limits="{}")["details"]["reason"] == "unknown OS account"
+        for account in ("mcpd", POLICY_USER, "mcpd-walk"):  # the front's TLS key, the policy's tokens, ...
+            assert root.refused("spawn", user=account, limits="{}")["details"]["reason"] == "daemon account"
         assert root.refused("pam", user="root", password="x")["details"]["reason"] == "root account"
         assert root.refused("config", path="/etc/shadow")["code"] == "PERMISSION_DENIED"
         reply, fds = root.ask("account", user="root")
@@ -212,3 +214,23 @@ def test_a_malformed_request_ends_the_helper_and_everything_it_started(
         time.sleep(0.1)
     d.start_helper()
     assert read_once(d, d.log_file, privileged=True)[0] == LOG_TEXT
+
+
+def test_root_runs_one_pam_conversation_per_account_at_a_time(privsep_daemon: PrivsepDaemon) -> None:
+    """A policy process used as a password oracle gets one guess per account per PAM failure
+    delay: a second conversation for the same account while one runs is refused at once."""
+    d = privsep_daemon
+    bob = d.accounts["bob"].name
+    with as_policy(d) as root:
+        first, second = next(_ids), next(_ids)
+        for rid in (first, second):
+            frames.send_frame(root.sock, {"type": "pam", "id": rid, "user": bob, "password": "wrong"})
+        replies = {}
+        for _ in range(2):
+            assert select.select([root.sock], [], [], 30)[0]
+            reply, fds = frames.recv_frame_fds(root.sock, 1 << 20, 4)
+            assert reply is not None and fds == []
+            replies[reply["id"]] = reply
+    assert replies[first] == {"ok": True, "pass": False, "code": replies[first]["code"], "reason": replies[first]["reason"],
+                              "id": first}
+    assert replies[second]["ok"] is False and replies[second]["error"]["details"]["reason"] == "busy"
