@@ -276,10 +276,23 @@ def users_list(users_file: str) -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
               help="The daemon configuration (mcpd.yaml)")
 def helper(config_path: str) -> None:
-    """Run the root helper (token checks, account workers, grants, audit). Root only.
+    """Run the root helper and its policy process (token checks, grants, logins, audit, account
+    workers). Root only.
 
-    Replaces this process with the helper's own small entry point (``python -I -m mcpd.helper``),
-    so the root side never holds the CLI's libraries."""
+    First makes the policy process's state and audit folders when they are missing (0700, owned
+    by the mcpd-policy account, in folders only root can change: what systemd-tmpfiles does for
+    the service), then replaces this process with the helper's own small entry point
+    (``python -I -m mcpd.helper``), so the root side never holds the CLI's libraries."""
+    from mcpd.common.config import POLICY_USER, ConfigError, load
+    from mcpd.common.folders import safe_folder
+
+    if os.geteuid() == 0:
+        try:
+            cfg, policy = load(config_path), pwd.getpwnam(POLICY_USER)
+            for folder in (cfg.helper_state_dir, os.path.dirname(cfg.audit_log)):
+                os.close(safe_folder(folder, owner=policy.pw_uid))
+        except (ConfigError, KeyError, OSError) as exc:
+            raise click.ClickException(f"cannot prepare the policy process's folders: {exc}") from None
     os.execv(sys.executable, [sys.executable, "-I", "-m", "mcpd.helper", "--config", os.path.abspath(config_path)])
 
 

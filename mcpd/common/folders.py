@@ -44,8 +44,7 @@ def safe_folder(path: str, owner: int = 0, leaf_mask: int = 0o077, create: bool 
             fd, st = nfd, os.fstat(nfd)
             leaf = i == len(names) - 1
             if st.st_uid != (owner if leaf else 0) or not leaf and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-                who = "root" if not leaf or owner == 0 else f"uid {owner}"
-                raise OSError(f"{path}: {name} must be owned by {who} and not writable by group or others")
+                raise OSError(f"{path}: {name} must be owned by uid {owner if leaf else 0} and not writable by others")
         if os.fstat(fd).st_mode & leaf_mask:
             raise OSError(f"{path}: must be mode 0700" if leaf_mask == 0o077 else
                           f"{path}: must not be writable by group or others")

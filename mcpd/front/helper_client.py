@@ -238,6 +238,15 @@ class HelperSpawner:
         self._tokens[pid] = token
         return socks[0], pid
 
+    async def alive(self) -> bool:
+        """Whether the helper answers now: one round trip (an empty token's check), so a helper
+        that is dying this very moment counts as gone."""
+        try:
+            await self._channel.request({"type": "authenticate", "token": ""}, timeout=2)
+        except (HelperUnavailable, TimeoutError):
+            return False
+        return True
+
     async def kill(self, pid: int) -> None:
         """Ask the helper to SIGKILL worker ``pid`` (with the token that started it); a refusal or a
         down helper is logged: the worker still ends when its socket closes."""

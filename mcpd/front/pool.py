@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from mcpd.common import frames
 from mcpd.common.config import Config, ReadLimits
-from mcpd.common.errors import INTERNAL_ERROR, TIMEOUT, ToolError, invalid_argument
+from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, TIMEOUT, ToolError, invalid_argument
 from mcpd.front import metrics
 
 log = logging.getLogger("mcpd.front.pool")
@@ -50,6 +50,28 @@ ProgressCallback = Callable[[int, "int | None", str], Awaitable[None]]
 # --------------------------------------------------------------------------- spawners
 
 
+
+async def read_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, Any] | None:
+    """Asyncio twin of :func:`mcpd.common.frames.recv_frame`; ``None`` on a clean end of stream.
+
+    Raises:
+        FrameError: over ``cap`` bytes (checked before reading the body), truncated, or not one
+            JSON object.
+    """
+    try:
+        header = await reader.readexactly(frames.HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise frames.FrameError("connection closed inside a frame header") from exc
+    (length,) = frames.HEADER.unpack(header)
+    frames.check_length(length, cap)
+    try:
+        body = await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        raise frames.FrameError("connection closed inside a frame") from exc
+    return frames.decode_body(body)
+
 class Spawner(Protocol):
     """Starts and stops worker processes for an OS account (DESIGN.md "worker").
 
@@ -62,6 +84,10 @@ class Spawner(Protocol):
     async def spawn(self, os_user: str, token: str = "") -> tuple[socket.socket, int]: ...
 
     async def kill(self, pid: int) -> None: ...
+
+    async def alive(self) -> bool:
+        """Whether new workers can be started now (asked after a worker ended mid-call)."""
+        ...
 
 
 class LocalSpawner:
@@ -124,6 +150,10 @@ class LocalSpawner:
             return
         proc.kill()
         await asyncio.shield(done)
+
+    async def alive(self) -> bool:
+        """Always: these workers need nobody's help to start."""
+        return True
 
     def live_pids(self) -> list[int]:
         """Pids started by this spawner and not yet reaped (introspection for tests and status)."""
@@ -345,6 +375,8 @@ class WorkerPool:
         except (_Crashed, frames.FrameError, OSError) as exc:
             await self._fail(account, worker)
             log.warning("worker %s failed on %s: %s", worker and worker.pid, op, type(exc).__name__)
+            if not await self._spawner.alive():  # the root helper died and took its workers along
+                raise ToolError(HELPER_UNAVAILABLE, "the root helper is not running") from None
             raise ToolError(INTERNAL_ERROR, "worker crashed") from None
         except BaseException:  # cancellation: kill the worker in the background, answer nothing
             if worker is None:
@@ -404,7 +436,7 @@ class WorkerPool:
         data = self._encode(worker.next_id, op, args, progress=on_progress is not None)
         async def read_reply() -> dict[str, Any] | None:
             while True:
-                frame = await frames.read_frame(worker.reader, self._reply_cap)
+                frame = await read_frame(worker.reader, self._reply_cap)
                 if frame is None or "progress" not in frame or "ok" in frame:
                     return frame
                 await self._forward_progress(worker, frame, on_progress)

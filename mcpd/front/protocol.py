@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mcpd import __version__
+from mcpd.common.version import version
 from mcpd.common.errors import INTERNAL_ERROR, ToolError
 from mcpd.common.identity import Principal
 from mcpd.front import metrics
@@ -44,7 +44,7 @@ UNSUPPORTED_VERSION = -32022
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
 META_CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
-SERVER_INFO = {"name": "mcpd", "version": __version__}
+SERVER_INFO = {"name": "mcpd", "version": version()}
 CAPABILITIES = {"tools": {"listChanged": False}, "resources": {"listChanged": False}}
 # Caching hints the 2026-07-28 revision requires on these results: (ttlMs, cacheScope). The lists
 # change only with the daemon's configuration; a file can change at any time and is the caller's.

@@ -21,7 +21,6 @@ import stat
 import sys
 
 from mcpd.common import frames
-from mcpd.common.folders import safe_folder
 from mcpd.common.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, root_settings
 from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 from mcpd.helper import forkserver
@@ -58,8 +57,10 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns 0 after a clean stop; 78 (configuration broken, do not restart) when not root, when
     ``mcpd.yaml`` is not root's (owner, mode) or unreadable, an account (``mcpd-policy``,
-    ``mcpd-walk``: uid and gid not 0; the service user) is unknown, a folder of the policy is
-    unsafe, or the policy process exits 78; 1 when the policy process ends otherwise.
+    ``mcpd-walk``: uid and gid not 0; the service user) is unknown, or the policy process exits
+    78 (its own folders are unsafe, the configuration or the grants are broken); 1 when the policy
+    process ends otherwise. Root touches none of the policy's files: systemd-tmpfiles (or
+    ``mcpd helper``) makes its folders.
     """
     parser = argparse.ArgumentParser(prog="mcpd-helper", description="The mcpd root helper.")
     parser.add_argument("--config", default="/etc/mcpd/mcpd.yaml")
@@ -74,8 +75,6 @@ def main(argv: list[str] | None = None) -> int:
         service, walker, policy = (pwd.getpwnam(n) for n in (settings.service_user, WALK_USER, POLICY_USER))
         if {0} & {walker.pw_uid, walker.pw_gid, policy.pw_uid, policy.pw_gid}:
             raise OSError(f"the accounts {WALK_USER} and {POLICY_USER} must not be root")
-        for folder in (settings.helper_state_dir, os.path.dirname(settings.audit_log)):
-            os.close(safe_folder(folder, owner=policy.pw_uid))  # the policy's: made 0700 for it when missing
     except (ConfigFileError, ValueError, KeyError, OSError) as exc:
         log.error("cannot start: %s", "; ".join(getattr(exc, "errors", [])) or exc)
         return EXIT_CONFIG
@@ -122,18 +121,17 @@ def serve(monitor: Monitor, sock: socket.socket, pidfd: int, stopped: object) ->
             except (Broken, frames.FrameError, RecursionError, OSError, KeyError) as exc:
                 log.error("the policy process broke the protocol: %s", exc)
                 return 1
-        if pidfd in ready or sock in ready:
+        if ready:
             log.error("the policy process ended")
             return 1
     return None
 
 
 def _wait(pid: int, pidfd: int) -> int:
-    """Reap the policy process (SIGKILL after 5 s); its exit status, or -1 when killed."""
+    """Reap the policy process (SIGKILL after 5 s); its exit status (minus the signal when killed)."""
     if not select.select([pidfd], [], [], 5.0)[0]:
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    status = os.waitpid(pid, 0)[1]
-    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else -1
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ type has a strict schema (unknown, missing or wrongly typed keys end the channel
 daemon) and a handler. Root decides no grant and verifies no token: the policy process does both
 before it asks. Root only does what needs root, with its own limits:
 
-``config {path}`` / ``stat {path}``
-    Open (``O_NOFOLLOW``, passed by SCM_RIGHTS) or look at ``mcpd.yaml``, the users file or the
-    grants file: those three paths only. The policy checks the descriptor (owner, mode) and parses.
+``config {path}``
+    Open (``O_NOFOLLOW``, passed by SCM_RIGHTS) ``mcpd.yaml``, the users file or the grants file:
+    those three paths only. The policy checks the descriptor (owner, mode), parses it, and looks
+    at it (``fstat``) to see whether the file changed.
 ``open {path, follow, want}``
     The privileged opener (:mod:`mcpd.helper.opener`): devices, FIFOs and sockets are never
     opened; the daemon's own secrets (:meth:`RootSettings.private`) are refused whatever it is told.
@@ -18,8 +19,6 @@ before it asks. Root only does what needs root, with its own limits:
 ``pam {user, password}`` / ``account {user}``
     PAM authentication and account check (never for uid 0); whether ``/etc/shadow`` still lets an
     account use its login tokens (not locked, not expired).
-``ready {}``
-    The policy is serving: tell systemd.
 """
 
 from __future__ import annotations
@@ -35,15 +34,17 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.common import frames, sdnotify
+from mcpd.common import frames
 from mcpd.common.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
 from mcpd.common.pamauth import pam_check
 from mcpd.common.rootconf import RootSettings
-from mcpd.common.shadow import Accounts
+from mcpd.common.shadow import usable
 from mcpd.helper import opener
 from mcpd.helper.forkserver import ForkServer
 
 log = logging.getLogger("mcpd.helper")
+SLOW_THREADS = 12  # spawns, walks, kills and PAM (the policy bounds its logins to 8 in flight)
+
 
 class Broken(Exception):
     """The policy process broke the protocol: the helper stops (and the daemon with it)."""
@@ -57,6 +58,11 @@ def _account_ids(user: str) -> pwd.struct_passwd:
     if 0 in (pw.pw_uid, pw.pw_gid):
         raise ToolError(PERMISSION_DENIED, "never for root", reason="root account")
     return pw
+
+
+def _pair() -> tuple[int, int]:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    return a.detach(), b.detach()
 
 
 class Monitor:
@@ -73,10 +79,9 @@ class Monitor:
         self.files = frozenset({config_path, settings.users_file, settings.grants_file})
         self.private = tuple(p for p in settings.private(config_path) if p)
         self.children: dict[int, int] = {}  # pid -> pidfd of every worker and walker made here
-        self.accounts = Accounts()
         self._lock, self._send = threading.Lock(), threading.Lock()
-        self.pools = {k: (concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix=k), threading.Semaphore(4 * n))
-                      for k, n in (("fork", 4), ("pam", 8))}
+        self.pool = concurrent.futures.ThreadPoolExecutor(SLOW_THREADS, thread_name_prefix="slow")
+        self.slots = threading.Semaphore(4 * SLOW_THREADS)  # slow requests in flight or queued
 
     # ------------------------------------------------------------ handlers
 
@@ -85,58 +90,40 @@ class Monitor:
             raise ToolError(PERMISSION_DENIED, "not a configuration file", reason="not a configuration file")
         return {"_fds": [os.open(req["path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)]}
 
-    def stat(self, req: dict[str, Any]) -> dict[str, Any]:
-        if req["path"] not in self.files:
-            raise ToolError(PERMISSION_DENIED, "not a configuration file", reason="not a configuration file")
-        try:
-            st = os.stat(req["path"])
-        except FileNotFoundError:
-            return {"sig": None}
-        return {"sig": [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]}
-
     def open(self, req: dict[str, Any]) -> dict[str, Any]:
         if req["want"] not in ("file", "any"):
             raise Broken("open: bad want")
         fd, _ = opener.open_checked(req["path"], req["follow"], req["want"])
-        real = opener.fd_path(fd)
-        if real.startswith(self.private):
+        if opener.fd_path(fd).startswith(self.private):
             os.close(fd)
             raise ToolError(PERMISSION_DENIED, f"permission denied: {req['path']}", reason="daemon secret")
         return {"_fds": [fd]}
 
-    def _child(self, pid: int, pidfd: int, fds: list[int]) -> dict[str, Any]:
+    def _fork(self, req: dict[str, Any], mine: list[int], theirs: list[int]) -> dict[str, Any]:
+        """A child from the fork server holding ``theirs``; the reply carries ``mine`` and a pidfd."""
+        try:
+            pid, pidfd = self.forks.request(req, theirs)
+        except BaseException:
+            for fd in mine:
+                os.close(fd)
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
         with self._lock:
             self.children[pid] = pidfd
-        return {"pid": pid, "_fds": [*fds, os.dup(pidfd)]}
+        return {"pid": pid, "_fds": [*mine, os.dup(pidfd)]}
 
     def spawn(self, req: dict[str, Any]) -> dict[str, Any]:
         pw = _account_ids(req["user"])
-        front, back = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        ctl, wctl = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            pid, pidfd = self.forks.request(
-                {"type": "spawn", "uid": pw.pw_uid, "gid": pw.pw_gid, "user": pw.pw_name, "home": pw.pw_dir,
-                 "groups": os.getgrouplist(pw.pw_name, pw.pw_gid), "limits": req["limits"]},
-                [back.fileno(), wctl.fileno()])
-        except BaseException:
-            front.close()
-            ctl.close()
-            raise
-        finally:
-            back.close()
-            wctl.close()
-        return self._child(pid, pidfd, [front.detach(), ctl.detach()])
+        (front, back), (ctl, wctl) = _pair(), _pair()
+        return self._fork({"type": "spawn", "uid": pw.pw_uid, "gid": pw.pw_gid, "user": pw.pw_name, "home": pw.pw_dir,
+                           "groups": os.getgrouplist(pw.pw_name, pw.pw_gid), "limits": req["limits"]},
+                          [front, ctl], [back, wctl])
 
     def walk(self, req: dict[str, Any]) -> dict[str, Any]:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            pid, pidfd = self.forks.request({"type": "walk"}, [theirs.fileno()])
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        return self._child(pid, pidfd, [ours.detach()])
+        ours, theirs = _pair()
+        return self._fork({"type": "walk"}, [ours], [theirs])
 
     def kill(self, req: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -157,22 +144,18 @@ class Monitor:
         return {"pass": ok, "code": code, "reason": reason}
 
     def account(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"usable": self.accounts.usable(req["user"])}
-
-    def ready(self, req: dict[str, Any]) -> dict[str, Any]:
-        sdnotify.notify()
-        return {}
+        return {"usable": usable(req["user"])}
 
     # ------------------------------------------------------------ channel
 
-    def table(self) -> dict[str, tuple[str | None, dict[str, type], Callable[[dict[str, Any]], dict[str, Any]]]]:
-        """type -> (pool or None for inline, schema {key: exact type}, handler)."""
+    def table(self) -> dict[str, tuple[bool, dict[str, type], Callable[[dict[str, Any]], dict[str, Any]]]]:
+        """type -> (slow: run in the pool, schema {key: exact type}, handler)."""
         return {
-            "config": (None, {"path": str}, self.config), "stat": (None, {"path": str}, self.stat),
-            "open": (None, {"path": str, "follow": bool, "want": str}, self.open),
-            "account": (None, {"user": str}, self.account), "ready": (None, {}, self.ready),
-            "spawn": ("fork", {"user": str, "limits": str}, self.spawn), "walk": ("fork", {}, self.walk),
-            "kill": ("fork", {"pid": int}, self.kill), "pam": ("pam", {"user": str, "password": str}, self.pam),
+            "config": (False, {"path": str}, self.config),
+            "open": (False, {"path": str, "follow": bool, "want": str}, self.open),
+            "account": (False, {"user": str}, self.account),
+            "spawn": (True, {"user": str, "limits": str}, self.spawn), "walk": (True, {}, self.walk),
+            "kill": (True, {"pid": int}, self.kill), "pam": (True, {"user": str, "password": str}, self.pam),
         }
 
     def reply(self, rid: int, body: dict[str, Any]) -> None:
@@ -187,8 +170,7 @@ class Monitor:
             for fd in fds:
                 os.close(fd)
 
-    def run(self, handler: Callable[[dict[str, Any]], dict[str, Any]], req: dict[str, Any],
-            slot: threading.Semaphore | None = None) -> None:
+    def run(self, handler: Callable[[dict[str, Any]], dict[str, Any]], req: dict[str, Any], slow: bool) -> None:
         """Run one handler and reply: ``ok`` and its fields, or the refusal (any failure but
         :class:`Broken` is a refusal; the reason goes to the policy, the traceback to the log)."""
         try:
@@ -202,26 +184,25 @@ class Monitor:
             log.warning("%s failed: %s", req["type"], exc)
             body = {"ok": False, "error": ToolError(PERMISSION_DENIED, "refused by the helper", reason=str(exc)[:200]).to_dict()}
         finally:
-            if slot is not None:
-                slot.release()
+            if slow:
+                self.slots.release()
         self.reply(req["id"], body)
 
     def handle(self, req: dict[str, Any]) -> None:
-        """Check one request against the table, then run it inline or in its pool (``BUSY``
-        when the pool is full). Raises :class:`Broken` on a schema break."""
+        """Check one request against the table, then run it inline or in the pool (``BUSY`` when
+        it is full). Raises :class:`Broken` on a schema break."""
         entry = self.table().get(req.get("type"))  # type: ignore[arg-type]
         if entry is None:
             raise Broken("unknown request type")
-        pool, schema, handler = entry
+        slow, schema, handler = entry
         if set(req) != {"type", "id", *schema} or type(req["id"]) is not int or any(
                 type(req[k]) is not t or t is str and len(req[k]) > 4096 for k, t in schema.items()):
             raise Broken(f"{req['type']}: malformed request")
-        if pool is None:
-            return self.run(handler, req)
-        executor, slot = self.pools[pool]
-        if not slot.acquire(blocking=False):
+        if not slow:
+            return self.run(handler, req, False)
+        if not self.slots.acquire(blocking=False):
             return self.reply(req["id"], {"ok": False, "error": ToolError(HELPER_UNAVAILABLE, "busy", reason="busy").to_dict()})
-        executor.submit(self.run, handler, req, slot)
+        self.pool.submit(self.run, handler, req, True)
         return None
 
     def reap(self) -> None:
@@ -242,5 +223,4 @@ class Monitor:
             except ProcessLookupError:
                 pass
             os.close(pidfd)
-        for executor, _ in self.pools.values():
-            executor.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)

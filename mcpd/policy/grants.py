@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mcpd.common.strictyaml import ConfigFileError, LineDict, LineList, parse_strict_yaml, read_secure_file
-from mcpd.common.pathmatch import PathError, clean_path, components, entry_covers, entry_covers_root, split_entry
+from mcpd.common.pathmatch import PathError, clean_path, components
+from mcpd.policy.entries import entry_covers, entry_covers_root, split_entry
 
 if TYPE_CHECKING:
     from mcpd.common.config import Config

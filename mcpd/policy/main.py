@@ -4,7 +4,8 @@ It runs as ``mcpd-policy`` (no capability, no_new_privs) with two descriptors fr
 its channel to root (:mod:`mcpd.policy.rootclient`), and fd 4, the helper socket the front
 connects to. It holds the tokens, the grants, the logins and the audit log, decides every
 privileged request, and asks root for what only root can do (docs/PRIVSEP.md). Its state and
-audit folders are its own (0700), prepared by root. Exit 78 when the configuration is broken.
+audit folders are its own (0700, made by systemd-tmpfiles or ``mcpd helper``), checked here with
+every folder above them root's and closed to others. Exit 78 when the configuration is broken.
 """
 
 from __future__ import annotations
@@ -78,11 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         return config.EXIT_CONFIG
     root = RootClient(socket.socket(fileno=3))
     listener = socket.socket(fileno=4)
+    listener.listen(64)  # again, as this process: the front's SO_PEERCRED names mcpd-policy, not root
     use_root_for_config(root)
     try:
         cfg = config.load(opts.config, owner_uid=0)  # read through root, checked on the descriptor
         service = pwd.getpwnam(cfg.service_user)
         state_fd = safe_folder(cfg.helper_state_dir, owner=os.geteuid(), create=False)
+        os.close(safe_folder(os.path.dirname(cfg.audit_log), owner=os.geteuid(), create=False))
         audit = AuditLog(cfg.audit_log)
     except (config.ConfigError, KeyError, OSError) as exc:
         log.error("cannot start: %s", exc)
@@ -110,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             holder.reload_if_changed()
 
-    root.call("ready")
     log.info("policy process serving; accepting uid %d (%s)", service.pw_uid, cfg.service_user)
     server.serve(state, listener, service.pw_uid, lambda: flags["stop"], tick)
     listener.close()

@@ -86,12 +86,14 @@ class RootClient:
         return self.call("config", path=path)[1][0]
 
     def signature(self, path: str) -> Signature:
-        """The :func:`mcpd.common.filesig.stat_signature` of one of those files, as root sees it.
-        Raises ``FileNotFoundError`` when it is missing."""
-        sig = self.call("stat", path=path)[0]["sig"]
-        if sig is None:
-            raise FileNotFoundError(path)
-        return tuple(sig)  # type: ignore[return-value]
+        """The :func:`mcpd.common.filesig.stat_signature` of one of those files, from the
+        descriptor root opens. Raises :class:`ToolError` when root cannot open it."""
+        fd = self.config_fd(path)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def spawn(self, user: str, limits: str) -> tuple[int, socket.socket, socket.socket, int]:
         """A new worker as OS account ``user``: ``(pid, front end, control end, pidfd)``."""

@@ -19,7 +19,7 @@ from mcpd.common.audit import AuditLog
 from mcpd.policy.grants import NO_GRANT, PolicyError, decide, load_policy, os_groups, parse_policy
 from mcpd.policy.grants import secret_paths
 from mcpd.policy.grants_reload import PolicyHolder
-from mcpd.common.pathmatch import entry_covers, split_entry
+from mcpd.policy.entries import entry_covers, split_entry
 from mcpd.common.strictyaml import ConfigFileError, load_secure_yaml
 
 NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)

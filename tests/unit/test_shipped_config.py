@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from mcpd.admin.grants_cli import grants
 from mcpd.common.identity import parse_users, verify
 from mcpd.policy.grants import DENIED, GRANTED, NO_GRANT, SECRET, TOOLS, decide, load_policy, parse_policy, secret_paths
-from mcpd.common.pathmatch import entry_covers_root
+from mcpd.policy.entries import entry_covers_root
 
 ETC = Path(__file__).resolve().parents[2] / "etc"
 DAEMON = ETC / "mcpd/mcpd.yaml"
