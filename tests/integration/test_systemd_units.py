@@ -152,12 +152,11 @@ def test_config_broken_exit_status_prevents_restart() -> None:
 
 
 def test_helper_runs_its_own_entry_point_isolated() -> None:
-    """The helper unit starts `python3 -I -m mcpd.helper`, not the `mcpd` CLI (issue 8 item 1), and
-    is ready when root says so (it sends READY=1 once the policy process serves): Type=notify,
-    notifications from the main process only."""
+    """The helper unit starts `python3 -I -m mcpd.helper`, not the `mcpd` CLI (issue 8 item 1).
+    Type=exec: the helper sends no readiness notification (the socket queues connections)."""
     service = parse_unit(UNITS / "mcpd-helper.service")["Service"]
     assert service["ExecStart"] == [HELPER_EXEC]
-    assert service["Type"] == ["notify"] and service["NotifyAccess"] == ["main"]
+    assert service["Type"] == ["exec"] and "NotifyAccess" not in service
 
 
 def test_front_runs_unprivileged_and_notifies_readiness() -> None:
