@@ -13,8 +13,11 @@ top (``systemd/``, ``etc/``, ``docs/``). :data:`PLACES` says where each goes, un
 - the docs in ``/usr/local/share/doc/mcpd/`` (the units' ``Documentation=``).
 
 A file the operator owns (configuration, PAM service) is never overwritten: it is kept and
-reported. With ``root`` = ``/`` (only as root), :func:`activate` then runs ``systemd-sysusers``,
-``systemd-tmpfiles --create`` and ``systemctl daemon-reload``; nothing is run for a staging root.
+reported. With ``root`` = ``/`` (only as root), :func:`activate` then runs ``systemd-sysusers``
+(the accounts ``mcpd``, ``mcpd-policy`` and ``mcpd-walk``), ``systemd-tmpfiles --create`` (the
+folders; the policy process's state and audit folders become ``mcpd-policy``'s, 0700, files an
+older root-owned layout left in them included) and ``systemctl daemon-reload``; nothing is run for
+a staging root. A helper already running keeps its old code until it is restarted.
 """
 
 from __future__ import annotations
@@ -154,7 +157,7 @@ def prefix_warnings(prefix: str | None = None) -> list[str]:
 
 
 ACTIVATE = (
-    ("systemd-sysusers",),  # the mcpd and mcpd-walk accounts
+    ("systemd-sysusers", "/etc/sysusers.d/mcpd.conf"),  # mcpd, mcpd-policy, mcpd-walk: before tmpfiles names them
     ("systemd-tmpfiles", "--create", "/etc/tmpfiles.d/mcpd.conf"),  # folders, owners and modes
     ("systemctl", "daemon-reload"),
 )

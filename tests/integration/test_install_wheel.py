@@ -1,11 +1,15 @@
 """A real install (issue 14): the wheel, built from this tree, installs into a fresh venv, and its
 ``mcpd install-systemd --root TMP`` stages units that ``systemd-analyze verify`` accepts with no
-output, with every shipped file where the units expect it. Bounded: each step has a timeout."""
+output, with every shipped file where the units expect it; as root, the staged sysusers and
+tmpfiles files are then applied to the staging root, as ``install-systemd`` does on ``/``, and
+give the policy process its account and folders. Bounded: each step has a timeout."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import zipfile
@@ -64,8 +68,30 @@ def test_wheel_installs_into_a_fresh_venv_and_stages_units_systemd_accepts(tmp_p
                    "usr/local/share/doc/mcpd/PRIVSEP.md"):
         assert (root / staged).is_file(), staged
     assert (root / "etc/mcpd/mcp-sudo.yaml").stat().st_mode & 0o777 == 0o600
+    if os.geteuid() == 0 and shutil.which("systemd-sysusers") and shutil.which("systemd-tmpfiles"):
+        apply_staged_accounts_and_folders(root)
 
     (root / "etc/mcpd/mcpd.yaml").write_text("# the operator's own\n")
     out = run(venv / "bin" / "mcpd", "install-systemd", "--root", root).stdout
     assert f"kept: {root / 'etc/mcpd/mcpd.yaml'}" in out
     assert (root / "etc/mcpd/mcpd.yaml").read_text() == "# the operator's own\n"
+
+
+def apply_staged_accounts_and_folders(root: Path) -> None:
+    """Apply the staged sysusers and tmpfiles files to the staging root (the commands
+    ``install-systemd`` runs on ``/``, in its order) over an older root-owned audit log: the
+    accounts exist, and the policy process's two folders and that log are ``mcpd-policy``'s."""
+    from mcpd.admin.install import ACTIVATE
+
+    (root / "var/log/mcpd").mkdir(mode=0o700, parents=True)
+    (root / "var/log/mcpd/audit.jsonl").write_text("{}\n")
+    (root / "var/log/mcpd/audit.jsonl").chmod(0o600)  # as the root helper wrote it (UMask=0077)
+    for command in ACTIVATE[:2]:
+        run(command[0], f"--root={root}", *command[1:-1], Path(command[-1]).name)
+    accounts = {line.split(":")[0]: line.split(":") for line in (root / "etc/passwd").read_text().splitlines()}
+    assert {"mcpd", "mcpd-policy", "mcpd-walk"} <= set(accounts)
+    uid, gid = int(accounts["mcpd-policy"][2]), int(accounts["mcpd-policy"][3])
+    for rel in ("var/lib/mcpd-helper", "var/log/mcpd", "var/log/mcpd/audit.jsonl"):
+        st = (root / rel).stat()
+        assert (st.st_uid, st.st_gid) == (uid, gid), rel
+        assert stat.S_IMODE(st.st_mode) & 0o077 == 0, rel
