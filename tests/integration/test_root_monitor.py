@@ -231,6 +231,6 @@ def test_root_runs_one_pam_conversation_per_account_at_a_time(privsep_daemon: Pr
             reply, fds = frames.recv_frame_fds(root.sock, 1 << 20, 4)
             assert reply is not None and fds == []
             replies[reply["id"]] = reply
-    assert replies[first] == {"ok": True, "pass": False, "code": replies[first]["code"], "reason": replies[first]["reason"],
-                              "id": first}
-    assert replies[second]["ok"] is False and replies[second]["error"]["details"]["reason"] == "busy"
+    ran, busy = sorted(replies.values(), key=lambda r: r["ok"], reverse=True)  # which one ran: the threads decide
+    assert ran["ok"] is True and ran["pass"] is False and ran["code"] != 0
+    assert busy["ok"] is False and busy["error"]["details"]["reason"] == "busy"
