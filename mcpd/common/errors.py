@@ -63,7 +63,7 @@ class ToolError(Exception):
         details = data.get("details")
         if code not in CODES or not isinstance(message, str) or not isinstance(details, dict):
             return cls(INTERNAL_ERROR, "internal error")
-        return cls(code, message, **details)
+        return cls(str(code), message, **details)
 
     def __repr__(self) -> str:
         return f"ToolError({self.code}, {self.message!r}, {self.details!r})"

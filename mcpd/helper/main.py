@@ -19,6 +19,8 @@ import signal
 import socket
 import stat
 import sys
+import time
+from collections.abc import Callable
 
 from mcpd.common import frames
 from mcpd.common.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, root_settings
@@ -27,6 +29,7 @@ from mcpd.helper import forkserver
 from mcpd.helper.monitor import Broken, Monitor
 
 log = logging.getLogger("mcpd.helper")
+STOP_SECONDS = 10.0  # how long a stopping helper waits for the policy process to finish
 
 
 def listening_socket(path: str, service_gid: int) -> socket.socket:
@@ -97,22 +100,24 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, lambda *_: signal.pidfd_send_signal(pidfd, signal.SIGHUP))
     log.info("root helper started the policy process (pid %d, %s)", pid, POLICY_USER)
     code = serve(monitor, ours, pidfd, lambda: stop["now"])
-    monitor.close()
-    if code is None:  # stopped: the policy goes first, then the fork server sees its channel close
+    if code is None:  # stopped: the policy stops first (its workers, its audit), still served meanwhile
         signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        end = time.monotonic() + STOP_SECONDS
+        serve(monitor, ours, pidfd, lambda: time.monotonic() > end)
         code = 0
+    monitor.close()
     status = _wait(pid, pidfd)
     os.close(pidfd)
     return EXIT_CONFIG if code and status == EXIT_CONFIG else code
 
 
-def serve(monitor: Monitor, sock: socket.socket, pidfd: int, stopped: object) -> int | None:
+def serve(monitor: Monitor, sock: socket.socket, pidfd: int, stopped: Callable[[], bool]) -> int | None:
     """Read the policy's requests until ``stopped()`` (``None``), or the policy process ends or
     breaks the protocol (1)."""
-    while not stopped():  # type: ignore[operator]
+    while not stopped():
         monitor.reap()
-        ready = select.select([sock, pidfd], [], [], 0.5)[0]
-        if sock in ready:
+        ready = select.select([sock.fileno(), pidfd], [], [], 0.5)[0]
+        if sock.fileno() in ready:
             try:
                 req, fds = frames.recv_frame_fds(sock, frames.HELPER_REQUEST_CAP, 0)
                 if req is not None:

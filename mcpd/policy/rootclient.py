@@ -15,12 +15,13 @@ import threading
 from typing import Any
 
 from mcpd.common import frames
-from mcpd.common.errors import ToolError
+from mcpd.common.errors import HELPER_UNAVAILABLE, ToolError
 from mcpd.common.filesig import Signature
 
 log = logging.getLogger("mcpd.policy")
 
 MAX_FDS = 4
+ROOT_SECONDS = 60.0  # the longest root takes: PAM (10 s at most, the policy's wait) or a kill (5 s)
 
 
 class RootClient:
@@ -61,14 +62,18 @@ class RootClient:
 
     def call(self, kind: str, **fields: Any) -> tuple[dict[str, Any], list[int]]:
         """Send one request and wait for its reply: ``(reply, descriptors)`` (the caller closes
-        them). Raises :class:`ToolError` when root refused."""
+        them). Raises :class:`ToolError` when root refused, or ``HELPER_UNAVAILABLE`` when it
+        did not answer within :data:`ROOT_SECONDS`."""
         rid = next(self._ids)
         waiter: list[Any] = [threading.Event(), None, []]
         with self._lock:
             self._pending[rid] = waiter
         with self._send:
             frames.send_frame(self.sock, dict(fields, type=kind, id=rid))
-        waiter[0].wait()
+        if not waiter[0].wait(ROOT_SECONDS):
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise ToolError(HELPER_UNAVAILABLE, "the root helper did not answer", reason="busy")
         reply, fds = waiter[1], waiter[2]
         if not reply.get("ok"):
             for fd in fds:
