@@ -29,7 +29,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from mcpd.common import frames
+from mcpd.common import frames, wirejson
 from mcpd.common.config import Config, ReadLimits
 from mcpd.common.errors import INTERNAL_ERROR, TIMEOUT, ToolError, invalid_argument
 
@@ -130,6 +130,32 @@ class LocalSpawner:
 
 
 # --------------------------------------------------------------------------- the pool
+
+
+async def read_reply_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, Any] | None:
+    """One frame from a worker (:func:`mcpd.common.frames.read_frame`'s format, length checked
+    against ``cap`` bytes before the body is read), parsed with :func:`mcpd.common.wirejson.loads`.
+
+    Returns ``None`` on a clean end of stream. Raises :class:`mcpd.common.frames.FrameError` for a
+    frame over ``cap``, one cut short, or a body that is not one JSON object.
+    """
+    try:
+        header = await reader.readexactly(frames.HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise frames.FrameError("connection closed inside a frame header") from exc
+    (length,) = frames.HEADER.unpack(header)
+    frames.check_length(length, cap)
+    try:
+        body = await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        raise frames.FrameError("connection closed inside a frame") from exc
+    obj = wirejson.loads(body)
+    if not isinstance(obj, dict):
+        raise frames.FrameError("frame is not a JSON object")
+    return obj
+
 
 
 @dataclasses.dataclass(eq=False)
@@ -381,7 +407,7 @@ class WorkerPool:
         data = self._encode(worker.next_id, op, args, progress=on_progress is not None)
         async def read_reply() -> dict[str, Any] | None:
             while True:
-                frame = await frames.read_frame(worker.reader, self._reply_cap)
+                frame = await read_reply_frame(worker.reader, self._reply_cap)
                 if frame is None or "progress" not in frame or "ok" in frame:
                     return frame
                 await self._forward_progress(worker, frame, on_progress)
