@@ -110,7 +110,8 @@ def test_the_index_is_bounded() -> None:
             index.add((1, f, 100, 0), p * 10, p + 1)
     assert len(index) == 3
     assert index.before((1, 0, 100, 0), 5) is None  # the least recently used files were dropped
-    points = index._files[(1, 4, 100, 0)]
-    assert len(points) <= 8
-    pos, line = index.before((1, 4, 100, 0), 15) or (None, None)
+    points = index.points((1, 4, 100, 0))
+    assert 0 < len(points) <= 8
+    pos, line, nxt = index.before((1, 4, 100, 0), 15) or (None, None, None)
     assert line is not None and line < 15 and pos == (line - 1) * 10
+    assert nxt == -1 or (pos is not None and nxt > pos)
