@@ -41,6 +41,13 @@ def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode("ascii")
 
 
+def embed(data: bytes) -> Any:
+    """JSON text ``data`` (from :func:`dumps`) as a value that a later :func:`dumps` writes as it
+    is, without parsing or encoding it again (an ``orjson.Fragment``; the caller vouches that it is
+    valid JSON)."""
+    return orjson.Fragment(data)
+
+
 def dumps_line(obj: Any) -> bytes:
     """:func:`dumps`, with U+0085, U+2028 and U+2029 escaped, so the message stays on one line
     for every line reader (an SSE ``data:`` line). Raises as :func:`dumps`."""

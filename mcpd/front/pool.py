@@ -259,15 +259,14 @@ class WorkerPool:
         if self._closed:
             raise ToolError(INTERNAL_ERROR, "worker pool is closed")
         limit = self._cfg.workers.timeout_seconds if timeout is None else timeout
-        request = self._encode(0, op, args)  # size check before any worker is taken
-        del request
+        encoded = self._encode_args(op, args)  # once per call, size checked before any worker is taken
         deadline = asyncio.get_running_loop().time() + limit
         key = os_user if owner is None else f"{owner}\n{os_user}"
         self._inflight += 1
         try:
             account = await self._enter(key, deadline, limit)
             try:
-                return await self._call_in(account, os_user, op, args, deadline, limit, on_progress,
+                return await self._call_in(account, os_user, op, encoded, deadline, limit, on_progress,
                                            token, grant, decided)
             finally:
                 account.callers -= 1
@@ -279,17 +278,27 @@ class WorkerPool:
                 self._quiet.set()
 
     @staticmethod
-    def _encode(rid: int, op: str, args: dict[str, Any], progress: bool = False) -> bytes:
-        request: dict[str, Any] = {"id": rid, "op": op, "args": args}
-        if progress:
-            request["progress"] = True
+    def _encode_args(op: str, args: dict[str, Any]) -> bytes:
+        """``args`` as JSON, encoded once for every frame of the call; ``INVALID_ARGUMENT`` when
+        they are not JSON-serialisable or the request frame would pass :data:`REQUEST_CAP`."""
         try:
-            data = frames.encode(request)
+            data = wirejson.dumps(args)
         except (TypeError, ValueError) as exc:
             raise invalid_argument("arguments are not JSON-serialisable") from exc
-        if len(data) - frames.HEADER.size > REQUEST_CAP - 32:  # 32 bytes of room for a larger id
+        # the frame adds {"id":N,"op":"...","args":...,"progress":true}: 64 bytes are room for it
+        if len(data) + len(op.encode("utf-8", "surrogatepass")) + 64 > REQUEST_CAP:
             raise invalid_argument(f"request over {REQUEST_CAP} bytes", limit=REQUEST_CAP)
         return data
+
+    @staticmethod
+    def _frame(rid: int, op: str, args: bytes, progress: bool = False) -> bytes:
+        """One request frame: ``{"id", "op", "args"[, "progress": true]}`` with ``args`` the JSON
+        of :meth:`_encode_args`, embedded as it is."""
+        request: dict[str, Any] = {"id": rid, "op": op, "args": wirejson.embed(args)}
+        if progress:
+            request["progress"] = True
+        body = wirejson.dumps(request)
+        return frames.HEADER.pack(len(body)) + body
 
     async def _enter(self, os_user: str, deadline: float, limit: float) -> _Account:
         while True:
@@ -320,7 +329,7 @@ class WorkerPool:
                 return
 
     async def _call_in(
-        self, account: _Account, os_user: str, op: str, args: dict[str, Any], deadline: float, limit: float,
+        self, account: _Account, os_user: str, op: str, args: bytes, deadline: float, limit: float,
         on_progress: ProgressCallback | None = None, token: str = "", grant: GrantCallback | None = None,
         decided: frozenset[str] = frozenset(),
     ) -> dict[str, Any]:
@@ -400,11 +409,11 @@ class WorkerPool:
         return worker
 
     async def _exchange(
-        self, worker: _Worker, op: str, args: dict[str, Any], deadline: float, on_progress: ProgressCallback | None,
+        self, worker: _Worker, op: str, args: bytes, deadline: float, on_progress: ProgressCallback | None,
         grant: GrantCallback | None = None,
     ) -> dict[str, Any]:
         worker.next_id += 1
-        data = self._encode(worker.next_id, op, args, progress=on_progress is not None)
+        data = self._frame(worker.next_id, op, args, progress=on_progress is not None)
         async def read_reply() -> dict[str, Any] | None:
             while True:
                 frame = await read_reply_frame(worker.reader, self._reply_cap)
