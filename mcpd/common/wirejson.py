@@ -52,9 +52,10 @@ def dumps_line(obj: Any) -> bytes:
     """:func:`dumps`, with U+0085, U+2028 and U+2029 escaped, so the message stays on one line
     for every line reader (an SSE ``data:`` line). Raises as :func:`dumps`."""
     data = dumps(obj)
+    if data.isascii() or (data.find(b"\xc2") < 0 and data.find(b"\xe2") < 0):  # fast scans: the usual case
+        return data
     for raw, escaped in _LINE_BREAKERS:
-        if raw in data:
-            data = data.replace(raw, escaped)
+        data = data.replace(raw, escaped)
     return data
 
 

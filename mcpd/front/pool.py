@@ -129,16 +129,12 @@ class LocalSpawner:
         return list(self._procs)
 
 
-# --------------------------------------------------------------------------- the pool
+# --------------------------------------------------------------------------- reply frames
 
 
-async def read_reply_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, Any] | None:
-    """One frame from a worker (:func:`mcpd.common.frames.read_frame`'s format, length checked
-    against ``cap`` bytes before the body is read), parsed with :func:`mcpd.common.wirejson.loads`.
-
-    Returns ``None`` on a clean end of stream. Raises :class:`mcpd.common.frames.FrameError` for a
-    frame over ``cap``, one cut short, or a body that is not one JSON object.
-    """
+async def _read_body(reader: asyncio.StreamReader, cap: int) -> bytes | None:
+    """One frame's body (length checked against ``cap`` bytes before it is read); ``None`` on a
+    clean end of stream before a header. Raises :class:`mcpd.common.frames.FrameError`."""
     try:
         header = await reader.readexactly(frames.HEADER.size)
     except asyncio.IncompleteReadError as exc:
@@ -148,14 +144,40 @@ async def read_reply_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, 
     (length,) = frames.HEADER.unpack(header)
     frames.check_length(length, cap)
     try:
-        body = await reader.readexactly(length)
+        return await reader.readexactly(length)
     except asyncio.IncompleteReadError as exc:
         raise frames.FrameError("connection closed inside a frame") from exc
+
+
+async def read_reply_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, Any] | None:
+    """One reply (or progress) frame from a worker: :func:`mcpd.common.frames.read_frame`'s format,
+    parsed with :func:`mcpd.common.wirejson.loads`. A reply marked ``"text_frame": true`` (see
+    ``mcpd.worker.main.send_reply``) is followed by a frame of raw UTF-8 that becomes its
+    ``result["text"]``.
+
+    Returns ``None`` on a clean end of stream. Raises :class:`mcpd.common.frames.FrameError` for a
+    frame over ``cap`` bytes, one cut short, a body that is not one JSON object, or a text frame
+    that is missing, not UTF-8, or follows a reply without a result object.
+    """
+    body = await _read_body(reader, cap)
+    if body is None:
+        return None
     obj = wirejson.loads(body)
     if not isinstance(obj, dict):
         raise frames.FrameError("frame is not a JSON object")
+    if obj.pop("text_frame", None) is True:
+        result = obj.get("result")
+        raw = await _read_body(reader, cap)
+        if raw is None or not isinstance(result, dict):
+            raise frames.FrameError("a text frame is missing or has no result to belong to")
+        try:
+            result["text"] = raw.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            raise frames.FrameError("a text frame is not UTF-8") from None
     return obj
 
+
+# --------------------------------------------------------------------------- the pool
 
 
 @dataclasses.dataclass(eq=False)
