@@ -58,8 +58,8 @@ class LineIndex:
     (1-based). Checkpoints are recorded every :data:`INDEX_STEP` bytes while a line-mode read
     counts its way to its first line, and hold only numbers, never content. An index is keyed by the
     file's identity and version as ``fstat`` reports it: ``(st_dev, st_ino, st_size,
-    st_mtime_ns)``; a file that is appended to, truncated, rewritten or replaced gets a new key, so
-    a stale index is never consulted (a growing log is scanned afresh, and indexed again). Memory
+    st_mtime_ns, st_ctime_ns)``; a file that is appended to, truncated, rewritten or replaced gets a
+    new key, so a stale index is never consulted (a growing log is scanned afresh, and indexed again). Memory
     is bounded: :data:`INDEX_FILES` files, least recently used dropped first, and
     :data:`INDEX_POINTS` checkpoints of 16 bytes per file (64 KiB). Not thread-safe: one per
     worker process.
@@ -71,8 +71,10 @@ class LineIndex:
 
     @staticmethod
     def key(st: os.stat_result) -> tuple[int, ...]:
-        """The index key of an open file: device, inode, size (bytes) and mtime (ns)."""
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        """The index key of an open file: device, inode, size (bytes), mtime and ctime (ns). The
+        ctime changes with every write and every ``utime``, so a rewrite that keeps the size and
+        puts the old mtime back still gets a new key."""
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
     def before(self, key: tuple[int, ...], line: int) -> tuple[int, int, int] | None:
         """The last checkpoint ``(pos, line_at_pos)`` with ``line_at_pos < line``, and the offset
