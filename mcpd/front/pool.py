@@ -31,7 +31,8 @@ from typing import Any, Protocol
 
 from mcpd.common import frames, wirejson
 from mcpd.common.config import Config, ReadLimits
-from mcpd.common.errors import INTERNAL_ERROR, TIMEOUT, ToolError, invalid_argument
+from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, TIMEOUT, ToolError, invalid_argument
+from mcpd.front import metrics
 
 log = logging.getLogger("mcpd.front.pool")
 
@@ -61,6 +62,10 @@ class Spawner(Protocol):
     async def spawn(self, os_user: str, token: str = "") -> tuple[socket.socket, int]: ...
 
     async def kill(self, pid: int) -> None: ...
+
+    async def alive(self) -> bool:
+        """Whether new workers can be started now (asked after a worker ended mid-call)."""
+        ...
 
 
 class LocalSpawner:
@@ -124,6 +129,10 @@ class LocalSpawner:
         proc.kill()
         await asyncio.shield(done)
 
+    async def alive(self) -> bool:
+        """Always: these workers need nobody's help to start."""
+        return True
+
     def live_pids(self) -> list[int]:
         """Pids started by this spawner and not yet reaped (introspection for tests and status)."""
         return list(self._procs)
@@ -150,7 +159,7 @@ async def _read_body(reader: asyncio.StreamReader, cap: int) -> bytes | None:
 
 
 async def read_reply_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, Any] | None:
-    """One reply (or progress) frame from a worker: :func:`mcpd.common.frames.read_frame`'s format,
+    """One reply (or progress) frame from a worker: :func:`mcpd.common.frames.recv_frame`'s format,
     parsed with :func:`mcpd.common.wirejson.loads`. A reply marked ``"text_frame": true`` (see
     ``mcpd.worker.main.send_reply``) is followed by a frame of raw UTF-8 that becomes its
     ``result["text"]``.
@@ -223,12 +232,22 @@ class WorkerPool:
         self._account_freed = asyncio.Event()
         self._retiring: set[asyncio.Task[None]] = set()
         self._inflight = 0  # calls inside call(); close() waits for them to end
+        self._waiting = 0  # calls inside call() that hold no worker slot yet (the metrics' queue)
         self._quiet = asyncio.Event()
         self._closed = False
 
     def live(self) -> int:
         """Live worker processes, every account together (the metrics' ``mcpd_workers``)."""
         return sum(len(account.workers) for account in self._accounts.values())
+
+    def busy(self) -> int:
+        """Live workers running a call (the metrics' ``mcpd_workers_busy``)."""
+        return sum(1 for account in self._accounts.values() for w in account.workers.values() if w.busy)
+
+    def queued(self) -> int:
+        """Calls waiting for a worker slot: for an account to be admitted, or for one of its
+        ``per_account`` slots (the metrics' ``mcpd_pool_queued``)."""
+        return self._waiting
 
     def retire_owner(self, owner: str) -> int:
         """Kill the idle workers of principal ``owner`` (its token was revoked: they must not
@@ -285,16 +304,25 @@ class WorkerPool:
         deadline = asyncio.get_running_loop().time() + limit
         key = os_user if owner is None else f"{owner}\n{os_user}"
         self._inflight += 1
+        self._waiting += 1
+        waiting = [True]
+
+        def admitted() -> None:
+            if waiting[0]:
+                waiting[0] = False
+                self._waiting -= 1
+
         try:
             account = await self._enter(key, deadline, limit)
             try:
                 return await self._call_in(account, os_user, op, encoded, deadline, limit, on_progress,
-                                           token, grant, decided)
+                                           token, grant, decided, admitted)
             finally:
                 account.callers -= 1
                 if account.callers == 0:
                     self._account_freed.set()
         finally:
+            admitted()
             self._inflight -= 1
             if self._inflight == 0:
                 self._quiet.set()
@@ -340,6 +368,7 @@ class WorkerPool:
                 async with asyncio.timeout_at(deadline):
                     await self._account_freed.wait()
             except TimeoutError:
+                metrics.limit_hit("worker_accounts")
                 raise ToolError(TIMEOUT, "too many accounts have requests running", seconds=limit) from None
 
     def _evict_one(self) -> None:
@@ -353,12 +382,14 @@ class WorkerPool:
     async def _call_in(
         self, account: _Account, os_user: str, op: str, args: bytes, deadline: float, limit: float,
         on_progress: ProgressCallback | None = None, token: str = "", grant: GrantCallback | None = None,
-        decided: frozenset[str] = frozenset(),
+        decided: frozenset[str] = frozenset(), admitted: Callable[[], None] = lambda: None,
     ) -> dict[str, Any]:
         try:
             async with asyncio.timeout_at(deadline):
                 await account.slots.acquire()
+            admitted()
         except TimeoutError:
+            metrics.limit_hit("account_workers")
             raise ToolError(TIMEOUT, "all workers of this account stayed busy", seconds=limit) from None
         worker: _Worker | None = None
         try:
@@ -379,6 +410,8 @@ class WorkerPool:
         except (_Crashed, frames.FrameError, OSError) as exc:
             await self._fail(account, worker)
             log.warning("worker %s failed on %s: %s", worker and worker.pid, op, type(exc).__name__)
+            if not await self._spawner.alive():  # the root helper died and took its workers along
+                raise ToolError(HELPER_UNAVAILABLE, "the root helper is not running") from None
             raise ToolError(INTERNAL_ERROR, "worker crashed") from None
         except BaseException:  # cancellation: kill the worker in the background, answer nothing
             if worker is None:

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from mcpd.client.api import Client, text_of  # noqa: E402
 from mcpd.common import identity  # noqa: E402
 from tests.bench.bench_load import one_session, percentile  # noqa: E402
-from tests.integration.privsep_fixture import PrivsepDaemon, children, start_privsep, stop_privsep  # noqa: E402
+from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep  # noqa: E402
 from tests.osaccounts import AccountFactory  # noqa: E402
 
 DEADLINE_SECONDS = 300.0
@@ -132,12 +132,8 @@ async def timed_gather(jobs: list[Awaitable[list[float]]]) -> tuple[list[float],
 
 
 def workers_by_account(d: PrivsepDaemon, names: list[str]) -> dict[str, int]:
-    uids = {d.accounts[n].uid: n for n in names}
-    counts = dict.fromkeys(names, 0)
-    for fs in children(d.helper_pid, 0):
-        for uid, name in uids.items():
-            counts[name] += len(children(fs, uid))
-    return counts
+    """Live workers of each principal's account (the fixture's own count)."""
+    return {n: len(d.workers(n)) for n in names}
 
 
 def section_accounts(d: PrivsepDaemon, tokens: dict[str, str], pub: Path, sessions: int, reads: int) -> None:

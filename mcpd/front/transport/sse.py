@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 from mcpd.common import wirejson
 from mcpd.common.config import Config
+from mcpd.front import metrics
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.common.identity import Principal
 from mcpd.front.protocol import Caller, Dispatcher, McpSession
@@ -119,6 +120,7 @@ class SseSession:
             self._queue.put_nowait(data)
             self._queued += size
         except asyncio.QueueFull:
+            metrics.limit_hit("queue_overflow")
             log.warning("session %s: outgoing queue full, disconnecting a client that stopped reading", self.id)
             self._manager.close(self)
 
@@ -192,9 +194,11 @@ class SessionManager:
                 holds ``max_sessions_per_principal``; both count the two kinds together.
         """
         if len(self._sessions) >= self._cfg.max_sessions:
+            metrics.limit_hit("sessions_total")
             raise SessionRefused(503, "too many sessions")
         held = sum(1 for s in self._sessions.values() if s.principal.name == principal.name)
         if held >= self._cfg.max_sessions_per_principal:
+            metrics.limit_hit("sessions_per_principal")
             raise SessionRefused(429, "too many sessions for this principal")
         sid = secrets.token_hex(16)
         session = SseSession(sid, principal, self._cfg.session_queue_size, self, self._dispatcher, kind,

@@ -51,6 +51,7 @@ from starlette.routing import Route
 
 from mcpd.common import wirejson
 from mcpd.common.config import Config
+from mcpd.front import metrics
 from mcpd.front.protocol import (
     HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, META_CLIENT_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
     MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, error_reply,
@@ -217,6 +218,7 @@ class PostStream:
             return
         if len(self._items) >= self._limit:
             self.overflowed = True
+            metrics.limit_hit("queue_overflow")
         else:
             self._items.append(message)
         self._ready.set()
