@@ -29,7 +29,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from mcpd.common import frames
+from mcpd.common import frames, wirejson
 from mcpd.common.config import Config, ReadLimits
 from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, TIMEOUT, ToolError, invalid_argument
 from mcpd.front import metrics
@@ -49,28 +49,6 @@ ProgressCallback = Callable[[int, "int | None", str], Awaitable[None]]
 
 # --------------------------------------------------------------------------- spawners
 
-
-
-async def read_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, Any] | None:
-    """Asyncio twin of :func:`mcpd.common.frames.recv_frame`; ``None`` on a clean end of stream.
-
-    Raises:
-        FrameError: over ``cap`` bytes (checked before reading the body), truncated, or not one
-            JSON object.
-    """
-    try:
-        header = await reader.readexactly(frames.HEADER.size)
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise frames.FrameError("connection closed inside a frame header") from exc
-    (length,) = frames.HEADER.unpack(header)
-    frames.check_length(length, cap)
-    try:
-        body = await reader.readexactly(length)
-    except asyncio.IncompleteReadError as exc:
-        raise frames.FrameError("connection closed inside a frame") from exc
-    return frames.decode_body(body)
 
 class Spawner(Protocol):
     """Starts and stops worker processes for an OS account (DESIGN.md "worker").
@@ -158,6 +136,54 @@ class LocalSpawner:
     def live_pids(self) -> list[int]:
         """Pids started by this spawner and not yet reaped (introspection for tests and status)."""
         return list(self._procs)
+
+
+# --------------------------------------------------------------------------- reply frames
+
+
+async def _read_body(reader: asyncio.StreamReader, cap: int) -> bytes | None:
+    """One frame's body (length checked against ``cap`` bytes before it is read); ``None`` on a
+    clean end of stream before a header. Raises :class:`mcpd.common.frames.FrameError`."""
+    try:
+        header = await reader.readexactly(frames.HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise frames.FrameError("connection closed inside a frame header") from exc
+    (length,) = frames.HEADER.unpack(header)
+    frames.check_length(length, cap)
+    try:
+        return await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        raise frames.FrameError("connection closed inside a frame") from exc
+
+
+async def read_reply_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, Any] | None:
+    """One reply (or progress) frame from a worker: :func:`mcpd.common.frames.recv_frame`'s format,
+    parsed with :func:`mcpd.common.wirejson.loads`. A reply marked ``"text_frame": true`` (see
+    ``mcpd.worker.main.send_reply``) is followed by a frame of raw UTF-8 that becomes its
+    ``result["text"]``.
+
+    Returns ``None`` on a clean end of stream. Raises :class:`mcpd.common.frames.FrameError` for a
+    frame over ``cap`` bytes, one cut short, a body that is not one JSON object, or a text frame
+    that is missing, not UTF-8, or follows a reply without a result object.
+    """
+    body = await _read_body(reader, cap)
+    if body is None:
+        return None
+    obj = wirejson.loads(body)
+    if not isinstance(obj, dict):
+        raise frames.FrameError("frame is not a JSON object")
+    if obj.pop("text_frame", None) is True:
+        result = obj.get("result")
+        raw = await _read_body(reader, cap)
+        if raw is None or not isinstance(result, dict):
+            raise frames.FrameError("a text frame is missing or has no result to belong to")
+        try:
+            result["text"] = raw.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            raise frames.FrameError("a text frame is not UTF-8") from None
+    return obj
 
 
 # --------------------------------------------------------------------------- the pool
@@ -274,8 +300,7 @@ class WorkerPool:
         if self._closed:
             raise ToolError(INTERNAL_ERROR, "worker pool is closed")
         limit = self._cfg.workers.timeout_seconds if timeout is None else timeout
-        request = self._encode(0, op, args)  # size check before any worker is taken
-        del request
+        encoded = self._encode_args(op, args)  # once per call, size checked before any worker is taken
         deadline = asyncio.get_running_loop().time() + limit
         key = os_user if owner is None else f"{owner}\n{os_user}"
         self._inflight += 1
@@ -290,7 +315,7 @@ class WorkerPool:
         try:
             account = await self._enter(key, deadline, limit)
             try:
-                return await self._call_in(account, os_user, op, args, deadline, limit, on_progress,
+                return await self._call_in(account, os_user, op, encoded, deadline, limit, on_progress,
                                            token, grant, decided, admitted)
             finally:
                 account.callers -= 1
@@ -303,17 +328,27 @@ class WorkerPool:
                 self._quiet.set()
 
     @staticmethod
-    def _encode(rid: int, op: str, args: dict[str, Any], progress: bool = False) -> bytes:
-        request: dict[str, Any] = {"id": rid, "op": op, "args": args}
-        if progress:
-            request["progress"] = True
+    def _encode_args(op: str, args: dict[str, Any]) -> bytes:
+        """``args`` as JSON, encoded once for every frame of the call; ``INVALID_ARGUMENT`` when
+        they are not JSON-serialisable or the request frame would pass :data:`REQUEST_CAP`."""
         try:
-            data = frames.encode(request)
+            data = wirejson.dumps(args)
         except (TypeError, ValueError) as exc:
             raise invalid_argument("arguments are not JSON-serialisable") from exc
-        if len(data) - frames.HEADER.size > REQUEST_CAP - 32:  # 32 bytes of room for a larger id
+        # the frame adds {"id":N,"op":"...","args":...,"progress":true}: 64 bytes are room for it
+        if len(data) + len(op.encode("utf-8", "surrogatepass")) + 64 > REQUEST_CAP:
             raise invalid_argument(f"request over {REQUEST_CAP} bytes", limit=REQUEST_CAP)
         return data
+
+    @staticmethod
+    def _frame(rid: int, op: str, args: bytes, progress: bool = False) -> bytes:
+        """One request frame: ``{"id", "op", "args"[, "progress": true]}`` with ``args`` the JSON
+        of :meth:`_encode_args`, embedded as it is."""
+        request: dict[str, Any] = {"id": rid, "op": op, "args": wirejson.embed(args)}
+        if progress:
+            request["progress"] = True
+        body = wirejson.dumps(request)
+        return frames.HEADER.pack(len(body)) + body
 
     async def _enter(self, os_user: str, deadline: float, limit: float) -> _Account:
         while True:
@@ -345,7 +380,7 @@ class WorkerPool:
                 return
 
     async def _call_in(
-        self, account: _Account, os_user: str, op: str, args: dict[str, Any], deadline: float, limit: float,
+        self, account: _Account, os_user: str, op: str, args: bytes, deadline: float, limit: float,
         on_progress: ProgressCallback | None = None, token: str = "", grant: GrantCallback | None = None,
         decided: frozenset[str] = frozenset(), admitted: Callable[[], None] = lambda: None,
     ) -> dict[str, Any]:
@@ -429,14 +464,14 @@ class WorkerPool:
         return worker
 
     async def _exchange(
-        self, worker: _Worker, op: str, args: dict[str, Any], deadline: float, on_progress: ProgressCallback | None,
+        self, worker: _Worker, op: str, args: bytes, deadline: float, on_progress: ProgressCallback | None,
         grant: GrantCallback | None = None,
     ) -> dict[str, Any]:
         worker.next_id += 1
-        data = self._encode(worker.next_id, op, args, progress=on_progress is not None)
+        data = self._frame(worker.next_id, op, args, progress=on_progress is not None)
         async def read_reply() -> dict[str, Any] | None:
             while True:
-                frame = await read_frame(worker.reader, self._reply_cap)
+                frame = await read_reply_frame(worker.reader, self._reply_cap)
                 if frame is None or "progress" not in frame or "ok" in frame:
                     return frame
                 await self._forward_progress(worker, frame, on_progress)

@@ -13,7 +13,6 @@ per-session rule count both transports together, and the once-a-second token re-
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import secrets
@@ -29,6 +28,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from mcpd.common import wirejson
 from mcpd.common.config import Config
 from mcpd.front import metrics
 from mcpd.front.transport.body import BodyRefused, read_json
@@ -38,15 +38,20 @@ from mcpd.front.protocol import Caller, Dispatcher, McpSession
 log = logging.getLogger(__name__)
 
 SESSION_ID_RE = re.compile(r"[0-9a-f]{32}")
-# JSON leaves these raw, but line readers built on str.splitlines (httpx's among them) break
-# lines at them; escaping keeps every message on one data line for every client.
-_LINE_BREAKERS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 STREAM_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
 
 
-def encode_message(message: Any) -> str:
-    """One JSON-RPC message (object or array) as compact JSON on one SSE ``data:`` line."""
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKERS)
+def encode_message(message: Any) -> bytes:
+    """One JSON-RPC message (object or array) as compact UTF-8 JSON on one line: U+0085, U+2028
+    and U+2029, where line readers built on ``str.splitlines`` (httpx's among them) would break
+    it, are escaped (:func:`mcpd.common.wirejson.dumps_line`)."""
+    return wirejson.dumps_line(message)
+
+
+def message_event(message: Any) -> bytes:
+    """One JSON-RPC message as a whole SSE ``message`` event, ready to send: encoded once, and
+    never split or copied into a string again (what ``ServerSentEvent`` would do with its data)."""
+    return b"event: message\ndata: " + encode_message(message) + b"\n\n"
 
 
 class McpUser(BaseUser):
@@ -65,11 +70,6 @@ class McpUser(BaseUser):
     def display_name(self) -> str:
         """The principal's name."""
         return self.principal.name
-
-
-def _utf8_len(text: str) -> int:
-    """Bytes of ``text`` in UTF-8 (without encoding it when it is ASCII, the usual case)."""
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 class SseSession:
@@ -99,7 +99,7 @@ class SseSession:
         self.token = ""  # the bearer that opened it, re-checked every second (mcpd/transport/revalidate.py)
         self.closed = False
         self._manager = manager
-        self._queue: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=queue_size)  # whole events
         self._queue_bytes = queue_bytes
         self._queued = 0  # bytes of the messages in the queue
         self._cancel_scope: anyio.CancelScope | None = None
@@ -112,8 +112,8 @@ class SseSession:
         """
         if self.closed:
             return
-        data = encode_message(message)
-        size = _utf8_len(data)
+        data = message_event(message)
+        size = len(data)
         try:
             if self._queued + size > self._queue_bytes and not self._queue.empty():
                 raise asyncio.QueueFull  # (one message alone may be larger: it is bounded by the response cap)
@@ -136,15 +136,15 @@ class SseSession:
             self._queue.get_nowait()
         self._queued = 0
 
-    async def events(self, endpoint: str | None) -> AsyncIterator[ServerSentEvent]:
+    async def events(self, endpoint: str | None) -> AsyncIterator[ServerSentEvent | bytes]:
         """The stream's events: ``endpoint`` first (when given), then one ``message`` per queued
-        JSON-RPC message."""
+        JSON-RPC message (encoded already: :func:`message_event`)."""
         if endpoint is not None:
             yield ServerSentEvent(event="endpoint", data=endpoint, sep="\n")
         while not self.closed:
             data = await self._queue.get()
-            self._queued = max(0, self._queued - _utf8_len(data))
-            yield ServerSentEvent(event="message", data=data, sep="\n")
+            self._queued = max(0, self._queued - len(data))
+            yield data
 
     def attach(self, scope: anyio.CancelScope) -> None:
         """Bind the cancel scope that runs this session's stream, so :meth:`close` can cut it."""

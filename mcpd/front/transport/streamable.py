@@ -49,6 +49,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from mcpd.common import wirejson
 from mcpd.common.config import Config
 from mcpd.front import metrics
 from mcpd.front.protocol import (
@@ -58,7 +59,7 @@ from mcpd.front.protocol import (
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.front.transport.sse import (
     SESSION_ID_RE, STREAM_HEADERS, McpUser, SessionManager, SessionRefused, SessionStream, SseSession,
-    encode_message,
+    message_event,
 )
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,16 @@ NAME_FIELDS = {"tools/call": "name", "resources/read": "uri", "prompts/get": "na
 _B64_PREFIX, _B64_SUFFIX = "=?base64?", "?="
 SSE_TYPE = "text/event-stream"
 JSON_TYPE = "application/json"
+
+
+class ReplyResponse(JSONResponse):
+    """A JSON-RPC reply as ``application/json``, encoded once with
+    :func:`mcpd.common.wirejson.dumps` (a 1 MiB text is not escaped by the standard library's
+    encoder)."""
+
+    def render(self, content: Any) -> bytes:
+        """The body: compact UTF-8 JSON of ``content``."""
+        return wirejson.dumps(content)
 
 
 def _accepts(request: Request) -> set[str]:
@@ -358,7 +369,7 @@ class StreamableTransport:
         status = 400 if isinstance(reply, dict) and reply.get("id") is None and "error" in reply else 200
         if JSON_TYPE not in accepts:  # an SSE-only client: the reply as a one-event stream
             return EventSourceResponse(_once(reply), headers={**STREAM_HEADERS, **headers}, sep="\n")
-        return JSONResponse(reply, status_code=status, headers=headers)
+        return ReplyResponse(reply, status_code=status, headers=headers)
 
     async def _stateless(self, request: Request, payload: Any, accepts: set[str], user: McpUser) -> Response:
         """One 2026-07-28 request: checked by :func:`check_modern`, run, answered; no session."""
@@ -395,22 +406,22 @@ class StreamableTransport:
             return Response(status_code=202)
         if JSON_TYPE not in accepts:
             return EventSourceResponse(_once(replies[0]), headers=STREAM_HEADERS, sep="\n")
-        return JSONResponse(replies[0])
+        return ReplyResponse(replies[0])
 
-    def _event_response(self, events: AsyncIterator[ServerSentEvent], headers: dict[str, str] | None = None,
+    def _event_response(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None,
                         ) -> EventSourceResponse:
         """A POST answered as an event stream (with the keep-alive comments of ``/sse``)."""
         return EventSourceResponse(events, headers={**STREAM_HEADERS, **(headers or {})},
                                    ping=self.cfg.keepalive_seconds, sep="\n",
                                    ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"))
 
-    def _events(self, session: SseSession, payload: Any, caller: Caller) -> AsyncIterator[ServerSentEvent]:
+    def _events(self, session: SseSession, payload: Any, caller: Caller) -> AsyncIterator[bytes]:
         """One session-era POST's response stream. The client going away is not a cancellation
         in this era (it sends ``notifications/cancelled`` for that)."""
         return self._stream(session.protocol, payload, caller, session.id, cancel_on_close=False)
 
     async def _stream(self, protocol: McpSession, payload: Any, caller: Caller, label: str,
-                      cancel_on_close: bool) -> AsyncIterator[ServerSentEvent]:
+                      cancel_on_close: bool) -> AsyncIterator[bytes]:
         """One POST's response stream: its request's progress, then the reply, then the end; a
         client that stops reading is cut off. ``cancel_on_close``: the stream ending early (the
         client left) cancels the request."""
@@ -423,7 +434,7 @@ class StreamableTransport:
                 await out.wait(task)
                 done = task.done()  # then every message of the task is queued already
                 for message in out.drain():
-                    yield ServerSentEvent(event="message", data=encode_message(message), sep="\n")
+                    yield message_event(message)
                 if out.overflowed:
                     log.warning("%s: a POST stream's client stopped reading; cut off", label)
                     return
@@ -438,5 +449,5 @@ def _discard(message: Any) -> None:
     """The ``send`` of a one-request session: every message goes to that request's own response."""
 
 
-async def _once(message: Any) -> AsyncIterator[ServerSentEvent]:
-    yield ServerSentEvent(event="message", data=encode_message(message), sep="\n")
+async def _once(message: Any) -> AsyncIterator[bytes]:
+    yield message_event(message)
