@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets up and runs mcpd in its development default on https://127.0.0.1:9091 with its own
-# certificate, token and config under ./dev-state; prints the export lines for linuxctl.
+# certificate, token and config under ./dev-state; prints the export lines for linuxctl. The token
+# is kept across restarts (--new-token replaces it); a second start while one runs refuses and
+# changes nothing. Extra arguments go to `mcpd dev` (--port N, --new-token).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh

@@ -19,4 +19,11 @@ if [ "$(id -u)" = 0 ] && [ -z "${MCPD_TEST_RELOCATED:-}" ] \
 fi
 
 bash scripts/bootstrap.sh
-exec .venv/bin/python -m pytest "$@"
+
+# The release artefacts: the sdist and the wheel build, and PyPI would accept their metadata.
+dist=$(mktemp -d /tmp/mcpd-dist-XXXXXX)
+trap 'rm -rf "$dist"' EXIT
+.venv/bin/python -m build --outdir "$dist" . >"$dist/build.log" 2>&1 || { cat "$dist/build.log" >&2; exit 1; }
+.venv/bin/twine check --strict "$dist"/*.whl "$dist"/*.tar.gz
+
+.venv/bin/python -m pytest "$@"

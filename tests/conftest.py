@@ -30,6 +30,12 @@ from mcpd.admin import certs
 from mcpd.common import identity
 
 START_TIMEOUT = 30.0
+
+#: The environment of a plain fixture front. As root it needs the escape from "the front never runs
+#: as root" (mcpd/front/server.py): these fronts run without a helper, principals mapped to the
+#: current account, reading files in that account's private temporary folders. The privilege
+#: separation fixture (tests/integration/privsep_fixture.py) runs its front as the service user.
+FRONT_ENV = {**os.environ, "MCPD_ALLOW_ROOT_FRONT": "1"}
 EVENT_TIMEOUT = 20.0
 
 
@@ -113,7 +119,7 @@ def start_daemon(state_dir: Path, **overrides: Any) -> Daemon:
     log = open(state_dir / "daemon.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mcpd.front.server", "--config", str(config_path)],
-        stdout=log, stderr=subprocess.STDOUT, cwd=state_dir,
+        stdout=log, stderr=subprocess.STDOUT, cwd=state_dir, env=FRONT_ENV,
     )
     log.close()
     d = Daemon(f"https://127.0.0.1:{port}", tokens["alice"], tokens["bob"], str(pki.ca_cert), state_dir,

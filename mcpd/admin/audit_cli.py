@@ -27,7 +27,7 @@ import click
 
 from mcpd.admin import auditlog
 from mcpd.admin.grants_cli import _any_owner_option, _config_option, _defaults, _file_option, _load
-from mcpd.helper.grants import REAUTH, TOOLS, decide, os_groups, utcnow
+from mcpd.policy.grants import REAUTH, TOOLS, decide, os_groups, utcnow
 
 
 def _time_option(name: str, help_text: str) -> Any:

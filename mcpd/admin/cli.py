@@ -11,6 +11,7 @@ import fcntl
 import functools
 import os
 import pwd
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,7 +35,9 @@ def main() -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
               help="The daemon configuration (mcpd.yaml)")
 def serve(config_path: str) -> None:
-    """Run the daemon in the foreground (exit 78 when the configuration is broken)."""
+    """Run the front in the foreground, as the service user: it refuses to start as root (run the
+    root helper with `mcpd helper` as root, and this as the service user). Exit 78 when the
+    configuration is broken or when started as root."""
     from mcpd.front.server import serve as run_server
 
     sys.exit(run_server(config_path))
@@ -45,11 +48,16 @@ def serve(config_path: str) -> None:
               help="Folder for the CA, certificates, config and users file")
 @click.option("--port", default=9091, show_default=True, type=click.IntRange(1, 65535),
               help="TCP port on 127.0.0.1")
-def dev(state_dir: str, port: int) -> None:
-    """Development mode: private CA, a `dev` user with a fresh token, server on 127.0.0.1."""
+@click.option("--new-token", is_flag=True, help="Revoke the dev token and issue a fresh one (default: keep it)")
+def dev(state_dir: str, port: int, new_token: bool) -> None:
+    """Development mode: private CA, a `dev` user and its token, server on 127.0.0.1.
+
+    The token stays the same across restarts unless --new-token. A second `mcpd dev` on a port or
+    state folder in use refuses (exit 75) and leaves the running one alone. As root, privileged
+    calls are on (the root helper runs, restarted if it dies); otherwise they are off."""
     from mcpd.admin import devmode
 
-    sys.exit(devmode.run(Path(state_dir), port))
+    sys.exit(devmode.run(Path(state_dir), port, new_token))
 
 
 SERVICE_GROUP = "mcpd"  # the service user's group (systemd/sysusers.d)
@@ -204,7 +212,7 @@ def end_logins(os_user: str) -> None:
     the helper refuses them at their next check and the front closes their sessions. Says on
     stderr what it did, or why it could not."""
     from mcpd.admin.sessions_cli import _state_folder
-    from mcpd.helper.login import Store
+    from mcpd.policy.login import Store
 
     config_path = click.get_current_context().params.get("config_path") or "/etc/mcpd/mcpd.yaml"
     if os.geteuid() != 0 or not os.path.exists(config_path):
@@ -268,11 +276,76 @@ def users_list(users_file: str) -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
               help="The daemon configuration (mcpd.yaml)")
 def helper(config_path: str) -> None:
-    """Run the root helper (token checks, account workers, grants, audit). Root only.
+    """Run the root helper and its policy process (token checks, grants, logins, audit, account
+    workers). Root only.
 
-    Replaces this process with the helper's own small entry point (``python -I -m mcpd.helper``),
-    so the root side never holds the CLI's libraries."""
+    First makes the policy process's state and audit folders when they are missing (0700, owned
+    by the mcpd-policy account, in folders only root can change: what systemd-tmpfiles does for
+    the service), then replaces this process with the helper's own small entry point
+    (``python -I -m mcpd.helper``), so the root side never holds the CLI's libraries."""
+    from mcpd.common.config import POLICY_USER, ConfigError, load
+    from mcpd.common.folders import safe_folder
+
+    if os.geteuid() == 0:
+        try:
+            cfg, policy = load(config_path), pwd.getpwnam(POLICY_USER)
+            for folder in (cfg.helper_state_dir, os.path.dirname(cfg.audit_log)):
+                os.close(safe_folder(folder, owner=policy.pw_uid))
+        except (ConfigError, KeyError, OSError) as exc:
+            raise click.ClickException(f"cannot prepare the policy process's folders: {exc}") from None
     os.execv(sys.executable, [sys.executable, "-I", "-m", "mcpd.helper", "--config", os.path.abspath(config_path)])
+
+
+@main.command("install-systemd")
+@click.option("--root", "root_dir", default=None, type=click.Path(file_okay=False),
+              help="Install into this folder instead of / (a staging root: nothing is run, no systemctl)")
+@click.option("--host", "hosts", multiple=True,
+              help="Also make a private CA and a TLS certificate for HOST (repeat) in /etc/mcpd/tls, when none "
+                   "is there yet")
+@click.option("--enable", is_flag=True, help="Then enable and start the service (systemctl enable --now)")
+def install_systemd(root_dir: str | None, hosts: tuple[str, ...], enable: bool) -> None:
+    """Install the systemd units, sysusers and tmpfiles files, PAM service, example configuration
+    and docs where the units expect them, with ExecStart= pointing at this installation.
+
+    Your existing configuration and PAM service are kept. Without --root (as root) it then creates
+    the service accounts and folders and reloads systemd."""
+    from mcpd.admin import install
+
+    live = root_dir is None
+    if live and os.geteuid() != 0:
+        raise click.ClickException("installing into / needs root; or stage the files with --root DIR")
+    if enable and not live:
+        raise click.BadParameter("--enable acts on the running system; it cannot go with --root", param_hint="--enable")
+    root = Path(root_dir or "/").resolve()
+    for problem in install.prefix_warnings():
+        click.echo(f"warning: {problem}", err=True)
+    try:
+        for what, target in install.install(root):
+            click.echo(f"{what}: {target}")
+        if live:
+            install.activate()
+            click.echo("created the service accounts and folders; reloaded systemd")
+    except install.InstallError as exc:
+        raise click.ClickException(str(exc)) from None
+    tls = root / "etc" / "mcpd" / "tls"
+    if hosts and not (tls / "server.crt").exists():
+        pki = certs.make_pki(tls, list(hosts))
+        gid = service_gid(None) if live else None
+        if gid is not None:
+            os.chown(tls, -1, gid)
+            os.chmod(tls, 0o750)
+            os.chown(pki.server_key, -1, gid)
+            os.chmod(pki.server_key, 0o640)
+        click.echo(f"made a TLS certificate for {', '.join(hosts)}: {pki.server_cert} (clients trust {pki.ca_cert})")
+    if enable:
+        proc = subprocess.run(["systemctl", "enable", "--now", "mcpd-helper.socket", "mcpd.service"],
+                              capture_output=True, text=True, timeout=120, check=False)
+        if proc.returncode != 0:
+            raise click.ClickException(f"systemctl enable --now failed: {proc.stderr.strip()}; see "
+                                       "`journalctl -u mcpd -u mcpd-helper`")
+        click.echo("enabled and started mcpd-helper.socket and mcpd.service")
+    elif live:
+        click.echo("next: check /etc/mcpd/mcpd.yaml, then `systemctl enable --now mcpd-helper.socket mcpd.service`")
 
 
 # Other command groups live in their own modules.

@@ -8,14 +8,24 @@ The state folder (default ``./dev-state``, mode 0700) holds::
     users.yaml                            principal ``dev`` → the current OS account, mode 0600
     mcp-sudo.yaml, audit.jsonl            grants and audit paths (used by the root helper, as root)
 
-Re-running keeps the folder and the CA (clients keep trusting it) but revokes the ``dev`` token
-and issues a fresh one. The command prints the ``export`` lines for ``linuxctl`` and a hint, then
-runs the server in the foreground until Ctrl-C.
+    dev-token                             the plain ``dev`` token (0600), so a restart keeps it
+    dev.lock                              held (flock) while this folder's `mcpd dev` runs
+
+Before it changes anything, ``mcpd dev`` checks that the port is free on 127.0.0.1 and takes the
+folder's lock: a second start on a busy port or folder refuses (exit 75) and leaves the running
+instance, its files and its token untouched. Re-running keeps the folder, the CA (clients keep
+trusting it) and the ``dev`` token (exports in another shell keep working); ``--new-token``
+revokes it and issues a fresh one. The command prints the ``export`` lines for ``linuxctl``, a
+hint, and whether privileged calls are on (root: the root helper runs, and is restarted if it
+dies) or off, then runs the server in the foreground until Ctrl-C.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import socket
 import stat
 import pwd
 import shlex
@@ -34,6 +44,52 @@ from mcpd.common import identity
 DEV_PRINCIPAL = "dev"
 DEV_HOSTS = ["localhost", "127.0.0.1", "::1"]
 LISTEN_HOST = "127.0.0.1"
+TOKEN_FILE = "dev-token"
+LOCK_FILE = "dev.lock"
+EXIT_BUSY = 75  # EX_TEMPFAIL (sysexits.h): another instance holds the port or the folder
+
+
+class DevBusy(Exception):
+    """The port or the state folder is in use; nothing was changed."""
+
+
+def check_port_free(port: int, host: str = LISTEN_HOST) -> None:
+    """Check that ``host:port`` can be bound (as the server will, with ``SO_REUSEADDR``).
+
+    Raises:
+        DevBusy: something listens there already.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise DevBusy(f"port {port} on {host} is in use (another `mcpd dev`, or another server); "
+                          "choose another with --port N") from None
+
+
+def lock_state_folder(state_dir: Path) -> int:
+    """Create ``state_dir`` if missing (0700) and take the exclusive lock on its ``dev.lock``;
+    return the lock's descriptor (close it, or exit, to release). The lock file holds the pid.
+
+    Raises:
+        DevBusy: another process holds the lock (its pid is in the message).
+    """
+    folder = state_dir.resolve()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+        os.close(fd)
+        raise DevBusy(f"{folder} is in use by another `mcpd dev` (pid {holder}); stop it, or choose another "
+                      "--state-dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 @dataclass(frozen=True)
@@ -70,12 +126,14 @@ def dev_config(port: int) -> dict[str, object]:
     }
 
 
-def prepare(state_dir: Path, port: int) -> DevState:
-    """Create or refresh the development state folder and issue a fresh ``dev`` token.
+def prepare(state_dir: Path, port: int, new_token: bool = False) -> DevState:
+    """Create or refresh the development state folder; keep the ``dev`` token of the last run
+    (from ``dev-token``, while ``users.yaml`` still accepts it) or issue a fresh one.
 
     Args:
         state_dir: the folder (created with mode 0700; an existing one is reused).
         port: TCP port for 127.0.0.1 (1..65535).
+        new_token: revoke the ``dev`` token and issue a fresh one even when the last one is valid.
 
     Raises:
         config.ConfigError: the written configuration does not validate (a bug, fail closed).
@@ -91,13 +149,44 @@ def prepare(state_dir: Path, port: int) -> DevState:
         yaml.safe_dump(dev_config(port), f, sort_keys=False)
     cfg = config.load(config_path)
     users = identity.load_users(cfg.users_file)
-    token, record = identity.new_token()
-    users[DEV_PRINCIPAL] = identity.UserRecord(name=DEV_PRINCIPAL, os_user=current_account(), tokens=[record])
+    token_path = folder / TOKEN_FILE
+    token = None if new_token else _saved_token(token_path, users)
+    if token is None:
+        token, record = identity.new_token()
+        users[DEV_PRINCIPAL] = identity.UserRecord(name=DEV_PRINCIPAL, os_user=current_account(), tokens=[record])
+        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(token + "\n")
+    else:  # the same token; bound again to this run's account (devroot rebinds it to mcpd-dev)
+        users[DEV_PRINCIPAL] = identity.UserRecord(name=DEV_PRINCIPAL, os_user=current_account(),
+                                                   tokens=users[DEV_PRINCIPAL].tokens)
     identity.save_users(cfg.users_file, users)
     return DevState(
         state_dir=folder, config_path=config_path, cacert=pki.ca_cert.resolve(),
         url=f"https://{LISTEN_HOST}:{port}", token=token,
     )
+
+
+def _saved_token(path: Path, users: dict[str, identity.UserRecord]) -> str | None:
+    """The plain token in ``path`` when ``users`` still accepts it as the ``dev`` principal's."""
+    try:
+        saved = path.read_text(encoding="ascii").strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    principal = identity.verify(users, saved) if saved else None
+    return saved if principal is not None and principal.name == DEV_PRINCIPAL else None
+
+
+def print_privileged(on: bool, state: DevState, out: TextIO) -> None:
+    """Say whether privileged calls (``--privileged``) are on: as root, with the root helper, or off."""
+    if on:
+        out.write(f"# privileged calls: ON (running as root: the root helper decides them from "
+                  f"{state.state_dir / 'mcp-sudo.yaml'}, and is restarted if it dies)\n")
+    else:
+        out.write("# privileged calls: OFF (not root: no root helper, so --privileged answers HELPER_UNAVAILABLE; "
+                  "run `mcpd dev` as root to turn them on)\n")
+    out.flush()
 
 
 def print_exports(state: DevState, out: TextIO) -> None:
@@ -138,27 +227,45 @@ def check_root_state_folder(state_dir: Path) -> None:
     Raises:
         OSError: the message names the path and the rule it breaks.
     """
-    from mcpd.helper.main import root_folder
+    from mcpd.common.folders import safe_folder
 
     path = os.path.abspath(state_dir)
     if os.path.lexists(path):
-        os.close(root_folder(path, leaf_mask=stat.S_IWGRP | stat.S_IWOTH))
+        os.close(safe_folder(path, leaf_mask=stat.S_IWGRP | stat.S_IWOTH))
         return
     while not os.path.lexists(path):  # missing levels are created by root below, root-owned
         path = os.path.dirname(path)
-    os.close(root_folder(path, leaf_mask=0))  # (a sticky /tmp above is fine)
+    os.close(safe_folder(path, leaf_mask=0))  # (a sticky /tmp above is fine)
 
 
-def run(state_dir: Path, port: int) -> int:
-    """Prepare the folder, print the exports, and run the server until Ctrl-C; return the exit code.
+def run(state_dir: Path, port: int, new_token: bool = False) -> int:
+    """Check the port, lock the folder, prepare it, print the exports, and run the server until
+    Ctrl-C; return the exit code (:data:`EXIT_BUSY` when the port or folder is in use, 78 when the
+    setup fails).
 
-    As root the root helper runs too and the front runs as the service user (``mcpd``), with the
-    ``dev`` principal bound to the unprivileged ``mcpd-dev`` account (SPEC §4, §5.1).
+    As root the root helper runs too (restarted when it dies) and the front runs as the service
+    user (``mcpd``), with the ``dev`` principal bound to the unprivileged ``mcpd-dev`` account.
     """
     try:
+        check_port_free(port)
         if os.geteuid() == 0:
             check_root_state_folder(state_dir)
-        state = prepare(state_dir, port)
+        lock = lock_state_folder(state_dir)
+    except DevBusy as exc:
+        print(f"mcpd dev: {exc}", file=sys.stderr)
+        return EXIT_BUSY
+    except OSError as exc:
+        print(f"mcpd dev: {exc}", file=sys.stderr)
+        return config.EXIT_CONFIG
+    try:
+        return _run_locked(state_dir, port, new_token)
+    finally:
+        os.close(lock)
+
+
+def _run_locked(state_dir: Path, port: int, new_token: bool) -> int:
+    try:
+        state = prepare(state_dir, port, new_token)
         stop_helper = start_root_helper(state)
     except Exception as exc:  # config, users file, OS error, account or helper start failure
         print(f"mcpd dev: {exc}", file=sys.stderr)
@@ -169,9 +276,11 @@ def run(state_dir: Path, port: int) -> int:
 
         try:
             devroot.print_routes(state, sys.stdout)
+            print_privileged(True, state, sys.stdout)
             return devroot.run_front(state)
         finally:
             stop_helper()
+    print_privileged(False, state, sys.stdout)
     try:
         from mcpd.front.server import serve
 

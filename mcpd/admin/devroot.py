@@ -1,21 +1,22 @@
-"""``mcpd dev`` run as root: the root helper, the front as the service user (SPEC §4, §5.1).
+"""``mcpd dev`` run as root: the root helper, the front as the service user (docs/PRIVSEP.md).
 
 :func:`mcpd.admin.devmode.start_root_helper` calls :func:`setup_root_state` and :func:`start_helper`;
 :func:`mcpd.admin.devmode.run` then runs the front through :func:`run_front`. As root the state folder
 becomes::
 
-    <state>/                 0750 root:mcpd   the front may enter, nobody else
+    <state>/                 0751 root:mcpd   the front may enter and list; the policy enter
       mcpd.yaml              0640 root:mcpd   helper_socket run/helper.sock, audit in audit/
       server.key             0640 root:mcpd   the front's TLS key; ca.key stays 0600 root
       users.yaml             0600 root        principal ``dev`` → the unprivileged ``mcpd-dev``
       mcp-sudo.yaml          0600 root        example grant: mcpd-dev may read root-only/
       run/helper.sock        0660 root:mcpd   the helper's socket (folder 0750 root:mcpd)
-      audit/audit.jsonl      0600 root        (folder 0700 root)
+      audit/audit.jsonl      0600 mcpd-policy (folder 0700 mcpd-policy, made by the helper)
+      helper/                0700 mcpd-policy login tokens and lockout (made by the helper)
       root-only/secret.txt   0600 root        (folder 0700 root) the example's sample file
 
 Accounts are created when missing, as system accounts without a login shell: ``mcpd`` (the
-service user the helper accepts on its socket), ``mcpd-walk`` (privileged list/find walkers) and
-``mcpd-dev``.
+service user the helper accepts on its socket), ``mcpd-policy`` (the policy process),
+``mcpd-walk`` (privileged list/find walkers) and ``mcpd-dev``.
 """
 
 from __future__ import annotations
@@ -118,12 +119,12 @@ def check_reachable(folder: Path, account: pwd.struct_passwd) -> None:
         else:
             ok = bool(st.st_mode & stat.S_IXOTH)
         if not ok:
-            raise DevRootError(f"the service user {account.pw_name} cannot enter {parent}: "
+            raise DevRootError(f"the account {account.pw_name} cannot enter {parent}: "
                                "choose a --state-dir whose parent folders others may enter")
 
 
 def example_grants(folder: Path) -> dict[str, object]:
-    """The example ``mcp-sudo.yaml`` (SPEC §4.2): ``mcpd-dev`` may read and list ``folder``."""
+    """The example ``mcp-sudo.yaml`` (format: etc/mcpd/mcp-sudo.yaml): ``mcpd-dev`` may read and list ``folder``."""
     def rule() -> dict[str, object]:  # a fresh mapping per tool, so the YAML has no anchors
         return {"allowed": True, "paths": [str(folder)]}
 
@@ -145,10 +146,15 @@ def setup_root_state(state: DevState) -> RootSetup:
     service = ensure_system_account(SERVICE_USER)
     dev = ensure_system_account(DEV_ACCOUNT)
     ensure_system_account(config.WALK_USER)
+    policy = ensure_system_account(config.POLICY_USER)
     check_reachable(folder, service)
-    _folder(folder, service.pw_gid, 0o750)
+    check_reachable(folder, policy)
+    _folder(folder, service.pw_gid, 0o751)
     _folder(folder / "run", service.pw_gid, 0o750)
-    _folder(folder / "audit", 0, 0o700)
+    for own in (folder / "audit", folder / "helper"):  # the policy's own (an older dev folder had them root's)
+        if own.is_dir() and not own.is_symlink() and own.stat().st_uid == 0:
+            for path in [own, *own.iterdir()]:
+                os.chown(path, policy.pw_uid, policy.pw_gid, follow_symlinks=False)
     (folder / "front").mkdir(exist_ok=True)  # the front's access log: the service user's own folder
     _own(folder / "front", service.pw_uid, service.pw_gid, 0o700)
     root_only = folder / "root-only"
@@ -178,7 +184,8 @@ def setup_root_state(state: DevState) -> RootSetup:
     grants = Path(cfg.grants_file)
     if not grants.exists():
         with open(grants, "w", encoding="utf-8") as f:
-            f.write("# example grant written by `mcpd dev` (SPEC §4.2); edit and the helper reloads it\n")
+            f.write("# example grant written by `mcpd dev`; the format is explained in etc/mcpd/mcp-sudo.yaml.\n"
+                    "# Edit it: the helper reloads it, and `mcpd grants check FILE` validates it.\n")
             yaml.safe_dump(example_grants(root_only), f, sort_keys=False)
     _own(grants, 0, 0, 0o600)
     return RootSetup(config_path=state.config_path, socket_path=Path(cfg.helper_socket),
@@ -196,14 +203,13 @@ def _stop(proc: subprocess.Popen[bytes], sig: int) -> int:
     return proc.returncode
 
 
-def start_helper(setup: RootSetup) -> Callable[[], None]:
-    """Start ``mcpd helper`` (root) with its log in ``<state>/helper.log``; return a stopper that
-    sends SIGTERM and, after :data:`STOP_SECONDS`, SIGKILL.
+RESTART_DELAY_SECONDS = 1.0  # as systemd's RestartSec= would wait (the unit says 2 s)
+RESTART_BURST = 5  # at most this many restarts ...
+RESTART_WINDOW_SECONDS = 60.0  # ... in this many seconds, then give up (systemd's StartLimitBurst)
 
-    Raises:
-        DevRootError: the helper exited, or its socket did not appear within
-            :data:`HELPER_START_SECONDS` seconds.
-    """
+
+def _spawn_helper(setup: RootSetup) -> subprocess.Popen[bytes]:
+    """Start ``mcpd helper`` and wait for its socket (see :func:`start_helper`)."""
     setup.socket_path.unlink(missing_ok=True)  # a previous helper's socket must not look ready
     with open(setup.helper_log, "ab") as log:
         os.fchmod(log.fileno(), 0o600)
@@ -224,9 +230,65 @@ def start_helper(setup: RootSetup) -> Callable[[], None]:
             _stop(proc, signal.SIGTERM)
             raise DevRootError(f"the root helper did not start (exit {proc.returncode}); see {setup.helper_log}")
         time.sleep(0.05)
+    return proc
+
+
+def start_helper(setup: RootSetup, err: TextIO = sys.stderr) -> Callable[[], None]:
+    """Start ``mcpd helper`` (root) with its log in ``<state>/helper.log`` and keep it running, as
+    systemd would in production: a helper that exits is started again after
+    :data:`RESTART_DELAY_SECONDS`, except after exit 78 (a broken configuration) or more than
+    :data:`RESTART_BURST` restarts in :data:`RESTART_WINDOW_SECONDS`; each restart is said on
+    ``err``. Returns a stopper that ends the watch, then sends SIGTERM and, after
+    :data:`STOP_SECONDS`, SIGKILL.
+
+    Raises:
+        DevRootError: the helper exited, or its socket did not appear within
+            :data:`HELPER_START_SECONDS` seconds (the first start only).
+    """
+    import threading
+
+    current = [_spawn_helper(setup)]
+    stopping = threading.Event()
+    guard = threading.Lock()  # a restart and the stopper never interleave
+
+    def watch() -> None:
+        restarts: list[float] = []
+        while True:
+            code = current[0].wait()
+            if stopping.is_set():
+                return
+            if code == config.EXIT_CONFIG:
+                err.write(f"# the root helper exited {code} (configuration); not restarted, see {setup.helper_log}\n")
+                return
+            now = time.monotonic()
+            restarts = [t for t in restarts if now - t < RESTART_WINDOW_SECONDS] + [now]
+            if len(restarts) > RESTART_BURST:
+                err.write(f"# the root helper died {len(restarts)} times in {RESTART_WINDOW_SECONDS:g} s; not "
+                          f"restarted again, see {setup.helper_log}\n")
+                return
+            err.write(f"# the root helper exited ({code}); restarting it in {RESTART_DELAY_SECONDS:g} s\n")
+            err.flush()
+            if stopping.wait(RESTART_DELAY_SECONDS):
+                return
+            with guard:
+                if stopping.is_set():
+                    return
+                try:
+                    current[0] = _spawn_helper(setup)
+                except DevRootError as exc:
+                    err.write(f"# {exc}\n")
+                    return
+            err.write(f"# the root helper runs again (pid {current[0].pid})\n")
+            err.flush()
+
+    watcher = threading.Thread(target=watch, name="helper-watch", daemon=True)
+    watcher.start()
 
     def stop() -> None:
-        _stop(proc, signal.SIGTERM)
+        stopping.set()
+        with guard:
+            _stop(current[0], signal.SIGTERM)
+        watcher.join(timeout=STOP_SECONDS)
 
     return stop
 

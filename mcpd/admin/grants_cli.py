@@ -29,8 +29,8 @@ import dataclasses
 import click
 
 from mcpd.common import config as mcpd_config
-from mcpd.helper.grants import TOOLS, Policy, PolicyError, Rule, decide, load_policy, os_groups, secret_paths, utcnow
-from mcpd.helper.pathmatch import entry_covers_root
+from mcpd.policy.grants import TOOLS, Policy, PolicyError, Rule, decide, load_policy, os_groups, secret_paths, utcnow
+from mcpd.policy.entries import entry_covers_root
 
 _FMT = "%Y-%m-%dT%H:%M:%SZ"
 DEFAULT_CONFIG = "/etc/mcpd/mcpd.yaml"

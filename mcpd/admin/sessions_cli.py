@@ -1,7 +1,7 @@
 """``mcpd users sessions`` (list and revoke login tokens) and ``mcpd users unlock`` (SPEC §5.2,
 §5.3). Root only.
 
-Both work on the root helper's state folder (``helper_state_dir``, :mod:`mcpd.helper.login`): a
+Both work on the root helper's state folder (``helper_state_dir``, :mod:`mcpd.policy.login`): a
 login token is one file there, so revoking deletes it and the helper refuses the token on its next
 check (the front closes its sessions within a second); ``unlock`` edits ``lockout.json`` under the
 lock the helper takes for every attempt, like ``faillock --reset``.
@@ -11,22 +11,23 @@ from __future__ import annotations
 
 import datetime
 import os
+import pwd
 
 import click
 
-from mcpd.helper.login import Store, unlock
-from mcpd.helper.main import root_folder
+from mcpd.policy.login import Store, unlock
+from mcpd.common.folders import safe_folder
 
 
 def _state_folder(config_path: str) -> int:
-    """The helper's state folder of ``config_path``'s mcpd.yaml, opened as the helper does."""
-    from mcpd.common.config import ConfigError, load
+    """The policy process's state folder of ``config_path``'s mcpd.yaml, opened as it does."""
+    from mcpd.common.config import POLICY_USER, ConfigError, load
 
     if os.geteuid() != 0:
-        raise click.ClickException("must run as root (the helper's state is root-only)")
+        raise click.ClickException("must run as root (the policy process's state is its own and root's)")
     try:
-        return root_folder(load(config_path).helper_state_dir)
-    except (ConfigError, OSError) as exc:
+        return safe_folder(load(config_path).helper_state_dir, owner=pwd.getpwnam(POLICY_USER).pw_uid, create=False)
+    except (ConfigError, OSError, KeyError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

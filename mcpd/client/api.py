@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import httpx
 from httpx_sse import EventSource, SSEError, aconnect_sse
 
-import mcpd
+from mcpd.common.version import version
 
 PROTOCOL_VERSION = "2025-06-18"
 CLIENT_NAME = "mcpd-client"
@@ -50,7 +50,7 @@ T = TypeVar("T")
 
 def client_info() -> dict[str, str]:
     """The ``clientInfo`` sent in ``initialize``: this client's name and the package's version."""
-    return {"name": CLIENT_NAME, "version": mcpd.version()}
+    return {"name": CLIENT_NAME, "version": version()}
 
 
 ProgressHandler = Callable[[float, "float | None", "str | None"], None]

@@ -58,10 +58,11 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from mcpd.common.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, RootSettings
 from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 
-EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: configuration broken, do not restart
-WALK_USER = "mcpd-walk"  # the account of privileged list/find walkers (docs/PRIVSEP.md): owns nothing
+__all__ = ["EXIT_CONFIG", "POLICY_USER", "WALK_USER", "Config", "ConfigError", "load", "from_dict"]
+_ROOT = RootSettings()  # the defaults of the keys the root helper reads itself
 
 
 class ConfigError(Exception):
@@ -81,7 +82,7 @@ class TLS:
     """Certificate chain and private key files (PEM) for the listener (SPEC §1.1)."""
 
     cert: str = "/etc/mcpd/tls/server.crt"
-    key: str = "/etc/mcpd/tls/server.key"
+    key: str = _ROOT.tls_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +127,7 @@ class Login:
     the one answer time of every login (above PAM's failure delay: pam_unix asks 2 s, which libpam
     randomises to 1-3 s), live tokens per account, logins in flight (in total, per address)."""
 
-    pam_service: str = "mcpd"
+    pam_service: str = _ROOT.pam_service
     token_ttl_seconds: float = 8 * 3600.0
     free_failures: int = 2
     base_delay_seconds: float = 0.5
@@ -180,15 +181,15 @@ class Config:
     max_sessions_per_principal: int = 100
     tool_names: str = "slash"
     mcp_session_idle_seconds: float = 3600.0
-    users_file: str = "/etc/mcpd/users.yaml"
-    grants_file: str = "/etc/mcpd/mcp-sudo.yaml"
-    helper_socket: str = "/run/mcpd/helper.sock"
-    service_user: str = "mcpd"
+    users_file: str = _ROOT.users_file
+    grants_file: str = _ROOT.grants_file
+    helper_socket: str = _ROOT.helper_socket
+    service_user: str = _ROOT.service_user
     auth_cache_seconds: float = 30.0
-    audit_log: str = "/var/log/mcpd/audit.jsonl"
-    access_log: str = "/var/log/mcpd-front/access.jsonl"
+    audit_log: str = _ROOT.audit_log
+    access_log: str = _ROOT.access_log
     state_dir: str = "/var/lib/mcpd"
-    helper_state_dir: str = "/var/lib/mcpd-helper"
+    helper_state_dir: str = _ROOT.helper_state_dir
     read: ReadLimits = ReadLimits()
     workers: Workers = Workers()
     connections: Connections = Connections()

@@ -25,23 +25,7 @@ TIMEOUT = "TIMEOUT"
 RATE_LIMITED = "RATE_LIMITED"
 INTERNAL_ERROR = "INTERNAL_ERROR"
 
-CODES = frozenset(
-    {
-        INVALID_ARGUMENT,
-        FILE_NOT_FOUND,
-        PERMISSION_DENIED,
-        NOT_A_REGULAR_FILE,
-        BINARY_FILE,
-        ENCODING_ERROR,
-        FILE_TOO_LARGE,
-        LINE_TOO_LONG,
-        RANGE_OUT_OF_BOUNDS,
-        HELPER_UNAVAILABLE,
-        TIMEOUT,
-        RATE_LIMITED,
-        INTERNAL_ERROR,
-    }
-)
+CODES = frozenset(v for k, v in dict(globals()).items() if k.isupper() and k == v)  # every code is its own name
 
 
 class ToolError(Exception):
@@ -79,7 +63,7 @@ class ToolError(Exception):
         details = data.get("details")
         if code not in CODES or not isinstance(message, str) or not isinstance(details, dict):
             return cls(INTERNAL_ERROR, "internal error")
-        return cls(code, message, **details)
+        return cls(str(code), message, **details)
 
     def __repr__(self) -> str:
         return f"ToolError({self.code}, {self.message!r}, {self.details!r})"

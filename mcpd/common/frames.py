@@ -15,10 +15,7 @@ import json
 import os
 import socket
 import struct
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the asyncio twins serve the front's event loop only: the helper, workers and
-    import asyncio  # walkers (one exec per privileged list/find) never pay for loading asyncio
+from typing import Any
 
 HEADER = struct.Struct("!I")
 HELPER_REQUEST_CAP = 64 * 1024
@@ -127,7 +124,7 @@ def recv_frame_fds(sock: socket.socket, cap: int, max_fds: int) -> tuple[dict[st
 
 
 def recv_frame(sock: socket.socket, cap: int) -> dict[str, Any] | None:
-    """Receive one frame from a blocking socket.
+    """Receive one frame from a blocking socket (descriptors sent with it are discarded).
 
     Returns:
         the object, or ``None`` on a clean end of stream before a header.
@@ -135,37 +132,4 @@ def recv_frame(sock: socket.socket, cap: int) -> dict[str, Any] | None:
         FrameError: over ``cap`` bytes (checked before reading the body), truncated, or not a
             JSON object.
     """
-    header = _recv_exactly(sock, HEADER.size)
-    if header is None:
-        return None
-    (length,) = HEADER.unpack(header)
-    check_length(length, cap)
-    body = _recv_exactly(sock, length)
-    if body is None:
-        raise FrameError("connection closed inside a frame")
-    return decode_body(body)
-
-
-async def read_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, Any] | None:
-    """Asyncio twin of :func:`recv_frame`; ``None`` on a clean end of stream."""
-    import asyncio  # loaded already wherever an event loop runs (see the top of the module)
-
-    try:
-        header = await reader.readexactly(HEADER.size)
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise FrameError("connection closed inside a frame header") from exc
-    (length,) = HEADER.unpack(header)
-    check_length(length, cap)
-    try:
-        body = await reader.readexactly(length)
-    except asyncio.IncompleteReadError as exc:
-        raise FrameError("connection closed inside a frame") from exc
-    return decode_body(body)
-
-
-async def write_frame(writer: asyncio.StreamWriter, obj: dict[str, Any]) -> None:
-    """Asyncio twin of :func:`send_frame`: write and drain one frame."""
-    writer.write(encode(obj))
-    await writer.drain()
+    return recv_frame_fds(sock, cap, 0)[0]

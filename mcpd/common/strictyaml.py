@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -147,6 +148,11 @@ def check_secure_stat(st: os.stat_result, source: str, owner_uid: int = 0) -> No
         raise ConfigFileError([f"{source}: group- or world-writable (mode {mode:04o})"])
 
 
+#: How :func:`read_secure_file` opens a file: ``os.open``, except in the policy process (not root),
+#: which asks the root helper for the files only root may open (:mod:`mcpd.policy.main`).
+open_file: Callable[[str, int], int] = os.open
+
+
 def read_secure_file(path: str, owner_uid: int = 0, max_bytes: int = MAX_CONFIG_BYTES) -> str:
     """Open ``path`` once, check the descriptor (:func:`check_secure_stat`) and read it as UTF-8.
 
@@ -160,7 +166,7 @@ def read_secure_file(path: str, owner_uid: int = 0, max_bytes: int = MAX_CONFIG_
     """
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
     try:
-        fd = os.open(path, flags)
+        fd = open_file(path, flags)
     except OSError as exc:
         raise ConfigFileError([f"{path}: cannot open: {exc.strerror}"]) from None
     try:

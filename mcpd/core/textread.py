@@ -15,6 +15,7 @@ decoded text; bytes before the selection are decoded (an invalid byte there is a
 
 from __future__ import annotations
 
+import array
 import bisect
 import codecs
 import collections
@@ -32,8 +33,21 @@ CHUNK = 1024 * 1024  # bytes per pread
 OFF_T_END = 1 << 63  # bytes: no file offset reaches this (off_t is signed 64-bit); reads there are empty
 BINARY_PROBE = 8192  # bytes of the file's head searched for a NUL byte
 INDEX_FILES = 32  # files with a line index per process (the least recently used is dropped first)
-INDEX_POINTS = 4096  # checkpoints per file; past that, every other one is dropped
-INDEX_STEP = 64 * 1024  # bytes between checkpoints (a deep read counts at most this far by itself)
+INDEX_POINTS = 4096  # checkpoints per file (16 bytes each); past that, every other one is dropped
+INDEX_STEP = 16 * 1024  # bytes between checkpoints (a deep read counts about this far by itself)
+
+
+class _Points:
+    """One file's checkpoints as two parallel arrays of 64-bit integers (16 bytes a checkpoint)."""
+
+    __slots__ = ("pos", "line")
+
+    def __init__(self) -> None:
+        self.pos = array.array("q")
+        self.line = array.array("q")
+
+    def __len__(self) -> int:
+        return len(self.pos)
 
 
 class LineIndex:
@@ -44,47 +58,61 @@ class LineIndex:
     (1-based). Checkpoints are recorded every :data:`INDEX_STEP` bytes while a line-mode read
     counts its way to its first line, and hold only numbers, never content. An index is keyed by the
     file's identity and version as ``fstat`` reports it: ``(st_dev, st_ino, st_size,
-    st_mtime_ns)``; a file that is appended to, truncated, rewritten or replaced gets a new key, so
-    a stale index is never consulted (a growing log is scanned afresh, and indexed again). Memory
+    st_mtime_ns, st_ctime_ns)``; a file that is appended to, truncated, rewritten or replaced gets a
+    new key, so a stale index is never consulted (a growing log is scanned afresh, and indexed again). Memory
     is bounded: :data:`INDEX_FILES` files, least recently used dropped first, and
-    :data:`INDEX_POINTS` checkpoints per file. Not thread-safe: one per worker process.
+    :data:`INDEX_POINTS` checkpoints of 16 bytes per file (64 KiB). Not thread-safe: one per
+    worker process.
     """
 
     def __init__(self, files: int = INDEX_FILES, points: int = INDEX_POINTS) -> None:
-        self._files: collections.OrderedDict[tuple[int, ...], list[tuple[int, int]]] = collections.OrderedDict()
+        self._files: collections.OrderedDict[tuple[int, ...], _Points] = collections.OrderedDict()
         self._max_files, self._max_points = files, points
 
     @staticmethod
     def key(st: os.stat_result) -> tuple[int, ...]:
-        """The index key of an open file: device, inode, size (bytes) and mtime (ns)."""
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        """The index key of an open file: device, inode, size (bytes), mtime and ctime (ns). The
+        ctime changes with every write and every ``utime``, so a rewrite that keeps the size and
+        puts the old mtime back still gets a new key."""
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
-    def before(self, key: tuple[int, ...], line: int) -> tuple[int, int] | None:
-        """The last checkpoint ``(pos, line_at_pos)`` with ``line_at_pos < line``, or ``None``."""
+    def before(self, key: tuple[int, ...], line: int) -> tuple[int, int, int] | None:
+        """The last checkpoint ``(pos, line_at_pos)`` with ``line_at_pos < line``, and the offset
+        of the checkpoint after it (-1 when it is the last), or ``None``."""
         points = self._files.get(key)
         if not points:
             return None
         self._files.move_to_end(key)
-        i = bisect.bisect_left(points, line, key=lambda p: p[1]) - 1
-        return points[i] if i >= 0 else None
+        i = bisect.bisect_left(points.line, line) - 1
+        if i < 0:
+            return None
+        nxt = points.pos[i + 1] if i + 1 < len(points) else -1
+        return points.pos[i], points.line[i], nxt
 
     def frontier(self, key: tuple[int, ...]) -> int:
         """The offset of the last checkpoint of ``key`` (-1 when it has none)."""
         points = self._files.get(key)
-        return points[-1][0] if points else -1
+        return points.pos[-1] if points else -1
 
     def add(self, key: tuple[int, ...], pos: int, line: int) -> None:
         """Record that byte ``pos`` lies in line ``line`` (ignored unless past the last checkpoint)."""
         points = self._files.get(key)
         if points is None:
-            points = self._files[key] = []
+            points = self._files[key] = _Points()
             while len(self._files) > self._max_files:
                 self._files.popitem(last=False)
-        if points and pos <= points[-1][0]:
+        if points and pos <= points.pos[-1]:
             return
-        points.append((pos, line))
+        points.pos.append(pos)
+        points.line.append(line)
         if len(points) > self._max_points:
-            points[:] = points[::2]
+            del points.pos[1::2]
+            del points.line[1::2]
+
+    def points(self, key: tuple[int, ...]) -> list[tuple[int, int]]:
+        """The checkpoints of ``key`` as ``(pos, line)`` pairs (introspection for tests)."""
+        points = self._files.get(key)
+        return [] if points is None else list(zip(points.pos, points.line))
 
     def __len__(self) -> int:
         return len(self._files)
@@ -128,6 +156,25 @@ def _nth(buf: Any, nl: Any, n: int, start: int = 0) -> int:
     return int(p)
 
 
+SCAN_FINDS = 512  # up to this many line ends are looked for one by one; more are counted first
+
+
+def _scan(buf: Any, nl: Any, n: int) -> tuple[int, int]:
+    """Where the ``n``-th (``n`` >= 1) ``nl`` of ``buf`` is: ``(its index, n)``, or ``(-1, how
+    many there are)`` when there are fewer. A few are found one by one, stopping there (a deep
+    read from a checkpoint needs only the next few hundred lines of its chunk); many are counted
+    over the whole buffer first, which is faster per byte."""
+    if n > SCAN_FINDS:
+        c = buf.count(nl)
+        return (_nth(buf, nl, n), n) if c >= n else (-1, c)
+    p = -1
+    for k in range(n):
+        p = buf.find(nl, p + 1)
+        if p < 0:
+            return -1, k
+    return int(p), n
+
+
 class _Selector:
     """Line-mode state machine fed with consecutive chunks (bytes, or str for UTF-16/32)."""
 
@@ -150,18 +197,17 @@ class _Selector:
         self.last_nl = chunk[-1:] == self.nl
         i = 0
         if not self.selecting:
-            need = self.start - self.line
-            c = chunk.count(self.nl)
-            if c < need:
+            p, c = _scan(chunk, self.nl, self.start - self.line)  # at least 1: line < start here
+            if p < 0:
                 self.line += c
                 return
-            i = _nth(chunk, self.nl, need) + 1
+            i = p + 1
             self.line, self.selecting, self.col, self.line_off = self.start, True, 0, byte_of(i)
         seg = chunk[i:]
         if self.end is not None:
-            need = self.end - self.line + 1
-            if seg.count(self.nl) >= need:
-                seg, self.done = seg[: _nth(seg, self.nl, need) + 1], True
+            p, _ = _scan(seg, self.nl, self.end - self.line + 1)  # at least 1: line <= end here
+            if p >= 0:
+                seg, self.done = seg[: p + 1], True
         self._check_long(seg, lambda k: byte_of(i + k), scale)
         self.line += seg.count(self.nl)
         self.parts.append(seg)
@@ -213,13 +259,16 @@ def _text_offsets(base: int, t: str, codec: str) -> Callable[[int], int]:
     return lambda k: base + len(t[:k].encode(codec))
 
 
-def _byte_chunks(fd: int, pos: int, size: int = CHUNK) -> Iterator[tuple[bytes, Callable[[int], int]]]:
+def _byte_chunks(fd: int, pos: int, first: int = CHUNK) -> Iterator[tuple[bytes, Callable[[int], int]]]:
+    """Consecutive chunks from byte ``pos``: ``first`` bytes, then :data:`CHUNK` bytes at a time."""
+    size = first
     while True:
         b = os.pread(fd, size, pos)
         if not b:
             return
         yield b, _offsets(pos)
         pos += len(b)
+        size = CHUNK
 
 
 def _text_chunks(fd: int, pos: int, codec: str, requested: str) -> Iterator[tuple[str, Callable[[int], int]]]:
@@ -254,8 +303,9 @@ def _lines(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits
         key = LineIndex.key(st)
         known = LINE_INDEX.frontier(key)
         hit = LINE_INDEX.before(key, start)
-        if hit is not None:  # near the first line already: small reads, the selection is often short
-            (pos, sel.line), size = hit, 2 * INDEX_STEP
+        if hit is not None:  # near the first line already: a small first read, the selection is often short
+            pos, sel.line, nxt = hit
+            size = (nxt - pos if nxt > pos else INDEX_STEP) + INDEX_STEP
     chunks = _text_chunks(fd, bom, codec, args["encoding"]) if wide else _byte_chunks(fd, pos, size)
     for chunk, byte_of in chunks:
         if key is not None and not sel.selecting and pos + len(chunk) > known + INDEX_STEP:

@@ -2,6 +2,8 @@
 
 Order of the stack, outermost first (read it top to bottom in :func:`build_app`):
 
+0. ``RefusalLogMiddleware`` (``mcpd.front.refused``) — one log line for every answer of status
+   400 or more, with the reason and the peer, never the token.
 1. ``OriginMiddleware`` — an ``Origin`` header not in ``allowed_origins`` → ``403`` (SPEC §1.3);
    then ``HostMiddleware`` — with ``allowed_hosts`` set, a ``Host`` it does not name → ``421``.
 2. ``AuthenticationMiddleware`` with :class:`BearerBackend` — no or bad bearer token on any route
@@ -28,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mcpd.front.auth import Authenticator, parse_bearer
 from mcpd.common.config import Config, ConfigError
 from mcpd.front.protocol import Dispatcher
+from mcpd.front.refused import RefusalLogMiddleware
 from mcpd.front.transport.login import LoginBackend, LoginRoutes, NoLogin
 from mcpd.front.transport.hosts import HostMiddleware, HostRule
 from mcpd.front.transport.sse import McpUser, SessionManager, Transport
@@ -145,6 +148,7 @@ def build_app(
     open_prefixes = tuple({WELL_KNOWN, f"{cfg.base_path}{WELL_KNOWN}"})
     backend = BearerBackend(authenticator, open_paths, open_prefixes)
     middleware = [
+        Middleware(RefusalLogMiddleware),
         Middleware(OriginMiddleware, allowed_origins=cfg.allowed_origins),
         Middleware(HostMiddleware, rule=hosts),
         Middleware(AuthenticationMiddleware, backend=backend, on_error=unauthorized),

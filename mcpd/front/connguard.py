@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mcpd.common.config import Connections
+
+log = logging.getLogger(__name__)
 
 
 class ConnectionCount:
@@ -28,13 +32,16 @@ class ConnectionCount:
         self.total = 0
         self.by_address: collections.Counter[str] = collections.Counter()
 
-    def admit(self, address: str) -> bool:
-        """Count one more connection from ``address``; ``False`` (nothing counted) over a cap."""
-        if self.total >= self.limits.max_total or self.by_address[address] >= self.limits.max_per_address:
-            return False
+    def admit(self, address: str) -> str | None:
+        """Count one more connection from ``address``; ``None``, or (nothing counted) the cap it is
+        over: ``"connections_total"`` or ``"connections_per_address"``."""
+        if self.total >= self.limits.max_total:
+            return "connections_total"
+        if self.by_address[address] >= self.limits.max_per_address:
+            return "connections_per_address"
         self.total += 1
         self.by_address[address] += 1
-        return True
+        return None
 
     def release(self, address: str) -> None:
         """Forget one admitted connection from ``address``."""
@@ -44,23 +51,30 @@ class ConnectionCount:
             del self.by_address[address]
 
 
-def guarded_protocol(count: ConnectionCount) -> type[HttpToolsProtocol]:
+def guarded_protocol(count: ConnectionCount,
+                     on_refused: Callable[[str], None] = lambda kind: None) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with ``count``'s caps and the header and body deadlines.
 
     Deadlines (seconds, from ``count.limits``): ``header_seconds`` from the connection's start or a
     request's first byte to its last header; ``body_seconds`` from then to the body's last byte.
-    A response that streams (SSE) is not limited: its request was complete.
+    A response that streams (SSE) is not limited: its request was complete. ``on_refused(kind)``
+    is called for each connection closed by a cap: ``connections_total``,
+    ``connections_per_address``, ``header_deadline`` or ``body_deadline``.
     """
     limits = count.limits
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _timer: asyncio.TimerHandle | None = None
         _address: str | None = None
+        _deadline = "header_deadline"
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             address = self.client[0] if self.client else "unknown"
-            if not count.admit(address):
+            over = count.admit(address)
+            if over is not None:
+                log.info("connection from %s closed: over %s", address, over.replace("_", " "))
+                on_refused(over)
                 transport.close()
                 return
             self._address = address
@@ -83,15 +97,16 @@ def guarded_protocol(count: ConnectionCount) -> type[HttpToolsProtocol]:
             self._arm(limits.header_seconds)
 
         def on_headers_complete(self) -> None:
-            self._arm(limits.body_seconds)
+            self._arm(limits.body_seconds, "body_deadline")
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
             self._disarm()
             super().on_message_complete()
 
-        def _arm(self, seconds: float) -> None:
+        def _arm(self, seconds: float, kind: str = "header_deadline") -> None:
             self._disarm()
+            self._deadline = kind
             self._timer = self.loop.call_later(seconds, self._too_slow)
 
         def _disarm(self) -> None:
@@ -102,6 +117,8 @@ def guarded_protocol(count: ConnectionCount) -> type[HttpToolsProtocol]:
         def _too_slow(self) -> None:
             self._timer = None
             if not self.transport.is_closing():
+                log.info("connection from %s closed: past its %s", self._address, self._deadline.replace("_", " "))
+                on_refused(self._deadline)
                 self.transport.close()
 
     return GuardedHttpToolsProtocol

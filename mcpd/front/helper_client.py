@@ -30,6 +30,7 @@ from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DE
 from mcpd.common.identity import Principal
 from mcpd.core import fileops
 from mcpd.core.tools import DEADLINE_MARGIN, deadline_seconds
+from mcpd.front import metrics
 from mcpd.front.limits import CAP_KEY
 from mcpd.front.pool import WorkerPool
 
@@ -128,8 +129,19 @@ class HelperChannel:
 
     @property
     def up(self) -> bool:
-        """Whether a connection to the helper is open now (the metrics' ``mcpd_helper_up``)."""
+        """Whether a connection to the helper is open now (the metrics' ``mcpd_helper_up``; with
+        metrics on, the server keeps one open with :meth:`probe` every second)."""
         return any(c is not None and not c.closed for c in self._conns)
+
+    async def probe(self) -> bool:
+        """Open a connection when none is open (the first of the pool); return :attr:`up`. Never
+        raises: a helper that is not there is ``False``."""
+        if not self.up:
+            try:
+                await self._connection()
+            except HelperUnavailable:
+                return False
+        return self.up
 
     async def _connection(self) -> _Connection:
         i = next(self._next) % CONNECTIONS
@@ -226,6 +238,15 @@ class HelperSpawner:
         self._tokens[pid] = token
         return socks[0], pid
 
+    async def alive(self) -> bool:
+        """Whether the helper answers now: one round trip (an empty token's check), so a helper
+        that is dying this very moment counts as gone."""
+        try:
+            await self._channel.request({"type": "authenticate", "token": ""}, timeout=2)
+        except (HelperUnavailable, TimeoutError):
+            return False
+        return True
+
     async def kill(self, pid: int) -> None:
         """Ask the helper to SIGKILL worker ``pid`` (with the token that started it); a refusal or a
         down helper is logged: the worker still ends when its socket closes."""
@@ -307,6 +328,7 @@ class HelperBackend:
                 ``RATE_LIMITED`` when the principal already has ``per_principal`` calls in flight.
         """
         if self._in_flight[principal.name] >= self._per_principal:
+            metrics.limit_hit("privileged_per_principal")
             raise ToolError(RATE_LIMITED, f"{self._per_principal} privileged calls of this principal are in flight; "
                             "retry when one ends", limit=self._per_principal)
         self._in_flight[principal.name] += 1

@@ -26,6 +26,7 @@ from typing import Any
 
 from mcpd.common.config import CAP_KEY, Limits, UserLimits
 from mcpd.common.errors import RATE_LIMITED, ToolError
+from mcpd.front import metrics
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class LimitsTracker:
         quota = self.tier(principal).requests_per_day
         used = self._counts.get(principal, 0)
         if quota and used >= quota:
+            metrics.limit_hit("requests_per_day")
             raise ToolError(RATE_LIMITED, f"daily quota of {quota} requests is spent; retry after UTC midnight",
                             retryAfter=seconds_to_midnight(now), limit=quota)
         self._counts[principal] = used + 1

@@ -6,7 +6,10 @@ address only (never on the TLS listener agents use):
 - ``GET /metrics``: the Prometheus text format (prometheus-client), with
   ``mcpd_calls_total{tool,route,code}`` and ``mcpd_call_seconds{tool,route}`` (every tools/call and
   resources/read, counted where the access record is written), ``mcpd_sessions{transport}``,
-  ``mcpd_workers``, ``mcpd_helper_up``, ``mcpd_logins_refused_total``;
+  ``mcpd_workers`` and ``mcpd_workers_busy`` (the worker pool's size), ``mcpd_pool_queued`` (calls
+  waiting for a worker), ``mcpd_helper_up``, ``mcpd_logins_refused_total``, and
+  ``mcpd_limits_hit_total{limit}``: every time one of the front's caps turned something away (the
+  kinds are :data:`LIMIT_KINDS`, each exported from the start at 0);
 - ``GET /healthz``: ``200 ok`` while the front runs (for load balancers).
 
 Metrics never carry a path, a token or a principal's name: labels are tool names, routes and
@@ -18,7 +21,7 @@ from __future__ import annotations
 import ipaddress
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
@@ -33,6 +36,33 @@ CALL_SECONDS = Histogram("mcpd_call_seconds", "Time to answer a call, in seconds
                                                       5, 10, 30))
 LOGINS_REFUSED = Counter("mcpd_logins_refused", "Password logins refused (401) or turned away (429)", ["status"],
                          registry=REGISTRY)
+LOGINS_REFUSED.labels("401")
+LOGINS_REFUSED.labels("429")
+
+#: Every cap the front enforces, as the ``limit`` label of ``mcpd_limits_hit_total``:
+#: connections (``connections.max_total``, ``max_per_address``; a client too slow with its headers or
+#: body), request bodies (``max_body_bytes``), sessions (``max_sessions``,
+#: ``max_sessions_per_principal``), requests in flight per session (``max_in_flight``), batch
+#: members (``max_batch``), a client that stopped reading (its session's outgoing queue, or one
+#: POST's stream, overflowed), privileged calls in flight per principal
+#: (``max_privileged_per_principal``), unprivileged calls per principal (``max_calls_per_principal``),
+#: batch members whose reply would pass the batch's bytes (``session_queue_bytes``), daily quotas (``limits``), logins in flight (429), and a
+#: call that waited past its deadline for a worker (``workers.max_accounts`` or ``per_account``).
+LIMIT_KINDS = (
+    "connections_total", "connections_per_address", "header_deadline", "body_deadline", "body_bytes",
+    "sessions_total", "sessions_per_principal", "in_flight", "batch", "queue_overflow",
+    "privileged_per_principal", "requests_per_day", "logins_in_flight", "worker_accounts", "account_workers",
+    "calls_per_principal", "batch_bytes",
+)
+LIMITS_HIT = Counter("mcpd_limits_hit", "Requests, connections or sessions turned away by one of the front's caps",
+                     ["limit"], registry=REGISTRY)
+for _kind in LIMIT_KINDS:
+    LIMITS_HIT.labels(_kind)
+
+
+def limit_hit(kind: str) -> None:
+    """Count one thing turned away by cap ``kind`` (one of :data:`LIMIT_KINDS`)."""
+    LIMITS_HIT.labels(kind).inc()
 
 
 def observe_call(tool: str, route: str, code: str, seconds: float) -> None:
@@ -42,12 +72,23 @@ def observe_call(tool: str, route: str, code: str, seconds: float) -> None:
     CALL_SECONDS.labels(tool, route).observe(seconds)
 
 
-class StateCollector(Collector):
-    """Gauges read at scrape time from the live front: sessions by transport, workers, helper up."""
+class PoolState(Protocol):
+    """What the metrics read of the worker pool (:class:`mcpd.front.pool.WorkerPool`)."""
 
-    def __init__(self, sessions: Callable[[], Iterable[str]], workers: Callable[[], int],
+    def live(self) -> int: ...
+
+    def busy(self) -> int: ...
+
+    def queued(self) -> int: ...
+
+
+class StateCollector(Collector):
+    """Gauges read at scrape time from the live front: sessions by transport, the worker pool
+    (``pool``: its ``live()``, ``busy()`` and ``queued()`` counts), helper up (``None``: no helper)."""
+
+    def __init__(self, sessions: Callable[[], Iterable[str]], pool: PoolState,
                  helper_up: Callable[[], bool | None]) -> None:
-        self._sessions, self._workers, self._helper_up = sessions, workers, helper_up
+        self._sessions, self._pool, self._helper_up = sessions, pool, helper_up
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         by_kind: dict[str, int] = {"sse": 0, "mcp": 0}
@@ -57,7 +98,9 @@ class StateCollector(Collector):
         for kind, count in sorted(by_kind.items()):
             sessions.add_metric([kind], count)
         yield sessions
-        yield GaugeMetricFamily("mcpd_workers", "Live worker processes", value=self._workers())
+        yield GaugeMetricFamily("mcpd_workers", "Live worker processes", value=self._pool.live())
+        yield GaugeMetricFamily("mcpd_workers_busy", "Worker processes running a call", value=self._pool.busy())
+        yield GaugeMetricFamily("mcpd_pool_queued", "Calls waiting for a worker", value=self._pool.queued())
         up = self._helper_up()
         if up is not None:
             yield GaugeMetricFamily("mcpd_helper_up", "1 while the root helper answers", value=1 if up else 0)

@@ -29,9 +29,10 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from mcpd.common import frames
+from mcpd.common import frames, wirejson
 from mcpd.common.config import Config, ReadLimits
-from mcpd.common.errors import INTERNAL_ERROR, RATE_LIMITED, TIMEOUT, ToolError, invalid_argument
+from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, RATE_LIMITED, TIMEOUT, ToolError, invalid_argument
+from mcpd.front import metrics
 
 log = logging.getLogger("mcpd.front.pool")
 
@@ -61,6 +62,10 @@ class Spawner(Protocol):
     async def spawn(self, os_user: str, token: str = "") -> tuple[socket.socket, int]: ...
 
     async def kill(self, pid: int) -> None: ...
+
+    async def alive(self) -> bool:
+        """Whether new workers can be started now (asked after a worker ended mid-call)."""
+        ...
 
 
 class LocalSpawner:
@@ -124,9 +129,61 @@ class LocalSpawner:
         proc.kill()
         await asyncio.shield(done)
 
+    async def alive(self) -> bool:
+        """Always: these workers need nobody's help to start."""
+        return True
+
     def live_pids(self) -> list[int]:
         """Pids started by this spawner and not yet reaped (introspection for tests and status)."""
         return list(self._procs)
+
+
+# --------------------------------------------------------------------------- reply frames
+
+
+async def _read_body(reader: asyncio.StreamReader, cap: int) -> bytes | None:
+    """One frame's body (length checked against ``cap`` bytes before it is read); ``None`` on a
+    clean end of stream before a header. Raises :class:`mcpd.common.frames.FrameError`."""
+    try:
+        header = await reader.readexactly(frames.HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise frames.FrameError("connection closed inside a frame header") from exc
+    (length,) = frames.HEADER.unpack(header)
+    frames.check_length(length, cap)
+    try:
+        return await reader.readexactly(length)
+    except asyncio.IncompleteReadError as exc:
+        raise frames.FrameError("connection closed inside a frame") from exc
+
+
+async def read_reply_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, Any] | None:
+    """One reply (or progress) frame from a worker: :func:`mcpd.common.frames.recv_frame`'s format,
+    parsed with :func:`mcpd.common.wirejson.loads`. A reply marked ``"text_frame": true`` (see
+    ``mcpd.worker.main.send_reply``) is followed by a frame of raw UTF-8 that becomes its
+    ``result["text"]``.
+
+    Returns ``None`` on a clean end of stream. Raises :class:`mcpd.common.frames.FrameError` for a
+    frame over ``cap`` bytes, one cut short, a body that is not one JSON object, or a text frame
+    that is missing, not UTF-8, or follows a reply without a result object.
+    """
+    body = await _read_body(reader, cap)
+    if body is None:
+        return None
+    obj = wirejson.loads(body)
+    if not isinstance(obj, dict):
+        raise frames.FrameError("frame is not a JSON object")
+    if obj.pop("text_frame", None) is True:
+        result = obj.get("result")
+        raw = await _read_body(reader, cap)
+        if raw is None or not isinstance(result, dict):
+            raise frames.FrameError("a text frame is missing or has no result to belong to")
+        try:
+            result["text"] = raw.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            raise frames.FrameError("a text frame is not UTF-8") from None
+    return obj
 
 
 # --------------------------------------------------------------------------- the pool
@@ -177,12 +234,22 @@ class WorkerPool:
         self._retiring: set[asyncio.Task[None]] = set()
         self._inflight = 0  # calls inside call(); close() waits for them to end
         self._by_owner: collections.Counter[str] = collections.Counter()  # unprivileged calls per principal
+        self._waiting = 0  # calls inside call() that hold no worker slot yet (the metrics' queue)
         self._quiet = asyncio.Event()
         self._closed = False
 
     def live(self) -> int:
         """Live worker processes, every account together (the metrics' ``mcpd_workers``)."""
         return sum(len(account.workers) for account in self._accounts.values())
+
+    def busy(self) -> int:
+        """Live workers running a call (the metrics' ``mcpd_workers_busy``)."""
+        return sum(1 for account in self._accounts.values() for w in account.workers.values() if w.busy)
+
+    def queued(self) -> int:
+        """Calls waiting for a worker slot: for an account to be admitted, or for one of its
+        ``per_account`` slots (the metrics' ``mcpd_pool_queued``)."""
+        return self._waiting
 
     def retire_owner(self, owner: str) -> int:
         """Kill the idle workers of principal ``owner`` (its token was revoked: they must not
@@ -239,6 +306,7 @@ class WorkerPool:
         if counted is not None:
             cap = self._cfg.max_calls_per_principal
             if self._by_owner[counted] >= cap:
+                metrics.limit_hit("calls_per_principal")
                 raise ToolError(RATE_LIMITED, f"{cap} calls of this principal are in flight; retry when one ends",
                                 limit=cap)
             self._by_owner[counted] += 1
@@ -255,37 +323,55 @@ class WorkerPool:
         token: str, owner: str | None, grant: GrantCallback | None, decided: frozenset[str],
     ) -> dict[str, Any]:
         limit = self._cfg.workers.timeout_seconds if timeout is None else timeout
-        request = self._encode(0, op, args)  # size check before any worker is taken
-        del request
+        encoded = self._encode_args(op, args)  # once per call, size checked before any worker is taken
         deadline = asyncio.get_running_loop().time() + limit
         key = os_user if owner is None else f"{owner}\n{os_user}"
         self._inflight += 1
+        self._waiting += 1
+        waiting = [True]
+
+        def admitted() -> None:
+            if waiting[0]:
+                waiting[0] = False
+                self._waiting -= 1
+
         try:
             account = await self._enter(key, deadline, limit)
             try:
-                return await self._call_in(account, os_user, op, args, deadline, limit, on_progress,
-                                           token, grant, decided)
+                return await self._call_in(account, os_user, op, encoded, deadline, limit, on_progress,
+                                           token, grant, decided, admitted)
             finally:
                 account.callers -= 1
                 if account.callers == 0:
                     self._account_freed.set()
         finally:
+            admitted()
             self._inflight -= 1
             if self._inflight == 0:
                 self._quiet.set()
 
     @staticmethod
-    def _encode(rid: int, op: str, args: dict[str, Any], progress: bool = False) -> bytes:
-        request: dict[str, Any] = {"id": rid, "op": op, "args": args}
-        if progress:
-            request["progress"] = True
+    def _encode_args(op: str, args: dict[str, Any]) -> bytes:
+        """``args`` as JSON, encoded once for every frame of the call; ``INVALID_ARGUMENT`` when
+        they are not JSON-serialisable or the request frame would pass :data:`REQUEST_CAP`."""
         try:
-            data = frames.encode(request)
+            data = wirejson.dumps(args)
         except (TypeError, ValueError) as exc:
             raise invalid_argument("arguments are not JSON-serialisable") from exc
-        if len(data) - frames.HEADER.size > REQUEST_CAP - 32:  # 32 bytes of room for a larger id
+        # the frame adds {"id":N,"op":"...","args":...,"progress":true}: 64 bytes are room for it
+        if len(data) + len(op.encode("utf-8", "surrogatepass")) + 64 > REQUEST_CAP:
             raise invalid_argument(f"request over {REQUEST_CAP} bytes", limit=REQUEST_CAP)
         return data
+
+    @staticmethod
+    def _frame(rid: int, op: str, args: bytes, progress: bool = False) -> bytes:
+        """One request frame: ``{"id", "op", "args"[, "progress": true]}`` with ``args`` the JSON
+        of :meth:`_encode_args`, embedded as it is."""
+        request: dict[str, Any] = {"id": rid, "op": op, "args": wirejson.embed(args)}
+        if progress:
+            request["progress"] = True
+        body = wirejson.dumps(request)
+        return frames.HEADER.pack(len(body)) + body
 
     async def _enter(self, os_user: str, deadline: float, limit: float) -> _Account:
         while True:
@@ -305,6 +391,7 @@ class WorkerPool:
                 async with asyncio.timeout_at(deadline):
                     await self._account_freed.wait()
             except TimeoutError:
+                metrics.limit_hit("worker_accounts")
                 raise ToolError(TIMEOUT, "too many accounts have requests running", seconds=limit) from None
 
     def _evict_one(self) -> None:
@@ -316,14 +403,16 @@ class WorkerPool:
                 return
 
     async def _call_in(
-        self, account: _Account, os_user: str, op: str, args: dict[str, Any], deadline: float, limit: float,
+        self, account: _Account, os_user: str, op: str, args: bytes, deadline: float, limit: float,
         on_progress: ProgressCallback | None = None, token: str = "", grant: GrantCallback | None = None,
-        decided: frozenset[str] = frozenset(),
+        decided: frozenset[str] = frozenset(), admitted: Callable[[], None] = lambda: None,
     ) -> dict[str, Any]:
         try:
             async with asyncio.timeout_at(deadline):
                 await account.slots.acquire()
+            admitted()
         except TimeoutError:
+            metrics.limit_hit("account_workers")
             raise ToolError(TIMEOUT, "all workers of this account stayed busy", seconds=limit) from None
         worker: _Worker | None = None
         try:
@@ -344,6 +433,8 @@ class WorkerPool:
         except (_Crashed, frames.FrameError, OSError) as exc:
             await self._fail(account, worker)
             log.warning("worker %s failed on %s: %s", worker and worker.pid, op, type(exc).__name__)
+            if not await self._spawner.alive():  # the root helper died and took its workers along
+                raise ToolError(HELPER_UNAVAILABLE, "the root helper is not running") from None
             raise ToolError(INTERNAL_ERROR, "worker crashed") from None
         except BaseException:  # cancellation: kill the worker in the background, answer nothing
             if worker is None:
@@ -396,14 +487,14 @@ class WorkerPool:
         return worker
 
     async def _exchange(
-        self, worker: _Worker, op: str, args: dict[str, Any], deadline: float, on_progress: ProgressCallback | None,
+        self, worker: _Worker, op: str, args: bytes, deadline: float, on_progress: ProgressCallback | None,
         grant: GrantCallback | None = None,
     ) -> dict[str, Any]:
         worker.next_id += 1
-        data = self._encode(worker.next_id, op, args, progress=on_progress is not None)
+        data = self._frame(worker.next_id, op, args, progress=on_progress is not None)
         async def read_reply() -> dict[str, Any] | None:
             while True:
-                frame = await frames.read_frame(worker.reader, self._reply_cap)
+                frame = await read_reply_frame(worker.reader, self._reply_cap)
                 if frame is None or "progress" not in frame or "ok" in frame:
                     return frame
                 await self._forward_progress(worker, frame, on_progress)

@@ -16,9 +16,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mcpd import __version__
+from mcpd.common.version import version
 from mcpd.common.errors import INTERNAL_ERROR, ToolError
 from mcpd.common.identity import Principal
+from mcpd.front import metrics
 from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.privileged import PrivilegedBackend
@@ -43,7 +44,7 @@ UNSUPPORTED_VERSION = -32022
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
 META_CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
-SERVER_INFO = {"name": "mcpd", "version": __version__}
+SERVER_INFO = {"name": "mcpd", "version": version()}
 CAPABILITIES = {"tools": {"listChanged": False}, "resources": {"listChanged": False}}
 # Caching hints the 2026-07-28 revision requires on these results: (ttlMs, cacheScope). The lists
 # change only with the daemon's configuration; a file can change at any time and is the caller's.
@@ -373,6 +374,8 @@ class McpSession:
             cap = self.dispatcher.max_batch
             budget = [self.dispatcher.max_batch_bytes]  # bytes the batch's array may still take
             members = [self._start(m, caller, out, send_reply=False, budget=budget) for m in payload[:cap]]
+            if len(payload) > cap:
+                metrics.limit_hit("batch")
             members += [self._refuse(m, out, False, INVALID_REQUEST, f"batch over {cap} members: not run")
                         for m in payload[cap:]]
             return self._spawn(self._gather_batch(members, out))
@@ -393,6 +396,7 @@ class McpSession:
         ``[bytes left]``, shared by the batch's members)."""
         request = isinstance(msg, dict) and isinstance(msg.get("method"), str) and valid_id(msg.get("id"))
         if request and len(self._in_flight) >= self.dispatcher.max_in_flight:
+            metrics.limit_hit("in_flight")
             return self._refuse(msg, out, send_reply, SERVER_BUSY,
                                 f"{self.dispatcher.max_in_flight} requests of this session are in flight; retry later")
         task: asyncio.Task[Message | None] = self._spawn(self._handle(msg, caller, out, send_reply, budget))
@@ -446,6 +450,7 @@ class McpSession:
         if budget is not None and reply is not None:  # a batch member: its array is bounded in bytes
             size = approx_size(reply)
             if size > budget[0]:
+                metrics.limit_hit("batch_bytes")
                 reply = error_reply(reply.get("id"), SERVER_BUSY, f"the batch's answer would pass "
                                     f"{self.dispatcher.max_batch_bytes} bytes: this reply was dropped; send it alone")
             else:

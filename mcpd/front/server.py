@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import socket
 import ssl
 import sys
@@ -101,6 +102,18 @@ class _NotifyingServer(uvicorn.Server):
             hook()
 
 
+HELPER_PROBE_SECONDS = 1.0
+
+
+async def _probe_forever(channel: HelperChannel) -> None:
+    """With metrics on: keep a connection to the helper open, reopening it every
+    :data:`HELPER_PROBE_SECONDS` while it is closed, so ``mcpd_helper_up`` says whether the helper
+    answers now rather than whether a call happened to need it."""
+    while True:
+        await channel.probe()
+        await asyncio.sleep(HELPER_PROBE_SECONDS)
+
+
 class Server:
     """The front process: worker pool, sessions and uvicorn over TLS.
 
@@ -152,7 +165,7 @@ class Server:
             lifespan="off",
             # the C HTTP/1.1 parser (h11 cost a seventh of the front's time per call), with the
             # connection caps and the header and body deadlines (mcpd/front/connguard.py)
-            http=guarded_protocol(ConnectionCount(self.cfg.connections)),
+            http=guarded_protocol(ConnectionCount(self.cfg.connections), on_refused=metrics.limit_hit),
             timeout_keep_alive=int(max(1, self.cfg.connections.idle_seconds)),
             access_log=False,
             server_header=False,
@@ -170,18 +183,22 @@ class Server:
         if self.cfg.metrics_listen:
             try:
                 exporter = metrics.serve(self.cfg.metrics_listen, metrics.StateCollector(
-                    lambda: [s.kind for s in sessions.sessions()], pool.live,
+                    lambda: [s.kind for s in sessions.sessions()], pool,
                     (lambda: channel.up) if channel is not None else (lambda: None)))
             except (ValueError, OSError) as exc:
                 log.error("%s", exc)
                 await pool.close()
                 return EXIT_CONFIG
+        probing = asyncio.create_task(_probe_forever(channel)) if exporter is not None and channel is not None \
+            else None
         revalidation = asyncio.create_task(revalidate_forever(
             sessions, authenticator, idle_seconds=self.cfg.mcp_session_idle_seconds, on_revoked=pool.retire_owner))
         try:
             await server.serve()
         finally:
             revalidation.cancel()
+            if probing is not None:
+                probing.cancel()
             if exporter is not None:
                 exporter.shutdown()
             sessions.close_all()
@@ -193,13 +210,40 @@ class Server:
         return 0 if server.started else 1
 
 
+#: Set to ``1`` to let the front run as root anyway. Only the test suite's plain fixture does (it
+#: runs as root, with no helper, principals mapped to its own account and files in root's temporary
+#: folders); a deployment never should.
+ALLOW_ROOT_ENV = "MCPD_ALLOW_ROOT_FRONT"
+
+ROOT_REFUSAL = (
+    "mcpd serve must not run as root: the root helper refuses a front running as root (every token "
+    "would be answered 401), and without a helper every read would have root's rights. Run the root "
+    "helper as root and the front as the service user: `systemctl enable --now mcpd-helper.socket "
+    "mcpd.service` (or by hand: `mcpd helper --config FILE` as root, then `runuser -u mcpd -- mcpd serve "
+    "--config FILE`); for development, `mcpd dev` does both."
+)
+
+
+def refuse_root(euid: int | None = None) -> str | None:
+    """The rule "the front never runs as root": the message to print when the effective uid
+    (``euid``, default ``os.geteuid()``) is 0 and ``MCPD_ALLOW_ROOT_FRONT=1`` is not set, else ``None``."""
+    if (os.geteuid() if euid is None else euid) != 0 or os.environ.get(ALLOW_ROOT_ENV) == "1":
+        return None
+    return ROOT_REFUSAL
+
+
 def serve(config_path: str) -> int:
-    """Load ``config_path`` and run the front; return the exit code (78 for a broken config)."""
+    """Load ``config_path`` and run the front; return the exit code: 78 for a broken config, or when
+    started as root (:func:`refuse_root`; 78 so systemd does not restart it)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = load(config_path)
     except ConfigError as exc:
         log.error("configuration error: %s", exc)
+        return EXIT_CONFIG
+    refusal = refuse_root()
+    if refusal is not None:
+        log.error("%s", refusal)
         return EXIT_CONFIG
     # uvloop: its TLS transport and event loop cost a fraction of asyncio's (profiled: asyncio's
     # sslproto write path was over a quarter of the front's time per small read).

@@ -3,7 +3,6 @@
 The helper starts it before it starts any thread, so every ``fork`` happens in a single-threaded
 process (a fork from a threaded process copies locks held by other threads). It serves two
 requests from the helper over a socketpair, one at a time:
-
 - ``spawn``: a worker for one OS account. The child drops to the account (groups, gid, uid, all
   three ids), sets no_new_privs, keeps only the worker's two sockets (as fd 3 and 4), and execs
   ``python -I -m mcpd.worker``. After ``setresuid`` to a non-root uid its capabilities are empty.
@@ -29,7 +28,7 @@ from typing import Any
 
 from mcpd.common import frames
 
-_PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 8, 38, 47, 2
+_PR_SET_PDEATHSIG, _PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 1, 8, 38, 47, 2
 CAP_DAC_READ_SEARCH = 2  # linux/capability.h: the one capability a walker keeps
 _CAP_VERSION_3 = 0x20080522
 FORK_REQUEST_CAP = 1024 * 1024  # bytes: a spawn request carries the account's groups
@@ -57,35 +56,51 @@ def drop_to_walker(uid: int, gid: int) -> None:
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
 
-def _keep_only(fds: list[int]) -> None:
-    """Move ``fds`` to 3, 4, ... and close every other descriptor (stdin/out/err become /dev/null)."""
+def _keep_only(fds: list[int], nulled: tuple[int, ...] = (0, 1, 2)) -> None:
+    """Move ``fds`` to 3, 4, ... and close every other descriptor (``nulled`` become /dev/null)."""
     high = [os.dup(fd) for fd in fds]  # above every target, so no dup2 below clobbers a source
     for i, fd in enumerate(high):
         os.dup2(fd, 3 + i)
     null = os.open(os.devnull, os.O_RDWR)
-    for std in (0, 1, 2):
+    for std in nulled:
         os.dup2(null, std)
     os.closerange(3 + len(fds), os.sysconf("SC_OPEN_MAX"))
 
 
+def _become(uid: int, gid: int, groups: list[int]) -> None:
+    """All three uids and gids, those supplementary groups, then no_new_privs (capabilities go with root)."""
+    os.setgroups(groups)
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+
+
+def _exec(module: str, args: list[str], **env: str) -> None:
+    os.chdir("/")
+    os.execve(sys.executable, [sys.executable, "-I", "-m", module, *args], {"PATH": os.defpath, "LANG": "C.UTF-8", **env})
+
+
 def _spawn_child(req: dict[str, Any], fds: list[int]) -> None:
     _keep_only(fds)
-    os.setgroups(req["groups"])
-    os.setresgid(req["gid"], req["gid"], req["gid"])
-    os.setresuid(req["uid"], req["uid"], req["uid"])
-    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-    os.chdir("/")
-    env = {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": req["home"], "USER": req["user"]}
-    os.execve(sys.executable, [sys.executable, "-I", "-m", "mcpd.worker", "--fd", "3", "--ctl", "4",
-                               "--limits", req["limits"]], env)
+    _become(req["uid"], req["gid"], req["groups"])
+    _exec("mcpd.worker", ["--fd", "3", "--ctl", "4", "--limits", req["limits"]], HOME=req["home"], USER=req["user"])
+
+
+def policy_child(uid: int, gid: int, config: str, fds: list[int]) -> None:
+    """In a child the helper forked while single-threaded: keep only ``fds`` (the channel to the
+    helper as fd 3, the front's listening socket as fd 4) and stderr (the helper's: the journal),
+    become ``uid``/``gid`` (no supplementary group), set no_new_privs and the parent-death signal,
+    and exec ``python -I -m mcpd.policy``."""
+    _keep_only(fds, (0, 1))
+    _become(uid, gid, [])
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it: dies with the helper
+    _exec("mcpd.policy", ["--config", config])
 
 
 def _walk_child(walker: tuple[int, int], fds: list[int]) -> None:
     _keep_only(fds)
     drop_to_walker(*walker)
-    os.chdir("/")
-    env = {"PATH": os.defpath, "LANG": "C.UTF-8"}
-    os.execve(sys.executable, [sys.executable, "-I", "-m", "mcpd.walker", "--fd", "3"], env)
+    _exec("mcpd.walker", ["--fd", "3"])
 
 
 def serve(sock: socket.socket, walker: tuple[int, int]) -> None:

@@ -1,67 +1,35 @@
 """The root helper's entry point: ``python -I -m mcpd.helper --config FILE`` (``mcpd-helper``).
 
-Loaded without the CLI: this module imports, at the top, everything the root side ever runs, so
+Loaded without the CLI: this module imports, at the top, everything root ever runs, so
 ``sys.modules`` after importing it is the whole root surface (``tests/unit/test_root_surface.py``
-counts it). Start-up order matters: the configuration is checked, then the fork server is forked
-while this process has one thread, and only then are files, the socket and threads opened.
+counts it). Start-up order matters: ``mcpd.yaml`` is read once on a checked descriptor, the fork
+server is forked while this process has one thread, the policy process is started from it, and
+only then are threads started. Root then serves the policy's requests (:mod:`mcpd.helper.monitor`)
+until it is stopped or the policy process ends; it keeps no state of its own.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import os
 import pwd
+import select
 import signal
 import socket
 import stat
 import sys
+import time
+from collections.abc import Callable
 
-from mcpd.common import config, identity, sdnotify
-from mcpd.common.reload import Reloading
-from mcpd.helper import forkserver, server
-from mcpd.common.audit import AuditLog
-from mcpd.helper.grants import secret_paths
-from mcpd.helper.grants_reload import PolicyHolder
-from mcpd.helper.login import Accounts, Login, Store
+from mcpd.common import frames
+from mcpd.common.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, root_settings
+from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
+from mcpd.helper import forkserver
+from mcpd.helper.monitor import Broken, Monitor
 
 log = logging.getLogger("mcpd.helper")
-
-
-def root_folder(path: str, leaf_mask: int = 0o077) -> int:
-    """Open a folder root keeps state in, creating it 0700 when missing, and return a descriptor
-    (``O_RDONLY|O_DIRECTORY``: files are opened relative to it, it can be listed and locked): the
-    helper's state folder; ``mcpd dev``'s state folder when run as root.
-
-    The folder and every folder above it must be owned by root and not writable by group or
-    others (a sticky folder such as ``/tmp`` excepted, above the leaf), so no path root uses inside
-    it can be changed by another account (SPEC §4.5a). Each level is opened with ``O_NOFOLLOW``
-    relative to the one above. ``leaf_mask``: mode bits the folder itself must not have (default:
-    it must be 0700).
-
-    Raises:
-        OSError: a level is a symlink, is not a folder, or fails the owner/mode check.
-    """
-    fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
-    try:
-        for name in [p for p in os.path.abspath(path).split("/") if p]:
-            try:
-                nfd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except FileNotFoundError:
-                os.mkdir(name, 0o700, dir_fd=fd)
-                nfd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-            st = os.fstat(fd)
-            if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-                raise OSError(f"{path}: {name} must be owned by root and not writable by group or others")
-        if os.fstat(fd).st_mode & leaf_mask:
-            raise OSError(f"{path}: must be mode 0700" if leaf_mask == 0o077 else
-                          f"{path}: must not be writable by group or others")
-        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-    finally:
-        os.close(fd)
+STOP_SECONDS = 10.0  # how long a stopping helper waits for the policy process to finish
 
 
 def listening_socket(path: str, service_gid: int) -> socket.socket:
@@ -86,19 +54,16 @@ def listening_socket(path: str, service_gid: int) -> socket.socket:
     return sock
 
 
-def enrolled(users: Reloading[dict[str, identity.UserRecord]]) -> set[str]:
-    """The OS accounts bound to a principal in ``users.yaml`` as it is now (re-read on change)."""
-    users.refresh()
-    return {u.os_user for u in users.current.values()}
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Run the root helper until SIGTERM/SIGINT; SIGHUP reloads the grants and users files.
+    """Run the root helper until SIGTERM/SIGINT or the policy process ends; SIGHUP is passed to
+    the policy process (it reloads the grants and users files).
 
-    Returns 0 after a clean stop, 78 (configuration broken, do not restart) when not root, when
-    ``mcpd.yaml`` is not root's (owner, mode), the service user or the walker account
-    (``mcpd-walk``, uid and gid not 0) is unknown, the state folder is unsafe, or the first grants
-    load fails (fail closed).
+    Returns 0 after a clean stop; 78 (configuration broken, do not restart) when not root, when
+    ``mcpd.yaml`` is not root's (owner, mode) or unreadable, an account (``mcpd-policy``,
+    ``mcpd-walk``: uid and gid not 0; the service user) is unknown, or the policy process exits
+    78 (its own folders are unsafe, the configuration or the grants are broken); 1 when the policy
+    process ends otherwise. Root touches none of the policy's files: systemd-tmpfiles (or
+    ``mcpd helper``) makes its folders.
     """
     parser = argparse.ArgumentParser(prog="mcpd-helper", description="The mcpd root helper.")
     parser.add_argument("--config", default="/etc/mcpd/mcpd.yaml")
@@ -106,51 +71,72 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="mcpd-helper: %(levelname)s %(message)s")
     if os.geteuid() != 0:
         log.error("the root helper must run as root")
-        return config.EXIT_CONFIG
+        return EXIT_CONFIG
+    path = os.path.abspath(opts.config)
     try:
-        cfg = config.load(opts.config, owner_uid=0)  # one read, of the descriptor checked: root's, not g/o-writable
-        service, walker = pwd.getpwnam(cfg.service_user), pwd.getpwnam(config.WALK_USER)
-        if 0 in (walker.pw_uid, walker.pw_gid):
-            raise OSError(f"the walker account {config.WALK_USER} must not be root")
-        os.close(root_folder(cfg.helper_state_dir))
-    except (config.ConfigError, KeyError, OSError) as exc:
-        log.error("cannot start: %s", exc)
-        return config.EXIT_CONFIG
+        settings = root_settings(parse_strict_yaml(read_secure_file(path, 0), path), path)
+        service, walker, policy = (pwd.getpwnam(n) for n in (settings.service_user, WALK_USER, POLICY_USER))
+        if {0} & {walker.pw_uid, walker.pw_gid, policy.pw_uid, policy.pw_gid}:
+            raise OSError(f"the accounts {WALK_USER} and {POLICY_USER} must not be root")
+    except (ConfigFileError, ValueError, KeyError, OSError) as exc:
+        log.error("cannot start: %s", "; ".join(getattr(exc, "errors", [])) or exc)
+        return EXIT_CONFIG
     forks = forkserver.start((walker.pw_uid, walker.pw_gid))  # one thread here: the only safe moment to fork
-    audit = AuditLog(cfg.audit_log)
-    holder = PolicyHolder(cfg.grants_file, audit=audit, secrets=secret_paths(cfg, opts.config))
-    if holder.last_errors:
-        log.error("grants file not loaded: %s", "; ".join(holder.last_errors))
-        return config.EXIT_CONFIG
-    users: Reloading[dict[str, identity.UserRecord]] = Reloading(
-        cfg.users_file, functools.partial(identity.load_users, owner_uid=0), empty={}, fail_closed=True)
-    issued = Store(root_folder(cfg.helper_state_dir), cfg.login.tokens_per_user)  # after the fork: not inherited
-    login = Login(cfg.login, issued, audit, lambda: enrolled(users))
-    state = server.State(cfg=cfg, audit=audit, users=users, policy=holder, forks=forks, issued=issued, login=login,
-                         accounts=Accounts())
-    flags = {"stop": False, "hup": False}
-    signal.signal(signal.SIGTERM, lambda *_: flags.update(stop=True))
-    signal.signal(signal.SIGINT, lambda *_: flags.update(stop=True))
-    signal.signal(signal.SIGHUP, lambda *_: flags.update(hup=True))
+    listener = listening_socket(settings.helper_socket, service.pw_gid)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()  # still one thread
+    if pid == 0:
+        try:
+            forkserver.policy_child(policy.pw_uid, policy.pw_gid, path, [theirs.fileno(), listener.fileno()])
+        finally:
+            os._exit(127)
+    pidfd = os.pidfd_open(pid)
+    theirs.close()
+    listener.close()
+    monitor = Monitor(ours, forks, settings, path)
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+    signal.signal(signal.SIGHUP, lambda *_: signal.pidfd_send_signal(pidfd, signal.SIGHUP))
+    log.info("root helper started the policy process (pid %d, %s)", pid, POLICY_USER)
+    code = serve(monitor, ours, pidfd, lambda: stop["now"])
+    if code is None:  # stopped: the policy stops first (its workers, its audit), still served meanwhile
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        end = time.monotonic() + STOP_SECONDS
+        serve(monitor, ours, pidfd, lambda: time.monotonic() > end)
+        code = 0
+    monitor.close()
+    status = _wait(pid, pidfd)
+    os.close(pidfd)
+    return EXIT_CONFIG if code and status == EXIT_CONFIG else code
 
-    def tick() -> None:
-        if flags["hup"]:
-            flags["hup"] = False
-            result = holder.reload()
-            users.refresh(force=True)
-            log.info("reload: %s", "; ".join(result.summary or result.errors))
-        else:
-            holder.reload_if_changed()
 
-    sock = listening_socket(cfg.helper_socket, service.pw_gid)
-    sdnotify.notify()
-    log.info("root helper listening; accepting uid %d (%s)", service.pw_uid, cfg.service_user)
-    server.serve(state, sock, service.pw_uid, lambda: flags["stop"], tick)
-    sock.close()
-    for w in list(state.workers.values()):
-        server.kill_worker(state, w)
-    audit.close()
-    return 0
+def serve(monitor: Monitor, sock: socket.socket, pidfd: int, stopped: Callable[[], bool]) -> int | None:
+    """Read the policy's requests until ``stopped()`` (``None``), or the policy process ends or
+    breaks the protocol (1)."""
+    while not stopped():
+        monitor.reap()
+        ready = select.select([sock.fileno(), pidfd], [], [], 0.5)[0]
+        if sock.fileno() in ready:
+            try:
+                req, fds = frames.recv_frame_fds(sock, frames.HELPER_REQUEST_CAP, 0)
+                if req is not None:
+                    monitor.handle(req)
+                    continue
+            except (Broken, frames.FrameError, RecursionError, OSError, KeyError) as exc:
+                log.error("the policy process broke the protocol: %s", exc)
+                return 1
+        if ready:
+            log.error("the policy process ended")
+            return 1
+    return None
+
+
+def _wait(pid: int, pidfd: int) -> int:
+    """Reap the policy process (SIGKILL after 5 s); its exit status (minus the signal when killed)."""
+    if not select.select([pidfd], [], [], 5.0)[0]:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 if __name__ == "__main__":

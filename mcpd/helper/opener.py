@@ -6,9 +6,8 @@ else, and nothing it will refuse is ever opened (an ``O_PATH`` open runs no devi
 not count as a FIFO's reader):
 
 1. Resolve with ``openat2(O_PATH, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`` (a ``ctypes``
-   syscall) when the kernel has it; otherwise walk from ``/`` one component at a time with
-   ``O_PATH | O_NOFOLLOW`` relative to the previous descriptor. A symlink anywhere is
-   ``PERMISSION_DENIED`` (reason ``symlink in path``).
+   syscall; Linux 5.6 or later, else every privileged open fails closed with ``INTERNAL_ERROR``).
+   A symlink anywhere is ``PERMISSION_DENIED`` (reason ``symlink in path``).
 2. ``fstat`` the descriptor: the kind the call needs (else ``NOT_A_REGULAR_FILE`` with its
    ``type``), a regular file with one hard link (else ``file has several hard links``).
 3. ``readlink /proc/self/fd/N`` must equal the checked path (else ``path changed while opening``).
@@ -33,7 +32,7 @@ import stat
 
 from mcpd.common.errors import NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
 from mcpd.common.filekind import kind as file_kind
-from mcpd.helper.pathmatch import PathError, clean_path, components
+from mcpd.common.pathmatch import PathError, clean_path
 
 SYMLINK = "symlink in path"
 HARD_LINKS = "file has several hard links"
@@ -68,37 +67,9 @@ def _openat2(path: str, flags: int, resolve: int) -> int:
     return int(fd)
 
 
-def _probe_openat2() -> bool:
-    if _SYS_OPENAT2 is None:
-        return False
-    try:
-        os.close(_openat2("/", os.O_PATH | os.O_CLOEXEC, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS))
-    except OSError:
-        return False  # ENOSYS on old kernels, EPERM under some seccomp filters
-    return True
-
-
-HAVE_OPENAT2 = _probe_openat2()
-
-
 def _open(path: str, follow_symlinks: bool) -> int:
-    flags = os.O_PATH | os.O_CLOEXEC
-    if HAVE_OPENAT2:
-        return _openat2(path, flags, _RESOLVE_NO_MAGICLINKS if follow_symlinks else _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
-    if follow_symlinks:
-        return os.open(path, flags)
-    fd = os.open("/", flags)
-    try:
-        for name in components(path):
-            nfd = os.open(name, flags | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-            if stat.S_ISLNK(os.fstat(fd).st_mode):
-                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    resolve = _RESOLVE_NO_MAGICLINKS if follow_symlinks else _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
+    return _openat2(path, os.O_PATH | os.O_CLOEXEC, resolve)
 
 
 def _denied(path: str, reason: str) -> ToolError:

@@ -34,7 +34,8 @@ from typing import Any
 from mcpd.common import frames
 from mcpd.common.errors import INTERNAL_ERROR, ToolError
 from mcpd.core import walk
-from mcpd.helper import grants, opener
+from mcpd.helper import opener
+from mcpd.policy import grants
 
 REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and the grants text (the grants file is at most 1 MiB)
 READ_SECONDS = 5.0  # the helper sends the request as soon as the walker exists

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mcpd.common import frames
+from mcpd.common import frames, wirejson
 from mcpd.common.config import ReadLimits
 from mcpd.common.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 
@@ -70,7 +70,7 @@ def serve(sock: socket.socket, ctx: OpContext, ctl: socket.socket | None = None)
             print(f"mcpd.worker: op failed: {type(exc).__name__}", file=sys.stderr)
             reply = {"id": frame.get("id"), "ok": False, "error": ToolError(INTERNAL_ERROR, "internal error").to_dict()}
         try:
-            frames.send_frame(sock, reply)
+            send_reply(sock, reply)
         except OSError:
             return
 
@@ -102,10 +102,43 @@ def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any]
             os.close(fd)
     result = reply.get("result") if reply.get("ok") else None
     text = result.get("text") if isinstance(result, dict) else None
-    size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else 0
-    frames.send_frame(sock, reply)
+    size = 0 if not isinstance(text, str) else len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    send_reply(sock, reply)
     code = None if reply.get("ok") else reply["error"]["code"]
     frames.send_frame(ctl, {"id": frame.get("id"), "code": code, "bytes": size})
+
+
+def send_reply(sock: socket.socket, reply: dict[str, Any]) -> None:
+    """Send one reply to the front in the frame format of :mod:`mcpd.common.frames`, encoded once
+    with :func:`mcpd.common.wirejson.dumps`. A result's ``"text"`` travels as a second frame of
+    raw UTF-8 (lone surrogates as ``surrogatepass`` writes them) and the first says
+    ``"text_frame": true``: the front decodes it (fast) instead of parsing it as a JSON string (a
+    1 MiB answer's slowest step there), and escapes it once itself when it answers.
+    Raises ``OSError`` from the socket."""
+    result = reply.get("result") if reply.get("ok") is True else None
+    text = result.get("text") if isinstance(result, dict) else None
+    if isinstance(result, dict) and isinstance(text, str):
+        rest = {k: v for k, v in result.items() if k != "text"}
+        body = wirejson.dumps({**reply, "result": rest, "text_frame": True})
+        raw = text.encode("utf-8", "surrogatepass")
+        parts = [frames.HEADER.pack(len(body)), body, frames.HEADER.pack(len(raw)), raw]
+    else:
+        body = wirejson.dumps(reply)
+        parts = [frames.HEADER.pack(len(body)), body]
+    _send_all(sock, parts)
+
+
+def _send_all(sock: socket.socket, parts: list[bytes]) -> None:
+    """Send ``parts`` in order with ``sendmsg`` (no joined copy of a large body); a blocking stream
+    socket sends less only when a signal interrupts it: the rest is sent then."""
+    views = [memoryview(p) for p in parts if p]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if views and sent:
+            views[0] = views[0][sent:]
 
 
 def _progress_sender(sock: socket.socket, rid: Any) -> Callable[[int, int | None, str], None]:

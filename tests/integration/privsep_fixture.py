@@ -42,7 +42,7 @@ import yaml
 from mcpd.admin import certs
 from mcpd.admin import devroot
 from mcpd.common import identity
-from mcpd.common.config import WALK_USER
+from mcpd.common.config import POLICY_USER, WALK_USER
 from tests.osaccounts import Account, AccountFactory, require_root
 
 START_SECONDS = 30.0
@@ -245,11 +245,12 @@ def start_privsep(factory: AccountFactory, **overrides: Any) -> PrivsepDaemon:
     """Create accounts, files and folder, and start helper and front (see the module docstring)."""
     require_root()
     service = devroot.ensure_system_account("mcpd")
-    devroot.ensure_system_account(WALK_USER)  # the helper refuses to start without it
+    devroot.ensure_system_account(WALK_USER)  # the helper refuses to start without them
+    devroot.ensure_system_account(POLICY_USER)
     alice, bob = factory.user(), factory.user()
     state = Path(tempfile.mkdtemp(prefix="mcpd-privsep-", dir="/tmp"))
     os.chown(state, 0, service.pw_gid)
-    os.chmod(state, 0o750)
+    os.chmod(state, 0o751)  # the policy process (not in group mcpd) enters to reach its helper/ and audit/
     (state / "access").mkdir(mode=0o700)  # the front's access log: the service user's own folder
     os.chown(state / "access", service.pw_uid, service.pw_gid)
     Path("/srv").mkdir(exist_ok=True)

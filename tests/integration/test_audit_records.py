@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from mcpd.client.api import Client
+from tests.conftest import FRONT_ENV
 from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.root
@@ -313,7 +314,7 @@ def test_front_refuses_to_start_without_its_access_log(tmp_path: Path) -> None:
                                   "users_file": "users.yaml", "state_dir": ".",
                                   "access_log": str(blocker / "access.jsonl")}))
     proc = subprocess.run([sys.executable, "-m", "mcpd.front.server", "--config", str(config)],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=FRONT_ENV)
     assert proc.returncode == 78 and "access_log" in proc.stderr
 
 

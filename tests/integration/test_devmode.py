@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from mcpd.common import config
 from mcpd.admin import devmode
 from mcpd.common import identity
@@ -47,7 +49,7 @@ def test_dev_state_folder_is_private_and_complete(tmp_path: Path) -> None:
     assert (principal.name, principal.os_user) == ("dev", devmode.current_account())
 
 
-def test_dev_rerun_keeps_folder_and_ca_but_issues_fresh_token(tmp_path: Path) -> None:
+def test_dev_rerun_keeps_folder_ca_and_token_and_other_principals(tmp_path: Path) -> None:
     first = devmode.prepare(tmp_path / "s", 9191)
     ca_before = first.cacert.read_bytes()
     users = identity.load_users(tmp_path / "s" / "users.yaml")
@@ -57,9 +59,8 @@ def test_dev_rerun_keeps_folder_and_ca_but_issues_fresh_token(tmp_path: Path) ->
 
     second = devmode.prepare(tmp_path / "s", 9292)
     assert second.cacert.read_bytes() == ca_before
-    assert second.token != first.token
+    assert second.token == first.token  # exports in another shell keep working (--new-token replaces it)
     users = identity.load_users(tmp_path / "s" / "users.yaml")
-    assert identity.verify(users, first.token) is None
     assert identity.verify(users, second.token) is not None
     assert identity.verify(users, token_other) is not None
     assert config.load(second.config_path).listen.port == 9292
@@ -127,6 +128,20 @@ def test_serve_exits_with_the_servers_code_on_broken_config(tmp_path: Path) -> N
     bad.write_text("listen: {port: 0}\nno_such_key: 1\n")
     res = subprocess.run([str(BIN / "mcpd"), "serve", "--config", str(bad)], capture_output=True, timeout=60)
     assert res.returncode == config.EXIT_CONFIG
+
+
+@pytest.mark.root
+def test_serve_as_root_refuses_to_start_and_says_what_to_do(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    state = devmode.prepare(tmp_path / "s", free_port())
+    env = {k: v for k, v in os.environ.items() if k != "MCPD_ALLOW_ROOT_FRONT"}
+    res = subprocess.run([str(BIN / "mcpd"), "serve", "--config", str(state.config_path)], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert res.returncode == config.EXIT_CONFIG, res.stderr
+    assert "must not run as root" in res.stderr and "mcpd helper" in res.stderr and "runuser -u mcpd" in res.stderr
+    with socket.socket() as s:  # it never listened
+        assert s.connect_ex(("127.0.0.1", config.load(state.config_path).listen.port)) != 0
 
 
 def test_certs_command_makes_a_ca_and_server_certificate(tmp_path: Path) -> None:

@@ -555,3 +555,46 @@ def test_memory_1gb_file_line_in_middle_and_file_too_large(
         assert hwm_after - rss_before < 20 * 1024, "worker memory grew with the file, not the answer"
     finally:
         p.unlink(missing_ok=True)
+
+
+def test_a_worker_never_answers_a_changed_file_from_its_line_index(daemon_factory: Callable[..., Daemon],
+                                                                   tmp_path: Path) -> None:
+    """Issue 11: the one worker of the account indexes a deep read; every change after it (append,
+    truncate, rewrite in place with the old mtime put back, replace) is read afresh, over the
+    real daemon."""
+    d = daemon_factory(workers={"per_account": 1, "timeout_seconds": 30})
+    log = tmp_path / "live.log"
+    rows = [b"row %07d %s\n" % (i, b"z" * (i % 23)) for i in range(1, 150_001)]  # ~4 MiB
+    log.write_bytes(b"".join(rows))
+
+    def lines(start: int, end: int) -> dict[str, Any]:
+        return {"path": str(log), "start_line": start, "end_line": end}
+
+    def expect(start: int, end: int) -> str:
+        return b"".join(rows[start - 1:end]).decode()
+
+    first, again = results(d, lines(120_000, 120_004), lines(120_000, 120_004))
+    assert ok(first) == ok(again) == expect(120_000, 120_004)
+    with open(log, "ab") as f:  # a live log grows
+        f.write(b"tail 1\ntail 2\n")
+    rows += [b"tail 1\n", b"tail 2\n"]
+    [grown] = results(d, lines(150_000, 150_002))
+    assert ok(grown) == expect(150_000, 150_002)
+    st = os.stat(log)
+    shifted = b"".join(rows).replace(b"\n", b" ", 3000)  # same size, lines moved up
+    with open(log, "r+b") as f:
+        f.write(shifted)
+    os.utime(log, ns=(st.st_atime_ns, st.st_mtime_ns))
+    rows = [r + b"\n" for r in shifted.split(b"\n")[:-1]]
+    [rewritten] = results(d, lines(120_000, 120_004))
+    assert ok(rewritten) == expect(120_000, 120_004)
+    with open(log, "r+b") as f:
+        f.truncate(sum(len(r) for r in rows[:100_000]))
+    [cut] = results(d, lines(120_000, 120_004))
+    assert err(cut, "RANGE_OUT_OF_BOUNDS")["details"]["totalLines"] == 100_000
+    other = tmp_path / "other.log"
+    rows = [b"other %07d\n" % i for i in range(1, 130_001)]
+    other.write_bytes(b"".join(rows))
+    os.replace(other, log)
+    [replaced] = results(d, lines(120_000, 120_004))
+    assert ok(replaced) == expect(120_000, 120_004)

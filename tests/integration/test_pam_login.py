@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import secrets
 import shutil
 import stat
@@ -22,6 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from mcpd.common.config import POLICY_USER
 
 from mcpd.common import identity
 from mcpd.client import login as login_client
@@ -256,14 +259,19 @@ def test_rotating_a_users_token_closes_its_open_sessions(pamd: Any) -> None:
     assert status_of_sse(d, d.tokens["bob"]) == 200
 
 
-def test_issued_tokens_survive_a_helper_restart_stored_hashed_root_only(pamd: Any) -> None:
+def test_issued_tokens_survive_a_helper_restart_stored_hashed_policy_only(pamd: Any) -> None:
+    """Login tokens are files of the policy process's own (mcpd-policy, 0600, in its 0700
+    folder), hashed, and a helper restart keeps them."""
     d, _, pw = pamd
     token = login(d, d.accounts["alice"].name, pw["alice"])
     d.restart_helper()
     assert "root:" in read(d, token, "/etc/passwd")
     store = d.state_dir / "helper" / f"token.{identity.TOKEN_RE.match(token).group(1)}"  # type: ignore[union-attr]
     st = os.stat(store)
-    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600)
+    policy = pwd.getpwnam(POLICY_USER)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (policy.pw_uid, 0o600)
+    folder = os.stat(store.parent)
+    assert (folder.st_uid, stat.S_IMODE(folder.st_mode)) == (policy.pw_uid, 0o700)
     assert token.split("_", 2)[2] not in store.read_text()
 
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from mcpd.common.config import POLICY_USER
+
 from mcpd.client.api import Client, ConnectError, text_of
 from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
@@ -408,7 +410,12 @@ def test_dev_mode_as_root_runs_helper_and_front_as_service_user(tmp_path: Path) 
             "workers run as mcpd-dev (children of the helper's fork server)"
         modes = {name: os.stat(state_dir / name) for name in ("", "users.yaml", "mcp-sudo.yaml", "server.key",
                                                               "mcpd.yaml", "root-only", "ca.key")}
-        assert (stat.S_IMODE(modes[""].st_mode), modes[""].st_gid) == (0o750, service.pw_gid)
+        assert (stat.S_IMODE(modes[""].st_mode), modes[""].st_gid) == (0o751, service.pw_gid)  # policy enters
+        policy = pwd.getpwnam(POLICY_USER)
+        assert [p for p in children(helper_pid, policy.pw_uid)], "the policy process runs as mcpd-policy"
+        for own in ("helper", "audit"):
+            st = os.stat(state_dir / own)
+            assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (policy.pw_uid, 0o700), own
         for name in ("users.yaml", "mcp-sudo.yaml", "ca.key"):
             assert (stat.S_IMODE(modes[name].st_mode), modes[name].st_uid) == (0o600, 0), name
         for name in ("server.key", "mcpd.yaml"):

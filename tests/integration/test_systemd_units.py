@@ -5,18 +5,22 @@ systemd ignores an unknown key with a warning and runs the service without that 
 `systemd-analyze security --offline=true` scores the sandbox (the helper at most 1.7, issue 8, with
 every item still exposed justified by an `EXPOSED:` comment in the unit); `systemd-sysusers` and
 `systemd-tmpfiles` are run for real against a temporary root folder and the resulting owners
-and modes are checked (SPEC §4.5, §5.1: grants and users files are root's, 0600).
+and modes are checked (SPEC §4.5, §5.1: grants and users files are root's, 0600; the policy
+process's state and audit folders are mcpd-policy's, 0700, also over an older root-owned layout);
+logrotate rotates the audit log as mcpd-policy.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -148,9 +152,11 @@ def test_config_broken_exit_status_prevents_restart() -> None:
 
 
 def test_helper_runs_its_own_entry_point_isolated() -> None:
-    """The helper unit starts `python3 -I -m mcpd.helper`, not the `mcpd` CLI (issue 8 item 1)."""
+    """The helper unit starts `python3 -I -m mcpd.helper`, not the `mcpd` CLI (issue 8 item 1).
+    Type=exec: the helper sends no readiness notification (the socket queues connections)."""
     service = parse_unit(UNITS / "mcpd-helper.service")["Service"]
     assert service["ExecStart"] == [HELPER_EXEC]
+    assert service["Type"] == ["exec"] and "NotifyAccess" not in service
 
 
 def test_front_runs_unprivileged_and_notifies_readiness() -> None:
@@ -169,11 +175,14 @@ def test_front_runs_unprivileged_and_notifies_readiness() -> None:
 
 def test_helper_capabilities_are_exactly_the_justified_set() -> None:
     """The helper keeps only setuid/setgid, read-search and kill (docs/PRIVSEP.md); no netlink, so
-    no audit-write either (PAM skips its kernel audit record)."""
+    no audit-write either (PAM skips its kernel audit record); no CAP_CHOWN and chown calls
+    filtered, since tmpfiles, not root, makes the policy process's folders."""
     service = parse_unit(UNITS / "mcpd-helper.service")["Service"]
     assert "User" not in service  # root, by design
     caps = set(service["CapabilityBoundingSet"][0].split())
     assert caps == {"CAP_SETUID", "CAP_SETGID", "CAP_DAC_READ_SEARCH", "CAP_KILL"}
+    denied = [v for v in service["SystemCallFilter"] if v.startswith("~")]
+    assert any("@chown" in v.split() or "~@chown" in v.split() for v in denied), denied
     assert service["AmbientCapabilities"] == [""]
     assert service["NoNewPrivileges"] == ["yes"]
     assert service["RestrictAddressFamilies"] == ["AF_UNIX"]
@@ -181,14 +190,74 @@ def test_helper_capabilities_are_exactly_the_justified_set() -> None:
     assert "PrivateTmp" not in service  # workers must see the host's /tmp
 
 
-def test_helper_state_is_its_own_root_folder() -> None:
-    """The helper's state is /var/lib/mcpd-helper (0700 root, its StateDirectory=); the front's
-    /var/lib/mcpd is not writable from the helper unit (SPEC §4.5a)."""
+def test_helper_unit_writes_only_the_policy_folders_made_by_tmpfiles() -> None:
+    """The policy process's folders (/var/lib/mcpd-helper, /var/log/mcpd) are writable in the
+    helper unit but not StateDirectory=/LogsDirectory= (systemd would make them root's and chown
+    them back at every start): tmpfiles makes them mcpd-policy's. Nothing else is writable, the
+    front's /var/lib/mcpd least of all (SPEC §4.5a)."""
     service = parse_unit(UNITS / "mcpd-helper.service")["Service"]
-    assert service["StateDirectory"] == ["mcpd-helper"]
-    assert service["StateDirectoryMode"] == ["0700"]
-    writable = " ".join(service.get("ReadWritePaths", []))
-    assert "/var/lib/mcpd" not in writable
+    for key in ("StateDirectory", "LogsDirectory", "CacheDirectory", "RuntimeDirectory", "ConfigurationDirectory"):
+        assert key not in service, key
+    writable = {p.lstrip("-") for v in service.get("ReadWritePaths", []) for p in v.split()}
+    assert writable == {"/var/lib/mcpd-helper", "/var/log/mcpd"}
+    assert service["ProtectSystem"] == ["strict"]
+    lines = tmpfiles_lines()
+    for folder in writable:
+        assert ("d", "0700", "mcpd-policy", "mcpd-policy") in lines[folder], folder
+        assert ("Z", "-", "mcpd-policy", "mcpd-policy") in lines[folder], folder
+
+
+def tmpfiles_lines() -> dict[str, list[tuple[str, str, str, str]]]:
+    """The shipped tmpfiles.d file as ``{path: [(type, mode, user, group), ...]}``."""
+    lines: dict[str, list[tuple[str, str, str, str]]] = {}
+    for raw in (UNITS / "tmpfiles.d" / "mcpd.conf").read_text(encoding="utf-8").splitlines():
+        if raw.strip() and not raw.startswith("#"):
+            kind, path, mode, user, group, *_ = raw.split()
+            lines.setdefault(path, []).append((kind, mode, user, group))
+    return lines
+
+
+def test_sysusers_declares_the_three_accounts_without_a_shell() -> None:
+    """mcpd (the front), mcpd-policy (the policy process) and mcpd-walk (walkers): system users
+    with a group of their own (ID `-`) and no login shell."""
+    rows = {}
+    for raw in (UNITS / "sysusers.d" / "mcpd.conf").read_text(encoding="utf-8").splitlines():
+        if raw.strip() and not raw.startswith("#"):
+            kind, name, ident, rest = raw.split(None, 3)
+            home, shell = rest.rsplit(None, 2)[-2:]
+            rows[name] = (kind, ident, home, shell)
+    assert rows == {"mcpd": ("u", "-", "/var/lib/mcpd", "/usr/sbin/nologin"),
+                    "mcpd-policy": ("u", "-", "/", "/usr/sbin/nologin"),
+                    "mcpd-walk": ("u", "-", "/", "/usr/sbin/nologin")}
+
+
+def logrotate_stanzas() -> dict[str, list[str]]:
+    """The shipped logrotate file as ``{log path: [directive lines]}``."""
+    stanzas: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for raw in (REPO / "etc" / "logrotate.d" / "mcpd").read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("{"):
+            current = stanzas.setdefault(line[:-1].strip(), [])
+        elif line == "}":
+            current = None
+        elif current is not None:
+            current.append(" ".join(line.split()))
+    return stanzas
+
+
+def test_logrotate_works_in_each_log_folder_as_its_writer() -> None:
+    """The audit log is rotated as mcpd-policy (its writer) and recreated 0600 mcpd-policy, the
+    access log as mcpd; never copytruncate (records would be lost)."""
+    stanzas = logrotate_stanzas()
+    writers = {"/var/log/mcpd/audit.jsonl": "mcpd-policy", "/var/log/mcpd-front/access.jsonl": "mcpd"}
+    assert set(stanzas) == set(writers)
+    for log, user in writers.items():
+        assert f"su {user} {user}" in stanzas[log], log
+        assert f"create 0600 {user} {user}" in stanzas[log], log
+        assert "copytruncate" not in stanzas[log], log
 
 
 def test_helper_socket_is_root_and_mcpd_group_only() -> None:
@@ -218,6 +287,11 @@ def applied_root(tmp_path: Path) -> Path:
         f = root / "etc/mcpd" / rel
         f.write_text("x\n", encoding="utf-8")
         f.chmod(0o666)  # tmpfiles must tighten every one of them
+    for rel in OLD_ROOT_LAYOUT:  # what an older mcpd left as root: tmpfiles hands it to mcpd-policy
+        f = root / rel
+        f.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        f.write_text("x\n", encoding="utf-8")
+        f.chmod(0o600)
     for tool in ("systemd-sysusers", "systemd-tmpfiles"):
         args = [tool, f"--root={root}"]
         if tool == "systemd-tmpfiles":
@@ -229,14 +303,18 @@ def applied_root(tmp_path: Path) -> Path:
     return root
 
 
-def _account_ids(root: Path) -> tuple[int, int]:
+OLD_ROOT_LAYOUT = ("var/log/mcpd/audit.jsonl", "var/log/mcpd/audit.jsonl.1", "var/lib/mcpd-helper/lockout.json",
+                   "var/lib/mcpd-helper/token.0123456789ab")
+
+
+def _account_ids(root: Path, name: str = "mcpd") -> tuple[int, int]:
     for line in (root / "etc/passwd").read_text(encoding="utf-8").splitlines():
         fields = line.split(":")
-        if fields[0] == "mcpd":
+        if fields[0] == name:
             if fields[6] != "/usr/sbin/nologin":
-                pytest.fail("mcpd account has a login shell")
+                pytest.fail(f"{name} account has a login shell")
             return int(fields[2]), int(fields[3])
-    pytest.fail("systemd-sysusers did not create the mcpd account")
+    pytest.fail(f"systemd-sysusers did not create the {name} account")
 
 
 @pytest.mark.root
@@ -265,14 +343,56 @@ def test_tmpfiles_front_reads_config_and_key_only(applied_root: Path) -> None:
 
 
 @pytest.mark.root
-def test_tmpfiles_audit_log_folder_root_only_state_folder_mcpd(applied_root: Path) -> None:
-    """SPEC §4.5: the audit log folder is 0700 root; /var/lib/mcpd is the front's (0750 mcpd);
-    /var/lib/mcpd-helper is root's (0700), and nothing of the helper lies inside the front's."""
+def test_tmpfiles_policy_folders_are_mcpd_policy_s_state_folder_mcpd(applied_root: Path) -> None:
+    """The audit log folder and /var/lib/mcpd-helper are the policy process's (0700 mcpd-policy,
+    a system account of its own, distinct from the front's), and the files an older root-owned
+    layout left in them become its own with their mode kept (0600); /var/lib/mcpd is the front's
+    (0750 mcpd), and nothing of the policy lies inside the front's folder."""
     uid, gid = _account_ids(applied_root)
-    log = (applied_root / "var/log/mcpd").stat()
-    assert (log.st_uid, log.st_gid, stat.S_IMODE(log.st_mode)) == (0, 0, 0o700)
+    puid, pgid = _account_ids(applied_root, "mcpd-policy")
+    assert 0 not in (puid, pgid) and (puid, pgid) != (uid, gid)
+    for rel in ("var/log/mcpd", "var/lib/mcpd-helper"):
+        st = (applied_root / rel).stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (puid, pgid, 0o700), rel
+    for rel in OLD_ROOT_LAYOUT:
+        st = (applied_root / rel).stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (puid, pgid, 0o600), rel
     state = (applied_root / "var/lib/mcpd").stat()
     assert (state.st_uid, state.st_gid, stat.S_IMODE(state.st_mode)) == (uid, gid, 0o750)
-    helper = (applied_root / "var/lib/mcpd-helper").stat()
-    assert (helper.st_uid, helper.st_gid, stat.S_IMODE(helper.st_mode)) == (0, 0, 0o700)
     assert list((applied_root / "var/lib/mcpd").iterdir()) == []
+
+
+@pytest.mark.root
+def test_logrotate_rotates_the_audit_log_as_mcpd_policy(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A real forced rotation of the shipped audit-log stanza (path moved to a staging folder):
+    the old records move to audit.jsonl.1 and the new audit.jsonl is 0600 mcpd-policy, so the
+    policy process can go on appending."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: logrotate switches to mcpd-policy")
+    if shutil.which("logrotate") is None:
+        pytest.skip("logrotate is absent (apt-get install -y logrotate)")
+    from mcpd.admin import devroot
+    from mcpd.common.config import POLICY_USER
+
+    devroot.ensure_system_account(POLICY_USER)
+    policy = pwd.getpwnam(POLICY_USER)
+    base = Path(tempfile.mkdtemp(prefix="mcpd-logrotate-", dir="/var/tmp"))  # mcpd-policy must reach it
+    request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
+    base.chmod(0o755)
+    logs = base / "mcpd"
+    logs.mkdir(mode=0o700)
+    os.chown(logs, policy.pw_uid, policy.pw_gid)
+    audit = logs / "audit.jsonl"
+    audit.write_text('{"seq": 1}\n', encoding="utf-8")
+    os.chown(audit, policy.pw_uid, policy.pw_gid)
+    audit.chmod(0o600)
+    text = (REPO / "etc" / "logrotate.d" / "mcpd").read_text(encoding="utf-8")
+    stanza = text[text.index("/var/log/mcpd/audit.jsonl {"):]
+    stanza = stanza[: stanza.index("}") + 1].replace("/var/log/mcpd/audit.jsonl", str(audit))
+    (tmp_path / "logrotate.conf").write_text(stanza + "\n", encoding="utf-8")
+    proc = subprocess.run(["logrotate", "--force", "--state", str(tmp_path / "state"), str(tmp_path / "logrotate.conf")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (logs / "audit.jsonl.1").read_text(encoding="utf-8") == '{"seq": 1}\n'
+    st = audit.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), st.st_size) == (policy.pw_uid, policy.pw_gid, 0o600, 0)

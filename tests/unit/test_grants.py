@@ -16,10 +16,10 @@ from click.testing import CliRunner
 from mcpd.admin.grants_cli import grants
 from mcpd.common.config import Config
 from mcpd.common.audit import AuditLog
-from mcpd.helper.grants import NO_GRANT, PolicyError, decide, load_policy, os_groups, parse_policy
-from mcpd.helper.grants import secret_paths
-from mcpd.helper.grants_reload import PolicyHolder
-from mcpd.helper.pathmatch import entry_covers, split_entry
+from mcpd.policy.grants import NO_GRANT, PolicyError, decide, load_policy, os_groups, parse_policy
+from mcpd.policy.grants import secret_paths
+from mcpd.policy.grants_reload import PolicyHolder
+from mcpd.policy.entries import entry_covers, split_entry
 from mcpd.common.strictyaml import ConfigFileError, load_secure_yaml
 
 NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)

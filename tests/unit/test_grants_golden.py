@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.helper.grants import PolicyError, decide, parse_policy
+from mcpd.policy.grants import PolicyError, decide, parse_policy
 
 GOLDEN = Path(__file__).parent / "golden"
 DEFAULT_NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)

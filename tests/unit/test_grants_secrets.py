@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from mcpd.admin.grants_cli import grants
 from mcpd.common.config import TLS, Config
-from mcpd.helper.grants import DENIED, GRANTED, SECRET, Policy, decide, is_secret, parse_policy, secret_paths
-from mcpd.helper.grants_reload import PolicyHolder, summarize_changes
-from mcpd.helper.pathmatch import PathError
+from mcpd.policy.grants import DENIED, GRANTED, SECRET, Policy, decide, is_secret, parse_policy, secret_paths
+from mcpd.policy.grants_reload import PolicyHolder, summarize_changes
+from mcpd.common.pathmatch import PathError
 
 NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)
 DEFAULT_SECRETS = secret_paths(Config(), "/etc/mcpd/mcpd.yaml")

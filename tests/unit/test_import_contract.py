@@ -2,9 +2,9 @@
 
 The contracts live in ``pyproject.toml`` (``[tool.importlinter]``) and are checked by import-linter's
 ``lint-imports``, which follows chains as well as direct imports. In short: the root helper imports
-only ``mcpd.common`` and ``mcpd.helper`` (and no parser or web stack); the walker of privileged
-list/find (``mcpd.walker``) only ``mcpd.common``, ``mcpd.core.walk`` and the helper's grant
-matcher and opener; ``core`` imports only ``common``; ``common`` imports none of the others;
+only ``mcpd.common`` and ``mcpd.helper`` (never the policy, no parser or web stack); the policy
+process only ``mcpd.common``; the walker of privileged list/find (``mcpd.walker``) only
+``mcpd.common``, ``mcpd.core.walk``, the policy's grant matcher and root's opener; ``core`` imports only ``common``; ``common`` imports none of the others;
 ``worker`` only ``common`` and ``core``; the front and the client never import root-side code.
 """
 
@@ -39,19 +39,22 @@ def test_import_contracts_are_kept() -> None:
 
 
 def test_import_contract_catches_a_forbidden_import(tmp_path: Path) -> None:
-    """The check is not vacuous: root-side code reaching the front, the walker reaching the helper's
+    """The check is not vacuous: the policy reaching the front, root reaching the policy, the walker reaching the policy's
     state, or a core reader or libmagic reached through core.walk breaks it."""
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     shutil.copytree(REPO / "mcpd", tmp_path / "mcpd", ignore=shutil.ignore_patterns("__pycache__"))
-    with open(tmp_path / "mcpd/helper/login.py", "a", encoding="utf-8") as f:
+    with open(tmp_path / "mcpd/policy/login.py", "a", encoding="utf-8") as f:
         f.write("\nimport mcpd.front.limits\n")
+    with open(tmp_path / "mcpd/helper/monitor.py", "a", encoding="utf-8") as f:
+        f.write("\nimport mcpd.policy.grants\n")
     with open(tmp_path / "mcpd/core/walk.py", "a", encoding="utf-8") as f:
         f.write("\nimport mcpd.core.textread\n")
     with open(tmp_path / "mcpd/walker/main.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.helper.login\n")
+        f.write("\nimport mcpd.policy.login\n")
     proc = lint_imports(tmp_path)  # the copy comes first on sys.path: lint-imports adds its cwd
     assert proc.returncode != 0, proc.stdout
-    assert "mcpd.helper.login -> mcpd.front.limits" in proc.stdout, proc.stdout
+    assert "mcpd.policy.login -> mcpd.front.limits" in proc.stdout, proc.stdout
+    assert "mcpd.helper.monitor -> mcpd.policy.grants" in proc.stdout, proc.stdout
     assert "mcpd.core.walk -> mcpd.core.textread" in proc.stdout, proc.stdout
-    assert "mcpd.walker.main -> mcpd.helper.login" in proc.stdout, proc.stdout
+    assert "mcpd.walker.main -> mcpd.policy.login" in proc.stdout, proc.stdout
     assert "mcpd.core.walk is not allowed to import charset_normalizer" in proc.stdout, proc.stdout

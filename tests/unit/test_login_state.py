@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from mcpd.common.config import Login as LoginConfig
-from mcpd.helper import login as login_module
+from mcpd.policy import login as login_module
 from mcpd.common.audit import AuditLog
-from mcpd.helper.login import LOCKOUT_FILE, Login, Store, unlock
-from mcpd.helper.main import root_folder
+from mcpd.policy.login import LOCKOUT_FILE, Login, Store, unlock
+from mcpd.common.folders import safe_folder as root_folder
 from tests.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the helper's state folder must be root's")

@@ -1,4 +1,4 @@
-"""SPEC §4.4: the privileged opener, on real files, with openat2 and with the fallback walk."""
+"""SPEC §4.4: the privileged opener (openat2), on real files."""
 
 from __future__ import annotations
 
@@ -16,14 +16,6 @@ import pytest
 from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError
 from mcpd.helper import opener
 
-METHODS = ["openat2", "walk"] if opener.HAVE_OPENAT2 else ["walk"]
-
-
-@pytest.fixture(params=METHODS)
-def method(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Run each test through openat2 (when the kernel has it) and through the per-component walk."""
-    monkeypatch.setattr(opener, "HAVE_OPENAT2", request.param == "openat2")
-    yield request.param
 
 
 def read_all(fd: int) -> bytes:
@@ -48,26 +40,26 @@ def tree(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_regular_file_opens(tree: Path, method: str) -> None:
+def test_regular_file_opens(tree: Path) -> None:
     assert read_all(opener.open_checked(str(tree / "granted" / "ok.txt"))[0]) == b"public\n"
     # the path is cleaned lexically as the grant decision cleans it
     assert read_all(opener.open_checked(str(tree / "granted" / "x" / ".." / "ok.txt"))[0]) == b"public\n"
 
 
-def test_symlink_inside_granted_dir_refused(tree: Path, method: str) -> None:
+def test_symlink_inside_granted_dir_refused(tree: Path) -> None:
     link = tree / "granted" / "link"
     link.symlink_to(tree / "secret")
     err = refused(str(link), PERMISSION_DENIED)
     assert err.details["reason"] == "symlink in path"
 
 
-def test_symlink_in_parent_component_refused(tree: Path, method: str) -> None:
+def test_symlink_in_parent_component_refused(tree: Path) -> None:
     (tree / "granted" / "sub").symlink_to(tree)
     err = refused(str(tree / "granted" / "sub" / "secret"), PERMISSION_DENIED)
     assert err.details["reason"] == "symlink in path"
 
 
-def test_symlink_followed_only_when_grant_covers_root(tree: Path, method: str) -> None:
+def test_symlink_followed_only_when_grant_covers_root(tree: Path) -> None:
     link = tree / "granted" / "link"
     link.symlink_to(tree / "secret")
     fd = opener.open_checked(str(link), follow_symlinks=True)[0]
@@ -75,13 +67,13 @@ def test_symlink_followed_only_when_grant_covers_root(tree: Path, method: str) -
     assert read_all(fd) == b"TOPSECRET\n"
 
 
-def test_hard_link_refused(tree: Path, method: str) -> None:
+def test_hard_link_refused(tree: Path) -> None:
     os.link(tree / "secret", tree / "granted" / "hard")
     err = refused(str(tree / "granted" / "hard"), PERMISSION_DENIED)
     assert err.details["reason"] == "file has several hard links"
 
 
-def test_fifo_refused_without_blocking(tree: Path, method: str) -> None:
+def test_fifo_refused_without_blocking(tree: Path) -> None:
     fifo = tree / "granted" / "fifo"
     os.mkfifo(fifo)
     outcome: list[BaseException | int] = []
@@ -102,7 +94,7 @@ def test_fifo_refused_without_blocking(tree: Path, method: str) -> None:
     assert isinstance(err, ToolError) and err.code == NOT_A_REGULAR_FILE and err.details["type"] == "fifo"
 
 
-def test_socket_refused(tree: Path, method: str) -> None:
+def test_socket_refused(tree: Path) -> None:
     path = tree / "granted" / "sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.bind(str(path))
@@ -110,19 +102,19 @@ def test_socket_refused(tree: Path, method: str) -> None:
     assert err.details["type"] == "socket"
 
 
-def test_device_and_directory_refused(tree: Path, method: str) -> None:
+def test_device_and_directory_refused(tree: Path) -> None:
     assert refused("/dev/zero", NOT_A_REGULAR_FILE).details["type"] == "char device"
     assert refused(str(tree / "granted"), NOT_A_REGULAR_FILE).details["type"] == "directory"
     assert refused("/", NOT_A_REGULAR_FILE).details["type"] == "directory"
 
 
-def test_missing_and_invalid_paths(tree: Path, method: str) -> None:
+def test_missing_and_invalid_paths(tree: Path) -> None:
     refused(str(tree / "granted" / "nope"), FILE_NOT_FOUND)
     refused("granted/ok.txt", INVALID_ARGUMENT)
     refused(str(tree) + "/\0x", INVALID_ARGUMENT)
 
 
-def test_open_checked_dir(tree: Path, method: str) -> None:
+def test_open_checked_dir(tree: Path) -> None:
     fd = opener.open_checked_dir(str(tree / "granted"))
     try:
         assert "ok.txt" in os.listdir(fd)
@@ -156,7 +148,7 @@ while time.monotonic() < deadline:
 
 
 @pytest.mark.slow
-def test_symlink_swap_race_never_leaks_a_byte(tree: Path, method: str) -> None:
+def test_symlink_swap_race_never_leaks_a_byte(tree: Path) -> None:
     target = tree / "granted" / "target"
     target.write_bytes(b"public\n")
     ready = tree / "ready"
@@ -185,6 +177,6 @@ def test_symlink_swap_race_never_leaks_a_byte(tree: Path, method: str) -> None:
     finally:
         swapper.kill()
         swapper.wait(30)
-    print(f"\n{method}: 20000 opens during symlink swaps: {outcomes}")
+    print(f"\nopenat2: 20000 opens during symlink swaps: {outcomes}")
     assert still_running, "the swapper stopped before the opens finished"
     assert leaked == 0

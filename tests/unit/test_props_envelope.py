@@ -66,14 +66,14 @@ BODY = st.one_of(MESSAGE, st.lists(MESSAGE, max_size=5), st.integers(60, 70).map
 
 def exchange(payload: Any) -> list[Any]:
     async def go() -> list[Any]:
-        sent: list[str] = []
+        sent: list[bytes] = []
         session = McpSession(Dispatcher(pool=None, privileged=None), "0" * 32,  # type: ignore[arg-type]
                              lambda m: sent.append(encode_message(m)))
         task = session.receive(payload, CALLER)
         if task is not None:
             await asyncio.wait_for(task, 10)
         session.close()
-        return [strict(s) for s in sent]
+        return [strict(s.decode("utf-8")) for s in sent]
 
     return asyncio.run(go())
 

@@ -1,6 +1,6 @@
 """Property tests (hypothesis) of grant matching (SPEC §4.3) against a brute-force matcher written
 here: lexical cleaning by a component stack, per-component globs by plain recursion, and ``**``
-by trying every split. The product's ``mcpd.helper.pathmatch`` and ``grants.decide`` are only
+by trying every split. The product's ``mcpd.common.pathmatch``, ``mcpd.policy.entries`` and ``grants.decide`` are only
 imported. Derandomized, bounded example counts.
 """
 
@@ -13,7 +13,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpd.helper import grants, pathmatch
+from mcpd.common import pathmatch
+from mcpd.policy import entries, grants
 
 SETTINGS = settings(derandomize=True, max_examples=700, deadline=None, database=None)
 NOW = datetime.datetime(2026, 12, 1, tzinfo=datetime.timezone.utc)
@@ -107,7 +108,7 @@ def clean(raw: str) -> tuple[str, ...]:
 @SETTINGS
 @given(entry=ENTRY, path=PATH)
 def test_entry_covers_agrees_with_brute_force(entry: tuple[str, ...], path: tuple[str, ...]) -> None:
-    assert pathmatch.entry_covers(entry, path) == covers(entry, path), (entry, path)
+    assert entries.entry_covers(entry, path) == covers(entry, path), (entry, path)
 
 
 @SETTINGS
@@ -120,7 +121,7 @@ def test_clean_path_agrees_with_a_component_stack(raw: str) -> None:
 @given(entry=ENTRY)
 def test_written_entries_split_into_their_components(entry: tuple[str, ...]) -> None:
     text = "/" + "/".join(entry)
-    assert pathmatch.split_entry(text) == entry
+    assert entries.split_entry(text) == entry
 
 
 @SETTINGS
@@ -130,7 +131,7 @@ def test_a_double_star_inside_a_component_is_refused(entry: tuple[str, ...], at:
     parts = list(entry)
     parts.insert(min(at, len(parts)), part)
     try:
-        pathmatch.split_entry("/" + "/".join(parts))
+        entries.split_entry("/" + "/".join(parts))
     except pathmatch.PathError:
         assert part != "**"
     else:

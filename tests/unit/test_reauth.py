@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from mcpd.helper.grants import REAUTH, PolicyError, decide, fresh_enough, parse_duration, parse_policy
+from mcpd.policy.grants import REAUTH, PolicyError, decide, fresh_enough, parse_duration, parse_policy
 
 NOW = datetime.datetime(2026, 6, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
 

@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 from mcpd.admin.grants_cli import grants
 from mcpd.common.identity import parse_users, verify
-from mcpd.helper.grants import DENIED, GRANTED, NO_GRANT, SECRET, TOOLS, decide, load_policy, parse_policy, secret_paths
-from mcpd.helper.pathmatch import entry_covers_root
+from mcpd.policy.grants import DENIED, GRANTED, NO_GRANT, SECRET, TOOLS, decide, load_policy, parse_policy, secret_paths
+from mcpd.policy.entries import entry_covers_root
 
 ETC = Path(__file__).resolve().parents[2] / "etc"
 DAEMON = ETC / "mcpd/mcpd.yaml"
@@ -87,7 +87,7 @@ def test_grants_example_loads_with_the_helper_loader(tmp_path: Path) -> None:
 
 def test_grants_example_refused_when_group_writable(tmp_path: Path) -> None:
     """SPEC §4.5: the same file installed group-writable is refused (the loader is not lenient)."""
-    from mcpd.helper.grants import PolicyError
+    from mcpd.policy.grants import PolicyError
 
     installed = tmp_path / "mcp-sudo.yaml"
     shutil.copy(GRANTS, installed)

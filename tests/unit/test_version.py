@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import mcpd
+from mcpd.common.version import version
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -20,7 +20,7 @@ BIN = Path(sys.executable).parent
 
 def test_metadata_version_is_the_pyproject_one() -> None:
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    assert importlib.metadata.version("mcpd") == declared == mcpd.__version__ == mcpd.version()
+    assert importlib.metadata.version("mcpd") == declared == version()
 
 
 @pytest.mark.parametrize("command", ["mcpd", "linuxctl"])

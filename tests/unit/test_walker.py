@@ -22,8 +22,8 @@ import yaml
 from mcpd.common import frames
 from mcpd.walker import main as walker
 
-ALLOWED = {"mcpd", "mcpd.common", "mcpd.core", "mcpd.core.walk", "mcpd.helper", "mcpd.helper.grants",
-           "mcpd.helper.pathmatch", "mcpd.helper.opener", "mcpd.walker", "mcpd.walker.main"}
+ALLOWED = {"mcpd", "mcpd.common", "mcpd.core", "mcpd.core.walk", "mcpd.helper", "mcpd.policy", "mcpd.policy.grants", "mcpd.policy.entries",
+           "mcpd.common.pathmatch", "mcpd.helper.opener", "mcpd.walker", "mcpd.walker.main"}
 
 
 @pytest.fixture

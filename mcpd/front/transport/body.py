@@ -9,6 +9,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from mcpd.common import frames
+from mcpd.front import metrics
 from mcpd.front.protocol import INVALID_REQUEST, PARSE_ERROR, error_reply
 
 
@@ -43,6 +44,7 @@ async def read_capped(request: Request, cap: int) -> bytes:
         if not declared.isdigit():
             raise BodyRefused(400, "bad content-length")
         if int(declared) > cap:
+            metrics.limit_hit("body_bytes")
             raise BodyRefused(413, "body too large")
     chunks: list[bytes] = []
     size = 0
@@ -50,6 +52,7 @@ async def read_capped(request: Request, cap: int) -> bytes:
         async for chunk in request.stream():
             size += len(chunk)
             if size > cap:
+                metrics.limit_hit("body_bytes")
                 raise BodyRefused(413, "body too large")
             chunks.append(chunk)
     except ClientDisconnect:

@@ -156,6 +156,7 @@ class LoginRoutes:
 
     def _busy(self) -> Response:
         metrics.LOGINS_REFUSED.labels("429").inc()
+        metrics.limit_hit("logins_in_flight")
         return JSONResponse({"error": "too many logins in flight; try again later"}, status_code=429,
                             headers={"Retry-After": str(math.ceil(self.cfg.answer_seconds) + 1)})
 
@@ -164,6 +165,7 @@ class LoginRoutes:
             return JSONResponse({"error": "content type must be application/json"}, status_code=415)
         body = await _read_capped(request, LOGIN_BODY_CAP)
         if body is None:
+            metrics.limit_hit("body_bytes")
             return JSONResponse({"error": "body too large"}, status_code=413)
         try:
             data = frames.loads(body)

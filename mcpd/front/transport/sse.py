@@ -17,9 +17,7 @@ import collections
 import ctypes
 import functools
 import gc
-import json
 import logging
-import math
 import re
 import secrets
 import time
@@ -34,72 +32,35 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from mcpd.common import wirejson
 from mcpd.common.config import Config
+from mcpd.front import metrics
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.common.identity import Principal
-from mcpd.front.protocol import INTERNAL, Caller, Dispatcher, McpSession, encodable, error_reply, valid_id
+from mcpd.front.protocol import Caller, Dispatcher, McpSession
 
 log = logging.getLogger(__name__)
 
 SESSION_ID_RE = re.compile(r"[0-9a-f]{32}")
-# JSON leaves these raw, but line readers built on str.splitlines (httpx's among them) break
-# lines at them; escaping keeps every message on one data line for every client.
-_LINE_BREAKERS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 STREAM_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
 
 
-def _dumps(message: Any) -> str:
-    """Strict, compact JSON that encodes as UTF-8; ``ValueError`` (``UnicodeEncodeError``
-    included) for a non-finite number or a lone surrogate anywhere in ``message``."""
-    text = json.dumps(message, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    if not text.isascii():
-        text.encode("utf-8")
-    return text
+def encode_message(message: Any) -> bytes:
+    """One JSON-RPC message (object or array) as compact UTF-8 JSON on one line: U+0085, U+2028
+    and U+2029, where line readers built on ``str.splitlines`` (httpx's among them) would break
+    it, are escaped (:func:`mcpd.common.wirejson.dumps_line`)."""
+    return wirejson.dumps_line(message)
 
 
-def _clean(value: Any) -> Any:
-    """``value`` with lone surrogates replaced (U+FFFD) and non-finite numbers nulled."""
-    if isinstance(value, str):
-        return value.encode("utf-8", "replace").decode("utf-8") if not encodable(value) else value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    if isinstance(value, dict):
-        return {_clean(k): _clean(v) for k, v in value.items()}
-    return value
+def message_event(message: Any) -> bytes:
+    """One JSON-RPC message as a whole SSE ``message`` event, ready to send: encoded once, and
+    never split or copied into a string again (what ``ServerSentEvent`` would do with its data)."""
+    return event_of(encode_message(message))
 
 
-def _sendable(message: Any) -> Any:
-    """A message that :func:`_dumps` accepts, in place of one it refused: a reply becomes an
-    internal error for its id (never silently altered content); a notification is cleaned."""
-    if isinstance(message, list):
-        out = []
-        for member in message:
-            try:
-                _dumps(member)
-                out.append(member)
-            except ValueError:
-                out.append(_sendable(member))
-        return out
-    if isinstance(message, dict) and "method" not in message:
-        rid = message.get("id")
-        return error_reply(rid if valid_id(rid) else None, INTERNAL, "internal error: the reply could not be encoded")
-    return _clean(message)
-
-
-def encode_message(message: Any) -> str:
-    """One JSON-RPC message (object or array) as compact JSON on one SSE ``data:`` line.
-
-    Always valid JSON that encodes as UTF-8 (SPEC §2.3 "every reply is valid JSON"): a reply that
-    cannot be (a lone surrogate or a non-finite number in it) is sent as an internal error for its
-    id instead, so the stream never dies of it."""
-    try:
-        text = _dumps(message)
-    except ValueError:
-        log.warning("a message could not be encoded as JSON; sent as an error instead")
-        text = _dumps(_sendable(message))
-    return text.translate(_LINE_BREAKERS)
+def event_of(data: bytes) -> bytes:
+    """An SSE ``message`` event around one message already encoded by :func:`encode_message`."""
+    return b"event: message\ndata: " + data + b"\n\n"
 
 
 TRIM_AFTER = 32  # sessions closed before the heap is trimmed (SessionManager.give_back_memory)
@@ -124,6 +85,9 @@ def trim_heap() -> bool:
     return True
 
 
+_PING = ServerSentEvent(comment="ping", sep="\n").encode()
+
+
 class McpUser(BaseUser):
     """The authenticated caller of one HTTP request (set by the auth middleware in ``app.py``)."""
 
@@ -140,11 +104,6 @@ class McpUser(BaseUser):
     def display_name(self) -> str:
         """The principal's name."""
         return self.principal.name
-
-
-def utf8_len(text: str) -> int:
-    """Bytes of ``text`` in UTF-8 (without encoding it when it is ASCII, the usual case)."""
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 class SseSession:
@@ -174,8 +133,8 @@ class SseSession:
         self.token = ""  # the bearer that opened it, re-checked every second (mcpd/transport/revalidate.py)
         self.closed = False
         self._manager = manager
-        # (a deque and one Event, not an asyncio.Queue: an idle session should hold little)
-        self._queue: collections.deque[str] = collections.deque()
+        # whole events, in a deque with one Event (not an asyncio.Queue: an idle session should hold little)
+        self._queue: collections.deque[bytes] = collections.deque()
         self._ready = asyncio.Event()
         self._queue_size = queue_size
         self._queue_bytes = queue_bytes
@@ -190,10 +149,11 @@ class SseSession:
         """
         if self.closed:
             return
-        data = encode_message(message)
-        size = utf8_len(data)
+        data = message_event(message)
+        size = len(data)
         # (one message alone may be larger than queue_bytes: it is bounded by the response cap)
         if self._queue and (len(self._queue) >= self._queue_size or self._queued + size > self._queue_bytes):
+            metrics.limit_hit("queue_overflow")
             log.warning("session %s: outgoing queue full, disconnecting a client that stopped reading", self.id)
             self._manager.close(self)
             return
@@ -213,12 +173,13 @@ class SseSession:
         self._queued = 0
         self._ready.set()
 
-    async def events(self, endpoint: str | None, keepalive: float) -> AsyncIterator[ServerSentEvent]:
-        """The stream's events: ``endpoint`` first (when given), then one ``message`` per queued
-        JSON-RPC message, and a ``: ping`` comment after each ``keepalive`` seconds without one
-        (here rather than in a task of its own: an idle stream costs one task less)."""
+    async def events(self, endpoint: str | None, keepalive: float) -> AsyncIterator[bytes]:
+        """The stream's events, encoded: ``endpoint`` first (when given), then one ``message`` per
+        queued JSON-RPC message (:func:`message_event`), and a ``: ping`` comment after each
+        ``keepalive`` seconds without one (here rather than in a task of its own: an idle stream
+        costs one task less)."""
         if endpoint is not None:
-            yield ServerSentEvent(event="endpoint", data=endpoint, sep="\n")
+            yield ServerSentEvent(event="endpoint", data=endpoint, sep="\n").encode()
         while not self.closed:
             if not self._queue:
                 self._ready.clear()
@@ -226,11 +187,11 @@ class SseSession:
                     async with asyncio.timeout(keepalive):
                         await self._ready.wait()
                 except TimeoutError:
-                    yield ServerSentEvent(comment="ping", sep="\n")
+                    yield _PING
                 continue
             data = self._queue.popleft()
-            self._queued = max(0, self._queued - utf8_len(data))
-            yield ServerSentEvent(event="message", data=data, sep="\n")
+            self._queued = max(0, self._queued - len(data))
+            yield data
 
     def attach(self, scope: anyio.CancelScope) -> None:
         """Bind the cancel scope that runs this session's stream, so :meth:`close` can cut it."""
@@ -282,9 +243,11 @@ class SessionManager:
                 holds ``max_sessions_per_principal``; both count the two kinds together.
         """
         if len(self._sessions) >= self._cfg.max_sessions:
+            metrics.limit_hit("sessions_total")
             raise SessionRefused(503, "too many sessions")
         held = sum(1 for s in self._sessions.values() if s.principal.name == principal.name)
         if held >= self._cfg.max_sessions_per_principal:
+            metrics.limit_hit("sessions_per_principal")
             raise SessionRefused(429, "too many sessions for this principal")
         sid = secrets.token_hex(16)
         session = SseSession(sid, principal, self._cfg.session_queue_size, self, self._dispatcher, kind,
@@ -334,6 +297,7 @@ class SessionManager:
         self.closed_since_trim = 0
         gc.collect()  # a closed stream leaves cycles (cancelled tasks, their exceptions and frames)
         return trim_heap()
+
 
     def sessions(self) -> list[SseSession]:
         """A snapshot of the open sessions."""
@@ -387,7 +351,7 @@ class SessionStream(StreamingResponse):
                 watcher = asyncio.ensure_future(_until_disconnect(receive, cancel_scope))
                 try:
                     async for event in self.session.events(self.endpoint, self.keepalive):
-                        await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
+                        await send({"type": "http.response.body", "body": event, "more_body": True})
                 finally:
                     watcher.cancel()
             # the session was closed (or the client left: then this is a no-op): end the response,

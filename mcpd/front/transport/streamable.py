@@ -50,7 +50,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from mcpd.common import wirejson
 from mcpd.common.config import Config
+from mcpd.front import metrics
 from mcpd.front.protocol import (
     HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, META_CLIENT_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
     MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, error_reply, valid_id,
@@ -58,7 +60,7 @@ from mcpd.front.protocol import (
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.front.transport.sse import (
     SESSION_ID_RE, STREAM_HEADERS, McpUser, SessionManager, SessionRefused, SessionStream, SseSession,
-    encode_message, utf8_len,
+    encode_message, event_of,
 )
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,16 @@ NAME_FIELDS = {"tools/call": "name", "resources/read": "uri", "prompts/get": "na
 _B64_PREFIX, _B64_SUFFIX = "=?base64?", "?="
 SSE_TYPE = "text/event-stream"
 JSON_TYPE = "application/json"
+
+
+class ReplyResponse(JSONResponse):
+    """A JSON-RPC reply as ``application/json``, encoded once with
+    :func:`mcpd.common.wirejson.dumps` (a 1 MiB text is not escaped by the standard library's
+    encoder)."""
+
+    def render(self, content: Any) -> bytes:
+        """The body: compact UTF-8 JSON of ``content``."""
+        return wirejson.dumps(content)
 
 
 def _accepts(request: Request) -> set[str]:
@@ -110,17 +122,6 @@ def _is_reply(msg: Any) -> bool:
 def _rpc_error(status: int, code: int, message: str, headers: dict[str, str] | None = None) -> Response:
     """An HTTP error whose body is a JSON-RPC error without an id (what the specification allows)."""
     return JSONResponse(error_reply(None, code, message), status_code=status, headers=headers)
-
-
-def _json(message: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    """A JSON answer holding a JSON-RPC message, encoded as the streams encode it: always valid
-    JSON (a reply that cannot be encoded becomes an error for its id, never a ``500``)."""
-    return _json_text(encode_message(message), status, headers)
-
-
-def _json_text(text: str, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    """A JSON answer of an already encoded message (:func:`encode_message`)."""
-    return Response(text, status_code=status, headers=headers, media_type=JSON_TYPE)
 
 
 class Refusal(Exception):
@@ -226,16 +227,16 @@ class PostStream:
         reply = _is_reply(message)
         if self._replies_only and not reply:
             return
-        text = encode_message(message)
-        size = utf8_len(text)
-        if self._items and (len(self._items) >= self._limit or self._bytes + size > self._limit_bytes):
+        data = encode_message(message)
+        if self._items and (len(self._items) >= self._limit or self._bytes + len(data) > self._limit_bytes):
             self.overflowed = True
+            metrics.limit_hit("queue_overflow")
             self._items.clear()
             self._bytes = 0
         else:
             refused = isinstance(message, dict) and message.get("id") is None and "error" in message
-            self._items.append(Queued(text, reply, refused, isinstance(message, dict) and "result" in message))
-            self._bytes += size
+            self._items.append(Queued(data, reply, refused, isinstance(message, dict) and "result" in message))
+            self._bytes += len(data)
         self._ready.set()
 
     def drain(self) -> list[Queued]:
@@ -257,14 +258,19 @@ class PostStream:
 
 @dataclasses.dataclass(frozen=True)
 class Queued:
-    """One encoded message of a :class:`PostStream`: its JSON ``text``, whether it is a ``reply``,
+    """One encoded message of a :class:`PostStream`: its JSON ``data``, whether it is a ``reply``,
     whether it is an error without an id (``refused``: answered ``400`` as JSON), and whether it
     is a success (``result``)."""
 
-    text: str
+    data: bytes
     reply: bool
     refused: bool
     result: bool
+
+
+def _json_answer(data: bytes, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON answer of a message already encoded (:func:`encode_message`)."""
+    return Response(data, status_code=status, headers=headers, media_type=JSON_TYPE)
 
 
 class StreamableTransport:
@@ -399,8 +405,8 @@ class StreamableTransport:
             return Response(status_code=202, headers=headers)
         reply = replies[0]
         if JSON_TYPE not in accepts:  # an SSE-only client: the reply as a one-event stream
-            return EventSourceResponse(_once(reply.text), headers={**STREAM_HEADERS, **headers}, sep="\n")
-        return _json_text(reply.text, 400 if reply.refused else 200, headers)
+            return EventSourceResponse(_once(reply.data), headers={**STREAM_HEADERS, **headers}, sep="\n")
+        return _json_answer(reply.data, 400 if reply.refused else 200, headers)
 
     async def _stateless(self, request: Request, payload: Any, accepts: set[str], user: McpUser) -> Response:
         """One 2026-07-28 request: checked by :func:`check_modern`, run, answered; no session."""
@@ -413,10 +419,11 @@ class StreamableTransport:
             check_modern(request.headers, payload)
         except Refusal as exc:
             reply_id = req_id if valid_id(req_id) else None
-            return _json(error_reply(reply_id, exc.code, exc.message, exc.data), exc.status)
+            return ReplyResponse(error_reply(reply_id, exc.code, exc.message, exc.data), status_code=exc.status)
         protocol = McpSession(self.manager.dispatcher, secrets.token_hex(16), _discard, modern=True)
         if not protocol.knows(payload["method"]):
-            return _json(error_reply(req_id if valid_id(req_id) else None, METHOD_NOT_FOUND, "method not found"), 404)
+            return ReplyResponse(error_reply(req_id if valid_id(req_id) else None, METHOD_NOT_FOUND, "method not found"),
+                                 status_code=404)
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
         caller = Caller(user.principal, user.token, peer)
         if SSE_TYPE in accepts and _wants_progress(payload):
@@ -436,23 +443,23 @@ class StreamableTransport:
         if not replies:
             return Response(status_code=202)
         if JSON_TYPE not in accepts:
-            return EventSourceResponse(_once(replies[0].text), headers=STREAM_HEADERS, sep="\n")
-        return _json_text(replies[0].text)
+            return EventSourceResponse(_once(replies[0].data), headers=STREAM_HEADERS, sep="\n")
+        return _json_answer(replies[0].data)
 
-    def _event_response(self, events: AsyncIterator[ServerSentEvent], headers: dict[str, str] | None = None,
+    def _event_response(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None,
                         ) -> EventSourceResponse:
         """A POST answered as an event stream (with the keep-alive comments of ``/sse``)."""
         return EventSourceResponse(events, headers={**STREAM_HEADERS, **(headers or {})},
                                    ping=self.cfg.keepalive_seconds, sep="\n",
                                    ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"))
 
-    def _events(self, session: SseSession, payload: Any, caller: Caller) -> AsyncIterator[ServerSentEvent]:
+    def _events(self, session: SseSession, payload: Any, caller: Caller) -> AsyncIterator[bytes]:
         """One session-era POST's response stream. The client going away is not a cancellation
         in this era (it sends ``notifications/cancelled`` for that)."""
         return self._stream(session.protocol, payload, caller, session.id, cancel_on_close=False)
 
     async def _stream(self, protocol: McpSession, payload: Any, caller: Caller, label: str,
-                      cancel_on_close: bool) -> AsyncIterator[ServerSentEvent]:
+                      cancel_on_close: bool) -> AsyncIterator[bytes]:
         """One POST's response stream: its request's progress, then the reply, then the end; a
         client that stops reading is cut off. ``cancel_on_close``: the stream ending early (the
         client left) cancels the request."""
@@ -465,7 +472,7 @@ class StreamableTransport:
                 await out.wait(task)
                 done = task.done()  # then every message of the task is queued already
                 for item in out.drain():
-                    yield ServerSentEvent(event="message", data=item.text, sep="\n")
+                    yield event_of(item.data)
                 if out.overflowed:
                     log.warning("%s: a POST stream's client stopped reading; cut off", label)
                     return
@@ -480,5 +487,5 @@ def _discard(message: Any) -> None:
     """The ``send`` of a one-request session: every message goes to that request's own response."""
 
 
-async def _once(text: str) -> AsyncIterator[ServerSentEvent]:
-    yield ServerSentEvent(event="message", data=text, sep="\n")
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield event_of(data)

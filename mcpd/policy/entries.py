@@ -1,10 +1,8 @@
-"""Lexical path cleaning and component-wise grant matching (SPEC §4.3).
+"""Component-wise grant entry matching (SPEC §4.3).
 
-A path is judged as a tuple of components, never as a string, so ``/srv/app`` can never match
-``/srv/app-evil`` and no glob can match a ``/``:
+A path is judged as a tuple of components (:func:`mcpd.common.pathmatch.components`), never as a
+string, so ``/srv/app`` can never match ``/srv/app-evil`` and no glob can match a ``/``:
 
-* :func:`clean_path` cleans a request path lexically (``/var/log/../../etc/shadow`` →
-  ``/etc/shadow``) and refuses relative paths and NUL bytes.
 * :func:`split_entry` checks a grant entry (absolute, already normalised, ``**`` only as a whole
   component) and returns its components.
 * :func:`entry_covers` says whether an entry covers a path: the entry matches the path itself or
@@ -15,39 +13,11 @@ A path is judged as a tuple of components, never as a string, so ``/srv/app`` ca
 
 from __future__ import annotations
 
-import fnmatch, posixpath  # noqa: E401 (root side's line budget)
+import fnmatch
+
+from mcpd.common.pathmatch import PathError, clean_path, components
 
 _GLOB_CHARS = frozenset("*?[")
-
-
-class PathError(ValueError):
-    """A request path or grant entry that cannot be judged (message says why)."""
-
-
-def clean_path(path: str) -> str:
-    """Clean an absolute request path lexically (SPEC §4.3).
-
-    Args:
-        path: the path as the client sent it.
-
-    Returns:
-        The normalised absolute path (``posixpath.normpath`` with a leading ``//`` collapsed).
-
-    Raises:
-        PathError: not a string, empty, relative, or containing a NUL byte.
-    """
-    if not isinstance(path, str) or not path:
-        raise PathError("path must be a non-empty string")
-    if "\0" in path:
-        raise PathError("path contains a NUL byte")
-    if not path.startswith("/"):
-        raise PathError("path must be absolute")
-    return "/" + posixpath.normpath(path).lstrip("/")
-
-
-def components(clean: str) -> tuple[str, ...]:
-    """The components of an already cleaned absolute path (``/`` → ``()``)."""
-    return tuple(part for part in clean.split("/") if part)
 
 
 def split_entry(entry: str) -> tuple[str, ...]:

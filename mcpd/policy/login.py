@@ -1,4 +1,4 @@
-"""Password logins and their tokens, in the root helper only (SPEC §5.2, §5.3).
+"""Password logins and their tokens, in the policy process (SPEC §5.2, §5.3).
 
 :class:`Login` answers one ``pam_login`` request in this order:
 
@@ -9,7 +9,7 @@
    another attempt for the same account is in flight, or when its address already has
    ``in_flight_per_address`` attempts in flight. A success takes the count back.
 3. **PAM** (service ``login.pam_service``: auth and account stacks, so locked and expired accounts
-   fail) runs in a pool of :data:`PAM_WORKERS` threads. After :data:`PAM_TIMEOUT_SECONDS` the
+   fail), run by the root helper on the policy's request, waited for in a pool of :data:`PAM_WORKERS` threads. After :data:`PAM_TIMEOUT_SECONDS` the
    attempt fails, its queued PAM call is cancelled and its slot released.
 4. **One answer time.** Every answer, token or refusal, whatever the cause, leaves after
    ``login.answer_seconds`` (measured from the start; above PAM's randomised failure delay), plus
@@ -25,7 +25,7 @@ real OS accounts get an account entry, and at most :data:`MAX_ADDRESSES` address
 (oldest first out), so the file stays small. The file is read, changed and replaced under an
 ``flock`` on the state folder, so ``mcpd users unlock`` (:func:`unlock`) never loses a change.
 
-Tokens (:class:`Store`): one root 0600 file per token, ``token.<id>``, in the same folder, holding
+Tokens (:class:`Store`): one 0600 file per token, ``token.<id>``, in the same folder, holding
 salt and digest of the secret (never the token), the OS account, login time and expiry (UNIX
 seconds) and address. Issuing evicts the account's oldest tokens beyond ``tokens_per_user``.
 Revoking deletes the file; nothing the service user can write lives there, so nothing can bring a
@@ -40,6 +40,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import fcntl
+import functools
 import hmac
 import json
 import os
@@ -53,12 +54,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import pam
-
-from mcpd.common.reload import Reloading
 from mcpd.common import identity
 from mcpd.common.config import Login as LoginConfig
 from mcpd.common.audit import AuditLog
+from mcpd.common.pamauth import pam_check
 
 LOCKOUT_FILE = "lockout.json"
 PAM_WORKERS = 8  # the helper's login threads (server.CLASSES): PAM never queues behind another login
@@ -69,14 +68,17 @@ _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def write_file(dirfd: int, name: str, data: bytes) -> None:
-    """Replace ``name`` in the folder ``dirfd``: a fresh 0600 file (``O_EXCL``), fsync, rename.
+    """Replace ``name`` in the folder ``dirfd``: a fresh 0600 file (``O_EXCL``) owned by the
+    folder's owner, fsync, rename.
 
     Raises:
         OSError: the write failed (nothing replaced).
     """
-    tmp = f".{name}.{secrets.token_hex(4)}"
+    tmp, owner = f".{name}.{secrets.token_hex(4)}", os.fstat(dirfd).st_uid
     try:
         with os.fdopen(os.open(tmp, _NEW, 0o600, dir_fd=dirfd), "wb") as f:
+            if owner != os.geteuid():  # root (mcpd users unlock) writing the policy's folder: its file
+                os.fchown(f.fileno(), owner, -1)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -90,7 +92,7 @@ def read_file(dirfd: int, name: str) -> bytes | None:
     """The content of ``name`` in ``dirfd`` (at most 1 MiB), ``None`` when missing.
 
     Raises:
-        OSError: a symlink, or not a regular file of root's with mode 0600.
+        OSError: a symlink, or not a regular file of the folder's owner with mode 0600.
     """
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
@@ -98,8 +100,8 @@ def read_file(dirfd: int, name: str) -> bytes | None:
         return None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o077:
-            raise OSError(f"{name}: must be a regular file of root's with mode 0600")
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.fstat(dirfd).st_uid or st.st_mode & 0o077:
+            raise OSError(f"{name}: must be a regular file of the folder's owner with mode 0600")
         return f.read(1 << 20)
 
 
@@ -138,46 +140,6 @@ class Issued:
     login_time: float
     expires: float
     peer: str = ""
-
-
-SHADOW = "/etc/shadow"
-
-
-def parse_shadow(path: str) -> dict[str, tuple[bool, int | None]]:
-    """``{account: (password locked or absent, expiry day or None)}`` from a shadow(5) file (days
-    since 1970-01-01). Raises ``OSError`` when unreadable."""
-    out: dict[str, tuple[bool, int | None]] = {}
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for parts in (line.rstrip("\n").split(":") for line in f):
-            if len(parts) >= 8 and parts[0]:
-                out[parts[0]] = (parts[1].startswith(("!", "*")), int(parts[7]) if parts[7].isdigit() else None)
-    return out
-
-
-class Accounts:
-    """Whether an OS account may still use its login tokens (SPEC §5.3): it exists, and where
-    ``/etc/shadow`` has it, its password is not locked (``usermod -L``) and it has not expired
-    (``chage -E``). The file is re-read when it changes (one ``stat`` per check), so a lock ends
-    the account's logins at its next token check; an unreadable file refuses every login token.
-    Accounts that PAM finds elsewhere (LDAP, SSSD) are checked for existence only."""
-
-    def __init__(self, path: str = SHADOW) -> None:
-        self._shadow: Reloading[dict[str, tuple[bool, int | None]]] = Reloading(
-            path, parse_shadow, empty={}, fail_closed=True)
-
-    def usable(self, os_user: str) -> bool:
-        """``True`` while ``os_user`` may use its login tokens."""
-        self._shadow.refresh()
-        if self._shadow.last_errors:
-            return False
-        entry = self._shadow.current.get(os_user)
-        if entry is None:
-            try:
-                return pwd.getpwnam(os_user).pw_uid != 0
-            except KeyError:
-                return False
-        locked, expires = entry
-        return not locked and (expires is None or time.time() // 86400 < expires)
 
 
 class Store:
@@ -267,17 +229,6 @@ class Store:
         return sum(self.revoke(r.id) for r in self.records() if r.os_user == os_user)
 
 
-def pam_check(service: str, user: str, password: str) -> tuple[bool, int, str]:
-    """PAM authentication and account management for ``user``: ``(ok, code, reason)``; a fresh
-    authenticator per call, so calls from several threads are safe."""
-    auth = pam.PamAuthenticator()
-    try:
-        ok = auth.authenticate(user, password, service=service, resetcreds=False)
-    except ValueError:  # a NUL byte in the user or password
-        return False, 4, "malformed credentials"
-    return bool(ok), int(auth.code), str(auth.reason)
-
-
 class Login:
     """The helper's login service (see the module docstring).
 
@@ -286,10 +237,15 @@ class Login:
         store: where tokens go; its folder also holds ``lockout.json``.
         audit: one ``login`` or ``reject`` record per attempt.
         enrolled: the OS accounts bound to a principal in ``users.yaml`` now.
+        pam: ``(user, password) -> (ok, PAM code, reason)``: the root helper's PAM check in the
+            policy process (:meth:`mcpd.policy.rootclient.RootClient.pam`); by default PAM in
+            this process (which must then be root).
     """
 
-    def __init__(self, cfg: LoginConfig, store: Store, audit: AuditLog, enrolled: Callable[[], set[str]]) -> None:
+    def __init__(self, cfg: LoginConfig, store: Store, audit: AuditLog, enrolled: Callable[[], set[str]],
+                 pam: Callable[[str, str], tuple[bool, int, str]] | None = None) -> None:
         self.cfg, self.store, self.audit, self.enrolled = cfg, store, audit, enrolled
+        self._pam = pam or functools.partial(pam_check, cfg.pam_service)
         self._lock = threading.Lock()
         self._busy: set[str] = set()
         self._peers: dict[str, int] = {}
@@ -334,7 +290,7 @@ class Login:
                         table["peer:" + peer][0] -= 1
 
     def _attempt(self, user: str, password: str, peer: str, fields: dict[str, Any]) -> tuple[str, Issued, int] | None:
-        future = self._pool.submit(pam_check, self.cfg.pam_service, user, password)
+        future = self._pool.submit(self._pam, user, password)
         try:
             ok, fields["pam_code"], reason = future.result(timeout=PAM_TIMEOUT_SECONDS)
         except concurrent.futures.TimeoutError:

@@ -1,26 +1,30 @@
-"""The root helper's request table and connections (SPEC §4, §4.5a, §5; docs/PRIVSEP.md).
+"""The policy process's request table and connections (SPEC §4, §4.5a, §5; docs/PRIVSEP.md).
 
-Like OpenSSH's monitor: a fixed table :data:`REQUESTS` of request types, each with a strict schema
-(unknown, missing or wrongly typed keys are refused), a capacity class and a handler. The front
-keeps a few persistent connections and multiplexes requests on them by ``id``; each capacity
-class has its own threads and a bounded number of requests in flight, so a burst of one kind
-(logins) never takes capacity from another (token checks, spawns, privileged calls): a full class
-answers ``BUSY`` at once. Anything malformed (a frame over the cap, a body that is not one JSON
-object, an unknown type, a schema break, a frame not finished within :data:`FRAME_SECONDS`) is an
-audit ``alert`` and ends that connection; it never kills a thread.
+The front's peer on the helper socket is this process (account ``mcpd-policy``, no capability),
+not root. Like OpenSSH's monitor: a fixed table :data:`REQUESTS` of request types, each with a
+strict schema (unknown, missing or wrongly typed keys are refused), a capacity class and a
+handler. The front keeps a few persistent connections and multiplexes requests on them by ``id``;
+each capacity class has its own threads and a bounded number of requests in flight, so a burst of
+one kind (logins) never takes capacity from another (token checks, spawns, privileged calls): a
+full class answers ``HELPER_UNAVAILABLE`` (reason ``busy``) at once. Anything malformed (a frame over the cap, a body that is not
+one JSON object, an unknown type, a schema break, a frame not finished within
+:data:`FRAME_SECONDS`) is an audit ``alert`` and ends that connection; it never kills a thread.
 
-The helper trusts nothing the front says: every request that acts for a principal carries that
-principal's token, verified here. It parses no file content: for ``files/read``/``files/filetype``
-it opens the granted file once (:mod:`mcpd.helper.opener`) and passes the descriptor to the
-caller's own worker (uid of the account, CapEff 0, no_new_privs), which runs the reading core and
-answers the front directly. ``files/list``/``files/find`` run as a metadata walk in a walker
-(:mod:`mcpd.walker`): a killable child of the fork server, not root, holding CAP_DAC_READ_SEARCH
-only, which parses the call's arguments itself and filters every entry by the grant.
+It trusts nothing the front says: every request that acts for a principal carries that
+principal's token, verified here, and the grant is decided here. What needs root it asks of the
+root helper (:mod:`mcpd.policy.rootclient`): for ``files/read``/``files/filetype`` root opens the
+granted file once (its checked opener) and this process passes the descriptor to the caller's own
+worker (uid of the account, CapEff 0, no_new_privs), which runs the reading core and answers the
+front directly. ``files/list``/``files/find`` run as a metadata walk in a walker
+(:mod:`mcpd.walker`): a killable child of root's fork server, not root, holding
+CAP_DAC_READ_SEARCH only, which parses the call's arguments itself and filters every entry by the
+grant.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -28,7 +32,6 @@ import logging
 import os
 import pwd
 import select
-import signal
 import socket
 import struct
 import threading
@@ -41,11 +44,11 @@ from mcpd.common.config import CAP_KEY, Config
 from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, TIMEOUT, ToolError
 from mcpd.common.reload import Reloading
 from mcpd.common.validate import check_path
-from mcpd.helper import grants, opener
 from mcpd.common.audit import AuditLog
-from mcpd.helper.forkserver import ForkServer
-from mcpd.helper.grants_reload import PolicyHolder
-from mcpd.helper.login import Accounts, Issued, Login, Store
+from mcpd.policy import grants
+from mcpd.policy.grants_reload import PolicyHolder
+from mcpd.policy.login import Issued, Login, Store
+from mcpd.policy.rootclient import RootClient
 
 log = logging.getLogger("mcpd.helper")
 
@@ -81,10 +84,9 @@ class State:
     audit: AuditLog
     users: Reloading[dict[str, identity.UserRecord]]
     policy: PolicyHolder
-    forks: ForkServer
+    root: RootClient
     issued: Store
     login: Login
-    accounts: Accounts
     workers: dict[int, Worker] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -95,7 +97,7 @@ class State:
         if principal is not None:
             return principal, None
         rec = self.issued.verify(token)
-        if rec is None or not self.accounts.usable(rec.os_user):  # locked or expired since the login
+        if rec is None or not self.root.usable(rec.os_user):  # locked or expired since the login
             return None
         principal = identity.login_principal(self.users.current, rec.os_user, rec.id)
         return None if principal is None else (principal, rec)
@@ -131,20 +133,7 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
         raise ToolError(PERMISSION_DENIED, "no such OS account", reason="unknown OS account") from None
     if pw.pw_uid == 0:
         raise ToolError(PERMISSION_DENIED, "workers never run as root", reason="root account")
-    front, back = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    ctl, wctl = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        pid, pidfd = state.forks.request(
-            {"type": "spawn", "uid": pw.pw_uid, "gid": pw.pw_gid, "user": pw.pw_name, "home": pw.pw_dir,
-             "groups": os.getgrouplist(pw.pw_name, pw.pw_gid),
-             "limits": json.dumps(dataclasses.asdict(state.cfg.read))}, [back.fileno(), wctl.fileno()])
-    except BaseException:
-        front.close()
-        ctl.close()
-        raise
-    finally:
-        back.close()
-        wctl.close()
+    pid, front, ctl, pidfd = state.root.spawn(pw.pw_name, json.dumps(dataclasses.asdict(state.cfg.read)))
     with state.lock:
         state.workers[pid] = Worker(pid, pidfd, (principal.name, principal.os_user), ctl)
     state.audit.record("spawn", user=principal.name, os_user=principal.os_user, token_id=principal.token_id,
@@ -162,15 +151,12 @@ def _bound_worker(state: State, principal: identity.Principal, pid: int) -> Work
 
 
 def kill_worker(state: State, w: Worker, reason: str = "helper stopping", token_id: str | None = None) -> None:
-    """SIGKILL worker ``w`` through its pidfd, wait (at most 5 s) until it is gone, forget it; one
+    """SIGKILL worker ``w`` (root does, through its pidfd), wait (at most 5 s) until it is gone, forget it; one
     audit ``kill`` record saying why (``reason``) and, when asked by the front, with ``token_id``."""
     with state.lock:
         state.workers.pop(w.pid, None)
-    try:
-        signal.pidfd_send_signal(w.pidfd, signal.SIGKILL)
-        select.select([w.pidfd], [], [], 5.0)  # readable once the process has exited
-    except ProcessLookupError:
-        pass
+    with contextlib.suppress(ToolError, OSError):  # already gone: root forgot it
+        state.root.kill(w.pid)
     os.close(w.pidfd)
     w.ctl.close()
     state.audit.record("kill", user=w.owner[0], os_user=w.owner[1], token_id=token_id, pid=w.pid,
@@ -252,9 +238,9 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     if not isinstance(req.get("worker"), int) or req.get("rid") is None:
         raise Refused("content call without worker and rid")
     w = _bound_worker(state, principal, req["worker"])
-    fd, _ = opener.open_checked(args["path"], follow, "any" if op == "files/filetype" else "file")
+    fd = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file")
     try:
-        real = opener.fd_path(fd)
+        real = os.readlink(f"/proc/self/fd/{fd}")
         if grants.is_secret(state.policy.policy, real):
             raise ToolError(PERMISSION_DENIED, f"permission denied: {args['path']}", path=args["path"],
                             reason=grants.SECRET)
@@ -292,17 +278,13 @@ def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:
 
 
 def _walk(state: State, op: str, args: dict[str, Any], os_user: str, groups: list[str], follow: bool) -> dict[str, Any]:
-    """Run one walk in a new walker (fork server; :mod:`mcpd.walker`): send it the call and the
-    grants that filter it, wait for its one reply until the deadline, then SIGKILL it through its
-    pidfd whatever happened (``TIMEOUT`` when no reply came in time, ``INTERNAL_ERROR`` when it
+    """Run one walk in a new walker (root's fork server; :mod:`mcpd.walker`): send it the call and
+    the grants that filter it, wait for its one reply until the deadline, then have root SIGKILL
+    it whatever happened (``TIMEOUT`` when no reply came in time, ``INTERNAL_ERROR`` when it
     ended without one)."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     frame = {"op": op, "args": args, "os_user": os_user, "groups": groups, "follow": follow,
              "grants": state.policy.policy.text, "secrets": list(state.policy.policy.secrets)}
-    try:
-        pid, pidfd = state.forks.request({"type": "walk"}, [theirs.fileno()])
-    finally:
-        theirs.close()
+    pid, ours, pidfd = state.root.walk()
     end = time.monotonic() + _deadline(args, state.cfg.workers.timeout_seconds)
     try:
         ours.settimeout(max(end - time.monotonic(), 0.001))
@@ -315,11 +297,9 @@ def _walk(state: State, op: str, args: dict[str, Any], os_user: str, groups: lis
         reply = {"ok": False}
     finally:
         ours.close()
-        try:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         os.close(pidfd)
+        with contextlib.suppress(ToolError, OSError):
+            state.root.kill(pid)
     if reply is None:
         raise ToolError(TIMEOUT, "the call did not finish in time")
     if not reply.get("ok") or not isinstance(reply.get("result"), dict):
@@ -330,7 +310,7 @@ def _walk(state: State, op: str, args: dict[str, Any], os_user: str, groups: lis
 def handle_login(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``pam_login {user, password, peer}`` (SPEC §5.2, §5.3) → ``{token, expires, os_user}`` once,
     or ``ok: false`` whatever went wrong (the reason is in the audit record only); every answer
-    leaves after the same time (:mod:`mcpd.helper.login`)."""
+    leaves after the same time (:mod:`mcpd.policy.login`)."""
     found = state.login.login(req["user"], req["password"], req["peer"])
     if found is None:
         return {"ok": False}

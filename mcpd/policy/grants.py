@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mcpd.common.strictyaml import ConfigFileError, LineDict, LineList, parse_strict_yaml, read_secure_file
-from mcpd.helper.pathmatch import PathError, clean_path, components, entry_covers, entry_covers_root, split_entry
+from mcpd.common.pathmatch import PathError, clean_path, components
+from mcpd.policy.entries import entry_covers, entry_covers_root, split_entry
 
 if TYPE_CHECKING:
     from mcpd.common.config import Config
@@ -276,7 +277,7 @@ def secret_paths(cfg: Config, config_path: str) -> tuple[str, ...]:
     * ``access_log`` (the front's record of calls): the file as above.
     * ``tls.key`` and the CA key ``ca.key`` that ``mcpd certs`` writes beside it: their folder
       when it is a dedicated one named ``tls`` (``/etc/mcpd/tls``), else both files as above.
-    * ``helper_state_dir`` (root's state) and ``<state_dir>/helper`` (the older token store).
+    * ``helper_state_dir`` (the policy process's state) and ``<state_dir>/helper`` (the older token store).
 
     Relative settings are taken from ``config_path``'s folder; every path is also given by its
     ``realpath`` when that differs (a symlinked ``/etc/mcpd`` is covered under both names).

@@ -1,11 +1,11 @@
 """Reloading ``mcp-sudo.yaml`` safely: keep the last good policy (SPEC §4.5).
 
-:class:`PolicyHolder` owns the current :class:`~mcpd.helper.grants.Policy` through the one reload
+:class:`PolicyHolder` owns the current :class:`~mcpd.policy.grants.Policy` through the one reload
 holder, :class:`mcpd.common.reload.Reloading`. A reload that fails (unsafe file, bad YAML, schema
 error) changes nothing and is reported; a reload that succeeds replaces the policy and reports a
 human summary of what changed (:func:`summarize_changes`). Every reload, good or bad, is one
 audit record when an :class:`~mcpd.common.audit.AuditLog` is given. Every policy it holds carries
-the fixed deny ``secrets`` (:func:`mcpd.helper.grants.secret_paths`).
+the fixed deny ``secrets`` (:func:`mcpd.policy.grants.secret_paths`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from mcpd.common.reload import Reloading
 from mcpd.common.audit import AuditLog
-from mcpd.helper.grants import Policy, is_secret, load_policy
+from mcpd.policy.grants import Policy, is_secret, load_policy
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class PolicyHolder(Reloading[Policy]):
         path: the grants file.
         owner_uid: the required owner of the file (0 = root).
         audit: where reloads are recorded, or ``None``.
-        secrets: the fixed deny (:func:`mcpd.helper.grants.secret_paths`) of every policy held.
+        secrets: the fixed deny (:func:`mcpd.policy.grants.secret_paths`) of every policy held.
 
     The initial load happens in the constructor; if it fails the policy is empty (nothing is
     granted, the secrets still denied) and :attr:`last_errors` says why.

@@ -1,0 +1,76 @@
+"""Fast JSON for the large messages of the read path: worker replies and the replies the front
+streams to clients (issue 11: a 1 MiB answer spent most of its time in the standard library's
+encoder). Both functions use orjson and fall back to :mod:`json` for what orjson refuses, so
+every value the standard library handled is still handled.
+
+The output is compact UTF-8 JSON, with the same meaning as ``json.dumps(..., separators=(",",
+":"))``; it is not byte-for-byte the same (orjson writes non-ASCII characters raw, ``NaN`` and
+infinities as ``null``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from mcpd.common.frames import FrameError, loads as std_loads, too_deep, MAX_DEPTH
+
+# JSON leaves these raw, but line readers built on str.splitlines (httpx's among them) break lines
+# at them. In valid UTF-8 these byte sequences are always exactly these characters.
+_LINE_BREAKERS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
+
+
+def dumps(obj: Any) -> bytes:
+    """``obj`` as compact UTF-8 JSON bytes.
+
+    Args:
+        obj: JSON-serialisable data: dicts with string keys, lists, strings, numbers, booleans,
+            ``None``.
+    Returns:
+        valid UTF-8 always: a string holding a lone surrogate (which UTF-8 cannot carry) and an
+        integer beyond 64 bits go through :func:`json.dumps` with ``ensure_ascii``, which writes
+        them as escapes and plain digits.
+    Raises:
+        TypeError, ValueError: ``obj`` holds something JSON cannot represent (as :func:`json.dumps`).
+    """
+    try:
+        return orjson.dumps(obj)
+    except TypeError:  # orjson.JSONEncodeError: lone surrogate, integer over 64 bits, unknown type
+        return json.dumps(obj, separators=(",", ":")).encode("ascii")
+
+
+def embed(data: bytes) -> Any:
+    """JSON text ``data`` (from :func:`dumps`) as a value that a later :func:`dumps` writes as it
+    is, without parsing or encoding it again (an ``orjson.Fragment``; the caller vouches that it is
+    valid JSON)."""
+    return orjson.Fragment(data)
+
+
+def dumps_line(obj: Any) -> bytes:
+    """:func:`dumps`, with U+0085, U+2028 and U+2029 escaped, so the message stays on one line
+    for every line reader (an SSE ``data:`` line). Raises as :func:`dumps`."""
+    data = dumps(obj)
+    if data.isascii() or (data.find(b"\xc2") < 0 and data.find(b"\xe2") < 0):  # fast scans: the usual case
+        return data
+    for raw, escaped in _LINE_BREAKERS:
+        data = data.replace(raw, escaped)
+    return data
+
+
+def loads(data: bytes) -> Any:
+    """Parse JSON received from another mcpd process (a worker's reply frame).
+
+    Raises:
+        FrameError: not JSON, or nested deeper than :data:`mcpd.common.frames.MAX_DEPTH` levels,
+            as :func:`mcpd.common.frames.loads`, which also parses what orjson refuses (integers
+            beyond 64 bits, ``NaN``, text that is not valid UTF-8 such as a lone surrogate).
+    """
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return std_loads(data)
+    if too_deep(value):
+        raise FrameError(f"JSON nested deeper than {MAX_DEPTH} levels")
+    return value

@@ -1,0 +1,34 @@
+"""Build hook only (the metadata is in pyproject.toml): the wheel carries the systemd units,
+sysusers and tmpfiles files, the PAM service, the logrotate file, the example configurations
+and the docs as package data under ``mcpd/share/`` (``systemd/``, ``etc/``, ``docs/``), which
+``mcpd install-systemd`` puts where the units expect them. A checkout (``pip install -e .``) reads
+the same folders at the repository's top instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+SHARED = ("systemd", "etc", "docs")
+
+
+class BuildPyWithShare(build_py):
+    """``build_py``, then copy :data:`SHARED` into ``<build_lib>/mcpd/share/``."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        share = Path(self.build_lib) / "mcpd" / "share"
+        for name in SHARED:
+            if (ROOT / name).is_dir():
+                shutil.copytree(ROOT / name, share / name, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.key"))
+
+
+setup(cmdclass={"build_py": BuildPyWithShare})

@@ -1,0 +1,64 @@
+"""The front logs every refused request in one line, with the reason and the peer, never the
+token (issue 14; mcpd/front/refused.py). Read from the real daemon's log."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.conftest import Daemon
+from tests.integration.test_streamable import INIT, client, hdrs, open_session
+
+pytestmark = pytest.mark.anyio
+
+LINE_RE = re.compile(r"mcpd\.front\.refused: refused (\d{3}) (\S+) (\S+) from 127\.0\.0\.1:\d+: (.*)$")
+
+
+def refused_lines(d: Daemon, count: int) -> list[tuple[int, str, str, str]]:
+    """The daemon log's refusal lines, waiting (bounded) until there are ``count`` of them."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = [(int(m[1]), m[2], m[3], m[4]) for line in d.log().splitlines() if (m := LINE_RE.search(line))]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+async def test_each_refusal_is_one_line_with_reason_and_peer_never_the_token(
+        daemon_factory: Callable[..., Daemon]) -> None:
+    d = daemon_factory(max_body_bytes=1024, allowed_origins=["https://ok.example"], allowed_hosts="auto",
+                       max_sessions_per_principal=1)
+    forged = "mcpd_0123456789ab_" + "S" * 43  # token-shaped, unknown
+    _, port = d.host_port
+    async with client(d) as c:
+        assert (await c.get("/sse")).status_code == 401
+        assert (await c.post("/mcp", json=INIT, headers=hdrs(d, token=forged))).status_code == 401
+        assert (await c.post("/mcp", json=INIT, headers=hdrs(d, Origin="https://evil.example"))).status_code == 403
+        assert (await c.get("/.well-known/oauth-protected-resource", headers=d.auth())).status_code == 404
+        assert (await c.post("/mcp", json=INIT, headers=hdrs(d, Host=f"attacker.example:{port}"))).status_code == 421
+        sid = await open_session(c, d)
+        r = await c.post("/mcp", content=b"{}", headers={**hdrs(d, sid), "Content-Type": "text/plain"})
+        assert r.status_code == 415
+        assert (await c.post("/mcp", content=b"{" + b" " * 2000 + b"}", headers=hdrs(d, sid))).status_code == 413
+        assert (await c.post("/mcp", json=INIT, headers=hdrs(d))).status_code == 429  # alice's one session
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers=hdrs(d, "0" * 32))
+        assert r.status_code == 404
+        assert (await c.post(f"/mcp/{forged}", json=INIT, headers=hdrs(d))).status_code == 404
+
+    lines = refused_lines(d, 10)
+    got = [(status, method, path) for status, method, path, _ in lines]
+    assert got == [(401, "GET", "/sse"), (401, "POST", "/mcp"), (403, "POST", "/mcp"),
+                   (404, "GET", "/.well-known/oauth-protected-resource"), (421, "POST", "/mcp"),
+                   (415, "POST", "/mcp"), (413, "POST", "/mcp"), (429, "POST", "/mcp"), (404, "POST", "/mcp"),
+                   (404, "POST", "/mcp/mcpd_0123456789ab_…")], lines
+    reasons = [reason for *_, reason in lines]
+    assert reasons[0] == "bearer token required (no bearer token)"
+    assert reasons[1] == "invalid token (token id 0123456789ab)"
+    assert reasons[2] == "origin not allowed"
+    assert "content type" in reasons[5] and "too large" in reasons[6] and "too many sessions" in reasons[7]
+    assert reasons[8] == "no such session"
+    log = d.log()
+    assert "S" * 43 not in log and d.token not in log and d.token.rsplit("_", 1)[1] not in log
