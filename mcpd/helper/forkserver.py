@@ -87,14 +87,14 @@ def _spawn_child(req: dict[str, Any], fds: list[int]) -> None:
 
 
 def policy_child(uid: int, gid: int, config: str, fds: list[int]) -> None:
-    """In a child the helper forked while single-threaded: keep only ``fds`` (the channel to the
-    helper as fd 3, the front's listening socket as fd 4) and stderr (the helper's: the journal),
+    """In a child the helper forked while single-threaded: keep only ``fds`` (the front's
+    listening socket as fd 3, the channels to the helper from fd 4 on) and stderr (the journal),
     become ``uid``/``gid`` (no supplementary group), set no_new_privs and the parent-death signal,
     and exec ``python -I -m mcpd.policy``."""
     _keep_only(fds, (0, 1))
     _become(uid, gid, [])
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it: dies with the helper
-    _exec("mcpd.policy", ["--config", config])
+    _exec("mcpd.policy", ["--config", config, "--channels", str(len(fds) - 1)])
 
 
 def _walk_child(walker: tuple[int, int], fds: list[int]) -> None:

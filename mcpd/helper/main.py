@@ -19,14 +19,14 @@ import signal
 import socket
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable
 
-from mcpd.common import frames
 from mcpd.common.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, root_settings
 from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 from mcpd.helper import forkserver
-from mcpd.helper.monitor import Broken, Monitor
+from mcpd.helper.monitor import CHANNELS, Monitor
 
 log = logging.getLogger("mcpd.helper")
 STOP_SECONDS = 10.0  # how long a stopping helper waits for the policy process to finish
@@ -83,27 +83,29 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     forks = forkserver.start((walker.pw_uid, walker.pw_gid))  # one thread here: the only safe moment to fork
     listener = listening_socket(settings.helper_socket, service.pw_gid)
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(CHANNELS)]
     pid = os.fork()  # still one thread
     if pid == 0:
         try:
-            forkserver.policy_child(policy.pw_uid, policy.pw_gid, path, [theirs.fileno(), listener.fileno()])
+            forkserver.policy_child(policy.pw_uid, policy.pw_gid, path, [listener.fileno(), *(b.fileno() for _, b in pairs)])
         finally:
             os._exit(127)
     pidfd = os.pidfd_open(pid)
-    theirs.close()
     listener.close()
-    monitor = Monitor(ours, forks, settings, path)
+    monitor = Monitor(forks, settings, path)
+    for ours, theirs in pairs:
+        theirs.close()
+        threading.Thread(target=monitor.serve, args=(ours,), daemon=True).start()
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
     signal.signal(signal.SIGHUP, lambda *_: signal.pidfd_send_signal(pidfd, signal.SIGHUP))
     log.info("root helper started the policy process (pid %d, %s)", pid, POLICY_USER)
-    code = serve(monitor, ours, pidfd, lambda: stop["now"])
+    code = serve(monitor, pidfd, lambda: stop["now"])
     if code is None:  # stopped: the policy stops first (its workers, its audit), still served meanwhile
         signal.pidfd_send_signal(pidfd, signal.SIGTERM)
         end = time.monotonic() + STOP_SECONDS
-        serve(monitor, ours, pidfd, lambda: time.monotonic() > end)
+        serve(monitor, pidfd, lambda: time.monotonic() > end)
         code = 0
     monitor.close()
     status = _wait(pid, pidfd)
@@ -111,23 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_CONFIG if code and status == EXIT_CONFIG else code
 
 
-def serve(monitor: Monitor, sock: socket.socket, pidfd: int, stopped: Callable[[], bool]) -> int | None:
-    """Read the policy's requests until ``stopped()`` (``None``), or the policy process ends or
-    breaks the protocol (1)."""
+def serve(monitor: Monitor, pidfd: int, stopped: Callable[[], bool]) -> int | None:
+    """Reap children until ``stopped()`` (``None``), or the policy process ends or breaks the
+    protocol on a channel (1). The channels are served by their own threads."""
     while not stopped():
         monitor.reap()
-        ready = select.select([sock.fileno(), pidfd], [], [], 0.5)[0]
-        if sock.fileno() in ready:
-            try:
-                req, fds = frames.recv_frame_fds(sock, frames.HELPER_REQUEST_CAP, 0)
-                if req is not None:
-                    monitor.handle(req)
-                    continue
-            except (Broken, frames.FrameError, RecursionError, OSError, KeyError) as exc:
-                log.error("the policy process broke the protocol: %s", exc)
-                return 1
-        if ready:
-            log.error("the policy process ended")
+        if select.select([pidfd], [], [], 0.5)[0] or monitor.broken.is_set():
+            log.error("the policy process %s", "broke the protocol" if monitor.broken.is_set() else "ended")
             return 1
     return None
 

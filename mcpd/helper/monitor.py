@@ -1,10 +1,13 @@
 """The root helper's request table: what root does for the policy process, and nothing else.
 
 Like OpenSSH's monitor (``monitor.c``): root serves one peer, the policy process it started
-(:mod:`mcpd.policy`, account ``mcpd-policy``), over a socketpair nobody else holds. Each request
-type has a strict schema (unknown, missing or wrongly typed keys end the channel, and with it the
-daemon) and a handler. Root decides no grant and verifies no token: the policy process does both
-before it asks. Root only does what needs root, with its own limits:
+(:mod:`mcpd.policy`, account ``mcpd-policy``), over :data:`CHANNELS` socketpairs nobody else
+holds, one root thread each: a request is handled on the thread that read it and answered on its
+channel (no hand-over between threads on the privileged route), and one that hangs (an ``open`` on
+a dead network file system, a slow PAM module) holds only its own channel. Each request type has
+a strict schema (unknown, missing or wrongly typed keys end the channel, and with it the daemon)
+and a handler. Root decides no grant and verifies no token: the policy process does both before
+it asks. Root only does what needs root, with its own limits:
 
 ``config {path}``
     Open (``O_NOFOLLOW``, passed by SCM_RIGHTS) ``mcpd.yaml``, the users file or the grants file:
@@ -23,7 +26,6 @@ before it asks. Root only does what needs root, with its own limits:
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import pwd
@@ -43,6 +45,7 @@ from mcpd.helper import opener
 from mcpd.helper.forkserver import ForkServer
 
 log = logging.getLogger("mcpd.helper")
+CHANNELS = 24  # socketpairs to the policy process: its threads that ask root (calls, logins, spawns, checks)
 
 
 class Broken(Exception):
@@ -68,24 +71,22 @@ def _pair() -> tuple[int, int]:
 
 
 class Monitor:
-    """Serves the policy process's requests on ``sock`` (see the module docstring).
+    """Serves the policy process's requests on its channels (see the module docstring), one
+    thread each (:meth:`serve`).
 
     Args:
-        sock: root's end of the socketpair whose other end the policy process holds.
         forks: the fork server.
         settings: root's settings; ``config_path``: the ``mcpd.yaml`` root read.
     """
 
-    def __init__(self, sock: socket.socket, forks: ForkServer, settings: RootSettings, config_path: str) -> None:
-        self.sock, self.forks, self.settings = sock, forks, settings
+    def __init__(self, forks: ForkServer, settings: RootSettings, config_path: str) -> None:
+        self.forks, self.settings = forks, settings
         self.files = frozenset({config_path, settings.users_file, settings.grants_file})
         self.private = tuple({q for p in settings.private(config_path) if p for q in (p, os.path.realpath(p))})
         self.daemon = frozenset({settings.service_user, POLICY_USER, WALK_USER})
         self.pam_users: set[str] = set()  # one PAM conversation per account at a time
         self.children: dict[int, int] = {}  # pid -> pidfd of every worker and walker made here
-        self._lock, self._send = threading.Lock(), threading.Lock()
-        self.pools = {slow: (concurrent.futures.ThreadPoolExecutor(n), threading.Semaphore(4 * n))
-                      for slow, n in ((False, 8), (True, 12))}  # in flight or queued: 4 per thread
+        self._lock, self.broken = threading.Lock(), threading.Event()
 
     # ------------------------------------------------------------ handlers
 
@@ -158,63 +159,56 @@ class Monitor:
     def account(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"usable": usable(req["user"])}
 
-    # ------------------------------------------------------------ channel
+    # ------------------------------------------------------------ channels
 
-    def table(self) -> dict[str, tuple[bool, dict[str, type], Callable[[dict[str, Any]], dict[str, Any]]]]:
-        """type -> (slow: run in the slow pool, else the fast one; schema {key: exact type}; handler)."""
+    def table(self) -> dict[str, tuple[dict[str, type], Callable[[dict[str, Any]], dict[str, Any]]]]:
+        """type -> (schema {key: exact type}, handler)."""
         return {
-            "config": (False, {"path": str}, self.config),
-            "open": (False, {"path": str, "follow": bool, "want": str}, self.open),
-            "account": (False, {"user": str}, self.account),
-            "spawn": (True, {"user": str, "limits": str}, self.spawn), "walk": (True, {}, self.walk),
-            "kill": (True, {"pid": int}, self.kill), "pam": (True, {"user": str, "password": str}, self.pam),
+            "config": ({"path": str}, self.config), "open": ({"path": str, "follow": bool, "want": str}, self.open),
+            "account": ({"user": str}, self.account), "spawn": ({"user": str, "limits": str}, self.spawn),
+            "walk": ({}, self.walk), "kill": ({"pid": int}, self.kill), "pam": ({"user": str, "password": str}, self.pam),
         }
 
-    def reply(self, rid: int, body: dict[str, Any]) -> None:
-        """Send one reply frame (and its descriptors, then closed here)."""
-        fds = body.pop("_fds", [])
-        try:
-            with self._send:
-                frames.send_frame(self.sock, dict(body, id=rid), fds)
-        except OSError:
-            pass
-        finally:
-            for fd in fds:
-                os.close(fd)
+    def handle(self, sock: socket.socket, req: dict[str, Any]) -> None:
+        """Check one request against the table, run it and reply on ``sock``: ``ok`` and its
+        fields, or the refusal (the reason goes to the policy, a traceback to the log only).
 
-    def run(self, handler: Callable[[dict[str, Any]], dict[str, Any]], req: dict[str, Any], slow: bool) -> None:
-        """Run one handler and reply: ``ok`` and its fields, or the refusal (any failure but
-        :class:`Broken` is a refusal; the reason goes to the policy, the traceback to the log)."""
+        Raises:
+            Broken: a schema break (unknown type or key, wrong type, overlong string).
+        """
+        entry = self.table().get(req.get("type"))  # type: ignore[arg-type]
+        if entry is None:
+            raise Broken("unknown request type")
+        schema, handler = entry
+        if set(req) != {"type", "id", *schema} or type(req["id"]) is not int or any(
+                type(req[k]) is not t or t is str and len(req[k]) > 4096 for k, t in schema.items()):
+            raise Broken(f"{req['type']}: malformed request")
         try:
             body = dict(handler(req), ok=True)
         except ToolError as exc:
             body = {"ok": False, "error": exc.to_dict()}
         except Broken:
-            self.sock.shutdown(socket.SHUT_RDWR)
             raise
         except Exception as exc:  # noqa: BLE001 - reported to the policy, never kills the helper
             log.warning("%s failed: %s", req["type"], exc)
             body = {"ok": False, "error": ToolError(PERMISSION_DENIED, "refused by the helper", reason=str(exc)[:200]).to_dict()}
+        fds = body.pop("_fds", [])
+        try:
+            frames.send_frame(sock, dict(body, id=req["id"]), fds)
         finally:
-            self.pools[slow][1].release()
-        self.reply(req["id"], body)
+            for fd in fds:
+                os.close(fd)
 
-    def handle(self, req: dict[str, Any]) -> None:
-        """Check one request against the table, then run it in its pool (``HELPER_UNAVAILABLE``,
-        reason ``busy``, when that is full): nothing runs on the reading thread, so a file system
-        that hangs an ``open`` stops no other request. Raises :class:`Broken` on a schema break."""
-        entry = self.table().get(req.get("type"))  # type: ignore[arg-type]
-        if entry is None:
-            raise Broken("unknown request type")
-        slow, schema, handler = entry
-        if set(req) != {"type", "id", *schema} or type(req["id"]) is not int or any(
-                type(req[k]) is not t or t is str and len(req[k]) > 4096 for k, t in schema.items()):
-            raise Broken(f"{req['type']}: malformed request")
-        pool, slots = self.pools[slow]
-        if not slots.acquire(blocking=False):
-            return self.reply(req["id"], {"ok": False, "error": ToolError(HELPER_UNAVAILABLE, "busy", reason="busy").to_dict()})
-        pool.submit(self.run, handler, req, slow)
-        return None
+    def serve(self, sock: socket.socket) -> None:
+        """Serve one channel until the policy closes it; a broken request or frame shuts it and
+        sets :attr:`broken` (the helper then stops)."""
+        try:
+            while (req := frames.recv_frame_fds(sock, frames.HELPER_REQUEST_CAP, 0)[0]) is not None:
+                self.handle(sock, req)
+        except (Broken, frames.FrameError, RecursionError, OSError) as exc:
+            log.error("the policy process broke the protocol: %s", exc)
+            self.broken.set()
+            sock.shutdown(socket.SHUT_RDWR)
 
     def reap(self) -> None:
         """Forget children that have exited (their pidfd is readable)."""
@@ -234,5 +228,3 @@ class Monitor:
             except ProcessLookupError:
                 pass
             os.close(pidfd)
-        for pool, _ in self.pools.values():
-            pool.shutdown(wait=False, cancel_futures=True)

@@ -35,11 +35,16 @@ policy plugin. Choices where SPEC is silent:
 
 from __future__ import annotations
 
-import datetime, functools, os, re  # noqa: E401 (root side's line budget)
+import datetime
+import functools
+import os
+import re
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mcpd.common.strictyaml import ConfigFileError, LineDict, LineList, parse_strict_yaml, read_secure_file
+from mcpd.common.filesig import signature
 from mcpd.common.pathmatch import PathError, clean_path, components
 from mcpd.policy.entries import entry_covers, entry_covers_root, split_entry
 
@@ -398,18 +403,34 @@ def utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
+GROUPS_SECONDS = 5.0  # how long a user's group list is reused while /etc/group and /etc/passwd stay the same
+_groups: dict[str, tuple[float, Any, frozenset[str]]] = {}
+
+
 def os_groups(user: str) -> frozenset[str]:
-    """The OS groups of ``user``, its primary group included; empty for an unknown user."""
+    """The OS groups of ``user``, its primary group included; empty for an unknown user.
+
+    Looked up again when ``/etc/group`` or ``/etc/passwd`` changes, and at least every
+    :data:`GROUPS_SECONDS` (groups from LDAP or SSSD change without them), so removing an account
+    from a group ends its group grants within seconds."""
     import grp, pwd  # noqa: E401
 
+    files = tuple(signature(p) for p in ("/etc/group", "/etc/passwd"))
+    now = time.monotonic()
+    hit = _groups.get(user)
+    if hit is not None and hit[0] > now and hit[1] == files:
+        return hit[2]
     try:
         gids = os.getgrouplist(user, pwd.getpwnam(user).pw_gid)
     except (KeyError, OSError):
-        return frozenset()
+        gids = []
     names = set()
     for gid in gids:
         try:
             names.add(grp.getgrgid(gid).gr_name)
         except KeyError:
             pass
-    return frozenset(names)
+    if len(_groups) > 4096:
+        _groups.clear()
+    _groups[user] = (now + GROUPS_SECONDS, files, frozenset(names))
+    return _groups[user][2]

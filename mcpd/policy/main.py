@@ -1,8 +1,8 @@
 """The policy process: ``python -I -m mcpd.policy --config FILE``, started by the root helper.
 
-It runs as ``mcpd-policy`` (no capability, no_new_privs) with two descriptors from root: fd 3,
-its channel to root (:mod:`mcpd.policy.rootclient`), and fd 4, the helper socket the front
-connects to. It holds the tokens, the grants, the logins and the audit log, decides every
+It runs as ``mcpd-policy`` (no capability, no_new_privs) with descriptors from root: fd 3, the
+helper socket the front connects to, and from fd 4 on its channels to root
+(:mod:`mcpd.policy.rootclient`). It holds the tokens, the grants, the logins and the audit log, decides every
 privileged request, and asks root for what only root can do (docs/PRIVSEP.md). Its state and
 audit folders are its own (0700, made by systemd-tmpfiles or ``mcpd helper``), checked here with
 every folder above them root's and closed to others. Exit 78 when the configuration is broken.
@@ -67,18 +67,19 @@ def use_root_for_config(root: RootClient) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Serve the front on fd 4 until SIGTERM/SIGINT or until root goes away; SIGHUP reloads the
+    """Serve the front on fd 3 until SIGTERM/SIGINT or until root goes away; SIGHUP reloads the
     grants and users files. Returns 0 after a clean stop, 78 when the configuration, the state
     folder or the first grants load is broken (fail closed)."""
     parser = argparse.ArgumentParser(prog="mcpd-policy", description="The mcpd policy process (started by mcpd-helper).")
     parser.add_argument("--config", required=True)
+    parser.add_argument("--channels", type=int, required=True)
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="mcpd-policy: %(levelname)s %(message)s")
     if os.geteuid() == 0:
         log.error("the policy process never runs as root; start mcpd-helper")
         return config.EXIT_CONFIG
-    root = RootClient(socket.socket(fileno=3))
-    listener = socket.socket(fileno=4)
+    root = RootClient([socket.socket(fileno=4 + i) for i in range(opts.channels)])
+    listener = socket.socket(fileno=3)
     listener.listen(64)  # again, as this process: the front's SO_PEERCRED names mcpd-policy, not root
     use_root_for_config(root)
     try:

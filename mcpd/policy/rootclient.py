@@ -1,8 +1,9 @@
-"""The policy process's channel to the root helper (:mod:`mcpd.helper.monitor`): thread-safe.
+"""The policy process's channels to the root helper (:mod:`mcpd.helper.monitor`): thread-safe.
 
-One socketpair, inherited as fd 3; requests are multiplexed by ``id`` and any thread may wait on
-its own reply. When root goes away the policy process has nothing left to stand on: it exits at
-once (:func:`os._exit`), and the front sees ``HELPER_UNAVAILABLE`` until systemd restarts both.
+Root hands the policy process several socketpairs (fds 4, 5, ...), each served by a root thread
+of its own. A request takes a free channel, sends, and reads its own reply on it: no thread
+hands a reply to another. When root goes away the policy process has nothing left to stand on:
+the kernel kills it (parent-death signal), and a channel that ends makes it exit at once.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import queue
+import select
 import socket
-import threading
 from typing import Any
 
 from mcpd.common import frames
@@ -28,53 +30,39 @@ class RootClient:
     """Ask root for what needs root; each method blocks until root answers.
 
     Args:
-        sock: the policy's end of the socketpair (fd 3).
+        channels: the policy's ends of the socketpairs (blocking sockets).
 
-    Every method raises :class:`ToolError` when root refuses (its code and reason).
+    Every method raises :class:`ToolError` when root refuses (its code and reason), or
+    ``HELPER_UNAVAILABLE`` when no channel is free or root does not answer within
+    :data:`ROOT_SECONDS`.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    def __init__(self, channels: list[socket.socket]) -> None:
         self._ids = itertools.count(1)
-        self._send = threading.Lock()
-        self._pending: dict[int, list[Any]] = {}  # id -> [event, reply, fds]
-        self._lock = threading.Lock()
-        threading.Thread(target=self._read, name="root-reader", daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            while True:
-                reply, fds = frames.recv_frame_fds(self.sock, frames.reply_cap(1 << 20), MAX_FDS)
-                if reply is None:
-                    break
-                with self._lock:
-                    waiter = self._pending.pop(reply.get("id"), None)  # type: ignore[arg-type]
-                if waiter is None:
-                    for fd in fds:
-                        os.close(fd)
-                    continue
-                waiter[1:] = [reply, fds]
-                waiter[0].set()
-        except (OSError, frames.FrameError) as exc:
-            log.error("channel to the root helper failed: %s", exc)
-        log.error("the root helper is gone; the policy process stops")
-        os._exit(1)
+        self._free: queue.SimpleQueue[socket.socket] = queue.SimpleQueue()
+        for sock in channels:
+            self._free.put(sock)
 
     def call(self, kind: str, **fields: Any) -> tuple[dict[str, Any], list[int]]:
         """Send one request and wait for its reply: ``(reply, descriptors)`` (the caller closes
-        them). Raises :class:`ToolError` when root refused, or ``HELPER_UNAVAILABLE`` when it
-        did not answer within :data:`ROOT_SECONDS`."""
-        rid = next(self._ids)
-        waiter: list[Any] = [threading.Event(), None, []]
-        with self._lock:
-            self._pending[rid] = waiter
-        with self._send:
-            frames.send_frame(self.sock, dict(fields, type=kind, id=rid))
-        if not waiter[0].wait(ROOT_SECONDS):
-            with self._lock:
-                self._pending.pop(rid, None)
-            raise ToolError(HELPER_UNAVAILABLE, "the root helper did not answer", reason="busy")
-        reply, fds = waiter[1], waiter[2]
+        them). Raises :class:`ToolError` as the class says."""
+        try:
+            sock = self._free.get(timeout=ROOT_SECONDS)
+        except queue.Empty:
+            raise ToolError(HELPER_UNAVAILABLE, "the root helper is busy", reason="busy") from None
+        rid, healthy = next(self._ids), False
+        try:
+            frames.send_frame(sock, dict(fields, type=kind, id=rid))
+            if not select.select([sock], [], [], ROOT_SECONDS)[0]:
+                raise ToolError(HELPER_UNAVAILABLE, "the root helper did not answer", reason="busy")
+            reply, fds = frames.recv_frame_fds(sock, frames.reply_cap(1 << 20), MAX_FDS)
+            if reply is None or reply.get("id") != rid:
+                log.error("the root helper is gone; the policy process stops")
+                os._exit(1)
+            healthy = True
+        finally:
+            if healthy:
+                self._free.put(sock)  # a channel that timed out keeps its late reply: never reused
         if not reply.get("ok"):
             for fd in fds:
                 os.close(fd)

@@ -2,7 +2,7 @@
 
 The policy process (account ``mcpd-policy``) is the only peer root serves. These tests play a
 policy process whose code an attacker runs: the test stops the real one (SIGSTOP), copies its
-channel to root (fd 3) with ``pidfd_getfd`` as root may, and speaks root's request table directly.
+channel to root (fd 4, the first of its channels) with ``pidfd_getfd`` as root may, and speaks root's request table directly.
 Whatever it asks, root never opens the daemon's own secrets, a device or a FIFO for reading,
 never makes a worker as root or an unknown account, never runs PAM for root, never kills a process
 it did not make, and ends (taking the policy and every worker with it) on a malformed request.
@@ -54,6 +54,7 @@ class Channel:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock  # blocking, and left so: the file description is the policy's too
+        self.others: list[Channel] = []
 
     def ask(self, kind: str, **fields: Any) -> tuple[dict[str, Any], list[int]]:
         """One request, its reply and the descriptors that came with it (the caller closes them)."""
@@ -71,22 +72,26 @@ class Channel:
 
 
 @contextlib.contextmanager
-def as_policy(d: PrivsepDaemon) -> Iterator[Channel]:
-    """Stop the policy process and hold its channel to root until the block ends."""
+def as_policy(d: PrivsepDaemon, channels: int = 1) -> Iterator[Channel]:
+    """Stop the policy process and hold its first channel to root (``.others``: the next
+    ``channels - 1``) until the block ends."""
     pid = policy_pid(d)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     pidfd = os.pidfd_open(pid)
     os.kill(pid, signal.SIGSTOP)
+    socks: list[socket.socket] = []
     try:
-        fd = libc.syscall(ctypes.c_long(SYS_PIDFD_GETFD), ctypes.c_int(pidfd), ctypes.c_int(3), ctypes.c_uint(0))
-        assert fd >= 0, os.strerror(ctypes.get_errno())
-        sock = socket.socket(fileno=fd)
-        try:
-            yield Channel(sock)
-        finally:
-            sock.close()
+        for n in range(channels):  # the policy's channels to root are fds 4, 5, ...
+            fd = libc.syscall(ctypes.c_long(SYS_PIDFD_GETFD), ctypes.c_int(pidfd), ctypes.c_int(4 + n), ctypes.c_uint(0))
+            assert fd >= 0, os.strerror(ctypes.get_errno())
+            socks.append(socket.socket(fileno=fd))
+        first = Channel(socks[0])
+        first.others = [Channel(s) for s in socks[1:]]
+        yield first
     finally:
+        for sock in socks:
+            sock.close()
         os.close(pidfd)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
@@ -221,16 +226,16 @@ def test_root_runs_one_pam_conversation_per_account_at_a_time(privsep_daemon: Pr
     delay: a second conversation for the same account while one runs is refused at once."""
     d = privsep_daemon
     bob = d.accounts["bob"].name
-    with as_policy(d) as root:
-        first, second = next(_ids), next(_ids)
-        for rid in (first, second):
-            frames.send_frame(root.sock, {"type": "pam", "id": rid, "user": bob, "password": "wrong"})
-        replies = {}
-        for _ in range(2):
-            assert select.select([root.sock], [], [], 30)[0]
-            reply, fds = frames.recv_frame_fds(root.sock, 1 << 20, 4)
+    with as_policy(d, channels=2) as root:  # two of root's threads at once
+        pair = [root, root.others[0]]
+        for channel in pair:
+            frames.send_frame(channel.sock, {"type": "pam", "id": next(_ids), "user": bob, "password": "wrong"})
+        replies = []
+        for channel in pair:
+            assert select.select([channel.sock], [], [], 30)[0]
+            reply, fds = frames.recv_frame_fds(channel.sock, 1 << 20, 4)
             assert reply is not None and fds == []
-            replies[reply["id"]] = reply
-    ran, busy = sorted(replies.values(), key=lambda r: r["ok"], reverse=True)  # which one ran: the threads decide
+            replies.append(reply)
+    ran, busy = sorted(replies, key=lambda r: r["ok"], reverse=True)  # which one ran: the threads decide
     assert ran["ok"] is True and ran["pass"] is False and ran["code"] != 0
     assert busy["ok"] is False and busy["error"]["details"]["reason"] == "busy"
