@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     if code is None:  # stopped: the policy stops first (its workers, its audit), still served meanwhile
         signal.pidfd_send_signal(pidfd, signal.SIGTERM)
         end = time.monotonic() + STOP_SECONDS
-        serve(monitor, pidfd, lambda: time.monotonic() > end)
+        while time.monotonic() < end and not select.select([pidfd], [], [], 0.5)[0]:
+            monitor.reap()
         code = 0
     monitor.close()
     status = _wait(pid, pidfd)

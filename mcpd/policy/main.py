@@ -18,6 +18,7 @@ import pwd
 import signal
 import socket
 import sys
+import time
 
 from mcpd.common import config, filesig, identity, strictyaml
 from mcpd.common.audit import AuditLog
@@ -32,6 +33,7 @@ from mcpd.policy.login import Login, Store
 from mcpd.policy.rootclient import RootClient
 
 log = logging.getLogger("mcpd.policy")
+ROOT_SIGNATURE_SECONDS = 1.0  # a change to a file only root may look at is seen within this (the front re-checks every second)
 
 
 def enrolled(users: Reloading[dict[str, identity.UserRecord]]) -> set[str]:
@@ -54,14 +56,21 @@ def use_root_for_config(root: RootClient) -> None:
             except ToolError as exc:
                 raise PermissionError(exc.message) from None
 
+    seen: dict[str, tuple[float, Signature]] = {}  # path -> (reuse until, root's answer)
+
     def signature_of(path: str) -> Signature:
         try:
             return filesig.stat_signature(path)
         except PermissionError:
+            hit = seen.get(path)
+            if hit is not None and hit[0] > time.monotonic():
+                return hit[1]  # every token check asks: root is asked at most once a ROOT_SIGNATURE_SECONDS
             try:
-                return root.signature(path)
+                sig = root.signature(path)
             except ToolError as exc:
                 raise PermissionError(exc.message) from None
+            seen[path] = (time.monotonic() + ROOT_SIGNATURE_SECONDS, sig)
+            return sig
 
     strictyaml.open_file, filesig.signature_of = open_file, signature_of
 

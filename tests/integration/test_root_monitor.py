@@ -110,10 +110,11 @@ def test_the_front_talks_to_an_unprivileged_policy_process_not_to_root(privsep_d
         s.connect(str(d.socket_path))
         creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
     assert int.from_bytes(creds[4:8], "little") == policy.pw_uid  # the peer's uid, from the kernel
-    root_sockets = {os.readlink(f"/proc/{d.helper_pid}/fd/{n}") for n in os.listdir(f"/proc/{d.helper_pid}/fd")}
-    listening = Path("/proc/net/unix").read_text()
-    assert str(d.socket_path) in listening
-    assert not any(str(d.socket_path) in link for link in root_sockets)  # not even the listening socket
+    root_fds = {os.readlink(f"/proc/{d.helper_pid}/fd/{n}") for n in os.listdir(f"/proc/{d.helper_pid}/fd")}
+    listening = [line.split()[6] for line in Path("/proc/net/unix").read_text().splitlines()[1:]
+                 if line.split()[-1] == str(d.socket_path) and line.split()[5] == "01"]  # state 01: listening
+    assert len(listening) == 1
+    assert f"socket:[{listening[0]}]" not in root_fds  # root does not even hold the listening socket
 
 
 def test_root_refuses_the_daemons_secrets_whatever_the_policy_asks(privsep_daemon: PrivsepDaemon) -> None:
