@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import datetime
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -67,6 +68,17 @@ def _forbidden(key: str) -> bool:
     return key in FORBIDDEN_KEYS or any(key.endswith("_" + word) for word in FORBIDDEN_KEYS)
 
 
+@functools.lru_cache(maxsize=1024)
+def _key_error(key: str) -> str | None:
+    """Why ``key`` may not be a field name (None when it may); cached, as records repeat the same
+    few keys and this check was most of a record's cost."""
+    if not _KEY_RE.match(key) or key in _RESERVED:
+        return f"bad audit field name {key!r}"
+    if _forbidden(key):
+        return f"audit field {key!r} is never logged"
+    return None
+
+
 def _clean(value: Any, key: str) -> Any:
     if value is None or isinstance(value, (bool, int, float)):
         return value
@@ -89,10 +101,8 @@ def format_record(event: str, fields: dict[str, Any], now: datetime.datetime | N
     record: dict[str, Any] = {} if seq is None else {"seq": seq, "prev": prev}
     record.update(time=when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), event=event)
     for key, value in fields.items():
-        if not _KEY_RE.match(key) or key in _RESERVED:
-            raise AuditError(f"bad audit field name {key!r}")
-        if _forbidden(key):
-            raise AuditError(f"audit field {key!r} is never logged")
+        if (error := _key_error(key)) is not None:
+            raise AuditError(error)
         record[key] = _clean(value, key)
     return json.dumps(record, ensure_ascii=True, separators=(",", ":"))
 

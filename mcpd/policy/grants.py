@@ -310,6 +310,7 @@ def _secret_entries(secrets: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...
     return tuple((s, split_entry(s)) for s in secrets)
 
 
+@functools.lru_cache(maxsize=1024)  # pure; the same few paths are asked again and again
 def _secret_hit(secrets: tuple[str, ...], parts: tuple[str, ...]) -> str | None:
     return next((text for text, entry in _secret_entries(secrets) if entry_covers(entry, parts)), None)
 

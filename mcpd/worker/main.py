@@ -103,9 +103,11 @@ def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any]
     result = reply.get("result") if reply.get("ok") else None
     text = result.get("text") if isinstance(result, dict) else None
     size = 0 if not isinstance(text, str) else len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-    send_reply(sock, reply)
     code = None if reply.get("ok") else reply["error"]["code"]
+    # The report first: the helper's audit record and its answer to the front (which waits for
+    # both) then run while the front reads the reply.
     frames.send_frame(ctl, {"id": frame.get("id"), "code": code, "bytes": size})
+    send_reply(sock, reply)
 
 
 def send_reply(sock: socket.socket, reply: dict[str, Any]) -> None:
