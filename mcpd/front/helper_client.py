@@ -2,7 +2,8 @@
 
 The front never decides anything privileged; it asks, always with the caller's token. Requests
 travel over a few persistent connections (:class:`HelperChannel`), multiplexed by ``id``: no
-connection and no thread per request. A helper that dies fails the requests in flight
+connection and no thread per request. A privileged call takes a persistent connection of its own
+for its duration (the helper runs it on that connection's thread, with no hand-over). A helper that dies fails the requests in flight
 (``HELPER_UNAVAILABLE``); the next request reconnects.
 
 - :class:`HelperAuthenticator`: token checks, with a short cache so a POST carrying its session's
@@ -38,6 +39,9 @@ log = logging.getLogger("mcpd.front.helper_client")
 
 _UNAVAILABLE = "privileged reads are unavailable: the root helper is not running"
 CONNECTIONS = 4
+#: privileged calls in flight at once; each has a connection of its own, on which the helper runs
+#: it without handing it to another thread (so nothing else may wait behind it there)
+CALL_CONNECTIONS = 12
 #: refusals decided before the helper touched the worker: the worker stays in the pool
 _DECIDED = frozenset({PERMISSION_DENIED, "NOT_A_REGULAR_FILE", "FILE_NOT_FOUND", "INVALID_ARGUMENT"})
 
@@ -112,7 +116,8 @@ class _Connection:
 
 class HelperChannel:
     """Requests to the root helper at ``path``, multiplexed over :data:`CONNECTIONS` persistent
-    connections (round robin), each request with its own ``id``.
+    connections (round robin), each request with its own ``id``; privileged calls each on one of
+    at most :data:`CALL_CONNECTIONS` more, kept open between calls (see :meth:`request`).
 
     Args:
         path: the helper's Unix socket (``helper_socket`` in mcpd.yaml).
@@ -126,6 +131,9 @@ class HelperChannel:
         self._ids = itertools.count(1)
         self._next = itertools.count()
         self._connecting = asyncio.Lock()
+        self._calls = asyncio.Semaphore(CALL_CONNECTIONS)
+        self._idle: list[_Connection] = []  # exclusive connections free for the next privileged call
+        self._busy: set[_Connection] = set()
 
     @property
     def up(self) -> bool:
@@ -143,6 +151,17 @@ class HelperChannel:
                 return False
         return self.up
 
+    async def _open(self) -> _Connection:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await asyncio.get_running_loop().sock_connect(sock, self.path)
+        except (OSError, TimeoutError) as exc:
+            sock.close()
+            raise HelperUnavailable(str(exc)) from None
+        return _Connection(sock, self.reply_cap)
+
     async def _connection(self) -> _Connection:
         i = next(self._next) % CONNECTIONS
         conn = self._conns[i]
@@ -151,25 +170,48 @@ class HelperChannel:
         async with self._connecting:
             conn = self._conns[i]
             if conn is None or conn.closed:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.setblocking(False)
-                try:
-                    async with asyncio.timeout(self.connect_timeout):
-                        await asyncio.get_running_loop().sock_connect(sock, self.path)
-                except (OSError, TimeoutError) as exc:
-                    sock.close()
-                    raise HelperUnavailable(str(exc)) from None
-                conn = self._conns[i] = _Connection(sock, self.reply_cap)
+                conn = self._conns[i] = await self._open()
             return conn
 
-    async def request(self, req: dict[str, Any], timeout: float) -> tuple[dict[str, Any], list[socket.socket]]:
+    async def request(self, req: dict[str, Any], timeout: float,
+                      exclusive: bool = False) -> tuple[dict[str, Any], list[socket.socket]]:
         """Send ``req`` (an ``id`` is added) and return ``(reply, sockets passed with it)``.
+
+        ``exclusive``: send it on a connection nothing else uses until the reply (privileged
+        calls; at most :data:`CALL_CONNECTIONS` at once, the others wait their turn). Such a
+        connection is kept for the next call, or closed when the call failed or timed out.
 
         Raises:
             HelperUnavailable: no helper, or it closed the connection without a reply.
             TimeoutError: no reply within ``timeout`` seconds.
         """
-        conn = await self._connection()
+        if not exclusive:
+            return await self._exchange(await self._connection(), req, timeout)
+        async with asyncio.timeout(timeout):
+            await self._calls.acquire()
+        try:
+            conn = None
+            while self._idle and conn is None:
+                conn = self._idle.pop()
+                conn = None if conn.closed else conn
+            conn = conn or await self._open()
+            self._busy.add(conn)
+            done = False
+            try:
+                result = await self._exchange(conn, req, timeout)
+                done = True
+                return result
+            finally:
+                self._busy.discard(conn)
+                if done and not conn.closed:
+                    self._idle.append(conn)
+                else:  # the helper may still be working on it: nothing else goes on this connection
+                    conn.close()
+        finally:
+            self._calls.release()
+
+    async def _exchange(self, conn: _Connection, req: dict[str, Any],
+                        timeout: float) -> tuple[dict[str, Any], list[socket.socket]]:
         rid = next(self._ids)
         fut: asyncio.Future[tuple[dict[str, Any], list[socket.socket]]] = asyncio.get_running_loop().create_future()
         conn.pending[rid] = fut
@@ -183,14 +225,14 @@ class HelperChannel:
         finally:
             conn.pending.pop(rid, None)
 
-    async def ask(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+    async def ask(self, req: dict[str, Any], timeout: float, exclusive: bool = False) -> dict[str, Any]:
         """:meth:`request` for replies that carry no descriptors; a refusal raises its ToolError.
 
         Raises:
             ToolError: the helper's refusal; ``HELPER_UNAVAILABLE`` when it is down or too slow.
         """
         try:
-            reply, fds = await self.request(req, timeout)
+            reply, fds = await self.request(req, timeout, exclusive)
         except HelperUnavailable:
             raise ToolError(HELPER_UNAVAILABLE, _UNAVAILABLE) from None
         except TimeoutError:
@@ -204,9 +246,10 @@ class HelperChannel:
 
     def close(self) -> None:
         """Close every connection (requests in flight fail with :class:`HelperUnavailable`)."""
-        for conn in self._conns:
+        for conn in [*self._conns, *self._idle, *self._busy]:
             if conn is not None:
                 conn.close()
+        self._idle.clear()
 
 
 class HelperSpawner:
@@ -350,11 +393,11 @@ class HelperBackend:
             req["cap"] = cap
         timeout = max(self._timeout, deadline_seconds(args, 0.0) + 2 * DEADLINE_MARGIN)
         if op in ("files/list", "files/find"):
-            raw = (await self._channel.ask(req, timeout))["result"]
+            raw = (await self._channel.ask(req, timeout, exclusive=True))["result"]
             return fileops.format_list(raw) if op == "files/list" else fileops.format_find(raw)
 
         async def grant(pid: int, rid: int) -> None:
-            await self._channel.ask(dict(req, worker=pid, rid=rid), timeout)
+            await self._channel.ask(dict(req, worker=pid, rid=rid), timeout, exclusive=True)
 
         return await self._pool.call(principal.os_user, op, dict(args, **({CAP_KEY: cap} if cap else {})),
                                      timeout=timeout, token=token, owner=principal.name, grant=grant,

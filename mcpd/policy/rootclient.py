@@ -39,7 +39,8 @@ class RootClient:
 
     def __init__(self, channels: list[socket.socket]) -> None:
         self._ids = itertools.count(1)
-        self._free: queue.SimpleQueue[socket.socket] = queue.SimpleQueue()
+        # last in, first out: the channel (and root thread) used last is taken again, still warm
+        self._free: queue.LifoQueue[socket.socket] = queue.LifoQueue()
         for sock in channels:
             self._free.put(sock)
 

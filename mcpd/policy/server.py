@@ -4,11 +4,11 @@ The front's peer on the helper socket is this process (account ``mcpd-policy``, 
 not root. Like OpenSSH's monitor: a fixed table :data:`REQUESTS` of request types, each with a
 strict schema (unknown, missing or wrongly typed keys are refused), a capacity class and a
 handler. The front keeps a few persistent connections and multiplexes requests on them by ``id``;
-each capacity class has its own threads and a bounded number of requests in flight, so a burst of
-one kind (logins) never takes capacity from another (token checks, spawns, privileged calls;
-these run on the thread that read them, see :class:`Connection`): a full class answers
-``HELPER_UNAVAILABLE`` (reason ``busy``) at once. Anything malformed (a frame over the cap, a body
-that is not one JSON object, an unknown type, a schema break, a frame not finished within
+each capacity class has a bounded number of requests in flight (and its own threads; privileged
+calls run on their connection's thread, see :meth:`Connection.serve`), so a burst of one kind
+(logins) never takes capacity from another (token checks, spawns, privileged calls): a full class
+answers ``HELPER_UNAVAILABLE`` (reason ``busy``) at once. Anything malformed (a frame over the cap, a body that is not
+one JSON object, an unknown type, a schema break, a frame not finished within
 :data:`FRAME_SECONDS`) is an audit ``alert`` and ends that connection; it never kills a thread.
 
 It trusts nothing the front says: every request that acts for a principal carries that
@@ -54,9 +54,9 @@ from mcpd.policy.rootclient import RootClient
 log = logging.getLogger("mcpd.helper")
 
 FRAME_SECONDS = 5.0  # a frame whose first byte arrived must be complete within this many seconds
-MAX_CONNECTIONS = 16
-CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}  # capacity class -> threads (in flight: 4x)
-# ("call" requests run on the thread that read them, so up to 4 x 16 at once; see Connection)
+MAX_CONNECTIONS = 32  # the front's shared connections, one per privileged call in flight, and reconnects
+# capacity class -> threads (in flight: 4x); "call" requests run on their connection's thread instead
+CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}
 CONTENT_OPS = ("files/read", "files/filetype")
 WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path argument (the walker parses the rest)
 WALK_MAX_SECONDS = 60.0  # files/find's largest time_budget_seconds (core.walk checks it in the walker)
@@ -373,20 +373,11 @@ def check_request(req: dict[str, Any]) -> str:  # noqa: C901
 
 
 class Connection:
-    """One persistent front connection: one thread at a time reads it, replies go under one lock.
-
-    Privileged calls run leader/follower, the way they are on the critical path of every
-    privileged read: the thread that read the call hands the reading on to another thread (from
-    ``readers``) and runs the call itself, so waking a thread overlaps with the call instead of
-    coming before it. Other requests go to their capacity class's threads. ``on_close`` runs once,
-    when the connection ends.
-    """
+    """One persistent front connection: a reader thread and replies sent under one lock."""
 
     def __init__(self, state: State, sock: socket.socket, peer: str,
-                 pools: dict[str, tuple[concurrent.futures.ThreadPoolExecutor, threading.Semaphore]],
-                 readers: concurrent.futures.ThreadPoolExecutor, on_close: Callable[[], None] = lambda: None) -> None:
+                 pools: dict[str, tuple[concurrent.futures.ThreadPoolExecutor, threading.Semaphore]]) -> None:
         self.state, self.sock, self.peer, self.pools = state, sock, peer, pools
-        self.readers, self.on_close = readers, on_close
         self._send = threading.Lock()
 
     def reply(self, rid: int, reply: dict[str, Any]) -> None:
@@ -433,9 +424,12 @@ class Connection:
             self.sock.settimeout(None)
 
     def serve(self) -> None:
-        """Read requests until the front closes the connection or misbehaves (an ``alert``); a
-        privileged call is run by this thread after it handed the reading on."""
-        run = None
+        """Read requests until the front closes the connection or misbehaves (an ``alert``).
+
+        A privileged call runs on this thread before the next request is read: the front gives
+        each privileged call a connection of its own, so nothing waits behind it, and no thread
+        hand-over (a wake-up and a GIL transfer) lies on the privileged route's critical path.
+        Other requests go to their capacity class's threads."""
         try:
             while (req := self._read_frame()) is not None:
                 kind = check_request(req)
@@ -444,27 +438,18 @@ class Connection:
                 if not slot.acquire(blocking=False):
                     self.reply(req["id"], {"ok": False, "error": ToolError(HELPER_UNAVAILABLE, "the helper is busy", reason="busy").to_dict()})
                     continue
-                if cls != "call":
+                if cls == "call":  # on this thread: no hand-over on the privileged route's critical path
+                    self._run(kind, req, slot)
+                else:
                     pool.submit(self._run, kind, req, slot)
-                    continue
-                try:
-                    self.readers.submit(self.serve)
-                except RuntimeError:  # shutting down: nobody reads on, this call is the last
-                    slot.release()
-                    break
-                run = (kind, req, slot)
-                break
         except Refused as exc:
             self.state.audit.record("alert", peer=self.peer, reason=str(exc)[:200])
         except (frames.FrameError, RecursionError) as exc:
             self.state.audit.record("alert", peer=self.peer, reason=f"malformed frame: {str(exc)[:200]}")
         except OSError:
             pass
-        if run is not None:
-            self._run(*run)
-            return
-        self.sock.close()
-        self.on_close()
+        finally:
+            self.sock.close()
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
@@ -493,10 +478,7 @@ def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[]
     call ``tick()`` about twice a second (reloads, reaping)."""
     pools = {k: (concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix=k), threading.Semaphore(4 * n))
              for k, n in CLASSES.items()}
-    # a thread per open connection's reading, and one per privileged call in flight (4x its threads)
-    readers = concurrent.futures.ThreadPoolExecutor(MAX_CONNECTIONS + 4 * CLASSES["call"], thread_name_prefix="conn")
     slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-    open_conns: set[socket.socket] = set()
     while not stop():
         tick()
         reap(state)
@@ -512,14 +494,13 @@ def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[]
             state.audit.record("alert", peer=f"pid={pid} uid={uid}", reason=why)
             conn.close()
             continue
-        def closed(c: socket.socket = conn) -> None:
-            open_conns.discard(c)
-            slots.release()
 
-        open_conns.add(conn)
-        readers.submit(Connection(state, conn, f"pid={pid} uid={uid}", pools, readers, closed).serve)
-    for c in list(open_conns):  # their readers return, so the threads can be joined at exit
-        with contextlib.suppress(OSError):
-            c.shutdown(socket.SHUT_RDWR)
-    for pool in [readers] + [p for p, _ in pools.values()]:
+        def run(c: Connection = Connection(state, conn, f"pid={pid} uid={uid}", pools)) -> None:
+            try:
+                c.serve()
+            finally:
+                slots.release()
+
+        threading.Thread(target=run, daemon=True).start()
+    for pool, _ in pools.values():
         pool.shutdown(wait=False, cancel_futures=True)
