@@ -26,7 +26,7 @@ import socket
 import time
 from typing import Any
 
-from mcpd.common import frames
+from mcpd.common import frames, wirejson
 from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, ToolError
 from mcpd.common.identity import Principal
 from mcpd.core import fileops
@@ -80,7 +80,9 @@ class _Connection:
                 frames.check_length(length, self.reply_cap)
                 if len(self._buf) < frames.HEADER.size + length:
                     break
-                reply = frames.decode_body(bytes(self._buf[frames.HEADER.size:frames.HEADER.size + length]))
+                reply = wirejson.loads(bytes(self._buf[frames.HEADER.size:frames.HEADER.size + length]))
+                if not isinstance(reply, dict):
+                    raise frames.FrameError("frame is not a JSON object")
                 del self._buf[:frames.HEADER.size + length]
                 n = reply.pop("fds", 0)
                 n = n if isinstance(n, int) and 0 <= n <= len(self._fds) else 0
@@ -96,7 +98,8 @@ class _Connection:
             self.close()
 
     async def send(self, req: dict[str, Any]) -> None:
-        data = frames.encode(req)
+        body = wirejson.dumps(req)
+        data = frames.HEADER.pack(len(body)) + body
         async with self._write:
             await self._loop.sock_sendall(self.sock, data)
 

@@ -491,7 +491,7 @@ class WorkerPool:
         grant: GrantCallback | None = None,
     ) -> dict[str, Any]:
         worker.next_id += 1
-        data = self._frame(worker.next_id, op, args, progress=on_progress is not None)
+
         async def read_reply() -> dict[str, Any] | None:
             while True:
                 frame = await read_reply_frame(worker.reader, self._reply_cap)
@@ -501,18 +501,13 @@ class WorkerPool:
 
         async with asyncio.timeout_at(deadline):
             if grant is not None:
-                # The worker answers on its own socket while the helper still waits for its report,
-                # so the reply is read at the same time: a reply larger than the socket buffers
-                # would otherwise block the worker, hence its report, hence the grant.
-                reading = asyncio.ensure_future(read_reply())
-                try:
-                    await grant(worker.pid, worker.next_id)
-                except BaseException:
-                    reading.cancel()
-                    raise
-                reply = await reading
+                # The worker sends the helper its report before it sends its reply here, so the
+                # grant (which the helper answers once the report is in its audit log) never waits
+                # for this reply to be read: it is read after, usually from the buffer already.
+                await grant(worker.pid, worker.next_id)
+                reply = await read_reply()
             else:
-                worker.writer.write(data)
+                worker.writer.write(self._frame(worker.next_id, op, args, progress=on_progress is not None))
                 await worker.writer.drain()
                 reply = await read_reply()
         if reply is None:

@@ -104,8 +104,9 @@ def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any]
     text = result.get("text") if isinstance(result, dict) else None
     size = 0 if not isinstance(text, str) else len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
     code = None if reply.get("ok") else reply["error"]["code"]
-    # The report first: the helper's audit record and its answer to the front (which waits for
-    # both) then run while the front reads the reply.
+    # The report first: the helper writes its audit record and answers the front, which reads
+    # this reply only after that answer (so a reply larger than the socket buffers never holds
+    # up the report).
     frames.send_frame(ctl, {"id": frame.get("id"), "code": code, "bytes": size})
     send_reply(sock, reply)
 
