@@ -30,9 +30,23 @@ def reply_cap(response_cap: int) -> int:
     return 6 * response_cap + 1024 * 1024
 
 
+_codec: dict[str, Any] = {}  # "dumps"/"loads" a process installed with use_codec
+
+
+def use_codec(dumps: Any, loads: Any) -> None:
+    """Encode (``dumps(obj) -> bytes``) and parse (``loads(bytes) -> value``, raising
+    :class:`FrameError` like :func:`loads`) this process's frames with a faster JSON codec: the
+    policy process installs :mod:`mcpd.common.wirejson`'s (orjson). Root never calls it and keeps
+    the standard library's."""
+    _codec.update(dumps=dumps, loads=loads)
+
+
 def encode(obj: dict[str, Any]) -> bytes:
     """Encode one object as a frame (header + compact UTF-8 JSON)."""
-    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    if "dumps" in _codec:
+        body = _codec["dumps"](obj)
+    else:
+        body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
     return HEADER.pack(len(body)) + body
 
 
@@ -69,7 +83,7 @@ def loads(data: bytes | str, parse_constant: Any = None) -> Any:
 
 def decode_body(body: bytes) -> dict[str, Any]:
     """Parse a frame body with :func:`loads`; raise :class:`FrameError` unless it is one JSON object."""
-    obj = loads(body)
+    obj = _codec["loads"](body) if "loads" in _codec else loads(body)
     if not isinstance(obj, dict):
         raise FrameError("frame is not a JSON object")
     return obj
@@ -99,7 +113,8 @@ def send_frame(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None =
     if fds:
         sent = socket.send_fds(sock, [data], fds)
         data = data[sent:]
-    sock.sendall(data)
+    if data:
+        sock.sendall(data)
 
 
 def recv_frame_fds(sock: socket.socket, cap: int, max_fds: int) -> tuple[dict[str, Any] | None, list[int]]:

@@ -54,6 +54,7 @@ from mcpd.policy.rootclient import RootClient
 log = logging.getLogger("mcpd.helper")
 
 FRAME_SECONDS = 5.0  # a frame whose first byte arrived must be complete within this many seconds
+READ_CHUNK = 65536  # bytes asked of the kernel at once on a front connection
 MAX_CONNECTIONS = 32  # the front's shared connections, one per privileged call in flight, and reconnects
 # capacity class -> threads (in flight: 4x); "call" requests run on their connection's thread instead
 CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}
@@ -379,6 +380,7 @@ class Connection:
                  pools: dict[str, tuple[concurrent.futures.ThreadPoolExecutor, threading.Semaphore]]) -> None:
         self.state, self.sock, self.peer, self.pools = state, sock, peer, pools
         self._send = threading.Lock()
+        self._buf = bytearray()
 
     def reply(self, rid: int, reply: dict[str, Any]) -> None:
         """Send one reply frame with the request's id (and its descriptors, then closed)."""
@@ -410,18 +412,30 @@ class Connection:
         self.reply(req["id"], reply)
 
     def _read_frame(self) -> dict[str, Any] | None:
-        head = self.sock.recv(frames.HEADER.size, socket.MSG_PEEK)
-        if not head:
-            return None
-        if not select.select([self.sock], [], [], FRAME_SECONDS)[0]:
-            raise Refused("half-sent frame timed out")
-        self.sock.settimeout(FRAME_SECONDS)
-        try:
-            return frames.recv_frame(self.sock, frames.HELPER_REQUEST_CAP)
-        except TimeoutError:
-            raise Refused("half-sent frame timed out") from None
-        finally:
-            self.sock.settimeout(None)
+        """The next request, read through a buffer: one ``recv`` per request as a rule (a frame
+        usually arrives whole). A frame whose first byte arrived must be complete within
+        :data:`FRAME_SECONDS`. Returns None at a clean end of the connection."""
+        started = None
+        while True:
+            if len(self._buf) >= frames.HEADER.size:
+                (length,) = frames.HEADER.unpack_from(self._buf)
+                frames.check_length(length, frames.HELPER_REQUEST_CAP)
+                end = frames.HEADER.size + length
+                if len(self._buf) >= end:
+                    body = bytes(self._buf[frames.HEADER.size:end])
+                    del self._buf[:end]
+                    return frames.decode_body(body)
+            if self._buf:  # inside a frame
+                started = started or time.monotonic()
+                left = started + FRAME_SECONDS - time.monotonic()
+                if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                    raise Refused("half-sent frame timed out")
+            chunk = self.sock.recv(READ_CHUNK)
+            if not chunk:
+                if self._buf:
+                    raise frames.FrameError("connection closed inside a frame")
+                return None
+            self._buf += chunk
 
     def serve(self) -> None:
         """Read requests until the front closes the connection or misbehaves (an ``alert``).
