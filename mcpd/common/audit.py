@@ -79,6 +79,9 @@ def _key_error(key: str) -> str | None:
     return None
 
 
+_encode = json.JSONEncoder(ensure_ascii=True, separators=(",", ":")).encode  # one encoder, not one per record
+
+
 def _clean(value: Any, key: str) -> Any:
     if value is None or isinstance(value, (bool, int, float)):
         return value
@@ -104,7 +107,7 @@ def format_record(event: str, fields: dict[str, Any], now: datetime.datetime | N
         if (error := _key_error(key)) is not None:
             raise AuditError(error)
         record[key] = _clean(value, key)
-    return json.dumps(record, ensure_ascii=True, separators=(",", ":"))
+    return _encode(record)
 
 
 def last_line(fd: int, block: int = 65536) -> bytes:
