@@ -191,7 +191,10 @@ class HelperChannel:
         """
         if not exclusive:
             return await self._exchange(await self._connection(), req, timeout)
-        async with asyncio.timeout(timeout):
+        if self._calls.locked():  # all taken: wait for one, within the call's time
+            async with asyncio.timeout(timeout):
+                await self._calls.acquire()
+        else:
             await self._calls.acquire()
         try:
             conn = None

@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         print("mcpd.worker: --fd is not a Unix stream socket", file=sys.stderr)
         return 2
     ctl = socket.socket(fileno=opts.ctl) if opts.ctl is not None else None
+    frames.use_codec(wirejson.dumps, wirejson.loads)  # orjson for every frame in and out
     _harden({opts.fd} | ({opts.ctl} if opts.ctl is not None else set()), parent)
     sock.setblocking(True)
     from mcpd.core import fileopen
