@@ -37,6 +37,7 @@ flood costs a few lines and loses no count.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import fcntl
 import functools
@@ -90,6 +91,30 @@ def _clean(value: Any, key: str) -> Any:
     raise AuditError(f"audit field {key!r} must be a string, number, boolean or null")
 
 
+def _body(event: str, fields: dict[str, Any], now: datetime.datetime | None = None) -> str:
+    """``"time":...,"event":...`` and ``fields``, checked and encoded, without braces."""
+    if not _EVENT_RE.match(event):
+        raise AuditError(f"bad audit event {event!r}")
+    when = now or datetime.datetime.now(datetime.timezone.utc)
+    head = _encode({"time": when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "event": event})[1:-1]
+    return ",".join(p for p in (head, _members(fields)) if p)
+
+
+def _members(fields: dict[str, Any]) -> str:
+    """``fields`` checked and encoded as JSON object members (no braces; ``""`` for none)."""
+    record: dict[str, Any] = {}
+    for key, value in fields.items():
+        if (error := _key_error(key)) is not None:
+            raise AuditError(error)
+        record[key] = _clean(value, key)
+    return _encode(record)[1:-1] if record else ""
+
+
+def _line(body: str, seq: int | None, prev: str | None) -> str:
+    """One record from its encoded ``body``, the chain members first when ``seq`` is given."""
+    return "{" + (_encode({"seq": seq, "prev": prev})[1:-1] + "," if seq is not None else "") + body + "}"
+
+
 def format_record(event: str, fields: dict[str, Any], now: datetime.datetime | None = None,
                   seq: int | None = None, prev: str | None = None) -> str:
     """Build one audit line (JSON, no trailing newline), validating it: ``seq`` and ``prev`` first
@@ -98,16 +123,15 @@ def format_record(event: str, fields: dict[str, Any], now: datetime.datetime | N
     Raises:
         AuditError: bad event name, a key naming a secret or contents, or a non-scalar value.
     """
-    if not _EVENT_RE.match(event):
-        raise AuditError(f"bad audit event {event!r}")
-    when = now or datetime.datetime.now(datetime.timezone.utc)
-    record: dict[str, Any] = {} if seq is None else {"seq": seq, "prev": prev}
-    record.update(time=when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), event=event)
-    for key, value in fields.items():
-        if (error := _key_error(key)) is not None:
-            raise AuditError(error)
-        record[key] = _clean(value, key)
-    return _encode(record)
+    return _line(_body(event, fields, now), seq, prev)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A record checked and encoded ahead of its writing (:meth:`AuditLog.prepare`)."""
+
+    body: str  # "time", "event" and the fields given so far, encoded, without braces
+    keys: frozenset[str]
 
 
 def last_line(fd: int, block: int = 65536) -> bytes:
@@ -241,10 +265,39 @@ class AuditLog:
         """
         with self._lock:
             for reason, (_, _, dropped) in self._due(self._clock()):
-                self._write("alert", {"reason": reason, "suppressed": int(dropped)})
+                self._write(_body("alert", {"reason": reason, "suppressed": int(dropped)}))
             if event == "alert" and not self._admit(fields):
                 return
-            self._write(event, fields)
+            self._write(_body(event, fields))
+
+    def prepare(self, event: str, **fields: Any) -> Prepared:
+        """Check and encode a record now (its ``time`` is now) to write later with
+        :meth:`finish`, which adds the fields only known then: the work is done while the caller
+        waits anyway (a privileged read's record is prepared while the worker reads), not after.
+        Not for alerts (they are rate-limited when written).
+
+        Raises:
+            AuditError: as :meth:`record`.
+        """
+        if event == "alert":
+            raise AuditError("alerts are written with record()")
+        return Prepared(_body(event, fields), frozenset(fields))
+
+    def finish(self, prepared: Prepared, **fields: Any) -> None:
+        """Append a record from :meth:`prepare` with ``fields`` after the ones it has, as the next
+        link of the chain.
+
+        Raises:
+            AuditError: a field the record already has, or one :meth:`record` refuses.
+            OSError: the write failed.
+        """
+        if (twice := prepared.keys & fields.keys()):
+            raise AuditError(f"audit fields given twice: {sorted(twice)}")
+        body = ",".join(p for p in (prepared.body, _members(fields)) if p)
+        with self._lock:
+            for reason, (_, _, dropped) in self._due(self._clock()):
+                self._write(_body("alert", {"reason": reason, "suppressed": int(dropped)}))
+            self._write(body)
 
     def _due(self, now: float | None) -> list[tuple[str, list[float]]]:
         """Alert reasons whose window is over (all when ``now`` is None) with a count to write; forgets them."""
@@ -264,7 +317,8 @@ class AuditLog:
         slot[1] += 1
         return True
 
-    def _write(self, event: str, fields: dict[str, Any]) -> None:
+    def _write(self, body: str) -> None:
+        """Append the record of encoded ``body`` (see :func:`_body`) with the next ``seq``/``prev``."""
         self._lock_current()
         try:
             size, torn = os.fstat(self._fd).st_size, b""
@@ -272,7 +326,7 @@ class AuditLog:
                 last = last_line(self._fd)
                 self._seq, self._prev = chain_after(last)
                 torn = b"" if last.endswith(b"\n") else b"\n"  # a torn line stays its own line
-            line = format_record(event, fields, seq=self._seq + 1, prev=self._prev)
+            line = _line(body, self._seq + 1, self._prev)
             data = (line + "\n").encode("ascii")
             self._end = size + len(torn) + len(data)
             data = torn + data
@@ -292,7 +346,7 @@ class AuditLog:
         with self._lock:
             if self._fd >= 0:
                 for reason, (_, _, dropped) in self._due(None):
-                    self._write("alert", {"reason": reason, "suppressed": int(dropped)})
+                    self._write(_body("alert", {"reason": reason, "suppressed": int(dropped)}))
                 os.close(self._fd)
                 self._fd = -1
             if self._journal is not None:

@@ -39,6 +39,7 @@ from typing import Any
 from mcpd.common import frames
 from mcpd.common.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
 from mcpd.common.pamauth import pam_check
+from mcpd.common.pathmatch import clean_path
 from mcpd.common.rootconf import POLICY_USER, WALK_USER, RootSettings
 from mcpd.common.shadow import usable
 from mcpd.helper import opener
@@ -99,10 +100,11 @@ class Monitor:
         if req["want"] not in ("file", "any"):
             raise Broken("open: bad want")
         fd, _ = opener.open_checked(req["path"], req["follow"], req["want"])
-        if opener.fd_path(fd).startswith(self.private):
+        real = opener.fd_path(fd) if req["follow"] else clean_path(req["path"])  # else the opener checked it is
+        if real.startswith(self.private):
             os.close(fd)
             raise ToolError(PERMISSION_DENIED, f"permission denied: {req['path']}", reason="daemon secret")
-        return {"_fds": [fd]}
+        return {"_fds": [fd], "real": real}
 
     def _fork(self, req: dict[str, Any], mine: list[int], theirs: list[int]) -> dict[str, Any]:
         """A child from the fork server holding ``theirs``; the reply carries ``mine`` and a pidfd."""

@@ -70,10 +70,16 @@ class RootClient:
             raise ToolError.from_dict(reply.get("error"))
         return reply, fds
 
-    def open(self, path: str, follow: bool, want: str) -> int:
+    def open(self, path: str, follow: bool, want: str) -> tuple[int, str]:
         """A descriptor of ``path`` opened by root's checked opener (``want``: ``"file"`` or
-        ``"any"``, see :func:`mcpd.helper.opener.open_checked`)."""
-        return self.call("open", path=path, follow=follow, want=want)[1][0]
+        ``"any"``, see :func:`mcpd.helper.opener.open_checked`) and its real path as root saw it."""
+        reply, fds = self.call("open", path=path, follow=follow, want=want)
+        real = reply.get("real")
+        if not isinstance(real, str) or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise ToolError(HELPER_UNAVAILABLE, "the root helper answered without a path", reason="busy")
+        return fds[0], real
 
     def config_fd(self, path: str) -> int:
         """A read descriptor of ``mcpd.yaml``, the users or the grants file (the caller checks it)."""

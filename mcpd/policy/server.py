@@ -45,7 +45,7 @@ from mcpd.common.config import CAP_KEY, Config
 from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, TIMEOUT, ToolError
 from mcpd.common.reload import Reloading
 from mcpd.common.validate import check_path
-from mcpd.common.audit import AuditLog
+from mcpd.common.audit import AuditLog, Prepared
 from mcpd.policy import grants
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Issued, Login, Store
@@ -218,11 +218,12 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
                         path=requested, reason=decision.reason)
     args[key] = decision.resolved_path
     try:
-        if op in WALK_OPS:
-            reply = _walk(state, op, args, principal.os_user, sorted(groups), decision.covers_root)
-            outcome, size = None, len(reply["result"].get("entries", reply["result"].get("matches", [])))
-        else:
-            reply, outcome, size = _content(state, op, args, principal, decision.covers_root, req)
+        if op not in WALK_OPS:
+            reply, outcome, size, prepared = _content(state, op, args, principal, decision.covers_root, req, record)
+            state.audit.finish(prepared, outcome=outcome, bytes=size, duration_ms=_ms(started))
+            return reply
+        reply = _walk(state, op, args, principal.os_user, sorted(groups), decision.covers_root)
+        outcome, size = None, len(reply["result"].get("entries", reply["result"].get("matches", [])))
     except ToolError as exc:
         state.audit.record("accept", decision="accept", reason="granted", outcome=exc.code, bytes=0,
                            reason_detail=exc.details.get("reason"), duration_ms=_ms(started), **record)
@@ -237,13 +238,14 @@ def _ms(started: float) -> float:
 
 
 def _content(state: State, op: str, args: dict[str, Any], principal: identity.Principal, follow: bool,
-             req: dict[str, Any]) -> tuple[dict[str, Any], str | None, int]:
+             req: dict[str, Any], record: dict[str, Any]) -> tuple[dict[str, Any], str | None, int, Prepared]:
+    """Hand the opened file to the principal's worker and wait for its report; the accept record
+    (``record``'s fields) is encoded while the worker reads, and written by the caller."""
     if not isinstance(req.get("worker"), int) or req.get("rid") is None:
         raise Refused("content call without worker and rid")
     w = _bound_worker(state, principal, req["worker"])
-    fd = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file")
+    fd, real = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file")
     try:
-        real = os.readlink(f"/proc/self/fd/{fd}")
         if grants.is_secret(state.policy.policy, real):
             raise ToolError(PERMISSION_DENIED, f"permission denied: {args['path']}", path=args["path"],
                             reason=grants.SECRET)
@@ -256,6 +258,7 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
             frames.send_frame(w.ctl, frame, [fd])
             os.close(fd)
             fd = -1
+            prepared = state.audit.prepare("accept", decision="accept", reason="granted", **record)
             report = _await_report(w, req["rid"], _deadline(args, state.cfg.workers.timeout_seconds))
         finally:
             w.busy.release()
@@ -264,7 +267,7 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
             os.close(fd)
     if report is None:
         raise ToolError(TIMEOUT, "the call did not finish in time")
-    return {"ok": True, "dispatched": True}, report.get("code"), int(report.get("bytes") or 0)
+    return {"ok": True, "dispatched": True}, report.get("code"), int(report.get("bytes") or 0), prepared
 
 
 def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:

@@ -122,3 +122,43 @@ def test_audit_tail_command(tmp_path: Path) -> None:
     assert [json.loads(line)["bytes"] for line in out.output.splitlines()] == [3, 4]
     missing = CliRunner().invoke(audit, ["tail", "--file", str(tmp_path / "none")])
     assert missing.exit_code == 1
+
+
+def test_a_prepared_record_is_written_as_record_would_with_the_late_fields_last(tmp_path: Path) -> None:
+    """prepare()/finish() (the privileged read's record, encoded while the worker reads) writes the
+    same line record() would for the same fields in the same order, as the next link of the chain."""
+    from mcpd.admin import auditlog
+
+    path = tmp_path / "a.jsonl"
+    with AuditLog(str(path), syslog=False) as log:
+        log.record("reload", decision="loaded")
+        prepared = log.prepare("accept", user="alice", requested_path="/var/log/x\n\u00e9", decision="accept")
+        log.record("reject", user="bob", reason="no grant covers this path")  # written in between
+        log.finish(prepared, outcome=None, bytes=4096, duration_ms=0.8)
+        log.record("accept", user="alice", requested_path="/var/log/x\n\u00e9", decision="accept", outcome=None,
+                   bytes=4096, duration_ms=0.8)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 4
+    finished, recorded = json.loads(lines[2]), json.loads(lines[3])
+    assert [finished["seq"], recorded["seq"]] == [3, 4]
+    assert list(finished) == list(recorded) == ["seq", "prev", "time", "event", "user", "requested_path", "decision",
+                                                "outcome", "bytes", "duration_ms"]
+    assert {k: v for k, v in finished.items() if k not in ("seq", "prev", "time")} == \
+        {k: v for k, v in recorded.items() if k not in ("seq", "prev", "time")}
+    assert lines[2].isascii()
+    assert auditlog.verify(auditlog.read_lines([str(path)])).ok
+
+
+def test_a_prepared_record_refuses_what_record_refuses_and_a_field_given_twice(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    with AuditLog(str(path), syslog=False) as log:
+        with pytest.raises(AuditError):
+            log.prepare("accept", token="hunter2")
+        with pytest.raises(AuditError):
+            log.prepare("alert", reason="x")  # alerts are rate-limited when written: record() only
+        prepared = log.prepare("accept", user="alice", bytes=0)
+        with pytest.raises(AuditError):
+            log.finish(prepared, bytes=4096)
+        with pytest.raises(AuditError):
+            log.finish(prepared, content="file body")
+    assert path.read_text() == ""
