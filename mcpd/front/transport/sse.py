@@ -149,6 +149,7 @@ class SseSession:
         self._queued = 0  # bytes of the messages in the queue
         self._out: Send | None = None  # the attached stream's ASGI send
         self._writer: asyncio.Task[None] | None = None  # writing the queue to the stream, while it has any
+        self._stream: asyncio.Task[Any] | None = None  # the task that runs the attached stream
         self.protocol = McpSession(dispatcher, session_id, self.send)
 
     def send(self, message: Any) -> None:
@@ -194,13 +195,14 @@ class SseSession:
         self.stream_open = True
         self.last_write = time.monotonic()
         self._out = send
+        self._stream = asyncio.current_task()
         if endpoint is not None and not self.closed:
             self._queue.insert(0, ServerSentEvent(event="endpoint", data=endpoint, sep="\n").encode())
         self._kick()
 
     def detach(self) -> None:
         """Forget the stream (it ended): queued messages wait for the next one (``/mcp``)."""
-        self._out = None
+        self._out = self._stream = None
         self.stream_open = False
         if self._writer is not None:
             self._writer.cancel()
@@ -213,7 +215,9 @@ class SseSession:
 
     async def _write(self, send: Send) -> None:
         """Write the queued events to the stream until the queue is empty; once the session is
-        closed, end the response instead (which ends the stream's wait for the client)."""
+        closed, end the response instead (which ends the stream's wait for the client). Should
+        writing fail, the session is closed and the stream's task cancelled (the server then drops
+        the connection)."""
         try:
             while self._queue and not self.closed:
                 data = self._queue.pop(0)
@@ -223,6 +227,12 @@ class SseSession:
             if self.closed:
                 self._out = None
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:
+            log.exception("session %s: writing its stream failed; closing it", self.id)
+            stream, self._out = self._stream, None
+            self._manager.close(self)
+            if stream is not None:
+                stream.cancel()
         finally:
             if self._writer is asyncio.current_task():
                 self._writer = None
