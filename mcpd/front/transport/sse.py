@@ -185,6 +185,7 @@ class SseSession:
             return
         self.closed = True
         self.protocol.close()
+        self.protocol.send = _discard  # (no cycle left between the two: freed as soon as unreferenced)
         self._queue.clear()
         self._queued = 0
         self._kick()
@@ -236,6 +237,10 @@ class SseSession:
         finally:
             if self._writer is asyncio.current_task():
                 self._writer = None
+
+
+def _discard(message: Any) -> None:
+    """The ``send`` of a closed session's protocol: nothing goes anywhere."""
 
 
 class SessionRefused(Exception):
@@ -371,6 +376,7 @@ class SessionManager:
         if self.closed_since_trim < after or not (quiet or self.closed_since_trim >= 8 * after):
             return False
         self.closed_since_trim = 0
+        self._sessions = dict(self._sessions)  # a dict keeps the table of its largest size: this one fits
         gc.collect()  # a closed stream leaves cycles (cancelled tasks, their exceptions and frames)
         return trim_heap()
 
