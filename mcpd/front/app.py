@@ -14,6 +14,9 @@ Order of the stack, outermost first (read it top to bottom in :func:`build_app`)
    and ``DELETE /mcp`` (``mcpd.front.transport.streamable``), ``POST /login`` and
    ``POST /logout`` (``mcpd.front.transport.login``; ``/login`` alone needs no bearer), at the root and,
    when set, also under ``base_path``.
+
+The app itself (:class:`FrontApp`) wraps the stack: a session's GET stream, once started through
+it, is streamed from there, after the middleware and the router have returned.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from mcpd.front.protocol import Dispatcher
 from mcpd.front.refused import RefusalLogMiddleware
 from mcpd.front.transport.login import LoginBackend, LoginRoutes, NoLogin
 from mcpd.front.transport.hosts import HostMiddleware, HostRule
-from mcpd.front.transport.sse import McpUser, SessionManager, Transport
+from mcpd.front.transport.sse import HANDOFF, McpUser, SessionManager, SessionStream, Transport
 from mcpd.front.transport.streamable import StreamableTransport
 
 
@@ -117,9 +120,35 @@ def unauthorized(conn: HTTPConnection, exc: AuthenticationError) -> Response:
     return PlainTextResponse(str(exc), status_code=401, headers={"WWW-Authenticate": challenge})
 
 
+class FrontApp(Starlette):
+    """Starlette, which also runs the session streams handed to it (:data:`~mcpd.front.transport.sse.HANDOFF`):
+    a ``GET /sse`` or ``GET /mcp`` stream is started through the whole stack, and streamed from here
+    once the middleware and the router have returned, with the request's own ``receive`` and
+    ``send``; an open stream then holds none of their frames and wrappers."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        handoff: list[SessionStream] = []
+        # a copy for the stack to add its keys to: the server's own scope lives as long as the
+        # connection's request does (a stream's), and would keep them, and grown
+        inner = dict(scope)
+        inner[HANDOFF] = handoff
+        try:
+            await super().__call__(inner, receive, send)
+        except BaseException:
+            for stream in handoff:
+                stream.end()
+            raise
+        del inner
+        if handoff:  # (one at most: one response per request)
+            await handoff.pop().run(receive, send)
+
+
 def build_app(
     cfg: Config, authenticator: Authenticator, dispatcher: Dispatcher, login: LoginBackend | None = None
-) -> Starlette:
+) -> FrontApp:
     """Assemble the front: middleware stack (outermost first) and routes.
 
     Args:
@@ -153,6 +182,6 @@ def build_app(
         Middleware(HostMiddleware, rule=hosts),
         Middleware(AuthenticationMiddleware, backend=backend, on_error=unauthorized),
     ]
-    app = Starlette(routes=routes, middleware=middleware)
+    app = FrontApp(routes=routes, middleware=middleware)
     app.state.sessions = manager
     return app

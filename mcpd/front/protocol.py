@@ -333,8 +333,10 @@ class McpSession:
         self.send = send
         self.initialized = False
         self.protocol_version: str | None = None
+        # (both emptied by replacement, not by deletion: an idle session then holds two empty dicts,
+        # not the tables its last requests grew them to)
         self._in_flight: dict[tuple[str, Any], asyncio.Task[Message | None]] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: dict[asyncio.Task[Any], None] = {}
         self._closed = False
         self._methods = _MODERN_METHODS if modern else _METHODS
         self.modern = modern
@@ -383,9 +385,14 @@ class McpSession:
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None
+        task.add_done_callback(self._done)
         return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.pop(task, None)
+        if not self._tasks:
+            self._tasks = {}
 
     def _start(self, msg: Any, caller: Caller, out: Send, send_reply: bool,
                budget: list[int] | None = None) -> asyncio.Task[Message | None]:
@@ -423,6 +430,8 @@ class McpSession:
     def _forget(self, key: tuple[str, Any], task: asyncio.Task[Any]) -> None:
         if self._in_flight.get(key) is task:
             del self._in_flight[key]
+            if not self._in_flight:
+                self._in_flight = {}
 
     async def _gather_batch(self, members: list[asyncio.Task[Message | None]], out: Send) -> None:
         results = await asyncio.gather(*members, return_exceptions=True)

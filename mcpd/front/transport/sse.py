@@ -13,7 +13,6 @@ per-session rule count both transports together, and the once-a-second token re-
 from __future__ import annotations
 
 import asyncio
-import collections
 import ctypes
 import functools
 import gc
@@ -21,14 +20,12 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 from sse_starlette import ServerSentEvent
 from starlette.authentication import BaseUser
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -61,6 +58,12 @@ def message_event(message: Any) -> bytes:
 def event_of(data: bytes) -> bytes:
     """An SSE ``message`` event around one message already encoded by :func:`encode_message`."""
     return b"event: message\ndata: " + data + b"\n\n"
+
+
+def tick_seconds(keepalive: float) -> float:
+    """How often the keep-alive ticker looks at the streams: a quarter of ``keepalive`` (seconds),
+    at most once a second."""
+    return min(1.0, keepalive / 4)
 
 
 TRIM_AFTER = 32  # sessions closed before the heap is trimmed (SessionManager.give_back_memory)
@@ -109,6 +112,11 @@ class McpUser(BaseUser):
 class SseSession:
     """One session: owner, bounded outgoing queue, and its :class:`McpSession` (SPEC §1.4).
 
+    While a GET stream is attached (:meth:`attach`), queued messages are written to it by a
+    short-lived writer task, started when something is queued and ended when the queue is empty:
+    an idle session holds no task, timer or event of its own (its keep-alive comments come from
+    the manager's one ticker, :meth:`SessionManager.keep_alive`).
+
     Args:
         session_id: 32 lowercase hex digits.
         principal: the owner; POSTs from anyone else get 404.
@@ -129,17 +137,19 @@ class SseSession:
         self.kind = kind  # "sse": lives as long as its GET /sse stream; "mcp": Streamable HTTP
         self.principal = principal
         self.last_active = time.monotonic()  # refreshed by each /mcp request; idle ones expire
+        self.last_write = 0.0  # time.monotonic() of the stream's last event (keep-alive comments)
         self.stream_open = False  # a GET stream is attached
         self.token = ""  # the bearer that opened it, re-checked every second (mcpd/transport/revalidate.py)
         self.closed = False
         self._manager = manager
-        # whole events, in a deque with one Event (not an asyncio.Queue: an idle session should hold little)
-        self._queue: collections.deque[bytes] = collections.deque()
-        self._ready = asyncio.Event()
+        # whole events, oldest first (a list, not a deque or an asyncio.Queue: an idle session should hold little)
+        self._queue: list[bytes] = []
         self._queue_size = queue_size
         self._queue_bytes = queue_bytes
         self._queued = 0  # bytes of the messages in the queue
-        self._cancel_scope: anyio.CancelScope | None = None
+        self._out: Send | None = None  # the attached stream's ASGI send
+        self._writer: asyncio.Task[None] | None = None  # writing the queue to the stream, while it has any
+        self._stream: asyncio.Task[Any] | None = None  # the task that runs the attached stream
         self.protocol = McpSession(dispatcher, session_id, self.send)
 
     def send(self, message: Any) -> None:
@@ -159,45 +169,78 @@ class SseSession:
             return
         self._queue.append(data)
         self._queued += size
-        self._ready.set()
+        self._kick()
+
+    def ping(self) -> None:
+        """Queue a ``: ping`` comment, unless the stream is being written to anyway."""
+        if self._out is not None and self._writer is None and not self.closed:
+            self._queue.append(_PING)
+            self._queued += len(_PING)
+            self._kick()
 
     def close(self) -> None:
-        """Close the session (idempotent): cancel in-flight work, cut the stream, drop queued messages."""
+        """Close the session (idempotent): cancel in-flight work, drop queued messages, and end the
+        stream's response (its last chunk is written, so the connection is left clean)."""
         if self.closed:
             return
         self.closed = True
         self.protocol.close()
-        if self._cancel_scope is not None:
-            self._cancel_scope.cancel()
+        self.protocol.send = _discard  # (no cycle left between the two: freed as soon as unreferenced)
         self._queue.clear()
         self._queued = 0
-        self._ready.set()
+        self._kick()
 
-    async def events(self, endpoint: str | None, keepalive: float) -> AsyncIterator[bytes]:
-        """The stream's events, encoded: ``endpoint`` first (when given), then one ``message`` per
-        queued JSON-RPC message (:func:`message_event`), and a ``: ping`` comment after each
-        ``keepalive`` seconds without one (here rather than in a task of its own: an idle stream
-        costs one task less)."""
-        if endpoint is not None:
-            yield ServerSentEvent(event="endpoint", data=endpoint, sep="\n").encode()
-        while not self.closed:
-            if not self._queue:
-                self._ready.clear()
-                try:
-                    async with asyncio.timeout(keepalive):
-                        await self._ready.wait()
-                except TimeoutError:
-                    yield _PING
-                continue
-            data = self._queue.popleft()
-            self._queued = max(0, self._queued - len(data))
-            yield data
+    def attach(self, send: Send, endpoint: str | None) -> None:
+        """Bind the GET stream's ASGI ``send``: the ``endpoint`` event (when given) goes first, then
+        the queued messages. A closed session's stream is ended at once."""
+        self.stream_open = True
+        self.last_write = time.monotonic()
+        self._out = send
+        self._stream = asyncio.current_task()
+        if endpoint is not None and not self.closed:
+            self._queue.insert(0, ServerSentEvent(event="endpoint", data=endpoint, sep="\n").encode())
+        self._kick()
 
-    def attach(self, scope: anyio.CancelScope) -> None:
-        """Bind the cancel scope that runs this session's stream, so :meth:`close` can cut it."""
-        self._cancel_scope = scope
-        if self.closed:
-            scope.cancel()
+    def detach(self) -> None:
+        """Forget the stream (it ended): queued messages wait for the next one (``/mcp``)."""
+        self._out = self._stream = None
+        self.stream_open = False
+        if self._writer is not None:
+            self._writer.cancel()
+            self._writer = None
+
+    def _kick(self) -> None:
+        """Start the writer if a stream is attached, none runs, and there is something to do."""
+        if self._out is not None and self._writer is None and (self._queue or self.closed):
+            self._writer = asyncio.get_running_loop().create_task(self._write(self._out))
+
+    async def _write(self, send: Send) -> None:
+        """Write the queued events to the stream until the queue is empty; once the session is
+        closed, end the response instead (which ends the stream's wait for the client). Should
+        writing fail, the session is closed and the stream's task cancelled (the server then drops
+        the connection)."""
+        try:
+            while self._queue and not self.closed:
+                data = self._queue.pop(0)
+                self._queued = max(0, self._queued - len(data))
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+                self.last_write = time.monotonic()
+            if self.closed:
+                self._out = None
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:
+            log.exception("session %s: writing its stream failed; closing it", self.id)
+            stream, self._out = self._stream, None
+            self._manager.close(self)
+            if stream is not None:
+                stream.cancel()
+        finally:
+            if self._writer is asyncio.current_task():
+                self._writer = None
+
+
+def _discard(message: Any) -> None:
+    """The ``send`` of a closed session's protocol: nothing goes anywhere."""
 
 
 class SessionRefused(Exception):
@@ -225,6 +268,7 @@ class SessionManager:
         self._sessions: dict[str, SseSession] = {}
         self.closed_since_trim = 0  # sessions closed since the heap was last trimmed
         self._last_close = 0.0  # time.monotonic() of the last close
+        self._ticker: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -245,7 +289,12 @@ class SessionManager:
         if len(self._sessions) >= self._cfg.max_sessions:
             metrics.limit_hit("sessions_total")
             raise SessionRefused(503, "too many sessions")
-        held = sum(1 for s in self._sessions.values() if s.principal.name == principal.name)
+        held = 0
+        for other in self._sessions.values():
+            if other.principal.name == principal.name:
+                held += 1
+                if other.principal == principal:  # one object for all the sessions of a token
+                    principal, token = other.principal, other.token if other.token == token else token
         if held >= self._cfg.max_sessions_per_principal:
             metrics.limit_hit("sessions_per_principal")
             raise SessionRefused(429, "too many sessions for this principal")
@@ -283,6 +332,38 @@ class SessionManager:
             self._last_close = time.monotonic()
         session.close()
 
+    def stream_attached(self) -> None:
+        """A GET stream was attached: start the keep-alive ticker unless it runs (it stops once no
+        stream is left)."""
+        if self._ticker is None:
+            self._ticker = asyncio.get_running_loop().call_later(tick_seconds(self._cfg.keepalive_seconds),
+                                                                self._tick)
+
+    def keep_alive(self, now: float | None = None) -> tuple[int, int]:
+        """Queue a ``: ping`` comment on every attached stream that has sent nothing for
+        ``keepalive_seconds``; return (streams attached, streams pinged). One ticker for every
+        stream (rather than a timer each) calls it every :func:`tick_seconds`, so a comment follows
+        between ``keepalive_seconds`` and that much more after a stream's last event."""
+        now = time.monotonic() if now is None else now
+        due = now - self._cfg.keepalive_seconds
+        attached = pinged = 0
+        for session in self._sessions.values():
+            if session.stream_open:
+                attached += 1
+                if session.last_write <= due:
+                    session.ping()
+                    pinged += 1
+        return attached, pinged
+
+    def _tick(self) -> None:
+        self._ticker = None
+        attached = 1
+        try:
+            attached, _ = self.keep_alive()
+        finally:
+            if attached:
+                self.stream_attached()
+
     def give_back_memory(self, after: int = TRIM_AFTER, now: float | None = None) -> bool:
         """Once ``after`` sessions were closed since the last trim and closing has paused for
         :data:`TRIM_QUIET` seconds (or ``8 * after`` were closed, however busy), collect the
@@ -295,6 +376,7 @@ class SessionManager:
         if self.closed_since_trim < after or not (quiet or self.closed_since_trim >= 8 * after):
             return False
         self.closed_since_trim = 0
+        self._sessions = dict(self._sessions)  # a dict keeps the table of its largest size: this one fits
         gc.collect()  # a closed stream leaves cycles (cancelled tasks, their exceptions and frames)
         return trim_heap()
 
@@ -309,66 +391,86 @@ class SessionManager:
             self.close(session)
 
 
-class SessionStream(StreamingResponse):
+#: The ASGI scope key under which the front's app (``mcpd.front.app.FrontApp``) offers to run a
+#: session's stream itself, once the middleware and routing frames have returned: a list that
+#: :class:`SessionStream` appends itself to.
+HANDOFF = "mcpd.stream_handoff"
+
+
+class SessionStream(Response):
     """A session's GET stream: ``GET /sse``, whose end closes its session (SPEC §1.2, §1.4), or
     ``GET /mcp`` (``endpoint`` ``None``, ``close_on_end`` false: the session outlives it).
 
-    Events are sse-starlette's :class:`ServerSentEvent`; the stream itself is run here with one
-    helper task (watching for the client's disconnect) instead of ``EventSourceResponse``'s task
-    group of four: an idle session holds little (issue "hostile load"). Server shutdown closes the
-    sessions first (:meth:`SessionManager.close_all`), which ends every stream.
+    The response is started through the middleware like any other; the stream itself (:meth:`run`)
+    is then run by the app's outermost layer when the scope offers it (:data:`HANDOFF`), so an open
+    stream holds none of the middleware's and router's frames, only a wait for the client's
+    disconnect: queued events are written by the session's short-lived writer task
+    (:meth:`SseSession.attach`) and keep-alive comments come from the manager's ticker (issue
+    "hostile load": an idle session holds little). Server shutdown closes the sessions first
+    (:meth:`SessionManager.close_all`), which ends every stream.
 
     Args:
         session: the session whose queue feeds the stream.
         manager: its table.
         endpoint: the ``endpoint`` event's data, or ``None`` for no such event.
-        keepalive: seconds between ``: ping`` comments.
         close_on_end: close the session when the stream ends.
         headers: extra response headers.
     """
 
-    def __init__(self, session: SseSession, manager: SessionManager, endpoint: str | None, keepalive: float,
+    media_type = "text/event-stream; charset=utf-8"
+
+    def __init__(self, session: SseSession, manager: SessionManager, endpoint: str | None,
                  close_on_end: bool = True, headers: dict[str, str] | None = None) -> None:
-        super().__init__(iter(()), headers={**STREAM_HEADERS, **(headers or {})},
-                         media_type="text/event-stream; charset=utf-8")
+        # (not Response.__init__: a stream has no body, so no content-length; nor StreamingResponse,
+        # whose body iterator each open stream would hold)
+        self.status_code = 200
+        self.background = None
+        self.init_headers({**STREAM_HEADERS, **(headers or {})})
         self.session = session
         self.manager = manager
         self.endpoint = endpoint
-        self.keepalive = keepalive
         self.close_on_end = close_on_end
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Stream until the client leaves or the session is closed, then close the session (or,
-        for ``close_on_end`` false, only detach the stream). ``HEAD`` gets the headers only."""
+        """Start the response, then stream (:meth:`run`), here or, when the scope offers it, from
+        the app's outermost layer. ``HEAD`` gets the headers only."""
         self.session.stream_open = True
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            self.raw_headers = []  # sent: an open stream need not keep them
             if scope.get("method") == "HEAD":
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+                self.end()
                 return
-            with anyio.CancelScope() as cancel_scope:
-                self.session.attach(cancel_scope)
-                watcher = asyncio.ensure_future(_until_disconnect(receive, cancel_scope))
-                try:
-                    async for event in self.session.events(self.endpoint, self.keepalive):
-                        await send({"type": "http.response.body", "body": event, "more_body": True})
-                finally:
-                    watcher.cancel()
-            # the session was closed (or the client left: then this is a no-op): end the response,
-            # so the connection is closed rather than left open
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except BaseException:
+            self.end()
+            raise
+        handoff = scope.get(HANDOFF)
+        if handoff is not None:
+            handoff.append(self)
+            return
+        await self.run(receive, send)
+
+    async def run(self, receive: Receive, send: Send) -> None:
+        """Stream until the client leaves or the session is closed (its writer then completes the
+        response, which ends the wait here), then :meth:`end`. ``send`` and ``receive`` are the
+        request's, with or without the middleware's wrappers."""
+        try:
+            self.session.attach(send, self.endpoint)
+            self.endpoint = None  # queued, encoded
+            self.manager.stream_attached()
+            while (await receive())["type"] != "http.disconnect":
+                pass
         finally:
-            self.session.stream_open = False
-            self.session.last_active = time.monotonic()
-            if self.close_on_end:
-                self.manager.close(self.session)
+            self.end()
 
-
-async def _until_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
-    """Cancel ``scope`` (the stream) once the client has gone away."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
+    def end(self) -> None:
+        """The stream is over: detach it, and close the session (or, for ``close_on_end`` false,
+        only mark it active now). Also for a stream that never ran."""
+        self.session.detach()
+        self.session.last_active = time.monotonic()
+        if self.close_on_end:
+            self.manager.close(self.session)
 
 
 class Transport:
@@ -398,7 +500,7 @@ class Transport:
         except SessionRefused as exc:
             return PlainTextResponse(exc.reason, status_code=exc.status)
         endpoint = f"{self.cfg.base_path}/message?session_id={session.id}"
-        return SessionStream(session, self.manager, endpoint, self.cfg.keepalive_seconds)
+        return SessionStream(session, self.manager, endpoint)
 
     async def message(self, request: Request) -> Response:
         """``POST /message?session_id=`` (SPEC §1.3): validate, then hand the body to the session."""

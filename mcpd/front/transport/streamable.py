@@ -340,7 +340,7 @@ class StreamableTransport:
             return session
         if session.stream_open:
             return _rpc_error(409, INVALID_REQUEST, "this session already has a GET stream")
-        return SessionStream(session, self.manager, None, self.cfg.keepalive_seconds, close_on_end=False)
+        return SessionStream(session, self.manager, None, close_on_end=False)
 
     async def delete(self, request: Request) -> Response:
         """``DELETE /mcp``: end the session (its requests are cancelled; ``404`` afterwards)."""
