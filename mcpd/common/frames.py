@@ -36,8 +36,8 @@ _codec: dict[str, Any] = {}  # "dumps"/"loads" a process installed with use_code
 def use_codec(dumps: Any, loads: Any) -> None:
     """Encode (``dumps(obj) -> bytes``) and parse (``loads(bytes) -> value``, raising
     :class:`FrameError` like :func:`loads`) this process's frames with a faster JSON codec: the
-    policy process installs :mod:`mcpd.common.wirejson`'s (orjson). Root never calls it and keeps
-    the standard library's."""
+    front, the policy process and the workers install :mod:`mcpd.common.wirejson`'s (orjson).
+    Root never calls it and keeps the standard library's."""
     _codec.update(dumps=dumps, loads=loads)
 
 
@@ -79,6 +79,22 @@ def loads(data: bytes | str, parse_constant: Any = None) -> Any:
     if too_deep(value):
         raise FrameError(f"JSON nested deeper than {MAX_DEPTH} levels")
     return value
+
+
+def take_frame(buf: bytearray, cap: int) -> bytes | None:
+    """Remove the first complete frame from ``buf`` (bytes received so far) and return its body;
+    None while it is incomplete. Raises :class:`FrameError` as soon as the announced length
+    exceeds ``cap`` (bytes), before the body is waited for."""
+    if len(buf) < HEADER.size:
+        return None
+    (length,) = HEADER.unpack_from(buf)
+    check_length(length, cap)
+    end = HEADER.size + length
+    if len(buf) < end:
+        return None
+    body = bytes(buf[HEADER.size:end])
+    del buf[:end]
+    return body
 
 
 def decode_body(body: bytes) -> dict[str, Any]:

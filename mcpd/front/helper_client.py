@@ -3,8 +3,8 @@
 The front never decides anything privileged; it asks, always with the caller's token. Requests
 travel over a few persistent connections (:class:`HelperChannel`), multiplexed by ``id``: no
 connection and no thread per request. A privileged call takes a persistent connection of its own
-for its duration (the helper runs it on that connection's thread, with no hand-over). A helper that dies fails the requests in flight
-(``HELPER_UNAVAILABLE``); the next request reconnects.
+for its duration (the helper runs it on that connection's thread, with no hand-over). A helper
+that dies fails the requests in flight (``HELPER_UNAVAILABLE``); the next request reconnects.
 
 - :class:`HelperAuthenticator`: token checks, with a short cache so a POST carrying its session's
   recently verified token needs no round trip.
@@ -26,7 +26,7 @@ import socket
 import time
 from typing import Any
 
-from mcpd.common import frames, wirejson
+from mcpd.common import frames
 from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, ToolError
 from mcpd.common.identity import Principal
 from mcpd.core import fileops
@@ -76,15 +76,8 @@ class _Connection:
             return self.close()
         self._buf += data
         try:
-            while len(self._buf) >= frames.HEADER.size:
-                (length,) = frames.HEADER.unpack_from(self._buf)
-                frames.check_length(length, self.reply_cap)
-                if len(self._buf) < frames.HEADER.size + length:
-                    break
-                reply = wirejson.loads(bytes(self._buf[frames.HEADER.size:frames.HEADER.size + length]))
-                if not isinstance(reply, dict):
-                    raise frames.FrameError("frame is not a JSON object")
-                del self._buf[:frames.HEADER.size + length]
+            while (body := frames.take_frame(self._buf, self.reply_cap)) is not None:
+                reply = frames.decode_body(body)
                 n = reply.pop("fds", 0)
                 n = n if isinstance(n, int) and 0 <= n <= len(self._fds) else 0
                 got, self._fds = [socket.socket(fileno=fd) for fd in self._fds[:n]], self._fds[n:]
@@ -99,8 +92,7 @@ class _Connection:
             self.close()
 
     async def send(self, req: dict[str, Any]) -> None:
-        body = wirejson.dumps(req)
-        data = frames.HEADER.pack(len(body)) + body
+        data = frames.encode(req)
         async with self._write:
             await self._loop.sock_sendall(self.sock, data)
 

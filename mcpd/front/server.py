@@ -22,7 +22,7 @@ import uvicorn
 from mcpd.front import metrics
 from mcpd.front.connguard import ConnectionCount, guarded_protocol, loop_factory
 from mcpd.front.app import build_app
-from mcpd.common import frames
+from mcpd.common import frames, wirejson
 from mcpd.common import sdnotify
 from mcpd.front.access import AccessLog
 from mcpd.front.auth import Authenticator, FileAuthenticator
@@ -245,6 +245,7 @@ def serve(config_path: str) -> int:
     if refusal is not None:
         log.error("%s", refusal)
         return EXIT_CONFIG
+    frames.use_codec(wirejson.dumps, wirejson.loads)  # orjson for the helper's and workers' frames
     # uvloop: its TLS transport and event loop cost a fraction of asyncio's (profiled: asyncio's
     # sslproto write path was over a quarter of the front's time per small read).
     with asyncio.Runner(loop_factory=loop_factory(cfg.connections)) as runner:

@@ -17,7 +17,7 @@ import socket
 from typing import Any
 
 from mcpd.common import frames
-from mcpd.common.errors import HELPER_UNAVAILABLE, ToolError
+from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
 from mcpd.common.filesig import Signature
 
 log = logging.getLogger("mcpd.policy")
@@ -78,7 +78,7 @@ class RootClient:
         if not isinstance(real, str) or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
-            raise ToolError(HELPER_UNAVAILABLE, "the root helper answered without a path", reason="busy")
+            raise ToolError(INTERNAL_ERROR, "the root helper answered an open without its descriptor and path")
         return fds[0], real
 
     def config_fd(self, path: str) -> int:

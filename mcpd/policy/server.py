@@ -7,9 +7,10 @@ handler. The front keeps a few persistent connections and multiplexes requests o
 each capacity class has a bounded number of requests in flight (and its own threads; privileged
 calls run on their connection's thread, see :meth:`Connection.serve`), so a burst of one kind
 (logins) never takes capacity from another (token checks, spawns, privileged calls): a full class
-answers ``HELPER_UNAVAILABLE`` (reason ``busy``) at once. Anything malformed (a frame over the cap, a body that is not
-one JSON object, an unknown type, a schema break, a frame not finished within
-:data:`FRAME_SECONDS`) is an audit ``alert`` and ends that connection; it never kills a thread.
+answers ``HELPER_UNAVAILABLE`` (reason ``busy``) at once. Anything malformed (a frame over the
+cap, a body that is not one JSON object, an unknown type, a schema break, a frame not finished
+within :data:`FRAME_SECONDS`) is an audit ``alert`` and ends that connection; it never kills a
+thread.
 
 It trusts nothing the front says: every request that acts for a principal carries that
 principal's token, verified here, and the grant is decided here. What needs root it asks of the
@@ -420,14 +421,8 @@ class Connection:
         :data:`FRAME_SECONDS`. Returns None at a clean end of the connection."""
         started = None
         while True:
-            if len(self._buf) >= frames.HEADER.size:
-                (length,) = frames.HEADER.unpack_from(self._buf)
-                frames.check_length(length, frames.HELPER_REQUEST_CAP)
-                end = frames.HEADER.size + length
-                if len(self._buf) >= end:
-                    body = bytes(self._buf[frames.HEADER.size:end])
-                    del self._buf[:end]
-                    return frames.decode_body(body)
+            if (body := frames.take_frame(self._buf, frames.HELPER_REQUEST_CAP)) is not None:
+                return frames.decode_body(body)
             if self._buf:  # inside a frame
                 started = started or time.monotonic()
                 left = started + FRAME_SECONDS - time.monotonic()
