@@ -162,6 +162,29 @@ def test_a_half_sent_frame_times_out(privsep_daemon: PrivsepDaemon) -> None:
     assert 1.0 < float(out.stdout) < 20.0  # closed by the helper, after its frame timeout
 
 
+def test_no_privileged_answer_reaches_the_client_when_its_audit_record_cannot_be_written(
+        privsep_daemon: PrivsepDaemon) -> None:
+    """The worker answers the front directly, but the front reads that answer only after the
+    policy's grant, which comes after the audit write: an access without its record never
+    reaches the client. The audit log's path is made a folder (the policy process cannot reopen
+    it after a "rotation"), then put back."""
+    d = privsep_daemon
+    assert read_once(d, d.log_file, privileged=True) == (LOG_TEXT, {})
+    moved = d.audit_path.with_name("audit.jsonl.moved")
+    os.rename(d.audit_path, moved)
+    os.mkdir(d.audit_path)
+    try:
+        text, error = read_once(d, d.log_file, privileged=True)
+    finally:
+        os.rmdir(d.audit_path)
+        os.rename(moved, d.audit_path)
+    assert text is None and error.get("code") == "INTERNAL_ERROR", (text, error)
+    assert LOG_TEXT not in json.dumps(error)
+    before = len([r for r in d.audit() if r.get("event") == "accept"])
+    assert read_once(d, d.log_file, privileged=True) == (LOG_TEXT, {})  # the log back: served and recorded
+    assert len([r for r in d.audit() if r.get("event") == "accept"]) == before + 1
+
+
 def test_the_reader_of_a_privileged_read_is_unprivileged(privsep_daemon: PrivsepDaemon) -> None:
     d = privsep_daemon
     assert read_once(d, d.log_file, privileged=True) == (LOG_TEXT, {})
