@@ -95,13 +95,26 @@ def _body(event: str, fields: dict[str, Any], now: datetime.datetime | None = No
     """``"time":...,"event":...`` and ``fields``, checked and encoded, without braces."""
     if not _EVENT_RE.match(event):
         raise AuditError(f"bad audit event {event!r}")
-    when = now or datetime.datetime.now(datetime.timezone.utc)
-    head = _encode({"time": when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "event": event})[1:-1]
+    when = (now or datetime.datetime.now(datetime.timezone.utc)).replace(tzinfo=None)
+    head = f'"time":"{when.isoformat(timespec="microseconds")}Z","event":"{event}"'  # both plain ASCII, as checked
     return ",".join(p for p in (head, _members(fields)) if p)
 
 
 def _members(fields: dict[str, Any]) -> str:
-    """``fields`` checked and encoded as JSON object members (no braces; ``""`` for none)."""
+    """``fields`` checked and encoded as JSON object members (no braces; ``""`` for none). Fields
+    that are all strings or null (a privileged call's who, what and decision) are encoded once and
+    remembered: the same session reading the same path gives the same members."""
+    if all(type(v) is str or v is None for v in fields.values()):
+        return _text_members(tuple(fields.items()))
+    return _encode_members(fields)
+
+
+@functools.lru_cache(maxsize=512)
+def _text_members(items: tuple[tuple[str, str | None], ...]) -> str:
+    return _encode_members(dict(items))
+
+
+def _encode_members(fields: dict[str, Any]) -> str:
     record: dict[str, Any] = {}
     for key, value in fields.items():
         if (error := _key_error(key)) is not None:

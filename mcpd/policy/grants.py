@@ -58,6 +58,7 @@ DENIED = "path is denied by the grant"
 GRANTED = "granted"
 REAUTH = "reauthentication required"
 SECRET = "the daemon's own secrets are never served"
+DECIDED_MAX = 4096  # decisions remembered per loaded grants file (see Policy.decided)
 _DURATION_RE = re.compile(r"^(0|[1-9][0-9]{0,6})(s|m|h)?$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, None: 1}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?$")
@@ -105,6 +106,14 @@ class Policy:
     groups: dict[str, dict[str, Rule]] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()
     text: str = ""
+    #: decisions of :func:`decide` for static tokens while :attr:`timeless` (bounded; this object only)
+    decided: dict[tuple[str, frozenset[str], str, str], "Decision"] = field(default_factory=dict, compare=False,
+                                                                            repr=False)
+
+    @functools.cached_property
+    def timeless(self) -> bool:
+        """No rule has ``expires``: a static token's decision then never changes with time."""
+        return all(r.expires is None for table in (*self.users.values(), *self.groups.values()) for r in table.values())
 
 
 @dataclass(frozen=True)
@@ -359,7 +368,24 @@ def decide(policy: Policy, user: str, groups: frozenset[str] | set[str], tool: s
         A :class:`Decision`; anything but ``allowed`` is a refusal. Never raises for bad input.
         When ``covers_root`` lets the opener follow symlinks, the caller must still check the
         opened descriptor's real path with :func:`is_secret`.
+
+    A static token's decision (``login_time`` None) under grants where no rule expires does not
+    depend on ``now``: it is remembered on ``policy`` (:attr:`Policy.decided`) and answered from
+    there, so a reloaded grants file (a new :class:`Policy`) decides afresh.
     """
+    key = (user, frozenset(groups), tool, path) if login_time is None and policy.timeless else None
+    if key is not None and (hit := policy.decided.get(key)) is not None:
+        return hit  # the same inputs, the same grants, and nothing that expires: the same answer
+    decision = _decide(policy, user, groups, tool, path, now, login_time, login_used)
+    if key is not None:
+        if len(policy.decided) >= DECIDED_MAX:
+            policy.decided.clear()
+        policy.decided[key] = decision
+    return decision
+
+
+def _decide(policy: Policy, user: str, groups: frozenset[str] | set[str], tool: str, path: str,
+            now: datetime.datetime, login_time: datetime.datetime | None, login_used: bool) -> Decision:
     try:
         cleaned = clean_path(path)
     except PathError as exc:
@@ -405,19 +431,24 @@ def utcnow() -> datetime.datetime:
 
 
 GROUPS_SECONDS = 5.0  # how long a user's group list is reused while /etc/group and /etc/passwd stay the same
+GROUP_FILES_SECONDS = 1.0  # a change to /etc/group or /etc/passwd is seen within this
 _groups: dict[str, tuple[float, Any, frozenset[str]]] = {}
+_group_files: list[Any] = [0.0, None]  # [look again after (monotonic s), their signatures]
 
 
 def os_groups(user: str) -> frozenset[str]:
     """The OS groups of ``user``, its primary group included; empty for an unknown user.
 
-    Looked up again when ``/etc/group`` or ``/etc/passwd`` changes, and at least every
+    Looked up again when ``/etc/group`` or ``/etc/passwd`` changes (seen within
+    :data:`GROUP_FILES_SECONDS`), and at least every
     :data:`GROUPS_SECONDS` (groups from LDAP or SSSD change without them), so removing an account
     from a group ends its group grants within seconds."""
     import grp, pwd  # noqa: E401
 
-    files = tuple(signature(p) for p in ("/etc/group", "/etc/passwd"))
     now = time.monotonic()
+    if now >= _group_files[0]:  # looked at (two stats) at most once a GROUP_FILES_SECONDS, not per call
+        _group_files[:] = [now + GROUP_FILES_SECONDS, tuple(signature(p) for p in ("/etc/group", "/etc/passwd"))]
+    files = _group_files[1]
     hit = _groups.get(user)
     if hit is not None and hit[0] > now and hit[1] == files:
         return hit[2]

@@ -59,12 +59,12 @@ def use_root_for_config(root: RootClient) -> None:
     seen: dict[str, tuple[float, Signature]] = {}  # path -> (reuse until, root's answer)
 
     def signature_of(path: str) -> Signature:
+        hit = seen.get(path)  # only files this process may not look at are here
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]  # every token check asks: root is asked at most once a ROOT_SIGNATURE_SECONDS
         try:
             return filesig.stat_signature(path)
         except PermissionError:
-            hit = seen.get(path)
-            if hit is not None and hit[0] > time.monotonic():
-                return hit[1]  # every token check asks: root is asked at most once a ROOT_SIGNATURE_SECONDS
             try:
                 sig = root.signature(path)
             except ToolError as exc:

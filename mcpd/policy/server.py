@@ -353,14 +353,17 @@ REQUESTS: dict[str, tuple[str, dict[str, tuple[type, bool, int]], Handler]] = {
 }
 
 
+#: each request type's whole schema: its own keys, ``type`` and ``id``
+_SCHEMAS = {kind: dict(entry[1], type=(str, True, 32), id=_ID) for kind, entry in REQUESTS.items()}
+
+
 def check_request(req: dict[str, Any]) -> str:  # noqa: C901
     """Return the request's type after checking it against its schema (strict: unknown keys,
     missing keys, wrong types and overlong strings are refused). Raises :class:`Refused`."""
     kind = req.get("type")
     if not isinstance(kind, str) or kind not in REQUESTS:
         raise Refused("unknown request type")
-    entry = REQUESTS[kind]
-    schema = dict(entry[1], type=(str, True, 32), id=_ID)
+    schema = _SCHEMAS[kind]
     for key in req.keys() - schema.keys():
         raise Refused(f"{kind}: unknown key {key!r}")
     for key, (typ, required, limit) in schema.items():

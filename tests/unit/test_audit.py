@@ -162,3 +162,25 @@ def test_a_prepared_record_refuses_what_record_refuses_and_a_field_given_twice(t
         with pytest.raises(AuditError):
             log.finish(prepared, content="file body")
     assert path.read_text() == ""
+
+
+def test_records_are_written_with_the_values_given_even_when_the_same_fields_repeat(tmp_path: Path) -> None:
+    """Text fields are encoded once and remembered; values that compare equal across types
+    (``1``, ``True``, ``1.0``) and text that only looks alike are still written as given, and a
+    record's time is when it was made, in UTC."""
+    import datetime
+
+    path = tmp_path / "audit.jsonl"
+    who = {"user": "alice", "requested_path": "/var/log/x\u00e9", "grant": None}
+    with AuditLog(str(path), syslog=False) as log:
+        for value in (1, True, 1.0, "1", None, "None", 0, False):
+            log.record("accept", **who, bytes=value)
+            log.finish(log.prepare("accept", **who), bytes=value)
+        log.record("accept", **dict(who, grant="None"))
+    got = records(path)
+    assert [r["bytes"] for r in got[:-1]] == [v for v in (1, True, 1.0, "1", None, "None", 0, False) for _ in (0, 1)]
+    assert [type(r["bytes"]) for r in got[:-1:2]] == [int, bool, float, str, type(None), str, int, bool]
+    assert all(r["requested_path"] == "/var/log/x\u00e9" and r["grant"] is None for r in got[:-1])
+    assert got[-1]["grant"] == "None"
+    when = datetime.datetime.strptime(got[0]["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
+    assert abs((datetime.datetime.now(datetime.timezone.utc) - when).total_seconds()) < 60

@@ -21,6 +21,7 @@ from mcpd.policy.grants import secret_paths
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.entries import entry_covers, split_entry
 from mcpd.common.strictyaml import ConfigFileError, load_secure_yaml
+from tests.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 
 NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)
 
@@ -143,6 +144,48 @@ def test_expired_grant_is_no_grant() -> None:
     assert allowed(p, "/var/log/x", now=earlier)
 
 
+def test_a_remembered_grant_never_outlives_its_expiry() -> None:
+    """Decisions are remembered per loaded grants file only while no rule can expire: an allow
+    decided before the expiry is decided afresh after it."""
+    p = policy_for(["/var/log"], expires="2026-06-01T00:00:10Z")
+    assert allowed(p, "/var/log/x", now=NOW)
+    assert not allowed(p, "/var/log/x", now=NOW + datetime.timedelta(seconds=10))
+    assert p.decided == {}
+
+
+def test_decisions_are_remembered_per_loaded_grants_file_and_per_group_set() -> None:
+    p = policy_for(["/var/log"], subject="groups", name="ops")
+    first = decide(p, "bob", frozenset({"ops"}), "files/read", "/var/log/x", NOW)
+    assert first.allowed and decide(p, "bob", frozenset({"ops"}), "files/read", "/var/log/x", NOW) is first
+    # the same user without the group (removed from it) is decided for its own groups
+    assert not allowed(p, "/var/log/x", user="bob", groups=frozenset())
+    # a reloaded file is a new Policy: nothing carries over from the old one's answers
+    narrower = policy_for(["/srv"], subject="groups", name="ops")
+    assert not allowed(narrower, "/var/log/x", user="bob", groups=frozenset({"ops"}))
+
+
+def test_remembered_decisions_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mcpd.policy.grants as grants_module
+
+    monkeypatch.setattr(grants_module, "DECIDED_MAX", 8)
+    p = policy_for(["/var/log"])
+    for i in range(50):
+        assert allowed(p, f"/var/log/f{i}")
+        assert len(p.decided) <= 8
+    assert allowed(p, "/var/log/f49") and not allowed(p, "/etc/f49")
+
+
+def test_a_login_token_is_decided_afresh_every_time() -> None:
+    """reauth_after: 0 admits one call per login: a remembered answer would admit more."""
+    text = "users: {alice: {privileged: {tools: {files/read: {allowed: true, paths: [/var/log], reauth_after: 0}}}}}"
+    p = parse_policy(text, "t")
+    login = NOW - datetime.timedelta(seconds=1)
+    assert decide(p, "alice", frozenset(), "files/read", "/var/log/x", NOW, login_time=login).allowed
+    assert not decide(p, "alice", frozenset(), "files/read", "/var/log/x", NOW, login_time=login,
+                      login_used=True).allowed
+    assert p.decided == {} or all(not d.allowed for d in p.decided.values())
+
+
 def test_allowed_false_means_no_grant() -> None:
     p = parse_policy("users: {alice: {privileged: {tools: {files/read: {allowed: false, paths: [/]}}}}}", "t")
     assert not allowed(p, "/etc/hosts")
@@ -169,6 +212,24 @@ def test_covers_root_only_for_a_root_grant_without_deny() -> None:
     assert not covers_root(policy_for(["/var"]))
     # a deny entry means links may not be followed: one could lead into the denied path
     assert not covers_root(policy_for(["/"], deny=["/etc/shadow"]))
+
+
+def test_leaving_a_group_ends_its_group_grants_within_seconds(os_accounts: AccountFactory) -> None:  # noqa: F811
+    """The group files are looked at no more than once a second, not per call; a change is still
+    seen within seconds (polled for at most 10 s)."""
+    import subprocess
+    import time
+
+    ops = os_accounts.group()
+    bob = os_accounts.user(groups=[ops]).name
+    p = policy_for(["/var/log"], subject="groups", name=ops)
+    assert ops in os_groups(bob) and allowed(p, "/var/log/x", user=bob, groups=os_groups(bob))
+    subprocess.run(["gpasswd", "-d", bob, ops], check=True, capture_output=True)
+    end = time.monotonic() + 10
+    while ops in os_groups(bob) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert ops not in os_groups(bob)
+    assert not allowed(p, "/var/log/x", user=bob, groups=os_groups(bob))
 
 
 def test_os_groups_include_the_primary_group() -> None:
