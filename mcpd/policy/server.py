@@ -50,6 +50,7 @@ from mcpd.common.audit import AuditLog, Prepared
 from mcpd.policy import grants
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Issued, Login, Store
+from mcpd.policy.opened import OpenedFiles
 from mcpd.policy.rootclient import RootClient
 
 log = logging.getLogger("mcpd.helper")
@@ -92,6 +93,7 @@ class State:
     issued: Store
     login: Login
     workers: dict[int, Worker] = dataclasses.field(default_factory=dict)
+    opened: OpenedFiles = dataclasses.field(default_factory=OpenedFiles)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def authenticate(self, token: str) -> tuple[identity.Principal, Issued | None] | None:
@@ -245,7 +247,13 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     if not isinstance(req.get("worker"), int) or req.get("rid") is None:
         raise Refused("content call without worker and rid")
     w = _bound_worker(state, principal, req["worker"])
-    fd, real = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file")
+    fd = None if follow else state.opened.take(args["path"])  # the descriptor of an earlier read, checked again
+    if fd is not None:
+        real = args["path"]
+    else:
+        fd, real = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file")
+        if not follow:
+            state.opened.keep(args["path"], fd)
     try:
         if grants.is_secret(state.policy.policy, real):
             raise ToolError(PERMISSION_DENIED, f"permission denied: {args['path']}", path=args["path"],

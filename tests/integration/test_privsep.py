@@ -221,6 +221,52 @@ def test_symlink_swap_race_leaks_zero_bytes_through_the_daemon(privsep_daemon: P
     assert SECRET_TEXT.strip() not in d.audit_text()
 
 
+def test_a_file_read_again_after_it_changed_is_judged_as_it_is_now(privsep_daemon: PrivsepDaemon) -> None:
+    """The policy process keeps the descriptor of a privileged read for the next read of the same
+    path. Between reads of one session, the granted file is grown, replaced, hard-linked, and its
+    folder swapped for a symlink to a secret: every answer is what a fresh open would give now."""
+    d = privsep_daemon
+    sub = d.app / "kept"
+    sub.mkdir()
+    target = sub / "app.log"
+    target.write_text("one\n")
+    evil = d.srv / "evil"  # outside the grant, with a file of the same name
+    evil.mkdir()
+    (evil / "app.log").write_text(SECRET_TEXT)
+
+    async def go() -> list[tuple[str | None, str]]:
+        got = []
+        async with client(d) as c:
+            async def step(change: Any) -> None:
+                change()
+                text, err = await read(c, target, privileged=True)
+                got.append((text, err.get("details", {}).get("reason", "")))
+
+            await step(lambda: None)
+            await step(lambda: target.write_text("one\ntwo\n"))  # rewritten in place: the same file
+            await step(lambda: ((sub / ".new").write_text("replaced\n"), os.rename(sub / ".new", target)))
+            await step(lambda: os.link(target, d.app / "kept-hard"))
+            await step(lambda: os.unlink(d.app / "kept-hard"))
+            await step(lambda: os.rename(sub, d.app / "kept.old") or os.symlink(evil, sub))
+            await step(lambda: os.unlink(sub) or os.rename(d.app / "kept.old", sub))
+        return got
+
+    try:
+        answers = asyncio.run(go())
+    finally:
+        if sub.is_symlink():
+            sub.unlink()
+        if (d.app / "kept.old").exists():
+            os.rename(d.app / "kept.old", sub)
+        (d.app / "kept-hard").unlink(missing_ok=True)
+        shutil.rmtree(sub, ignore_errors=True)
+        shutil.rmtree(evil, ignore_errors=True)
+    assert answers == [("one\n", ""), ("one\ntwo\n", ""), ("replaced\n", ""),
+                       (None, "file has several hard links"), ("replaced\n", ""),
+                       (None, "symlink in path"), ("replaced\n", "")]
+    assert SECRET_TEXT.strip() not in d.audit_text()
+
+
 # ------------------------------------------------------------------ SPEC §3 non-regular files
 
 

@@ -261,3 +261,24 @@ def test_filetype_in_search_only_directory_as_the_account() -> None:
         assert json.loads(out) == ["text/plain", "inode/symlink", PERMISSION_DENIED]
     finally:
         shutil.rmtree(base)
+
+
+def test_filetype_and_read_never_use_the_descriptors_shared_offset(tmp_path: Path) -> None:
+    """A privileged read may be handed a descriptor another holder already read (the policy
+    process keeps them): the sample and the text come from the file's start whatever the offset."""
+    from mcpd.core import ops
+
+    p = tmp_path / "t.txt"
+    p.write_text("hello world\n" * 10)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.lseek(fd, 0, os.SEEK_END)
+
+        def shared(path: str) -> int:
+            return os.dup(fd)  # the same open file description, its offset at the end
+
+        assert ft(p, open_file=shared)["mime"] == "text/plain"
+        reply = ops.run({"id": 1, "op": "files/read", "args": {"path": str(p)}}, make_ctx(open_file=shared))
+        assert reply["ok"] and reply["result"]["text"] == "hello world\n" * 10
+    finally:
+        os.close(fd)

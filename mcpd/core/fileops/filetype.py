@@ -116,7 +116,7 @@ def _sample(fd: int, path: str) -> bytes:
         chunks: list[bytes] = []
         got = 0
         while got < SAMPLE_BYTES:
-            chunk = os.read(fd, SAMPLE_BYTES - got)
+            chunk = os.pread(fd, SAMPLE_BYTES - got, got)  # never the shared offset: the descriptor may be shared
             if not chunk:
                 break
             chunks.append(chunk)

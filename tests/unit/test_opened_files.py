@@ -1,0 +1,179 @@
+"""The policy process's kept descriptors (:mod:`mcpd.policy.opened`): a descriptor root opened
+for a privileged read is handed out again only while root's opener would accept it anew (SPEC
+§4.4): a regular file with one hard link whose kernel path is still exactly the checked path.
+
+Each test plays the local user who changes the granted tree between two reads."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from mcpd.policy.opened import OpenedFiles, still_at
+
+
+def open_kept(kept: OpenedFiles, path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # as root's opener hands it
+    try:
+        kept.keep(str(path), fd)
+    finally:
+        os.close(fd)
+
+
+def read_all(fd: int) -> bytes:
+    try:
+        return os.pread(fd, 1 << 16, 0)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "app.log").write_bytes(b"first\n")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "app.log").write_bytes(b"OTHER SECRET\n")
+    return tmp_path
+
+
+def test_an_unchanged_file_is_handed_out_again_and_sees_appends(tree: Path) -> None:
+    kept, path = OpenedFiles(), tree / "logs" / "app.log"
+    open_kept(kept, path)
+    assert read_all(kept.take(str(path))) == b"first\n"
+    with open(path, "ab") as f:
+        f.write(b"second\n")  # the same file, grown: still the same inode at the same path
+    assert read_all(kept.take(str(path))) == b"first\nsecond\n"
+    assert kept.take(str(tree / "logs" / "other.log")) is None
+
+
+def _replace(tree: Path) -> None:
+    new = tree / "logs" / ".new"
+    new.write_bytes(b"replaced\n")
+    os.rename(new, tree / "logs" / "app.log")
+
+
+def _unlink(tree: Path) -> None:
+    (tree / "logs" / "app.log").unlink()
+
+
+def _rename_away(tree: Path) -> None:
+    os.rename(tree / "logs" / "app.log", tree / "logs" / "app.log.1")  # log rotation
+
+
+def _hard_link(tree: Path) -> None:
+    os.link(tree / "logs" / "app.log", tree / "elsewhere")
+
+
+def _folder_swapped_for_a_symlink(tree: Path) -> None:
+    os.rename(tree / "logs", tree / "logs.old")
+    os.symlink(tree / "other", tree / "logs")
+
+
+def _folder_replaced(tree: Path) -> None:
+    os.rename(tree / "logs", tree / "logs.old")
+    (tree / "logs").mkdir()
+    (tree / "logs" / "app.log").write_bytes(b"new folder\n")
+
+
+def _symlink_over_the_file(tree: Path) -> None:
+    os.symlink(tree / "other" / "app.log", tree / "logs" / ".link")
+    os.rename(tree / "logs" / ".link", tree / "logs" / "app.log")
+
+
+@pytest.mark.parametrize("change", [_replace, _unlink, _rename_away, _hard_link, _folder_swapped_for_a_symlink,
+                                    _folder_replaced, _symlink_over_the_file])
+def test_a_changed_path_drops_the_kept_descriptor(tree: Path, change: Callable[[Path], None]) -> None:
+    kept, path = OpenedFiles(), tree / "logs" / "app.log"
+    open_kept(kept, path)
+    change(tree)
+    assert kept.take(str(path)) is None
+    assert kept.take(str(path)) is None  # dropped, not kept for later
+    if not path.exists():
+        return
+    open_kept(kept, path)  # opened again as the test (following symlinks), kept
+    fd = kept.take(str(path))
+    if os.path.realpath(path) != str(path) or os.stat(path).st_nlink != 1:
+        assert fd is None  # a descriptor that is not what the path names without links is never handed out
+    else:
+        assert read_all(fd) in (b"replaced\n", b"new folder\n")
+
+
+def test_only_regular_files_are_kept(tree: Path) -> None:
+    kept, fifo = OpenedFiles(), tree / "logs" / "fifo"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_PATH | os.O_CLOEXEC)  # what root's opener gives files/filetype for it
+    try:
+        kept.keep(str(fifo), fd)
+    finally:
+        os.close(fd)
+    assert kept.take(str(fifo)) is None
+    assert not still_at(-1, str(fifo))
+
+
+def test_at_most_size_descriptors_are_kept_least_recently_used_first(tree: Path) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    kept = OpenedFiles(size=2)
+    paths = []
+    for i in range(5):
+        p = tree / "logs" / f"f{i}"
+        p.write_bytes(b"%d\n" % i)
+        paths.append(p)
+    open_kept(kept, paths[0])
+    open_kept(kept, paths[1])
+    os.close(kept.take(str(paths[0])))  # used: paths[1] is now the least recently used
+    open_kept(kept, paths[2])
+    assert kept.take(str(paths[1])) is None
+    assert read_all(kept.take(str(paths[0]))) == b"0\n" and read_all(kept.take(str(paths[2]))) == b"2\n"
+    for p in paths[3:]:
+        open_kept(kept, p)
+    assert len(os.listdir("/proc/self/fd")) == before + 2
+    kept.clear()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_threads_taking_keeping_and_changing_the_file_never_get_a_wrong_or_closed_descriptor(tree: Path) -> None:
+    """Eight threads take and keep the same path while another replaces the file: every
+    descriptor handed out reads one of the two contents whole, and none leaks (bounded: 4000
+    takes per thread)."""
+    kept, path = OpenedFiles(size=4), tree / "logs" / "app.log"
+    path.write_bytes(b"A" * 100)
+    before = len(os.listdir("/proc/self/fd"))
+    stop, bad = threading.Event(), []
+
+    def replacer() -> None:
+        i = 0
+        while not stop.is_set():
+            new = tree / "logs" / f".n{i % 2}"
+            new.write_bytes((b"A" if i % 2 else b"B") * 100)
+            os.rename(new, path)
+            i += 1
+
+    def reader() -> None:
+        for _ in range(4000):
+            fd = kept.take(str(path))
+            if fd is None:
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue
+                kept.keep(str(path), fd)
+            data = read_all(fd)
+            if data not in (b"A" * 100, b"B" * 100):
+                bad.append(data)
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    swap = threading.Thread(target=replacer)
+    swap.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    stop.set()
+    swap.join(timeout=10)
+    assert bad == []
+    kept.clear()
+    assert len(os.listdir("/proc/self/fd")) == before
