@@ -251,21 +251,29 @@ class AuditLog:
         finally:
             os.close(fd)
 
-    def _lock_current(self) -> None:
+    def _lock_current(self) -> os.stat_result:
         """``flock`` our file, first reopening the path while it no longer names it (renamed by
-        logrotate, or removed). Writers check the path under the lock, so once we hold the old
-        file's lock nobody writes to it again: its last line is where the chain goes on."""
+        logrotate, or removed), and return the file's ``fstat`` taken under the lock. Writers
+        check the path under the lock, so once we hold the old file's lock nobody writes to it
+        again: its last line is where the chain goes on. When anything fails (the path cannot be
+        opened again) the lock is released before the error is raised: other writers never wait
+        on a record that was not written."""
         while True:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
-                st, fst = os.stat(self.path, follow_symlinks=False), os.fstat(self._fd)
-                if (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino):
-                    return
-            except FileNotFoundError:
-                pass
-            if (last := last_line(self._fd)):
-                self._seq, self._prev = chain_after(last)
-            fd, self._end = self._open(), 0
+                fst = os.fstat(self._fd)
+                try:
+                    st = os.stat(self.path, follow_symlinks=False)
+                    if (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino):
+                        return fst
+                except FileNotFoundError:
+                    pass
+                if (last := last_line(self._fd)):
+                    self._seq, self._prev = chain_after(last)
+                fd, self._end = self._open(), 0
+            except BaseException:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                raise
             os.close(self._fd)  # drops the old file's lock
             self._fd = fd
 
@@ -332,9 +340,8 @@ class AuditLog:
 
     def _write(self, body: str) -> None:
         """Append the record of encoded ``body`` (see :func:`_body`) with the next ``seq``/``prev``."""
-        self._lock_current()
+        size, torn = self._lock_current().st_size, b""
         try:
-            size, torn = os.fstat(self._fd).st_size, b""
             if size != self._end and size > 0:  # first write, or another writer appended
                 last = last_line(self._fd)
                 self._seq, self._prev = chain_after(last)

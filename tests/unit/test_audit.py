@@ -184,3 +184,30 @@ def test_records_are_written_with_the_values_given_even_when_the_same_fields_rep
     assert got[-1]["grant"] == "None"
     when = datetime.datetime.strptime(got[0]["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
     assert abs((datetime.datetime.now(datetime.timezone.utc) - when).total_seconds()) < 60
+
+
+def test_a_record_that_cannot_be_written_leaves_no_lock_behind(tmp_path: Path) -> None:
+    """The log is rotated away and its path made a folder, so the writer cannot open it again:
+    the record fails with an error, and the old file's lock is released at once (before, another
+    writer waiting for it would have waited for ever). Once the path is a file again, records
+    go on, and the chain with them."""
+    import fcntl
+
+    path = tmp_path / "audit.jsonl"
+    with AuditLog(str(path), syslog=False) as log:
+        log.record("accept", user="alice")
+        os.rename(path, tmp_path / "audit.jsonl.1")
+        path.mkdir()
+        with pytest.raises(OSError):
+            log.record("accept", user="bob")
+        other = os.open(tmp_path / "audit.jsonl.1", os.O_RDONLY)
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError while the lock is held
+        finally:
+            os.close(other)
+        path.rmdir()
+        log.record("accept", user="carol")
+    first = records(tmp_path / "audit.jsonl.1")
+    after = records(path)
+    assert [r["user"] for r in first + after] == ["alice", "carol"]
+    assert after[0]["seq"] == first[-1]["seq"] + 1
