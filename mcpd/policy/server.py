@@ -79,6 +79,7 @@ class Worker:
     owner: tuple[str, str]
     ctl: socket.socket
     busy: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    reports: bytearray = dataclasses.field(default_factory=bytearray)  # bytes of its reports read so far
 
 
 @dataclasses.dataclass
@@ -280,16 +281,22 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
 
 
 def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:
+    """The worker's report ``{"id": rid, ...}`` within ``seconds``, or None; read through the
+    worker's buffer (one ``recv`` per report as a rule). Reports of other ids (a call that timed
+    out earlier) are skipped. Raises ``INTERNAL_ERROR`` when the worker ended, and
+    :class:`frames.FrameError` for a report over 4 KiB or not a JSON object."""
     end = time.monotonic() + seconds
-    while (left := end - time.monotonic()) > 0:
-        if not select.select([w.ctl], [], [], left)[0]:
+    while True:
+        while (body := frames.take_frame(w.reports, 4096)) is not None:
+            if (report := frames.decode_body(body)).get("id") == rid:
+                return report
+        left = end - time.monotonic()
+        if left <= 0 or not select.select([w.ctl], [], [], left)[0]:
             return None
-        report = frames.recv_frame(w.ctl, 4096)
-        if report is None:
+        chunk = w.ctl.recv(READ_CHUNK)
+        if not chunk:
             raise ToolError(INTERNAL_ERROR, "the worker ended during the call")
-        if report.get("id") == rid:
-            return report
-    return None
+        w.reports += chunk
 
 
 def _walk(state: State, op: str, args: dict[str, Any], os_user: str, groups: list[str], follow: bool) -> dict[str, Any]:

@@ -1,0 +1,63 @@
+"""The policy process reads a worker's report of a privileged read (its audit record's outcome
+and bytes) through a buffer: whatever way the worker, which may be compromised, sends it."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from mcpd.common import frames
+from mcpd.common.errors import INTERNAL_ERROR, ToolError
+from mcpd.policy.server import Worker, _await_report
+
+
+@pytest.fixture
+def pair():
+    ours, theirs = socket.socketpair()
+    yield Worker(pid=1, pidfd=-1, owner=("alice", "alice"), ctl=ours), theirs
+    ours.close()
+    theirs.close()
+
+
+def test_a_report_split_anywhere_and_after_stale_ones_is_found(pair) -> None:
+    w, worker = pair
+    data = frames.encode({"id": 6, "code": None, "bytes": 1}) + frames.encode({"id": 7, "code": None, "bytes": 4096})
+
+    def send() -> None:
+        for i in range(0, len(data), 5):  # five bytes at a time
+            worker.sendall(data[i:i + 5])
+            time.sleep(0.002)
+
+    t = threading.Thread(target=send)
+    t.start()
+    assert _await_report(w, 7, 10.0) == {"id": 7, "code": None, "bytes": 4096}
+    t.join()
+    worker.sendall(frames.encode({"id": 8, "code": "FILE_NOT_FOUND", "bytes": 0}) * 2)
+    assert _await_report(w, 8, 10.0)["code"] == "FILE_NOT_FOUND"
+    assert _await_report(w, 8, 10.0)["id"] == 8  # the second, already in the buffer
+    assert w.reports == bytearray()
+
+
+def test_no_report_in_time_is_none_and_a_gone_worker_an_internal_error(pair) -> None:
+    w, worker = pair
+    assert _await_report(w, 1, 0.05) is None
+    worker.sendall(frames.encode({"id": 1})[:3])  # half a header, then the worker ends
+    worker.close()
+    with pytest.raises(ToolError) as err:
+        _await_report(w, 1, 5.0)
+    assert err.value.code == INTERNAL_ERROR
+
+
+def test_an_oversized_or_garbled_report_is_refused_before_it_is_read(pair) -> None:
+    w, worker = pair
+    worker.sendall(struct.pack("!I", 1 << 30))
+    with pytest.raises(frames.FrameError):
+        _await_report(w, 1, 5.0)
+    w.reports.clear()
+    worker.sendall(struct.pack("!I", 3) + b"[1]")
+    with pytest.raises(frames.FrameError):
+        _await_report(w, 1, 5.0)
