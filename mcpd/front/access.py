@@ -35,8 +35,8 @@ def answer_size(result: Mapping[str, Any] | None) -> int:
     """``bytes`` of a result: UTF-8 bytes of ``text``, else the number of ``entries``/``matches``."""
     if not result:
         return 0
-    if isinstance(result.get("text"), str):
-        return len(result["text"].encode("utf-8", "surrogatepass"))
+    if isinstance(text := result.get("text"), str):  # ASCII (known without a scan): its length, no copy
+        return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
     return len(result.get("entries") or result.get("matches") or [])
 
 
