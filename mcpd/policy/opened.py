@@ -25,8 +25,10 @@ import collections
 import os
 import stat
 import threading
+import time
 
 SIZE = 64  # descriptors kept, least recently used dropped first
+IDLE_SECONDS = 30.0  # a descriptor not handed out for this long is closed (see OpenedFiles.sweep)
 
 
 def still_at(fd: int, path: str) -> bool:
@@ -48,7 +50,7 @@ class OpenedFiles:
 
     def __init__(self, size: int = SIZE) -> None:
         self._size = size
-        self._fds: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._fds: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()  # path -> (fd, last used)
         self._lock = threading.Lock()
 
     def take(self, path: str) -> int | None:
@@ -58,15 +60,16 @@ class OpenedFiles:
             kept = self._fds.get(path)
             if kept is None:
                 return None
+            self._fds[path] = (kept[0], time.monotonic())
             self._fds.move_to_end(path)
-            fd = os.dup(kept)  # under the lock: nobody closes ``kept`` meanwhile
+            fd = os.dup(kept[0])  # under the lock: nobody closes it meanwhile
         if still_at(fd, path):
             return fd
         os.close(fd)
         with self._lock:
-            if self._fds.get(path) == kept:
+            if (now := self._fds.get(path)) is not None and now[0] == kept[0]:
                 del self._fds[path]
-                os.close(kept)
+                os.close(kept[0])
         return None
 
     def keep(self, path: str, fd: int) -> None:
@@ -77,16 +80,25 @@ class OpenedFiles:
         mine = os.dup(fd)
         with self._lock:
             old = self._fds.pop(path, None)
-            self._fds[path] = mine
-            dropped = [old] if old is not None else []
+            self._fds[path] = (mine, time.monotonic())
+            dropped = [old[0]] if old is not None else []
             while len(self._fds) > self._size:
-                dropped.append(self._fds.popitem(last=False)[1])
+                dropped.append(self._fds.popitem(last=False)[1][0])
         for d in dropped:
             os.close(d)
 
+    def sweep(self, idle_seconds: float = IDLE_SECONDS) -> None:
+        """Close the descriptors not handed out for ``idle_seconds``, and those whose path no
+        longer names them (:func:`still_at`): a rotated or removed log's disk space is never
+        held here for long. The policy process calls it about twice a second."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [(p, fd) for p, (fd, used) in self._fds.items() if now - used > idle_seconds or not still_at(fd, p)]
+            for p, _ in stale:
+                del self._fds[p]
+        for _, fd in stale:
+            os.close(fd)
+
     def clear(self) -> None:
         """Close every descriptor kept."""
-        with self._lock:
-            fds, self._fds = list(self._fds.values()), collections.OrderedDict()
-        for fd in fds:
-            os.close(fd)
+        self.sweep(-1.0)

@@ -512,6 +512,7 @@ def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[]
     while not stop():
         tick()
         reap(state)
+        state.opened.sweep()
         try:
             if not select.select([sock], [], [], 0.5)[0]:
                 continue

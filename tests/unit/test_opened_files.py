@@ -177,3 +177,22 @@ def test_threads_taking_keeping_and_changing_the_file_never_get_a_wrong_or_close
     assert bad == []
     kept.clear()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_removed_or_idle_file_is_not_held_open(tree: Path) -> None:
+    """A rotated and removed log must not keep its disk space because a descriptor of it is
+    kept: the sweep the policy process runs twice a second closes it, and one not used for
+    ``idle_seconds`` too."""
+    kept, path, other = OpenedFiles(), tree / "logs" / "app.log", tree / "other" / "app.log"
+    open_kept(kept, path)
+    open_kept(kept, other)
+    before = len(os.listdir("/proc/self/fd"))
+    kept.sweep()
+    assert len(os.listdir("/proc/self/fd")) == before  # both unchanged and recently used: kept
+    os.rename(path, tree / "logs" / "app.log.1")
+    os.unlink(tree / "logs" / "app.log.1")
+    kept.sweep()
+    assert len(os.listdir("/proc/self/fd")) == before - 1
+    kept.sweep(idle_seconds=0.0)
+    assert len(os.listdir("/proc/self/fd")) == before - 2
+    assert kept.take(str(other)) is None
