@@ -27,14 +27,19 @@ import stat
 import threading
 
 SIZE = 64  # descriptors kept, least recently used dropped first
+#: what the kernel appends to the path of an unlinked file: the descriptor of ``d/f (deleted)``,
+#: renamed to ``d/f``, hard-linked anywhere and unlinked from ``d/f``, reads ``d/f (deleted)`` again
+DELETED = " (deleted)"
 
 
 def still_at(fd: int, path: str) -> bool:
     """Whether the open ``fd`` is a regular file with one hard link whose kernel path is exactly
-    ``path`` now (root's opener's checks, SPEC §4.4). Never raises."""
+    ``path`` now (root's opener's checks, SPEC §4.4). A ``path`` ending in :data:`DELETED` never
+    is: the kernel's path cannot tell that name from an unlinked file's. Never raises."""
     try:
         st = os.fstat(fd)
-        return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and os.readlink(f"/proc/self/fd/{fd}") == path
+        return (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and not path.endswith(DELETED)
+                and os.readlink(f"/proc/self/fd/{fd}") == path)
     except OSError:
         return False
 
@@ -72,8 +77,8 @@ class OpenedFiles:
     def keep(self, path: str, fd: int) -> None:
         """Keep a ``dup`` of ``fd`` (a regular file root opened at ``path`` without following a
         symlink) for the next read of ``path``; the caller keeps ``fd``."""
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return  # an O_PATH descriptor of something else (files/filetype): never read, never kept
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or path.endswith(DELETED):
+            return  # an O_PATH descriptor of something else (files/filetype), or a name still_at refuses
         mine = os.dup(fd)
         with self._lock:
             old = self._fds.pop(path, None)
