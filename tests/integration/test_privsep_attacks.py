@@ -728,3 +728,95 @@ def test_a_compromised_workers_flags_on_its_descriptor_do_not_reach_another_prin
         assert read_once(d, d.log_file, privileged=True, principal="bob") == (LOG_TEXT, {})
     finally:
         _regrant(d, d.default_grants())
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """``renameat2(a, b, RENAME_EXCHANGE)``: both names swap at once (the kernel's atomic swap)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(a))
+
+
+def test_two_principals_reading_while_folders_and_files_are_exchanged_never_get_the_secret(
+        privsep_daemon: PrivsepDaemon) -> None:
+    """alice and bob, both granted the app folder, read the same kept path in their own sessions
+    while a local user swaps (RENAME_EXCHANGE) the file's folder with one outside the grant whose
+    ``f`` is a symlink to the secret, and the file with a sibling. Every answer is one of the two
+    granted files or a refusal; the secret never. Bounded in reads and time."""
+    from tests.integration.test_privsep import RACE_SECONDS
+
+    d = privsep_daemon
+    rule = {"allowed": True, "paths": [str(d.app)]}
+    _regrant(d, {"users": {d.accounts[p].name: {"privileged": {"tools": {"files/read": dict(rule)}}}
+                           for p in ("alice", "bob")}})
+    sub, out = d.app / "xsub", d.srv / "xout"
+    sub.mkdir()
+    (out / "xsub").mkdir(parents=True)
+    (sub / "f").write_text("granted A\n")
+    (sub / "g").write_text("granted B\n")
+    (out / "xsub" / "f").symlink_to(d.secret)
+    stop, swaps = threading.Event(), [0]
+
+    def swapper() -> None:
+        while not stop.is_set() and swaps[0] < 200000:
+            _exchange(sub, out / "xsub")
+            _exchange(sub, out / "xsub")
+            _exchange(sub / "f", sub / "g")
+            swaps[0] += 1
+
+    seconds = min(RACE_SECONDS, 20.0)
+
+    async def reader(principal: str) -> list[tuple[str | None, str]]:
+        got: list[tuple[str | None, str]] = []
+        end = time.monotonic() + seconds
+        async with client(d, principal) as c:
+            while time.monotonic() < end and len(got) < 2000:
+                text, err = await read(c, sub / "f", privileged=True)
+                got.append((text, err.get("details", {}).get("reason") or err.get("code", "")))
+        return got
+
+    async def both() -> list[list[tuple[str | None, str]]]:
+        return list(await asyncio.gather(reader("alice"), reader("bob")))
+
+    thread = threading.Thread(target=swapper, daemon=True)
+    thread.start()
+    try:
+        results = asyncio.run(both())
+    finally:
+        stop.set()
+        thread.join(10)
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(sub, ignore_errors=True)
+        _regrant(d, d.default_grants())
+    answers = [a for r in results for a in r]
+    assert swaps[0] > 0 and all(len(r) > 0 for r in results)
+    assert {t for t, _ in answers if t is not None} <= {"granted A\n", "granted B\n"}
+    assert {why for t, why in answers if t is None} <= {"symlink in path", "path changed while opening",
+                                                        "FILE_NOT_FOUND", "file has several hard links"}
+    assert any(t is not None for t, _ in answers)
+    assert SECRET_TEXT.strip() not in d.audit_text()
+
+
+def test_a_kept_file_near_path_max_is_read_and_dropped_like_any_other(privsep_daemon: PrivsepDaemon) -> None:
+    """A granted file whose path is close to PATH_MAX (4096 bytes) is read twice (kept), then its
+    deepest folder is renamed away and back: each answer is what is at the path now."""
+    d = privsep_daemon
+    folder = d.app / "deep"
+    while len(os.fsencode(str(folder))) < 4096 - 250 - 10:
+        folder = folder / ("d" * 200)
+    folder.mkdir(parents=True)
+    target = folder / "f"
+    target.write_text("deep\n")
+    assert len(os.fsencode(str(target))) > 3800
+    moved = folder.with_name("e" * 200)
+    steps = [(lambda: None, "files/read", str(target)), (lambda: None, "files/read", str(target)),
+             (lambda: os.rename(folder, moved), "files/read", str(target)),
+             (lambda: os.rename(moved, folder), "files/read", str(target))]
+    try:
+        answers = _session(d, steps)
+    finally:
+        shutil.rmtree(d.app / "deep", ignore_errors=True)
+    assert answers == [("deep\n", ""), ("deep\n", ""), (None, "FILE_NOT_FOUND"), ("deep\n", "")]
