@@ -820,3 +820,49 @@ def test_a_kept_file_near_path_max_is_read_and_dropped_like_any_other(privsep_da
     finally:
         shutil.rmtree(d.app / "deep", ignore_errors=True)
     assert answers == [("deep\n", ""), ("deep\n", ""), (None, "FILE_NOT_FOUND"), ("deep\n", "")]
+
+
+@pytest.fixture
+def mount_point(privsep_daemon: PrivsepDaemon) -> Iterator[Path]:  # noqa: F811
+    """A folder in the granted tree for a tmpfs, lazily unmounted (and removed) afterwards."""
+    where = privsep_daemon.app / f"mnt-{os.urandom(3).hex()}"
+    where.mkdir()
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.mark.xfail(strict=True, reason="known flaw (atk8 report): a kept descriptor's kernel path does not "
+                   "change when a file system is mounted over its folder")
+def test_a_file_system_mounted_over_a_kept_files_folder_is_read_as_it_is_now(
+        privsep_daemon: PrivsepDaemon, mount_point: Path) -> None:
+    """The administrator mounts a file system over the folder of a kept file: the path now names
+    the file on the new file system, and that is what the next read must answer (a fresh open
+    would), not the file now hidden under the mount."""
+    d, target = privsep_daemon, mount_point / "f"
+    target.write_text("under the mount\n")
+
+    def mount() -> None:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount_point)],
+                       check=True, timeout=30)
+        target.write_text("on the new file system\n")
+
+    answers = _session(d, [(lambda: None, "files/read", str(target)), (mount, "files/read", str(target))])
+    assert answers == [("under the mount\n", ""), ("on the new file system\n", "")]
+
+
+@pytest.mark.xfail(strict=True, reason="known flaw (atk8 report): kept descriptors have no age limit and keep "
+                   "their file system busy")
+def test_a_file_system_where_a_file_was_read_can_still_be_unmounted(
+        privsep_daemon: PrivsepDaemon, mount_point: Path) -> None:
+    """A privileged read of a file on a mounted file system, then the administrator unmounts it:
+    nothing of mcpd keeps it busy once the call is over (before kept descriptors, nothing did)."""
+    d, target = privsep_daemon, mount_point / "f"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount_point)],
+                   check=True, timeout=30)
+    target.write_text("on a removable file system\n")
+    assert read_once(d, target, privileged=True) == ("on a removable file system\n", {})
+    done = subprocess.run(["umount", str(mount_point)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
