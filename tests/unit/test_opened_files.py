@@ -215,3 +215,23 @@ def test_a_holders_status_flags_on_its_copy_are_not_handed_to_the_next_reader(tr
     if fd is not None:
         assert fcntl.fcntl(fd, fcntl.F_GETFL) & getattr(os, flag) == 0
         assert read_all(fd) == b"first\n"
+
+
+@pytest.mark.xfail(strict=True, reason="known flaw (atk8 report): a flock belongs to the open file description, "
+                   "which the kept descriptor keeps alive after every holder closed its copy")
+def test_a_lock_taken_on_a_handed_out_copy_ends_with_its_holder(tree: Path) -> None:
+    """A worker (compromised) takes an exclusive ``flock`` on the copy it was handed, then
+    closes it (or ends). Nothing of it stays behind: another process can lock the file."""
+    import fcntl
+
+    kept, path = OpenedFiles(), tree / "logs" / "app.log"
+    open_kept(kept, path)
+    fd = kept.take(str(path))
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.close(fd)
+    other = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(other)
+        kept.clear()
