@@ -53,8 +53,8 @@ from collections.abc import Callable
 from typing import Any
 
 FORBIDDEN_KEYS = frozenset({"token", "password", "passwd", "secret", "content", "contents"})
-_EVENT_RE = re.compile(r"^[a-z][a-z_]{0,31}$")
-_KEY_RE = re.compile(r"^[a-z][a-z_]{0,31}$")
+_EVENT_RE = re.compile(r"[a-z][a-z_]{0,31}")  # whole names only (fullmatch: "$" would let a final newline by)
+_KEY_RE = re.compile(r"[a-z][a-z_]{0,31}")
 MAX_VALUE_CHARS = 4096  # longer strings are cut (a path is at most 4096 bytes anyway)
 GENESIS = "0" * 64  # ``prev`` of the first record of a chain
 ALERT_BURST, ALERT_WINDOW, ALERT_KEYS = 10, 60.0, 256  # alerts per reason per window (s); reasons tracked
@@ -73,7 +73,7 @@ def _forbidden(key: str) -> bool:
 def _key_error(key: str) -> str | None:
     """Why ``key`` may not be a field name (None when it may); cached, as records repeat the same
     few keys and this check was most of a record's cost."""
-    if not _KEY_RE.match(key) or key in _RESERVED:
+    if not _KEY_RE.fullmatch(key) or key in _RESERVED:
         return f"bad audit field name {key!r}"
     if _forbidden(key):
         return f"audit field {key!r} is never logged"
@@ -93,7 +93,7 @@ def _clean(value: Any, key: str) -> Any:
 
 def _body(event: str, fields: dict[str, Any], now: datetime.datetime | None = None) -> str:
     """``"time":...,"event":...`` and ``fields``, checked and encoded, without braces."""
-    if not _EVENT_RE.match(event):
+    if not _EVENT_RE.fullmatch(event):
         raise AuditError(f"bad audit event {event!r}")
     when = (now or datetime.datetime.now(datetime.timezone.utc)).replace(tzinfo=None)
     head = f'"time":"{when.isoformat(timespec="microseconds")}Z","event":"{event}"'  # both plain ASCII, as checked

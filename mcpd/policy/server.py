@@ -248,13 +248,13 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     if not isinstance(req.get("worker"), int) or req.get("rid") is None:
         raise Refused("content call without worker and rid")
     w = _bound_worker(state, principal, req["worker"])
-    fd = None if follow else state.opened.take(args["path"])  # the descriptor of an earlier read, checked again
+    fd = None if follow else state.opened.take(args["path"], principal.name)  # an earlier read's, checked again
     if fd is not None:
         real = args["path"]
     else:
         fd, real = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file")
         if not follow:
-            state.opened.keep(args["path"], fd)
+            state.opened.keep(args["path"], principal.name, fd)
     try:
         if grants.is_secret(state.policy.policy, real):
             raise ToolError(PERMISSION_DENIED, f"permission denied: {args['path']}", path=args["path"],

@@ -211,3 +211,63 @@ def test_a_record_that_cannot_be_written_leaves_no_lock_behind(tmp_path: Path) -
     after = records(path)
     assert [r["user"] for r in first + after] == ["alice", "carol"]
     assert after[0]["seq"] == first[-1]["seq"] + 1
+
+
+@pytest.mark.parametrize("event, key", [("accept\n", "user"), ("accept", "user\n"), ("accept", "token\n"),
+                                        ("accept\r", "user"), ("accept", "password\n")])
+def test_event_and_field_names_with_a_trailing_newline_are_refused(tmp_path: Path, event: str, key: str) -> None:
+    """The event name goes into the line unescaped (it is checked plain ASCII): a name ending in a
+    newline would cut the record in two (a forged second line), and a field named ``token\\n``
+    would slip past the names that are never logged."""
+    path = tmp_path / "audit.jsonl"
+    with AuditLog(str(path), syslog=False) as log:
+        with pytest.raises(AuditError):
+            log.record(event, **{key: "x"})
+        with pytest.raises(AuditError):
+            log.prepare(event, **{key: "x"})
+    assert path.read_text() == ""
+
+
+HOSTILE = ['/a"}\n{"seq":1,"event":"accept"', "/a\\", "/a\r\n/b", "/\u2028\u2029", "/\udcff", "/\x00\x1b[2J",
+           "/\U0001f600" * 1100, "/x" * 3000, "/é"]
+
+
+def test_remembered_text_fields_encode_hostile_strings_as_one_line_that_reads_back(tmp_path: Path) -> None:
+    """Text fields are encoded once and remembered. Every string (quotes, backslashes, newlines,
+    line separators, lone surrogates, control characters, over 4096 characters) is written as one
+    line whose value reads back as given (cut at 4096 characters), the first time and from memory,
+    and never as another record's value."""
+    path = tmp_path / "audit.jsonl"
+    with AuditLog(str(path), syslog=False) as log:
+        for _ in range(2):
+            for value in HOSTILE:
+                log.record("accept", user="alice", requested_path=value, grant=None)
+                log.finish(log.prepare("accept", user="alice", requested_path=value), bytes=1)
+    lines = path.read_text(encoding="ascii").split("\n")
+    assert lines[-1] == "" and len(lines) - 1 == 4 * len(HOSTILE)
+    got = [json.loads(line)["requested_path"] for line in lines[:-1]]
+    assert got == [v[:4096] for _ in range(2) for v in HOSTILE for _ in range(2)]
+
+
+def test_a_refused_field_is_refused_every_time_not_only_the_first(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    with AuditLog(str(path), syslog=False) as log:
+        for _ in range(3):
+            with pytest.raises(AuditError):
+                log.record("accept", user="alice", api_token="t")
+            with pytest.raises(AuditError):
+                log.record("accept", user="alice", Bad="t")
+        log.record("accept", user="alice")
+    assert [r["user"] for r in records(path)] == ["alice"]
+
+
+def test_the_record_time_always_has_microseconds_and_a_four_digit_year() -> None:
+    import datetime
+
+    from mcpd.common.audit import format_record
+
+    utc = datetime.timezone.utc
+    for when, text in ((datetime.datetime(2026, 1, 2, 3, 4, 5, 0, utc), "2026-01-02T03:04:05.000000Z"),
+                       (datetime.datetime(2026, 1, 2, 3, 4, 5, 7, utc), "2026-01-02T03:04:05.000007Z"),
+                       (datetime.datetime(999, 12, 31, 23, 59, 59, 999999, utc), "0999-12-31T23:59:59.999999Z")):
+        assert json.loads(format_record("accept", {}, now=when))["time"] == text
