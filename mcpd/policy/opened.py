@@ -3,9 +3,9 @@
 A privileged read asks root to open the granted path (:mod:`mcpd.helper.opener`): one round trip
 to root and about a fifth of the privileged route's cost. Reading the same file again (an agent
 paging through a log) does not need a new open, only the same proof that the descriptor is what
-the path names now. So the policy process keeps the read descriptors root gave it, by path (only
-where no symlink may be followed, so the checked path is the real one), and before handing one
-out again makes on it the checks root's opener makes on a new one (SPEC §4.4):
+the path names now. So the policy process keeps the read descriptors root gave it, by principal
+and path (only where no symlink may be followed, so the checked path is the real one), and before
+handing one out again makes on it the checks root's opener makes on a new one (SPEC §4.4):
 
 * ``fstat``: still a regular file with exactly one hard link (a hard link made since, or the file
   removed, and the descriptor is dropped);
@@ -16,7 +16,9 @@ out again makes on it the checks root's opener makes on a new one (SPEC §4.4):
 Any failure drops the descriptor and the call goes to root as a first read would. Nothing here
 decides: the grant is decided for every call before a descriptor is looked up, and a descriptor is
 only what root's opener already proved. The workers read with ``pread`` only, so the open file
-description's offset, which every holder shares, is never used.
+description's offset, which every holder shares, is never used; its status flags and ``flock``
+locks are checked and released (see :class:`OpenedFiles`). Descriptors are closed 5 s after their
+last use, and all of them when the mount table changes.
 """
 
 from __future__ import annotations
