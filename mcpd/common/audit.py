@@ -285,8 +285,7 @@ class AuditLog:
             OSError: the write failed.
         """
         with self._lock:
-            for reason, (_, _, dropped) in self._due(self._clock()):
-                self._write(_body("alert", {"reason": reason, "suppressed": int(dropped)}))
+            self._write_due(self._clock())
             if event == "alert" and not self._admit(fields):
                 return
             self._write(_body(event, fields))
@@ -316,9 +315,13 @@ class AuditLog:
             raise AuditError(f"audit fields given twice: {sorted(twice)}")
         body = ",".join(p for p in (prepared.body, _members(fields)) if p)
         with self._lock:
-            for reason, (_, _, dropped) in self._due(self._clock()):
-                self._write(_body("alert", {"reason": reason, "suppressed": int(dropped)}))
+            self._write_due(self._clock())
             self._write(body)
+
+    def _write_due(self, now: float | None) -> None:
+        """Write the count of each alert reason whose window is over (all when ``now`` is None)."""
+        for reason, (_, _, dropped) in self._due(now):
+            self._write(_body("alert", {"reason": reason, "suppressed": int(dropped)}))
 
     def _due(self, now: float | None) -> list[tuple[str, list[float]]]:
         """Alert reasons whose window is over (all when ``now`` is None) with a count to write; forgets them."""
@@ -365,8 +368,7 @@ class AuditLog:
         """Write the counts of alerts still held back, then close the file (idempotent)."""
         with self._lock:
             if self._fd >= 0:
-                for reason, (_, _, dropped) in self._due(None):
-                    self._write(_body("alert", {"reason": reason, "suppressed": int(dropped)}))
+                self._write_due(None)
                 os.close(self._fd)
                 self._fd = -1
             if self._journal is not None:
