@@ -25,7 +25,7 @@ from starlette.applications import Starlette
 from starlette.authentication import AuthCredentials, AuthenticationBackend, AuthenticationError
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.requests import HTTPConnection
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -52,12 +52,17 @@ class OriginMiddleware:
         self.app = app
         self.allowed = frozenset(allowed_origins)
 
+    def refusal(self, scope: Scope) -> Response | None:
+        """The ``403`` for an HTTP request with an ``Origin`` header not allowed, else ``None``."""
+        origins = [v for k, v in scope["headers"] if k == b"origin"]
+        if origins and any(o.decode("latin-1") not in self.allowed for o in origins):
+            return PlainTextResponse("origin not allowed", status_code=403)
+        return None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            origins = [v for k, v in scope["headers"] if k == b"origin"]
-            if origins and any(o.decode("latin-1") not in self.allowed for o in origins):
-                await PlainTextResponse("origin not allowed", status_code=403)(scope, receive, send)
-                return
+        if scope["type"] == "http" and (refused := self.refusal(scope)) is not None:
+            await refused(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
 
@@ -120,15 +125,68 @@ def unauthorized(conn: HTTPConnection, exc: AuthenticationError) -> Response:
     return PlainTextResponse(str(exc), status_code=401, headers={"WWW-Authenticate": challenge})
 
 
+class MessageRoute:
+    """``POST /message`` (and ``{base_path}/message``) without the generic stack: the one request
+    every tool call of the HTTP+SSE transport makes, so the one worth running lean.
+
+    It makes the stack's checks, in the stack's order and with the stack's own objects, and nothing
+    else: the ``Origin`` check (:meth:`OriginMiddleware.refusal`), the ``Host`` check
+    (:meth:`HostMiddleware.refusal`), the bearer token (:meth:`BearerBackend.authenticate`, a
+    refusal answered by :func:`unauthorized`), then the transport's own handler
+    (:meth:`Transport.message`). Every answer of status 400 or more is logged by the same
+    :class:`RefusalLogMiddleware`. What it leaves out is what does nothing on this route: the router
+    (the path and method are known), starlette's exception middlewares (an exception reaches the
+    server, which answers ``500`` as they would) and one wrapper of ``send`` per layer.
+
+    Args:
+        paths: the exact paths served (``/message``, and under ``base_path`` when set).
+        origin: the origin check. host: the host check. backend: the bearer check.
+        transport: the HTTP+SSE endpoints.
+    """
+
+    def __init__(self, paths: frozenset[str], origin: "OriginMiddleware", host: HostMiddleware,
+                 backend: "BearerBackend", transport: Transport) -> None:
+        self.paths = paths
+        self.origin, self.host, self.backend, self.transport = origin, host, backend, transport
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refused = self.origin.refusal(scope) or self.host.refusal(scope)
+        if refused is None:
+            conn = HTTPConnection(scope)
+            try:
+                authenticated = await self.backend.authenticate(conn)
+            except AuthenticationError as exc:
+                refused = unauthorized(conn, exc)
+            else:
+                if authenticated is None:  # (never for this route: no open path is a message path)
+                    refused = PlainTextResponse("Not Found", status_code=404)
+                else:
+                    scope["auth"], scope["user"] = authenticated
+        if refused is None:
+            refused = response = await self.transport.message(Request(scope, receive))
+            if response.status_code < 400:
+                await response(scope, receive, send)
+                return
+        await RefusalLogMiddleware(refused)(scope, receive, send)
+
+
 class FrontApp(Starlette):
     """Starlette, which also runs the session streams handed to it (:data:`~mcpd.front.transport.sse.HANDOFF`):
     a ``GET /sse`` or ``GET /mcp`` stream is started through the whole stack, and streamed from here
     once the middleware and the router have returned, with the request's own ``receive`` and
-    ``send``; an open stream then holds none of their frames and wrappers."""
+    ``send``; an open stream then holds none of their frames and wrappers. ``POST /message`` goes
+    to :attr:`message_route` when set (:class:`MessageRoute`: the same checks, without the generic
+    layers)."""
+
+    message_route: MessageRoute | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
+            return
+        fast = self.message_route
+        if fast is not None and scope["method"] == "POST" and scope["path"] in fast.paths:
+            await fast(scope, receive, send)
             return
         handoff: list[SessionStream] = []
         # a copy for the stack to add its keys to: the server's own scope lives as long as the
@@ -184,4 +242,7 @@ def build_app(
     ]
     app = FrontApp(routes=routes, middleware=middleware)
     app.state.sessions = manager
+    message_paths = frozenset({"/message", f"{cfg.base_path}/message"})
+    app.message_route = MessageRoute(message_paths, OriginMiddleware(app, cfg.allowed_origins),
+                                     HostMiddleware(app, hosts), backend, transport)
     return app

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.conftest import Daemon
+from tests.conftest import Daemon, SseSession
 from tests.integration.test_streamable import INIT, client, hdrs, open_session
 
 pytestmark = pytest.mark.anyio
@@ -60,5 +60,56 @@ async def test_each_refusal_is_one_line_with_reason_and_peer_never_the_token(
     assert reasons[2] == "origin not allowed"
     assert "content type" in reasons[5] and "too large" in reasons[6] and "too many sessions" in reasons[7]
     assert reasons[8] == "no such session"
+    log = d.log()
+    assert "S" * 43 not in log and d.token not in log and d.token.rsplit("_", 1)[1] not in log
+
+
+@pytest.mark.parametrize("base", ["", "/base"])
+async def test_every_refusal_of_post_message_is_answered_and_logged_like_any_other(
+        daemon_factory: Callable[..., Daemon], base: str) -> None:
+    """``POST /message`` runs on a lean route of its own (mcpd/front/app.py ``MessageRoute``): each
+    check the stack makes must still refuse there, in the stack's order, with the same answer and
+    one log line, at the root and under ``base_path``."""
+    d = daemon_factory(max_body_bytes=1024, allowed_origins=["https://ok.example"], allowed_hosts="auto",
+                       base_path=base)
+    forged = "mcpd_0123456789ab_" + "S" * 43
+    _, port = d.host_port
+    async with SseSession(d) as s:
+        assert s.endpoint.startswith(f"{base}/message?session_id=")
+        url = f"{d.url}{s.endpoint}"
+        ping = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
+        good = {**d.auth(), "Content-Type": "application/json"}
+        c = s.client
+        cases: list[tuple[int, dict[str, str], bytes, str]] = [
+            (401, {"Content-Type": "application/json"}, ping, url),
+            (401, {**good, "Authorization": f"Bearer {forged}"}, ping, url),
+            (403, {**good, "Origin": "https://evil.example", "Authorization": "Bearer nope"}, ping, url),  # before auth
+            (421, {**good, "Host": f"attacker.example:{port}", "Authorization": "Bearer nope"}, ping, url),
+            (400, good, ping, f"{d.url}{base}/message?session_id=xyz"),
+            (404, good, ping, f"{d.url}{base}/message?session_id={'0' * 32}"),
+            (415, {**good, "Content-Type": "text/plain"}, ping, url),
+            (413, good, b"{" + b" " * 2000 + b"}", url),
+            (400, good, b"{nope", url),
+        ]
+        for status, headers, body, target in cases:
+            r = await c.post(target, content=body, headers=headers)
+            assert r.status_code == status, (status, r.text)
+        r = await c.post(url, content=b"{", headers={"Content-Type": "application/json"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        r = await c.post(url, content=ping, headers={**good, "Authorization": f"Bearer {forged}"})
+        assert r.headers["www-authenticate"].startswith('Bearer error="invalid_token"')
+        assert (await c.get(url, headers=good)).status_code == 405  # not the lean route: the stack's answer
+        assert (await c.post(url, content=ping, headers={**good, "Origin": "https://ok.example"})).status_code == 202
+        assert (await s.reply(1))["result"] == {}
+    lines = refused_lines(d, len(cases) + 5)
+    got = [(status, method, path) for status, method, path, _ in lines]
+    path = f"{base}/message"
+    assert got == [(status, "POST", path) for status, *_ in cases] + [(401, "POST", path)] * 2 + \
+        [(405, "GET", path)], lines
+    reasons = [reason for *_, reason in lines]
+    assert reasons[:8] == ["bearer token required (no bearer token)", "invalid token (token id 0123456789ab)",
+                           "origin not allowed", "host not allowed", "missing or malformed session_id",
+                           "no such session", "content type must be application/json", "body too large"]
+    assert reasons[8] == "parse error"
     log = d.log()
     assert "S" * 43 not in log and d.token not in log and d.token.rsplit("_", 1)[1] not in log

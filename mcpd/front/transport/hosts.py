@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from starlette.responses import PlainTextResponse
+from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 AUTO = "auto"
@@ -127,10 +127,17 @@ class HostMiddleware:
         self.app = app
         self.rule = rule
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.rule.enabled:
+    def refusal(self, scope: Scope) -> Response | None:
+        """The ``421`` for an HTTP request whose one ``Host`` header the rule does not accept (or
+        that has none, or several), else ``None``; always ``None`` when no host is named."""
+        if self.rule.enabled:
             hosts = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
             if len(hosts) != 1 or not self.rule.allows(hosts[0]):
-                await PlainTextResponse("host not allowed", status_code=421)(scope, receive, send)
-                return
+                return PlainTextResponse("host not allowed", status_code=421)
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (refused := self.refusal(scope)) is not None:
+            await refused(scope, receive, send)
+            return
         await self.app(scope, receive, send)

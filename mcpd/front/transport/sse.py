@@ -516,6 +516,9 @@ class Transport:
         except BodyRefused as exc:
             return exc.response()
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
-        session.protocol.receive(payload, Caller(user.principal, user.token, peer))
+        if session.protocol.receive(payload, Caller(user.principal, user.token, peer)) is not None:
+            # let the call start first: it reaches its worker (or the helper) and runs there while
+            # this request's 202 is written, rather than after it
+            await asyncio.sleep(0)
         return Response(status_code=202)
 
