@@ -11,6 +11,7 @@ grow text up to 6x, so :func:`reply_cap` gives the cap for a reply frame.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -53,9 +54,15 @@ def encode(obj: dict[str, Any]) -> bytes:
 MAX_DEPTH = 64  # JSON nested deeper than this is refused like unparsable JSON (SPEC §2.3)
 
 
-def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+def too_deep(value: Any, limit: int = MAX_DEPTH, text: bytes | str | None = None) -> bool:
     """Whether ``value`` (parsed JSON) nests arrays and objects more than ``limit`` levels deep
-    (a bare object or array is one level). Iterative, so any depth is safe to check."""
+    (a bare object or array is one level). Iterative, so any depth is safe to check. ``text``:
+    the JSON ``value`` was parsed from, when at hand: text with at most ``limit`` opening brackets
+    cannot nest deeper, and is answered without the walk (the usual case, counted in C)."""
+    if text is not None:
+        opening = (b"[", b"{") if isinstance(text, bytes) else ("[", "{")
+        if text.count(opening[0]) + text.count(opening[1]) <= limit:  # type: ignore[arg-type]
+            return False
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -68,15 +75,26 @@ def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=8)
+def _decoder(parse_constant: Any) -> json.JSONDecoder:
+    """One decoder per ``parse_constant`` (``json.loads`` with an argument builds one per call)."""
+    return json.JSONDecoder(parse_constant=parse_constant)
+
+
 def loads(data: bytes | str, parse_constant: Any = None) -> Any:
     """Parse JSON as every mcpd process does: :class:`FrameError` for anything unparsable, nested
     deeper than :data:`MAX_DEPTH` levels, or so deep the parser itself gives up.
-    ``parse_constant``: as for :func:`json.loads` (called for ``NaN``, ``Infinity``)."""
+    ``parse_constant``: as for :func:`json.loads` (called for ``NaN``, ``Infinity``). Bytes are
+    decoded as :func:`json.loads` decodes them (UTF-8, -16 or -32, found from the first bytes)."""
     try:
-        value = json.loads(data, parse_constant=parse_constant)
+        if parse_constant is None:
+            value = json.loads(data)
+        else:
+            text = data.decode(json.detect_encoding(data), "surrogatepass") if isinstance(data, bytes) else data
+            value = _decoder(parse_constant).decode(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise FrameError("not JSON" if not isinstance(exc, RecursionError) else "JSON nested too deeply") from None
-    if too_deep(value):
+    if too_deep(value, text=data):
         raise FrameError(f"JSON nested deeper than {MAX_DEPTH} levels")
     return value
 

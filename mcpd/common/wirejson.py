@@ -71,6 +71,6 @@ def loads(data: bytes) -> Any:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
         return std_loads(data)
-    if too_deep(value):
+    if too_deep(value, text=data):
         raise FrameError(f"JSON nested deeper than {MAX_DEPTH} levels")
     return value
