@@ -69,8 +69,11 @@ def guarded_protocol(count: ConnectionCount,
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # One instance attribute only: past 30 in all (uvicorn's own, this, and the ``url`` uvicorn
         # adds later), an instance's dict no longer shares its keys with the other instances' and
-        # costs 1.3 KiB more, for every connection. ``_timer``: the deadline armed, ``None`` when
-        # none is, or ``_UNCOUNTED`` (the class's default): not admitted yet, refused, or released.
+        # costs 1.3 KiB more, for every connection. ``_timer``: the deadline's timer; a pending
+        # deadline ``(loop time, kind)`` whose timer is made only if the bytes received so far
+        # leave the request unfinished (a request that arrives whole, the usual case, arms none);
+        # ``None`` when none is armed; or ``_UNCOUNTED`` (the class's default): not admitted yet,
+        # refused, or released.
         _timer: Any = _UNCOUNTED
 
         def _peer(self) -> str:
@@ -87,6 +90,7 @@ def guarded_protocol(count: ConnectionCount,
                 return
             self._timer = None
             self._arm(limits.header_seconds)
+            self._start_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._timer is not _UNCOUNTED:
@@ -99,6 +103,7 @@ def guarded_protocol(count: ConnectionCount,
             if self._timer is _UNCOUNTED:  # over a cap: closing, read nothing
                 return
             super().data_received(data)
+            self._start_timer()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -115,11 +120,18 @@ def guarded_protocol(count: ConnectionCount,
         def _arm(self, seconds: float, kind: str = "header_deadline") -> None:
             self._disarm()
             if self._timer is None:
-                self._timer = self.loop.call_later(seconds, self._too_slow, kind)
+                self._timer = (self.loop.time() + seconds, kind)
+
+        def _start_timer(self) -> None:
+            """Make the pending deadline's timer (the request is still unfinished)."""
+            if type(self._timer) is tuple:
+                when, kind = self._timer
+                self._timer = self.loop.call_at(when, self._too_slow, kind)
 
         def _disarm(self) -> None:
             if self._timer is not None and self._timer is not _UNCOUNTED:
-                self._timer.cancel()
+                if type(self._timer) is not tuple:
+                    self._timer.cancel()
                 self._timer = None
 
         def _too_slow(self, kind: str) -> None:

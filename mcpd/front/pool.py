@@ -408,7 +408,10 @@ class WorkerPool:
         decided: frozenset[str] = frozenset(), admitted: Callable[[], None] = lambda: None,
     ) -> dict[str, Any]:
         try:
-            async with asyncio.timeout_at(deadline):
+            if account.slots.locked():  # (a free slot is taken at once: no deadline to arm)
+                async with asyncio.timeout_at(deadline):
+                    await account.slots.acquire()
+            else:
                 await account.slots.acquire()
             admitted()
         except TimeoutError:

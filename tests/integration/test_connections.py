@@ -72,6 +72,40 @@ def test_slow_clients_are_dropped_and_delay_no_one(daemon_factory: Callable[...,
             s.close()
 
 
+def test_deadlines_hold_for_a_second_request_and_for_a_body_sent_in_pieces(daemon_factory: Callable[..., Daemon]) -> None:
+    """A request that arrives whole arms no timer (mcpd/front/connguard.py); one that does not
+    must still be cut at its deadline: the second request of a kept-alive connection that never
+    finishes its headers, and a body whose pieces each come well within the deadline but whose
+    whole takes longer (the body deadline counts from the headers, not from the last piece)."""
+    d = daemon_factory(connections={**LIMITS, "idle_seconds": 30})
+    second = tls(d, "127.0.0.6")
+    second.sendall(b"POST /message?session_id=x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+    assert second.recv(4096).startswith(b"HTTP/1.1 401")  # answered whole; the connection is kept
+    second.sendall(b"GET /sse HTTP/1.1\r\nHost: x\r\n")  # a second request whose headers never end
+    pieces = tls(d, "127.0.0.7")
+    pieces.sendall(b"POST /message?session_id=x HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: 100\r\nAuthorization: Bearer x\r\n\r\n{")
+    try:
+        start = time.monotonic()
+        cut = None
+        for _ in range(40):  # one byte every 0.25 s: each within the deadline, the whole past it
+            try:
+                pieces.sendall(b" ")
+            except OSError:
+                cut = time.monotonic() - start
+                break
+            if closed_within(pieces, 0.25) is not None:
+                cut = time.monotonic() - start
+                break
+        assert cut is not None and cut < DROP_WITHIN, cut
+        took = closed_within(second, DROP_WITHIN)
+        assert took is not None, "a kept-alive connection's unfinished second request was never cut"
+        assert works(d)
+    finally:
+        second.close()
+        pieces.close()
+
+
 def test_connections_over_the_per_address_cap_are_closed_at_once(daemon_factory: Callable[..., Daemon]) -> None:
     d = daemon_factory(connections=dict(LIMITS, header_seconds=30))
     held: list[Any] = []
