@@ -101,12 +101,21 @@ def _body(event: str, fields: dict[str, Any], now: datetime.datetime | None = No
 
 
 def _members(fields: dict[str, Any]) -> str:
-    """``fields`` checked and encoded as JSON object members (no braces; ``""`` for none). Fields
-    that are all strings or null (a privileged call's who, what and decision) are encoded once and
-    remembered: the same session reading the same path gives the same members."""
-    if all(type(v) is str or v is None for v in fields.values()):
-        return _text_members(tuple(fields.items()))
-    return _encode_members(fields)
+    """``fields`` checked and encoded as JSON object members, in order (no braces; ``""`` for
+    none). The leading run of fields that are strings or null (a call's who, what and decision)
+    is encoded once and remembered: the same session reading the same path gives the same
+    members; the fields after it (counts, durations) are encoded each time."""
+    items = tuple(fields.items())
+    text = 0
+    for _, value in items:
+        if type(value) is not str and value is not None:
+            break
+        text += 1
+    head = _text_members(items[:text]) if text else ""
+    if text == len(items):
+        return head
+    tail = _encode_members(dict(items[text:]))
+    return f"{head},{tail}" if head and tail else head or tail
 
 
 @functools.lru_cache(maxsize=512)

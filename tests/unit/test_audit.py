@@ -271,3 +271,26 @@ def test_the_record_time_always_has_microseconds_and_a_four_digit_year() -> None
                        (datetime.datetime(2026, 1, 2, 3, 4, 5, 7, utc), "2026-01-02T03:04:05.000007Z"),
                        (datetime.datetime(999, 12, 31, 23, 59, 59, 999999, utc), "0999-12-31T23:59:59.999999Z")):
         assert json.loads(format_record("accept", {}, now=when))["time"] == text
+
+
+def test_mixed_records_keep_their_field_order_and_values_whatever_was_remembered(tmp_path: Path) -> None:
+    """Text fields in front are remembered, the rest encoded each time: the line is still every
+    field in the order given, with its own values, and a bad field is refused wherever it sits."""
+    path = tmp_path / "a.jsonl"
+    text = {"user": "alice", "peer": "127.0.0.1:1", "outcome": None}
+    with AuditLog(str(path), syslog=False) as log:
+        for n in (1, 2):
+            log.record("access", **text, bytes=n, duration_ms=n / 10, reason="after numbers", ok=True)
+        log.record("access", bytes=3, **text)
+        log.record("access", **text)
+        with pytest.raises(AuditError):
+            log.record("access", **text, bytes=1, nested=[1])
+        with pytest.raises(AuditError):
+            log.record("access", **text, **{"bad key": 1})
+    lines = path.read_text().splitlines()
+    got = [json.loads(line) for line in lines]
+    order = [list(r)[3:] for r in got]  # after seq, prev and time... and event
+    assert order[0] == order[1] == ["event", "user", "peer", "outcome", "bytes", "duration_ms", "reason", "ok"]
+    assert order[2] == ["event", "bytes", "user", "peer", "outcome"] and order[3] == ["event", "user", "peer", "outcome"]
+    assert [(r["bytes"], r["duration_ms"], r["ok"]) for r in got[:2]] == [(1, 0.1, True), (2, 0.2, True)]
+    assert len(got) == 4
