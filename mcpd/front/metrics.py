@@ -65,11 +65,22 @@ def limit_hit(kind: str) -> None:
     LIMITS_HIT.labels(kind).inc()
 
 
+_CALL_SERIES: dict[tuple[str, str, str], tuple[Any, Any]] = {}  # (tool, route, code) → its two series
+_CALL_SERIES_MAX = 1024
+
+
 def observe_call(tool: str, route: str, code: str, seconds: float) -> None:
     """Count one finished call: ``route`` is ``unprivileged``, ``forwarded`` (privileged) or
-    ``refused`` (before any route); ``code`` is ``ok`` or the error code; ``seconds`` its time."""
-    CALLS.labels(tool, route, code).inc()
-    CALL_SECONDS.labels(tool, route).observe(seconds)
+    ``refused`` (before any route); ``code`` is ``ok`` or the error code; ``seconds`` its time.
+    The labelled series are looked up once per label set (at most :data:`_CALL_SERIES_MAX` kept)."""
+    key = (tool, route, code)
+    series = _CALL_SERIES.get(key)
+    if series is None:
+        series = (CALLS.labels(tool, route, code), CALL_SECONDS.labels(tool, route))
+        if len(_CALL_SERIES) < _CALL_SERIES_MAX:
+            _CALL_SERIES[key] = series
+    series[0].inc()
+    series[1].observe(seconds)
 
 
 class PoolState(Protocol):
