@@ -160,6 +160,25 @@ async def test_every_spelling_of_the_message_path_gets_every_check(daemon_factor
     assert_no_crash_in_log(d)
 
 
+@pytest.mark.xfail(strict=True, reason="pre-existing config gap: base_path is only checked for its slashes; under "
+                   "/.well-known/ (never authenticated) its message endpoint is 404 (on main a 500) and its /sse and "
+                   "/mcp a 500 (UnauthenticatedUser has no principal); with a '%' its advertised endpoint, decoded "
+                   "by the server, matches no route (404)")
+@pytest.mark.parametrize("base", ["/.well-known", "/a%20b"])
+async def test_a_base_path_is_refused_at_start_or_its_endpoint_works(daemon_factory: Callable[..., Daemon],
+                                                                    base: str) -> None:
+    """A ``base_path`` whose advertised endpoint cannot work must stop ``mcpd serve`` (config
+    error); one that starts must serve its endpoint."""
+    try:
+        d = daemon_factory(base_path=base)
+    except RuntimeError:
+        return  # refused at start
+    async with SseSession(d) as s:
+        assert s.endpoint.startswith(f"{base}/message?session_id=")
+        r = await s.post({"jsonrpc": "2.0", "id": "base", "method": "ping"})
+        assert r.status_code == 202, (r.status_code, r.text)
+
+
 @pytest.mark.parametrize("method", ["HEAD", "GET", "PUT", "PATCH", "DELETE", "OPTIONS"])
 async def test_other_methods_on_the_message_path_are_405_after_the_token_check(
         daemon: Daemon, method: str) -> None:
@@ -431,9 +450,9 @@ async def test_a_chunked_body_over_the_cap_is_413_and_the_connection_stays_usabl
 
 
 async def test_pipelined_refusals_leave_the_connection_clean(daemon: Daemon) -> None:
-    """Refusals answered without reading the body (401, 403, 415, 404) on one kept-alive connection,
-    each followed by a good POST: every request is answered in order as itself, and only the good
-    ones reach the session."""
+    """Refusals answered without reading the body (401, 403, 415, 404, and a 401 whose chunked body
+    spells a request) on one kept-alive connection, each followed by a good POST: every request is
+    answered in order as itself, and only the good ones reach the session."""
     async with SseSession(daemon) as s:
         sid = s.endpoint.rsplit("=", 1)[1]
         target = f"/message?session_id={sid}"
@@ -449,13 +468,21 @@ async def test_pipelined_refusals_leave_the_connection_clean(daemon: Daemon) -> 
             want.append(status)
             reqs.append(request("POST", target, post_headers(daemon, ping(f"good-{n}"), close=False), ping(f"good-{n}")))
             want.append(202)
+        # a chunked body, refused by its token before it is read, whose chunks spell a whole request
+        smuggled = request("POST", target, post_headers(daemon, ping("smuggled"), close=False), ping("smuggled"))
+        head = [h for h in post_headers(daemon, b"", token="nope", close=False) if h[0] != "Content-Length"]
+        reqs.append(request("POST", target, head + [("Transfer-Encoding", "chunked")]) +
+                    b"%x\r\n%s\r\n0\r\n\r\n" % (len(smuggled), smuggled))
+        want.append(401)
+        reqs.append(request("POST", target, post_headers(daemon, ping("good-4"), close=False), ping("good-4")))
+        want.append(202)
         with open_raw(daemon) as sock:
             sock.sendall(b"".join(reqs))
             buf = bytearray()
             got = [read_answer(sock, buf).status for _ in reqs]
         assert got == want
         await s.request("ping", req_id="last")
-        assert sorted(json.loads(k) for k in s.pending) == [f"good-{n}" for n in range(4)]
+        assert sorted(json.loads(k) for k in s.pending) == [f"good-{n}" for n in range(5)]  # never "smuggled"
 
 
 async def test_expect_100_continue_is_refused_before_the_body_when_the_token_is_bad(daemon: Daemon) -> None:
