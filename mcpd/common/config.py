@@ -37,7 +37,7 @@ Example (every key optional)::
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536}
     workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64}
     connections: {max_total: 4096, max_per_address: 1024, handshake_seconds: 10, header_seconds: 10,
-                  body_seconds: 30, idle_seconds: 5}   # what one client connection may hold
+                  body_seconds: 30, idle_seconds: 5, max_header_bytes: 65536}   # what one client connection may hold
     workspaces: {alice: /srv/projects/alice}   # root of relative file: resource URIs, per principal
     default_workspace: "~"         # for principals not listed: "~" = the OS account's home, "" = none
     login: {pam_service: mcpd, token_ttl_seconds: 28800, free_failures: 2, base_delay_seconds: 0.5,
@@ -53,6 +53,7 @@ Example (every key optional)::
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -63,6 +64,8 @@ from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml, read_secu
 
 __all__ = ["EXIT_CONFIG", "POLICY_USER", "WALK_USER", "Config", "ConfigError", "load", "from_dict"]
 _ROOT = RootSettings()  # the defaults of the keys the root helper reads itself
+# base_path: "/seg/seg", each segment plain (served and advertised alike), none "." or ".."
+_BASE_PATH_RE = re.compile(r"(?:/(?!\.\.?(?:/|$))[A-Za-z0-9._~-]+)+")
 
 
 class ConfigError(Exception):
@@ -119,6 +122,7 @@ class Connections:
     header_seconds: float = 10.0  # from a request's first byte (or the connection's start) to its last header
     body_seconds: float = 30.0  # from the last header to the last byte of the body
     idle_seconds: float = 5.0  # a kept-alive connection with no request in flight
+    max_header_bytes: int = 65536  # a request's target plus its header names and values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,6 +284,7 @@ def _check_ranges(cfg: Config) -> None:
     positive.update({"login.max_failures": cfg.login.max_failures, "limits.save_every": cfg.limits.save_every,
                      "connections.max_total": cfg.connections.max_total,
                      "connections.max_per_address": cfg.connections.max_per_address,
+                     "connections.max_header_bytes": cfg.connections.max_header_bytes,
                      "login.tokens_per_user": cfg.login.tokens_per_user, "login.in_flight": cfg.login.in_flight,
                      "login.in_flight_per_address": cfg.login.in_flight_per_address})
     c = cfg.connections
@@ -312,6 +317,11 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError('tool_names: must be "slash" or "portable"')
     if cfg.base_path and (not cfg.base_path.startswith("/") or cfg.base_path.endswith("/")):
         raise ConfigError("base_path: must start with '/' and not end with '/' (or be empty)")
+    if cfg.base_path and not _BASE_PATH_RE.fullmatch(cfg.base_path):
+        raise ConfigError("base_path: only segments of letters, digits and - . _ ~ (no '%', no empty, '.' or "
+                          "'..' segment: the server must see the path its clients are told)")
+    if cfg.base_path.lower() == "/.well-known" or cfg.base_path.lower().startswith("/.well-known/"):
+        raise ConfigError("base_path: not under /.well-known/ (nothing there is ever authenticated)")
 
 
 def load(path: str | Path, owner_uid: int | None = None) -> Config:

@@ -12,6 +12,14 @@ from typing import Any
 
 from mcpd.common.errors import invalid_argument
 
+def digits(text: str) -> int | None:
+    """``text`` as a non-negative integer when it is ASCII decimal digits only (``str.isdigit``
+    alone also admits superscripts and other scripts' digits, which ``int`` then refuses or reads
+    as something else), else ``None``. For numbers a client or a config writes as text: ports,
+    ``Content-Length``, URI query numbers."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 PATH_MAX = 4096  # bytes, Linux PATH_MAX
 NAME_MAX = 255  # bytes, one path component
 

@@ -60,11 +60,18 @@ def guarded_protocol(count: ConnectionCount,
 
     Deadlines (seconds, from ``count.limits``): ``header_seconds`` from the connection's start or a
     request's first byte to its last header; ``body_seconds`` from then to the body's last byte.
-    A response that streams (SSE) is not limited: its request was complete. ``on_refused(kind)``
-    is called for each connection closed by a cap: ``connections_total``,
-    ``connections_per_address``, ``header_deadline`` or ``body_deadline``.
+    A response that streams (SSE) is not limited: its request was complete. A request whose line
+    and headers are still unfinished once ``max_header_bytes`` arrived is answered ``431`` and its
+    connection closed: what the parser holds is bounded by the cap plus one read. Counted are the
+    reads from the one that began the request (all of it: a request pipelined behind a large
+    one may be counted its predecessor's bytes too) until the one that completes its headers.
+    ``on_refused(kind)`` is called for each connection closed by a cap: ``connections_total``,
+    ``connections_per_address``, ``header_deadline``, ``body_deadline`` or ``header_bytes``.
     """
     limits = count.limits
+    # bytes received of each connection's request whose headers are still coming (keyed by the
+    # protocol object's id: instances keep one attribute only, see below); -1 once refused
+    header_bytes: dict[int, int] = {}
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # One instance attribute only: past 30 in all (uvicorn's own, this, and the ``url`` uvicorn
@@ -93,6 +100,7 @@ def guarded_protocol(count: ConnectionCount,
             self._start_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            header_bytes.pop(id(self), None)
             if self._timer is not _UNCOUNTED:
                 self._disarm()
                 count.release(self._peer())
@@ -102,20 +110,46 @@ def guarded_protocol(count: ConnectionCount,
         def data_received(self, data: bytes) -> None:
             if self._timer is _UNCOUNTED:  # over a cap: closing, read nothing
                 return
+            key = id(self)
+            seen = header_bytes.get(key)
+            if seen is not None:  # the request's headers are still coming: count what arrives
+                if seen < 0:
+                    return  # refused: closing, read nothing
+                header_bytes[key] = seen + len(data)
             super().data_received(data)
+            now = header_bytes.get(key)
+            if now == 0:  # a request began in this read, its headers unfinished: the whole read counts
+                header_bytes[key] = now = len(data)
+            if now is not None and now > limits.max_header_bytes:  # and they are still not all here
+                self._refuse_oversized()
             self._start_timer()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            header_bytes[id(self)] = 0
             self._arm(limits.header_seconds)
 
         def on_headers_complete(self) -> None:
+            header_bytes.pop(id(self), None)
             self._arm(limits.body_seconds, "body_deadline")
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
             self._disarm()
             super().on_message_complete()
+
+        def _refuse_oversized(self) -> None:
+            """The request's line and headers, still unfinished, passed the cap: answer ``431``
+            and close (nothing more of the connection is parsed)."""
+            header_bytes[id(self)] = -1
+            log.info("connection from %s closed: request line and headers over %d bytes", self._peer(),
+                     limits.max_header_bytes)
+            on_refused("header_bytes")
+            reason = f"request line and headers over {limits.max_header_bytes} bytes".encode("ascii")
+            self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; "
+                                 b"charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+                                 % (len(reason), reason))
+            self.transport.close()
 
         def _arm(self, seconds: float, kind: str = "header_deadline") -> None:
             self._disarm()

@@ -28,6 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_a
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from mcpd.common.validate import digits
+
 REGISTRY = CollectorRegistry()
 CALLS = Counter("mcpd_calls", "Tool calls and resource reads, by tool, route and result code",
                 ["tool", "route", "code"], registry=REGISTRY)
@@ -52,7 +54,7 @@ LIMIT_KINDS = (
     "connections_total", "connections_per_address", "header_deadline", "body_deadline", "body_bytes",
     "sessions_total", "sessions_per_principal", "in_flight", "batch", "queue_overflow",
     "privileged_per_principal", "requests_per_day", "logins_in_flight", "worker_accounts", "account_workers",
-    "calls_per_principal", "batch_bytes",
+    "calls_per_principal", "batch_bytes", "header_bytes",
 )
 LIMITS_HIT = Counter("mcpd_limits_hit", "Requests, connections or sessions turned away by one of the front's caps",
                      ["limit"], registry=REGISTRY)
@@ -130,11 +132,12 @@ def parse_listen(value: str) -> tuple[str, int]:
     """
     host, sep, port = value.rpartition(":")
     host = host.strip("[]")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    number = digits(port) if sep else None
+    if number is None or not 0 < number < 65536:
         raise ValueError(f"metrics_listen: expected HOST:PORT, got {value!r}")
     if not ipaddress.ip_address(host).is_loopback:
         raise ValueError(f"metrics_listen: {host} is not a loopback address")
-    return host, int(port)
+    return host, number
 
 
 def serve(listen: str, collector: StateCollector) -> WSGIServer:

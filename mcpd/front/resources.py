@@ -46,6 +46,7 @@ from mcpd.common.errors import (
     invalid_argument,
 )
 from mcpd.common.identity import Principal
+from mcpd.common.validate import digits
 from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.privileged import PrivilegedBackend
@@ -154,9 +155,10 @@ def _query_options(query: str) -> dict[str, Any]:
         if key in out:
             raise invalid_argument(f"URI query option {key} given twice", argument=key)
         if key in ("start_line", "end_line"):
-            if not value.isascii() or not value.isdigit():
+            number = digits(value)
+            if number is None:
                 raise invalid_argument(f"{key} must be an integer", argument=key)
-            out[key] = int(value)
+            out[key] = number
         elif key in ("include_metadata", "privileged"):
             out[key] = _bool(value, key)
         else:

@@ -317,3 +317,63 @@ def test_requests_past_the_in_flight_cap_are_refused_at_once(daemon_factory: Cal
             assert _messages(lines, 1)[0] == {"jsonrpc": "2.0", "id": "after", "result": {}}
         finally:
             stream.__exit__(None, None, None)
+
+
+def _answer(sock: ssl.SSLSocket) -> bytes:
+    """Everything the server sends until it closes (bounded by the socket's timeout)."""
+    data = b""
+    sock.settimeout(10)
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (OSError, ssl.SSLError):
+        pass
+    return data
+
+
+def test_a_request_target_or_header_block_over_the_cap_is_refused_and_a_large_body_is_not(
+        daemon_factory: Callable[..., Daemon]) -> None:
+    """``connections.max_header_bytes`` bounds what a request's target and headers may make the
+    front hold: past it with the headers unfinished, ``431`` and the connection closes; a body
+    (bounded by ``max_body_bytes`` instead) is not counted, nor are headers just under the cap."""
+    d = daemon_factory(connections={**LIMITS, "max_header_bytes": 4096}, max_body_bytes=1 << 20)
+    auth = f"Authorization: Bearer {d.token}\r\n".encode()
+    over = tls(d)
+    over.sendall(b"GET /sse HTTP/1.1\r\nHost: x\r\n")  # (the read that begins a request is not counted)
+    over.sendall(b"X-A: " + b"a" * 2000 + b"\r\nX-B: " + b"b" * 2200 + b"\r\n")
+    assert _answer(over).startswith(b"HTTP/1.1 431 "), "headers over the cap"
+    long_target = tls(d)
+    long_target.sendall(b"GET /sse?")
+    long_target.sendall(b"x" * 5000)  # a target still going on past the cap
+    assert _answer(long_target).startswith(b"HTTP/1.1 431 ")
+    under = tls(d)
+    under.sendall(b"POST /message?session_id=" + b"0" * 32 + b" HTTP/1.1\r\nHost: x\r\n" + auth +
+                  b"X-A: " + b"a" * 3000 + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                  b"Content-Length: 2\r\n\r\n{}")
+    assert _answer(under).startswith(b"HTTP/1.1 404 "), "under the cap: answered as any request"
+    body = b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"pad":"' + b"p" * 500_000 + b'"}}'
+    big = tls(d)
+    big.sendall(b"POST /message?session_id=" + b"0" * 32 + b" HTTP/1.1\r\nHost: x\r\n" + auth +
+                b"Content-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert _answer(big).startswith(b"HTTP/1.1 404 "), "a large body is not a large header block"
+    for s in (over, long_target, under, big):
+        s.close()
+    assert works(d)
+    assert d.log().count("request line and headers over 4096 bytes") == 2
+
+
+def test_a_stream_outlives_the_header_and_body_deadlines(daemon_factory: Callable[..., Daemon]) -> None:
+    """The deadlines bound a request's arrival, not its answer: an SSE stream open past
+    ``header_seconds + body_seconds`` still carries replies."""
+    import asyncio
+
+    from tests.conftest import SseSession
+
+    d = daemon_factory(connections=LIMITS)
+
+    async def hold() -> Any:
+        async with SseSession(d) as s:
+            await asyncio.sleep(LIMITS["header_seconds"] + LIMITS["body_seconds"] + 1)
+            return await s.request("ping")
+
+    assert asyncio.run(hold()) == {"jsonrpc": "2.0", "id": 1, "result": {}}

@@ -160,10 +160,6 @@ async def test_every_spelling_of_the_message_path_gets_every_check(daemon_factor
     assert_no_crash_in_log(d)
 
 
-@pytest.mark.xfail(strict=True, reason="pre-existing config gap: base_path is only checked for its slashes; under "
-                   "/.well-known/ (never authenticated) its message endpoint is 404 (on main a 500) and its /sse and "
-                   "/mcp a 500 (UnauthenticatedUser has no principal); with a '%' its advertised endpoint, decoded "
-                   "by the server, matches no route (404)")
 @pytest.mark.parametrize("base", ["/.well-known", "/a%20b"])
 async def test_a_base_path_is_refused_at_start_or_its_endpoint_works(daemon_factory: Callable[..., Daemon],
                                                                     base: str) -> None:
@@ -287,9 +283,6 @@ def stack_body(d: Daemon, extra: list[tuple[str, str | None]], refusal: int) -> 
     return b"invalid token" if sent.lower().startswith("bearer") else b"bearer token required"
 
 
-@pytest.mark.xfail(strict=True, reason="flaw (pre-existing, also on main; every route, before authentication): "
-                   "hosts.split_host checks the port with str.isdigit(), true for the latin-1 superscripts, then "
-                   "int() raises ValueError: a 500 with a traceback in the log, and no refusal line")
 @pytest.mark.parametrize("host", ["127.0.0.1:\xb2", "[::1]:\xb9", "localhost:8\xb3"])
 @pytest.mark.parametrize("route", ["POST /message", "GET /sse"])
 async def test_a_host_port_in_superscript_digits_is_421_not_a_crash(daemon_factory: Callable[..., Daemon],
@@ -404,15 +397,12 @@ async def test_session_id_must_be_given_once_and_exactly(daemon: Daemon) -> None
         assert sorted(json.loads(k) for k in s.pending) == accepted
 
 
-@pytest.mark.xfail(strict=True, reason="pre-existing (also on main, every route): uvicorn's httptools protocol "
-                   "buffers a request line or header block of any size (64 MiB of headers take 64 MiB of the "
-                   "front's memory, per connection; a long URL is concatenated chunk by chunk, quadratic CPU); "
-                   "only the header deadline bounds it, by time, not bytes")
 @pytest.mark.parametrize("part", ["headers", "url"])
 async def test_a_huge_request_line_or_header_block_is_refused_before_it_is_buffered(
         daemon: Daemon, part: str) -> None:
     """SPEC: everything a client can make the server hold is bounded. 16 MiB of headers (or an
-    8 MiB URL) must be refused (431 / 414, or the connection closed) before they are all read."""
+    8 MiB URL) must be refused (431 / 414, or the connection closed) before they are all read
+    (``connections.max_header_bytes``, 64 KiB by default)."""
     total = 16 << 20 if part == "headers" else 8 << 20
     with open_raw(daemon, timeout=30) as sock:
         sent = 0
@@ -668,9 +658,6 @@ async def test_posts_racing_the_close_of_their_session_get_202_or_404_and_nothin
     assert_no_crash_in_log(d)
 
 
-@pytest.mark.xfail(strict=True, reason="flaw (also on main): Transport.message looks the session up before "
-                   "reading the body and never again; a POST whose body ends after its session closed is "
-                   "answered 202 while protocol.receive drops it (closed session), instead of 404")
 async def test_a_post_whose_body_ends_after_its_session_closed_is_404(daemon: Daemon) -> None:
     """SPEC: a closed session's POSTs get 404. A POST whose headers came while the session was open
     but whose body comes after it closed is handed to no one, so it must be told 404, not 202."""

@@ -9,6 +9,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from mcpd.common import frames
+from mcpd.common.validate import digits
 from mcpd.front import metrics
 from mcpd.front.protocol import INVALID_REQUEST, PARSE_ERROR, error_reply
 
@@ -41,9 +42,10 @@ async def read_capped(request: Request, cap: int) -> bytes:
     """
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        length = digits(declared)
+        if length is None:
             raise BodyRefused(400, "bad content-length")
-        if int(declared) > cap:
+        if length > cap:
             metrics.limit_hit("body_bytes")
             raise BodyRefused(413, "body too large")
     chunks: list[bytes] = []

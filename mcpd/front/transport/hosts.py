@@ -17,6 +17,8 @@ from cryptography.x509.oid import NameOID
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mcpd.common.validate import digits
+
 AUTO = "auto"
 
 
@@ -53,9 +55,10 @@ def split_host(value: str) -> tuple[str, int | None] | None:
         return None
     if not rest:
         return host, None
-    if not rest.startswith(":") or not rest[1:].isdigit() or not 0 < int(rest[1:]) < 65536:
+    port = digits(rest[1:]) if rest.startswith(":") else None
+    if port is None or not 0 < port < 65536:
         return None
-    return host, int(rest[1:])
+    return host, port
 
 
 def _canonical(host: str) -> str:

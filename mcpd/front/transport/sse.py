@@ -515,6 +515,8 @@ class Transport:
             payload = await read_json(request, self.cfg.max_body_bytes)
         except BodyRefused as exc:
             return exc.response()
+        if session.closed:  # closed while the body was read: as for any closed session
+            return PlainTextResponse("no such session", status_code=404)
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
         if session.protocol.receive(payload, Caller(user.principal, user.token, peer)) is not None:
             # let the call start first: it reaches its worker (or the helper) and runs there while

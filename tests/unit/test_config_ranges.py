@@ -1,0 +1,27 @@
+"""Config values a client's requests depend on are checked when the daemon starts: a ``base_path``
+whose advertised endpoint could not work, and a non-positive header size cap, stop it there."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcpd.common.config import ConfigError, from_dict
+
+
+@pytest.mark.parametrize("base", ["/files", "/a/b-c_d.e~f", "/x/.well-known", "/a..b"])
+def test_plain_base_paths_are_accepted(base: str) -> None:
+    assert from_dict({"base_path": base}).base_path == base
+
+
+@pytest.mark.parametrize("base", ["/a%20b", "/a b", "/a//b", "/..", "/a/./b", "/.well-known", "/.WELL-KNOWN/x",
+                                  "/a{b}", "/a?b", "/a#b", "files", "/files/"])
+def test_base_paths_the_server_could_not_serve_as_advertised_are_refused(base: str) -> None:
+    with pytest.raises(ConfigError, match="base_path"):
+        from_dict({"base_path": base})
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_the_header_size_cap_must_be_positive(value: int) -> None:
+    with pytest.raises(ConfigError, match="max_header_bytes"):
+        from_dict({"connections": {"max_header_bytes": value}})
+    assert from_dict({}).connections.max_header_bytes == 65536
