@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import httptools
 import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -132,7 +133,19 @@ def guarded_protocol(count: ConnectionCount,
         def on_headers_complete(self) -> None:
             header_bytes.pop(id(self), None)
             self._arm(limits.body_seconds, "body_deadline")
+            if self.url[:1] not in (b"/", b"*"):  # absolute-form: its authority is the request's host
+                self._host_from_target()
             super().on_headers_complete()
+
+        def _host_from_target(self) -> None:
+            """An absolute-form target (``POST https://host/message``) names the host: RFC 9112
+            §3.2.2 says to use it and ignore ``Host``, so the request's ``host`` header becomes the
+            target's authority (the ``allowed_hosts`` check then judges that). A target that is
+            not a URL raises the parser's error, as uvicorn's own parse would (answered 400)."""
+            url = httptools.parse_url(self.url)
+            host = url.host or b""
+            authority = (b"[" + host + b"]" if b":" in host else host) + (b":%d" % url.port if url.port else b"")
+            self.headers[:] = [(k, v) for k, v in self.headers if k != b"host"] + [(b"host", authority)]
 
         def on_message_complete(self) -> None:
             self._disarm()
