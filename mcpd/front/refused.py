@@ -86,10 +86,14 @@ class RefusalLogMiddleware:
             path = clean(scope.get("path", ""), PATH_CHARS)
             extra = ""
             if status == 401 and challenge:
-                token = parse_bearer(dict(scope["headers"]).get(b"authorization", b"").decode("latin-1"))
+                # the first Authorization header: the one the bearer check reads
+                header = next((v for k, v in scope["headers"] if k == b"authorization"), b"").decode("latin-1")
+                token = parse_bearer(header)
                 match = _TOKEN_RE.fullmatch(token or "")
-                extra = f" (token id {match.group(1)})" if match else (" (no bearer token)" if token is None
-                                                                       else " (not an mcpd token)")
+                extra = f" (token id {match.group(1)})" if match else (" (not an mcpd token)" if token is not None
+                                                                       else " (malformed bearer token)"
+                                                                       if header.strip().lower().startswith("bearer")
+                                                                       else " (no bearer token)")
             log.info("refused %d %s %s from %s: %s%s", status, clean(scope.get("method", ""), 16), path, peer,
                      clean(reason_of(bytes(body), content_type), REASON_CHARS), extra)
 

@@ -113,3 +113,18 @@ async def test_every_refusal_of_post_message_is_answered_and_logged_like_any_oth
     assert reasons[8] == "parse error"
     log = d.log()
     assert "S" * 43 not in log and d.token not in log and d.token.split("_", 2)[2] not in log
+
+
+async def test_the_refusal_line_names_the_token_the_bearer_check_read(daemon_factory: Callable[..., Daemon]) -> None:
+    """With two ``Authorization`` headers the check reads the first, and so does the line; a
+    ``Bearer`` credential the check cannot parse is called malformed, not absent."""
+    d = daemon_factory()
+    first, second = "mcpd_00000000000a_" + "A" * 43, "mcpd_00000000000b_" + "B" * 43
+    async with client(d) as c:
+        r = await c.get("/sse", headers=[("Authorization", f"Bearer {first}"), ("Authorization", f"Bearer {second}")])
+        assert r.status_code == 401
+        r = await c.get("/sse", headers={"Authorization": f"Bearer\t{first}"})
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith('Bearer error="invalid_token"')
+    reasons = [reason for *_, reason in refused_lines(d, 2)]
+    assert reasons == ["invalid token (token id 00000000000a)", "invalid token (malformed bearer token)"], reasons
+    assert "A" * 43 not in d.log() and "B" * 43 not in d.log()
