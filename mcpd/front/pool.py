@@ -506,8 +506,16 @@ class WorkerPool:
             if grant is not None:
                 # The worker sends the helper its report before it sends its reply here, so the
                 # grant (which the helper answers once the report is in its audit log) never waits
-                # for this reply to be read: it is read after, usually from the buffer already.
-                await grant(worker.pid, worker.next_id)
+                # for this reply to be read: it is read after. Until then this socket is not
+                # watched: the reply's arrival wakes no one, and it is read with the grant's answer
+                # (a reply larger than the socket's buffer waits in the worker until then).
+                transport = worker.writer.transport
+                transport.pause_reading()
+                try:
+                    await grant(worker.pid, worker.next_id)
+                finally:
+                    if not transport.is_closing():
+                        transport.resume_reading()
                 reply = await read_reply()
             else:
                 worker.writer.write(self._frame(worker.next_id, op, args, progress=on_progress is not None))
