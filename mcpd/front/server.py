@@ -34,7 +34,7 @@ from mcpd.front.protocol import Dispatcher
 from mcpd.front.resources import FileResources
 from mcpd.front.transport.login import HelperLogin, NoLogin
 from mcpd.front.transport.revalidate import revalidate_forever
-from mcpd.front.transport.sse import SessionManager, fix_mmap_threshold
+from mcpd.front.transport.sse import SessionManager
 from mcpd.front.pool import LocalSpawner, Spawner, WorkerPool
 
 log = logging.getLogger("mcpd.front.server")
@@ -246,7 +246,6 @@ def serve(config_path: str) -> int:
         log.error("%s", refusal)
         return EXIT_CONFIG
     frames.use_codec(wirejson.dumps, wirejson.loads)  # orjson for the helper's and workers' frames
-    fix_mmap_threshold()  # each connection's 256 KiB TLS read buffer on its own pages (idle sessions)
     # uvloop: its TLS transport and event loop cost a fraction of asyncio's (profiled: asyncio's
     # sslproto write path was over a quarter of the front's time per small read).
     with asyncio.Runner(loop_factory=loop_factory(cfg.connections)) as runner:

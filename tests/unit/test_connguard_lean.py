@@ -1,15 +1,11 @@
 """The connection protocol's lean parts (mcpd/front/connguard.py) keep the rules of what they replace:
 :class:`Waiters` behaves as ``asyncio.Event``, :class:`Pipeline` pops the oldest request first as
 uvicorn's deque does, :class:`LeanFlowControl` holds a writer back while the transport asks for a
-pause and lets it go on resume; and the front keeps glibc's mmap threshold fixed
-(:func:`mcpd.front.transport.sse.fix_mmap_threshold`)."""
+pause and lets it go on resume."""
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -85,29 +81,3 @@ async def test_flow_control_holds_a_writer_while_paused_and_lets_it_go_on_resume
     flow.pause_reading()
     flow.resume_reading()
     assert t.calls == ["pause_reading", "resume_reading"]
-
-
-def test_the_mmap_threshold_stays_fixed_so_large_blocks_get_pages_of_their_own() -> None:
-    """glibc raises its mmap threshold past a freed large block by default, after which blocks of that
-    size come from the heap; once fixed, each one is mapped on its own (mallinfo2: hblks)."""
-    code = textwrap.dedent("""
-        import ctypes, sys
-        from mcpd.front.transport.sse import fix_mmap_threshold
-        class MI(ctypes.Structure):
-            _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                        "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-        libc = ctypes.CDLL(None)
-        libc.mallinfo2.restype = MI
-        libc.malloc.restype = ctypes.c_void_p
-        libc.free.argtypes = [ctypes.c_void_p]
-        if sys.argv[1] == "fixed":
-            assert fix_mmap_threshold()
-        libc.free(libc.malloc(256 * 1024))  # by default this raises the threshold past 256 KiB
-        before = libc.mallinfo2().hblks
-        p = libc.malloc(256 * 1024)
-        print(libc.mallinfo2().hblks - before)
-        libc.free(p)
-    """)
-    mapped = {mode: subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, check=True,
-                                   timeout=60).stdout.strip() for mode in ("default", "fixed")}
-    assert mapped == {"default": "0", "fixed": "1"}

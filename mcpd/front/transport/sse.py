@@ -71,37 +71,11 @@ TRIM_QUIET = 0.5  # seconds without a close before it is
 
 
 @functools.cache
-def _libc_call(name: str) -> Any:
+def _malloc_trim() -> Any:
     try:
-        return getattr(ctypes.CDLL(None), name)  # glibc only; elsewhere nothing to do
+        return ctypes.CDLL(None).malloc_trim  # glibc only; elsewhere nothing to do
     except (OSError, AttributeError):
         return None
-
-
-def _malloc_trim() -> Any:
-    return _libc_call("malloc_trim")
-
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD = 128 * 1024  # bytes: glibc's initial value, kept
-
-
-def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Keep glibc's mmap threshold at ``threshold`` bytes (``mallopt(M_MMAP_THRESHOLD)``): every
-    C allocation of that size or more gets pages of its own, given back as soon as it is freed.
-    ``False`` where the C library has no such call (nothing changed).
-
-    Why: uvloop gives each TLS connection a 256 KiB read buffer. glibc's default threshold is
-    dynamic: it rises past 256 KiB once such a block is freed, and from then on each connection's
-    buffer is carved from the heap between the small allocations of the connections around it,
-    so an idle connection's objects are spread over more pages (and keep more pages resident
-    after they close) than they fill. With the threshold fixed, a buffer costs the one page it has
-    touched, the heap stays packed, and an idle SSE session costs about 4 KiB less (workload e).
-    The price: the 256 KiB that uvloop asks for on each TLS read is a fresh mapping too."""
-    mallopt = _libc_call("mallopt")
-    if mallopt is None:
-        return False
-    return bool(mallopt(M_MMAP_THRESHOLD, threshold))
 
 
 def trim_heap() -> bool:
