@@ -11,6 +11,7 @@ costs is measured by ``tests/bench/bench_idle_sessions.py``, not here.
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import json
 import os
@@ -33,7 +34,7 @@ from mcpd.common import identity
 from mcpd.common.config import load
 from mcpd.front.app import build_app
 from mcpd.front.auth import FileAuthenticator
-from mcpd.front.connguard import ConnectionCount, guarded_protocol
+from mcpd.front.connguard import ConnectionCount, LeanFlowControl, Pipeline, Waiters, guarded_protocol
 from mcpd.front.protocol import Dispatcher, McpSession
 from mcpd.front.transport.sse import SessionManager, SessionStream, SseSession
 
@@ -177,3 +178,42 @@ async def test_the_servers_scope_is_left_as_the_server_made_it(front: Front) -> 
     finally:
         s.close()
     assert await settle(lambda: len(front.sessions) == 0)
+
+
+async def test_an_idle_streams_connection_holds_no_deque_or_asyncio_event_of_its_own(front: Front) -> None:
+    """uvicorn's connection keeps three empty deques (760 bytes each) for the life of a stream: the
+    pipelined requests, the request's message event and the write flow control's event. The front's
+    connection keeps a list, and lean events made on first use."""
+    streams = [await Stream.open(front) for _ in range(3)]
+    try:
+        gc.collect()
+        protocols = [o for o in gc.get_objects() if type(o).__name__ == "GuardedHttpToolsProtocol" and o.cycle]
+        assert len(protocols) >= 3
+        for p in protocols:
+            assert type(p.pipeline) is Pipeline and not p.pipeline
+            assert type(p.flow) is LeanFlowControl and p.flow._is_writable_event is None  # never paused
+            assert type(p.cycle.message_event) is Waiters
+            held = [o for o in gc.get_referents(p, p.__dict__, p.cycle, p.cycle.__dict__, p.flow.__dict__)
+                    if isinstance(o, (collections.deque, asyncio.Event))]
+            assert held == []
+    finally:
+        for s in streams:
+            s.close()
+    assert await settle(lambda: len(front.sessions) == 0)
+
+
+async def test_pipelined_requests_on_one_connection_are_answered_in_order(front: Front) -> None:
+    """Requests sent back to back on one connection, before any answer, are each answered, in the
+    order sent (uvicorn queues all but the first)."""
+    reader, writer = await asyncio.open_connection(front.host, front.port, ssl=front.ssl_context(),
+                                                   server_hostname=front.host)
+    auth = f"Authorization: Bearer {front.token}\r\nHost: {front.host}\r\n"
+    writer.write((f"GET /nowhere HTTP/1.1\r\n{auth}\r\n"
+                  f"POST /message?session_id=nonsense HTTP/1.1\r\n{auth}Content-Length: 2\r\n\r\n{{}}"
+                  f"GET /message HTTP/1.1\r\n{auth}Connection: close\r\n\r\n").encode())
+    try:
+        answers = await asyncio.wait_for(reader.read(), DEADLINE)
+    finally:
+        writer.close()
+    statuses = re.findall(rb"HTTP/1.1 (\d{3}) ", answers)
+    assert statuses == [b"404", b"400", b"405"], answers[:600]
