@@ -122,7 +122,7 @@ class Connections:
     header_seconds: float = 10.0  # from a request's first byte (or the connection's start) to its last header
     body_seconds: float = 30.0  # from the last header to the last byte of the body
     idle_seconds: float = 5.0  # a kept-alive connection with no request in flight
-    max_header_bytes: int = 65536  # a request's target plus its header names and values
+    max_header_bytes: int = 65536  # a request's line and headers, received while they are unfinished
 
 
 @dataclasses.dataclass(frozen=True)

@@ -90,10 +90,14 @@ class RefusalLogMiddleware:
                 header = next((v for k, v in scope["headers"] if k == b"authorization"), b"").decode("latin-1")
                 token = parse_bearer(header)
                 match = _TOKEN_RE.fullmatch(token or "")
-                extra = f" (token id {match.group(1)})" if match else (" (not an mcpd token)" if token is not None
-                                                                       else " (malformed bearer token)"
-                                                                       if header.strip().lower().startswith("bearer")
-                                                                       else " (no bearer token)")
+                if match:
+                    extra = f" (token id {match.group(1)})"
+                elif token is not None:
+                    extra = " (not an mcpd token)"
+                elif header.strip().lower().startswith("bearer"):
+                    extra = " (malformed bearer token)"
+                else:
+                    extra = " (no bearer token)"
             log.info("refused %d %s %s from %s: %s%s", status, clean(scope.get("method", ""), 16), path, peer,
                      clean(reason_of(bytes(body), content_type), REASON_CHARS), extra)
 
