@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from mcpd.common import frames, wirejson
 from mcpd.common.config import Config, ReadLimits
@@ -509,7 +509,7 @@ class WorkerPool:
                 # for this reply to be read: it is read after. Until then this socket is not
                 # watched: the reply's arrival wakes no one, and it is read with the grant's answer
                 # (a reply larger than the socket's buffer waits in the worker until then).
-                transport = worker.writer.transport
+                transport = cast(asyncio.Transport, worker.writer.transport)  # (a Unix socket's: reads too)
                 transport.pause_reading()
                 try:
                     await grant(worker.pid, worker.next_id)
