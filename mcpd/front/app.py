@@ -33,14 +33,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mcpd.front.auth import Authenticator, parse_bearer
 from mcpd.common.config import Config, ConfigError
 from mcpd.front.protocol import Dispatcher
-from mcpd.front.refused import RefusalLogMiddleware
+from mcpd.front.refused import CheckMiddleware, RefusalLogMiddleware
 from mcpd.front.transport.login import LoginBackend, LoginRoutes, NoLogin
 from mcpd.front.transport.hosts import HostMiddleware, HostRule
 from mcpd.front.transport.sse import HANDOFF, McpUser, SessionManager, SessionStream, Transport
 from mcpd.front.transport.streamable import StreamableTransport
 
 
-class OriginMiddleware:
+class OriginMiddleware(CheckMiddleware):
     """Refuse requests whose ``Origin`` header is present and not allowed (SPEC §1.3: ``403``).
 
     Args:
@@ -58,12 +58,6 @@ class OriginMiddleware:
         if origins and any(o.decode("latin-1") not in self.allowed for o in origins):
             return PlainTextResponse("origin not allowed", status_code=403)
         return None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (refused := self.refusal(scope)) is not None:
-            await refused(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
 
 
 WELL_KNOWN = "/.well-known/"

@@ -19,6 +19,7 @@ import logging
 import re
 from typing import Any
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpd.front.auth import parse_bearer
@@ -123,3 +124,25 @@ class RefusalLogMiddleware:
         finally:
             if status >= 400 and not logged:
                 emit()
+
+
+class CheckMiddleware:
+    """A middleware that answers an HTTP request with its check's refusal, or passes it on.
+    Subclasses give :meth:`refusal`; the lean ``POST /message`` route calls it directly, so each
+    check has one definition whichever way a request comes.
+
+    Args:
+        app: the wrapped ASGI app.
+    """
+
+    app: ASGIApp
+
+    def refusal(self, scope: Scope) -> Response | None:
+        """The answer refusing this HTTP request, or ``None`` to let it through."""
+        raise NotImplementedError
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (refused := self.refusal(scope)) is not None:
+            await refused(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

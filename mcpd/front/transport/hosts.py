@@ -15,9 +15,10 @@ from collections.abc import Iterable
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 from starlette.responses import PlainTextResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Scope
 
 from mcpd.common.validate import digits
+from mcpd.front.refused import CheckMiddleware
 
 AUTO = "auto"
 
@@ -123,7 +124,7 @@ class HostRule:
         return False
 
 
-class HostMiddleware:
+class HostMiddleware(CheckMiddleware):
     """Refuse requests whose ``Host`` the :class:`HostRule` does not accept: ``421``."""
 
     def __init__(self, app: ASGIApp, rule: HostRule) -> None:
@@ -138,9 +139,3 @@ class HostMiddleware:
             if len(hosts) != 1 or not self.rule.allows(hosts[0]):
                 return PlainTextResponse("host not allowed", status_code=421)
         return None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (refused := self.refusal(scope)) is not None:
-            await refused(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
