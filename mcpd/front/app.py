@@ -31,6 +31,7 @@ from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcpd.front.auth import Authenticator, parse_bearer
+from mcpd.front.connguard import DETACH
 from mcpd.common.config import Config, ConfigError
 from mcpd.front.protocol import Dispatcher
 from mcpd.front.refused import CheckMiddleware, RefusalLogMiddleware
@@ -167,8 +168,10 @@ class MessageRoute:
 class FrontApp(Starlette):
     """Starlette, which also runs the session streams handed to it (:data:`~mcpd.front.transport.sse.HANDOFF`):
     a ``GET /sse`` or ``GET /mcp`` stream is started through the whole stack, and streamed from here
-    once the middleware and the router have returned, with the request's own ``receive`` and
-    ``send``; an open stream then holds none of their frames and wrappers. ``POST /message`` goes
+    once the middleware and the router have returned: on the connection itself when the server
+    offers it (:data:`~mcpd.front.connguard.DETACH`: the stream then holds no task and none of the
+    server's per-request objects), else with the request's own ``receive`` and ``send``; an open
+    stream holds none of the middleware's frames and wrappers. ``POST /message`` goes
     to :attr:`message_route` when set (:class:`MessageRoute`: the same checks, without the generic
     layers)."""
 
@@ -195,7 +198,10 @@ class FrontApp(Starlette):
             raise
         del inner
         if handoff:  # (one at most: one response per request)
-            await handoff.pop().run(receive, send)
+            stream = handoff.pop()
+            detach = scope.get(DETACH)
+            if detach is None or not stream.take_over(detach):
+                await stream.run(receive, send)
 
 
 def build_app(

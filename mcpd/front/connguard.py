@@ -10,14 +10,18 @@ or past a deadline, is closed: it never holds a slot or delays anyone else.
 The protocol also holds less per connection than uvicorn's (an idle SSE stream holds its connection
 for hours): no ``collections.deque`` (760 bytes each, empty) for the pipelined requests, the
 request's message event or the write flow control; see :class:`Waiters`, :class:`Pipeline` and
-:class:`LeanFlowControl`.
+:class:`LeanFlowControl`. Once a request's response has become an event stream, the app takes its
+connection over (:data:`DETACH`): a :class:`StreamConnection` then holds it instead of uvicorn's
+protocol, request cycle, parser and task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -139,6 +143,119 @@ class LeanFlowControl(FlowControl):
             self._is_writable_event.set()
 
 
+#: The scope key under which each request's guarded protocol offers its connection (a callable
+#: returning a :class:`StreamConnection`, or ``None`` when the connection cannot be handed over):
+#: see :meth:`GuardedHttpToolsProtocol.detach_stream` in :func:`guarded_protocol`.
+DETACH = "mcpd.detach"
+
+_FINAL_CHUNK = b"0\r\n\r\n"
+
+
+class StreamConnection(asyncio.Protocol):
+    """A connection whose response is an event stream, once uvicorn's protocol handed it over: the
+    response's headers are written, its body is chunked (``Transfer-Encoding: chunked``) and ends
+    only when :meth:`end` is called or the client leaves. What it holds for an idle stream is this
+    object and the transport, where uvicorn kept a protocol, a request cycle, a parser, the scope
+    and the request's task.
+
+    Writes are synchronous (:meth:`write`) while the transport takes them (:meth:`writable`); past
+    its high-water mark the writer waits (:meth:`send` drains first). Anything the client sends on
+    the connection ends the stream: HTTP/1.1 could answer a request queued behind a response that
+    never ends only never. ``on_lost()`` is called once the connection is gone (the client left,
+    the stream was ended or aborted), after the connection's count is released (``release()``).
+
+    Args:
+        transport: the connection's transport, its response headers written.
+        write_paused: whether the transport had asked to pause writing (before the hand-over).
+        release: forgets the connection in the connection count; called once, when it is lost.
+        peer: the client's address, for the log.
+    """
+
+    __slots__ = ("transport", "write_paused", "on_lost", "_release", "_resumed", "_peer")
+
+    def __init__(self, transport: asyncio.Transport, write_paused: bool, release: Callable[[], None],
+                 peer: str) -> None:
+        self.transport = transport
+        self.write_paused = write_paused
+        self.on_lost: Callable[[], None] | None = None
+        self._release: Callable[[], None] | None = release
+        self._resumed: asyncio.Future[None] | None = None  # made by the first wait for the transport
+        self._peer = peer
+
+    def writable(self) -> bool:
+        """Whether a :meth:`write` now is taken without waiting (not paused, not closing)."""
+        return not self.write_paused and not self.transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        """Write ``data`` (not empty) as one chunk of the response body (never blocks; a closing
+        connection takes nothing)."""
+        if not self.transport.is_closing():
+            self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    async def send(self, data: bytes) -> None:
+        """Wait until the transport takes writes, then :meth:`write` ``data``.
+
+        Raises:
+            ConnectionError: the connection was lost (nothing written).
+        """
+        while self.write_paused and not self.transport.is_closing():
+            if self._resumed is None or self._resumed.done():
+                self._resumed = asyncio.get_running_loop().create_future()
+            await self._resumed
+        if self.transport.is_closing():
+            raise ConnectionError("the stream's connection is closed")
+        self.write(data)
+
+    def end(self) -> None:
+        """Complete the response (its last chunk) and close the connection once that is written."""
+        if not self.transport.is_closing():
+            self.transport.write(_FINAL_CHUNK)
+            self.transport.close()
+
+    async def finish(self) -> None:
+        """:meth:`end`, for a writer that awaits (nothing to wait for: the transport flushes it)."""
+        self.end()
+
+    def abort(self) -> None:
+        """Drop the connection without completing the response (writing it failed)."""
+        self.transport.abort()
+
+    # asyncio.Protocol
+    def data_received(self, data: bytes) -> None:
+        log.info("connection from %s closed: it sent data on its event stream", self._peer)
+        self.transport.close()
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: close
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self._resumed is not None and not self._resumed.done():
+            self._resumed.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.write_paused = False
+        if self._resumed is not None and not self._resumed.done():
+            self._resumed.set_result(None)
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost()
+
+
+def _detach(protocol: weakref.ref[Any]) -> StreamConnection | None:
+    """The value of :data:`DETACH`: the protocol's ``detach_stream``, through a weak reference (the
+    scope must not keep its protocol: the cycle would hold a closed connection's objects until the
+    collector's next full pass)."""
+    live = protocol()
+    return None if live is None else live.detach_stream()
+
+
 _UNCOUNTED = "uncounted"  # GuardedHttpToolsProtocol._timer of a connection not (or no longer) counted
 
 
@@ -234,6 +351,31 @@ def guarded_protocol(count: ConnectionCount,
             super().on_headers_complete()
             if self.cycle is not before:  # a new request's cycle (not an upgrade): nothing waits on it yet
                 self.cycle.message_event = Waiters()  # type: ignore[assignment]
+                if self.scope["method"] == "GET":  # (a stream's request; a weak reference: no cycle)
+                    self.scope[DETACH] = functools.partial(_detach, weakref.ref(self))  # type: ignore[literal-required]
+
+        def detach_stream(self) -> StreamConnection | None:
+            """Hand the connection over to a :class:`StreamConnection`, which then writes the
+            rest of the current response (an event stream, its headers written) and keeps the
+            connection's count until it is lost. ``None`` (nothing changed) unless the request is
+            complete, nothing follows it on the connection, reading is on, and the response has
+            started, chunked, and not ended. uvicorn's protocol then lets go of the connection:
+            the request's task ends quietly and the protocol, its cycle, scope and parser are freed.
+            """
+            cycle = self.cycle
+            if (cycle is None or self._timer is not None or self.pipeline or id(self) in header_bytes
+                    or self.flow.read_paused or not cycle.response_started or cycle.response_complete
+                    or not cycle.chunked_encoding or self.transport.is_closing()):
+                return None
+            peer = self._peer()
+            conn = StreamConnection(self.transport, self.flow.write_paused, lambda: count.release(peer), peer)
+            self._timer = _UNCOUNTED  # the count is the stream's to release now
+            self.connections.discard(self)
+            cycle.response_complete = True  # (the app returns next: uvicorn then ends the task quietly)
+            self.transport.set_protocol(conn)
+            # (no cycle left for the collector: freed as soon as the request's task ends)
+            self.cycle = self.parser = self.scope = None  # type: ignore[assignment]
+            return conn
 
         def _host_from_target(self) -> None:
             """An absolute-form target (``POST https://host/message``) names the host: RFC 9112

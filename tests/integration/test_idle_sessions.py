@@ -2,8 +2,9 @@
 
 The front runs in this process (the real app, over real TLS, with uvicorn and the front's own
 connection guard; no worker pool: ``initialize`` and ``ping`` need none), so the test can look at
-what the process holds: while streams are idle, the server's one request task per stream and no
-task of the session's own (no writer, watcher or timer); once the streams ended, whether the client
+what the process holds: while streams are idle, no task at all (the front took each stream's
+connection over from uvicorn: no request task, and no writer, watcher or timer of the session's
+own), and none of uvicorn's per-request objects; once the streams ended, whether the client
 left or the server closed the session, not one session object is left. How much memory a session
 costs is measured by ``tests/bench/bench_idle_sessions.py``, not here.
 """
@@ -34,7 +35,7 @@ from mcpd.common import identity
 from mcpd.common.config import load
 from mcpd.front.app import build_app
 from mcpd.front.auth import FileAuthenticator
-from mcpd.front.connguard import ConnectionCount, LeanFlowControl, Pipeline, Waiters, guarded_protocol
+from mcpd.front.connguard import ConnectionCount, LeanFlowControl, Pipeline, StreamConnection, Waiters, guarded_protocol
 from mcpd.front.protocol import Dispatcher, McpSession
 from mcpd.front.transport.sse import SessionManager, SessionStream, SseSession
 
@@ -52,6 +53,7 @@ class Front:
     token: str
     ca: str
     sessions: SessionManager
+    count: ConnectionCount
 
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=self.ca)
@@ -71,8 +73,9 @@ async def front(tmp_path: Path) -> AsyncIterator[Front]:
         "users_file": "users.yaml", "helper_socket": "", "state_dir": ".", "keepalive_seconds": 60}))
     cfg = load(tmp_path / "mcpd.yaml")
     app = build_app(cfg, FileAuthenticator(cfg.users_file), Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+    count = ConnectionCount(cfg.connections)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, ssl_certfile=cfg.tls.cert, ssl_keyfile=cfg.tls.key,
-                            lifespan="off", http=guarded_protocol(ConnectionCount(cfg.connections)),
+                            lifespan="off", http=guarded_protocol(count),
                             access_log=False, log_config=None)
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())
@@ -82,7 +85,7 @@ async def front(tmp_path: Path) -> AsyncIterator[Front]:
         await asyncio.sleep(0.05)
     assert server.started
     try:
-        yield Front(f"https://127.0.0.1:{port}", "127.0.0.1", port, plain, str(pki.ca_cert), app.state.sessions)
+        yield Front(f"https://127.0.0.1:{port}", "127.0.0.1", port, plain, str(pki.ca_cert), app.state.sessions, count)
     finally:
         app.state.sessions.close_all()
         server.should_exit = True
@@ -146,8 +149,8 @@ async def test_idle_streams_hold_no_task_of_their_own_and_closed_ones_leave_no_s
             reply = await s.until(b"\n\n")
             assert json.loads(re.search(rb"data: (.*)\n", reply).group(1)) == {"jsonrpc": "2.0", "id": i, "result": {}}
     assert len(front.sessions) == STREAMS
-    # idle: the server's request task of each stream, and nothing else of the session's own
-    assert await settle(lambda: len(asyncio.all_tasks()) == tasks_before + STREAMS), \
+    # idle: no task for any stream (neither the server's request task nor one of the session's own)
+    assert await settle(lambda: len(asyncio.all_tasks()) == tasks_before), \
         [t.get_coro() for t in asyncio.all_tasks()]
 
     # half leave (the client goes away), half are closed by the server (as a revoked token is):
@@ -164,31 +167,90 @@ async def test_idle_streams_hold_no_task_of_their_own_and_closed_ones_leave_no_s
     assert live(*kinds) == 0
 
 
-async def test_the_servers_scope_is_left_as_the_server_made_it(front: Front) -> None:
-    """The stack adds its keys (route, user, ...) to a copy: the scope the server keeps for an open
-    stream's request does not grow with them."""
-    scopes: list[dict[str, Any]] = []
-    s = await Stream.open(front)
-    try:
-        for o in gc.get_objects():
-            if isinstance(o, dict) and o.get("type") == "http" and o.get("path") == "/sse" and "headers" in o:
-                scopes.append(o)
-        assert scopes
-        assert all("route" not in sc and "user" not in sc and "endpoint" not in sc for sc in scopes)
-    finally:
-        s.close()
-    assert await settle(lambda: len(front.sessions) == 0)
-
-
-async def test_an_idle_streams_connection_holds_no_deque_or_asyncio_event_of_its_own(front: Front) -> None:
-    """uvicorn's connection keeps three empty deques (760 bytes each) for the life of a stream: the
-    pipelined requests, the request's message event and the write flow control's event. The front's
-    connection keeps a list, and lean events made on first use."""
+async def test_an_idle_streams_connection_is_held_by_a_stream_connection_alone(front: Front) -> None:
+    """Once a stream's response started, the front takes its connection over from uvicorn: what an
+    idle stream holds is a :class:`StreamConnection` (slots, no dict) with the transport, and none
+    of uvicorn's protocol, request cycle, scope or parser (nor their deques and events)."""
     streams = [await Stream.open(front) for _ in range(3)]
     try:
         gc.collect()
-        protocols = [o for o in gc.get_objects() if type(o).__name__ == "GuardedHttpToolsProtocol" and o.cycle]
-        assert len(protocols) >= 3
+        conns = [o for o in gc.get_objects() if type(o) is StreamConnection]
+        assert len(conns) == 3
+        assert all(not hasattr(c, "__dict__") and c.writable() and c.on_lost is not None for c in conns)
+        assert [o for o in gc.get_objects() if type(o).__name__ in ("GuardedHttpToolsProtocol", "RequestResponseCycle")
+                or (isinstance(o, dict) and o.get("type") == "http" and o.get("path") == "/sse")] == []
+        # still a live stream: a message goes out on it
+        async with httpx.AsyncClient(verify=front.ssl_context(), timeout=DEADLINE) as client:
+            r = await client.post(front.url + streams[0].endpoint, headers={"Authorization": f"Bearer {front.token}"},
+                                  json={"jsonrpc": "2.0", "id": 7, "method": "ping"})
+            assert r.status_code == 202
+        assert b'"id":7' in await streams[0].until(b"\n\n")
+    finally:
+        for s in streams:
+            s.close()
+    assert await settle(lambda: len(front.sessions) == 0)
+
+
+async def test_a_request_sent_on_an_event_streams_connection_ends_the_stream_and_frees_the_connection(
+        front: Front) -> None:
+    """Data on a connection whose response is an event stream (here a second request, pipelined
+    behind it) cannot be answered: the stream is ended, its session closed (a POST to it is then
+    ``404``), the connection closed, and its place in the connection count given back. Another
+    session is not touched."""
+    other = await Stream.open(front)
+    s = await Stream.open(front)
+    assert front.count.total == 2
+    s.writer.write(f"GET /sse HTTP/1.1\r\nHost: {front.host}\r\nAuthorization: Bearer {front.token}\r\n\r\n".encode())
+    rest = await asyncio.wait_for(s.reader.read(), DEADLINE)  # EOF: the server closed the connection
+    assert b"HTTP/1.1" not in rest  # the second request was never answered
+    assert await settle(lambda: len(front.sessions) == 1 and front.count.total == 1)
+    async with httpx.AsyncClient(verify=front.ssl_context(), timeout=DEADLINE) as client:
+        headers = {"Authorization": f"Bearer {front.token}"}
+        ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        assert (await client.post(front.url + s.endpoint, headers=headers, json=ping)).status_code == 404
+        assert (await client.post(front.url + other.endpoint, headers=headers, json=ping)).status_code == 202
+    assert b'"id":1' in await other.until(b"\n\n")
+    s.close()
+    other.close()
+    assert await settle(lambda: len(front.sessions) == 0 and front.count.total == 0 and not front.count.by_address)
+
+
+async def test_a_streams_connection_is_counted_until_it_ends_whoever_ends_it(front: Front) -> None:
+    """The connection count (total and per address) keeps a stream's connection for as long as it
+    is open, and gives it back once it ends: the client leaves, the client drops the connection
+    without a TLS goodbye, or the server closes the session (the client then reads the response's
+    last chunk, and the connection is closed)."""
+    leaves, drops, closed = [await Stream.open(front) for _ in range(3)]
+    assert front.count.total == 3 and front.count.by_address["127.0.0.1"] == 3
+    leaves.close()
+    drops.writer.transport.abort()
+    close_by_server(front.sessions, {closed.endpoint.rsplit("=", 1)[1]})
+    assert (await closed.until(b"0\r\n\r\n")).endswith(b"0\r\n\r\n")
+    assert await asyncio.wait_for(closed.reader.read(), DEADLINE) == b""  # and then closed
+    closed.close()
+    assert await settle(lambda: front.count.total == 0 and not front.count.by_address and len(front.sessions) == 0)
+
+
+async def test_an_idle_streams_connection_holds_no_deque_or_asyncio_event_of_its_own(front: Front) -> None:
+    """A connection keeps uvicorn's protocol while it is not a stream (an idle keep-alive connection
+    between requests): uvicorn's keeps three empty deques (760 bytes each) for its life, the
+    pipelined requests, the request's message event and the write flow control's event. The
+    front's keeps a list, and lean events made on first use."""
+    reader, writer = await asyncio.open_connection(front.host, front.port, ssl=front.ssl_context(),
+                                                   server_hostname=front.host)
+    try:
+        # a request whose body never comes: its cycle is held, waiting
+        writer.write(f"POST /message?session_id={'0' * 32} HTTP/1.1\r\nHost: {front.host}\r\n"
+                     f"Authorization: Bearer {front.token}\r\nContent-Length: 10\r\n\r\n{{".encode())
+        await writer.drain()
+        protocols: list[Any] = []
+        for _ in range(100):
+            gc.collect()
+            protocols = [o for o in gc.get_objects() if type(o).__name__ == "GuardedHttpToolsProtocol" and o.cycle]
+            if protocols:
+                break
+            await asyncio.sleep(0.05)
+        assert len(protocols) == 1
         for p in protocols:
             assert type(p.pipeline) is Pipeline and not p.pipeline
             assert type(p.flow) is LeanFlowControl and p.flow._is_writable_event is None  # never paused
@@ -197,9 +259,7 @@ async def test_an_idle_streams_connection_holds_no_deque_or_asyncio_event_of_its
                     if isinstance(o, (collections.deque, asyncio.Event))]
             assert held == []
     finally:
-        for s in streams:
-            s.close()
-    assert await settle(lambda: len(front.sessions) == 0)
+        writer.close()
 
 
 async def test_pipelined_requests_on_one_connection_are_answered_in_order(front: Front) -> None:

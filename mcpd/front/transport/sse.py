@@ -20,7 +20,8 @@ import logging
 import re
 import secrets
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sse_starlette import ServerSentEvent
 from starlette.authentication import BaseUser
@@ -35,6 +36,9 @@ from mcpd.front import metrics
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.common.identity import Principal
 from mcpd.front.protocol import Caller, Dispatcher, McpSession
+
+if TYPE_CHECKING:
+    from mcpd.front.connguard import StreamConnection
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +151,8 @@ class SseSession:
         self._queue_size = queue_size
         self._queue_bytes = queue_bytes
         self._queued = 0  # bytes of the messages in the queue
-        self._out: Send | None = None  # the attached stream's ASGI send
-        self._writer: asyncio.Task[None] | None = None  # writing the queue to the stream, while it has any
-        self._stream: asyncio.Task[Any] | None = None  # the task that runs the attached stream
+        self._out: StreamOut | None = None  # the attached stream
+        self._writer: asyncio.Task[None] | None = None  # writing the queue to the stream, while it must wait
         self.protocol = McpSession(dispatcher, session_id, self.send)
 
     def send(self, message: Any) -> None:
@@ -190,53 +193,129 @@ class SseSession:
         self._queued = 0
         self._kick()
 
-    def attach(self, send: Send, endpoint: str | None) -> None:
-        """Bind the GET stream's ASGI ``send``: the ``endpoint`` event (when given) goes first, then
-        the queued messages. A closed session's stream is ended at once."""
+    def attach(self, out: StreamOut, endpoint: str | None) -> None:
+        """Bind the GET stream ``out`` (an :class:`AsgiStream`, or the connection itself once the
+        front took it over, :class:`~mcpd.front.connguard.StreamConnection`): the ``endpoint``
+        event (when given) goes first, then the queued messages. A closed session's stream is
+        ended at once."""
         self.stream_open = True
         self.last_write = time.monotonic()
-        self._out = send
-        self._stream = asyncio.current_task()
+        self._out = out
         if endpoint is not None and not self.closed:
             self._queue.insert(0, ServerSentEvent(event="endpoint", data=endpoint, sep="\n").encode())
         self._kick()
 
     def detach(self) -> None:
         """Forget the stream (it ended): queued messages wait for the next one (``/mcp``)."""
-        self._out = self._stream = None
+        self._out = None
         self.stream_open = False
         if self._writer is not None:
             self._writer.cancel()
             self._writer = None
 
     def _kick(self) -> None:
-        """Start the writer if a stream is attached, none runs, and there is something to do."""
-        if self._out is not None and self._writer is None and (self._queue or self.closed):
-            self._writer = asyncio.get_running_loop().create_task(self._write(self._out))
+        """Write what is queued, if a stream is attached and no writer is waiting for it: at once
+        while the stream takes writes without waiting (:meth:`StreamOut.writable`: a connection
+        whose transport is below its high-water mark), and the rest from a short-lived writer task
+        (:meth:`_write`). Once the session is closed, end the stream's response instead."""
+        out = self._out
+        if out is None or self._writer is not None:
+            return
+        if out.writable():
+            queue = self._queue
+            if queue and not self.closed:
+                while queue and out.writable():
+                    data = queue.pop(0)
+                    self._queued -= len(data)
+                    out.write(data)
+                self.last_write = time.monotonic()
+            if self.closed:
+                self._out = None
+                out.end()
+                return
+        if self._queue or self.closed:
+            self._writer = asyncio.get_running_loop().create_task(self._write(out))
 
-    async def _write(self, send: Send) -> None:
-        """Write the queued events to the stream until the queue is empty; once the session is
-        closed, end the response instead (which ends the stream's wait for the client). Should
-        writing fail, the session is closed and the stream's task cancelled (the server then drops
-        the connection)."""
+    async def _write(self, out: StreamOut) -> None:
+        """Write the queued events to the stream, each once it takes it, until the queue is empty;
+        once the session is closed, end the response instead (which ends the stream). Should
+        writing fail, the session is closed and the stream dropped."""
         try:
             while self._queue and not self.closed:
                 data = self._queue.pop(0)
                 self._queued = max(0, self._queued - len(data))
-                await send({"type": "http.response.body", "body": data, "more_body": True})
+                await out.send(data)
                 self.last_write = time.monotonic()
             if self.closed:
                 self._out = None
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await out.finish()
         except Exception:
             log.exception("session %s: writing its stream failed; closing it", self.id)
-            stream, self._out = self._stream, None
+            self._out = None
             self._manager.close(self)
-            if stream is not None:
-                stream.cancel()
+            out.abort()
         finally:
             if self._writer is asyncio.current_task():
                 self._writer = None
+
+
+class StreamOut(Protocol):
+    """Where a session's stream goes: its request's ASGI ``send`` (:class:`AsgiStream`) or the
+    connection itself (:class:`~mcpd.front.connguard.StreamConnection`)."""
+
+    def writable(self) -> bool:
+        """Whether :meth:`write` may be called now (it takes the data without waiting)."""
+
+    def write(self, data: bytes) -> None:
+        """Write one event now (only when :meth:`writable`)."""
+
+    async def send(self, data: bytes) -> None:
+        """Write one event once the stream takes it; raises when it cannot."""
+
+    def end(self) -> None:
+        """Complete the response now (only when :meth:`writable`)."""
+
+    async def finish(self) -> None:
+        """Complete the response once the stream takes it."""
+
+    def abort(self) -> None:
+        """Give the stream up (writing it failed)."""
+
+
+class AsgiStream:
+    """A stream written through its request's ASGI ``send``: the stream's task (the one running
+    :meth:`SessionStream.run`) waits for the client; events go through :meth:`send`, never at once.
+
+    Args:
+        send: the request's ASGI ``send``, the response started.
+        task: the stream's task, cancelled by :meth:`abort`.
+    """
+
+    __slots__ = ("_send", "_task")
+
+    def __init__(self, send: Send, task: asyncio.Task[Any] | None) -> None:
+        self._send, self._task = send, task
+
+    def writable(self) -> bool:
+        """Never: ``send`` is a coroutine."""
+        return False
+
+    def write(self, data: bytes) -> None:
+        raise RuntimeError("an ASGI stream is written by send()")
+
+    def end(self) -> None:
+        raise RuntimeError("an ASGI stream is ended by finish()")
+
+    async def send(self, data: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def finish(self) -> None:
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def abort(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
 
 
 def _discard(message: Any) -> None:
@@ -456,7 +535,7 @@ class SessionStream(Response):
         response, which ends the wait here), then :meth:`end`. ``send`` and ``receive`` are the
         request's, with or without the middleware's wrappers."""
         try:
-            self.session.attach(send, self.endpoint)
+            self.session.attach(AsgiStream(send, asyncio.current_task()), self.endpoint)
             self.endpoint = None  # queued, encoded
             self.manager.stream_attached()
             while (await receive())["type"] != "http.disconnect":
@@ -464,13 +543,32 @@ class SessionStream(Response):
         finally:
             self.end()
 
+    def take_over(self, detach: Callable[[], StreamConnection | None]) -> bool:
+        """Stream on the connection itself: ``detach`` (the server's offer, :data:`DETACH`) hands it
+        over, and the session writes to it directly; the stream then needs no task, and its end
+        (the client leaves, or the session's close ends the response) is the connection's loss.
+        ``False`` when the server kept the connection (:meth:`run` it then)."""
+        conn = detach()
+        if conn is None:
+            return False
+        conn.on_lost = functools.partial(end_stream, self.session, self.manager, self.close_on_end)
+        self.session.attach(conn, self.endpoint)
+        self.endpoint = None
+        self.manager.stream_attached()
+        return True
+
     def end(self) -> None:
-        """The stream is over: detach it, and close the session (or, for ``close_on_end`` false,
-        only mark it active now). Also for a stream that never ran."""
-        self.session.detach()
-        self.session.last_active = time.monotonic()
-        if self.close_on_end:
-            self.manager.close(self.session)
+        """The stream is over: :func:`end_stream`. Also for a stream that never ran."""
+        end_stream(self.session, self.manager, self.close_on_end)
+
+
+def end_stream(session: SseSession, manager: SessionManager, close_session: bool) -> None:
+    """A session's stream is over: detach it, and close the session (when ``close_session``: a
+    ``GET /sse`` stream) or only mark it active now (``GET /mcp``: the session outlives it)."""
+    session.detach()
+    session.last_active = time.monotonic()
+    if close_session:
+        manager.close(session)
 
 
 class Transport:
