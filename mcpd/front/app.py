@@ -16,10 +16,14 @@ Order of the stack, outermost first (read it top to bottom in :func:`build_app`)
    when set, also under ``base_path``.
 
 The app itself (:class:`FrontApp`) wraps the stack: a session's GET stream, once started through
-it, is streamed from there, after the middleware and the router have returned.
+it, is streamed from there, after the middleware and the router have returned; and ``POST /message``
+and ``POST /mcp`` skip the stack for :class:`PostRoute`, which makes the same checks with the same
+objects.
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.applications import Starlette
 from starlette.authentication import AuthCredentials, AuthenticationBackend, AuthenticationError
@@ -120,29 +124,30 @@ def unauthorized(conn: HTTPConnection, exc: AuthenticationError) -> Response:
     return PlainTextResponse(str(exc), status_code=401, headers={"WWW-Authenticate": challenge})
 
 
-class MessageRoute:
-    """``POST /message`` (and ``{base_path}/message``) without the generic stack: the one request
-    every tool call of the HTTP+SSE transport makes, so the one worth running lean.
+class PostRoute:
+    """``POST /message`` and ``POST /mcp`` (and both under ``base_path``) without the generic stack:
+    the requests every tool call makes (``/message`` on the HTTP+SSE transport, ``/mcp`` on
+    Streamable HTTP), so the ones worth running lean.
 
     It makes the stack's checks, in the stack's order and with the stack's own objects, and nothing
     else: the ``Origin`` check (:meth:`OriginMiddleware.refusal`), the ``Host`` check
     (:meth:`HostMiddleware.refusal`), the bearer token (:meth:`BearerBackend.authenticate`, a
-    refusal answered by :func:`unauthorized`), then the transport's own handler
-    (:meth:`Transport.message`). Every answer of status 400 or more is logged by the same
-    :class:`RefusalLogMiddleware`. What it leaves out is what does nothing on this route: the router
-    (the path and method are known), starlette's exception middlewares (an exception reaches the
-    server, which answers ``500`` as they would) and one wrapper of ``send`` per layer.
+    refusal answered by :func:`unauthorized`), then the path's own handler
+    (:meth:`Transport.message` or :meth:`StreamableTransport.post`). Every answer of status 400 or
+    more is logged by the same :class:`RefusalLogMiddleware`. What it leaves out is what does
+    nothing on these routes: the router (the path and method are known), starlette's exception
+    middlewares (an exception reaches the server, which answers ``500`` as they would) and one
+    wrapper of ``send`` per layer.
 
     Args:
-        paths: the exact paths served (``/message``, and under ``base_path`` when set).
+        handlers: exact path → the handler of a ``POST`` to it.
         origin: the origin check. host: the host check. backend: the bearer check.
-        transport: the HTTP+SSE endpoints.
     """
 
-    def __init__(self, paths: frozenset[str], origin: "OriginMiddleware", host: HostMiddleware,
-                 backend: "BearerBackend", transport: Transport) -> None:
-        self.paths = paths
-        self.origin, self.host, self.backend, self.transport = origin, host, backend, transport
+    def __init__(self, handlers: Mapping[str, Callable[[Request], Awaitable[Response]]], origin: "OriginMiddleware",
+                 host: HostMiddleware, backend: "BearerBackend") -> None:
+        self.handlers = handlers
+        self.origin, self.host, self.backend = origin, host, backend
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         refused = self.origin.refusal(scope) or self.host.refusal(scope)
@@ -153,12 +158,12 @@ class MessageRoute:
             except AuthenticationError as exc:
                 refused = unauthorized(conn, exc)
             else:
-                if authenticated is None:  # (never for this route: no open path is a message path)
+                if authenticated is None:  # (never for these routes: no open path is one of them)
                     refused = PlainTextResponse("Not Found", status_code=404)
                 else:
                     scope["auth"], scope["user"] = authenticated
         if refused is None:
-            refused = response = await self.transport.message(Request(scope, receive))
+            refused = response = await self.handlers[scope["path"]](Request(scope, receive))
             if response.status_code < 400:
                 await response(scope, receive, send)
                 return
@@ -171,18 +176,18 @@ class FrontApp(Starlette):
     once the middleware and the router have returned: on the connection itself when the server
     offers it (:data:`~mcpd.front.connguard.DETACH`: the stream then holds no task and none of the
     server's per-request objects), else with the request's own ``receive`` and ``send``; an open
-    stream holds none of the middleware's frames and wrappers. ``POST /message`` goes
-    to :attr:`message_route` when set (:class:`MessageRoute`: the same checks, without the generic
-    layers)."""
+    stream holds none of the middleware's frames and wrappers. ``POST /message`` and
+    ``POST /mcp`` go to :attr:`post_route` when set (:class:`PostRoute`: the same checks, without
+    the generic layers)."""
 
-    message_route: MessageRoute | None = None
+    post_route: PostRoute | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        fast = self.message_route
-        if fast is not None and scope["method"] == "POST" and scope["path"] in fast.paths:
+        fast = self.post_route
+        if fast is not None and scope["method"] == "POST" and scope["path"] in fast.handlers:
             await fast(scope, receive, send)
             return
         handoff: list[SessionStream] = []
@@ -242,7 +247,8 @@ def build_app(
     ]
     app = FrontApp(routes=routes, middleware=middleware)
     app.state.sessions = manager
-    message_paths = frozenset({"/message", f"{cfg.base_path}/message"})
-    app.message_route = MessageRoute(message_paths, OriginMiddleware(app, cfg.allowed_origins),
-                                     HostMiddleware(app, hosts), backend, transport)
+    handlers = {f"{prefix}{path}": handler for prefix in {"", cfg.base_path}
+                for path, handler in (("/message", transport.message), ("/mcp", streamable.post))}
+    app.post_route = PostRoute(handlers, OriginMiddleware(app, cfg.allowed_origins), HostMiddleware(app, hosts),
+                               backend)
     return app

@@ -23,7 +23,7 @@ import functools
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import httptools
 import uvloop
@@ -161,26 +161,32 @@ class StreamConnection(asyncio.Protocol):
     Writes are synchronous (:meth:`write`) while the transport takes them (:meth:`writable`); past
     its high-water mark the writer waits (:meth:`send` drains first). Anything the client sends on
     the connection ends the stream: HTTP/1.1 could answer a request queued behind a response that
-    never ends only never. ``on_lost()`` is called once the connection is gone (the client left,
-    the stream was ended or aborted), after the connection's count is released (``release()``).
+    never ends only never. When the server ends the stream (:meth:`end`), the response is completed
+    and the connection goes back to a new uvicorn protocol (``keep_alive``), as after any response:
+    a client that reuses it for its next request is answered. ``on_lost()`` is called once the
+    stream is over (the client left, the stream was ended or aborted), after the connection's count
+    is released (``release()``).
 
     Args:
         transport: the connection's transport, its response headers written.
         write_paused: whether the transport had asked to pause writing (before the hand-over).
         release: forgets the connection in the connection count; called once, when it is lost.
         peer: the client's address, for the log.
+        keep_alive: makes the uvicorn protocol that takes the connection back once the response is
+            complete (it counts the connection anew), or ``None`` to close it then.
     """
 
-    __slots__ = ("transport", "write_paused", "on_lost", "_release", "_resumed", "_peer")
+    __slots__ = ("transport", "write_paused", "on_lost", "_release", "_resumed", "_peer", "_keep_alive")
 
     def __init__(self, transport: asyncio.Transport, write_paused: bool, release: Callable[[], None],
-                 peer: str) -> None:
+                 peer: str, keep_alive: Callable[[], HttpToolsProtocol] | None = None) -> None:
         self.transport = transport
         self.write_paused = write_paused
         self.on_lost: Callable[[], None] | None = None
         self._release: Callable[[], None] | None = release
         self._resumed: asyncio.Future[None] | None = None  # made by the first wait for the transport
         self._peer = peer
+        self._keep_alive = keep_alive
 
     def writable(self) -> bool:
         """Whether a :meth:`write` now is taken without waiting (not paused, not closing)."""
@@ -207,10 +213,21 @@ class StreamConnection(asyncio.Protocol):
         self.write(data)
 
     def end(self) -> None:
-        """Complete the response (its last chunk) and close the connection once that is written."""
-        if not self.transport.is_closing():
-            self.transport.write(_FINAL_CHUNK)
-            self.transport.close()
+        """Complete the response (its last chunk), then give the connection back to uvicorn for
+        the client's next request (or close it, without ``keep_alive``), and call ``on_lost``."""
+        transport = self.transport
+        if not transport.is_closing():
+            transport.write(_FINAL_CHUNK)
+            if self._keep_alive is None or self.write_paused:
+                transport.close()  # (a client slow to read its stream is not kept)
+            else:
+                self._lost()
+                protocol = self._keep_alive()
+                transport.set_protocol(protocol)
+                protocol.connection_made(transport)  # counted anew (or closed, if over a cap now)
+                protocol.on_response_complete()  # idle between requests: its keep-alive timeout runs
+                return
+        self._lost()
 
     async def finish(self) -> None:
         """:meth:`end`, for a writer that awaits (nothing to wait for: the transport flushes it)."""
@@ -237,6 +254,10 @@ class StreamConnection(asyncio.Protocol):
             self._resumed.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost()
+
+    def _lost(self) -> None:
+        """The stream is over: wake a waiting writer, release the count, call ``on_lost`` (once)."""
         self.write_paused = False
         if self._resumed is not None and not self._resumed.done():
             self._resumed.set_result(None)
@@ -277,6 +298,7 @@ def guarded_protocol(count: ConnectionCount,
     # bytes received of each connection's request whose headers are still coming (keyed by the
     # protocol object's id: instances keep one attribute only, see below); -1 once refused
     header_bytes: dict[int, int] = {}
+    successors: dict[int, Any] = {}  # server_state's id -> its protocol factory (see _successor)
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # One instance attribute only: past 30 in all (uvicorn's own, this, and ``url``), an
@@ -368,7 +390,8 @@ def guarded_protocol(count: ConnectionCount,
                     or not cycle.chunked_encoding or self.transport.is_closing()):
                 return None
             peer = self._peer()
-            conn = StreamConnection(self.transport, self.flow.write_paused, lambda: count.release(peer), peer)
+            conn = StreamConnection(self.transport, self.flow.write_paused, lambda: count.release(peer), peer,
+                                    self._successor() if cycle.keep_alive else None)
             self._timer = _UNCOUNTED  # the count is the stream's to release now
             self.connections.discard(self)
             cycle.response_complete = True  # (the app returns next: uvicorn then ends the task quietly)
@@ -376,6 +399,16 @@ def guarded_protocol(count: ConnectionCount,
             # (no cycle left for the collector: freed as soon as the request's task ends)
             self.cycle = self.parser = self.scope = None  # type: ignore[assignment]
             return conn
+
+        def _successor(self) -> Callable[[], HttpToolsProtocol]:
+            """Makes the protocol that takes a stream's connection back (the server's factory's
+            arguments; one factory per server, shared by its connections)."""
+            made = successors.get(id(self.server_state))
+            if made is None or made.keywords["server_state"] is not self.server_state:
+                successors.clear()  # (one server per protocol class, but tests make several in turn)
+                made = successors[id(self.server_state)] = functools.partial(
+                    type(self), config=self.config, server_state=self.server_state, app_state=self.app_state)
+            return cast(Callable[[], HttpToolsProtocol], made)
 
         def _host_from_target(self) -> None:
             """An absolute-form target (``POST https://host/message``) names the host: RFC 9112

@@ -1,5 +1,5 @@
 """Attacks on ``POST /message``, which runs on a lean route of its own (mcpd/front/app.py
-``MessageRoute``) instead of the generic starlette stack: it must make the stack's checks (Origin
+``PostRoute``) instead of the generic starlette stack: it must make the stack's checks (Origin
 403, Host 421, bearer 401, then session 400/404 and body 415/413/400) in the stack's order, log
 every refusal once, and never answer what the stack would not. Each test sends real requests to a
 real daemon over TLS, often on a raw socket (for requests httpx will not send), and compares the

@@ -67,7 +67,7 @@ async def test_each_refusal_is_one_line_with_reason_and_peer_never_the_token(
 @pytest.mark.parametrize("base", ["", "/base"])
 async def test_every_refusal_of_post_message_is_answered_and_logged_like_any_other(
         daemon_factory: Callable[..., Daemon], base: str) -> None:
-    """``POST /message`` runs on a lean route of its own (mcpd/front/app.py ``MessageRoute``): each
+    """``POST /message`` runs on a lean route of its own (mcpd/front/app.py ``PostRoute``): each
     check the stack makes must still refuse there, in the stack's order, with the same answer and
     one log line, at the root and under ``base_path``."""
     d = daemon_factory(max_body_bytes=1024, allowed_origins=["https://ok.example"], allowed_hosts="auto",
@@ -128,3 +128,53 @@ async def test_the_refusal_line_names_the_token_the_bearer_check_read(daemon_fac
     reasons = [reason for *_, reason in refused_lines(d, 2)]
     assert reasons == ["invalid token (token id 00000000000a)", "invalid token (malformed bearer token)"], reasons
     assert "A" * 43 not in d.log() and "B" * 43 not in d.log()
+
+
+@pytest.mark.parametrize("base", ["", "/base"])
+async def test_every_refusal_of_post_mcp_is_answered_and_logged_like_any_other(
+        daemon_factory: Callable[..., Daemon], base: str) -> None:
+    """``POST /mcp`` (Streamable HTTP) runs on the same lean route as ``POST /message``
+    (``PostRoute``): each check the stack makes must still refuse there, in the stack's order, with
+    the same answer and one log line, at the root and under ``base_path``; and a good request
+    still opens and uses its session."""
+    d = daemon_factory(max_body_bytes=1024, allowed_origins=["https://ok.example"], allowed_hosts="auto",
+                       base_path=base)
+    forged = "mcpd_0123456789ab_" + "S" * 43
+    _, port = d.host_port
+    url = f"{d.url}{base}/mcp"
+    init = (b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
+            b'"capabilities":{},"clientInfo":{"name":"t","version":"1"}}}')
+    ping = b'{"jsonrpc":"2.0","id":2,"method":"ping"}'
+    good = {**d.auth(), "Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    async with client(d) as c:
+        cases: list[tuple[int, dict[str, str], bytes]] = [
+            (401, {"Content-Type": "application/json"}, init),
+            (401, {**good, "Authorization": f"Bearer {forged}"}, init),
+            (403, {**good, "Origin": "https://evil.example", "Authorization": "Bearer nope"}, init),  # before auth
+            (421, {**good, "Host": f"attacker.example:{port}", "Authorization": "Bearer nope"}, init),
+            (406, {**good, "Accept": "text/plain"}, init),
+            (404, {**good, "Mcp-Session-Id": "0" * 32, "Mcp-Protocol-Version": "2025-06-18"}, ping),
+            (415, {**good, "Content-Type": "text/plain"}, init),
+            (413, good, b"{" + b" " * 2000 + b"}"),
+            (400, good, b"{nope"),
+        ]
+        for status, headers, body in cases:
+            r = await c.post(url, content=body, headers=headers)
+            assert r.status_code == status, (status, r.text)
+        r = await c.post(url, content=init, headers={"Content-Type": "application/json"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        r = await c.post(url, content=init, headers={**good, "Origin": "https://ok.example"})
+        assert r.status_code == 200, r.text
+        sid = r.headers["mcp-session-id"]
+        r = await c.post(url, content=ping, headers={**good, "Mcp-Session-Id": sid, "Mcp-Protocol-Version": "2025-06-18"})
+        assert r.status_code == 200 and r.json() == {"jsonrpc": "2.0", "id": 2, "result": {}}
+        assert (await c.put(url, content=ping, headers=good)).status_code == 405  # not the lean route: the stack's
+    lines = refused_lines(d, len(cases) + 2)
+    got = [(status, method, path) for status, method, path, _ in lines]
+    path = f"{base}/mcp"
+    assert got == [(status, "POST", path) for status, *_ in cases] + [(401, "POST", path), (405, "PUT", path)], lines
+    reasons = [reason for *_, reason in lines]
+    assert reasons[:4] == ["bearer token required (no bearer token)", "invalid token (token id 0123456789ab)",
+                           "origin not allowed", "host not allowed"], reasons
+    log = d.log()
+    assert "S" * 43 not in log and d.token not in log and d.token.split("_", 2)[2] not in log
