@@ -92,9 +92,13 @@ def _clean(value: Any, key: str) -> Any:
 
 
 def _body(event: str, fields: dict[str, Any], now: datetime.datetime | None = None) -> str:
-    """``"time":...,"event":...`` and ``fields``, checked and encoded, without braces."""
+    """``"time":...,"event":...`` and ``fields``, checked and encoded, without braces. ``now``: the
+    record's time (default: the clock), converted to UTC when it has a time zone, taken as UTC
+    when it has none."""
     if not _EVENT_RE.fullmatch(event):
         raise AuditError(f"bad audit event {event!r}")
+    if now is not None and now.tzinfo is not None:
+        now = now.astimezone(datetime.timezone.utc)
     when = (now or datetime.datetime.now(datetime.timezone.utc)).replace(tzinfo=None)
     head = f'"time":"{when.isoformat(timespec="microseconds")}Z","event":"{event}"'  # both plain ASCII, as checked
     return ",".join(p for p in (head, _members(fields)) if p)

@@ -273,6 +273,18 @@ def test_the_record_time_always_has_microseconds_and_a_four_digit_year() -> None
         assert json.loads(format_record("accept", {}, now=when))["time"] == text
 
 
+def test_a_record_time_in_another_time_zone_is_written_as_the_same_instant_in_utc() -> None:
+    import datetime
+
+    from mcpd.common.audit import format_record
+
+    paris = datetime.timezone(datetime.timedelta(hours=1))
+    when = datetime.datetime(2026, 1, 1, 0, 30, 0, 0, paris)  # 23:30 UTC the day before
+    assert json.loads(format_record("accept", {}, now=when))["time"] == "2025-12-31T23:30:00.000000Z"
+    naive = datetime.datetime(2026, 1, 2, 3, 4, 5)  # no zone: taken as UTC
+    assert json.loads(format_record("accept", {}, now=naive))["time"] == "2026-01-02T03:04:05.000000Z"
+
+
 def test_mixed_records_keep_their_field_order_and_values_whatever_was_remembered(tmp_path: Path) -> None:
     """Text fields in front are remembered, the rest encoded each time: the line is still every
     field in the order given, with its own values, and a bad field is refused wherever it sits."""
