@@ -7,6 +7,7 @@ The daemon runs with short deadlines so the tests stay quick; every loop is boun
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import ssl
@@ -359,7 +360,12 @@ def test_a_request_target_or_header_block_over_the_cap_is_refused_and_a_large_bo
     for s in (over, long_target, under, big):
         s.close()
     assert works(d)
-    assert d.log().count("request line and headers over 4096 bytes") == 2
+    log = d.log()
+    assert log.count("request line and headers over 4096 bytes") == 2
+    # logged as any refused request is, on the refusal log: method and path as far as they came
+    assert re.search(r"refused 431 GET /sse from 127\.0\.0\.1:\d+: request line and headers over 4096 bytes", log)
+    assert log.count("refused 431 GET /sse from") == 2, log[-3000:]
+    assert "x" * 300 not in log  # (the path is cut)
 
 
 def test_a_stream_outlives_the_header_and_body_deadlines(daemon_factory: Callable[..., Daemon]) -> None:
