@@ -226,7 +226,7 @@ class SseSession:
             if queue and not self.closed:
                 while queue and out.writable():
                     data = queue.pop(0)
-                    self._queued -= len(data)
+                    self._queued = max(0, self._queued - len(data))  # (the endpoint event is not counted)
                     out.write(data)
                 self.last_write = time.monotonic()
             if self.closed:
