@@ -161,8 +161,9 @@ class StreamConnection(asyncio.Protocol):
     Writes are synchronous (:meth:`write`) while the transport takes them (:meth:`writable`); past
     its high-water mark the writer waits (:meth:`send` drains first). Anything the client sends on
     the connection ends the stream: HTTP/1.1 could answer a request queued behind a response that
-    never ends only never. ``on_lost()`` is called once the connection is gone (the client left,
-    the stream was ended or aborted), after the connection's count is released (``release()``).
+    never ends only never. ``on_lost()`` is called once the stream is over: when the client sent
+    data or its goodbye (the connection is then closing), else once the connection is gone (the
+    client left, the stream was ended or aborted), after its count is released (``release()``).
 
     Args:
         transport: the connection's transport, its response headers written.
@@ -220,12 +221,24 @@ class StreamConnection(asyncio.Protocol):
         """Drop the connection without completing the response (writing it failed)."""
         self.transport.abort()
 
+    def _over(self) -> None:
+        """The client ended the stream: call ``on_lost`` now, not once the connection is gone (the
+        TLS goodbye may wait up to its shutdown timeout for a client that stops answering: the
+        session must not keep writing to, or waiting for, a closing connection meanwhile)."""
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost()
+
     # asyncio.Protocol
     def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
         log.info("connection from %s closed: it sent data on its event stream", self._peer)
         self.transport.close()
+        self._over()
 
     def eof_received(self) -> bool:
+        self._over()
         return False  # the client is done: close
 
     def pause_writing(self) -> None:
@@ -243,9 +256,7 @@ class StreamConnection(asyncio.Protocol):
         release, self._release = self._release, None
         if release is not None:
             release()
-        on_lost, self.on_lost = self.on_lost, None
-        if on_lost is not None:
-            on_lost()
+        self._over()
 
 
 def _detach(protocol: weakref.ref[Any]) -> StreamConnection | None:

@@ -183,7 +183,10 @@ class SseSession:
 
     def close(self) -> None:
         """Close the session (idempotent): cancel in-flight work, drop queued messages, and end the
-        stream's response (its last chunk is written, so the connection is left clean)."""
+        stream's response (its last chunk is written, so the connection is left clean). A stream
+        whose writer still waits to write an event (the client stopped reading: its queue may have
+        overflowed) is cut instead (:meth:`StreamOut.abort`): its end would wait behind that event
+        for as long as the client likes, holding the connection, its count and its buffers."""
         if self.closed:
             return
         self.closed = True
@@ -191,6 +194,12 @@ class SseSession:
         self.protocol.send = _discard  # (no cycle left between the two: freed as soon as unreferenced)
         self._queue.clear()
         self._queued = 0
+        writer, out = self._writer, self._out
+        if writer is not None and out is not None:
+            self._writer = self._out = None
+            writer.cancel()
+            out.abort()
+            return
         self._kick()
 
     def attach(self, out: StreamOut, endpoint: str | None) -> None:
