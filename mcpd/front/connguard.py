@@ -288,6 +288,10 @@ def guarded_protocol(count: ConnectionCount,
     # bytes received of each connection's request whose headers are still coming (keyed by the
     # protocol object's id: instances keep one attribute only, see below); -1 once refused
     header_bytes: dict[int, int] = {}
+    # the cycle still answering on each connection with a request queued behind it (pipelined),
+    # keyed as above: uvicorn tells only its latest cycle (the queued one) that the connection was
+    # lost, so a response that waits for the client to leave (an event stream) would wait forever
+    answering: dict[int, Any] = {}
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # One instance attribute only: past 30 in all (uvicorn's own, this, and ``url``), an
@@ -325,6 +329,10 @@ def guarded_protocol(count: ConnectionCount,
 
         def connection_lost(self, exc: Exception | None) -> None:
             header_bytes.pop(id(self), None)
+            cycle = answering.pop(id(self), None)
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
             if self._timer is not _UNCOUNTED:
                 self._disarm()
                 count.release(self._peer())
@@ -361,9 +369,18 @@ def guarded_protocol(count: ConnectionCount,
             before = self.cycle
             super().on_headers_complete()
             if self.cycle is not before:  # a new request's cycle (not an upgrade): nothing waits on it yet
+                if before is not None and not before.response_complete:  # queued behind ``before``
+                    answering.setdefault(id(self), before)  # (unless one queued earlier is behind it already)
                 self.cycle.message_event = Waiters()  # type: ignore[assignment]
                 if self.scope["method"] == "GET":  # (a stream's request; a weak reference: no cycle)
                     self.scope[DETACH] = functools.partial(_detach, weakref.ref(self))  # type: ignore[literal-required]
+
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            super()._start_asgi_task(cycle, app)
+            if cycle is self.cycle:  # the latest request: uvicorn tells it itself
+                answering.pop(id(self), None)
+            else:  # a queued request started, another still queued behind it
+                answering[id(self)] = cycle
 
         def detach_stream(self) -> StreamConnection | None:
             """Hand the connection over to a :class:`StreamConnection`, which then writes the

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from mcpd.common import identity
-from tests.conftest import EVENT_TIMEOUT, Daemon
+from tests.conftest import EVENT_TIMEOUT, Daemon, start_daemon, stop_daemon
 
 MIB = 1024 * 1024
 INIT = {"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
@@ -375,3 +375,170 @@ def test_an_mcp_stream_ends_without_ending_its_session_and_delete_ends_both(
         assert until(lambda: server_connections(d, s.port) == 0)
         assert mcp_ping(d, c, sid) == 404
     assert_no_crash_in_log(d)
+
+
+# -- odd GET requests: they still stream, and leave nothing behind -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    d = start_daemon(tmp_path_factory.mktemp("takeover"), connections={"body_seconds": 1.0}, keepalive_seconds=1.0)
+    yield d
+    stop_daemon(d)
+
+
+ODD_GETS: dict[str, Callable[[Daemon], bytes]] = {
+    "HTTP/1.0": lambda d: get(d, version="1.0"),
+    "HTTP/1.0 keep-alive": lambda d: get(d, version="1.0", extra="Connection: keep-alive\r\n"),
+    "a body, whole": lambda d: get(d, extra="Content-Length: 5\r\n") + b"hello",
+    "a chunked body, whole": lambda d: get(d, extra="Transfer-Encoding: chunked\r\n") + b"5\r\nhello\r\n0\r\n\r\n",
+    "Expect: 100-continue, no body": lambda d: get(d, extra="Expect: 100-continue\r\n"),
+    "a request pipelined in the same write": lambda d: get(d) + get(d, "/nowhere"),
+    "half a request pipelined": lambda d: get(d) + b"GET /nowh",
+    "Connection: close, then a request": lambda d: get(d, extra="Connection: close\r\n") + get(d, "/nowhere"),
+    "a second GET /sse pipelined": lambda d: get(d) + get(d),
+}
+
+
+@pytest.mark.parametrize("case", list(ODD_GETS))
+def test_an_odd_get_sse_streams_and_leaves_nothing_once_its_client_leaves(shared: Daemon, case: str) -> None:
+    """Whatever rides with the ``GET /sse`` (HTTP/1.0, a body, ``Expect``, requests pipelined
+    behind it, whole or half): the stream opens, a reply reaches it as a whole chunk, nothing
+    pipelined behind a stream that never ends is answered, and once the client leaves its session
+    is gone (``404``) and the server holds no connection of it. (Behind a whole request pipelined
+    with it, the stream stays uvicorn's, which reads nothing more until the response ends: the
+    server learns that the client left from its next keep-alive comment, 1 s here.)"""
+    d = shared
+    s = Raw(d)
+    s.send(ODD_GETS[case](d))
+    status, head = s.head()
+    assert status == 200 and b"transfer-encoding: chunked" in head
+    endpoint = s.until(b"\n\n\r\n").split(b"data: ", 1)[1].split(b"\n", 1)[0].decode().strip()
+    with httpx.Client(verify=d.ssl_context(), timeout=30, headers=d.auth()) as c:
+        assert c.post(d.url + endpoint, json=ping("odd")).status_code == 202
+        reply = s.until(b'"id":"odd","result":{}}\n\n\r\n')
+        assert b"HTTP/1." not in reply
+        s.close()
+        assert until(lambda: server_connections(d, s.port) == 0)
+        assert until(lambda: c.post(d.url + endpoint, json=ping(2)).status_code == 404)
+
+
+@pytest.mark.parametrize("extra", ["Content-Length: 5\r\n", "Expect: 100-continue\r\nContent-Length: 5\r\n",
+                                   "Transfer-Encoding: chunked\r\n"])
+def test_a_get_sse_whose_body_never_comes_is_closed_by_the_body_deadline(shared: Daemon, extra: str) -> None:
+    """A ``GET /sse`` announcing a body it never sends: no ``100 Continue`` is sent, the stream
+    works meanwhile, and the body deadline (1 s here) closes the connection and with it the
+    session (``404``)."""
+    d = shared
+    s = Raw(d)
+    s.send(get(d, extra=extra))
+    assert s.head()[0] == 200
+    endpoint = s.until(b"\n\n\r\n").split(b"data: ", 1)[1].split(b"\n", 1)[0].decode().strip()
+    rest = s.rest()  # until the server ends the connection
+    s.close()
+    assert b"100 Continue" not in rest
+    assert until(lambda: server_connections(d, s.port) == 0)
+    with httpx.Client(verify=d.ssl_context(), timeout=30, headers=d.auth()) as c:
+        assert c.post(d.url + endpoint, json=ping(1)).status_code == 404
+
+
+def test_head_sse_answers_headers_only_and_leaves_no_session(daemon_factory: Callable[..., Daemon]) -> None:
+    """``HEAD /sse``, five times on one connection (the last with a ``GET`` pipelined behind it):
+    headers only, no body, the connection stays usable, and no session is left (the principal's
+    two-session cap still admits two streams afterwards)."""
+    d = daemon_factory(max_sessions_per_principal=2)
+    s = Raw(d)
+    for _ in range(4):
+        s.send(get(d, method="HEAD"))
+        status, head = s.head()
+        assert status == 200 and b"transfer-encoding" not in head
+    s.send(get(d, method="HEAD") + get(d, "/nowhere"))
+    assert s.head()[0] == 200
+    assert s.head()[0] == 404
+    s.close()
+    streams = [open_sse(d)[0] for _ in range(2)]
+    for t in streams:
+        t.close()
+    assert_no_crash_in_log(d)
+
+
+# -- clients that leave in every way, many times ---------------------------------------------------
+
+
+LEAVES = ("close", "reset", "half-close", "tls goodbye", "junk")
+
+
+def leave(s: Raw, how: str) -> None:
+    if how == "close":
+        s.close()
+    elif how == "reset":
+        s.reset()
+    elif how == "half-close":  # a TCP FIN without a TLS goodbye, the client still there
+        s.sock.shutdown(socket.SHUT_WR)
+    elif how == "tls goodbye":  # close_notify, the TCP connection kept open
+        try:
+            s.sock.unwrap()
+        except ssl.SSLError:  # (a reply came before the server's goodbye: ours is sent all the same)
+            pass
+    else:  # then gone (a client that stays without answering the server's TLS goodbye is let go
+        # after the TLS shutdown timeout, 30 s, as for any connection the server closes)
+        s.send(b"\r\n\r\nGET / HTTP/1.1\r\n\r\n")
+        s.close()
+
+
+def test_streams_opened_and_dropped_in_every_way_give_their_connections_back(
+        daemon_factory: Callable[..., Daemon]) -> None:
+    """Four rounds of eight ``/sse`` streams, each left its own way (close, reset, half-close,
+    TLS goodbye with the TCP connection kept, junk sent on the stream); a reply raced against the
+    end of some. Each time the server lets go of every connection and session, so with a cap of
+    ten connections per address, nine streams still open side by side at the end (one leaked
+    count would refuse the ninth)."""
+    d = daemon_factory(connections={"max_per_address": 10})
+    with httpx.Client(verify=d.ssl_context(), timeout=30, headers=d.auth(), limits=httpx.Limits(max_connections=1)) as c:
+        for n in range(4):
+            streams = [open_sse(d) for _ in range(8)]
+            for i, (s, endpoint) in enumerate(streams):
+                if i % 2:
+                    assert c.post(d.url + endpoint, json=ping(i)).status_code == 202
+                leave(s, LEAVES[(i + n) % len(LEAVES)])
+            for i, (s, endpoint) in enumerate(streams):
+                assert until(lambda: server_connections(d, s.port) == 0), \
+                    f"held: the connection of a stream left by {LEAVES[(i + n) % len(LEAVES)]}"
+                assert until(lambda: c.post(d.url + endpoint, json=ping(0)).status_code == 404)
+                s.close()
+        last = [open_sse(d) for _ in range(9)]
+        for s, endpoint in last:
+            assert c.post(d.url + endpoint, json=ping("last")).status_code == 202
+            assert b'"id":"last"' in s.until(b"\n\n\r\n")
+            s.close()
+    assert_no_crash_in_log(d)
+
+
+# -- server shutdown ----------------------------------------------------------------------------------
+
+
+def test_sigterm_with_streams_open_and_stalled_exits_promptly_ending_the_writable_ones(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """SIGTERM with three streams that read and two stalled by their clients (6 MiB of answers
+    each, unread): the daemon exits promptly; each reading stream gets the response's last chunk
+    and then the end of the connection; the stalled ones are let go too."""
+    d = daemon_factory()
+    big = mib_file(tmp_path)
+    with httpx.Client(verify=d.ssl_context(), timeout=60, headers=d.auth()) as c:
+        reading = [open_sse(d)[0] for _ in range(3)]
+        stalled = [stalled_behind_reads(d, c, big, 6)[0] for _ in range(2)]
+    d.proc.send_signal(signal.SIGTERM)
+    try:
+        d.proc.wait(timeout=DEADLINE)
+    except Exception:
+        pytest.fail("the daemon did not exit within 15 s of SIGTERM")
+    for s in reading:
+        body, ended = dechunk(s.rest())
+        assert ended, "a writable stream ended without its last chunk"
+        s.close()
+    for s in stalled:
+        s.sock.settimeout(DEADLINE)
+        s.rest()  # the connection ends (no hang)
+        s.close()
+    log = d.log()
+    assert "Traceback" not in log, log[-4000:]
