@@ -542,3 +542,55 @@ def test_sigterm_with_streams_open_and_stalled_exits_promptly_ending_the_writabl
         s.close()
     log = d.log()
     assert "Traceback" not in log, log[-4000:]
+
+
+def test_head_mcp_is_a_get_with_headers_only_and_never_ends_the_session(
+        daemon_factory: Callable[..., Daemon]) -> None:
+    """``HEAD /mcp`` (Starlette admits HEAD wherever GET is) with the session's id: the stream's
+    headers, no body, and the session lives on, its GET stream still free to open; while a GET
+    stream is open it is ``409`` like a second GET."""
+    d = daemon_factory()
+    with httpx.Client(verify=d.ssl_context(), timeout=30, headers=d.auth()) as c:
+        sid = mcp_session(d, c)
+        r = c.head(d.url + "/mcp", headers={"Accept": "text/event-stream", "Mcp-Session-Id": sid})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream") and r.content == b""
+        assert mcp_ping(d, c, sid) == 200
+        s = Raw(d)
+        s.send(get(d, "/mcp", mcp_headers(sid)))
+        assert s.head()[0] == 200
+        r = c.head(d.url + "/mcp", headers={"Accept": "text/event-stream", "Mcp-Session-Id": sid})
+        assert r.status_code == 409
+        s.close()
+        assert mcp_ping(d, c, sid) == 200
+    assert_no_crash_in_log(d)
+
+
+# -- replies racing the stream's end --------------------------------------------------------------
+
+
+async def _race(d: Daemon, leave_how: str, rounds: int) -> None:
+    import asyncio
+    async with httpx.AsyncClient(verify=d.ssl_context(), timeout=30, headers=d.auth()) as c:
+        for n in range(rounds):
+            s, endpoint = open_sse(d)
+            posts = [asyncio.ensure_future(c.post(d.url + endpoint, json=ping(i))) for i in range(20)]
+            await asyncio.sleep(0.01 * (n % 4))
+            leave(s, leave_how)
+            statuses = {(await p).status_code for p in posts}
+            assert statuses <= {202, 404}, statuses
+            assert await asyncio.to_thread(until, lambda: server_connections(d, s.port) == 0)
+            assert (await c.post(d.url + endpoint, json=ping("after"))).status_code == 404
+            s.close()
+
+
+@pytest.mark.parametrize("how", ["reset", "close", "junk"])
+def test_replies_racing_the_streams_end_are_dropped_quietly(daemon_factory: Callable[..., Daemon], how: str) -> None:
+    """Twenty replies in flight while the client leaves its stream (reset, close, or junk sent on
+    it), at varying moments, eight times: every POST is answered ``202`` or ``404``, the session
+    and connection are gone afterwards, and nothing is logged as an error or a warning of writes
+    to a closed connection."""
+    import asyncio
+    d = daemon_factory()
+    asyncio.run(_race(d, how, 8))
+    assert_no_crash_in_log(d)
+    assert "SSL connection is closed" not in d.log()
