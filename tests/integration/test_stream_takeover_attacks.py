@@ -594,3 +594,63 @@ def test_replies_racing_the_streams_end_are_dropped_quietly(daemon_factory: Call
     asyncio.run(_race(d, how, 8))
     assert_no_crash_in_log(d)
     assert "SSL connection is closed" not in d.log()
+
+
+def test_clients_that_leave_before_their_streams_headers_leave_nothing(daemon_factory: Callable[..., Daemon]) -> None:
+    """Thirty ``GET /sse`` whose clients leave right after sending them (reset, half-close,
+    close), before the response could be written or the connection taken over: no connection,
+    connection count or session is left behind (with caps of five sessions per principal and six
+    connections per address, five streams still open side by side afterwards)."""
+    d = daemon_factory(max_sessions_per_principal=5, connections={"max_per_address": 6})
+    gone = []
+    for n in range(30):
+        s = Raw(d)
+        s.send(get(d))
+        how = ("reset", "half-close", "close")[n % 3]
+        leave(s, how)
+        gone.append(s)
+    for s in gone:
+        assert until(lambda: server_connections(d, s.port) == 0)
+        s.close()
+    with httpx.Client(verify=d.ssl_context(), timeout=30, headers=d.auth()) as c:
+        assert until(lambda: c.get(d.url + "/nowhere").status_code == 404)  # (the one connection left for it)
+    last = [open_sse(d) for _ in range(5)]
+    for s, _ in last:
+        s.close()
+    assert_no_crash_in_log(d)
+
+
+# -- a stream's end closes its connection: the client must know it ----------------------------------
+
+
+def test_a_client_reusing_its_connections_is_not_handed_one_that_a_streams_end_closes(
+        daemon_factory: Callable[..., Daemon]) -> None:
+    """The server closes a stream's connection when the stream ends, so the stream's response
+    says ``Connection: close`` (``/sse`` and ``/mcp``): an HTTP/1.1 client that pools its
+    connections (httpx here) then never sends its next request on that one, where it would be
+    lost ("server disconnected without sending a response") after a ``DELETE`` ended the stream."""
+    import asyncio
+
+    d = daemon_factory()
+
+    async def go() -> None:
+        async with httpx.AsyncClient(verify=d.ssl_context(), timeout=EVENT_TIMEOUT, headers=d.auth(),
+                                     limits=httpx.Limits(max_connections=2)) as c:
+            async with c.stream("GET", d.url + "/sse") as s:
+                assert s.status_code == 200 and s.headers["connection"] == "close"
+            for n in range(3):
+                r = await c.post(d.url + "/mcp", json=INIT, headers={"Accept": "application/json, text/event-stream"})
+                sid = r.headers["mcp-session-id"]
+                async with c.stream("GET", d.url + "/mcp", headers={"Accept": "text/event-stream",
+                                                                     "Mcp-Session-Id": sid}) as s:
+                    assert s.status_code == 200 and s.headers["connection"] == "close"
+                    assert (await c.delete(d.url + "/mcp", headers={"Mcp-Session-Id": sid})).status_code == 200
+                    async for _ in s.aiter_bytes():
+                        pass
+                for i in range(3):  # each on a connection of the pool: never the stream's
+                    r = await c.post(d.url + "/mcp", json=ping(i), headers={
+                        "Accept": "application/json, text/event-stream", "Mcp-Session-Id": sid})
+                    assert r.status_code == 404
+
+    asyncio.run(go())
+    assert_no_crash_in_log(d)
