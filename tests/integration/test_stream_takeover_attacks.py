@@ -11,6 +11,7 @@ and time.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -569,7 +570,6 @@ def test_head_mcp_is_a_get_with_headers_only_and_never_ends_the_session(
 
 
 async def _race(d: Daemon, leave_how: str, rounds: int) -> None:
-    import asyncio
     async with httpx.AsyncClient(verify=d.ssl_context(), timeout=30, headers=d.auth()) as c:
         for n in range(rounds):
             s, endpoint = open_sse(d)
@@ -589,7 +589,6 @@ def test_replies_racing_the_streams_end_are_dropped_quietly(daemon_factory: Call
     it), at varying moments, eight times: every POST is answered ``202`` or ``404``, the session
     and connection are gone afterwards, and nothing is logged as an error or a warning of writes
     to a closed connection."""
-    import asyncio
     d = daemon_factory()
     asyncio.run(_race(d, how, 8))
     assert_no_crash_in_log(d)
@@ -629,7 +628,6 @@ def test_a_client_reusing_its_connections_is_not_handed_one_that_a_streams_end_c
     says ``Connection: close`` (``/sse`` and ``/mcp``): an HTTP/1.1 client that pools its
     connections (httpx here) then never sends its next request on that one, where it would be
     lost ("server disconnected without sending a response") after a ``DELETE`` ended the stream."""
-    import asyncio
 
     d = daemon_factory()
 
