@@ -23,7 +23,7 @@ import functools
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import httptools
 import uvloop
@@ -163,32 +163,29 @@ class StreamConnection(asyncio.Protocol):
     Writes are synchronous (:meth:`write`) while the transport takes them (:meth:`writable`); past
     its high-water mark the writer waits (:meth:`send` drains first). Anything the client sends on
     the connection ends the stream: HTTP/1.1 could answer a request queued behind a response that
-    never ends only never. When the server ends the stream (:meth:`end`), the response is completed
-    and the connection goes back to a new uvicorn protocol (``keep_alive``), as after any response:
-    a client that reuses it for its next request is answered. ``on_lost()`` is called once the
-    stream is over (the client left, the stream was ended or aborted), after the connection's count
-    is released (``release()``).
+    never ends only never. When the server ends the stream (:meth:`end`), the last chunk is written
+    and the connection closed: the response said ``Connection: close``, so no client reuses it.
+    ``on_lost()`` is called once the stream is over: when the client sent
+    data or its goodbye (the connection is then closing), else once the connection is gone (the
+    client left, the stream was ended or aborted), after its count is released (``release()``).
 
     Args:
         transport: the connection's transport, its response headers written.
         write_paused: whether the transport had asked to pause writing (before the hand-over).
         release: forgets the connection in the connection count; called once, when it is lost.
         peer: the client's address, for the log.
-        keep_alive: makes the uvicorn protocol that takes the connection back once the response is
-            complete (it counts the connection anew), or ``None`` to close it then.
     """
 
-    __slots__ = ("transport", "write_paused", "on_lost", "_release", "_resumed", "_peer", "_keep_alive")
+    __slots__ = ("transport", "write_paused", "on_lost", "_release", "_resumed", "_peer")
 
     def __init__(self, transport: asyncio.Transport, write_paused: bool, release: Callable[[], None],
-                 peer: str, keep_alive: Callable[[], HttpToolsProtocol] | None = None) -> None:
+                 peer: str) -> None:
         self.transport = transport
         self.write_paused = write_paused
         self.on_lost: Callable[[], None] | None = None
         self._release: Callable[[], None] | None = release
         self._resumed: asyncio.Future[None] | None = None  # made by the first wait for the transport
         self._peer = peer
-        self._keep_alive = keep_alive
 
     def writable(self) -> bool:
         """Whether a :meth:`write` now is taken without waiting (not paused, not closing)."""
@@ -215,21 +212,12 @@ class StreamConnection(asyncio.Protocol):
         self.write(data)
 
     def end(self) -> None:
-        """Complete the response (its last chunk), then give the connection back to uvicorn for
-        the client's next request (or close it, without ``keep_alive``), and call ``on_lost``."""
-        transport = self.transport
-        if not transport.is_closing():
-            transport.write(_FINAL_CHUNK)
-            if self._keep_alive is None or self.write_paused:
-                transport.close()  # (a client slow to read its stream is not kept)
-            else:
-                self._lost()
-                protocol = self._keep_alive()
-                transport.set_protocol(protocol)
-                protocol.connection_made(transport)  # counted anew (or closed, if over a cap now)
-                protocol.on_response_complete()  # idle between requests: its keep-alive timeout runs
-                return
-        self._lost()
+        """Complete the response (its last chunk) and close the connection once that is written
+        (the response said ``Connection: close``), then call ``on_lost``."""
+        if not self.transport.is_closing():
+            self.transport.write(_FINAL_CHUNK)
+            self.transport.close()
+        self._over()
 
     async def finish(self) -> None:
         """:meth:`end`, for a writer that awaits (nothing to wait for: the transport flushes it)."""
@@ -239,12 +227,25 @@ class StreamConnection(asyncio.Protocol):
         """Drop the connection without completing the response (writing it failed)."""
         self.transport.abort()
 
+    def _over(self) -> None:
+        """The stream is over (the client sent data or its goodbye, or the server ended it): call
+        ``on_lost`` now, not once the connection is gone (the TLS goodbye may wait up to its
+        shutdown timeout for a client that stops answering: the session must not keep writing to,
+        or waiting for, a closing connection meanwhile)."""
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost()
+
     # asyncio.Protocol
     def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
         log.info("connection from %s closed: it sent data on its event stream", self._peer)
         self.transport.close()
+        self._over()
 
     def eof_received(self) -> bool:
+        self._over()
         return False  # the client is done: close
 
     def pause_writing(self) -> None:
@@ -266,9 +267,7 @@ class StreamConnection(asyncio.Protocol):
         release, self._release = self._release, None
         if release is not None:
             release()
-        on_lost, self.on_lost = self.on_lost, None
-        if on_lost is not None:
-            on_lost()
+        self._over()
 
 
 def _detach(protocol: weakref.ref[Any]) -> StreamConnection | None:
@@ -300,7 +299,10 @@ def guarded_protocol(count: ConnectionCount,
     # bytes received of each connection's request whose headers are still coming (keyed by the
     # protocol object's id: instances keep one attribute only, see below); -1 once refused
     header_bytes: dict[int, int] = {}
-    successors: dict[int, Any] = {}  # server_state's id -> its protocol factory (see _successor)
+    # the cycle still answering on each connection with a request queued behind it (pipelined),
+    # keyed as above: uvicorn tells only its latest cycle (the queued one) that the connection was
+    # lost, so a response that waits for the client to leave (an event stream) would wait forever
+    answering: dict[int, Any] = {}
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # One instance attribute only: past 30 in all (uvicorn's own, this, and ``url``), an
@@ -338,6 +340,10 @@ def guarded_protocol(count: ConnectionCount,
 
         def connection_lost(self, exc: Exception | None) -> None:
             header_bytes.pop(id(self), None)
+            cycle = answering.pop(id(self), None)
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
             if self._timer is not _UNCOUNTED:
                 self._disarm()
                 count.release(self._peer())
@@ -374,9 +380,18 @@ def guarded_protocol(count: ConnectionCount,
             before = self.cycle
             super().on_headers_complete()
             if self.cycle is not before:  # a new request's cycle (not an upgrade): nothing waits on it yet
+                if before is not None and not before.response_complete:  # queued behind ``before``
+                    answering.setdefault(id(self), before)  # (unless one queued earlier is behind it already)
                 self.cycle.message_event = Waiters()  # type: ignore[assignment]
                 if self.scope["method"] == "GET":  # (a stream's request; a weak reference: no cycle)
                     self.scope[DETACH] = functools.partial(_detach, weakref.ref(self))  # type: ignore[literal-required]
+
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            super()._start_asgi_task(cycle, app)
+            if cycle is self.cycle:  # the latest request: uvicorn tells it itself
+                answering.pop(id(self), None)
+            else:  # a queued request started, another still queued behind it
+                answering[id(self)] = cycle
 
         def detach_stream(self) -> StreamConnection | None:
             """Hand the connection over to a :class:`StreamConnection`, which then writes the
@@ -392,8 +407,7 @@ def guarded_protocol(count: ConnectionCount,
                     or not cycle.chunked_encoding or self.transport.is_closing()):
                 return None
             peer = self._peer()
-            conn = StreamConnection(self.transport, self.flow.write_paused, lambda: count.release(peer), peer,
-                                    self._successor() if cycle.keep_alive else None)
+            conn = StreamConnection(self.transport, self.flow.write_paused, lambda: count.release(peer), peer)
             self._timer = _UNCOUNTED  # the count is the stream's to release now
             self.connections.discard(self)
             cycle.response_complete = True  # (the app returns next: uvicorn then ends the task quietly)
@@ -401,16 +415,6 @@ def guarded_protocol(count: ConnectionCount,
             # (no cycle left for the collector: freed as soon as the request's task ends)
             self.cycle = self.parser = self.scope = None  # type: ignore[assignment]
             return conn
-
-        def _successor(self) -> Callable[[], HttpToolsProtocol]:
-            """Makes the protocol that takes a stream's connection back (the server's factory's
-            arguments; one factory per server, shared by its connections)."""
-            made = successors.get(id(self.server_state))
-            if made is None or made.keywords["server_state"] is not self.server_state:
-                successors.clear()  # (one server per protocol class, but tests make several in turn)
-                made = successors[id(self.server_state)] = functools.partial(
-                    type(self), config=self.config, server_state=self.server_state, app_state=self.app_state)
-            return cast(Callable[[], HttpToolsProtocol], made)
 
         def _host_from_target(self) -> None:
             """An absolute-form target (``POST https://host/message``) names the host: RFC 9112

@@ -183,7 +183,10 @@ class SseSession:
 
     def close(self) -> None:
         """Close the session (idempotent): cancel in-flight work, drop queued messages, and end the
-        stream's response (its last chunk is written, so the connection is left clean)."""
+        stream's response (its last chunk is written, so the connection is left clean). A stream
+        whose writer still waits to write an event (the client stopped reading: its queue may have
+        overflowed) is cut instead (:meth:`StreamOut.abort`): its end would wait behind that event
+        for as long as the client likes, holding the connection, its count and its buffers."""
         if self.closed:
             return
         self.closed = True
@@ -191,6 +194,12 @@ class SseSession:
         self.protocol.send = _discard  # (no cycle left between the two: freed as soon as unreferenced)
         self._queue.clear()
         self._queued = 0
+        writer, out = self._writer, self._out
+        if writer is not None and out is not None:
+            self._writer = self._out = None
+            writer.cancel()
+            out.abort()
+            return
         self._kick()
 
     def attach(self, out: StreamOut, endpoint: str | None) -> None:
@@ -476,6 +485,9 @@ class SessionManager:
 HANDOFF = "mcpd.stream_handoff"
 
 
+_CLOSE = (b"connection", b"close")
+
+
 class SessionStream(Response):
     """A session's GET stream: ``GET /sse``, whose end closes its session (SPEC §1.2, §1.4), or
     ``GET /mcp`` (``endpoint`` ``None``, ``close_on_end`` false: the session outlives it).
@@ -512,12 +524,16 @@ class SessionStream(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Start the response, then stream (:meth:`run`), here or, when the scope offers it, from
-        the app's outermost layer. ``HEAD`` gets the headers only."""
+        the app's outermost layer. ``HEAD`` gets the headers only. A stream's response says
+        ``Connection: close``: its end (the session's close, or the client's) closes the
+        connection, which a client must not then reuse for its next request."""
         self.session.stream_open = True
+        head = scope.get("method") == "HEAD"
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers if head else [*self.raw_headers, _CLOSE]})
             self.raw_headers = []  # sent: an open stream need not keep them
-            if scope.get("method") == "HEAD":
+            if head:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 self.end()
                 return

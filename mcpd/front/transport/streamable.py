@@ -290,10 +290,11 @@ class StreamableTransport:
         return [Route("/mcp", self.endpoint, methods=["GET", "POST", "DELETE"])]
 
     async def endpoint(self, request: Request) -> Response:
-        """Dispatch on the method (the route admits only GET, POST and DELETE)."""
+        """Dispatch on the method (the route admits GET, POST and DELETE, and HEAD, which Starlette
+        adds to every GET route: it is a GET answered with headers only, never a DELETE)."""
         if request.method == "POST":
             return await self.post(request)
-        if request.method == "GET":
+        if request.method in ("GET", "HEAD"):
             return await self.get(request)
         return await self.delete(request)
 
