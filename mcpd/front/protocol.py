@@ -327,6 +327,10 @@ class McpSession:
             transport has checked the request's ``_meta`` and headers already.
     """
 
+    # (slots: an idle session is held for hours, and an instance dict costs it about 280 bytes)
+    __slots__ = ("dispatcher", "session_id", "send", "initialized", "protocol_version", "_in_flight", "_tasks",
+                 "_closed", "_methods", "modern")
+
     def __init__(self, dispatcher: Dispatcher, session_id: str, send: Send, modern: bool = False) -> None:
         self.dispatcher = dispatcher
         self.session_id = session_id

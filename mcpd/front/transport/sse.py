@@ -133,6 +133,10 @@ class SseSession:
             its own transport's endpoints.
     """
 
+    # (slots: an idle session is held for hours, and an instance dict costs it about 280 bytes)
+    __slots__ = ("id", "kind", "principal", "last_active", "last_write", "stream_open", "token", "closed",
+                 "_manager", "_queue", "_queue_size", "_queue_bytes", "_queued", "_out", "_writer", "protocol")
+
     def __init__(
         self, session_id: str, principal: Principal, queue_size: int, manager: SessionManager, dispatcher: Dispatcher,
         kind: str = "sse", queue_bytes: int = 16 * 1024 * 1024,
