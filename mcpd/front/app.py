@@ -206,7 +206,7 @@ class FrontApp(Starlette):
             stream = handoff.pop()
             detach = scope.get(DETACH)
             if detach is None or not stream.take_over(detach):
-                await stream.run(receive, send)
+                await stream.run(receive, send, None if detach is None else detach.abort)
 
 
 def build_app(

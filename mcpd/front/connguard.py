@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
 import weakref
 from collections.abc import Callable
@@ -145,9 +144,9 @@ class LeanFlowControl(FlowControl):
             self._is_writable_event.set()
 
 
-#: The scope key under which each request's guarded protocol offers its connection (a callable
-#: returning a :class:`StreamConnection`, or ``None`` when the connection cannot be handed over):
-#: see :meth:`GuardedHttpToolsProtocol.detach_stream` in :func:`guarded_protocol`.
+#: The scope key under which each GET request's guarded protocol offers its connection: a
+#: :class:`ConnectionOffer` (call it for a :class:`StreamConnection`, or ``None`` when the
+#: connection cannot be handed over; see ``detach_stream`` in :func:`guarded_protocol`).
 DETACH = "mcpd.detach"
 
 _FINAL_CHUNK = b"0\r\n\r\n"
@@ -270,12 +269,29 @@ class StreamConnection(asyncio.Protocol):
         self._over()
 
 
-def _detach(protocol: weakref.ref[Any]) -> StreamConnection | None:
-    """The value of :data:`DETACH`: the protocol's ``detach_stream``, through a weak reference (the
-    scope must not keep its protocol: the cycle would hold a closed connection's objects until the
-    collector's next full pass)."""
-    live = protocol()
-    return None if live is None else live.detach_stream()
+class ConnectionOffer:
+    """What a GET request's guarded protocol offers the app (:data:`DETACH`), through a weak
+    reference (the scope must not keep its protocol: the cycle would hold a closed connection's
+    objects until the collector's next full pass).
+
+    Calling it hands the connection over to a :class:`StreamConnection` (or returns ``None``:
+    see ``detach_stream``); :meth:`abort` drops the connection, for a stream the server kept
+    that must be cut (its request's ``receive`` then answers ``http.disconnect``)."""
+
+    __slots__ = ("_protocol",)
+
+    def __init__(self, protocol: HttpToolsProtocol) -> None:
+        self._protocol = weakref.ref(protocol)
+
+    def __call__(self) -> StreamConnection | None:
+        live: Any = self._protocol()
+        return None if live is None else live.detach_stream()
+
+    def abort(self) -> None:
+        """Drop the connection at once (no TLS goodbye, nothing more written)."""
+        live = self._protocol()
+        if live is not None and live.transport is not None:
+            live.transport.abort()
 
 
 _UNCOUNTED = "uncounted"  # GuardedHttpToolsProtocol._timer of a connection not (or no longer) counted
@@ -384,7 +400,7 @@ def guarded_protocol(count: ConnectionCount,
                     answering.setdefault(id(self), before)  # (unless one queued earlier is behind it already)
                 self.cycle.message_event = Waiters()  # type: ignore[assignment]
                 if self.scope["method"] == "GET":  # (a stream's request; a weak reference: no cycle)
-                    self.scope[DETACH] = functools.partial(_detach, weakref.ref(self))  # type: ignore[literal-required]
+                    self.scope[DETACH] = ConnectionOffer(self)  # type: ignore[literal-required]
 
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:
             super()._start_asgi_task(cycle, app)

@@ -301,13 +301,18 @@ class AsgiStream:
 
     Args:
         send: the request's ASGI ``send``, the response started.
-        task: the stream's task, cancelled by :meth:`abort`.
+        task: the stream's task, cancelled by :meth:`abort` when there is no ``drop``.
+        drop: drops the stream's connection (the server's offer,
+            :meth:`~mcpd.front.connguard.ConnectionOffer.abort`): :meth:`abort` then cuts the
+            connection, and the task ends as for a client that left, rather than by cancellation
+            (which the server would log as the app's failure, and after which it would still wait
+            for the client's TLS goodbye).
     """
 
-    __slots__ = ("_send", "_task")
+    __slots__ = ("_send", "_task", "_drop")
 
-    def __init__(self, send: Send, task: asyncio.Task[Any] | None) -> None:
-        self._send, self._task = send, task
+    def __init__(self, send: Send, task: asyncio.Task[Any] | None, drop: Callable[[], None] | None = None) -> None:
+        self._send, self._task, self._drop = send, task, drop
 
     def writable(self) -> bool:
         """Never: ``send`` is a coroutine."""
@@ -327,7 +332,9 @@ class AsgiStream:
 
     def abort(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
+        if self._drop is not None:
+            self._drop()
+        elif task is not None:
             task.cancel()
 
 
@@ -550,12 +557,13 @@ class SessionStream(Response):
             return
         await self.run(receive, send)
 
-    async def run(self, receive: Receive, send: Send) -> None:
+    async def run(self, receive: Receive, send: Send, drop: Callable[[], None] | None = None) -> None:
         """Stream until the client leaves or the session is closed (its writer then completes the
         response, which ends the wait here), then :meth:`end`. ``send`` and ``receive`` are the
-        request's, with or without the middleware's wrappers."""
+        request's, with or without the middleware's wrappers; ``drop``, when the server offers it,
+        drops the connection (a stream cut because it stalled: see :class:`AsgiStream`)."""
         try:
-            self.session.attach(AsgiStream(send, asyncio.current_task()), self.endpoint)
+            self.session.attach(AsgiStream(send, asyncio.current_task(), drop), self.endpoint)
             self.endpoint = None  # queued, encoded
             self.manager.stream_attached()
             while (await receive())["type"] != "http.disconnect":
