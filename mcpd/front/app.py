@@ -204,9 +204,9 @@ class FrontApp(Starlette):
         del inner
         if handoff:  # (one at most: one response per request)
             stream = handoff.pop()
-            detach = scope.get(DETACH)
-            if detach is None or not stream.take_over(detach):
-                await stream.run(receive, send, None if detach is None else detach.abort)
+            offer = scope.get(DETACH)  # (the server's: a connguard.ConnectionOffer, on a GET)
+            if offer is None or not stream.take_over(offer):
+                await stream.run(receive, send, None if offer is None else offer.abort)
 
 
 def build_app(

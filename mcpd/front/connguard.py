@@ -164,9 +164,10 @@ class StreamConnection(asyncio.Protocol):
     the connection ends the stream: HTTP/1.1 could answer a request queued behind a response that
     never ends only never. When the server ends the stream (:meth:`end`), the last chunk is written
     and the connection closed: the response said ``Connection: close``, so no client reuses it.
-    ``on_lost()`` is called once the stream is over: when the client sent
-    data or its goodbye (the connection is then closing), else once the connection is gone (the
-    client left, the stream was ended or aborted), after its count is released (``release()``).
+    ``on_lost()`` is called once the stream is over: at once when the client sent data or its
+    goodbye or the server ended the stream (the connection is then closing), else once the
+    connection is gone (the client left, or the stream was aborted). The connection's count is
+    released (``release()``) only once the connection is gone.
 
     Args:
         transport: the connection's transport, its response headers written.

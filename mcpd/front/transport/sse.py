@@ -571,12 +571,13 @@ class SessionStream(Response):
         finally:
             self.end()
 
-    def take_over(self, detach: Callable[[], StreamConnection | None]) -> bool:
-        """Stream on the connection itself: ``detach`` (the server's offer, :data:`DETACH`) hands it
-        over, and the session writes to it directly; the stream then needs no task, and its end
-        (the client leaves, or the session's close ends the response) is the connection's loss.
-        ``False`` when the server kept the connection (:meth:`run` it then)."""
-        conn = detach()
+    def take_over(self, offer: Callable[[], StreamConnection | None]) -> bool:
+        """Stream on the connection itself: ``offer`` (the server's,
+        :class:`~mcpd.front.connguard.ConnectionOffer`) hands it over, and the session writes to
+        it directly; the stream then needs no task, and it ends when the client leaves or the
+        session's close ends the response. ``False`` when the server kept the connection
+        (:meth:`run` it then)."""
+        conn = offer()
         if conn is None:
             return False
         conn.on_lost = functools.partial(end_stream, self.session, self.manager, self.close_on_end)
