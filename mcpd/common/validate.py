@@ -12,6 +12,7 @@ from typing import Any
 
 from mcpd.common.errors import invalid_argument
 
+
 def digits(text: str) -> int | None:
     """``text`` as a non-negative integer when it is ASCII decimal digits only (``str.isdigit``
     alone also admits superscripts and other scripts' digits, which ``int`` then refuses or reads

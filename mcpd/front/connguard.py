@@ -30,8 +30,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mcpd.common.config import Connections
-from mcpd.front.refused import PATH_CHARS, clean
-from mcpd.front.refused import log as refusal_log
+from mcpd.front.refused import log_refusal
 
 log = logging.getLogger(__name__)
 
@@ -455,13 +454,10 @@ def guarded_protocol(count: ConnectionCount,
             text = f"request line and headers over {limits.max_header_bytes} bytes"
             # the refusal log's line, as for any refused request (the method and path as far as known)
             try:
-                method = clean(self.parser.get_method().decode("latin-1"), 16)
+                method = self.parser.get_method().decode("latin-1")
             except Exception:  # (the request line is not that far yet)
                 method = "-"
-            path = clean(self.url.split(b"?", 1)[0].decode("latin-1"), PATH_CHARS) or "-"
-            client = self.client
-            refusal_log.info("refused 431 %s %s from %s: %s", method, path,
-                             f"{client[0]}:{client[1]}" if client else "unknown", text)
+            log_refusal(431, method, self.url.split(b"?", 1)[0].decode("latin-1") or "-", self.client, text)
             reason = text.encode("ascii")
             self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; "
                                  b"charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"

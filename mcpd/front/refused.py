@@ -43,6 +43,16 @@ def clean(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def log_refusal(status: int, method: str, path: str, client: tuple[str, int] | None, reason: str,
+                extra: str = "") -> None:
+    """Write one refusal line (the format above): ``method``, ``path`` and ``reason`` made fit for
+    the log (:func:`clean`), ``client`` the peer's (host, port) or ``None``, then ``extra`` as is
+    (the token note: the server's own text, never cut)."""
+    peer = f"{client[0]}:{client[1]}" if client else "unknown"
+    log.info("refused %d %s %s from %s: %s%s", status, clean(method, 16), clean(path, PATH_CHARS), peer,
+             clean(reason, REASON_CHARS), extra)
+
+
 def reason_of(body: bytes, content_type: str) -> str:
     """The reason a refusal's answer gives: a JSON body's ``error`` (a string, or an object's
     ``message``), else the body as text; ``-`` for an empty body."""
@@ -83,9 +93,6 @@ class RefusalLogMiddleware:
         def emit() -> None:
             nonlocal logged
             logged = True
-            client = scope.get("client")
-            peer = f"{client[0]}:{client[1]}" if client else "unknown"
-            path = clean(scope.get("path", ""), PATH_CHARS)
             extra = ""
             if status == 401 and challenge:
                 # the first Authorization header: the one the bearer check reads
@@ -100,8 +107,8 @@ class RefusalLogMiddleware:
                     extra = " (malformed bearer token)"
                 else:
                     extra = " (no bearer token)"
-            log.info("refused %d %s %s from %s: %s%s", status, clean(scope.get("method", ""), 16), path, peer,
-                     clean(reason_of(bytes(body), content_type), REASON_CHARS), extra)
+            log_refusal(status, scope.get("method", ""), scope.get("path", ""), scope.get("client"),
+                        reason_of(bytes(body), content_type), extra)
 
         async def watch(message: Message) -> None:
             nonlocal status, content_type, challenge

@@ -38,6 +38,7 @@ async def test_a_cancelled_wait_leaves_no_waiter_behind() -> None:
     w.cancel()
     with pytest.raises(asyncio.CancelledError):
         await w
+    assert not ev._waiters  # the cancelled wait took its future with it
     ev.set()  # nothing left to wake, nothing raised
     assert ev.is_set()
 
