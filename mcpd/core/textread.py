@@ -349,7 +349,11 @@ def _warning(args: dict[str, Any], first: int, end: int, total: int | None) -> s
     return f"[WARNING: File truncated: showed bytes {first}-{end - 1} of {of}. To read more, call files/read with {call}]"
 
 
-def _window(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits, codec: str, bom: int) -> tuple[str, str, dict[str, Any]]:
+def _window(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits, codec: str, bom: int,
+            head: bytes | None = None) -> tuple[str, str, dict[str, Any]]:
+    """The byte window ``offset``/``limit`` of the file, decoded. ``head``: the file's first bytes
+    as :func:`read_fd` read them (at most :data:`BINARY_PROBE`; fewer: the whole file), used
+    instead of a second read when they hold the window."""
     offset = args.get("offset") or 0
     limit = args.get("limit")
     n = limit if limit is not None else limits.default_bytes
@@ -360,7 +364,10 @@ def _window(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimit
     if n > cap and st.st_size - start > cap:
         raise too_large(st.st_size, limits, suggestion)  # known too large: refuse without reading
     want = min(n, cap + 1)
-    got = pread_full(fd, want + 1, start)
+    if head is not None and (start + want + 1 <= len(head) or len(head) < BINARY_PROBE):
+        got = head[start:start + want + 1]  # the head holds it (or all the file there was): no second read
+    else:
+        got = pread_full(fd, want + 1, start)
     if len(got) > cap and n > cap:
         raise too_large(max(st.st_size, start + len(got)), limits, suggestion)
     more = len(got) > want
@@ -410,7 +417,7 @@ def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]
     if args.get("start_line") is not None or args.get("end_line") is not None:
         text, used, info = _lines(fd, st, args, limits, codec, bom)
     else:
-        text, used, info = _window(fd, st, args, limits, codec, bom)
+        text, used, info = _window(fd, st, args, limits, codec, bom, head)
     if len(text) > limits.response_cap // 4 and len(text.encode("utf-8")) > limits.response_cap:
         raise too_large(st.st_size, limits, "read a smaller range")
     result: dict[str, Any] = {"text": text}

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from mcpd.core.ops import OpContext
 
 REQUEST_CAP = frames.HELPER_REQUEST_CAP  # bytes: a request frame to a worker is at most 64 KiB
+READ_CHUNK = 65536  # bytes asked of the kernel at once: one read takes a whole request as a rule
 
 
 
@@ -48,18 +49,24 @@ def serve(sock: socket.socket, ctx: OpContext, ctl: socket.socket | None = None)
     """
     from mcpd.core import ops
 
+    received = bytearray()  # of ``sock``: at most one unfinished frame and one read
     while True:
         try:
-            if ctl is not None and ctl in select.select([sock, ctl], [], [])[0]:
-                granted, fds = frames.recv_frame_fds(ctl, REQUEST_CAP, 1)
-                if granted is None:
+            body = frames.take_frame(received, REQUEST_CAP)
+            if body is None:
+                if ctl is not None and ctl in select.select([sock, ctl], [], [])[0]:
+                    granted, fds = frames.recv_frame_fds(ctl, REQUEST_CAP, 1)
+                    if granted is None:
+                        return
+                    serve_granted(sock, ctl, granted, fds, ctx)
+                    continue
+                chunk = sock.recv(READ_CHUNK)  # (a descriptor sent along is dropped by the kernel)
+                if not chunk:  # the front is gone (between frames or inside one)
                     return
-                serve_granted(sock, ctl, granted, fds, ctx)
+                received += chunk
                 continue
-            frame = frames.recv_frame(sock, REQUEST_CAP)
+            frame = frames.decode_body(body)
         except (frames.FrameError, OSError):
-            return
-        if frame is None:
             return
         op_ctx = ctx
         if frame.get("progress") is True:

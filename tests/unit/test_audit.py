@@ -7,12 +7,16 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import Any
 
+import hypothesis
+import hypothesis.strategies as st
 import pytest
 from click.testing import CliRunner
 
 from mcpd.admin.audit_cli import audit
 from mcpd.admin.auditlog import tail_lines
+from mcpd.common import audit as audit_format
 from mcpd.common.audit import AuditError, AuditLog
 
 
@@ -306,3 +310,24 @@ def test_mixed_records_keep_their_field_order_and_values_whatever_was_remembered
     assert order[2] == ["event", "bytes", "user", "peer", "outcome"] and order[3] == ["event", "user", "peer", "outcome"]
     assert [(r["bytes"], r["duration_ms"], r["ok"]) for r in got[:2]] == [(1, 0.1, True), (2, 0.2, True)]
     assert len(got) == 4
+
+
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=40), st.sampled_from(["\u2028", "\ud800", "\x00\x1f\"\\", "é\u20ac\U0001f600"]),
+)
+
+
+@hypothesis.settings(max_examples=400, deadline=None)
+@hypothesis.given(st.dictionaries(st.from_regex(r"[a-z][a-z_]{0,31}", fullmatch=True).filter(
+    lambda k: k not in ("seq", "prev", "time", "event") and not audit_format._forbidden(k)), _SCALARS, max_size=8),
+    st.integers(min_value=0, max_value=2**63), st.sampled_from([audit_format.GENESIS, "a3" * 32]))
+def test_members_and_chain_are_written_exactly_as_the_json_encoder_writes_them(
+        fields: dict[str, Any], seq: int, prev: str) -> None:
+    """The members of a record are written without the generic encoder; they must be its very
+    characters (the chain hashes them, and readers parse them), whatever the values."""
+    encoder = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
+    expected = encoder.encode({k: audit_format._clean(v, k) for k, v in fields.items()})[1:-1]
+    assert audit_format._encode_members(tuple(fields.items())) == expected
+    assert audit_format._line("BODY", seq, prev) == "{" + encoder.encode({"seq": seq, "prev": prev})[1:-1] + ",BODY}"
+    assert audit_format._line("BODY", None, None) == "{BODY}"

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from mcpd.core import fileopen
-from mcpd.core import ops
+from mcpd.core import ops, textread
 from mcpd.common.config import ReadLimits
 
 LIMITS = ReadLimits()
@@ -713,3 +713,35 @@ def test_an_offset_past_any_file_reads_empty_however_large(tmp_path: Path, offse
     for extra in ({}, {"limit": 5}):
         reply = call(p, offset=offset, **extra)
         assert reply["ok"] is True and reply["result"]["text"] == "", reply
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, textread.BINARY_PROBE - 1, textread.BINARY_PROBE,
+                                  textread.BINARY_PROBE + 1, 3 * textread.BINARY_PROBE])
+@pytest.mark.parametrize("window", [{}, {"offset": 0, "limit": 100}, {"offset": 4000, "limit": 5000},
+                                    {"offset": 8000, "limit": 191}, {"offset": 8000, "limit": 192},
+                                    {"offset": 8191, "limit": 1}, {"offset": 20000, "limit": 10}])
+def test_a_byte_window_is_the_file_bytes_whether_or_not_the_head_read_holds_it(
+        tmp_path: Path, size: int, window: dict[str, int]) -> None:
+    """The head read for the binary check answers the window when it holds it (a small file is read
+    once), and the window is read from the file otherwise: the same bytes either way."""
+    data = bytes(48 + i % 61 for i in range(size))  # printable ASCII, no line ends
+    p = mk(tmp_path, data)
+    offset, limit = window.get("offset", 0), window.get("limit", LIMITS.default_bytes)
+    got = text(p, **window)
+    shown = WARNING.sub("", got)
+    assert shown == data[offset:offset + limit].decode()
+    assert (shown != got) == (not window and size > LIMITS.default_bytes)  # the default window says it cut
+
+
+def test_a_file_smaller_than_the_head_read_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = mk(tmp_path, b"x" * 4096)
+    reads: list[int] = []
+    real = os.pread
+
+    def counting(fd: int, n: int, pos: int) -> bytes:
+        reads.append(pos)
+        return real(fd, n, pos)
+
+    monkeypatch.setattr(os, "pread", counting)
+    assert text(p) == "x" * 4096
+    assert reads == [0, 4096]  # the head read, and the one that found the end: no second read of the window

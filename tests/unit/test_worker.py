@@ -403,6 +403,42 @@ def test_worker_drops_oversized_request_frame() -> None:
     asyncio.run(main())
 
 
+def test_requests_split_across_writes_or_sent_together_are_each_answered_in_order(sample: Path) -> None:
+    """The worker reads what arrives and takes whole frames out of it: a request cut in pieces
+    is answered once complete, and two sent in one write are both answered, in order."""
+    def request(rid: int) -> bytes:
+        return frames.encode({"id": rid, "op": "files/read", "args": {"path": str(sample)}})
+
+    def replies(sock: socket.socket, count: int) -> list[int]:
+        buf, got = bytearray(), []
+        while len(got) < count:
+            chunk = sock.recv(65536)
+            assert chunk, "the worker closed the connection"
+            buf += chunk
+            while (body := frames.take_frame(buf, 1 << 20)) is not None:
+                reply = frames.decode_body(body)
+                if reply.get("text_frame"):
+                    while frames.take_frame(buf, 1 << 20) is None:
+                        buf += sock.recv(65536)
+                assert reply["ok"] is True, reply
+                got.append(reply["id"])
+        return got
+
+    async def main() -> None:
+        spawner = LocalSpawner(config.ReadLimits())
+        front, pid = await spawner.spawn("u")
+        with front:
+            data = request(1)
+            for i in range(len(data)):  # one byte at a time
+                front.sendall(data[i:i + 1])
+            assert await asyncio.to_thread(replies, front, 1) == [1]
+            front.sendall(request(2) + request(3))
+            assert await asyncio.to_thread(replies, front, 2) == [2, 3]
+        await eventually(lambda: pid not in spawner.live_pids(), "worker exited")
+
+    asyncio.run(main())
+
+
 def test_worker_refuses_a_descriptor_that_is_not_a_socket() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "mcpd.worker", "--fd", "0"],
