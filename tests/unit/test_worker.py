@@ -439,6 +439,61 @@ def test_requests_split_across_writes_or_sent_together_are_each_answered_in_orde
     asyncio.run(main())
 
 
+def test_a_request_the_front_never_finishes_does_not_hold_up_a_granted_call(tmp_path: Path) -> None:
+    """Half a request frame on the front's socket (a slow or hostile front) leaves the worker free
+    to run a call the root helper granted on its ctl socket; the half request is answered once
+    its last byte comes."""
+    import fcntl
+    import termios
+    import threading
+    import time
+
+    from mcpd.core import fileopen, ops
+    from mcpd.worker.main import serve
+
+    def raw_frame(sock: socket.socket) -> bytes:
+        (n,) = struct.unpack("!I", sock.recv(4, socket.MSG_WAITALL))
+        return sock.recv(n, socket.MSG_WAITALL)
+
+    def reply_and_text(sock: socket.socket) -> tuple[int, str]:
+        reply = frames.decode_body(raw_frame(sock))
+        assert reply["ok"] is True and reply["text_frame"] is True, reply
+        return reply["id"], raw_frame(sock).decode()
+
+    secret = tmp_path / "granted.txt"
+    secret.write_text("granted bytes")
+    front, worker_end = socket.socketpair()
+    helper, worker_ctl = socket.socketpair()
+    ctx = ops.OpContext(limits=config.ReadLimits(), open_file=fileopen.open_regular, open_dir=fileopen.open_directory)
+    thread = threading.Thread(target=serve, args=(worker_end, ctx, worker_ctl), daemon=True)
+    thread.start()
+    try:
+        front.settimeout(10)
+        helper.settimeout(10)
+        request = frames.encode({"id": 1, "op": "files/read", "args": {"path": str(secret)}})
+        front.sendall(request[:7])  # the header and a few bytes of the body, then nothing
+        for _ in range(1000):  # until the worker has read them (none left queued on its end)
+            if struct.unpack("i", fcntl.ioctl(worker_end, termios.FIONREAD, b"\0\0\0\0"))[0] == 0:
+                break
+            time.sleep(0.005)
+        fd = os.open(secret, os.O_RDONLY)
+        try:
+            frames.send_frame(helper, {"id": 2, "op": "files/read", "args": {"path": str(secret)}}, [fd])
+        finally:
+            os.close(fd)
+        assert frames.recv_frame(helper, 4096) == {"id": 2, "code": None, "bytes": 13}
+        assert reply_and_text(front) == (2, "granted bytes")
+        front.sendall(request[7:])
+        assert reply_and_text(front) == (1, "granted bytes")
+    finally:
+        front.close()
+        helper.close()
+        thread.join(10)
+        worker_end.close()
+        worker_ctl.close()
+    assert not thread.is_alive()
+
+
 def test_worker_refuses_a_descriptor_that_is_not_a_socket() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "mcpd.worker", "--fd", "0"],
