@@ -110,17 +110,17 @@ def _clean(value: Any, key: str) -> Any:
     raise AuditError(f"audit field {key!r} must be a string, number, boolean or null")
 
 
-def _body(event: str, fields: dict[str, Any], now: datetime.datetime | None = None) -> str:
-    """``"time":...,"event":...`` and ``fields``, checked and encoded, without braces. ``now``: the
-    record's time (default: the clock), converted to UTC when it has a time zone, taken as UTC
-    when it has none."""
+def _body(event: str, fields: dict[str, Any], now: datetime.datetime | None = None, first: str = "") -> str:
+    """``"time":...,"event":...``, then ``first`` (fields already encoded, see :class:`Fields`),
+    then ``fields``, checked and encoded, without braces. ``now``: the record's time (default: the
+    clock), converted to UTC when it has a time zone, taken as UTC when it has none."""
     if not _EVENT_RE.fullmatch(event):
         raise AuditError(f"bad audit event {event!r}")
     if now is not None and now.tzinfo is not None:
         now = now.astimezone(datetime.timezone.utc)
     when = (now or datetime.datetime.now(datetime.timezone.utc)).replace(tzinfo=None)
     head = f'"time":"{when.isoformat(timespec="microseconds")}Z","event":"{event}"'  # both plain ASCII, as checked
-    return ",".join(p for p in (head, _members(fields)) if p)
+    return ",".join(p for p in (head, first, _members(fields)) if p)
 
 
 def _members(fields: dict[str, Any]) -> str:
@@ -174,6 +174,25 @@ def format_record(event: str, fields: dict[str, Any], now: datetime.datetime | N
         AuditError: bad event name, a key naming a secret or contents, or a non-scalar value.
     """
     return _line(_body(event, fields, now), seq, prev)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fields:
+    """Record fields checked and encoded once (:func:`encode_fields`), to begin any number of
+    records (:meth:`AuditLog.record_with`): a writer whose records repeat the same who and what
+    (the front's, one per call) encodes them once, not once per record."""
+
+    text: str  # the fields as JSON object members, in order, without braces
+    keys: frozenset[str]
+
+
+def encode_fields(**fields: Any) -> Fields:
+    """``fields`` checked and encoded as :meth:`AuditLog.record` would write them.
+
+    Raises:
+        AuditError: a key naming a secret or contents, a bad key, or a non-scalar value.
+    """
+    return Fields(_encode_members(tuple(fields.items())), frozenset(fields))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,6 +345,22 @@ class AuditLog:
             if event == "alert" and not self._admit(fields):
                 return
             self._write(_body(event, fields))
+
+    def record_with(self, event: str, first: Fields, **fields: Any) -> None:
+        """Append the record :meth:`record` would write for ``first``'s fields followed by
+        ``fields``, without checking and encoding ``first``'s again. Not for alerts.
+
+        Raises:
+            AuditError: a field in both, or one :meth:`record` refuses.
+            OSError: the write failed.
+        """
+        if event == "alert":
+            raise AuditError("alerts are written with record()")
+        if not first.keys.isdisjoint(fields):
+            raise AuditError(f"audit fields given twice: {sorted(first.keys & fields.keys())}")
+        with self._lock:
+            self._write_due(self._clock())
+            self._write(_body(event, fields, first=first.text))
 
     def prepare(self, event: str, **fields: Any) -> Prepared:
         """Check and encode a record now (its ``time`` is now) to write later with

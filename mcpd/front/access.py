@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Any
 
 from mcpd.front import metrics
-from mcpd.common.audit import AuditLog
+from mcpd.common.audit import AuditLog, Fields, encode_fields
 from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
 from mcpd.common.identity import Principal
 
@@ -78,13 +78,42 @@ class AccessLog:
         requested = requested if isinstance(requested, str) else None
         reason = {"refused": error.message if error else "refused", "forwarded": "the root helper is unreachable",
                   "unprivileged": UNPRIVILEGED_REASON}[stage]
-        self.log.record(
-            "access", user=principal.name, token_id=principal.token_id, os_user=principal.os_user, peer=peer,
-            session=session, route="privileged" if raw.get("privileged") is True else "unprivileged", tool=tool,
-            requested_path=requested, resolved_path=(result or {}).get("path", requested) if requested else None,
-            decision="reject" if stage == "refused" else "accept", reason=reason,
-            outcome=outcome if error is None else error.code, bytes=answer_size(result),
-            duration_ms=round((time.monotonic() - started) * 1000, 1))
+        first = _who_and_what(principal.name, principal.token_id, principal.os_user, peer, session,
+                              "privileged" if raw.get("privileged") is True else "unprivileged", tool, requested,
+                              (result or {}).get("path", requested) if requested else None,
+                              "reject" if stage == "refused" else "accept", reason,
+                              outcome if error is None else error.code)
+        self.log.record_with("access", first, bytes=answer_size(result),
+                             duration_ms=round((time.monotonic() - started) * 1000, 1))
+
+
+_FIRST_KEYS = ("user", "token_id", "os_user", "peer", "session", "route", "tool", "requested_path", "resolved_path",
+               "decision", "reason", "outcome")
+_FIRST: dict[tuple[Any, ...], Fields] = {}  # the values of _FIRST_KEYS -> their encoding, oldest first
+_FIRST_MAX, _FIRST_CHARS = 512, 2048  # entries kept; longer encodings (long paths, messages) are not kept
+
+
+def _who_and_what(*values: Any) -> Fields:
+    """The fields of an access record before its counts (:data:`_FIRST_KEYS`' values, in order),
+    checked and encoded once for each session, path and outcome (a session reading one file again
+    and again: the usual load). At most :data:`_FIRST_MAX` encodings of at most
+    :data:`_FIRST_CHARS` characters are kept, the oldest dropped first. Only strings and nulls are
+    kept (``True`` and ``1`` are equal keys but are written apart).
+
+    Raises:
+        AuditError: as :meth:`AuditLog.record` (a value that is no scalar).
+    """
+    try:
+        first = _FIRST.get(values)
+    except TypeError:  # (not hashable: no scalar, refused below)
+        first = None
+    if first is None:
+        first = encode_fields(**dict(zip(_FIRST_KEYS, values)))
+        if len(first.text) <= _FIRST_CHARS and all(v is None or type(v) is str for v in values):
+            if len(_FIRST) >= _FIRST_MAX:
+                del _FIRST[next(iter(_FIRST))]
+            _FIRST[values] = first
+    return first
 
 
 class Call:
