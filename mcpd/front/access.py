@@ -98,7 +98,8 @@ def _who_and_what(*values: Any) -> Fields:
     checked and encoded once for each session, path and outcome (a session reading one file again
     and again: the usual load). At most :data:`_FIRST_MAX` encodings of at most
     :data:`_FIRST_CHARS` characters are kept, the oldest dropped first. Only strings and nulls are
-    kept (``True`` and ``1`` are equal keys but are written apart).
+    kept (``True`` and ``1`` are equal keys but are written apart). Called from the front's event
+    loop only (one thread: the table has no lock).
 
     Raises:
         AuditError: as :meth:`AuditLog.record` (a value that is no scalar).
