@@ -132,19 +132,25 @@ def too_large(size: int, limits: ReadLimits, suggestion: str) -> ToolError:
     )
 
 
-def pread_full(fd: int, n: int, pos: int) -> bytes:
-    """Up to ``n`` bytes at byte ``pos`` (fewer only at end of file)."""
+def pread_full(fd: int, n: int, pos: int, size: int = 0) -> bytes:
+    """Up to ``n`` bytes at byte ``pos`` (fewer only at end of file). ``size``: the file's size
+    from ``fstat``, when known: a read that comes back short at or past it is taken as the end of
+    the file without one more read to see it (``0``, as a ``/proc`` file reports: always read on
+    until a read returns nothing)."""
     parts: list[bytes] = []
     got = 0
     while got < n:
         room = OFF_T_END - 1 - (pos + got)  # offset + count may not pass the largest off_t: nothing is there
         if room <= 0:
             break
-        b = os.pread(fd, min(n - got, CHUNK, room), pos + got)
+        ask = min(n - got, CHUNK, room)
+        b = os.pread(fd, ask, pos + got)
         if not b:
             break
         parts.append(b)
         got += len(b)
+        if len(b) < ask and 0 < size <= pos + got:
+            break
     return b"".join(parts)
 
 
@@ -406,7 +412,7 @@ def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]
             ``RANGE_OUT_OF_BOUNDS``. ``OSError`` from reading propagates (the caller maps it).
     """
     st = os.fstat(fd)
-    head = pread_full(fd, BINARY_PROBE, 0)
+    head = pread_full(fd, BINARY_PROBE, 0, st.st_size)
     bom_codec, bom = textdecode.sniff_bom(head)
     requested = args.get("encoding") or "utf-8"
     args = {**args, "encoding": requested}

@@ -744,4 +744,12 @@ def test_a_file_smaller_than_the_head_read_is_read_once(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(os, "pread", counting)
     assert text(p) == "x" * 4096
-    assert reads == [0, 4096]  # the head read, and the one that found the end: no second read of the window
+    assert reads == [0]  # the head read, short at the file's size: its end, and the window, with no more reads
+
+
+def test_a_file_that_reports_no_size_is_read_to_its_end(tmp_path: Path) -> None:
+    """``/proc`` files say 0 bytes and come in pieces: read on until a read returns nothing."""
+    status = text("/proc/self/status", limit=100000)
+    assert status.startswith("Name:") and "VmRSS" in status and status.endswith("\n")
+    maps = text("/proc/self/maps", limit=1 << 20)  # over one page: more than one read
+    assert len(maps) > 4096 and maps.endswith("\n")
