@@ -186,6 +186,12 @@ class Fields:
     keys: frozenset[str]
 
 
+def _refuse_twice(keys: frozenset[str], fields: dict[str, Any]) -> None:
+    """Raise :class:`AuditError` when ``fields`` names a field of ``keys`` (already encoded) again."""
+    if not keys.isdisjoint(fields):
+        raise AuditError(f"audit fields given twice: {sorted(keys & fields.keys())}")
+
+
 def encode_fields(**fields: Any) -> Fields:
     """``fields`` checked and encoded as :meth:`AuditLog.record` would write them.
 
@@ -356,11 +362,8 @@ class AuditLog:
         """
         if event == "alert":
             raise AuditError("alerts are written with record()")
-        if not first.keys.isdisjoint(fields):
-            raise AuditError(f"audit fields given twice: {sorted(first.keys & fields.keys())}")
-        with self._lock:
-            self._write_due(self._clock())
-            self._write(_body(event, fields, first=first.text))
+        _refuse_twice(first.keys, fields)
+        self._append(_body(event, fields, first=first.text))
 
     def prepare(self, event: str, **fields: Any) -> Prepared:
         """Check and encode a record now (its ``time`` is now) to write later with
@@ -383,9 +386,11 @@ class AuditLog:
             AuditError: a field the record already has, or one :meth:`record` refuses.
             OSError: the write failed.
         """
-        if (twice := prepared.keys & fields.keys()):
-            raise AuditError(f"audit fields given twice: {sorted(twice)}")
-        body = ",".join(p for p in (prepared.body, _members(fields)) if p)
+        _refuse_twice(prepared.keys, fields)
+        self._append(",".join(p for p in (prepared.body, _members(fields)) if p))
+
+    def _append(self, body: str) -> None:
+        """Write the record of encoded ``body`` (not an alert), after the alert counts now due."""
         with self._lock:
             self._write_due(self._clock())
             self._write(body)

@@ -108,7 +108,7 @@ def test_record_with_writes_what_record_writes_and_refuses_what_it_refuses(tmp_p
     assert len(path.read_text().splitlines()) == 2
 
 
-def test_a_call_that_ends_in_any_way_leaves_one_record_with_the_cached_fields_right(tmp_path: Path) -> None:
+def test_a_call_that_succeeds_or_fails_leaves_one_record_with_its_own_outcome(tmp_path: Path) -> None:
     log = AccessLog(str(tmp_path / "a.jsonl"))
     with Call(log, ALICE, "p", "s", "files/read", {"path": "/x"}) as call:
         call.stage, call.result = "unprivileged", {"text": "abc", "path": "/x"}
