@@ -198,6 +198,7 @@ def test_the_reader_of_a_privileged_read_is_unprivileged(privsep_daemon: Privsep
         status = proc_status(pid)
         assert status["Uid"].split()[0] != "0"
         assert int(status["CapEff"], 16) == 0 and status["NoNewPrivs"].strip() == "1"
+        assert os.sched_getscheduler(pid) == os.SCHED_BATCH  # its wake-ups do not preempt the front
     root_side = [d.helper_pid, *children(d.helper_pid, 0)]
     for pid in root_side:
         maps = Path(f"/proc/{pid}/maps").read_text()

@@ -373,6 +373,8 @@ def test_worker_inherits_only_its_socket_and_no_environment(monkeypatch: pytest.
             assert os.readlink(f"/proc/{pid}/cwd") == "/"
             status = Path(f"/proc/{pid}/status").read_text()
             assert "NoNewPrivs:\t1" in status
+            # its wake-ups do not preempt the front (the same share of the CPU: nice unchanged)
+            assert os.sched_getscheduler(pid) == os.SCHED_BATCH and os.getpriority(os.PRIO_PROCESS, pid) == 0
             await spawner.kill(pid)
         assert spawner.live_pids() == [] and is_reaped(pid)
 
