@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 
-from mcpd.common import config, filesig, frames, identity, strictyaml, wirejson
+from mcpd.common import config, filesig, frames, identity, sched, strictyaml, wirejson
 from mcpd.common.audit import AuditLog
 from mcpd.common.errors import ToolError
 from mcpd.common.filesig import Signature
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() == 0:
         log.error("the policy process never runs as root; start mcpd-helper")
         return config.EXIT_CONFIG
+    sched.run_as_batch()  # before any thread starts (they inherit it): a call sent here does not preempt the front
     frames.use_codec(wirejson.dumps, wirejson.loads)  # orjson: every request and reply passes here
     root = RootClient([socket.socket(fileno=4 + i) for i in range(opts.channels)])
     listener = socket.socket(fileno=3)

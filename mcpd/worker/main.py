@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mcpd.common import frames, wirejson
+from mcpd.common import frames, sched, wirejson
 from mcpd.common.config import ReadLimits
 from mcpd.common.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 
@@ -189,21 +189,8 @@ def _harden(keep: set[int], parent: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:  # it died before the line above took effect
         os._exit(0)
-    _run_as_batch()
+    sched.run_as_batch()  # a request sent to it does not preempt the front
 
-
-def _run_as_batch() -> None:
-    """Ask the kernel to schedule this worker as ``SCHED_BATCH`` (same share of the CPU, same nice
-    value): its wake-ups no longer preempt the process that is running, so a request from the
-    front does not interrupt the front in the middle of its event loop. With many calls in flight
-    the front then serves a whole turn of its loop before the workers run, rather than being cut
-    off at each request it sends. Measured with the shared benchmark's 16-session load: +6 to
-    +22 % calls/s, no change with one session (docs/INTERNALS.md, "Worker pool"). Best effort: a
-    kernel or sandbox that refuses the policy leaves the worker as it was."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except OSError:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -199,6 +199,10 @@ def test_the_reader_of_a_privileged_read_is_unprivileged(privsep_daemon: Privsep
         assert status["Uid"].split()[0] != "0"
         assert int(status["CapEff"], 16) == 0 and status["NoNewPrivs"].strip() == "1"
         assert os.sched_getscheduler(pid) == os.SCHED_BATCH  # its wake-ups do not preempt the front
+    policy = children(d.helper_pid, pwd.getpwnam(POLICY_USER).pw_uid)
+    assert len(policy) == 1
+    threads = os.listdir(f"/proc/{policy[0]}/task")  # the threads it started (one per front connection) too
+    assert len(threads) > 1 and {os.sched_getscheduler(int(t)) for t in threads} == {os.SCHED_BATCH}
     root_side = [d.helper_pid, *children(d.helper_pid, 0)]
     for pid in root_side:
         maps = Path(f"/proc/{pid}/maps").read_text()
