@@ -192,7 +192,6 @@ def _harden(keep: set[int], parent: int) -> None:
     sched.run_as_batch()  # a request sent to it does not preempt the front
 
 
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point ``python -m mcpd.worker --fd N [--ctl M] --limits JSON``; returns the exit status.
 
