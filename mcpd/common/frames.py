@@ -20,6 +20,9 @@ from typing import Any
 
 HEADER = struct.Struct("!I")
 HELPER_REQUEST_CAP = 64 * 1024
+#: bytes asked of the kernel at once by a reader that buffers frames (take_frame): one read takes
+#: a whole request or report as a rule; a buffer this size is allocated per read
+READ_CHUNK = 65536
 
 
 class FrameError(Exception):

@@ -39,7 +39,6 @@ log = logging.getLogger("mcpd.front.helper_client")
 
 _UNAVAILABLE = "privileged reads are unavailable: the root helper is not running"
 CONNECTIONS = 4
-READ_CHUNK = 65536  # bytes asked of the kernel at once (a buffer this size is allocated per read)
 #: privileged calls in flight at once; each has a connection of its own, on which the helper runs
 #: it without handing it to another thread (so nothing else may wait behind it there)
 CALL_CONNECTIONS = 12
@@ -66,7 +65,7 @@ class _Connection:
 
     def _readable(self) -> None:
         try:
-            data, fds, _, _ = socket.recv_fds(self.sock, READ_CHUNK, 4)
+            data, fds, _, _ = socket.recv_fds(self.sock, frames.READ_CHUNK, 4)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:

@@ -56,7 +56,6 @@ from mcpd.policy.rootclient import RootClient
 log = logging.getLogger("mcpd.helper")
 
 FRAME_SECONDS = 5.0  # a frame whose first byte arrived must be complete within this many seconds
-READ_CHUNK = 65536  # bytes asked of the kernel at once on a front connection
 MAX_CONNECTIONS = 32  # the front's shared connections, one per privileged call in flight, and reconnects
 # capacity class -> threads (in flight: 4x); "call" requests run on their connection's thread instead
 CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}
@@ -293,7 +292,7 @@ def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:
         left = end - time.monotonic()
         if left <= 0 or not select.select([w.ctl], [], [], left)[0]:
             return None
-        chunk = w.ctl.recv(READ_CHUNK)
+        chunk = w.ctl.recv(frames.READ_CHUNK)
         if not chunk:
             raise ToolError(INTERNAL_ERROR, "the worker ended during the call")
         w.reports += chunk
@@ -446,7 +445,7 @@ class Connection:
                 left = started + FRAME_SECONDS - time.monotonic()
                 if left <= 0 or not select.select([self.sock], [], [], left)[0]:
                     raise Refused("half-sent frame timed out")
-            chunk = self.sock.recv(READ_CHUNK)
+            chunk = self.sock.recv(frames.READ_CHUNK)
             if not chunk:
                 if self._buf:
                     raise frames.FrameError("connection closed inside a frame")

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from mcpd.core.ops import OpContext
 
 REQUEST_CAP = frames.HELPER_REQUEST_CAP  # bytes: a request frame to a worker is at most 64 KiB
-READ_CHUNK = 65536  # bytes asked of the kernel at once: one read takes a whole request as a rule
 
 
 
@@ -60,7 +59,7 @@ def serve(sock: socket.socket, ctx: OpContext, ctl: socket.socket | None = None)
                         return
                     serve_granted(sock, ctl, granted, fds, ctx)
                     continue
-                chunk = sock.recv(READ_CHUNK)  # (a descriptor sent along is dropped by the kernel)
+                chunk = sock.recv(frames.READ_CHUNK)  # (a descriptor sent along is dropped by the kernel)
                 if not chunk:  # the front is gone (between frames or inside one)
                     return
                 received += chunk
