@@ -348,6 +348,7 @@ class HelperAuthenticator:
             return cached[1]
         recent = cached[1] if cached and age is not None and age <= self._cache_seconds else None
         gate = self._unknown if cached is None else None
+        reply: dict[str, Any] | None = None
         try:
             if gate is not None:
                 async with asyncio.timeout(UNKNOWN_WAIT):
@@ -360,12 +361,10 @@ class HelperAuthenticator:
         except HelperUnavailable:
             return recent  # the helper is down: past the short window, nothing is accepted (fail closed)
         except TimeoutError:
+            pass  # no answer in time: undecided, as below
+        if reply is None or (not reply.get("ok") and reply.get("error")):  # not a refusal: busy or too slow
             if recent is None:
-                raise TokenUndecided("the token could not be checked in time") from None
-            return recent
-        if not reply.get("ok") and reply.get("error"):  # not a refusal: the helper was busy
-            if recent is None:
-                raise TokenUndecided("the token could not be checked now") from None
+                raise TokenUndecided("the token could not be checked now")
             return recent
         p = reply.get("principal")
         if not reply.get("ok") or not isinstance(p, dict):
