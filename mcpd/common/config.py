@@ -17,7 +17,7 @@ Example (every key optional)::
     session_queue_size: 256        # outgoing messages buffered per session (SPEC §1.4)
     session_queue_bytes: 16777216  # and at most this many bytes of them, also per /mcp POST and per batch answer (SPEC §1.7)
     max_in_flight: 64              # requests of one session running at once (-32000 beyond)
-    max_batch: 256                 # members of one batch that are run (-32600 for each beyond)
+    max_batch: 256                 # members of one batch that are run (-32600 beyond: each of as many more, then one)
     max_privileged_per_principal: 32  # privileged calls of one principal in flight (RATE_LIMITED beyond)
     max_calls_per_principal: 1024  # unprivileged calls of one principal waiting or running (RATE_LIMITED beyond)
     metrics_listen: ""             # HOST:PORT on loopback for /metrics and /healthz (plain HTTP); "": off

