@@ -85,22 +85,23 @@ def too_deep(value: Any, limit: int = MAX_DEPTH, text: bytes | str | None = None
 
 
 @functools.lru_cache(maxsize=8)
-def _decoder(parse_constant: Any) -> json.JSONDecoder:
-    """One decoder per ``parse_constant`` (``json.loads`` with an argument builds one per call)."""
-    return json.JSONDecoder(parse_constant=parse_constant)
+def _decoder(parse_constant: Any, parse_float: Any) -> json.JSONDecoder:
+    """One decoder per pair of hooks (``json.loads`` with an argument builds one per call)."""
+    return json.JSONDecoder(parse_constant=parse_constant, parse_float=parse_float)
 
 
-def loads(data: bytes | str, parse_constant: Any = None) -> Any:
+def loads(data: bytes | str, parse_constant: Any = None, parse_float: Any = None) -> Any:
     """Parse JSON as every mcpd process does: :class:`FrameError` for anything unparsable, nested
     deeper than :data:`MAX_DEPTH` levels, or so deep the parser itself gives up.
-    ``parse_constant``: as for :func:`json.loads` (called for ``NaN``, ``Infinity``). Bytes are
-    decoded as :func:`json.loads` decodes them (UTF-8, -16 or -32, found from the first bytes)."""
+    ``parse_constant``, ``parse_float``: as for :func:`json.loads` (called for ``NaN``,
+    ``Infinity``; for the text of each number with a fraction or an exponent). Bytes are decoded
+    as :func:`json.loads` decodes them (UTF-8, -16 or -32, found from the first bytes)."""
     try:
-        if parse_constant is None:
+        if parse_constant is None and parse_float is None:
             value = json.loads(data)
         else:
             text = data.decode(json.detect_encoding(data), "surrogatepass") if isinstance(data, bytes) else data
-            value = _decoder(parse_constant).decode(text)
+            value = _decoder(parse_constant, parse_float).decode(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise FrameError("not JSON" if not isinstance(exc, RecursionError) else "JSON nested too deeply") from None
     if too_deep(value, text=data):

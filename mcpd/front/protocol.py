@@ -12,8 +12,10 @@ import asyncio
 import functools
 import logging
 import math
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Protocol
 
 from mcpd.common.version import version
@@ -233,14 +235,46 @@ class Dispatcher:
 
 
 def valid_id(value: Any) -> bool:
-    """A JSON-RPC id (SPEC §2.3): a string that is valid Unicode, or a finite number (``1e400``
-    parses as infinity, which no reply could carry as JSON: such an id is invalid, answered
-    ``-32600`` with ``id: null``)."""
-    if isinstance(value, float):
+    """A JSON-RPC id (SPEC §2.3): a string that is valid Unicode, an integer (any size), or a
+    finite number that its reply can carry exactly; otherwise the request is answered ``-32600``
+    with ``id: null``. ``1e400`` parses as infinity, which no reply could carry as JSON; a number
+    whose text is not the number of the float it parses to (``9007199254740993.0``,
+    ``1.00000000000000000001``) is an :class:`InexactNumber` (see :func:`json_float`), since its
+    reply would carry another id (``9007199254740992.0``, ``1.0``)."""
+    if type(value) is float:
         return math.isfinite(value)
     if isinstance(value, str):
         return encodable(value)
-    return isinstance(value, int) and not isinstance(value, bool)
+    return type(value) is int  # (not bool, whose type is bool)
+
+
+_MIN_NORMAL = sys.float_info.min  # the smallest normal double (below: fewer digits are kept)
+
+
+class InexactNumber(float):
+    """A JSON number with a fraction or an exponent whose text is not exactly the number that
+    its float (this value) writes back: never a valid id (:func:`valid_id`); anywhere else, a float."""
+
+    __slots__ = ()
+
+
+def json_float(text: str) -> float:
+    """The ``parse_float`` hook of a request body's parser: ``text`` (a JSON number with a
+    fraction or an exponent, as the parser found it) as a float, or as an :class:`InexactNumber`
+    when the float's shortest form (what a reply writes) is not the same number as ``text``.
+
+    ``0.1``, ``1E2`` and ``-0.0`` are exact in this sense (written back as ``0.1``, ``100.0``,
+    ``-0.0``); ``9007199254740993.0`` (2**53 + 1) and ``1.00000000000000000001`` are not. Text of
+    at most 16 characters has at most 15 digits, which a double in the normal range keeps
+    (``DBL_DIG``): such text, the usual one, is answered without the exact comparison when it has no
+    exponent (its value is then 0 or at least 1e-14) or its float is normal."""
+    value = float(text)
+    if len(text) <= 16 and (("e" not in text and "E" not in text) or _MIN_NORMAL <= abs(value) < math.inf):
+        return value
+    shortest = repr(value)
+    if text == shortest or not math.isfinite(value) or Decimal(text) == Decimal(shortest):
+        return value  # (infinity stays a float: valid_id refuses it as such)
+    return InexactNumber(value)
 
 
 def encodable(text: str) -> bool:
@@ -566,7 +600,8 @@ class McpSession:
             self._notification(method, msg.get("params"))
             return None
         if not valid_id(req_id):
-            return error_reply(None, INVALID_REQUEST, "invalid request: id must be a string or a number")
+            return error_reply(None, INVALID_REQUEST, "invalid request: id must be a string or a number "
+                                                      "(finite, and exactly as a reply would write it back)")
         if self._in_flight.get(_id_key(req_id)) is not asyncio.current_task():
             return error_reply(req_id, INVALID_REQUEST, "invalid request: id already in flight")
         return await self._request(req_id, method, msg, caller, out)

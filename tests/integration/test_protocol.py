@@ -126,6 +126,33 @@ async def test_id_string_or_number_zero_valid(daemon: Daemon, req_id: Any) -> No
         assert r == {"jsonrpc": "2.0", "id": req_id, "result": {}}
 
 
+async def test_an_id_not_exactly_representable_is_an_invalid_id(daemon: Daemon) -> None:
+    """A number that is not exactly representable is an invalid id (-32600, id null); never a
+    reply whose id the client did not send (before: 9007199254740993.0 came back as
+    9007199254740992.0). A number its reply writes back as the same number stays valid."""
+    async with SseSession(daemon) as s:
+        for raw in (b"9007199254740993.0", b"1.00000000000000000001", b"123456789012345678901234567890.0",
+                    b"1e-400"):
+            r = await s.post(None, raw=b'{"jsonrpc":"2.0","id":%s,"method":"ping"}' % raw)
+            assert r.status_code == 202
+            reply = await s.next_message()
+            assert reply["id"] is None and reply["error"]["code"] == -32600, (raw, reply)
+        r = await s.post(None, raw=b'[{"jsonrpc":"2.0","id":9007199254740993.0,"method":"ping"},'
+                                   b'{"jsonrpc":"2.0","id":9007199254740992.0,"method":"ping"}]')
+        assert r.status_code == 202
+        assert await s.next_message() == [{"jsonrpc": "2.0", "id": None, "error": {
+            "code": -32600, "message": "invalid request: id must be a string or a number (finite, and exactly as a "
+                                       "reply would write it back)"}},
+            {"jsonrpc": "2.0", "id": 9007199254740992.0, "result": {}}]
+        for raw, echoed in ((b"0.1", b"0.1"), (b"1E2", b"100.0"), (b"2.50", b"2.5"), (b"-0.0", b"-0.0"),
+                            (b"0.30000000000000004", b"0.30000000000000004"), (b"9007199254740993", b"9007199254740993"),
+                            (b"123456789012345678901234567890", b"123456789012345678901234567890")):
+            r = await s.post(None, raw=b'{"jsonrpc":"2.0","id":%s,"method":"ping"}' % raw)
+            assert r.status_code == 202
+            ev = await s.next_event()
+            assert ev.data == '{"jsonrpc":"2.0","id":%s,"result":{}}' % echoed.decode(), (raw, ev.data)
+
+
 @pytest.mark.parametrize("body", [
     {"jsonrpc": "2.0", "id": None, "method": "ping"},
     {"id": 1, "method": "ping"},

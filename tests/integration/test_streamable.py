@@ -210,6 +210,27 @@ async def test_requests_before_initialized_and_envelope_errors(daemon: Daemon) -
         assert r.status_code == 202  # a client's response: accepted, nothing to answer
 
 
+async def test_an_id_not_exactly_representable_is_an_invalid_id_in_both_eras(daemon: Daemon) -> None:
+    """As on /sse: 9007199254740993.0 is refused -32600 with id null (400: no usable id), never
+    answered as 9007199254740992.0; so in the stateless era, whatever the method (there, as for
+    any invalid id, the refusal comes with 200, or 404 for an unknown method)."""
+    raw = b'{"jsonrpc":"2.0","id":9007199254740993.0,"method":"%s"%s}'
+    meta = (b',"params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",'
+            b'"io.modelcontextprotocol/clientCapabilities":{}}}')
+    async with client(daemon) as c:
+        sid = await open_session(c, daemon)
+        r = await c.post("/mcp", content=raw % (b"ping", b""), headers=hdrs(daemon, sid))
+        assert r.status_code == 400 and r.json()["id"] is None and r.json()["error"]["code"] == -32600, r.text
+        for method in (b"tools/list", b"nope"):
+            r = await c.post("/mcp", content=raw % (method, meta), headers=hdrs(
+                daemon, **{"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method.decode()}))
+            assert r.status_code < 500 and r.json()["id"] is None, (method, r.status_code, r.text)
+            assert r.json()["error"]["code"] in (-32600, -32601), r.text
+        r = await c.post("/mcp", content=raw.replace(b"993.0", b"992.0") % (b"tools/list", meta), headers=hdrs(
+            daemon, **{"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/list"}))
+        assert r.status_code == 200 and r.json()["id"] == 9007199254740992.0, r.text
+
+
 async def test_a_batch_far_past_max_batch_is_answered_within_the_queue_bytes(daemon_factory: Callable[..., Daemon],
                                                                            ) -> None:
     """As on /sse: a batch of 50,000 members (max_batch 256) with a 1 MiB session_queue_bytes is

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+from decimal import Decimal
 from typing import Any
 
 from hypothesis import given, settings
@@ -106,3 +108,29 @@ def test_every_request_gets_exactly_one_valid_json_reply(body: Any) -> None:
         assert reply["jsonrpc"] == "2.0" and ("result" in reply) != ("error" in reply), reply
         rid = reply["id"]
         assert rid is None or isinstance(rid, str) or (isinstance(rid, (int, float)) and not isinstance(rid, bool))
+
+
+NUMBER_TEXT = st.builds(
+    lambda sign, whole, frac, exp: f"{sign}{whole}{frac}{exp}",
+    st.sampled_from(["", "-"]),
+    st.one_of(st.just("0"), st.from_regex(r"[1-9][0-9]{0,24}", fullmatch=True)),
+    st.one_of(st.just(""), st.from_regex(r"\.[0-9]{1,25}", fullmatch=True)),
+    st.one_of(st.just(""), st.builds(lambda e, n: f"{e}{n}", st.sampled_from(["e", "E", "e+", "e-", "E-"]),
+                                     st.integers(0, 400))),
+).filter(lambda t: "." in t or "e" in t.lower())  # a number the parser hands to parse_float
+
+
+@SETTINGS
+@given(text=NUMBER_TEXT)
+def test_a_number_id_is_valid_exactly_when_its_reply_carries_the_same_number(text: str) -> None:
+    """The id rule (a number not exactly representable is invalid, -32600 with id null) against
+    an exact oracle: the reply's id, written in its shortest form, is the number the client sent,
+    or the reply's id is null."""
+    value = float(text)
+    same = math.isfinite(value) and Decimal(text) == Decimal(repr(value))
+    payload = parse_json(f'{{"jsonrpc":"2.0","id":{text},"method":"ping"}}'.encode())
+    [reply] = exchange(payload)
+    if same:
+        assert reply == {"jsonrpc": "2.0", "id": value, "result": {}}, (text, reply)
+    else:
+        assert reply["id"] is None and reply["error"]["code"] == -32600, (text, reply)

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from mcpd.common import frames
 from mcpd.common.validate import digits
 from mcpd.front import metrics
-from mcpd.front.protocol import INVALID_REQUEST, PARSE_ERROR, error_reply
+from mcpd.front.protocol import INVALID_REQUEST, PARSE_ERROR, error_reply, json_float
 
 
 class BodyRefused(Exception):
@@ -72,7 +72,10 @@ def _reject_constant(name: str) -> Any:
 
 
 def parse_json(body: bytes) -> Any:
-    """Parse a JSON-RPC body: an object or an array (SPEC §1.3, §2.3).
+    """Parse a JSON-RPC body: an object or an array (SPEC §1.3, §2.3). A number with a fraction
+    or an exponent whose float is not exactly that number is an
+    :class:`~mcpd.front.protocol.InexactNumber` (:func:`~mcpd.front.protocol.json_float`), which
+    is no valid id.
 
     Raises:
         BodyRefused: 400 with ``-32700`` for bytes that are not JSON (``NaN``/``Infinity`` included)
@@ -80,7 +83,7 @@ def parse_json(body: bytes) -> Any:
             object nor an array.
     """
     try:
-        payload = frames.loads(body, parse_constant=_reject_constant)
+        payload = frames.loads(body, parse_constant=_reject_constant, parse_float=json_float)
     except (ValueError, frames.FrameError):
         raise BodyRefused(400, "parse error", PARSE_ERROR) from None
     if not isinstance(payload, (dict, list)):
