@@ -132,8 +132,8 @@ class CallLease:
     request or none, and is closed after a request that was not answered (the helper may still be
     working on it: nothing else may go on that connection)."""
 
-    def __init__(self, owner: str, conn: _Connection) -> None:
-        self.owner, self.conn, self.reusable = owner, conn, True
+    def __init__(self, conn: _Connection) -> None:
+        self.conn, self.reusable = conn, True
 
 
 class HelperChannel:
@@ -231,7 +231,7 @@ class HelperChannel:
             while self._idle and conn is None:
                 conn = self._idle.pop()
                 conn = None if conn.closed else conn
-            lease = CallLease(owner, conn or await self._open())
+            lease = CallLease(conn or await self._open())
             self._busy.add(lease.conn)
             yield lease
         finally:
@@ -436,7 +436,9 @@ class HelperBackend:
 
         Raises:
             ToolError: the helper's refusal or failure; ``HELPER_UNAVAILABLE`` when it is down;
-                ``RATE_LIMITED`` when the principal already has ``per_principal`` calls in flight.
+                ``RATE_LIMITED`` when the principal already has ``per_principal`` calls in flight
+                or holds :data:`CALL_SHARE` call connections; ``TIMEOUT`` when no call connection
+                came free within the call's time (the helper never received it).
         """
         if self._in_flight[principal.name] >= self._per_principal:
             metrics.limit_hit("privileged_per_principal")
@@ -481,7 +483,7 @@ class HelperBackend:
                             f"to the root helper (its share of {CALL_CONNECTIONS}); retry when one ends",
                             limit=CALL_SHARE) from None
         except NoConnection:
-            raise ToolError(TIMEOUT, f"no connection to the root helper came free within {timeout:g} s: other "
-                            "principals' privileged calls hold them all", seconds=timeout) from None
+            raise ToolError(TIMEOUT, f"no connection to the root helper came free within {timeout:g} s: privileged "
+                            f"calls in flight hold all {CALL_CONNECTIONS}", seconds=timeout) from None
         except HelperUnavailable:
             raise ToolError(HELPER_UNAVAILABLE, _UNAVAILABLE) from None

@@ -63,6 +63,7 @@ CONTENT_OPS = ("files/read", "files/filetype")
 WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path argument (the walker parses the rest)
 WALK_MAX_SECONDS = 60.0  # files/find's largest time_budget_seconds (core.walk checks it in the walker)
 _PEERCRED = struct.Struct("3i")
+ENDED_KEPT = 1024
 
 
 class Refused(Exception):
@@ -93,6 +94,9 @@ class State:
     issued: Store
     login: Login
     workers: dict[int, Worker] = dataclasses.field(default_factory=dict)
+    #: workers that ended on their own (reaped), pid -> owner, the latest :data:`ENDED_KEPT`: the
+    #: front may still ask to kill one (it saw its socket close), which is no alert
+    ended: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
     opened: OpenedFiles = dataclasses.field(default_factory=OpenedFiles)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -171,8 +175,13 @@ def kill_worker(state: State, w: Worker, reason: str = "helper stopping", token_
 
 def handle_kill(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``kill_worker {token, pid}``: SIGKILL a worker bound to the token's principal (through its
-    pidfd, so a reused pid is never hit); any other pid is refused and audited."""
+    pidfd, so a reused pid is never hit); one of its workers that has ended on its own meanwhile
+    is answered ``ok`` (nothing to kill); any other pid is refused and audited as an alert."""
     principal, _ = _who(state, req)
+    with state.lock:
+        gone = req["pid"] not in state.workers and state.ended.get(req["pid"]) == (principal.name, principal.os_user)
+    if gone:  # it ended on its own (its "exit" is recorded): nothing to kill, nothing wrong
+        return {"ok": True}
     kill_worker(state, _bound_worker(state, principal, req["pid"]), "asked by the front", principal.token_id)
     return {"ok": True}
 
@@ -523,6 +532,9 @@ def reap(state: State) -> None:
         if w.pidfd in done:
             with state.lock:
                 state.workers.pop(w.pid, None)
+                state.ended[w.pid] = w.owner
+                if len(state.ended) > ENDED_KEPT:
+                    del state.ended[next(iter(state.ended))]
             os.close(w.pidfd)
             w.ctl.close()
             state.audit.record("exit", user=w.owner[0], os_user=w.owner[1], pid=w.pid, reason="worker ended")
