@@ -45,11 +45,12 @@ CONNECTIONS = 4
 #: privileged calls in flight at once; each has a connection of its own, on which the helper runs
 #: it without handing it to another thread (so nothing else may wait behind it there)
 CALL_CONNECTIONS = 12
-#: call connections one principal may hold at once (beyond: ``RATE_LIMITED``), so that one
-#: principal's hung calls (a privileged find on a hung folder) never hold all of them: the other
-#: principals always find ``CALL_CONNECTIONS - CALL_SHARE`` (SPEC: no principal takes the helper's
-#: capacity from the others). Content calls of one principal hold at most ``workers.per_account``
-#: (each waits for a worker of its account while holding one).
+#: call connections one principal may hold at once, so that one principal's hung calls (a
+#: privileged find on a hung folder) never hold all of them: the other principals always find
+#: ``CALL_CONNECTIONS - CALL_SHARE``. Beyond it a privileged list/find is refused ``RATE_LIMITED``
+#: at once (it may hang a minute: queueing more behind hung ones only piles them up); a read or
+#: filetype waits for one of its principal's own within its time (reads are short; a burst of one
+#: principal's reads, more than its workers, queues here instead of failing).
 CALL_SHARE = 8
 #: refusals decided before the helper touched the worker: the worker stays in the pool
 _DECIDED = frozenset({PERMISSION_DENIED, "NOT_A_REGULAR_FILE", "FILE_NOT_FOUND", "INVALID_ARGUMENT"})
@@ -123,7 +124,12 @@ class OverShare(Exception):
 
 
 class NoConnection(Exception):
-    """No call connection came free within the time the call could wait (``args[0]``: seconds)."""
+    """No call connection came free within the time the call could wait; :attr:`own`: the
+    principal's own calls held its whole share then (else the calls of all held them all)."""
+
+    def __init__(self, own: bool) -> None:
+        super().__init__(own)
+        self.own = own
 
 
 class CallLease:
@@ -199,30 +205,31 @@ class HelperChannel:
             return conn
 
     @contextlib.asynccontextmanager
-    async def lease(self, owner: str, wait: float) -> AsyncIterator[CallLease]:
+    async def lease(self, owner: str, wait: float, queue: bool = True) -> AsyncIterator[CallLease]:
         """Hold one exclusive call connection for a privileged call of principal ``owner``
         (``async with channel.lease(name, seconds) as lease``), for :meth:`request` ``lease=``.
 
-        The rule (SPEC: no principal takes the helper's capacity from the others): at most
+        The rule (no principal takes the helper's capacity from the others): at most
         :data:`CALL_CONNECTIONS` are held at once, and one principal holds at most
-        :data:`CALL_SHARE` of them, so others always find some. When all are held the call waits
-        for one, at most ``wait`` seconds.
+        :data:`CALL_SHARE` of them, so others always find some. A call that finds all taken, or
+        its principal's share taken, waits for one, at most ``wait`` seconds; with ``queue``
+        false, a call of a principal holding its share is refused at once instead.
 
         Raises:
-            OverShare: ``owner`` already holds :data:`CALL_SHARE` connections (at once, no wait).
+            OverShare: ``owner`` holds :data:`CALL_SHARE` connections and ``queue`` is false.
             NoConnection: none came free within ``wait`` seconds.
             HelperUnavailable: no helper to connect to.
         """
-        if self._held[owner] >= CALL_SHARE:
+        if not queue and self._held[owner] >= CALL_SHARE:
             raise OverShare(owner)
-        if self._leased >= CALL_CONNECTIONS:
+        if self._leased >= CALL_CONNECTIONS or self._held[owner] >= CALL_SHARE:
             try:
                 async with asyncio.timeout(max(wait, 0.0)):
                     while self._leased >= CALL_CONNECTIONS or self._held[owner] >= CALL_SHARE:
                         self._freed.clear()
                         await self._freed.wait()
             except TimeoutError:
-                raise NoConnection(wait) from None
+                raise NoConnection(self._held[owner] >= CALL_SHARE) from None
         self._leased += 1
         self._held[owner] += 1
         lease: CallLease | None = None
@@ -464,10 +471,11 @@ class HelperBackend:
         timeout = max(self._timeout, deadline_seconds(args, 0.0) + 2 * DEADLINE_MARGIN)
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
-        try:
-            async with self._channel.lease(principal.name, timeout) as lease:
+        walk = op in ("files/list", "files/find")
+        try:  # a walk may hang for a minute: one past the share is refused, not queued behind the hung ones
+            async with self._channel.lease(principal.name, timeout, queue=not walk) as lease:
                 left = max(end - loop.time(), 0.001)  # the wait for a connection is part of the call's time
-                if op in ("files/list", "files/find"):
+                if walk:
                     raw = (await self._channel.ask(req, left, lease, helper_received))["result"]
                     return fileops.format_list(raw) if op == "files/list" else fileops.format_find(raw)
 
@@ -482,8 +490,10 @@ class HelperBackend:
             raise ToolError(RATE_LIMITED, f"{CALL_SHARE} privileged calls of this principal are holding connections "
                             f"to the root helper (its share of {CALL_CONNECTIONS}); retry when one ends",
                             limit=CALL_SHARE) from None
-        except NoConnection:
-            raise ToolError(TIMEOUT, f"no connection to the root helper came free within {timeout:g} s: privileged "
-                            f"calls in flight hold all {CALL_CONNECTIONS}", seconds=timeout) from None
+        except NoConnection as exc:
+            held = f"this principal's privileged calls hold its share ({CALL_SHARE})" if exc.own else \
+                f"privileged calls in flight hold all {CALL_CONNECTIONS}"
+            raise ToolError(TIMEOUT, f"no connection to the root helper came free within {timeout:g} s: {held}",
+                            seconds=timeout) from None
         except HelperUnavailable:
             raise ToolError(HELPER_UNAVAILABLE, _UNAVAILABLE) from None

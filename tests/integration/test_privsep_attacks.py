@@ -9,6 +9,7 @@ who decodes the bytes of a privileged read, what the root side maps, what it ope
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import os
@@ -1085,3 +1086,42 @@ def test_a_privileged_read_whose_worker_dies_before_reading_is_audited(privsep_d
     # the front then has the dead worker killed: the policy process may have reaped it already, no alert
     wait_for(lambda: {r.get("pid") for r in d.audit()[before:] if r.get("event") in ("exit", "kill")} & set(victims))
     assert not [r for r in d.audit()[before:] if r.get("event") == "alert"], d.audit()[before:]
+
+
+def test_a_burst_of_one_principals_privileged_reads_past_its_share_is_queued_not_refused(
+        privsep_daemon: PrivsepDaemon) -> None:
+    """The share of the helper's call connections refuses only walks: 12 privileged reads of
+    one principal at once (more than its share, 8) while its workers are stopped wait for their
+    turn, and all are answered once the workers go on."""
+    d = privsep_daemon
+    uid = d.accounts["alice"].uid
+    stopped: set[int] = set()
+    done = threading.Event()
+
+    def freeze() -> None:  # every worker of alice is stopped as it appears, until done
+        end = time.monotonic() + 30
+        while not done.is_set() and time.monotonic() < end:
+            for pid in uid_pids(uid):
+                if pid not in stopped:
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.add(pid)
+            time.sleep(0.005)
+
+    async def go() -> list[tuple[str | None, dict[str, Any]]]:
+        async with client(d) as c:
+            assert (await read(c, d.log_file, privileged=True)) == (LOG_TEXT, {})
+            freezer = threading.Thread(target=freeze, daemon=True)
+            freezer.start()
+            try:
+                reads = [asyncio.create_task(read(c, d.log_file, privileged=True)) for _ in range(12)]
+                await asyncio.sleep(2)  # sequencing only: the reads hold or wait for connections
+            finally:
+                done.set()
+                freezer.join(5)
+                for pid in stopped:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGCONT)
+            return list(await asyncio.wait_for(asyncio.gather(*reads), EVENT_TIMEOUT))
+
+    answers = asyncio.run(go())
+    assert answers == [(LOG_TEXT, {})] * 12, answers
