@@ -937,9 +937,11 @@ def everyone_granted(privsep_daemon: PrivsepDaemon) -> Iterator[PrivsepDaemon]: 
         d.write_grants(grants)
         wait_for(lambda: len([r for r in d.audit() if r.get("event") == "reload"]) > loaded)
 
-    regrant({"users": {
-        d.accounts["alice"].name: {"privileged": {"tools": {t: dict(rule) for t in ("files/read", "files/list", "files/find")}}},
-        d.accounts["bob"].name: {"privileged": {"tools": {t: dict(rule) for t in ("files/read", "files/find")}}}}})
+    def tools(*names: str) -> dict[str, Any]:
+        return {"privileged": {"tools": {t: dict(rule) for t in names}}}
+
+    regrant({"users": {d.accounts["alice"].name: tools("files/read", "files/list", "files/find"),
+                       d.accounts["bob"].name: tools("files/read", "files/find")}})
     try:
         yield d
     finally:
