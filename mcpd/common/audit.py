@@ -116,11 +116,30 @@ def _body(event: str, fields: dict[str, Any], now: datetime.datetime | None = No
     clock), converted to UTC when it has a time zone, taken as UTC when it has none."""
     if not _EVENT_RE.fullmatch(event):
         raise AuditError(f"bad audit event {event!r}")
-    if now is not None and now.tzinfo is not None:
-        now = now.astimezone(datetime.timezone.utc)
-    when = (now or datetime.datetime.now(datetime.timezone.utc)).replace(tzinfo=None)
-    head = f'"time":"{when.isoformat(timespec="microseconds")}Z","event":"{event}"'  # both plain ASCII, as checked
-    return ",".join(p for p in (head, first, _members(fields)) if p)
+    body = f'"time":"{_time_text(now)}","event":"{event}"'  # both plain ASCII, as checked
+    if first:
+        body = f"{body},{first}"
+    return f"{body},{_members(fields)}" if fields else body
+
+
+_second: tuple[int, str] = (-1, "")  # the clock's last whole second (since the epoch) and its text
+
+
+def _time_text(now: datetime.datetime | None) -> str:
+    """A record's ``time``: ``now`` (default: the clock), in UTC (converted when it has a time
+    zone, taken as UTC when it has none), as ISO 8601 with microseconds and ``Z``:
+    ``2026-01-02T03:04:05.000007Z``. The clock's date and time of day are formatted once a second,
+    not once a record (one is written for every call)."""
+    global _second
+    if now is not None:
+        if now.tzinfo is not None:
+            now = now.astimezone(datetime.timezone.utc)
+        return f'{now.replace(tzinfo=None).isoformat(timespec="microseconds")}Z'
+    second, nanos = divmod(time.time_ns(), 1_000_000_000)
+    known = _second  # (one read: another thread may replace it meanwhile)
+    if known[0] != second:
+        known = _second = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+    return f"{known[1]}.{nanos // 1000:06d}Z"
 
 
 def _members(fields: dict[str, Any]) -> str:

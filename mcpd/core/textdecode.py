@@ -174,13 +174,16 @@ def _lead_skip(data: bytes, codec: str, rel: int) -> int:
 
 def _decode(data: bytes, codec: str, requested: str, final: bool, cut_start: bool, rel: int) -> Window:
     skip = _lead_skip(data, codec, rel) if cut_start else 0
-    decoder = codecs.getincrementaldecoder(codec)()
+    body = data[skip:] if skip else data
     try:
-        text = decoder.decode(data[skip:], final=final)
+        if final:  # to the end of the file: all of it decodes, nothing is left pending (a small file read whole)
+            return Window(body.decode(codec), skip, len(body), codec)
+        decoder = codecs.getincrementaldecoder(codec)()
+        text = decoder.decode(body, final=False)
     except UnicodeDecodeError as exc:
         raise encoding_error(data, requested, skip + exc.start) from None
     pending = len(decoder.getstate()[0])  # a cut last character (incl. a half surrogate pair)
-    return Window(text, skip, len(data) - skip - pending, codec)
+    return Window(text, skip, len(body) - pending, codec)
 
 
 def decode_window(

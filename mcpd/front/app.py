@@ -34,7 +34,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mcpd.front.auth import Authenticator, parse_bearer
+from mcpd.front.auth import Authenticator, TokenUndecided, parse_bearer
 from mcpd.front.connguard import DETACH
 from mcpd.common.config import Config, ConfigError
 from mcpd.front.protocol import Dispatcher
@@ -78,6 +78,10 @@ class BearerRefused(AuthenticationError):
         self.error = error
 
 
+class TokenCheckBusy(AuthenticationError):
+    """A ``503`` with ``Retry-After``: the token could be neither accepted nor refused now."""
+
+
 class BearerBackend(AuthenticationBackend):
     """Starlette authentication backend for ``Authorization: Bearer TOKEN`` (SPEC §1.3, §5.1).
 
@@ -110,7 +114,10 @@ class BearerBackend(AuthenticationBackend):
                                 "invalid_token" if sent_bearer else None)
         # Opening a stream (GET) always asks the helper; a POST within a couple of seconds of the
         # token's last check (the session re-check renews it every second) needs no round trip.
-        principal = await self.authenticator.authenticate(token, fresh=conn.scope.get("method") != "POST")
+        try:
+            principal = await self.authenticator.authenticate(token, fresh=conn.scope.get("method") != "POST")
+        except TokenUndecided:
+            raise TokenCheckBusy("the token could not be checked now; retry in a moment") from None
         if principal is None:
             raise BearerRefused("invalid token", "invalid_token")
         return AuthCredentials(["mcp"]), McpUser(principal, token)
@@ -118,7 +125,10 @@ class BearerBackend(AuthenticationBackend):
 
 def unauthorized(conn: HTTPConnection, exc: AuthenticationError) -> Response:
     """The ``401`` answer with its RFC 6750 challenge (SPEC §1.3): ``Bearer`` alone when no token
-    was sent, ``Bearer error="invalid_token", error_description=...`` for a refused one."""
+    was sent, ``Bearer error="invalid_token", error_description=...`` for a refused one; ``503``
+    with ``Retry-After: 1`` for a token that could not be checked now (:class:`TokenCheckBusy`)."""
+    if isinstance(exc, TokenCheckBusy):
+        return PlainTextResponse(str(exc), status_code=503, headers={"Retry-After": "1"})
     error = exc.error if isinstance(exc, BearerRefused) else "invalid_token"
     challenge = "Bearer" if error is None else INVALID_TOKEN_CHALLENGE
     return PlainTextResponse(str(exc), status_code=401, headers={"WWW-Authenticate": challenge})

@@ -33,14 +33,23 @@ def parse_bearer(header: str | None) -> str | None:
     return m.group(1) if m else None
 
 
+class TokenUndecided(Exception):
+    """The token could be neither accepted nor refused now (the root helper is busy): the request
+    is answered ``503`` (retry), and an open session's re-check waits for the next round."""
+
+
 class Authenticator(Protocol):
     """Turns a plain bearer token into a :class:`Principal`, or ``None`` (answer 401)."""
 
     async def authenticate(self, token: str, fresh: bool = False) -> Principal | None:
-        """Return the token's principal, or ``None`` for an unknown, wrong or expired token.
+        """Return the token's principal, or ``None`` for a malformed, unknown, wrong or expired token.
 
         ``fresh``: the answer must come from the token's owner of record (the root helper), not
         from a cache; used when a stream opens and by the once-a-second session re-check.
+
+        Raises:
+            TokenUndecided: no answer can be given now (only an authenticator that asks another
+                process does this).
         """
         ...
 

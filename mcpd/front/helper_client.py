@@ -30,11 +30,13 @@ from typing import Any
 
 from mcpd.common import frames
 from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
+from mcpd.common import identity
 from mcpd.common.identity import Principal
 from mcpd.core import fileops
 from mcpd.core.tools import DEADLINE_MARGIN, deadline_seconds
 from mcpd.front import metrics
 from mcpd.front.access import helper_received
+from mcpd.front.auth import TokenUndecided
 from mcpd.front.limits import CAP_KEY
 from mcpd.front.pool import WorkerPool
 
@@ -52,6 +54,10 @@ CALL_CONNECTIONS = 12
 #: filetype waits for one of its principal's own within its time (reads are short; a burst of one
 #: principal's reads, more than its workers, queues here instead of failing).
 CALL_SHARE = 8
+#: token checks of tokens not verified lately (new or forged) in flight at once: fewer than the
+#: helper takes (its "auth" class: 8 threads, 32 in flight), so known tokens always find room
+UNKNOWN_CHECKS = 16
+UNKNOWN_WAIT = 5.0  # seconds such a check waits for its turn before it is undecided (503)
 #: refusals decided before the helper touched the worker: the worker stays in the pool
 _DECIDED = frozenset({PERMISSION_DENIED, "NOT_A_REGULAR_FILE", "FILE_NOT_FOUND", "INVALID_ARGUMENT"})
 
@@ -385,7 +391,14 @@ class HelperAuthenticator:
         fresh_seconds: a token verified within this many seconds is accepted without asking
             again (the session re-check keeps open sessions' tokens fresh every second).
 
-    The cache key is a SHA-256 of the token; the token itself is never kept.
+    The cache key is a SHA-256 of the token; the token itself is never kept. A token that is not
+    even well-formed (``mcpd_<id>_<secret>``) is refused here, without asking. Tokens the helper
+    has not verified lately (unknown to the cache: a new token, or a forged one) are checked at
+    most :data:`UNKNOWN_CHECKS` at a time, so a flood of forged tokens never takes the helper's
+    whole capacity for token checks: the re-checks of open sessions and known tokens always find
+    room. A check the helper could not make (it answered "busy", or no room came within
+    :data:`UNKNOWN_WAIT` seconds) decides nothing: :class:`~mcpd.front.auth.TokenUndecided`,
+    unless the token was verified within ``cache_seconds``.
     """
 
     def __init__(self, channel: HelperChannel, cache_seconds: float = 30.0, fresh_seconds: float = 2.0) -> None:
@@ -393,19 +406,43 @@ class HelperAuthenticator:
         self._cache_seconds = cache_seconds
         self._fresh_seconds = fresh_seconds
         self._cache: dict[str, tuple[float, Principal]] = {}
+        self._unknown = asyncio.Semaphore(UNKNOWN_CHECKS)
 
     async def authenticate(self, token: str, fresh: bool = False) -> Principal | None:
         """The token's principal, or ``None`` (the front answers 401). ``fresh`` forces a helper
-        round trip (stream opening, the once-a-second re-check)."""
+        round trip (stream opening, the once-a-second re-check).
+
+        Raises:
+            TokenUndecided: the helper is busy (or unknown tokens' checks are all taken) and the
+                token was not verified within ``cache_seconds``.
+        """
+        if not identity.TOKEN_RE.match(token):
+            return None  # the helper would refuse it, and take a malformed request for an attack
         key = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
         cached = self._cache.get(key)
         age = time.monotonic() - cached[0] if cached else None
         if cached and not fresh and age is not None and age <= self._fresh_seconds:
             return cached[1]
+        recent = cached[1] if cached and age is not None and age <= self._cache_seconds else None
+        gate = self._unknown if cached is None else None
+        reply: dict[str, Any] | None = None
         try:
-            reply, _ = await self._channel.request({"type": "authenticate", "token": token}, timeout=10)
-        except (HelperUnavailable, TimeoutError):
-            return cached[1] if cached and age is not None and age <= self._cache_seconds else None
+            if gate is not None:
+                async with asyncio.timeout(UNKNOWN_WAIT):
+                    await gate.acquire()
+            try:
+                reply, _ = await self._channel.request({"type": "authenticate", "token": token}, timeout=10)
+            finally:
+                if gate is not None:
+                    gate.release()
+        except HelperUnavailable:
+            return recent  # the helper is down: past the short window, nothing is accepted (fail closed)
+        except TimeoutError:
+            pass  # no answer in time: undecided, as below
+        if reply is None or (not reply.get("ok") and reply.get("error")):  # not a refusal: busy or too slow
+            if recent is None:
+                raise TokenUndecided("the token could not be checked now")
+            return recent
         p = reply.get("principal")
         if not reply.get("ok") or not isinstance(p, dict):
             self._cache.pop(key, None)

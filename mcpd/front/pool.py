@@ -37,7 +37,7 @@ from mcpd.front import metrics
 log = logging.getLogger("mcpd.front.pool")
 
 REQUEST_CAP = frames.HELPER_REQUEST_CAP  # bytes: a request frame to a worker is at most 64 KiB
-STREAM_LIMIT = 1024 * 1024  # bytes: asyncio stream buffer per worker connection
+STREAM_LIMIT = 1024 * 1024  # bytes a worker connection buffers unasked before its reading pauses
 REAP_GRACE = 2.0  # seconds a failed call waits for its killed worker to be reaped before answering
 
 #: ``grant(worker_pid, request_id)`` of :meth:`WorkerPool.call` (the privileged content route).
@@ -141,24 +141,114 @@ class LocalSpawner:
 # --------------------------------------------------------------------------- reply frames
 
 
-async def _read_body(reader: asyncio.StreamReader, cap: int) -> bytes | None:
-    """One frame's body (length checked against ``cap`` bytes before it is read); ``None`` on a
-    clean end of stream before a header. Raises :class:`mcpd.common.frames.FrameError`."""
-    try:
-        header = await reader.readexactly(frames.HEADER.size)
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise frames.FrameError("connection closed inside a frame header") from exc
-    (length,) = frames.HEADER.unpack(header)
-    frames.check_length(length, cap)
-    try:
-        return await reader.readexactly(length)
-    except asyncio.IncompleteReadError as exc:
-        raise frames.FrameError("connection closed inside a frame") from exc
+class WorkerChannel(asyncio.Protocol):
+    """The front's end of one worker's socket: frames taken from what arrives, as it arrives (one
+    buffer, no stream reader and no coroutine per read: a call's reply is usually in the buffer
+    whole, both its frames, by the time it is asked for).
+
+    Reading pauses while more than :data:`STREAM_LIMIT` bytes wait and nobody asks for a frame (a
+    worker sending what was not asked for fills no memory), and while :meth:`hold` is on.
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._waiter: asyncio.Future[None] | None = None
+        self._eof = False
+        self._held = False
+        self._paused = False
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # done once the socket is
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        if self._waiter is not None:
+            self._wake()
+        elif len(self._buf) > STREAM_LIMIT:
+            self._steer()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._wake()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    # the pool's side
+
+    @property
+    def ended(self) -> bool:
+        """The worker's end is closed (or ours is closing): no reply can come."""
+        return self._eof or self.transport is None or self.transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` (a request frame, at most 64 KiB: one call at a time, so the transport's
+        buffer never holds more than one)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def hold(self, on: bool) -> None:
+        """Stop (``True``) or go on (``False``) reading: what arrives meanwhile wakes nobody."""
+        self._held = on
+        self._steer()
+
+    async def body(self, cap: int) -> bytes | None:
+        """The next frame's body (its announced length checked against ``cap`` bytes as soon as
+        its header is in); ``None`` at a clean end of stream between frames.
+
+        Raises:
+            mcpd.common.frames.FrameError: a frame over ``cap``, or the stream ended inside one.
+        """
+        while (found := frames.take_frame(self._buf, cap)) is None:
+            if self._eof:
+                if self._buf:
+                    raise frames.FrameError("connection closed inside a frame")
+                return None
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            self._steer()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        if self._paused:
+            self._steer()
+        return found
+
+    def close(self) -> None:
+        """Close our end (idempotent); :attr:`closed` is done once the socket is."""
+        if self.transport is not None:
+            self.transport.close()
+        elif not self.closed.done():
+            self.closed.set_result(None)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _steer(self) -> None:
+        """Pause or resume reading as :meth:`hold` and the buffer's size say."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        pause = self._held or (self._waiter is None and len(self._buf) > STREAM_LIMIT)
+        if pause != self._paused:
+            self._paused = pause
+            if pause:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
 
 
-async def read_reply_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, Any] | None:
+async def read_reply_frame(channel: WorkerChannel, cap: int) -> dict[str, Any] | None:
     """One reply (or progress) frame from a worker: :func:`mcpd.common.frames.recv_frame`'s format,
     parsed with :func:`mcpd.common.wirejson.loads`. A reply marked ``"text_frame": true`` (see
     ``mcpd.worker.main.send_reply``) is followed by a frame of raw UTF-8 that becomes its
@@ -168,7 +258,7 @@ async def read_reply_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, 
     frame over ``cap`` bytes, one cut short, a body that is not one JSON object, or a text frame
     that is missing, not UTF-8, or follows a reply without a result object.
     """
-    body = await _read_body(reader, cap)
+    body = await channel.body(cap)
     if body is None:
         return None
     obj = wirejson.loads(body)
@@ -176,7 +266,7 @@ async def read_reply_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, 
         raise frames.FrameError("frame is not a JSON object")
     if obj.pop("text_frame", None) is True:
         result = obj.get("result")
-        raw = await _read_body(reader, cap)
+        raw = await channel.body(cap)
         if raw is None or not isinstance(result, dict):
             raise frames.FrameError("a text frame is missing or has no result to belong to")
         try:
@@ -192,8 +282,7 @@ async def read_reply_frame(reader: asyncio.StreamReader, cap: int) -> dict[str, 
 @dataclasses.dataclass(eq=False)
 class _Worker:
     pid: int
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
+    channel: WorkerChannel
     busy: bool = False
     retired: bool = False
     next_id: int = 0
@@ -469,7 +558,7 @@ class WorkerPool:
             raise ToolError(INTERNAL_ERROR, "worker pool is closed")
         while account.idle:
             worker = account.idle.pop()
-            if worker.reader.at_eof() or worker.writer.is_closing():  # died while idle
+            if worker.channel.ended:  # died while idle
                 self._retire(account, worker, release=False)
                 continue
             worker.busy = True
@@ -477,12 +566,12 @@ class WorkerPool:
         async with asyncio.timeout_at(deadline):
             sock, pid = await self._spawner.spawn(os_user, token)
         try:
-            reader, writer = await asyncio.open_unix_connection(sock=sock, limit=STREAM_LIMIT)
+            _, channel = await asyncio.get_running_loop().create_unix_connection(WorkerChannel, sock=sock)
         except BaseException:
             sock.close()
             self._track(asyncio.get_running_loop().create_task(self._reap(pid, None, None)))
             raise
-        worker = _Worker(pid=pid, reader=reader, writer=writer, busy=True)
+        worker = _Worker(pid=pid, channel=channel, busy=True)
         account.workers[pid] = worker
         if self._closed:  # close() ran while this worker was starting: it must not outlive the pool
             self._retire(account, worker, release=False)
@@ -497,7 +586,7 @@ class WorkerPool:
 
         async def read_reply() -> dict[str, Any] | None:
             while True:
-                frame = await read_reply_frame(worker.reader, self._reply_cap)
+                frame = await read_reply_frame(worker.channel, self._reply_cap)
                 if frame is None or "progress" not in frame or "ok" in frame:
                     return frame
                 await self._forward_progress(worker, frame, on_progress)
@@ -509,17 +598,14 @@ class WorkerPool:
                 # for this reply to be read: it is read after. Until then this socket is not
                 # watched: the reply's arrival wakes no one, and it is read with the grant's answer
                 # (a reply larger than the socket's buffer waits in the worker until then).
-                transport = cast(asyncio.Transport, worker.writer.transport)  # (a Unix socket's: reads too)
-                transport.pause_reading()
+                worker.channel.hold(True)
                 try:
                     await grant(worker.pid, worker.next_id)
                 finally:
-                    if not transport.is_closing():
-                        transport.resume_reading()
+                    worker.channel.hold(False)
                 reply = await read_reply()
             else:
-                worker.writer.write(self._frame(worker.next_id, op, args, progress=on_progress is not None))
-                await worker.writer.drain()
+                worker.channel.write(self._frame(worker.next_id, op, args, progress=on_progress is not None))
                 reply = await read_reply()
         if reply is None:
             raise _Crashed("end of stream")
@@ -555,16 +641,16 @@ class WorkerPool:
         if worker in account.idle:
             account.idle.remove(worker)
         slots = account.slots if release else None
-        return self._track(asyncio.get_running_loop().create_task(self._reap(worker.pid, worker.writer, slots)))
+        return self._track(asyncio.get_running_loop().create_task(self._reap(worker.pid, worker.channel, slots)))
 
     def _track(self, task: asyncio.Task[None]) -> asyncio.Task[None]:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
         return task
 
-    async def _reap(self, pid: int, writer: asyncio.StreamWriter | None, slots: asyncio.Semaphore | None) -> None:
-        if writer is not None:
-            writer.close()
+    async def _reap(self, pid: int, channel: WorkerChannel | None, slots: asyncio.Semaphore | None) -> None:
+        if channel is not None:
+            channel.close()
         try:
             await self._spawner.kill(pid)
         except Exception:
@@ -572,11 +658,8 @@ class WorkerPool:
         finally:
             if slots is not None:
                 slots.release()
-        if writer is not None:
-            try:
-                await writer.wait_closed()
-            except OSError:
-                pass
+        if channel is not None:
+            await channel.closed
 
     async def close(self) -> None:
         """Kill and reap every worker; later calls raise ``INTERNAL_ERROR``. Idempotent.

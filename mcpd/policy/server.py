@@ -25,6 +25,7 @@ grant.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -61,9 +62,9 @@ MAX_CONNECTIONS = 32  # the front's shared connections, one per privileged call 
 CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}
 CONTENT_OPS = ("files/read", "files/filetype")
 WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path argument (the walker parses the rest)
+EXITED_KEPT = 256  # ended workers whose owner is remembered (State.exited)
 WALK_MAX_SECONDS = 60.0  # files/find's largest time_budget_seconds (core.walk checks it in the walker)
 _PEERCRED = struct.Struct("3i")
-ENDED_KEPT = 1024
 
 
 class Refused(Exception):
@@ -94,9 +95,9 @@ class State:
     issued: Store
     login: Login
     workers: dict[int, Worker] = dataclasses.field(default_factory=dict)
-    #: workers that ended on their own (reaped), pid -> owner, the latest :data:`ENDED_KEPT`: the
-    #: front may still ask to kill one (it saw its socket close), which is no alert
-    ended: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    #: the owners of the workers last seen ending (pid -> owner), at most EXITED_KEPT: the front's
+    #: kill request for one it found dead is answered without an alert (it is no attack)
+    exited: collections.OrderedDict[int, tuple[str, str]] = dataclasses.field(default_factory=collections.OrderedDict)
     opened: OpenedFiles = dataclasses.field(default_factory=OpenedFiles)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -179,8 +180,8 @@ def handle_kill(state: State, req: dict[str, Any]) -> dict[str, Any]:
     is answered ``ok`` (nothing to kill); any other pid is refused and audited as an alert."""
     principal, _ = _who(state, req)
     with state.lock:
-        gone = req["pid"] not in state.workers and state.ended.get(req["pid"]) == (principal.name, principal.os_user)
-    if gone:  # it ended on its own (its "exit" is recorded): nothing to kill, nothing wrong
+        gone = req["pid"] not in state.workers and state.exited.get(req["pid"]) == (principal.name, principal.os_user)
+    if gone:  # it ended before the front noticed (its exit is recorded): nothing to kill
         return {"ok": True}
     kill_worker(state, _bound_worker(state, principal, req["pid"]), "asked by the front", principal.token_id)
     return {"ok": True}
@@ -532,9 +533,9 @@ def reap(state: State) -> None:
         if w.pidfd in done:
             with state.lock:
                 state.workers.pop(w.pid, None)
-                state.ended[w.pid] = w.owner
-                if len(state.ended) > ENDED_KEPT:
-                    del state.ended[next(iter(state.ended))]
+                state.exited[w.pid] = w.owner
+                while len(state.exited) > EXITED_KEPT:
+                    state.exited.popitem(last=False)
             os.close(w.pidfd)
             w.ctl.close()
             state.audit.record("exit", user=w.owner[0], os_user=w.owner[1], pid=w.pid, reason="worker ended")

@@ -542,3 +542,34 @@ def test_a_privileged_read_larger_than_the_socket_buffers_arrives_whole(privsep_
         assert err == {} and text is not None and text.encode() == big.read_bytes(), err
     finally:
         big.unlink()
+
+
+def test_a_worker_that_ended_on_its_own_is_forgotten_without_an_alert(privsep_daemon: PrivsepDaemon) -> None:
+    """A worker killed from outside (the OOM killer, an operator): the helper records its end; the
+    front, finding its socket closed, asks the helper to kill it, and the helper answers that it is
+    gone without an ``alert`` (alerts are for what a compromised front would do, such as naming
+    another principal's worker). The next call gets a new worker."""
+    d = privsep_daemon
+    uid = pwd.getpwnam(d.accounts["alice"].name).pw_uid
+
+    def alerts() -> list[dict[str, Any]]:
+        return [r for r in d.audit() if r.get("event") == "alert"]
+
+    before = len(alerts())
+
+    async def go() -> None:
+        async with client(d) as c:
+            assert (await read(c, "/etc/hostname"))[1] == {}
+            ended = uid_pids(uid)
+            assert ended  # alice's worker(s): she runs nothing else
+            for pid in ended:
+                os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: {r.get("pid") for r in d.audit() if r.get("event") == "exit"} >= set(ended))
+            for _ in range(3):  # whichever worker a call takes: the dead ones are found and dropped
+                text, err = await read(c, "/etc/hostname")
+                assert err == {} or err["code"] == "INTERNAL_ERROR", err
+            assert (await read(c, "/etc/hostname"))[1] == {}
+
+    asyncio.run(go())
+    time.sleep(1)  # (a kill request in flight)
+    assert alerts()[before:] == []

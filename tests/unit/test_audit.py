@@ -277,6 +277,41 @@ def test_the_record_time_always_has_microseconds_and_a_four_digit_year() -> None
         assert json.loads(format_record("accept", {}, now=when))["time"] == text
 
 
+@hypothesis.given(st.lists(st.integers(min_value=0, max_value=2 ** 63 - 1), min_size=1, max_size=5))
+def test_the_clock_time_of_a_record_is_its_instant_to_the_microsecond_in_utc(clocks: list[int]) -> None:
+    """Records written one after another, whatever whole seconds they fall in (the date and time
+    of day are formatted once a second and remembered), each carry their own instant, truncated
+    to the microsecond: the same text as ``datetime`` gives for it."""
+    import datetime
+    from unittest import mock
+
+    from mcpd.common import audit
+
+    epoch = datetime.datetime(1970, 1, 1)
+    for nanos in clocks:
+        if nanos // 1000 > (datetime.datetime.max - epoch) // datetime.timedelta(microseconds=1):
+            continue  # past the year 9999
+        with mock.patch.object(audit.time, "time_ns", return_value=nanos):
+            text = json.loads(audit.format_record("accept", {}))["time"]
+        expected = epoch + datetime.timedelta(microseconds=nanos // 1000)
+        if expected.year >= 1000:  # (the clock is never before that; strftime writes no leading zeros)
+            assert text == expected.isoformat(timespec="microseconds") + "Z"
+
+
+def test_a_record_written_in_the_next_second_has_that_second() -> None:
+    from unittest import mock
+
+    from mcpd.common import audit
+
+    second = 1_767_323_045  # 2026-01-02T03:04:05Z
+    for nanos, text in ((second * 10 ** 9 + 999_999_999, "2026-01-02T03:04:05.999999Z"),
+                        ((second + 1) * 10 ** 9, "2026-01-02T03:04:06.000000Z"),
+                        ((second + 86400) * 10 ** 9 + 7000, "2026-01-03T03:04:05.000007Z"),
+                        (second * 10 ** 9 + 1000, "2026-01-02T03:04:05.000001Z")):
+        with mock.patch.object(audit.time, "time_ns", return_value=nanos):
+            assert json.loads(audit.format_record("accept", {"user": "u"}))["time"] == text
+
+
 def test_a_record_time_in_another_time_zone_is_written_as_the_same_instant_in_utc() -> None:
     import datetime
 

@@ -9,7 +9,8 @@ helper, or ``users.yaml`` in development mode); a session whose token now fails,
 another token id or principal, is closed, which ends its stream and cancels its requests.
 
 While the helper restarts, :class:`~mcpd.front.helper_client.HelperAuthenticator` answers from its
-short cache, so a helper restart alone closes nothing.
+short cache, so a helper restart alone closes nothing; while it is busy, it decides nothing
+(:class:`~mcpd.front.auth.TokenUndecided`), and no session is closed for that.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from mcpd.front.auth import Authenticator
+from mcpd.front.auth import Authenticator, TokenUndecided
 from mcpd.front.transport.sse import SessionManager, SseSession
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,8 @@ async def revalidate_once(manager: SessionManager, authenticator: Authenticator,
         try:
             async with asyncio.timeout(CHECK_TIMEOUT):
                 principal = await authenticator.authenticate(token, fresh=True) if token else None
-        except TimeoutError:
-            continue  # undecided: check again next round
+        except (TimeoutError, TokenUndecided):
+            continue  # undecided (the helper is busy or slow): check again next round
         for session in sessions:
             p = session.principal
             if principal is None or (principal.name, principal.token_id) != (p.name, p.token_id):

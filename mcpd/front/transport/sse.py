@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SESSION_ID_RE = re.compile(r"[0-9a-f]{32}")
+_SESSION_QUERY_RE = re.compile(rb"session_id=[0-9a-f]{32}")  # a query string of one well-formed id
 STREAM_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
 
 
@@ -632,7 +633,11 @@ class Transport:
     async def message(self, request: Request) -> Response:
         """``POST /message?session_id=`` (SPEC §1.3): validate, then hand the body to the session."""
         user: McpUser = request.user
-        ids = request.query_params.getlist("session_id")
+        query = request.scope["query_string"]
+        if _SESSION_QUERY_RE.fullmatch(query):  # the usual ``session_id=<id>`` alone, nothing to unquote
+            ids = [query[11:].decode("ascii")]
+        else:
+            ids = request.query_params.getlist("session_id")
         if len(ids) != 1 or not SESSION_ID_RE.fullmatch(ids[0]):
             return PlainTextResponse("missing or malformed session_id", status_code=400)
         session = self.manager.find(ids[0], user.principal)
