@@ -1,10 +1,15 @@
 """The front's access log: one record per call the root helper does not record (SPEC §7.1).
 
-Every ``tools/call`` and ``resources/read`` leaves exactly one record. A call forwarded to the
-root helper is recorded there (the privileged route); every other call is recorded here, by the
-front, in ``access_log`` with the same chained JSON-line format (:class:`mcpd.common.audit.AuditLog`):
-unprivileged reads, calls refused before any route (bad arguments, quota), and privileged calls
-that never reached the helper (``HELPER_UNAVAILABLE``). Fields: ``user`` (principal),
+Every ``tools/call`` and ``resources/read`` leaves exactly one record. A privileged call the
+policy process received is recorded there (it records every privileged request it reads); every
+other call is recorded here, by the front, in ``access_log`` with the same chained JSON-line
+format (:class:`mcpd.common.audit.AuditLog`): unprivileged reads, calls refused before any route
+(bad arguments, quota), and privileged calls the policy process never received: refused by the
+front for the principal's caps (``RATE_LIMITED``), out of time or cancelled while waiting for a
+connection or a worker, the helper down (``HELPER_UNAVAILABLE``, also when it closed the
+connection after the request without answering: it may have ended before recording it). Whether
+it received the request is not guessed: the helper client says so (:func:`helper_received`), once
+the whole request is in the helper's socket. Fields: ``user`` (principal),
 ``token_id``, ``os_user``, ``peer``, ``session``, ``route``, ``tool``, ``requested_path``,
 ``resolved_path``, ``decision``, ``reason``, ``outcome`` (an error code, ``CANCELLED``, or null on success),
 ``bytes`` (text bytes answered, or entries/matches listed), ``duration_ms``. Never a token or
@@ -18,6 +23,7 @@ A call refused before it ran (invalid arguments, quota) is ``decision`` ``reject
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Mapping
 from types import TracebackType
@@ -25,7 +31,7 @@ from typing import Any
 
 from mcpd.front import metrics
 from mcpd.common.audit import AuditLog, Fields, encode_fields
-from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
+from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, RATE_LIMITED, ToolError
 from mcpd.common.identity import Principal
 
 UNPRIVILEGED_REASON = "the OS account's own permissions"
@@ -57,31 +63,42 @@ class AccessLog:
 
     def call(self, principal: Principal, peer: str, session: str, tool: str, arguments: Any, started: float,
              stage: str, *, result: Mapping[str, Any] | None = None, error: ToolError | None = None,
-             outcome: str | None = None) -> None:
-        """Record one call, unless the helper did (``stage`` ``forwarded`` and the helper reached).
+             outcome: str | None = None, received: bool = False) -> None:
+        """Record one call, unless the policy process did (``stage`` ``forwarded`` and ``received``).
 
         Args:
             arguments: the tool's arguments (only ``path``/``root`` and ``privileged`` are read).
             started: ``time.monotonic()`` when the call began.
             stage: how far it went: ``refused`` (before any route: arguments, quota),
-                ``unprivileged`` (sent to a worker) or ``forwarded`` (sent to the root helper).
+                ``unprivileged`` (sent to a worker) or ``forwarded`` (the privileged route).
             result: the op's result on success. error: the failure, if any. outcome: the
                 outcome code when there is no ``error`` (``CANCELLED``).
+            received: a forwarded call's request is in the policy process, which records it.
 
         Raises:
             OSError: the record could not be written (the caller fails the call: fail closed).
         """
-        if stage == "forwarded" and (error is None or error.code != HELPER_UNAVAILABLE):
+        if stage == "forwarded" and received:
             return
         raw = arguments if isinstance(arguments, Mapping) else {}
         requested = raw.get("path", raw.get("root"))
         requested = requested if isinstance(requested, str) else None
-        reason = {"refused": error.message if error else "refused", "forwarded": "the root helper is unreachable",
-                  "unprivileged": UNPRIVILEGED_REASON}[stage]
+        decision = "accept"
+        if stage == "unprivileged":
+            reason = UNPRIVILEGED_REASON
+        elif stage == "refused":
+            decision, reason = "reject", error.message if error else "refused"
+        elif error is None:  # forwarded, never received by the policy process: why, in the front's words
+            reason = "cancelled before the root helper received it" if outcome == "CANCELLED" else \
+                "not sent to the root helper"
+        elif error.code == HELPER_UNAVAILABLE:
+            reason = "the root helper is unreachable"
+        else:  # the principal's cap (RATE_LIMITED: the front refused it), or no connection or worker in time
+            decision, reason = "reject" if error.code == RATE_LIMITED else "accept", error.message
         first = _who_and_what(principal.name, principal.token_id, principal.os_user, peer, session,
                               "privileged" if raw.get("privileged") is True else "unprivileged", tool, requested,
                               (result or {}).get("path", requested) if requested else None,
-                              "reject" if stage == "refused" else "accept", reason,
+                              decision, reason,
                               outcome if error is None else error.code)
         self.log.record_with("access", first, bytes=answer_size(result),
                              duration_ms=round((time.monotonic() - started) * 1000, 1))
@@ -117,11 +134,29 @@ def _who_and_what(*values: Any) -> Fields:
     return first
 
 
+_CURRENT: contextvars.ContextVar["Call | None"] = contextvars.ContextVar("mcpd_front_call", default=None)
+
+
+def helper_received(received: bool) -> None:
+    """Tell the :class:`Call` running in this task whether the policy process has its privileged
+    request: ``True`` once the whole request is in the helper's socket (the policy process then
+    records it, whatever the front does next: an answer, a timeout, a cancellation), ``False``
+    when the helper closed the connection without answering it (it may have ended before
+    recording it: the front records it). Called by the helper client
+    (:meth:`mcpd.front.helper_client.HelperChannel.request`'s ``delivered``); outside a
+    :class:`Call` it does nothing."""
+    call = _CURRENT.get()
+    if call is not None:
+        call.received = received
+
+
 class Call:
     """``with Call(log, principal, peer, session, tool, arguments) as call:`` around one call:
     set :attr:`stage` as it goes (``unprivileged``, ``forwarded``) and :attr:`result` when it has
     one; on leaving, one record is written (:meth:`AccessLog.call`) whatever happened: the
-    result, the :class:`ToolError`, ``CANCELLED``, or ``INTERNAL_ERROR`` for anything else. A
+    result, the :class:`ToolError`, ``CANCELLED``, or ``INTERNAL_ERROR`` for anything else;
+    none for a forwarded call the policy process received (:attr:`received`, set through
+    :func:`helper_received` by the helper client in the same task: the policy records it). A
     record that cannot be written raises ``OSError`` in place of the call's own outcome (fail
     closed). ``log`` ``None``: nothing is recorded."""
 
@@ -130,11 +165,17 @@ class Call:
         self.log, self.who, self.tool, self.arguments = log, (principal, peer, session), tool, arguments
         self.stage, self.started = "refused", time.monotonic()
         self.result: Mapping[str, Any] | None = None
+        self.received = False
+        self._entered: contextvars.Token["Call | None"] | None = None
 
     def __enter__(self) -> "Call":
+        self._entered = _CURRENT.set(self)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._entered is not None:
+            _CURRENT.reset(self._entered)
+            self._entered = None
         code = "ok" if exc is None else exc.code if isinstance(exc, ToolError) else \
             "CANCELLED" if isinstance(exc, asyncio.CancelledError) else INTERNAL_ERROR
         metrics.observe_call(self.tool, self.stage, code, time.monotonic() - self.started)
@@ -148,4 +189,4 @@ class Call:
             outcome = {"outcome": "CANCELLED"}
         else:
             outcome = {"error": ToolError(INTERNAL_ERROR, "internal error")}
-        self.log.call(*self.who, self.tool, self.arguments, self.started, self.stage, **outcome)
+        self.log.call(*self.who, self.tool, self.arguments, self.started, self.stage, received=self.received, **outcome)

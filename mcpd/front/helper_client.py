@@ -18,21 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import itertools
 import logging
 import os
 import socket
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from mcpd.common import frames
-from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, ToolError
+from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
 from mcpd.common import identity
 from mcpd.common.identity import Principal
 from mcpd.core import fileops
 from mcpd.core.tools import DEADLINE_MARGIN, deadline_seconds
 from mcpd.front import metrics
+from mcpd.front.access import helper_received
 from mcpd.front.auth import TokenUndecided
 from mcpd.front.limits import CAP_KEY
 from mcpd.front.pool import WorkerPool
@@ -44,6 +47,13 @@ CONNECTIONS = 4
 #: privileged calls in flight at once; each has a connection of its own, on which the helper runs
 #: it without handing it to another thread (so nothing else may wait behind it there)
 CALL_CONNECTIONS = 12
+#: call connections one principal may hold at once, so that one principal's hung calls (a
+#: privileged find on a hung folder) never hold all of them: the other principals always find
+#: ``CALL_CONNECTIONS - CALL_SHARE``. Beyond it a privileged list/find is refused ``RATE_LIMITED``
+#: at once (it may hang a minute: queueing more behind hung ones only piles them up); a read or
+#: filetype waits for one of its principal's own within its time (reads are short; a burst of one
+#: principal's reads, more than its workers, queues here instead of failing).
+CALL_SHARE = 8
 #: token checks of tokens not verified lately (new or forged) in flight at once: fewer than the
 #: helper takes (its "auth" class: 8 threads, 32 in flight), so known tokens always find room
 UNKNOWN_CHECKS = 16
@@ -115,10 +125,34 @@ class _Connection:
         self.pending.clear()
 
 
+class OverShare(Exception):
+    """The principal already holds its share (:data:`CALL_SHARE`) of the call connections."""
+
+
+class NoConnection(Exception):
+    """No call connection came free within the time the call could wait; :attr:`own`: the
+    principal's own calls held its whole share then (else the calls of all held them all)."""
+
+    def __init__(self, own: bool) -> None:
+        super().__init__(own)
+        self.own = own
+
+
+class CallLease:
+    """One exclusive call connection held for one principal's privileged call (:meth:`HelperChannel.lease`):
+    at most one request is sent on it; it goes back to the idle connections after an answered
+    request or none, and is closed after a request that was not answered (the helper may still be
+    working on it: nothing else may go on that connection)."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self.conn, self.reusable = conn, True
+
+
 class HelperChannel:
     """Requests to the root helper at ``path``, multiplexed over :data:`CONNECTIONS` persistent
     connections (round robin), each request with its own ``id``; privileged calls each on one of
-    at most :data:`CALL_CONNECTIONS` more, kept open between calls (see :meth:`request`).
+    at most :data:`CALL_CONNECTIONS` more, kept open between calls, of which one principal holds
+    at most :data:`CALL_SHARE` (see :meth:`lease`).
 
     Args:
         path: the helper's Unix socket (``helper_socket`` in mcpd.yaml).
@@ -132,7 +166,9 @@ class HelperChannel:
         self._ids = itertools.count(1)
         self._next = itertools.count()
         self._connecting = asyncio.Lock()
-        self._calls = asyncio.Semaphore(CALL_CONNECTIONS)
+        self._leased = 0  # call connections held by calls now
+        self._held: collections.Counter[str] = collections.Counter()  # principal -> call connections it holds
+        self._freed = asyncio.Event()  # set when a call connection is given back
         self._idle: list[_Connection] = []  # exclusive connections free for the next privileged call
         self._busy: set[_Connection] = set()
 
@@ -174,69 +210,110 @@ class HelperChannel:
                 conn = self._conns[i] = await self._open()
             return conn
 
-    async def request(self, req: dict[str, Any], timeout: float,
-                      exclusive: bool = False) -> tuple[dict[str, Any], list[socket.socket]]:
-        """Send ``req`` (an ``id`` is added) and return ``(reply, sockets passed with it)``.
+    @contextlib.asynccontextmanager
+    async def lease(self, owner: str, wait: float, queue: bool = True) -> AsyncIterator[CallLease]:
+        """Hold one exclusive call connection for a privileged call of principal ``owner``
+        (``async with channel.lease(name, seconds) as lease``), for :meth:`request` ``lease=``.
 
-        ``exclusive``: send it on a connection nothing else uses until the reply (privileged
-        calls; at most :data:`CALL_CONNECTIONS` at once, the others wait their turn). Such a
-        connection is kept for the next call, or closed when the call failed or timed out.
+        The rule (no principal takes the helper's capacity from the others): at most
+        :data:`CALL_CONNECTIONS` are held at once, and one principal holds at most
+        :data:`CALL_SHARE` of them, so others always find some. A call that finds all taken, or
+        its principal's share taken, waits for one, at most ``wait`` seconds; with ``queue``
+        false, a call of a principal holding its share is refused at once instead.
 
         Raises:
-            HelperUnavailable: no helper, or it closed the connection without a reply.
-            TimeoutError: no reply within ``timeout`` seconds.
+            OverShare: ``owner`` holds :data:`CALL_SHARE` connections and ``queue`` is false.
+            NoConnection: none came free within ``wait`` seconds.
+            HelperUnavailable: no helper to connect to.
         """
-        if not exclusive:
-            return await self._exchange(await self._connection(), req, timeout)
-        if self._calls.locked():  # all taken: wait for one, within the call's time
-            async with asyncio.timeout(timeout):
-                await self._calls.acquire()
-        else:
-            await self._calls.acquire()
+        if not queue and self._held[owner] >= CALL_SHARE:
+            raise OverShare(owner)
+        if self._leased >= CALL_CONNECTIONS or self._held[owner] >= CALL_SHARE:
+            try:
+                async with asyncio.timeout(max(wait, 0.0)):
+                    while self._leased >= CALL_CONNECTIONS or self._held[owner] >= CALL_SHARE:
+                        self._freed.clear()
+                        await self._freed.wait()
+            except TimeoutError:
+                raise NoConnection(self._held[owner] >= CALL_SHARE) from None
+        self._leased += 1
+        self._held[owner] += 1
+        lease: CallLease | None = None
         try:
             conn = None
             while self._idle and conn is None:
                 conn = self._idle.pop()
                 conn = None if conn.closed else conn
-            conn = conn or await self._open()
-            self._busy.add(conn)
-            done = False
-            try:
-                result = await self._exchange(conn, req, timeout)
-                done = True
-                return result
-            finally:
-                self._busy.discard(conn)
-                if done and not conn.closed:
-                    self._idle.append(conn)
-                else:  # the helper may still be working on it: nothing else goes on this connection
-                    conn.close()
+            lease = CallLease(conn or await self._open())
+            self._busy.add(lease.conn)
+            yield lease
         finally:
-            self._calls.release()
+            self._leased -= 1
+            self._held[owner] -= 1
+            if self._held[owner] <= 0:
+                del self._held[owner]
+            if lease is not None:
+                self._busy.discard(lease.conn)
+                if lease.reusable and not lease.conn.closed:
+                    self._idle.append(lease.conn)
+                else:
+                    lease.conn.close()
+            self._freed.set()
 
-    async def _exchange(self, conn: _Connection, req: dict[str, Any],
-                        timeout: float) -> tuple[dict[str, Any], list[socket.socket]]:
+    async def request(self, req: dict[str, Any], timeout: float, lease: CallLease | None = None,
+                      delivered: Callable[[bool], None] | None = None) -> tuple[dict[str, Any], list[socket.socket]]:
+        """Send ``req`` (an ``id`` is added) and return ``(reply, sockets passed with it)``.
+
+        ``lease``: send it on that call connection (privileged calls, see :meth:`lease`),
+        otherwise on a shared one. ``delivered``: called with ``True`` once the whole request is
+        in the helper's socket (the policy process reads it: it records what it received), and
+        with ``False`` when the helper then closes the connection without answering (it may have
+        ended before recording it). Never called when the request did not leave.
+
+        Raises:
+            HelperUnavailable: no helper, or it closed the connection without a reply.
+            TimeoutError: no reply within ``timeout`` seconds.
+        """
+        if lease is None:
+            return await self._exchange(await self._connection(), req, timeout, delivered)
+        if not lease.reusable:
+            raise HelperUnavailable("one request per call connection")
+        lease.reusable = False  # until answered: the helper may still be working on it
+        result = await self._exchange(lease.conn, req, timeout, delivered)
+        lease.reusable = True
+        return result
+
+    async def _exchange(self, conn: _Connection, req: dict[str, Any], timeout: float,
+                        delivered: Callable[[bool], None] | None = None) -> tuple[dict[str, Any], list[socket.socket]]:
         rid = next(self._ids)
         fut: asyncio.Future[tuple[dict[str, Any], list[socket.socket]]] = asyncio.get_running_loop().create_future()
         conn.pending[rid] = fut
         try:
             await conn.send(dict(req, id=rid))
-            async with asyncio.timeout(timeout):
-                return await fut
+            if delivered is not None:
+                delivered(True)
+            try:
+                async with asyncio.timeout(timeout):
+                    return await fut
+            except HelperUnavailable:
+                if delivered is not None:
+                    delivered(False)
+                raise
         except OSError as exc:
             conn.close()
             raise HelperUnavailable(str(exc)) from None
         finally:
             conn.pending.pop(rid, None)
 
-    async def ask(self, req: dict[str, Any], timeout: float, exclusive: bool = False) -> dict[str, Any]:
+    async def ask(self, req: dict[str, Any], timeout: float, lease: CallLease | None = None,
+                  delivered: Callable[[bool], None] | None = None) -> dict[str, Any]:
         """:meth:`request` for replies that carry no descriptors; a refusal raises its ToolError.
 
         Raises:
             ToolError: the helper's refusal; ``HELPER_UNAVAILABLE`` when it is down or too slow.
         """
         try:
-            reply, fds = await self.request(req, timeout, exclusive)
+            reply, fds = await self.request(req, timeout, lease, delivered)
         except HelperUnavailable:
             raise ToolError(HELPER_UNAVAILABLE, _UNAVAILABLE) from None
         except TimeoutError:
@@ -403,7 +480,9 @@ class HelperBackend:
 
         Raises:
             ToolError: the helper's refusal or failure; ``HELPER_UNAVAILABLE`` when it is down;
-                ``RATE_LIMITED`` when the principal already has ``per_principal`` calls in flight.
+                ``RATE_LIMITED`` when the principal already has ``per_principal`` calls in flight
+                or holds :data:`CALL_SHARE` call connections; ``TIMEOUT`` when no call connection
+                came free within the call's time (the helper never received it).
         """
         if self._in_flight[principal.name] >= self._per_principal:
             metrics.limit_hit("privileged_per_principal")
@@ -427,13 +506,31 @@ class HelperBackend:
         if cap is not None:
             req["cap"] = cap
         timeout = max(self._timeout, deadline_seconds(args, 0.0) + 2 * DEADLINE_MARGIN)
-        if op in ("files/list", "files/find"):
-            raw = (await self._channel.ask(req, timeout, exclusive=True))["result"]
-            return fileops.format_list(raw) if op == "files/list" else fileops.format_find(raw)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        walk = op in ("files/list", "files/find")
+        try:  # a walk may hang for a minute: one past the share is refused, not queued behind the hung ones
+            async with self._channel.lease(principal.name, timeout, queue=not walk) as lease:
+                left = max(end - loop.time(), 0.001)  # the wait for a connection is part of the call's time
+                if walk:
+                    raw = (await self._channel.ask(req, left, lease, helper_received))["result"]
+                    return fileops.format_list(raw) if op == "files/list" else fileops.format_find(raw)
 
-        async def grant(pid: int, rid: int) -> None:
-            await self._channel.ask(dict(req, worker=pid, rid=rid), timeout, exclusive=True)
+                async def grant(pid: int, rid: int) -> None:
+                    await self._channel.ask(dict(req, worker=pid, rid=rid), left, lease, helper_received)
 
-        return await self._pool.call(principal.os_user, op, dict(args, **({CAP_KEY: cap} if cap else {})),
-                                     timeout=timeout, token=token, owner=principal.name, grant=grant,
-                                     decided=_DECIDED)
+                return await self._pool.call(principal.os_user, op, dict(args, **({CAP_KEY: cap} if cap else {})),
+                                             timeout=left, token=token, owner=principal.name, grant=grant,
+                                             decided=_DECIDED)
+        except OverShare:
+            metrics.limit_hit("privileged_per_principal")
+            raise ToolError(RATE_LIMITED, f"{CALL_SHARE} privileged calls of this principal are holding connections "
+                            f"to the root helper (its share of {CALL_CONNECTIONS}); retry when one ends",
+                            limit=CALL_SHARE) from None
+        except NoConnection as exc:
+            held = f"this principal's privileged calls hold its share ({CALL_SHARE})" if exc.own else \
+                f"privileged calls in flight hold all {CALL_CONNECTIONS}"
+            raise ToolError(TIMEOUT, f"no connection to the root helper came free within {timeout:g} s: {held}",
+                            seconds=timeout) from None
+        except HelperUnavailable:
+            raise ToolError(HELPER_UNAVAILABLE, _UNAVAILABLE) from None

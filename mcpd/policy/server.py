@@ -176,7 +176,8 @@ def kill_worker(state: State, w: Worker, reason: str = "helper stopping", token_
 
 def handle_kill(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``kill_worker {token, pid}``: SIGKILL a worker bound to the token's principal (through its
-    pidfd, so a reused pid is never hit); any other pid is refused and audited."""
+    pidfd, so a reused pid is never hit); one of its workers that has ended on its own meanwhile
+    is answered ``ok`` (nothing to kill); any other pid is refused and audited as an alert."""
     principal, _ = _who(state, req)
     with state.lock:
         gone = req["pid"] not in state.workers and state.exited.get(req["pid"]) == (principal.name, principal.os_user)
@@ -198,7 +199,9 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
 
     Decides the grant for the token's principal, then: content ops open the file once and hand the
     descriptor to the principal's worker ``worker`` (its reply, id ``rid``, goes to the front);
-    walk ops run in a killable child and return their raw result. One audit record per call.
+    walk ops run in a killable child and return their raw result. One audit record per call
+    received, whatever happens to it (the front records none of these: it records only the calls
+    whose request never reached this process).
     """
     started = time.monotonic()
     principal, login = _who(state, req)
@@ -240,6 +243,13 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
         state.audit.record("accept", decision="accept", reason="granted", outcome=exc.code, bytes=0,
                            reason_detail=exc.details.get("reason"), duration_ms=_ms(started), **record)
         raise
+    except Refused:  # a content call without its worker: the alert is its record, the connection ends
+        raise
+    except Exception:  # a flaw here: the call still has its one record (granted, failed)
+        log.exception("privileged %s failed after its grant", op)
+        state.audit.record("accept", decision="accept", reason="granted", outcome=INTERNAL_ERROR, bytes=0,
+                           duration_ms=_ms(started), **record)
+        raise ToolError(INTERNAL_ERROR, "internal error") from None
     state.audit.record("accept", decision="accept", reason="granted", outcome=outcome, bytes=size,
                        duration_ms=_ms(started), **record)
     return reply
@@ -273,7 +283,10 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
             if req.get("cap") is not None:
                 args[CAP_KEY] = req["cap"]  # the principal's max_file_bytes: it can only narrow the cap
             frame = {"id": req["rid"], "op": op, "args": args}
-            frames.send_frame(w.ctl, frame, [fd])
+            try:
+                frames.send_frame(w.ctl, frame, [fd])
+            except OSError:  # the worker ended (its socket closed) before the call reached it
+                raise ToolError(INTERNAL_ERROR, "the worker ended during the call") from None
             os.close(fd)
             fd = -1
             prepared = state.audit.prepare("accept", decision="accept", reason="granted", **record)
@@ -291,17 +304,28 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
 def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:
     """The worker's report ``{"id": rid, ...}`` within ``seconds``, or None; read through the
     worker's buffer (one ``recv`` per report as a rule). Reports of other ids (a call that timed
-    out earlier) are skipped. Raises ``INTERNAL_ERROR`` when the worker ended, and
-    :class:`frames.FrameError` for a report over 4 KiB or not a JSON object."""
+    out earlier) are skipped.
+
+    Raises:
+        ToolError: ``INTERNAL_ERROR`` when the worker ended (its socket at its end, or reset: a
+            worker killed with the call's frame unread) or sent a report over 4 KiB or not a
+            JSON object (a broken worker: the call fails, its record says so).
+    """
     end = time.monotonic() + seconds
     while True:
-        while (body := frames.take_frame(w.reports, 4096)) is not None:
-            if (report := frames.decode_body(body)).get("id") == rid:
-                return report
+        try:
+            while (body := frames.take_frame(w.reports, 4096)) is not None:
+                if (report := frames.decode_body(body)).get("id") == rid:
+                    return report
+        except frames.FrameError:
+            raise ToolError(INTERNAL_ERROR, "the worker sent a malformed report") from None
         left = end - time.monotonic()
-        if left <= 0 or not select.select([w.ctl], [], [], left)[0]:
-            return None
-        chunk = w.ctl.recv(frames.READ_CHUNK)
+        try:
+            if left <= 0 or not select.select([w.ctl], [], [], left)[0]:
+                return None
+            chunk = w.ctl.recv(frames.READ_CHUNK)
+        except (OSError, ValueError):  # ECONNRESET: it died with our frame unread; closed: reaped meanwhile
+            chunk = b""
         if not chunk:
             raise ToolError(INTERNAL_ERROR, "the worker ended during the call")
         w.reports += chunk
@@ -474,6 +498,10 @@ class Connection:
                 cls = REQUESTS[kind][0]
                 pool, slot = self.pools[cls]
                 if not slot.acquire(blocking=False):
+                    if kind == "privileged_call":  # received, so recorded here (the front does not)
+                        self.state.audit.record("reject", tool=req["op"], route="privileged", session=req["session"],
+                                                peer=req["peer"], decision="reject", reason="the helper is busy",
+                                                outcome=HELPER_UNAVAILABLE)
                     self.reply(req["id"], {"ok": False, "error": ToolError(HELPER_UNAVAILABLE, "the helper is busy", reason="busy").to_dict()})
                     continue
                 if cls == "call":  # on this thread: no hand-over on the privileged route's critical path

@@ -14,7 +14,7 @@ import hypothesis.strategies as st
 import pytest
 
 from mcpd.common.audit import AuditError, AuditLog, encode_fields
-from mcpd.common.errors import PERMISSION_DENIED, ToolError
+from mcpd.common.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
 from mcpd.common.identity import Principal
 from mcpd.front import access
 from mcpd.front.access import AccessLog, Call
@@ -117,3 +117,37 @@ def test_a_call_that_succeeds_or_fails_leaves_one_record_with_its_own_outcome(tm
         raise ToolError(PERMISSION_DENIED, "no")
     got = lines(tmp_path / "a.jsonl")
     assert [(r["outcome"], r["bytes"], r["decision"]) for r in got] == [(None, 3, "accept"), (PERMISSION_DENIED, 0, "accept")]
+
+
+def _forwarded(log: AccessLog, marks: list[bool], error: ToolError | None) -> None:
+    """One privileged call through :class:`Call`, the helper client's ``marks`` given in its task."""
+    try:
+        with Call(log, ALICE, "127.0.0.1:1", "s1", "files/read", {"path": "/a", "privileged": True}) as call:
+            call.stage = "forwarded"
+            for mark in marks:
+                access.helper_received(mark)
+            if error is not None:
+                raise error
+            call.result = {"text": "xy", "path": "/a"}
+    except ToolError:
+        pass
+
+
+def test_a_forwarded_call_is_recorded_by_the_front_only_when_the_policy_process_never_received_it(
+        tmp_path: Path) -> None:
+    """One record per call: a privileged call the policy process received (the whole request in its
+    socket) is its to record, whatever the front then saw; one it never received, or whose
+    connection it closed without answering, is the front's."""
+    path = tmp_path / "access.jsonl"
+    log = AccessLog(str(path))
+    _forwarded(log, [True], None)  # answered
+    _forwarded(log, [True], ToolError(TIMEOUT, "the worker did not finish in 1 s"))  # the policy records it
+    assert not path.exists() or lines(path) == []
+    _forwarded(log, [], ToolError(RATE_LIMITED, "8 privileged calls of this principal ..."))
+    _forwarded(log, [], ToolError(TIMEOUT, "no connection to the root helper came free within 1 s"))
+    _forwarded(log, [True, False], ToolError(HELPER_UNAVAILABLE, "gone"))
+    got = [(r["route"], r["decision"], r["outcome"], r["reason"]) for r in lines(path)]
+    assert got == [("privileged", "reject", "RATE_LIMITED", "8 privileged calls of this principal ..."),
+                   ("privileged", "accept", "TIMEOUT", "no connection to the root helper came free within 1 s"),
+                   ("privileged", "accept", "HELPER_UNAVAILABLE", "the root helper is unreachable")]
+    access.helper_received(True)  # outside a call: nothing to mark, nothing fails
