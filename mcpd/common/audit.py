@@ -116,10 +116,8 @@ def _body(event: str, fields: dict[str, Any], now: datetime.datetime | None = No
     clock), converted to UTC when it has a time zone, taken as UTC when it has none."""
     if not _EVENT_RE.fullmatch(event):
         raise AuditError(f"bad audit event {event!r}")
-    body = f'"time":"{_time_text(now)}","event":"{event}"'  # both plain ASCII, as checked
-    if first:
-        body = f"{body},{first}"
-    return f"{body},{_members(fields)}" if fields else body
+    head = f'"time":"{_time_text(now)}","event":"{event}"'  # both plain ASCII, as checked
+    return ",".join([p for p in (head, first, _members(fields)) if p])
 
 
 _second: tuple[int, str] = (-1, "")  # the clock's last whole second (since the epoch) and its text
@@ -132,8 +130,7 @@ def _time_text(now: datetime.datetime | None) -> str:
     not once a record (one is written for every call)."""
     global _second
     if now is not None:
-        if now.tzinfo is not None:
-            now = now.astimezone(datetime.timezone.utc)
+        now = now.astimezone(datetime.timezone.utc) if now.tzinfo is not None else now
         return f'{now.replace(tzinfo=None).isoformat(timespec="microseconds")}Z'
     second, nanos = divmod(time.time_ns(), 1_000_000_000)
     known = _second  # (one read: another thread may replace it meanwhile)

@@ -67,21 +67,14 @@ def too_deep(value: Any, limit: int = MAX_DEPTH, text: bytes | str | None = None
         opening = (b"[", b"{") if isinstance(text, bytes) else ("[", "{")
         if text.count(opening[0]) + text.count(opening[1]) <= limit:  # type: ignore[arg-type]
             return False
-    # level by level: one plain loop over each container's children (a 4 MiB batch of 466,000
-    # members is walked in 0.2 s, where a stack of (item, depth) pairs took 1.2 s of the event loop)
+    # level by level, each in one comprehension (a 4 MiB batch of 466,000 members is walked in a
+    # fraction of a second, where a stack of (item, depth) pairs took 1.2 s of the event loop):
+    # after ``limit`` steps, ``level`` holds the containers nested ``limit + 1`` deep
     level = [value] if type(value) is dict or type(value) is list else []
-    depth = 1
-    while level:
-        if depth > limit:
-            return True
-        below: list[Any] = []
-        for item in level:
-            for child in item.values() if type(item) is dict else item:
-                if type(child) is dict or type(child) is list:
-                    below.append(child)
-        level = below
-        depth += 1
-    return False
+    for _ in range(limit):
+        level = [child for item in level for child in (item.values() if type(item) is dict else item)
+                 if type(child) is dict or type(child) is list]
+    return bool(level)
 
 
 @functools.lru_cache(maxsize=8)

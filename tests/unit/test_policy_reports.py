@@ -55,9 +55,11 @@ def test_no_report_in_time_is_none_and_a_gone_worker_an_internal_error(pair) -> 
 def test_an_oversized_or_garbled_report_is_refused_before_it_is_read(pair) -> None:
     w, worker = pair
     worker.sendall(struct.pack("!I", 1 << 30))
-    with pytest.raises(frames.FrameError):
+    with pytest.raises(ToolError) as refused:  # the call fails (its record says so), nothing more is read
         _await_report(w, 1, 5.0)
+    assert refused.value.code == INTERNAL_ERROR and "malformed report" in refused.value.message
     w.reports.clear()
     worker.sendall(struct.pack("!I", 3) + b"[1]")
-    with pytest.raises(frames.FrameError):
+    with pytest.raises(ToolError) as refused:
         _await_report(w, 1, 5.0)
+    assert refused.value.code == INTERNAL_ERROR
