@@ -366,12 +366,11 @@ class Overflow:
     47 MB answer.
     """
 
-    __slots__ = ("cap", "total", "max_bytes", "ids", "cut", "_error", "_size")
+    __slots__ = ("cap", "total", "ids", "cut", "_error", "_size")
 
-    def __init__(self, cap: int, total: int, max_bytes: int) -> None:
+    def __init__(self, cap: int, total: int) -> None:
         self.cap = cap  # max_batch
         self.total = total  # members in the whole batch
-        self.max_bytes = max_bytes  # the batch's bound
         self.ids: list[Any] = []  # the ids to refuse, in order (None: an invalid id)
         self.cut = False  # some member past the cap that wants an answer gets no refusal of its own
         self._error = {"code": INVALID_REQUEST, "message": f"batch over {cap} members: not run"}  # shared
@@ -379,25 +378,21 @@ class Overflow:
         self._size = approx_size({"jsonrpc": "2.0", "id": None, "error": self._error}) - approx_size(None) + 1
 
     @classmethod
-    def of(cls, payload: list[Any], cap: int, max_bytes: int) -> Overflow:
-        """The members of ``payload`` from index ``cap`` on (``max_bytes``: the batch's bound in
-        bytes): takes the ids of the first ``cap`` that want an answer, as many as the bound could
-        take, and looks no further than the next one that wants an answer."""
-        over = cls(cap, len(payload), max_bytes)
-        room = max_bytes
+    def of(cls, payload: list[Any], cap: int) -> Overflow:
+        """The members of ``payload`` from index ``cap`` on: takes the ids of the first ``cap``
+        that want an answer (:meth:`answer` fits them in the bound) and looks no further than the
+        next one that wants an answer."""
+        over = cls(cap, len(payload))
         ids = over.ids
         for i in range(cap, len(payload)):
             member = payload[i]
             if type(member) is not dict or "id" not in member:
                 continue  # a notification or not an object: not run, and nothing to answer
-            rid = member["id"]
-            if not valid_id(rid):
-                rid = None
-            room -= over._size + approx_size(rid)
-            if len(ids) == cap or room < 0:
+            if len(ids) == cap:
                 over.cut = True
                 break
-            ids.append(rid)
+            rid = member["id"]
+            ids.append(rid if valid_id(rid) else None)
         return over
 
     def answer(self, replies: list[Message], room: int) -> None:
@@ -489,7 +484,7 @@ class McpSession:
             over: Overflow | None = None
             if len(payload) > cap:
                 metrics.limit_hit("batch")
-                over = Overflow.of(payload, cap, self.dispatcher.max_batch_bytes)
+                over = Overflow.of(payload, cap)
             return self._spawn(self._gather_batch(members, out, budget, over))
         return self._start(payload, caller, out, send_reply=True)
 
