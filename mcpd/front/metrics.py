@@ -49,12 +49,14 @@ LOGINS_REFUSED.labels("429")
 #: POST's stream, overflowed), privileged calls in flight per principal
 #: (``max_privileged_per_principal``), unprivileged calls per principal (``max_calls_per_principal``),
 #: batch members whose reply would pass the batch's bytes (``session_queue_bytes``), daily quotas (``limits``), logins in flight (429), and a
-#: call that waited past its deadline for a worker (``workers.max_accounts`` or ``per_account``).
+#: call that waited past its deadline for a worker (``workers.max_accounts`` or ``per_account``) or
+#: for one of the front's connections to the root helper (``helper_connections``: all held, or the
+#: principal's share of them).
 LIMIT_KINDS = (
     "connections_total", "connections_per_address", "header_deadline", "body_deadline", "body_bytes",
     "sessions_total", "sessions_per_principal", "in_flight", "batch", "queue_overflow",
     "privileged_per_principal", "requests_per_day", "logins_in_flight", "worker_accounts", "account_workers",
-    "calls_per_principal", "batch_bytes", "header_bytes",
+    "calls_per_principal", "batch_bytes", "header_bytes", "helper_connections",
 )
 LIMITS_HIT = Counter("mcpd_limits_hit", "Requests, connections or sessions turned away by one of the front's caps",
                      ["limit"], registry=REGISTRY)
