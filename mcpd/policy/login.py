@@ -56,6 +56,7 @@ from typing import Any
 
 from mcpd.common import identity
 from mcpd.common.config import Login as LoginConfig
+from mcpd.common.errors import ToolError
 from mcpd.common.audit import AuditLog
 from mcpd.common.pamauth import pam_check
 
@@ -296,6 +297,9 @@ class Login:
         except concurrent.futures.TimeoutError:
             future.cancel()
             ok, fields["pam_code"], reason = False, -1, "PAM did not answer in time"
+        except ToolError as exc:  # root refused to run PAM (an account in group 0 or the daemon's, busy):
+            # a failure like any other, with its record and its answer time
+            ok, fields["pam_code"], reason = False, -1, f"refused by the root helper: {exc.details.get('reason') or exc.message}"
         fields["reason"] = f"pam: {reason}"
         return self.store.issue(user, self.cfg.token_ttl_seconds, peer) if ok else None
 

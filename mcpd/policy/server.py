@@ -161,11 +161,27 @@ def _bound_worker(state: State, principal: identity.Principal, pid: int) -> Work
     return w
 
 
+def _forget(state: State, w: Worker) -> bool:
+    """Take ``w`` out of the worker table (its owner kept in :attr:`State.exited`); whether this
+    caller did, and so owns closing its pidfd and control socket (two requests or the reaper
+    racing for one worker must never close a descriptor number twice: the second close would hit
+    whatever the number was given to meanwhile, another principal's socket or file)."""
+    with state.lock:
+        if state.workers.get(w.pid) is not w:
+            return False
+        del state.workers[w.pid]
+        state.exited[w.pid] = w.owner
+        while len(state.exited) > EXITED_KEPT:
+            state.exited.popitem(last=False)
+    return True
+
+
 def kill_worker(state: State, w: Worker, reason: str = "helper stopping", token_id: str | None = None) -> None:
     """SIGKILL worker ``w`` (root does, through its pidfd), wait (at most 5 s) until it is gone, forget it; one
-    audit ``kill`` record saying why (``reason``) and, when asked by the front, with ``token_id``."""
-    with state.lock:
-        state.workers.pop(w.pid, None)
+    audit ``kill`` record saying why (``reason``) and, when asked by the front, with ``token_id``. Nothing
+    when another request or the reaper has already forgotten it."""
+    if not _forget(state, w):
+        return
     with contextlib.suppress(ToolError, OSError):  # already gone: root forgot it
         state.root.kill(w.pid)
     os.close(w.pidfd)
@@ -291,6 +307,8 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
             fd = -1
             prepared = state.audit.prepare("accept", decision="accept", reason="granted", **record)
             report = _await_report(w, req["rid"], _deadline(args, state.cfg.workers.timeout_seconds))
+            if report is None:
+                report = _end_late(state, w, req["rid"])
         finally:
             w.busy.release()
     finally:
@@ -299,6 +317,21 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     if report is None:
         raise ToolError(TIMEOUT, "the call did not finish in time")
     return {"ok": True, "dispatched": True}, report.get("code"), int(report.get("bytes") or 0), prepared
+
+
+def _end_late(state: State, w: Worker, rid: Any) -> dict[str, Any] | None:
+    """A worker past its call's deadline: have root SIGKILL it first (it holds the granted
+    descriptor, and would otherwise still read the file and answer the front after the call was
+    recorded as ``TIMEOUT`` with 0 bytes), then take the report it may have sent before it died
+    (it reports before it answers, so without a report no answer left it)."""
+    with contextlib.suppress(ToolError, OSError):
+        state.root.kill(w.pid)
+    try:
+        report = _await_report(w, rid, 1.0)
+    except ToolError:  # ended without (another) report
+        report = None
+    kill_worker(state, w, "its privileged call passed its deadline")
+    return report
 
 
 def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:
@@ -529,13 +562,8 @@ def reap(state: State) -> None:
     with state.lock:
         items = list(state.workers.values())
     done = select.select([w.pidfd for w in items], [], [], 0)[0] if items else []
-    for w in items:
-        if w.pidfd in done:
-            with state.lock:
-                state.workers.pop(w.pid, None)
-                state.exited[w.pid] = w.owner
-                while len(state.exited) > EXITED_KEPT:
-                    state.exited.popitem(last=False)
+    for w in items:  # one in a call is left to that call (it reads the worker's last report first)
+        if w.pidfd in done and not w.busy.locked() and _forget(state, w):
             os.close(w.pidfd)
             w.ctl.close()
             state.audit.record("exit", user=w.owner[0], os_user=w.owner[1], pid=w.pid, reason="worker ended")

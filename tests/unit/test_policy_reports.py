@@ -7,6 +7,7 @@ import socket
 import struct
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -63,3 +64,25 @@ def test_an_oversized_or_garbled_report_is_refused_before_it_is_read(pair) -> No
     with pytest.raises(ToolError) as refused:
         _await_report(w, 1, 5.0)
     assert refused.value.code == INTERNAL_ERROR
+
+
+def test_a_worker_is_forgotten_once_however_many_ask() -> None:
+    """Two kill requests for one worker (or a kill racing the reaper) must not both close its
+    pidfd: the second close would hit whatever that descriptor number was given to meanwhile."""
+    import collections
+    import types
+
+    from mcpd.policy.server import _forget
+
+    ours, theirs = socket.socketpair()
+    w = Worker(pid=42, pidfd=-1, owner=("alice", "alice"), ctl=ours)
+    state: Any = types.SimpleNamespace(lock=threading.Lock(), workers={42: w}, exited=collections.OrderedDict())
+    try:
+        assert _forget(state, w) is True
+        assert _forget(state, w) is False  # the second caller closes nothing
+        assert state.workers == {} and state.exited[42] == ("alice", "alice")
+        state.workers[42] = Worker(pid=42, pidfd=-1, owner=("bob", "bob"), ctl=theirs)  # the pid reused since
+        assert _forget(state, w) is False  # an old Worker never forgets its successor
+    finally:
+        ours.close()
+        theirs.close()

@@ -1,0 +1,149 @@
+"""Attack 13b on the root side: a compromised front (code as the service user, speaking to the
+helper socket directly) and a compromised worker (SPEC §4.5a, §5.3, §7.1; docs/PRIVSEP.md §7).
+
+Each test plays the attacker for real and checks the rule it attacked; the reproducers that print
+what they see are under ``attacks13b/``. Fixed flaws are plain tests; the ones left open are
+strict xfails that name the rule they break and its severity.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.integration.test_login_attacks import FAST_PAM
+from tests.integration.test_pam_login import enroll
+from tests.osaccounts import AccountFactory, pam_service
+
+pytestmark = pytest.mark.root
+
+DEADLINE = 3  # workers.timeout_seconds here: a privileged read's deadline
+ANSWER = 1.0  # login.answer_seconds here
+
+# Run as the service user: helpers for one attacker script (argv[1] is the helper socket).
+PRELUDE = r"""
+import json, os, socket, struct, sys, time
+def conn(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(path); s.settimeout(60); return s
+def send(s, obj):
+    raw = json.dumps(obj).encode(); s.sendall(struct.pack("!I", len(raw)) + raw)
+def recv(s):
+    head = b""; fds = []
+    while len(head) < 4:
+        msg, got, _, _ = socket.recv_fds(s, 4 - len(head), 4)
+        fds += got
+        if not msg: return None, fds
+        head += msg
+    n = struct.unpack("!I", head)[0]; body = b""
+    while len(body) < n:
+        c = s.recv(n - len(body))
+        if not c: return None, fds
+        body += c
+    return json.loads(body), fds
+"""
+
+
+def as_front(d: PrivsepDaemon, code: str, *args: str) -> Any:
+    """Run :data:`PRELUDE` + ``code`` as the service user; the JSON it prints."""
+    out = subprocess.run(["setpriv", f"--reuid={d.service.pw_uid}", f"--regid={d.service.pw_gid}", "--clear-groups",
+                          sys.executable, "-I", "-c", PRELUDE + code, str(d.socket_path), *args],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivsepDaemon, AccountFactory]]:
+    """The privsep daemon with a short privileged-read deadline and a fast PAM service."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: root helper, OS accounts, PAM service")
+    fast = tmp_path_factory.mktemp("pam") / "fast"
+    fast.write_text(FAST_PAM)
+    factory = AccountFactory()
+    d: PrivsepDaemon | None = None
+    with pam_service(fast) as service:
+        try:
+            d = start_privsep(factory, workers={"per_account": 4, "timeout_seconds": DEADLINE},
+                              login={"pam_service": service, "answer_seconds": ANSWER, "max_failures": 50})
+            yield d, factory
+        finally:
+            if d is not None:
+                stop_privsep(d)
+            factory.cleanup()
+
+
+# The front spawns alice's worker, queues three unprivileged finds of its own on the worker's
+# socket in one write (the worker serves them before its control socket), then asks for a
+# privileged read into that worker; it reads everything the worker sends it afterwards.
+LATE_READ = r"""
+token, path = sys.argv[2], sys.argv[3]
+h = conn(sys.argv[1])
+send(h, {"type": "spawn_worker", "id": 1, "token": token})
+rep, fds = recv(h)
+w = socket.socket(fileno=fds[0]); w.settimeout(60)
+find = json.dumps({"id": 1, "op": "files/find", "args": {"root": "/", "name": "*no-such-name-zq*",
+                                                          "time_budget_seconds": 8}}).encode()
+w.sendall((struct.pack("!I", len(find)) + find) * 3)
+time.sleep(0.5)
+send(h, {"type": "privileged_call", "id": 2, "token": token, "session": "s", "peer": "p", "op": "files/read",
+         "args": {"path": path, "privileged": True}, "worker": rep["pid"], "rid": 77})
+policy = recv(h)[0]
+ids = []
+while True:
+    frame, _ = recv(w)
+    if frame is None:
+        break
+    ids.append(frame.get("id"))
+    if frame.get("id") == 77:
+        break
+print(json.dumps({"policy": policy, "ids": ids}))
+"""
+
+
+def test_a_privileged_read_past_its_deadline_sends_the_front_nothing_afterwards(
+        attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
+    """SPEC §7.1 (a record gives the call's real outcome and bytes), high: the policy process
+    recorded ``TIMEOUT`` with 0 bytes and left the worker holding the granted descriptor, which
+    then read the file and sent the whole text to a front that did not kill it."""
+    d, _ = attacked
+    out = as_front(d, LATE_READ, d.tokens["alice"], str(d.log_file))
+    assert out["policy"]["error"]["code"] == "TIMEOUT"
+    assert 77 not in out["ids"]  # the worker was killed: the granted file's text never left it
+    (rec,) = [r for r in d.audit() if r.get("requested_path") == str(d.log_file) and r.get("event") == "accept"]
+    assert rec["outcome"] == "TIMEOUT" and rec["bytes"] == 0
+    assert any(r.get("event") == "kill" and r.get("user") == "alice" for r in d.audit())
+
+
+LOGINS = r"""
+s = conn(sys.argv[1]); out = {}
+for user in sys.argv[2:]:
+    t = time.monotonic()
+    send(s, {"type": "pam_login", "id": 1, "user": user, "password": "wrong-" + user, "peer": "192.0.2.7"})
+    out[user] = {"reply": recv(s)[0], "seconds": time.monotonic() - t}
+print(json.dumps(out))
+"""
+
+
+def test_a_login_root_refuses_is_a_failure_like_any_other(attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
+    """SPEC §5.3 (refused accounts answer in the time of a wrong password) and §7.1 (every login
+    is a record), medium: an enrolled account with group 0 among its groups passed the policy's
+    uid check, root's own guard refused its PAM conversation, and the ToolError skipped both the
+    record and the answer time (and told the client ``never for root``)."""
+    d, factory = attacked
+    plain, _ = enroll(d, factory)
+    wheel, _ = enroll(d, factory)
+    subprocess.run(["usermod", "--append", "--groups", "root", wheel.name], check=True)
+    time.sleep(1.5)  # users.yaml is seen again within a second
+    out = as_front(d, LOGINS, plain.name, wheel.name)
+    for acct in (plain, wheel):
+        assert out[acct.name]["reply"] == {"ok": False, "id": 1}
+        assert out[acct.name]["seconds"] >= ANSWER - 0.05
+        (rec,) = [r for r in d.audit() if r.get("tool") == "login" and r.get("os_user") == acct.name]
+        assert rec["decision"] == "reject"
