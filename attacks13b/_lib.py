@@ -31,3 +31,17 @@ def stop(d: PrivsepDaemon, factory: AccountFactory) -> None:
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, indent=1, default=str)
+
+
+def with_fast_pam(main: Any) -> None:
+    """Exit with ``main(service)``, ``service`` a PAM service with a short failure delay installed
+    for the run (the one of ``tests/integration/test_login_attacks.py``)."""
+    import tempfile
+
+    from tests.integration.test_login_attacks import FAST_PAM
+    from tests.osaccounts import pam_service
+
+    fast = Path(tempfile.mkdtemp()) / "fast"
+    fast.write_text(FAST_PAM)
+    with pam_service(fast) as service:
+        sys.exit(main(service))

@@ -11,15 +11,11 @@ of one in group root.
 """
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-from _lib import as_front, daemon, dump, stop
+from _lib import as_front, daemon, dump, stop, with_fast_pam
 from tests.integration.test_attack13b import LOGINS
-from tests.integration.test_login_attacks import FAST_PAM
 from tests.integration.test_pam_login import enroll
-from tests.osaccounts import pam_service
 
 ANSWER = 1.5
 
@@ -44,7 +40,4 @@ def main(service: str) -> int:
 
 
 if __name__ == "__main__":
-    fast = Path(tempfile.mkdtemp()) / "fast"
-    fast.write_text(FAST_PAM)
-    with pam_service(fast) as service:
-        sys.exit(main(service))
+    with_fast_pam(main)

@@ -6,7 +6,8 @@ CAP_DAC_READ_SEARCH alone (read and list any folder, ``lstat`` anything), no_new
 descriptor but its channel to the root helper. It reads one request frame from the helper::
 
     {"op", "args" (the call's arguments, the path already the decided one), "os_user", "groups",
-     "follow" (the grant covers /), "grants" (the grants file's text), "secrets" (the fixed deny)}
+     "follow" (the grant covers /), "grants" (the grants file's text), "secrets" (the fixed deny),
+     "login_time" (a password login's, UNIX seconds; null for a static token), "login_used"}
 
 parses and checks ``args`` with the tool's own ``parse_args`` (so both routes answer the same
 codes, ``INVALID_ARGUMENT`` included), walks with :mod:`mcpd.core.walk` (names and ``lstat``
@@ -23,6 +24,7 @@ reads no file content, although CAP_DAC_READ_SEARCH alone would let it.
 from __future__ import annotations
 
 import ctypes
+import datetime
 import functools
 import os
 import resource
@@ -77,10 +79,13 @@ def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None) -> 
         args = parse_args(frame["args"])
         policy = grants.parse_policy(frame["grants"], secrets=tuple(frame["secrets"]))
         follow, user, groups = bool(frame["follow"]), frame["os_user"], frozenset(frame["groups"])
+        since = frame.get("login_time")  # a password login's (reauth_after), None for a static token
+        login_time = None if since is None else datetime.datetime.fromtimestamp(since, datetime.timezone.utc)
+        used = frame.get("login_used") is True
         confine()
 
         def allow(path: str) -> bool:
-            return grants.decide(policy, user, groups, op, path, grants.utcnow()).allowed
+            return grants.decide(policy, user, groups, op, path, grants.utcnow(), login_time, used).allowed
 
         return {"ok": True, "result": walk_op(args, functools.partial(opener.open_checked_dir, follow_symlinks=follow), allow)}
     except ToolError as exc:

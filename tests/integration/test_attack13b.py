@@ -147,3 +147,34 @@ def test_a_login_root_refuses_is_a_failure_like_any_other(attacked: tuple[Privse
         assert out[acct.name]["seconds"] >= ANSWER - 0.05
         (rec,) = [r for r in d.audit() if r.get("tool") == "login" and r.get("os_user") == acct.name]
         assert rec["decision"] == "reject"
+
+
+LIST_AFTER_LOGIN = r"""
+user, password, path = sys.argv[2], sys.argv[3], sys.argv[4]
+s = conn(sys.argv[1])
+send(s, {"type": "pam_login", "id": 1, "user": user, "password": password, "peer": "192.0.2.8"})
+token = recv(s)[0]["token"]
+out = {}
+for op, key in (("files/list", "path"), ("files/find", "root")):
+    send(s, {"type": "privileged_call", "id": 2, "token": token, "session": "s", "peer": "p", "op": op,
+             "args": {key: path, "privileged": True}})
+    out[op] = recv(s)[0]
+print(json.dumps(out))
+"""
+
+
+def test_a_fresh_login_lists_and_finds_what_a_reauth_grant_covers(attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
+    """SPEC §4 (a granted privileged call is served as granted) and §7.1 (its record's bytes),
+    low: the policy process granted a list or find under a ``reauth_after`` rule to a fresh
+    password login, but the walker filtered every entry with the same rule as if the caller held a
+    static token (reauthentication required), so the folder came back empty."""
+    d, factory = attacked
+    acct, password = enroll(d, factory)
+    rule = {"allowed": True, "paths": [str(d.app)], "reauth_after": "5m"}
+    grants = d.default_grants()
+    grants["users"][acct.name] = {"privileged": {"tools": {"files/list": rule, "files/find": dict(rule)}}}
+    d.write_grants(grants)
+    time.sleep(1.5)  # users.yaml and the grants are seen again within a second
+    out = as_front(d, LIST_AFTER_LOGIN, acct.name, password, str(d.app))
+    assert [e["name"] for e in out["files/list"]["result"]["entries"]] == ["log.txt"]
+    assert [m["path"] for m in out["files/find"]["result"]["matches"]] == [str(d.log_file)]

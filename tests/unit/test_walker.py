@@ -57,6 +57,24 @@ def test_list_and_find_show_only_granted_entries_never_secrets(tree: Path) -> No
     assert "users.yaml" not in json.dumps(found) and "c.log" not in json.dumps(found)
 
 
+def test_entries_under_a_reauth_rule_show_to_a_fresh_login_only(tree: Path) -> None:
+    """The walker judges ``reauth_after`` as the policy process judged the call: a fresh password
+    login sees the entries, a static token (no ``login_time``) or a stale login none."""
+    import time
+
+    rule = {"allowed": True, "paths": [str(tree / "pub")], "reauth_after": "5m"}
+    text = yaml.safe_dump({"users": {"alice": {"privileged": {"tools": {"files/list": rule}}}}})
+    args = {"path": str(tree / "pub")}
+    names = {when: [e["name"] for e in walker.run(request(tree, "files/list", args, grants=text, login_time=when))
+                    ["result"]["entries"]] for when in (None, time.time() - 600, time.time() - 5)}
+    assert list(names.values()) == [[], [], ["a.log", "deep"]]
+    zero = yaml.safe_dump({"users": {"alice": {"privileged": {"tools": {"files/list": dict(rule, reauth_after=0)}}}}})
+    first = walker.run(request(tree, "files/list", args, grants=zero, login_time=time.time(), login_used=False))
+    assert len(first["result"]["entries"]) == 2  # the login's one call
+    again = walker.run(request(tree, "files/list", args, grants=zero, login_time=time.time(), login_used=True))
+    assert again["result"]["entries"] == []
+
+
 def test_another_principal_gets_nothing(tree: Path) -> None:
     reply = walker.run(request(tree, "files/find", {"root": str(tree)}, os_user="bob"))
     assert reply["ok"] is True and reply["result"]["matches"] == []
