@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.integration.privsep_fixture import SECRET_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_login_attacks import FAST_PAM
 from tests.integration.test_pam_login import enroll
 from tests.osaccounts import AccountFactory, pam_service
@@ -178,3 +178,54 @@ def test_a_fresh_login_lists_and_finds_what_a_reauth_grant_covers(attacked: tupl
     out = as_front(d, LIST_AFTER_LOGIN, acct.name, password, str(d.app))
     assert [e["name"] for e in out["files/list"]["result"]["entries"]] == ["log.txt"]
     assert [m["path"] for m in out["files/find"]["result"]["matches"]] == [str(d.log_file)]
+
+
+FILETYPE = r"""
+token, path = sys.argv[2], sys.argv[3]
+h = conn(sys.argv[1])
+send(h, {"type": "spawn_worker", "id": 1, "token": token})
+rep, fds = recv(h)
+send(h, {"type": "privileged_call", "id": 2, "token": token, "session": "s", "peer": "p", "op": "files/filetype",
+         "args": {"path": path, "privileged": True}, "worker": rep["pid"], "rid": 5})
+print(json.dumps(recv(h)[0]))
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="open: a files/filetype grant hands the worker a descriptor open for reading")
+def test_a_filetype_grant_gives_the_worker_no_descriptor_it_could_read(attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
+    """SPEC §4.1/§4.5a (a privileged call gets what its tool's grant covers), medium: for
+    ``files/filetype`` root opens a regular file ``O_RDONLY`` and the policy process hands that
+    descriptor to the principal's worker (and keeps a copy of it for the next read), so a
+    principal granted only ``files/filetype`` on ``/srv/x/secret`` whose worker is compromised (it
+    decodes attacker-written bytes) reads the whole file, though no ``files/read`` grant covers it.
+    (Non-regular files travel as ``O_PATH`` descriptors, which the worker can reopen through
+    ``/proc/self/fd`` past the folders' permissions above them, for a 0666 FIFO or socket in a
+    0700 folder.) Checked on the copy the policy process kept: the same open file description."""
+    from tests.integration.test_privsep_attacks import _grab_fd
+
+    d, _ = attacked
+    grants = d.default_grants()
+    grants["users"][d.accounts["alice"].name]["privileged"]["tools"]["files/filetype"] = {
+        "allowed": True, "paths": [str(d.secret)]}
+    d.write_grants(grants)
+    time.sleep(1.5)
+    try:
+        reply = as_front(d, FILETYPE, d.tokens["alice"], str(d.secret))
+        assert reply["ok"] is True  # the worker's answer (the type) went to the front
+        (policy,) = _children_of_policy(d)
+        fd = _grab_fd(policy, str(d.secret))
+        try:
+            assert os.pread(fd, 100, 0) != SECRET_TEXT.encode()
+        finally:
+            os.close(fd)
+    finally:
+        d.write_grants(d.default_grants())
+
+
+def _children_of_policy(d: PrivsepDaemon) -> list[int]:
+    import pwd
+
+    from mcpd.common.config import POLICY_USER
+    from tests.integration.privsep_fixture import children
+
+    return children(d.helper_pid, pwd.getpwnam(POLICY_USER).pw_uid)
