@@ -115,10 +115,17 @@ class State:
 
 
 def _who(state: State, req: dict[str, Any]) -> tuple[identity.Principal, Issued | None]:
+    """The principal of the request's token; else one ``reject`` record (for a privileged call:
+    its tool, route and requested path, as any other refusal of a call names them) and
+    ``PERMISSION_DENIED`` (reason ``invalid token``)."""
     found = state.authenticate(req["token"])
     if found is None:
-        state.audit.record("reject", tool=req["type"], decision="reject", reason="invalid token",
-                           session=req.get("session"), peer=req.get("peer"))
+        call = {}
+        if req["type"] == "privileged_call":
+            path = req["args"].get(WALK_OPS.get(req["op"], "path"))
+            call = {"route": "privileged", "requested_path": path if isinstance(path, str) else None}
+        state.audit.record("reject", tool=req.get("op", req["type"]), decision="reject", reason="invalid token",
+                           session=req.get("session"), peer=req.get("peer"), **call)
         raise ToolError(PERMISSION_DENIED, "permission denied", reason="invalid token")
     return found
 

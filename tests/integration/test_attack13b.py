@@ -229,3 +229,24 @@ def _children_of_policy(d: PrivsepDaemon) -> list[int]:
     from tests.integration.privsep_fixture import children
 
     return children(d.helper_pid, pwd.getpwnam(POLICY_USER).pw_uid)
+
+
+BAD_TOKEN_CALL = r"""
+s = conn(sys.argv[1])
+send(s, {"type": "privileged_call", "id": 1, "token": "mcpd_000000000000_" + "C" * 43, "session": "s13b",
+         "peer": "p", "op": "files/read", "args": {"path": sys.argv[2], "privileged": True}})
+print(json.dumps(recv(s)[0]))
+"""
+
+
+def test_a_privileged_call_with_a_bad_token_is_recorded_with_its_tool_and_path(
+        attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
+    """SPEC §7.1 (a record names the call's tool and requested path), low: the refusal of a
+    privileged call with an invalid token was recorded as tool ``privileged_call`` (the request
+    type), without the route or the path it asked for."""
+    d, _ = attacked
+    reply = as_front(d, BAD_TOKEN_CALL, str(d.secret))
+    assert reply["error"]["details"]["reason"] == "invalid token"
+    (rec,) = [r for r in d.audit() if r.get("session") == "s13b"]
+    assert (rec["tool"], rec["route"], rec["requested_path"], rec["decision"]) == (
+        "files/read", "privileged", str(d.secret), "reject")
