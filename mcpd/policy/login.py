@@ -198,6 +198,11 @@ class Store:
             return None
         return rec if time.time() < rec.expires else None
 
+    def live(self, token_id: str) -> Issued | None:
+        """The record of login token ``token_id`` while it is not revoked or expired, else None."""
+        rec = self._read(token_id) if _ID.fullmatch(token_id) else None
+        return rec if rec is not None and time.time() < rec.expires else None
+
     def used(self, token_id: str) -> bool:
         """Whether this login already had its one ``reauth_after: 0`` call."""
         with contextlib.suppress(FileNotFoundError):

@@ -62,6 +62,7 @@ MAX_CONNECTIONS = 32  # the front's shared connections, one per privileged call 
 CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}
 CONTENT_OPS = ("files/read", "files/filetype")
 WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path argument (the walker parses the rest)
+REVOKE_SECONDS = 1.0  # how often the workers' tokens are checked again (end_revoked)
 EXITED_KEPT = 256  # ended workers whose owner is remembered (State.exited)
 WALK_MAX_SECONDS = 60.0  # files/find's largest time_budget_seconds (core.walk checks it in the walker)
 _PEERCRED = struct.Struct("3i")
@@ -79,6 +80,8 @@ class Worker:
     pidfd: int
     owner: tuple[str, str]
     ctl: socket.socket
+    token_id: str = ""  # the token that spawned it: the worker ends when it no longer authenticates
+    login: bool = False  # a password login's token (else one in users.yaml)
     busy: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     reports: bytearray = dataclasses.field(default_factory=bytearray)  # bytes of its reports read so far
 
@@ -144,7 +147,7 @@ def handle_authenticate(state: State, req: dict[str, Any]) -> dict[str, Any]:
 def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``spawn_worker {token}`` → a worker running as the token's principal's OS account (never
     uid 0), bound to that principal; the front's socket end travels back by SCM_RIGHTS."""
-    principal, _ = _who(state, req)
+    principal, login = _who(state, req)
     try:
         pw = pwd.getpwnam(principal.os_user)
     except KeyError:
@@ -153,7 +156,8 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
         raise ToolError(PERMISSION_DENIED, "workers never run as root", reason="root account")
     pid, front, ctl, pidfd = state.root.spawn(pw.pw_name, json.dumps(dataclasses.asdict(state.cfg.read)))
     with state.lock:
-        state.workers[pid] = Worker(pid, pidfd, (principal.name, principal.os_user), ctl)
+        state.workers[pid] = Worker(pid, pidfd, (principal.name, principal.os_user), ctl, principal.token_id,
+                                    login is not None)
     state.audit.record("spawn", user=principal.name, os_user=principal.os_user, token_id=principal.token_id,
                        pid=pid, decision="accept")
     return {"ok": True, "pid": pid, "_fds": [front]}
@@ -582,6 +586,49 @@ def reap(state: State) -> None:
             state.audit.record("exit", user=w.owner[0], os_user=w.owner[1], pid=w.pid, reason="worker ended")
 
 
+def _still_bound(state: State, w: Worker, usable: dict[str, bool]) -> bool:
+    """Whether the token that spawned ``w`` still authenticates its principal: in ``users.yaml``
+    (the principal still there, bound to the same account, with that token unexpired), or as a
+    live login token whose account may still use it (``usable``: root's answer per account, asked
+    once per sweep)."""
+    users, (name, os_user) = state.users.current, w.owner
+    if not w.login:
+        p = users.get(name)
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return p is not None and p.os_user == os_user and any(
+            t.id == w.token_id and (not t.expires or now < identity.parse_time(t.expires)) for t in p.tokens)
+    rec = state.issued.live(w.token_id)
+    principal = None if rec is None or rec.os_user != os_user else identity.login_principal(users, os_user, rec.id)
+    if principal is None or principal.name != name:
+        return False
+    if os_user not in usable:
+        try:
+            usable[os_user] = state.root.usable(os_user)
+        except ToolError:  # root busy: judged again at the next sweep
+            usable[os_user] = True
+    return usable[os_user]
+
+
+def end_revoked(state: State) -> None:
+    """End the workers whose principal was removed or rebound, whose token was removed, rotated
+    or expired, or whose login's account was locked or expired (SPEC §5.3: within seconds). The
+    front ends them too; this is for a front that would not (docs/PRIVSEP.md §7): it could
+    otherwise go on reading with the account's rights through a worker it holds. Each is killed
+    (one ``kill`` record) on a thread of its own, so the accept loop never waits on root."""
+    state.users.refresh()
+    with state.lock:
+        items = list(state.workers.values())
+    usable: dict[str, bool] = {}
+    for w in items:
+        try:
+            bound = _still_bound(state, w, usable)
+        except (ValueError, OSError):  # a malformed expiry or an unreadable token record: fail closed
+            bound = False
+        if not bound:
+            threading.Thread(target=kill_worker, args=(state, w, "its principal or token was revoked"),
+                             daemon=True).start()
+
+
 def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[], bool],
           tick: Callable[[], None]) -> None:
     """Accept front connections from ``service_uid`` only (``SO_PEERCRED``) until ``stop()``;
@@ -589,10 +636,14 @@ def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[]
     pools = {k: (concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix=k), threading.Semaphore(4 * n))
              for k, n in CLASSES.items()}
     slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    checked = 0.0
     while not stop():
         tick()
         reap(state)
         state.opened.sweep()
+        if time.monotonic() - checked >= REVOKE_SECONDS:
+            checked = time.monotonic()
+            end_revoked(state)
         try:
             if not select.select([sock], [], [], 0.5)[0]:
                 continue

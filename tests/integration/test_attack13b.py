@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -250,3 +251,68 @@ def test_a_privileged_call_with_a_bad_token_is_recorded_with_its_tool_and_path(
     (rec,) = [r for r in d.audit() if r.get("session") == "s13b"]
     assert (rec["tool"], rec["route"], rec["requested_path"], rec["decision"]) == (
         "files/read", "privileged", str(d.secret), "reject")
+
+
+# Spawns a worker with the token argv[2], reads a world-readable file through it, says so, waits
+# for a line on stdin (the test removes the principal meanwhile), waits argv[3] seconds, and reads
+# again through the same worker: the text, or null when the worker is gone.
+HELD_WORKER = r"""
+h = conn(sys.argv[1])
+send(h, {"type": "spawn_worker", "id": 1, "token": sys.argv[2]})
+rep, fds = recv(h)
+w = socket.socket(fileno=fds[0]); w.settimeout(30)
+def read():
+    try:
+        send(w, {"id": 9, "op": "files/read", "args": {"path": "/etc/passwd", "limit": 5}})
+        frame, _ = recv(w)
+        if frame is not None and frame.get("text_frame"):  # the text follows as a raw frame
+            n = struct.unpack("!I", w.recv(4, socket.MSG_WAITALL))[0]
+            w.recv(n, socket.MSG_WAITALL)
+        return None if frame is None else frame.get("ok")
+    except OSError:
+        return None
+print(json.dumps(read()), flush=True)
+sys.stdin.readline()
+time.sleep(float(sys.argv[3]))
+print(json.dumps(read()), flush=True)
+"""
+
+
+def add_principal(d: PrivsepDaemon, factory: AccountFactory, name: str) -> tuple[str, Path, dict[str, Any]]:
+    """Bind a new principal ``name`` to a new account in users.yaml (seen within a second):
+    ``(its token, the users file, the principals written)``."""
+    from mcpd.common import identity
+
+    acct = factory.user()
+    path = d.state_dir / "users.yaml"
+    users = identity.load_users(path)
+    token, rec = identity.new_token()
+    users[name] = identity.UserRecord(name=name, os_user=acct.name, tokens=[rec])
+    identity.save_users(path, users)
+    time.sleep(1.5)
+    return token, path, users
+
+
+def test_a_removed_principals_worker_ends_within_seconds_even_if_the_front_keeps_it(
+        attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
+    """SPEC §5.3 (removing a principal ends its workers within seconds; docs/PRIVSEP.md §7: a
+    compromised front keeps the workers it holds only until the policy process ends them), high:
+    nothing on the root side ended them, so a compromised front went on reading with the account's
+    rights through a worker it held, however long after the principal was removed."""
+    from mcpd.common.identity import save_users
+
+    d, factory = attacked
+    token, path, users = add_principal(d, factory, "carol")
+    with subprocess.Popen(["setpriv", f"--reuid={d.service.pw_uid}", f"--regid={d.service.pw_gid}", "--clear-groups",
+                           sys.executable, "-I", "-c", PRELUDE + HELD_WORKER, str(d.socket_path), token, "5"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            assert json.loads(proc.stdout.readline()) is True  # carol's worker reads as her account
+            del users["carol"]
+            save_users(path, users)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            assert json.loads(proc.stdout.readline()) is None  # ended: nothing more is read as carol
+        finally:
+            proc.kill()

@@ -219,3 +219,16 @@ def test_state_folder_must_be_roots_own_without_symlinks(tmp_path: Path) -> None
     os.chmod(open_parent, 0o777)
     with pytest.raises(OSError, match="not writable"):
         root_folder(str(open_parent / "helper"))
+
+
+def test_a_login_token_is_live_by_id_until_revoked_or_expired(folder: tuple[Path, int]) -> None:
+    """What ends a login's workers (the policy process's sweep) asks by token id."""
+    _, fd = folder
+    store = Store(fd)
+    _, rec, _ = store.issue("alice", 3600, "127.0.0.1")
+    _, old, _ = store.issue("alice", -1, "127.0.0.1")
+    assert store.live(rec.id) == rec
+    assert store.live(old.id) is None  # expired
+    assert store.live("../token." + rec.id) is None and store.live("") is None  # never a path
+    store.revoke(rec.id)
+    assert store.live(rec.id) is None
