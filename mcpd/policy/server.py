@@ -643,7 +643,10 @@ def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[]
         state.opened.sweep()
         if time.monotonic() - checked >= REVOKE_SECONDS:
             checked = time.monotonic()
-            end_revoked(state)
+            try:
+                end_revoked(state)
+            except Exception:  # (no thread to spare, say): never the accept loop's end; again in a second
+                log.exception("checking the workers' tokens failed")
         try:
             if not select.select([sock], [], [], 0.5)[0]:
                 continue
