@@ -316,3 +316,32 @@ def test_a_removed_principals_worker_ends_within_seconds_even_if_the_front_keeps
             assert json.loads(proc.stdout.readline()) is None  # ended: nothing more is read as carol
         finally:
             proc.kill()
+
+
+SPAWNS = r"""
+token, n = sys.argv[2], int(sys.argv[3])
+h = conn(sys.argv[1]); kept = []; replies = []
+for i in range(n):  # bounded: n spawns, the sockets kept so that every worker stays alive
+    send(h, {"type": "spawn_worker", "id": i + 1, "token": token})
+    rep, fds = recv(h)
+    kept += fds
+    replies.append(rep.get("ok"))
+print(json.dumps(replies))
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="open: spawn_worker has no bound per account or in total on the root side")
+def test_one_token_cannot_make_the_root_side_start_workers_without_bound(
+        attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
+    """docs/PRIVSEP.md §2 (workers pooled per account, ``workers.per_account``) and "nothing grows
+    without bound", medium: the front's pool keeps at most ``per_account`` workers per account,
+    but the policy process starts one for every ``spawn_worker`` a compromised front sends with one
+    valid token. Each is a process in the helper's unit (not the front's, whose limits it escapes:
+    about 20 MB each) and two descriptors in the policy process; a few hundred reach the helper
+    unit's ``TasksMax=512``, which root, the policy process's threads, the walkers and every
+    principal's workers share: then no worker or walker starts for anyone, and a new connection's
+    thread cannot start in the policy process (an uncaught ``RuntimeError`` in its accept loop).
+    Here 4 x per_account + 1 spawns all pass."""
+    d, _ = attacked
+    replies = as_front(d, SPAWNS, d.tokens["bob"], str(4 * 4 + 1))
+    assert replies.count(True) <= 4 * 4
