@@ -304,7 +304,8 @@ class Login:
             ok, fields["pam_code"], reason = False, -1, "PAM did not answer in time"
         except ToolError as exc:  # root refused to run PAM (an account in group 0 or the daemon's, busy):
             # a failure like any other, with its record and its answer time
-            ok, fields["pam_code"], reason = False, -1, f"refused by the root helper: {exc.details.get('reason') or exc.message}"
+            why = exc.details.get("reason") or exc.message
+            ok, fields["pam_code"], reason = False, -1, f"refused by the root helper: {why}"
         fields["reason"] = f"pam: {reason}"
         return self.store.issue(user, self.cfg.token_ttl_seconds, peer) if ok else None
 

@@ -62,6 +62,10 @@ MAX_CONNECTIONS = 32  # the front's shared connections, one per privileged call 
 CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}
 CONTENT_OPS = ("files/read", "files/filetype")
 WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path argument (the walker parses the rest)
+#: workers one account may have at once, in workers.per_account: the front's pool keeps at most
+#: per_account, plus the few it is replacing; a front asking for more is refused (their processes
+#: share the helper unit's TasksMax, their descriptors the policy process's, with every principal)
+SPAWN_FACTOR = 4
 REVOKE_SECONDS = 1.0  # how often the workers' tokens are checked again (end_revoked)
 EXITED_KEPT = 256  # ended workers whose owner is remembered (State.exited)
 WALK_MAX_SECONDS = 60.0  # files/find's largest time_budget_seconds (core.walk checks it in the walker)
@@ -154,6 +158,12 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
         raise ToolError(PERMISSION_DENIED, "no such OS account", reason="unknown OS account") from None
     if pw.pw_uid == 0:
         raise ToolError(PERMISSION_DENIED, "workers never run as root", reason="root account")
+    with state.lock:
+        alive = sum(w.owner[1] == principal.os_user for w in state.workers.values())
+    if alive >= SPAWN_FACTOR * state.cfg.workers.per_account:  # the front's pool keeps per_account
+        state.audit.record("alert", user=principal.name, os_user=principal.os_user,
+                           reason="too many workers for one account")
+        raise ToolError(HELPER_UNAVAILABLE, "this account has too many workers", reason="busy")
     pid, front, ctl, pidfd = state.root.spawn(pw.pw_name, json.dumps(dataclasses.asdict(state.cfg.read)))
     with state.lock:
         state.workers[pid] = Worker(pid, pidfd, (principal.name, principal.os_user), ctl, principal.token_id,
