@@ -16,6 +16,8 @@ Example (every key optional)::
     max_body_bytes: 4194304        # POST /message body cap (SPEC §1.3)
     session_queue_size: 256        # outgoing messages buffered per session (SPEC §1.4)
     session_queue_bytes: 16777216  # and at most this many bytes of them, also per /mcp POST and per batch answer (SPEC §1.7)
+    principal_queue_bytes: 134217728  # outgoing bytes one principal's sessions and /mcp POST streams hold together
+    total_queue_bytes: 536870912   # and all principals' together (past either: disconnected as for a full queue)
     max_in_flight: 64              # requests of one session running at once (-32000 beyond)
     max_batch: 256                 # members of one batch that are run (-32600 beyond: each of as many more, then one)
     max_privileged_per_principal: 32  # privileged calls of one principal in flight (RATE_LIMITED beyond)
@@ -176,6 +178,8 @@ class Config:
     max_body_bytes: int = 4 * 1024 * 1024
     session_queue_size: int = 256
     session_queue_bytes: int = 16 * 1024 * 1024
+    principal_queue_bytes: int = 128 * 1024 * 1024
+    total_queue_bytes: int = 512 * 1024 * 1024
     max_in_flight: int = 64
     max_batch: int = 256
     max_privileged_per_principal: int = 32
@@ -269,6 +273,8 @@ def _check_ranges(cfg: Config) -> None:
         "max_body_bytes": cfg.max_body_bytes,
         "session_queue_size": cfg.session_queue_size,
         "session_queue_bytes": cfg.session_queue_bytes,
+        "principal_queue_bytes": cfg.principal_queue_bytes,
+        "total_queue_bytes": cfg.total_queue_bytes,
         "max_in_flight": cfg.max_in_flight,
         "max_batch": cfg.max_batch,
         "max_privileged_per_principal": cfg.max_privileged_per_principal,

@@ -45,7 +45,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -53,14 +53,15 @@ from starlette.routing import Route
 from mcpd.common import wirejson
 from mcpd.common.config import Config
 from mcpd.front import metrics
+from mcpd.front.connguard import PIECE
 from mcpd.front.protocol import (
     HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, META_CLIENT_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
     MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, error_reply, valid_id,
 )
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.front.transport.sse import (
-    SESSION_ID_RE, STREAM_HEADERS, McpUser, SessionManager, SessionRefused, SessionStream, SseSession,
-    encode_message, event_of,
+    PING, SESSION_ID_RE, STREAM_HEADERS, McpUser, OutgoingBytes, SessionManager, SessionRefused, SessionStream,
+    SseSession, encode_message, event_of, pieces,
 )
 
 log = logging.getLogger(__name__)
@@ -204,19 +205,26 @@ class PostStream:
     """The messages one POST's requests produce, in order, encoded, bounded like a session's queue.
 
     ``put`` is the ``send`` handed to :meth:`McpSession.receive`. Past ``limit`` queued messages
-    or ``limit_bytes`` queued bytes (``session_queue_size``, ``session_queue_bytes``) the client
-    has stopped reading: the stream is cut (``overflowed``) and what was queued is released. One
-    message alone may be larger (a reply is bounded by the response cap, a batch's by
-    ``session_queue_bytes`` in :class:`~mcpd.front.protocol.McpSession`). ``replies_only``: keep
-    only replies (an answer sent as JSON, which carries no progress).
+    or ``limit_bytes`` bytes (``session_queue_size``, ``session_queue_bytes``) the client has
+    stopped reading: the stream is cut (``overflowed``) and what was queued is released. The bytes
+    count the messages queued and those taken (:meth:`drain`) until the response took them
+    (:meth:`sent`). One message alone may be larger (a reply is bounded by the response cap, a
+    batch's by ``session_queue_bytes`` in :class:`~mcpd.front.protocol.McpSession`).
+    ``replies_only``: keep only replies (an answer sent as JSON, which carries no progress).
+    ``outgoing`` and ``owner``: the budgets of outgoing bytes by principal and in all, and the
+    principal's name, charged with what the stream holds (an event stream's; :meth:`close`
+    releases it): past either, the stream is cut too.
     """
 
-    def __init__(self, limit: int, limit_bytes: int = 16 * 1024 * 1024, replies_only: bool = False) -> None:
+    def __init__(self, limit: int, limit_bytes: int = 16 * 1024 * 1024, replies_only: bool = False,
+                 outgoing: OutgoingBytes | None = None, owner: str = "") -> None:
         self._items: collections.deque[Queued] = collections.deque()
         self._limit = limit
         self._limit_bytes = limit_bytes
         self._bytes = 0
         self._replies_only = replies_only
+        self._outgoing = outgoing
+        self._owner = owner
         self._ready = asyncio.Event()
         self.overflowed = False
 
@@ -228,32 +236,55 @@ class PostStream:
         if self._replies_only and not reply:
             return
         data = encode_message(message)
-        if self._items and (len(self._items) >= self._limit or self._bytes + len(data) > self._limit_bytes):
-            self.overflowed = True
-            metrics.limit_hit("queue_overflow")
-            self._items.clear()
-            self._bytes = 0
+        size = len(data)
+        if self._bytes and (len(self._items) >= self._limit or self._bytes + size > self._limit_bytes):
+            self._overflow("queue_overflow")
         else:
             refused = isinstance(message, dict) and message.get("id") is None and "error" in message
             self._items.append(Queued(data, reply, refused, isinstance(message, dict) and "result" in message))
-            self._bytes += len(data)
+            self._bytes += size
+            if self._outgoing is not None:
+                kind = self._outgoing.charge(self._owner, size)
+                if kind is not None:
+                    self._overflow(kind)
         self._ready.set()
 
+    def _overflow(self, kind: str) -> None:
+        """The client stopped reading: cut the stream, release what it holds, count ``kind``."""
+        self.overflowed = True
+        metrics.limit_hit(kind)
+        self._items.clear()
+        self.close()
+
     def drain(self) -> list[Queued]:
-        """Take everything queued so far."""
+        """Take everything queued so far (still counted until :meth:`sent`)."""
         items = list(self._items)
         self._items.clear()
-        self._bytes = 0
         self._ready.clear()
         return items
 
-    async def wait(self, task: asyncio.Task[Any]) -> None:
-        """Wait until something is queued or ``task`` ends."""
+    def sent(self, size: int) -> None:
+        """A message of ``size`` bytes taken by :meth:`drain` was taken by the response."""
+        if not self.overflowed:
+            self._bytes -= size
+            if self._outgoing is not None:
+                self._outgoing.charge(self._owner, -size)
+
+    def close(self) -> None:
+        """Release what the stream still counts (it ended, or was cut)."""
+        if self._outgoing is not None and self._bytes:
+            self._outgoing.charge(self._owner, -self._bytes)
+        self._bytes = 0
+
+    async def wait(self, task: asyncio.Task[Any], timeout: float | None = None) -> bool:
+        """Wait until something is queued or ``task`` ends (``True``), or ``timeout`` seconds
+        pass first (``False``)."""
         waiter = asyncio.ensure_future(self._ready.wait())
         try:
-            await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({waiter, task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
+        return bool(done)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,9 +329,12 @@ class StreamableTransport:
             return await self.get(request)
         return await self.delete(request)
 
-    def _post_stream(self, replies_only: bool = False) -> PostStream:
-        """A POST's bounded outgoing queue (``session_queue_size`` messages, ``session_queue_bytes``)."""
-        return PostStream(self.cfg.session_queue_size, self.cfg.session_queue_bytes, replies_only)
+    def _post_stream(self, replies_only: bool = False, owner: str | None = None) -> PostStream:
+        """A POST's bounded outgoing queue (``session_queue_size`` messages, ``session_queue_bytes``),
+        charged to principal ``owner``'s and the total outgoing budgets when given (an event
+        stream: a JSON answer holds its one reply only while the POST waits for it)."""
+        return PostStream(self.cfg.session_queue_size, self.cfg.session_queue_bytes, replies_only,
+                          None if owner is None else self.manager.outgoing, owner or "")
 
     # -- session lookup ---------------------------------------------------------------------------
 
@@ -449,10 +483,10 @@ class StreamableTransport:
 
     def _event_response(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None,
                         ) -> EventSourceResponse:
-        """A POST answered as an event stream (with the keep-alive comments of ``/sse``)."""
-        return EventSourceResponse(events, headers={**STREAM_HEADERS, **(headers or {})},
-                                   ping=self.cfg.keepalive_seconds, sep="\n",
-                                   ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"))
+        """A POST answered as an event stream. Its keep-alive comments come from ``events`` itself
+        (:meth:`_stream`), not from the response's own ticker, which could write one between the
+        pieces of a large event."""
+        return EventSourceResponse(events, headers={**STREAM_HEADERS, **(headers or {})}, ping=0, sep="\n")
 
     def _events(self, session: SseSession, payload: Any, caller: Caller) -> AsyncIterator[bytes]:
         """One session-era POST's response stream. The client going away is not a cancellation
@@ -461,31 +495,52 @@ class StreamableTransport:
 
     async def _stream(self, protocol: McpSession, payload: Any, caller: Caller, label: str,
                       cancel_on_close: bool) -> AsyncIterator[bytes]:
-        """One POST's response stream: its request's progress, then the reply, then the end; a
-        client that stops reading is cut off. ``cancel_on_close``: the stream ending early (the
-        client left) cancels the request."""
-        out = self._post_stream()
+        """One POST's response stream: its request's progress, then the reply, then the end, with
+        a keep-alive comment after each ``keepalive_seconds`` without a message; a client that
+        stops reading is cut off. An event larger than :data:`~mcpd.front.connguard.PIECE` goes
+        out a piece at a time (each yield returns once the transport takes more), so a client that
+        stops reading leaves about a piece in the transport, the rest counted in the stream's bytes
+        until it went out. ``cancel_on_close``: the stream ending early (the client left) cancels
+        the request."""
+        out = self._post_stream(owner=caller.principal.name)
         task = protocol.receive(payload, caller, out.put)
         if task is None:
+            out.close()
             return
         try:
             while True:
-                await out.wait(task)
+                if not await out.wait(task, self.cfg.keepalive_seconds):
+                    yield PING
+                    continue
                 done = task.done()  # then every message of the task is queued already
                 for item in out.drain():
-                    yield event_of(item.data)
+                    if out.overflowed:
+                        break
+                    if len(item.data) <= PIECE:
+                        yield event_of(item.data)
+                    else:
+                        yield _EVENT_HEAD
+                        for piece in pieces(item.data):
+                            yield piece
+                        yield _EVENT_END
+                    out.sent(len(item.data))
                 if out.overflowed:
                     log.warning("%s: a POST stream's client stopped reading; cut off", label)
                     return
                 if done:
                     return
         finally:
+            out.close()
             if cancel_on_close and not task.done():
                 protocol.close()
 
 
 def _discard(message: Any) -> None:
     """The ``send`` of a one-request session: every message goes to that request's own response."""
+
+
+_EVENT_END = b"\n\n"
+_EVENT_HEAD = event_of(b"")[:-len(_EVENT_END)]  # what event_of puts before an event's data
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
