@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.conftest import Daemon
 from tests.integration.test_metrics import free_port, samples
 from tests.integration.test_stream_takeover_attacks import (
-    INIT, Raw, assert_no_crash_in_log, open_sse, reads_done, server_connections, until,
+    INIT, Raw, assert_no_crash_in_log, get, open_sse, reads_done, server_connections, until,
 )
 
 MIB = 1024 * 1024
@@ -84,11 +85,12 @@ def daemon_with_metrics(daemon_factory: Callable[..., Daemon], tmp_path: Path,
 
 
 def stall(d: Daemon, c: httpx.Client, big: Path, answers: int, token: str | None = None,
-          m: Metrics | None = None) -> tuple[Raw, str, list[int]]:
+          m: Metrics | None = None, pipelined: bool = False) -> tuple[Raw, str, list[int]]:
     """A ``/sse`` session whose client reads nothing past its endpoint event, with up to
     ``answers`` reads answered onto it, each waited for (its access record): the statuses of
-    their POSTs (``404`` ends them: the session was closed)."""
-    s, endpoint = open_sse(d, rcvbuf=4096, token=token)
+    their POSTs (``404`` ends them: the session was closed). ``pipelined``: a request follows the
+    ``GET`` on its connection, so the server keeps the stream rather than taking it over."""
+    s, endpoint = open_sse(d, rcvbuf=4096, token=token, body=get(d, "/nowhere") if pipelined else b"")
     auth = d.auth(token)
     assert c.post(d.url + endpoint, json=INIT, headers=auth).status_code == 202
     statuses: list[int] = []
@@ -122,19 +124,21 @@ def bob_is_served(d: Daemon, c: httpx.Client, small: Path) -> None:
     assert r.status_code == 200 and r.json()["result"]["content"][0]["text"] == "small\n", r.text
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["taken-over", "kept-by-uvicorn"])
 def test_a_stream_stalled_short_of_its_queue_overflow_holds_no_more_than_its_queue(
-        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+        daemon_factory: Callable[..., Daemon], tmp_path: Path, pipelined: bool) -> None:
     """A client reads nothing of its ``/sse`` stream while five 6 MiB answers are posted: what
     used to fit without an overflow (one answer in the connection's buffers, one in the TLS
     layer's, one taken by the writer, two in the 16 MiB queue: 30 MiB held for as long as the
     client liked). Now the answer being written and what the connection holds count in the queue:
     the third answer would pass 16 MiB, so the session is closed (its POSTs get 404, the
     ``queue_overflow`` limit counts it) and its connection dropped, the front never holding more
-    than the queue plus one answer; bob is served meanwhile."""
+    than the queue plus one answer; bob is served meanwhile. Also for a stream the server kept
+    (its events then go through the server's ``send``, a piece at a time)."""
     d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path)
     overflows = m.hits("queue_overflow")
     with httpx.Client(verify=d.ssl_context(), timeout=60, headers=d.auth()) as c:
-        s, endpoint, statuses = stall(d, c, big, 5, m=m)
+        s, endpoint, statuses = stall(d, c, big, 5, m=m, pipelined=pipelined)
         try:
             bob_is_served(d, c, small)
             assert until(lambda: not session_alive(d, c, endpoint)), \

@@ -136,8 +136,11 @@ class SseSession:
         session_id: 32 lowercase hex digits.
         principal: the owner; POSTs from anyone else get 404.
         queue_size: outgoing messages buffered (``session_queue_size``).
-        queue_bytes: and at most this many bytes of them (``session_queue_bytes``); past either,
-            the client stopped reading: it is disconnected and the queue released.
+        queue_bytes: and at most this many bytes (``session_queue_bytes``), counting besides the
+            queue the event being written and what the stream holds that the client has not taken;
+            past either, the client stopped reading: it is disconnected and the queue released.
+            What it holds is also charged to its principal's and the total budget
+            (:attr:`SessionManager.outgoing`), with the same outcome past either.
         manager: the table this session lives in (closing removes it).
         dispatcher: shared tool/resource dispatch.
         kind: ``"sse"`` (``GET /sse``) or ``"mcp"`` (Streamable HTTP); a session answers only on
