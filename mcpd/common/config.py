@@ -37,7 +37,8 @@ Example (every key optional)::
     state_dir: /var/lib/mcpd       # the front's state (0750 mcpd)
     helper_state_dir: /var/lib/mcpd-helper   # the root helper's state (0700 root): issued tokens
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536}
-    workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64}
+    workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64,
+              spawn_burst: 16, spawns_per_second: 1}   # workers started per principal: a burst, then a rate
     connections: {max_total: 4096, max_per_address: 1024, handshake_seconds: 10, header_seconds: 10,
                   body_seconds: 30, idle_seconds: 5, max_header_bytes: 65536}   # what one client connection may hold
     workspaces: {alice: /srv/projects/alice}   # root of relative file: resource URIs, per principal
@@ -107,11 +108,15 @@ CAP_KEY = "_cap"
 
 @dataclasses.dataclass(frozen=True)
 class Workers:
-    """Worker pool sizing (DESIGN.md): per OS account, with a per-request deadline in seconds."""
+    """Worker pool sizing (DESIGN.md): per OS account, with a per-request deadline in seconds, and
+    how fast one principal may have workers started (a token bucket: ``spawn_burst`` at once, then
+    ``spawns_per_second``; a call that needs a new worker past that is refused ``RATE_LIMITED``)."""
 
     per_account: int = 4
     timeout_seconds: float = 10.0
     max_accounts: int = 64
+    spawn_burst: int = 16  # at least per_account: an account's first parallel calls all get a worker
+    spawns_per_second: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +227,7 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
         key_hint, value_hint = typing.get_args(hint)
         return {_convert(k, key_hint, f"{where} key"): _convert(v, value_hint, f"{where}.{k}") for k, v in value.items()}
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # (NaN: no number)
             raise ConfigError(f"{where}: expected a number")
         return float(value)
     if hint is int:
@@ -286,6 +291,7 @@ def _check_ranges(cfg: Config) -> None:
         "read.max_line_bytes": cfg.read.max_line_bytes,
         "workers.per_account": cfg.workers.per_account,
         "workers.max_accounts": cfg.workers.max_accounts,
+        "workers.spawn_burst": cfg.workers.spawn_burst,
     }
     positive.update({"login.max_failures": cfg.login.max_failures, "limits.save_every": cfg.limits.save_every,
                      "connections.max_total": cfg.connections.max_total,
@@ -312,8 +318,13 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError("listen.port: must be 1..65535")
     if cfg.auth_cache_seconds < 0:
         raise ConfigError("auth_cache_seconds: must not be negative")
-    if min(cfg.keepalive_seconds, cfg.workers.timeout_seconds, cfg.mcp_session_idle_seconds) <= 0:
-        raise ConfigError("keepalive_seconds, workers.timeout_seconds and mcp_session_idle_seconds must be positive")
+    if min(cfg.keepalive_seconds, cfg.workers.timeout_seconds, cfg.mcp_session_idle_seconds,
+           cfg.workers.spawns_per_second) <= 0:
+        raise ConfigError("keepalive_seconds, workers.timeout_seconds, workers.spawns_per_second and "
+                          "mcp_session_idle_seconds must be positive")
+    if cfg.workers.spawn_burst < cfg.workers.per_account:
+        raise ConfigError("workers.spawn_burst: must be at least workers.per_account (an account's first "
+                          "parallel calls each start a worker)")
     for name, root in cfg.workspaces.items():
         if not root.startswith("/") or "\0" in root:
             raise ConfigError(f"workspaces.{name}: must be an absolute path")

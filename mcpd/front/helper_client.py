@@ -528,6 +528,7 @@ class HelperBackend:
                             f"to the root helper (its share of {CALL_CONNECTIONS}); retry when one ends",
                             limit=CALL_SHARE) from None
         except NoConnection as exc:
+            metrics.limit_hit("helper_connections")
             held = f"this principal's privileged calls hold its share ({CALL_SHARE})" if exc.own else \
                 f"privileged calls in flight hold all {CALL_CONNECTIONS}"
             raise ToolError(TIMEOUT, f"no connection to the root helper came free within {timeout:g} s: {held}",
