@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Daemon
+from tests.conftest import Daemon, slow_read
 from tests.integration.test_metrics import free_port, samples
 from tests.integration.test_stream_takeover_attacks import (
     INIT, Raw, assert_no_crash_in_log, get, open_sse, reads_done, server_connections, until,
@@ -229,4 +229,28 @@ def test_stalled_post_streams_of_one_principal_share_its_budget(
             for raw in posts:
                 raw.close()
         assert until(lambda: m.outgoing() == 0), "the streams' bytes are still counted once their clients left"
+    assert_no_crash_in_log(d)
+
+
+def test_a_post_stream_writes_its_own_keep_alive_comments(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """A POST stream writes its keep-alive comments itself (the response's own ticker could write
+    one between two pieces of a large event): a call that runs for seconds (counting the lines of a
+    16 GiB hole) gets ``: ping`` comments on its stream while it runs, with ``keepalive_seconds``
+    at 0.2; the call is then cancelled."""
+    d = daemon_factory(keepalive_seconds=0.2)
+    headers = {"Accept": "application/json, text/event-stream", **d.auth()}
+    slow = slow_read(tmp_path, "slow")
+    slow["params"]["_meta"] = {"progressToken": "p"}
+    with httpx.Client(verify=d.ssl_context(), timeout=30) as c:
+        r = c.post(d.url + "/mcp", json=INIT, headers=headers)
+        assert r.status_code == 200
+        headers["Mcp-Session-Id"] = r.headers["mcp-session-id"]
+        with c.stream("POST", d.url + "/mcp", json=slow, headers=headers) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            lines = stream.iter_lines()
+            first = next(line for line in lines if line)
+            assert first == ": ping", first
+        c.post(d.url + "/mcp", headers=headers, json={"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                                      "params": {"requestId": "slow"}})
     assert_no_crash_in_log(d)
