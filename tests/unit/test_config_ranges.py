@@ -42,3 +42,12 @@ def test_the_worker_start_bucket_needs_a_rate_and_room_for_an_accounts_first_cal
     w = from_dict({}).workers
     assert (w.spawn_burst, w.spawns_per_second) == (16, 1.0) and w.spawn_burst >= w.per_account
     assert from_dict({"workers": {"per_account": 20, "spawn_burst": 20}}).workers.spawn_burst == 20
+
+
+@pytest.mark.parametrize("key", ["principal_queue_bytes", "total_queue_bytes"])
+@pytest.mark.parametrize("value", [0, -1])
+def test_the_outgoing_byte_budgets_must_be_positive(key: str, value: int) -> None:
+    with pytest.raises(ConfigError, match=key):
+        from_dict({key: value})
+    cfg = from_dict({})
+    assert (cfg.principal_queue_bytes, cfg.total_queue_bytes) == (128 * 1024 * 1024, 512 * 1024 * 1024)
