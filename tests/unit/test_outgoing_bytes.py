@@ -74,3 +74,62 @@ def test_the_session_passing_the_total_budget_is_closed_and_its_bytes_released()
         assert m.outgoing.total == 0
 
     asyncio.run(go())
+
+
+class Connection:
+    """A stream's connection as the session sees it (:class:`~mcpd.front.transport.sse.StreamOut`):
+    it takes writes until it holds ``limit`` bytes the client has not read; ``read()`` is the
+    client reading everything."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.buffered, self.ended = limit, 0, False
+
+    def writable(self) -> bool:
+        return self.buffered < self.limit
+
+    def write(self, data: bytes) -> None:
+        self.buffered += len(data)
+
+    def held(self) -> int:
+        return self.buffered
+
+    def read(self) -> None:
+        self.buffered = 0
+
+    async def send(self, data: bytes) -> None:
+        self.write(data)
+
+    def end(self) -> None:
+        self.ended = True
+
+    async def finish(self) -> None:
+        self.end()
+
+    def abort(self) -> None:
+        self.ended = True
+
+
+def test_what_a_stream_no_longer_holds_is_not_held_against_its_principal() -> None:
+    """Alice's first session wrote a 2 MiB answer its client then read; her second writes one
+    too, with her budget at 3 MiB: the first stream is measured again before the second session
+    is judged, so it stays open; the keep-alive ticker measures them again as well."""
+    async def go() -> None:
+        m = SessionManager(Config(principal_queue_bytes=3 * 1024 * KIB),
+                           Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+        message = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x" * (2048 * KIB)}}
+        first, second = (m.open(Principal("alice", "alice", "t1")) for _ in range(2))
+        conns = [Connection(64 * KIB), Connection(64 * KIB)]
+        first.attach(conns[0], None)
+        second.attach(conns[1], None)
+        first.send(message)
+        assert m.outgoing.held("alice") > 2048 * KIB  # the connection holds it all: the client is behind
+        conns[0].read()
+        second.send(message)
+        assert not second.closed and not first.closed
+        assert m.outgoing.held("alice") == conns[1].held()
+        conns[1].read()
+        m.keep_alive()
+        assert m.outgoing.total == 0
+        m.close_all()
+
+    asyncio.run(go())

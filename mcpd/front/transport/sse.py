@@ -294,7 +294,9 @@ class SseSession:
         self._charged = self._queued
         kind = self._manager.outgoing.charge(self.principal.name, delta)
         if kind is not None and check and not self.closed:
-            self._overflow(kind)
+            kind = self._manager.still_over(self)
+            if kind is not None:
+                self._overflow(kind)
 
     def _overflow(self, kind: str) -> None:
         """The client stopped reading (``kind``: the bound its outgoing bytes reached, a
@@ -576,6 +578,19 @@ class SessionManager:
             self.close(session)
         return len(idle)
 
+    def still_over(self, session: SseSession) -> str | None:
+        """``session``'s bytes grew past its principal's or the total budget: measure afresh what
+        the other sessions' streams hold (it may have gone out since they were last measured), and
+        return the limit kind still passed (``"queue_bytes_per_principal"``,
+        ``"queue_bytes_total"``), or ``None``. Only then: it reads every session."""
+        for other in self._sessions.values():
+            if other._backlog and other is not session:
+                other.held()
+        outgoing = self.outgoing
+        if outgoing.held(session.principal.name) > outgoing.per_principal:
+            return "queue_bytes_per_principal"
+        return "queue_bytes_total" if outgoing.total > outgoing.budget else None
+
     def close(self, session: SseSession) -> None:
         """Close ``session`` and forget it."""
         if self._sessions.pop(session.id, None) is not None:
@@ -594,7 +609,9 @@ class SessionManager:
         """Queue a ``: ping`` comment on every attached stream that has sent nothing for
         ``keepalive_seconds``; return (streams attached, streams pinged). One ticker for every
         stream (rather than a timer each) calls it every :func:`tick_seconds`, so a comment follows
-        between ``keepalive_seconds`` and that much more after a stream's last event."""
+        between ``keepalive_seconds`` and that much more after a stream's last event. A stream
+        whose client was behind when last written to is measured again (:meth:`SseSession.held`),
+        so what it no longer holds is not counted against its principal's budget for long."""
         now = time.monotonic() if now is None else now
         due = now - self._cfg.keepalive_seconds
         attached = pinged = 0
@@ -604,6 +621,8 @@ class SessionManager:
                 if session.last_write <= due:
                     session.ping()
                     pinged += 1
+                elif session._backlog:  # what its stream held when last measured may have gone out
+                    session.held()
         return attached, pinged
 
     def _tick(self) -> None:
