@@ -112,3 +112,73 @@ async def test_stateless_error_without_id_is_400_like_session_era(daemon: Daemon
         raw = json.dumps(modern_request("tools/list", rid=7)).replace("7", "1e400", 1).encode()
         r = await c.post("/mcp", content=raw, headers=modern_headers(daemon, modern_request("tools/list")))
         assert r.status_code == 400 and r.json()["id"] is None and r.json()["error"]["code"] == -32600
+
+
+# -- slow clients ---------------------------------------------------------------------------------
+
+
+def _unread_post(d: Daemon, sid: str, body: bytes) -> Any:
+    """A raw TLS connection with a small receive window that sends one POST /mcp and reads nothing."""
+    import socket
+    import ssl
+    host, port = d.host_port
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window stays small
+    sock.settimeout(30)
+    sock.connect((host, port))
+    tls: ssl.SSLSocket = d.ssl_context().wrap_socket(sock, server_hostname=host)
+    tls.sendall((f"POST /mcp HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {d.token}\r\n"
+                 f"Content-Type: application/json\r\nAccept: application/json\r\nMcp-Session-Id: {sid}\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    return tls
+
+
+def _read_all(tls: Any) -> int:
+    """Bytes read until the server ends the connection (or 10 s of silence)."""
+    tls.settimeout(10)
+    got = 0
+    try:
+        while chunk := tls.recv(1 << 16):
+            got += len(chunk)
+    except OSError:
+        pass
+    return got
+
+
+@pytest.mark.xfail(strict=True, reason="flaw (high, SPEC §1.7/§1.4): JSON answers on /mcp that a client never reads "
+                   "are held in full, outside any per-session, per-principal or total byte bound (only the "
+                   "connection caps and the TLS close timeout limit them)")
+async def test_unread_json_answers_are_bounded_like_a_sessions_queue(daemon_factory: Any, tmp_path: Path) -> None:
+    """Each POST /mcp answered as JSON (up to the 10 MiB response cap) that its client never reads
+    is held by the front until the connection ends: 16 such POSTs made the front hold ~370 MiB
+    (attacks13/unread_json_answers.py). SPEC §1.7 bounds the outgoing bytes per session
+    (``session_queue_bytes``) and disconnects a client that stops reading; here 8 unread answers
+    of 9 MiB on one session (72 MiB, bound 16 MiB) must not all be delivered in full."""
+    d = daemon_factory()
+    big = tmp_path / "big.txt"
+    big.write_bytes((b"x" * 99 + b"\n") * (9 * 1024 * 1024 // 100))
+    n = 8
+    async with client(d) as c:
+        sid = await open_session(c, d)
+        conns = []
+        for i in range(n):
+            body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {
+                "name": "files/read", "arguments": {"path": str(big), "offset": 0, "limit": 9 * 1024 * 1024}}}).encode()
+            conns.append(await asyncio.to_thread(_unread_post, d, sid, body))
+        try:
+            access = d.state_dir / "access.jsonl"
+            for _ in range(600):  # until every read is done (its record written)
+                done = [json.loads(x) for x in access.read_text().splitlines()] if access.exists() else []
+                if sum(1 for r in done if r.get("tool") == "files/read" and r.get("bytes")) >= n:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("the reads did not finish")
+            r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": "p", "method": "ping"}, headers=hdrs(d, sid))
+            assert r.status_code == 200  # the front still answers others meanwhile
+            got = [await asyncio.to_thread(_read_all, t) for t in conns]
+        finally:
+            for t in conns:
+                t.close()
+    full = sum(1 for g in got if g > 9 * 1024 * 1024)
+    assert full < n, f"all {n} unread answers of 9 MiB were held and delivered in full: {got}"
