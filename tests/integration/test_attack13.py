@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import ssl
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,12 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon
+from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
+    LOG_TEXT,
+    SECRET_TEXT,
+    PrivsepDaemon,
+    privsep_daemon,
+)
 from tests.integration.test_protocol import slow_file, worker_pids
 from tests.integration.test_streamable import client, hdrs, open_session
 from tests.integration.test_streamable_modern import headers as modern_headers
@@ -72,6 +81,29 @@ async def running(d: Daemon, call: Coroutine[Any, Any, httpx.Response]) -> async
     pytest.fail("the slow request never reached a worker")
 
 
+async def test_repeated_session_or_version_header_is_refused(daemon: Daemon) -> None:
+    """``Mcp-Session-Id`` and ``MCP-Protocol-Version`` carry one value (SPEC §1.6): sent twice, a
+    proxy that reads the last copy and mcpd, which read the first, would disagree on the session
+    or version of one request. A repeat is refused with ``400``, whichever copy is valid."""
+    ping = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
+    async with client(daemon) as c:
+        sid = await open_session(c, daemon)
+        other = await open_session(c, daemon)
+        base = hdrs(daemon)
+        for repeated in ([("Mcp-Session-Id", sid), ("Mcp-Session-Id", other)],
+                         [("Mcp-Session-Id", sid), ("MCP-Protocol-Version", "2025-06-18"),
+                          ("MCP-Protocol-Version", "1999-01-01")]):
+            for method in ("POST", "GET", "DELETE"):
+                r = await c.request(method, "/mcp", content=ping if method == "POST" else b"",
+                                    headers=raw_headers(base, *repeated))
+                assert r.status_code == 400, (method, repeated, r.status_code, r.text)
+                assert r.json()["error"]["code"] == -32600
+        # both sessions are untouched by the refused DELETEs
+        for s in (sid, other):
+            r = await c.post("/mcp", content=ping, headers=hdrs(daemon, s))
+            assert r.status_code == 200
+
+
 # -- stateless era ----------------------------------------------------------------------------
 
 
@@ -119,8 +151,6 @@ async def test_stateless_error_without_id_is_400_like_session_era(daemon: Daemon
 
 def _unread_post(d: Daemon, sid: str, body: bytes) -> Any:
     """A raw TLS connection with a small receive window that sends one POST /mcp and reads nothing."""
-    import socket
-    import ssl
     host, port = d.host_port
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window stays small
@@ -182,3 +212,68 @@ async def test_unread_json_answers_are_bounded_like_a_sessions_queue(daemon_fact
                 t.close()
     full = sum(1 for g in got if g > 9 * 1024 * 1024)
     assert full < n, f"all {n} unread answers of 9 MiB were held and delivered in full: {got}"
+
+
+# -- the file resource on the privilege-separated daemon (real accounts, root helper) ---------------
+
+
+async def _mcp_read(d: PrivsepDaemon, who: str, uri: str, **params: Any) -> dict[str, Any]:
+    """``resources/read`` of ``uri`` as ``who`` over a fresh /mcp session; the reply object."""
+    auth = {"Authorization": f"Bearer {d.tokens[who]}", "Accept": "application/json",
+            "Content-Type": "application/json"}
+    async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=d.cacert), base_url=d.url, timeout=60) as c:
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "a13", "version": "1"}}}
+        r = await c.post("/mcp", json=init, headers=auth)
+        assert r.status_code == 200, r.text
+        h = {**auth, "Mcp-Session-Id": r.headers["mcp-session-id"]}
+        await c.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=h)
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "resources/read",
+                                       "params": {"uri": uri, **params}}, headers=h)
+        assert r.status_code == 200, r.text
+        reply: dict[str, Any] = r.json()
+        await c.delete("/mcp", headers=h)
+        return reply
+
+
+def _refused(reply: dict[str, Any], code: str) -> None:
+    assert "result" not in reply, reply
+    assert reply["error"]["data"]["code"] == code, reply
+    assert SECRET_TEXT not in json.dumps(reply) and "do not leak" not in json.dumps(reply)
+
+
+async def test_resource_symlinks_and_tricks_leak_nothing_across_accounts(privsep_daemon: PrivsepDaemon) -> None:
+    """The file resource on the real daemon (SPEC §1.6, §3, §4.3–4.4, §5.1): a symlink alice
+    plants in her own home (her workspace) to bob's private file, or to root's secret, reads as
+    alice's account would (the kernel refuses); ``..``, percent-encoding and double slashes in a
+    privileged URI are judged on the cleaned path (outside the grant: refused), and a privileged
+    read through alice's symlink is refused though the link's target is granted."""
+    d = privsep_daemon
+    alice, bob = d.accounts["alice"], d.accounts["bob"]
+    private = Path(bob.home) / "a13-private.txt"
+    private.write_text(SECRET_TEXT)
+    os.chown(private, bob.uid, bob.uid)
+    os.chmod(private, 0o600)
+    links = {"to-bob": private, "to-secret": d.secret, "to-log": d.log_file}
+    for name, target in links.items():
+        link = Path(alice.home) / f"a13-{name}"
+        link.unlink(missing_ok=True)
+        link.symlink_to(target)
+        os.lchown(link, alice.uid, alice.uid)
+    try:
+        for uri in ("file:a13-to-bob", f"file://{alice.home}/a13-to-bob", f"file://{private}",
+                    "file:a13-to-secret", f"file://{d.secret}"):
+            _refused(await _mcp_read(d, "alice", uri), "PERMISSION_DENIED")
+        app = str(d.app)
+        for uri in (f"file://{app}/../secret", f"file://{app}/%2e%2e/secret", f"file://{app}%2F..%2Fsecret",
+                    f"file:///{app}//..//secret", f"file://{app}-evil/x", f"file://{alice.home}/a13-to-log",
+                    "file:a13-to-log", f"file://{alice.home}/a13-to-secret"):
+            reply = await _mcp_read(d, "alice", uri, privileged=True)
+            _refused(reply, "PERMISSION_DENIED")
+        ok = await _mcp_read(d, "alice", f"file://{app}//log.txt?privileged=true")
+        assert ok["result"]["contents"][0]["text"] == LOG_TEXT
+        _refused(await _mcp_read(d, "bob", f"file://{app}/log.txt", privileged=True), "PERMISSION_DENIED")
+    finally:
+        for name in links:
+            (Path(alice.home) / f"a13-{name}").unlink(missing_ok=True)
+        private.unlink(missing_ok=True)
