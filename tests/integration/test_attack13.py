@@ -270,6 +270,12 @@ async def test_resource_symlinks_and_tricks_leak_nothing_across_accounts(privsep
                     "file:a13-to-log", f"file://{alice.home}/a13-to-secret"):
             reply = await _mcp_read(d, "alice", uri, privileged=True)
             _refused(reply, "PERMISSION_DENIED")
+        # existence is not revealed: a missing file outside the grant, or inside a folder alice
+        # cannot search, is refused exactly like a present one
+        for uri, privileged in ((f"file://{app}-evil/x", True), (f"file://{app}-evil/missing", True),
+                                (f"file://{app}/log.txt", False), (f"file://{app}/missing", False)):
+            reply = await _mcp_read(d, "alice", uri, privileged=privileged)
+            _refused(reply, "PERMISSION_DENIED")
         ok = await _mcp_read(d, "alice", f"file://{app}//log.txt?privileged=true")
         assert ok["result"]["contents"][0]["text"] == LOG_TEXT
         _refused(await _mcp_read(d, "bob", f"file://{app}/log.txt", privileged=True), "PERMISSION_DENIED")
