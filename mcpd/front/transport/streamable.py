@@ -133,6 +133,23 @@ class Refusal(Exception):
         self.status, self.code, self.message, self.data = status, code, message, data
 
 
+def one_header(headers: Any, name: str, code: int) -> str | None:
+    """The value of header ``name``, which carries one value, or ``None`` when absent.
+
+    Args:
+        headers: the request's headers (a Starlette ``Headers``: ``getlist`` sees every copy).
+        name: the header. code: the JSON-RPC code of the refusal.
+
+    Raises:
+        Refusal: ``400``/``code`` when the header is sent more than once (a proxy reading another
+            copy than this server would see another session, version, method or name).
+    """
+    values = headers.getlist(name)
+    if len(values) > 1:
+        raise Refusal(400, code, f"{name} header given more than once")
+    return values[0] if values else None
+
+
 def _header_value(raw: str, name: str) -> str:
     """A mirrored header's value: visible ASCII, space and tab only; ``=?base64?…?=`` decoded
     (UTF-8) for ``Mcp-Name``. Raises :class:`Refusal` (``-32020``) when malformed."""
@@ -158,13 +175,13 @@ def check_modern(headers: Any, msg: Message) -> None:
     """Hold a 2026-07-28 request's headers against its body (``msg`` is a request object).
 
     Args:
-        headers: the request's headers (case-insensitive mapping).
+        headers: the request's headers (a Starlette ``Headers``).
         msg: the JSON-RPC request.
 
     Raises:
         Refusal: ``400``/``-32602`` for missing ``_meta`` fields; ``400``/``-32020`` for a
-            missing, malformed or mismatched ``MCP-Protocol-Version``, ``Mcp-Method`` or
-            ``Mcp-Name``; ``400``/``-32022`` for a version not served (``data`` lists them).
+            missing, repeated, malformed or mismatched ``MCP-Protocol-Version``, ``Mcp-Method``
+            or ``Mcp-Name``; ``400``/``-32022`` for a version not served (``data`` lists them).
     """
     params = msg.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
@@ -172,7 +189,7 @@ def check_modern(headers: Any, msg: Message) -> None:
             or not isinstance(meta.get(META_CLIENT_CAPABILITIES), dict):
         raise Refusal(400, INVALID_PARAMS, f"_meta must carry {META_VERSION} and {META_CLIENT_CAPABILITIES}")
     version = meta[META_VERSION]
-    header_version = headers.get(VERSION_HEADER)
+    header_version = one_header(headers, VERSION_HEADER, HEADER_MISMATCH)
     if header_version is None:
         raise Refusal(400, HEADER_MISMATCH, f"{VERSION_HEADER} header required")
     if header_version != version:
@@ -181,14 +198,14 @@ def check_modern(headers: Any, msg: Message) -> None:
         supported = [*reversed(MODERN_VERSIONS), *reversed(SUPPORTED_VERSIONS)]
         raise Refusal(400, UNSUPPORTED_VERSION, "Unsupported protocol version",
                       {"supported": supported, "requested": version})
-    method = headers.get(METHOD_HEADER)
+    method = one_header(headers, METHOD_HEADER, HEADER_MISMATCH)
     if method is None:
         raise Refusal(400, HEADER_MISMATCH, f"{METHOD_HEADER} header required")
     if _header_value(method, METHOD_HEADER) != msg.get("method"):
         raise Refusal(400, HEADER_MISMATCH, f"{METHOD_HEADER} header does not match the method")
     field = NAME_FIELDS.get(str(msg.get("method")))
     if field is not None:
-        name = headers.get(NAME_HEADER)
+        name = one_header(headers, NAME_HEADER, HEADER_MISMATCH)
         if name is None:
             raise Refusal(400, HEADER_MISMATCH, f"{NAME_HEADER} header required")
         if _header_value(name, NAME_HEADER) != (params.get(field) if isinstance(params, dict) else None):
@@ -339,8 +356,13 @@ class StreamableTransport:
     # -- session lookup ---------------------------------------------------------------------------
 
     def _session(self, request: Request) -> SseSession | Response:
-        """The caller's session named by ``Mcp-Session-Id``, or the error answer (400/404)."""
-        sid = request.headers.get(SESSION_HEADER)
+        """The caller's session named by ``Mcp-Session-Id``, or the error answer (400/404; a
+        repeated ``Mcp-Session-Id`` or ``MCP-Protocol-Version`` is 400)."""
+        try:
+            sid = one_header(request.headers, SESSION_HEADER, INVALID_REQUEST)
+            one_header(request.headers, VERSION_HEADER, INVALID_REQUEST)
+        except Refusal as exc:
+            return _rpc_error(exc.status, exc.code, exc.message)
         if sid is None:
             return _rpc_error(400, INVALID_REQUEST, f"{SESSION_HEADER} header required")
         if not SESSION_ID_RE.fullmatch(sid):
@@ -354,8 +376,12 @@ class StreamableTransport:
 
     @staticmethod
     def _version_refused(request: Request) -> Response | None:
-        """``400`` for an ``MCP-Protocol-Version`` this server does not speak (absent is fine)."""
-        version = request.headers.get(VERSION_HEADER)
+        """``400`` for an ``MCP-Protocol-Version`` this server does not speak, or sent twice
+        (absent is fine)."""
+        try:
+            version = one_header(request.headers, VERSION_HEADER, INVALID_REQUEST)
+        except Refusal as exc:
+            return _rpc_error(exc.status, exc.code, exc.message)
         if version is not None and version not in SUPPORTED_VERSIONS:
             return _rpc_error(400, INVALID_REQUEST, f"unsupported {VERSION_HEADER}: supported are "
                               + ", ".join(SUPPORTED_VERSIONS))
@@ -435,8 +461,9 @@ class StreamableTransport:
             self.manager.close(session)  # a failed initialize leaves no session behind
             headers.pop(SESSION_HEADER)
         if not replies:
-            if task is not None and task.cancelled():
+            if task is not None and task.cancelled() and session.closed:
                 return _rpc_error(404, INVALID_REQUEST, "session ended", headers)
+            # (a request cancelled by notifications/cancelled gets no reply: 202, the session lives)
             return Response(status_code=202, headers=headers)
         reply = replies[0]
         if JSON_TYPE not in accepts:  # an SSE-only client: the reply as a one-event stream
@@ -479,7 +506,7 @@ class StreamableTransport:
             return Response(status_code=202)
         if JSON_TYPE not in accepts:
             return EventSourceResponse(_once(replies[0].data), headers=STREAM_HEADERS, sep="\n")
-        return _json_answer(replies[0].data)
+        return _json_answer(replies[0].data, 400 if replies[0].refused else 200)
 
     def _event_response(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None,
                         ) -> EventSourceResponse:
