@@ -347,3 +347,17 @@ def tree_rss_kib(pid: int) -> int:
         except OSError:
             continue
     return total
+
+
+def slow_read(folder: Path, rid: Any) -> dict[str, Any]:
+    """A ``files/read`` request that keeps a worker busy for seconds: a line far past the end of a
+    16 GiB file that is a hole (counting its lines takes that long; it holds no disk space),
+    written into ``folder`` (made readable to the daemon's workers)."""
+    huge = folder / "huge.log"
+    if not huge.exists():
+        with open(huge, "wb") as f:
+            f.write(b"a\n" * 8192)
+            f.truncate(16 * 1024 ** 3)
+        os.chmod(folder, 0o755)
+    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+            "params": {"name": "files/read", "arguments": {"path": str(huge), "start_line": 10 ** 9}}}

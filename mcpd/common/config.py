@@ -16,6 +16,8 @@ Example (every key optional)::
     max_body_bytes: 4194304        # POST /message body cap (SPEC §1.3)
     session_queue_size: 256        # outgoing messages buffered per session (SPEC §1.4)
     session_queue_bytes: 16777216  # and at most this many bytes of them, also per /mcp POST and per batch answer (SPEC §1.7)
+    principal_queue_bytes: 134217728  # outgoing bytes one principal's sessions and /mcp POST streams hold together
+    total_queue_bytes: 536870912   # and all principals' together (past either: disconnected as for a full queue)
     max_in_flight: 64              # requests of one session running at once (-32000 beyond)
     max_batch: 256                 # members of one batch that are run (-32600 beyond: each of as many more, then one)
     max_privileged_per_principal: 32  # privileged calls of one principal in flight (RATE_LIMITED beyond)
@@ -35,7 +37,8 @@ Example (every key optional)::
     state_dir: /var/lib/mcpd       # the front's state (0750 mcpd)
     helper_state_dir: /var/lib/mcpd-helper   # the root helper's state (0700 root): issued tokens
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536}
-    workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64}
+    workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64,
+              spawn_burst: 16, spawns_per_second: 1}   # workers started per principal: a burst, then a rate
     connections: {max_total: 4096, max_per_address: 1024, handshake_seconds: 10, header_seconds: 10,
                   body_seconds: 30, idle_seconds: 5, max_header_bytes: 65536}   # what one client connection may hold
     workspaces: {alice: /srv/projects/alice}   # root of relative file: resource URIs, per principal
@@ -105,11 +108,15 @@ CAP_KEY = "_cap"
 
 @dataclasses.dataclass(frozen=True)
 class Workers:
-    """Worker pool sizing (DESIGN.md): per OS account, with a per-request deadline in seconds."""
+    """Worker pool sizing (DESIGN.md): per OS account, with a per-request deadline in seconds, and
+    how fast one principal may have workers started (a token bucket: ``spawn_burst`` at once, then
+    ``spawns_per_second``; a call that needs a new worker past that is refused ``RATE_LIMITED``)."""
 
     per_account: int = 4
     timeout_seconds: float = 10.0
     max_accounts: int = 64
+    spawn_burst: int = 16  # at least per_account: an account's first parallel calls all get a worker
+    spawns_per_second: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +183,8 @@ class Config:
     max_body_bytes: int = 4 * 1024 * 1024
     session_queue_size: int = 256
     session_queue_bytes: int = 16 * 1024 * 1024
+    principal_queue_bytes: int = 128 * 1024 * 1024
+    total_queue_bytes: int = 512 * 1024 * 1024
     max_in_flight: int = 64
     max_batch: int = 256
     max_privileged_per_principal: int = 32
@@ -218,7 +227,7 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
         key_hint, value_hint = typing.get_args(hint)
         return {_convert(k, key_hint, f"{where} key"): _convert(v, value_hint, f"{where}.{k}") for k, v in value.items()}
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # (NaN: no number)
             raise ConfigError(f"{where}: expected a number")
         return float(value)
     if hint is int:
@@ -269,6 +278,8 @@ def _check_ranges(cfg: Config) -> None:
         "max_body_bytes": cfg.max_body_bytes,
         "session_queue_size": cfg.session_queue_size,
         "session_queue_bytes": cfg.session_queue_bytes,
+        "principal_queue_bytes": cfg.principal_queue_bytes,
+        "total_queue_bytes": cfg.total_queue_bytes,
         "max_in_flight": cfg.max_in_flight,
         "max_batch": cfg.max_batch,
         "max_privileged_per_principal": cfg.max_privileged_per_principal,
@@ -280,6 +291,7 @@ def _check_ranges(cfg: Config) -> None:
         "read.max_line_bytes": cfg.read.max_line_bytes,
         "workers.per_account": cfg.workers.per_account,
         "workers.max_accounts": cfg.workers.max_accounts,
+        "workers.spawn_burst": cfg.workers.spawn_burst,
     }
     positive.update({"login.max_failures": cfg.login.max_failures, "limits.save_every": cfg.limits.save_every,
                      "connections.max_total": cfg.connections.max_total,
@@ -306,8 +318,13 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError("listen.port: must be 1..65535")
     if cfg.auth_cache_seconds < 0:
         raise ConfigError("auth_cache_seconds: must not be negative")
-    if min(cfg.keepalive_seconds, cfg.workers.timeout_seconds, cfg.mcp_session_idle_seconds) <= 0:
-        raise ConfigError("keepalive_seconds, workers.timeout_seconds and mcp_session_idle_seconds must be positive")
+    if min(cfg.keepalive_seconds, cfg.workers.timeout_seconds, cfg.mcp_session_idle_seconds,
+           cfg.workers.spawns_per_second) <= 0:
+        raise ConfigError("keepalive_seconds, workers.timeout_seconds, workers.spawns_per_second and "
+                          "mcp_session_idle_seconds must be positive")
+    if cfg.workers.spawn_burst < cfg.workers.per_account:
+        raise ConfigError("workers.spawn_burst: must be at least workers.per_account (an account's first "
+                          "parallel calls each start a worker)")
     for name, root in cfg.workspaces.items():
         if not root.startswith("/") or "\0" in root:
             raise ConfigError(f"workspaces.{name}: must be an absolute path")

@@ -150,6 +150,11 @@ DETACH = "mcpd.detach"
 
 _FINAL_CHUNK = b"0\r\n\r\n"
 
+#: The largest write a stream hands its transport at once (bytes): a larger event goes in pieces of
+#: this size, each once the transport takes writes (so a client that stops reading leaves at most
+#: about one piece, plus the transport's high-water mark, in the transport, not the whole event).
+PIECE = 256 * 1024
+
 
 class StreamConnection(asyncio.Protocol):
     """A connection whose response is an event stream, once uvicorn's protocol handed it over: the
@@ -159,7 +164,11 @@ class StreamConnection(asyncio.Protocol):
     and the request's task.
 
     Writes are synchronous (:meth:`write`) while the transport takes them (:meth:`writable`); past
-    its high-water mark the writer waits (:meth:`send` drains first). Anything the client sends on
+    its high-water mark the writer waits (:meth:`send` drains first). An event larger than
+    :data:`PIECE` is handed to the transport a piece at a time, each once it takes writes (the
+    rest from :meth:`resume_writing`; meanwhile the stream counts as paused): a client that stops
+    reading leaves at most about a piece and the TLS layer's high-water mark in the transport,
+    however large the event, and the event itself here (:meth:`held` says how much). Anything the client sends on
     the connection ends the stream: HTTP/1.1 could answer a request queued behind a response that
     never ends only never. When the server ends the stream (:meth:`end`), the last chunk is written
     and the connection closed: the response said ``Connection: close``, so no client reuses it.
@@ -175,7 +184,7 @@ class StreamConnection(asyncio.Protocol):
         peer: the client's address, for the log.
     """
 
-    __slots__ = ("transport", "write_paused", "on_lost", "_release", "_resumed", "_peer")
+    __slots__ = ("transport", "write_paused", "on_lost", "_release", "_resumed", "_peer", "_big", "_poured")
 
     def __init__(self, transport: asyncio.Transport, write_paused: bool, release: Callable[[], None],
                  peer: str) -> None:
@@ -185,6 +194,8 @@ class StreamConnection(asyncio.Protocol):
         self._release: Callable[[], None] | None = release
         self._resumed: asyncio.Future[None] | None = None  # made by the first wait for the transport
         self._peer = peer
+        self._big: memoryview | None = None  # an event larger than PIECE, being written piece by piece
+        self._poured = 0  # bytes of it written
 
     def writable(self) -> bool:
         """Whether a :meth:`write` now is taken without waiting (not paused, not closing)."""
@@ -192,9 +203,42 @@ class StreamConnection(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         """Write ``data`` (not empty) as one chunk of the response body (never blocks; a closing
-        connection takes nothing)."""
-        if not self.transport.is_closing():
-            self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        connection takes nothing). Past :data:`PIECE` bytes, the pieces the transport does not
+        take now follow as it does (the stream is not :meth:`writable` until the last is written)."""
+        if self.transport.is_closing():
+            return
+        size = len(data)
+        if size <= PIECE:
+            self.transport.write(b"%x\r\n%b\r\n" % (size, data))
+            return
+        self.transport.write(b"%x\r\n" % size)
+        self._big, self._poured = memoryview(data), 0
+        self._pour()
+
+    def _pour(self) -> None:
+        """Write the pieces of the large event while the transport takes them; its chunk's end
+        after the last. Stops, the rest kept, when the transport asks to pause (or closes)."""
+        big = self._big
+        transport = self.transport
+        while big is not None and not self.write_paused:
+            if transport.is_closing():
+                self._big = None
+                return
+            start = self._poured
+            end = start + PIECE
+            if end >= len(big):
+                self._big = None
+                transport.write(big[start:])
+                transport.write(b"\r\n")
+                return
+            self._poured = end
+            transport.write(big[start:end])
+
+    def held(self) -> int:
+        """Bytes this stream holds that the client has not taken: the large event being written
+        (all of it: its pieces are views of it) and what the transport buffers."""
+        big = self._big
+        return (len(big) if big is not None else 0) + self.transport.get_write_buffer_size()
 
     async def send(self, data: bytes) -> None:
         """Wait until the transport takes writes, then :meth:`write` ``data``.
@@ -212,8 +256,12 @@ class StreamConnection(asyncio.Protocol):
 
     def end(self) -> None:
         """Complete the response (its last chunk) and close the connection once that is written
-        (the response said ``Connection: close``), then call ``on_lost``."""
-        if not self.transport.is_closing():
+        (the response said ``Connection: close``), then call ``on_lost``. While a large event is
+        still being written its rest never will be: the connection is dropped (:meth:`abort`)."""
+        if self._big is not None:
+            self._big = None
+            self.transport.abort()
+        elif not self.transport.is_closing():
             self.transport.write(_FINAL_CHUNK)
             self.transport.close()
         self._over()
@@ -224,6 +272,7 @@ class StreamConnection(asyncio.Protocol):
 
     def abort(self) -> None:
         """Drop the connection without completing the response (writing it failed)."""
+        self._big = None
         self.transport.abort()
 
     def _over(self) -> None:
@@ -252,7 +301,9 @@ class StreamConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if self._resumed is not None and not self._resumed.done():
+        if self._big is not None:
+            self._pour()  # (the transport may pause again: the stream is then still not writable)
+        if not self.write_paused and self._resumed is not None and not self._resumed.done():
             self._resumed.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -260,6 +311,7 @@ class StreamConnection(asyncio.Protocol):
 
     def _lost(self) -> None:
         """The stream is over: wake a waiting writer, release the count, call ``on_lost`` (once)."""
+        self._big = None
         self.write_paused = False
         if self._resumed is not None and not self._resumed.done():
             self._resumed.set_result(None)

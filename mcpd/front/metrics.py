@@ -6,8 +6,11 @@ address only (never on the TLS listener agents use):
 - ``GET /metrics``: the Prometheus text format (prometheus-client), with
   ``mcpd_calls_total{tool,route,code}`` and ``mcpd_call_seconds{tool,route}`` (every tools/call and
   resources/read, counted where the access record is written), ``mcpd_sessions{transport}``,
-  ``mcpd_workers`` and ``mcpd_workers_busy`` (the worker pool's size), ``mcpd_pool_queued`` (calls
-  waiting for a worker), ``mcpd_helper_up``, ``mcpd_logins_refused_total``, and
+  ``mcpd_workers`` and ``mcpd_workers_busy`` (the worker pool's size), ``mcpd_workers_started_total``
+  (workers started since the front started: each cancelled, timed-out or crashed call costs one),
+  ``mcpd_pool_queued`` (calls waiting for a worker), ``mcpd_outgoing_bytes`` (outgoing messages held
+  for clients that have not read them yet: queued, being written, in the connections' buffers),
+  ``mcpd_helper_up``, ``mcpd_logins_refused_total``, and
   ``mcpd_limits_hit_total{limit}``: every time one of the front's caps turned something away (the
   kinds are :data:`LIMIT_KINDS`, each exported from the start at 0);
 - ``GET /healthz``: ``200 ok`` while the front runs (for load balancers).
@@ -46,22 +49,32 @@ LOGINS_REFUSED.labels("429")
 #: body), request bodies (``max_body_bytes``), sessions (``max_sessions``,
 #: ``max_sessions_per_principal``), requests in flight per session (``max_in_flight``), batch
 #: members (``max_batch``), a client that stopped reading (its session's outgoing queue, or one
-#: POST's stream, overflowed), privileged calls in flight per principal
+#: POST's stream, overflowed; or the outgoing bytes of its principal, ``principal_queue_bytes``, or
+#: of all, ``total_queue_bytes``, would pass their budget), privileged calls in flight per principal
 #: (``max_privileged_per_principal``), unprivileged calls per principal (``max_calls_per_principal``),
-#: batch members whose reply would pass the batch's bytes (``session_queue_bytes``), daily quotas (``limits``), logins in flight (429), and a
+#: batch members whose reply would pass the batch's bytes (``session_queue_bytes``), daily quotas (``limits``), logins in flight (429), a
 #: call that waited past its deadline for a worker (``workers.max_accounts`` or ``per_account``) or
 #: for one of the front's connections to the root helper (``helper_connections``: all held, or the
-#: principal's share of them).
+#: principal's share of them), and a call that needed a new worker past its principal's
+#: ``workers.spawn_burst``/``spawns_per_second`` (``worker_spawns``).
 LIMIT_KINDS = (
     "connections_total", "connections_per_address", "header_deadline", "body_deadline", "body_bytes",
     "sessions_total", "sessions_per_principal", "in_flight", "batch", "queue_overflow",
     "privileged_per_principal", "requests_per_day", "logins_in_flight", "worker_accounts", "account_workers",
-    "calls_per_principal", "batch_bytes", "header_bytes", "helper_connections",
+    "calls_per_principal", "batch_bytes", "header_bytes", "helper_connections", "worker_spawns",
+    "queue_bytes_per_principal", "queue_bytes_total",
 )
 LIMITS_HIT = Counter("mcpd_limits_hit", "Requests, connections or sessions turned away by one of the front's caps",
                      ["limit"], registry=REGISTRY)
 for _kind in LIMIT_KINDS:
     LIMITS_HIT.labels(_kind)
+
+WORKERS_STARTED = Counter("mcpd_workers_started", "Worker processes started", registry=REGISTRY)
+
+
+def worker_started() -> None:
+    """Count one worker process started by the pool."""
+    WORKERS_STARTED.inc()
 
 
 def limit_hit(kind: str) -> None:
@@ -99,11 +112,14 @@ class PoolState(Protocol):
 
 class StateCollector(Collector):
     """Gauges read at scrape time from the live front: sessions by transport, the worker pool
-    (``pool``: its ``live()``, ``busy()`` and ``queued()`` counts), helper up (``None``: no helper)."""
+    (``pool``: its ``live()``, ``busy()`` and ``queued()`` counts), helper up (``None``: no helper),
+    and (``outgoing``, when given) the bytes of outgoing messages held for clients that have not
+    read them yet, all sessions and POST streams together."""
 
     def __init__(self, sessions: Callable[[], Iterable[str]], pool: PoolState,
-                 helper_up: Callable[[], bool | None]) -> None:
+                 helper_up: Callable[[], bool | None], outgoing: Callable[[], int] | None = None) -> None:
         self._sessions, self._pool, self._helper_up = sessions, pool, helper_up
+        self._outgoing = outgoing
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         by_kind: dict[str, int] = {"sse": 0, "mcp": 0}
@@ -116,6 +132,9 @@ class StateCollector(Collector):
         yield GaugeMetricFamily("mcpd_workers", "Live worker processes", value=self._pool.live())
         yield GaugeMetricFamily("mcpd_workers_busy", "Worker processes running a call", value=self._pool.busy())
         yield GaugeMetricFamily("mcpd_pool_queued", "Calls waiting for a worker", value=self._pool.queued())
+        if self._outgoing is not None:
+            yield GaugeMetricFamily("mcpd_outgoing_bytes", "Bytes of outgoing messages clients have not read yet",
+                                    value=self._outgoing())
         up = self._helper_up()
         if up is not None:
             yield GaugeMetricFamily("mcpd_helper_up", "1 while the root helper answers", value=1 if up else 0)

@@ -11,6 +11,11 @@ The front talks to workers only through :class:`WorkerPool`: per account up to
 replaced; a crashed worker fails only its own request; cancelling a call kills its worker. The
 pool never blocks the event loop and leaves no zombies.
 
+Since every cancelled, timed-out or crashed call costs a worker, starting workers is bounded per
+principal (``workers.spawn_burst`` at once, then ``workers.spawns_per_second``): a call that needs
+a new worker past that is refused ``RATE_LIMITED`` at once, so calling and cancelling in a loop
+cannot make the daemon fork without end. Reusing an idle worker costs nothing.
+
 Spawning is delegated to a :class:`Spawner`: :class:`LocalSpawner` (development, the daemon's own
 user) here; the root helper provides one that starts workers as the account.
 """
@@ -30,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 
 from mcpd.common import frames, wirejson
+from mcpd.common.buckets import TokenBuckets
 from mcpd.common.config import Config, ReadLimits
 from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, RATE_LIMITED, TIMEOUT, ToolError, invalid_argument
 from mcpd.front import metrics
@@ -309,7 +315,9 @@ class WorkerPool:
             ``workers.max_accounts`` (accounts with workers at once; the least recently used idle
             account is evicted), ``workers.timeout_seconds`` (default deadline per call) and
             ``read.response_cap`` (bytes; sets the reply frame cap) and ``max_calls_per_principal``
-            (unprivileged calls of one owner waiting or running; ``RATE_LIMITED`` beyond).
+            (unprivileged calls of one owner waiting or running; ``RATE_LIMITED`` beyond),
+            ``workers.spawn_burst`` and ``workers.spawns_per_second`` (workers started per
+            principal: a token bucket; a call that needs one more is refused ``RATE_LIMITED``).
 
     Must be used from one event loop. Call :meth:`close` before the loop ends.
     """
@@ -326,6 +334,7 @@ class WorkerPool:
         self._waiting = 0  # calls inside call() that hold no worker slot yet (the metrics' queue)
         self._quiet = asyncio.Event()
         self._closed = False
+        self._spawns = TokenBuckets(cfg.workers.spawn_burst, cfg.workers.spawns_per_second)  # per principal
 
     def live(self) -> int:
         """Live worker processes, every account together (the metrics' ``mcpd_workers``)."""
@@ -386,7 +395,9 @@ class WorkerPool:
                 worker is then killed, reaped and replaced); ``INTERNAL_ERROR`` ("worker crashed")
                 when the worker dies or breaks the protocol; ``INVALID_ARGUMENT`` when the request
                 frame would exceed 64 KiB; ``RATE_LIMITED`` when ``owner`` already has
-                ``max_calls_per_principal`` unprivileged calls waiting or running.
+                ``max_calls_per_principal`` unprivileged calls waiting or running, or when the call
+                needs a new worker and ``owner`` (``os_user`` without one) has had
+                ``workers.spawn_burst`` started lately (its details say ``retry_after_seconds``).
             asyncio.CancelledError: the call was cancelled; its worker is killed and replaced.
         """
         if self._closed:
@@ -428,7 +439,7 @@ class WorkerPool:
             account = await self._enter(key, deadline, limit)
             try:
                 return await self._call_in(account, os_user, op, encoded, deadline, limit, on_progress,
-                                           token, grant, decided, admitted)
+                                           token, grant, decided, admitted, os_user if owner is None else owner)
             finally:
                 account.callers -= 1
                 if account.callers == 0:
@@ -494,7 +505,7 @@ class WorkerPool:
     async def _call_in(
         self, account: _Account, os_user: str, op: str, args: bytes, deadline: float, limit: float,
         on_progress: ProgressCallback | None = None, token: str = "", grant: GrantCallback | None = None,
-        decided: frozenset[str] = frozenset(), admitted: Callable[[], None] = lambda: None,
+        decided: frozenset[str] = frozenset(), admitted: Callable[[], None] = lambda: None, principal: str = "",
     ) -> dict[str, Any]:
         try:
             if account.slots.locked():  # (a free slot is taken at once: no deadline to arm)
@@ -508,7 +519,7 @@ class WorkerPool:
             raise ToolError(TIMEOUT, "all workers of this account stayed busy", seconds=limit) from None
         worker: _Worker | None = None
         try:
-            worker = await self._checkout(account, os_user, deadline, token)
+            worker = await self._checkout(account, os_user, deadline, token, principal or os_user)
             reply = await self._exchange(worker, op, args, deadline, on_progress, grant)
         except ToolError as exc:  # the root helper refused a granted call
             if worker is None or exc.code not in decided:
@@ -553,7 +564,10 @@ class WorkerPool:
         if task is not None:
             await asyncio.wait({task}, timeout=REAP_GRACE)
 
-    async def _checkout(self, account: _Account, os_user: str, deadline: float, token: str = "") -> _Worker:
+    async def _checkout(self, account: _Account, os_user: str, deadline: float, token: str = "",
+                        principal: str = "") -> _Worker:
+        """An idle worker of ``account``, else a new one charged to ``principal``'s spawn bucket
+        (``RATE_LIMITED`` when it is empty: nothing is started)."""
         if self._closed:
             raise ToolError(INTERNAL_ERROR, "worker pool is closed")
         while account.idle:
@@ -563,8 +577,16 @@ class WorkerPool:
                 continue
             worker.busy = True
             return worker
+        wait = self._spawns.take(principal or os_user, asyncio.get_running_loop().time())
+        if wait:
+            metrics.limit_hit("worker_spawns")
+            burst, rate = self._spawns.burst, self._spawns.rate
+            raise ToolError(RATE_LIMITED, f"too many new workers for this principal (at most {burst} at once, then "
+                            f"{rate:g} a second; each cancelled, timed-out or crashed call costs one); "
+                            f"retry in {wait:.2f} s", limit=burst, retry_after_seconds=round(wait, 3))
         async with asyncio.timeout_at(deadline):
             sock, pid = await self._spawner.spawn(os_user, token)
+        metrics.worker_started()
         try:
             _, channel = await asyncio.get_running_loop().create_unix_connection(WorkerChannel, sock=sock)
         except BaseException:

@@ -184,7 +184,8 @@ class Server:
             try:
                 exporter = metrics.serve(self.cfg.metrics_listen, metrics.StateCollector(
                     lambda: [s.kind for s in sessions.sessions()], pool,
-                    (lambda: channel.up) if channel is not None else (lambda: None)))
+                    (lambda: channel.up) if channel is not None else (lambda: None),
+                    lambda: sessions.outgoing.total))
             except (ValueError, OSError) as exc:
                 log.error("%s", exc)
                 await pool.close()

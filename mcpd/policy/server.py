@@ -43,8 +43,9 @@ from collections.abc import Callable
 from typing import Any
 
 from mcpd.common import frames, identity
+from mcpd.common.buckets import TokenBuckets
 from mcpd.common.config import CAP_KEY, Config
-from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, TIMEOUT, ToolError
+from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
 from mcpd.common.reload import Reloading
 from mcpd.common.validate import check_path
 from mcpd.common.audit import AuditLog, Prepared
@@ -107,6 +108,13 @@ class State:
     exited: collections.OrderedDict[int, tuple[str, str]] = dataclasses.field(default_factory=collections.OrderedDict)
     opened: OpenedFiles = dataclasses.field(default_factory=OpenedFiles)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    #: workers started per principal (under ``lock``): twice the front's bucket, so the front's own
+    #: bound is never met here, even with its requests delayed or after a restart of the front; a
+    #: front that asks past it (compromised) is refused without an audit record per request
+    spawns: TokenBuckets = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.spawns = TokenBuckets(2 * self.cfg.workers.spawn_burst, self.cfg.workers.spawns_per_second)
 
     def authenticate(self, token: str) -> tuple[identity.Principal, Issued | None] | None:
         """The principal of a ``users.yaml`` token or of a login token (SPEC §5), else None."""
@@ -150,7 +158,9 @@ def handle_authenticate(state: State, req: dict[str, Any]) -> dict[str, Any]:
 
 def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``spawn_worker {token}`` → a worker running as the token's principal's OS account (never
-    uid 0), bound to that principal; the front's socket end travels back by SCM_RIGHTS."""
+    uid 0), bound to that principal; the front's socket end travels back by SCM_RIGHTS. Past the
+    principal's :attr:`State.spawns` bucket: ``RATE_LIMITED`` (nothing started, nothing audited);
+    past :data:`SPAWN_FACTOR` x ``per_account`` workers of the account alive: ``HELPER_UNAVAILABLE``."""
     principal, login = _who(state, req)
     try:
         pw = pwd.getpwnam(principal.os_user)
@@ -164,6 +174,11 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
         state.audit.record("alert", user=principal.name, os_user=principal.os_user,
                            reason="too many workers for one account")
         raise ToolError(HELPER_UNAVAILABLE, "this account has too many workers", reason="busy")
+    with state.lock:
+        wait = state.spawns.take(principal.name, time.monotonic())
+    if wait:
+        raise ToolError(RATE_LIMITED, f"too many new workers for this principal; retry in {wait:.2f} s",
+                        limit=state.spawns.burst, retry_after_seconds=round(wait, 3))
     pid, front, ctl, pidfd = state.root.spawn(pw.pw_name, json.dumps(dataclasses.asdict(state.cfg.read)))
     with state.lock:
         state.workers[pid] = Worker(pid, pidfd, (principal.name, principal.os_user), ctl, principal.token_id,

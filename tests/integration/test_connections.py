@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import Daemon
+from tests.conftest import Daemon, slow_read
 
 LIMITS = {"max_total": 40, "max_per_address": 6, "handshake_seconds": 2, "header_seconds": 2,
           "body_seconds": 2, "idle_seconds": 2}
@@ -293,16 +293,8 @@ def test_batch_members_past_the_cap_each_get_an_error_and_the_rest_run(daemon_fa
 
 def test_requests_past_the_in_flight_cap_are_refused_at_once(daemon_factory: Callable[..., Daemon],
                                                              tmp_path: Any) -> None:
-    import os
-
     d = daemon_factory(max_in_flight=2)
-    huge = tmp_path / "huge.log"
-    with open(huge, "wb") as f:
-        f.write(b"a\n" * 8192)
-        f.truncate(16 * 1024 ** 3)  # a hole: counting its lines takes seconds
-    os.chmod(tmp_path, 0o755)
-    slow = {"jsonrpc": "2.0", "method": "tools/call",
-            "params": {"name": "files/read", "arguments": {"path": str(huge), "start_line": 10 ** 9}}}
+    slow = slow_read(tmp_path, None)
     with httpx.Client(verify=d.ssl_context(), timeout=30, headers={"Authorization": f"Bearer {d.token}"}) as c:
         (stream, lines), endpoint = _session(d, c)
         try:

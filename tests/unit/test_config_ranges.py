@@ -25,3 +25,29 @@ def test_the_header_size_cap_must_be_positive(value: int) -> None:
     with pytest.raises(ConfigError, match="max_header_bytes"):
         from_dict({"connections": {"max_header_bytes": value}})
     assert from_dict({}).connections.max_header_bytes == 65536
+
+
+@pytest.mark.parametrize(("workers", "match"), [
+    ({"spawns_per_second": 0}, "spawns_per_second"),
+    ({"spawns_per_second": -1}, "spawns_per_second"),
+    ({"spawns_per_second": float("nan")}, "expected a number"),
+    ({"spawn_burst": 0}, "spawn_burst"),
+    ({"spawn_burst": 3}, "spawn_burst: must be at least workers.per_account"),
+    ({"per_account": 20}, "spawn_burst: must be at least workers.per_account"),
+])
+def test_the_worker_start_bucket_needs_a_rate_and_room_for_an_accounts_first_calls(
+        workers: dict[str, float], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        from_dict({"workers": workers})
+    w = from_dict({}).workers
+    assert (w.spawn_burst, w.spawns_per_second) == (16, 1.0) and w.spawn_burst >= w.per_account
+    assert from_dict({"workers": {"per_account": 20, "spawn_burst": 20}}).workers.spawn_burst == 20
+
+
+@pytest.mark.parametrize("key", ["principal_queue_bytes", "total_queue_bytes"])
+@pytest.mark.parametrize("value", [0, -1])
+def test_the_outgoing_byte_budgets_must_be_positive(key: str, value: int) -> None:
+    with pytest.raises(ConfigError, match=key):
+        from_dict({key: value})
+    cfg = from_dict({})
+    assert (cfg.principal_queue_bytes, cfg.total_queue_bytes) == (128 * 1024 * 1024, 512 * 1024 * 1024)

@@ -533,3 +533,54 @@ def test_limits_reach_the_worker(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+
+
+# --------------------------------------------------------------------------- workers started per principal
+
+
+def test_cancelled_calls_start_workers_only_within_the_principals_bucket(tmp_path: Path, sample: Path) -> None:
+    """Each cancelled call kills its worker; the calls that need a new one past the principal's
+    spawn_burst are RATE_LIMITED (nothing started), while reusing an idle worker costs nothing and
+    another principal still gets workers."""
+    slow = tmp_path / "sparse.log"  # line 3 is past a 1 TiB hole: the worker is busy until killed
+    with open(slow, "wb") as f:
+        f.write(b"a\n" + b"b" * 9000)
+        f.truncate(1 << 40)
+    cfg = config.from_dict({"workers": {"per_account": 1, "spawn_burst": 3, "spawns_per_second": 0.001,
+                                        "timeout_seconds": 20}})
+
+    async def main() -> None:
+        async with open_pool(cfg) as (pool, spawner):
+            started: list[int] = []
+            real_spawn = spawner.spawn
+
+            async def counting_spawn(os_user: str, token: str = "") -> tuple[socket.socket, int]:
+                sock, pid = await real_spawn(os_user, token)
+                started.append(pid)
+                return sock, pid
+
+            spawner.spawn = counting_spawn  # type: ignore[method-assign]
+            for _ in range(20):  # one worker, reused: one start
+                await pool.call("u", "files/read", read_args(sample), owner="alice")
+            assert len(started) == 1
+            refusals = []
+            for _ in range(6):
+                task = asyncio.create_task(pool.call("u", "files/read", {"path": str(slow), "start_line": 3},
+                                                     owner="alice"))
+                await eventually(lambda: task.done() or any(pool.workers("alice\nu").values()), "call running")
+                if task.done():
+                    refusals.append(task.exception())
+                    continue
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                await eventually(lambda: not pool.workers("alice\nu"), "cancelled worker gone")
+            assert len(started) == 3  # the burst, and no more
+            # the first cancelled call ran on the idle worker, the next two started the rest of the burst
+            assert len(refusals) == 3 and all(isinstance(e, ToolError) and e.code == errors.RATE_LIMITED
+                                              for e in refusals)
+            assert refusals[0].details["limit"] == 3 and refusals[0].details["retry_after_seconds"] > 0
+            result = await pool.call("u", "files/read", read_args(sample), owner="bob")  # bob has his own bucket
+            assert result["text"] == "alpha\nbeta\r\ngamma" and len(started) == 4
+
+    asyncio.run(main())

@@ -20,7 +20,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sse_starlette import ServerSentEvent
@@ -33,6 +33,7 @@ from starlette.types import Receive, Scope, Send
 from mcpd.common import wirejson
 from mcpd.common.config import Config
 from mcpd.front import metrics
+from mcpd.front.connguard import PIECE
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.common.identity import Principal
 from mcpd.front.protocol import Caller, Dispatcher, McpSession
@@ -58,6 +59,14 @@ def message_event(message: Any) -> bytes:
     """One JSON-RPC message as a whole SSE ``message`` event, ready to send: encoded once, and
     never split or copied into a string again (what ``ServerSentEvent`` would do with its data)."""
     return event_of(encode_message(message))
+
+
+def pieces(data: bytes) -> Iterator[bytes]:
+    """``data`` in pieces of at most :data:`~mcpd.front.connguard.PIECE` bytes, in order, each
+    made when asked for (an event written a piece at a time, each once the transport takes more:
+    a client that stops reading then leaves at most about a piece in the transport, not the event)."""
+    for start in range(0, len(data), PIECE):
+        yield data[start:start + PIECE]
 
 
 def event_of(data: bytes) -> bytes:
@@ -93,7 +102,8 @@ def trim_heap() -> bool:
     return True
 
 
-_PING = ServerSentEvent(comment="ping", sep="\n").encode()
+#: A keep-alive comment, encoded.
+PING = ServerSentEvent(comment="ping", sep="\n").encode()
 
 
 class McpUser(BaseUser):
@@ -126,8 +136,11 @@ class SseSession:
         session_id: 32 lowercase hex digits.
         principal: the owner; POSTs from anyone else get 404.
         queue_size: outgoing messages buffered (``session_queue_size``).
-        queue_bytes: and at most this many bytes of them (``session_queue_bytes``); past either,
-            the client stopped reading: it is disconnected and the queue released.
+        queue_bytes: and at most this many bytes (``session_queue_bytes``), counting besides the
+            queue the event being written and what the stream holds that the client has not taken;
+            past either, the client stopped reading: it is disconnected and the queue released.
+            What it holds is also charged to its principal's and the total budget
+            (:attr:`SessionManager.outgoing`), with the same outcome past either.
         manager: the table this session lives in (closing removes it).
         dispatcher: shared tool/resource dispatch.
         kind: ``"sse"`` (``GET /sse``) or ``"mcp"`` (Streamable HTTP); a session answers only on
@@ -136,7 +149,8 @@ class SseSession:
 
     # (slots: an idle session is held for hours, and an instance dict costs it about 280 bytes)
     __slots__ = ("id", "kind", "principal", "last_active", "last_write", "stream_open", "token", "closed",
-                 "_manager", "_queue", "_queue_size", "_queue_bytes", "_queued", "_out", "_writer", "protocol")
+                 "_manager", "_queue", "_queue_size", "_queue_bytes", "_queued", "_backlog", "_charged", "_out",
+                 "_writer", "protocol")
 
     def __init__(
         self, session_id: str, principal: Principal, queue_size: int, manager: SessionManager, dispatcher: Dispatcher,
@@ -155,7 +169,11 @@ class SseSession:
         self._queue: list[bytes] = []
         self._queue_size = queue_size
         self._queue_bytes = queue_bytes
-        self._queued = 0  # bytes of the messages in the queue
+        # bytes of the messages not yet taken by the client: queued, being written by the writer,
+        # and held by the stream (its transport) when last measured (self._backlog)
+        self._queued = 0
+        self._backlog = 0
+        self._charged = 0  # of self._queued, what the manager's OutgoingBytes counts
         self._out: StreamOut | None = None  # the attached stream
         self._writer: asyncio.Task[None] | None = None  # writing the queue to the stream, while it must wait
         self.protocol = McpSession(dispatcher, session_id, self.send)
@@ -164,27 +182,41 @@ class SseSession:
         """Queue one JSON-RPC message (object or array) for the stream; never blocks.
 
         A full queue means the client stopped reading: the session is closed and its stream cut.
+        Full is past ``queue_size`` messages, or past ``queue_bytes`` bytes counting, besides the
+        queue, the event the writer is writing and what the stream holds that the client has not
+        taken (:meth:`StreamOut.held`); also when the bytes its principal's sessions hold together,
+        or all sessions, would pass their budgets (:class:`OutgoingBytes`).
         """
         if self.closed:
             return
         data = message_event(message)
         size = len(data)
         # (one message alone may be larger than queue_bytes: it is bounded by the response cap)
-        if self._queue and (len(self._queue) >= self._queue_size or self._queued + size > self._queue_bytes):
-            metrics.limit_hit("queue_overflow")
-            log.warning("session %s: outgoing queue full, disconnecting a client that stopped reading", self.id)
-            self._manager.close(self)
+        if self._queued and (len(self._queue) >= self._queue_size or self._queued + size > self._queue_bytes) \
+                and self._full(size):
+            self._overflow("queue_overflow")
             return
         self._queue.append(data)
         self._queued += size
         self._kick()
+        if self._queued != self._charged:  # (a client keeping up holds nothing: nothing to charge)
+            self._settle(True)
 
     def ping(self) -> None:
         """Queue a ``: ping`` comment, unless the stream is being written to anyway."""
         if self._out is not None and self._writer is None and not self.closed:
-            self._queue.append(_PING)
-            self._queued += len(_PING)
+            self._queue.append(PING)
+            self._queued += len(PING)
             self._kick()
+
+    def held(self) -> int:
+        """Bytes of this session's outgoing messages the client has not taken: queued, being
+        written, and held by the stream (measured now)."""
+        if self._backlog and self._out is not None:
+            self._measure(self._out)
+            if self._queued != self._charged:
+                self._settle(False)
+        return self._queued
 
     def close(self) -> None:
         """Close the session (idempotent): cancel in-flight work, drop queued messages, and end the
@@ -198,7 +230,9 @@ class SseSession:
         self.protocol.close()
         self.protocol.send = _discard  # (no cycle left between the two: freed as soon as unreferenced)
         self._queue.clear()
-        self._queued = 0
+        self._queued = self._backlog = 0
+        if self._charged:
+            self._settle(False)
         writer, out = self._writer, self._out
         if writer is not None and out is not None:
             self._writer = self._out = None
@@ -216,16 +250,60 @@ class SseSession:
         self.last_write = time.monotonic()
         self._out = out
         if endpoint is not None and not self.closed:
-            self._queue.insert(0, ServerSentEvent(event="endpoint", data=endpoint, sep="\n").encode())
+            event = ServerSentEvent(event="endpoint", data=endpoint, sep="\n").encode()
+            self._queue.insert(0, event)
+            self._queued += len(event)
         self._kick()
+        if self._queued != self._charged:
+            self._settle(True)
 
     def detach(self) -> None:
-        """Forget the stream (it ended): queued messages wait for the next one (``/mcp``)."""
+        """Forget the stream (it ended): queued messages wait for the next one (``/mcp``); the
+        event its writer was writing, and what the stream held, went with it."""
         self._out = None
         self.stream_open = False
         if self._writer is not None:
             self._writer.cancel()
             self._writer = None
+        self._backlog = 0
+        self._queued = sum(map(len, self._queue))
+        if self._queued != self._charged:
+            self._settle(False)
+
+    def _full(self, size: int) -> bool:
+        """Whether ``size`` more bytes would pass the queue's bounds, the stream's backlog measured
+        afresh first (it may have gone out since it was last). One message alone always fits."""
+        if len(self._queue) >= self._queue_size:
+            return True
+        if self._backlog and self._out is not None:
+            self._measure(self._out)
+        return bool(self._queued) and self._queued + size > self._queue_bytes
+
+    def _measure(self, out: StreamOut) -> None:
+        """Count what the stream holds now (:meth:`StreamOut.held`) instead of what it held when
+        last measured."""
+        held = out.held()
+        self._queued += held - self._backlog
+        self._backlog = held
+
+    def _settle(self, check: bool) -> None:
+        """Charge the change in the bytes this session holds to its principal's and the total
+        budget (:attr:`SessionManager.outgoing`); when ``check`` and they grew past either, close
+        the session as for a full queue."""
+        delta = self._queued - self._charged
+        self._charged = self._queued
+        kind = self._manager.outgoing.charge(self.principal.name, delta)
+        if kind is not None and check and not self.closed:
+            kind = self._manager.still_over(self)
+            if kind is not None:
+                self._overflow(kind)
+
+    def _overflow(self, kind: str) -> None:
+        """The client stopped reading (``kind``: the bound its outgoing bytes reached, a
+        :data:`~mcpd.front.metrics.LIMIT_KINDS` name): count it, log it, close the session."""
+        metrics.limit_hit(kind)
+        log.warning("session %s: %s, disconnecting a client that stopped reading", self.id, _FULL[kind])
+        self._manager.close(self)
 
     def _kick(self) -> None:
         """Write what is queued, if a stream is attached and no writer is waiting for it: at once
@@ -236,12 +314,18 @@ class SseSession:
         if out is None or self._writer is not None:
             return
         if out.writable():
+            if self._backlog:  # the stream takes writes again: what it held went out
+                self._queued -= self._backlog
+                self._backlog = 0
             queue = self._queue
             if queue and not self.closed:
-                while queue and out.writable():
+                while queue:
                     data = queue.pop(0)
-                    self._queued = max(0, self._queued - len(data))  # (the endpoint event is not counted)
+                    self._queued -= len(data)
                     out.write(data)
+                    if not out.writable():  # the client is behind: count what the stream holds
+                        self._measure(out)
+                        break
                 self.last_write = time.monotonic()
             if self.closed:
                 self._out = None
@@ -253,13 +337,19 @@ class SseSession:
     async def _write(self, out: StreamOut) -> None:
         """Write the queued events to the stream, each once it takes it, until the queue is empty;
         once the session is closed, end the response instead (which ends the stream). Should
-        writing fail, the session is closed and the stream dropped."""
+        writing fail, the session is closed and the stream dropped. An event stays counted in the
+        queue's bytes until the stream took it, and then as what the stream holds."""
         try:
             while self._queue and not self.closed:
                 data = self._queue.pop(0)
-                self._queued = max(0, self._queued - len(data))
                 await out.send(data)
+                if self.closed:
+                    break
+                self._queued -= len(data)
+                self._measure(out)
                 self.last_write = time.monotonic()
+                if self._queued != self._charged:
+                    self._settle(False)
             if self.closed:
                 self._out = None
                 await out.finish()
@@ -271,6 +361,11 @@ class SseSession:
         finally:
             if self._writer is asyncio.current_task():
                 self._writer = None
+
+
+_FULL = {"queue_overflow": "outgoing queue full",
+         "queue_bytes_per_principal": "its principal's outgoing bytes are over principal_queue_bytes",
+         "queue_bytes_total": "all sessions' outgoing bytes are over total_queue_bytes"}
 
 
 class StreamOut(Protocol):
@@ -294,6 +389,10 @@ class StreamOut(Protocol):
 
     def abort(self) -> None:
         """Give the stream up (writing it failed)."""
+
+    def held(self) -> int:
+        """Bytes the stream holds that the client has not taken yet (beyond the event a pending
+        :meth:`send` writes, which its caller counts until it returns)."""
 
 
 class AsgiStream:
@@ -326,7 +425,16 @@ class AsgiStream:
         raise RuntimeError("an ASGI stream is ended by finish()")
 
     async def send(self, data: bytes) -> None:
-        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        if len(data) <= PIECE:
+            await self._send({"type": "http.response.body", "body": data, "more_body": True})
+            return
+        for piece in pieces(data):  # (the server's send returns once its transport takes more)
+            await self._send({"type": "http.response.body", "body": piece, "more_body": True})
+
+    def held(self) -> int:
+        """Nothing of its own: the event :meth:`send` writes is its caller's until it returns, and
+        the transport holds at most about a piece beyond that."""
+        return 0
 
     async def finish(self) -> None:
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -353,12 +461,55 @@ class SessionRefused(Exception):
         self.reason = reason
 
 
+class OutgoingBytes:
+    """The bytes of outgoing messages held for clients that have not taken them yet, by principal
+    and in all, against two budgets (``principal_queue_bytes``, ``total_queue_bytes``): the
+    sessions' queues and streams (:meth:`SseSession.send`) and the ``/mcp`` POST event streams
+    (:class:`~mcpd.front.transport.streamable.PostStream`) charge what they hold here.
+
+    Args:
+        per_principal: bytes one principal's sessions and streams may hold together.
+        total: bytes all of them may hold together.
+    """
+
+    __slots__ = ("per_principal", "budget", "total", "_held")
+
+    def __init__(self, per_principal: int, total: int) -> None:
+        self.per_principal = per_principal
+        self.budget = total
+        self.total = 0
+        self._held: dict[str, int] = {}
+
+    def charge(self, name: str, delta: int) -> str | None:
+        """Add ``delta`` bytes (negative: released) to principal ``name``'s count and the total.
+        Returns, when they grew (``delta > 0``) past a budget, the limit kind to report
+        (``"queue_bytes_per_principal"`` or ``"queue_bytes_total"``): the caller then gives up
+        what it holds (releasing it here) as for a full queue; else ``None``."""
+        held = self._held.get(name, 0) + delta
+        if held > 0:
+            self._held[name] = held
+        else:
+            self._held.pop(name, None)
+        self.total += delta
+        if delta > 0:
+            if held > self.per_principal:
+                return "queue_bytes_per_principal"
+            if self.total > self.budget:
+                return "queue_bytes_total"
+        return None
+
+    def held(self, name: str) -> int:
+        """The bytes principal ``name`` holds."""
+        return self._held.get(name, 0)
+
+
 class SessionManager:
     """The table of live sessions, capped at ``max_sessions`` in all and at
     ``max_sessions_per_principal`` for each principal, both transports counted together (SPEC §1.4, §1.7).
 
     Args:
-        cfg: the daemon config (``max_sessions``, ``session_queue_size``).
+        cfg: the daemon config (``max_sessions``, ``session_queue_size``, ``session_queue_bytes``,
+            ``principal_queue_bytes``, ``total_queue_bytes``).
         dispatcher: shared by every session.
     """
 
@@ -369,6 +520,8 @@ class SessionManager:
         self.closed_since_trim = 0  # sessions closed since the heap was last trimmed
         self._last_close = 0.0  # time.monotonic() of the last close
         self._ticker: asyncio.TimerHandle | None = None
+        #: outgoing bytes held by principal and in all (the sessions', and /mcp POST streams')
+        self.outgoing = OutgoingBytes(cfg.principal_queue_bytes, cfg.total_queue_bytes)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -425,6 +578,19 @@ class SessionManager:
             self.close(session)
         return len(idle)
 
+    def still_over(self, session: SseSession) -> str | None:
+        """``session``'s bytes grew past its principal's or the total budget: measure afresh what
+        the other sessions' streams hold (it may have gone out since they were last measured), and
+        return the limit kind still passed (``"queue_bytes_per_principal"``,
+        ``"queue_bytes_total"``), or ``None``. Only then: it reads every session."""
+        for other in self._sessions.values():
+            if other._backlog and other is not session:
+                other.held()
+        outgoing = self.outgoing
+        if outgoing.held(session.principal.name) > outgoing.per_principal:
+            return "queue_bytes_per_principal"
+        return "queue_bytes_total" if outgoing.total > outgoing.budget else None
+
     def close(self, session: SseSession) -> None:
         """Close ``session`` and forget it."""
         if self._sessions.pop(session.id, None) is not None:
@@ -443,7 +609,9 @@ class SessionManager:
         """Queue a ``: ping`` comment on every attached stream that has sent nothing for
         ``keepalive_seconds``; return (streams attached, streams pinged). One ticker for every
         stream (rather than a timer each) calls it every :func:`tick_seconds`, so a comment follows
-        between ``keepalive_seconds`` and that much more after a stream's last event."""
+        between ``keepalive_seconds`` and that much more after a stream's last event. A stream
+        whose client was behind when last written to is measured again (:meth:`SseSession.held`),
+        so what it no longer holds is not counted against its principal's budget for long."""
         now = time.monotonic() if now is None else now
         due = now - self._cfg.keepalive_seconds
         attached = pinged = 0
@@ -453,6 +621,8 @@ class SessionManager:
                 if session.last_write <= due:
                     session.ping()
                     pinged += 1
+                elif session._backlog:  # what its stream held when last measured may have gone out
+                    session.held()
         return attached, pinged
 
     def _tick(self) -> None:

@@ -45,7 +45,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -53,14 +53,15 @@ from starlette.routing import Route
 from mcpd.common import wirejson
 from mcpd.common.config import Config
 from mcpd.front import metrics
+from mcpd.front.connguard import PIECE
 from mcpd.front.protocol import (
     HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, META_CLIENT_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
     MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, error_reply, valid_id,
 )
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.front.transport.sse import (
-    SESSION_ID_RE, STREAM_HEADERS, McpUser, SessionManager, SessionRefused, SessionStream, SseSession,
-    encode_message, event_of,
+    PING, SESSION_ID_RE, STREAM_HEADERS, McpUser, OutgoingBytes, SessionManager, SessionRefused, SessionStream,
+    SseSession, encode_message, event_of, pieces,
 )
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,23 @@ class Refusal(Exception):
         self.status, self.code, self.message, self.data = status, code, message, data
 
 
+def one_header(headers: Any, name: str, code: int) -> str | None:
+    """The value of header ``name``, which carries one value, or ``None`` when absent.
+
+    Args:
+        headers: the request's headers (a Starlette ``Headers``: ``getlist`` sees every copy).
+        name: the header. code: the JSON-RPC code of the refusal.
+
+    Raises:
+        Refusal: ``400``/``code`` when the header is sent more than once (a proxy reading another
+            copy than this server would see another session, version, method or name).
+    """
+    values = headers.getlist(name)
+    if len(values) > 1:
+        raise Refusal(400, code, f"{name} header given more than once")
+    return values[0] if values else None
+
+
 def _header_value(raw: str, name: str) -> str:
     """A mirrored header's value: visible ASCII, space and tab only; ``=?base64?…?=`` decoded
     (UTF-8) for ``Mcp-Name``. Raises :class:`Refusal` (``-32020``) when malformed."""
@@ -157,13 +175,13 @@ def check_modern(headers: Any, msg: Message) -> None:
     """Hold a 2026-07-28 request's headers against its body (``msg`` is a request object).
 
     Args:
-        headers: the request's headers (case-insensitive mapping).
+        headers: the request's headers (a Starlette ``Headers``).
         msg: the JSON-RPC request.
 
     Raises:
         Refusal: ``400``/``-32602`` for missing ``_meta`` fields; ``400``/``-32020`` for a
-            missing, malformed or mismatched ``MCP-Protocol-Version``, ``Mcp-Method`` or
-            ``Mcp-Name``; ``400``/``-32022`` for a version not served (``data`` lists them).
+            missing, repeated, malformed or mismatched ``MCP-Protocol-Version``, ``Mcp-Method``
+            or ``Mcp-Name``; ``400``/``-32022`` for a version not served (``data`` lists them).
     """
     params = msg.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
@@ -171,7 +189,7 @@ def check_modern(headers: Any, msg: Message) -> None:
             or not isinstance(meta.get(META_CLIENT_CAPABILITIES), dict):
         raise Refusal(400, INVALID_PARAMS, f"_meta must carry {META_VERSION} and {META_CLIENT_CAPABILITIES}")
     version = meta[META_VERSION]
-    header_version = headers.get(VERSION_HEADER)
+    header_version = one_header(headers, VERSION_HEADER, HEADER_MISMATCH)
     if header_version is None:
         raise Refusal(400, HEADER_MISMATCH, f"{VERSION_HEADER} header required")
     if header_version != version:
@@ -180,14 +198,14 @@ def check_modern(headers: Any, msg: Message) -> None:
         supported = [*reversed(MODERN_VERSIONS), *reversed(SUPPORTED_VERSIONS)]
         raise Refusal(400, UNSUPPORTED_VERSION, "Unsupported protocol version",
                       {"supported": supported, "requested": version})
-    method = headers.get(METHOD_HEADER)
+    method = one_header(headers, METHOD_HEADER, HEADER_MISMATCH)
     if method is None:
         raise Refusal(400, HEADER_MISMATCH, f"{METHOD_HEADER} header required")
     if _header_value(method, METHOD_HEADER) != msg.get("method"):
         raise Refusal(400, HEADER_MISMATCH, f"{METHOD_HEADER} header does not match the method")
     field = NAME_FIELDS.get(str(msg.get("method")))
     if field is not None:
-        name = headers.get(NAME_HEADER)
+        name = one_header(headers, NAME_HEADER, HEADER_MISMATCH)
         if name is None:
             raise Refusal(400, HEADER_MISMATCH, f"{NAME_HEADER} header required")
         if _header_value(name, NAME_HEADER) != (params.get(field) if isinstance(params, dict) else None):
@@ -204,19 +222,26 @@ class PostStream:
     """The messages one POST's requests produce, in order, encoded, bounded like a session's queue.
 
     ``put`` is the ``send`` handed to :meth:`McpSession.receive`. Past ``limit`` queued messages
-    or ``limit_bytes`` queued bytes (``session_queue_size``, ``session_queue_bytes``) the client
-    has stopped reading: the stream is cut (``overflowed``) and what was queued is released. One
-    message alone may be larger (a reply is bounded by the response cap, a batch's by
-    ``session_queue_bytes`` in :class:`~mcpd.front.protocol.McpSession`). ``replies_only``: keep
-    only replies (an answer sent as JSON, which carries no progress).
+    or ``limit_bytes`` bytes (``session_queue_size``, ``session_queue_bytes``) the client has
+    stopped reading: the stream is cut (``overflowed``) and what was queued is released. The bytes
+    count the messages queued and those taken (:meth:`drain`) until the response took them
+    (:meth:`sent`). One message alone may be larger (a reply is bounded by the response cap, a
+    batch's by ``session_queue_bytes`` in :class:`~mcpd.front.protocol.McpSession`).
+    ``replies_only``: keep only replies (an answer sent as JSON, which carries no progress).
+    ``outgoing`` and ``owner``: the budgets of outgoing bytes by principal and in all, and the
+    principal's name, charged with what the stream holds (an event stream's; :meth:`close`
+    releases it): past either, the stream is cut too.
     """
 
-    def __init__(self, limit: int, limit_bytes: int = 16 * 1024 * 1024, replies_only: bool = False) -> None:
+    def __init__(self, limit: int, limit_bytes: int = 16 * 1024 * 1024, replies_only: bool = False,
+                 outgoing: OutgoingBytes | None = None, owner: str = "") -> None:
         self._items: collections.deque[Queued] = collections.deque()
         self._limit = limit
         self._limit_bytes = limit_bytes
         self._bytes = 0
         self._replies_only = replies_only
+        self._outgoing = outgoing
+        self._owner = owner
         self._ready = asyncio.Event()
         self.overflowed = False
 
@@ -228,32 +253,55 @@ class PostStream:
         if self._replies_only and not reply:
             return
         data = encode_message(message)
-        if self._items and (len(self._items) >= self._limit or self._bytes + len(data) > self._limit_bytes):
-            self.overflowed = True
-            metrics.limit_hit("queue_overflow")
-            self._items.clear()
-            self._bytes = 0
+        size = len(data)
+        if self._bytes and (len(self._items) >= self._limit or self._bytes + size > self._limit_bytes):
+            self._overflow("queue_overflow")
         else:
             refused = isinstance(message, dict) and message.get("id") is None and "error" in message
             self._items.append(Queued(data, reply, refused, isinstance(message, dict) and "result" in message))
-            self._bytes += len(data)
+            self._bytes += size
+            if self._outgoing is not None:
+                kind = self._outgoing.charge(self._owner, size)
+                if kind is not None:
+                    self._overflow(kind)
         self._ready.set()
 
+    def _overflow(self, kind: str) -> None:
+        """The client stopped reading: cut the stream, release what it holds, count ``kind``."""
+        self.overflowed = True
+        metrics.limit_hit(kind)
+        self._items.clear()
+        self.close()
+
     def drain(self) -> list[Queued]:
-        """Take everything queued so far."""
+        """Take everything queued so far (still counted until :meth:`sent`)."""
         items = list(self._items)
         self._items.clear()
-        self._bytes = 0
         self._ready.clear()
         return items
 
-    async def wait(self, task: asyncio.Task[Any]) -> None:
-        """Wait until something is queued or ``task`` ends."""
+    def sent(self, size: int) -> None:
+        """A message of ``size`` bytes taken by :meth:`drain` was taken by the response."""
+        if not self.overflowed:
+            self._bytes -= size
+            if self._outgoing is not None:
+                self._outgoing.charge(self._owner, -size)
+
+    def close(self) -> None:
+        """Release what the stream still counts (it ended, or was cut)."""
+        if self._outgoing is not None and self._bytes:
+            self._outgoing.charge(self._owner, -self._bytes)
+        self._bytes = 0
+
+    async def wait(self, task: asyncio.Task[Any], timeout: float | None = None) -> bool:
+        """Wait until something is queued or ``task`` ends (``True``), or ``timeout`` seconds
+        pass first (``False``)."""
         waiter = asyncio.ensure_future(self._ready.wait())
         try:
-            await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({waiter, task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
+        return bool(done)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,15 +346,23 @@ class StreamableTransport:
             return await self.get(request)
         return await self.delete(request)
 
-    def _post_stream(self, replies_only: bool = False) -> PostStream:
-        """A POST's bounded outgoing queue (``session_queue_size`` messages, ``session_queue_bytes``)."""
-        return PostStream(self.cfg.session_queue_size, self.cfg.session_queue_bytes, replies_only)
+    def _post_stream(self, replies_only: bool = False, owner: str | None = None) -> PostStream:
+        """A POST's bounded outgoing queue (``session_queue_size`` messages, ``session_queue_bytes``),
+        charged to principal ``owner``'s and the total outgoing budgets when given (an event
+        stream: a JSON answer holds its one reply only while the POST waits for it)."""
+        return PostStream(self.cfg.session_queue_size, self.cfg.session_queue_bytes, replies_only,
+                          None if owner is None else self.manager.outgoing, owner or "")
 
     # -- session lookup ---------------------------------------------------------------------------
 
     def _session(self, request: Request) -> SseSession | Response:
-        """The caller's session named by ``Mcp-Session-Id``, or the error answer (400/404)."""
-        sid = request.headers.get(SESSION_HEADER)
+        """The caller's session named by ``Mcp-Session-Id``, or the error answer (400/404; a
+        repeated ``Mcp-Session-Id`` or ``MCP-Protocol-Version`` is 400)."""
+        try:
+            sid = one_header(request.headers, SESSION_HEADER, INVALID_REQUEST)
+            one_header(request.headers, VERSION_HEADER, INVALID_REQUEST)
+        except Refusal as exc:
+            return _rpc_error(exc.status, exc.code, exc.message)
         if sid is None:
             return _rpc_error(400, INVALID_REQUEST, f"{SESSION_HEADER} header required")
         if not SESSION_ID_RE.fullmatch(sid):
@@ -320,8 +376,12 @@ class StreamableTransport:
 
     @staticmethod
     def _version_refused(request: Request) -> Response | None:
-        """``400`` for an ``MCP-Protocol-Version`` this server does not speak (absent is fine)."""
-        version = request.headers.get(VERSION_HEADER)
+        """``400`` for an ``MCP-Protocol-Version`` this server does not speak, or sent twice
+        (absent is fine)."""
+        try:
+            version = one_header(request.headers, VERSION_HEADER, INVALID_REQUEST)
+        except Refusal as exc:
+            return _rpc_error(exc.status, exc.code, exc.message)
         if version is not None and version not in SUPPORTED_VERSIONS:
             return _rpc_error(400, INVALID_REQUEST, f"unsupported {VERSION_HEADER}: supported are "
                               + ", ".join(SUPPORTED_VERSIONS))
@@ -401,8 +461,9 @@ class StreamableTransport:
             self.manager.close(session)  # a failed initialize leaves no session behind
             headers.pop(SESSION_HEADER)
         if not replies:
-            if task is not None and task.cancelled():
+            if task is not None and task.cancelled() and session.closed:
                 return _rpc_error(404, INVALID_REQUEST, "session ended", headers)
+            # (a request cancelled by notifications/cancelled gets no reply: 202, the session lives)
             return Response(status_code=202, headers=headers)
         reply = replies[0]
         if JSON_TYPE not in accepts:  # an SSE-only client: the reply as a one-event stream
@@ -445,14 +506,14 @@ class StreamableTransport:
             return Response(status_code=202)
         if JSON_TYPE not in accepts:
             return EventSourceResponse(_once(replies[0].data), headers=STREAM_HEADERS, sep="\n")
-        return _json_answer(replies[0].data)
+        return _json_answer(replies[0].data, 400 if replies[0].refused else 200)
 
     def _event_response(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None,
                         ) -> EventSourceResponse:
-        """A POST answered as an event stream (with the keep-alive comments of ``/sse``)."""
-        return EventSourceResponse(events, headers={**STREAM_HEADERS, **(headers or {})},
-                                   ping=self.cfg.keepalive_seconds, sep="\n",
-                                   ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"))
+        """A POST answered as an event stream. Its keep-alive comments come from ``events`` itself
+        (:meth:`_stream`), not from the response's own ticker, which could write one between the
+        pieces of a large event."""
+        return EventSourceResponse(events, headers={**STREAM_HEADERS, **(headers or {})}, ping=0, sep="\n")
 
     def _events(self, session: SseSession, payload: Any, caller: Caller) -> AsyncIterator[bytes]:
         """One session-era POST's response stream. The client going away is not a cancellation
@@ -461,31 +522,52 @@ class StreamableTransport:
 
     async def _stream(self, protocol: McpSession, payload: Any, caller: Caller, label: str,
                       cancel_on_close: bool) -> AsyncIterator[bytes]:
-        """One POST's response stream: its request's progress, then the reply, then the end; a
-        client that stops reading is cut off. ``cancel_on_close``: the stream ending early (the
-        client left) cancels the request."""
-        out = self._post_stream()
+        """One POST's response stream: its request's progress, then the reply, then the end, with
+        a keep-alive comment after each ``keepalive_seconds`` without a message; a client that
+        stops reading is cut off. An event larger than :data:`~mcpd.front.connguard.PIECE` goes
+        out a piece at a time (each yield returns once the transport takes more), so a client that
+        stops reading leaves about a piece in the transport, the rest counted in the stream's bytes
+        until it went out. ``cancel_on_close``: the stream ending early (the client left) cancels
+        the request."""
+        out = self._post_stream(owner=caller.principal.name)
         task = protocol.receive(payload, caller, out.put)
         if task is None:
+            out.close()
             return
         try:
             while True:
-                await out.wait(task)
+                if not await out.wait(task, self.cfg.keepalive_seconds):
+                    yield PING
+                    continue
                 done = task.done()  # then every message of the task is queued already
                 for item in out.drain():
-                    yield event_of(item.data)
+                    if out.overflowed:
+                        break
+                    if len(item.data) <= PIECE:
+                        yield event_of(item.data)
+                    else:
+                        yield _EVENT_HEAD
+                        for piece in pieces(item.data):
+                            yield piece
+                        yield _EVENT_END
+                    out.sent(len(item.data))
                 if out.overflowed:
                     log.warning("%s: a POST stream's client stopped reading; cut off", label)
                     return
                 if done:
                     return
         finally:
+            out.close()
             if cancel_on_close and not task.done():
                 protocol.close()
 
 
 def _discard(message: Any) -> None:
     """The ``send`` of a one-request session: every message goes to that request's own response."""
+
+
+_EVENT_END = b"\n\n"
+_EVENT_HEAD = event_of(b"")[:-len(_EVENT_END)]  # what event_of puts before an event's data
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:

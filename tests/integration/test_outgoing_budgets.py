@@ -1,0 +1,256 @@
+"""Attacks on the bytes the front holds for clients that stop reading (the outgoing queue's bounds).
+
+A client that stops reading its stream just short of its queue's overflow used to leave the front
+holding, besides the queue's ``session_queue_bytes``, the event its writer was writing and one or
+two more in the connection's buffers (about 37 MiB with the defaults), for as long as it kept the
+stream open, times its 100 sessions. Now a session counts everything it holds that the client has
+not taken, and the bytes of all sessions and ``/mcp`` POST streams of one principal, and of all
+principals, have budgets (``principal_queue_bytes``, ``total_queue_bytes``).
+
+Each test drives the real daemon over raw TLS (a client with a tiny receive buffer that reads
+nothing) and reads what the front holds from its metrics listener (``mcpd_outgoing_bytes``, the
+sessions' counters; ``mcpd_limits_hit_total``), whether its session still answers (``404`` once
+closed) and whether the server still holds the connection. Every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Daemon, slow_read
+from tests.integration.test_metrics import free_port, samples
+from tests.integration.test_stream_takeover_attacks import (
+    INIT, Raw, assert_no_crash_in_log, get, open_sse, reads_done, server_connections, until,
+)
+
+MIB = 1024 * 1024
+ANSWER_MIB = 6  # each read's answer: about 6 MiB (its text, a few escapes and the envelope)
+QUEUE = 16 * MIB  # session_queue_bytes' default
+SLACK = MIB  # what the TLS layer buffers besides (its high-water mark and about a piece)
+
+
+def answer_file(tmp_path: Path) -> Path:
+    folder = tmp_path / "files"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "six-mib.txt"
+    path.write_bytes((b"x" * 1023 + b"\n") * 1024 * ANSWER_MIB)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(folder, 0o755)
+    return path
+
+
+def read_call(path: Path, rid: Any, progress: bool = False) -> dict[str, Any]:
+    params: dict[str, Any] = {"name": "files/read", "arguments": {"path": str(path), "limit": ANSWER_MIB * MIB}}
+    if progress:
+        params["_meta"] = {"progressToken": f"p{rid}"}
+    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
+
+class Metrics:
+    """The daemon's metrics listener."""
+
+    def __init__(self, port: int) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        self.peak = 0.0
+
+    def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return samples(httpx.get(self.base + "/metrics", timeout=10).text)
+
+    def outgoing(self) -> float:
+        """``mcpd_outgoing_bytes`` now (the highest seen is kept in ``peak``)."""
+        value = self.scrape()[("mcpd_outgoing_bytes", ())]
+        self.peak = max(self.peak, value)
+        return value
+
+    def hits(self, kind: str) -> float:
+        return self.scrape()[("mcpd_limits_hit_total", (("limit", kind),))]
+
+
+def daemon_with_metrics(daemon_factory: Callable[..., Daemon], tmp_path: Path,
+                        **overrides: Any) -> tuple[Daemon, Metrics, Path, Path]:
+    """A daemon with its metrics listener (``overrides`` in its config), a 6 MiB file and a small one."""
+    port = free_port()
+    d = daemon_factory(metrics_listen=f"127.0.0.1:{port}", **overrides)
+    big = answer_file(tmp_path)
+    small = big.parent / "small.txt"
+    small.write_text("small\n")
+    return d, Metrics(port), big, small
+
+
+def stall(d: Daemon, c: httpx.Client, big: Path, answers: int, token: str | None = None,
+          m: Metrics | None = None, pipelined: bool = False) -> tuple[Raw, str, list[int]]:
+    """A ``/sse`` session whose client reads nothing past its endpoint event, with up to
+    ``answers`` reads answered onto it, each waited for (its access record): the statuses of
+    their POSTs (``404`` ends them: the session was closed). ``pipelined``: a request follows the
+    ``GET`` on its connection, so the server keeps the stream rather than taking it over."""
+    s, endpoint = open_sse(d, rcvbuf=4096, token=token, body=get(d, "/nowhere") if pipelined else b"")
+    auth = d.auth(token)
+    assert c.post(d.url + endpoint, json=INIT, headers=auth).status_code == 202
+    statuses: list[int] = []
+    for i in range(answers):
+        before = reads_done(d)
+        statuses.append(c.post(d.url + endpoint, json=read_call(big, i), headers=auth).status_code)
+        if statuses[-1] != 202:
+            break
+        assert until(lambda: reads_done(d) > before, 60), "the read was not answered"
+        if m is not None:
+            m.outgoing()
+    return s, endpoint, statuses
+
+
+def session_alive(d: Daemon, c: httpx.Client, endpoint: str, token: str | None = None) -> bool:
+    """Whether the session still takes POSTs: a notification, answered by nothing, so asking
+    adds nothing to the stalled stream's queue."""
+    note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    return c.post(d.url + endpoint, json=note, headers=d.auth(token)).status_code == 202
+
+
+def bob_is_served(d: Daemon, c: httpx.Client, small: Path) -> None:
+    """Bob (another principal) opens a Streamable HTTP session and reads a small file."""
+    headers = {"Accept": "application/json, text/event-stream", **d.auth(d.other_token)}
+    r = c.post(d.url + "/mcp", json=INIT, headers=headers)
+    assert r.status_code == 200, r.text
+    headers["Mcp-Session-Id"] = r.headers["mcp-session-id"]
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "files/read", "arguments": {"path": str(small)}}}
+    r = c.post(d.url + "/mcp", json=call, headers=headers)
+    assert r.status_code == 200 and r.json()["result"]["content"][0]["text"] == "small\n", r.text
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["taken-over", "kept-by-uvicorn"])
+def test_a_stream_stalled_short_of_its_queue_overflow_holds_no_more_than_its_queue(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path, pipelined: bool) -> None:
+    """A client reads nothing of its ``/sse`` stream while five 6 MiB answers are posted: what
+    used to fit without an overflow (one answer in the connection's buffers, one in the TLS
+    layer's, one taken by the writer, two in the 16 MiB queue: 30 MiB held for as long as the
+    client liked). Now the answer being written and what the connection holds count in the queue:
+    the third answer would pass 16 MiB, so the session is closed (its POSTs get 404, the
+    ``queue_overflow`` limit counts it) and its connection dropped, the front never holding more
+    than the queue plus one answer; bob is served meanwhile. Also for a stream the server kept
+    (its events then go through the server's ``send``, a piece at a time)."""
+    d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path)
+    overflows = m.hits("queue_overflow")
+    with httpx.Client(verify=d.ssl_context(), timeout=60, headers=d.auth()) as c:
+        s, endpoint, statuses = stall(d, c, big, 5, m=m, pipelined=pipelined)
+        try:
+            bob_is_served(d, c, small)
+            assert until(lambda: not session_alive(d, c, endpoint)), \
+                f"the stalled session still holds its answers (POSTs: {statuses}, held: {m.outgoing():.0f} bytes)"
+            assert until(lambda: server_connections(d, s.port) == 0), "the stalled stream's connection is still held"
+            assert m.hits("queue_overflow") == overflows + 1
+            assert m.peak <= QUEUE + (ANSWER_MIB + 0.1) * MIB + SLACK, m.peak
+            assert until(lambda: m.outgoing() == 0), "the closed session's bytes are still counted"
+            bob_is_served(d, c, small)
+        finally:
+            s.close()
+    assert "outgoing queue full" in d.log()
+    assert_no_crash_in_log(d)
+
+
+def test_stalled_sessions_of_one_principal_share_its_budget(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Three ``/sse`` sessions of alice each stall behind two 6 MiB answers (within each one's
+    16 MiB queue), with ``principal_queue_bytes`` at 24 MiB: the first keeps its two; the others
+    would pass alice's budget with their second answer, so each is closed then (404, the
+    ``queue_bytes_per_principal`` limit counting it). Bob's own stalled session, with as much
+    held, is untouched (his budget is his own), and a new session of his is served."""
+    d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path, principal_queue_bytes=24 * MIB)
+    streams: list[Raw] = []
+    with httpx.Client(verify=d.ssl_context(), timeout=60) as c:
+        try:
+            endpoints = []
+            for _ in range(3):
+                s, endpoint, _statuses = stall(d, c, big, 2, m=m)
+                streams.append(s)
+                endpoints.append(endpoint)
+            bob, bob_endpoint, bob_statuses = stall(d, c, big, 2, token=d.other_token, m=m)
+            streams.append(bob)
+            assert bob_statuses == [202, 202]
+            assert session_alive(d, c, endpoints[0]), "alice's first stalled session is within her budget"
+            for endpoint in endpoints[1:]:
+                assert until(lambda: not session_alive(d, c, endpoint)), "a session past alice's budget is still open"
+            assert m.hits("queue_bytes_per_principal") == 2
+            assert m.hits("queue_overflow") == 0, "no session's own queue was full"
+            assert session_alive(d, c, bob_endpoint, d.other_token), "bob's session paid for alice's"
+            assert m.peak <= 2 * 24 * MIB + SLACK, m.peak  # each principal within its budget
+            bob_is_served(d, c, small)
+        finally:
+            for s in streams:
+                s.close()
+    assert "over principal_queue_bytes" in d.log()
+    assert_no_crash_in_log(d)
+
+
+def post_stream(d: Daemon, sid: str, message: dict[str, Any]) -> Raw:
+    """A ``POST /mcp`` asking for an event stream, on a connection whose client then reads nothing."""
+    raw = Raw(d, rcvbuf=4096)
+    body = json.dumps(message).encode()
+    raw.send((f"POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {d.token}\r\n"
+              f"Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
+              f"Mcp-Session-Id: {sid}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body)
+    return raw
+
+
+def test_stalled_post_streams_of_one_principal_share_its_budget(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Streamable HTTP: four POSTs of alice's session, each a 6 MiB read asking for progress (so
+    answered as an event stream), on connections whose client reads nothing, with
+    ``principal_queue_bytes`` at 24 MiB. Each stream's answer counts until its connection took it
+    (a piece at a time), so the fourth would pass alice's budget: that stream is cut without its
+    answer (the ``queue_bytes_per_principal`` limit counts it) and its bytes released, while the
+    front holds no more than the budget; bob is served meanwhile."""
+    d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path, principal_queue_bytes=24 * MIB)
+    posts: list[Raw] = []
+    with httpx.Client(verify=d.ssl_context(), timeout=60) as c:
+        r = c.post(d.url + "/mcp", json=INIT, headers={"Accept": "application/json, text/event-stream", **d.auth()})
+        assert r.status_code == 200
+        sid = r.headers["mcp-session-id"]
+        try:
+            for i in range(4):
+                before = reads_done(d)
+                posts.append(post_stream(d, sid, read_call(big, i, progress=True)))
+                assert until(lambda: reads_done(d) > before, 60), "the read was not answered"
+                m.outgoing()
+            assert until(lambda: m.hits("queue_bytes_per_principal") == 1), "no stream passed alice's budget"
+            status, _ = posts[3].head()
+            assert status == 200
+            cut = posts[3].until(b"0\r\n\r\n")  # the stream ended, without its answer
+            assert b'"result"' not in cut
+            assert m.peak <= 24 * MIB + SLACK, m.peak
+            bob_is_served(d, c, small)
+        finally:
+            for raw in posts:
+                raw.close()
+        assert until(lambda: m.outgoing() == 0), "the streams' bytes are still counted once their clients left"
+    assert_no_crash_in_log(d)
+
+
+def test_a_post_stream_writes_its_own_keep_alive_comments(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """A POST stream writes its keep-alive comments itself (the response's own ticker could write
+    one between two pieces of a large event): a call that runs for seconds (counting the lines of a
+    16 GiB hole) gets ``: ping`` comments on its stream while it runs, with ``keepalive_seconds``
+    at 0.2; the call is then cancelled."""
+    d = daemon_factory(keepalive_seconds=0.2)
+    headers = {"Accept": "application/json, text/event-stream", **d.auth()}
+    slow = slow_read(tmp_path, "slow")
+    slow["params"]["_meta"] = {"progressToken": "p"}
+    with httpx.Client(verify=d.ssl_context(), timeout=30) as c:
+        r = c.post(d.url + "/mcp", json=INIT, headers=headers)
+        assert r.status_code == 200
+        headers["Mcp-Session-Id"] = r.headers["mcp-session-id"]
+        with c.stream("POST", d.url + "/mcp", json=slow, headers=headers) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            lines = stream.iter_lines()
+            first = next(line for line in lines if line)
+            assert first == ": ping", first
+        c.post(d.url + "/mcp", headers=headers, json={"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                                      "params": {"requestId": "slow"}})
+    assert_no_crash_in_log(d)

@@ -1,0 +1,296 @@
+"""Calling and cancelling in a loop does not make the daemon fork without end (SPEC §1.4, §1.7).
+
+Each cancelled call kills its worker, as the contract wants (the job stops), and the next call
+needs a new one. The attacks here post batches of call-and-cancel pairs, as fast as the server
+takes them, over real TLS: the workers started for one principal stay within its bucket
+(``workers.spawn_burst`` at once, then ``workers.spawns_per_second``), the calls past it are
+``RATE_LIMITED``, another principal is served meanwhile, and once the bucket has refilled the
+principal is served again. Counted with what the daemon itself reports: ``mcpd_workers_started_total``
+on the metrics listener (development front), the helper's audit ``spawn`` records (root helper).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import ssl
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import pytest
+
+from tests.conftest import Daemon, SseSession
+from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.integration.test_metrics import free_port, samples
+from tests.integration.test_privsep_attacks import as_front
+from tests.integration.test_protocol import slow_file  # reading its line 3 keeps a worker busy until killed
+from tests.osaccounts import AccountFactory
+
+pytestmark = pytest.mark.anyio
+
+BURST = 4  # workers.spawn_burst of these daemons (= per_account: an account's first parallel calls)
+RATE = 0.25  # workers.spawns_per_second: a worker every 4 s once the burst is spent
+WORKERS = {"per_account": BURST, "spawn_burst": BURST, "spawns_per_second": RATE, "timeout_seconds": 10}
+POSTS = 15  # batches of call-and-cancel pairs
+PAIRS = 4  # pairs per batch
+
+
+def churn_batch(first_id: int, path: str) -> list[dict[str, Any]]:
+    """``PAIRS`` calls of files/read, each followed by its notifications/cancelled."""
+    batch: list[dict[str, Any]] = []
+    for rid in range(first_id, first_id + PAIRS):
+        batch.append({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                      "params": {"name": "files/read", "arguments": {"path": path}}})
+        batch.append({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rid}})
+    return batch
+
+
+def codes(messages: list[Any]) -> list[str]:
+    """The error codes of the tool results among ``messages`` (stream messages or batch answers)."""
+    found = []
+    for m in messages:
+        for item in m if isinstance(m, list) else [m]:
+            result = item.get("result") if isinstance(item, dict) else None
+            if isinstance(result, dict) and result.get("isError"):
+                found.append(result["structuredContent"]["error"]["code"])
+    return found
+
+
+class Metrics:
+    def __init__(self, port: int) -> None:
+        self.base = f"http://127.0.0.1:{port}/metrics"
+
+    def get(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return samples(httpx.get(self.base, timeout=10).text)
+
+    def started(self) -> float:
+        return self.get()[("mcpd_workers_started_total", ())]
+
+    def settle(self) -> None:
+        """Wait (bounded, not a timing assertion) until no call holds or waits for a worker."""
+        for _ in range(400):
+            m = self.get()
+            if m[("mcpd_workers_busy", ())] == 0 and m[("mcpd_pool_queued", ())] == 0:
+                return
+            time.sleep(0.05)
+        raise AssertionError("calls still running 20 s after the churn")
+
+
+async def drain(s: SseSession, seconds: float) -> list[Any]:
+    """Every message the stream delivers within ``seconds``."""
+    seen: list[Any] = []
+    end = asyncio.get_running_loop().time() + seconds
+    while (left := end - asyncio.get_running_loop().time()) > 0:
+        try:
+            seen.append(await s.next_message(timeout=left))
+        except asyncio.TimeoutError:
+            break
+    return seen
+
+
+async def answered(s: SseSession, rid: str) -> bool:
+    """Whether the reply to ``rid`` has come (waits at most 0.05 s for one more message)."""
+    try:
+        m = await s.next_message(timeout=0.05)
+    except asyncio.TimeoutError:
+        pass
+    else:
+        if isinstance(m, dict) and "id" in m:
+            s.pending[json.dumps(m["id"])] = m
+    return json.dumps(rid) in s.pending
+
+
+async def refused_then_refilled(s: SseSession, slow: Path, ok_path: str, busy: Callable[[], float]) -> dict[str, Any]:
+    """Run slow calls and cancel each once it holds a worker, until one is refused (the bucket is
+    empty and no idle worker is left); return that refusal's error after checking that a call made
+    ``retry_after_seconds`` later (and nothing else waited for) is served."""
+    for n in range(BURST + 8):
+        rid = f"slow-{n}"
+        assert (await s.post({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                              "params": {"name": "files/read",
+                                         "arguments": {"path": str(slow), "start_line": 3}}})).status_code == 202
+        for _ in range(400):  # until it runs in a worker or is answered (bounded)
+            if await answered(s, rid) or busy():
+                break
+        if await answered(s, rid):
+            reply = await s.reply(rid)
+            assert reply["result"]["isError"], reply
+            error: dict[str, Any] = reply["result"]["structuredContent"]["error"]
+            assert error["code"] == "RATE_LIMITED", error
+            await asyncio.sleep(error["details"]["retry_after_seconds"] + 0.1)
+            after = await s.request("tools/call", {"name": "files/read", "arguments": {"path": ok_path}})
+            assert not after["result"].get("isError"), after
+            return error
+        assert (await s.post({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                              "params": {"requestId": rid}})).status_code == 202
+        for _ in range(400):
+            if not busy():
+                break
+            await asyncio.sleep(0.05)
+    raise AssertionError("no call was refused: workers were started past the bucket")
+
+
+# ------------------------------------------------------------------ development front (LocalSpawner)
+
+
+@pytest.fixture
+def churned(daemon_factory: Callable[..., Daemon]) -> Iterator[tuple[Daemon, Metrics]]:
+    port = free_port()
+    d = daemon_factory(metrics_listen=f"127.0.0.1:{port}", workers=WORKERS)
+    yield d, Metrics(port)
+
+
+async def test_call_and_cancel_loop_starts_workers_only_within_the_bucket(
+        churned: tuple[Daemon, Metrics], tmp_path: Path) -> None:
+    d, metrics = churned
+    target = tmp_path / "f.txt"
+    target.write_text("x\n" * 1000)
+    slow = slow_file(tmp_path)
+    async with SseSession(d) as s:
+        await s.initialize()
+        started0, t0 = metrics.started(), time.monotonic()
+        first = await s.request("tools/call", {"name": "files/read", "arguments": {"path": str(target)}})
+        assert not first["result"].get("isError")
+        answers = []
+        for r in range(POSTS):
+            res = await s.post(churn_batch(1000 + r * PAIRS, str(target)))
+            assert res.status_code == 202
+        answers += await drain(s, 2.0)
+        metrics.settle()
+        spawned = metrics.started() - started0
+        bound = BURST + RATE * (time.monotonic() - t0)
+        assert spawned <= bound + 1e-9, f"{spawned} workers started for {POSTS * PAIRS} cancelled calls (bound {bound:.1f})"
+        assert "RATE_LIMITED" in codes(answers)  # the calls past the bucket are told so
+        assert set(codes(answers)) == {"RATE_LIMITED"}
+        assert metrics.get()[("mcpd_limits_hit_total", (("limit", "worker_spawns"),))] >= 1
+
+        before_bob = metrics.started()
+        async with SseSession(d, token=d.other_token) as bob:  # another principal: a bucket of its own
+            await bob.initialize()
+            got = await bob.request("tools/call", {"name": "files/read", "arguments": {"path": str(target)}})
+            assert not got["result"].get("isError"), got
+        bobs = metrics.started() - before_bob
+        assert bobs == 1
+
+        def busy() -> float:
+            return metrics.get()[("mcpd_workers_busy", ())]
+
+        error = await refused_then_refilled(s, slow, str(target), busy)
+        assert error["details"]["limit"] == BURST and 0 < error["details"]["retry_after_seconds"] <= 1 / RATE
+        total = metrics.started() - started0 - bobs
+        assert total <= BURST + RATE * (time.monotonic() - t0) + 1e-9, total
+
+
+# ------------------------------------------------------------------ root helper (production spawner)
+
+
+def audit_spawns(path: Path, principal: str, since: int) -> int:
+    """The helper's ``spawn`` records for ``principal`` after the first ``since`` lines."""
+    lines = path.read_text().splitlines()[since:]
+    return sum(1 for line in lines if (r := json.loads(line)).get("event") == "spawn" and r.get("user") == principal)
+
+
+class _Front:
+    """What :class:`SseSession` needs of a daemon, for the root helper's front."""
+
+    def __init__(self, d: PrivsepDaemon) -> None:
+        self.url, self.cacert, self.token, self.other_token = d.url, d.cacert, d.tokens["alice"], d.tokens["bob"]
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=self.cacert)
+
+    def auth(self, token: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token or self.token}"}
+
+
+@pytest.fixture(scope="module")
+def privsep_churned() -> Iterator[tuple[PrivsepDaemon, Metrics]]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: starts the root helper and creates OS accounts")
+    port = free_port()
+    factory = AccountFactory()
+    d: PrivsepDaemon | None = None
+    try:
+        d = start_privsep(factory, workers=WORKERS, metrics_listen=f"127.0.0.1:{port}")
+        yield d, Metrics(port)
+    finally:
+        if d is not None:
+            stop_privsep(d)
+        factory.cleanup()
+
+
+@pytest.fixture
+def shared_folder() -> Iterator[Path]:
+    """A folder every account may read (the test accounts cannot enter pytest's tmp_path)."""
+    folder = Path(tempfile.mkdtemp(prefix="mcpd-churn-", dir="/tmp"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.root
+async def test_call_and_cancel_loop_through_the_root_helper_stays_within_the_bucket(
+        privsep_churned: tuple[PrivsepDaemon, Metrics], shared_folder: Path) -> None:
+    """The production spawner: every worker is a spawn_worker request the policy process serves
+    and audits; the churn writes spawn records only within alice's bucket."""
+    d, metrics = privsep_churned
+    front = cast(Daemon, _Front(d))
+    target = shared_folder / "f.txt"
+    target.write_text("x\n" * 1000)
+    target.chmod(0o644)
+    slow = slow_file(shared_folder)
+    slow.chmod(0o644)
+    since = len(d.audit_path.read_text().splitlines())
+    async with SseSession(front) as s:
+        await s.initialize()
+        t0 = time.monotonic()
+        first = await s.request("tools/call", {"name": "files/read", "arguments": {"path": str(target)}})
+        assert not first["result"].get("isError"), first
+        for r in range(POSTS):
+            assert (await s.post(churn_batch(1000 + r * PAIRS, str(target)))).status_code == 202
+        answers = await drain(s, 2.0)
+        metrics.settle()
+        spawned = audit_spawns(d.audit_path, "alice", since)
+        bound = BURST + RATE * (time.monotonic() - t0)
+        assert spawned <= bound + 1e-9, f"{spawned} spawn records for {POSTS * PAIRS} cancelled calls (bound {bound:.1f})"
+        assert "RATE_LIMITED" in codes(answers)
+
+        async with SseSession(front, token=d.tokens["bob"]) as bob:
+            await bob.initialize()
+            got = await bob.request("tools/call", {"name": "files/read", "arguments": {"path": str(target)}})
+            assert not got["result"].get("isError"), got
+
+        def busy() -> float:
+            return metrics.get()[("mcpd_workers_busy", ())]
+
+        error = await refused_then_refilled(s, slow, str(target), busy)
+        assert error["details"]["limit"] == BURST
+        assert audit_spawns(d.audit_path, "alice", since) <= BURST + RATE * (time.monotonic() - t0) + 1e-9
+
+
+@pytest.mark.root
+def test_spawn_requests_straight_to_the_helper_socket_are_bounded_per_principal(
+        privsep_churned: tuple[PrivsepDaemon, Metrics]) -> None:
+    """A compromised front (code running as the service user) asks the policy process for bob's
+    workers in a loop: it gets at most twice the front's burst, then RATE_LIMITED, and the
+    refusals write no audit record each."""
+    d, _ = privsep_churned
+    since = len(d.audit_path.read_text().splitlines())
+    asks = 3 * BURST + 4
+    replies = as_front(d, [{"type": "spawn_worker", "id": i, "token": d.tokens["bob"]} for i in range(asks)])
+    assert len(replies) == asks and not any(r.get("closed") for r in replies), replies
+    started = [r for r in replies if r.get("ok")]
+    refused = [r["error"] for r in replies if not r.get("ok")]
+    assert 1 <= len(started) <= 2 * BURST, replies
+    assert refused and all(e["code"] == "RATE_LIMITED" and e["details"]["retry_after_seconds"] > 0 for e in refused)
+    assert audit_spawns(d.audit_path, "bob", since) == len(started)
+    lines = d.audit_path.read_text().splitlines()[since:]
+    assert len(lines) <= 3 * len(started) + 2, lines  # spawn, exit/kill per worker; nothing per refusal

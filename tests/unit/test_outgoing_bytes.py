@@ -1,0 +1,135 @@
+"""The budgets of outgoing bytes (:class:`mcpd.front.transport.sse.OutgoingBytes`): per session
+(``session_queue_bytes``, now counting the event being written), per principal and in total.
+
+The daemon-level attacks are in ``tests/integration/test_outgoing_budgets.py``; here the total
+budget, which those leave at its default, with sessions whose stream is an ASGI ``send`` that never
+returns (a client that stopped reading)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from mcpd.common.config import Config
+from mcpd.common.identity import Principal
+from mcpd.front import metrics
+from mcpd.front.protocol import Dispatcher
+from mcpd.front.transport.sse import AsgiStream, OutgoingBytes, SessionManager, SseSession
+
+KIB = 1024
+
+
+def test_charges_add_up_by_principal_and_in_all_and_release() -> None:
+    budget = OutgoingBytes(per_principal=100, total=150)
+    assert budget.charge("alice", 60) is None
+    assert budget.charge("bob", 60) is None
+    assert budget.charge("alice", 50) == "queue_bytes_per_principal"  # 110 > 100
+    assert budget.charge("alice", -50) is None
+    assert budget.charge("bob", 40) == "queue_bytes_total"  # bob 100, all 160 > 150
+    assert budget.charge("bob", -40) is None  # a release never refuses
+    assert (budget.held("alice"), budget.held("bob"), budget.total) == (60, 60, 120)
+    budget.charge("alice", -60)
+    budget.charge("bob", -60)
+    assert (budget.held("alice"), budget.total) == (0, 0)
+
+
+def hits(kind: str) -> float:
+    return metrics.REGISTRY.get_sample_value("mcpd_limits_hit_total", {"limit": kind}) or 0.0
+
+
+def stalled(m: SessionManager, name: str) -> tuple[SseSession, asyncio.Event]:
+    """A session of ``name`` whose stream's client reads nothing: its send never returns."""
+    session = m.open(Principal(name, name, "t1"))
+    never = asyncio.Event()
+
+    async def send(message: dict[str, Any]) -> None:
+        await never.wait()
+
+    session.attach(AsgiStream(send, None), None)
+    return session, never
+
+
+def test_the_session_passing_the_total_budget_is_closed_and_its_bytes_released() -> None:
+    """Two principals' sessions stall behind 64 KiB messages, the total budget 320 KiB (each
+    principal's 1 MiB): the writer's event counts from the first message on (it is not taken), and
+    the session whose message passes the total is closed, its bytes released; the other keeps its."""
+    async def go() -> None:
+        m = SessionManager(Config(principal_queue_bytes=1024 * KIB, total_queue_bytes=320 * KIB),
+                           Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+        alice, _ = stalled(m, "alice")
+        bob, _ = stalled(m, "bob")
+        message = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x" * (64 * KIB)}}
+        before = hits("queue_bytes_total")
+        for _ in range(3):
+            alice.send(message)
+            await asyncio.sleep(0)  # the writer takes one and waits on the stream: still counted
+        assert m.outgoing.held("alice") >= 3 * 64 * KIB and not alice.closed
+        for _ in range(3):
+            bob.send(message)
+            await asyncio.sleep(0)
+        assert bob.closed and not alice.closed  # bob's third passed 320 KiB in all
+        assert hits("queue_bytes_total") == before + 1
+        assert m.outgoing.held("bob") == 0 and m.outgoing.total == m.outgoing.held("alice") == alice.held()
+        m.close_all()
+        assert m.outgoing.total == 0
+
+    asyncio.run(go())
+
+
+class Connection:
+    """A stream's connection as the session sees it (:class:`~mcpd.front.transport.sse.StreamOut`):
+    it takes writes until it holds ``limit`` bytes the client has not read; ``read()`` is the
+    client reading everything."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.buffered, self.ended = limit, 0, False
+
+    def writable(self) -> bool:
+        return self.buffered < self.limit
+
+    def write(self, data: bytes) -> None:
+        self.buffered += len(data)
+
+    def held(self) -> int:
+        return self.buffered
+
+    def read(self) -> None:
+        self.buffered = 0
+
+    async def send(self, data: bytes) -> None:
+        self.write(data)
+
+    def end(self) -> None:
+        self.ended = True
+
+    async def finish(self) -> None:
+        self.end()
+
+    def abort(self) -> None:
+        self.ended = True
+
+
+def test_what_a_stream_no_longer_holds_is_not_held_against_its_principal() -> None:
+    """Alice's first session wrote a 2 MiB answer its client then read; her second writes one
+    too, with her budget at 3 MiB: the first stream is measured again before the second session
+    is judged, so it stays open; the keep-alive ticker measures them again as well."""
+    async def go() -> None:
+        m = SessionManager(Config(principal_queue_bytes=3 * 1024 * KIB),
+                           Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+        message = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x" * (2048 * KIB)}}
+        first, second = (m.open(Principal("alice", "alice", "t1")) for _ in range(2))
+        conns = [Connection(64 * KIB), Connection(64 * KIB)]
+        first.attach(conns[0], None)
+        second.attach(conns[1], None)
+        first.send(message)
+        assert m.outgoing.held("alice") > 2048 * KIB  # the connection holds it all: the client is behind
+        conns[0].read()
+        second.send(message)
+        assert not second.closed and not first.closed
+        assert m.outgoing.held("alice") == conns[1].held()
+        conns[1].read()
+        m.keep_alive()
+        assert m.outgoing.total == 0
+        m.close_all()
+
+    asyncio.run(go())
