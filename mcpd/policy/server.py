@@ -160,7 +160,10 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``spawn_worker {token}`` → a worker running as the token's principal's OS account (never
     uid 0), bound to that principal; the front's socket end travels back by SCM_RIGHTS. Past the
     principal's :attr:`State.spawns` bucket: ``RATE_LIMITED`` (nothing started, nothing audited);
-    past :data:`SPAWN_FACTOR` x ``per_account`` workers of the account alive: ``HELPER_UNAVAILABLE``."""
+    past :data:`SPAWN_FACTOR` x ``per_account`` workers of the principal alive on its account:
+    ``HELPER_UNAVAILABLE``. (Counted per principal, not per account: the front keeps up to
+    ``per_account`` idle workers per principal for as long as it runs, so an account-wide count
+    let the principals sharing an account lock every other one of it out.)"""
     principal, login = _who(state, req)
     try:
         pw = pwd.getpwnam(principal.os_user)
@@ -169,11 +172,11 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
     if pw.pw_uid == 0:
         raise ToolError(PERMISSION_DENIED, "workers never run as root", reason="root account")
     with state.lock:
-        alive = sum(w.owner[1] == principal.os_user for w in state.workers.values())
+        alive = sum(w.owner == (principal.name, principal.os_user) for w in state.workers.values())
     if alive >= SPAWN_FACTOR * state.cfg.workers.per_account:  # the front's pool keeps per_account
         state.audit.record("alert", user=principal.name, os_user=principal.os_user,
-                           reason="too many workers for one account")
-        raise ToolError(HELPER_UNAVAILABLE, "this account has too many workers", reason="busy")
+                           reason="too many workers for one principal")
+        raise ToolError(HELPER_UNAVAILABLE, "this principal has too many workers", reason="busy")
     with state.lock:
         wait = state.spawns.take(principal.name, time.monotonic())
     if wait:

@@ -343,8 +343,8 @@ def test_one_token_cannot_make_the_root_side_start_workers_without_bound(
     unit's ``TasksMax=512``, which root, the policy process's threads, the walkers and every
     principal's workers share: then no worker or walker starts for anyone, and a new connection's
     thread cannot start in the policy process (an uncaught ``RuntimeError`` in its accept loop).
-    Fixed: at most 4 x per_account workers per account at once; more are refused."""
+    Fixed: at most 4 x per_account workers per principal and account at once; more are refused."""
     d, _ = attacked
     replies = as_front(d, SPAWNS, d.tokens["bob"], str(4 * 4 + 1))
     assert replies == [True] * 16 + [False]
-    assert any(r.get("reason") == "too many workers for one account" for r in d.audit())
+    assert any(r.get("reason") == "too many workers for one principal" for r in d.audit())
