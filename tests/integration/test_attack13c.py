@@ -10,17 +10,24 @@ severity.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mcpd.client.api import Client
+from tests.conftest import Daemon
+from tests.integration.test_metrics import free_port
+from tests.integration.test_outgoing_budgets import MIB
 from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_spawn_churn import shared_folder  # noqa: F401  (fixture)
+from tests.integration.test_stream_takeover_attacks import Raw, reads_done, server_connections, until
+from tests.integration.test_streamable_modern import headers as modern_headers
+from tests.integration.test_streamable_modern import request as modern_request
 from tests.osaccounts import AccountFactory
 
 PER_ACCOUNT = 4
@@ -95,3 +102,57 @@ def test_principals_sharing_an_account_do_not_lock_out_another_one(
         assert not any(r.get("isError") for r in results), results
     last = asyncio.run(parallel_reads(d, tokens[names[4]], readable_file, 1))[0]
     assert not last.get("isError"), last
+
+
+# -- outgoing bytes: answers of up to one piece, unread ------------------------------------------------
+
+
+SMALL_ANSWER = 250 * 1024  # bytes of text: the answer stays under one piece (256 KiB)
+
+
+def stalled_small_answer(d: Daemon, path: Path, rid: int) -> Raw:
+    """A stateless ``POST /mcp`` read of ``path`` answered as JSON (under one piece), on a
+    connection whose client reads nothing; returns once the read was answered."""
+    message = modern_request("tools/call", {"name": "files/read", "arguments": {"path": str(path),
+                                                                                  "limit": SMALL_ANSWER + 1024}}, rid)
+    headers = {**modern_headers(d, message), "Accept": "application/json"}
+    raw = Raw(d, rcvbuf=4096)
+    body = json.dumps(message).encode()
+    fields = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    done = reads_done(d)
+    raw.send(f"POST /mcp HTTP/1.1\r\nHost: x\r\n{fields}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert until(lambda: reads_done(d) > done, 30), "the read was not answered"
+    return raw
+
+
+@pytest.mark.xfail(strict=True, reason="answers of up to one piece, unread, are held outside every outgoing budget")
+def test_unread_answers_under_a_piece_count_against_the_principals_budget(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """SPEC §1.7 (what the front holds for a client that stopped reading is bounded per principal
+    by ``principal_queue_bytes`` and in all by ``total_queue_bytes``), medium: a ``/mcp`` answer
+    of up to one piece (256 KiB) goes to the connection in one write and is never charged (only
+    larger ones are, piece by piece, and only until their last piece was handed over), and once
+    its response is complete the keep-alive timer's close waits to flush it: the connection, its
+    answer and its TLS buffers (about 600 KiB in the front's RSS) stay for the TLS shutdown's
+    30 s, then the client asks again. One principal with 1024 connections from one address (the
+    per-address cap) held about 600 MiB against a budget of 128 MiB, four addresses about 2.4 GiB
+    against a total of 512 MiB; ``mcpd_outgoing_bytes`` said 0 (attacks13c/small_unread_answers.py).
+    Here: eight such answers with a budget of 1 MiB; past the budget's four, the connections must
+    be dropped (or what they hold counted and refused) within seconds."""
+    port = free_port()
+    d = daemon_factory(metrics_listen=f"127.0.0.1:{port}", principal_queue_bytes=MIB,
+                       connections={"idle_seconds": 1})
+    folder = tmp_path / "files"
+    folder.mkdir()
+    path = folder / "quarter.txt"
+    path.write_bytes((b"y" * 1023 + b"\n") * (SMALL_ANSWER // 1024))
+    raws = []
+    try:
+        for i in range(8):
+            raws.append(stalled_small_answer(d, path, i + 1))
+        within = MIB // SMALL_ANSWER
+        assert until(lambda: sum(server_connections(d, r.port) for r in raws) <= within, 10), \
+            f"{sum(server_connections(d, r.port) for r in raws)} unread answers held, budget {within}"
+    finally:
+        for r in raws:
+            r.sock.close()
