@@ -109,18 +109,25 @@ class Connection:
         self.ended = True
 
 
+def two_streams() -> tuple[SessionManager, SseSession, SseSession, list[Connection], dict[str, Any]]:
+    """Two sessions of alice, each with a stream whose connection takes 64 KiB unread (her
+    budget 3 MiB, ``keepalive_seconds`` 4), and a 2 MiB message."""
+    m = SessionManager(Config(principal_queue_bytes=3 * 1024 * KIB, keepalive_seconds=4),
+                       Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+    message = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x" * (2048 * KIB)}}
+    first, second = (m.open(Principal("alice", "alice", "t1")) for _ in range(2))
+    conns = [Connection(64 * KIB), Connection(64 * KIB)]
+    first.attach(conns[0], None)
+    second.attach(conns[1], None)
+    return m, first, second, conns, message
+
+
 def test_what_a_stream_no_longer_holds_is_not_held_against_its_principal() -> None:
     """Alice's first session wrote a 2 MiB answer its client then read; her second writes one
     too, with her budget at 3 MiB: the first stream is measured again before the second session
     is judged, so it stays open; the keep-alive ticker measures them again as well."""
     async def go() -> None:
-        m = SessionManager(Config(principal_queue_bytes=3 * 1024 * KIB),
-                           Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
-        message = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x" * (2048 * KIB)}}
-        first, second = (m.open(Principal("alice", "alice", "t1")) for _ in range(2))
-        conns = [Connection(64 * KIB), Connection(64 * KIB)]
-        first.attach(conns[0], None)
-        second.attach(conns[1], None)
+        m, first, second, conns, message = two_streams()
         first.send(message)
         assert m.outgoing.held("alice") > 2048 * KIB  # the connection holds it all: the client is behind
         conns[0].read()
@@ -157,3 +164,29 @@ def test_an_answer_its_connection_has_not_taken_counts_against_its_session_and_p
     m.hold_answer("bob", None, -200 * KIB)
     m.close_all()
     assert m.outgoing.total == 0 and m._answering == {}
+
+
+def test_a_stream_its_client_caught_up_on_is_released_by_its_keep_alive_comment() -> None:
+    """Attack 13c (accounting drift, low): a session wrote a 2 MiB answer its client was behind
+    on (counted), the client then read it all, and the stream's next write was the keep-alive
+    ticker's ``: ping`` comment. Writing it found the stream taking writes again and dropped the
+    stream's backlog from the session's bytes, but charged the change to no budget, and later
+    ticks and :meth:`SessionManager.still_over` measured only streams with a backlog: the 2 MiB
+    stayed held against alice's (and the total) budget for as long as the session stayed idle,
+    closing her other sessions early and, added up over principals, anyone's."""
+    async def go() -> None:
+        m, first, second, conns, message = two_streams()
+        first.send(message)
+        assert m.outgoing.held("alice") > 2048 * KIB
+        conns[0].read()
+        _, pinged = m.keep_alive(now=first.last_write + 5)  # the comment is due: written at once
+        assert pinged >= 1 and conns[0].held() > 0
+        conns[0].read()
+        m.keep_alive(now=first.last_write + 1)  # not due: nothing written
+        assert m.outgoing.total == 0, m.outgoing.total
+        second.send(message)  # fits her budget: the first's answer went out
+        assert not second.closed and not first.closed
+        m.close_all()
+        assert m.outgoing.total == 0
+
+    asyncio.run(go())

@@ -208,15 +208,22 @@ class SseSession:
             self._queue.append(PING)
             self._queued += len(PING)
             self._kick()
+            if self._queued != self._charged:  # (the stream took writes again: what it held went out)
+                self._settle(False)
 
     def held(self) -> int:
         """Bytes of this session's outgoing messages the client has not taken: queued, being
         written, and held by the stream (measured now)."""
         if self._backlog and self._out is not None:
             self._measure(self._out)
-            if self._queued != self._charged:
-                self._settle(False)
+        if self._queued != self._charged:
+            self._settle(False)
         return self._queued
+
+    def stale(self) -> bool:
+        """Whether what is charged for this session may differ from what it holds now: its stream
+        held bytes when last measured, or a write found them gone without charging the change."""
+        return bool(self._backlog) or self._queued != self._charged
 
     def close(self) -> None:
         """Close the session (idempotent): cancel in-flight work, drop queued messages, and end the
@@ -590,7 +597,7 @@ class SessionManager:
         (``"queue_bytes_per_principal"``, ``"queue_bytes_total"``), or ``None``. Only then: it
         reads every session."""
         for other in self._sessions.values():
-            if other._backlog and other is not measured:
+            if other is not measured and other.stale():
                 other.held()
         outgoing = self.outgoing
         if outgoing.held(name) > outgoing.per_principal:
@@ -653,7 +660,7 @@ class SessionManager:
                 if session.last_write <= due:
                     session.ping()
                     pinged += 1
-                elif session._backlog:  # what its stream held when last measured may have gone out
+                elif session.stale():  # what its stream held when last measured may have gone out
                     session.held()
         return attached, pinged
 
