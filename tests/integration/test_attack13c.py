@@ -17,13 +17,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from mcpd.client.api import Client
 from tests.conftest import Daemon
-from tests.integration.test_metrics import free_port
-from tests.integration.test_outgoing_budgets import MIB
 from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.integration.test_metrics import free_port
+from tests.integration.test_outgoing_budgets import (
+    ANSWER_MIB, MIB, answer_ends, daemon_with_metrics, stall, stateless_read,
+)
 from tests.integration.test_spawn_churn import shared_folder  # noqa: F401  (fixture)
 from tests.integration.test_stream_takeover_attacks import Raw, reads_done, server_connections, until
 from tests.integration.test_streamable_modern import headers as modern_headers
@@ -156,3 +159,55 @@ def test_unread_answers_under_a_piece_count_against_the_principals_budget(
     finally:
         for r in raws:
             r.sock.close()
+
+
+def add_dev_principals(d: Daemon, names: list[str]) -> dict[str, str]:
+    """Add principals ``names`` (the daemon's own account, as alice and bob) to its users file
+    (seen within a second): their tokens by name."""
+    from mcpd.common import identity
+
+    path = d.state_dir / "users.yaml"
+    users = identity.load_users(path)
+    tokens = {}
+    for name in names:
+        tokens[name], rec = identity.new_token()
+        users[name] = identity.UserRecord(name=name, os_user=users["alice"].os_user, tokens=[rec])
+    identity.save_users(path, users)
+    time.sleep(1.5)
+    return tokens
+
+
+@pytest.mark.xfail(strict=True, reason="the total outgoing budget cuts whoever charges next, not who holds it")
+def test_stalled_principals_filling_the_total_budget_do_not_cut_a_reading_client(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """SPEC §1.7 (a client that stops reading is disconnected; a client reading at a normal speed
+    is served), medium: the total budget is four principals' budgets (128 MiB x 4 = 512 MiB by
+    default). Four principals that each stall one session just within their own budget fill it,
+    and from then on every other principal's large answer is charged while its connection is
+    behind, which is at once after each 256 KiB piece is written, so it passes the total and is
+    cut (``queue_bytes_total``), while the stalled sessions that hold the bytes keep them, for as
+    long as their clients like. Here at a 7 MiB / 28 MiB scale: alice, carol, dave and erin stall
+    a 6 MiB answer each; bob reads a 6 MiB answer steadily on a connection with a 64 KiB receive
+    buffer and must get all of it (the bytes to give up are the stalled ones)."""
+    d, m, big, _small = daemon_with_metrics(daemon_factory, tmp_path, principal_queue_bytes=7 * MIB,
+                                            total_queue_bytes=28 * MIB)
+    tokens = {"alice": d.token, **add_dev_principals(d, ["carol", "dave", "erin"])}
+    streams: list[Raw] = []
+    with httpx.Client(verify=d.ssl_context(), timeout=60) as c:
+        try:
+            for name, token in tokens.items():
+                s, _endpoint, statuses = stall(d, c, big, 1, token=token, m=m)
+                streams.append(s)
+                assert statuses == [202], (name, statuses)
+            assert m.outgoing() > 21 * MIB, m.outgoing()  # the four hold about 24 MiB together
+            message, headers = stateless_read(d, big, 7, d.other_token)
+            bob = Raw(d, rcvbuf=64 * 1024)
+            streams.append(bob)
+            body = json.dumps(message).encode()
+            fields = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            bob.send(f"POST /mcp HTTP/1.1\r\nHost: x\r\n{fields}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            status, whole = answer_ends(bob)
+            assert status == 200 and len(whole) > ANSWER_MIB * MIB, f"bob's answer cut at {len(whole)} bytes"
+        finally:
+            for s in streams:
+                s.close()
