@@ -20,7 +20,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.conftest import start_daemon, stop_daemon  # noqa: E402
-from tests.integration.test_attack13c import add_dev_principals  # noqa: E402
+from tests.integration.test_attack13c import add_dev_principals, post_raw  # noqa: E402
 from tests.integration.test_metrics import free_port  # noqa: E402
 from tests.integration.test_outgoing_budgets import (  # noqa: E402
     MIB, Metrics, answer_ends, answer_file, stall, stateless_read,
@@ -41,12 +41,8 @@ def main() -> None:  # noqa: D103
             for token in tokens.values():
                 streams.append(stall(d, c, big, 1, token=token, m=m)[0])
             held = m.outgoing()
-            message, headers = stateless_read(d, big, 7, d.other_token)
-            bob = Raw(d, rcvbuf=64 * 1024)
+            bob = post_raw(d, *stateless_read(d, big, 7, d.other_token), 64 * 1024)
             streams.append(bob)
-            body = json.dumps(message).encode()
-            fields = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-            bob.send(f"POST /mcp HTTP/1.1\r\nHost: x\r\n{fields}Content-Length: {len(body)}\r\n\r\n".encode() + body)
             status, whole = answer_ends(bob)
         print(json.dumps({"stalled_held_bytes": held, "bob_status": status, "bob_got_bytes": len(whole),
                           "total_cut_logged": "over total_queue_bytes" in d.log()}))

@@ -119,12 +119,19 @@ def stalled_small_answer(d: Daemon, path: Path, rid: int) -> Raw:
     message = modern_request("tools/call", {"name": "files/read", "arguments": {"path": str(path),
                                                                                   "limit": SMALL_ANSWER + 1024}}, rid)
     headers = {**modern_headers(d, message), "Accept": "application/json"}
-    raw = Raw(d, rcvbuf=4096)
+    done = reads_done(d)
+    raw = post_raw(d, message, headers, 4096)
+    assert until(lambda: reads_done(d) > done, 30), "the read was not answered"
+    return raw
+
+
+def post_raw(d: Daemon, message: dict[str, Any], headers: dict[str, str], rcvbuf: int) -> Raw:
+    """``POST /mcp`` ``message`` with ``headers`` on a new raw connection with a ``rcvbuf`` byte
+    receive buffer; the connection (nothing read yet)."""
+    raw = Raw(d, rcvbuf=rcvbuf)
     body = json.dumps(message).encode()
     fields = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    done = reads_done(d)
     raw.send(f"POST /mcp HTTP/1.1\r\nHost: x\r\n{fields}Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    assert until(lambda: reads_done(d) > done, 30), "the read was not answered"
     return raw
 
 
@@ -200,12 +207,8 @@ def test_stalled_principals_filling_the_total_budget_do_not_cut_a_reading_client
                 streams.append(s)
                 assert statuses == [202], (name, statuses)
             assert m.outgoing() > 21 * MIB, m.outgoing()  # the four hold about 24 MiB together
-            message, headers = stateless_read(d, big, 7, d.other_token)
-            bob = Raw(d, rcvbuf=64 * 1024)
+            bob = post_raw(d, *stateless_read(d, big, 7, d.other_token), 64 * 1024)
             streams.append(bob)
-            body = json.dumps(message).encode()
-            fields = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-            bob.send(f"POST /mcp HTTP/1.1\r\nHost: x\r\n{fields}Content-Length: {len(body)}\r\n\r\n".encode() + body)
             status, whole = answer_ends(bob)
             assert status == 200 and len(whole) > ANSWER_MIB * MIB, f"bob's answer cut at {len(whole)} bytes"
         finally:
