@@ -8,6 +8,7 @@ strict xfails that name the rule they break and its severity.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -61,9 +62,11 @@ def as_front(d: PrivsepDaemon, code: str, *args: str) -> Any:
     return json.loads(out.stdout)
 
 
-@pytest.fixture(scope="module")
-def attacked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivsepDaemon, AccountFactory]]:
-    """The privsep daemon with a short privileged-read deadline and a fast PAM service."""
+@contextlib.contextmanager
+def login_daemon(tmp_path_factory: pytest.TempPathFactory, timeout_seconds: float,
+                 answer_seconds: float) -> Iterator[tuple[PrivsepDaemon, AccountFactory]]:
+    """The privsep daemon (``workers.per_account`` 4, ``workers.timeout_seconds`` as given) with
+    a fast PAM service answering in ``answer_seconds``; skips the test unless root."""
     if os.geteuid() != 0:
         pytest.skip("needs root: root helper, OS accounts, PAM service")
     fast = tmp_path_factory.mktemp("pam") / "fast"
@@ -72,13 +75,20 @@ def attacked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Privsep
     d: PrivsepDaemon | None = None
     with pam_service(fast) as service:
         try:
-            d = start_privsep(factory, workers={"per_account": 4, "timeout_seconds": DEADLINE},
-                              login={"pam_service": service, "answer_seconds": ANSWER, "max_failures": 50})
+            d = start_privsep(factory, workers={"per_account": 4, "timeout_seconds": timeout_seconds},
+                              login={"pam_service": service, "answer_seconds": answer_seconds, "max_failures": 50})
             yield d, factory
         finally:
             if d is not None:
                 stop_privsep(d)
             factory.cleanup()
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivsepDaemon, AccountFactory]]:
+    """The privsep daemon with a short privileged-read deadline and a fast PAM service."""
+    with login_daemon(tmp_path_factory, DEADLINE, ANSWER) as pair:
+        yield pair
 
 
 # The front spawns alice's worker, queues three unprivileged finds of its own on the worker's

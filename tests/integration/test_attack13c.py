@@ -214,3 +214,57 @@ def test_stalled_principals_filling_the_total_budget_do_not_cut_a_reading_client
         finally:
             for s in streams:
                 s.close()
+
+
+# -- the revocation sweep ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def with_logins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivsepDaemon, AccountFactory]]:
+    """The privsep daemon with password logins and a 20 s deadline (the slow read outlives the sweep)."""
+    from tests.integration.test_attack13b import login_daemon
+
+    with login_daemon(tmp_path_factory, 20, 0.2) as pair:
+        yield pair
+
+
+@pytest.mark.root
+@pytest.mark.xfail(strict=True, reason="a logout kills the worker another token of the principal is using")
+def test_a_logout_does_not_kill_the_worker_serving_the_principals_other_token(
+        with_logins: tuple[PrivsepDaemon, AccountFactory], shared_folder: Path) -> None:
+    """SPEC §5.3 (a login token ends with its logout; the principal's other tokens go on
+    working), low: the front pools workers per principal and account, whichever token started
+    them, but the policy process's sweep ends every worker started with a token that no longer
+    authenticates. A user who logs out of one device (``linuxctl logout``) thereby kills the worker
+    the principal's static token (or its other login) is using: that call fails "worker crashed"
+    (INTERNAL_ERROR). Here: a login reads once (its worker is then the account's one idle worker),
+    the static token's session starts a read that takes seconds on that worker, and the login logs
+    out."""
+    from mcpd.client import login as login_client
+    from tests.conftest import slow_read
+
+    d, factory = with_logins
+    password = "pw-" + os.urandom(6).hex()
+    acct = factory.user(password=password)
+    static = share_account(d, [acct.name], acct.name)[acct.name]
+    small = shared_folder / "small.txt"
+    small.write_text("hello\n")
+    small.chmod(0o644)
+    slow = slow_read(shared_folder, "slow")
+    shared_folder.chmod(0o755)
+    for f in shared_folder.iterdir():
+        f.chmod(0o644)
+    login_token = str(login_client.login(d.url, acct.name, password, d.cacert)["token"])
+    assert not asyncio.run(parallel_reads(d, login_token, small, 1))[0].get("isError")
+
+    async def slow_call_then_logout() -> dict[str, Any]:
+        async with Client(d.url, static, d.cacert, timeout=60) as c:
+            call = asyncio.ensure_future(c.call_tool("files/read", slow["params"]["arguments"], check=False))
+            await asyncio.sleep(1.0)  # the read runs on the login's worker
+            assert not call.done()
+            await asyncio.to_thread(login_client.logout, d.url, login_token, d.cacert)
+            return await call
+
+    result = asyncio.run(slow_call_then_logout())
+    code = result.get("structuredContent", {}).get("error", {}).get("code")
+    assert code != "INTERNAL_ERROR", (result, [r for r in d.audit() if r.get("event") == "kill"])
