@@ -86,3 +86,30 @@ def test_a_worker_is_forgotten_once_however_many_ask() -> None:
     finally:
         ours.close()
         theirs.close()
+
+
+def test_reaping_while_a_kill_on_another_thread_closed_a_pidfd_never_raises() -> None:
+    """Attack 13c (the accept loop's end, low likelihood): ``reap`` took its list of workers, then
+    a kill on another thread (the revocation sweep's, a front's kill request, a late answer's)
+    forgot one and closed its pidfd before ``reap`` looked at them: ``select`` raised ``EBADF``
+    out of ``reap``, which the policy process's accept loop calls unguarded, ending it."""
+    import os
+    import types
+    from typing import cast
+
+    from mcpd.policy.server import State, reap
+
+    ours, theirs = socket.socketpair()
+    r, w = os.pipe()
+    os.close(w)
+    os.close(r)  # (a number no longer open: as a pidfd closed by that kill)
+    worker = Worker(pid=1, pidfd=r, owner=("alice", "alice"), ctl=ours)
+    records: list[Any] = []
+    state = types.SimpleNamespace(workers={1: worker}, lock=threading.Lock(), exited={},
+                                  audit=types.SimpleNamespace(record=lambda *a, **k: records.append(a)))
+    try:
+        reap(cast(State, state))  # the list was taken before the kill forgot the worker
+    finally:
+        ours.close()
+        theirs.close()
+    assert records == []
