@@ -21,11 +21,11 @@ import httpx
 import pytest
 
 from mcpd.client.api import Client
-from tests.conftest import Daemon
+from tests.conftest import Daemon, slow_read
 from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_metrics import free_port
 from tests.integration.test_outgoing_budgets import (
-    ANSWER_MIB, MIB, answer_ends, daemon_with_metrics, stall, stateless_read,
+    ANSWER_MIB, MIB, answer_ends, bob_is_served, daemon_with_metrics, read_call, session_of, stall, stateless_read,
 )
 from tests.integration.test_spawn_churn import shared_folder  # noqa: F401  (fixture)
 from tests.integration.test_stream_takeover_attacks import Raw, reads_done, server_connections, until
@@ -125,7 +125,7 @@ def stalled_small_answer(d: Daemon, path: Path, rid: int) -> Raw:
     return raw
 
 
-def post_raw(d: Daemon, message: dict[str, Any], headers: dict[str, str], rcvbuf: int) -> Raw:
+def post_raw(d: Daemon, message: dict[str, Any] | list[Any], headers: dict[str, str], rcvbuf: int) -> Raw:
     """``POST /mcp`` ``message`` with ``headers`` on a new raw connection with a ``rcvbuf`` byte
     receive buffer; the connection (nothing read yet)."""
     raw = Raw(d, rcvbuf=rcvbuf)
@@ -241,8 +241,6 @@ def test_a_logout_does_not_kill_the_worker_serving_the_principals_other_token(
     the static token's session starts a read that takes seconds on that worker, and the login logs
     out."""
     from mcpd.client import login as login_client
-    from tests.conftest import slow_read
-
     d, factory = with_logins
     password = "pw-" + os.urandom(6).hex()
     acct = factory.user(password=password)
@@ -268,3 +266,41 @@ def test_a_logout_does_not_kill_the_worker_serving_the_principals_other_token(
     result = asyncio.run(slow_call_then_logout())
     code = result.get("structuredContent", {}).get("error", {}).get("code")
     assert code != "INTERNAL_ERROR", (result, [r for r in d.audit() if r.get("event") == "kill"])
+
+
+# -- outgoing bytes: POST event streams their client left ------------------------------------------
+
+
+def abandoned_post_stream(d: Daemon, sid: str, big: Path, k: int) -> None:
+    """A session-era ``POST /mcp`` batch asking for progress (so answered as an event stream): a
+    read that takes seconds, then a 6 MiB read; its client leaves once the stream's headers came,
+    before the batch's one reply (about 6 MiB) is ready. Returns once both reads were answered."""
+    slow = slow_read(big.parent, f"s{k}")
+    slow["params"]["arguments"]["start_line"] = 3 * 10 ** 8  # (a second or so, not the full count)
+    slow["params"]["_meta"] = {"progressToken": f"p{k}"}
+    done = reads_done(d)
+    raw = post_raw(d, [slow, read_call(big, k, progress=True)],
+                   {"Authorization": f"Bearer {d.token}", "Accept": "text/event-stream",
+                    "Content-Type": "application/json", "Mcp-Session-Id": sid}, 1 << 20)
+    raw.until(b"\r\n\r\n")
+    raw.sock.close()
+    assert until(lambda: reads_done(d) >= done + 2, 120), "the batch's reads were not answered"
+
+
+def test_a_post_stream_its_client_left_leaves_nothing_charged(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """SPEC §1.7 (outgoing budgets; nothing grows without bound), high: a session-era POST's
+    event stream whose client leaves before its reply is released when the stream ends, but the
+    request goes on (in that era leaving is no cancellation) and its reply, put into the ended
+    stream, was charged again, and never released: every such POST left its answer's size
+    charged to its principal and to the total for the front's life. About 21 abandoned 6 MiB
+    answers filled a principal's 128 MiB for good (each of its sessions then cut at its next
+    large answer) and about 85 the total 512 MiB, after which every principal's large answers
+    were cut (attacks13c/abandoned_post_streams.py). Fixed: an ended stream takes nothing more."""
+    d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path)
+    with httpx.Client(verify=d.ssl_context(), timeout=60) as c:
+        sid = session_of(d, c)["Mcp-Session-Id"]
+        for k in range(2):
+            abandoned_post_stream(d, sid, big, k)
+        assert until(lambda: m.outgoing() == 0, 5), f"{m.outgoing():.0f} bytes still charged for clients that left"
+        bob_is_served(d, c, small)

@@ -245,10 +245,13 @@ class PostStream:
         self._owner = owner
         self._ready = asyncio.Event()
         self.overflowed = False
+        self._closed = False
 
     def put(self, message: Any) -> None:
-        """Encode and queue one message (never blocks)."""
-        if self.overflowed:
+        """Encode and queue one message (never blocks); nothing once the stream was closed (its
+        client left, or it was cut: a request still running puts its reply nowhere, and charges
+        nothing no one would release)."""
+        if self.overflowed or self._closed:
             return
         reply = _is_reply(message)
         if self._replies_only and not reply:
@@ -289,7 +292,8 @@ class PostStream:
                 self._outgoing.charge(self._owner, -size)
 
     def close(self) -> None:
-        """Release what the stream still counts (it ended, or was cut)."""
+        """Release what the stream still counts (it ended, or was cut); it takes nothing more."""
+        self._closed = True
         if self._outgoing is not None and self._bytes:
             self._outgoing.charge(self._owner, -self._bytes)
         self._bytes = 0
