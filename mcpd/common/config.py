@@ -105,6 +105,10 @@ class ReadLimits:
 #: below ``ReadLimits.response_cap``).
 CAP_KEY = "_cap"
 
+#: Bytes of a regular file that ``files/filetype`` reads and judges (64 KiB): on the privileged
+#: route the policy process copies exactly these into a sealed memfd for the worker.
+SAMPLE_BYTES = 64 * 1024
+
 
 @dataclasses.dataclass(frozen=True)
 class Workers:

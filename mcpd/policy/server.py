@@ -15,9 +15,11 @@ thread.
 It trusts nothing the front says: every request that acts for a principal carries that
 principal's token, verified here, and the grant is decided here. What needs root it asks of the
 root helper (:mod:`mcpd.policy.rootclient`): for ``files/read``/``files/filetype`` root opens the
-granted file once (its checked opener) and this process passes the descriptor to the caller's own
-worker (uid of the account, CapEff 0, no_new_privs), which runs the reading core and answers the
-front directly. ``files/list``/``files/find`` run as a metadata walk in a walker
+granted file once (its checked opener); for ``files/read`` this process passes the descriptor to
+the caller's own worker (uid of the account, CapEff 0, no_new_privs), which runs the reading core
+and answers the front directly. For ``files/filetype`` the descriptor stays here: the worker gets
+its ``fstat`` facts as data and, for a regular file, a sealed memfd holding the first
+``SAMPLE_BYTES`` (copied, not parsed; :func:`mcpd.policy.opened.described`). ``files/list``/``files/find`` run as a metadata walk in a walker
 (:mod:`mcpd.walker`): a killable child of root's fork server, not root, holding
 CAP_DAC_READ_SEARCH only, which parses the call's arguments itself and filters every entry by the
 grant.
@@ -45,14 +47,15 @@ from typing import Any
 from mcpd.common import frames, identity
 from mcpd.common.buckets import TokenBuckets
 from mcpd.common.config import CAP_KEY, Config
-from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
+from mcpd.common.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError,
+                                from_oserror)
 from mcpd.common.reload import Reloading
 from mcpd.common.validate import check_path
 from mcpd.common.audit import AuditLog, Prepared
 from mcpd.policy import grants
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Issued, Login, Store
-from mcpd.policy.opened import OpenedFiles
+from mcpd.policy.opened import OpenedFiles, described
 from mcpd.policy.rootclient import RootClient
 
 log = logging.getLogger("mcpd.helper")
@@ -315,8 +318,10 @@ def _ms(started: float) -> float:
 
 def _content(state: State, op: str, args: dict[str, Any], principal: identity.Principal, follow: bool,
              req: dict[str, Any], record: dict[str, Any]) -> tuple[dict[str, Any], str | None, int, Prepared]:
-    """Hand the opened file to the principal's worker and wait for its report; the accept record
-    (``record``'s fields) is encoded while the worker reads, and written by the caller."""
+    """Hand the opened file to the principal's worker (``files/read``: root's descriptor;
+    ``files/filetype``: only :func:`~mcpd.policy.opened.described`'s facts and sample memfd) and
+    wait for its report; the accept record (``record``'s fields) is encoded while the worker
+    reads, and written by the caller."""
     if not isinstance(req.get("worker"), int) or req.get("rid") is None:
         raise Refused("content call without worker and rid")
     w = _bound_worker(state, principal, req["worker"])
@@ -336,12 +341,20 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
         try:
             if req.get("cap") is not None:
                 args[CAP_KEY] = req["cap"]  # the principal's max_file_bytes: it can only narrow the cap
-            frame = {"id": req["rid"], "op": op, "args": args}
+            frame: dict[str, Any] = {"id": req["rid"], "op": op, "args": args}
+            if op == "files/filetype":  # root's descriptor stays here: facts as data, a sample memfd
+                try:
+                    frame["facts"], sample = described(fd)
+                except OSError as err:
+                    raise from_oserror(err, args["path"]) from None
+                os.close(fd)
+                fd = -1 if sample is None else sample
             try:
-                frames.send_frame(w.ctl, frame, [fd])
+                frames.send_frame(w.ctl, frame, [fd] if fd >= 0 else [])
             except OSError:  # the worker ended (its socket closed) before the call reached it
                 raise ToolError(INTERNAL_ERROR, "the worker ended during the call") from None
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             fd = -1
             prepared = state.audit.prepare("accept", decision="accept", reason="granted", **record)
             report = _await_report(w, req["rid"], _deadline(args, state.cfg.workers.timeout_seconds))
