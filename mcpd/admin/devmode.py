@@ -44,7 +44,7 @@ from mcpd.common import identity
 DEV_PRINCIPAL = "dev"
 DEV_HOSTS = ["localhost", "127.0.0.1", "::1"]
 LISTEN_HOST = "127.0.0.1"
-TOKEN_FILE = "dev-token"
+TOKEN_FILE = config.DEV_TOKEN_FILE
 LOCK_FILE = "dev.lock"
 EXIT_BUSY = 75  # EX_TEMPFAIL (sysexits.h): another instance holds the port or the folder
 

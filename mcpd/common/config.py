@@ -104,6 +104,9 @@ class ReadLimits:
 #: principal's ``max_file_bytes``, set by mcpd.front.limits, honoured by mcpd.core.ops when it is
 #: below ``ReadLimits.response_cap``).
 CAP_KEY = "_cap"
+#: The development mode's plain token, in its state folder (``state_dir``): one of the daemon's
+#: own secrets, never served.
+DEV_TOKEN_FILE = "dev-token"
 
 #: Bytes of a regular file that ``files/filetype`` reads and judges (64 KiB): on the privileged
 #: route the policy process copies exactly these into a sealed memfd for the worker.

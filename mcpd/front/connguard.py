@@ -143,9 +143,11 @@ class LeanFlowControl(FlowControl):
             self._is_writable_event.set()
 
 
-#: The scope key under which each GET request's guarded protocol offers its connection: a
-#: :class:`ConnectionOffer` (call it for a :class:`StreamConnection`, or ``None`` when the
-#: connection cannot be handed over; see ``detach_stream`` in :func:`guarded_protocol`).
+#: The scope key under which each GET and POST request's guarded protocol offers its connection:
+#: a :class:`ConnectionOffer` (call it for a :class:`StreamConnection`, or ``None`` when the
+#: connection cannot be handed over, see ``detach_stream`` in :func:`guarded_protocol`; or ask it
+#: whether the client is behind, :meth:`ConnectionOffer.behind`, and drop the connection,
+#: :meth:`ConnectionOffer.abort`: a large answer written in pieces).
 DETACH = "mcpd.detach"
 
 _FINAL_CHUNK = b"0\r\n\r\n"
@@ -322,13 +324,15 @@ class StreamConnection(asyncio.Protocol):
 
 
 class ConnectionOffer:
-    """What a GET request's guarded protocol offers the app (:data:`DETACH`), through a weak
-    reference (the scope must not keep its protocol: the cycle would hold a closed connection's
-    objects until the collector's next full pass).
+    """What a GET or POST request's guarded protocol offers the app (:data:`DETACH`), through a
+    weak reference (the scope must not keep its protocol: the cycle would hold a closed
+    connection's objects until the collector's next full pass).
 
     Calling it hands the connection over to a :class:`StreamConnection` (or returns ``None``:
-    see ``detach_stream``); :meth:`abort` drops the connection, for a stream the server kept
-    that must be cut (its request's ``receive`` then answers ``http.disconnect``)."""
+    see ``detach_stream``; always for a POST, whose answer is not an event stream the app takes
+    over); :meth:`behind` says whether the client is behind (the connection stopped taking
+    writes); :meth:`abort` drops the connection, for a stream the server kept or an answer that
+    must be cut (its request's ``receive`` then answers ``http.disconnect``)."""
 
     __slots__ = ("_protocol",)
 
@@ -338,6 +342,13 @@ class ConnectionOffer:
     def __call__(self) -> StreamConnection | None:
         live: Any = self._protocol()
         return None if live is None else live.detach_stream()
+
+    def behind(self) -> bool:
+        """Whether the connection asked to pause writing (what it buffers passed its high-water
+        mark: the client is not taking what was written); ``False`` once it is gone (the request's
+        ``send`` then writes nothing and returns at once)."""
+        live: Any = self._protocol()
+        return live is not None and live.flow is not None and live.flow.write_paused
 
     def abort(self) -> None:
         """Drop the connection at once (no TLS goodbye, nothing more written)."""
@@ -451,7 +462,9 @@ def guarded_protocol(count: ConnectionCount,
                 if before is not None and not before.response_complete:  # queued behind ``before``
                     answering.setdefault(id(self), before)  # (unless one queued earlier is behind it already)
                 self.cycle.message_event = Waiters()  # type: ignore[assignment]
-                if self.scope["method"] == "GET":  # (a stream's request; a weak reference: no cycle)
+                method = self.scope["method"]
+                # (a stream's request, or a POST whose answer may be large; a weak reference: no cycle)
+                if method == "GET" or method == "POST":
                     self.scope[DETACH] = ConnectionOffer(self)  # type: ignore[literal-required]
 
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:

@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mcpd.common.config import DEV_TOKEN_FILE
 from mcpd.common.strictyaml import ConfigFileError, LineDict, LineList, parse_strict_yaml, read_secure_file
 from mcpd.common.filesig import signature
 from mcpd.common.pathmatch import PathError, clean_path, components
@@ -291,6 +292,7 @@ def secret_paths(cfg: Config, config_path: str) -> tuple[str, ...]:
     * ``access_log`` (the front's record of calls): the file as above.
     * ``tls.key`` and the CA key ``ca.key`` that ``mcpd certs`` writes beside it: their folder
       when it is a dedicated one named ``tls`` (``/etc/mcpd/tls``), else both files as above.
+    * the development mode's plain token (``dev-token`` in ``state_dir``).
     * ``helper_state_dir`` (the policy process's state) and ``<state_dir>/helper`` (the older token store).
 
     Relative settings are taken from ``config_path``'s folder; every path is also given by its
@@ -303,7 +305,7 @@ def secret_paths(cfg: Config, config_path: str) -> tuple[str, ...]:
     own_audit = bool(cfg.audit_log) and os.path.basename(audit_dir) in ("mcpd", "audit")
     own_tls = os.path.basename(key_dir) == "tls"
     files = [os.path.abspath(config_path), cfg.users_file, cfg.grants_file, "" if own_audit else cfg.audit_log,
-             cfg.access_log]
+             cfg.access_log, os.path.join(cfg.state_dir, DEV_TOKEN_FILE) if cfg.state_dir else ""]
     files += [] if own_tls else [cfg.tls.key, os.path.join(key_dir, "ca.key")]
     folders = [cfg.helper_state_dir, os.path.join(cfg.state_dir, "helper") if cfg.state_dir else ""]
     folders += [audit_dir] * own_audit + [key_dir] * own_tls

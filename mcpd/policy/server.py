@@ -704,6 +704,11 @@ def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[]
             finally:
                 slots.release()
 
-        threading.Thread(target=run, daemon=True).start()
+        try:
+            threading.Thread(target=run, daemon=True).start()
+        except RuntimeError:  # no thread to start (the unit's TasksMax): refuse this one, serve on
+            slots.release()
+            conn.close()
+            state.audit.record("alert", peer=f"pid={pid} uid={uid}", reason="no thread for a new helper connection")
     for pool, _ in pools.values():
         pool.shutdown(wait=False, cancel_futures=True)

@@ -175,9 +175,6 @@ def _read_all(tls: Any) -> int:
     return got
 
 
-@pytest.mark.xfail(strict=True, reason="flaw (high, SPEC §1.7/§1.4): JSON answers on /mcp that a client never reads "
-                   "are held in full, outside any per-session, per-principal or total byte bound (only the "
-                   "connection caps and the TLS close timeout limit them)")
 async def test_unread_json_answers_are_bounded_like_a_sessions_queue(daemon_factory: Any, tmp_path: Path) -> None:
     """Each POST /mcp answered as JSON (up to the 10 MiB response cap) that its client never reads
     is held by the front until the connection ends: 16 such POSTs made the front hold ~370 MiB

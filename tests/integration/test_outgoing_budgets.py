@@ -26,6 +26,8 @@ import pytest
 
 from tests.conftest import Daemon, slow_read
 from tests.integration.test_metrics import free_port, samples
+from tests.integration.test_streamable_modern import headers as modern_headers
+from tests.integration.test_streamable_modern import request as modern_request
 from tests.integration.test_stream_takeover_attacks import (
     INIT, Raw, assert_no_crash_in_log, get, open_sse, reads_done, server_connections, until,
 )
@@ -253,4 +255,139 @@ def test_a_post_stream_writes_its_own_keep_alive_comments(
             assert first == ": ping", first
         c.post(d.url + "/mcp", headers=headers, json={"jsonrpc": "2.0", "method": "notifications/cancelled",
                                                       "params": {"requestId": "slow"}})
+    assert_no_crash_in_log(d)
+
+
+# -- /mcp answers as JSON (written whole once; now in pieces, charged while their client is behind) --
+
+
+LIMITS = ("queue_overflow", "queue_bytes_per_principal", "queue_bytes_total")
+
+
+def unread_answer(d: Daemon, m: Metrics, message: dict[str, Any], headers: dict[str, str]) -> Raw:
+    """A ``POST /mcp`` answered as JSON (a 6 MiB read), on a connection whose client then reads
+    nothing; returns once the read was answered and its answer either counted in
+    ``mcpd_outgoing_bytes`` (the client is behind) or refused by a bound."""
+    raw = Raw(d, rcvbuf=4096)
+    body = json.dumps(message).encode()
+    fields = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    reads, held, refused = reads_done(d), m.outgoing(), sum(map(m.hits, LIMITS))
+    raw.send(f"POST /mcp HTTP/1.1\r\nHost: x\r\n{fields}Content-Type: application/json\r\n"
+             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert until(lambda: reads_done(d) > reads, 60), "the read was not answered"
+    assert until(lambda: m.outgoing() > held or sum(map(m.hits, LIMITS)) > refused), \
+        "the unread answer is neither counted nor refused"
+    return raw
+
+
+def session_of(d: Daemon, c: httpx.Client, token: str | None = None) -> dict[str, str]:
+    """A new Streamable HTTP session's headers for a JSON answer (``Accept: application/json``)."""
+    headers = {"Accept": "application/json", **d.auth(token)}
+    r = c.post(d.url + "/mcp", json=INIT, headers=headers)
+    assert r.status_code == 200, r.text
+    return {**headers, "Mcp-Session-Id": r.headers["mcp-session-id"]}
+
+
+def stateless_read(d: Daemon, path: Path, rid: int, token: str | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """A 2026-07-28 (no session) read of ``path`` as JSON: the message and its headers."""
+    message = modern_request("tools/call", {"name": "files/read", "arguments": {"path": str(path),
+                                                                                  "limit": ANSWER_MIB * MIB}}, rid)
+    headers = {**modern_headers(d, message), "Accept": "application/json", **d.auth(token)}
+    return message, headers
+
+
+def answer_ends(raw: Raw) -> tuple[int, bytes]:
+    """Read the answer to its end: its status and body (cut short if the server dropped it)."""
+    status, head = raw.head()
+    length = int(head.split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+    body = raw.buf
+    while len(body) < length and raw._more():
+        body = raw.buf
+    return status, body[:length]
+
+
+def answer_text(raw: Raw) -> str:
+    """A client reading at last: its read's answer to the end, which must be whole (``200``); the text."""
+    status, whole = answer_ends(raw)
+    assert status == 200, whole[:300]
+    text: str = json.loads(whole)["result"]["content"][0]["text"]
+    return text
+
+
+def all_released(m: Metrics, posts: list[Raw]) -> None:
+    """Every client leaves: nothing their answers held stays counted."""
+    for raw in posts:
+        raw.close()
+    assert until(lambda: m.outgoing() == 0), "the answers' bytes are still counted once their clients left"
+
+
+def test_unread_json_answers_of_a_session_count_against_its_queue(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Three POSTs of one session, each a 6 MiB read answered as JSON, on connections whose
+    client reads nothing. Each answer goes to the connection a piece at a time and what it has not
+    taken counts against the session's 16 MiB (``session_queue_bytes``): the first two fit, the
+    third would pass it, so its connection is dropped without its answer (the ``queue_overflow``
+    limit counts it) and its bytes released, the front never holding more than the bound. The
+    session itself lives on; the first client, reading at last, gets its whole answer; once the
+    clients leave nothing is counted."""
+    d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path)
+    overflows = m.hits("queue_overflow")
+    posts: list[Raw] = []
+    with httpx.Client(verify=d.ssl_context(), timeout=60) as c:
+        headers = session_of(d, c)
+        try:
+            for i in range(3):
+                posts.append(unread_answer(d, m, read_call(big, i), headers))
+            assert m.hits("queue_overflow") == overflows + 1
+            assert until(lambda: server_connections(d, posts[2].port) == 0), "the third answer's connection is held"
+            assert server_connections(d, posts[0].port) == server_connections(d, posts[1].port) == 1
+            status, cut = answer_ends(posts[2])
+            assert status == 200 and len(cut) < ANSWER_MIB * MIB and b'"result"' in cut[:100]
+            assert m.peak <= QUEUE + SLACK, m.peak
+            ping = c.post(d.url + "/mcp", json={"jsonrpc": "2.0", "id": "p", "method": "ping"}, headers=headers)
+            assert ping.status_code == 200, "the session was closed for its unread answers"
+            assert len(answer_text(posts[0])) == ANSWER_MIB * MIB
+            bob_is_served(d, c, small)
+        finally:
+            all_released(m, posts)
+    assert "outgoing queue full" in d.log()
+    assert_no_crash_in_log(d)
+
+
+def test_unread_json_answers_of_one_principal_share_its_budget(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Alice's POSTs answered as JSON, 6 MiB each, on connections whose client reads nothing: one
+    without a session (2026-07-28), then one on each of two sessions, then one more on the first
+    session and one more without, with ``principal_queue_bytes`` at 20 MiB. What their
+    connections have not taken adds up against her budget: the first three fit (about 18 MiB),
+    the last two would pass it, so each is dropped (the ``queue_bytes_per_principal`` limit
+    counting it; no session's own bound is passed) and the front never holds more than the budget
+    for her. Bob's own unread answer is untouched (his budget is his own), he reads it whole, and
+    a new session of his is served."""
+    d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path, principal_queue_bytes=20 * MIB)
+    posts: list[Raw] = []
+    with httpx.Client(verify=d.ssl_context(), timeout=60) as c:
+        try:
+            bob = unread_answer(d, m, *stateless_read(d, big, 99, d.other_token))
+            posts.append(bob)
+            bob_held = m.outgoing()
+            first, second = session_of(d, c), session_of(d, c)
+            alice = [unread_answer(d, m, *stateless_read(d, big, 1)),
+                     unread_answer(d, m, read_call(big, 2), first),
+                     unread_answer(d, m, read_call(big, 3), second),
+                     unread_answer(d, m, read_call(big, 4), first),
+                     unread_answer(d, m, *stateless_read(d, big, 5))]
+            posts += alice
+            for raw in alice[3:]:
+                assert until(lambda: server_connections(d, raw.port) == 0), "an answer past her budget is held"
+            assert all(server_connections(d, raw.port) == 1 for raw in alice[:3]), "an answer within her budget was dropped"
+            assert m.hits("queue_bytes_per_principal") == 2
+            assert m.hits("queue_overflow") == 0, "no session's own bound was passed"
+            assert server_connections(d, bob.port) == 1, "bob's answer paid for alice's"
+            assert m.peak <= 20 * MIB + bob_held, m.peak
+            bob_is_served(d, c, small)
+            assert len(answer_text(bob)) == ANSWER_MIB * MIB
+        finally:
+            all_released(m, posts)
+    assert "over principal_queue_bytes" in d.log()
     assert_no_crash_in_log(d)

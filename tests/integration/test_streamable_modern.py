@@ -224,3 +224,26 @@ async def test_delete_cancels_a_sessions_requests(daemon_factory: Callable[..., 
         await _wait_gone(d, busy)
         r = await task  # the POST ends too: its session is gone
         assert r.status_code == 404
+
+
+async def test_large_answers_arrive_whole_as_json_and_as_one_event(daemon: Daemon, tmp_path: Path) -> None:
+    """An answer larger than the front's 256 KiB write pieces (a 3 MiB read) goes out a piece at a
+    time: a client that reads it gets all of it, as JSON, and as the one event of a stream for a
+    client that accepts only event streams, in both eras."""
+    big = tmp_path / "three-mib.txt"
+    text = "y" * 1023 + "\n"
+    big.write_text(text * 3 * 1024)
+    read = {"name": "files/read", "arguments": {"path": str(big), "limit": 4 * 1024 * 1024}}
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": read}
+    async with client(daemon) as c:
+        sid = await open_session(c, daemon)
+        for accept in ("application/json", "text/event-stream"):
+            r = await c.post("/mcp", json=call, headers=hdrs(daemon, sid, accept=accept))
+            assert r.status_code == 200 and r.headers["content-type"].startswith(accept)
+            reply = r.json() if accept == "application/json" else sse_messages(r.text)[-1]
+            assert reply["id"] == 7 and reply["result"]["content"][0]["text"] == text * 3 * 1024
+            modern = request("tools/call", read, 8)
+            r = await c.post("/mcp", json=modern, headers=headers(daemon, modern, Accept=accept))
+            assert r.status_code == 200 and r.headers["content-type"].startswith(accept)
+            reply = r.json() if accept == "application/json" else sse_messages(r.text)[-1]
+            assert reply["id"] == 8 and reply["result"]["content"][0]["text"] == text * 3 * 1024

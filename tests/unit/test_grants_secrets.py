@@ -77,7 +77,21 @@ def test_default_secret_paths_are_exactly_these() -> None:
         "/etc/mcpd/mcp-sudo.yaml*", "/etc/mcpd/.mcp-sudo.yaml*",
         "/var/log/mcpd", "/etc/mcpd/tls", "/var/lib/mcpd-helper", "/var/lib/mcpd/helper",
         "/var/log/mcpd-front/access.jsonl*", "/var/log/mcpd-front/.access.jsonl*",  # who read what, by the front
+        "/var/lib/mcpd/dev-token*", "/var/lib/mcpd/.dev-token*",  # the development mode's plain token
     }
+
+
+def test_the_development_modes_plain_token_is_never_served(tmp_path: Path) -> None:
+    """``mcpd dev`` keeps its token in plain text in its state folder (the config's folder): a
+    grant on that folder, or on ``/``, still never serves it."""
+    from mcpd.admin import devmode
+
+    cfg = replace(Config(), state_dir=".")
+    secrets = secret_paths(cfg, str(tmp_path / "mcpd.yaml"))
+    assert is_secret(secrets, str(tmp_path / devmode.TOKEN_FILE))
+    d = decide(grant(["/"], secrets=secrets), "alice", frozenset(), "files/read", str(tmp_path / "dev-token"), NOW)
+    assert d.reason == SECRET
+    assert not is_secret(secrets, str(tmp_path / "notes.txt"))
 
 
 def test_shared_folders_give_the_files_not_the_folder() -> None:

@@ -133,3 +133,27 @@ def test_what_a_stream_no_longer_holds_is_not_held_against_its_principal() -> No
         m.close_all()
 
     asyncio.run(go())
+
+
+def test_an_answer_its_connection_has_not_taken_counts_against_its_session_and_principal() -> None:
+    """``SessionManager.hold_answer`` (a ``/mcp`` answer written in pieces, while its client is
+    behind): one answer alone always fits its session; a second passing ``session_queue_bytes``
+    (counted with what the session's queue holds) is refused as a full queue; answers of sessions
+    and of no session add up against the principal's budget; releasing leaves nothing counted."""
+    m = SessionManager(Config(session_queue_bytes=100 * KIB, principal_queue_bytes=300 * KIB),
+                       Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+    one, two = (m.open(Principal("alice", "alice", "t1"), kind="mcp") for _ in range(2))
+    assert m.hold_answer("alice", one, 150 * KIB) is None  # alone: fits, though over 100 KiB
+    assert m.hold_answer("alice", one, 1) == "queue_overflow"
+    m.hold_answer("alice", one, -1)
+    one.send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x" * (60 * KIB)}})
+    assert m.hold_answer("alice", two, 60 * KIB) is None  # (one's message stays queued: it has no stream)
+    assert m.hold_answer("alice", two, 50 * KIB) == "queue_overflow"  # two: 110 KiB > 100 KiB
+    m.hold_answer("alice", two, -50 * KIB)
+    assert m.hold_answer("alice", None, 40 * KIB) == "queue_bytes_per_principal"  # 150 + 60 + 60 + 40 > 300
+    assert m.hold_answer("bob", None, 200 * KIB) is None  # bob's budget is his own
+    for session, size in ((one, 150 * KIB), (two, 60 * KIB), (None, 40 * KIB)):
+        m.hold_answer("alice", session, -size)
+    m.hold_answer("bob", None, -200 * KIB)
+    m.close_all()
+    assert m.outgoing.total == 0 and m._answering == {}

@@ -294,7 +294,7 @@ class SseSession:
         self._charged = self._queued
         kind = self._manager.outgoing.charge(self.principal.name, delta)
         if kind is not None and check and not self.closed:
-            kind = self._manager.still_over(self)
+            kind = self._manager.still_over(self.principal.name, self)
             if kind is not None:
                 self._overflow(kind)
 
@@ -302,7 +302,7 @@ class SseSession:
         """The client stopped reading (``kind``: the bound its outgoing bytes reached, a
         :data:`~mcpd.front.metrics.LIMIT_KINDS` name): count it, log it, close the session."""
         metrics.limit_hit(kind)
-        log.warning("session %s: %s, disconnecting a client that stopped reading", self.id, _FULL[kind])
+        log.warning("session %s: %s, disconnecting a client that stopped reading", self.id, FULL[kind])
         self._manager.close(self)
 
     def _kick(self) -> None:
@@ -363,7 +363,8 @@ class SseSession:
                 self._writer = None
 
 
-_FULL = {"queue_overflow": "outgoing queue full",
+#: What each limit kind of a client that stopped reading says in the log.
+FULL = {"queue_overflow": "outgoing queue full",
          "queue_bytes_per_principal": "its principal's outgoing bytes are over principal_queue_bytes",
          "queue_bytes_total": "all sessions' outgoing bytes are over total_queue_bytes"}
 
@@ -464,8 +465,9 @@ class SessionRefused(Exception):
 class OutgoingBytes:
     """The bytes of outgoing messages held for clients that have not taken them yet, by principal
     and in all, against two budgets (``principal_queue_bytes``, ``total_queue_bytes``): the
-    sessions' queues and streams (:meth:`SseSession.send`) and the ``/mcp`` POST event streams
-    (:class:`~mcpd.front.transport.streamable.PostStream`) charge what they hold here.
+    sessions' queues and streams (:meth:`SseSession.send`), the ``/mcp`` POST event streams
+    (:class:`~mcpd.front.transport.streamable.PostStream`) and large ``/mcp`` answers
+    (:meth:`SessionManager.hold_answer`) charge what they hold here.
 
     Args:
         per_principal: bytes one principal's sessions and streams may hold together.
@@ -520,8 +522,11 @@ class SessionManager:
         self.closed_since_trim = 0  # sessions closed since the heap was last trimmed
         self._last_close = 0.0  # time.monotonic() of the last close
         self._ticker: asyncio.TimerHandle | None = None
-        #: outgoing bytes held by principal and in all (the sessions', and /mcp POST streams')
+        #: outgoing bytes held by principal and in all (the sessions', /mcp POST streams' and answers')
         self.outgoing = OutgoingBytes(cfg.principal_queue_bytes, cfg.total_queue_bytes)
+        # bytes of each session's /mcp answers their connections have not taken (hold_answer);
+        # only sessions with some
+        self._answering: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -578,18 +583,45 @@ class SessionManager:
             self.close(session)
         return len(idle)
 
-    def still_over(self, session: SseSession) -> str | None:
-        """``session``'s bytes grew past its principal's or the total budget: measure afresh what
-        the other sessions' streams hold (it may have gone out since they were last measured), and
-        return the limit kind still passed (``"queue_bytes_per_principal"``,
-        ``"queue_bytes_total"``), or ``None``. Only then: it reads every session."""
+    def still_over(self, name: str, measured: SseSession | None = None) -> str | None:
+        """The bytes principal ``name`` holds grew past its or the total budget: measure afresh
+        what the sessions' streams hold (it may have gone out since they were last measured; but
+        ``measured``'s, just measured), and return the limit kind still passed
+        (``"queue_bytes_per_principal"``, ``"queue_bytes_total"``), or ``None``. Only then: it
+        reads every session."""
         for other in self._sessions.values():
-            if other._backlog and other is not session:
+            if other._backlog and other is not measured:
                 other.held()
         outgoing = self.outgoing
-        if outgoing.held(session.principal.name) > outgoing.per_principal:
+        if outgoing.held(name) > outgoing.per_principal:
             return "queue_bytes_per_principal"
         return "queue_bytes_total" if outgoing.total > outgoing.budget else None
+
+    def hold_answer(self, name: str, session: SseSession | None, delta: int) -> str | None:
+        """Charge ``delta`` bytes (negative: released) of a ``/mcp`` answer its connection has not
+        taken yet (``PiecedAnswer`` in ``streamable.py``) to principal ``name``'s and the total
+        budgets (:attr:`outgoing`) and, for a session's POST, to ``session``, whose answers count
+        with its queue and stream (:meth:`SseSession.held`) against ``session_queue_bytes``.
+
+        Returns, when a charge (``delta > 0``) passed a bound, its limit kind:
+        ``"queue_overflow"`` (the session's bound; an answer alone always fits, as one message in
+        an empty queue does), ``"queue_bytes_per_principal"`` or ``"queue_bytes_total"`` (still
+        passed once every stream was measured afresh, :meth:`still_over`); the caller then drops
+        its connection and releases what it charged. Else ``None``."""
+        kind = self.outgoing.charge(name, delta)
+        if session is not None:
+            held = self._answering.get(session.id, 0) + delta
+            if held > 0:
+                self._answering[session.id] = held
+            else:
+                self._answering.pop(session.id, None)
+            if delta > 0:
+                others = held - delta + session.held()
+                if others and others + delta > self._cfg.session_queue_bytes:
+                    return "queue_overflow"
+        if kind is not None:
+            return self.still_over(name, session)
+        return None
 
     def close(self, session: SseSession) -> None:
         """Close ``session`` and forget it."""

@@ -49,19 +49,20 @@ from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from mcpd.common import wirejson
 from mcpd.common.config import Config
 from mcpd.front import metrics
-from mcpd.front.connguard import PIECE
+from mcpd.front.connguard import DETACH, PIECE
 from mcpd.front.protocol import (
     HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, META_CLIENT_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
     MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, error_reply, valid_id,
 )
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.front.transport.sse import (
-    PING, SESSION_ID_RE, STREAM_HEADERS, McpUser, OutgoingBytes, SessionManager, SessionRefused, SessionStream,
-    SseSession, encode_message, event_of, pieces,
+    FULL, PING, SESSION_ID_RE, STREAM_HEADERS, McpUser, OutgoingBytes, SessionManager, SessionRefused,
+    SessionStream, SseSession, encode_message, event_of, pieces,
 )
 
 log = logging.getLogger(__name__)
@@ -212,9 +213,9 @@ def check_modern(headers: Any, msg: Message) -> None:
             raise Refusal(400, HEADER_MISMATCH, f"{NAME_HEADER} header does not match params.{field}")
 
 
-async def _disconnected(request: Request) -> None:
-    """Return once the client has gone away (the body was read already)."""
-    while (await request.receive())["type"] != "http.disconnect":
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client has gone away (the request's body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
@@ -316,9 +317,60 @@ class Queued:
     result: bool
 
 
-def _json_answer(data: bytes, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    """A JSON answer of a message already encoded (:func:`encode_message`)."""
-    return Response(data, status_code=status, headers=headers, media_type=JSON_TYPE)
+class PiecedAnswer(Response):
+    """An answer larger than :data:`~mcpd.front.connguard.PIECE`, its body known (a ``/mcp``
+    reply as JSON, or as one event for a client that accepts only event streams), written through
+    the request's ``send`` a piece at a time: uvicorn's ``send`` waits while the connection asked
+    to pause writing, so a client that stops reading leaves about two pieces in the connection,
+    and the rest here.
+
+    Before each piece, while the client is behind (the server's
+    :meth:`~mcpd.front.connguard.ConnectionOffer.behind`; always, without the server's offer),
+    the answer is charged, all of it (it is held until its last piece is written)
+    (:meth:`SessionManager.hold_answer`): to ``session`` (its queue, stream and answers against
+    ``session_queue_bytes``) when given, and to principal ``owner``'s and the total budgets; it is
+    released once the connection takes writes again, and when the answer ends. Past a bound the
+    client stopped reading: the connection is dropped, the charge released and the limit counted,
+    as for a full queue. A client keeping up is charged nothing.
+
+    Args:
+        body: the answer's bytes. status: its HTTP status. headers: extra response headers.
+        media_type: its ``Content-Type``. manager: the session table (its budgets).
+        owner: the principal's name. session: the session the POST named, or ``None``.
+    """
+
+    def __init__(self, body: bytes, status: int, headers: dict[str, str] | None, media_type: str,
+                 manager: SessionManager, owner: str, session: SseSession | None) -> None:
+        super().__init__(body, status_code=status, headers=headers, media_type=media_type)
+        self._data = body  # (self.body, typed loosely: the same bytes)
+        self._manager, self._owner, self._session = manager, owner, session
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        offer = scope.get(DETACH)
+        size = len(self._data)
+        charged = 0  # what hold_answer counts: 0, or the answer's size while its client is behind
+        try:
+            for piece in pieces(self._data):
+                owed = size if offer is None or offer.behind() else 0
+                if owed != charged:
+                    kind = self._manager.hold_answer(self._owner, self._session, owed - charged)
+                    charged = owed
+                    if kind is not None:
+                        self._manager.hold_answer(self._owner, self._session, -charged)
+                        charged = 0
+                        metrics.limit_hit(kind)
+                        log.warning("%s: a POST's answer: %s, dropping a client that stopped reading",
+                                    "stateless" if self._session is None else self._session.id, FULL[kind])
+                        if offer is not None:  # (else the server closes the unfinished response)
+                            offer.abort()
+                            await _disconnected(receive)
+                        return
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            if charged:
+                self._manager.hold_answer(self._owner, self._session, -charged)
 
 
 class StreamableTransport:
@@ -352,6 +404,23 @@ class StreamableTransport:
         stream: a JSON answer holds its one reply only while the POST waits for it)."""
         return PostStream(self.cfg.session_queue_size, self.cfg.session_queue_bytes, replies_only,
                           None if owner is None else self.manager.outgoing, owner or "")
+
+    def _answer(self, reply: Queued, accepts: set[str], owner: str, session: SseSession | None = None,
+                headers: dict[str, str] | None = None) -> Response:
+        """A POST's answer of one reply (already encoded): JSON (``400`` for an error without an
+        id), or one event for a client that accepts only event streams. Larger than
+        :data:`~mcpd.front.connguard.PIECE`, a :class:`PiecedAnswer` (charged to ``session``'s and
+        principal ``owner``'s budgets while its client is behind); else written whole."""
+        data = reply.data
+        if JSON_TYPE not in accepts:  # an SSE-only client: the reply as a one-event stream
+            if len(data) <= PIECE:
+                return EventSourceResponse(_once(data), headers={**STREAM_HEADERS, **(headers or {})}, sep="\n")
+            return PiecedAnswer(event_of(data), 200, {**STREAM_HEADERS, **(headers or {})}, SSE_TYPE,
+                                self.manager, owner, session)
+        status = 400 if reply.refused else 200
+        if len(data) <= PIECE:
+            return Response(data, status_code=status, headers=headers, media_type=JSON_TYPE)
+        return PiecedAnswer(data, status, headers, JSON_TYPE, self.manager, owner, session)
 
     # -- session lookup ---------------------------------------------------------------------------
 
@@ -465,10 +534,7 @@ class StreamableTransport:
                 return _rpc_error(404, INVALID_REQUEST, "session ended", headers)
             # (a request cancelled by notifications/cancelled gets no reply: 202, the session lives)
             return Response(status_code=202, headers=headers)
-        reply = replies[0]
-        if JSON_TYPE not in accepts:  # an SSE-only client: the reply as a one-event stream
-            return EventSourceResponse(_once(reply.data), headers={**STREAM_HEADERS, **headers}, sep="\n")
-        return _json_answer(reply.data, 400 if reply.refused else 200, headers)
+        return self._answer(replies[0], accepts, user.principal.name, session, headers)
 
     async def _stateless(self, request: Request, payload: Any, accepts: set[str], user: McpUser) -> Response:
         """One 2026-07-28 request: checked by :func:`check_modern`, run, answered; no session."""
@@ -494,7 +560,7 @@ class StreamableTransport:
         task = protocol.receive(payload, caller, out.put)
         if task is None:
             return Response(status_code=202)
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(_disconnected(request.receive))
         try:
             await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -504,9 +570,7 @@ class StreamableTransport:
         replies = out.drain()
         if not replies:
             return Response(status_code=202)
-        if JSON_TYPE not in accepts:
-            return EventSourceResponse(_once(replies[0].data), headers=STREAM_HEADERS, sep="\n")
-        return _json_answer(replies[0].data, 400 if replies[0].refused else 200)
+        return self._answer(replies[0], accepts, user.principal.name)
 
     def _event_response(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None,
                         ) -> EventSourceResponse:
