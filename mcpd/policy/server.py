@@ -66,9 +66,11 @@ MAX_CONNECTIONS = 32  # the front's shared connections, one per privileged call 
 CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}
 CONTENT_OPS = ("files/read", "files/filetype")
 WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path argument (the walker parses the rest)
-#: workers one account may have at once, in workers.per_account: the front's pool keeps at most
-#: per_account, plus the few it is replacing; a front asking for more is refused (their processes
-#: share the helper unit's TasksMax, their descriptors the policy process's, with every principal)
+#: workers one principal may have alive at once, in workers.per_account: the front's pool keeps at
+#: most per_account per principal, plus the few it is replacing; a front asking for more is refused
+#: (their processes share the helper unit's TasksMax, their descriptors the policy process's, with
+#: every principal). Counted per principal, not per account: several principals bound to one
+#: account each get their own pool in the front.
 SPAWN_FACTOR = 4
 REVOKE_SECONDS = 1.0  # how often the workers' tokens are checked again (end_revoked)
 EXITED_KEPT = 256  # ended workers whose owner is remembered (State.exited)
@@ -163,7 +165,7 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``spawn_worker {token}`` → a worker running as the token's principal's OS account (never
     uid 0), bound to that principal; the front's socket end travels back by SCM_RIGHTS. Past the
     principal's :attr:`State.spawns` bucket: ``RATE_LIMITED`` (nothing started, nothing audited);
-    past :data:`SPAWN_FACTOR` x ``per_account`` workers of the account alive: ``HELPER_UNAVAILABLE``."""
+    past :data:`SPAWN_FACTOR` x ``per_account`` workers of the principal alive: ``HELPER_UNAVAILABLE``."""
     principal, login = _who(state, req)
     try:
         pw = pwd.getpwnam(principal.os_user)
@@ -172,11 +174,11 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
     if pw.pw_uid == 0:
         raise ToolError(PERMISSION_DENIED, "workers never run as root", reason="root account")
     with state.lock:
-        alive = sum(w.owner[1] == principal.os_user for w in state.workers.values())
+        alive = sum(w.owner == (principal.name, principal.os_user) for w in state.workers.values())
     if alive >= SPAWN_FACTOR * state.cfg.workers.per_account:  # the front's pool keeps per_account
         state.audit.record("alert", user=principal.name, os_user=principal.os_user,
-                           reason="too many workers for one account")
-        raise ToolError(HELPER_UNAVAILABLE, "this account has too many workers", reason="busy")
+                           reason="too many workers for one principal")
+        raise ToolError(HELPER_UNAVAILABLE, "this principal has too many workers", reason="busy")
     with state.lock:
         wait = state.spawns.take(principal.name, time.monotonic())
     if wait:

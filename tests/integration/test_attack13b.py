@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from mcpd.common import frames
+from mcpd.common import frames, identity
 from mcpd.common.config import SAMPLE_BYTES
 from tests.integration.privsep_fixture import SECRET_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_login_attacks import FAST_PAM
@@ -414,8 +414,40 @@ def test_one_token_cannot_make_the_root_side_start_workers_without_bound(
     unit's ``TasksMax=512``, which root, the policy process's threads, the walkers and every
     principal's workers share: then no worker or walker starts for anyone, and a new connection's
     thread cannot start in the policy process (an uncaught ``RuntimeError`` in its accept loop).
-    Fixed: at most 4 x per_account workers per account at once; more are refused."""
+    Fixed: at most 4 x per_account workers per principal at once; more are refused."""
     d, _ = attacked
     replies = as_front(d, SPAWNS, d.tokens["bob"], str(4 * 4 + 1))
     assert replies == [True] * 16 + [False]
-    assert any(r.get("reason") == "too many workers for one account" for r in d.audit())
+    assert any(r.get("reason") == "too many workers for one principal" for r in d.audit())
+
+
+SPAWNS_OF = r"""
+h = conn(sys.argv[1]); kept = []; replies = []
+for token in sys.argv[2:]:  # bounded: one spawn per argument, the sockets kept so that every worker stays alive
+    send(h, {"type": "spawn_worker", "id": len(replies) + 1, "token": token})
+    rep, fds = recv(h)
+    kept += fds
+    replies.append(rep.get("ok"))
+print(json.dumps(replies))
+"""
+
+
+def test_principals_bound_to_one_account_each_have_their_own_bound_of_live_workers(
+        attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
+    """The root side's bound of live workers (4 x per_account) is per principal: two principals
+    bound to one OS account each get their own (the front pools workers per principal), so one
+    cannot take the other's; each is still refused past its own."""
+    d, _ = attacked
+    path = d.state_dir / "users.yaml"
+    saved = path.read_bytes()
+    users = identity.load_users(path)
+    tokens = {}
+    for name in ("carl1", "carl2"):
+        tokens[name], rec = identity.new_token()
+        users[name] = identity.UserRecord(name=name, os_user=users["bob"].os_user, tokens=[rec])
+    identity.save_users(path, users)
+    try:
+        replies = as_front(d, SPAWNS_OF, *([tokens["carl1"]] * 16 + [tokens["carl2"]] * 16 + [tokens["carl1"]]))
+    finally:
+        path.write_bytes(saved)
+    assert replies == [True] * 32 + [False]
