@@ -392,11 +392,10 @@ def test_a_removed_principals_worker_ends_within_seconds_even_if_the_front_keeps
             proc.kill()
 
 
-SPAWNS = r"""
-token, n = sys.argv[2], int(sys.argv[3])
+SPAWNS_OF = r"""
 h = conn(sys.argv[1]); kept = []; replies = []
-for i in range(n):  # bounded: n spawns, the sockets kept so that every worker stays alive
-    send(h, {"type": "spawn_worker", "id": i + 1, "token": token})
+for token in sys.argv[2:]:  # bounded: one spawn per argument, the sockets kept so that every worker stays alive
+    send(h, {"type": "spawn_worker", "id": len(replies) + 1, "token": token})
     rep, fds = recv(h)
     kept += fds
     replies.append(rep.get("ok"))
@@ -416,20 +415,9 @@ def test_one_token_cannot_make_the_root_side_start_workers_without_bound(
     thread cannot start in the policy process (an uncaught ``RuntimeError`` in its accept loop).
     Fixed: at most 4 x per_account workers per principal at once; more are refused."""
     d, _ = attacked
-    replies = as_front(d, SPAWNS, d.tokens["bob"], str(4 * 4 + 1))
+    replies = as_front(d, SPAWNS_OF, *[d.tokens["bob"]] * (4 * 4 + 1))
     assert replies == [True] * 16 + [False]
     assert any(r.get("reason") == "too many workers for one principal" for r in d.audit())
-
-
-SPAWNS_OF = r"""
-h = conn(sys.argv[1]); kept = []; replies = []
-for token in sys.argv[2:]:  # bounded: one spawn per argument, the sockets kept so that every worker stays alive
-    send(h, {"type": "spawn_worker", "id": len(replies) + 1, "token": token})
-    rep, fds = recv(h)
-    kept += fds
-    replies.append(rep.get("ok"))
-print(json.dumps(replies))
-"""
 
 
 def test_principals_bound_to_one_account_each_have_their_own_bound_of_live_workers(
