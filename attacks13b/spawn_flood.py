@@ -7,22 +7,22 @@ two (pidfd and control socket), and each is a task of the helper's unit: a few h
 ``TasksMax=512`` (shared by root, the policy's threads, walkers and every principal's workers), or
 the policy's descriptor limit where the unit leaves systemd's default (1024), and every
 principal's spawns, walks and new connections fail. Workers live outside the front's limits.
-Fixed: an account holding 4 x per_account workers gets no more (server.SPAWN_FACTOR).
+Fixed: a principal holding 4 x per_account workers gets no more (server.SPAWN_FACTOR).
 Exits 0 when more than 4 x per_account started.
 """
 import os
 import sys
 
 from _lib import as_front, daemon, stop
-from tests.integration.test_attack13b import SPAWNS, _children_of_policy
+from tests.integration.test_attack13b import SPAWNS_OF, _children_of_policy
 
 if __name__ == "__main__":
     d, factory = daemon()
     try:
         (policy,) = _children_of_policy(d)
         before = len(os.listdir(f"/proc/{policy}/fd"))
-        replies = as_front(d, SPAWNS.replace('print(json.dumps(replies))', 'print(json.dumps(replies), flush=True)\n'
-                                             'time.sleep(3)'), d.tokens["bob"], "60")
+        replies = as_front(d, SPAWNS_OF.replace('print(json.dumps(replies))', 'print(json.dumps(replies), flush=True)\n'
+                                                'time.sleep(3)'), *[d.tokens["bob"]] * 60)
         limit = [line for line in open(f"/proc/{policy}/limits") if line.startswith("Max open files")]
         print("spawned:", replies.count(True), "of", len(replies))
         print("policy descriptors before:", before, "(the count after the front closed them is lower again)")

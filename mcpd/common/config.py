@@ -108,6 +108,10 @@ CAP_KEY = "_cap"
 #: own secrets, never served.
 DEV_TOKEN_FILE = "dev-token"
 
+#: Bytes of a regular file that ``files/filetype`` reads and judges (64 KiB): on the privileged
+#: route the policy process copies exactly these into a sealed memfd for the worker.
+SAMPLE_BYTES = 64 * 1024
+
 
 @dataclasses.dataclass(frozen=True)
 class Workers:

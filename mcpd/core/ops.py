@@ -33,6 +33,9 @@ class OpContext:
     or raises ``ToolError``; ``open_dir(path) -> fd`` a directory; ``allow(path)`` is the privileged
     route's grant filter (``None``: no filter). ``progress(done, total | None, message)`` is
     called by long ops (``files/find``) every few thousand entries (``None``: nobody listens).
+    ``facts`` is set on the privileged route of ``files/filetype`` only: what root's descriptor of
+    the granted path showed (``{"mode", "size", "dev", "ino", "target"}``, see
+    :func:`mcpd.core.fileops.filetype.filetype`), and ``open_file`` then gives a sample, not the file.
     """
 
     limits: ReadLimits
@@ -40,6 +43,7 @@ class OpContext:
     open_dir: Callable[[str], int]
     allow: Callable[[str], bool] | None = None
     progress: Callable[[int, int | None, str], None] | None = None
+    facts: dict[str, Any] | None = None
 
 
 def files_read_op(args: Any, ctx: OpContext) -> dict[str, Any]:

@@ -19,6 +19,9 @@ only what root's opener already proved. The workers read with ``pread`` only, so
 description's offset, which every holder shares, is never used; its status flags and ``flock``
 locks are checked and released (see :class:`OpenedFiles`). Descriptors are closed 5 s after their
 last use, and all of them when the mount table changes.
+
+``files/filetype`` never hands root's descriptor to a worker: :func:`described` turns it into
+facts sent as data and, for a regular file, a sealed memfd holding the sample the op judges.
 """
 
 from __future__ import annotations
@@ -31,9 +34,14 @@ import select
 import stat
 import threading
 import time
+from typing import Any
+
+from mcpd.common.config import SAMPLE_BYTES
 
 SIZE = 64  # descriptors kept, least recently used dropped first
 IDLE_SECONDS = 5.0  # a descriptor not handed out for this long is closed (see OpenedFiles.sweep)
+#: the seals of a sample memfd: its size and bytes are final, and so are the seals
+SAMPLE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 #: what the kernel appends to the path of an unlinked file: the descriptor of ``d/f (deleted)``,
 #: renamed to ``d/f``, hard-linked anywhere and unlinked from ``d/f``, reads ``d/f (deleted)`` again
 DELETED = " (deleted)"
@@ -49,6 +57,49 @@ def still_at(fd: int, path: str) -> bool:
                 and os.readlink(f"/proc/self/fd/{fd}") == path)
     except OSError:
         return False
+
+
+def described(fd: int) -> tuple[dict[str, Any], int | None]:
+    """What ``files/filetype`` needs of root's descriptor ``fd`` of a granted path, so that the
+    descriptor itself never leaves this process (SPEC §4.1: a call gets what its tool's grant
+    covers; a filetype grant is no read grant, and an ``O_PATH`` descriptor could be reopened
+    through ``/proc/self/fd`` past the folders above the file).
+
+    Copies, never parses: the bytes are read with ``pread`` (root's descriptor's shared offset is
+    never used) and written to the memfd as they are, at most :data:`SAMPLE_BYTES` of them.
+
+    Args:
+        fd: a descriptor root's opener gave (``O_RDONLY`` for a regular file, ``O_PATH`` else);
+            the caller keeps and closes it.
+
+    Returns:
+        ``(facts, memfd)``: ``facts`` is ``{"mode": st_mode, "size": bytes, "dev", "ino",
+        "target": a symlink's target or None}`` from ``fstat`` (and ``readlinkat(fd, "")``);
+        ``memfd`` is None unless the file is regular, else a new ``memfd`` (close-on-exec, the
+        caller's to close) holding the file's first ``min(size, SAMPLE_BYTES)`` bytes, sealed with
+        :data:`SAMPLE_SEALS`.
+
+    Raises:
+        OSError: from ``fstat``, ``readlinkat``, ``pread`` or the memfd.
+    """
+    st = os.fstat(fd)
+    target = os.readlink("", dir_fd=fd) if stat.S_ISLNK(st.st_mode) else None  # readlinkat(fd, "")
+    facts = {"mode": st.st_mode, "size": st.st_size, "dev": st.st_dev, "ino": st.st_ino, "target": target}
+    if not stat.S_ISREG(st.st_mode):
+        return facts, None
+    memfd = os.memfd_create("mcpd-filetype-sample", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        got = 0
+        while got < SAMPLE_BYTES and (chunk := os.pread(fd, SAMPLE_BYTES - got, got)):
+            done = 0
+            while done < len(chunk):
+                done += os.pwrite(memfd, chunk[done:], got + done)
+            got += done
+        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, SAMPLE_SEALS)
+    except BaseException:
+        os.close(memfd)
+        raise
+    return facts, memfd
 
 
 class OpenedFiles:

@@ -15,9 +15,11 @@ thread.
 It trusts nothing the front says: every request that acts for a principal carries that
 principal's token, verified here, and the grant is decided here. What needs root it asks of the
 root helper (:mod:`mcpd.policy.rootclient`): for ``files/read``/``files/filetype`` root opens the
-granted file once (its checked opener) and this process passes the descriptor to the caller's own
-worker (uid of the account, CapEff 0, no_new_privs), which runs the reading core and answers the
-front directly. ``files/list``/``files/find`` run as a metadata walk in a walker
+granted file once (its checked opener); for ``files/read`` this process passes the descriptor to
+the caller's own worker (uid of the account, CapEff 0, no_new_privs), which runs the reading core
+and answers the front directly. For ``files/filetype`` the descriptor stays here: the worker gets
+its ``fstat`` facts as data and, for a regular file, a sealed memfd holding the first
+``SAMPLE_BYTES`` (copied, not parsed; :func:`mcpd.policy.opened.described`). ``files/list``/``files/find`` run as a metadata walk in a walker
 (:mod:`mcpd.walker`): a killable child of root's fork server, not root, holding
 CAP_DAC_READ_SEARCH only, which parses the call's arguments itself and filters every entry by the
 grant.
@@ -45,14 +47,15 @@ from typing import Any
 from mcpd.common import frames, identity
 from mcpd.common.buckets import TokenBuckets
 from mcpd.common.config import CAP_KEY, Config
-from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
+from mcpd.common.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError,
+                                from_oserror)
 from mcpd.common.reload import Reloading
 from mcpd.common.validate import check_path
 from mcpd.common.audit import AuditLog, Prepared
 from mcpd.policy import grants
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Issued, Login, Store
-from mcpd.policy.opened import OpenedFiles
+from mcpd.policy.opened import OpenedFiles, described
 from mcpd.policy.rootclient import RootClient
 
 log = logging.getLogger("mcpd.helper")
@@ -63,9 +66,11 @@ MAX_CONNECTIONS = 32  # the front's shared connections, one per privileged call 
 CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}
 CONTENT_OPS = ("files/read", "files/filetype")
 WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path argument (the walker parses the rest)
-#: workers one account may have at once, in workers.per_account: the front's pool keeps at most
-#: per_account, plus the few it is replacing; a front asking for more is refused (their processes
-#: share the helper unit's TasksMax, their descriptors the policy process's, with every principal)
+#: workers one principal may have alive at once, in workers.per_account: the front's pool keeps at
+#: most per_account per principal, plus the few it is replacing; a front asking for more is refused
+#: (their processes share the helper unit's TasksMax, their descriptors the policy process's, with
+#: every principal). Counted per principal, not per account: several principals bound to one
+#: account each get their own pool in the front.
 SPAWN_FACTOR = 4
 REVOKE_SECONDS = 1.0  # how often the workers' tokens are checked again (end_revoked)
 EXITED_KEPT = 256  # ended workers whose owner is remembered (State.exited)
@@ -160,10 +165,7 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``spawn_worker {token}`` → a worker running as the token's principal's OS account (never
     uid 0), bound to that principal; the front's socket end travels back by SCM_RIGHTS. Past the
     principal's :attr:`State.spawns` bucket: ``RATE_LIMITED`` (nothing started, nothing audited);
-    past :data:`SPAWN_FACTOR` x ``per_account`` workers of the principal alive on its account:
-    ``HELPER_UNAVAILABLE``. (Counted per principal, not per account: the front keeps up to
-    ``per_account`` idle workers per principal for as long as it runs, so an account-wide count
-    let the principals sharing an account lock every other one of it out.)"""
+    past :data:`SPAWN_FACTOR` x ``per_account`` workers of the principal alive: ``HELPER_UNAVAILABLE``."""
     principal, login = _who(state, req)
     try:
         pw = pwd.getpwnam(principal.os_user)
@@ -318,8 +320,10 @@ def _ms(started: float) -> float:
 
 def _content(state: State, op: str, args: dict[str, Any], principal: identity.Principal, follow: bool,
              req: dict[str, Any], record: dict[str, Any]) -> tuple[dict[str, Any], str | None, int, Prepared]:
-    """Hand the opened file to the principal's worker and wait for its report; the accept record
-    (``record``'s fields) is encoded while the worker reads, and written by the caller."""
+    """Hand the opened file to the principal's worker (``files/read``: root's descriptor;
+    ``files/filetype``: only :func:`~mcpd.policy.opened.described`'s facts and sample memfd) and
+    wait for its report; the accept record (``record``'s fields) is encoded while the worker
+    reads, and written by the caller."""
     if not isinstance(req.get("worker"), int) or req.get("rid") is None:
         raise Refused("content call without worker and rid")
     w = _bound_worker(state, principal, req["worker"])
@@ -339,12 +343,20 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
         try:
             if req.get("cap") is not None:
                 args[CAP_KEY] = req["cap"]  # the principal's max_file_bytes: it can only narrow the cap
-            frame = {"id": req["rid"], "op": op, "args": args}
+            frame: dict[str, Any] = {"id": req["rid"], "op": op, "args": args}
+            if op == "files/filetype":  # root's descriptor stays here: facts as data, a sample memfd
+                try:
+                    frame["facts"], sample = described(fd)
+                except OSError as err:
+                    raise from_oserror(err, args["path"]) from None
+                os.close(fd)
+                fd = -1 if sample is None else sample
             try:
-                frames.send_frame(w.ctl, frame, [fd])
+                frames.send_frame(w.ctl, frame, [fd] if fd >= 0 else [])
             except OSError:  # the worker ended (its socket closed) before the call reached it
                 raise ToolError(INTERNAL_ERROR, "the worker ended during the call") from None
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             fd = -1
             prepared = state.audit.prepare("accept", decision="accept", reason="granted", **record)
             report = _await_report(w, req["rid"], _deadline(args, state.cfg.workers.timeout_seconds))

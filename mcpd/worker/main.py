@@ -85,9 +85,11 @@ def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any]
                   ctx: OpContext) -> None:
     """Run one privileged content call the root helper granted (SPEC §4.5a): ``frame`` is
     ``{"id", "op", "args"}`` with the granted path in ``args["path"]`` and ``fds`` the one
-    descriptor the helper opened for it; nothing else may be opened. The reply goes to the front
-    on ``sock``; a report ``{"id", "code", "bytes"}`` (no content) goes back to the helper on ``ctl``
-    for its audit record."""
+    descriptor the helper opened for it; nothing else may be opened. For ``files/filetype`` the
+    frame also holds ``"facts"`` (what root's descriptor showed) and ``fds`` is the sealed sample
+    memfd of a regular file, or empty (:func:`mcpd.policy.opened.described`). The reply goes to
+    the front on ``sock``; a report ``{"id", "code", "bytes"}`` (no content) goes back to the
+    helper on ``ctl`` for its audit record."""
     from mcpd.core import ops
 
     args = frame.get("args")
@@ -102,7 +104,10 @@ def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any]
         raise ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="no grant covers this path")
 
     try:
-        reply = ops.run(frame, dataclasses.replace(ctx, open_file=open_granted, open_dir=no_dir))
+        facts = frame.get("facts") if frame.get("op") == "files/filetype" else None
+        if frame.get("op") == "files/filetype" and not isinstance(facts, dict):
+            facts = {}  # malformed: the op refuses it (INTERNAL_ERROR), never opens the descriptor as the file
+        reply = ops.run(frame, dataclasses.replace(ctx, open_file=open_granted, open_dir=no_dir, facts=facts))
     finally:
         for fd in fds:
             os.close(fd)

@@ -178,10 +178,11 @@ def _read_all(tls: Any) -> int:
 async def test_unread_json_answers_are_bounded_like_a_sessions_queue(daemon_factory: Any, tmp_path: Path) -> None:
     """Each POST /mcp answered as JSON (up to the 10 MiB response cap) that its client never reads
     is held by the front until the connection ends: 16 such POSTs made the front hold ~370 MiB
-    (attacks13/unread_json_answers.py). SPEC §1.7 bounds the outgoing bytes per session
-    (``session_queue_bytes``) and disconnects a client that stops reading; here 8 unread answers
-    of 9 MiB on one session (72 MiB, bound 16 MiB) must not all be delivered in full."""
-    d = daemon_factory()
+    (attacks13/unread_json_answers.py). SPEC §1.7 bounds what a client makes the server hold per
+    principal and in total, and disconnects a client that stops reading: such answers count
+    against the principal's ``principal_queue_bytes`` (here 32 MiB), so 8 unread answers of 9 MiB
+    on one session (72 MiB) must not all be delivered in full."""
+    d = daemon_factory(principal_queue_bytes=32 * 1024 * 1024)
     big = tmp_path / "big.txt"
     big.write_bytes((b"x" * 99 + b"\n") * (9 * 1024 * 1024 // 100))
     n = 8

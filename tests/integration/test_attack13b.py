@@ -9,8 +9,13 @@ strict xfails that name the rule they break and its severity.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import shutil
+import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -20,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from mcpd.common import frames, identity
+from mcpd.common.config import SAMPLE_BYTES
 from tests.integration.privsep_fixture import SECRET_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_login_attacks import FAST_PAM
 from tests.integration.test_pam_login import enroll
@@ -194,46 +201,110 @@ def test_a_fresh_login_lists_and_finds_what_a_reauth_grant_covers(attacked: tupl
     assert [m["path"] for m in out["files/find"]["result"]["matches"]] == [str(d.log_file)]
 
 
+# Spawns a worker with the token argv[2] and prints its pid; then, for each path in argv[3:], waits
+# for a line on stdin (the test has stopped the worker and holds its control socket meanwhile),
+# asks for that path's privileged files/filetype and prints the policy process's reply.
 FILETYPE = r"""
-token, path = sys.argv[2], sys.argv[3]
+token = sys.argv[2]
 h = conn(sys.argv[1])
 send(h, {"type": "spawn_worker", "id": 1, "token": token})
 rep, fds = recv(h)
-send(h, {"type": "privileged_call", "id": 2, "token": token, "session": "s", "peer": "p", "op": "files/filetype",
-         "args": {"path": path, "privileged": True}, "worker": rep["pid"], "rid": 5})
-print(json.dumps(recv(h)[0]))
+print(json.dumps(rep["pid"]), flush=True)
+for rid, path in enumerate(sys.argv[3:], 5):
+    sys.stdin.readline()
+    send(h, {"type": "privileged_call", "id": rid, "token": token, "session": "s", "peer": "p", "op": "files/filetype",
+             "args": {"path": path, "privileged": True}, "worker": rep["pid"], "rid": rid})
+    print(json.dumps(recv(h)[0]), flush=True)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="open: a files/filetype grant hands the worker a descriptor open for reading")
-def test_a_filetype_grant_gives_the_worker_no_descriptor_it_could_read(attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
-    """SPEC §4.1/§4.5a (a privileged call gets what its tool's grant covers), medium: for
-    ``files/filetype`` root opens a regular file ``O_RDONLY`` and the policy process hands that
-    descriptor to the principal's worker (and keeps a copy of it for the next read), so a
-    principal granted only ``files/filetype`` on ``/srv/x/secret`` whose worker is compromised (it
-    decodes attacker-written bytes) reads the whole file, though no ``files/read`` grant covers it.
-    (Non-regular files travel as ``O_PATH`` descriptors, which the worker can reopen through
-    ``/proc/self/fd`` past the folders' permissions above them, for a 0666 FIFO or socket in a
-    0700 folder.) Checked on the copy the policy process kept: the same open file description."""
+def what_a_filetype_worker_gets(d: PrivsepDaemon, token: str, paths: list[str]) -> list[tuple[dict[str, Any], list[int]]]:
+    """Play alice's compromised worker for one privileged ``files/filetype`` call per path: stop
+    the real worker, take (``pidfd_getfd``) its end of the policy process's control socket, and
+    receive there the call's frame and every descriptor sent with it, exactly as the worker would;
+    then report the call done as the worker would (the policy's reply must be ``ok``). Returns
+    ``[(frame, descriptors)]`` (the caller closes the descriptors)."""
     from tests.integration.test_privsep_attacks import _grab_fd
 
+    front = subprocess.Popen(["setpriv", f"--reuid={d.service.pw_uid}", f"--regid={d.service.pw_gid}", "--clear-groups",
+                              sys.executable, "-I", "-c", PRELUDE + FILETYPE, str(d.socket_path), token, *paths],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert front.stdin is not None and front.stdout is not None
+    got: list[tuple[dict[str, Any], list[int]]] = []
+    pid = 0
+    try:
+        pid = json.loads(front.stdout.readline())
+        for _ in range(200):  # the fork server's child may not have exec'd the worker yet
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"--ctl" in argv:
+                break
+            time.sleep(0.05)
+        ctl_fd = int(argv[argv.index(b"--ctl") + 1])
+        os.kill(pid, signal.SIGSTOP)
+        ctl = socket.socket(fileno=_grab_fd(pid, os.readlink(f"/proc/{pid}/fd/{ctl_fd}")))
+        ctl.settimeout(30)
+        with ctl:
+            for _ in paths:
+                front.stdin.write("go\n")
+                front.stdin.flush()
+                frame, fds = frames.recv_frame_fds(ctl, frames.HELPER_REQUEST_CAP, 8)
+                assert frame is not None
+                got.append((frame, fds))
+                frames.send_frame(ctl, {"id": frame["id"], "code": None, "bytes": 0})
+                assert json.loads(front.stdout.readline())["ok"] is True
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGCONT)
+        front.stdin.close()
+        front.wait(timeout=30)
+        front.stdout.close()
+    return got
+
+
+def test_a_filetype_grant_gives_the_worker_no_descriptor_it_could_read(attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
+    """SPEC §4.1/§4.5a (a privileged call gets what its tool's grant covers), medium: for
+    ``files/filetype`` root opened a regular file ``O_RDONLY`` and the policy process handed that
+    descriptor to the principal's worker, so a principal granted only ``files/filetype`` on a
+    root-only file whose worker is compromised (it decodes attacker-written bytes) read the whole
+    file, though no ``files/read`` grant covers it; non-regular files travelled as ``O_PATH``
+    descriptors, which the worker could reopen through ``/proc/self/fd`` past the folders'
+    permissions above them (a 0666 FIFO in a 0700 folder). Now the worker gets the file's facts as
+    data, and for a regular file one sealed memfd holding the sample the op judges: at most
+    ``SAMPLE_BYTES``, never the rest of the file; for anything else no descriptor at all."""
     d, _ = attacked
+    folder = d.srv / "ft"
+    folder.mkdir(mode=0o700)
+    big, fifo = folder / "big.bin", folder / "pipe"
+    big.write_bytes(b"x" * SAMPLE_BYTES + SECRET_TEXT.encode())  # the secret lies past the sample
+    os.chmod(big, 0o600)
+    os.mkfifo(fifo)
+    os.chmod(fifo, 0o666)
     grants = d.default_grants()
     grants["users"][d.accounts["alice"].name]["privileged"]["tools"]["files/filetype"] = {
-        "allowed": True, "paths": [str(d.secret)]}
+        "allowed": True, "paths": [str(big), str(fifo)]}
     d.write_grants(grants)
     time.sleep(1.5)
     try:
-        reply = as_front(d, FILETYPE, d.tokens["alice"], str(d.secret))
-        assert reply["ok"] is True  # the worker's answer (the type) went to the front
-        (policy,) = _children_of_policy(d)
-        fd = _grab_fd(policy, str(d.secret))
+        (big_frame, big_fds), (fifo_frame, fifo_fds) = what_a_filetype_worker_gets(
+            d, d.tokens["alice"], [str(big), str(fifo)])
         try:
-            assert os.pread(fd, 100, 0) != SECRET_TEXT.encode()
+            (fd,) = big_fds
+            assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:")  # not the file
+            assert fifo_fds == []  # nothing to reopen past the 0700 folder
+            assert os.pread(fd, 4 * SAMPLE_BYTES, 0) == b"x" * SAMPLE_BYTES
+            assert os.fstat(fd).st_size == SAMPLE_BYTES
+            seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+            assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & seals == seals
+            st = big.stat()
+            assert big_frame["facts"] == {"mode": st.st_mode, "size": st.st_size, "dev": st.st_dev, "ino": st.st_ino,
+                                          "target": None}
+            assert stat.S_ISFIFO(fifo_frame["facts"]["mode"])
         finally:
-            os.close(fd)
+            for fd in big_fds + fifo_fds:
+                os.close(fd)
     finally:
         d.write_grants(d.default_grants())
+        shutil.rmtree(folder)
 
 
 def _children_of_policy(d: PrivsepDaemon) -> list[int]:
@@ -331,11 +402,10 @@ def test_a_removed_principals_worker_ends_within_seconds_even_if_the_front_keeps
             proc.kill()
 
 
-SPAWNS = r"""
-token, n = sys.argv[2], int(sys.argv[3])
+SPAWNS_OF = r"""
 h = conn(sys.argv[1]); kept = []; replies = []
-for i in range(n):  # bounded: n spawns, the sockets kept so that every worker stays alive
-    send(h, {"type": "spawn_worker", "id": i + 1, "token": token})
+for token in sys.argv[2:]:  # bounded: one spawn per argument, the sockets kept so that every worker stays alive
+    send(h, {"type": "spawn_worker", "id": len(replies) + 1, "token": token})
     rep, fds = recv(h)
     kept += fds
     replies.append(rep.get("ok"))
@@ -353,8 +423,29 @@ def test_one_token_cannot_make_the_root_side_start_workers_without_bound(
     unit's ``TasksMax=512``, which root, the policy process's threads, the walkers and every
     principal's workers share: then no worker or walker starts for anyone, and a new connection's
     thread cannot start in the policy process (an uncaught ``RuntimeError`` in its accept loop).
-    Fixed: at most 4 x per_account workers per principal and account at once; more are refused."""
+    Fixed: at most 4 x per_account workers per principal at once; more are refused."""
     d, _ = attacked
-    replies = as_front(d, SPAWNS, d.tokens["bob"], str(4 * 4 + 1))
+    replies = as_front(d, SPAWNS_OF, *[d.tokens["bob"]] * (4 * 4 + 1))
     assert replies == [True] * 16 + [False]
     assert any(r.get("reason") == "too many workers for one principal" for r in d.audit())
+
+
+def test_principals_bound_to_one_account_each_have_their_own_bound_of_live_workers(
+        attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
+    """The root side's bound of live workers (4 x per_account) is per principal: two principals
+    bound to one OS account each get their own (the front pools workers per principal), so one
+    cannot take the other's; each is still refused past its own."""
+    d, _ = attacked
+    path = d.state_dir / "users.yaml"
+    saved = path.read_bytes()
+    users = identity.load_users(path)
+    tokens = {}
+    for name in ("carl1", "carl2"):
+        tokens[name], rec = identity.new_token()
+        users[name] = identity.UserRecord(name=name, os_user=users["bob"].os_user, tokens=[rec])
+    identity.save_users(path, users)
+    try:
+        replies = as_front(d, SPAWNS_OF, *([tokens["carl1"]] * 16 + [tokens["carl2"]] * 16 + [tokens["carl1"]]))
+    finally:
+        path.write_bytes(saved)
+    assert replies == [True] * 32 + [False]

@@ -142,28 +142,25 @@ def test_what_a_stream_no_longer_holds_is_not_held_against_its_principal() -> No
     asyncio.run(go())
 
 
-def test_an_answer_its_connection_has_not_taken_counts_against_its_session_and_principal() -> None:
+def test_an_answer_its_connection_has_not_taken_counts_against_its_principal_not_its_session() -> None:
     """``SessionManager.hold_answer`` (a ``/mcp`` answer written in pieces, while its client is
-    behind): one answer alone always fits its session; a second passing ``session_queue_bytes``
-    (counted with what the session's queue holds) is refused as a full queue; answers of sessions
-    and of no session add up against the principal's budget; releasing leaves nothing counted."""
-    m = SessionManager(Config(session_queue_bytes=100 * KIB, principal_queue_bytes=300 * KIB),
-                       Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
-    one, two = (m.open(Principal("alice", "alice", "t1"), kind="mcp") for _ in range(2))
-    assert m.hold_answer("alice", one, 150 * KIB) is None  # alone: fits, though over 100 KiB
-    assert m.hold_answer("alice", one, 1) == "queue_overflow"
-    m.hold_answer("alice", one, -1)
-    one.send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x" * (60 * KIB)}})
-    assert m.hold_answer("alice", two, 60 * KIB) is None  # (one's message stays queued: it has no stream)
-    assert m.hold_answer("alice", two, 50 * KIB) == "queue_overflow"  # two: 110 KiB > 100 KiB
-    m.hold_answer("alice", two, -50 * KIB)
-    assert m.hold_answer("alice", None, 40 * KIB) == "queue_bytes_per_principal"  # 150 + 60 + 60 + 40 > 300
-    assert m.hold_answer("bob", None, 200 * KIB) is None  # bob's budget is his own
-    for session, size in ((one, 150 * KIB), (two, 60 * KIB), (None, 40 * KIB)):
-        m.hold_answer("alice", session, -size)
-    m.hold_answer("bob", None, -200 * KIB)
+    behind): answers add up against the principal's budget (and the total), never against a
+    session's ``session_queue_bytes`` (each has a connection of its own, and several large answers
+    read at once on one session are normal); releasing leaves nothing counted."""
+    m = SessionManager(Config(session_queue_bytes=100 * KIB, principal_queue_bytes=300 * KIB,
+                              total_queue_bytes=500 * KIB), Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+    m.open(Principal("alice", "alice", "t1"), kind="mcp")
+    assert m.hold_answer("alice", 150 * KIB) is None  # over session_queue_bytes: no session bound here
+    assert m.hold_answer("alice", 140 * KIB) is None
+    assert m.hold_answer("alice", 20 * KIB) == "queue_bytes_per_principal"  # 310 KiB > 300 KiB
+    m.hold_answer("alice", -20 * KIB)
+    assert m.hold_answer("bob", 200 * KIB) is None  # bob's budget is his own
+    assert m.hold_answer("carol", 20 * KIB) == "queue_bytes_total"  # 290 + 200 + 20 > 500 KiB
+    m.hold_answer("carol", -20 * KIB)
+    for name, size in (("alice", 150 * KIB), ("alice", 140 * KIB), ("bob", 200 * KIB)):
+        m.hold_answer(name, -size)
     m.close_all()
-    assert m.outgoing.total == 0 and m._answering == {}
+    assert m.outgoing.total == 0 and m.outgoing.held("alice") == m.outgoing.held("bob") == 0
 
 
 def test_a_stream_its_client_caught_up_on_is_released_by_its_keep_alive_comment() -> None:

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any, Protocol
 
+from mcpd.common.config import SAMPLE_BYTES
 from mcpd.common.filekind import TYPE_NAMES, type_name
 from mcpd.core.walk import LIST_MAX, clean, no_grant
 
@@ -34,10 +35,6 @@ __all__ = [
 ]
 
 ProgressFn = Callable[[int, "int | None", str], None]
-
-#: Bytes of a regular file that ``files/filetype`` reads and judges (64 KiB).
-SAMPLE_BYTES = 64 * 1024
-
 
 class Context(Protocol):
     """The part of ``mcpd.core.ops.OpContext`` these ops use (structural, see docs/INTERNALS.md)."""

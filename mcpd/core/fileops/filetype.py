@@ -3,18 +3,21 @@
 One flow for both routes. The last component is first examined with ``lstat`` as the worker's own
 account (:func:`mcpd.core.walk.lstat_at`), so a symlink is reported as ``inode/symlink`` (with its
 target) and a FIFO, socket or device as ``inode/fifo`` etc. without ever being opened: nothing can
-block. Otherwise the path is opened once through ``ctx.open_file`` and, when ``lstat`` saw it, the
-descriptor must be that inode (else ``PERMISSION_DENIED``, reason ``path changed while opening``).
+block. Otherwise the route's opener is asked once (below) and, when ``lstat`` saw the path, what it
+gives must be that inode (else ``PERMISSION_DENIED``, reason ``path changed while opening``).
 
 * Unprivileged route: ``ctx.open_file`` is :func:`mcpd.core.fileopen.open_regular` (the kernel
   judges; it refuses anything but a regular file without opening it).
-* Privileged content route: the root helper decided, resolved and checked the path (SPEC §4.4) and
-  handed its one descriptor to the caller's worker, whose ``ctx.open_file(path)`` returns it:
-  ``O_RDONLY`` for a regular file, ``O_PATH`` (opened for nothing: no driver run, no FIFO reader)
-  for anything else. When the caller may not ``lstat`` the path itself, the type, size and a
-  symlink's target come from that descriptor (``fstat``, ``readlinkat(fd, "")``); only a regular
-  file's descriptor is ever read. ``ctx.open_dir`` is never used, ``ctx.open_file`` at most once,
-  and the descriptor is closed by the op. ``ctx.allow``, when set, must cover the path.
+* Privileged content route: the root helper decided, resolved and checked the path (SPEC §4.4)
+  and opened it once, but its descriptor never leaves the policy process (a filetype grant is no
+  read grant): the policy process sends the worker, in ``ctx.facts``, what that descriptor showed
+  (``fstat``'s mode, size, device and inode, and ``readlinkat(fd, "")``'s target for a symlink)
+  and, for a regular file only, ``ctx.open_file(path)`` gives a sealed memfd holding the file's
+  first :data:`SAMPLE_BYTES` bytes (copied there, not parsed: :func:`mcpd.policy.opened.described`).
+  These facts stand in for the ``fstat`` of the unprivileged route, and when the caller may not
+  ``lstat`` the path itself, for the ``lstat`` too. ``ctx.open_dir`` is never used,
+  ``ctx.open_file`` at most once, and the descriptor is closed by the op. ``ctx.allow``, when
+  set, must cover the path.
 
 At most :data:`SAMPLE_BYTES` are read and everything else (libmagic's MIME type, text or binary,
 encoding, line endings) is judged from those bytes.
@@ -25,11 +28,11 @@ from __future__ import annotations
 import codecs
 import os
 import stat
-from typing import Any
+from typing import Any, NamedTuple
 
 import magic
 
-from mcpd.common.errors import PERMISSION_DENIED, ToolError, from_oserror
+from mcpd.common.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror
 from mcpd.core import textdecode
 from mcpd.core.fileops import SAMPLE_BYTES, Context, allowed, clean, no_grant, type_name
 from mcpd.core.tools import files_filetype
@@ -52,8 +55,8 @@ def filetype(path: str, ctx: Context) -> dict[str, Any]:
 
     Args:
         path: absolute path; a symlink is described, never followed.
-        ctx: the op context (``open_file``, which on the privileged route may return an
-            ``O_PATH`` descriptor of a non-regular file; ``allow`` when set).
+        ctx: the op context (``open_file``; ``allow`` when set; ``facts`` on the privileged
+            route, when ``open_file`` gives the sample memfd of a regular file only).
 
     Returns:
         ``{"path", "type", "mime", "size" (bytes)}`` and, for a symlink, ``"target"``; for a
@@ -69,9 +72,9 @@ def filetype(path: str, ctx: Context) -> dict[str, Any]:
     path = clean(path)
     if not allowed(ctx, path):
         raise no_grant(path)
-    st, target, fd = _examine(path, ctx)
-    kind = type_name(st.st_mode)
-    result: dict[str, Any] = {"path": path, "type": kind, "size": st.st_size}
+    inode, target, fd = _examine(path, ctx)
+    kind = type_name(inode.mode)
+    result: dict[str, Any] = {"path": path, "type": kind, "size": inode.size}
     if fd is None:
         result["mime"] = _INODE_MIME.get(kind, "inode/x-unknown")
         if target is not None:
@@ -82,32 +85,66 @@ def filetype(path: str, ctx: Context) -> dict[str, Any]:
     return result
 
 
-def _examine(path: str, ctx: Context) -> tuple[os.stat_result, str | None, int | None]:
-    """``(stat, symlink target, descriptor to sample)`` of ``path``; the descriptor (the caller
+class Inode(NamedTuple):
+    """What the op reports and compares of a file: ``st_mode``, size (bytes), device and inode."""
+
+    mode: int
+    size: int
+    dev: int
+    ino: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> Inode:
+        return cls(st.st_mode, st.st_size, st.st_dev, st.st_ino)
+
+
+def _examine(path: str, ctx: Context) -> tuple[Inode, str | None, int | None]:
+    """``(inode, symlink target, descriptor to sample)`` of ``path``; the descriptor (the caller
     closes it) is given for a regular file only. See the module docstring for the two routes."""
     try:
         lst, target = lstat_at(path, None)  # the worker's own view: the kernel judges, as the caller
     except OSError:
         lst, target = None, None  # hidden from the caller: the route's opener decides (and names the error)
     if lst is not None and not stat.S_ISREG(lst.st_mode):
-        return lst, target, None  # never opened
+        return Inode.of(lst), target, None  # never opened
+    inode, target, fd = _opened(path, ctx)
+    if lst is not None and (inode.dev, inode.ino) != (lst.st_dev, lst.st_ino):
+        if fd is not None:
+            os.close(fd)
+        raise ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path,
+                        reason="path changed while opening")
+    return inode, target, fd
+
+
+def _opened(path: str, ctx: Context) -> tuple[Inode, str | None, int | None]:
+    """The route's opener's view of ``path``: ``(inode, symlink target, descriptor to sample)``,
+    the descriptor for a regular file only. Privileged route: ``ctx.facts`` and the sample memfd;
+    unprivileged: ``fstat`` of the regular file ``ctx.open_file`` opened."""
+    facts = getattr(ctx, "facts", None)
+    if facts is not None:
+        inode, target = _from_facts(facts)
+        return inode, target, (ctx.open_file(path) if stat.S_ISREG(inode.mode) else None)
     fd = ctx.open_file(path)
     try:
-        st = os.fstat(fd)
-        if lst is not None and (st.st_dev, st.st_ino) != (lst.st_dev, lst.st_ino):
-            raise ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path,
-                            reason="path changed while opening")
-        if stat.S_ISREG(st.st_mode):
-            return st, None, fd
-        target = os.readlink("", dir_fd=fd) if stat.S_ISLNK(st.st_mode) else None  # readlinkat(fd, "")
+        inode = Inode.of(os.fstat(fd))
     except OSError as err:
         os.close(fd)
         raise from_oserror(err, path) from None
-    except ToolError:
-        os.close(fd)
-        raise
-    os.close(fd)  # an O_PATH descriptor (privileged route): described, never read
-    return st, target, None
+    if stat.S_ISREG(inode.mode):
+        return inode, None, fd
+    os.close(fd)  # (the unprivileged opener gives regular files only): described, never read
+    return inode, None, None
+
+
+def _from_facts(facts: dict[str, Any]) -> tuple[Inode, str | None]:
+    """The :class:`Inode` and symlink target the policy process sent; ``INTERNAL_ERROR`` when
+    they are missing or malformed (a broken policy process: nothing is guessed)."""
+    numbers: list[Any] = [facts.get(k) for k in Inode._fields]
+    target = facts.get("target")
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers) or not (
+            target is None or isinstance(target, str)):
+        raise ToolError(INTERNAL_ERROR, "internal error: the file's facts are missing")
+    return Inode(*numbers), target
 
 
 def _sample(fd: int, path: str) -> bytes:

@@ -531,9 +531,6 @@ class SessionManager:
         self._ticker: asyncio.TimerHandle | None = None
         #: outgoing bytes held by principal and in all (the sessions', /mcp POST streams' and answers')
         self.outgoing = OutgoingBytes(cfg.principal_queue_bytes, cfg.total_queue_bytes)
-        # bytes of each session's /mcp answers their connections have not taken (hold_answer);
-        # only sessions with some
-        self._answering: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -604,30 +601,20 @@ class SessionManager:
             return "queue_bytes_per_principal"
         return "queue_bytes_total" if outgoing.total > outgoing.budget else None
 
-    def hold_answer(self, name: str, session: SseSession | None, delta: int) -> str | None:
+    def hold_answer(self, name: str, delta: int) -> str | None:
         """Charge ``delta`` bytes (negative: released) of a ``/mcp`` answer its connection has not
         taken yet (``PiecedAnswer`` in ``streamable.py``) to principal ``name``'s and the total
-        budgets (:attr:`outgoing`) and, for a session's POST, to ``session``, whose answers count
-        with its queue and stream (:meth:`SseSession.held`) against ``session_queue_bytes``.
+        budgets (:attr:`outgoing`). Not to the session's ``session_queue_bytes``: each answer has
+        a connection of its own, and a client reading several large answers at once on one
+        session is normal (each is held whole until its last piece is written, and a reader
+        keeping up is behind for most of that time).
 
-        Returns, when a charge (``delta > 0``) passed a bound, its limit kind:
-        ``"queue_overflow"`` (the session's bound; an answer alone always fits, as one message in
-        an empty queue does), ``"queue_bytes_per_principal"`` or ``"queue_bytes_total"`` (still
-        passed once every stream was measured afresh, :meth:`still_over`); the caller then drops
-        its connection and releases what it charged. Else ``None``."""
-        kind = self.outgoing.charge(name, delta)
-        if session is not None:
-            held = self._answering.get(session.id, 0) + delta
-            if held > 0:
-                self._answering[session.id] = held
-            else:
-                self._answering.pop(session.id, None)
-            if delta > 0:
-                others = held - delta + session.held()
-                if others and others + delta > self._cfg.session_queue_bytes:
-                    return "queue_overflow"
-        if kind is not None:
-            return self.still_over(name, session)
+        Returns, when a charge (``delta > 0``) passed a bound, its limit kind
+        (``"queue_bytes_per_principal"``, ``"queue_bytes_total"``: still passed once every stream
+        was measured afresh, :meth:`still_over`); the caller then drops its connection and
+        releases what it charged. Else ``None``."""
+        if self.outgoing.charge(name, delta) is not None:
+            return self.still_over(name)
         return None
 
     def close(self, session: SseSession) -> None:

@@ -331,23 +331,22 @@ class PiecedAnswer(Response):
     Before each piece, while the client is behind (the server's
     :meth:`~mcpd.front.connguard.ConnectionOffer.behind`; always, without the server's offer),
     the answer is charged, all of it (it is held until its last piece is written)
-    (:meth:`SessionManager.hold_answer`): to ``session`` (its queue, stream and answers against
-    ``session_queue_bytes``) when given, and to principal ``owner``'s and the total budgets; it is
-    released once the connection takes writes again, and when the answer ends. Past a bound the
-    client stopped reading: the connection is dropped, the charge released and the limit counted,
-    as for a full queue. A client keeping up is charged nothing.
+    (:meth:`SessionManager.hold_answer`), to principal ``owner``'s and the total budgets
+    (``principal_queue_bytes``, ``total_queue_bytes``); it is released once the connection takes
+    writes again, and when the answer ends. Past a bound the client stopped reading: the
+    connection is dropped, the charge released and the limit counted, as for a full queue.
 
     Args:
         body: the answer's bytes. status: its HTTP status. headers: extra response headers.
         media_type: its ``Content-Type``. manager: the session table (its budgets).
-        owner: the principal's name. session: the session the POST named, or ``None``.
+        owner: the principal's name. session_id: the session the POST named (for the log), or ``None``.
     """
 
     def __init__(self, body: bytes, status: int, headers: dict[str, str] | None, media_type: str,
-                 manager: SessionManager, owner: str, session: SseSession | None) -> None:
+                 manager: SessionManager, owner: str, session_id: str | None) -> None:
         super().__init__(body, status_code=status, headers=headers, media_type=media_type)
         self._data = body  # (self.body, typed loosely: the same bytes)
-        self._manager, self._owner, self._session = manager, owner, session
+        self._manager, self._owner, self._session_id = manager, owner, session_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -358,14 +357,14 @@ class PiecedAnswer(Response):
             for piece in pieces(self._data):
                 owed = size if offer is None or offer.behind() else 0
                 if owed != charged:
-                    kind = self._manager.hold_answer(self._owner, self._session, owed - charged)
+                    kind = self._manager.hold_answer(self._owner, owed - charged)
                     charged = owed
                     if kind is not None:
-                        self._manager.hold_answer(self._owner, self._session, -charged)
+                        self._manager.hold_answer(self._owner, -charged)
                         charged = 0
                         metrics.limit_hit(kind)
                         log.warning("%s: a POST's answer: %s, dropping a client that stopped reading",
-                                    "stateless" if self._session is None else self._session.id, FULL[kind])
+                                    self._session_id or "stateless", FULL[kind])
                         if offer is not None:  # (else the server closes the unfinished response)
                             offer.abort()
                             await _disconnected(receive)
@@ -374,7 +373,7 @@ class PiecedAnswer(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             if charged:
-                self._manager.hold_answer(self._owner, self._session, -charged)
+                self._manager.hold_answer(self._owner, -charged)
 
 
 class StreamableTransport:
@@ -409,22 +408,23 @@ class StreamableTransport:
         return PostStream(self.cfg.session_queue_size, self.cfg.session_queue_bytes, replies_only,
                           None if owner is None else self.manager.outgoing, owner or "")
 
-    def _answer(self, reply: Queued, accepts: set[str], owner: str, session: SseSession | None = None,
+    def _answer(self, reply: Queued, accepts: set[str], owner: str, session_id: str | None = None,
                 headers: dict[str, str] | None = None) -> Response:
         """A POST's answer of one reply (already encoded): JSON (``400`` for an error without an
         id), or one event for a client that accepts only event streams. Larger than
-        :data:`~mcpd.front.connguard.PIECE`, a :class:`PiecedAnswer` (charged to ``session``'s and
-        principal ``owner``'s budgets while its client is behind); else written whole."""
+        :data:`~mcpd.front.connguard.PIECE`, a :class:`PiecedAnswer` (charged to principal
+        ``owner``'s and the total budgets while its client is behind); else written whole.
+        ``session_id``: the session the POST named, for the log."""
         data = reply.data
         if JSON_TYPE not in accepts:  # an SSE-only client: the reply as a one-event stream
             if len(data) <= PIECE:
                 return EventSourceResponse(_once(data), headers={**STREAM_HEADERS, **(headers or {})}, sep="\n")
             return PiecedAnswer(event_of(data), 200, {**STREAM_HEADERS, **(headers or {})}, SSE_TYPE,
-                                self.manager, owner, session)
+                                self.manager, owner, session_id)
         status = 400 if reply.refused else 200
         if len(data) <= PIECE:
             return Response(data, status_code=status, headers=headers, media_type=JSON_TYPE)
-        return PiecedAnswer(data, status, headers, JSON_TYPE, self.manager, owner, session)
+        return PiecedAnswer(data, status, headers, JSON_TYPE, self.manager, owner, session_id)
 
     # -- session lookup ---------------------------------------------------------------------------
 
@@ -538,7 +538,7 @@ class StreamableTransport:
                 return _rpc_error(404, INVALID_REQUEST, "session ended", headers)
             # (a request cancelled by notifications/cancelled gets no reply: 202, the session lives)
             return Response(status_code=202, headers=headers)
-        return self._answer(replies[0], accepts, user.principal.name, session, headers)
+        return self._answer(replies[0], accepts, user.principal.name, session.id, headers)
 
     async def _stateless(self, request: Request, payload: Any, accepts: set[str], user: McpUser) -> Response:
         """One 2026-07-28 request: checked by :func:`check_modern`, run, answered; no session."""
