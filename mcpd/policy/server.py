@@ -618,10 +618,11 @@ def reap(state: State) -> None:
     """Forget workers that have exited (their pidfd is readable), one audit ``exit`` record each."""
     with state.lock:
         items = list(state.workers.values())
-    try:
-        done = select.select([w.pidfd for w in items], [], [], 0)[0] if items else []
-    except (OSError, ValueError):  # a kill on another thread closed one of these pidfds meanwhile
-        return  # (it forgot that worker first): the others are looked at again at the next tick
+    poller = select.poll()  # (not select(): no limit on descriptor numbers)
+    for w in items:
+        poller.register(w.pidfd, select.POLLIN)
+    # (a pidfd a kill on another thread closed meanwhile comes back POLLNVAL, not readable)
+    done = {fd for fd, events in poller.poll(0) if events & select.POLLIN}
     for w in items:  # one in a call is left to that call (it reads the worker's last report first)
         if w.pidfd in done and not w.busy.locked() and _forget(state, w):
             os.close(w.pidfd)

@@ -113,3 +113,40 @@ def test_reaping_while_a_kill_on_another_thread_closed_a_pidfd_never_raises() ->
         ours.close()
         theirs.close()
     assert records == []
+
+
+def test_reaping_sees_an_ended_worker_whose_pidfd_number_is_past_1024() -> None:
+    """``reap`` looks at every worker's pidfd whatever its number: ``select`` refuses descriptors
+    past 1023 (``ValueError``), which a policy process with many workers' descriptors open
+    reaches; its ended workers were then never forgotten."""
+    import os
+    import resource
+    import subprocess
+    import types
+    from typing import cast
+
+    from mcpd.policy.server import State, reap
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 2048:
+        pytest.skip("needs 2048 descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    child = subprocess.Popen(["true"])
+    pidfd = os.pidfd_open(child.pid)
+    high = os.dup2(pidfd, 1500)
+    os.close(pidfd)
+    child.wait()
+    ours, theirs = socket.socketpair()
+    worker = Worker(pid=child.pid, pidfd=high, owner=("alice", "alice"), ctl=ours)
+    records: list[Any] = []
+    state = types.SimpleNamespace(workers={child.pid: worker}, lock=threading.Lock(), exited={},
+                                  audit=types.SimpleNamespace(record=lambda *a, **k: records.append((a, k))))
+    try:
+        reap(cast(State, state))
+    finally:
+        theirs.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert state.workers == {} and state.exited == {child.pid: ("alice", "alice")}
+    assert [a[0] for a, _ in records] == ["exit"]
+    with pytest.raises(OSError):
+        os.fstat(high)  # reap closed it
