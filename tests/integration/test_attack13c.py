@@ -184,7 +184,9 @@ def add_dev_principals(d: Daemon, names: list[str]) -> dict[str, str]:
     return tokens
 
 
-@pytest.mark.xfail(strict=True, reason="the total outgoing budget cuts whoever charges next, not who holds it")
+@pytest.mark.xfail(strict=False, reason="the total outgoing budget cuts whoever charges next, not who holds it "
+                   "(whether bob's connection is behind when a piece is charged depends on timing: on a busy "
+                   "machine his answer may go through, so this open flaw's test cannot be strict)")
 def test_stalled_principals_filling_the_total_budget_do_not_cut_a_reading_client(
         daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
     """SPEC §1.7 (a client that stops reading is disconnected; a client reading at a normal speed
