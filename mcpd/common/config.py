@@ -16,7 +16,7 @@ Example (every key optional)::
     max_body_bytes: 4194304        # POST /message body cap (SPEC §1.3)
     session_queue_size: 256        # outgoing messages buffered per session (SPEC §1.4)
     session_queue_bytes: 16777216  # and at most this many bytes of them, also per /mcp POST and per batch answer (SPEC §1.7)
-    principal_queue_bytes: 134217728  # outgoing bytes one principal's sessions and /mcp POST streams hold together
+    principal_queue_bytes: 134217728  # outgoing bytes one principal's sessions, /mcp POST streams and unread /mcp answers hold together
     total_queue_bytes: 536870912   # and all principals' together (past either: disconnected as for a full queue)
     max_in_flight: 64              # requests of one session running at once (-32000 beyond)
     max_batch: 256                 # members of one batch that are run (-32600 beyond: each of as many more, then one)
