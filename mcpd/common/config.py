@@ -26,6 +26,7 @@ Example (every key optional)::
     max_sessions: 1000             # open sessions in total, /sse and /mcp together (503 beyond)
     max_sessions_per_principal: 100  # open sessions of one principal, both transports (429 beyond)
     mcp_session_idle_seconds: 3600 # a Streamable HTTP session with no request nor GET stream this long ends
+    mcp_session_evict_seconds: 60  # one idle this long makes room for a new session at a full cap (0: never)
     tool_names: slash              # "portable": tools/list says files_read ... (calls accept both)
     users_file: /etc/mcpd/users.yaml
     grants_file: /etc/mcpd/mcp-sudo.yaml
@@ -201,6 +202,7 @@ class Config:
     max_sessions_per_principal: int = 100
     tool_names: str = "slash"
     mcp_session_idle_seconds: float = 3600.0
+    mcp_session_evict_seconds: float = 60.0
     users_file: str = _ROOT.users_file
     grants_file: str = _ROOT.grants_file
     helper_socket: str = _ROOT.helper_socket
@@ -325,6 +327,8 @@ def _check_ranges(cfg: Config) -> None:
         raise ConfigError("listen.port: must be 1..65535")
     if cfg.auth_cache_seconds < 0:
         raise ConfigError("auth_cache_seconds: must not be negative")
+    if not cfg.mcp_session_evict_seconds >= 0:
+        raise ConfigError("mcp_session_evict_seconds: must not be negative (0: idle sessions are never evicted)")
     if min(cfg.keepalive_seconds, cfg.workers.timeout_seconds, cfg.mcp_session_idle_seconds,
            cfg.workers.spawns_per_second) <= 0:
         raise ConfigError("keepalive_seconds, workers.timeout_seconds, workers.spawns_per_second and "

@@ -70,6 +70,13 @@ for _kind in LIMIT_KINDS:
     LIMITS_HIT.labels(_kind)
 
 WORKERS_STARTED = Counter("mcpd_workers_started", "Worker processes started", registry=REGISTRY)
+SESSIONS_EVICTED = Counter("mcpd_sessions_evicted", "Idle Streamable HTTP sessions closed to make room for a new "
+                           "session at a full cap (mcp_session_evict_seconds)", registry=REGISTRY)
+
+
+def session_evicted() -> None:
+    """Count one idle session closed to make room for a new one."""
+    SESSIONS_EVICTED.inc()
 
 
 def worker_started() -> None:

@@ -331,6 +331,66 @@ async def test_idle_session_expires(daemon_factory: Callable[..., Daemon]) -> No
             assert r.status_code == 200
 
 
+async def test_a_full_principal_cap_evicts_its_longest_idle_mcp_session(daemon_factory: Callable[..., Daemon]) -> None:
+    """SPEC §1.7 (a bound reached gives a clear refusal) against clients that never end their
+    sessions (one client per task, no ``DELETE``): at a full ``max_sessions_per_principal``, a
+    ``/mcp`` session idle for ``mcp_session_evict_seconds`` makes room, the longest idle first;
+    one just used, one with a GET stream, one with a request in flight, and another principal's
+    never do. Its client gets 404 (and initializes again)."""
+    d = daemon_factory(max_sessions_per_principal=3, mcp_session_evict_seconds=1)
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with client(d) as c:
+        oldest = await open_session(c, d)
+        used = await open_session(c, d)
+        streaming = await open_session(c, d)
+        bobs = await open_session(c, d, token=d.other_token)
+        r = await c.post("/mcp", json=INIT, headers=hdrs(d))
+        assert r.status_code == 429, "a session idle less than mcp_session_evict_seconds was evicted"
+        async with c.stream("GET", "/mcp", headers=hdrs(d, streaming, accept="text/event-stream")) as g:
+            assert g.status_code == 200
+            await asyncio.sleep(1.5)
+            assert (await c.post("/mcp", json=ping, headers=hdrs(d, used))).status_code == 200
+            r = await c.post("/mcp", json=INIT, headers=hdrs(d))
+            assert r.status_code == 200, r.text
+            newest = r.headers["mcp-session-id"]
+            assert (await c.post("/mcp", json=ping, headers=hdrs(d, oldest))).status_code == 404
+            for sid in (used, streaming, newest):
+                assert (await c.post("/mcp", json=ping, headers=hdrs(d, sid))).status_code == 200, sid
+            assert (await c.post("/mcp", json=ping, headers=hdrs(d, bobs, token=d.other_token))).status_code == 200
+            # Now every one of alice's is in use or fresh: the cap refuses again.
+            r = await c.post("/mcp", json=INIT, headers=hdrs(d))
+            assert r.status_code == 429
+            async with c.stream("GET", "/sse", headers=d.auth()) as s:
+                assert s.status_code == 429
+
+
+async def test_session_eviction_can_be_turned_off(daemon_factory: Callable[..., Daemon]) -> None:
+    """``mcp_session_evict_seconds: 0``: a full cap is always 429, however long a session idles."""
+    d = daemon_factory(max_sessions_per_principal=1, mcp_session_evict_seconds=0)
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with client(d) as c:
+        sid = await open_session(c, d)
+        await asyncio.sleep(1.5)
+        assert (await c.post("/mcp", json=INIT, headers=hdrs(d))).status_code == 429
+        assert (await c.post("/mcp", json=ping, headers=hdrs(d, sid))).status_code == 200
+
+
+async def test_the_total_cap_evicts_an_idle_mcp_session_of_anyone(daemon_factory: Callable[..., Daemon]) -> None:
+    """At ``max_sessions`` (503), the longest idle ``/mcp`` session of any principal makes room,
+    so abandoned sessions of one principal do not shut every other one out for an hour."""
+    d = daemon_factory(max_sessions=2, mcp_session_evict_seconds=1)
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with client(d) as c:
+        abandoned = await open_session(c, d)
+        kept = await open_session(c, d)
+        assert (await c.post("/mcp", json=INIT, headers=hdrs(d, token=d.other_token))).status_code == 503
+        await asyncio.sleep(1.5)
+        assert (await c.post("/mcp", json=ping, headers=hdrs(d, kept))).status_code == 200
+        await open_session(c, d, token=d.other_token)
+        assert (await c.post("/mcp", json=ping, headers=hdrs(d, abandoned))).status_code == 404
+        assert (await c.post("/mcp", json=ping, headers=hdrs(d, kept))).status_code == 200
+
+
 async def test_rotated_token_ends_its_mcp_session(daemon_factory: Callable[..., Daemon]) -> None:
     """The once-a-second token re-check covers /mcp sessions too: after ``mcpd users rotate``, the
     session opened with the old token is gone even for the principal's new token."""

@@ -544,11 +544,16 @@ class SessionManager:
         """Create a session of ``kind`` (``"sse"`` or ``"mcp"``) owned by ``principal`` opened with
         bearer ``token`` (kept in memory only, so a revoked or rotated token closes it).
 
+        At a full cap, the ``"mcp"`` session idle longest (of ``principal`` for its own cap, of
+        anyone for ``max_sessions``) makes room when it has been idle for at least
+        ``mcp_session_evict_seconds`` (:meth:`evict_idle`): a client that never ends its sessions
+        does not lock its principal out until they expire.
+
         Raises:
             SessionRefused: ``503`` when ``max_sessions`` are open, ``429`` when ``principal``
                 holds ``max_sessions_per_principal``; both count the two kinds together.
         """
-        if len(self._sessions) >= self._cfg.max_sessions:
+        if len(self._sessions) >= self._cfg.max_sessions and not self.evict_idle(None):
             metrics.limit_hit("sessions_total")
             raise SessionRefused(503, "too many sessions")
         held = 0
@@ -557,7 +562,7 @@ class SessionManager:
                 held += 1
                 if other.principal == principal:  # one object for all the sessions of a token
                     principal, token = other.principal, other.token if other.token == token else token
-        if held >= self._cfg.max_sessions_per_principal:
+        if held >= self._cfg.max_sessions_per_principal and not self.evict_idle(principal.name):
             metrics.limit_hit("sessions_per_principal")
             raise SessionRefused(429, "too many sessions for this principal")
         sid = secrets.token_hex(16)
@@ -575,13 +580,38 @@ class SessionManager:
             return None
         return session
 
+    def _idle(self, session: SseSession, now: float, seconds: float) -> bool:
+        """Whether ``session`` is a ``"mcp"`` one with no GET stream, no request in flight and no
+        request for more than ``seconds``."""
+        return (session.kind == "mcp" and not session.stream_open and not session.protocol.busy
+                and now - session.last_active > seconds)
+
+    def evict_idle(self, name: str | None, now: float | None = None) -> bool:
+        """Close the ``"mcp"`` session (of principal ``name``; of anyone for ``None``) that has
+        been idle longest, if it has been idle (:meth:`_idle`) for ``mcp_session_evict_seconds``
+        (``0``: never); whether one was. Its client's next request gets ``404`` and initializes
+        again. Reads every session: called only at a full cap."""
+        after = self._cfg.mcp_session_evict_seconds
+        if not after > 0:
+            return False
+        now = time.monotonic() if now is None else now
+        idle = [s for s in self._sessions.values()
+                if (name is None or s.principal.name == name) and self._idle(s, now, after)]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda s: s.last_active)
+        log.info("session %s of %s closed after %.0f s idle to make room for a new one", oldest.id,
+                 oldest.principal.name, now - oldest.last_active)
+        metrics.session_evicted()
+        self.close(oldest)
+        return True
+
     def expire_idle(self, idle_seconds: float, now: float | None = None) -> int:
         """Close the ``"mcp"`` sessions with no GET stream, no request in flight and no request
         for ``idle_seconds`` (a Streamable HTTP session has no stream whose end would close it);
         return how many were closed. ``now``: ``time.monotonic()`` by default."""
         now = time.monotonic() if now is None else now
-        idle = [s for s in self._sessions.values() if s.kind == "mcp" and not s.stream_open
-                and not s.protocol.busy and now - s.last_active > idle_seconds]
+        idle = [s for s in self._sessions.values() if self._idle(s, now, idle_seconds)]
         for session in idle:
             log.info("session %s closed after %.0f s idle", session.id, idle_seconds)
             self.close(session)
