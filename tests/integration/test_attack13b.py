@@ -98,7 +98,7 @@ def attacked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Privsep
         yield pair
 
 
-# The front spawns alice's worker, queues three unprivileged finds of its own on the worker's
+# The front spawns alice's worker, queues forty unprivileged finds of its own on the worker's
 # socket in one write (the worker serves the frames in its buffer before its control socket), then
 # asks for a privileged read into that worker; it reads everything the worker sends it afterwards.
 LATE_READ = r"""
@@ -111,8 +111,8 @@ send(w, {"id": 0, "op": "files/list", "args": {"path": "/", "limit": 1}})  # the
 recv(w)
 find = json.dumps({"id": 1, "op": "files/find", "args": {"root": "/", "name": "*no-such-name-zq*",
                                                           "time_budget_seconds": 8}}).encode()
-w.sendall((struct.pack("!I", len(find)) + find) * 3)
-time.sleep(0.5)  # it is inside the first find, the other two in its buffer
+w.sendall((struct.pack("!I", len(find)) + find) * 40)  # (many: a find of / may take well under a second)
+time.sleep(0.5)  # it is inside the first find, the others in its buffer
 send(h, {"type": "privileged_call", "id": 2, "token": token, "session": "s", "peer": "p", "op": "files/read",
          "args": {"path": path, "privileged": True}, "worker": rep["pid"], "rid": 77})
 policy = recv(h)[0]
