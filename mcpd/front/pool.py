@@ -314,6 +314,7 @@ class _Account:
         self.slots = asyncio.Semaphore(size)  # one per call in progress
         self.idle: list[_Worker] = []  # least recently used first
         self.workers: dict[int, _Worker] = {}  # every live worker, idle or busy
+        self.starting = 0  # workers asked for and not yet in workers (each counts towards size)
         self.callers = 0  # calls inside (waiting or running): an account in use is never evicted
 
 
@@ -584,12 +585,13 @@ class WorkerPool:
         """An idle worker of ``account`` spawned with ``token`` (the most recently used), else a new
         one for ``token``, charged to ``principal``'s spawn bucket (``RATE_LIMITED`` when it is
         empty: nothing is started or retired). A worker of another token never serves the call
-        (see :meth:`call`). When ``account`` already holds ``per_account`` workers, at least one of
-        them is idle (this call holds one of the ``per_account`` slots) and of another token: the
-        least recently used idle one is retired, and its reaping awaited (at most
-        :data:`REAP_GRACE` s), before the new one is asked for. So a principal that uses several
-        tokens is never refused for want of room while idle workers of its other tokens sit here,
-        and its workers stay within ``per_account`` (and the policy process's bound on them)."""
+        (see :meth:`call`). When ``account`` already holds ``per_account`` workers (those still
+        starting included), at least one of them is idle (this call holds one of the
+        ``per_account`` slots) and of another token: the least recently used idle one is retired,
+        and its reaping awaited (at most :data:`REAP_GRACE` s), before the new one is asked for.
+        So a principal that uses several tokens is never refused for want of room while idle
+        workers of its other tokens sit here, and its workers stay within ``per_account`` (and the
+        policy process's bound on them)."""
         if self._closed:
             raise ToolError(INTERNAL_ERROR, "worker pool is closed")
         tag = token_tag(token)
@@ -607,22 +609,26 @@ class WorkerPool:
             raise ToolError(RATE_LIMITED, f"too many new workers for this principal (at most {burst} at once, then "
                             f"{rate:g} a second; each cancelled, timed-out or crashed call costs one); "
                             f"retry in {wait:.2f} s", limit=burst, retry_after_seconds=round(wait, 3))
-        room = None
-        if len(account.workers) >= account.size and account.idle:
-            room = self._retire(account, account.idle[0], release=False)
-        async with asyncio.timeout_at(deadline):
-            if room is not None:
-                await asyncio.wait({room}, timeout=REAP_GRACE)
-            sock, pid = await self._spawner.spawn(os_user, token)
-        metrics.worker_started()
+        account.starting += 1
         try:
-            _, channel = await asyncio.get_running_loop().create_unix_connection(WorkerChannel, sock=sock)
-        except BaseException:
-            sock.close()
-            self._track(asyncio.get_running_loop().create_task(self._reap(pid, None, None)))
-            raise
-        worker = _Worker(pid=pid, channel=channel, tag=tag, busy=True)
-        account.workers[pid] = worker
+            room = None
+            if len(account.workers) + account.starting > account.size and account.idle:
+                room = self._retire(account, account.idle[0], release=False)
+            async with asyncio.timeout_at(deadline):
+                if room is not None:
+                    await asyncio.wait({room}, timeout=REAP_GRACE)
+                sock, pid = await self._spawner.spawn(os_user, token)
+            metrics.worker_started()
+            try:
+                _, channel = await asyncio.get_running_loop().create_unix_connection(WorkerChannel, sock=sock)
+            except BaseException:
+                sock.close()
+                self._track(asyncio.get_running_loop().create_task(self._reap(pid, None, None)))
+                raise
+            worker = _Worker(pid=pid, channel=channel, tag=tag, busy=True)
+            account.workers[pid] = worker
+        finally:
+            account.starting -= 1
         if self._closed:  # close() ran while this worker was starting: it must not outlive the pool
             self._retire(account, worker, release=False)
             raise ToolError(INTERNAL_ERROR, "worker pool is closed")

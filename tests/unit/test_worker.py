@@ -655,5 +655,11 @@ def test_a_principal_at_its_cap_with_only_other_tokens_idle_workers_is_served(sa
             assert sorted(pool.workers("alice\nu")) == sorted([pid_a, pid_c])  # B's, the least recently used, went
             await eventually(lambda: is_reaped(pid_b), "B's worker reaped")
             assert sorted(spawner.live_pids()) == sorted([pid_a, pid_c])
+            # two calls of B at once: each makes room, the second counting the first's worker still starting
+            results = await asyncio.gather(*(pool.call("u", "files/read", read_args(sample), token=b, owner="alice")
+                                             for _ in range(2)))
+            assert all(r["text"] == "alpha\nbeta\r\ngamma" for r in results)
+            assert sorted(pool.workers("alice\nu")) == sorted(pid for pid, t in spawned.items() if t == b)[-2:]
+            await eventually(lambda: len(spawner.live_pids()) == 2, "the retired workers reaped")
 
     asyncio.run(main())
