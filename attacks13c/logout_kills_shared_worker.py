@@ -1,12 +1,13 @@
 """Reproducer (run as root from the worktree): a logout kills the worker another token of the
 same principal is using, so that token's call fails "worker crashed".
 
-The scenario is the strict xfail
+The scenario is
 ``tests/integration/test_attack13c.py::test_a_logout_does_not_kill_the_worker_serving_the_principals_other_token``
 (the privilege-separated daemon, PAM logins): a login reads once, the static
 token's session starts a read that takes seconds on that same worker, the login logs out, and the
 policy process's revocation sweep kills the worker under the static token's call. This runs it
-with ``--runxfail`` and prints what the call got and the sweep's ``kill`` record.
+and prints what the call got and the sweep's ``kill`` record. Fixed: the front's pool serves a
+call only with a worker its own token spawned, so the test passes (exit 1: no flaw shown).
 
 Usage: .venv/bin/python attacks13c/logout_kills_shared_worker.py
 """

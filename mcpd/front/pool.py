@@ -5,8 +5,9 @@ at a time, over its end of a ``socketpair`` with length-prefixed frames (``mcpd.
 starts as ``python -I -m mcpd.worker --fd N --limits JSON``, closes every other descriptor, and
 exits when the socket closes. It holds nothing of the front's: no TLS key, no tokens.
 
-The front talks to workers only through :class:`WorkerPool`: per account up to
-``workers.per_account`` workers, spawned lazily and reused; a deadline per call
+The front talks to workers only through :class:`WorkerPool`: per principal and account up to
+``workers.per_account`` workers, spawned lazily and reused, each only for calls of the token it
+was spawned with (:meth:`WorkerPool.call`); a deadline per call
 (``workers.timeout_seconds``, SPEC §2.5 ``TIMEOUT``) after which the worker is killed, reaped and
 replaced; a crashed worker fails only its own request; cancelling a call kills its worker. The
 pool never blocks the event loop and leaves no zombies.
@@ -34,7 +35,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 
-from mcpd.common import frames, wirejson
+from mcpd.common import frames, identity, wirejson
 from mcpd.common.buckets import TokenBuckets
 from mcpd.common.config import Config, ReadLimits
 from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, RATE_LIMITED, TIMEOUT, ToolError, invalid_argument
@@ -285,10 +286,19 @@ async def read_reply_frame(channel: WorkerChannel, cap: int) -> dict[str, Any] |
 # --------------------------------------------------------------------------- the pool
 
 
+def token_tag(token: str) -> str:
+    """The tag :class:`WorkerPool` gives the workers ``token`` spawns: the token's id (the 12 hex
+    digits of ``mcpd_<id>_<secret>``, the id the policy process binds the worker to), or ``token``
+    itself when it has no such form (development callers and tests, the empty token included)."""
+    m = identity.TOKEN_RE.match(token)
+    return m.group(1) if m else token
+
+
 @dataclasses.dataclass(eq=False)
 class _Worker:
     pid: int
     channel: WorkerChannel
+    tag: str = ""  # the token it was spawned with (token_tag): it serves only that token's calls
     busy: bool = False
     retired: bool = False
     next_id: int = 0
@@ -300,9 +310,11 @@ class _Crashed(Exception):
 
 class _Account:
     def __init__(self, size: int) -> None:
+        self.size = size  # workers.per_account: live workers at most, whichever tokens spawned them
         self.slots = asyncio.Semaphore(size)  # one per call in progress
-        self.idle: list[_Worker] = []
+        self.idle: list[_Worker] = []  # least recently used first
         self.workers: dict[int, _Worker] = {}  # every live worker, idle or busy
+        self.starting = 0  # workers asked for and not yet in workers (each counts towards size)
         self.callers = 0  # calls inside (waiting or running): an account in use is never evicted
 
 
@@ -381,9 +393,13 @@ class WorkerPool:
             on_progress: awaited with ``(done, total | None, message)`` for each progress frame
                 the op sends (``files/find``); ``None``: the worker is not asked for progress.
             token: the caller's bearer token, handed to the spawner (the root helper starts
-                workers only for the token's principal).
+                workers only for the token's principal). The call runs only on a worker spawned
+                with this token (same :func:`token_tag`): the policy process ends a worker once
+                the token that spawned it stops authenticating (a logout, a rotation), and that
+                must end only that token's calls, never those of the principal's other tokens.
             owner: the principal's name: workers are pooled per (owner, os_user), since the
-                helper binds each worker to one principal.
+                helper binds each worker to one principal; ``workers.per_account`` bounds them
+                there whichever tokens spawned them.
             grant: privileged content route: instead of sending the request, the pool awaits
                 ``grant(worker_pid, request_id)``, which has the root helper decide and pass the
                 opened file to that worker; the worker's reply is then read as usual.
@@ -566,17 +582,26 @@ class WorkerPool:
 
     async def _checkout(self, account: _Account, os_user: str, deadline: float, token: str = "",
                         principal: str = "") -> _Worker:
-        """An idle worker of ``account``, else a new one charged to ``principal``'s spawn bucket
-        (``RATE_LIMITED`` when it is empty: nothing is started)."""
+        """An idle worker of ``account`` spawned with ``token`` (the most recently used), else a new
+        one for ``token``, charged to ``principal``'s spawn bucket (``RATE_LIMITED`` when it is
+        empty: nothing is started or retired). A worker of another token never serves the call
+        (see :meth:`call`). When ``account`` already holds ``per_account`` workers (those still
+        starting included), at least one of them is idle (this call holds one of the
+        ``per_account`` slots) and of another token: the least recently used idle one is retired,
+        and its reaping awaited (at most :data:`REAP_GRACE` s), before the new one is asked for.
+        So a principal that uses several tokens is never refused for want of room while idle
+        workers of its other tokens sit here, and its workers stay within ``per_account`` (and the
+        policy process's bound on them)."""
         if self._closed:
             raise ToolError(INTERNAL_ERROR, "worker pool is closed")
-        while account.idle:
-            worker = account.idle.pop()
+        tag = token_tag(token)
+        for worker in reversed(account.idle.copy()):
             if worker.channel.ended:  # died while idle
                 self._retire(account, worker, release=False)
-                continue
-            worker.busy = True
-            return worker
+            elif worker.tag == tag:
+                account.idle.remove(worker)
+                worker.busy = True
+                return worker
         wait = self._spawns.take(principal or os_user, asyncio.get_running_loop().time())
         if wait:
             metrics.limit_hit("worker_spawns")
@@ -584,17 +609,26 @@ class WorkerPool:
             raise ToolError(RATE_LIMITED, f"too many new workers for this principal (at most {burst} at once, then "
                             f"{rate:g} a second; each cancelled, timed-out or crashed call costs one); "
                             f"retry in {wait:.2f} s", limit=burst, retry_after_seconds=round(wait, 3))
-        async with asyncio.timeout_at(deadline):
-            sock, pid = await self._spawner.spawn(os_user, token)
-        metrics.worker_started()
+        account.starting += 1
         try:
-            _, channel = await asyncio.get_running_loop().create_unix_connection(WorkerChannel, sock=sock)
-        except BaseException:
-            sock.close()
-            self._track(asyncio.get_running_loop().create_task(self._reap(pid, None, None)))
-            raise
-        worker = _Worker(pid=pid, channel=channel, busy=True)
-        account.workers[pid] = worker
+            room = None
+            if len(account.workers) + account.starting > account.size and account.idle:
+                room = self._retire(account, account.idle[0], release=False)
+            async with asyncio.timeout_at(deadline):
+                if room is not None:
+                    await asyncio.wait({room}, timeout=REAP_GRACE)
+                sock, pid = await self._spawner.spawn(os_user, token)
+            metrics.worker_started()
+            try:
+                _, channel = await asyncio.get_running_loop().create_unix_connection(WorkerChannel, sock=sock)
+            except BaseException:
+                sock.close()
+                self._track(asyncio.get_running_loop().create_task(self._reap(pid, None, None)))
+                raise
+            worker = _Worker(pid=pid, channel=channel, tag=tag, busy=True)
+            account.workers[pid] = worker
+        finally:
+            account.starting -= 1
         if self._closed:  # close() ran while this worker was starting: it must not outlive the pool
             self._retire(account, worker, release=False)
             raise ToolError(INTERNAL_ERROR, "worker pool is closed")

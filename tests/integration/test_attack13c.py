@@ -231,7 +231,6 @@ def with_logins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Priv
 
 
 @pytest.mark.root
-@pytest.mark.xfail(strict=True, reason="a logout kills the worker another token of the principal is using")
 def test_a_logout_does_not_kill_the_worker_serving_the_principals_other_token(
         with_logins: tuple[PrivsepDaemon, AccountFactory], shared_folder: Path) -> None:
     """SPEC §5.3 (a login token ends with its logout; the principal's other tokens go on
@@ -240,8 +239,9 @@ def test_a_logout_does_not_kill_the_worker_serving_the_principals_other_token(
     authenticates. A user who logs out of one device (``linuxctl logout``) thereby kills the worker
     the principal's static token (or its other login) is using: that call fails "worker crashed"
     (INTERNAL_ERROR). Here: a login reads once (its worker is then the account's one idle worker),
-    the static token's session starts a read that takes seconds on that worker, and the login logs
-    out."""
+    the static token's session starts a read that takes seconds (it ran on that worker), and the
+    login logs out. Fixed: a call runs only on a worker its own token spawned (the front's pool
+    tags each worker with its token), so the sweep ends only the logged-out token's worker."""
     from mcpd.client import login as login_client
     d, factory = with_logins
     password = "pw-" + os.urandom(6).hex()
@@ -260,7 +260,7 @@ def test_a_logout_does_not_kill_the_worker_serving_the_principals_other_token(
     async def slow_call_then_logout() -> dict[str, Any]:
         async with Client(d.url, static, d.cacert, timeout=60) as c:
             call = asyncio.ensure_future(c.call_tool("files/read", slow["params"]["arguments"], check=False))
-            await asyncio.sleep(1.0)  # the read runs on the login's worker
+            await asyncio.sleep(1.0)  # the read runs (before the fix: on the login's worker)
             assert not call.done()
             await asyncio.to_thread(login_client.logout, d.url, login_token, d.cacert)
             return await call

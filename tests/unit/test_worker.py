@@ -25,6 +25,7 @@ import pytest
 from mcpd.common import config
 from mcpd.common import errors
 from mcpd.common import frames
+from mcpd.common import identity
 from mcpd.common.errors import ToolError
 from mcpd.front.pool import LocalSpawner, WorkerPool
 
@@ -582,5 +583,83 @@ def test_cancelled_calls_start_workers_only_within_the_principals_bucket(tmp_pat
             assert refusals[0].details["limit"] == 3 and refusals[0].details["retry_after_seconds"] > 0
             result = await pool.call("u", "files/read", read_args(sample), owner="bob")  # bob has his own bucket
             assert result["text"] == "alpha\nbeta\r\ngamma" and len(started) == 4
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- workers per token
+
+
+def recording_spawner(spawner: LocalSpawner) -> dict[int, str]:
+    """Make ``spawner`` note the token each worker was started with: ``{pid: token}``."""
+    spawned: dict[int, str] = {}
+    real_spawn = spawner.spawn
+
+    async def spawn(os_user: str, token: str = "") -> tuple[socket.socket, int]:
+        sock, pid = await real_spawn(os_user, token)
+        spawned[pid] = token
+        return sock, pid
+
+    spawner.spawn = spawn  # type: ignore[method-assign]
+    return spawned
+
+
+def test_a_call_runs_only_on_a_worker_its_own_token_spawned(tmp_path: Path, sample: Path) -> None:
+    """SPEC §5.3 (a logout ends its token's workers; the principal's other tokens go on working):
+    the policy process kills a worker once its token stops authenticating, so a call of token B
+    never runs on the idle worker token A spawned; it gets a worker of its own, and A's stays."""
+    slow = tmp_path / "sparse.log"  # line 3 is past a 1 TiB hole: the worker is busy until killed
+    with open(slow, "wb") as f:
+        f.write(b"a\n" + b"b" * 9000)
+        f.truncate(1 << 40)
+    a, b = identity.new_token()[0], identity.new_token()[0]
+
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=2)) as (pool, spawner):
+            spawned = recording_spawner(spawner)
+            await pool.call("u", "files/read", read_args(sample), token=a, owner="alice")
+            (pid_a,) = spawned
+            task = asyncio.create_task(pool.call("u", "files/read", {"path": str(slow), "start_line": 3},
+                                                 token=b, owner="alice"))
+            await eventually(lambda: task.done() or any(pool.workers("alice\nu").values()), "B's call running")
+            assert not task.done(), task
+            (busy,) = [pid for pid, on in pool.workers("alice\nu").items() if on]
+            assert busy != pid_a and spawned[busy] == b
+            assert pool.workers("alice\nu")[pid_a] is False  # A's worker idle, untouched
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await pool.call("u", "files/read", read_args(sample), token=a, owner="alice")
+            assert list(pool.workers("alice\nu")) == [pid_a] and len(spawned) == 2  # A's reused
+
+    asyncio.run(main())
+
+
+def test_a_principal_at_its_cap_with_only_other_tokens_idle_workers_is_served(sample: Path) -> None:
+    """The bound of ``per_account`` workers per principal holds whichever tokens spawned them:
+    when it is reached and the calling token has no idle worker, the least recently used idle
+    worker of another token is retired and one is started for the caller, which is served."""
+    a, b, c = (identity.new_token()[0] for _ in range(3))
+
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=2)) as (pool, spawner):
+            spawned = recording_spawner(spawner)
+            for token in (a, b, a):
+                result = await pool.call("u", "files/read", read_args(sample), token=token, owner="alice")
+                assert result["text"] == "alpha\nbeta\r\ngamma"
+            pid_a, pid_b = spawned
+            assert sorted(pool.workers("alice\nu")) == sorted(spawned)  # at the cap, both idle
+            result = await pool.call("u", "files/read", read_args(sample), token=c, owner="alice")
+            assert result["text"] == "alpha\nbeta\r\ngamma"
+            (pid_c,) = [pid for pid, token in spawned.items() if token == c]
+            assert sorted(pool.workers("alice\nu")) == sorted([pid_a, pid_c])  # B's, the least recently used, went
+            await eventually(lambda: is_reaped(pid_b), "B's worker reaped")
+            assert sorted(spawner.live_pids()) == sorted([pid_a, pid_c])
+            # two calls of B at once: each makes room, the second counting the first's worker still starting
+            results = await asyncio.gather(*(pool.call("u", "files/read", read_args(sample), token=b, owner="alice")
+                                             for _ in range(2)))
+            assert all(r["text"] == "alpha\nbeta\r\ngamma" for r in results)
+            assert sorted(pool.workers("alice\nu")) == sorted(pid for pid, t in spawned.items() if t == b)[-2:]
+            await eventually(lambda: len(spawner.live_pids()) == 2, "the retired workers reaped")
 
     asyncio.run(main())
