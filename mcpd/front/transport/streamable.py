@@ -42,7 +42,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sse_starlette import EventSourceResponse
@@ -54,7 +54,7 @@ from starlette.types import Receive, Scope, Send
 from mcpd.common import wirejson
 from mcpd.common.config import Config
 from mcpd.front import metrics
-from mcpd.front.connguard import DETACH, PIECE
+from mcpd.front.connguard import DETACH, PIECE, UNSEEN
 from mcpd.front.protocol import (
     HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, META_CLIENT_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
     MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, error_reply, valid_id,
@@ -322,19 +322,22 @@ class Queued:
 
 
 class PiecedAnswer(Response):
-    """An answer larger than :data:`~mcpd.front.connguard.PIECE`, its body known (a ``/mcp``
-    reply as JSON, or as one event for a client that accepts only event streams), written through
-    the request's ``send`` a piece at a time: uvicorn's ``send`` waits while the connection asked
-    to pause writing, so a client that stops reading leaves about two pieces in the connection,
-    and the rest here.
+    """A ``/mcp`` POST's answer, its body known (a reply as JSON, or as one event for a client
+    that accepts only event streams), written through the request's ``send`` a piece of at most
+    :data:`~mcpd.front.connguard.PIECE` at a time: uvicorn's ``send`` waits while the connection
+    asked to pause writing, so a client that stops reading leaves about two pieces in the
+    connection's transport, and the rest here.
 
-    Before each piece, while the client is behind (the server's
-    :meth:`~mcpd.front.connguard.ConnectionOffer.behind`; always, without the server's offer),
-    the answer is charged, all of it (it is held until its last piece is written)
-    (:meth:`SessionManager.hold_answer`), to principal ``owner``'s and the total budgets
-    (``principal_queue_bytes``, ``total_queue_bytes``); it is released once the connection takes
-    writes again, and when the answer ends. Past a bound the client stopped reading: the
-    connection is dropped, the charge released and the limit counted, as for a full queue.
+    The rule: while it is being written, the answer is charged, all of it, to principal
+    ``owner``'s and the total budgets (``principal_queue_bytes``, ``total_queue_bytes``;
+    :meth:`SessionManager.hold_answer`) whenever its connection is behind (the server's
+    :meth:`~mcpd.front.connguard.ConnectionOffer.behind`, asked before each write; always, without
+    the server's offer). Once written, an answer over :data:`~mcpd.front.connguard.UNSEEN` bytes
+    is charged what its connection still holds, the kernel's queue included, until it holds
+    nothing (:meth:`SessionManager.keep_answer`). Past a bound the client stopped reading: the
+    connection is dropped, the charge released and the limit counted, as for a full queue. An
+    answer of at most ``UNSEEN`` bytes to a client that keeps up costs one :meth:`behind` more
+    than a plain response.
 
     Args:
         body: the answer's bytes. status: its HTTP status. headers: extra response headers.
@@ -349,31 +352,50 @@ class PiecedAnswer(Response):
         self._manager, self._owner, self._session_id = manager, owner, session_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         offer = scope.get(DETACH)
-        size = len(self._data)
+        data = self._data
+        size = len(data)
+        cut = None if offer is None else offer.abort
         charged = 0  # what hold_answer counts: 0, or the answer's size while its client is behind
         try:
-            for piece in pieces(self._data):
+            start: dict[str, Any] | None = {"type": "http.response.start", "status": self.status_code,
+                                            "headers": self.raw_headers}
+            for begin in range(0, size or 1, PIECE):
                 owed = size if offer is None or offer.behind() else 0
                 if owed != charged:
-                    kind = self._manager.hold_answer(self._owner, owed - charged)
+                    kind = self._manager.hold_answer(self._owner, owed - charged, cut)
                     charged = owed
                     if kind is not None:
-                        self._manager.hold_answer(self._owner, -charged)
+                        self._manager.hold_answer(self._owner, -charged, cut)
                         charged = 0
-                        metrics.limit_hit(kind)
-                        log.warning("%s: a POST's answer: %s, dropping a client that stopped reading",
-                                    self._session_id or "stateless", FULL[kind])
-                        if offer is not None:  # (else the server closes the unfinished response)
-                            offer.abort()
+                        self._cut(kind, cut)
+                        if cut is not None:
                             await _disconnected(receive)
                         return
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if start is not None:  # (the headers, and the first piece right behind them)
+                    await send(start)
+                    start = None
+                end = begin + PIECE
+                await send({"type": "http.response.body", "body": data[begin:end], "more_body": end < size})
+            if charged:
+                self._manager.hold_answer(self._owner, -charged, cut)
+                charged = 0
+            if size > UNSEEN and offer is not None:  # written: what its connection still holds
+                kind = self._manager.keep_answer(self._owner, offer)
+                if kind is not None:
+                    self._cut(kind, cut)
         finally:
             if charged:
-                self._manager.hold_answer(self._owner, -charged)
+                self._manager.hold_answer(self._owner, -charged, cut)
+
+    def _cut(self, kind: str, cut: Callable[[], None] | None) -> None:
+        """The client stopped reading (``kind``: the bound passed): count and log it, drop the
+        connection (without the server's offer, the server closes the unfinished response)."""
+        metrics.limit_hit(kind)
+        log.warning("%s: a POST's answer: %s, dropping a client that stopped reading",
+                    self._session_id or "stateless", FULL[kind])
+        if cut is not None:
+            cut()
 
 
 class StreamableTransport:
@@ -411,20 +433,14 @@ class StreamableTransport:
     def _answer(self, reply: Queued, accepts: set[str], owner: str, session_id: str | None = None,
                 headers: dict[str, str] | None = None) -> Response:
         """A POST's answer of one reply (already encoded): JSON (``400`` for an error without an
-        id), or one event for a client that accepts only event streams. Larger than
-        :data:`~mcpd.front.connguard.PIECE`, a :class:`PiecedAnswer` (charged to principal
-        ``owner``'s and the total budgets while its client is behind); else written whole.
+        id), or one event for a client that accepts only event streams; a :class:`PiecedAnswer`
+        (charged to principal ``owner``'s and the total budgets while its client is behind).
         ``session_id``: the session the POST named, for the log."""
         data = reply.data
         if JSON_TYPE not in accepts:  # an SSE-only client: the reply as a one-event stream
-            if len(data) <= PIECE:
-                return EventSourceResponse(_once(data), headers={**STREAM_HEADERS, **(headers or {})}, sep="\n")
             return PiecedAnswer(event_of(data), 200, {**STREAM_HEADERS, **(headers or {})}, SSE_TYPE,
                                 self.manager, owner, session_id)
-        status = 400 if reply.refused else 200
-        if len(data) <= PIECE:
-            return Response(data, status_code=status, headers=headers, media_type=JSON_TYPE)
-        return PiecedAnswer(data, status, headers, JSON_TYPE, self.manager, owner, session_id)
+        return PiecedAnswer(data, 400 if reply.refused else 200, headers, JSON_TYPE, self.manager, owner, session_id)
 
     # -- session lookup ---------------------------------------------------------------------------
 
@@ -636,7 +652,3 @@ def _discard(message: Any) -> None:
 
 _EVENT_END = b"\n\n"
 _EVENT_HEAD = event_of(b"")[:-len(_EVENT_END)]  # what event_of puts before an event's data
-
-
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield event_of(data)
