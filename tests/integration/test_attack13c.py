@@ -192,7 +192,7 @@ def test_stalled_principals_filling_the_total_budget_do_not_cut_a_reading_client
     behind, passed the total and was cut (``queue_bytes_total``), while the stalled sessions that
     held the bytes kept them, for as long as their clients liked (attacks13c/total_budget_weapon.py).
     Fixed: past the total, the principal holding the most gives up what it holds, the one
-    charging only when no other holds as much. Here at a 7 MiB / 28 MiB scale: alice, carol, dave
+    charging when none other holds more. Here at a 7 MiB / 28 MiB scale: alice, carol, dave
     and erin stall a 6 MiB answer each (about 6.5 MiB held each, 26 MiB in all); bob reads a
     4 MiB answer a second late (its connection holds all of it meanwhile, so the total is passed
     whatever the timing) and must get all of it, a staller being cut instead."""

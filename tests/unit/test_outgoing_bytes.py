@@ -49,10 +49,12 @@ def stalled(m: SessionManager, name: str) -> tuple[SseSession, asyncio.Event]:
     return session, never
 
 
-def test_the_session_passing_the_total_budget_is_closed_and_its_bytes_released() -> None:
+def test_past_the_total_budget_the_principal_holding_the_most_gives_up_its_bytes() -> None:
     """Two principals' sessions stall behind 64 KiB messages, the total budget 320 KiB (each
-    principal's 1 MiB): the writer's event counts from the first message on (it is not taken), and
-    the session whose message passes the total is closed, its bytes released; the other keeps its."""
+    principal's 1 MiB): the writer's event counts from the first message on (it is not taken).
+    Alice holds three; bob's second passes the total: alice, holding more, is closed and her bytes
+    released, bob's session keeps its. Then alice stalls one again and bob's fifth passes the
+    total: bob holds the most, so his session is the one closed."""
     async def go() -> None:
         m = SessionManager(Config(principal_queue_bytes=1024 * KIB, total_queue_bytes=320 * KIB),
                            Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
@@ -64,12 +66,21 @@ def test_the_session_passing_the_total_budget_is_closed_and_its_bytes_released()
             alice.send(message)
             await asyncio.sleep(0)  # the writer takes one and waits on the stream: still counted
         assert m.outgoing.held("alice") >= 3 * 64 * KIB and not alice.closed
+        for _ in range(2):
+            bob.send(message)
+            await asyncio.sleep(0)
+        assert alice.closed and not bob.closed  # bob's second passed 320 KiB in all; alice held more
+        assert hits("queue_bytes_total") == before + 1
+        assert m.outgoing.held("alice") == 0 and m.outgoing.total == m.outgoing.held("bob") == bob.held()
+        again, _ = stalled(m, "alice")
+        again.send(message)
+        await asyncio.sleep(0)
         for _ in range(3):
             bob.send(message)
             await asyncio.sleep(0)
-        assert bob.closed and not alice.closed  # bob's third passed 320 KiB in all
-        assert hits("queue_bytes_total") == before + 1
-        assert m.outgoing.held("bob") == 0 and m.outgoing.total == m.outgoing.held("alice") == alice.held()
+        assert bob.closed and not again.closed  # bob's fifth passed the total, bob holding the most
+        assert hits("queue_bytes_total") == before + 2
+        assert m.outgoing.held("bob") == 0 and m.outgoing.total == m.outgoing.held("alice") == again.held()
         m.close_all()
         assert m.outgoing.total == 0
 

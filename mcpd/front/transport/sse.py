@@ -557,8 +557,9 @@ class SessionManager:
         self._ticker: asyncio.TimerHandle | None = None
         #: outgoing bytes held by principal and in all (the sessions', /mcp POST streams' and answers')
         self.outgoing = OutgoingBytes(cfg.principal_queue_bytes, cfg.total_queue_bytes)
-        #: the connections of the answers being written and charged there, by principal (each one's ``abort``)
-        self._answers: dict[str, dict[Callable[[], None], None]] = {}
+        #: what hold_answer counts of each answer being written (or POST stream), by principal and
+        #: by what cuts it (its ``cut``)
+        self._answers: dict[str, dict[Callable[[], None], int]] = {}
         #: the answers written whose connections still hold some of them (keep_answer), by connection
         self._kept: dict[AnswerConnection, KeptAnswer] = {}
 
@@ -625,10 +626,10 @@ class SessionManager:
         reads every session.
 
         The total's rule: while it is passed, the principal holding the most gives up what it
-        holds (:meth:`cut`), ``name`` only when no other holds as much (``"queue_bytes_total"``
-        is then returned for it to give up its own). So a principal holding at most
-        ``total_queue_bytes`` divided by the number of principals holding bytes is never cut for
-        the total (were it the one holding the most, all would hold no more than that)."""
+        holds (:meth:`cut`); ``name`` when none other holds more (``"queue_bytes_total"`` is then
+        returned for it to give up its own). So a principal holding at most ``total_queue_bytes``
+        divided by the number of principals holding bytes is never cut for the total (were none
+        holding more, all together would hold no more than the total)."""
         for other in self._sessions.values():
             if other is not measured and other.stale():
                 other.held()
@@ -642,21 +643,23 @@ class SessionManager:
         while total > outgoing.budget:
             top, most = max(((n, b) for n, b in outgoing.holders() if n not in done), key=lambda nb: nb[1],
                             default=("", 0))
-            if most < own or not most:
+            if most <= own:
                 return "queue_bytes_total"
             done.add(top)
-            total -= most
-            self.cut(top, "queue_bytes_total")
+            total -= self.cut(top, "queue_bytes_total")
         return None
 
-    def cut(self, name: str, kind: str) -> None:
+    def cut(self, name: str, kind: str) -> int:
         """Principal ``name``'s clients stopped reading (``kind``: the bound passed): close its
-        sessions holding bytes and drop the connections of its answers held
-        (:meth:`hold_answer`), each counted in ``limits_hit``. What they hold is released as
-        they go (an answer's once its connection is lost)."""
+        sessions holding bytes and drop its answers and POST streams charged with a ``cut``
+        (:meth:`hold_answer`) and its kept answers (:meth:`keep_answer`), each counted in
+        ``limits_hit``. Returns the bytes this gives up: released now (sessions, kept answers) or
+        by their owners as they end (answers being written, POST streams)."""
+        before = self.outgoing.held(name)
         for session in [s for s in self._sessions.values() if s.principal.name == name and s.held()]:
             session.overflow(kind)
-        drops = list(self._answers.pop(name, {}))
+        charged = self._answers.pop(name, {})
+        drops = list(charged)
         for kept in [k for k in self._kept.values() if k.owner == name]:
             self._forget_kept(kept)
             drops.append(kept.conn.abort)
@@ -664,6 +667,7 @@ class SessionManager:
             metrics.limit_hit(kind)
             log.warning("a POST's answer of %s: %s, dropping a client that stopped reading", name, FULL[kind])
             drop()
+        return before - self.outgoing.held(name) + sum(charged.values())
 
     def keep_answer(self, name: str, conn: AnswerConnection) -> str | None:
         """A ``/mcp`` answer was written whole (``PiecedAnswer`` in ``streamable.py``) on ``conn``
@@ -718,19 +722,21 @@ class SessionManager:
         budgets (:attr:`outgoing`). Not to the session's ``session_queue_bytes``: each answer has
         a connection of its own, and a client reading several large answers at once on one
         session is normal (each is held whole until its last piece is written, and a reader
-        keeping up is behind for most of that time). ``cut``: drops the answer's connection; kept
-        while the answer is charged, for :meth:`cut` (one charge per answer at a time).
+        keeping up is behind for most of that time). ``cut``: drops the answer's connection (or
+        cuts the POST stream); what is charged with it is counted for :meth:`cut`.
 
         Returns, when a charge (``delta > 0``) passed a bound, its limit kind
         (``"queue_bytes_per_principal"``, ``"queue_bytes_total"``: still passed once every stream
         was measured afresh and the total's rule applied, :meth:`still_over`); the caller then
         drops its connection and releases what it charged. Else ``None``."""
         if cut is not None:
-            if delta > 0:
-                self._answers.setdefault(name, {})[cut] = None
+            answers = self._answers.setdefault(name, {})
+            left = answers.get(cut, 0) + delta
+            if left > 0:
+                answers[cut] = left
             else:
-                answers = self._answers.get(name)
-                if answers is not None and answers.pop(cut, 0) is None and not answers:
+                answers.pop(cut, None)
+                if not answers:
                     del self._answers[name]
         if self.outgoing.charge(name, delta) is not None:
             return self.still_over(name)

@@ -61,7 +61,7 @@ from mcpd.front.protocol import (
 )
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.front.transport.sse import (
-    FULL, PING, SESSION_ID_RE, STREAM_HEADERS, McpUser, OutgoingBytes, SessionManager, SessionRefused,
+    FULL, PING, SESSION_ID_RE, STREAM_HEADERS, McpUser, SessionManager, SessionRefused,
     SessionStream, SseSession, encode_message, event_of, pieces,
 )
 
@@ -229,20 +229,25 @@ class PostStream:
     (:meth:`sent`). One message alone may be larger (a reply is bounded by the response cap, a
     batch's by ``session_queue_bytes`` in :class:`~mcpd.front.protocol.McpSession`).
     ``replies_only``: keep only replies (an answer sent as JSON, which carries no progress).
-    ``outgoing`` and ``owner``: the budgets of outgoing bytes by principal and in all, and the
-    principal's name, charged with what the stream holds (an event stream's; :meth:`close`
-    releases it): past either, the stream is cut too.
+    ``manager`` and ``owner``: the session table, whose budgets of outgoing bytes by principal
+    and in all are charged with what the stream holds (an event stream's; :meth:`close` releases
+    it; :meth:`SessionManager.hold_answer`), and the principal's name: past either, or when the
+    total's rule cuts the principal (:meth:`SessionManager.still_over`), the stream is cut too and
+    its connection dropped (``drop``, the server's, when given: its response may be waiting on a
+    client that reads nothing).
     """
 
     def __init__(self, limit: int, limit_bytes: int = 16 * 1024 * 1024, replies_only: bool = False,
-                 outgoing: OutgoingBytes | None = None, owner: str = "") -> None:
+                 manager: SessionManager | None = None, owner: str = "",
+                 drop: Callable[[], None] | None = None) -> None:
         self._items: collections.deque[Queued] = collections.deque()
         self._limit = limit
         self._limit_bytes = limit_bytes
         self._bytes = 0
         self._replies_only = replies_only
-        self._outgoing = outgoing
+        self._manager = manager
         self._owner = owner
+        self._drop = drop
         self._ready = asyncio.Event()
         self.overflowed = False
         self._closed = False
@@ -264,10 +269,11 @@ class PostStream:
             refused = isinstance(message, dict) and message.get("id") is None and "error" in message
             self._items.append(Queued(data, reply, refused, isinstance(message, dict) and "result" in message))
             self._bytes += size
-            if self._outgoing is not None:
-                kind = self._outgoing.charge(self._owner, size)
+            if self._manager is not None:
+                kind = self._manager.hold_answer(self._owner, size, self._cut_off)
                 if kind is not None:
-                    self._overflow(kind)
+                    metrics.limit_hit(kind)
+                    self._cut_off()
         self._ready.set()
 
     def _overflow(self, kind: str) -> None:
@@ -276,6 +282,15 @@ class PostStream:
         metrics.limit_hit(kind)
         self._items.clear()
         self.close()
+
+    def _cut_off(self) -> None:
+        """A budget was passed: cut the stream, release what it holds, drop its connection."""
+        self.overflowed = True
+        self._items.clear()
+        self.close()
+        self._ready.set()
+        if self._drop is not None:
+            self._drop()
 
     def drain(self) -> list[Queued]:
         """Take everything queued so far (still counted until :meth:`sent`)."""
@@ -288,14 +303,14 @@ class PostStream:
         """A message of ``size`` bytes taken by :meth:`drain` was taken by the response."""
         if not self.overflowed:
             self._bytes -= size
-            if self._outgoing is not None:
-                self._outgoing.charge(self._owner, -size)
+            if self._manager is not None:
+                self._manager.hold_answer(self._owner, -size, self._cut_off)
 
     def close(self) -> None:
         """Release what the stream still counts (it ended, or was cut); it takes nothing more."""
         self._closed = True
-        if self._outgoing is not None and self._bytes:
-            self._outgoing.charge(self._owner, -self._bytes)
+        if self._manager is not None and self._bytes:
+            self._manager.hold_answer(self._owner, -self._bytes, self._cut_off)
         self._bytes = 0
 
     async def wait(self, task: asyncio.Task[Any], timeout: float | None = None) -> bool:
@@ -423,12 +438,13 @@ class StreamableTransport:
             return await self.get(request)
         return await self.delete(request)
 
-    def _post_stream(self, replies_only: bool = False, owner: str | None = None) -> PostStream:
+    def _post_stream(self, replies_only: bool = False, owner: str | None = None,
+                     drop: Callable[[], None] | None = None) -> PostStream:
         """A POST's bounded outgoing queue (``session_queue_size`` messages, ``session_queue_bytes``),
         charged to principal ``owner``'s and the total outgoing budgets when given (an event
         stream: a JSON answer holds its one reply only while the POST waits for it)."""
         return PostStream(self.cfg.session_queue_size, self.cfg.session_queue_bytes, replies_only,
-                          None if owner is None else self.manager.outgoing, owner or "")
+                          None if owner is None else self.manager, owner or "", drop)
 
     def _answer(self, reply: Queued, accepts: set[str], owner: str, session_id: str | None = None,
                 headers: dict[str, str] | None = None) -> Response:
@@ -540,7 +556,7 @@ class StreamableTransport:
         members = _members(payload)
         # (an initialize is answered as JSON: a failed one must not leave its session behind)
         if not opened and SSE_TYPE in accepts and any(_is_request(m) and _wants_progress(m) for m in members):
-            return self._event_response(self._events(session, payload, caller), headers)
+            return self._event_response(self._events(session, payload, caller, _drop(request)), headers)
         out = self._post_stream(replies_only=True)
         task = session.protocol.receive(payload, caller, out.put)
         if task is not None:
@@ -575,7 +591,8 @@ class StreamableTransport:
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
         caller = Caller(user.principal, user.token, peer)
         if SSE_TYPE in accepts and _wants_progress(payload):
-            return self._event_response(self._stream(protocol, payload, caller, "stateless", cancel_on_close=True))
+            return self._event_response(self._stream(protocol, payload, caller, "stateless", cancel_on_close=True,
+                                                     drop=_drop(request)))
         out = self._post_stream(replies_only=True)
         task = protocol.receive(payload, caller, out.put)
         if task is None:
@@ -599,21 +616,23 @@ class StreamableTransport:
         pieces of a large event."""
         return EventSourceResponse(events, headers={**STREAM_HEADERS, **(headers or {})}, ping=0, sep="\n")
 
-    def _events(self, session: SseSession, payload: Any, caller: Caller) -> AsyncIterator[bytes]:
+    def _events(self, session: SseSession, payload: Any, caller: Caller,
+                drop: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
         """One session-era POST's response stream. The client going away is not a cancellation
         in this era (it sends ``notifications/cancelled`` for that)."""
-        return self._stream(session.protocol, payload, caller, session.id, cancel_on_close=False)
+        return self._stream(session.protocol, payload, caller, session.id, cancel_on_close=False, drop=drop)
 
     async def _stream(self, protocol: McpSession, payload: Any, caller: Caller, label: str,
-                      cancel_on_close: bool) -> AsyncIterator[bytes]:
+                      cancel_on_close: bool, drop: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
         """One POST's response stream: its request's progress, then the reply, then the end, with
         a keep-alive comment after each ``keepalive_seconds`` without a message; a client that
         stops reading is cut off. An event larger than :data:`~mcpd.front.connguard.PIECE` goes
         out a piece at a time (each yield returns once the transport takes more), so a client that
         stops reading leaves about a piece in the transport, the rest counted in the stream's bytes
-        until it went out. ``cancel_on_close``: the stream ending early (the client left) cancels
+        until it went out. ``drop``: drops its connection, for a cut (:class:`PostStream`).
+        ``cancel_on_close``: the stream ending early (the client left) cancels
         the request."""
-        out = self._post_stream(owner=caller.principal.name)
+        out = self._post_stream(owner=caller.principal.name, drop=drop)
         task = protocol.receive(payload, caller, out.put)
         if task is None:
             out.close()
@@ -644,6 +663,12 @@ class StreamableTransport:
             out.close()
             if cancel_on_close and not task.done():
                 protocol.close()
+
+
+def _drop(request: Request) -> Callable[[], None] | None:
+    """What drops the request's connection (the server's offer), if it offers one."""
+    offer = request.scope.get(DETACH)
+    return None if offer is None else offer.abort
 
 
 def _discard(message: Any) -> None:
