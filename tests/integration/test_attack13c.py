@@ -146,8 +146,9 @@ def test_unread_answers_under_a_piece_count_against_the_principals_budget(
     30 s, then the client asks again. One principal with 1024 connections from one address (the
     per-address cap) held about 600 MiB against a budget of 128 MiB, four addresses about 2.4 GiB
     against a total of 512 MiB; ``mcpd_outgoing_bytes`` said 0 (attacks13c/small_unread_answers.py).
-    Here: eight such answers with a budget of 1 MiB; past the budget's four, the connections must
-    be dropped (or what they hold counted and refused) within seconds."""
+    Fixed: an answer over 64 KiB, once written, is charged what its connection still holds (the
+    kernel's send queue included) until it holds no more. Here: eight such answers with a budget
+    of 1 MiB; past the budget's four, the connections must be dropped within seconds."""
     port = free_port()
     d = daemon_factory(metrics_listen=f"127.0.0.1:{port}", principal_queue_bytes=MIB,
                        connections={"idle_seconds": 1})
