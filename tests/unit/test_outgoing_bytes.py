@@ -198,3 +198,69 @@ def test_a_stream_its_client_caught_up_on_is_released_by_its_keep_alive_comment(
         assert m.outgoing.total == 0
 
     asyncio.run(go())
+
+
+class AnswerConn:
+    """A ``/mcp`` answer's connection as the manager sees it (``AnswerConnection``): it holds
+    ``unsent`` bytes its client has not taken; ``abort()`` drops it (it then holds nothing)."""
+
+    def __init__(self, unsent: int) -> None:
+        self.held, self.aborted = unsent, False
+
+    def unsent(self) -> int:
+        return self.held
+
+    def abort(self) -> None:
+        self.aborted, self.held = True, 0
+
+
+def test_a_written_answer_counts_what_its_connection_still_holds_until_it_holds_no_more() -> None:
+    """``SessionManager.keep_answer`` (a ``/mcp`` answer written whole, its connection still
+    holding some of it, the kernel's queue included): more than 64 KiB held is charged, measured
+    again by the keep-alive ticker, and forgotten once its client took all but 64 KiB; the answer
+    passing its principal's budget is refused (its caller drops it), nothing of it kept."""
+    async def go() -> None:
+        m = SessionManager(Config(principal_queue_bytes=1024 * KIB, total_queue_bytes=4096 * KIB),
+                           Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+        assert m.keep_answer("alice", AnswerConn(64 * KIB)) is None and m.outgoing.total == 0  # a reader
+        conns = [AnswerConn(300 * KIB) for _ in range(4)]
+        assert [m.keep_answer("alice", c) for c in conns[:3]] == [None] * 3
+        assert m.outgoing.held("alice") == 900 * KIB
+        assert m.keep_answer("alice", conns[3]) == "queue_bytes_per_principal"  # 1200 KiB > 1 MiB
+        assert m.outgoing.held("alice") == 900 * KIB
+        conns[0].held = 100 * KIB  # its client read some
+        conns[1].held = 10 * KIB  # and this one nearly all
+        m.keep_alive()
+        assert m.outgoing.held("alice") == 400 * KIB
+        assert m.keep_answer("alice", conns[3]) is None  # fits now
+        conns[0].held = conns[2].held = conns[3].held = 0
+        m.keep_alive()
+        assert m.outgoing.total == 0
+        m.close_all()
+
+    asyncio.run(go())
+
+
+def test_past_the_total_the_kept_answers_of_the_principal_holding_the_most_are_dropped() -> None:
+    """The total's rule with kept answers: alice's two stalled answers (600 KiB) and carol's
+    (300 KiB) fill most of a 1 MiB total; bob's 200 KiB answer passes it: alice's connections are
+    dropped (each counted in ``limits_hit``) and bob's kept, carol's untouched."""
+    async def go() -> None:
+        m = SessionManager(Config(principal_queue_bytes=1024 * KIB, total_queue_bytes=1024 * KIB),
+                           Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+        alice = [AnswerConn(300 * KIB), AnswerConn(300 * KIB)]
+        carol, bob = AnswerConn(300 * KIB), AnswerConn(200 * KIB)
+        for conn in alice:
+            assert m.keep_answer("alice", conn) is None
+        assert m.keep_answer("carol", carol) is None
+        before = hits("queue_bytes_total")
+        assert m.keep_answer("bob", bob) is None
+        assert all(c.aborted for c in alice) and not carol.aborted and not bob.aborted
+        assert hits("queue_bytes_total") == before + 2
+        assert (m.outgoing.held("alice"), m.outgoing.total) == (0, 500 * KIB)
+        bob.held = carol.held = 0
+        m.keep_alive()
+        assert m.outgoing.total == 0
+        m.close_all()
+
+    asyncio.run(go())

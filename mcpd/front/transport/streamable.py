@@ -231,10 +231,9 @@ class PostStream:
     ``replies_only``: keep only replies (an answer sent as JSON, which carries no progress).
     ``manager`` and ``owner``: the session table, whose budgets of outgoing bytes by principal
     and in all are charged with what the stream holds (an event stream's; :meth:`close` releases
-    it; :meth:`SessionManager.hold_answer`), and the principal's name: past either, or when the
-    total's rule cuts the principal (:meth:`SessionManager.still_over`), the stream is cut too and
-    its connection dropped (``drop``, the server's, when given: its response may be waiting on a
-    client that reads nothing).
+    it; :meth:`SessionManager.hold_answer`), and the principal's name: past either, the stream is
+    cut too; when the total's rule cuts the principal (:meth:`SessionManager.still_over`), its
+    connection is dropped as well (``drop``, the server's, when given).
     """
 
     def __init__(self, limit: int, limit_bytes: int = 16 * 1024 * 1024, replies_only: bool = False,
@@ -272,8 +271,7 @@ class PostStream:
             if self._manager is not None:
                 kind = self._manager.hold_answer(self._owner, size, self._cut_off)
                 if kind is not None:
-                    metrics.limit_hit(kind)
-                    self._cut_off()
+                    self._overflow(kind)
         self._ready.set()
 
     def _overflow(self, kind: str) -> None:
@@ -284,7 +282,9 @@ class PostStream:
         self.close()
 
     def _cut_off(self) -> None:
-        """A budget was passed: cut the stream, release what it holds, drop its connection."""
+        """The total's rule cut the principal (:meth:`SessionManager.cut`): cut the stream,
+        release what it holds, and drop its connection (its response may be waiting on a client
+        that reads nothing, holding an event)."""
         self.overflowed = True
         self._items.clear()
         self.close()
