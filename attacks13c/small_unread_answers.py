@@ -6,6 +6,13 @@ all) are the only bound, about 1 GiB of a budget of 512 MiB.
 Usage: python attacks13c/small_unread_answers.py [CONNECTIONS]   (default 150; dev daemon, loopback)
 Prints the front's RSS growth, the gauge, and whether the connections are still held 8 s later
 (past connections.idle_seconds).
+
+Fixed: an answer over 64 KiB, once written, is charged what its connection still holds (the
+kernel's send queue included) until it holds no more; the gauge now shows about 250 KiB per
+connection, and past principal_queue_bytes (about 530 such connections at 128 MiB) the newest
+are dropped (600: the gauge stays just under 128 MiB, the rest are cut). Still exits 0: it prints.
+The front's RSS per held connection (about 520 KiB) stays about twice what is charged (the TLS
+layer's buffers keep their size): the budget bounds it, at that ratio.
 """
 
 from __future__ import annotations

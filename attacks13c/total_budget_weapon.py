@@ -6,6 +6,10 @@ dave and erin each stall one 6 MiB answer on an /sse stream that reads nothing; 
 answer steadily (64 KiB receive buffer). Prints the bytes bob got and what the log says.
 
 Usage: .venv/bin/python attacks13c/total_budget_weapon.py
+
+Fixed: past the total, the principal holding the most gives up what it holds (the one charging
+when none other holds more); bob now gets his whole answer (``bob_got_bytes`` about 6.3 MB) and
+``total_cut_logged`` names a staller's cut. Still exits 0: it prints.
 """
 
 from __future__ import annotations

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
 import logging
+import struct
+import termios
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -151,6 +154,11 @@ class LeanFlowControl(FlowControl):
 DETACH = "mcpd.detach"
 
 _FINAL_CHUNK = b"0\r\n\r\n"
+
+#: The bytes of an answer a connection may hold uncounted: a larger answer, once written, is
+#: charged what its connection still holds (:meth:`ConnectionOffer.unsent`); a smaller one costs
+#: nothing more than its write (bounded in all by the connection caps).
+UNSEEN = 64 * 1024
 
 #: The largest write a stream hands its transport at once (bytes): a larger event goes in pieces of
 #: this size, each once the transport takes writes (so a client that stops reading leaves at most
@@ -339,6 +347,12 @@ class ConnectionOffer:
     def __init__(self, protocol: HttpToolsProtocol) -> None:
         self._protocol = weakref.ref(protocol)
 
+    def __eq__(self, other: object) -> bool:  # (the offers of one connection's requests are equal)
+        return isinstance(other, ConnectionOffer) and other._protocol == self._protocol
+
+    def __hash__(self) -> int:
+        return hash(self._protocol)
+
     def __call__(self) -> StreamConnection | None:
         live: Any = self._protocol()
         return None if live is None else live.detach_stream()
@@ -355,6 +369,20 @@ class ConnectionOffer:
         live = self._protocol()
         if live is not None and live.transport is not None:
             live.transport.abort()
+
+    def unsent(self) -> int:
+        """Bytes written to the connection that its client has not taken yet: what its transport
+        buffers and what the kernel's socket still queues, unsent or unacknowledged (``SIOCOUTQ``:
+        one system call); ``0`` once the connection is gone."""
+        live: Any = self._protocol()
+        if live is None or live.transport is None or live._timer is _UNCOUNTED:  # (released: gone)
+            return 0
+        sock = live.transport.get_extra_info("socket")
+        try:
+            queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        except (AttributeError, OSError):  # (no socket: closed)
+            return 0
+        return int(queued) + int(live.transport.get_write_buffer_size())
 
 
 _UNCOUNTED = "uncounted"  # GuardedHttpToolsProtocol._timer of a connection not (or no longer) counted

@@ -49,10 +49,12 @@ def stalled(m: SessionManager, name: str) -> tuple[SseSession, asyncio.Event]:
     return session, never
 
 
-def test_the_session_passing_the_total_budget_is_closed_and_its_bytes_released() -> None:
+def test_past_the_total_budget_the_principal_holding_the_most_gives_up_its_bytes() -> None:
     """Two principals' sessions stall behind 64 KiB messages, the total budget 320 KiB (each
-    principal's 1 MiB): the writer's event counts from the first message on (it is not taken), and
-    the session whose message passes the total is closed, its bytes released; the other keeps its."""
+    principal's 1 MiB): the writer's event counts from the first message on (it is not taken).
+    Alice holds three; bob's second passes the total: alice, holding more, is closed and her bytes
+    released, bob's session keeps its. Then alice stalls one again and bob's fifth passes the
+    total: bob holds the most, so his session is the one closed."""
     async def go() -> None:
         m = SessionManager(Config(principal_queue_bytes=1024 * KIB, total_queue_bytes=320 * KIB),
                            Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
@@ -64,12 +66,21 @@ def test_the_session_passing_the_total_budget_is_closed_and_its_bytes_released()
             alice.send(message)
             await asyncio.sleep(0)  # the writer takes one and waits on the stream: still counted
         assert m.outgoing.held("alice") >= 3 * 64 * KIB and not alice.closed
+        for _ in range(2):
+            bob.send(message)
+            await asyncio.sleep(0)
+        assert alice.closed and not bob.closed  # bob's second passed 320 KiB in all; alice held more
+        assert hits("queue_bytes_total") == before + 1
+        assert m.outgoing.held("alice") == 0 and m.outgoing.total == m.outgoing.held("bob") == bob.held()
+        again, _ = stalled(m, "alice")
+        again.send(message)
+        await asyncio.sleep(0)
         for _ in range(3):
             bob.send(message)
             await asyncio.sleep(0)
-        assert bob.closed and not alice.closed  # bob's third passed 320 KiB in all
-        assert hits("queue_bytes_total") == before + 1
-        assert m.outgoing.held("bob") == 0 and m.outgoing.total == m.outgoing.held("alice") == alice.held()
+        assert bob.closed and not again.closed  # bob's fifth passed the total, bob holding the most
+        assert hits("queue_bytes_total") == before + 2
+        assert m.outgoing.held("bob") == 0 and m.outgoing.total == m.outgoing.held("alice") == again.held()
         m.close_all()
         assert m.outgoing.total == 0
 
@@ -185,5 +196,71 @@ def test_a_stream_its_client_caught_up_on_is_released_by_its_keep_alive_comment(
         assert not second.closed and not first.closed
         m.close_all()
         assert m.outgoing.total == 0
+
+    asyncio.run(go())
+
+
+class AnswerConn:
+    """A ``/mcp`` answer's connection as the manager sees it (``AnswerConnection``): it holds
+    ``unsent`` bytes its client has not taken; ``abort()`` drops it (it then holds nothing)."""
+
+    def __init__(self, unsent: int) -> None:
+        self.held, self.aborted = unsent, False
+
+    def unsent(self) -> int:
+        return self.held
+
+    def abort(self) -> None:
+        self.aborted, self.held = True, 0
+
+
+def test_a_written_answer_counts_what_its_connection_still_holds_until_it_holds_no_more() -> None:
+    """``SessionManager.keep_answer`` (a ``/mcp`` answer written whole, its connection still
+    holding some of it, the kernel's queue included): more than 64 KiB held is charged, measured
+    again by the keep-alive ticker, and forgotten once its client took all but 64 KiB; the answer
+    passing its principal's budget is refused (its caller drops it), nothing of it kept."""
+    async def go() -> None:
+        m = SessionManager(Config(principal_queue_bytes=1024 * KIB, total_queue_bytes=4096 * KIB),
+                           Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+        assert m.keep_answer("alice", AnswerConn(64 * KIB)) is None and m.outgoing.total == 0  # a reader
+        conns = [AnswerConn(300 * KIB) for _ in range(4)]
+        assert [m.keep_answer("alice", c) for c in conns[:3]] == [None] * 3
+        assert m.outgoing.held("alice") == 900 * KIB
+        assert m.keep_answer("alice", conns[3]) == "queue_bytes_per_principal"  # 1200 KiB > 1 MiB
+        assert m.outgoing.held("alice") == 900 * KIB
+        conns[0].held = 100 * KIB  # its client read some
+        conns[1].held = 10 * KIB  # and this one nearly all
+        m.keep_alive()
+        assert m.outgoing.held("alice") == 400 * KIB
+        assert m.keep_answer("alice", conns[3]) is None  # fits now
+        conns[0].held = conns[2].held = conns[3].held = 0
+        m.keep_alive()
+        assert m.outgoing.total == 0
+        m.close_all()
+
+    asyncio.run(go())
+
+
+def test_past_the_total_the_kept_answers_of_the_principal_holding_the_most_are_dropped() -> None:
+    """The total's rule with kept answers: alice's two stalled answers (600 KiB) and carol's
+    (300 KiB) fill most of a 1 MiB total; bob's 200 KiB answer passes it: alice's connections are
+    dropped (each counted in ``limits_hit``) and bob's kept, carol's untouched."""
+    async def go() -> None:
+        m = SessionManager(Config(principal_queue_bytes=1024 * KIB, total_queue_bytes=1024 * KIB),
+                           Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+        alice = [AnswerConn(300 * KIB), AnswerConn(300 * KIB)]
+        carol, bob = AnswerConn(300 * KIB), AnswerConn(200 * KIB)
+        for conn in alice:
+            assert m.keep_answer("alice", conn) is None
+        assert m.keep_answer("carol", carol) is None
+        before = hits("queue_bytes_total")
+        assert m.keep_answer("bob", bob) is None
+        assert all(c.aborted for c in alice) and not carol.aborted and not bob.aborted
+        assert hits("queue_bytes_total") == before + 2
+        assert (m.outgoing.held("alice"), m.outgoing.total) == (0, 500 * KIB)
+        bob.held = carol.held = 0
+        m.keep_alive()
+        assert m.outgoing.total == 0
+        m.close_all()
 
     asyncio.run(go())

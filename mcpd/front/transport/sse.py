@@ -33,7 +33,7 @@ from starlette.types import Receive, Scope, Send
 from mcpd.common import wirejson
 from mcpd.common.config import Config
 from mcpd.front import metrics
-from mcpd.front.connguard import PIECE
+from mcpd.front.connguard import PIECE, UNSEEN
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.common.identity import Principal
 from mcpd.front.protocol import Caller, Dispatcher, McpSession
@@ -194,7 +194,7 @@ class SseSession:
         # (one message alone may be larger than queue_bytes: it is bounded by the response cap)
         if self._queued and (len(self._queue) >= self._queue_size or self._queued + size > self._queue_bytes) \
                 and self._full(size):
-            self._overflow("queue_overflow")
+            self.overflow("queue_overflow")
             return
         self._queue.append(data)
         self._queued += size
@@ -303,9 +303,9 @@ class SseSession:
         if kind is not None and check and not self.closed:
             kind = self._manager.still_over(self.principal.name, self)
             if kind is not None:
-                self._overflow(kind)
+                self.overflow(kind)
 
-    def _overflow(self, kind: str) -> None:
+    def overflow(self, kind: str) -> None:
         """The client stopped reading (``kind``: the bound its outgoing bytes reached, a
         :data:`~mcpd.front.metrics.LIMIT_KINDS` name): count it, log it, close the session."""
         metrics.limit_hit(kind)
@@ -511,6 +511,32 @@ class OutgoingBytes:
         """The bytes principal ``name`` holds."""
         return self._held.get(name, 0)
 
+    def holders(self) -> Iterator[tuple[str, int]]:
+        """(principal, bytes held) for each principal holding some."""
+        return iter(list(self._held.items()))
+
+
+class AnswerConnection(Protocol):
+    """The connection of a ``/mcp`` answer (the server's
+    :class:`~mcpd.front.connguard.ConnectionOffer`; equal for every request of one connection)."""
+
+    def unsent(self) -> int:
+        """Bytes written to it that the client has not taken yet (``0`` once it is gone)."""
+
+    def abort(self) -> None:
+        """Drop it."""
+
+
+class KeptAnswer:
+    """A ``/mcp`` answer written whole whose connection still holds some of it
+    (:meth:`SessionManager.keep_answer`): its principal, its connection, and what is charged."""
+
+    __slots__ = ("owner", "conn", "charged")
+
+    def __init__(self, owner: str, conn: AnswerConnection) -> None:
+        self.owner, self.conn = owner, conn
+        self.charged = 0
+
 
 class SessionManager:
     """The table of live sessions, capped at ``max_sessions`` in all and at
@@ -531,6 +557,11 @@ class SessionManager:
         self._ticker: asyncio.TimerHandle | None = None
         #: outgoing bytes held by principal and in all (the sessions', /mcp POST streams' and answers')
         self.outgoing = OutgoingBytes(cfg.principal_queue_bytes, cfg.total_queue_bytes)
+        #: what hold_answer counts of each answer being written (or POST stream), by principal and
+        #: by what cuts it (its ``cut``)
+        self._answers: dict[str, dict[Callable[[], None], int]] = {}
+        #: the answers written whose connections still hold some of them (keep_answer), by connection
+        self._kept: dict[AnswerConnection, KeptAnswer] = {}
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -622,27 +653,121 @@ class SessionManager:
         what the sessions' streams hold (it may have gone out since they were last measured; but
         ``measured``'s, just measured), and return the limit kind still passed
         (``"queue_bytes_per_principal"``, ``"queue_bytes_total"``), or ``None``. Only then: it
-        reads every session."""
+        reads every session.
+
+        The total's rule: while it is passed, the principal holding the most gives up what it
+        holds (:meth:`cut`); ``name`` when none other holds more (``"queue_bytes_total"`` is then
+        returned for it to give up its own). So a principal holding at most ``total_queue_bytes``
+        divided by the number of principals holding bytes is never cut for the total (were none
+        holding more, all together would hold no more than the total)."""
         for other in self._sessions.values():
             if other is not measured and other.stale():
                 other.held()
+        for kept in list(self._kept.values()):
+            self._measure_kept(kept)
         outgoing = self.outgoing
-        if outgoing.held(name) > outgoing.per_principal:
+        own = outgoing.held(name)
+        if own > outgoing.per_principal:
             return "queue_bytes_per_principal"
-        return "queue_bytes_total" if outgoing.total > outgoing.budget else None
+        total, done = outgoing.total, {name}
+        while total > outgoing.budget:
+            top, most = max(((n, b) for n, b in outgoing.holders() if n not in done), key=lambda nb: nb[1],
+                            default=("", 0))
+            if most <= own:
+                return "queue_bytes_total"
+            done.add(top)
+            total -= self.cut(top, "queue_bytes_total")
+        return None
 
-    def hold_answer(self, name: str, delta: int) -> str | None:
+    def cut(self, name: str, kind: str) -> int:
+        """Principal ``name``'s clients stopped reading (``kind``: the bound passed): close its
+        sessions holding bytes and drop its answers and POST streams charged with a ``cut``
+        (:meth:`hold_answer`) and its kept answers (:meth:`keep_answer`), each counted in
+        ``limits_hit``. Returns the bytes this gives up: released now (sessions, kept answers) or
+        by their owners as they end (answers being written, POST streams)."""
+        before = self.outgoing.held(name)
+        for session in [s for s in self._sessions.values() if s.principal.name == name and s.held()]:
+            session.overflow(kind)
+        charged = self._answers.pop(name, {})
+        drops = list(charged)
+        for kept in [k for k in self._kept.values() if k.owner == name]:
+            self._forget_kept(kept)
+            drops.append(kept.conn.abort)
+        for drop in drops:
+            metrics.limit_hit(kind)
+            log.warning("a POST's answer of %s: %s, dropping a client that stopped reading", name, FULL[kind])
+            drop()
+        return before - self.outgoing.held(name) + sum(charged.values())
+
+    def keep_answer(self, name: str, conn: AnswerConnection) -> str | None:
+        """A ``/mcp`` answer was written whole (``PiecedAnswer`` in ``streamable.py``) on ``conn``
+        (the server's :class:`~mcpd.front.connguard.ConnectionOffer`): charge what the connection
+        still holds (:meth:`AnswerConnection.unsent`) to principal ``name``'s and the total budgets
+        while that is more than :data:`~mcpd.front.connguard.UNSEEN` bytes, measured again by the
+        keep-alive ticker and before any cut for a budget; forgotten once it holds no more (or is
+        gone). One answer kept per connection: a later one replaces it.
+
+        Returns, when the charge passed a bound (:meth:`still_over`), its limit kind: the caller
+        then drops the connection (nothing is kept); else ``None``."""
+        held = conn.unsent()
+        if held <= UNSEEN:  # (a client keeping up: nothing kept)
+            return None
+        kept = KeptAnswer(name, conn)
+        earlier = self._kept.pop(conn, None)
+        if earlier is not None:
+            self._forget_kept(earlier)
+        self._kept[conn] = kept
+        self.stream_attached()  # (the ticker measures it again)
+        if self._measure_kept(kept, held):
+            kind = self.still_over(name)
+            if kind is not None:
+                self._forget_kept(kept)
+                return kind
+        return None
+
+    def _measure_kept(self, kept: KeptAnswer, held: int | None = None) -> bool:
+        """Charge what ``kept``'s connection holds now (``held``, measured just now, or measured
+        here) instead of what it held; forget it once that is at most
+        :data:`~mcpd.front.connguard.UNSEEN`. Whether the charge passed a bound."""
+        if held is None:
+            held = kept.conn.unsent()
+        if held <= UNSEEN:
+            held = 0
+        delta, kept.charged = held - kept.charged, held
+        over = self.outgoing.charge(kept.owner, delta) is not None
+        if not held:
+            self._kept.pop(kept.conn, None)
+        return over
+
+    def _forget_kept(self, kept: KeptAnswer) -> None:
+        """Release what ``kept`` is charged and forget it (its connection is dropped or gone)."""
+        self._kept.pop(kept.conn, None)
+        if kept.charged:
+            self.outgoing.charge(kept.owner, -kept.charged)
+            kept.charged = 0
+
+    def hold_answer(self, name: str, delta: int, cut: Callable[[], None] | None = None) -> str | None:
         """Charge ``delta`` bytes (negative: released) of a ``/mcp`` answer its connection has not
         taken yet (``PiecedAnswer`` in ``streamable.py``) to principal ``name``'s and the total
         budgets (:attr:`outgoing`). Not to the session's ``session_queue_bytes``: each answer has
         a connection of its own, and a client reading several large answers at once on one
         session is normal (each is held whole until its last piece is written, and a reader
-        keeping up is behind for most of that time).
+        keeping up is behind for most of that time). ``cut``: drops the answer's connection (or
+        cuts the POST stream); what is charged with it is counted for :meth:`cut`.
 
         Returns, when a charge (``delta > 0``) passed a bound, its limit kind
         (``"queue_bytes_per_principal"``, ``"queue_bytes_total"``: still passed once every stream
-        was measured afresh, :meth:`still_over`); the caller then drops its connection and
-        releases what it charged. Else ``None``."""
+        was measured afresh and the total's rule applied, :meth:`still_over`); the caller then
+        drops its connection and releases what it charged. Else ``None``."""
+        if cut is not None:
+            answers = self._answers.setdefault(name, {})
+            left = answers.get(cut, 0) + delta
+            if left > 0:
+                answers[cut] = left
+            else:
+                answers.pop(cut, None)
+                if not answers:
+                    del self._answers[name]
         if self.outgoing.charge(name, delta) is not None:
             return self.still_over(name)
         return None
@@ -679,6 +804,8 @@ class SessionManager:
                     pinged += 1
                 elif session.stale():  # what its stream held when last measured may have gone out
                     session.held()
+        for kept in list(self._kept.values()):
+            self._measure_kept(kept)
         return attached, pinged
 
     def _tick(self) -> None:
@@ -687,7 +814,7 @@ class SessionManager:
         try:
             attached, _ = self.keep_alive()
         finally:
-            if attached:
+            if attached or self._kept:
                 self.stream_attached()
 
     def give_back_memory(self, after: int = TRIM_AFTER, now: float | None = None) -> bool:

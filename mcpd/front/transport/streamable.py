@@ -42,7 +42,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sse_starlette import EventSourceResponse
@@ -54,14 +54,14 @@ from starlette.types import Receive, Scope, Send
 from mcpd.common import wirejson
 from mcpd.common.config import Config
 from mcpd.front import metrics
-from mcpd.front.connguard import DETACH, PIECE
+from mcpd.front.connguard import DETACH, PIECE, UNSEEN
 from mcpd.front.protocol import (
     HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, META_CLIENT_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
     MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, error_reply, valid_id,
 )
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.front.transport.sse import (
-    FULL, PING, SESSION_ID_RE, STREAM_HEADERS, McpUser, OutgoingBytes, SessionManager, SessionRefused,
+    FULL, PING, SESSION_ID_RE, STREAM_HEADERS, McpUser, SessionManager, SessionRefused,
     SessionStream, SseSession, encode_message, event_of, pieces,
 )
 
@@ -229,20 +229,24 @@ class PostStream:
     (:meth:`sent`). One message alone may be larger (a reply is bounded by the response cap, a
     batch's by ``session_queue_bytes`` in :class:`~mcpd.front.protocol.McpSession`).
     ``replies_only``: keep only replies (an answer sent as JSON, which carries no progress).
-    ``outgoing`` and ``owner``: the budgets of outgoing bytes by principal and in all, and the
-    principal's name, charged with what the stream holds (an event stream's; :meth:`close`
-    releases it): past either, the stream is cut too.
+    ``manager`` and ``owner``: the session table, whose budgets of outgoing bytes by principal
+    and in all are charged with what the stream holds (an event stream's; :meth:`close` releases
+    it; :meth:`SessionManager.hold_answer`), and the principal's name: past either, the stream is
+    cut too; when the total's rule cuts the principal (:meth:`SessionManager.still_over`), its
+    connection is dropped as well (``drop``, the server's, when given).
     """
 
     def __init__(self, limit: int, limit_bytes: int = 16 * 1024 * 1024, replies_only: bool = False,
-                 outgoing: OutgoingBytes | None = None, owner: str = "") -> None:
+                 manager: SessionManager | None = None, owner: str = "",
+                 drop: Callable[[], None] | None = None) -> None:
         self._items: collections.deque[Queued] = collections.deque()
         self._limit = limit
         self._limit_bytes = limit_bytes
         self._bytes = 0
         self._replies_only = replies_only
-        self._outgoing = outgoing
+        self._manager = manager
         self._owner = owner
+        self._drop = drop
         self._ready = asyncio.Event()
         self.overflowed = False
         self._closed = False
@@ -264,8 +268,8 @@ class PostStream:
             refused = isinstance(message, dict) and message.get("id") is None and "error" in message
             self._items.append(Queued(data, reply, refused, isinstance(message, dict) and "result" in message))
             self._bytes += size
-            if self._outgoing is not None:
-                kind = self._outgoing.charge(self._owner, size)
+            if self._manager is not None:
+                kind = self._manager.hold_answer(self._owner, size, self._cut_off)
                 if kind is not None:
                     self._overflow(kind)
         self._ready.set()
@@ -276,6 +280,17 @@ class PostStream:
         metrics.limit_hit(kind)
         self._items.clear()
         self.close()
+
+    def _cut_off(self) -> None:
+        """The total's rule cut the principal (:meth:`SessionManager.cut`): cut the stream,
+        release what it holds, and drop its connection (its response may be waiting on a client
+        that reads nothing, holding an event)."""
+        self.overflowed = True
+        self._items.clear()
+        self.close()
+        self._ready.set()
+        if self._drop is not None:
+            self._drop()
 
     def drain(self) -> list[Queued]:
         """Take everything queued so far (still counted until :meth:`sent`)."""
@@ -288,14 +303,14 @@ class PostStream:
         """A message of ``size`` bytes taken by :meth:`drain` was taken by the response."""
         if not self.overflowed:
             self._bytes -= size
-            if self._outgoing is not None:
-                self._outgoing.charge(self._owner, -size)
+            if self._manager is not None:
+                self._manager.hold_answer(self._owner, -size, self._cut_off)
 
     def close(self) -> None:
         """Release what the stream still counts (it ended, or was cut); it takes nothing more."""
         self._closed = True
-        if self._outgoing is not None and self._bytes:
-            self._outgoing.charge(self._owner, -self._bytes)
+        if self._manager is not None and self._bytes:
+            self._manager.hold_answer(self._owner, -self._bytes, self._cut_off)
         self._bytes = 0
 
     async def wait(self, task: asyncio.Task[Any], timeout: float | None = None) -> bool:
@@ -322,19 +337,22 @@ class Queued:
 
 
 class PiecedAnswer(Response):
-    """An answer larger than :data:`~mcpd.front.connguard.PIECE`, its body known (a ``/mcp``
-    reply as JSON, or as one event for a client that accepts only event streams), written through
-    the request's ``send`` a piece at a time: uvicorn's ``send`` waits while the connection asked
-    to pause writing, so a client that stops reading leaves about two pieces in the connection,
-    and the rest here.
+    """A ``/mcp`` POST's answer, its body known (a reply as JSON, or as one event for a client
+    that accepts only event streams), written through the request's ``send`` a piece of at most
+    :data:`~mcpd.front.connguard.PIECE` at a time: uvicorn's ``send`` waits while the connection
+    asked to pause writing, so a client that stops reading leaves about two pieces in the
+    connection's transport, and the rest here.
 
-    Before each piece, while the client is behind (the server's
-    :meth:`~mcpd.front.connguard.ConnectionOffer.behind`; always, without the server's offer),
-    the answer is charged, all of it (it is held until its last piece is written)
-    (:meth:`SessionManager.hold_answer`), to principal ``owner``'s and the total budgets
-    (``principal_queue_bytes``, ``total_queue_bytes``); it is released once the connection takes
-    writes again, and when the answer ends. Past a bound the client stopped reading: the
-    connection is dropped, the charge released and the limit counted, as for a full queue.
+    The rule: while it is being written, the answer is charged, all of it, to principal
+    ``owner``'s and the total budgets (``principal_queue_bytes``, ``total_queue_bytes``;
+    :meth:`SessionManager.hold_answer`) whenever its connection is behind (the server's
+    :meth:`~mcpd.front.connguard.ConnectionOffer.behind`, asked before each write; always, without
+    the server's offer). Once written, an answer over :data:`~mcpd.front.connguard.UNSEEN` bytes
+    is charged what its connection still holds, the kernel's queue included, until it holds
+    nothing (:meth:`SessionManager.keep_answer`). Past a bound the client stopped reading: the
+    connection is dropped, the charge released and the limit counted, as for a full queue. An
+    answer of at most ``UNSEEN`` bytes to a client that keeps up costs one :meth:`behind` more
+    than a plain response.
 
     Args:
         body: the answer's bytes. status: its HTTP status. headers: extra response headers.
@@ -349,31 +367,50 @@ class PiecedAnswer(Response):
         self._manager, self._owner, self._session_id = manager, owner, session_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         offer = scope.get(DETACH)
-        size = len(self._data)
+        data = self._data
+        size = len(data)
+        cut = None if offer is None else offer.abort
         charged = 0  # what hold_answer counts: 0, or the answer's size while its client is behind
         try:
-            for piece in pieces(self._data):
+            start: dict[str, Any] | None = {"type": "http.response.start", "status": self.status_code,
+                                            "headers": self.raw_headers}
+            for begin in range(0, size or 1, PIECE):
                 owed = size if offer is None or offer.behind() else 0
                 if owed != charged:
-                    kind = self._manager.hold_answer(self._owner, owed - charged)
+                    kind = self._manager.hold_answer(self._owner, owed - charged, cut)
                     charged = owed
                     if kind is not None:
-                        self._manager.hold_answer(self._owner, -charged)
+                        self._manager.hold_answer(self._owner, -charged, cut)
                         charged = 0
-                        metrics.limit_hit(kind)
-                        log.warning("%s: a POST's answer: %s, dropping a client that stopped reading",
-                                    self._session_id or "stateless", FULL[kind])
-                        if offer is not None:  # (else the server closes the unfinished response)
-                            offer.abort()
+                        self._cut(kind, cut)
+                        if cut is not None:
                             await _disconnected(receive)
                         return
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if start is not None:  # (the headers, and the first piece right behind them)
+                    await send(start)
+                    start = None
+                end = begin + PIECE
+                await send({"type": "http.response.body", "body": data[begin:end], "more_body": end < size})
+            if charged:
+                self._manager.hold_answer(self._owner, -charged, cut)
+                charged = 0
+            if size > UNSEEN and offer is not None:  # written: what its connection still holds
+                kind = self._manager.keep_answer(self._owner, offer)
+                if kind is not None:
+                    self._cut(kind, cut)
         finally:
             if charged:
-                self._manager.hold_answer(self._owner, -charged)
+                self._manager.hold_answer(self._owner, -charged, cut)
+
+    def _cut(self, kind: str, cut: Callable[[], None] | None) -> None:
+        """The client stopped reading (``kind``: the bound passed): count and log it, drop the
+        connection (without the server's offer, the server closes the unfinished response)."""
+        metrics.limit_hit(kind)
+        log.warning("%s: a POST's answer: %s, dropping a client that stopped reading",
+                    self._session_id or "stateless", FULL[kind])
+        if cut is not None:
+            cut()
 
 
 class StreamableTransport:
@@ -401,30 +438,25 @@ class StreamableTransport:
             return await self.get(request)
         return await self.delete(request)
 
-    def _post_stream(self, replies_only: bool = False, owner: str | None = None) -> PostStream:
+    def _post_stream(self, replies_only: bool = False, owner: str | None = None,
+                     drop: Callable[[], None] | None = None) -> PostStream:
         """A POST's bounded outgoing queue (``session_queue_size`` messages, ``session_queue_bytes``),
         charged to principal ``owner``'s and the total outgoing budgets when given (an event
         stream: a JSON answer holds its one reply only while the POST waits for it)."""
         return PostStream(self.cfg.session_queue_size, self.cfg.session_queue_bytes, replies_only,
-                          None if owner is None else self.manager.outgoing, owner or "")
+                          None if owner is None else self.manager, owner or "", drop)
 
     def _answer(self, reply: Queued, accepts: set[str], owner: str, session_id: str | None = None,
                 headers: dict[str, str] | None = None) -> Response:
         """A POST's answer of one reply (already encoded): JSON (``400`` for an error without an
-        id), or one event for a client that accepts only event streams. Larger than
-        :data:`~mcpd.front.connguard.PIECE`, a :class:`PiecedAnswer` (charged to principal
-        ``owner``'s and the total budgets while its client is behind); else written whole.
+        id), or one event for a client that accepts only event streams; a :class:`PiecedAnswer`
+        (charged to principal ``owner``'s and the total budgets while its client is behind).
         ``session_id``: the session the POST named, for the log."""
         data = reply.data
         if JSON_TYPE not in accepts:  # an SSE-only client: the reply as a one-event stream
-            if len(data) <= PIECE:
-                return EventSourceResponse(_once(data), headers={**STREAM_HEADERS, **(headers or {})}, sep="\n")
             return PiecedAnswer(event_of(data), 200, {**STREAM_HEADERS, **(headers or {})}, SSE_TYPE,
                                 self.manager, owner, session_id)
-        status = 400 if reply.refused else 200
-        if len(data) <= PIECE:
-            return Response(data, status_code=status, headers=headers, media_type=JSON_TYPE)
-        return PiecedAnswer(data, status, headers, JSON_TYPE, self.manager, owner, session_id)
+        return PiecedAnswer(data, 400 if reply.refused else 200, headers, JSON_TYPE, self.manager, owner, session_id)
 
     # -- session lookup ---------------------------------------------------------------------------
 
@@ -524,7 +556,7 @@ class StreamableTransport:
         members = _members(payload)
         # (an initialize is answered as JSON: a failed one must not leave its session behind)
         if not opened and SSE_TYPE in accepts and any(_is_request(m) and _wants_progress(m) for m in members):
-            return self._event_response(self._events(session, payload, caller), headers)
+            return self._event_response(self._events(session, payload, caller, _drop(request)), headers)
         out = self._post_stream(replies_only=True)
         task = session.protocol.receive(payload, caller, out.put)
         if task is not None:
@@ -559,7 +591,8 @@ class StreamableTransport:
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
         caller = Caller(user.principal, user.token, peer)
         if SSE_TYPE in accepts and _wants_progress(payload):
-            return self._event_response(self._stream(protocol, payload, caller, "stateless", cancel_on_close=True))
+            return self._event_response(self._stream(protocol, payload, caller, "stateless", cancel_on_close=True,
+                                                     drop=_drop(request)))
         out = self._post_stream(replies_only=True)
         task = protocol.receive(payload, caller, out.put)
         if task is None:
@@ -583,21 +616,23 @@ class StreamableTransport:
         pieces of a large event."""
         return EventSourceResponse(events, headers={**STREAM_HEADERS, **(headers or {})}, ping=0, sep="\n")
 
-    def _events(self, session: SseSession, payload: Any, caller: Caller) -> AsyncIterator[bytes]:
+    def _events(self, session: SseSession, payload: Any, caller: Caller,
+                drop: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
         """One session-era POST's response stream. The client going away is not a cancellation
         in this era (it sends ``notifications/cancelled`` for that)."""
-        return self._stream(session.protocol, payload, caller, session.id, cancel_on_close=False)
+        return self._stream(session.protocol, payload, caller, session.id, cancel_on_close=False, drop=drop)
 
     async def _stream(self, protocol: McpSession, payload: Any, caller: Caller, label: str,
-                      cancel_on_close: bool) -> AsyncIterator[bytes]:
+                      cancel_on_close: bool, drop: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
         """One POST's response stream: its request's progress, then the reply, then the end, with
         a keep-alive comment after each ``keepalive_seconds`` without a message; a client that
         stops reading is cut off. An event larger than :data:`~mcpd.front.connguard.PIECE` goes
         out a piece at a time (each yield returns once the transport takes more), so a client that
         stops reading leaves about a piece in the transport, the rest counted in the stream's bytes
-        until it went out. ``cancel_on_close``: the stream ending early (the client left) cancels
+        until it went out. ``drop``: drops its connection, for a cut (:class:`PostStream`).
+        ``cancel_on_close``: the stream ending early (the client left) cancels
         the request."""
-        out = self._post_stream(owner=caller.principal.name)
+        out = self._post_stream(owner=caller.principal.name, drop=drop)
         task = protocol.receive(payload, caller, out.put)
         if task is None:
             out.close()
@@ -630,13 +665,15 @@ class StreamableTransport:
                 protocol.close()
 
 
+def _drop(request: Request) -> Callable[[], None] | None:
+    """What drops the request's connection (the server's offer), if it offers one."""
+    offer = request.scope.get(DETACH)
+    return None if offer is None else offer.abort
+
+
 def _discard(message: Any) -> None:
     """The ``send`` of a one-request session: every message goes to that request's own response."""
 
 
 _EVENT_END = b"\n\n"
 _EVENT_HEAD = event_of(b"")[:-len(_EVENT_END)]  # what event_of puts before an event's data
-
-
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield event_of(data)
