@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from mcpd.common import filesig
 from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 
 TOKEN_RE = re.compile(r"^mcpd_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
@@ -215,7 +216,9 @@ def load_users(path: str | Path, owner_uid: int | None = None) -> dict[str, User
     """
     p = Path(path)
     try:
-        if owner_uid is not None and not os.path.lexists(p):
+        # (filesig looks through root where this process may not enter the folder, as the policy
+        # process may not enter /etc/mcpd: os.path.lexists would say "missing" there)
+        if owner_uid is not None and filesig.signature(str(p)) is None:
             return {}
         text = p.read_text(encoding="utf-8") if owner_uid is None else read_secure_file(str(p), owner_uid)
         data = parse_strict_yaml(text, str(p))

@@ -7,6 +7,7 @@ errors in :attr:`Reloading.last_errors` (``exc.errors`` when the exception has i
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -14,6 +15,7 @@ from typing import Generic, TypeVar
 from mcpd.common.filesig import Signature, signature
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def _sig(path: str) -> Signature | None:
@@ -63,6 +65,8 @@ class Reloading(Generic[T]):
             except Exception as exc:  # noqa: BLE001 - any failure keeps the last good value
                 errors = getattr(exc, "errors", None)
                 self.last_errors = [str(e) for e in errors] if isinstance(errors, list) else [str(exc)]
+                log.error("%s not loaded (%s): %s", self.path, "nothing in force" if self._fail_closed and
+                          self._empty is not None else "the last good version stays", "; ".join(self.last_errors))
                 if self._fail_closed and self._empty is not None:
                     self.current = self._empty
                 return True

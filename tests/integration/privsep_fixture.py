@@ -241,8 +241,11 @@ def _make_tree(srv: Path) -> None:
         os.chmod(f, 0o600)
 
 
-def start_privsep(factory: AccountFactory, **overrides: Any) -> PrivsepDaemon:
-    """Create accounts, files and folder, and start helper and front (see the module docstring)."""
+def start_privsep(factory: AccountFactory, etc: bool = False, **overrides: Any) -> PrivsepDaemon:
+    """Create accounts, files and folder, and start helper and front (see the module docstring).
+    ``etc``: ``mcpd.yaml``, the users and the grants files in a folder of their own, ``0750
+    root:mcpd`` as the shipped ``tmpfiles.d`` makes ``/etc/mcpd``, which the policy process
+    (not in group ``mcpd``) may not enter; else beside the rest in the state folder."""
     require_root()
     service = devroot.ensure_system_account("mcpd")
     devroot.ensure_system_account(WALK_USER)  # the helper refuses to start without them
@@ -269,19 +272,26 @@ def start_privsep(factory: AccountFactory, **overrides: Any) -> PrivsepDaemon:
     for name, os_user in (("alice", alice.name), ("bob", bob.name), ("rooty", "root")):
         tokens[name], rec = identity.new_token()
         users[name] = identity.UserRecord(name=name, os_user=os_user, tokens=[rec])
-    identity.save_users(state / "users.yaml", users)
+    conf = state / "etc" if etc else state
+    if etc:
+        conf.mkdir(mode=0o750)
+        os.chown(conf, 0, service.pw_gid)
+    identity.save_users(conf / "users.yaml", users)
     port = free_port()
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
         "tls": {"cert": str(pki.server_cert), "key": str(pki.server_key)},
-        "users_file": "users.yaml", "grants_file": "mcp-sudo.yaml",
+        "users_file": str(conf / "users.yaml"), "grants_file": str(conf / "mcp-sudo.yaml"),
         "helper_socket": "run/helper.sock", "service_user": "mcpd",
         "audit_log": "audit/audit.jsonl", "access_log": "access/access.jsonl", "state_dir": ".",
         "helper_state_dir": "helper",
         "workers": {"per_account": 4, "timeout_seconds": 20},
     }
     cfg.update(overrides)
-    config_path = state / "mcpd.yaml"
+    if etc:  # (its relative paths are taken from its own folder)
+        cfg.update({k: str(state / v) for k, v in cfg.items() if k in ("helper_socket", "audit_log", "access_log",
+                                                                       "state_dir", "helper_state_dir")})
+    config_path = conf / "mcpd.yaml"
     config_path.write_text(yaml.safe_dump(cfg))
     os.chown(config_path, 0, service.pw_gid)
     os.chmod(config_path, 0o640)
@@ -289,7 +299,7 @@ def start_privsep(factory: AccountFactory, **overrides: Any) -> PrivsepDaemon:
         url=f"https://127.0.0.1:{port}", cacert=str(pki.ca_cert), state_dir=state, config_path=config_path,
         socket_path=state / "run" / "helper.sock", audit_path=state / "audit" / "audit.jsonl",
         access_path=state / "access" / "access.jsonl",
-        grants_path=state / "mcp-sudo.yaml", tokens=tokens, accounts={"alice": alice, "bob": bob},
+        grants_path=conf / "mcp-sudo.yaml", tokens=tokens, accounts={"alice": alice, "bob": bob},
         service=service, srv=srv,
     )
     d.write_grants(d.default_grants(), hup=False)

@@ -255,3 +255,58 @@ def test_one_principal_cannot_take_every_privileged_slot() -> None:
         huge.unlink(missing_ok=True)
         stop_privsep(d)
         factory.cleanup()
+
+
+def test_the_shipped_etc_layout_authenticates_through_root() -> None:
+    """The shipped ``tmpfiles.d`` makes ``/etc/mcpd`` ``0750 root:mcpd``: the policy process (not
+    in group ``mcpd``) may not enter it, and reads ``mcpd.yaml``, the users and the grants files
+    through root. Every token was refused there (401) with nothing logged: the users file looked
+    missing to a plain existence check, so no principal existed. Here: tokens authenticate, a
+    principal added later does within seconds, the grants apply, and a users file that does not
+    load is logged and fails closed."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: OS accounts, root helper")
+    factory = AccountFactory()
+    d: PrivsepDaemon | None = None
+    try:
+        d = start_privsep(factory, etc=True)
+        conf = d.config_path.parent
+        assert stat.S_IMODE(conf.stat().st_mode) == 0o750 and conf.stat().st_gid == d.service.pw_gid
+        policy = pwd.getpwnam("mcpd-policy")
+        assert subprocess.run(["setpriv", f"--reuid={policy.pw_uid}", f"--regid={policy.pw_gid}", "--clear-groups",
+                               "test", "-x", str(conf)]).returncode == 1, "the policy process may enter the folder"
+        alice = d.accounts["alice"]
+        own = Path(tempfile.mkdtemp(prefix="mcpd-etc-", dir="/tmp"))
+        os.chmod(own, 0o755)
+        mine = own / "mine.txt"
+        mine.write_text("alice's own\n")
+        os.chown(mine, alice.uid, alice.uid)
+        os.chmod(mine, 0o600)
+        try:
+            assert read_once(d, mine) == ("alice's own\n", {})
+            assert read_once(d, d.log_file, privileged=True)[1] == {}
+            assert read_once(d, d.secret, privileged=True)[1]["code"] == "PERMISSION_DENIED"
+            users_path = conf / "users.yaml"
+            users = identity.load_users(users_path)
+            token, rec = identity.new_token()
+            users["carol"] = identity.UserRecord(name="carol", os_user=alice.name, tokens=[rec])
+            identity.save_users(users_path, users)
+            d.tokens["carol"] = token
+            deadline = time.monotonic() + 10
+            while status_of_sse(d, token) != 200:
+                assert time.monotonic() < deadline, "a principal added later was never seen"
+                time.sleep(0.5)
+            assert read_once(d, mine, principal="carol") == ("alice's own\n", {})
+            users_path.write_text("users: [this is not a mapping\n")
+            os.chmod(users_path, 0o600)
+            deadline = time.monotonic() + 45  # (the front may trust a token it checked for auth_cache_seconds)
+            while status_of_sse(d, d.tokens["alice"]) != 401:
+                assert time.monotonic() < deadline, "a users file that does not load left the old tokens working"
+                time.sleep(0.5)
+            assert "users.yaml not loaded" in (d.state_dir / "helper.log").read_text()
+        finally:
+            shutil.rmtree(own, ignore_errors=True)
+    finally:
+        if d is not None:
+            stop_privsep(d)
+        factory.cleanup()
