@@ -139,7 +139,8 @@ def verify(files: tuple[str, ...], access: bool, config_path: str | None) -> Non
     cfg = _defaults(config_path)
     paths = list(files) or auditlog.rotated_set(cfg.access_log if access else cfg.audit_log)
     if not paths:
-        raise click.ClickException("no audit log found")
+        where = cfg.access_log if access else cfg.audit_log
+        raise click.ClickException(f"no audit log found at {where} (give the daemon's --config FILE, or the log FILEs)")
     try:
         verdict = auditlog.verify(auditlog.read_lines(paths))
     except (OSError, EOFError) as exc:

@@ -147,6 +147,12 @@ def prefix_warnings(prefix: str | None = None) -> list[str]:
     if path == Path("/root") or Path("/root") in path.parents or Path("/home") in path.parents:
         problems.append(f"{path} is under /home or /root, which the front's unit hides (ProtectHome=yes): "
                         "install mcpd into /opt or /usr/local instead")
+    if prefix is None:  # a venv's python is a link: the interpreter it runs must be reachable by every account
+        real = Path(os.path.realpath(sys.executable))
+        if real == Path("/root") or Path("/root") in real.parents or Path("/home") in real.parents:
+            problems.append(f"this installation runs the interpreter {real}, under /home or /root, which the "
+                            "policy process, workers and walkers (other accounts) cannot execute: make the venv "
+                            "with the system's interpreter (/usr/bin/python3 -m venv /opt/mcpd)")
     for folder in (path, *path.parents):
         st = os.stat(folder)
         if st.st_uid != 0 or (st.st_mode & 0o022 and not st.st_mode & 0o1000):

@@ -23,6 +23,7 @@ Streamable HTTP at ``/mcp`` and falls back to ``/sse`` when the server has no ``
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
 import sys
@@ -457,6 +458,9 @@ def login_cmd(settings: Settings, user: str | None, password_stdin: bool) -> Non
     name = user or getpass.getuser()
     if password_stdin:
         password = sys.stdin.readline().rstrip("\n")
+    elif not sys.stdin.isatty():
+        raise click.UsageError("no terminal to ask for the password on: "
+                               "give it on standard input with --password-stdin")
     else:
         password = getpass.getpass(f"password for {name}: ")
     try:
@@ -465,8 +469,8 @@ def login_cmd(settings: Settings, user: str | None, password_stdin: bool) -> Non
     except MCPClientError as exc:
         fail(exc)
     click.echo(f"export MCP_TOKEN={answer['token']}")
-    click.echo(f"logged in as {answer.get('user')}; token expires at UNIX time {int(answer.get('expires') or 0)}",
-               err=True)
+    expires = datetime.datetime.fromtimestamp(int(answer.get("expires") or 0)).astimezone()
+    click.echo(f"logged in as {answer.get('user')}; token expires {expires:%Y-%m-%d %H:%M:%S %Z}", err=True)
 
 
 @main.command("logout")

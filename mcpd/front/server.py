@@ -147,7 +147,9 @@ class Server:
             try:
                 dispatcher.access = resources.access = AccessLog(self.cfg.access_log)
             except OSError as exc:  # every call must leave a record: no log, no service
-                log.error("access_log: cannot open %s: %s", self.cfg.access_log, exc)
+                log.error("access_log: cannot open %s: %s (its folder must exist and be the service user's own, "
+                          "0700: install -d -m 0700 -o %s %s)", self.cfg.access_log, exc, self.cfg.service_user,
+                          os.path.dirname(self.cfg.access_log))
                 return EXIT_CONFIG
         try:
             app = build_app(self.cfg, authenticator, dispatcher, login)

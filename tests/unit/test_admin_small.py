@@ -121,3 +121,24 @@ def test_certs_give_the_server_key_to_the_service_group(tmp_path: Path) -> None:
     missing = CliRunner().invoke(mcpd_main, ["certs", "--dir", str(tmp_path / "x"), "--host", "h",
                                              "--group", "no-such-group-x"])
     assert missing.exit_code == 2 and not (tmp_path / "x").exists()
+
+
+def test_operator_messages_say_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a new operator following the README: each of these failed without saying what to
+    do. ``linuxctl login`` with no terminal names --password-stdin (it printed Python's echo
+    warning and "Aborted!"); ``audit verify`` names the log it looked for and --config;
+    ``install-systemd`` warns about a venv whose interpreter lies under /root (the policy process
+    and the workers cannot run it, and the helper only said the policy process ended)."""
+    from mcpd.admin import install
+    from mcpd.client.linuxctl import main as linuxctl_main
+
+    res = CliRunner().invoke(linuxctl_main, ["login", "--user", "nobody"], input="")
+    assert res.exit_code == 2 and "--password-stdin" in res.output
+    cfg = tmp_path / "mcpd.yaml"
+    cfg.write_text(f"audit_log: {tmp_path / 'none' / 'audit.jsonl'}\n")
+    res = CliRunner().invoke(mcpd_main, ["audit", "verify", "--config", str(cfg)])
+    assert res.exit_code != 0 and str(tmp_path / "none" / "audit.jsonl") in res.output and "--config" in res.output
+    monkeypatch.setattr(install.os.path, "realpath", lambda p: "/root/.pyenv/bin/python3" if p == install.sys.executable
+                        else str(p))
+    monkeypatch.setattr(install.sys, "prefix", "/opt")
+    assert any("/usr/bin/python3 -m venv" in w for w in install.prefix_warnings())
