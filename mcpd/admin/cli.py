@@ -49,7 +49,9 @@ def serve(config_path: str) -> None:
 @click.option("--port", default=9091, show_default=True, type=click.IntRange(1, 65535),
               help="TCP port on 127.0.0.1")
 @click.option("--new-token", is_flag=True, help="Revoke the dev token and issue a fresh one (default: keep it)")
-def dev(state_dir: str, port: int, new_token: bool) -> None:
+@click.option("--metrics-port", default=0, type=click.IntRange(0, 65535),
+              help="Serve /metrics and /healthz on 127.0.0.1 at this port (plain HTTP) [default: off]")
+def dev(state_dir: str, port: int, new_token: bool, metrics_port: int) -> None:
     """Development mode: private CA, a `dev` user and its token, server on 127.0.0.1.
 
     The token stays the same across restarts unless --new-token. A second `mcpd dev` on a port or
@@ -57,7 +59,7 @@ def dev(state_dir: str, port: int, new_token: bool) -> None:
     calls are on (the root helper runs, restarted if it dies); otherwise they are off."""
     from mcpd.admin import devmode
 
-    sys.exit(devmode.run(Path(state_dir), port, new_token))
+    sys.exit(devmode.run(Path(state_dir), port, new_token, metrics_port))
 
 
 SERVICE_GROUP = "mcpd"  # the service user's group (systemd/sysusers.d)

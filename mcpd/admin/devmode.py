@@ -108,8 +108,9 @@ def current_account() -> str:
     return pwd.getpwuid(os.geteuid()).pw_name
 
 
-def dev_config(port: int) -> dict[str, object]:
-    """The development ``mcpd.yaml`` mapping; paths are relative to the state folder (config.load)."""
+def dev_config(port: int, metrics_port: int = 0) -> dict[str, object]:
+    """The development ``mcpd.yaml`` mapping; paths are relative to the state folder (config.load).
+    ``metrics_port``: serve ``/metrics`` and ``/healthz`` on 127.0.0.1 there (0: off)."""
     return {
         "listen": {"host": LISTEN_HOST, "port": port},
         "tls": {"cert": "server.crt", "key": "server.key"},
@@ -123,10 +124,11 @@ def dev_config(port: int) -> dict[str, object]:
         # root helper's capacity for privileged calls
         "max_sessions_per_principal": 1000,
         "max_privileged_per_principal": 64,
+        "metrics_listen": f"{LISTEN_HOST}:{metrics_port}" if metrics_port else "",
     }
 
 
-def prepare(state_dir: Path, port: int, new_token: bool = False) -> DevState:
+def prepare(state_dir: Path, port: int, new_token: bool = False, metrics_port: int = 0) -> DevState:
     """Create or refresh the development state folder; keep the ``dev`` token of the last run
     (from ``dev-token``, while ``users.yaml`` still accepts it) or issue a fresh one.
 
@@ -134,6 +136,7 @@ def prepare(state_dir: Path, port: int, new_token: bool = False) -> DevState:
         state_dir: the folder (created with mode 0700; an existing one is reused).
         port: TCP port for 127.0.0.1 (1..65535).
         new_token: revoke the ``dev`` token and issue a fresh one even when the last one is valid.
+        metrics_port: TCP port on 127.0.0.1 for ``/metrics`` and ``/healthz`` (0: off).
 
     Raises:
         config.ConfigError: the written configuration does not validate (a bug, fail closed).
@@ -146,7 +149,7 @@ def prepare(state_dir: Path, port: int, new_token: bool = False) -> DevState:
     config_path = folder / "mcpd.yaml"
     with open(config_path, "w", encoding="utf-8") as f:
         f.write("# mcpd development configuration, written by `mcpd dev` (rewritten on each run)\n")
-        yaml.safe_dump(dev_config(port), f, sort_keys=False)
+        yaml.safe_dump(dev_config(port, metrics_port), f, sort_keys=False)
     cfg = config.load(config_path)
     users = identity.load_users(cfg.users_file)
     token_path = folder / TOKEN_FILE
@@ -238,7 +241,7 @@ def check_root_state_folder(state_dir: Path) -> None:
     os.close(safe_folder(path, leaf_mask=0))  # (a sticky /tmp above is fine)
 
 
-def run(state_dir: Path, port: int, new_token: bool = False) -> int:
+def run(state_dir: Path, port: int, new_token: bool = False, metrics_port: int = 0) -> int:
     """Check the port, lock the folder, prepare it, print the exports, and run the server until
     Ctrl-C; return the exit code (:data:`EXIT_BUSY` when the port or folder is in use, 78 when the
     setup fails).
@@ -248,6 +251,8 @@ def run(state_dir: Path, port: int, new_token: bool = False) -> int:
     """
     try:
         check_port_free(port)
+        if metrics_port:
+            check_port_free(metrics_port)
         if os.geteuid() == 0:
             check_root_state_folder(state_dir)
         lock = lock_state_folder(state_dir)
@@ -258,14 +263,14 @@ def run(state_dir: Path, port: int, new_token: bool = False) -> int:
         print(f"mcpd dev: {exc}", file=sys.stderr)
         return config.EXIT_CONFIG
     try:
-        return _run_locked(state_dir, port, new_token)
+        return _run_locked(state_dir, port, new_token, metrics_port)
     finally:
         os.close(lock)
 
 
-def _run_locked(state_dir: Path, port: int, new_token: bool) -> int:
+def _run_locked(state_dir: Path, port: int, new_token: bool, metrics_port: int = 0) -> int:
     try:
-        state = prepare(state_dir, port, new_token)
+        state = prepare(state_dir, port, new_token, metrics_port)
         stop_helper = start_root_helper(state)
     except Exception as exc:  # config, users file, OS error, account or helper start failure
         print(f"mcpd dev: {exc}", file=sys.stderr)

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from mcpd.common import config
@@ -84,11 +85,11 @@ def test_dev_prints_working_exports(tmp_path: Path) -> None:
 
 
 def _dev_prints_working_exports(tmp_path: Path) -> None:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT")}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
     proc = subprocess.Popen(
-        [str(BIN / "mcpd"), "dev", "--port", str(port)], cwd=tmp_path, env=env,
+        [str(BIN / "mcpd"), "dev", "--port", str(port), "--metrics-port", str(metrics_port)], cwd=tmp_path, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     lines: queue.Queue[str] = queue.Queue()
@@ -112,6 +113,8 @@ def _dev_prints_working_exports(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert res.returncode == 0, res.stderr
         assert res.stdout == Path("/etc/hosts").read_bytes()
+        metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text  # --metrics-port
+        assert 'mcpd_calls_total{' in metrics and 'tool="files/read"' in metrics
         proc.send_signal(signal.SIGINT)  # Ctrl-C ends the foreground server cleanly
         assert proc.wait(timeout=30) == 0
     finally:
