@@ -179,10 +179,16 @@ def ssl_context(cafile: str | None) -> ssl.SSLContext:
 
 
 def _transport_error(exc: Exception) -> ConnectError:
+    """The :class:`ConnectError` for an httpx transport failure, naming the server it was for."""
     text = str(exc) or type(exc).__name__
+    try:
+        url = exc.request.url  # type: ignore[attr-defined]
+        where = f" {url.scheme}://{url.netloc.decode('ascii', 'replace')}"
+    except (AttributeError, RuntimeError):  # (httpx raises RuntimeError for an error without a request)
+        where = ""
     if "CERTIFICATE_VERIFY_FAILED" in text or isinstance(exc.__context__, ssl.SSLCertVerificationError):
-        return ConnectError(f"server certificate not trusted: {text}", "TLS_ERROR")
-    return ConnectError(f"cannot reach server: {text}")
+        return ConnectError(f"server{where} certificate not trusted: {text}", "TLS_ERROR")
+    return ConnectError(f"cannot reach server{where}: {text}")
 
 
 class Client:

@@ -118,15 +118,16 @@ def test_untrusted_certificate_exits_4(daemon: Any, tmp_path: Path) -> None:
     res = linuxctl("--url", daemon.url, "--token", daemon.token, "--cacert", str(other.ca_cert),
                    "get", "files", "/etc/hosts")
     assert res.returncode == 4
-    assert res.stderr.startswith(b"TLS_ERROR: ")
+    assert res.stderr.startswith(f"TLS_ERROR: server {daemon.url} certificate not trusted".encode())
 
 
 def test_closed_port_exits_4(tmp_path: Path) -> None:
     pki = certs.make_pki(tmp_path / "ca", ["127.0.0.1"])
-    res = linuxctl("--url", f"https://127.0.0.1:{free_port()}", "--token", "t", "--cacert", str(pki.ca_cert),
+    port = free_port()
+    res = linuxctl("--url", f"https://127.0.0.1:{port}", "--token", "t", "--cacert", str(pki.ca_cert),
                    "get", "files", "/etc/hosts")
     assert res.returncode == 4
-    assert res.stderr.startswith(b"CONNECT_FAILED: ")
+    assert res.stderr.startswith(f"CONNECT_FAILED: cannot reach server https://127.0.0.1:{port}".encode())
 
 
 def test_settings_from_environment(daemon: Any, tmp_path: Path) -> None:
