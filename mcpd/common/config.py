@@ -39,7 +39,8 @@ Example (every key optional)::
     helper_state_dir: /var/lib/mcpd-helper   # the root helper's state (0700 root): issued tokens
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536}
     workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64,
-              spawn_burst: 16, spawns_per_second: 1}   # workers started per principal: a burst, then a rate
+              spawn_burst: 16, spawns_per_second: 1,   # workers started per principal: a burst, then a rate
+              cancel_grace_seconds: 0.25}   # a cancelled call's worker may finish this long and is kept; 0: killed
     connections: {max_total: 4096, max_per_address: 1024, handshake_seconds: 10, header_seconds: 10,
                   body_seconds: 30, idle_seconds: 5, max_header_bytes: 65536}   # what one client connection may hold
     workspaces: {alice: /srv/projects/alice}   # root of relative file: resource URIs, per principal
@@ -118,13 +119,16 @@ SAMPLE_BYTES = 64 * 1024
 class Workers:
     """Worker pool sizing (DESIGN.md): per OS account, with a per-request deadline in seconds, and
     how fast one principal may have workers started (a token bucket: ``spawn_burst`` at once, then
-    ``spawns_per_second``; a call that needs a new worker past that is refused ``RATE_LIMITED``)."""
+    ``spawns_per_second``; a call that needs a new worker past that is refused ``RATE_LIMITED``), and
+    how long a cancelled call's worker may still finish its op, its reply discarded, before it is
+    killed (``cancel_grace_seconds``, 0 to ``timeout_seconds`` and at most 60; 0: killed at once)."""
 
     per_account: int = 4
     timeout_seconds: float = 10.0
     max_accounts: int = 64
     spawn_burst: int = 16  # at least per_account: an account's first parallel calls all get a worker
     spawns_per_second: float = 1.0
+    cancel_grace_seconds: float = 0.25  # a worker that finishes within it is kept: cancelling costs no spawn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,6 +337,9 @@ def _check_ranges(cfg: Config) -> None:
            cfg.workers.spawns_per_second) <= 0:
         raise ConfigError("keepalive_seconds, workers.timeout_seconds, workers.spawns_per_second and "
                           "mcp_session_idle_seconds must be positive")
+    if not 0 <= cfg.workers.cancel_grace_seconds <= min(cfg.workers.timeout_seconds, 60):
+        raise ConfigError("workers.cancel_grace_seconds: must be 0 (a cancelled call's worker is killed at once) "
+                          "to workers.timeout_seconds, at most 60")
     if cfg.workers.spawn_burst < cfg.workers.per_account:
         raise ConfigError("workers.spawn_burst: must be at least workers.per_account (an account's first "
                           "parallel calls each start a worker)")

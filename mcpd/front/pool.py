@@ -9,13 +9,16 @@ The front talks to workers only through :class:`WorkerPool`: per principal and a
 ``workers.per_account`` workers, spawned lazily and reused, each only for calls of the token it
 was spawned with (:meth:`WorkerPool.call`); a deadline per call
 (``workers.timeout_seconds``, SPEC §2.5 ``TIMEOUT``) after which the worker is killed, reaped and
-replaced; a crashed worker fails only its own request; cancelling a call kills its worker. The
-pool never blocks the event loop and leaves no zombies.
+replaced; a crashed worker fails only its own request. Cancelling a call stops waiting for it at
+once; its worker gets ``workers.cancel_grace_seconds`` to finish the op, its reply is read and
+discarded and it goes back idle, else it is killed then (0: killed at once). The pool never blocks
+the event loop and leaves no zombies.
 
-Since every cancelled, timed-out or crashed call costs a worker, starting workers is bounded per
-principal (``workers.spawn_burst`` at once, then ``workers.spawns_per_second``): a call that needs
-a new worker past that is refused ``RATE_LIMITED`` at once, so calling and cancelling in a loop
-cannot make the daemon fork without end. Reusing an idle worker costs nothing.
+Since every timed-out or crashed call, and every cancelled one whose op outlasts the grace, costs a
+worker, starting workers is bounded per principal (``workers.spawn_burst`` at once, then
+``workers.spawns_per_second``): a call that needs a new worker past that is refused ``RATE_LIMITED``
+at once, so calling and cancelling in a loop cannot make the daemon fork without end. Reusing an
+idle worker costs nothing.
 
 Spawning is delegated to a :class:`Spawner`: :class:`LocalSpawner` (development, the daemon's own
 user) here; the root helper provides one that starts workers as the account.
@@ -32,6 +35,7 @@ import os
 import socket
 import subprocess
 import sys
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 
@@ -347,6 +351,8 @@ class WorkerPool:
         self._quiet = asyncio.Event()
         self._closed = False
         self._spawns = TokenBuckets(cfg.workers.spawn_burst, cfg.workers.spawns_per_second)  # per principal
+        self._in_grace: collections.Counter[str] = collections.Counter()  # workers in a cancel grace, per principal
+        self._no_grace: weakref.WeakSet[_Worker] = weakref.WeakSet()  # busy workers of a revoked principal
 
     def live(self) -> int:
         """Live worker processes, every account together (the metrics' ``mcpd_workers``)."""
@@ -368,6 +374,7 @@ class WorkerPool:
         count = 0
         for key, account in self._accounts.items():
             if key.split("\n", 1)[0] == owner:
+                self._no_grace.update(w for w in account.workers.values() if w.busy)  # cancelled: killed, not kept
                 for worker in list(account.idle):
                     self._retire(account, worker, release=False)
                     count += 1
@@ -414,14 +421,15 @@ class WorkerPool:
                 ``max_calls_per_principal`` unprivileged calls waiting or running, or when the call
                 needs a new worker and ``owner`` (``os_user`` without one) has had
                 ``workers.spawn_burst`` started lately (its details say ``retry_after_seconds``).
-            asyncio.CancelledError: the call was cancelled; its worker is killed and replaced.
+            asyncio.CancelledError: the call was cancelled (raised at once); its worker is killed,
+                or first given ``workers.cancel_grace_seconds`` to reply (see :meth:`_graced`).
         """
         if self._closed:
             raise ToolError(INTERNAL_ERROR, "worker pool is closed")
         counted = owner if grant is None and owner is not None else None  # (privileged: the helper client's cap)
         if counted is not None:
             cap = self._cfg.max_calls_per_principal
-            if self._by_owner[counted] >= cap:
+            if self._by_owner[counted] + self._in_grace[counted] >= cap:  # a worker in its cancel grace counts
                 metrics.limit_hit("calls_per_principal")
                 raise ToolError(RATE_LIMITED, f"{cap} calls of this principal are in flight; retry when one ends",
                                 limit=cap)
@@ -555,10 +563,11 @@ class WorkerPool:
             if not await self._spawner.alive():  # the root helper died and took its workers along
                 raise ToolError(HELPER_UNAVAILABLE, "the root helper is not running") from None
             raise ToolError(INTERNAL_ERROR, "worker crashed") from None
-        except BaseException:  # cancellation: kill the worker in the background, answer nothing
+        except BaseException as exc:  # cancellation: answer nothing; the worker is drained or killed in the background
             if worker is None:
                 account.slots.release()
-            else:
+            elif grant is not None or not isinstance(exc, asyncio.CancelledError) or \
+                    not self._graced(account, worker, principal or os_user, deadline):
                 self._retire(account, worker, release=True)
             raise
         worker.busy = False
@@ -685,6 +694,51 @@ class WorkerPool:
             await on_progress(done, total, message)
         except Exception:
             log.exception("progress callback failed")
+
+    def _graced(self, account: _Account, worker: _Worker, principal: str, deadline: float) -> bool:
+        """Give ``worker``, whose call was cancelled after its request was sent, the cancel grace
+        (SPEC §1.4: the job is stopped; a quick op is let finish instead, costing no new worker):
+        :meth:`_drain` reads its reply in the background, at most ``workers.cancel_grace_seconds``
+        and never past the call's ``deadline`` (loop seconds). Meanwhile the worker stays busy, keeps
+        its call slot and counts as a call of ``principal``, so cancelling gets no more work run at
+        once. Returns ``False`` (the caller kills it) when the grace is 0, the pool is closing, or
+        ``principal`` was revoked while the call ran (:meth:`retire_owner`).
+
+        Only the unprivileged route comes here: on the privileged one the root helper may still be
+        handing the worker its job, so a cancelled granted call kills its worker."""
+        grace = self._cfg.workers.cancel_grace_seconds
+        if grace <= 0 or self._closed or worker.retired or worker in self._no_grace:
+            return False
+        self._in_grace[principal] += 1
+        loop = asyncio.get_running_loop()
+        self._track(loop.create_task(self._drain(account, worker, principal, min(loop.time() + grace, deadline))))
+        return True
+
+    async def _drain(self, account: _Account, worker: _Worker, principal: str, end: float) -> None:
+        """Read and discard the cancelled call's progress frames and reply until loop time ``end``;
+        then put ``worker`` back idle and free its slot, or kill it if no whole reply came (a timeout,
+        a closed or broken stream). The worker reaches no other call before its reply is read."""
+        replied = False
+        try:
+            async with asyncio.timeout_at(end):
+                while (frame := await read_reply_frame(worker.channel, self._reply_cap)) is not None:
+                    if frame.get("id") != worker.next_id:
+                        break
+                    if "ok" in frame or "progress" not in frame:
+                        replied = isinstance(frame.get("ok"), bool)
+                        break
+        except (TimeoutError, frames.FrameError, OSError):
+            pass
+        finally:
+            self._in_grace[principal] -= 1
+            if self._in_grace[principal] <= 0:
+                del self._in_grace[principal]
+            if replied and not (self._closed or worker.retired or worker in self._no_grace):
+                worker.busy = False
+                account.idle.append(worker)
+                account.slots.release()
+            else:
+                self._retire(account, worker, release=True)
 
     def _retire(self, account: _Account, worker: _Worker, release: bool) -> asyncio.Task[None] | None:
         """Kill and reap ``worker`` in the background; release a call slot once it is reaped."""
