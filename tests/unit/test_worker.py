@@ -28,6 +28,7 @@ from mcpd.common import frames
 from mcpd.common import identity
 from mcpd.common.errors import ToolError
 from mcpd.front.pool import LocalSpawner, WorkerPool
+from tests.integration.test_protocol import slow_file
 
 HUNG_TIMEOUT = 1.0  # seconds: the deadline used for calls that are meant to hit a stopped worker
 
@@ -255,6 +256,174 @@ def test_cancelled_call_kills_its_worker_and_pool_keeps_serving(sample: Path) ->
             result = await pool.call("u", "files/read", read_args(sample))
             assert result["text"] == "alpha\nbeta\r\ngamma"
             assert pid not in pool.workers("u") and len(pool.workers("u")) == 1
+
+    asyncio.run(main())
+
+
+def grace_cfg(grace: float, per_account: int = 1, **workers: Any) -> config.Config:
+    """A pool config with ``workers.cancel_grace_seconds = grace`` and a spawn bucket that does not
+    refill during a test (``spawn_burst = per_account``)."""
+    return config.from_dict({"workers": {"per_account": per_account, "spawn_burst": per_account,
+                                         "spawns_per_second": 0.001, "timeout_seconds": 20,
+                                         "cancel_grace_seconds": grace, **workers}})
+
+
+def counting(spawner: LocalSpawner) -> list[int]:
+    """Record the pid of every worker ``spawner`` starts from now on (returned list, filled in place)."""
+    started: list[int] = []
+    real_spawn = spawner.spawn
+
+    async def counting_spawn(os_user: str, token: str = "") -> tuple[socket.socket, int]:
+        sock, pid = await real_spawn(os_user, token)
+        started.append(pid)
+        return sock, pid
+
+    spawner.spawn = counting_spawn  # type: ignore[method-assign]
+    return started
+
+
+def test_a_burst_of_cancelled_quick_reads_keeps_its_workers_and_is_never_rate_limited(sample: Path) -> None:
+    """SPEC §1.4 with the cancel grace: 40 quick reads, each cancelled as soon as it is sent (a client
+    that searches as the user types), finish within the grace; their replies are discarded and their
+    workers kept, so no call needs a worker past the account's first ones and none is RATE_LIMITED
+    (with ``cancel_grace_seconds: 0`` each cancel kills a worker and the bucket runs dry)."""
+    async def main() -> None:
+        async with open_pool(grace_cfg(5.0, per_account=4)) as (pool, spawner):
+            started = counting(spawner)
+            await asyncio.gather(*(pool.call("u", "files/read", read_args(sample), owner="alice") for _ in range(4)))
+            assert len(started) == 4  # the account's first workers: the whole burst
+            outcomes: list[BaseException | dict[str, Any]] = []
+            for _ in range(40):
+                task = asyncio.create_task(pool.call("u", "files/read", read_args(sample), owner="alice"))
+                for _ in range(2):  # the request is in the worker's socket after the first step
+                    await asyncio.sleep(0)
+                task.cancel()
+                try:
+                    outcomes.append(await task)
+                except BaseException as exc:  # noqa: BLE001 - collected and checked below
+                    outcomes.append(exc)
+            errors_seen = [o for o in outcomes if isinstance(o, ToolError)]
+            assert not errors_seen, errors_seen
+            assert any(isinstance(o, asyncio.CancelledError) for o in outcomes)
+            assert all(isinstance(o, asyncio.CancelledError) or o["text"] == "alpha\nbeta\r\ngamma"
+                       for o in outcomes)
+            assert len(started) == 4, started  # no worker past the account's first ones
+            await eventually(lambda: not any(pool.workers("alice\nu").values()), "every grace over")
+            assert set(pool.workers("alice\nu")) <= set(started)
+            result = await pool.call("u", "files/read", read_args(sample), owner="alice")
+            assert result["text"] == "alpha\nbeta\r\ngamma" and len(started) == 4
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_slow_read_is_killed_when_its_grace_runs_out(tmp_path: Path, sample: Path) -> None:
+    """SPEC §1.4: the job is stopped: a read that is still running when the grace ends is killed
+    and reaped (its worker pid is gone), and the next call gets a new worker."""
+    slow = slow_file(tmp_path)  # reading its line 3 keeps a worker busy until killed
+
+    async def main() -> None:
+        async with open_pool(grace_cfg(1.0, per_account=2)) as (pool, _):
+            (pid,) = await warm(pool, "u", sample, 1)
+            task = asyncio.create_task(pool.call("u", "files/read", {"path": str(slow), "start_line": 3}))
+            await eventually(lambda: pool.workers("u") == {pid: True}, "slow read running")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task  # the caller is let go at once ...
+            assert pool.workers("u") == {pid: True}  # ... while its worker is in its grace
+            await eventually(lambda: is_reaped(pid), "worker killed after its grace")
+            assert pid not in pool.workers("u")
+            result = await pool.call("u", "files/read", read_args(sample))
+            assert result["text"] == "alpha\nbeta\r\ngamma" and pid not in pool.workers("u")
+
+    asyncio.run(main())
+
+
+def test_after_a_discarded_reply_the_same_worker_answers_the_next_call_with_its_own_result(tmp_path: Path) -> None:
+    """The cancelled call's reply is read and thrown away before its worker serves anyone else: the
+    next call, queued meanwhile, waits for it, then runs on that same worker and gets its own file's
+    text, never the cancelled call's."""
+    old, new = tmp_path / "old.txt", tmp_path / "new.txt"
+    old.write_text("the cancelled call's text\n")
+    new.write_text("the next call's text\n")
+
+    async def main() -> None:
+        async with open_pool(grace_cfg(10.0)) as (pool, spawner):
+            (pid,) = await warm(pool, "u", new, 1)
+            started = counting(spawner)
+            os.kill(pid, signal.SIGSTOP)  # the worker takes the request but cannot answer yet
+            cancelled = asyncio.create_task(pool.call("u", "files/read", read_args(old)))
+            await eventually(lambda: pool.workers("u") == {pid: True}, "worker busy")
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            nxt = asyncio.create_task(pool.call("u", "files/read", read_args(new)))
+            for _ in range(20):
+                await asyncio.sleep(0.01)
+            assert not nxt.done() and pool.workers("u") == {pid: True}  # held: the old reply is unread
+            os.kill(pid, signal.SIGCONT)
+            assert (await nxt)["text"] == "the next call's text\n"
+            assert (await pool.call("u", "files/read", read_args(old)))["text"] == "the cancelled call's text\n"
+            assert list(pool.workers("u")) == [pid] and started == []  # kept: no new worker
+
+    asyncio.run(main())
+
+
+def test_a_worker_in_its_grace_still_counts_as_a_call_of_its_principal(sample: Path) -> None:
+    """Cancelling gets no more work run at once: while the cancelled call's worker is in its grace
+    it holds its slot and counts against ``max_calls_per_principal``."""
+    cfg = dataclasses.replace(grace_cfg(10.0), max_calls_per_principal=1)
+
+    async def main() -> None:
+        async with open_pool(cfg) as (pool, _):
+            await pool.call("u", "files/read", read_args(sample), owner="alice")
+            (pid,) = pool.workers("alice\nu")
+            os.kill(pid, signal.SIGSTOP)
+            task = asyncio.create_task(pool.call("u", "files/read", read_args(sample), owner="alice"))
+            await eventually(lambda: pool.workers("alice\nu") == {pid: True}, "worker busy")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            with pytest.raises(ToolError) as err:
+                await pool.call("u", "files/read", read_args(sample), owner="alice")
+            assert err.value.code == errors.RATE_LIMITED and err.value.details["limit"] == 1
+            os.kill(pid, signal.SIGCONT)
+            await eventually(lambda: pool.workers("alice\nu") == {pid: False}, "grace over, worker kept")
+            result = await pool.call("u", "files/read", read_args(sample), owner="alice")
+            assert result["text"] == "alpha\nbeta\r\ngamma" and list(pool.workers("alice\nu")) == [pid]
+
+    asyncio.run(main())
+
+
+def test_no_grace_for_a_granted_call_a_revoked_principal_or_a_zero_setting(sample: Path) -> None:
+    """A cancelled call's worker is killed at once (no grace) when the call is a privileged one
+    (the root helper may still be handing the worker its job), when its principal was revoked while
+    the call ran (its workers must not outlive the token), and with ``cancel_grace_seconds: 0``."""
+    async def never_granted(pid: int, rid: int) -> None:
+        await asyncio.Event().wait()
+
+    async def cancelled_kills_at_once(pool: WorkerPool, key: str, owner: str | None, revoke: bool = False,
+                                      grant: Any = None) -> None:
+        (pid,) = pool.workers(key)
+        os.kill(pid, signal.SIGSTOP)
+        task = asyncio.create_task(pool.call("u", "files/read", read_args(sample), owner=owner, grant=grant))
+        await eventually(lambda: pool.workers(key) == {pid: True}, "worker busy")
+        if revoke:
+            assert pool.retire_owner("alice") == 0  # busy: not retired now, but not kept either
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert pid not in pool.workers(key)  # retired at once, no grace
+        await eventually(lambda: is_reaped(pid), "worker killed")
+        await pool.call("u", "files/read", read_args(sample), owner=owner)
+
+    async def main() -> None:
+        async with open_pool(grace_cfg(10.0, per_account=1, spawn_burst=8)) as (pool, _):
+            await pool.call("u", "files/read", read_args(sample), owner="alice")
+            await cancelled_kills_at_once(pool, "alice\nu", "alice", grant=never_granted)
+            await cancelled_kills_at_once(pool, "alice\nu", "alice", revoke=True)
+        async with open_pool(grace_cfg(0.0, spawn_burst=8)) as (pool, _):
+            await pool.call("u", "files/read", read_args(sample))
+            await cancelled_kills_at_once(pool, "u", None)
 
     asyncio.run(main())
 
@@ -543,24 +712,13 @@ def test_cancelled_calls_start_workers_only_within_the_principals_bucket(tmp_pat
     """Each cancelled call kills its worker; the calls that need a new one past the principal's
     spawn_burst are RATE_LIMITED (nothing started), while reusing an idle worker costs nothing and
     another principal still gets workers."""
-    slow = tmp_path / "sparse.log"  # line 3 is past a 1 TiB hole: the worker is busy until killed
-    with open(slow, "wb") as f:
-        f.write(b"a\n" + b"b" * 9000)
-        f.truncate(1 << 40)
+    slow = slow_file(tmp_path)  # reading its line 3 keeps a worker busy until killed
     cfg = config.from_dict({"workers": {"per_account": 1, "spawn_burst": 3, "spawns_per_second": 0.001,
                                         "timeout_seconds": 20}})
 
     async def main() -> None:
         async with open_pool(cfg) as (pool, spawner):
-            started: list[int] = []
-            real_spawn = spawner.spawn
-
-            async def counting_spawn(os_user: str, token: str = "") -> tuple[socket.socket, int]:
-                sock, pid = await real_spawn(os_user, token)
-                started.append(pid)
-                return sock, pid
-
-            spawner.spawn = counting_spawn  # type: ignore[method-assign]
+            started = counting(spawner)
             for _ in range(20):  # one worker, reused: one start
                 await pool.call("u", "files/read", read_args(sample), owner="alice")
             assert len(started) == 1
