@@ -1,12 +1,18 @@
 """Calling and cancelling in a loop does not make the daemon fork without end (SPEC §1.4, §1.7).
 
-Each cancelled call kills its worker, as the contract wants (the job stops), and the next call
-needs a new one. The attacks here post batches of call-and-cancel pairs, as fast as the server
+With ``workers.cancel_grace_seconds: 0`` each cancelled call kills its worker, as the contract
+wants (the job stops), and the next call needs a new one: the worst case the bucket bounds (a
+cancel during a worker's start, or a slow op outlasting the grace, costs a worker the same way).
+The attacks here post batches of call-and-cancel pairs, as fast as the server
 takes them, over real TLS: the workers started for one principal stay within its bucket
 (``workers.spawn_burst`` at once, then ``workers.spawns_per_second``), the calls past it are
 ``RATE_LIMITED``, another principal is served meanwhile, and once the bucket has refilled the
 principal is served again. Counted with what the daemon itself reports: ``mcpd_workers_started_total``
 on the metrics listener (development front), the helper's audit ``spawn`` records (root helper).
+
+With the cancel grace (the default), a client that cancels quick calls as fast (one searching as
+its user types) keeps its workers: their replies are read and discarded, nothing is started and
+nothing is ``RATE_LIMITED``.
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ pytestmark = pytest.mark.anyio
 
 BURST = 4  # workers.spawn_burst of these daemons (= per_account: an account's first parallel calls)
 RATE = 0.25  # workers.spawns_per_second: a worker every 4 s once the burst is spent
-WORKERS = {"per_account": BURST, "spawn_burst": BURST, "spawns_per_second": RATE, "timeout_seconds": 10}
+WORKERS = {"per_account": BURST, "spawn_burst": BURST, "spawns_per_second": RATE, "timeout_seconds": 10,
+           "cancel_grace_seconds": 0}  # every cancel costs a worker: what the bucket must bound
+GRACE = 2.0  # workers.cancel_grace_seconds of the grace test (a quick read needs milliseconds of it)
 POSTS = 15  # batches of call-and-cancel pairs
 PAIRS = 4  # pairs per batch
 
@@ -185,6 +193,40 @@ async def test_call_and_cancel_loop_starts_workers_only_within_the_bucket(
         assert error["details"]["limit"] == BURST and 0 < error["details"]["retry_after_seconds"] <= 1 / RATE
         total = metrics.started() - started0 - bobs
         assert total <= BURST + RATE * (time.monotonic() - t0) + 1e-9, total
+
+
+async def test_cancelling_quick_reads_in_a_burst_keeps_the_workers_with_the_cancel_grace(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """SPEC §1.4 with the cancel grace: 40 quick reads, each cancelled right after it is posted,
+    on an account whose workers are started: each cancelled read's worker finishes within its grace
+    and is kept, so no worker is started, none is RATE_LIMITED and no cancelled call is answered
+    (with ``cancel_grace_seconds: 0`` the first cancels spend the bucket and the rest are refused)."""
+    port = free_port()
+    d = daemon_factory(metrics_listen=f"127.0.0.1:{port}", workers=dict(WORKERS, cancel_grace_seconds=GRACE))
+    metrics = Metrics(port)
+    target = tmp_path / "f.txt"
+    target.write_text("x\n" * 1000)
+    async with SseSession(d) as s:
+        await s.initialize()
+        warm = [{"jsonrpc": "2.0", "id": f"warm-{n}", "method": "tools/call",
+                 "params": {"name": "files/read", "arguments": {"path": str(target)}}} for n in range(BURST)]
+        assert (await s.post(warm)).status_code == 202  # run together: one worker each, the whole burst
+        warmed = await s.next_message()  # the batch's answer: one array
+        assert len(warmed) == BURST and not any(m["result"].get("isError") for m in warmed), warmed
+        metrics.settle()
+        started0 = metrics.started()
+        assert started0 == BURST and metrics.get()[("mcpd_workers", ())] == BURST
+        answers: list[Any] = []
+        for r in range(40 // PAIRS):
+            assert (await s.post(churn_batch(1000 + r * PAIRS, str(target)))).status_code == 202
+            answers += await drain(s, 0.05)
+        answers += await drain(s, 2 * GRACE)
+        metrics.settle()
+        assert "RATE_LIMITED" not in codes(answers), codes(answers)
+        assert metrics.started() == started0  # every cancelled read's worker was kept
+        assert metrics.get()[("mcpd_workers", ())] == BURST
+        got = await s.request("tools/call", {"name": "files/read", "arguments": {"path": str(target)}})
+        assert not got["result"].get("isError") and metrics.started() == started0, got
 
 
 # ------------------------------------------------------------------ root helper (production spawner)
