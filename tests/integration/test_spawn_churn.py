@@ -195,38 +195,44 @@ async def test_call_and_cancel_loop_starts_workers_only_within_the_bucket(
         assert total <= BURST + RATE * (time.monotonic() - t0) + 1e-9, total
 
 
+async def cancelled_reads_keep_their_workers(s: SseSession, metrics: Metrics, target: Path) -> None:
+    """Start the account's ``BURST`` workers with one batch, then post 40 quick reads of ``target``,
+    each cancelled right after it (batches of call-and-cancel pairs), and check that none is
+    RATE_LIMITED and no worker is started or lost: each cancelled read's worker finished within
+    its grace and was kept."""
+    warm = [{"jsonrpc": "2.0", "id": f"warm-{n}", "method": "tools/call",
+             "params": {"name": "files/read", "arguments": {"path": str(target)}}} for n in range(BURST)]
+    assert (await s.post(warm)).status_code == 202  # run together: one worker each, the whole burst
+    warmed = await s.next_message()  # the batch's answer: one array
+    assert len(warmed) == BURST and not any(m["result"].get("isError") for m in warmed), warmed
+    metrics.settle()
+    started0 = metrics.started()
+    assert metrics.get()[("mcpd_workers", ())] == BURST
+    answers: list[Any] = []
+    for r in range(40 // PAIRS):
+        assert (await s.post(churn_batch(1000 + r * PAIRS, str(target)))).status_code == 202
+        answers += await drain(s, 0.05)
+    answers += await drain(s, 2 * GRACE)
+    metrics.settle()
+    assert "RATE_LIMITED" not in codes(answers), codes(answers)
+    assert metrics.started() == started0  # every cancelled read's worker was kept
+    assert metrics.get()[("mcpd_workers", ())] == BURST
+    got = await s.request("tools/call", {"name": "files/read", "arguments": {"path": str(target)}})
+    assert not got["result"].get("isError") and metrics.started() == started0, got
+
+
 async def test_cancelling_quick_reads_in_a_burst_keeps_the_workers_with_the_cancel_grace(
         daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
-    """SPEC §1.4 with the cancel grace: 40 quick reads, each cancelled right after it is posted,
-    on an account whose workers are started: each cancelled read's worker finishes within its grace
-    and is kept, so no worker is started, none is RATE_LIMITED and no cancelled call is answered
-    (with ``cancel_grace_seconds: 0`` the first cancels spend the bucket and the rest are refused)."""
+    """SPEC §1.4 with the cancel grace: 40 quick reads, each cancelled right after it is posted, on
+    an account whose workers are started, start no worker and none is RATE_LIMITED (with
+    ``cancel_grace_seconds: 0`` the first cancels spend the bucket and the rest are refused)."""
     port = free_port()
     d = daemon_factory(metrics_listen=f"127.0.0.1:{port}", workers=dict(WORKERS, cancel_grace_seconds=GRACE))
-    metrics = Metrics(port)
     target = tmp_path / "f.txt"
     target.write_text("x\n" * 1000)
     async with SseSession(d) as s:
         await s.initialize()
-        warm = [{"jsonrpc": "2.0", "id": f"warm-{n}", "method": "tools/call",
-                 "params": {"name": "files/read", "arguments": {"path": str(target)}}} for n in range(BURST)]
-        assert (await s.post(warm)).status_code == 202  # run together: one worker each, the whole burst
-        warmed = await s.next_message()  # the batch's answer: one array
-        assert len(warmed) == BURST and not any(m["result"].get("isError") for m in warmed), warmed
-        metrics.settle()
-        started0 = metrics.started()
-        assert started0 == BURST and metrics.get()[("mcpd_workers", ())] == BURST
-        answers: list[Any] = []
-        for r in range(40 // PAIRS):
-            assert (await s.post(churn_batch(1000 + r * PAIRS, str(target)))).status_code == 202
-            answers += await drain(s, 0.05)
-        answers += await drain(s, 2 * GRACE)
-        metrics.settle()
-        assert "RATE_LIMITED" not in codes(answers), codes(answers)
-        assert metrics.started() == started0  # every cancelled read's worker was kept
-        assert metrics.get()[("mcpd_workers", ())] == BURST
-        got = await s.request("tools/call", {"name": "files/read", "arguments": {"path": str(target)}})
-        assert not got["result"].get("isError") and metrics.started() == started0, got
+        await cancelled_reads_keep_their_workers(s, Metrics(port), target)
 
 
 # ------------------------------------------------------------------ root helper (production spawner)
@@ -316,6 +322,32 @@ async def test_call_and_cancel_loop_through_the_root_helper_stays_within_the_buc
         error = await refused_then_refilled(s, slow, str(target), busy)
         assert error["details"]["limit"] == BURST
         assert audit_spawns(d.audit_path, "alice", since) <= BURST + RATE * (time.monotonic() - t0) + 1e-9
+
+
+@pytest.mark.root
+async def test_cancelling_quick_reads_through_the_root_helper_writes_no_spawn_record(shared_folder: Path) -> None:
+    """The production spawner with the cancel grace: the burst of cancelled quick reads keeps
+    alice's workers, so the policy process is asked for none and audits no ``spawn``."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: starts the root helper and creates OS accounts")
+    port = free_port()
+    factory = AccountFactory()
+    d: PrivsepDaemon | None = None
+    try:
+        d = start_privsep(factory, workers=dict(WORKERS, cancel_grace_seconds=GRACE),
+                          metrics_listen=f"127.0.0.1:{port}")
+        target = shared_folder / "f.txt"
+        target.write_text("x\n" * 1000)
+        target.chmod(0o644)
+        async with SseSession(cast(Daemon, _Front(d))) as s:
+            await s.initialize()
+            since = len(d.audit_path.read_text().splitlines())
+            await cancelled_reads_keep_their_workers(s, Metrics(port), target)
+            assert audit_spawns(d.audit_path, "alice", since) == BURST  # the warm-up's, and no more
+    finally:
+        if d is not None:
+            stop_privsep(d)
+        factory.cleanup()
 
 
 @pytest.mark.root
