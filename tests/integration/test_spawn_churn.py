@@ -18,6 +18,7 @@ nothing is ``RATE_LIMITED``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -257,20 +258,27 @@ class _Front:
         return {"Authorization": f"Bearer {token or self.token}"}
 
 
-@pytest.fixture(scope="module")
-def privsep_churned() -> Iterator[tuple[PrivsepDaemon, Metrics]]:
+@contextlib.contextmanager
+def privsep_with(workers: dict[str, float]) -> Iterator[tuple[PrivsepDaemon, Metrics]]:
+    """The root helper and its front with these ``workers`` settings and a metrics listener."""
     if os.geteuid() != 0:
         pytest.skip("needs root: starts the root helper and creates OS accounts")
     port = free_port()
     factory = AccountFactory()
     d: PrivsepDaemon | None = None
     try:
-        d = start_privsep(factory, workers=WORKERS, metrics_listen=f"127.0.0.1:{port}")
+        d = start_privsep(factory, workers=workers, metrics_listen=f"127.0.0.1:{port}")
         yield d, Metrics(port)
     finally:
         if d is not None:
             stop_privsep(d)
         factory.cleanup()
+
+
+@pytest.fixture(scope="module")
+def privsep_churned() -> Iterator[tuple[PrivsepDaemon, Metrics]]:
+    with privsep_with(WORKERS) as started:
+        yield started
 
 
 @pytest.fixture
@@ -328,26 +336,15 @@ async def test_call_and_cancel_loop_through_the_root_helper_stays_within_the_buc
 async def test_cancelling_quick_reads_through_the_root_helper_writes_no_spawn_record(shared_folder: Path) -> None:
     """The production spawner with the cancel grace: the burst of cancelled quick reads keeps
     alice's workers, so the policy process is asked for none and audits no ``spawn``."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: starts the root helper and creates OS accounts")
-    port = free_port()
-    factory = AccountFactory()
-    d: PrivsepDaemon | None = None
-    try:
-        d = start_privsep(factory, workers=dict(WORKERS, cancel_grace_seconds=GRACE),
-                          metrics_listen=f"127.0.0.1:{port}")
-        target = shared_folder / "f.txt"
-        target.write_text("x\n" * 1000)
-        target.chmod(0o644)
+    target = shared_folder / "f.txt"
+    target.write_text("x\n" * 1000)
+    target.chmod(0o644)
+    with privsep_with(dict(WORKERS, cancel_grace_seconds=GRACE)) as (d, metrics):
         async with SseSession(cast(Daemon, _Front(d))) as s:
             await s.initialize()
             since = len(d.audit_path.read_text().splitlines())
-            await cancelled_reads_keep_their_workers(s, Metrics(port), target)
+            await cancelled_reads_keep_their_workers(s, metrics, target)
             assert audit_spawns(d.audit_path, "alice", since) == BURST  # the warm-up's, and no more
-    finally:
-        if d is not None:
-            stop_privsep(d)
-        factory.cleanup()
 
 
 @pytest.mark.root
