@@ -333,7 +333,9 @@ class WorkerPool:
             ``read.response_cap`` (bytes; sets the reply frame cap) and ``max_calls_per_principal``
             (unprivileged calls of one owner waiting or running; ``RATE_LIMITED`` beyond),
             ``workers.spawn_burst`` and ``workers.spawns_per_second`` (workers started per
-            principal: a token bucket; a call that needs one more is refused ``RATE_LIMITED``).
+            principal: a token bucket; a call that needs one more is refused ``RATE_LIMITED``),
+            ``workers.cancel_grace_seconds`` (how long a cancelled call's worker may still send
+            its reply, read and discarded, before it is killed; 0: at once).
 
     Must be used from one event loop. Call :meth:`close` before the loop ends.
     """
