@@ -268,20 +268,6 @@ def grace_cfg(grace: float, per_account: int = 1, **workers: Any) -> config.Conf
                                          "cancel_grace_seconds": grace, **workers}})
 
 
-def counting(spawner: LocalSpawner) -> list[int]:
-    """Record the pid of every worker ``spawner`` starts from now on (returned list, filled in place)."""
-    started: list[int] = []
-    real_spawn = spawner.spawn
-
-    async def counting_spawn(os_user: str, token: str = "") -> tuple[socket.socket, int]:
-        sock, pid = await real_spawn(os_user, token)
-        started.append(pid)
-        return sock, pid
-
-    spawner.spawn = counting_spawn  # type: ignore[method-assign]
-    return started
-
-
 def test_a_burst_of_cancelled_quick_reads_keeps_its_workers_and_is_never_rate_limited(sample: Path) -> None:
     """SPEC §1.4 with the cancel grace: 40 quick reads, each cancelled as soon as it is sent (a client
     that searches as the user types), finish within the grace; their replies are discarded and their
@@ -289,7 +275,7 @@ def test_a_burst_of_cancelled_quick_reads_keeps_its_workers_and_is_never_rate_li
     (with ``cancel_grace_seconds: 0`` each cancel kills a worker and the bucket runs dry)."""
     async def main() -> None:
         async with open_pool(grace_cfg(5.0, per_account=4)) as (pool, spawner):
-            started = counting(spawner)
+            started = recording_spawner(spawner)
             await asyncio.gather(*(pool.call("u", "files/read", read_args(sample), owner="alice") for _ in range(4)))
             assert len(started) == 4  # the account's first workers: the whole burst
             outcomes: list[BaseException | dict[str, Any]] = []
@@ -349,7 +335,7 @@ def test_after_a_discarded_reply_the_same_worker_answers_the_next_call_with_its_
     async def main() -> None:
         async with open_pool(grace_cfg(10.0)) as (pool, spawner):
             (pid,) = await warm(pool, "u", new, 1)
-            started = counting(spawner)
+            started = recording_spawner(spawner)
             os.kill(pid, signal.SIGSTOP)  # the worker takes the request but cannot answer yet
             cancelled = asyncio.create_task(pool.call("u", "files/read", read_args(old)))
             await eventually(lambda: pool.workers("u") == {pid: True}, "worker busy")
@@ -363,7 +349,7 @@ def test_after_a_discarded_reply_the_same_worker_answers_the_next_call_with_its_
             os.kill(pid, signal.SIGCONT)
             assert (await nxt)["text"] == "the next call's text\n"
             assert (await pool.call("u", "files/read", read_args(old)))["text"] == "the cancelled call's text\n"
-            assert list(pool.workers("u")) == [pid] and started == []  # kept: no new worker
+            assert list(pool.workers("u")) == [pid] and not started  # kept: no new worker
 
     asyncio.run(main())
 
@@ -718,7 +704,7 @@ def test_cancelled_calls_start_workers_only_within_the_principals_bucket(tmp_pat
 
     async def main() -> None:
         async with open_pool(cfg) as (pool, spawner):
-            started = counting(spawner)
+            started = recording_spawner(spawner)
             for _ in range(20):  # one worker, reused: one start
                 await pool.call("u", "files/read", read_args(sample), owner="alice")
             assert len(started) == 1
@@ -766,10 +752,7 @@ def test_a_call_runs_only_on_a_worker_its_own_token_spawned(tmp_path: Path, samp
     """SPEC §5.3 (a logout ends its token's workers; the principal's other tokens go on working):
     the policy process kills a worker once its token stops authenticating, so a call of token B
     never runs on the idle worker token A spawned; it gets a worker of its own, and A's stays."""
-    slow = tmp_path / "sparse.log"  # line 3 is past a 1 TiB hole: the worker is busy until killed
-    with open(slow, "wb") as f:
-        f.write(b"a\n" + b"b" * 9000)
-        f.truncate(1 << 40)
+    slow = slow_file(tmp_path)  # reading its line 3 keeps a worker busy until killed
     a, b = identity.new_token()[0], identity.new_token()[0]
 
     async def main() -> None:
@@ -787,6 +770,7 @@ def test_a_call_runs_only_on_a_worker_its_own_token_spawned(tmp_path: Path, samp
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+            await eventually(lambda: busy not in pool.workers("alice\nu"), "B's worker killed after its cancel grace")
             await pool.call("u", "files/read", read_args(sample), token=a, owner="alice")
             assert list(pool.workers("alice\nu")) == [pid_a] and len(spawned) == 2  # A's reused
 
