@@ -64,9 +64,13 @@ def is_reaped(pid: int) -> bool:
 
 
 def children() -> set[int]:
+    """This process's children, over all its threads (a thread that ends meanwhile has none)."""
     pids: set[int] = set()
     for task in Path("/proc/self/task").iterdir():
-        text = (task / "children").read_text()
+        try:
+            text = (task / "children").read_text()
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended while we looked
+            continue
         pids.update(int(p) for p in text.split())
     return pids
 
