@@ -380,6 +380,13 @@ class HelperSpawner:
         except ToolError as exc:
             log.warning("could not kill worker %d: %s", pid, exc.message)
 
+    async def drop(self, pid: int) -> None:
+        """Forget worker ``pid``, whose token no longer authenticates or which hung up: the policy
+        process kills a revoked token's workers itself within about a second (and a worker exits
+        at once on its closed socket) and reaps every worker that exits; a ``kill_worker`` with a
+        token that no longer authenticates would only be refused and recorded as an invalid token."""
+        self._tokens.pop(pid, None)
+
 
 class HelperAuthenticator:
     """An :class:`mcpd.front.auth.Authenticator` that asks the helper (which alone reads the tokens).

@@ -35,7 +35,6 @@ import os
 import socket
 import subprocess
 import sys
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 
@@ -73,6 +72,13 @@ class Spawner(Protocol):
     async def spawn(self, os_user: str, token: str = "") -> tuple[socket.socket, int]: ...
 
     async def kill(self, pid: int) -> None: ...
+
+    async def drop(self, pid: int) -> None:
+        """End worker ``pid``, whose token no longer authenticates or which hung up (its socket is
+        closed, so it exits at its next read if it has not): the root helper ends and reaps such
+        workers by itself (asking it with a token that no longer authenticates would be refused
+        and recorded as an invalid token); a local spawner kills and reaps it."""
+        ...
 
     async def alive(self) -> bool:
         """Whether new workers can be started now (asked after a worker ended mid-call)."""
@@ -133,6 +139,13 @@ class LocalSpawner:
 
     async def kill(self, pid: int) -> None:
         """SIGKILL a worker this spawner started and wait until it is reaped; see :class:`Spawner`."""
+        await self._end(pid)
+
+    async def drop(self, pid: int) -> None:
+        """As :meth:`kill`: nobody else ends these workers (see :class:`Spawner`)."""
+        await self._end(pid)
+
+    async def _end(self, pid: int) -> None:
         proc = self._procs.get(pid)
         done = self._exited.get(pid)
         if proc is None or done is None:
@@ -166,6 +179,7 @@ class WorkerChannel(asyncio.Protocol):
         self._buf = bytearray()
         self._waiter: asyncio.Future[None] | None = None
         self._eof = False
+        self.hung_up = False  # the worker closed its end (it exited, or was killed): set by eof_received only
         self._held = False
         self._paused = False
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # done once the socket is
@@ -183,7 +197,7 @@ class WorkerChannel(asyncio.Protocol):
             self._steer()
 
     def eof_received(self) -> bool:
-        self._eof = True
+        self._eof = self.hung_up = True
         self._wake()
         return False  # close the transport
 
@@ -305,6 +319,7 @@ class _Worker:
     tag: str = ""  # the token it was spawned with (token_tag): it serves only that token's calls
     busy: bool = False
     retired: bool = False
+    revoked: bool = False  # its token no longer authenticates: never kept after its call, ended by drop
     next_id: int = 0
 
 
@@ -354,7 +369,6 @@ class WorkerPool:
         self._closed = False
         self._spawns = TokenBuckets(cfg.workers.spawn_burst, cfg.workers.spawns_per_second)  # per principal
         self._in_grace: collections.Counter[str] = collections.Counter()  # workers in a cancel grace, per principal
-        self._no_grace: weakref.WeakSet[_Worker] = weakref.WeakSet()  # busy workers of a revoked principal
 
     def live(self) -> int:
         """Live worker processes, every account together (the metrics' ``mcpd_workers``)."""
@@ -369,15 +383,20 @@ class WorkerPool:
         ``per_account`` slots (the metrics' ``mcpd_pool_queued``)."""
         return self._waiting
 
-    def retire_owner(self, owner: str) -> int:
-        """Kill the idle workers of principal ``owner`` (its token was revoked: they must not
-        outlive it); busy ones end with their calls, which their closed sessions cancel.
+    def retire_owner(self, owner: str, token: str | None = None) -> int:
+        """End the idle workers of principal ``owner`` spawned with ``token`` (``None``: with any
+        of its tokens), which no longer authenticates: they must not outlive it. Busy ones end
+        with their calls (which their closed sessions cancel), without a cancel grace. They are
+        ended with the spawner's :meth:`Spawner.drop`, not asked to be killed with the token
+        that is no longer valid (the root helper would refuse it and record an invalid token).
         Returns how many were retired."""
+        tag = None if token is None else token_tag(token)
         count = 0
         for key, account in self._accounts.items():
             if key.split("\n", 1)[0] == owner:
-                self._no_grace.update(w for w in account.workers.values() if w.busy)  # cancelled: killed, not kept
-                for worker in list(account.idle):
+                for worker in [w for w in account.workers.values() if tag is None or w.tag == tag]:
+                    worker.revoked = True
+                for worker in [w for w in account.idle if w.revoked]:
                     self._retire(account, worker, release=False)
                     count += 1
         return count
@@ -709,7 +728,7 @@ class WorkerPool:
         Only the unprivileged route comes here: on the privileged one the root helper may still be
         handing the worker its job, so a cancelled granted call kills its worker."""
         grace = self._cfg.workers.cancel_grace_seconds
-        if grace <= 0 or self._closed or worker.retired or worker in self._no_grace:
+        if grace <= 0 or self._closed or worker.retired or worker.revoked:
             return False
         self._in_grace[principal] += 1
         loop = asyncio.get_running_loop()
@@ -735,7 +754,7 @@ class WorkerPool:
             self._in_grace[principal] -= 1
             if self._in_grace[principal] <= 0:
                 del self._in_grace[principal]
-            if replied and not (self._closed or worker.retired or worker in self._no_grace):
+            if replied and not (self._closed or worker.retired or worker.revoked):
                 worker.busy = False
                 account.idle.append(worker)
                 account.slots.release()
@@ -753,18 +772,23 @@ class WorkerPool:
         if worker in account.idle:
             account.idle.remove(worker)
         slots = account.slots if release else None
-        return self._track(asyncio.get_running_loop().create_task(self._reap(worker.pid, worker.channel, slots)))
+        # a revoked token's worker, and one that hung up (it exited: the root helper has reaped or
+        # will reap it), are dropped: a kill_worker with a token that no longer authenticates would
+        # only be refused and recorded as an invalid token
+        drop = worker.revoked or worker.channel.hung_up
+        return self._track(asyncio.get_running_loop().create_task(self._reap(worker.pid, worker.channel, slots, drop)))
 
     def _track(self, task: asyncio.Task[None]) -> asyncio.Task[None]:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
         return task
 
-    async def _reap(self, pid: int, channel: WorkerChannel | None, slots: asyncio.Semaphore | None) -> None:
+    async def _reap(self, pid: int, channel: WorkerChannel | None, slots: asyncio.Semaphore | None,
+                    drop: bool = False) -> None:
         if channel is not None:
             channel.close()
         try:
-            await self._spawner.kill(pid)
+            await (self._spawner.drop(pid) if drop else self._spawner.kill(pid))
         except Exception:
             log.exception("could not kill worker %s", pid)
         finally:

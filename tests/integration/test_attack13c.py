@@ -277,6 +277,11 @@ def test_a_logout_does_not_kill_the_worker_serving_the_principals_other_token(
     result = asyncio.run(slow_call_then_logout())
     code = result.get("structuredContent", {}).get("error", {}).get("code")
     assert code != "INTERNAL_ERROR", (result, [r for r in d.audit() if r.get("event") == "kill"])
+    # The login's worker, ended by the policy process's sweep, is let go by the front without a
+    # kill_worker in the revoked token's name (each was refused and recorded "invalid token").
+    time.sleep(2.0)
+    assert not asyncio.run(parallel_reads(d, static, small, 2))[0].get("isError")
+    assert not [r for r in d.audit() if r.get("tool") == "kill_worker" and r.get("reason") == "invalid token"]
 
 
 # -- outgoing bytes: POST event streams their client left ------------------------------------------

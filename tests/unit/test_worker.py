@@ -809,3 +809,39 @@ def test_a_principal_at_its_cap_with_only_other_tokens_idle_workers_is_served(sa
             await eventually(lambda: len(spawner.live_pids()) == 2, "the retired workers reaped")
 
     asyncio.run(main())
+
+
+def test_a_revoked_tokens_workers_are_dropped_and_the_others_kept(sample: Path) -> None:
+    """A logout (or rotation) ends only the workers its token started (SPEC §5.3), and ends them
+    without asking the root helper to kill them with that token, which it would refuse and record
+    as an invalid token (an operator saw a ``reject invalid token`` record after every logout):
+    the spawner's ``drop``, not its ``kill``; the principal's other token keeps its worker."""
+    a, b = identity.new_token()[0], identity.new_token()[0]
+
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=2)) as (pool, spawner):
+            spawned = recording_spawner(spawner)
+            ended: list[tuple[str, int]] = []
+            real_kill, real_drop = spawner.kill, spawner.drop
+
+            async def kill(pid: int) -> None:
+                ended.append(("kill", pid))
+                await real_kill(pid)
+
+            async def drop(pid: int) -> None:
+                ended.append(("drop", pid))
+                await real_drop(pid)
+
+            spawner.kill, spawner.drop = kill, drop  # type: ignore[method-assign]
+            await pool.call("u", "files/read", read_args(sample), token=a, owner="alice")
+            await pool.call("u", "files/read", read_args(sample), token=b, owner="alice")
+            pid_a, pid_b = (pid for pid, token in spawned.items() if token in (a, b))
+            assert spawned[pid_a] == a and spawned[pid_b] == b
+            assert pool.retire_owner("alice", b) == 1
+            await eventually(lambda: pid_b not in spawner.live_pids(), "B's worker ended")
+            assert ended == [("drop", pid_b)]
+            assert list(pool.workers("alice\nu")) == [pid_a]
+            await pool.call("u", "files/read", read_args(sample), token=a, owner="alice")
+            assert len(spawned) == 2  # A's worker served on
+
+    asyncio.run(main())

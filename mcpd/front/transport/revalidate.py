@@ -29,15 +29,15 @@ CHECK_TIMEOUT = 15.0
 
 
 async def revalidate_once(manager: SessionManager, authenticator: Authenticator,
-                          on_revoked: Callable[[str], object] | None = None) -> int:
+                          on_revoked: Callable[[str, str], object] | None = None) -> int:
     """Check every open session's token once; return how many sessions were closed.
-    ``on_revoked(principal_name)`` is called once per principal whose session was closed (the
-    front retires that principal's idle workers with it)."""
+    ``on_revoked(principal_name, token)`` is called once per token (and principal) whose
+    sessions were closed (the front retires the workers that token started with them)."""
     by_token: dict[str, list[SseSession]] = {}
     for session in manager.sessions():
         by_token.setdefault(session.token, []).append(session)
     closed = 0
-    revoked: set[str] = set()
+    revoked: set[tuple[str, str]] = set()
     for token, sessions in by_token.items():
         try:
             async with asyncio.timeout(CHECK_TIMEOUT):
@@ -49,17 +49,17 @@ async def revalidate_once(manager: SessionManager, authenticator: Authenticator,
             if principal is None or (principal.name, principal.token_id) != (p.name, p.token_id):
                 log.info("session %s closed: its token is no longer valid", session.id)
                 manager.close(session)
-                revoked.add(p.name)
+                revoked.add((p.name, token))
                 closed += 1
     if on_revoked is not None:
-        for name in revoked:
-            on_revoked(name)
+        for name, token in revoked:
+            on_revoked(name, token)
     return closed
 
 
 async def revalidate_forever(manager: SessionManager, authenticator: Authenticator,
                              interval: float = INTERVAL, idle_seconds: float | None = None,
-                             on_revoked: Callable[[str], object] | None = None) -> None:
+                             on_revoked: Callable[[str, str], object] | None = None) -> None:
     """Run :func:`revalidate_once` every ``interval`` seconds until cancelled; with
     ``idle_seconds``, also expire idle Streamable HTTP sessions (:meth:`SessionManager.expire_idle`);
     after many sessions closed, give their memory back (:meth:`SessionManager.give_back_memory`)."""
