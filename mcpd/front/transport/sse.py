@@ -562,6 +562,9 @@ class SessionManager:
         self._answers: dict[str, dict[Callable[[], None], int]] = {}
         #: the answers written whose connections still hold some of them (keep_answer), by connection
         self._kept: dict[AnswerConnection, KeptAnswer] = {}
+        #: what a cut gave up of answers that their writers release later (by ``cut``: principal,
+        #: bytes): still in ``outgoing`` until then, but no longer held for the total's rule
+        self._leaving: dict[Callable[[], None], tuple[str, int]] = {}
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -578,24 +581,31 @@ class SessionManager:
         At a full cap, the ``"mcp"`` session idle longest (of ``principal`` for its own cap, of
         anyone for ``max_sessions``) makes room when it has been idle for at least
         ``mcp_session_evict_seconds`` (:meth:`evict_idle`): a client that never ends its sessions
-        does not lock its principal out until they expire.
+        does not lock its principal out until they expire. The principal's own cap is checked
+        first: a principal refused for it evicts no one else's session.
 
         Raises:
             SessionRefused: ``503`` when ``max_sessions`` are open, ``429`` when ``principal``
                 holds ``max_sessions_per_principal``; both count the two kinds together.
         """
-        if len(self._sessions) >= self._cfg.max_sessions and not self.evict_idle(None):
-            metrics.limit_hit("sessions_total")
-            raise SessionRefused(503, "too many sessions")
         held = 0
         for other in self._sessions.values():
             if other.principal.name == principal.name:
                 held += 1
                 if other.principal == principal:  # one object for all the sessions of a token
                     principal, token = other.principal, other.token if other.token == token else token
+        full = len(self._sessions) >= self._cfg.max_sessions
+        # (the principal's own cap first: one refused for it must not have evicted anyone else's
+        # session; its own evicted session frees a place in all as well)
         if held >= self._cfg.max_sessions_per_principal and not self.evict_idle(principal.name):
+            if full:
+                metrics.limit_hit("sessions_total")
+                raise SessionRefused(503, "too many sessions")
             metrics.limit_hit("sessions_per_principal")
             raise SessionRefused(429, "too many sessions for this principal")
+        if len(self._sessions) >= self._cfg.max_sessions and not self.evict_idle(None):
+            metrics.limit_hit("sessions_total")
+            raise SessionRefused(503, "too many sessions")
         sid = secrets.token_hex(16)
         session = SseSession(sid, principal, self._cfg.session_queue_size, self, self._dispatcher, kind,
                              self._cfg.session_queue_bytes)
@@ -659,20 +669,25 @@ class SessionManager:
         holds (:meth:`cut`); ``name`` when none other holds more (``"queue_bytes_total"`` is then
         returned for it to give up its own). So a principal holding at most ``total_queue_bytes``
         divided by the number of principals holding bytes is never cut for the total (were none
-        holding more, all together would hold no more than the total)."""
+        holding more, all together would hold no more than the total). What a cut gave up and its
+        writers have not released yet counts for no one (else the next charge would cut another
+        principal for bytes already given up)."""
         for other in self._sessions.values():
             if other is not measured and other.stale():
                 other.held()
         for kept in list(self._kept.values()):
             self._measure_kept(kept)
         outgoing = self.outgoing
-        own = outgoing.held(name)
+        leaving: dict[str, int] = {}
+        for owner, size in self._leaving.values():
+            leaving[owner] = leaving.get(owner, 0) + size
+        own = outgoing.held(name) - leaving.get(name, 0)
         if own > outgoing.per_principal:
             return "queue_bytes_per_principal"
-        total, done = outgoing.total, {name}
+        total, done = outgoing.total - sum(leaving.values()), {name}
         while total > outgoing.budget:
-            top, most = max(((n, b) for n, b in outgoing.holders() if n not in done), key=lambda nb: nb[1],
-                            default=("", 0))
+            top, most = max(((n, b - leaving.get(n, 0)) for n, b in outgoing.holders() if n not in done),
+                            key=lambda nb: nb[1], default=("", 0))
             if most <= own:
                 return "queue_bytes_total"
             done.add(top)
@@ -683,12 +698,15 @@ class SessionManager:
         """Principal ``name``'s clients stopped reading (``kind``: the bound passed): close its
         sessions holding bytes and drop its answers and POST streams charged with a ``cut``
         (:meth:`hold_answer`) and its kept answers (:meth:`keep_answer`), each counted in
-        ``limits_hit``. Returns the bytes this gives up: released now (sessions, kept answers) or
-        by their owners as they end (answers being written, POST streams)."""
+        ``limits_hit``. Returns the bytes this gives up: released now (sessions, kept answers, POST
+        streams) or by their writers as they end (answers being written: counted as leaving until
+        then, :meth:`still_over`)."""
         before = self.outgoing.held(name)
         for session in [s for s in self._sessions.values() if s.principal.name == name and s.held()]:
             session.overflow(kind)
         charged = self._answers.pop(name, {})
+        for drop, size in charged.items():
+            self._leaving[drop] = (name, size)
         drops = list(charged)
         for kept in [k for k in self._kept.values() if k.owner == name]:
             self._forget_kept(kept)
@@ -697,7 +715,8 @@ class SessionManager:
             metrics.limit_hit(kind)
             log.warning("a POST's answer of %s: %s, dropping a client that stopped reading", name, FULL[kind])
             drop()
-        return before - self.outgoing.held(name) + sum(charged.values())
+        # (a POST stream's cut released its bytes at once, through hold_answer: no longer leaving)
+        return before - self.outgoing.held(name) + sum(self._leaving[d][1] for d in charged if d in self._leaving)
 
     def keep_answer(self, name: str, conn: AnswerConnection) -> str | None:
         """A ``/mcp`` answer was written whole (``PiecedAnswer`` in ``streamable.py``) on ``conn``
@@ -759,7 +778,11 @@ class SessionManager:
         (``"queue_bytes_per_principal"``, ``"queue_bytes_total"``: still passed once every stream
         was measured afresh and the total's rule applied, :meth:`still_over`); the caller then
         drops its connection and releases what it charged. Else ``None``."""
-        if cut is not None:
+        if cut is not None and delta < 0 and cut in self._leaving:  # a release of what a cut gave up
+            owner, size = self._leaving.pop(cut)
+            if size + delta > 0:
+                self._leaving[cut] = (owner, size + delta)
+        elif cut is not None:
             answers = self._answers.setdefault(name, {})
             left = answers.get(cut, 0) + delta
             if left > 0:

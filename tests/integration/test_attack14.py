@@ -1,0 +1,86 @@
+"""Attack 14 on today's changes (token-tagged pool, cancel grace, the total outgoing budget's
+rule, idle-session eviction). Each test names the rule it checks and the severity of its flaw.
+
+The flaws found are in :class:`mcpd.front.transport.sse.SessionManager`'s bookkeeping, which the
+daemon drives from its event loop; they are shown on the manager itself, deterministically (on a
+daemon they depend on when a dropped connection's writer next runs)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from mcpd.common.config import Config
+from mcpd.common.identity import Principal
+from mcpd.front.protocol import Dispatcher
+from mcpd.front.transport.sse import SessionManager, SessionRefused
+from tests.conftest import Daemon
+from tests.integration.test_streamable import INIT, client, hdrs, open_session
+
+KIB = 1024
+
+pytestmark = pytest.mark.anyio
+
+
+def manager(**cfg: object) -> SessionManager:
+    return SessionManager(Config(**cfg), Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+
+
+def test_a_cut_answer_still_being_released_does_not_get_a_second_principal_cut() -> None:
+    """Rule (SPEC §1.6 outgoing budgets; INTERNALS: past the total, the principal holding the
+    most gives up its bytes, so stallers filling the total lose theirs rather than a reader charged
+    next). Severity: medium (an innocent principal's answers are dropped).
+
+    An answer being written (``PiecedAnswer``) that the total's rule cuts is released only when its
+    writer runs again (its connection's abort takes effect on a later loop turn). Until then it
+    still counts as held by its principal, so the next charge that passes the total "cuts" that
+    principal again (giving up nothing) and then cuts the next largest holder, though once the
+    first cut's bytes are released the total is far under the budget."""
+    m = manager(principal_queue_bytes=1024 * KIB, total_queue_bytes=120 * KIB)
+    cut: list[str] = []
+    assert m.hold_answer("v1", 60 * KIB, lambda: cut.append("v1")) is None
+    assert m.hold_answer("v2", 50 * KIB, lambda: cut.append("v2")) is None
+    mallory = lambda: cut.append("mallory")  # noqa: E731
+    assert m.hold_answer("mallory", 20 * KIB, mallory) is None  # 130 KiB > 120: v1, holding most, is cut
+    assert cut == ["v1"]
+    # (v1's writer has not run yet: its 60 KiB are still counted)
+    assert m.hold_answer("mallory", 5 * KIB, mallory) is None  # 75 KiB once v1's are released
+    assert cut == ["v1"], "a second principal was cut while the first cut's bytes were being released"
+
+
+def test_a_principal_refused_for_its_own_cap_evicts_no_one_elses_session() -> None:
+    """Rule (SPEC §1.5 session caps; the eviction: at a full cap, an idle ``/mcp`` session makes
+    room *for a new session*). Severity: low-medium (a principal at its own cap closes another
+    principal's idle session and still gets 429: the victim loses its session for nothing, its
+    client's next request is 404).
+
+    ``SessionManager.open`` checks ``max_sessions`` first and evicts anyone's idle session to
+    make room, then refuses the caller for ``max_sessions_per_principal``."""
+    m = manager(max_sessions=2, max_sessions_per_principal=1, mcp_session_evict_seconds=60.0)
+    victim = m.open(Principal("bob", "bob", "t2"), kind="mcp")
+    victim.last_active -= 120  # idle two minutes: the client comes back later
+    m.open(Principal("mallory", "mallory", "t3"), kind="mcp")  # in use
+    with pytest.raises(SessionRefused) as refused:
+        m.open(Principal("mallory", "mallory", "t3"), kind="mcp")
+    assert refused.value.status in (429, 503)
+    assert not victim.closed, "bob's idle session was closed to make room for a session refused anyway"
+
+
+async def test_on_a_daemon_a_principal_at_its_cap_does_not_evict_anothers_idle_session(
+        daemon_factory: Callable[..., Daemon]) -> None:
+    """The same rule on a daemon (severity low-medium): ``max_sessions`` 2, one per principal,
+    eviction after 1 s. Bob's session idles; alice, holding her one, asks for another at the full
+    total: she is refused, and bob's session must still answer (before the fix it was closed to
+    make room and his next request got 404)."""
+    d = daemon_factory(max_sessions=2, max_sessions_per_principal=1, mcp_session_evict_seconds=1)
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with client(d) as c:
+        bobs = await open_session(c, d, token=d.other_token)
+        await asyncio.sleep(1.5)
+        await open_session(c, d)
+        r = await c.post("/mcp", json=INIT, headers=hdrs(d))
+        assert r.status_code in (429, 503)
+        r = await c.post("/mcp", json=ping, headers=hdrs(d, bobs, token=d.other_token))
+        assert r.status_code == 200, "bob's idle session was evicted for a session that was refused"
