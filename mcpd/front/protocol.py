@@ -13,6 +13,7 @@ import functools
 import logging
 import math
 import sys
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -430,7 +431,7 @@ class McpSession:
 
     # (slots: an idle session is held for hours, and an instance dict costs it about 280 bytes)
     __slots__ = ("dispatcher", "session_id", "send", "initialized", "protocol_version", "_in_flight", "_tasks",
-                 "_closed", "_methods", "modern")
+                 "_closed", "_methods", "modern", "last_done")
 
     def __init__(self, dispatcher: Dispatcher, session_id: str, send: Send, modern: bool = False) -> None:
         self.dispatcher = dispatcher
@@ -442,6 +443,7 @@ class McpSession:
         # not the tables its last requests grew them to)
         self._in_flight: dict[tuple[str, Any], asyncio.Task[Message | None]] = {}
         self._tasks: dict[asyncio.Task[Any], None] = {}
+        self.last_done = 0.0  # time.monotonic() when a message's handling last ended (0: never)
         self._closed = False
         self._methods = _MODERN_METHODS if modern else _METHODS
         self.modern = modern
@@ -495,6 +497,7 @@ class McpSession:
         return task
 
     def _done(self, task: asyncio.Task[Any]) -> None:
+        self.last_done = time.monotonic()  # (a session is idle from its last request's end, not start)
         self._tasks.pop(task, None)
         if not self._tasks:
             self._tasks = {}

@@ -538,6 +538,11 @@ class KeptAnswer:
         self.charged = 0
 
 
+def _last_active(session: SseSession) -> float:
+    """When ``session`` last had a request come or a request's handling end (``time.monotonic()``)."""
+    return max(session.last_active, session.protocol.last_done)
+
+
 class SessionManager:
     """The table of live sessions, capped at ``max_sessions`` in all and at
     ``max_sessions_per_principal`` for each principal, both transports counted together (SPEC §1.4, §1.7).
@@ -623,9 +628,9 @@ class SessionManager:
 
     def _idle(self, session: SseSession, now: float, seconds: float) -> bool:
         """Whether ``session`` is a ``"mcp"`` one with no GET stream, no request in flight and no
-        request for more than ``seconds``."""
+        request for more than ``seconds`` (since the last one came or was answered)."""
         return (session.kind == "mcp" and not session.stream_open and not session.protocol.busy
-                and now - session.last_active > seconds)
+                and now - _last_active(session) > seconds)
 
     def evict_idle(self, name: str | None, now: float | None = None) -> bool:
         """Close the ``"mcp"`` session (of principal ``name``; of anyone for ``None``) that has
@@ -640,9 +645,9 @@ class SessionManager:
                 if (name is None or s.principal.name == name) and self._idle(s, now, after)]
         if not idle:
             return False
-        oldest = min(idle, key=lambda s: s.last_active)
+        oldest = min(idle, key=_last_active)
         log.info("session %s of %s closed after %.0f s idle to make room for a new one", oldest.id,
-                 oldest.principal.name, now - oldest.last_active)
+                 oldest.principal.name, now - _last_active(oldest))
         metrics.session_evicted()
         self.close(oldest)
         return True
