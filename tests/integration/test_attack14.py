@@ -17,6 +17,7 @@ from mcpd.common.config import Config
 from mcpd.common.identity import Principal
 from mcpd.front.protocol import Dispatcher
 from mcpd.front.transport.sse import SessionManager, SessionRefused
+from mcpd.front.transport.streamable import PostStream
 from tests.conftest import Daemon
 from tests.integration.test_protocol import slow_file
 from tests.integration.test_streamable import INIT, client, hdrs, open_session
@@ -107,3 +108,17 @@ async def test_a_session_whose_request_just_ended_is_not_evicted_as_idle(
         await c.post("/mcp", json=INIT, headers=hdrs(d, token=d.other_token))  # bob, at the full total
         r = await c.post("/mcp", json=ping, headers=hdrs(d, sid))
         assert r.status_code == 200, "a session answered a moment ago was evicted as idle"
+
+
+def test_a_cut_post_stream_counts_once_as_given_up() -> None:
+    """Rule (the total's rule stops cutting once the total is under ``total_queue_bytes``).
+    Severity: low (the total's rule stopped early, the total left passed). A POST event stream's
+    cut releases its bytes at once (it closes); :meth:`SessionManager.cut` counted them a second
+    time as released later by their writer, so ``still_over`` thought twice as much given up."""
+    m = manager(principal_queue_bytes=1024 * KIB, total_queue_bytes=1024 * KIB, session_queue_bytes=1024 * KIB)
+    stream = PostStream(100, 1024 * KIB, manager=m, owner="v1")
+    stream.put({"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x" * (60 * KIB)}})
+    held = m.outgoing.held("v1")
+    assert held > 60 * KIB
+    assert m.cut("v1", "queue_bytes_total") == held
+    assert m.outgoing.total == 0 and stream.overflowed
