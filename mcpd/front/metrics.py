@@ -7,7 +7,8 @@ address only (never on the TLS listener agents use):
   ``mcpd_calls_total{tool,route,code}`` and ``mcpd_call_seconds{tool,route}`` (every tools/call and
   resources/read, counted where the access record is written), ``mcpd_sessions{transport}``,
   ``mcpd_workers`` and ``mcpd_workers_busy`` (the worker pool's size), ``mcpd_workers_started_total``
-  (workers started since the front started: each cancelled, timed-out or crashed call costs one),
+  (workers started since the front started: each timed-out or crashed call, and each cancelled one
+  still running after the cancel grace, costs one),
   ``mcpd_pool_queued`` (calls waiting for a worker), ``mcpd_outgoing_bytes`` (outgoing messages held
   for clients that have not read them yet: queued, being written, in the connections' buffers),
   ``mcpd_helper_up``, ``mcpd_logins_refused_total``, and

@@ -637,7 +637,8 @@ class WorkerPool:
             metrics.limit_hit("worker_spawns")
             burst, rate = self._spawns.burst, self._spawns.rate
             raise ToolError(RATE_LIMITED, f"too many new workers for this principal (at most {burst} at once, then "
-                            f"{rate:g} a second; each cancelled, timed-out or crashed call costs one); "
+                            f"{rate:g} a second; each timed-out or crashed call, and each cancelled one still running "
+                            f"after the cancel grace, costs one); "
                             f"retry in {wait:.2f} s", limit=burst, retry_after_seconds=round(wait, 3))
         account.starting += 1
         try:
