@@ -121,7 +121,8 @@ class Workers:
     how fast one principal may have workers started (a token bucket: ``spawn_burst`` at once, then
     ``spawns_per_second``; a call that needs a new worker past that is refused ``RATE_LIMITED``), and
     how long a cancelled call's worker may still finish its op, its reply discarded, before it is
-    killed (``cancel_grace_seconds``, 0 to ``timeout_seconds`` and at most 60; 0: killed at once)."""
+    killed (``cancel_grace_seconds``, 0 to 60, and never past the call's own deadline; 0: killed
+    at once)."""
 
     per_account: int = 4
     timeout_seconds: float = 10.0
@@ -337,9 +338,9 @@ def _check_ranges(cfg: Config) -> None:
            cfg.workers.spawns_per_second) <= 0:
         raise ConfigError("keepalive_seconds, workers.timeout_seconds, workers.spawns_per_second and "
                           "mcp_session_idle_seconds must be positive")
-    if not 0 <= cfg.workers.cancel_grace_seconds <= min(cfg.workers.timeout_seconds, 60):
+    if not 0 <= cfg.workers.cancel_grace_seconds <= 60:  # (and never past a call's deadline, whatever it is)
         raise ConfigError("workers.cancel_grace_seconds: must be 0 (a cancelled call's worker is killed at once) "
-                          "to workers.timeout_seconds, at most 60")
+                          "to 60 (it never runs past the call's own deadline)")
     if cfg.workers.spawn_burst < cfg.workers.per_account:
         raise ConfigError("workers.spawn_burst: must be at least workers.per_account (an account's first "
                           "parallel calls each start a worker)")
