@@ -10,30 +10,15 @@ tree whose mcpd to run, default this one; e.g. /work/main for the unfixed code).
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import tempfile
 from pathlib import Path
 
-TREE = sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).resolve().parent.parent)
-sys.path.insert(0, TREE)
-os.environ["PYTHONPATH"] = TREE  # (the daemon subprocess runs that tree's mcpd)
+from _mcp import INIT, PING, headers  # (first: it puts the tree to run on the path)
 
 import httpx  # noqa: E402
 
 from tests.conftest import start_daemon, stop_daemon  # noqa: E402
-
-INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
-        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "a14", "version": "1"}}}
-PING = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
-
-
-def headers(token: str, sid: str | None = None) -> dict[str, str]:
-    h = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
-         "MCP-Protocol-Version": "2025-06-18"}
-    if sid:
-        h["Mcp-Session-Id"] = sid
-    return h
 
 
 async def main() -> int:
