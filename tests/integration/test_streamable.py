@@ -335,8 +335,8 @@ async def test_a_full_principal_cap_evicts_its_longest_idle_mcp_session(daemon_f
     """SPEC §1.7 (a bound reached gives a clear refusal) against clients that never end their
     sessions (one client per task, no ``DELETE``): at a full ``max_sessions_per_principal``, a
     ``/mcp`` session idle for ``mcp_session_evict_seconds`` makes room, the longest idle first;
-    one just used, one with a GET stream, one with a request in flight, and another principal's
-    never do. Its client gets 404 (and initializes again)."""
+    one just used, one with a GET stream, and another principal's never do (one with a request
+    in flight: tests/unit/test_session_evict.py). Its client gets 404 (and initializes again)."""
     d = daemon_factory(max_sessions_per_principal=3, mcp_session_evict_seconds=1)
     ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
     async with client(d) as c:
