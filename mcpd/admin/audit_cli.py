@@ -26,6 +26,8 @@ from typing import Any
 import click
 
 from mcpd.admin import auditlog
+from mcpd.common.audit import Head
+from mcpd.common.printable import printable
 from mcpd.admin.grants_cli import _any_owner_option, _config_option, _defaults, _file_option, _load
 from mcpd.policy.grants import REAUTH, TOOLS, decide, os_groups, utcnow
 
@@ -68,35 +70,32 @@ def audit() -> None:
 def tail(count: int, as_json: bool, user: str | None, decision: str | None, path_glob: str | None,
          since: datetime.datetime | None, until: datetime.datetime | None, follow: bool, access: bool,
          log_file: str | None, config_path: str | None) -> None:
-    """Print the last N records (readable, or --json), filtered, and with --follow the new ones."""
+    """Print the last N records (readable, or --json), filtered, and with --follow the new ones.
+    The log's rotated files are read too (newest last): -n and the filters span them."""
     cfg = _defaults(config_path)
     path = log_file or (cfg.access_log if access else cfg.audit_log)
     if not path:
         raise click.ClickException("no access log is configured (access_log in mcpd.yaml)")
     flt = auditlog.Filter(user, decision, path_glob, since, until)
 
-    def show(raw: bytes) -> None:
-        rec = auditlog.Line("", raw).record()
-        if rec is not None and flt.match(rec):
-            click.echo(raw.decode("utf-8", "replace").rstrip("\n") if as_json else auditlog.human(rec))
+    def show(raw: bytes, rec: dict[str, Any]) -> None:
+        click.echo(auditlog.as_json_line(raw, rec) if as_json else auditlog.human(rec))
 
     try:
-        end = os.stat(path).st_size
-        if flt:
-            for line, _ in auditlog.last_matching(auditlog.read_lines([path]), flt, count):
-                show(line.raw)
-        else:
-            for raw in auditlog.tail_lines(path, count, end=end):
-                show(raw)
+        end = os.stat(path).st_size  # --follow goes on from exactly here
+        for raw, rec in auditlog.last_records(auditlog.rotated_set(path), flt, count, end=end):
+            show(raw, rec)
         sys.stdout.flush()
     except OSError as exc:
-        click.echo(f"error: {path}: {exc.strerror}", err=True)
+        click.echo(f"error: {printable(exc.filename or path)}: {exc.strerror}", err=True)
         sys.exit(1)
     if follow:
         try:
             for raw in _follow(path, end):
-                show(raw)
-                sys.stdout.flush()
+                rec = auditlog.Line(path, raw).record()
+                if rec is not None and flt.match(rec):
+                    show(raw, rec)
+                    sys.stdout.flush()
         except KeyboardInterrupt:
             pass
 
@@ -134,39 +133,77 @@ def _follow(path: str, start: int, interval: float = 0.5) -> Iterator[bytes]:
 @_config_option
 def verify(files: tuple[str, ...], access: bool, config_path: str | None) -> None:
     """Prove the audit log's hash chain whole over FILEs, oldest first (default: the audit log, or
-    with --access the access log, and its rotated files). Exit 0 with the record count, or 1
-    naming the first broken line."""
+    with --access the access log, and its rotated files), and the audit log's end where its
+    writer left it (its head state in helper_state_dir). Exit 0 with the record count, or 1
+    naming the first broken line, or the records cut off (seq first..last)."""
     cfg = _defaults(config_path)
-    paths = list(files) or auditlog.rotated_set(cfg.access_log if access else cfg.audit_log)
+    live = cfg.access_log if access else cfg.audit_log
+    paths = list(files) or auditlog.rotated_set(live)
     if not paths:
-        where = cfg.access_log if access else cfg.audit_log
-        raise click.ClickException(f"no audit log found at {where} (give the daemon's --config FILE, or the log FILEs)")
+        raise click.ClickException(f"no audit log found at {live} (give the daemon's --config FILE, or the log FILEs)")
+    head, note = _head_of(cfg, paths) if not access and live else (None, "")
     try:
-        verdict = auditlog.verify(auditlog.read_lines(paths))
+        verdict = auditlog.verify(auditlog.read_lines(paths), head)
     except (OSError, EOFError) as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {printable(str(exc))}", err=True)
         sys.exit(1)
-    if not verdict.ok:
-        click.echo(f"{verdict.where}: {verdict.problem}")
+    if verdict.problem is not None:
+        click.echo(f"{printable(str(verdict.where))}: {verdict.problem}")
+        for loss in verdict.losses:
+            click.echo(printable(loss))
         click.echo(f"chain broken after {verdict.count} good records", err=True)
         sys.exit(1)
+    for loss in verdict.losses:
+        click.echo(printable(loss))
     span = "" if verdict.first_seq is None else f" (seq {verdict.first_seq}..{verdict.last_seq})"
+    if verdict.losses:
+        click.echo(f"FAILED: records are missing at {len(verdict.losses)} place{'s' * (len(verdict.losses) > 1)}; "
+                   f"the {verdict.count} records there chain whole around {'them' if len(verdict.losses) > 1 else 'it'}"
+                   f"{span}{note}")
+        sys.exit(1)
     start = ""
     if verdict.first_seq not in (None, 1):
         start = "; it starts mid-chain, earlier records are in files not given"
     old = f"; {verdict.unchained} older records before the chain began" if verdict.unchained else ""
-    click.echo(f"OK: {verdict.count} records, chain whole{span}{start}{old}")
+    click.echo(f"OK: {verdict.count} records, chain whole{span}{start}{old}{note}")
+
+
+def _head_of(cfg: Any, paths: list[str]) -> tuple[Head | None, str]:
+    """The audit log writer's head state (``helper_state_dir``), when ``paths`` end with the
+    configured audit log, and what to add to the verdict about it."""
+    live = os.path.abspath(cfg.audit_log)
+    if os.path.abspath(paths[-1]) != live:
+        return None, ""
+    unknown = "a cut-off end cannot be ruled out"
+    try:
+        head = auditlog.read_head(cfg.helper_state_dir)
+    except (OSError, ValueError) as exc:
+        return None, f"; its writer's head state is unreadable ({printable(str(exc))}): {unknown}"
+    if head is None:
+        return None, f"; no head state of its writer in {printable(cfg.helper_state_dir)}: {unknown}"
+    if head.log != live:
+        return None, f"; its writer's head state is for another log ({printable(head.log)}): {unknown}"
+    return head, f"; its end is where its writer left it (seq {head.seq})"
+
+
+#: ``decision`` of a call the grants allowed but root's opener refused (a symlink in the path,
+#: several hard links, not a regular file, the daemon's own secrets at its real path)
+REFUSED_AT_OPEN = "refused_at_open"
 
 
 def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter,
                  now: datetime.datetime | None = None) -> Iterator[tuple[dict[str, Any], Any]]:
-    """Past privileged calls (``accept``/``reject`` records with a tool and a requested path) whose
-    decision under ``policy`` at ``now`` differs from the recorded one, with today's decision.
+    """Past privileged calls (``accept``/``reject`` records with a tool and a requested path) that
+    ``policy`` at ``now`` would decide otherwise: served then and refused by the grants now, or
+    refused by the grants then and allowed now; each with today's decision.
 
-    A call refused only for freshness (``reauthentication required``) counts as granted then, and
-    each call is judged as if its login were fresh now: replay compares what the grants cover,
-    not when the caller last typed a password. Calls refused before any grant was looked at
-    (invalid token, unknown tool, malformed path) are skipped.
+    Each call is judged as if its login were fresh now: replay compares what the grants cover,
+    not when the caller last typed a password. So a call refused only for freshness
+    (``reauthentication required``), or refused at open although the grants allowed it (root's
+    opener: a symlink in the path, several hard links), counts as covered by the grants then; and
+    a call refused then that would be refused now is no difference, whatever the reasons. Calls
+    refused before any grant was looked at (invalid token, unknown tool, malformed path) are
+    skipped.
     """
     now = now or utcnow()
     groups: dict[str, frozenset[str]] = {}
@@ -179,10 +216,17 @@ def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter,
             continue
         user = rec["os_user"]
         member = groups.setdefault(user, os_groups(user))
-        then = rec["event"] == "accept" or rec.get("reason") == REAUTH
+        served = rec["event"] == "accept"
+        covered = served or rec.get("reason") == REAUTH or rec.get("decision") == REFUSED_AT_OPEN
         today = decide(policy, user, member, rec["tool"], rec["requested_path"], now, login_time=now)
-        if today.allowed != then:
+        if today.allowed != covered and (served or today.allowed):
             yield rec, today
+
+
+def _then(rec: dict[str, Any]) -> str:
+    if rec["event"] == "accept":
+        return "allowed"
+    return f"refused ({printable(str(rec.get('reason') or '-'))})"
 
 
 @audit.command()
@@ -203,10 +247,9 @@ def replay(since: datetime.datetime | None, user: str | None, log_files: tuple[s
     try:
         for rec, today in replay_diffs(policy, auditlog.read_lines(paths), flt):
             found += 1
-            was = "allowed" if rec["event"] == "accept" else "refused"
             now = "allowed" if today.allowed else "refused"
-            click.echo(f"{auditlog.human(rec)}\n    was {was}, now {now}: {today.reason}; "
-                       f"rule: {today.rule or '(no grant)'}{'; ' + today.note if today.note else ''}")
+            click.echo(f"{auditlog.human(rec)}\n    was {_then(rec)}, now {now}: {printable(today.reason)}; "
+                       f"rule: {printable(today.rule or '(no grant)')}{'; ' + printable(today.note) if today.note else ''}")
     except (OSError, EOFError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
