@@ -26,10 +26,10 @@ from typing import Any
 import click
 
 from mcpd.admin import auditlog
-from mcpd.common.audit import Head
+from mcpd.common.audit import REFUSED_AT_OPEN, Head
 from mcpd.common.printable import printable
 from mcpd.admin.grants_cli import _any_owner_option, _config_option, _defaults, _file_option, _load
-from mcpd.policy.grants import REAUTH, TOOLS, decide, os_groups, utcnow
+from mcpd.policy.grants import DENIED, NO_GRANT, SECRET, TOOLS, decide, os_groups, utcnow
 
 
 def _time_option(name: str, help_text: str) -> Any:
@@ -92,9 +92,9 @@ def tail(count: int, as_json: bool, user: str | None, decision: str | None, path
     if follow:
         try:
             for raw in _follow(path, end):
-                rec = auditlog.Line(path, raw).record()
-                if rec is not None and flt.match(rec):
-                    show(raw, rec)
+                new = auditlog.Line(path, raw).record()
+                if new is not None and flt.match(new):
+                    show(raw, new)
                     sys.stdout.flush()
         except KeyboardInterrupt:
             pass
@@ -186,9 +186,9 @@ def _head_of(cfg: Any, paths: list[str]) -> tuple[Head | None, str]:
     return head, f"; its end is where its writer left it (seq {head.seq})"
 
 
-#: ``decision`` of a call the grants allowed but root's opener refused (a symlink in the path,
-#: several hard links, not a regular file, the daemon's own secrets at its real path)
-REFUSED_AT_OPEN = "refused_at_open"
+#: the reasons of calls the grants themselves refused; any other refusal of a call with a path came
+#: after the grants allowed it (``reauthentication required``, refused at open, not your worker)
+GRANT_REFUSALS = frozenset({NO_GRANT, DENIED, SECRET})
 
 
 def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter,
@@ -198,10 +198,11 @@ def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter,
     refused by the grants then and allowed now; each with today's decision.
 
     Each call is judged as if its login were fresh now: replay compares what the grants cover,
-    not when the caller last typed a password. So a call refused only for freshness
-    (``reauthentication required``), or refused at open although the grants allowed it (root's
-    opener: a symlink in the path, several hard links), counts as covered by the grants then; and
-    a call refused then that would be refused now is no difference, whatever the reasons. Calls
+    not when the caller last typed a password. So a call refused for anything but the grants
+    (:data:`GRANT_REFUSALS`): only for freshness (``reauthentication required``), or at open
+    although the grants allowed it (root's opener: a symlink in the path, several hard links),
+    counts as covered by the grants then; and a call refused then that would be refused now is no
+    difference, whatever the reasons. Calls
     refused before any grant was looked at (invalid token, unknown tool, malformed path) are
     skipped.
     """
@@ -217,7 +218,7 @@ def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter,
         user = rec["os_user"]
         member = groups.setdefault(user, os_groups(user))
         served = rec["event"] == "accept"
-        covered = served or rec.get("reason") == REAUTH or rec.get("decision") == REFUSED_AT_OPEN
+        covered = served or rec.get("decision") == REFUSED_AT_OPEN or rec.get("reason") not in GRANT_REFUSALS
         today = decide(policy, user, member, rec["tool"], rec["requested_path"], now, login_time=now)
         if today.allowed != covered and (served or today.allowed):
             yield rec, today
@@ -254,3 +255,57 @@ def replay(since: datetime.datetime | None, user: str | None, log_files: tuple[s
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     click.echo(f"{found} past privileged call{'s' * (found != 1)} would be decided differently today")
+
+
+@click.command("at")
+@click.argument("when_text", metavar="TIME")
+@click.option("--log", "log_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Audit log file(s), oldest first (default: the audit log and its rotated files)")
+@click.option("--changes", "show_changes", is_flag=True, help="Also list what that load changed")
+@_config_option
+def grants_at(when_text: str, log_files: tuple[str, ...], show_changes: bool, config_path: str | None) -> None:
+    """Print the grants file in force at TIME (ISO 8601 UTC, or 90s, 15m, 2h, 3d ago), rebuilt from
+    the audit log: the text of the last load at or before TIME (every start and reload records the
+    whole file, its SHA-256 and every change), after comment lines saying when it was loaded and
+    until when it stayed in force. Exit 1 when the log holds no whole load before TIME. The fixed
+    deny of the daemon's own secrets comes from mcpd.yaml, not this file."""
+    try:
+        when = auditlog.parse_time(when_text)
+    except ValueError:
+        raise click.BadParameter("an ISO 8601 time (2026-12-01T06:00Z) or a span back (90s, 15m, 2h, 3d)",
+                                 param_hint="TIME") from None
+    paths = list(log_files) or auditlog.rotated_set(_defaults(config_path).audit_log)
+    in_force: auditlog.Load | None = None
+    until: auditlog.Load | None = None
+    oldest: auditlog.Load | None = None
+    try:
+        for load in auditlog.loads(auditlog.read_lines(paths)):
+            if load.time is None:
+                continue
+            oldest = oldest or load
+            if load.time <= when:
+                in_force = load
+            elif until is None:
+                until = load
+                break
+    except (OSError, EOFError) as exc:
+        click.echo(f"error: {printable(str(exc))}", err=True)
+        sys.exit(1)
+    if in_force is None:
+        since = f" (the oldest load recorded is at {oldest.time:%Y-%m-%dT%H:%M:%SZ})" if oldest and oldest.time else ""
+        click.echo(f"error: no load of the grants file at or before {when:%Y-%m-%dT%H:%M:%SZ} in "
+                   f"{printable(', '.join(paths) or '(no audit log)')}{since}", err=True)
+        sys.exit(1)
+    if in_force.problem is not None:
+        click.echo(f"error: the load in force then ({printable(in_force.where)}) is not whole: {in_force.problem}",
+                   err=True)
+        sys.exit(1)
+    assert in_force.time is not None
+    end = f"until {until.time:%Y-%m-%dT%H:%M:%SZ}" if until is not None and until.time else "still the last load recorded"
+    click.echo(f"# {printable(in_force.grants_file)} in force at {when:%Y-%m-%dT%H:%M:%SZ}: "
+               f"loaded {in_force.time:%Y-%m-%dT%H:%M:%SZ} (seq {in_force.first}, {printable(in_force.where)}), {end}")
+    click.echo(f"# sha256 {in_force.sha256} (the text below matches it); {len(in_force.changes)} changes at that load")
+    if show_changes:
+        for change in in_force.changes:
+            click.echo(f"#   {change}")  # (written escaped)
+    click.echo(in_force.text, nl=not in_force.text.endswith("\n") and bool(in_force.text))

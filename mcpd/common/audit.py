@@ -56,7 +56,7 @@ from mcpd.common.folders import read_file, write_file
 
 FORBIDDEN_KEYS = frozenset({"token", "password", "passwd", "secret", "content", "contents"})
 _EVENT_RE = re.compile(r"[a-z][a-z_]{0,31}")  # whole names only (fullmatch: "$" would let a final newline by)
-_KEY_RE = re.compile(r"[a-z][a-z_]{0,31}")
+_KEY_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")  # (sha256: digits too)
 MAX_VALUE_CHARS = 4096  # longer strings are cut, ending in CUT (a path is at most 4096 bytes anyway)
 CUT = "\u2026"  # the last character of a value cut to MAX_VALUE_CHARS
 GENESIS = "0" * 64  # ``prev`` of the first record of a chain
@@ -258,6 +258,9 @@ def chain_after(line: bytes) -> tuple[int, str]:
     return (seq if isinstance(seq, int) and not isinstance(seq, bool) else 0), hashlib.sha256(line).hexdigest()
 
 
+#: the ``decision`` of a call the grants allowed and a later step refused: root's opener (a symlink
+#: in the path, several hard links, not a regular file), the secrets' check of the real path
+REFUSED_AT_OPEN = "refused_at_open"
 #: the ``reason`` of the alert a writer records when its log no longer ends with the last record
 #: it wrote (cut, emptied or replaced); ``missing_from``/``missing_to`` name the records gone
 LOST_TAIL = "the audit log lost records its writer had written"
