@@ -353,8 +353,8 @@ def loads(lines: Iterable[Line]) -> Iterator[Load]:
         if rec.get("event") != "reload":
             continue
         part = rec.get("part")
-        if current and (part is None or part == 1 or part != current[-1].get("part", 0) + 1
-                        or rec.get("sha256") != current[0].get("sha256")):
+        if current and (not isinstance(part, int) or part <= int(current[-1].get("part") or 0)
+                        or rec.get("sha256") != current[0].get("sha256")):  # a new set (the last one not whole)
             yield done()
             current = []
         if not current:

@@ -448,12 +448,12 @@ class AuditLog:
         try:
             stored = read_head(head_dir, head_name)
         except ValueError:
-            stored = None
             self._alert("the audit log's head state was unreadable; it is written anew")
-        if stored is None and self._seq:
-            self._alert("the audit log's head state was missing; it is written anew")
-        elif stored is not None:
-            self._check_head(stored)
+        else:
+            if stored is not None:
+                self._check_head(stored)
+            elif self._seq:  # a log older than its head (an upgrade), or a head removed
+                self._alert("the audit log's head state was missing; it is written anew")
         if self._pending:  # the start's alerts come next, in this file: the head names their place
             where = self._mark
         write_file(head_dir, head_name, Head(self._abspath, self._seq, self._prev, *where).encode())
