@@ -5,10 +5,11 @@ does) and the front's access log (every call that does not reach the helper), sa
 
 Each record is one ``write`` on a descriptor opened with ``O_APPEND`` (mode 0600, in a 0700
 folder), under an exclusive ``flock``, so records never interleave and each reaches the kernel at
-once. Where journald runs, each record also goes to the journal by its native protocol
-(:func:`journal_entry`: the line as ``MESSAGE`` and every field as ``MCPD_<FIELD>``, plus
-``MCPD_PATH``), so journal-remote, rsyslog or Vector carry them off the host. That copy is best
-effort (never blocks, never fails a record); the file is the record.
+once (:meth:`AuditLog.record_set`: several adjacent records in one ``write``). Where journald runs,
+each record also goes to the journal by its native protocol (:func:`journal_entry`: the line as
+``MESSAGE`` and every field as ``MCPD_<FIELD>``, plus ``MCPD_PATH``), so journal-remote, rsyslog
+or Vector carry them off the host. That copy is best effort (never blocks, never fails a record);
+the file is the record.
 
 The log is a hash chain (SPEC §7.2): every record starts with ``seq`` (1, 2, 3 ...) and ``prev``,
 the SHA-256 (hex) of the previous record's exact bytes, its newline included (:data:`GENESIS` for
@@ -21,13 +22,33 @@ records it did not write (another process) goes on from the last of them. Each l
 writer process in the daemon; two writers stay chained except across two rotations between two
 records of one of them. ``mcpd audit verify`` checks the chain.
 
+The chain's head lives outside the log. The writer remembers where its last record ends (device,
+inode, offset, length, hash) and, before each record, compares the file's ``fstat`` (taken under
+the lock anyway) with it: the same file of the same size is the usual case and costs nothing more.
+Any other size is looked at: its last record still in place, byte for byte, means another writer
+appended; gone (the file cut, emptied in place or rewritten) is an ``alert`` (:data:`LOST_TAIL`,
+with ``missing_from``/``missing_to`` naming the records gone), and the chain goes on after the
+last record written: numbers are never reused, and its hash stays ``prev``, so ``verify`` sees the
+gap too. Given ``head_dir`` (the policy process's state folder), the writer also keeps that place
+in a small file there (:data:`HEAD_FILE`, :class:`Head`), made with the atomic write of
+:func:`mcpd.common.folders.write_file` on start and then rewritten in place by one ``pwrite`` of a
+fixed-width line after each record (a rename per record would cost a file creation each time).
+On start it checks that the record the head names is still where it was written (in the log, or
+in ``FILE.1`` after a rotation by rename), so a tail cut while the daemon was stopped is an alert
+too; ``mcpd audit verify`` reads the head and fails when the log ends before it. A rotation by
+rename is no loss: the old file keeps its inode and its records. ``copytruncate`` (which the
+shipped logrotate file never uses) empties the file in place: the writer cannot tell it from a
+cut and says so in an alert, and goes on from its own last record, so the copy and the new file
+still chain whole.
+
 Record fields (all optional but ``seq``, ``prev``, ``time`` and ``event``): ``time`` (ISO 8601
 UTC), ``event`` (``accept``, ``reject``, ``reload``, ``reload_failed``, ``alert``, ``spawn``,
 ``kill`` ...), ``user`` (principal), ``os_user``, ``token_id``, ``peer``, ``session``, ``tool``,
 ``requested_path``, ``resolved_path``, ``grant``, ``decision``, ``reason``, ``outcome``, ``bytes``,
-``duration_ms``, ``route``, ``pid``, ``suppressed``.
-Keys that name secrets or contents (``token``, ``password``, ``content`` ...) are refused, and
-values must be scalars, so nothing larger can slip in.
+``duration_ms``, ``route``, ``pid``, ``suppressed``; a call the grants allowed and root's opener
+refused is ``event`` ``reject`` with ``decision`` :data:`REFUSED_AT_OPEN`. Keys that name secrets or
+contents (``token``, ``password``, ``content`` ...) are refused, and values must be scalars, so
+nothing larger can slip in; a string over :data:`MAX_VALUE_CHARS` is cut and ends in :data:`CUT`.
 
 Alerts are rate-limited (SPEC §7.1): at most :data:`ALERT_BURST` per reason in each
 :data:`ALERT_WINDOW` seconds; the ones over are counted, and once the window is over (checked at
