@@ -393,9 +393,16 @@ class AuditLog:
         ident: the journal's ``SYSLOG_IDENTIFIER`` (``mcpd-audit``; the front's access log:
             ``mcpd-access``).
         journal: the journal socket (a namespaced journald's, in tests).
+        head_dir: a descriptor of the writer's own state folder (0700), to keep the chain's head
+            in (the file ``head_name``; see the module docstring), or None to keep it in memory
+            only.
+
+    On start, a log that does not end where the head says is one ``alert`` record, written at
+    once.
 
     Raises:
-        OSError: the folder or file cannot be created or opened (the helper must not run blind).
+        OSError: the folder or file cannot be created or opened (the helper must not run blind),
+            or the head file is not a 0600 regular file of this account.
     """
 
     def __init__(self, path: str, syslog: bool = True, clock: Callable[[], float] = time.monotonic,
