@@ -1,14 +1,19 @@
 """``mcpd audit``: read, prove and replay the audit logs (SPEC §7).
 
-* ``mcpd audit tail [-n N] [--json] [--user U] [--decision D] [--path GLOB] [--since T]
-  [--until T] [--follow] [--access]`` — the last records, one readable line each (time, user,
-  route, tool, path, decision, reason, bytes), or the raw JSON lines with ``--json``; ``--access``
-  reads the front's access log (the unprivileged route) instead of the helper's audit log.
+* ``mcpd audit tail [-n N] [--json] [--user U] [--decision D] [--path GLOB] [--event E]
+  [--since T] [--until T] [--follow] [--access]`` — the last records of the log and its rotated
+  files, one readable line each (time, user, route, tool, path, decision, reason, bytes, rule),
+  every field escaped, or the raw JSON lines with ``--json``; ``--decision reject`` lists every
+  refusal (``refused_at_open`` too); ``--access`` reads the front's access log (the unprivileged
+  route) instead of the helper's audit log.
 * ``mcpd audit verify [--access] [FILE...]`` — checks the hash chain (default: the audit log, or
-  the access log, and its rotated files, oldest first): exit 0 and the record count when whole, else exit 1 naming the first
-  broken line and what is wrong (:func:`mcpd.admin.auditlog.verify`).
+  the access log, and its rotated files, oldest first) and the audit log's end against its
+  writer's head state: exit 0 and the record count when whole, else exit 1 naming the first
+  broken line and what is wrong, or the records cut off (:func:`mcpd.admin.auditlog.verify`).
 * ``mcpd audit replay [--since T] [--user U]`` — re-decides every past privileged call against
-  today's grants and lists those whose decision would now differ, with the rule deciding today.
+  today's grants and lists those whose outcome would now differ, with the rule deciding today.
+* ``mcpd grants at TIME`` (registered in the ``grants`` group) — the grants file in force at
+  TIME, rebuilt from the audit log's load records.
 
 Files default to ``mcpd.yaml``'s ``audit_log``/``access_log``/``grants_file`` (``--config``,
 default ``/etc/mcpd/mcpd.yaml`` when it exists).
@@ -60,6 +65,7 @@ def audit() -> None:
 @click.option("--user", default=None, help="Only this principal or OS account")
 @click.option("--decision", default=None, help="Only this decision (accept, reject ...)")
 @click.option("--path", "path_glob", default=None, help="Only records whose requested or resolved path matches this glob")
+@click.option("--event", default=None, help="Only this event (accept, reject, reload, alert, spawn, login ...)")
 @_since
 @_until
 @click.option("--follow", is_flag=True, help="Keep printing new records (Ctrl-C to stop)")
@@ -68,15 +74,15 @@ def audit() -> None:
               help="The log to read (default: from --config, else /var/log/mcpd/audit.jsonl)")
 @_config_option
 def tail(count: int, as_json: bool, user: str | None, decision: str | None, path_glob: str | None,
-         since: datetime.datetime | None, until: datetime.datetime | None, follow: bool, access: bool,
-         log_file: str | None, config_path: str | None) -> None:
+         event: str | None, since: datetime.datetime | None, until: datetime.datetime | None, follow: bool,
+         access: bool, log_file: str | None, config_path: str | None) -> None:
     """Print the last N records (readable, or --json), filtered, and with --follow the new ones.
     The log's rotated files are read too (newest last): -n and the filters span them."""
     cfg = _defaults(config_path)
     path = log_file or (cfg.access_log if access else cfg.audit_log)
     if not path:
         raise click.ClickException("no access log is configured (access_log in mcpd.yaml)")
-    flt = auditlog.Filter(user, decision, path_glob, since, until)
+    flt = auditlog.Filter(user, decision, path_glob, since, until, event)
 
     def show(raw: bytes, rec: dict[str, Any]) -> None:
         click.echo(auditlog.as_json_line(raw, rec) if as_json else auditlog.human(rec))

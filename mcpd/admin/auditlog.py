@@ -267,19 +267,22 @@ DECISIONS = {"reject": ("reject", REFUSED_AT_OPEN)}
 class Filter:
     """Which records to show: ``user`` (principal or OS account), ``decision`` (``reject`` lists
     every refusal, see :data:`DECISIONS`), ``path`` (a glob over the requested and resolved path),
-    ``since``/``until`` (aware datetimes, inclusive)."""
+    ``since``/``until`` (aware datetimes, inclusive), ``event`` (``alert``, ``reload`` ...)."""
 
     user: str | None = None
     decision: str | None = None
     path: str | None = None
     since: datetime.datetime | None = None
     until: datetime.datetime | None = None
+    event: str | None = None
 
     def __bool__(self) -> bool:
-        return any(v is not None for v in (self.user, self.decision, self.path, self.since, self.until))
+        return any(v is not None for v in (self.user, self.decision, self.path, self.since, self.until, self.event))
 
     def match(self, rec: dict[str, Any]) -> bool:
         """Whether ``rec`` passes every filter given."""
+        if self.event is not None and rec.get("event") != self.event:
+            return False
         if self.user is not None and self.user not in (rec.get("user"), rec.get("os_user")):
             return False
         if self.decision is not None and rec.get("decision") not in DECISIONS.get(self.decision, (self.decision,)):
@@ -436,7 +439,7 @@ def tail_lines(path: str, count: int, block: int = 65536, end: int | None = None
     return out[::-1]
 
 
-COLUMNS = ("time", "user", "route", "tool", "path", "decision", "reason", "bytes")
+COLUMNS = ("time", "user", "route", "tool", "path", "decision", "reason", "bytes", "rule")
 
 
 def _text(value: Any) -> str:
@@ -462,7 +465,8 @@ def _reason(rec: dict[str, Any]) -> str:
 
 def human(rec: dict[str, Any]) -> str:
     """One record as a readable line: time, user (``principal(account)``), route, tool, path,
-    decision, reason, bytes; other events show their event name and the fields that say what.
+    decision, reason, bytes, and the rule that decided (``grant``) when there is one; other events
+    show their event name and the fields that say what.
     Every field is escaped (:func:`_text`): the line never spans two lines, and shows what a
     client sent as escapes."""
     when = str(rec.get("time", "?"))[:19].replace("T", " ")
@@ -476,8 +480,9 @@ def human(rec: dict[str, Any]) -> str:
     route = rec.get("route") or ("privileged" if rec.get("event") in ("accept", "reject") else rec.get("event", "-"))
     extra = f" pid={_text(rec['pid'])}" if "pid" in rec else ""
     size = rec.get("bytes")
+    rule = f"  rule: {_text(rec['grant'])}" if rec.get("grant") else ""
     return (f"{_text(when)}  {_text(who):<14} {_text(route):<12} {_text(rec.get('tool') or '-'):<14} {path}{extra}  "
-            f"{_text(rec.get('decision') or '-')}  {_text(_reason(rec))}  {'-' if size is None else _text(size)}")
+            f"{_text(rec.get('decision') or '-')}  {_text(_reason(rec))}  {'-' if size is None else _text(size)}{rule}")
 
 
 def as_json_line(raw: bytes, rec: dict[str, Any]) -> str:
