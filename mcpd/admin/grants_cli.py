@@ -275,7 +275,7 @@ def check(file: str | None, strict: bool, now_text: str | None, config_path: str
     if strict and warnings:
         click.echo(printable(f"{path}: {len(warnings)} warning(s); failing (--strict)"), err=True)
         sys.exit(1)
-    click.echo(printable(f"{path}: parsed OK" + (f", {len(warnings)} warning(s)" if warnings else "")))
+    click.echo(printable(f"{path}: parsed OK"))
 
 
 @grants.command("list")
