@@ -46,7 +46,7 @@ from mcpd.common.pathmatch import components
 from mcpd.common.printable import printable
 from mcpd.policy.entries import entry_covers_root
 from mcpd.policy.grants import (
-    SECRET, TOOLS, Decision, Policy, PolicyError, Rule, decide, is_secret, lint_policy, load_policy, os_groups,
+    REAUTH, SECRET, TOOLS, Decision, Policy, PolicyError, Rule, decide, is_secret, lint_policy, load_policy, os_groups,
     parse_duration, secret_paths, utcnow,
 )
 
@@ -347,7 +347,7 @@ def test(user: str, tool: str, path: str, groups: tuple[str, ...], login_age_tex
         f"{'allowed' if d.allowed else 'denied'}: {d.reason}"
     lines = [verdict, f"path: {d.resolved_path if d.resolved_path is not None else '(invalid)'}",
              f"rule: {d.rule or '(none)'}"]
-    lines += [f"note: {d.note}"] if d.note else []
+    lines += [f"note: {d.note}"] if d.note and d.reason != REAUTH else []  # a refused login: the reauth line says it
     if d.reauth_after is not None or login_age is not None:
         lines.append(_login_text(login_age, login_used, d.reauth_after))
     lines += [reauth_text(d.reauth_after)] if d.reauth_after is not None else []
