@@ -231,7 +231,7 @@ def predict_open(policy: Policy, path: str, tool: str, follow: bool) -> str | No
 _file_option = click.option("--file", "grants_file", default=None, type=click.Path(dir_okay=False),
                             help="The grants file (default: from --config, else /etc/mcpd/mcp-sudo.yaml)")
 _config_option = click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False),
-                              help="mcpd.yaml, to find grants_file and the daemon's secrets")
+                              help="mcpd.yaml, to find grants_file and audit_log")
 _any_owner_option = click.option("--any-owner", is_flag=True,
                                  help="Accept a file owned by the current user (development mode)")
 _now_option = click.option("--now", "now_text", default=None,
