@@ -59,12 +59,15 @@ OPEN_WANT = {"files/read": "file", "files/filetype": "any", "files/find": "dir",
 
 
 def _defaults(config_path: str | None) -> mcpd_config.Config:
-    if not config_path:
-        return mcpd_config.load(DEFAULT_CONFIG) if os.path.exists(DEFAULT_CONFIG) else mcpd_config.Config()
+    """``config_path``'s configuration, else ``/etc/mcpd/mcpd.yaml``'s when it exists, else the
+    built-in defaults; a broken one exits 78 with its error."""
+    path = config_path or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None)
+    if path is None:
+        return mcpd_config.Config()
     try:
-        return mcpd_config.load(config_path)
+        return mcpd_config.load(path)
     except mcpd_config.ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(printable(f"error: {exc}"), err=True)
         sys.exit(mcpd_config.EXIT_CONFIG)
 
 
