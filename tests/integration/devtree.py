@@ -1,9 +1,10 @@
 """Running ``mcpd dev`` in a test, and checking that its whole process tree ends with it.
 
-``mcpd dev``'s output is read from a pipe (or a pseudo-terminal's master) that only the test
-holds the reading end of, in the test's own thread with ``select``: every wait is bounded, and
+``mcpd dev``'s output is a pipe (or a pseudo-terminal) whose reading end only the test holds,
+drained by a thread that waits with ``select`` (:class:`Output`): every wait is bounded, and
 closing it never blocks, even while a process that outlived ``mcpd dev`` still holds the other
-end (a buffered reader blocked in ``read`` in another thread would make ``close`` wait for it).
+end (closing a buffered reader whose ``read`` blocks in another thread waits for that read, which
+is how orphaned fronts once hung the suite).
 
 A :class:`Tree` is a snapshot of ``mcpd dev`` and its descendants, each held by a pidfd (so a
 reused pid is never mistaken for it, and a leftover is killed exactly), with the accounts and
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import errno
 import os
+import queue
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,20 +151,25 @@ class Tree:
 
 class Output:
     """The reading end of ``mcpd dev``'s stdout and stderr (a pipe, or a pseudo-terminal's
-    master), read in this thread with ``select``; a terminal's ``\\r\\n`` reads as ``\\n``."""
+    master; a terminal's ``\\r\\n`` reads as ``\\n``), drained by a thread as it comes, so the
+    daemons never block on a full pipe. The thread waits with ``select`` on the descriptor and on
+    a pipe of its own, so :meth:`close` stops it at once and then closes the descriptor, even
+    while a process that outlived ``mcpd dev`` still holds the other end.
+    """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self._buf = b""
-        self.lines: list[str] = []
+        self.lines: list[str] = []  # every line read so far (by readline)
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._drain, name="dev-output", daemon=True)
+        self._thread.start()
 
-    def readline(self, timeout: float) -> str | None:
-        """The next line, or ``None`` at end of file or when ``timeout`` seconds pass first."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if self.fd < 0 or left <= 0 or not select.select([self.fd], [], [], left)[0]:
-                return None
+    def _drain(self) -> None:
+        buf = b""
+        while True:
+            if self._wake_r in select.select([self.fd, self._wake_r], [], [])[0]:
+                break
             try:
                 chunk = os.read(self.fd, 65536)
             except OSError as exc:  # a terminal whose other side closed answers EIO
@@ -169,12 +177,24 @@ class Output:
                     raise
                 chunk = b""
             if not chunk:
-                return None
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        text = line.decode(errors="replace").rstrip("\r") + "\n"
-        self.lines.append(text)
-        return text
+                break
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                self._queue.put(line.decode(errors="replace").rstrip("\r") + "\n")
+        self._queue.put(None)
+
+    def readline(self, timeout: float) -> str | None:
+        """The next line, or ``None`` at end of file or when ``timeout`` seconds pass first."""
+        try:
+            line = self._queue.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+        if line is None:
+            self._queue.put(None)  # stays at the end
+            return None
+        self.lines.append(line)
+        return line
 
     def until(self, prefix: str, timeout: float = START_SECONDS) -> list[str]:
         """Read lines until one starts with ``prefix``; return all lines read so far.
@@ -184,14 +204,19 @@ class Output:
         """
         deadline = time.monotonic() + timeout
         while not self.lines or not self.lines[-1].startswith(prefix):
-            if self.readline(max(0.0, deadline - time.monotonic())) is None:
+            if self.readline(deadline - time.monotonic()) is None:
                 raise AssertionError(f"no line starting {prefix!r}; read: {''.join(self.lines)}")
         return self.lines
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        """Stop the thread, then close the descriptor (for a terminal's master: hang it up)."""
+        if self.fd < 0:
+            return
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout=END_SECONDS)
+        for fd in (self.fd, self._wake_r, self._wake_w):
+            os.close(fd)
+        self.fd = -1
 
 
 @dataclass
@@ -215,11 +240,17 @@ class Dev:
     def exports(self) -> dict[str, str]:
         return {k: v for k, v in self.env.items() if k in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT")}
 
-    def linuxctl(self, *args: str) -> subprocess.CompletedProcess[bytes]:
-        """``linuxctl get files ARGS`` with its exports, retried while the front is not yet up (exit 4)."""
+    @property
+    def token(self) -> str:
+        return self.env["MCP_TOKEN"]
+
+    def linuxctl(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess[bytes]:
+        """``linuxctl get files ARGS`` with its exports (``token`` instead of its own when given),
+        retried while the front is not yet up (exit 4)."""
+        env = dict(self.env, **({"MCP_TOKEN": token} if token else {}))
         deadline = time.monotonic() + START_SECONDS
         while True:
-            res = subprocess.run([str(BIN / "linuxctl"), "get", "files", *args], env=self.env,
+            res = subprocess.run([str(BIN / "linuxctl"), "get", "files", *args], env=env,
                                  capture_output=True, timeout=START_SECONDS, stdin=subprocess.DEVNULL)
             if res.returncode != 4 or time.monotonic() > deadline or self.proc.poll() is not None:
                 return res
@@ -251,12 +282,13 @@ def dev_env(state: Path, home: str | None = None) -> dict[str, str]:
     return env
 
 
-def start(state: Path, port: int, how: str = "direct", account: tuple[int, int, str] | None = None,
-          *extra: str) -> Dev:
-    """Start ``mcpd dev --port PORT --state-dir STATE [EXTRA]`` and read its start-up text up to
-    the privileged-calls line.
+def start(state: Path, port: int, *extra: str, how: str = "direct", account: tuple[int, int, str] | None = None,
+          state_arg: bool = True) -> Dev:
+    """Start ``mcpd dev --port PORT --state-dir STATE [EXTRA]`` in ``STATE``'s parent folder and
+    read its start-up text up to the privileged-calls line.
 
     Args:
+        state_arg: pass ``--state-dir`` (else ``mcpd dev`` uses its default, ``./dev-state``).
         how: ``"direct"`` (its own session, output on a pipe), ``"terminal"`` (its own session with
             a pseudo-terminal as its controlling terminal and stdin/stdout/stderr: ``setsid
             --ctty``), or ``"background"`` (an asynchronous command of a non-interactive shell,
@@ -266,7 +298,7 @@ def start(state: Path, port: int, how: str = "direct", account: tuple[int, int, 
     Raises:
         AssertionError: it did not print its start-up text within :data:`START_SECONDS`.
     """
-    argv = [str(BIN / "mcpd"), "dev", "--port", str(port), "--state-dir", str(state), *extra]
+    argv = [str(BIN / "mcpd"), "dev", "--port", str(port), *(["--state-dir", str(state)] if state_arg else []), *extra]
     env = dev_env(state, account[2] if account else None)
     ids = dict(user=account[0], group=account[1], extra_groups=[]) if account else {}
     if how == "terminal":
@@ -292,9 +324,30 @@ def start(state: Path, port: int, how: str = "direct", account: tuple[int, int, 
         if how == "background":
             dev.pid = int(next(line for line in lines if line.startswith("dev-pid ")).split()[1])
         exports = [line for line in lines if line.startswith("export ")]
-        env.update(line.removeprefix("export ").strip().split("=", 1) for line in exports)
+        for line in exports:
+            name, value = line.removeprefix("export ").strip().split("=", 1)
+            env[name] = value
     except BaseException:
         Tree.of(dev.pid, dev.account).kill()
         dev.close()
         raise
     return dev
+
+
+def stop(dev: Dev, sig: int = signal.SIGINT) -> tuple[int | None, list[Proc]]:
+    """Send ``sig`` to ``mcpd dev`` and wait (bounded) for it and its whole tree to end.
+
+    Returns:
+        ``(its exit code or None if it did not end, what was left of its tree)``; whatever was
+        left is then killed, and the output closed.
+    """
+    tree = dev.tree()
+    try:
+        if dev.proc.poll() is None:
+            os.kill(dev.pid, sig)
+        code = dev.wait()
+        return code, tree.wait_gone() if code is not None else tree.leftovers()
+    finally:
+        tree.kill()
+        dev.close()
+

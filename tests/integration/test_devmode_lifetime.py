@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import signal
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from mcpd.common.config import POLICY_USER
-from tests.integration.devtree import Dev, Proc, Tree, start
+from tests.integration.devtree import Dev, Proc, Tree, start, stop
 from tests.integration.test_devmode import free_port
+from tests.integration.test_devmode_safety import base  # noqa: F401  (the fixture)
 from tests.osaccounts import AccountFactory
 
 
@@ -48,15 +47,6 @@ ENDINGS: dict[str, tuple[str, Callable[[Dev], None]]] = {
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    """A folder for state folders that the service user `mcpd` may enter (under /tmp, 0755)."""
-    folder = Path(tempfile.mkdtemp(prefix="mcpd-devlife-", dir="/tmp"))
-    os.chmod(folder, 0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture
 def unprivileged(base: Path) -> Iterator[tuple[Path, tuple[int, int, str] | None]]:
     """(a state folder, the account to run `mcpd dev` as): as root a new account and a folder it
     owns; not root, the test's own account (``None``)."""
@@ -78,7 +68,7 @@ def _describe(procs: list[Proc]) -> str:
 def _dies_whole(state: Path, how: str, end: Callable[[Dev], None], account: tuple[int, int, str] | None,
                 check_tree: Callable[[Dev, Tree], None]) -> None:
     port = free_port()
-    dev = start(state, port, how, account)
+    dev = start(state, port, how=how, account=account)
     tree: Tree | None = None
     try:
         res = dev.linuxctl("/etc/hosts")  # a worker now runs for the dev principal
@@ -96,19 +86,12 @@ def _dies_whole(state: Path, how: str, end: Callable[[Dev], None], account: tupl
         left = tree.wait_gone()
         assert not left, f"left running after `mcpd dev` ended: {_describe(left)}"
 
-        again = start(state, port, "direct", account)  # the port and the folder are free again
-        again_tree: Tree | None = None
+        again = start(state, port, account=account)  # the port and the folder are free again
         try:
             res = again.linuxctl("/etc/hosts")
             assert res.returncode == 0 and res.stdout == Path("/etc/hosts").read_bytes(), res.stderr
-            again_tree = again.tree()
-            os.kill(again.pid, signal.SIGTERM)
-            assert again.wait() == 0
-            assert not again_tree.wait_gone()
         finally:
-            if again_tree is not None:
-                again_tree.kill()
-            again.close()
+            assert stop(again, signal.SIGTERM) == (0, [])
     finally:
         if tree is not None:
             tree.kill()
