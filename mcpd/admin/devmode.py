@@ -18,6 +18,11 @@ trusting it) and the ``dev`` token (exports in another shell keep working); ``--
 revokes it and issues a fresh one. The command prints the ``export`` lines for ``linuxctl``, a
 hint, and whether privileged calls are on (root: the root helper runs, and is restarted if it
 dies) or off, then runs the server in the foreground until Ctrl-C.
+
+It stops on SIGINT (also when started with it ignored, as an asynchronous command of a script
+is), SIGTERM or SIGHUP (a closed terminal), and nothing it started outlives it, however it ends:
+not root, the front runs in this process and its workers die with it (their parent-death
+signal); as root, see :mod:`mcpd.admin.devroot`.
 """
 
 from __future__ import annotations
@@ -255,8 +260,8 @@ def check_root_state_folder(state_dir: Path) -> None:
 
 def run(state_dir: Path, port: int, new_token: bool = False, metrics_port: int = 0) -> int:
     """Check the port, lock the folder, prepare it, print the exports, and run the server until
-    Ctrl-C; return the exit code (:data:`EXIT_BUSY` when the port or folder is in use, 78 when the
-    setup fails).
+    Ctrl-C, SIGTERM or SIGHUP; return the exit code: 0 after one of those, :data:`EXIT_BUSY`
+    when the port or folder is in use, 78 when the setup fails.
 
     As root the root helper runs too (restarted when it dies) and the front runs as the service
     user (``mcpd``), with the ``dev`` principal bound to the unprivileged ``mcpd-dev`` account.
