@@ -9,11 +9,11 @@ signals reach only ``mcpd dev``), and the development tree ends with ``mcpd dev`
 - SIGINT (even when inherited ignored, as in ``mcpd dev &`` from a script), SIGTERM and SIGHUP
   (a closed terminal) stop it in order: the front (uvicorn's graceful stop), then the helper (which
   stops the policy process first), each SIGKILLed after :data:`STOP_SECONDS`;
-- when it dies without that chance (SIGKILL, a crash, a second signal while stopping), the kernel
-  SIGKILLs the helper and the front, which were started with a parent-death signal
-  (:func:`die_with_this_process`); the policy process dies with the helper (its own parent-death
-  signal), the fork server ends when the helper's socket closes, and the workers die with the
-  fork server (theirs), so the port and the folder's lock are free at once.
+- when it dies without that chance (SIGKILL, a crash, a second SIGINT or SIGTERM while it
+  stops), the kernel SIGKILLs the helper and the front, which were started with a parent-death
+  signal (:func:`die_with_this_process`); the policy process dies with the helper (its own
+  parent-death signal), the fork server ends when the helper's socket closes, and the workers
+  die with the fork server (theirs), so the port and the folder's lock are free at once.
 
 As root the state folder becomes::
 
@@ -427,7 +427,7 @@ def run(state: DevState, out: TextIO, err: TextIO) -> int:
             print_routes(state, out)
             print_privileged(True, state, out)
             return supervise(state, setup, helper, err)
-        except DevStop:  # before the front ran, or a second signal while stopping
+        except DevStop:  # before the front ran
             return 0
         finally:
             if helper is not None and helper.returncode is None:  # supervise did not reap it

@@ -66,7 +66,9 @@ def _describe(procs: list[Proc]) -> str:
 
 
 def _dies_whole(state: Path, how: str, end: Callable[[Dev], None], account: tuple[int, int, str] | None,
-                check_tree: Callable[[Dev, Tree], None]) -> None:
+                check_tree: Callable[[Dev, Tree], None]) -> int:
+    """Start `mcpd dev`, read through it, end it with ``end``, check that its whole tree ends
+    and that a new `mcpd dev` starts on the same port and folder; return the first one's exit code."""
     port = free_port()
     dev = start(state, port, how=how, account=account)
     tree: Tree | None = None
@@ -82,7 +84,8 @@ def _dies_whole(state: Path, how: str, end: Callable[[Dev], None], account: tupl
         check_tree(dev, tree)
 
         end(dev)
-        assert dev.wait() is not None, f"`mcpd dev` ({how}) did not end; read: {''.join(dev.out.lines)}"
+        code = dev.wait()
+        assert code is not None, f"`mcpd dev` ({how}) did not end; read: {''.join(dev.out.lines)}"
         left = tree.wait_gone()
         assert not left, f"left running after `mcpd dev` ended: {_describe(left)}"
 
@@ -92,6 +95,7 @@ def _dies_whole(state: Path, how: str, end: Callable[[Dev], None], account: tupl
             assert res.returncode == 0 and res.stdout == Path("/etc/hosts").read_bytes(), res.stderr
         finally:
             assert stop(again, signal.SIGTERM) == (0, [])
+        return code
     finally:
         if tree is not None:
             tree.kill()
@@ -131,3 +135,18 @@ def test_dev_unprivileged_dies_whole(unprivileged: tuple[Path, tuple[int, int, s
     state, account = unprivileged
     how, end = ENDINGS[ending]
     _dies_whole(state, how, end, account, _own_tree)
+
+
+@pytest.mark.root
+def test_dev_as_root_a_second_signal_while_it_stops_ends_it_at_once(base: Path) -> None:
+    """Ctrl-C starts the orderly stop; a SIGTERM while it runs ends `mcpd dev` at once (exit 143),
+    and the kernel ends the rest of the tree."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: only root runs the root helper")
+
+    def twice(dev: Dev) -> None:
+        os.kill(dev.pid, signal.SIGINT)
+        os.kill(dev.pid, signal.SIGTERM)  # the stop takes the front's graceful stop at least
+
+    assert _dies_whole(base / "dev-state", "direct", twice, None, _root_tree) == 128 + signal.SIGTERM
+

@@ -1,10 +1,12 @@
 """A safe dev mode (issue 14): a second `mcpd dev` on a busy port or state folder refuses and
 leaves the first serving its token; a restart keeps the token (``--new-token`` replaces it); the
-start-up text says whether privileged calls are on; as root, a helper that dies is restarted."""
+start-up text says whether privileged calls are on; as root, a helper that dies is restarted
+(and its fork server, policy process and workers end with it); Ctrl-C leaves nothing running."""
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -18,7 +20,7 @@ import pytest
 
 from mcpd.admin import devmode
 from mcpd.common import identity
-from tests.integration.devtree import start, stop
+from tests.integration.devtree import Tree, start, stop
 from tests.integration.test_devmode import free_port
 
 BIN = Path(sys.executable).parent
@@ -109,7 +111,12 @@ def test_dev_as_root_restarts_a_root_helper_that_dies(base: Path) -> None:
         assert dev.linuxctl("--privileged", sample).stdout == devroot.SAMPLE_TEXT.encode()
         helpers = [p for p in _children(dev.pid) if os.stat(f"/proc/{p}").st_uid == 0]
         assert len(helpers) == 1, helpers
+        old = Tree.of(helpers[0])  # the helper, its fork server, the policy process, the worker
+        assert len(old.procs) >= 4 and {p.uid for p in old.procs} >= {0, pwd.getpwnam(devroot.DEV_ACCOUNT).pw_uid}
         os.kill(helpers[0], signal.SIGKILL)
+        left = old.wait_gone()  # they end with the helper: parent-death signal, EOF on their sockets
+        old.kill()
+        assert not left, left
         deadline = time.monotonic() + DEADLINE
         while True:  # bounded: the restart is said on stderr, then privileged reads work again
             res = dev.linuxctl("--privileged", sample)
