@@ -57,7 +57,9 @@ def dev(state_dir: str, port: int, new_token: bool, metrics_port: int) -> None:
 
     The token stays the same across restarts unless --new-token. A second `mcpd dev` on a port or
     state folder in use refuses (exit 75) and leaves the running one alone. As root, privileged
-    calls are on (the root helper runs, restarted if it dies); otherwise they are off."""
+    calls are on (the root helper runs, restarted if it dies); otherwise they are off. Ctrl-C,
+    SIGTERM or a closed terminal stop it (also when started in the background); however it ends,
+    nothing it started outlives it and the port is free again."""
     from mcpd.admin import devmode
 
     sys.exit(devmode.run(Path(state_dir), port, new_token, metrics_port))
