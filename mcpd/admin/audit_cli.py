@@ -148,6 +148,8 @@ def verify(files: tuple[str, ...], access: bool, config_path: str | None) -> Non
     if not paths:
         raise click.ClickException(f"no audit log found at {live} (give the daemon's --config FILE, or the log FILEs)")
     head, note = _head_of(cfg, paths) if not access and live else (None, "")
+    if access:
+        note = "; the access log keeps no head state: records cut off its end cannot be ruled out"
     try:
         verdict = auditlog.verify(auditlog.read_lines(paths), head)
     except (OSError, EOFError) as exc:

@@ -517,8 +517,8 @@ class AuditLog:
                         missing_to=stored.seq)
             self._go_on(stored.seq, stored.hash, lost=True)
             return
-        if stored.length == 0 or self._holds(stored):  # (length 0: the log was empty)
-            return
+        if stored.length == 0 or (self._seq, self._prev) == (stored.seq, stored.hash) or self._holds(stored):
+            return  # (length 0: the log was empty; the same last record: a copy of the file is no loss)
         now = self._seq
         if now < stored.seq:
             self._alert(LOST_TAIL, log_file=self.path, missing_from=now + 1 if now else None,

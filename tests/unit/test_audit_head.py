@@ -204,3 +204,17 @@ def test_verify_command_names_the_missing_range_and_fails(tmp_path: Path, state:
     assert out.exit_code == 1, out.output
     assert "audit.jsonl:47: deleted: 2 records (seq 47..48)" in out.output
     assert out.output.splitlines()[-1].startswith("FAILED: records are missing at 1 place")
+
+
+def test_a_copy_of_the_log_put_in_its_place_is_no_loss(tmp_path: Path, state: tuple[Path, int]) -> None:
+    """A new inode holding the same records (a restore, a move across file systems) ends with the
+    record the head names: nothing is lost, nothing is said."""
+    path = tmp_path / "audit.jsonl"
+    with writer(path, state) as log:
+        write(log, 3)
+    copy = tmp_path / "copy"
+    shutil.copyfile(path, copy)
+    os.replace(copy, path)
+    with writer(path, state) as log:
+        write(log, 1, start=3)
+    assert [(r["seq"], r["event"]) for r in records(path)] == [(1, "accept"), (2, "accept"), (3, "accept"), (4, "accept")]
