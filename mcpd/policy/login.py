@@ -46,8 +46,6 @@ import json
 import os
 import pwd
 import re
-import secrets
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
