@@ -104,18 +104,16 @@ class Monitor:
     def open(self, req: dict[str, Any]) -> dict[str, Any]:
         if req["want"] not in ("file", "any"):
             raise Broken("open: bad want")
-        fd, _ = opener.open_checked(req["path"], req["follow"], req["want"])
-        try:
-            real = opener.fd_path(fd) if req["follow"] else clean_path(req["path"])  # else the opener checked it is
-            where = opener.place(fd, table := opener.mounts())  # raises: refused (handle), closed below
-            reason = opener.PROCESS if opener.of_a_process(where) else "daemon secret" if (
-                real.startswith(self.private) or self.secret(where, table)) else None
-            if reason is not None:
-                raise ToolError(PERMISSION_DENIED, f"permission denied: {req['path']}", reason=reason)
-        except BaseException:
-            os.close(fd)
-            raise
-        return {"_fds": [fd], "real": real}
+        fd, _ = opener.open_checked(req["path"], req["follow"], req["want"], self.judge)
+        return {"_fds": [fd], "real": opener.fd_path(fd) if req["follow"] else clean_path(req["path"])}
+
+    def judge(self, fd: int) -> str | None:
+        """Why root refuses the object of the ``O_PATH`` descriptor ``fd`` (a process's, a secret),
+        or None; raises (and so refuses) when its place cannot be told."""
+        where = opener.place(fd, table := opener.mounts())
+        if opener.of_a_process(where):
+            return opener.PROCESS
+        return "daemon secret" if opener.fd_path(fd).startswith(self.private) or self.secret(where, table) else None
 
     def secret(self, where: opener.Place, table: opener.Mounts) -> bool:
         """Whether the place ``where`` starts with the place of one of :attr:`private`; those are

@@ -11,6 +11,7 @@ not count as a FIFO's reader):
 2. ``fstat`` the descriptor: the kind the call needs (else ``NOT_A_REGULAR_FILE`` with its
    ``type``), a regular file with one hard link (else ``file has several hard links``).
 3. ``readlink /proc/self/fd/N`` must equal the checked path (else ``path changed while opening``).
+   The caller's ``judge`` sees the ``O_PATH`` descriptor too, and may refuse its object.
 4. Only then is the same inode opened for reading, through ``/proc/self/fd/N`` (the magic link
    names the inode already checked, not a path), and its identity compared again.
 
@@ -22,7 +23,8 @@ object by the file system it lies on and its path from that file system's root (
 within the file system, from ``/proc/self/mountinfo``, plus the descriptor's path below the mount
 point), so a symlink, a bind mount or a second mount of the same file system all give the same
 place. Root judges the daemon's secrets and a process's ``/proc`` folder (:func:`of_a_process`) by
-place, and so does the walker for every folder and entry of a privileged list or find.
+place, before anything is opened for reading, and so does the walker for every folder and entry of
+a privileged list or find.
 
 :func:`open_checked_dir` has the signature of :func:`mcpd.core.fileopen.open_directory`, so the
 metadata walk (:mod:`mcpd.core.walk`) takes either: the walker of privileged list/find
@@ -39,6 +41,7 @@ import posixpath
 import re
 import stat
 import sys
+from collections.abc import Callable
 
 from mcpd.common.errors import NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
 from mcpd.common.filekind import kind as file_kind
@@ -166,7 +169,11 @@ def _reopen(fd: int, st: os.stat_result, flags: int, path: str) -> int:
     return new
 
 
-def open_checked(path: str, follow_symlinks: bool = False, want: str = "file") -> tuple[int, os.stat_result]:
+Judge = Callable[[int], "str | None"]  # O_PATH descriptor -> why its object is refused, or None
+
+
+def open_checked(path: str, follow_symlinks: bool = False, want: str = "file",
+                 judge: Judge | None = None) -> tuple[int, os.stat_result]:
     """Resolve and check a granted path, then open it the way the call needs (SPEC §4.4, §4.5a).
 
     Args:
@@ -175,6 +182,8 @@ def open_checked(path: str, follow_symlinks: bool = False, want: str = "file") -
         want: ``"file"`` (a regular file, opened ``O_RDONLY | O_NONBLOCK``), ``"dir"`` (a
             directory, opened ``O_RDONLY | O_DIRECTORY``), or ``"any"`` (a regular file opened as
             for ``"file"``; anything else is returned as its ``O_PATH`` descriptor, never opened).
+        judge: called with the ``O_PATH`` descriptor once it is checked (step 3): a reason it
+            returns is a ``PERMISSION_DENIED`` with that reason; what it raises passes through.
 
     Returns:
         ``(fd, stat)``; the caller closes ``fd``.
@@ -196,6 +205,8 @@ def open_checked(path: str, follow_symlinks: bool = False, want: str = "file") -
         st = os.fstat(fd)
         if not follow_symlinks and fd_path(fd) != cleaned:
             raise _denied(cleaned, CHANGED)
+        if judge is not None and (why := judge(fd)) is not None:
+            raise _denied(cleaned, why)
         why = refusal(st.st_mode, st.st_nlink, want)  # the judgement `mcpd grants test` predicts with
         if why is not None:
             raise (ToolError(NOT_A_REGULAR_FILE, f"{why}: {cleaned}", path=cleaned, type=file_kind(st.st_mode))
@@ -209,6 +220,6 @@ def open_checked(path: str, follow_symlinks: bool = False, want: str = "file") -
             os.close(fd)
 
 
-def open_checked_dir(path: str, follow_symlinks: bool = False) -> int:
+def open_checked_dir(path: str, follow_symlinks: bool = False, judge: Judge | None = None) -> int:
     """:func:`open_checked` with ``want="dir"``, returning the descriptor only (the walk's opener)."""
-    return open_checked(path, follow_symlinks, "dir")[0]
+    return open_checked(path, follow_symlinks, "dir", judge)[0]

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mcpd.common import frames
-from mcpd.common.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
+from mcpd.common.errors import INTERNAL_ERROR, ToolError
 from mcpd.core import walk
 from mcpd.helper import opener
 from mcpd.policy import grants
@@ -116,18 +116,13 @@ class Objects:
             return opener.PROCESS
         return grants.SECRET if grants.is_secret(self.index.get(where[0], ()), where[1]) else None
 
-    def open_dir(self, path: str, follow: bool) -> int:
-        """:func:`mcpd.helper.opener.open_checked_dir`, refusing (``PERMISSION_DENIED``) a folder
-        whose place is refused or cannot be told."""
-        fd = opener.open_checked_dir(path, follow)
+    def judge(self, fd: int) -> str | None:
+        """Why a folder (any descriptor) is never listed: its place is refused or cannot be told
+        (:data:`mcpd.helper.opener.Judge`, for the opener of the walk's folders)."""
         try:
-            why = self.refused(opener.place(fd, self.table))
+            return self.refused(opener.place(fd, self.table))
         except (OSError, KeyError, ValueError):
-            why = "the folder's place cannot be told"
-        if why is not None:
-            os.close(fd)
-            raise ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason=why)
-        return fd
+            return "its place cannot be told"
 
     def screen(self, dfd: int) -> Callable[[str], bool]:
         """The entries of the open folder ``dfd`` never shown (:data:`mcpd.core.walk.Screen`): an
@@ -168,7 +163,7 @@ def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None) -> 
         def allow(path: str) -> bool:
             return grants.decide(policy, user, groups, op, path, grants.utcnow(), login_time, used).allowed
 
-        open_dir = functools.partial(objects.open_dir, follow=follow)
+        open_dir = functools.partial(opener.open_checked_dir, follow_symlinks=follow, judge=objects.judge)
         return {"ok": True, "result": walk_op(args, open_dir, allow, screen=objects.screen)}
     except ToolError as exc:
         return {"ok": False, "error": exc.to_dict()}
