@@ -105,7 +105,8 @@ class Monitor:
         if req["want"] not in ("file", "any"):
             raise Broken("open: bad want")
         fd, _ = opener.open_checked(req["path"], req["follow"], req["want"], self.judge)
-        return {"_fds": [fd], "real": opener.fd_path(fd) if req["follow"] else clean_path(req["path"])}
+        real = opener.fd_path(fd) if req["follow"] else clean_path(req["path"])  # else the opener checked it is
+        return {"_fds": [fd], "real": real}
 
     def judge(self, fd: int) -> str | None:
         """Why root refuses the object of the ``O_PATH`` descriptor ``fd`` (a process's, a secret),

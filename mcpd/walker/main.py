@@ -51,7 +51,8 @@ from mcpd.policy import grants
 
 REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and the grants text (the grants file is at most 1 MiB)
 READ_SECONDS = 5.0  # the helper sends the request as soon as the walker exists
-OPS = {"files/list": (walk.walk_list, walk.parse_list_args), "files/find": (walk.walk_find, walk.parse_find_args)}
+OPS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any], dict[str, Any]]]] = {  # op -> (walk, parse)
+    "files/list": (walk.walk_list, walk.parse_list_args), "files/find": (walk.walk_find, walk.parse_find_args)}
 _PR_SET_DUMPABLE = 4
 _SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_RESTRICT_SELF = 444, 446  # the same on every architecture
 _LANDLOCK_READ_DIR = 1 << 3

@@ -251,32 +251,41 @@ def _secret_seen(names: set[str], paths: list[str], base: str) -> set[str]:
     return (names & SECRET_NAMES) | under | {p for p in paths if posixpath.basename(p) in {"access.jsonl"}}
 
 
-def test_list_and_find_through_a_symlink_or_bind_mount_show_no_secret(everywhere: PrivsepDaemon,
-                                                                       extra_secrets: PrivsepDaemon) -> None:
+@contextlib.contextmanager
+def detour(kind: str, target: Path, at: Path) -> Iterator[Path]:
+    """``at`` leads to ``target`` for the block: a symlink, or a bind mount."""
+    if kind == "bind mount":
+        with mounted(at, "--bind", str(target)):
+            yield at
+        at.rmdir()
+        return
+    at.symlink_to(target)
+    try:
+        yield at
+    finally:
+        at.unlink()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "bind mount"])
+def test_list_and_find_through_a_detour_show_no_secret(everywhere: PrivsepDaemon, extra_secrets: PrivsepDaemon,
+                                                        kind: str) -> None:
     """With a grant on ``/``, a privileged list or find started at a symlink to the state folder,
     or at a bind mount of it, shows what is no secret there (``front.log``, ``run``) and none of
     the secrets (``users.yaml``, ``mcpd.yaml``, the grants file, the keys' folder, the audit
     folder, the policy's state, ``dev-token``, the swap file, the access log); one started at a
-    symlink to or bind mount of the policy's state folder is refused, like a direct listing."""
+    detour to the policy's state folder, the keys' or the audit folder is refused, like a direct
+    listing."""
     d = everywhere
-    link, helper_link = d.srv / "state-link", d.srv / "helper-link"
-    link.symlink_to(d.state_dir)
-    helper_link.symlink_to(d.state_dir / "helper")
-    try:
-        with mounted(d.srv / "state-bound", "--bind", str(d.state_dir)) as bound, \
-                mounted(d.srv / "helper-bound", "--bind", str(d.state_dir / "helper")) as helper_bound:
-            for base in (link, bound):
-                listed = call(d, "files/list", path=str(base))
-                names = {e["name"] for e in listed["entries"]}
-                assert {"front.log", "run", "access"} <= names, names
-                found = call(d, "files/find", root=str(base))
-                paths = [m["path"] for m in found["matches"]]
-                assert f"{base}/front.log" in paths and f"{base}/run/helper.sock" in paths, paths
-                assert _secret_seen(names, paths, str(base)) == set(), (base, names, paths)
-                assert refused(call(d, "files/list", path=f"{base}/access/access.jsonl"))
-            for base in (helper_link, helper_bound, bound / "tls", link / "audit"):
-                assert refused(call(d, "files/list", path=str(base)), SECRET), base
-                assert refused(call(d, "files/find", root=str(base)), SECRET), base
-    finally:
-        link.unlink()
-        helper_link.unlink()
+    with detour(kind, d.state_dir, d.srv / "state") as base, detour(kind, d.state_dir / "helper", d.srv / "pol") as pol:
+        listed = call(d, "files/list", path=str(base))
+        names = {e["name"] for e in listed["entries"]}
+        assert {"front.log", "run", "access"} <= names, names
+        found = call(d, "files/find", root=str(base))
+        paths = [m["path"] for m in found["matches"]]
+        assert f"{base}/front.log" in paths and f"{base}/run/helper.sock" in paths, paths
+        assert _secret_seen(names, paths, str(base)) == set(), (names, paths)
+        assert refused(call(d, "files/list", path=f"{base}/access/access.jsonl"))
+        assert refused(call(d, "files/list", path=f"{base}/users.yaml"))
+        for start in (pol, base / "tls", base / "audit", base / "helper"):
+            assert refused(call(d, "files/list", path=str(start)), SECRET), start
+            assert refused(call(d, "files/find", root=str(start)), SECRET), start
