@@ -50,7 +50,7 @@ class RootSettings:
                    audit_dir if self.audit_log and os.path.basename(audit_dir) in ("mcpd", "audit") else "",
                    key_dir if os.path.basename(key_dir) == "tls" else ""]
         dots = [os.path.join(os.path.dirname(f), "." + os.path.basename(f)) for f in files if f]
-        return tuple(p for p in files + dots + folders if p)
+        return tuple(p for p in files + dots + folders if os.path.isabs(p))  # an empty setting names nothing
 
 
 def root_settings(data: Any, config_path: str) -> RootSettings:
@@ -66,5 +66,5 @@ def root_settings(data: Any, config_path: str) -> RootSettings:
             if not isinstance(where[key], str):
                 raise ValueError(f"{config_path}: {f.name}: expected a string")
             value = where[key]
-            found[f.name] = value if f.name in ("service_user", "pam_service") or not value else os.path.normpath(os.path.join(base, value))
+            found[f.name] = value if f.name in ("service_user", "pam_service") or not value else os.path.join(base, value)
     return RootSettings(**found)

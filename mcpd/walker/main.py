@@ -108,8 +108,8 @@ class Objects:
             for literal, tail in ((_literal(folder), name), (_literal(text), "")):
                 where = None if literal is None else opener.place_of(literal, self.table)
                 if where is not None:
-                    pattern = grants.escape_glob(where[1])
-                    self.index[where[0]] = (*self.index.get(where[0], ()), posixpath.join(pattern, tail) if tail else pattern)
+                    pattern = posixpath.join(grants.escape_glob(where[1]), tail) if tail else grants.escape_glob(where[1])
+                    self.index[where[0]] = (*self.index.get(where[0], ()), pattern)
 
     def refused(self, where: opener.Place) -> str | None:
         """Why a place is never shown (a process's folder, a secret), or None."""
