@@ -248,7 +248,7 @@ def _deadline(args: dict[str, Any], default: float) -> float:
     budget = args.get("time_budget_seconds")  # not parsed here: NaN, bool and junk get the default
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
         return default
-    return min(float(budget), WALK_MAX_SECONDS) + 5.0
+    return float(min(budget, WALK_MAX_SECONDS)) + 5.0  # (min first: float(10**400) would overflow)
 
 
 def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
