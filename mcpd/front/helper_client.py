@@ -69,8 +69,8 @@ class HelperUnavailable(Exception):
 class _Connection:
     """One persistent connection: frames out under a lock, frames (and descriptors) in by a reader."""
 
-    def __init__(self, sock: socket.socket, reply_cap: int) -> None:
-        self.sock, self.reply_cap = sock, reply_cap
+    def __init__(self, sock: socket.socket, reply_cap: int, on_lost: Callable[[], None] = lambda: None) -> None:
+        self.sock, self.reply_cap, self.on_lost = sock, reply_cap, on_lost
         self.pending: dict[int, asyncio.Future[tuple[dict[str, Any], list[socket.socket]]]] = {}
         self.closed = False
         self._buf = bytearray()
@@ -88,7 +88,7 @@ class _Connection:
             data, fds = b"", []
         self._fds += fds
         if not data:
-            return self.close()
+            return self.close(lost=True)
         self._buf += data
         try:
             while (body := frames.take_frame(self._buf, self.reply_cap)) is not None:
@@ -104,17 +104,21 @@ class _Connection:
                         s.close()
         except frames.FrameError:
             log.error("malformed frame from the root helper; reconnecting")
-            self.close()
+            self.close(lost=True)
 
     async def send(self, req: dict[str, Any]) -> None:
         data = frames.encode(req)
         async with self._write:
             await self._loop.sock_sendall(self.sock, data)
 
-    def close(self) -> None:
+    def close(self, lost: bool = False) -> None:
+        """Close the connection (idempotent) and fail its requests in flight; ``lost``: the helper
+        ended it (end of stream, an error, a broken frame), not the front (then ``on_lost``)."""
         if self.closed:
             return
         self.closed = True
+        if lost:
+            self.on_lost()
         self._loop.remove_reader(self.sock.fileno())
         self.sock.close()
         for fd in self._fds:
@@ -171,6 +175,8 @@ class HelperChannel:
         self._freed = asyncio.Event()  # set when a call connection is given back
         self._idle: list[_Connection] = []  # exclusive connections free for the next privileged call
         self._busy: set[_Connection] = set()
+        #: connections the helper ended (it died, or broke a frame): the pool's spawner generation
+        self.losses = 0
 
     @property
     def up(self) -> bool:
@@ -197,7 +203,10 @@ class HelperChannel:
         except (OSError, TimeoutError) as exc:
             sock.close()
             raise HelperUnavailable(str(exc)) from None
-        return _Connection(sock, self.reply_cap)
+        return _Connection(sock, self.reply_cap, self._lost)
+
+    def _lost(self) -> None:
+        self.losses += 1
 
     async def _connection(self) -> _Connection:
         i = next(self._next) % CONNECTIONS
@@ -300,7 +309,7 @@ class HelperChannel:
                     delivered(False)
                 raise
         except OSError as exc:
-            conn.close()
+            conn.close(lost=True)
             raise HelperUnavailable(str(exc)) from None
         finally:
             conn.pending.pop(rid, None)
@@ -361,6 +370,11 @@ class HelperSpawner:
             raise ToolError(INTERNAL_ERROR, "internal error")
         self._tokens[pid] = token
         return socks[0], pid
+
+    def generation(self) -> int:
+        """:attr:`HelperChannel.losses`: it changes when the helper's connections were lost, as
+        when the root helper or its policy process died (and every worker with it)."""
+        return self._channel.losses
 
     async def alive(self) -> bool:
         """Whether the helper answers now: one round trip (an empty token's check), so a helper
