@@ -187,7 +187,7 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
                         limit=state.spawns.burst, retry_after_seconds=round(wait, 3))
     try:
         pid, front, ctl, pidfd = state.root.spawn(pw.pw_name, json.dumps(dataclasses.asdict(state.cfg.read)))
-    except BaseException:  # root started nothing: the start is not the principal's
+    except ToolError:  # root refused, was busy or did not answer: no worker of the principal's
         with state.lock:
             state.spawns.give_back(principal.name, time.monotonic())
         raise
