@@ -13,6 +13,9 @@ dev``'s watcher): by a thread here that starts a new one as soon as the old one 
 - the account's workers are back to their number within 5 s of the kill (or as much later as the
   helper was).
 
+And a start root refuses costs no token either: a principal bound to an account in group 0 is
+refused PERMISSION_DENIED on every call, however many, never RATE_LIMITED.
+
 Each run prints its fault figures (reads in the window, failures, failures 1 s and 3 s or more
 after the kill, ``RATE_LIMITED`` answers, seconds until the helper and the pool were back):
 ``pytest tests/integration/test_helper_recovery.py -s``. Root only.
@@ -235,3 +238,39 @@ def test_a_killed_root_helper_costs_reads_only_the_restart(daemon: tuple[Privsep
     figures, reads, killed = run_fault(d, public, lambda: os.kill(d.helper_pid, signal.SIGKILL))
     print("\n" + figures.line("SIGKILL of the root helper"))
     check(figures, reads, killed)
+
+
+def test_workers_root_refuses_cost_no_spawn_token_in_the_front_or_the_policy_process() -> None:
+    """A principal bound to an account root refuses workers for (a member of group 0): each call
+    asks for a worker and is refused PERMISSION_DENIED by root; more calls than both spawn
+    buckets hold (the front's 16, the policy process's 32) are each refused so, never
+    RATE_LIMITED, since nothing was started."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: starts the root helper and creates OS accounts")
+    from mcpd.common import identity
+
+    factory = AccountFactory()
+    d = start_privsep(factory)
+    try:
+        wheel = factory.user(groups=("root",))
+        users_file = d.state_dir / "users.yaml"
+        users = identity.load_users(users_file)
+        token, record = identity.new_token()
+        users["wheel"] = identity.UserRecord(name="wheel", os_user=wheel.name, tokens=[record])
+        identity.save_users(users_file, users)
+        calls = 2 * 2 * 16 + 8  # past the policy process's bucket (twice the front's burst, 16)
+
+        async def go() -> list[tuple[str, str | None]]:
+            async with Client(d.url, token, d.cacert, timeout=CALL_TIMEOUT) as c:
+                out = []
+                for _ in range(calls):
+                    res = await c.call_tool("files/read", {"path": "/etc/hostname"}, check=False)
+                    err = res["structuredContent"]["error"]
+                    out.append((err["code"], err["details"].get("reason")))
+                return out
+
+        got = asyncio.run(go())
+        assert collections.Counter(got) == {("PERMISSION_DENIED", "root account"): calls}, collections.Counter(got)
+    finally:
+        stop_privsep(d)
+        factory.cleanup()
