@@ -116,3 +116,20 @@ def test_a_huge_find_depth_is_no_depth_limit_on_the_walk_routes(find_granted: Pr
 
     out = asyncio.run(go())
     assert [m["path"] for m in out.get("matches", [])] == [want], out
+
+
+def test_a_front_sending_a_huge_time_budget_gets_the_walkers_refusal(find_granted: PrivsepDaemon) -> None:
+    """Code as the service user (a compromised front) sends the policy process a privileged find
+    whose ``time_budget_seconds`` is 10^400 (the front itself refuses it): the policy process
+    computes the walk's deadline without overflowing and the walker refuses the argument, as
+    every other process does (before: the deadline's float() raised, INTERNAL_ERROR, and the
+    walker root had started was left without its call)."""
+    from tests.integration.test_helper_protocol import as_mcpd
+
+    d = find_granted
+    req = {"type": "privileged_call", "id": 1, "token": d.tokens["alice"], "session": "s", "peer": "p",
+           "op": "files/find", "args": {"root": str(d.app), "time_budget_seconds": 10**400}}
+    answer = as_mcpd(d, "frame", req)
+    assert answer["closed"] is False, answer
+    err = answer["reply"]["error"]
+    assert (err["code"], err["details"].get("argument")) == ("INVALID_ARGUMENT", "time_budget_seconds"), err
