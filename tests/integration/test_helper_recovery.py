@@ -29,6 +29,7 @@ import dataclasses
 import os
 import pwd
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -100,7 +101,7 @@ class Supervisor:
             assert helper is not None
             try:
                 helper.wait(timeout=0.2)
-            except Exception:  # still running (TimeoutExpired)
+            except subprocess.TimeoutExpired:  # still running
                 continue
             if self._stopping.wait(RESTART_DELAY):
                 return
