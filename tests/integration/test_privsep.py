@@ -510,6 +510,7 @@ def test_while_the_helper_is_down_a_verified_token_lasts_only_the_short_window()
                 assert (await read(c, "/etc/hostname"))[1] == {}
                 d.kill_helper(signal.SIGKILL)
                 down = time.monotonic()
+                wait_for(lambda: not uid_pids(d.accounts["alice"].uid), 10.0)  # its workers end with it
                 text, err = await read(c, "/etc/hostname")
                 assert text is None and err["code"] == "HELPER_UNAVAILABLE", err
                 text, err = await read(c, d.log_file, privileged=True)
