@@ -29,7 +29,7 @@ from typing import Any
 from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError
 from mcpd.common.errors import from_oserror, invalid_argument
 from mcpd.common.filekind import TYPE_NAMES, type_name  # the one file-type table
-from mcpd.common.validate import check_bool, check_choice, check_int, check_object, check_path
+from mcpd.common.validate import check_bool, check_choice, check_int, check_number, check_object, check_path
 
 Opener = Callable[[str], int]  # absolute path -> descriptor of that directory, or raises ToolError
 Allow = Callable[[str], bool] | None  # the grant filter: may this absolute path be shown (or entered)?
@@ -82,17 +82,14 @@ def parse_find_args(args: Any) -> dict[str, Any]:
     out = {"root": check_path(a, "root"), "name": a.get("name"),
            "type": check_choice(a, "type", TYPE_NAMES, None), "max_depth": check_int(a, "max_depth", None, 1, None),
            "max_results": check_int(a, "max_results", FIND_RESULTS, 1, FIND_MAX),
-           "time_budget_seconds": FIND_BUDGET if a.get("time_budget_seconds") is None else a["time_budget_seconds"],
+           "time_budget_seconds": check_number(a, "time_budget_seconds", FIND_BUDGET, 0, FIND_MAX_BUDGET),
            "follow_symlinks": check_bool(a, "follow_symlinks"), "privileged": check_bool(a, "privileged")}
-    name, budget = out["name"], out["time_budget_seconds"]
+    name = out["name"]
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= MAX_PATTERN or "\0" in name):
         raise invalid_argument(f"name must be a glob of 1 to {MAX_PATTERN} characters", argument="name")
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= FIND_MAX_BUDGET:
-        raise invalid_argument(f"time_budget_seconds must be a number above 0 and at most {FIND_MAX_BUDGET}",
-                               argument="time_budget_seconds")
     if out["follow_symlinks"] and out["privileged"]:
         raise invalid_argument("follow_symlinks is not available with privileged", argument="follow_symlinks")
-    return {**out, "time_budget_seconds": float(budget)}
+    return out
 
 
 def lstat_at(name: str, dfd: int | None) -> tuple[os.stat_result, str | None]:
