@@ -10,6 +10,8 @@ It is pure arithmetic on a clock the caller passes (seconds of a monotonic clock
 ``time()`` in the front, ``time.monotonic()`` in the policy process), so it serves an asyncio
 caller and a threaded one (under its own lock) alike, and it never waits: a caller told to wait
 gets the seconds until its next token and decides (the front refuses with ``RATE_LIMITED``).
+A token taken for a start that then failed is given back (:meth:`TokenBuckets.give_back`): the
+bound is on what is started, not on what is asked for.
 
 Memory: a full bucket is not stored (a missing key is a full bucket), and full buckets are swept
 whenever the table has doubled since the last sweep, so it holds about two entries per key that
@@ -62,6 +64,17 @@ class TokenBuckets:
         if len(self._held) >= self._sweep_at:
             self._sweep(now)
         return 0.0
+
+    def give_back(self, key: str, now: float) -> None:
+        """Return one token :meth:`take` gave for something that did not happen (a worker that was
+        asked for and not started): ``key``'s bucket at time ``now`` gains one token, never past
+        ``burst``. Only a token actually taken may be given back, so the bound of
+        ``burst + rate * t`` tokens over ``t`` seconds still holds for what did happen."""
+        tokens = min(float(self.burst), self._level(key, now) + 1.0)
+        if tokens >= self.burst:
+            self._held.pop(key, None)  # full again: not stored
+        else:
+            self._held[key] = (tokens, now)
 
     def _sweep(self, now: float) -> None:
         """Forget the buckets that are full again at ``now``."""

@@ -64,7 +64,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from mcpd.common.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, RootSettings
+from mcpd.common.rootconf import DEV_TOKEN_FILE, EXIT_CONFIG, POLICY_USER, WALK_USER, RootSettings  # noqa: F401
 from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 
 __all__ = ["EXIT_CONFIG", "POLICY_USER", "WALK_USER", "Config", "ConfigError", "load", "from_dict"]
@@ -106,9 +106,6 @@ class ReadLimits:
 #: principal's ``max_file_bytes``, set by mcpd.front.limits, honoured by mcpd.core.ops when it is
 #: below ``ReadLimits.response_cap``).
 CAP_KEY = "_cap"
-#: The development mode's plain token, in its state folder (``state_dir``): one of the daemon's
-#: own secrets, never served.
-DEV_TOKEN_FILE = "dev-token"
 
 #: Bytes of a regular file that ``files/filetype`` reads and judges (64 KiB): on the privileged
 #: route the policy process copies exactly these into a sealed memfd for the worker.
@@ -215,7 +212,7 @@ class Config:
     auth_cache_seconds: float = 30.0
     audit_log: str = _ROOT.audit_log
     access_log: str = _ROOT.access_log
-    state_dir: str = "/var/lib/mcpd"
+    state_dir: str = _ROOT.state_dir
     helper_state_dir: str = _ROOT.helper_state_dir
     read: ReadLimits = ReadLimits()
     workers: Workers = Workers()

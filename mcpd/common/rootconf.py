@@ -15,6 +15,7 @@ from typing import Any
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: configuration broken, do not restart
 WALK_USER = "mcpd-walk"  # the account of privileged list/find walkers (docs/PRIVSEP.md): owns nothing
 POLICY_USER = "mcpd-policy"  # the account of the policy process: tokens, grants, logins, audit
+DEV_TOKEN_FILE = "dev-token"  # the development mode's plain token, in ``state_dir``: a secret, never served
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,14 +33,24 @@ class RootSettings:
     helper_state_dir: str = "/var/lib/mcpd-helper"
     pam_service: str = "mcpd"
     tls_key: str = "/etc/mcpd/tls/server.key"
+    state_dir: str = "/var/lib/mcpd"
 
     def private(self, config_path: str) -> tuple[str, ...]:
         """The daemon's own secrets root refuses to open whatever it is asked, as path prefixes (so
-        ``F~``, ``F.1`` and everything in a folder go too): the config, users and grants files,
-        the policy's state, the audit and access logs, the TLS key and the CA key beside it. The policy
-        process checks the complete list, :func:`mcpd.policy.grants.secret_paths`."""
-        return (config_path, self.users_file, self.grants_file, self.helper_state_dir, self.audit_log,
-                self.access_log, self.tls_key, os.path.join(os.path.dirname(self.tls_key), "ca.key"))
+        ``F~``, ``F.1`` and everything in a folder go too), the same set as the policy's fixed deny
+        (:func:`mcpd.policy.grants.secret_paths`): the config, users and grants files, the audit
+        and access logs, the TLS key, the CA key beside it and the development mode's plain token,
+        each file ``F`` also as ``.F`` in its folder (editor swap files); the policy's state
+        (``helper_state_dir`` and ``helper`` in ``state_dir``), the audit log's folder when it is
+        its own (named ``mcpd`` or ``audit``) and the keys' folder when it is named ``tls``."""
+        audit_dir, key_dir = os.path.dirname(self.audit_log), os.path.dirname(self.tls_key)
+        files = [config_path, self.users_file, self.grants_file, self.audit_log, self.access_log, self.tls_key,
+                 os.path.join(key_dir, "ca.key"), os.path.join(self.state_dir, DEV_TOKEN_FILE) if self.state_dir else ""]
+        folders = [self.helper_state_dir, os.path.join(self.state_dir, "helper") if self.state_dir else "",
+                   audit_dir if self.audit_log and os.path.basename(audit_dir) in ("mcpd", "audit") else "",
+                   key_dir if os.path.basename(key_dir) == "tls" else ""]
+        dots = [os.path.join(os.path.dirname(f), "." + os.path.basename(f)) for f in files if f]
+        return tuple(p for p in files + dots + folders if os.path.isabs(p))  # an empty setting names nothing
 
 
 def root_settings(data: Any, config_path: str) -> RootSettings:

@@ -68,8 +68,9 @@ def check_path(args: dict[str, Any], key: str) -> str:
 
 
 def check_int(args: dict[str, Any], key: str, default: int | None, low: int, high: int | None) -> int | None:
-    """Optional integer ``args[key]`` in ``[low, high]`` (``high`` None: unbounded, any size), else
-    ``default``. ``3.0`` and booleans are not integers.
+    """Optional integer ``args[key]`` in ``[low, high]`` (``high`` None: unbounded, any size: an
+    offset of 2**64 or a line of 10**400 is an integer like any other, and the tool decides what
+    it means past the end of a file), else ``default``. ``3.0`` and booleans are not integers.
 
     Raises:
         ToolError: ``INVALID_ARGUMENT`` for a non-integer or a value out of range.
@@ -83,6 +84,21 @@ def check_int(args: dict[str, Any], key: str, default: int | None, low: int, hig
         bound = f"between {low} and {high}" if high is not None else f"at least {low}"
         raise invalid_argument(f"{key} must be {bound}", argument=key)
     return value
+
+
+def check_number(args: dict[str, Any], key: str, default: float, above: float, high: float) -> float:
+    """Optional number ``args[key]`` (an integer of any size or a float, not a boolean) with
+    ``above < value <= high``, as a float; else ``default``. ``NaN`` and infinities are out of range.
+
+    Raises:
+        ToolError: ``INVALID_ARGUMENT`` for a non-number or a value out of range.
+    """
+    value = args.get(key)
+    if value is None:
+        return float(default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not above < value <= high:
+        raise invalid_argument(f"{key} must be a number above {above:g} and at most {high:g}", argument=key)
+    return float(value)  # (in range, so an integer of any size has passed the bound first: no overflow)
 
 
 def check_bool(args: dict[str, Any], key: str) -> bool:

@@ -1,7 +1,9 @@
 """Fast JSON for the large messages of the read path: worker replies and the replies the front
 streams to clients (issue 11: a 1 MiB answer spent most of its time in the standard library's
 encoder). Both functions use orjson and fall back to :mod:`json` for what orjson refuses, so
-every value the standard library handled is still handled.
+every value the standard library handled is still handled; :func:`loads` also falls back for text
+whose integers orjson could turn into floats, so an integer is an integer on every process,
+whatever its size.
 
 The output is compact UTF-8 JSON, with the same meaning as ``json.dumps(..., separators=(",",
 ":"))``; it is not byte-for-byte the same (orjson writes non-ASCII characters raw, ``NaN`` and
@@ -59,17 +61,37 @@ def dumps_line(obj: Any) -> bytes:
     return data
 
 
+#: every ASCII digit as ``0``, every other byte as a space: digit runs found with one ``find``
+_DIGITS = bytes(0x30 if 0x30 <= c <= 0x39 else 0x20 for c in range(256))
+#: orjson parses an integer outside ``[-2**63, 2**64)`` as a float (``2**64`` -> ``1.8446744073709552e+19``),
+#: and every such integer is written with at least 19 digits
+_LONG_DIGITS = b"0" * 19
+
+
+def maybe_lossy(data: bytes) -> bool:
+    """Whether orjson's parse of JSON text ``data`` may hold a float where ``data`` has an integer
+    (an integer beyond 64 bits): ``data`` has a run of 19 or more ASCII digits somewhere. False
+    positives (a long number in a string, a float with many digits) only cost the slower parser."""
+    return len(data) >= len(_LONG_DIGITS) and data.translate(_DIGITS).find(_LONG_DIGITS) >= 0
+
+
 def loads(data: bytes) -> Any:
-    """Parse JSON received from another mcpd process (a worker's reply frame).
+    """Parse JSON received from another mcpd process (a request or reply frame), with the one
+    number rule of every mcpd process: an integer is an ``int`` of any size, as
+    :func:`json.loads` has it (2**64 and 10**400 included), a number with a fraction or an
+    exponent a ``float``. orjson parses the usual text; text it could turn an integer into a float
+    for (:func:`maybe_lossy`) and text it refuses go to :func:`mcpd.common.frames.loads`.
 
     Raises:
         FrameError: not JSON, or nested deeper than :data:`mcpd.common.frames.MAX_DEPTH` levels,
-            as :func:`mcpd.common.frames.loads`, which also parses what orjson refuses (integers
-            beyond 64 bits, ``NaN``, text that is not valid UTF-8 such as a lone surrogate).
+            as :func:`mcpd.common.frames.loads`, which also parses what orjson refuses (``1e400``,
+            ``NaN``, text that is not valid UTF-8 such as a lone surrogate).
     """
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
+        return std_loads(data)
+    if maybe_lossy(data):
         return std_loads(data)
     if too_deep(value, text=data):
         raise FrameError(f"JSON nested deeper than {MAX_DEPTH} levels")

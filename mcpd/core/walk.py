@@ -15,6 +15,9 @@ Rules, the same on both routes:
   anything about it is kept: an entry it refuses is not shown, not even its name. Find enters a
   subdirectory only when ``allow`` covers it. The starting directory itself is not filtered (the
   helper decided that the call may run); a single-entry list needs ``allow(path)``.
+* ``screen`` (the privileged route's object rule, ``None`` on the unprivileged route) judges what
+  was opened, not the path asked: given each directory's descriptor (the start, each one find
+  enters, a single entry's parent), it returns which of its entries are never shown nor entered.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from typing import Any
 from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError
 from mcpd.common.errors import from_oserror, invalid_argument
 from mcpd.common.filekind import TYPE_NAMES, type_name  # the one file-type table
-from mcpd.common.validate import check_bool, check_choice, check_int, check_object, check_path
+from mcpd.common.validate import check_bool, check_choice, check_int, check_number, check_object, check_path
 
 Opener = Callable[[str], int]  # absolute path -> descriptor of that directory, or raises ToolError
 Allow = Callable[[str], bool] | None  # the grant filter: may this absolute path be shown (or entered)?
+Screen = Callable[[int], Callable[[str], bool]] | None  # directory fd -> is this entry name hidden?
 
 LIST_LIMIT, LIST_MAX = 1000, 10000  # files/list: default and largest ``limit`` (entries)
 FIND_RESULTS, FIND_MAX, FIND_BUDGET, FIND_MAX_BUDGET, MAX_PATTERN = 1000, 10000, 10, 60, 1024  # files/find
@@ -78,17 +82,14 @@ def parse_find_args(args: Any) -> dict[str, Any]:
     out = {"root": check_path(a, "root"), "name": a.get("name"),
            "type": check_choice(a, "type", TYPE_NAMES, None), "max_depth": check_int(a, "max_depth", None, 1, None),
            "max_results": check_int(a, "max_results", FIND_RESULTS, 1, FIND_MAX),
-           "time_budget_seconds": FIND_BUDGET if a.get("time_budget_seconds") is None else a["time_budget_seconds"],
+           "time_budget_seconds": check_number(a, "time_budget_seconds", FIND_BUDGET, 0, FIND_MAX_BUDGET),
            "follow_symlinks": check_bool(a, "follow_symlinks"), "privileged": check_bool(a, "privileged")}
-    name, budget = out["name"], out["time_budget_seconds"]
+    name = out["name"]
     if name is not None and (not isinstance(name, str) or not 0 < len(name) <= MAX_PATTERN or "\0" in name):
         raise invalid_argument(f"name must be a glob of 1 to {MAX_PATTERN} characters", argument="name")
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= FIND_MAX_BUDGET:
-        raise invalid_argument(f"time_budget_seconds must be a number above 0 and at most {FIND_MAX_BUDGET}",
-                               argument="time_budget_seconds")
     if out["follow_symlinks"] and out["privileged"]:
         raise invalid_argument("follow_symlinks is not available with privileged", argument="follow_symlinks")
-    return {**out, "time_budget_seconds": float(budget)}
+    return out
 
 
 def lstat_at(name: str, dfd: int | None) -> tuple[os.stat_result, str | None]:
@@ -108,10 +109,15 @@ def raw_entry(name: str, st: os.stat_result, target: str | None) -> dict[str, An
     return entry if target is None else {**entry, "target": target}
 
 
-def walk_list(args: dict[str, Any], open_dir: Opener, allow: Allow) -> dict[str, Any]:
+def _shown(name: str) -> bool:  # no screen: nothing hidden
+    return False
+
+
+def walk_list(args: dict[str, Any], open_dir: Opener, allow: Allow, screen: Screen = None) -> dict[str, Any]:
     """The ``files/list`` walk: a directory's entries, or the one entry ``args["path"]`` names.
 
-    ``args``: parsed ``files/list`` arguments (``path`` absolute, ``limit`` entries).
+    ``args``: parsed ``files/list`` arguments (``path`` absolute, ``limit`` entries); ``allow``,
+    ``screen``: the privileged route's filters (module docstring).
     Returns ``{"path" (cleaned), "kind": "directory" | "entry", "entries": [raw_entry(...)],
     "total": int, "limit": int}``: the ``limit`` smallest names (bytewise), hidden ones included;
     ``total`` counts the entries ``allow`` lets through. Memory follows ``limit``, not the directory.
@@ -130,6 +136,8 @@ def walk_list(args: dict[str, Any], open_dir: Opener, allow: Allow) -> dict[str,
             raise no_grant(path) from None
         pfd = open_dir(posixpath.dirname(path)) if allow is not None else None  # else the kernel judges lstat(path)
         try:
+            if pfd is not None and screen is not None and screen(pfd)(posixpath.basename(path)):
+                raise no_grant(path)
             st, target = lstat_at(path if pfd is None else posixpath.basename(path), pfd)
         except OSError as err:
             raise from_oserror(err, path) from None
@@ -144,8 +152,10 @@ def walk_list(args: dict[str, Any], open_dir: Opener, allow: Allow) -> dict[str,
     entries: list[dict[str, Any]] = []
     counter = itertools.count()
     try:
+        hidden = _shown if screen is None else screen(dfd)
         with os.scandir(dfd) as it:  # stream the names, keep the `limit` smallest; next(counter) counts those shown
-            shown = (e.name for e in it if (allow is None or allow(posixpath.join(path, e.name))) and next(counter) >= 0)
+            shown = (e.name for e in it if (allow is None or allow(posixpath.join(path, e.name))) and not hidden(e.name)
+                     and next(counter) >= 0)
             for name in heapq.nsmallest(limit, shown, key=os.fsencode):
                 with contextlib.suppress(FileNotFoundError):  # removed since it was listed
                     entries.append(raw_entry(name, *lstat_at(name, dfd)))
@@ -167,13 +177,14 @@ def _kind(e: os.DirEntry[str], follow: bool) -> str:
 
 
 def walk_find(args: dict[str, Any], open_dir: Opener, allow: Allow,
-              progress: Callable[[int, int | None, str], None] | None = None) -> dict[str, Any]:
+              progress: Callable[[int, int | None, str], None] | None = None, screen: Screen = None) -> dict[str, Any]:
     """The ``files/find`` walk: depth first in name order, one open descriptor per level, loops detected.
 
     ``args``: parsed ``files/find`` arguments (``root``; ``name``, a glob matched against each
     entry's own name with ``fnmatchcase``; ``type``; ``max_depth``, 1 = the root's entries;
     ``max_results``; ``time_budget_seconds``; ``follow_symlinks``). ``progress(entries seen, None,
-    message)`` is called every :data:`PROGRESS_EVERY` entries.
+    message)`` is called every :data:`PROGRESS_EVERY` entries; ``allow``, ``screen``: the
+    privileged route's filters (module docstring).
     Returns ``{"root" (cleaned), "matches": [{"path", "type"}] (sorted component by component),
     "stopped": None | "max_results" | "time_budget", "scanned": int, "errors": [{"path",
     "reason"}] (at most :data:`MAX_ERRORS`), "error_count": int}``. A directory that cannot be
@@ -206,6 +217,7 @@ def walk_find(args: dict[str, Any], open_dir: Opener, allow: Allow,
             visited.add((st.st_dev, st.st_ino))
             with os.scandir(fd) as it:
                 entries = sorted(it, key=lambda e: e.name)
+            hidden = _shown if screen is None else screen(fd)
         except OSError as err:
             return error(path, err)
         for e in entries:
@@ -216,7 +228,7 @@ def walk_find(args: dict[str, Any], open_dir: Opener, allow: Allow,
             if progress is not None and n % PROGRESS_EVERY == 0:
                 progress(n, None, f"{n} entries scanned, {len(matches)} matches")
             full = posixpath.join(path, e.name)
-            if allow is not None and not allow(full):
+            if allow is not None and not allow(full) or hidden(e.name):
                 continue
             kind = _kind(e, follow)
             if (a["name"] is None or fnmatch.fnmatchcase(e.name, a["name"])) and a["type"] in (None, kind):

@@ -7,7 +7,8 @@ Order of the stack, outermost first (read it top to bottom in :func:`build_app`)
 1. ``OriginMiddleware`` — an ``Origin`` header not in ``allowed_origins`` → ``403`` (SPEC §1.3);
    then ``HostMiddleware`` — with ``allowed_hosts`` set, a ``Host`` it does not name → ``421``.
 2. ``AuthenticationMiddleware`` with :class:`BearerBackend` — no or bad bearer token on any route
-   → ``401`` with an RFC 6750 challenge (SPEC §1.3); tokens in the query string are ignored. Paths
+   → ``401`` with an RFC 6750 challenge (SPEC §1.3), a token that cannot be checked now (the root
+   helper busy or down) → ``503`` with ``Retry-After``; tokens in the query string are ignored. Paths
    under ``/.well-known/`` need no token and are all ``404``: mcpd serves no OAuth discovery
    documents, so a client told "invalid token" says so instead of starting an OAuth flow.
 3. The router: ``GET /sse`` and ``POST /message`` (``mcpd.front.transport.sse``), ``GET``, ``POST``
@@ -34,7 +35,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mcpd.front.auth import Authenticator, TokenUndecided, parse_bearer
+from mcpd.front.auth import Authenticator, CheckerDown, TokenUndecided, parse_bearer
 from mcpd.front.connguard import DETACH
 from mcpd.common.config import Config, ConfigError
 from mcpd.front.protocol import Dispatcher
@@ -79,7 +80,18 @@ class BearerRefused(AuthenticationError):
 
 
 class TokenCheckBusy(AuthenticationError):
-    """A ``503`` with ``Retry-After``: the token could be neither accepted nor refused now."""
+    """A ``503`` with ``Retry-After`` (``retry_after`` seconds): the token could be neither
+    accepted nor refused now."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+#: the answer to a token that cannot be checked because the root helper is down (its policy
+#: process checks tokens); the seconds to wait: about what a restart takes (systemd's RestartSec=)
+CHECKER_DOWN = "the root helper is not running, so the token cannot be checked now; retry in a moment"
+CHECKER_DOWN_RETRY = 2
 
 
 class BearerBackend(AuthenticationBackend):
@@ -116,6 +128,8 @@ class BearerBackend(AuthenticationBackend):
         # token's last check (the session re-check renews it every second) needs no round trip.
         try:
             principal = await self.authenticator.authenticate(token, fresh=conn.scope.get("method") != "POST")
+        except CheckerDown:
+            raise TokenCheckBusy(CHECKER_DOWN, CHECKER_DOWN_RETRY) from None
         except TokenUndecided:
             raise TokenCheckBusy("the token could not be checked now; retry in a moment") from None
         if principal is None:
@@ -126,9 +140,11 @@ class BearerBackend(AuthenticationBackend):
 def unauthorized(conn: HTTPConnection, exc: AuthenticationError) -> Response:
     """The ``401`` answer with its RFC 6750 challenge (SPEC §1.3): ``Bearer`` alone when no token
     was sent, ``Bearer error="invalid_token", error_description=...`` for a refused one; ``503``
-    with ``Retry-After: 1`` for a token that could not be checked now (:class:`TokenCheckBusy`)."""
+    with ``Retry-After`` for a token that could not be checked now (:class:`TokenCheckBusy`: the
+    helper busy, 1 s, or not running, :data:`CHECKER_DOWN_RETRY` s), never a ``401``: a client
+    told its token is bad would stop, or ask its user for a new one."""
     if isinstance(exc, TokenCheckBusy):
-        return PlainTextResponse(str(exc), status_code=503, headers={"Retry-After": "1"})
+        return PlainTextResponse(str(exc), status_code=503, headers={"Retry-After": str(exc.retry_after)})
     error = exc.error if isinstance(exc, BearerRefused) else "invalid_token"
     challenge = "Bearer" if error is None else INVALID_TOKEN_CHALLENGE
     return PlainTextResponse(str(exc), status_code=401, headers={"WWW-Authenticate": challenge})

@@ -38,6 +38,14 @@ class TokenUndecided(Exception):
     is answered ``503`` (retry), and an open session's re-check waits for the next round."""
 
 
+class CheckerDown(TokenUndecided):
+    """The token could not be checked because the process that checks tokens (the root helper's
+    policy process) is not running, and it was not verified within the short window the front may
+    serve it from its cache: the request is answered ``503`` with ``Retry-After``, never ``401``
+    (the token is not known to be bad: the client should retry, not ask for a new one), and an
+    open session whose token it is is closed, since its token can no longer be re-checked."""
+
+
 class Authenticator(Protocol):
     """Turns a plain bearer token into a :class:`Principal`, or ``None`` (answer 401)."""
 
@@ -49,7 +57,7 @@ class Authenticator(Protocol):
 
         Raises:
             TokenUndecided: no answer can be given now (only an authenticator that asks another
-                process does this).
+                process does this); :class:`CheckerDown` when that process is not running.
         """
         ...
 

@@ -36,7 +36,7 @@ from mcpd.core import fileops
 from mcpd.core.tools import DEADLINE_MARGIN, deadline_seconds
 from mcpd.front import metrics
 from mcpd.front.access import helper_received
-from mcpd.front.auth import TokenUndecided
+from mcpd.front.auth import CheckerDown, TokenUndecided
 from mcpd.front.limits import CAP_KEY
 from mcpd.front.pool import WorkerPool
 
@@ -58,6 +58,7 @@ CALL_SHARE = 8
 #: helper takes (its "auth" class: 8 threads, 32 in flight), so known tokens always find room
 UNKNOWN_CHECKS = 16
 UNKNOWN_WAIT = 5.0  # seconds such a check waits for its turn before it is undecided (503)
+PROBE_SECONDS = 3.0  # a health probe not answered within this is "the helper does not answer"
 #: refusals decided before the helper touched the worker: the worker stays in the pool
 _DECIDED = frozenset({PERMISSION_DENIED, "NOT_A_REGULAR_FILE", "FILE_NOT_FOUND", "INVALID_ARGUMENT"})
 
@@ -69,8 +70,8 @@ class HelperUnavailable(Exception):
 class _Connection:
     """One persistent connection: frames out under a lock, frames (and descriptors) in by a reader."""
 
-    def __init__(self, sock: socket.socket, reply_cap: int) -> None:
-        self.sock, self.reply_cap = sock, reply_cap
+    def __init__(self, sock: socket.socket, reply_cap: int, on_lost: Callable[[], None] = lambda: None) -> None:
+        self.sock, self.reply_cap, self.on_lost = sock, reply_cap, on_lost
         self.pending: dict[int, asyncio.Future[tuple[dict[str, Any], list[socket.socket]]]] = {}
         self.closed = False
         self._buf = bytearray()
@@ -88,7 +89,7 @@ class _Connection:
             data, fds = b"", []
         self._fds += fds
         if not data:
-            return self.close()
+            return self.close(lost=True)
         self._buf += data
         try:
             while (body := frames.take_frame(self._buf, self.reply_cap)) is not None:
@@ -104,17 +105,21 @@ class _Connection:
                         s.close()
         except frames.FrameError:
             log.error("malformed frame from the root helper; reconnecting")
-            self.close()
+            self.close(lost=True)
 
     async def send(self, req: dict[str, Any]) -> None:
         data = frames.encode(req)
         async with self._write:
             await self._loop.sock_sendall(self.sock, data)
 
-    def close(self) -> None:
+    def close(self, lost: bool = False) -> None:
+        """Close the connection (idempotent) and fail its requests in flight; ``lost``: the helper
+        ended it (end of stream, an error, a broken frame), not the front (then ``on_lost``)."""
         if self.closed:
             return
         self.closed = True
+        if lost:
+            self.on_lost()
         self._loop.remove_reader(self.sock.fileno())
         self.sock.close()
         for fd in self._fds:
@@ -171,21 +176,30 @@ class HelperChannel:
         self._freed = asyncio.Event()  # set when a call connection is given back
         self._idle: list[_Connection] = []  # exclusive connections free for the next privileged call
         self._busy: set[_Connection] = set()
+        #: connections the helper ended (it died, or broke a frame): the pool's spawner generation
+        self.losses = 0
+        self._answered: int | None = None  # losses when the last probe was answered (None: it was not)
 
     @property
     def up(self) -> bool:
-        """Whether a connection to the helper is open now (the metrics' ``mcpd_helper_up``; with
-        metrics on, the server keeps one open with :meth:`probe` every second)."""
-        return any(c is not None and not c.closed for c in self._conns)
+        """Whether the helper answers: its last :meth:`probe` got an answer and no connection has
+        been lost since (the metrics' ``mcpd_helper_up`` and ``/healthz``; with metrics on, the
+        server probes every second). A connection alone says nothing: under socket activation
+        systemd accepts connections while no helper runs."""
+        return self._answered == self.losses
 
     async def probe(self) -> bool:
-        """Open a connection when none is open (the first of the pool); return :attr:`up`. Never
-        raises: a helper that is not there is ``False``."""
-        if not self.up:
-            try:
-                await self._connection()
-            except HelperUnavailable:
-                return False
+        """One round trip to the policy process (the check of an empty token: no audit record),
+        at most :data:`PROBE_SECONDS`; return :attr:`up`. Never raises: a helper that is not
+        there, or does not answer in time, is ``False``."""
+        try:
+            reply, fds = await self.request({"type": "authenticate", "token": ""}, timeout=PROBE_SECONDS)
+        except (HelperUnavailable, TimeoutError):
+            self._answered = None
+            return False
+        for s in fds:
+            s.close()
+        self._answered = self.losses
         return self.up
 
     async def _open(self) -> _Connection:
@@ -197,7 +211,10 @@ class HelperChannel:
         except (OSError, TimeoutError) as exc:
             sock.close()
             raise HelperUnavailable(str(exc)) from None
-        return _Connection(sock, self.reply_cap)
+        return _Connection(sock, self.reply_cap, self._lost)
+
+    def _lost(self) -> None:
+        self.losses += 1
 
     async def _connection(self) -> _Connection:
         i = next(self._next) % CONNECTIONS
@@ -300,7 +317,7 @@ class HelperChannel:
                     delivered(False)
                 raise
         except OSError as exc:
-            conn.close()
+            conn.close(lost=True)
             raise HelperUnavailable(str(exc)) from None
         finally:
             conn.pending.pop(rid, None)
@@ -362,6 +379,11 @@ class HelperSpawner:
         self._tokens[pid] = token
         return socks[0], pid
 
+    def generation(self) -> int:
+        """:attr:`HelperChannel.losses`: it changes when the helper's connections were lost, as
+        when the root helper or its policy process died (and every worker with it)."""
+        return self._channel.losses
+
     async def alive(self) -> bool:
         """Whether the helper answers now: one round trip (an empty token's check), so a helper
         that is dying this very moment counts as gone."""
@@ -405,7 +427,8 @@ class HelperAuthenticator:
     whole capacity for token checks: the re-checks of open sessions and known tokens always find
     room. A check the helper could not make (it answered "busy", or no room came within
     :data:`UNKNOWN_WAIT` seconds) decides nothing: :class:`~mcpd.front.auth.TokenUndecided`,
-    unless the token was verified within ``cache_seconds``.
+    unless the token was verified within ``cache_seconds``; nor does one it could not make because
+    it is not running (:class:`~mcpd.front.auth.CheckerDown`, answered 503, never 401).
     """
 
     def __init__(self, channel: HelperChannel, cache_seconds: float = 30.0, fresh_seconds: float = 2.0) -> None:
@@ -416,10 +439,14 @@ class HelperAuthenticator:
         self._unknown = asyncio.Semaphore(UNKNOWN_CHECKS)
 
     async def authenticate(self, token: str, fresh: bool = False) -> Principal | None:
-        """The token's principal, or ``None`` (the front answers 401). ``fresh`` forces a helper
-        round trip (stream opening, the once-a-second re-check).
+        """The token's principal, or ``None`` (the front answers 401) for a malformed token or one
+        the helper refused. ``fresh`` forces a helper round trip (stream opening, the
+        once-a-second re-check).
 
         Raises:
+            CheckerDown: the helper is not running (its socket refuses, or it closed the
+                connection without an answer) and the token was not verified within
+                ``cache_seconds``: no token is called bad because its checker is down.
             TokenUndecided: the helper is busy (or unknown tokens' checks are all taken) and the
                 token was not verified within ``cache_seconds``.
         """
@@ -443,7 +470,9 @@ class HelperAuthenticator:
                 if gate is not None:
                     gate.release()
         except HelperUnavailable:
-            return recent  # the helper is down: past the short window, nothing is accepted (fail closed)
+            if recent is None:  # the helper is down: past the short window nothing is accepted (fail
+                raise CheckerDown("the root helper is not running")  # closed), nor refused as bad
+            return recent
         except TimeoutError:
             pass  # no answer in time: undecided, as below
         if reply is None or (not reply.get("ok") and reply.get("error")):  # not a refusal: busy or too slow

@@ -14,7 +14,10 @@ address only (never on the TLS listener agents use):
   ``mcpd_helper_up``, ``mcpd_logins_refused_total``, and
   ``mcpd_limits_hit_total{limit}``: every time one of the front's caps turned something away (the
   kinds are :data:`LIMIT_KINDS`, each exported from the start at 0);
-- ``GET /healthz``: ``200 ok`` while the front runs (for load balancers).
+- ``GET /healthz``: readiness, for load balancers and monitors: ``200 ok`` while the front can
+  serve, ``503`` with ``Retry-After`` and a line per thing missing while it cannot: with a root
+  helper configured, while the helper (its policy process, which checks every token and starts
+  every worker, and root behind it) does not answer (``mcpd_helper_up`` 0).
 
 Metrics never carry a path, a token or a principal's name: labels are tool names, routes and
 result codes only, so their number stays small.
@@ -147,6 +150,18 @@ class StateCollector(Collector):
         if up is not None:
             yield GaugeMetricFamily("mcpd_helper_up", "1 while the root helper answers", value=1 if up else 0)
 
+    def missing(self) -> list[str]:
+        """What the front lacks to serve now, one line each (``/healthz``); empty: ready."""
+        if self._helper_up() is False:
+            return [HELPER_MISSING]
+        return []
+
+
+#: ``/healthz``'s line while the helper does not answer
+HELPER_MISSING = ("helper: the root helper does not answer (its policy process checks every token and starts "
+                  "every worker): new sessions, workers and privileged calls are refused until it is back")
+HEALTH_RETRY_SECONDS = 2  # ``Retry-After`` of a 503 from /healthz
+
 
 class _Quiet(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
@@ -178,6 +193,11 @@ def serve(listen: str, collector: StateCollector) -> WSGIServer:
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == "/healthz":
+            missing = collector.missing()
+            if missing:
+                start_response("503 Service Unavailable",
+                               [("Content-Type", "text/plain"), ("Retry-After", str(HEALTH_RETRY_SECONDS))])
+                return ["".join(f"not ready: {line}\n" for line in missing).encode()]
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [b"ok\n"]
         if environ.get("PATH_INFO") != "/metrics":

@@ -18,7 +18,10 @@ Since every timed-out or crashed call, and every cancelled one whose op outlasts
 worker, starting workers is bounded per principal (``workers.spawn_burst`` at once, then
 ``workers.spawns_per_second``): a call that needs a new worker past that is refused ``RATE_LIMITED``
 at once, so calling and cancelling in a loop cannot make the daemon fork without end. Reusing an
-idle worker costs nothing.
+idle worker costs nothing, and so do a start that failed (no helper to ask, or a refusal: nothing
+was started) and the replacement of a worker lost when the root helper restarted (the pool is back
+to its size within seconds of the helper's return, and the calls that failed meanwhile leave the
+bucket as it was).
 
 Spawning is delegated to a :class:`Spawner`: :class:`LocalSpawner` (development, the daemon's own
 user) here; the root helper provides one that starts workers as the account.
@@ -82,6 +85,14 @@ class Spawner(Protocol):
 
     async def alive(self) -> bool:
         """Whether new workers can be started now (asked after a worker ended mid-call)."""
+        ...
+
+    def generation(self) -> int:
+        """A number that changes whenever every worker this spawner started may have ended
+        together, through no doing of their principals (the root helper or its policy process
+        died, and its workers with it). A worker that ended on its own in an older generation
+        than the current one was lost to that restart, and its replacement is no new start of
+        its principal's (:meth:`WorkerPool._checkout`)."""
         ...
 
 
@@ -156,6 +167,10 @@ class LocalSpawner:
     async def alive(self) -> bool:
         """Always: these workers need nobody's help to start."""
         return True
+
+    def generation(self) -> int:
+        """Always 0: nothing ends these workers together but the front itself."""
+        return 0
 
     def live_pids(self) -> list[int]:
         """Pids started by this spawner and not yet reaped (introspection for tests and status)."""
@@ -321,6 +336,7 @@ class _Worker:
     retired: bool = False
     revoked: bool = False  # its token no longer authenticates: never kept after its call, ended by drop
     next_id: int = 0
+    generation: int = 0  # the spawner's generation when it started (Spawner.generation)
 
 
 class _Crashed(Exception):
@@ -335,6 +351,9 @@ class _Account:
         self.workers: dict[int, _Worker] = {}  # every live worker, idle or busy
         self.starting = 0  # workers asked for and not yet in workers (each counts towards size)
         self.callers = 0  # calls inside (waiting or running): an account in use is never evicted
+        #: the generations of the last ``size`` workers that ended on their own (hung up): one of an
+        #: older generation than the spawner's now was lost to a restart, and is replaced free
+        self.lost: collections.deque[int] = collections.deque(maxlen=size)
 
 
 class WorkerPool:
@@ -614,7 +633,13 @@ class WorkerPool:
                         principal: str = "") -> _Worker:
         """An idle worker of ``account`` spawned with ``token`` (the most recently used), else a new
         one for ``token``, charged to ``principal``'s spawn bucket (``RATE_LIMITED`` when it is
-        empty: nothing is started or retired). A worker of another token never serves the call
+        empty: nothing is started or retired). Two starts are not charged: one the spawner failed
+        (it raised a :class:`ToolError` or ``OSError``: nothing started, the token is given back),
+        and one that replaces a worker of ``account`` lost to a restart of the root helper (it
+        ended on its own in an older :meth:`Spawner.generation`; at most ``per_account`` of them
+        are remembered, so a restart frees at most the pool's own size, and workers killed
+        between restarts, by their account's own processes say, are charged as ever). A worker of
+        another token never serves the call
         (see :meth:`call`). When ``account`` already holds ``per_account`` workers (those still
         starting included), at least one of them is idle (this call holds one of the
         ``per_account`` slots) and of another token: the least recently used idle one is retired,
@@ -632,7 +657,10 @@ class WorkerPool:
                 account.idle.remove(worker)
                 worker.busy = True
                 return worker
-        wait = self._spawns.take(principal or os_user, asyncio.get_running_loop().time())
+        loop = asyncio.get_running_loop()
+        generation = self._spawner.generation()
+        credit = self._respawn_credit(account, generation)
+        wait = 0.0 if credit is not None else self._spawns.take(principal or os_user, loop.time())
         if wait:
             metrics.limit_hit("worker_spawns")
             burst, rate = self._spawns.burst, self._spawns.rate
@@ -648,7 +676,14 @@ class WorkerPool:
             async with asyncio.timeout_at(deadline):
                 if room is not None:
                     await asyncio.wait({room}, timeout=REAP_GRACE)
-                sock, pid = await self._spawner.spawn(os_user, token)
+                try:
+                    sock, pid = await self._spawner.spawn(os_user, token)
+                except (ToolError, OSError):  # nothing was started (refused, or no helper to ask)
+                    if credit is not None:
+                        account.lost.appendleft(credit)
+                    else:
+                        self._spawns.give_back(principal or os_user, loop.time())
+                    raise
             metrics.worker_started()
             try:
                 _, channel = await asyncio.get_running_loop().create_unix_connection(WorkerChannel, sock=sock)
@@ -656,7 +691,7 @@ class WorkerPool:
                 sock.close()
                 self._track(asyncio.get_running_loop().create_task(self._reap(pid, None, None)))
                 raise
-            worker = _Worker(pid=pid, channel=channel, tag=tag, busy=True)
+            worker = _Worker(pid=pid, channel=channel, tag=tag, busy=True, generation=generation)
             account.workers[pid] = worker
         finally:
             account.starting -= 1
@@ -762,13 +797,28 @@ class WorkerPool:
             else:
                 self._retire(account, worker, release=True)
 
+    @staticmethod
+    def _respawn_credit(account: _Account, generation: int) -> int | None:
+        """Take one of ``account``'s workers lost to a restart (:attr:`_Account.lost`, of another
+        generation than ``generation``, the spawner's now) and return its generation; ``None``
+        when there is none (the start is charged to the bucket)."""
+        for i, lost in enumerate(account.lost):
+            if lost != generation:
+                del account.lost[i]
+                return lost
+        return None
+
     def _retire(self, account: _Account, worker: _Worker, release: bool) -> asyncio.Task[None] | None:
-        """Kill and reap ``worker`` in the background; release a call slot once it is reaped."""
+        """Kill and reap ``worker`` in the background; release a call slot once it is reaped. A
+        worker that had ended on its own (hung up; not revoked) is remembered in
+        :attr:`_Account.lost`."""
         if worker.retired:
             if release:
                 account.slots.release()
             return None
         worker.retired = True
+        if worker.channel.hung_up and not worker.revoked:
+            account.lost.append(worker.generation)
         account.workers.pop(worker.pid, None)
         if worker in account.idle:
             account.idle.remove(worker)

@@ -106,8 +106,8 @@ HELPER_PROBE_SECONDS = 1.0
 
 
 async def _probe_forever(channel: HelperChannel) -> None:
-    """With metrics on: keep a connection to the helper open, reopening it every
-    :data:`HELPER_PROBE_SECONDS` while it is closed, so ``mcpd_helper_up`` says whether the helper
+    """With metrics on: ask the helper for one answer every :data:`HELPER_PROBE_SECONDS`
+    (:meth:`HelperChannel.probe`), so ``mcpd_helper_up`` and ``/healthz`` say whether the helper
     answers now rather than whether a call happened to need it."""
     while True:
         await channel.probe()

@@ -2,8 +2,10 @@
 
 Loaded without the CLI: this module imports, at the top, everything root ever runs, so
 ``sys.modules`` after importing it is the whole root surface (``tests/unit/test_root_surface.py``
-counts it). Start-up order matters: ``mcpd.yaml`` is read once on a checked descriptor, the fork
-server is forked while this process has one thread, the policy process is started from it, and
+counts it). Start-up order matters: every capability but :data:`KEEP` goes first
+(:func:`drop_capabilities`, whoever started it: systemd's unit, ``mcpd helper`` or ``mcpd dev``),
+``mcpd.yaml`` is read once on a checked descriptor, the fork server is forked while this process
+has one thread, the policy process is started from it, and
 only then are threads started. Root then serves the policy's requests (:mod:`mcpd.helper.monitor`)
 until it is stopped or the policy process ends; it keeps no state of its own.
 """
@@ -11,6 +13,7 @@ until it is stopped or the policy process ends; it keeps no state of its own.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import os
 import pwd
@@ -30,6 +33,27 @@ from mcpd.helper.monitor import CHANNELS, Monitor
 
 log = logging.getLogger("mcpd.helper")
 STOP_SECONDS = 10.0  # how long a stopping helper waits for the policy process to finish
+#: The capabilities root keeps (linux/capability.h numbers), the unit's CapabilityBoundingSet:
+#: open and list any file or folder for a grant, and hand that to the walker; become an account in
+#: the fork server's children (setgroups, setresgid, setresuid; the socket's group, below); signal
+#: the children it made, which run as other uids. PAM as root reads /etc/shadow with these too.
+KEEP = {"CAP_DAC_READ_SEARCH": 2, "CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
+_PR_CAPBSET_READ, _PR_CAPBSET_DROP, _CAP_VERSION_3 = 23, 24, 0x20080522
+
+
+def drop_capabilities() -> None:
+    """Keep only :data:`KEEP`: every other capability leaves the bounding set (so no ``exec`` as
+    root regains one) and the permitted and effective sets; the inheritable set, and with it the
+    ambient set, ends empty. Raises ``OSError`` (the helper then does not start)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as f:
+        last = int(f.read())
+    for cap in sorted(set(range(last + 1)) - set(KEEP.values())):
+        if libc.prctl(_PR_CAPBSET_READ, cap, 0, 0, 0) == 1 and libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot drop capability {cap} from the bounding set")
+    mask = sum(1 << cap for cap in KEEP.values())
+    if libc.capset((ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0), (ctypes.c_uint32 * 6)(mask, mask, 0, 0, 0, 0)) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
 
 
 def listening_socket(path: str, service_gid: int) -> socket.socket:
@@ -45,11 +69,12 @@ def listening_socket(path: str, service_gid: int) -> socket.socket:
         pass
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o117)  # 0660
+    os.setegid(service_gid)  # the new socket's group, without CAP_CHOWN
     try:
         sock.bind(path)
     finally:
+        os.setegid(0)
         os.umask(old)
-    os.chown(path, 0, service_gid, follow_symlinks=False)
     sock.listen(64)
     return sock
 
@@ -74,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     path = os.path.abspath(opts.config)
     try:
+        drop_capabilities()
         settings = root_settings(parse_strict_yaml(read_secure_file(path, 0), path), path)
         service, walker, policy = (pwd.getpwnam(n) for n in (settings.service_user, WALK_USER, POLICY_USER))
         if {0} & {walker.pw_uid, walker.pw_gid, policy.pw_uid, policy.pw_gid}:

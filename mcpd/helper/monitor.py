@@ -15,7 +15,11 @@ it asks. Root only does what needs root, with its own limits:
     at it (``fstat``) to see whether the file changed.
 ``open {path, follow, want}``
     The privileged opener (:mod:`mcpd.helper.opener`): devices, FIFOs and sockets are never
-    opened; the daemon's own secrets (:meth:`RootSettings.private`) are refused whatever it is told.
+    opened. Whatever it is told, the result is refused when its object (:func:`opener.place`:
+    its file system and its path there, however a symlink or bind mount reached it) lies in a
+    process's ``/proc`` folder (:func:`opener.of_a_process`), or at or below one of the daemon's
+    own secrets (:meth:`RootSettings.private`, each as a path prefix: taken lexically on the
+    real path, and as the place of the secret, or of its folder plus its name).
 ``spawn {user, limits}`` / ``walk {}`` / ``kill {pid}``
     A worker as that OS account (never uid or gid 0), a walker (``mcpd-walk``), both from the fork
     server; kill only a child made here, through its pidfd.
@@ -84,6 +88,7 @@ class Monitor:
         self.forks, self.settings = forks, settings
         self.files = frozenset({config_path, settings.users_file, settings.grants_file})
         self.private = tuple({q for p in settings.private(config_path) if p for q in (p, os.path.realpath(p))})
+        self._places: tuple[opener.Mounts, frozenset[tuple[str, str]]] = ({}, frozenset())  # for this mount table
         self.daemon = frozenset({settings.service_user, POLICY_USER, WALK_USER})
         self.pam_users: set[str] = set()  # one PAM conversation per account at a time
         self.children: dict[int, int] = {}  # pid -> pidfd of every worker and walker made here
@@ -99,12 +104,26 @@ class Monitor:
     def open(self, req: dict[str, Any]) -> dict[str, Any]:
         if req["want"] not in ("file", "any"):
             raise Broken("open: bad want")
-        fd, _ = opener.open_checked(req["path"], req["follow"], req["want"])
+        fd, _ = opener.open_checked(req["path"], req["follow"], req["want"], self.judge)
         real = opener.fd_path(fd) if req["follow"] else clean_path(req["path"])  # else the opener checked it is
-        if real.startswith(self.private):
-            os.close(fd)
-            raise ToolError(PERMISSION_DENIED, f"permission denied: {req['path']}", reason="daemon secret")
         return {"_fds": [fd], "real": real}
+
+    def judge(self, fd: int) -> str | None:
+        """Why root refuses the object of the ``O_PATH`` descriptor ``fd`` (a process's, a secret),
+        or None; raises (and so refuses) when its place cannot be told."""
+        where = opener.place(fd, table := opener.mounts())
+        if opener.of_a_process(where):
+            return opener.PROCESS
+        return "daemon secret" if opener.fd_path(fd).startswith(self.private) or self.secret(where, table) else None
+
+    def secret(self, where: opener.Place, table: opener.Mounts) -> bool:
+        """Whether the place ``where`` starts with the place of one of :attr:`private`; those are
+        found again whenever the mount table changes."""
+        if self._places[0] != table:
+            found = [(opener.place_of(p, table), "") for p in self.private]
+            found += [(opener.place_of(os.path.dirname(p), table), "/" + os.path.basename(p)) for p in self.private]
+            self._places = (table, frozenset((w[0], w[1].rstrip("/") + tail) for w, tail in found if w is not None))
+        return any(where[0] == fs and where[1].startswith(prefix) for fs, prefix in self._places[1])
 
     def _fork(self, req: dict[str, Any], mine: list[int], theirs: list[int]) -> dict[str, Any]:
         """A child from the fork server holding ``theirs``; the reply carries ``mine`` and a pidfd."""

@@ -11,11 +11,20 @@ not count as a FIFO's reader):
 2. ``fstat`` the descriptor: the kind the call needs (else ``NOT_A_REGULAR_FILE`` with its
    ``type``), a regular file with one hard link (else ``file has several hard links``).
 3. ``readlink /proc/self/fd/N`` must equal the checked path (else ``path changed while opening``).
+   The caller's ``judge`` sees the ``O_PATH`` descriptor too, and may refuse its object.
 4. Only then is the same inode opened for reading, through ``/proc/self/fd/N`` (the magic link
    names the inode already checked, not a path), and its identity compared again.
 
 When the grant covers ``/`` (``follow_symlinks=True``) symlinks are followed and step 3 is skipped:
 anywhere the link leads is granted. :func:`fd_path` gives the real path for the audit record.
+
+What an open descriptor *is* does not depend on the path that reached it: :func:`place` names its
+object by the file system it lies on and its path from that file system's root (the mount's root
+within the file system, from ``/proc/self/mountinfo``, plus the descriptor's path below the mount
+point), so a symlink, a bind mount or a second mount of the same file system all give the same
+place. Root judges the daemon's secrets and a process's ``/proc`` folder (:func:`of_a_process`) by
+place, before anything is opened for reading, and so does the walker for every folder and entry of
+a privileged list or find.
 
 :func:`open_checked_dir` has the signature of :func:`mcpd.core.fileopen.open_directory`, so the
 metadata walk (:mod:`mcpd.core.walk`) takes either: the walker of privileged list/find
@@ -28,17 +37,26 @@ import ctypes
 import errno
 import os
 import platform
+import posixpath
+import re
 import stat
+import sys
+from collections.abc import Callable
 
 from mcpd.common.errors import NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
 from mcpd.common.filekind import kind as file_kind
 from mcpd.common.openrules import CHANGED, NOT_DIR, NOT_REGULAR, SYMLINK, refusal
 from mcpd.common.pathmatch import PathError, clean_path
 
+PROCESS = "a process's own files are never served"  # /proc/PID, /proc/self, ... (:func:`of_a_process`)
+
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(platform.machine())
 _AT_FDCWD = -100
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
+_STATX_FLAGS, _STATX_MNT_ID = 0x100 | 0x800 | 0x1000, 0x1000  # AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH
+Mounts = dict[int, tuple[str, str, str, str]]  # mount id -> (file system "major:minor", root, mount point, type)
+Place = tuple[str, str, str]  # (file system "major:minor", path from its root, file system type)
 
 
 class _OpenHow(ctypes.Structure):
@@ -82,6 +100,66 @@ def fd_path(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
+def mounts() -> Mounts:
+    """The mounts of this process's mount namespace (``/proc/self/mountinfo``): mount id ->
+    ``(file system "major:minor", the folder of that file system it shows, where it is mounted,
+    file system type)``. Raises ``OSError``."""
+    with open("/proc/self/mountinfo", "rb") as f:
+        rows = [line.split() for line in f]
+    return {int(r[0]): (r[2].decode(), _unescape(r[3]), _unescape(r[4]), r[r.index(b"-") + 1].decode()) for r in rows}
+
+
+def _unescape(field: bytes) -> str:  # mountinfo writes space, tab, newline and backslash as \ooo
+    return os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), field))
+
+
+def mount_id(dfd: int, name: str = "") -> int:
+    """The id of the mount that ``name`` in the folder ``dfd`` lies on (``""``: ``dfd`` itself):
+    ``statx``'s ``stx_mnt_id``, following no symlink and triggering no automount. A name that is
+    a mount point gives the mount there. Raises ``OSError``."""
+    buf = ctypes.create_string_buffer(256)
+    if _libc.statx(dfd, os.fsencode(name), _STATX_FLAGS, _STATX_MNT_ID, buf) != 0:
+        raise OSError(ctypes.get_errno(), "statx failed", name)
+    return int.from_bytes(buf.raw[144:152], sys.byteorder)  # struct statx: __u64 stx_mnt_id at 144
+
+
+def place(fd: int, table: Mounts) -> Place:
+    """Where the object of ``fd`` lies, whatever path reached it (module docstring): its file
+    system, its path from that file system's root, the file system's type (``proc``, ``ext4``, ...).
+
+    Args:
+        fd: any descriptor of a file or folder (``O_PATH`` will do). table: :func:`mounts`.
+    Raises:
+        OSError, KeyError (its mount is not in ``table``), ValueError (the kernel's path of the
+        descriptor is not below its mount point): the caller fails closed.
+    """
+    fs, root, point, kind = table[mount_id(fd)]
+    path, point = fd_path(fd), point.rstrip("/")
+    if not (path + "/").startswith(point + "/"):
+        raise ValueError(f"{path!r} is not below its mount point {point!r}")
+    return fs, clean_path(root + "/" + path[len(point):]), kind
+
+
+def place_of(path: str, table: Mounts) -> Place | None:
+    """:func:`place` of what ``path`` names now (symlinks followed), or None when it cannot be reached."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        try:
+            return place(fd, table)
+        finally:
+            os.close(fd)
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def of_a_process(where: Place) -> bool:
+    """Whether a :func:`place` lies on procfs in a process's folder (``PID``, ``self``,
+    ``thread-self`` below the proc root) or below one: memory, environment, maps, descriptors,
+    threads. What else procfs holds (``meminfo``, ``loadavg``, ``sys/...``) is the kernel's own."""
+    top = where[1].split("/")[1]
+    return where[2] == "proc" and (top.isdigit() or top in ("self", "thread-self"))
+
+
 def _reopen(fd: int, st: os.stat_result, flags: int, path: str) -> int:
     new = os.open(f"/proc/self/fd/{fd}", flags | os.O_CLOEXEC | os.O_NOCTTY)
     now = os.fstat(new)
@@ -91,7 +169,11 @@ def _reopen(fd: int, st: os.stat_result, flags: int, path: str) -> int:
     return new
 
 
-def open_checked(path: str, follow_symlinks: bool = False, want: str = "file") -> tuple[int, os.stat_result]:
+Judge = Callable[[int], "str | None"]  # O_PATH descriptor -> why its object is refused, or None
+
+
+def open_checked(path: str, follow_symlinks: bool = False, want: str = "file",
+                 judge: Judge | None = None) -> tuple[int, os.stat_result]:
     """Resolve and check a granted path, then open it the way the call needs (SPEC §4.4, §4.5a).
 
     Args:
@@ -100,6 +182,8 @@ def open_checked(path: str, follow_symlinks: bool = False, want: str = "file") -
         want: ``"file"`` (a regular file, opened ``O_RDONLY | O_NONBLOCK``), ``"dir"`` (a
             directory, opened ``O_RDONLY | O_DIRECTORY``), or ``"any"`` (a regular file opened as
             for ``"file"``; anything else is returned as its ``O_PATH`` descriptor, never opened).
+        judge: called with the ``O_PATH`` descriptor once it is checked (step 3): a reason it
+            returns is a ``PERMISSION_DENIED`` with that reason; what it raises passes through.
 
     Returns:
         ``(fd, stat)``; the caller closes ``fd``.
@@ -121,6 +205,8 @@ def open_checked(path: str, follow_symlinks: bool = False, want: str = "file") -
         st = os.fstat(fd)
         if not follow_symlinks and fd_path(fd) != cleaned:
             raise _denied(cleaned, CHANGED)
+        if judge is not None and (why := judge(fd)) is not None:
+            raise _denied(cleaned, why)
         why = refusal(st.st_mode, st.st_nlink, want)  # the judgement `mcpd grants test` predicts with
         if why is not None:
             raise (ToolError(NOT_A_REGULAR_FILE, f"{why}: {cleaned}", path=cleaned, type=file_kind(st.st_mode))
@@ -134,6 +220,6 @@ def open_checked(path: str, follow_symlinks: bool = False, want: str = "file") -
             os.close(fd)
 
 
-def open_checked_dir(path: str, follow_symlinks: bool = False) -> int:
+def open_checked_dir(path: str, follow_symlinks: bool = False, judge: Judge | None = None) -> int:
     """:func:`open_checked` with ``want="dir"``, returning the descriptor only (the walk's opener)."""
-    return open_checked(path, follow_symlinks, "dir")[0]
+    return open_checked(path, follow_symlinks, "dir", judge)[0]

@@ -278,7 +278,8 @@ def load_policy(path: str, owner_uid: int = 0, secrets: tuple[str, ...] = ()) ->
 # ---------------------------------------------------------------- the daemon's own secrets
 
 
-def _escape(path: str) -> str:
+def escape_glob(path: str) -> str:
+    """``path`` as a grant entry naming exactly it: ``*``, ``?`` and ``[`` become ``[*]`` ..."""
     return re.sub(r"[*?[]", lambda m: f"[{m.group(0)}]", path)
 
 
@@ -314,8 +315,8 @@ def secret_paths(cfg: Config, config_path: str) -> tuple[str, ...]:
     folders += [audit_dir] * own_audit + [key_dir] * own_tls
     for path, folder in [(f, False) for f in files if f] + [(d, True) for d in folders if d]:
         for p in {clean_path(os.path.join(base, path)), os.path.realpath(os.path.join(base, path))}:
-            head, name = os.path.split(_escape(p))
-            out.update({_escape(p)} if folder else {f"{_escape(p)}*", os.path.join(head, f".{name}*")})
+            head, name = os.path.split(escape_glob(p))
+            out.update({escape_glob(p)} if folder else {f"{escape_glob(p)}*", os.path.join(head, f".{name}*")})
     return tuple(sorted(out))
 
 

@@ -165,7 +165,8 @@ def handle_authenticate(state: State, req: dict[str, Any]) -> dict[str, Any]:
 def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``spawn_worker {token}`` → a worker running as the token's principal's OS account (never
     uid 0), bound to that principal; the front's socket end travels back by SCM_RIGHTS. Past the
-    principal's :attr:`State.spawns` bucket: ``RATE_LIMITED`` (nothing started, nothing audited);
+    principal's :attr:`State.spawns` bucket: ``RATE_LIMITED`` (nothing started, nothing audited; a
+    start root then failed gives its token back);
     past :data:`SPAWN_FACTOR` x ``per_account`` workers of the principal alive: ``HELPER_UNAVAILABLE``."""
     principal, login = _who(state, req)
     try:
@@ -185,7 +186,12 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
     if wait:
         raise ToolError(RATE_LIMITED, f"too many new workers for this principal; retry in {wait:.2f} s",
                         limit=state.spawns.burst, retry_after_seconds=round(wait, 3))
-    pid, front, ctl, pidfd = state.root.spawn(pw.pw_name, json.dumps(dataclasses.asdict(state.cfg.read)))
+    try:
+        pid, front, ctl, pidfd = state.root.spawn(pw.pw_name, json.dumps(dataclasses.asdict(state.cfg.read)))
+    except ToolError:  # root refused, was busy or did not answer: no worker of the principal's
+        with state.lock:
+            state.spawns.give_back(principal.name, time.monotonic())
+        raise
     with state.lock:
         state.workers[pid] = Worker(pid, pidfd, (principal.name, principal.os_user), ctl, principal.token_id,
                                     login is not None)
@@ -249,7 +255,7 @@ def _deadline(args: dict[str, Any], default: float) -> float:
     budget = args.get("time_budget_seconds")  # not parsed here: NaN, bool and junk get the default
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
         return default
-    return min(float(budget), WALK_MAX_SECONDS) + 5.0
+    return float(min(budget, WALK_MAX_SECONDS)) + 5.0  # (min first: float(10**400) would overflow)
 
 
 def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,14 @@ only, never a byte of content), shows an entry only when the same grants allow i
 principal (the secrets never are), sends one reply frame ``{"ok": true, "result": RAW}`` or
 ``{"ok": false, "error": {...}}`` and exits. The helper SIGKILLs it at the call's deadline.
 
+The grants judge the path asked; the secrets and processes are judged by the object actually
+opened (:class:`Objects`): every folder the walk opens and every entry it shows is taken as
+its place (:func:`mcpd.helper.opener.place`: its file system and its path from that file
+system's root), and the secrets' patterns are moved to places too, so a symlink or a bind mount
+to the policy's state folder, or to the folder of ``users.yaml``, lists nothing secret. A
+process's ``/proc`` folder (``/proc/PID``, ``self``, ``thread-self``) is never shown or entered,
+so the daemon's own processes, like every other, are invisible to a privileged list or find.
+
 Before it walks, it confines itself with Landlock where the kernel has it (:func:`metadata_only`):
 from then on it can list folders, ``lstat`` and ``readlink``, but not open a file for reading,
 write, create, remove, execute, use TCP or signal outside itself. So even a walker taken over
@@ -27,6 +35,8 @@ import ctypes
 import datetime
 import functools
 import os
+import posixpath
+import re
 import resource
 import socket
 import sys
@@ -41,7 +51,8 @@ from mcpd.policy import grants
 
 REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and the grants text (the grants file is at most 1 MiB)
 READ_SECONDS = 5.0  # the helper sends the request as soon as the walker exists
-OPS = {"files/list": (walk.walk_list, walk.parse_list_args), "files/find": (walk.walk_find, walk.parse_find_args)}
+OPS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any], dict[str, Any]]]] = {  # op -> (walk, parse)
+    "files/list": (walk.walk_list, walk.parse_list_args), "files/find": (walk.walk_find, walk.parse_find_args)}
 _PR_SET_DUMPABLE = 4
 _SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_RESTRICT_SELF = 444, 446  # the same on every architecture
 _LANDLOCK_READ_DIR = 1 << 3
@@ -70,6 +81,71 @@ def metadata_only() -> bool:
         os.close(fd)
 
 
+def _literal(pattern: str) -> str | None:
+    """The path a secret pattern names when it has no glob of its own (escaped ``[*]`` ... count
+    as the character), else None."""
+    path = re.sub(r"\[([*?[])\]", r"\1", pattern)
+    return path if grants.escape_glob(path) == pattern else None
+
+
+class Objects:
+    """The object rule of privileged list and find (module docstring).
+
+    Args:
+        secrets: the fixed deny's patterns (:func:`mcpd.policy.grants.secret_paths`). Each pattern
+            ``FOLDER/NAME`` becomes ``PLACE/NAME`` on the file system of ``FOLDER``'s place, and a
+            pattern naming one existing file or folder also becomes that object's own place (a
+            folder that is a mount of its own).
+
+    Build it before the Landlock confinement: it reads the mount table, which later mounts are
+    not in (what lies on one of them is refused or hidden: fail closed).
+    """
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        self.table, self.index = opener.mounts(), dict[str, tuple[str, ...]]()  # file system -> secret patterns
+        for text in secrets:
+            folder, name = posixpath.split(text)
+            for literal, tail in ((_literal(folder), name), (_literal(text), "")):
+                where = None if literal is None else opener.place_of(literal, self.table)
+                if where is not None:
+                    pattern = posixpath.join(grants.escape_glob(where[1]), tail) if tail else grants.escape_glob(where[1])
+                    self.index[where[0]] = (*self.index.get(where[0], ()), pattern)
+
+    def refused(self, where: opener.Place) -> str | None:
+        """Why a place is never shown (a process's folder, a secret), or None."""
+        if opener.of_a_process(where):
+            return opener.PROCESS
+        return grants.SECRET if grants.is_secret(self.index.get(where[0], ()), where[1]) else None
+
+    def judge(self, fd: int) -> str | None:
+        """Why a folder (any descriptor) is never listed: its place is refused or cannot be told
+        (:data:`mcpd.helper.opener.Judge`, for the opener of the walk's folders)."""
+        try:
+            return self.refused(opener.place(fd, self.table))
+        except (OSError, KeyError, ValueError):
+            return "its place cannot be told"
+
+    def screen(self, dfd: int) -> Callable[[str], bool]:
+        """The entries of the open folder ``dfd`` never shown (:data:`mcpd.core.walk.Screen`): an
+        entry's place is the folder's plus its name, or for a mount point the root of the mount
+        there (``statx``'s mount id tells); one whose place cannot be told is hidden."""
+        try:
+            mnt, (fs, inside, kind) = opener.mount_id(dfd), opener.place(dfd, self.table)
+        except (OSError, KeyError, ValueError):
+            return lambda name: True
+
+        def hidden(name: str) -> bool:
+            try:
+                entry = opener.mount_id(dfd, name)
+                other = self.table[entry]
+            except (OSError, KeyError):  # gone since listed, or mounted since the walk began
+                return True
+            where = (fs, posixpath.join(inside, name), kind) if entry == mnt else (other[0], other[1], other[3])
+            return self.refused(where) is not None
+
+        return hidden
+
+
 def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None) -> dict[str, Any]:
     """The reply frame for one request frame (module docstring); never raises. ``confine`` runs
     once everything is parsed, just before the walk (:func:`metadata_only` in a real walker)."""
@@ -82,12 +158,14 @@ def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None) -> 
         since = frame.get("login_time")  # a password login's (reauth_after), None for a static token
         login_time = None if since is None else datetime.datetime.fromtimestamp(since, datetime.timezone.utc)
         used = frame.get("login_used") is True
+        objects = Objects(tuple(frame["secrets"]))  # reads the mount table: before confining
         confine()
 
         def allow(path: str) -> bool:
             return grants.decide(policy, user, groups, op, path, grants.utcnow(), login_time, used).allowed
 
-        return {"ok": True, "result": walk_op(args, functools.partial(opener.open_checked_dir, follow_symlinks=follow), allow)}
+        open_dir = functools.partial(opener.open_checked_dir, follow_symlinks=follow, judge=objects.judge)
+        return {"ok": True, "result": walk_op(args, open_dir, allow, screen=objects.screen)}
     except ToolError as exc:
         return {"ok": False, "error": exc.to_dict()}
     except Exception:  # noqa: BLE001 - the walker answers, whatever happened

@@ -72,3 +72,19 @@ def test_full_buckets_are_forgotten() -> None:
     for i in range(10 * SWEEP_MIN):
         b.take("busy", 10_000.0)  # one key refused over and over holds one entry
     assert len(b) <= 2 * SWEEP_MIN + 1
+
+
+def test_a_token_given_back_is_there_again_and_never_past_the_burst() -> None:
+    """A start that failed costs nothing (issue 28 item 6): its token is given back, so failures
+    while the root helper is down do not empty the bucket the respawns then need."""
+    b = TokenBuckets(burst=2, rate=1.0)
+    assert b.take("a", 10.0) == 0.0 and b.take("a", 10.0) == 0.0
+    assert b.take("a", 10.0) > 0
+    for _ in range(100):  # a hundred failed starts, each taken and given back
+        b.give_back("a", 10.0)
+        assert b.take("a", 10.0) == 0.0
+    b.give_back("a", 10.0)
+    b.give_back("a", 10.0)
+    b.give_back("a", 10.0)  # more than was taken: the bucket is only full
+    assert len(b) == 0
+    assert [b.take("a", 10.0) for _ in range(2)] == [0.0, 0.0] and b.take("a", 10.0) > 0

@@ -91,3 +91,12 @@ def test_check_object_and_bool_and_choice() -> None:
     assert check_choice({}, "c", {"x"}, "x") == "x"
     refused(check_choice, {"c": "y"}, "c", {"x"}, None)
     refused(check_choice, {"c": 1}, "c", {"x"}, None)
+
+
+def test_check_number_takes_integers_of_any_size_and_refuses_what_is_out_of_range() -> None:
+    from mcpd.common.validate import check_number
+
+    assert check_number({}, "t", 10, 0, 60) == 10.0 and isinstance(check_number({}, "t", 10, 0, 60), float)
+    assert check_number({"t": 60}, "t", 10, 0, 60) == 60.0 and check_number({"t": 0.5}, "t", 10, 0, 60) == 0.5
+    for bad in (0, -1, 60.5, 2**64, 10**400, float("nan"), float("inf"), True, "5"):
+        assert refused(check_number, {"t": bad}, "t", 10, 0, 60).details["argument"] == "t"

@@ -21,7 +21,7 @@ from mcpd.core.tools import files_find, files_list
 from tests.codelines import code_lines
 
 WALK_PY = Path(walk.__file__)
-BUDGET = 151  # code lines (tests/codelines.py): the privileged walker (mcpd.walker, CAP_DAC_READ_SEARCH) loads this module
+BUDGET = 159  # code lines (tests/codelines.py): the privileged walker (mcpd.walker, CAP_DAC_READ_SEARCH) loads this module
 
 
 def find_args(root: Path | str, **kw: object) -> dict:

@@ -10,7 +10,10 @@ another token id or principal, is closed, which ends its stream and cancels its 
 
 While the helper restarts, :class:`~mcpd.front.helper_client.HelperAuthenticator` answers from its
 short cache, so a helper restart alone closes nothing; while it is busy, it decides nothing
-(:class:`~mcpd.front.auth.TokenUndecided`), and no session is closed for that.
+(:class:`~mcpd.front.auth.TokenUndecided`), and no session is closed for that. A helper down for
+longer than the cache's window (:class:`~mcpd.front.auth.CheckerDown`) closes the sessions whose
+token it can no longer check, without taking the token for revoked (its workers are not retired as
+a revoked token's are: they ended with the helper).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from mcpd.front.auth import Authenticator, TokenUndecided
+from mcpd.front.auth import Authenticator, CheckerDown, TokenUndecided
 from mcpd.front.transport.sse import SessionManager, SseSession
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,13 @@ async def revalidate_once(manager: SessionManager, authenticator: Authenticator,
         try:
             async with asyncio.timeout(CHECK_TIMEOUT):
                 principal = await authenticator.authenticate(token, fresh=True) if token else None
+        except CheckerDown:  # the helper has been down longer than the short window: close, not revoked
+            for session in sessions:
+                log.info("session %s closed: its token cannot be checked (the root helper is not running)",
+                         session.id)
+                manager.close(session)
+                closed += 1
+            continue
         except (TimeoutError, TokenUndecided):
             continue  # undecided (the helper is busy or slow): check again next round
         for session in sessions:
