@@ -1,14 +1,19 @@
 """``mcpd audit``: read, prove and replay the audit logs (SPEC §7).
 
-* ``mcpd audit tail [-n N] [--json] [--user U] [--decision D] [--path GLOB] [--since T]
-  [--until T] [--follow] [--access]`` — the last records, one readable line each (time, user,
-  route, tool, path, decision, reason, bytes), or the raw JSON lines with ``--json``; ``--access``
-  reads the front's access log (the unprivileged route) instead of the helper's audit log.
+* ``mcpd audit tail [-n N] [--json] [--user U] [--decision D] [--path GLOB] [--event E]
+  [--since T] [--until T] [--follow] [--access]`` — the last records of the log and its rotated
+  files, one readable line each (time, user, route, tool, path, decision, reason, bytes, rule),
+  every field escaped, or the raw JSON lines with ``--json``; ``--decision reject`` lists every
+  refusal (``refused_at_open`` too); ``--access`` reads the front's access log (the unprivileged
+  route) instead of the helper's audit log.
 * ``mcpd audit verify [--access] [FILE...]`` — checks the hash chain (default: the audit log, or
-  the access log, and its rotated files, oldest first): exit 0 and the record count when whole, else exit 1 naming the first
-  broken line and what is wrong (:func:`mcpd.admin.auditlog.verify`).
+  the access log, and its rotated files, oldest first) and the audit log's end against its
+  writer's head state: exit 0 and the record count when whole, else exit 1 naming the first
+  broken line and what is wrong, or the records cut off (:func:`mcpd.admin.auditlog.verify`).
 * ``mcpd audit replay [--since T] [--user U]`` — re-decides every past privileged call against
-  today's grants and lists those whose decision would now differ, with the rule deciding today.
+  today's grants and lists those whose outcome would now differ, with the rule deciding today.
+* ``mcpd grants at TIME`` (registered in the ``grants`` group) — the grants file in force at
+  TIME, rebuilt from the audit log's load records.
 
 Files default to ``mcpd.yaml``'s ``audit_log``/``access_log``/``grants_file`` (``--config``,
 default ``/etc/mcpd/mcpd.yaml`` when it exists).
@@ -26,8 +31,10 @@ from typing import Any
 import click
 
 from mcpd.admin import auditlog
+from mcpd.common.audit import REFUSED_AT_OPEN, Head
+from mcpd.common.printable import printable
 from mcpd.admin.grants_cli import _any_owner_option, _config_option, _defaults, _file_option, _load
-from mcpd.policy.grants import REAUTH, TOOLS, decide, os_groups, utcnow
+from mcpd.policy.grants import DENIED, NO_GRANT, SECRET, TOOLS, decide, os_groups, utcnow
 
 
 def _time_option(name: str, help_text: str) -> Any:
@@ -58,6 +65,7 @@ def audit() -> None:
 @click.option("--user", default=None, help="Only this principal or OS account")
 @click.option("--decision", default=None, help="Only this decision (accept, reject ...)")
 @click.option("--path", "path_glob", default=None, help="Only records whose requested or resolved path matches this glob")
+@click.option("--event", default=None, help="Only this event (accept, reject, reload, alert, spawn, login ...)")
 @_since
 @_until
 @click.option("--follow", is_flag=True, help="Keep printing new records (Ctrl-C to stop)")
@@ -66,37 +74,34 @@ def audit() -> None:
               help="The log to read (default: from --config, else /var/log/mcpd/audit.jsonl)")
 @_config_option
 def tail(count: int, as_json: bool, user: str | None, decision: str | None, path_glob: str | None,
-         since: datetime.datetime | None, until: datetime.datetime | None, follow: bool, access: bool,
-         log_file: str | None, config_path: str | None) -> None:
-    """Print the last N records (readable, or --json), filtered, and with --follow the new ones."""
+         event: str | None, since: datetime.datetime | None, until: datetime.datetime | None, follow: bool,
+         access: bool, log_file: str | None, config_path: str | None) -> None:
+    """Print the last N records (readable, or --json), filtered, and with --follow the new ones.
+    The log's rotated files are read too (newest last): -n and the filters span them."""
     cfg = _defaults(config_path)
     path = log_file or (cfg.access_log if access else cfg.audit_log)
     if not path:
         raise click.ClickException("no access log is configured (access_log in mcpd.yaml)")
-    flt = auditlog.Filter(user, decision, path_glob, since, until)
+    flt = auditlog.Filter(user, decision, path_glob, since, until, event)
 
-    def show(raw: bytes) -> None:
-        rec = auditlog.Line("", raw).record()
-        if rec is not None and flt.match(rec):
-            click.echo(raw.decode("utf-8", "replace").rstrip("\n") if as_json else auditlog.human(rec))
+    def show(raw: bytes, rec: dict[str, Any]) -> None:
+        click.echo(auditlog.as_json_line(raw, rec) if as_json else auditlog.human(rec))
 
     try:
-        end = os.stat(path).st_size
-        if flt:
-            for line, _ in auditlog.last_matching(auditlog.read_lines([path]), flt, count):
-                show(line.raw)
-        else:
-            for raw in auditlog.tail_lines(path, count, end=end):
-                show(raw)
+        end = os.stat(path).st_size  # --follow goes on from exactly here
+        for raw, rec in auditlog.last_records(auditlog.rotated_set(path), flt, count, end=end):
+            show(raw, rec)
         sys.stdout.flush()
     except OSError as exc:
-        click.echo(f"error: {path}: {exc.strerror}", err=True)
+        click.echo(f"error: {printable(exc.filename or path)}: {exc.strerror}", err=True)
         sys.exit(1)
     if follow:
         try:
             for raw in _follow(path, end):
-                show(raw)
-                sys.stdout.flush()
+                new = auditlog.Line(path, raw).record()
+                if new is not None and flt.match(new):
+                    show(raw, new)
+                    sys.stdout.flush()
         except KeyboardInterrupt:
             pass
 
@@ -134,39 +139,80 @@ def _follow(path: str, start: int, interval: float = 0.5) -> Iterator[bytes]:
 @_config_option
 def verify(files: tuple[str, ...], access: bool, config_path: str | None) -> None:
     """Prove the audit log's hash chain whole over FILEs, oldest first (default: the audit log, or
-    with --access the access log, and its rotated files). Exit 0 with the record count, or 1
-    naming the first broken line."""
+    with --access the access log, and its rotated files), and the audit log's end where its
+    writer left it (its head state in helper_state_dir). Exit 0 with the record count, or 1
+    naming the first broken line, or the records cut off (seq first..last)."""
     cfg = _defaults(config_path)
-    paths = list(files) or auditlog.rotated_set(cfg.access_log if access else cfg.audit_log)
+    live = cfg.access_log if access else cfg.audit_log
+    paths = list(files) or auditlog.rotated_set(live)
     if not paths:
-        where = cfg.access_log if access else cfg.audit_log
-        raise click.ClickException(f"no audit log found at {where} (give the daemon's --config FILE, or the log FILEs)")
+        raise click.ClickException(f"no audit log found at {live} (give the daemon's --config FILE, or the log FILEs)")
+    head, note = _head_of(cfg, paths) if not access and live else (None, "")
+    if access:
+        note = "; the access log keeps no head state: records cut off its end cannot be ruled out"
     try:
-        verdict = auditlog.verify(auditlog.read_lines(paths))
+        verdict = auditlog.verify(auditlog.read_lines(paths), head)
     except (OSError, EOFError) as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {printable(str(exc))}", err=True)
         sys.exit(1)
-    if not verdict.ok:
-        click.echo(f"{verdict.where}: {verdict.problem}")
+    if verdict.problem is not None:
+        click.echo(f"{printable(str(verdict.where))}: {verdict.problem}")
+        for loss in verdict.losses:
+            click.echo(printable(loss))
         click.echo(f"chain broken after {verdict.count} good records", err=True)
         sys.exit(1)
+    for loss in verdict.losses:
+        click.echo(printable(loss))
     span = "" if verdict.first_seq is None else f" (seq {verdict.first_seq}..{verdict.last_seq})"
+    if verdict.losses:
+        click.echo(f"FAILED: records are missing at {len(verdict.losses)} place{'s' * (len(verdict.losses) > 1)}; "
+                   f"the {verdict.count} records there chain whole around {'them' if len(verdict.losses) > 1 else 'it'}"
+                   f"{span}{note}")
+        sys.exit(1)
     start = ""
     if verdict.first_seq not in (None, 1):
         start = "; it starts mid-chain, earlier records are in files not given"
     old = f"; {verdict.unchained} older records before the chain began" if verdict.unchained else ""
-    click.echo(f"OK: {verdict.count} records, chain whole{span}{start}{old}")
+    click.echo(f"OK: {verdict.count} records, chain whole{span}{start}{old}{note}")
+
+
+def _head_of(cfg: Any, paths: list[str]) -> tuple[Head | None, str]:
+    """The audit log writer's head state (``helper_state_dir``), when ``paths`` end with the
+    configured audit log, and what to add to the verdict about it."""
+    live = os.path.abspath(cfg.audit_log)
+    if os.path.abspath(paths[-1]) != live:
+        return None, ""
+    unknown = "a cut-off end cannot be ruled out"
+    try:
+        head = auditlog.read_head(cfg.helper_state_dir)
+    except (OSError, ValueError) as exc:
+        return None, f"; its writer's head state is unreadable ({printable(str(exc))}): {unknown}"
+    if head is None:
+        return None, f"; no head state of its writer in {printable(cfg.helper_state_dir)}: {unknown}"
+    if head.log != live:
+        return None, f"; its writer's head state is for another log ({printable(head.log)}): {unknown}"
+    return head, f"; its end is where its writer left it (seq {head.seq})"
+
+
+#: the reasons of calls the grants themselves refused; any other refusal of a call with a path came
+#: after the grants allowed it (``reauthentication required``, refused at open, not your worker)
+GRANT_REFUSALS = frozenset({NO_GRANT, DENIED, SECRET})
 
 
 def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter,
                  now: datetime.datetime | None = None) -> Iterator[tuple[dict[str, Any], Any]]:
-    """Past privileged calls (``accept``/``reject`` records with a tool and a requested path) whose
-    decision under ``policy`` at ``now`` differs from the recorded one, with today's decision.
+    """Past privileged calls (``accept``/``reject`` records with a tool and a requested path) that
+    ``policy`` at ``now`` would decide otherwise: served then and refused by the grants now, or
+    refused by the grants then and allowed now; each with today's decision.
 
-    A call refused only for freshness (``reauthentication required``) counts as granted then, and
-    each call is judged as if its login were fresh now: replay compares what the grants cover,
-    not when the caller last typed a password. Calls refused before any grant was looked at
-    (invalid token, unknown tool, malformed path) are skipped.
+    Each call is judged as if its login were fresh now: replay compares what the grants cover,
+    not when the caller last typed a password. So a call refused for anything but the grants
+    (:data:`GRANT_REFUSALS`): only for freshness (``reauthentication required``), or at open
+    although the grants allowed it (root's opener: a symlink in the path, several hard links),
+    counts as covered by the grants then; and a call refused then that would be refused now is no
+    difference, whatever the reasons. Calls
+    refused before any grant was looked at (invalid token, unknown tool, malformed path) are
+    skipped.
     """
     now = now or utcnow()
     groups: dict[str, frozenset[str]] = {}
@@ -179,10 +225,17 @@ def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter,
             continue
         user = rec["os_user"]
         member = groups.setdefault(user, os_groups(user))
-        then = rec["event"] == "accept" or rec.get("reason") == REAUTH
+        served = rec["event"] == "accept"
+        covered = served or rec.get("decision") == REFUSED_AT_OPEN or rec.get("reason") not in GRANT_REFUSALS
         today = decide(policy, user, member, rec["tool"], rec["requested_path"], now, login_time=now)
-        if today.allowed != then:
+        if today.allowed != covered and (served or today.allowed):
             yield rec, today
+
+
+def _then(rec: dict[str, Any]) -> str:
+    if rec["event"] == "accept":
+        return "allowed"
+    return f"refused ({printable(str(rec.get('reason') or '-'))})"
 
 
 @audit.command()
@@ -203,11 +256,64 @@ def replay(since: datetime.datetime | None, user: str | None, log_files: tuple[s
     try:
         for rec, today in replay_diffs(policy, auditlog.read_lines(paths), flt):
             found += 1
-            was = "allowed" if rec["event"] == "accept" else "refused"
             now = "allowed" if today.allowed else "refused"
-            click.echo(f"{auditlog.human(rec)}\n    was {was}, now {now}: {today.reason}; "
-                       f"rule: {today.rule or '(no grant)'}{'; ' + today.note if today.note else ''}")
+            click.echo(f"{auditlog.human(rec)}\n    was {_then(rec)}, now {now}: {printable(today.reason)}; "
+                       f"rule: {printable(today.rule or '(no grant)')}{'; ' + printable(today.note) if today.note else ''}")
     except (OSError, EOFError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     click.echo(f"{found} past privileged call{'s' * (found != 1)} would be decided differently today")
+
+
+@click.command("at")
+@click.argument("when_text", metavar="TIME")
+@click.option("--log", "log_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Audit log file(s), oldest first (default: the audit log and its rotated files)")
+@click.option("--changes", "show_changes", is_flag=True, help="Also list what that load changed")
+@_config_option
+def grants_at(when_text: str, log_files: tuple[str, ...], show_changes: bool, config_path: str | None) -> None:
+    """Print the grants file in force at TIME (ISO 8601 UTC, or 90s, 15m, 2h, 3d ago), rebuilt from
+    the audit log: the text of the last load at or before TIME (every start and reload records the
+    whole file, its SHA-256 and every change), after comment lines saying when it was loaded and
+    until when it stayed in force. Exit 1 when the log holds no whole load before TIME. The fixed
+    deny of the daemon's own secrets comes from mcpd.yaml, not this file."""
+    try:
+        when = auditlog.parse_time(when_text)
+    except ValueError:
+        raise click.BadParameter("an ISO 8601 time (2026-12-01T06:00Z) or a span back (90s, 15m, 2h, 3d)",
+                                 param_hint="TIME") from None
+    paths = list(log_files) or auditlog.rotated_set(_defaults(config_path).audit_log)
+    in_force: auditlog.Load | None = None
+    until: auditlog.Load | None = None
+    oldest: auditlog.Load | None = None
+    try:
+        for load in auditlog.loads(auditlog.read_lines(paths)):
+            if load.time is None:
+                continue
+            oldest = oldest or load
+            if load.time <= when:
+                in_force = load
+            elif until is None:
+                until = load
+                break
+    except (OSError, EOFError) as exc:
+        click.echo(f"error: {printable(str(exc))}", err=True)
+        sys.exit(1)
+    if in_force is None:
+        since = f" (the oldest load recorded is at {oldest.time:%Y-%m-%dT%H:%M:%SZ})" if oldest and oldest.time else ""
+        click.echo(f"error: no load of the grants file at or before {when:%Y-%m-%dT%H:%M:%SZ} in "
+                   f"{printable(', '.join(paths) or '(no audit log)')}{since}", err=True)
+        sys.exit(1)
+    if in_force.problem is not None:
+        click.echo(f"error: the load in force then ({printable(in_force.where)}) is not whole: {in_force.problem}",
+                   err=True)
+        sys.exit(1)
+    assert in_force.time is not None
+    end = f"until {until.time:%Y-%m-%dT%H:%M:%SZ}" if until is not None and until.time else "still the last load recorded"
+    click.echo(f"# {printable(in_force.grants_file)} in force at {when:%Y-%m-%dT%H:%M:%SZ}: "
+               f"loaded {in_force.time:%Y-%m-%dT%H:%M:%SZ} (seq {in_force.first}, {printable(in_force.where)}), {end}")
+    click.echo(f"# sha256 {in_force.sha256} (the text below matches it); {len(in_force.changes)} changes at that load")
+    if show_changes:
+        for change in in_force.changes:
+            click.echo(f"#   {change}")  # (written escaped)
+    click.echo(in_force.text, nl=not in_force.text.endswith("\n") and bool(in_force.text))

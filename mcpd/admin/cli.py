@@ -356,9 +356,10 @@ def install_systemd(root_dir: str | None, hosts: tuple[str, ...], enable: bool) 
 
 
 # Other command groups live in their own modules.
-from mcpd.admin.audit_cli import audit  # noqa: E402
+from mcpd.admin.audit_cli import audit, grants_at  # noqa: E402
 from mcpd.admin.grants_cli import grants  # noqa: E402
 
+grants.add_command(grants_at)  # `mcpd grants at TIME`: the grants in force then, from the audit log
 main.add_command(grants)
 main.add_command(audit)
 

@@ -5,10 +5,11 @@ does) and the front's access log (every call that does not reach the helper), sa
 
 Each record is one ``write`` on a descriptor opened with ``O_APPEND`` (mode 0600, in a 0700
 folder), under an exclusive ``flock``, so records never interleave and each reaches the kernel at
-once. Where journald runs, each record also goes to the journal by its native protocol
-(:func:`journal_entry`: the line as ``MESSAGE`` and every field as ``MCPD_<FIELD>``, plus
-``MCPD_PATH``), so journal-remote, rsyslog or Vector carry them off the host. That copy is best
-effort (never blocks, never fails a record); the file is the record.
+once (:meth:`AuditLog.record_set`: several adjacent records in one ``write``). Where journald runs,
+each record also goes to the journal by its native protocol (:func:`journal_entry`: the line as
+``MESSAGE`` and every field as ``MCPD_<FIELD>``, plus ``MCPD_PATH``), so journal-remote, rsyslog
+or Vector carry them off the host. That copy is best effort (never blocks, never fails a record);
+the file is the record.
 
 The log is a hash chain (SPEC §7.2): every record starts with ``seq`` (1, 2, 3 ...) and ``prev``,
 the SHA-256 (hex) of the previous record's exact bytes, its newline included (:data:`GENESIS` for
@@ -21,13 +22,33 @@ records it did not write (another process) goes on from the last of them. Each l
 writer process in the daemon; two writers stay chained except across two rotations between two
 records of one of them. ``mcpd audit verify`` checks the chain.
 
+The chain's head lives outside the log. The writer remembers where its last record ends (device,
+inode, offset, length, hash) and, before each record, compares the file's ``fstat`` (taken under
+the lock anyway) with it: the same file of the same size is the usual case and costs nothing more.
+Any other size is looked at: its last record still in place, byte for byte, means another writer
+appended; gone (the file cut, emptied in place or rewritten) is an ``alert`` (:data:`LOST_TAIL`,
+with ``missing_from``/``missing_to`` naming the records gone), and the chain goes on after the
+last record written: numbers are never reused, and its hash stays ``prev``, so ``verify`` sees the
+gap too. Given ``head_dir`` (the policy process's state folder), the writer also keeps that place
+in a small file there (:data:`HEAD_FILE`, :class:`Head`), made with the atomic write of
+:func:`mcpd.common.folders.write_file` on start and then rewritten in place by one ``pwrite`` of a
+fixed-width line after each record (a rename per record would cost a file creation each time).
+On start it checks that the record the head names is still where it was written (in the log, or
+in ``FILE.1`` after a rotation by rename), so a tail cut while the daemon was stopped is an alert
+too; ``mcpd audit verify`` reads the head and fails when the log ends before it. A rotation by
+rename is no loss: the old file keeps its inode and its records. ``copytruncate`` (which the
+shipped logrotate file never uses) empties the file in place: the writer cannot tell it from a
+cut and says so in an alert, and goes on from its own last record, so the copy and the new file
+still chain whole.
+
 Record fields (all optional but ``seq``, ``prev``, ``time`` and ``event``): ``time`` (ISO 8601
 UTC), ``event`` (``accept``, ``reject``, ``reload``, ``reload_failed``, ``alert``, ``spawn``,
 ``kill`` ...), ``user`` (principal), ``os_user``, ``token_id``, ``peer``, ``session``, ``tool``,
 ``requested_path``, ``resolved_path``, ``grant``, ``decision``, ``reason``, ``outcome``, ``bytes``,
-``duration_ms``, ``route``, ``pid``, ``suppressed``.
-Keys that name secrets or contents (``token``, ``password``, ``content`` ...) are refused, and
-values must be scalars, so nothing larger can slip in.
+``duration_ms``, ``route``, ``pid``, ``suppressed``; a call the grants allowed and root's opener
+refused is ``event`` ``reject`` with ``decision`` :data:`REFUSED_AT_OPEN`. Keys that name secrets or
+contents (``token``, ``password``, ``content`` ...) are refused, and values must be scalars, so
+nothing larger can slip in; a string over :data:`MAX_VALUE_CHARS` is cut and ends in :data:`CUT`.
 
 Alerts are rate-limited (SPEC §7.1): at most :data:`ALERT_BURST` per reason in each
 :data:`ALERT_WINDOW` seconds; the ones over are counted, and once the window is over (checked at
@@ -52,10 +73,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mcpd.common.folders import read_file, write_file
+
 FORBIDDEN_KEYS = frozenset({"token", "password", "passwd", "secret", "content", "contents"})
 _EVENT_RE = re.compile(r"[a-z][a-z_]{0,31}")  # whole names only (fullmatch: "$" would let a final newline by)
-_KEY_RE = re.compile(r"[a-z][a-z_]{0,31}")
-MAX_VALUE_CHARS = 4096  # longer strings are cut (a path is at most 4096 bytes anyway)
+_KEY_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")  # (sha256: digits too)
+MAX_VALUE_CHARS = 4096  # longer strings are cut, ending in CUT (a path is at most 4096 bytes anyway)
+CUT = "\u2026"  # the last character of a value cut to MAX_VALUE_CHARS
 GENESIS = "0" * 64  # ``prev`` of the first record of a chain
 ALERT_BURST, ALERT_WINDOW, ALERT_KEYS = 10, 60.0, 256  # alerts per reason per window (s); reasons tracked
 _RESERVED = ("seq", "prev", "time", "event")
@@ -105,8 +129,8 @@ def _value(value: Any) -> str:
 def _clean(value: Any, key: str) -> Any:
     if value is None or isinstance(value, (bool, int, float)):
         return value
-    if isinstance(value, str):
-        return value[:MAX_VALUE_CHARS]
+    if isinstance(value, str):  # a longer one is cut, and says so
+        return value if len(value) <= MAX_VALUE_CHARS else value[:MAX_VALUE_CHARS - 1] + CUT
     raise AuditError(f"audit field {key!r} must be a string, number, boolean or null")
 
 
@@ -225,18 +249,22 @@ class Prepared:
     keys: frozenset[str]
 
 
-def last_line(fd: int, block: int = 65536) -> bytes:
-    """The last line of the open file ``fd`` (its newline included when present; ``b""`` when empty)."""
-    pos = os.fstat(fd).st_size
-    found = b""
+def tail_of(fd: int, size: int, block: int = 65536) -> tuple[bytes, bytes]:
+    """The end of the open file ``fd``'s first ``size`` bytes: ``(line, partial)``, its last whole
+    line (newline included; ``b""`` when it has none) and the bytes after it that no newline ends
+    (a torn record; ``b""`` as a rule)."""
+    pos, found = size, b""
     while pos > 0:
         step = min(block, pos)
         pos -= step
         found = os.pread(fd, step, pos) + found
-        cut = found.rfind(b"\n", 0, len(found) - 1)
-        if cut >= 0:
-            return found[cut + 1:]
-    return found
+        end = found.rfind(b"\n")
+        if end < 0:
+            continue
+        start = found.rfind(b"\n", 0, end)
+        if start >= 0 or pos == 0:
+            return found[start + 1:end + 1], found[end + 1:]
+    return b"", found
 
 
 def chain_after(line: bytes) -> tuple[int, str]:
@@ -249,6 +277,88 @@ def chain_after(line: bytes) -> tuple[int, str]:
     except (ValueError, AttributeError):
         seq = None
     return (seq if isinstance(seq, int) and not isinstance(seq, bool) else 0), hashlib.sha256(line).hexdigest()
+
+
+#: the ``decision`` of a call the grants allowed and a later step refused: root's opener (a symlink
+#: in the path, several hard links, not a regular file), the secrets' check of the real path
+REFUSED_AT_OPEN = "refused_at_open"
+#: the ``reason`` of the alert a writer records when its log no longer ends with the last record
+#: it wrote (cut, emptied or replaced); ``missing_from``/``missing_to`` name the records gone
+LOST_TAIL = "the audit log lost records its writer had written"
+HEAD_FILE = "audit.head"  # the writer's head state, in its own state folder
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+    """Where a log ended when its writer last wrote (the chain's head, kept outside the log):
+    ``seq`` and ``hash`` (SHA-256 hex of its bytes) of that record, ``log`` the log's path,
+    ``dev``/``ino`` the file it is in, ``end`` the offset just past it and ``length`` its size in
+    bytes (0: no record yet)."""
+
+    log: str
+    seq: int
+    hash: str
+    dev: int
+    ino: int
+    end: int
+    length: int
+
+    def encode(self) -> bytes:
+        """One JSON line padded with spaces to a width fixed by ``log`` alone, so every update
+        of one log's head is one ``pwrite`` of the same size at offset 0."""
+        return _head_line(self.log, self.seq, self.hash, self.dev, self.ino, self.end, self.length)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Head":
+        """The head :meth:`encode` wrote.
+
+        Raises:
+            ValueError: not such a line (torn, edited or empty).
+        """
+        obj = json.loads(data)
+        if not isinstance(obj, dict) or set(obj) != {f.name for f in dataclasses.fields(cls)}:
+            raise ValueError("not an audit head")
+        head = cls(**obj)
+        if not isinstance(head.log, str) or not isinstance(head.hash, str) or not all(
+                type(getattr(head, k)) is int and getattr(head, k) >= 0 for k in ("seq", "dev", "ino", "end", "length")):
+            raise ValueError("not an audit head")
+        return head
+
+
+def _head_line(log: str, seq: int, digest: str, dev: int, ino: int, end: int, length: int) -> bytes:
+    """A head as :meth:`Head.encode` writes it (written for every record: formatted, not encoded)."""
+    name, width = _head_log(log)
+    line = f'{{"log":{name},"seq":{seq},"hash":"{digest}","dev":{dev},"ino":{ino},"end":{end},"length":{length}}}'
+    return line.encode("ascii").ljust(width - 1) + b"\n"
+
+
+@functools.lru_cache(maxsize=8)
+def _head_log(log: str) -> tuple[str, int]:
+    """``log`` as a JSON string, and the width of every head line of it (the widest numbers, a newline)."""
+    name, big = _string(log), 10 ** 19  # wider than any seq, device, inode or offset
+    return name, len(f'{{"log":{name},"seq":{big},"hash":"{GENESIS}","dev":{big},"ino":{big},"end":{big},'
+                     f'"length":{big}}}') + 1
+
+
+def read_head(dirfd: int, name: str = HEAD_FILE) -> Head | None:
+    """The head state in the folder ``dirfd`` (``None`` when there is none), read a few times
+    over while its writer may be updating it.
+
+    Raises:
+        OSError: not a 0600 regular file of the folder's owner (:func:`mcpd.common.folders.read_file`).
+        ValueError: it holds no head.
+    """
+    for attempt in range(3):
+        data = read_file(dirfd, name)
+        if data is None:
+            return None
+        try:
+            return Head.decode(data)
+        except ValueError:
+            if attempt == 2:
+                raise
+            time.sleep(0.01)  # a pwrite under way (a read may see it half done)
+    raise AssertionError("unreachable")
 
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
@@ -283,14 +393,22 @@ class AuditLog:
         ident: the journal's ``SYSLOG_IDENTIFIER`` (``mcpd-audit``; the front's access log:
             ``mcpd-access``).
         journal: the journal socket (a namespaced journald's, in tests).
+        head_dir: a descriptor of the writer's own state folder (0700), to keep the chain's head
+            in (the file ``head_name``; see the module docstring), or None to keep it in memory
+            only.
+
+    On start, a log that does not end where the head says is one ``alert`` record, written at
+    once.
 
     Raises:
-        OSError: the folder or file cannot be created or opened (the helper must not run blind).
+        OSError: the folder or file cannot be created or opened (the helper must not run blind),
+            or the head file is not a 0600 regular file of this account.
     """
 
     def __init__(self, path: str, syslog: bool = True, clock: Callable[[], float] = time.monotonic,
-                 ident: str = "mcpd-audit", journal: str = JOURNAL_SOCKET) -> None:
-        self.path, self._clock = path, clock
+                 ident: str = "mcpd-audit", journal: str = JOURNAL_SOCKET, head_dir: int | None = None,
+                 head_name: str = HEAD_FILE) -> None:
+        self.path, self._clock, self._abspath = path, clock, os.path.abspath(path)
         self._alerts: dict[str, list[float]] = {}  # reason -> [window start, written, suppressed]
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -299,10 +417,22 @@ class AuditLog:
             os.chmod(folder, 0o700)
         self._fd = self._open()
         self._lock = threading.Lock()
-        self._end, self._seq, self._prev = -1, 0, GENESIS
-        if os.fstat(self._fd).st_size == 0:
-            self._resume_from(path + ".1")
+        self._pending: list[str] = []  # alerts (encoded bodies) to write before the next record
+        self._head_fd = -1
         self._journal: tuple[socket.socket, str] | None = None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                self._start(head_dir, head_name)
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            if self._pending:
+                self._write([])
+        except BaseException:
+            os.close(self._fd)
+            if self._head_fd >= 0:
+                os.close(self._head_fd)
+            raise
         if syslog and stat.S_ISSOCK(os.stat(journal).st_mode if os.path.exists(journal) else 0):
             self._journal = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC), journal
         self._ident = ident
@@ -318,24 +448,147 @@ class AuditLog:
             os.fchmod(fd, 0o600)
         return fd
 
-    def _resume_from(self, rotated: str) -> None:
-        try:
-            fd = os.open(rotated, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
+    # -- where the chain goes on ------------------------------------------------------------------
+    #
+    # ``_seq``/``_prev``: the record the next one follows. ``_mark``: (dev, ino, end, length) of the
+    # record hashing to ``_prev`` in the file ``_fd`` (length 0: none there, as in a new file after a
+    # rotation). A file whose (dev, ino, size) is the mark's ends where this writer left it; any other
+    # is looked at (:meth:`_reconcile`) before the next record.
+
+    def _set_mark(self, fst: os.stat_result, end: int, length: int) -> None:
+        self._mark = (fst.st_dev, fst.st_ino, end, length)
+
+    def _start(self, head_dir: int | None, head_name: str) -> None:
+        """The chain position on start: the log's last whole line, or, when it has none, the last
+        line of ``FILE.1`` (the file logrotate just renamed); with ``head_dir``, checked against the
+        head this writer left there, and the head file (re)written."""
+        fst = os.fstat(self._fd)
+        line, partial = tail_of(self._fd, fst.st_size)
+        self._set_mark(fst, fst.st_size - len(partial), len(line))
+        self._seq, self._prev = chain_after(line)
+        where = self._mark  # the file and place of the record the chain goes on from
+        if not line and (older := self._read_end(self.path + ".1")) is not None and older[1]:
+            ost, oline, oend = older
+            self._seq, self._prev = chain_after(oline)
+            where = (ost.st_dev, ost.st_ino, oend, len(oline))
+        if head_dir is None:
             return
         try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                self._seq, self._prev = chain_after(last_line(fd))
+            stored = read_head(head_dir, head_name)
+        except ValueError:
+            self._alert("the audit log's head state was unreadable; it is written anew")
+        else:
+            if stored is not None:
+                self._check_head(stored)
+            elif self._seq:  # a log older than its head (an upgrade), or a head removed
+                self._alert("the audit log's head state was missing; it is written anew")
+        if self._pending:  # the start's alerts come next, in this file: the head names their place
+            where = self._mark
+        write_file(head_dir, head_name, Head(self._abspath, self._seq, self._prev, *where).encode())
+        fd = os.open(head_name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=head_dir)
+        hst = os.fstat(fd)
+        if not stat.S_ISREG(hst.st_mode) or hst.st_uid != os.geteuid() or hst.st_nlink != 1 or hst.st_mode & 0o077:
+            os.close(fd)
+            raise OSError(f"{head_name}: the audit head must be a 0600 regular file of this account")
+        self._head_fd = fd
+
+    def _read_end(self, path: str) -> tuple[os.stat_result, bytes, int] | None:
+        """``(fstat, last whole line, its end offset)`` of the regular file ``path``, or None when it
+        cannot be read (missing, not a regular file)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+        except OSError:
+            return None
+        try:
+            fst = os.fstat(fd)
+            if not stat.S_ISREG(fst.st_mode):
+                return None
+            line, partial = tail_of(fd, fst.st_size)
+            return fst, line, fst.st_size - len(partial)
         finally:
             os.close(fd)
+
+    def _check_head(self, stored: Head) -> None:
+        """Compare the log as found on start with the head this writer left: the record it wrote
+        last must still be where it wrote it (in the log, or in ``FILE.1`` after a rotation), else
+        one alert names what is gone and the chain goes on after it (numbers are never reused)."""
+        if stored.log != self._abspath:
+            self._alert("the audit log is not where its writer last wrote", log_file=stored.log,
+                        missing_to=stored.seq)
+            self._go_on(stored.seq, stored.hash, lost=True)
+            return
+        if stored.length == 0 or (self._seq, self._prev) == (stored.seq, stored.hash) or self._holds(stored):
+            return  # (length 0: the log was empty; the same last record: a copy of the file is no loss)
+        now = self._seq
+        if now < stored.seq:
+            self._alert(LOST_TAIL, log_file=self.path, missing_from=now + 1 if now else None,
+                        missing_to=stored.seq, found_seq=now)
+        else:
+            self._alert(LOST_TAIL, log_file=self.path, missing_from=stored.seq, missing_to=stored.seq, found_seq=now)
+        self._go_on(stored.seq, stored.hash, lost=True)
+
+    def _holds(self, stored: Head) -> bool:
+        """Whether the record ``stored`` names is still in its file (the log, else ``FILE.1``),
+        byte for byte, at the offset it was written to."""
+        for path in (self.path, self.path + ".1"):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+            except OSError:
+                continue
+            try:
+                fst = os.fstat(fd)
+                if (fst.st_dev, fst.st_ino) == (stored.dev, stored.ino):
+                    return stat.S_ISREG(fst.st_mode) and fst.st_size >= stored.end and hashlib.sha256(
+                        os.pread(fd, stored.length, stored.end - stored.length)).hexdigest() == stored.hash
+            finally:
+                os.close(fd)
+        return False
+
+    def _go_on(self, seq: int, prev: str, lost: bool) -> None:
+        """Continue the chain after the record ``(seq, prev)`` when it is the later one: never
+        reuse a number. ``lost``: that record is gone, so its hash is still the right ``prev``
+        (the gap stays visible to ``verify``)."""
+        if seq > self._seq or (lost and seq == self._seq):
+            self._seq, self._prev = seq, prev
+
+    def _alert(self, reason: str, **fields: Any) -> None:
+        """Queue an alert to write before the next record (never rate-limited: each is one event)."""
+        self._pending.append(_body("alert", dict(reason=reason, **fields)))
+
+    def _reconcile(self, fst: os.stat_result) -> bytes:
+        """The file ``_fd`` (its ``fstat`` ``fst``, taken under the lock) does not end where this
+        writer left it: find where the chain goes on. When its last record is still in place,
+        another writer appended: go on from the file's last whole line. When it is not (the file was
+        cut, emptied in place or rewritten), queue an alert naming the records gone and go on after
+        the last one written (its hash stays ``prev``, so ``verify`` shows the gap too). Returns the
+        newline that ends a torn last line (``b""`` when there is none)."""
+        line, partial = tail_of(self._fd, fst.st_size)
+        seq, digest = chain_after(line)
+        dev, ino, end, length = self._mark
+        mine = (fst.st_dev, fst.st_ino) == (dev, ino) and (length == 0 or fst.st_size >= end and hashlib.sha256(
+            os.pread(self._fd, length, end - length)).hexdigest() == self._prev)
+        if mine:
+            if line:
+                self._seq, self._prev = max(seq, self._seq), digest
+        else:
+            if seq < self._seq:
+                self._alert(LOST_TAIL, log_file=self.path, missing_from=seq + 1 if seq else None,
+                            missing_to=self._seq, found_seq=seq)
+            else:
+                self._alert(LOST_TAIL, log_file=self.path, missing_from=self._seq, missing_to=self._seq,
+                            found_seq=seq)
+                self._seq, self._prev = seq, digest
+        self._set_mark(fst, fst.st_size - len(partial), len(line))
+        return b"\n" if partial else b""
 
     def _lock_current(self) -> os.stat_result:
         """``flock`` our file, first reopening the path while it no longer names it (renamed by
         logrotate, or removed), and return the file's ``fstat`` taken under the lock. Writers
         check the path under the lock, so once we hold the old file's lock nobody writes to it
-        again: its last line is where the chain goes on. When anything fails (the path cannot be
-        opened again) the lock is released before the error is raised: other writers never wait
-        on a record that was not written."""
+        again: its end is where the chain goes on (checked first: a file cut before it was renamed
+        is an alert in the new one). When anything fails (the path cannot be opened again) the
+        lock is released before the error is raised: other writers never wait on a record that
+        was not written."""
         while True:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
@@ -346,9 +599,10 @@ class AuditLog:
                         return fst
                 except FileNotFoundError:
                     pass
-                if (last := last_line(self._fd)):
-                    self._seq, self._prev = chain_after(last)
-                fd, self._end = self._open(), 0
+                if (fst.st_dev, fst.st_ino, fst.st_size) != self._mark[:3]:
+                    self._reconcile(fst)
+                fd = self._open()
+                self._set_mark(os.fstat(fd), 0, 0)
             except BaseException:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
                 raise
@@ -380,6 +634,22 @@ class AuditLog:
             raise AuditError("alerts are written with record()")
         _refuse_twice(first.keys, fields)
         self._append(_body(event, fields, first=first.text))
+
+    def record_set(self, event: str, records: list[dict[str, Any]]) -> None:
+        """Append one record of ``event`` for each field mapping in ``records``, adjacent (one
+        ``write``: no other record comes between them), as the next links of the chain. Not for
+        alerts.
+
+        Raises:
+            AuditError: a record :meth:`record` refuses (nothing is written).
+            OSError: the write failed.
+        """
+        if event == "alert":
+            raise AuditError("alerts are written with record()")
+        bodies = [_body(event, fields) for fields in records]
+        with self._lock:
+            self._write_due(self._clock())
+            self._write(bodies)
 
     def prepare(self, event: str, **fields: Any) -> Prepared:
         """Check and encode a record now (its ``time`` is now) to write later with
@@ -436,28 +706,38 @@ class AuditLog:
         slot[1] += 1
         return True
 
-    def _write(self, body: str) -> None:
-        """Append the record of encoded ``body`` (see :func:`_body`) with the next ``seq``/``prev``."""
-        size, torn = self._lock_current().st_size, b""
+    def _write(self, bodies: str | list[str]) -> None:
+        """Append the records of encoded ``bodies`` (see :func:`_body`; one, or several written at
+        once, adjacent), after any alert queued, each with the next ``seq``/``prev``, in one
+        ``write``; then the head state, when kept, names the last."""
+        fst = self._lock_current()
         try:
-            if size != self._end and size > 0:  # first write, or another writer appended
-                last = last_line(self._fd)
-                self._seq, self._prev = chain_after(last)
-                torn = b"" if last.endswith(b"\n") else b"\n"  # a torn line stays its own line
-            line = _line(body, self._seq + 1, self._prev)
-            data = (line + "\n").encode("ascii")
-            self._end = size + len(torn) + len(data)
-            data = torn + data
-            if os.write(self._fd, data) != len(data):
+            torn = self._reconcile(fst) if (fst.st_dev, fst.st_ino, fst.st_size) != self._mark[:3] else b""
+            todo = self._pending + ([bodies] if isinstance(bodies, str) else bodies)
+            lines, seq, prev = [], self._seq, self._prev
+            for body in todo:
+                seq += 1
+                data = (_line(body, seq, prev) + "\n").encode("ascii")
+                prev = hashlib.sha256(data).hexdigest()
+                lines.append(data)
+            if not lines:
+                return
+            out = torn + b"".join(lines)
+            if os.write(self._fd, out) != len(out):
                 raise OSError(f"{self.path}: short audit write")
-            self._seq, self._prev = self._seq + 1, hashlib.sha256(data[len(torn):]).hexdigest()
+            self._seq, self._prev, self._pending = seq, prev, []
+            self._set_mark(fst, fst.st_size + len(out), len(lines[-1]))
+            if self._head_fd >= 0:
+                os.pwrite(self._head_fd, _head_line(self._abspath, seq, prev, *self._mark), 0)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         if self._journal is not None:
-            try:
-                self._journal[0].sendto(journal_entry(line, self._ident), socket.MSG_DONTWAIT, self._journal[1])
-            except OSError:
-                pass  # journald busy or gone: the file has the record
+            for data in lines:
+                try:
+                    self._journal[0].sendto(journal_entry(data.decode("ascii").rstrip("\n"), self._ident),
+                                            socket.MSG_DONTWAIT, self._journal[1])
+                except OSError:
+                    pass  # journald busy or gone: the file has the record
 
     def close(self) -> None:
         """Write the counts of alerts still held back, then close the file (idempotent)."""
@@ -466,6 +746,9 @@ class AuditLog:
                 self._write_due(None)
                 os.close(self._fd)
                 self._fd = -1
+            if self._head_fd >= 0:
+                os.close(self._head_fd)
+                self._head_fd = -1
             if self._journal is not None:
                 self._journal[0].close()
 

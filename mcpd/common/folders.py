@@ -1,9 +1,14 @@
-"""Folders a privileged process keeps state in, opened so no other account can redirect them."""
+"""Folders a privileged process keeps state in, opened so no other account can redirect them, and
+the small files in them, replaced whole (:func:`write_file`) and read back checked (:func:`read_file`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import stat
+
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def safe_folder(path: str, owner: int = 0, leaf_mask: int = 0o077, create: bool = True) -> int:
@@ -51,3 +56,41 @@ def safe_folder(path: str, owner: int = 0, leaf_mask: int = 0o077, create: bool 
         return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
     finally:
         os.close(fd)
+
+
+def write_file(dirfd: int, name: str, data: bytes) -> None:
+    """Replace ``name`` in the folder ``dirfd``: a fresh 0600 file (``O_EXCL``) owned by the
+    folder's owner, fsync, rename.
+
+    Raises:
+        OSError: the write failed (nothing replaced).
+    """
+    tmp, owner = f".{name}.{secrets.token_hex(4)}", os.fstat(dirfd).st_uid
+    try:
+        with os.fdopen(os.open(tmp, _NEW, 0o600, dir_fd=dirfd), "wb") as f:
+            if owner != os.geteuid():  # root (mcpd users unlock) writing the policy's folder: its file
+                os.fchown(f.fileno(), owner, -1)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dirfd)
+
+
+def read_file(dirfd: int, name: str) -> bytes | None:
+    """The content of ``name`` in ``dirfd`` (at most 1 MiB), ``None`` when missing.
+
+    Raises:
+        OSError: a symlink, or not a regular file of the folder's owner with mode 0600.
+    """
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.fstat(dirfd).st_uid or st.st_mode & 0o077:
+            raise OSError(f"{name}: must be a regular file of the folder's owner with mode 0600")
+        return f.read(1 << 20)

@@ -23,6 +23,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mcpd.common.printable import printable
 from mcpd.front.auth import parse_bearer
 
 log = logging.getLogger("mcpd.front.refused")
@@ -32,15 +33,14 @@ PATH_CHARS = 200  # longest path logged
 _BODY_KEPT = 2048  # bytes of a refusal's body read for its reason
 
 _TOKEN_RE = re.compile(r"mcpd_([0-9a-f]{12})_[A-Za-z0-9_-]*")
-_UNPRINTABLE_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def clean(text: str, limit: int) -> str:
-    """``text`` fit for one log line: tokens shown by id only, control characters escaped, at
-    most ``limit`` characters (then ``…``)."""
+    """``text`` fit for one log line: tokens shown by id only, at most ``limit`` characters (then
+    ``…``), then everything not plainly visible escaped (:func:`~mcpd.common.printable.printable`:
+    control characters, terminal escapes, bidi overrides), so it never forges or hides a line."""
     text = _TOKEN_RE.sub(lambda m: f"mcpd_{m.group(1)}_…", text)
-    text = _UNPRINTABLE_RE.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-    return text if len(text) <= limit else text[:limit] + "…"
+    return printable(text if len(text) <= limit else text[:limit] + "…")
 
 
 def log_refusal(status: int, method: str, path: str, client: tuple[str, int] | None, reason: str,

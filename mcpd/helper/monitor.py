@@ -211,7 +211,7 @@ class Monitor:
         except Broken:
             raise
         except Exception as exc:  # noqa: BLE001 - reported to the policy, never kills the helper
-            log.warning("%s failed: %s", req["type"], exc)
+            log.warning("%s failed: %s", req["type"], type(exc).__name__)  # (its text may hold a path: audit only)
             body = {"ok": False, "error": ToolError(PERMISSION_DENIED, "refused by the helper", reason=str(exc)[:200]).to_dict()}
         fds = body.pop("_fds", [])
         try:

@@ -3,18 +3,29 @@
 :class:`PolicyHolder` owns the current :class:`~mcpd.policy.grants.Policy` through the one reload
 holder, :class:`mcpd.common.reload.Reloading`. A reload that fails (unsafe file, bad YAML, schema
 error) changes nothing and is reported; a reload that succeeds replaces the policy and reports a
-human summary of what changed (:func:`summarize_changes`). Every reload, good or bad, is one
-audit record when an :class:`~mcpd.common.audit.AuditLog` is given. Every policy it holds carries
-the fixed deny ``secrets`` (:func:`mcpd.policy.grants.secret_paths`).
+human summary of what changed (:func:`summarize_changes`). Every policy it holds carries the fixed
+deny ``secrets`` (:func:`mcpd.policy.grants.secret_paths`).
+
+Every load, the first one included, and every failed reload is recorded when an
+:class:`~mcpd.common.audit.AuditLog` is given: a set of adjacent records (:func:`reload_records`)
+that holds the whole list of changes and, for a load, the whole text of the file and its SHA-256,
+however long, so the policy in force at any time can be rebuilt from the log alone (``mcpd grants
+at TIME``). A set of ``parts`` records numbers each (``part`` 1 to ``parts``) and each carries the
+file's ``sha256`` and the count of ``changes``: an auditor sees that none is missing.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
+from mcpd.common.audit import MAX_VALUE_CHARS, AuditLog
+from mcpd.common.printable import printable
 from mcpd.common.reload import Reloading
-from mcpd.common.audit import AuditLog
 from mcpd.policy.grants import Policy, is_secret, load_policy
+
+SUMMARY_CHARS = 1000  # the first record's reason: the changes joined, when they fit, else the first few
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,39 @@ def summarize_changes(old: Policy, new: Policy) -> list[str]:
             lines.append(f"{fact} added")
     lines += [f"{f} removed" for f in gone if f.rpartition(" ")[0] not in changed]
     return lines or ["no changes"]
+
+
+def _chunks(text: str) -> list[str]:
+    return [text[i:i + MAX_VALUE_CHARS] for i in range(0, len(text), MAX_VALUE_CHARS)] or [""]
+
+
+def reload_records(grants_file: str, lines: list[str], text: str | None) -> list[dict[str, Any]]:
+    """The fields of the records of one load (``text``: the file loaded) or failed reload
+    (``text`` None; ``lines``: its errors), in order, each value within the audit log's
+    :data:`~mcpd.common.audit.MAX_VALUE_CHARS`, so nothing is cut.
+
+    Every record has ``grants_file``, ``decision`` (``loaded``, or ``kept the last good
+    policy``), ``reason`` (the first: the lines joined by ``"; "`` when that fits in
+    :data:`SUMMARY_CHARS`, else the first few and how many more; the others: ``(continued)``),
+    ``changes`` (how many lines), ``part`` (1-based) and ``parts``, and for a load ``sha256`` (of the
+    file's bytes, UTF-8); then one piece: ``changes_text`` (a load's lines) or ``errors_text`` (a
+    failure's), each line written with :func:`~mcpd.common.printable.printable` and joined by
+    newlines, then, for a load, ``grants_text`` (the file). The pieces of one field, in ``part``
+    order, joined, are the whole.
+    """
+    field_name = "changes_text" if text is not None else "errors_text"
+    pieces = [(field_name, c) for c in _chunks("\n".join(printable(line) for line in lines))]
+    pieces += [("grants_text", c) for c in _chunks(text)] if text is not None else []
+    summary = "; ".join(lines)
+    if len(summary) > SUMMARY_CHARS:
+        shown = summary[:SUMMARY_CHARS].rsplit("; ", 1)[0]
+        rest = len(lines) - shown.count("; ") - 1
+        summary = f"{shown}; ... and {rest} more (all {len(lines)} in {field_name})"
+    head: dict[str, Any] = {"grants_file": grants_file,
+                            "decision": "loaded" if text is not None else "kept the last good policy"}
+    digest = {"sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()} if text is not None else {}
+    return [dict(head, reason=summary if i == 1 else "(continued)", **digest, changes=len(lines), part=i,
+                 parts=len(pieces), **{name: piece}) for i, (name, piece) in enumerate(pieces, 1)]
 
 
 class PolicyHolder(Reloading[Policy]):
@@ -108,7 +152,7 @@ class PolicyHolder(Reloading[Policy]):
         errors = self.last_errors
         result = ReloadResult(not errors, [] if errors else summarize_changes(old, self.current), errors)
         if self.audit is not None:
-            self.audit.record("reload" if result.ok else "reload_failed", grants_file=self.path,
-                              decision="loaded" if result.ok else "kept the last good policy",
-                              reason="; ".join(result.summary or result.errors))
+            self.audit.record_set("reload" if result.ok else "reload_failed",
+                                  reload_records(self.path, result.summary or result.errors,
+                                                 self.current.text if result.ok else None))
         return result

@@ -46,8 +46,6 @@ import json
 import os
 import pwd
 import re
-import secrets
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -58,6 +56,7 @@ from mcpd.common import identity
 from mcpd.common.config import Login as LoginConfig
 from mcpd.common.errors import ToolError
 from mcpd.common.audit import AuditLog
+from mcpd.common.folders import read_file, write_file
 from mcpd.common.pamauth import pam_check
 
 LOCKOUT_FILE = "lockout.json"
@@ -66,44 +65,6 @@ PAM_TIMEOUT_SECONDS = 10.0
 MAX_ADDRESSES = 1024
 _ID = re.compile(r"[0-9a-f]{12}")
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def write_file(dirfd: int, name: str, data: bytes) -> None:
-    """Replace ``name`` in the folder ``dirfd``: a fresh 0600 file (``O_EXCL``) owned by the
-    folder's owner, fsync, rename.
-
-    Raises:
-        OSError: the write failed (nothing replaced).
-    """
-    tmp, owner = f".{name}.{secrets.token_hex(4)}", os.fstat(dirfd).st_uid
-    try:
-        with os.fdopen(os.open(tmp, _NEW, 0o600, dir_fd=dirfd), "wb") as f:
-            if owner != os.geteuid():  # root (mcpd users unlock) writing the policy's folder: its file
-                os.fchown(f.fileno(), owner, -1)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=dirfd)
-
-
-def read_file(dirfd: int, name: str) -> bytes | None:
-    """The content of ``name`` in ``dirfd`` (at most 1 MiB), ``None`` when missing.
-
-    Raises:
-        OSError: a symlink, or not a regular file of the folder's owner with mode 0600.
-    """
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.fstat(dirfd).st_uid or st.st_mode & 0o077:
-            raise OSError(f"{name}: must be a regular file of the folder's owner with mode 0600")
-        return f.read(1 << 20)
 
 
 @contextlib.contextmanager

@@ -47,11 +47,11 @@ from typing import Any
 from mcpd.common import frames, identity
 from mcpd.common.buckets import TokenBuckets
 from mcpd.common.config import CAP_KEY, Config
-from mcpd.common.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError,
-                                from_oserror)
+from mcpd.common.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_REGULAR_FILE, PERMISSION_DENIED, RATE_LIMITED,
+                                TIMEOUT, ToolError, from_oserror)
 from mcpd.common.reload import Reloading
 from mcpd.common.validate import check_path
-from mcpd.common.audit import AuditLog, Prepared
+from mcpd.common.audit import REFUSED_AT_OPEN, AuditLog, Prepared
 from mcpd.policy import grants
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Issued, Login, Store
@@ -76,6 +76,7 @@ REVOKE_SECONDS = 1.0  # how often the workers' tokens are checked again (end_rev
 EXITED_KEPT = 256  # ended workers whose owner is remembered (State.exited)
 WALK_MAX_SECONDS = 60.0  # files/find's largest time_budget_seconds (core.walk checks it in the walker)
 _PEERCRED = struct.Struct("3i")
+NOT_YOURS = "not your worker"  # the reason of a call naming a worker that is not its principal's
 
 
 class Refused(Exception):
@@ -204,7 +205,7 @@ def _bound_worker(state: State, principal: identity.Principal, pid: int) -> Work
         w = state.workers.get(pid)
     if w is None or w.owner != (principal.name, principal.os_user):
         state.audit.record("alert", user=principal.name, pid=pid, reason="worker of another principal or unknown")
-        raise ToolError(PERMISSION_DENIED, "permission denied", reason="not your worker")
+        raise ToolError(PERMISSION_DENIED, "permission denied", reason=NOT_YOURS)
     return w
 
 
@@ -299,14 +300,22 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     try:
         if op not in WALK_OPS:
             reply, outcome, size, prepared = _content(state, op, args, principal, decision.covers_root, req, record)
-            state.audit.finish(prepared, outcome=outcome, bytes=size, duration_ms=_ms(started))
+            if outcome in (PERMISSION_DENIED, NOT_A_REGULAR_FILE):  # the worker's own check refused it
+                state.audit.record("reject", decision=REFUSED_AT_OPEN, reason=f"refused by the worker ({outcome})",
+                                   outcome=outcome, bytes=0, duration_ms=_ms(started), **record)
+            else:
+                state.audit.finish(prepared, outcome=outcome, bytes=size, duration_ms=_ms(started))
             return reply
         fresh = None if login is None else (login.login_time, used)
         reply = _walk(state, op, args, principal.os_user, sorted(groups), decision.covers_root, fresh)
         outcome, size = None, len(reply["result"].get("entries", reply["result"].get("matches", [])))
     except ToolError as exc:
-        state.audit.record("accept", decision="accept", reason="granted", outcome=exc.code, bytes=0,
-                           reason_detail=exc.details.get("reason"), duration_ms=_ms(started), **record)
+        if (refused := _refusal(exc)) is not None:  # root's opener (or the secrets' check, or the walker) said no
+            state.audit.record("reject", decision=refused[0], reason=refused[1], outcome=exc.code, bytes=0,
+                               duration_ms=_ms(started), **record)
+        else:  # granted, and failed: TIMEOUT, a worker that died, no such file ...
+            state.audit.record("accept", decision="accept", reason="granted", outcome=exc.code, bytes=0,
+                               reason_detail=exc.details.get("reason"), duration_ms=_ms(started), **record)
         raise
     except Refused:  # a content call without its worker: the alert is its record, the connection ends
         raise
@@ -318,6 +327,22 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     state.audit.record("accept", decision="accept", reason="granted", outcome=outcome, bytes=size,
                        duration_ms=_ms(started), **record)
     return reply
+
+
+def _refusal(exc: ToolError) -> tuple[str, str] | None:
+    """``(decision, reason)`` of a call the grants allowed and a later step refused, else None (a
+    failure: the call's record stays ``accept`` with the code as ``outcome``). ``PERMISSION_DENIED``
+    and ``NOT_A_REGULAR_FILE`` after the grant are root's opener (a symlink in the path, several
+    hard links, the path changed, not a regular file or directory), the check of the real path
+    against the daemon's secrets, or the walker opening its folder: :data:`REFUSED_AT_OPEN`; a
+    worker the front named that is not the principal's is a plain ``reject``."""
+    if exc.code == PERMISSION_DENIED:
+        reason = str(exc.details.get("reason") or exc.message)
+        return ("reject" if reason == NOT_YOURS else REFUSED_AT_OPEN), reason
+    if exc.code == NOT_A_REGULAR_FILE:
+        kind = exc.details.get("type")
+        return REFUSED_AT_OPEN, exc.message.partition(":")[0] + (f" ({kind})" if kind else "")
+    return None
 
 
 def _ms(started: float) -> float:

@@ -239,7 +239,7 @@ HOSTILE = ['/a"}\n{"seq":1,"event":"accept"', "/a\\", "/a\r\n/b", "/\u2028\u2029
 def test_remembered_text_fields_encode_hostile_strings_as_one_line_that_reads_back(tmp_path: Path) -> None:
     """Text fields are encoded once and remembered. Every string (quotes, backslashes, newlines,
     line separators, lone surrogates, control characters, over 4096 characters) is written as one
-    line whose value reads back as given (cut at 4096 characters), the first time and from memory,
+    line whose value reads back as given (cut at 4096 characters, the last one then the cut mark), the first time and from memory,
     and never as another record's value."""
     path = tmp_path / "audit.jsonl"
     with AuditLog(str(path), syslog=False) as log:
@@ -250,7 +250,8 @@ def test_remembered_text_fields_encode_hostile_strings_as_one_line_that_reads_ba
     lines = path.read_text(encoding="ascii").split("\n")
     assert lines[-1] == "" and len(lines) - 1 == 4 * len(HOSTILE)
     got = [json.loads(line)["requested_path"] for line in lines[:-1]]
-    assert got == [v[:4096] for _ in range(2) for v in HOSTILE for _ in range(2)]
+    cut = [v if len(v) <= 4096 else v[:4095] + "\u2026" for v in HOSTILE]
+    assert got == [v for _ in range(2) for v in cut for _ in range(2)]
 
 
 def test_a_refused_field_is_refused_every_time_not_only_the_first(tmp_path: Path) -> None:
