@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import pwd
-import select
 import signal
 import socket
 import threading
@@ -139,7 +138,7 @@ class Monitor:
             raise ToolError(PERMISSION_DENIED, "not a child of the helper", reason="unknown pid")
         try:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            select.select([pidfd], [], [], 5.0)  # readable once the process has exited
+            frames.ready([pidfd], 5.0)  # readable once the process has exited
         except ProcessLookupError:
             pass
         os.close(pidfd)
@@ -203,7 +202,9 @@ class Monitor:
 
     def serve(self, sock: socket.socket) -> None:
         """Serve one channel until the policy closes it; a broken request or frame shuts it and
-        sets :attr:`broken` (the helper then stops)."""
+        sets :attr:`broken` (the helper then stops), as does a reply the policy does not take
+        within :data:`~mcpd.common.frames.SEND_SECONDS` (it reads each at once)."""
+        frames.limit_sends(sock, frames.SEND_SECONDS)
         try:
             while (req := frames.recv_frame_fds(sock, frames.HELPER_REQUEST_CAP, 0)[0]) is not None:
                 self.handle(sock, req)
@@ -215,7 +216,7 @@ class Monitor:
     def reap(self) -> None:
         """Forget children that have exited (their pidfd is readable)."""
         with self._lock:
-            done = select.select(list(self.children.values()), [], [], 0)[0] if self.children else []
+            done = frames.ready(list(self.children.values()), 0)
             for pid, pidfd in [(p, f) for p, f in self.children.items() if f in done]:
                 del self.children[pid]
                 os.close(pidfd)
