@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import pwd
+import signal
 import socket
 import ssl
 import subprocess
@@ -37,6 +38,17 @@ START_TIMEOUT = 30.0
 #: separation fixture (tests/integration/privsep_fixture.py) runs its front as the service user.
 FRONT_ENV = {**os.environ, "MCPD_ALLOW_ROOT_FRONT": "1"}
 EVENT_TIMEOUT = 20.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Started as an asynchronous command of a non-interactive shell (``bash scripts/test.sh >
+    log 2>&1 &`` from a script), pytest has SIGINT and SIGQUIT ignored, and every process a test
+    starts would inherit that (a daemon a test stops with SIGINT would not stop). Give them the
+    dispositions of a run in the foreground."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import click
 
 from mcpd.admin import certs
 from mcpd.common import identity
+from mcpd.common.printable import printable
 
 DEFAULT_USERS_FILE = "/etc/mcpd/users.yaml"
 
@@ -56,7 +57,9 @@ def dev(state_dir: str, port: int, new_token: bool, metrics_port: int) -> None:
 
     The token stays the same across restarts unless --new-token. A second `mcpd dev` on a port or
     state folder in use refuses (exit 75) and leaves the running one alone. As root, privileged
-    calls are on (the root helper runs, restarted if it dies); otherwise they are off."""
+    calls are on (the root helper runs, restarted if it dies); otherwise they are off. Ctrl-C,
+    SIGTERM or a closed terminal stop it (also when started in the background); however it ends,
+    nothing it started outlives it and the port is free again."""
     from mcpd.admin import devmode
 
     sys.exit(devmode.run(Path(state_dir), port, new_token, metrics_port))
@@ -259,19 +262,21 @@ def users_remove(name: str, users_file: str) -> None:
 @users.command("list")
 @users_file_option
 def users_list(users_file: str) -> None:
-    """List principals: name, OS account, token ids with creation and expiry (never digests)."""
+    """List principals: name, OS account, token ids with creation and expiry (never digests).
+
+    One line a principal, tab-separated; text from the file is escaped (mcpd.common.printable)."""
     try:
         table = identity.load_users(users_file)
     except identity.UsersFileError as exc:
         raise click.ClickException(str(exc)) from None
     if not table:
-        click.echo(f"no principals in {users_file}; add one with `mcpd users add NAME`", err=True)
+        click.echo(printable(f"no principals in {users_file}; add one with `mcpd users add NAME`"), err=True)
         return
-    for name, rec in sorted(table.items()):
+    for name, rec in sorted(table.items()):  # the file is hand-editable: every field escaped
         tokens = ", ".join(
             f"{t.id} (created {t.created}{', expires ' + t.expires if t.expires else ''})" for t in rec.tokens
         )
-        click.echo(f"{name}\tos_user={rec.os_user}\ttokens: {tokens or 'none'}")
+        click.echo("\t".join(printable(f) for f in (name, f"os_user={rec.os_user}", f"tokens: {tokens or 'none'}")))
 
 
 @main.command()

@@ -18,10 +18,16 @@ trusting it) and the ``dev`` token (exports in another shell keep working); ``--
 revokes it and issues a fresh one. The command prints the ``export`` lines for ``linuxctl``, a
 hint, and whether privileged calls are on (root: the root helper runs, and is restarted if it
 dies) or off, then runs the server in the foreground until Ctrl-C.
+
+It stops on SIGINT (also when started with it ignored, as an asynchronous command of a script
+is), SIGTERM or SIGHUP (a closed terminal), and nothing it started outlives it, however it ends:
+not root, the front runs in this process and its workers die with it (their parent-death
+signal); as root, see :mod:`mcpd.admin.devroot`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -29,10 +35,12 @@ import socket
 import stat
 import pwd
 import shlex
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import TextIO
 
 import yaml
@@ -51,6 +59,46 @@ EXIT_BUSY = 75  # EX_TEMPFAIL (sysexits.h): another instance holds the port or t
 
 class DevBusy(Exception):
     """The port or the state folder is in use; nothing was changed."""
+
+
+class DevStop(BaseException):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP) reached ``mcpd dev``; ``args[0]`` is its number."""
+
+
+@contextlib.contextmanager
+def stop_signals(on_hangup: Callable[[], None] | None = None) -> Iterator[None]:
+    """While inside, the first SIGINT, SIGTERM or SIGHUP raises :class:`DevStop` in the main
+    thread (SIGHUP calls ``on_hangup`` instead when given); while that stop runs, another SIGINT
+    or SIGTERM ends the process at once (exit 128 + the signal's number: the kernel then ends its
+    children, see :mod:`mcpd.admin.devroot`), another SIGHUP is ignored (a closed terminal may
+    send two: the kernel's and the shell's).
+
+    SIGINT is caught even when this process started with it ignored (an asynchronous command of
+    a non-interactive shell, ``mcpd dev &`` in a script, inherits it ignored), so it always
+    stops ``mcpd dev``; SIGHUP stays ignored when it was (``nohup``). The previous handlers come
+    back on leaving."""
+    stopping: list[int] = []
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP and on_hangup is not None:
+            on_hangup()
+            return
+        if stopping:
+            if signum != signal.SIGHUP:
+                os._exit(128 + signum)
+            return
+        stopping.append(signum)
+        raise DevStop(signum)
+
+    caught = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        caught.append(signal.SIGHUP)
+    previous = {sig: signal.signal(sig, stop) for sig in caught}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def check_port_free(port: int, host: str = LISTEN_HOST) -> None:
@@ -201,27 +249,6 @@ def print_exports(state: DevState, out: TextIO) -> None:
     out.flush()
 
 
-def start_root_helper(state: DevState) -> Callable[[], None] | None:
-    """Start the root helper for privileged reads when running as root; return its stopper.
-
-    Not root: nothing happens (``None``; privileged calls answer ``HELPER_UNAVAILABLE``).
-    As root, :func:`mcpd.admin.devroot.setup_root_state` first makes the folder fit for privilege
-    separation (service user, ``mcpd-dev`` account, example grant, ``helper_socket``), then
-    ``mcpd helper`` runs as a child process (its own session, so only this process gets Ctrl-C).
-
-    Raises:
-        mcpd.admin.devroot.DevRootError: an account could not be created or the helper did not start
-            within its deadline (seconds, :data:`mcpd.admin.devroot.HELPER_START_SECONDS`).
-    """
-    if os.geteuid() != 0:
-        return None
-    from mcpd.admin import devroot
-
-    setup = devroot.setup_root_state(state)
-    devroot.ensure_pam_service(sys.stderr)
-    return devroot.start_helper(setup)
-
-
 def check_root_state_folder(state_dir: Path) -> None:
     """As root, refuse a state folder that root does not own or that another account can change:
     the folder (when it exists) and every folder above it must be root's and not writable by
@@ -243,8 +270,8 @@ def check_root_state_folder(state_dir: Path) -> None:
 
 def run(state_dir: Path, port: int, new_token: bool = False, metrics_port: int = 0) -> int:
     """Check the port, lock the folder, prepare it, print the exports, and run the server until
-    Ctrl-C; return the exit code (:data:`EXIT_BUSY` when the port or folder is in use, 78 when the
-    setup fails).
+    Ctrl-C, SIGTERM or SIGHUP; return the exit code: 0 after one of those, :data:`EXIT_BUSY`
+    when the port or folder is in use, 78 when the setup fails.
 
     As root the root helper runs too (restarted when it dies) and the front runs as the service
     user (``mcpd``), with the ``dev`` principal bound to the unprivileged ``mcpd-dev`` account.
@@ -271,24 +298,25 @@ def run(state_dir: Path, port: int, new_token: bool = False, metrics_port: int =
 def _run_locked(state_dir: Path, port: int, new_token: bool, metrics_port: int = 0) -> int:
     try:
         state = prepare(state_dir, port, new_token, metrics_port)
-        stop_helper = start_root_helper(state)
-    except Exception as exc:  # config, users file, OS error, account or helper start failure
+    except Exception as exc:  # config, users file, OS error
         print(f"mcpd dev: {exc}", file=sys.stderr)
         return config.EXIT_CONFIG
-    print_exports(state, sys.stdout)
-    if stop_helper is not None:
-        from mcpd.admin import devroot
-
+    if os.geteuid() == 0:
+        return _run_as_root(state)
+    # The front runs in this process (uvicorn's graceful stop on SIGINT and SIGTERM; a hang-up
+    # asks for the same); its workers die with it, however it ends (their parent-death signal).
+    with stop_signals(on_hangup=lambda: os.kill(os.getpid(), signal.SIGTERM)):
         try:
-            devroot.print_routes(state, sys.stdout)
-            print_privileged(True, state, sys.stdout)
-            return devroot.run_front(state)
-        finally:
-            stop_helper()
-    print_privileged(False, state, sys.stdout)
-    try:
-        from mcpd.front.server import serve
+            print_exports(state, sys.stdout)
+            print_privileged(False, state, sys.stdout)
+            from mcpd.front.server import serve
 
-        return serve(str(state.config_path))
-    except KeyboardInterrupt:
-        return 0
+            return serve(str(state.config_path))
+        except (KeyboardInterrupt, DevStop):  # uvicorn passes the signal on once it has stopped
+            return 0
+
+
+def _run_as_root(state: DevState) -> int:
+    from mcpd.admin import devroot
+
+    return devroot.run(state, sys.stdout, sys.stderr)

@@ -1,8 +1,21 @@
 """``mcpd dev`` run as root: the root helper, the front as the service user (docs/PRIVSEP.md).
 
-:func:`mcpd.admin.devmode.start_root_helper` calls :func:`setup_root_state` and :func:`start_helper`;
-:func:`mcpd.admin.devmode.run` then runs the front through :func:`run_front`. As root the state folder
-becomes::
+:func:`mcpd.admin.devmode.run` hands over to :func:`run`, which calls :func:`setup_root_state`,
+starts the root helper (:func:`spawn_helper`) and runs the front beside it (:func:`supervise`).
+
+The helper and the front are this process's children, each in its own session (the terminal's
+signals reach only ``mcpd dev``), and the development tree ends with ``mcpd dev`` however it ends:
+
+- SIGINT (even when inherited ignored, as in ``mcpd dev &`` from a script), SIGTERM and SIGHUP
+  (a closed terminal) stop it in order: the front (uvicorn's graceful stop), then the helper (which
+  stops the policy process first), each SIGKILLed after :data:`STOP_SECONDS`;
+- when it dies without that chance (SIGKILL, a crash, a second SIGINT or SIGTERM while it
+  stops), the kernel SIGKILLs the helper and the front, which were started with a parent-death
+  signal (:func:`die_with_this_process`); the policy process dies with the helper (its own
+  parent-death signal), the fork server ends when the helper's socket closes, and the workers
+  die with the fork server (theirs), so the port and the folder's lock are free at once.
+
+As root the state folder becomes::
 
     <state>/                 0751 root:mcpd   the front may enter and list; the policy enter
       mcpd.yaml              0640 root:mcpd   helper_socket run/helper.sock, audit in audit/
@@ -21,24 +34,25 @@ service user the helper accepts on its socket), ``mcpd-policy`` (the policy proc
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pwd
+import select
 import signal
 import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import TextIO
-from collections.abc import Callable
 
 import yaml
 
 from mcpd.common import config
 from mcpd.common import identity
-from mcpd.admin.devmode import DEV_PRINCIPAL, DevState
+from mcpd.admin.devmode import DEV_PRINCIPAL, DevState, DevStop, print_exports, print_privileged, stop_signals
 
 SERVICE_USER = "mcpd"
 DEV_ACCOUNT = "mcpd-dev"
@@ -206,91 +220,155 @@ def _stop(proc: subprocess.Popen[bytes], sig: int) -> int:
 RESTART_DELAY_SECONDS = 1.0  # as systemd's RestartSec= would wait (the unit says 2 s)
 RESTART_BURST = 5  # at most this many restarts ...
 RESTART_WINDOW_SECONDS = 60.0  # ... in this many seconds, then give up (systemd's StartLimitBurst)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _spawn_helper(setup: RootSetup) -> subprocess.Popen[bytes]:
-    """Start ``mcpd helper`` and wait for its socket (see :func:`start_helper`)."""
+def die_with_this_process() -> Callable[[], None]:
+    """A ``preexec_fn`` for :class:`subprocess.Popen`: the child gets SIGKILL from the kernel when
+    the calling process ends, however it ends (``PR_SET_PDEATHSIG``).
+
+    The kernel sends it when the *thread* that started the child ends, so call ``Popen`` from the
+    main thread only. ``Popen`` runs the function after its uid and gid change (which would clear
+    the signal) and before ``exec`` (which keeps it for a program that is not set-uid); a child
+    whose parent already ended (``getppid`` is no longer the caller) exits at once. Raises
+    ``OSError`` in the child (``Popen`` then raises ``SubprocessError``) when ``prctl`` fails.
+    """
+    parent = os.getpid()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+
+    def arm() -> None:
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:  # it ended before the line above took effect
+            os._exit(1)
+
+    return arm
+
+
+def _say(err: TextIO, text: str) -> None:
+    """Write one line on ``err``, ignoring a terminal that has gone away."""
+    try:
+        err.write(text + "\n")
+        err.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def spawn_helper(setup: RootSetup) -> subprocess.Popen[bytes]:
+    """Start ``mcpd helper`` (root) with its log in ``<state>/helper.log``, in its own session (the
+    terminal's signals reach only ``mcpd dev``), killed by the kernel if ``mcpd dev`` ends
+    (:func:`die_with_this_process`); wait until its socket is there (mode 0660). Call from the
+    main thread.
+
+    Raises:
+        DevRootError: the helper exited, or its socket did not appear within
+            :data:`HELPER_START_SECONDS` seconds.
+    """
     setup.socket_path.unlink(missing_ok=True)  # a previous helper's socket must not look ready
     with open(setup.helper_log, "ab") as log:
         os.fchmod(log.fileno(), 0o600)
         proc = subprocess.Popen(
             [sys.executable, "-m", "mcpd.admin.cli", "helper", "--config", str(setup.config_path)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=setup.config_path.parent,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=die_with_this_process(),
         )
-    deadline = time.monotonic() + HELPER_START_SECONDS
-    while True:
-        try:
-            st = os.lstat(setup.socket_path)
-            if stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660:
-                break
-        except FileNotFoundError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _stop(proc, signal.SIGTERM)
-            raise DevRootError(f"the root helper did not start (exit {proc.returncode}); see {setup.helper_log}")
-        time.sleep(0.05)
-    return proc
-
-
-def start_helper(setup: RootSetup, err: TextIO = sys.stderr) -> Callable[[], None]:
-    """Start ``mcpd helper`` (root) with its log in ``<state>/helper.log`` and keep it running, as
-    systemd would in production: a helper that exits is started again after
-    :data:`RESTART_DELAY_SECONDS`, except after exit 78 (a broken configuration) or more than
-    :data:`RESTART_BURST` restarts in :data:`RESTART_WINDOW_SECONDS`; each restart is said on
-    ``err``. Returns a stopper that ends the watch, then sends SIGTERM and, after
-    :data:`STOP_SECONDS`, SIGKILL.
-
-    Raises:
-        DevRootError: the helper exited, or its socket did not appear within
-            :data:`HELPER_START_SECONDS` seconds (the first start only).
-    """
-    import threading
-
-    current = [_spawn_helper(setup)]
-    stopping = threading.Event()
-    guard = threading.Lock()  # a restart and the stopper never interleave
-
-    def watch() -> None:
-        restarts: list[float] = []
+    try:
+        deadline = time.monotonic() + HELPER_START_SECONDS
         while True:
-            code = current[0].wait()
-            if stopping.is_set():
-                return
-            if code == config.EXIT_CONFIG:
-                err.write(f"# the root helper exited {code} (configuration); not restarted, see {setup.helper_log}\n")
-                return
-            now = time.monotonic()
-            restarts = [t for t in restarts if now - t < RESTART_WINDOW_SECONDS] + [now]
-            if len(restarts) > RESTART_BURST:
-                err.write(f"# the root helper died {len(restarts)} times in {RESTART_WINDOW_SECONDS:g} s; not "
-                          f"restarted again, see {setup.helper_log}\n")
-                return
-            err.write(f"# the root helper exited ({code}); restarting it in {RESTART_DELAY_SECONDS:g} s\n")
-            err.flush()
-            if stopping.wait(RESTART_DELAY_SECONDS):
-                return
-            with guard:
-                if stopping.is_set():
-                    return
+            try:
+                st = os.lstat(setup.socket_path)
+                if stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660:
+                    return proc
+            except FileNotFoundError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise DevRootError(f"the root helper did not start (exit {proc.poll()}); see {setup.helper_log}")
+            time.sleep(0.05)
+    except BaseException:
+        _stop(proc, signal.SIGTERM)
+        raise
+
+
+def spawn_front(state: DevState) -> subprocess.Popen[bytes]:
+    """Start ``mcpd serve`` as the service user (uid, gid, no supplementary groups) in its own
+    session, killed by the kernel if ``mcpd dev`` ends (:func:`die_with_this_process`). Its
+    stdout and stderr are this process's. Call from the main thread."""
+    service = pwd.getpwnam(SERVICE_USER)
+    return subprocess.Popen(
+        [sys.executable, "-m", "mcpd.front.server", "--config", str(state.config_path)],
+        stdin=subprocess.DEVNULL, cwd=state.state_dir, start_new_session=True,
+        user=service.pw_uid, group=service.pw_gid, extra_groups=[],
+        env={"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": "/"},
+        preexec_fn=die_with_this_process(),
+    )
+
+
+class _Child:
+    """A child process and its pidfd (readable once it has exited), for ``select``."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.fd = os.pidfd_open(proc.pid)
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def reap(self) -> int:
+        """Wait for the process (it has exited, or is being stopped) and close the pidfd."""
+        code = self.proc.wait()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        return code
+
+
+def supervise(state: DevState, setup: RootSetup, helper: subprocess.Popen[bytes], err: TextIO = sys.stderr) -> int:
+    """Run the front (:func:`spawn_front`) and keep the root helper ``helper`` running, in this
+    process's main thread, until the front exits (its code) or a :class:`DevStop` arrives (0 once
+    the front stopped cleanly). As systemd would in production, a helper that exits is started
+    again after :data:`RESTART_DELAY_SECONDS`, except after exit 78 (a broken configuration) or
+    more than :data:`RESTART_BURST` restarts in :data:`RESTART_WINDOW_SECONDS`; each restart is
+    said on ``err``. On leaving, the front then the helper get SIGTERM and, after
+    :data:`STOP_SECONDS`, SIGKILL; should this process die first, the kernel kills both."""
+    children = {"helper": _Child(helper)}
+    restarts: list[float] = []
+    restart_at: float | None = None
+    try:
+        front = children["front"] = _Child(spawn_front(state))
+        while True:
+            timeout = None if restart_at is None else max(0.0, restart_at - time.monotonic())
+            ready = select.select(list(children.values()), [], [], timeout)[0]
+            if front in ready:
+                return front.reap()
+            if "helper" in children and children["helper"] in ready:
+                code = children.pop("helper").reap()
+                now = time.monotonic()
+                restarts = [t for t in restarts if now - t < RESTART_WINDOW_SECONDS] + [now]
+                if code == config.EXIT_CONFIG:
+                    _say(err, f"# the root helper exited {code} (configuration); not restarted, see {setup.helper_log}")
+                elif len(restarts) > RESTART_BURST:
+                    _say(err, f"# the root helper died {len(restarts)} times in {RESTART_WINDOW_SECONDS:g} s; "
+                              f"not restarted again, see {setup.helper_log}")
+                else:
+                    _say(err, f"# the root helper exited ({code}); restarting it in {RESTART_DELAY_SECONDS:g} s")
+                    restart_at = now + RESTART_DELAY_SECONDS
+            elif restart_at is not None and time.monotonic() >= restart_at:
+                restart_at = None
                 try:
-                    current[0] = _spawn_helper(setup)
+                    children["helper"] = _Child(spawn_helper(setup))
+                    _say(err, f"# the root helper runs again (pid {children['helper'].proc.pid})")
                 except DevRootError as exc:
-                    err.write(f"# {exc}\n")
-                    return
-            err.write(f"# the root helper runs again (pid {current[0].pid})\n")
-            err.flush()
-
-    watcher = threading.Thread(target=watch, name="helper-watch", daemon=True)
-    watcher.start()
-
-    def stop() -> None:
-        stopping.set()
-        with guard:
-            _stop(current[0], signal.SIGTERM)
-        watcher.join(timeout=STOP_SECONDS)
-
-    return stop
+                    _say(err, f"# {exc}")
+    except DevStop:
+        if "front" not in children:
+            return 0
+        code = _stop(children["front"].proc, signal.SIGTERM)  # uvicorn's graceful stop
+        return 0 if code in (0, -signal.SIGTERM) else code
+    finally:
+        for name in ("front", "helper"):  # the front first: it stops taking calls
+            if name in children:
+                _stop(children[name].proc, signal.SIGTERM)
+                children[name].reap()
 
 
 PAM_SERVICE = Path("/etc/pam.d/mcpd")
@@ -326,31 +404,32 @@ def print_routes(state: DevState, out: TextIO) -> None:
     out.flush()
 
 
-class _Stop(Exception):
-    pass
+def run(state: DevState, out: TextIO, err: TextIO) -> int:
+    """``mcpd dev`` as root, after :func:`mcpd.admin.devmode.prepare`: make the folder fit for
+    privilege separation (:func:`setup_root_state`), start the root helper, print the start-up
+    text on ``out`` and :func:`supervise` the helper and the front until a stop signal
+    (:func:`stop_signals`) or the front's exit. Returns the exit code: 78 when the setup or the
+    helper's start fails, 0 after a stop signal, else the front's.
 
+    Every child is started from this thread with :func:`die_with_this_process`, so none outlives
+    this process, whether it stops in order or is killed."""
+    helper: subprocess.Popen[bytes] | None = None
+    with stop_signals():
+        try:
+            try:
+                setup = setup_root_state(state)
+                ensure_pam_service(err)
+                helper = spawn_helper(setup)
+            except Exception as exc:  # an account, the folder, the users file, or the helper's start
+                _say(err, f"mcpd dev: {exc}")
+                return config.EXIT_CONFIG
+            print_exports(state, out)
+            print_routes(state, out)
+            print_privileged(True, state, out)
+            return supervise(state, setup, helper, err)
+        except DevStop:  # before the front ran
+            return 0
+        finally:
+            if helper is not None and helper.returncode is None:  # supervise did not reap it
+                _stop(helper, signal.SIGTERM)
 
-def run_front(state: DevState) -> int:
-    """Run ``mcpd serve`` as the service user (uid, gid, no supplementary groups) in the
-    foreground; Ctrl-C (SIGINT) or SIGTERM to this process stops it. Returns its exit code."""
-    service = pwd.getpwnam(SERVICE_USER)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mcpd.front.server", "--config", str(state.config_path)],
-        stdin=subprocess.DEVNULL, cwd=state.state_dir, start_new_session=True,
-        user=service.pw_uid, group=service.pw_gid, extra_groups=[],
-        env={"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": "/"},
-    )
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise _Stop()
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        return proc.wait()
-    except (KeyboardInterrupt, _Stop):
-        code = _stop(proc, signal.SIGTERM)  # uvicorn's graceful stop, without a KeyboardInterrupt trace
-        return 0 if code in (0, -signal.SIGTERM) else code
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if proc.poll() is None:
-            _stop(proc, signal.SIGTERM)

@@ -1,48 +1,73 @@
-"""``mcpd grants``: operator commands for ``mcp-sudo.yaml`` (SPEC §4).
+"""``mcpd grants``: operator commands for ``mcp-sudo.yaml``; they show every rule kind the
+daemon enforces (``allowed``, ``paths``, ``deny``, ``expires``, ``reauth_after`` and the fixed
+deny of the daemon's own secrets).
 
-* ``mcpd grants check [FILE]`` — like ``visudo -c``: exit 0 and ``FILE: parsed OK``, or exit 1
-  with one ``file:line: message`` per problem on stderr. A grant of everything (an entry covering
-  ``/``, like ``paths: ["/"]``) is a warning on stderr (exit 0).
-* ``mcpd grants list --user U`` — like ``sudo -l -U U``: every tool, path, deny entry and expiry
-  that applies to U, directly or through its OS groups, then the fixed deny of the daemon's own
-  secrets (SPEC §4.5a), which no grant overrides.
-* ``mcpd grants test --user U --tool T --path P`` — exit 0 when allowed, 1 when denied; prints the
-  rule that decided and why (a secret answers ``denied: the daemon's own secrets are never served``).
-* ``mcpd grants export --json`` — the policy as JSON.
+* ``mcpd grants check [FILE] [--strict]`` — like ``visudo -c``: exit 0 and ``FILE: parsed OK``,
+  or exit 1 with one ``file:line: message`` per problem on stderr. Warnings on stderr (exit 0;
+  exit 1 with ``--strict``): a subject that is no OS account or group, an expired rule, a
+  ``paths`` entry every path of which is denied (by its rule's ``deny`` or the fixed deny), an
+  entry no request path can match, and a grant of everything (an entry covering ``/``).
+* ``mcpd grants list --user U`` — like ``sudo -l -U U``: every rule that applies to U, directly or
+  through its OS groups, with its paths, deny entries, expiry and ``reauth_after``, then the
+  fixed deny, which no grant overrides.
+* ``mcpd grants test --user U --tool T --path P [--login-age D [--login-used]]`` — decides one
+  call with the daemon's own decision function (:func:`mcpd.policy.grants.decide`), as a static
+  ``users.yaml`` token or, with ``--login-age``, as a token of a password login that long ago;
+  then, for a path that exists on this host, predicts what root's opener will refuse (symlink in
+  path, several hard links, not a regular file or directory, path changed) by looking at it as
+  the opener would. Exit 0 when the call would be served, 1 when not.
+* ``mcpd grants export [--json]`` — the whole policy, as text or JSON.
 
-The grants file defaults to ``mcpd.yaml``'s ``grants_file``
-(``--config``, default ``/etc/mcpd/mcpd.yaml`` when it exists), else the built-in defaults; the
-fixed deny is computed from the same configuration, as the helper does. A broken grants file makes ``list``, ``test`` and
-``export`` exit 78 (configuration error).
+The grants file defaults to ``mcpd.yaml``'s ``grants_file`` (``--config``, default
+``/etc/mcpd/mcpd.yaml`` when it exists), else the built-in defaults; the fixed deny is computed
+from the same configuration, as the daemon does. A broken grants file makes ``list``, ``test``
+and ``export`` exit 78 (configuration error). Text from the file or the command line (paths,
+names) is shown through :func:`mcpd.common.printable.printable`; JSON is JSON.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import grp
 import json
 import os
+import pwd
+import stat
 import sys
 from typing import Any
-
-import dataclasses
 
 import click
 
 from mcpd.common import config as mcpd_config
-from mcpd.policy.grants import TOOLS, Policy, PolicyError, Rule, decide, load_policy, os_groups, secret_paths, utcnow
+from mcpd.common.filekind import kind as file_kind
+from mcpd.common.openrules import CHANGED, NOT_DIR, NOT_REGULAR, SYMLINK, refusal
+from mcpd.common.pathmatch import components
+from mcpd.common.printable import printable
 from mcpd.policy.entries import entry_covers_root
+from mcpd.policy.grants import (
+    REAUTH, SECRET, TOOLS, Decision, Policy, PolicyError, Rule, decide, is_secret, lint_policy, load_policy, os_groups,
+    parse_duration, secret_paths, utcnow,
+)
 
 _FMT = "%Y-%m-%dT%H:%M:%SZ"
 DEFAULT_CONFIG = "/etc/mcpd/mcpd.yaml"
+#: what root's opener needs of the inode, per tool: files/read a regular file, files/filetype any
+#: kind (a regular file with one link), files/find a directory, files/list a directory or one
+#: entry described alone
+OPEN_WANT = {"files/read": "file", "files/filetype": "any", "files/find": "dir", "files/list": "list"}
 
 
 def _defaults(config_path: str | None) -> mcpd_config.Config:
-    if not config_path:
-        return mcpd_config.load(DEFAULT_CONFIG) if os.path.exists(DEFAULT_CONFIG) else mcpd_config.Config()
+    """``config_path``'s configuration, else ``/etc/mcpd/mcpd.yaml``'s when it exists, else the
+    built-in defaults; a broken one exits 78 with its error."""
+    path = config_path or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None)
+    if path is None:
+        return mcpd_config.Config()
     try:
-        return mcpd_config.load(config_path)
+        return mcpd_config.load(path)
     except mcpd_config.ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(printable(f"error: {exc}"), err=True)
         sys.exit(mcpd_config.EXIT_CONFIG)
 
 
@@ -50,15 +75,21 @@ def _owner_uid(any_owner: bool) -> int:
     return os.geteuid() if any_owner else 0
 
 
-def _load(grants_file: str | None, config_path: str | None, any_owner: bool) -> Policy:
-    """The grants file (``--file``, else the configuration's) with the helper's fixed deny."""
+def _secrets(grants_file: str | None, config_path: str | None) -> tuple[str, tuple[str, ...]]:
+    """``(grants file, fixed deny)``: ``--file`` else the configuration's, and the daemon's secrets."""
     cfg = _defaults(config_path)
     cfg = dataclasses.replace(cfg, grants_file=grants_file or cfg.grants_file)
+    return cfg.grants_file, secret_paths(cfg, config_path or DEFAULT_CONFIG)
+
+
+def _load(grants_file: str | None, config_path: str | None, any_owner: bool) -> Policy:
+    """The grants file (``--file``, else the configuration's) with the helper's fixed deny."""
+    path, secrets = _secrets(grants_file, config_path)
     try:
-        return load_policy(cfg.grants_file, _owner_uid(any_owner), secret_paths(cfg, config_path or DEFAULT_CONFIG))
+        return load_policy(path, _owner_uid(any_owner), secrets)
     except PolicyError as exc:
         for line in exc.errors:
-            click.echo(line, err=True)
+            click.echo(printable(line), err=True)
         sys.exit(mcpd_config.EXIT_CONFIG)
 
 
@@ -66,38 +97,138 @@ def _groups(user: str, given: tuple[str, ...]) -> frozenset[str]:
     return frozenset(given) if given else os_groups(user)
 
 
+def _exists(lookup: Any, name: str) -> bool:
+    try:
+        lookup(name)
+    except KeyError:
+        return False
+    return True
+
+
 def _note_unknown(user: str) -> None:
     """Say on stderr when no OS account is named ``user``: grants are matched by account name, so
     an answer for a misspelt name would otherwise look like a real "no grants"."""
-    import pwd
-
-    try:
-        pwd.getpwnam(user)
-    except KeyError:
-        click.echo(f"note: no OS account is named {user}: grants are matched by OS account name, so "
+    if not _exists(pwd.getpwnam, user):
+        click.echo(f"note: no OS account is named {printable(user)}: grants are matched by OS account name, so "
                    "this answer is about a user who cannot log in (check the spelling)", err=True)
 
 
+def _now(text: str | None, param: str = "--now") -> datetime.datetime:
+    """``text`` (ISO 8601 with a UTC offset) as an aware datetime, or the current time."""
+    if not text:
+        return utcnow()
+    try:
+        now = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter("must be an ISO 8601 time", param_hint=param) from None
+    if now.tzinfo is None:
+        raise click.BadParameter("must carry a UTC offset (Z)", param_hint=param)
+    return now
+
+
+def duration_text(seconds: float) -> str:
+    """A ``reauth_after`` window as the file writes it: ``0``, ``45s``, ``5m``, ``1h``."""
+    whole = int(seconds)
+    if whole == 0:
+        return "0"
+    unit = next((u for u, n in (("h", 3600), ("m", 60)) if whole % n == 0), "s")
+    return f"{whole // {'h': 3600, 'm': 60, 's': 1}[unit]}{unit}"
+
+
+def reauth_text(seconds: float) -> str:
+    """What a ``reauth_after`` window asks of a caller, in words."""
+    if seconds == 0:
+        return ("reauth_after 0: every call needs a password login of its own (linuxctl login): one call "
+                "per login; a users.yaml token never qualifies")
+    return (f"reauth_after {duration_text(seconds)}: a call needs a password login (linuxctl login) at most "
+            f"{duration_text(seconds)} old; a users.yaml token never qualifies")
+
+
+def rule_lines(policy: Policy, rule: Rule, now: datetime.datetime, head: str, indent: str) -> list[str]:
+    """The readable lines of one rule: ``head (state, expires, reauth_after, file:line)``, then its
+    ``path`` and ``deny`` entries and what its ``reauth_after`` asks, each escaped."""
+    state = "expired" if rule.allowed and rule.expired(now) else "allowed" if rule.allowed else "not allowed"
+    facts = [state] + ([f"expires {rule.expires.strftime(_FMT)}"] if rule.expires else [])
+    facts += [f"reauth_after {duration_text(rule.reauth_after)}"] if rule.reauth_after is not None else []
+    lines = [f"{head} ({', '.join(facts)}, {policy.source}:{rule.line})"]
+    lines += [f"{indent}path {e.text} ({policy.source}:{e.line})" for e in rule.paths]
+    lines += [f"{indent}deny {e.text} ({policy.source}:{e.line})" for e in rule.deny]
+    lines += [f"{indent}{reauth_text(rule.reauth_after)}"] if rule.reauth_after is not None else []
+    return [printable(line) for line in lines]
+
+
+def _fixed_deny(policy: Policy) -> None:
+    click.echo("Fixed deny (the daemon's own secrets, never served whatever a grant says):")
+    for secret in policy.secrets:
+        click.echo(printable(f"  deny {secret}"))
+
+
 def rule_to_dict(rule: Rule) -> dict[str, Any]:
-    """The JSON shape of one rule (``allowed``, ``paths``, ``deny``, ``expires`` or null, ``line``)."""
+    """The JSON shape of one rule: ``allowed``, ``paths``, ``deny``, ``expires`` (ISO 8601 UTC or
+    null), ``reauth_after`` (seconds, an integer, or null) and ``line``."""
     return {
         "allowed": rule.allowed,
         "paths": [e.text for e in rule.paths],
         "deny": [e.text for e in rule.deny],
         "expires": rule.expires.strftime(_FMT) if rule.expires else None,
+        "reauth_after": None if rule.reauth_after is None else int(rule.reauth_after),
         "line": rule.line,
     }
 
 
 def policy_to_dict(policy: Policy) -> dict[str, Any]:
-    """The JSON shape of a policy, mirroring the YAML file (SPEC §4.2)."""
+    """The JSON shape of a policy: ``users`` and ``groups`` mirroring the YAML file, and
+    ``fixed_deny``, the daemon's own secrets (:attr:`Policy.secrets`)."""
     def subjects(table: dict[str, dict[str, Rule]]) -> dict[str, Any]:
         return {
             name: {"privileged": {"tools": {t: rule_to_dict(r) for t, r in sorted(rules.items())}}}
             for name, rules in sorted(table.items())
         }
 
-    return {"users": subjects(policy.users), "groups": subjects(policy.groups)}
+    return {"users": subjects(policy.users), "groups": subjects(policy.groups), "fixed_deny": list(policy.secrets)}
+
+
+def predict_open(policy: Policy, path: str, tool: str, follow: bool) -> str | None:
+    """Why root's opener would refuse the granted ``path`` for ``tool`` as the host is now, or
+    ``None`` when it would open it; the same checks, made with ``lstat`` (so nothing is opened
+    but an ``O_PATH`` descriptor, which runs no driver and reads nothing).
+
+    Args:
+        policy: the grants (for the fixed deny checked on a followed path's real path).
+        path: the decided path (cleaned, absolute).
+        tool: one of :data:`OPEN_WANT`.
+        follow: the grant covers ``/`` (symlinks are followed; the real path is checked instead).
+    Returns:
+        the opener's reason (``symlink in path``, ``file has several hard links``, ``path changed
+        while opening``, ``not a regular file (fifo)``, ``not a directory (regular file)``, the
+        fixed deny's), or ``None``.
+    Raises:
+        FileNotFoundError, NotADirectoryError: nothing is there to judge.
+        OSError: the path could not be looked at (``PermissionError`` when not run as root).
+    """
+    want = OPEN_WANT[tool]
+    if follow:
+        st = os.stat(path)
+        if tool in ("files/read", "files/filetype") and is_secret(policy, os.path.realpath(path)):
+            return SECRET
+    else:
+        prefix, st = "", os.lstat("/")
+        for part in components(path):
+            prefix += "/" + part
+            st = os.lstat(prefix)
+            if stat.S_ISLNK(st.st_mode):
+                return SYMLINK
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            now, real = os.fstat(fd), os.readlink(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or real != path:
+            return CHANGED
+    why = refusal(st.st_mode, st.st_nlink, "dir" if want == "list" else want)
+    if want == "list" and why == NOT_DIR:
+        return None  # a path that is not a directory is described alone
+    return f"{why} ({file_kind(st.st_mode)})" if why in (NOT_DIR, NOT_REGULAR) else why
 
 
 _file_option = click.option("--file", "grants_file", default=None, type=click.Path(dir_okay=False),
@@ -106,6 +237,8 @@ _config_option = click.option("--config", "config_path", default=None, type=clic
                               help="mcpd.yaml, to find grants_file and audit_log")
 _any_owner_option = click.option("--any-owner", is_flag=True,
                                  help="Accept a file owned by the current user (development mode)")
+_now_option = click.option("--now", "now_text", default=None,
+                           help="Judge expiry at this ISO 8601 time with a UTC offset instead of now")
 
 
 @click.group()
@@ -115,64 +248,74 @@ def grants() -> None:
 
 @grants.command()
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option("--strict", is_flag=True, help="Exit 1 when there is any warning")
+@_now_option
 @_config_option
 @_any_owner_option
-def check(file: str | None, config_path: str | None, any_owner: bool) -> None:
-    """Check FILE like `visudo -c`: exit 0 if it parses, 1 with file:line errors otherwise."""
-    path = file or _defaults(config_path).grants_file
+def check(file: str | None, strict: bool, now_text: str | None, config_path: str | None, any_owner: bool) -> None:
+    """Check FILE like `visudo -c`: exit 0 if it parses, 1 with file:line errors otherwise.
+
+    Also warns (exit 1 with --strict) about users and groups that are no OS account or group,
+    expired rules, entries every path of which is denied or that no path can match, and grants
+    of everything."""
+    now = _now(now_text)
+    path, secrets = _secrets(file, config_path)
     try:
-        policy = load_policy(path, _owner_uid(any_owner))
+        policy = load_policy(path, _owner_uid(any_owner), secrets)
     except PolicyError as exc:
         for line in exc.errors:
-            click.echo(line, err=True)
+            click.echo(printable(line), err=True)
         sys.exit(1)
+    warnings = lint_policy(policy, now, lambda u: _exists(pwd.getpwnam, u), lambda g: _exists(grp.getgrnam, g))
     for table in (policy.users, policy.groups):
         for rules in table.values():
             for rule in rules.values():
-                for entry in (e for e in rule.paths if rule.allowed and entry_covers_root(e.parts)):
-                    click.echo(f"warning: {path}:{entry.line}: {rule.subject} {rule.tool}: paths {entry.text} "
-                               "grants every file on the system (/etc/shadow, SSH host keys, other users' "
-                               "files); grant the folders really needed", err=True)
-    click.echo(f"{path}: parsed OK")
+                warnings += [(e.line, f"{rule.subject} {rule.tool}: paths {e.text} grants every file on the system "
+                                      "(/etc/shadow, SSH host keys, other users' files); grant the folders really "
+                                      "needed") for e in rule.paths if rule.allowed and entry_covers_root(e.parts)]
+    for at, message in sorted(warnings, key=lambda w: w[0]):
+        click.echo(printable(f"warning: {path}:{at}: {message}"), err=True)
+    if strict and warnings:
+        click.echo(printable(f"{path}: {len(warnings)} warning(s); failing (--strict)"), err=True)
+        sys.exit(1)
+    click.echo(printable(f"{path}: parsed OK"))
 
 
 @grants.command("list")
 @click.option("--user", "user", required=True, help="OS user name")
 @click.option("--group", "groups", multiple=True, help="Use these groups instead of the OS's (repeat)")
+@_now_option
 @_file_option
 @_config_option
 @_any_owner_option
-def list_cmd(user: str, groups: tuple[str, ...], grants_file: str | None, config_path: str | None,
-             any_owner: bool) -> None:
+def list_cmd(user: str, groups: tuple[str, ...], now_text: str | None, grants_file: str | None,
+             config_path: str | None, any_owner: bool) -> None:
     """List every grant that applies to USER, like `sudo -l -U USER`."""
+    now = _now(now_text)
     policy = _load(grants_file, config_path, any_owner)
     member = _groups(user, groups)
-    now = utcnow()
     sources = [(f"users.{user}", policy.users.get(user, {}))]
     sources += [(f"groups.{g}", policy.groups[g]) for g in sorted(member) if g in policy.groups]
     found = False
-    click.echo(f"Grants for {user} (groups: {', '.join(sorted(member)) or 'none'}):")
+    click.echo(printable(f"Grants for {user} (groups: {', '.join(sorted(member)) or 'none'}):"))
     for subject, rules in sources:
         for tool in TOOLS:
-            rule = rules.get(tool)
-            if rule is None:
-                continue
-            found = True
-            state = "allowed" if rule.allowed else "not allowed"
-            if rule.allowed and rule.expired(now):
-                state = "expired"
-            expires = f", expires {rule.expires.strftime(_FMT)}" if rule.expires else ""
-            click.echo(f"  {tool} via {subject} ({state}{expires}, {policy.source}:{rule.line})")
-            for entry in rule.paths:
-                click.echo(f"    path {entry.text} ({policy.source}:{entry.line})")
-            for entry in rule.deny:
-                click.echo(f"    deny {entry.text} ({policy.source}:{entry.line})")
+            if (rule := rules.get(tool)) is not None:
+                found = True
+                for line in rule_lines(policy, rule, now, f"  {tool} via {subject}", "    "):
+                    click.echo(line)
     if not found:
         click.echo("  (no grants)")
-    click.echo("Fixed deny (the daemon's own secrets, never served whatever a grant says):")
-    for secret in policy.secrets:
-        click.echo(f"  deny {secret}")
+    _fixed_deny(policy)
     _note_unknown(user)
+
+
+def _login_text(login_age: float | None, login_used: bool, window: float | None) -> str:
+    if login_age is None:
+        return "login: judged as a static users.yaml token (no password login; give --login-age to judge one)"
+    used = "already used" if login_used else "not used yet"
+    once = f" (its one call under reauth_after: 0 {used})" if window == 0 or login_used else ""
+    return f"login: judged as a password login {duration_text(login_age)} ago{once}"
 
 
 @grants.command()
@@ -180,43 +323,86 @@ def list_cmd(user: str, groups: tuple[str, ...], grants_file: str | None, config
 @click.option("--tool", "tool", required=True, type=click.Choice(TOOLS), help="Tool name")
 @click.option("--path", "path", required=True, help="Absolute path to test")
 @click.option("--group", "groups", multiple=True, help="Use these groups instead of the OS's (repeat)")
-@click.option("--now", "now_text", default=None, help="Judge at this ISO 8601 UTC time instead of now")
+@click.option("--login-age", "login_age_text", default=None, metavar="DURATION",
+              help="Judge as a token of a password login (linuxctl login) this long ago: 0, 30s, 10m, 1h "
+                   "[default: a static users.yaml token, which never satisfies reauth_after]")
+@click.option("--login-used", is_flag=True,
+              help="With --login-age: that login already had its one call under a reauth_after: 0 rule")
+@_now_option
 @_file_option
 @_config_option
 @_any_owner_option
-def test(user: str, tool: str, path: str, groups: tuple[str, ...], now_text: str | None,
-         grants_file: str | None, config_path: str | None, any_owner: bool) -> None:
-    """Decide one call: exit 0 when allowed, 1 when denied; print the deciding rule and why."""
+def test(user: str, tool: str, path: str, groups: tuple[str, ...], login_age_text: str | None, login_used: bool,
+         now_text: str | None, grants_file: str | None, config_path: str | None, any_owner: bool) -> None:
+    """Decide one call as the daemon would: exit 0 when it would be served, 1 when not; print the
+    deciding rule and why. For a path that exists here, also predict root's opener."""
+    now = _now(now_text)
+    login_age = None if login_age_text is None else parse_duration(login_age_text)
+    if login_age_text is not None and login_age is None:
+        raise click.BadParameter("must be a duration like 0, 30s, 10m or 1h", param_hint="--login-age")
+    if login_used and login_age is None:
+        raise click.UsageError("--login-used needs --login-age (a static token has no login to use)")
     policy = _load(grants_file, config_path, any_owner)
-    now = utcnow()
-    if now_text:
-        try:
-            now = datetime.datetime.fromisoformat(now_text)
-        except ValueError:
-            raise click.BadParameter("must be an ISO 8601 time", param_hint="--now") from None
-        if now.tzinfo is None:
-            raise click.BadParameter("must carry a UTC offset (Z)", param_hint="--now")
-    d = decide(policy, user, _groups(user, groups), tool, path, now)
-    click.echo(f"{'allowed' if d.allowed else 'denied'}: {d.reason}")
-    click.echo(f"path: {d.resolved_path if d.resolved_path is not None else '(invalid)'}")
-    click.echo(f"rule: {d.rule or '(none)'}")
-    if d.note:
-        click.echo(f"note: {d.note}")
-    if d.covers_root:
-        click.echo("symlinks: followed (the grant covers /)")
+    login_time = None if login_age is None else now - datetime.timedelta(seconds=login_age)
+    d = decide(policy, user, _groups(user, groups), tool, path, now, login_time=login_time, login_used=login_used)
+    refused, opened = _open_check(policy, d, tool)
+    verdict = f"denied: would be refused at open: {refused}" if refused else \
+        f"{'allowed' if d.allowed else 'denied'}: {d.reason}"
+    lines = [verdict, f"path: {d.resolved_path if d.resolved_path is not None else '(invalid)'}",
+             f"rule: {d.rule or '(none)'}"]
+    lines += [f"note: {d.note}"] if d.note and d.reason != REAUTH else []  # a refused login: the reauth line says it
+    if d.reauth_after is not None or login_age is not None:
+        lines.append(_login_text(login_age, login_used, d.reauth_after))
+    lines += [reauth_text(d.reauth_after)] if d.reauth_after is not None else []
+    if d.allowed and d.reauth_after == 0:
+        lines.append("note: this call would use the login's one reauth_after: 0 call; the next one is refused")
+    lines += ["symlinks: followed (the grant covers /)"] if d.covers_root else []
+    lines += [opened] if opened else []
+    for line in lines:
+        click.echo(printable(line))
     _note_unknown(user)
-    sys.exit(0 if d.allowed else 1)
+    sys.exit(0 if d.allowed and not refused else 1)
+
+
+def _open_check(policy: Policy, d: Decision, tool: str) -> tuple[str | None, str | None]:
+    """``(refusal, open: line)`` of :func:`predict_open` for an allowed decision; nothing for a refusal."""
+    if not d.allowed or d.resolved_path is None:
+        return None, None
+    try:
+        why = predict_open(policy, d.resolved_path, tool, d.covers_root)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, "open: the path does not exist on this host, so what root's opener does was not checked"
+    except OSError as exc:
+        return None, (f"open: could not look at the path as root's opener would ({exc.strerror}); run as root "
+                      "to check it")
+    if why is None:
+        return None, "open: checked on this host: root's opener would open it"
+    return why, "note: the grant allows this path, but root's opener refuses it as it is on this host now"
 
 
 @grants.command()
-@click.option("--json", "as_json", is_flag=True, default=True, help="JSON output (the only format)")
+@click.option("--json", "as_json", is_flag=True, help="JSON output (default: text)")
+@_now_option
 @_file_option
 @_config_option
 @_any_owner_option
-def export(as_json: bool, grants_file: str | None, config_path: str | None, any_owner: bool) -> None:
-    """Print the whole policy as JSON."""
+def export(as_json: bool, now_text: str | None, grants_file: str | None, config_path: str | None,
+           any_owner: bool) -> None:
+    """Print the whole policy: every rule of every user and group, then the fixed deny."""
+    now = _now(now_text)
     policy = _load(grants_file, config_path, any_owner)
-    click.echo(json.dumps(policy_to_dict(policy), indent=2, sort_keys=True))
+    if as_json:
+        click.echo(json.dumps(policy_to_dict(policy), indent=2, sort_keys=True))
+        return
+    click.echo(printable(f"Grants in {policy.source}:"))
+    rules = [r for table in (policy.users, policy.groups) for name in sorted(table) for r in
+             (table[name][t] for t in TOOLS if t in table[name])]
+    for rule in rules:
+        for line in rule_lines(policy, rule, now, f"  {rule.subject} {rule.tool}", "    "):
+            click.echo(line)
+    if not rules:
+        click.echo("  (no grants)")
+    _fixed_deny(policy)
 
 
 @click.group()

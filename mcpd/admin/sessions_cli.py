@@ -17,6 +17,7 @@ import click
 
 from mcpd.policy.login import Store, unlock
 from mcpd.common.folders import safe_folder
+from mcpd.common.printable import printable
 
 
 def _state_folder(config_path: str) -> int:
@@ -44,18 +45,21 @@ def _when(seconds: float) -> str:
 @click.option("--revoke", "revoke_id", metavar="ID", help="Revoke the login token with this id")
 @click.option("--revoke-user", metavar="OS_USER", help="Revoke every login token of this OS account")
 def sessions(config_path: str, revoke_id: str | None, revoke_user: str | None) -> None:
-    """List login tokens (id, OS account, login time, expiry, address), or revoke some."""
+    """List login tokens (id, OS account, login time, expiry, address; tab-separated, escaped), or
+    revoke some."""
     store = Store(_state_folder(config_path))
     if revoke_id:
         if not store.revoke(revoke_id):
-            raise click.ClickException(f"no login token {revoke_id}")
-        click.echo(f"revoked {revoke_id}")
+            raise click.ClickException(printable(f"no login token {revoke_id}"))
+        click.echo(printable(f"revoked {revoke_id}"))
         return
     if revoke_user:
-        click.echo(f"revoked {store.revoke_user(revoke_user)} login token(s) of {revoke_user}")
+        click.echo(printable(f"revoked {store.revoke_user(revoke_user)} login token(s) of {revoke_user}"))
         return
-    for rec in store.records():
-        click.echo(f"{rec.id}\t{rec.os_user}\tlogin {_when(rec.login_time)}\texpires {_when(rec.expires)}\tfrom {rec.peer}")
+    for rec in store.records():  # the address and account name came from a client: escaped
+        fields = (rec.id, rec.os_user, f"login {_when(rec.login_time)}", f"expires {_when(rec.expires)}",
+                  f"from {rec.peer}")
+        click.echo("\t".join(printable(f) for f in fields))
 
 
 @click.command("unlock")
@@ -67,4 +71,4 @@ def unlock_cmd(os_user: str, config_path: str) -> None:
         found = unlock(_state_folder(config_path), os_user)
     except (OSError, ValueError) as exc:
         raise click.ClickException(f"lockout state unreadable: {exc}") from None
-    click.echo(f"unlocked {os_user}" if found else f"{os_user} had no login failures recorded")
+    click.echo(printable(f"unlocked {os_user}" if found else f"{os_user} had no login failures recorded"))

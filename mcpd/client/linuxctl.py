@@ -4,7 +4,7 @@
                             [--encoding E] [--privileged]
     linuxctl list files DIR [--limit N] [--json] [--privileged]
     linuxctl find files ROOT [--name GLOB] [--type T] [--max-depth N] [--max-results N]
-                             [--time-budget S] [--progress] [--json] [--privileged]
+                             [--time-budget S] [--progress] [--json | -0] [--privileged]
     linuxctl get filetype PATH [--json] [--privileged]
     linuxctl read URI [--start-line N] [--end-line N] [--encoding E] [--metadata] [--privileged]
     linuxctl tools [--json]
@@ -18,6 +18,12 @@ The server, token and CA come from flags, the environment and the config file wi
 Streamable HTTP at ``/mcp`` and falls back to ``/sse`` when the server has no ``/mcp``; ``http`` or
 ``sse`` forces one. Errors go to stderr as ``CODE: message``. Exit status: 0 ok, 1 tool error,
 2 usage error, 3 authentication failure, 4 server unreachable or not trusted.
+
+Readable output never prints text the server or a file's owner controls (names, paths, messages)
+as it is: it goes through :func:`mcpd.common.printable.printable`, so a file name holding a
+newline, a terminal escape or a bidirectional override is shown escaped and cannot forge lines.
+``--json`` is JSON (which escapes control characters itself); ``find files -0`` writes the raw
+bytes of each path, NUL-terminated, for scripts.
 """
 
 from __future__ import annotations
@@ -35,13 +41,16 @@ import click
 from mcpd.client import pager
 from mcpd.client.api import TRANSPORTS, Client, MCPClientError, text_of, tool_failure
 from mcpd.client.config import Settings, config_path, load_config_file, resolve
+from mcpd.common.listing import entry_line
+from mcpd.common.printable import printable
 
 T = TypeVar("T")
 
 
 def fail(exc: MCPClientError) -> NoReturn:
-    """Print ``CODE: message`` on stderr and exit with the error's status (1 to 4)."""
-    click.echo(f"{exc.code}: {exc.message}", err=True)
+    """Print ``CODE: message`` (escaped: it may name a path) on stderr and exit with the error's
+    status (1 to 4)."""
+    click.echo(printable(f"{exc.code}: {exc.message}"), err=True)
     sys.exit(exc.exit_code)
 
 
@@ -216,17 +225,41 @@ def _progress_printer() -> Callable[[int, int], None]:
 
 
 def print_text(result: dict[str, Any]) -> None:
-    """Print a listing-style result's text with exactly one final newline."""
-    text = text_of(result)
-    write_out((text if text.endswith("\n") else text + "\n").encode("utf-8"))
+    """Print a listing-style result's text, escaped line by line, with exactly one final newline."""
+    text = "\n".join(printable(line) for line in text_of(result).removesuffix("\n").split("\n"))
+    write_out((text + "\n").encode("utf-8"))
 
 
 def print_split(body: str, notes: list[str]) -> None:
-    """Print ``body`` (the data lines) on stdout and the ``notes`` (summaries, warnings) on stderr."""
+    """Print ``body`` (the data lines, already escaped) on stdout and the ``notes`` (summaries,
+    warnings, already escaped) on stderr."""
     if body:
         write_out((body if body.endswith("\n") else body + "\n").encode("utf-8"))
     for note in notes:
         click.echo(note, err=True)
+
+
+def escaped_lines(text: str, fragments: list[str]) -> list[str]:
+    """``text`` split into lines, each through :func:`printable`, where each of ``fragments`` (a
+    path the server names, which may hold a newline) stays whole on its line: the fragments are
+    set aside before the split and put back escaped."""
+    keep = sorted({f for f in fragments if f and printable(f) != f}, key=len, reverse=True)
+    for i, fragment in enumerate(keep):
+        text = text.replace(fragment, f"\0{i}\0")  # no name holds a NUL: the marks are unambiguous
+    lines = [printable(line) for line in text.split("\n")]
+    for i, fragment in enumerate(keep):
+        mark, shown = printable(f"\0{i}\0"), printable(fragment)
+        lines = [line.replace(mark, shown) for line in lines]
+    return lines
+
+
+def raw_path(path: str) -> bytes:
+    """The bytes of a path as the server's file system holds them (a name that is not UTF-8
+    arrives with its bytes as lone surrogates, ``os.fsdecode``'s convention)."""
+    try:
+        return os.fsencode(path)
+    except UnicodeEncodeError:
+        return path.encode("utf-8", "surrogatepass")
 
 
 def print_json(result: dict[str, Any], notes: list[str]) -> None:
@@ -234,15 +267,6 @@ def print_json(result: dict[str, Any], notes: list[str]) -> None:
     click.echo(json.dumps(result.get("structuredContent"), indent=2, ensure_ascii=False))
     for note in notes:
         click.echo(note, err=True)
-
-
-def split_notes(text: str, body: str) -> list[str] | None:
-    """The note lines after ``body`` when the server's ``text`` is ``body`` then notes (joined by
-    ``\n``); None when it does not begin with ``body`` (then nothing may be dropped)."""
-    if not text.startswith(body):
-        return None
-    tail = text[len(body):].removeprefix("\n")
-    return tail.split("\n") if tail else []
 
 
 @get.command("filetype")
@@ -272,7 +296,8 @@ def list_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the listing as one JSON object")
 @click.pass_obj
 def list_files(settings: Settings, directory: str, limit: int | None, privileged: bool, as_json: bool) -> None:
-    """Print DIRECTORY's entries, one per line (hidden ones included), like ``ls -l``.
+    """Print DIRECTORY's entries, one per line (hidden ones included), like ``ls -l``; names,
+    link targets and account names are escaped (a newline shows as \\x0a).
 
     The summary line (how many entries) and any note (entries left out by --limit) go to stderr.
     """
@@ -283,17 +308,21 @@ def list_files(settings: Settings, directory: str, limit: int | None, privileged
     data = result.get("structuredContent") or {}
     note = data.get("note")
     if as_json:
-        print_json(result, [f"[NOTE: {note}]"] if note else [])
+        print_json(result, [printable(f"[NOTE: {note}]")] if note else [])
         return
     text = text_of(result)
     path = str(data.get("path", ""))
     head_end = text.find("\n", len(path)) if text.startswith(path) else -1
     head_end = head_end if head_end >= 0 else len(text)
-    head, rest = text[:head_end], text[head_end + 1:]  # "PATH: N entries", then ls -l lines
-    note_line = f"[NOTE: {note}]" if note else ""
-    if note_line and rest.endswith(note_line):
-        rest = rest[: -len(note_line)].removesuffix("\n")
-    print_split(rest, [head] + ([note_line] if note_line else []))
+    head = text[:head_end]  # "PATH: N entries"; then ls -l lines, written here from the entries
+    raw = data.get("entries")
+    entries = [e for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
+    try:
+        body = "\n".join(entry_line(e, printable) for e in entries)
+    except KeyError:  # not the entries this client knows: the server's own lines, escaped
+        body = "\n".join(escaped_lines(text[head_end + 1:], [str(e.get("name", "")) for e in entries]))
+    note_line = printable(f"[NOTE: {note}]") if note else ""
+    print_split(body, [printable(head)] + ([note_line] if note_line else []))
 
 
 @main.group("find")
@@ -311,15 +340,20 @@ def find_group() -> None:
 @click.option("--progress", is_flag=True, help="Show progress on stderr while the server walks")
 @click.option("--privileged", is_flag=True, help="Search through a sudo-style grant (mcp-sudo.yaml)")
 @click.option("--json", "as_json", is_flag=True, help="Print matches, counts and errors as one JSON object")
+@click.option("-0", "--print0", "print0", is_flag=True,
+              help="Print each path's raw bytes followed by a NUL, nothing else, like find -print0 (for xargs -0)")
 @click.pass_obj
 def find_files(settings: Settings, root: str, name: str | None, kind: str | None, max_depth: int | None,
                max_results: int | None, time_budget: float | None, progress: bool, privileged: bool,
-               as_json: bool) -> None:
-    """Print the paths below ROOT that match, one per line (folders end in /).
+               as_json: bool, print0: bool) -> None:
+    """Print the paths below ROOT that match, one per line (folders end in /), escaped.
 
     The summary (matches, entries scanned), notes (stopped early) and unreadable folders go to
-    stderr, so the output can be piped to xargs.
+    stderr. A name holding a newline or another control character is shown escaped (\\x0a), so
+    scripts should use -0: each path exactly as the file system has it, NUL-terminated.
     """
+    if as_json and print0:
+        raise click.UsageError("give --json or -0, not both")
     args: dict[str, Any] = {"root": root, "privileged": privileged}
     for key, value in (("name", name), ("type", kind), ("max_depth", max_depth), ("max_results", max_results),
                        ("time_budget_seconds", time_budget)):
@@ -328,21 +362,31 @@ def find_files(settings: Settings, root: str, name: str | None, kind: str | None
     wait = max(settings.timeout, (time_budget or 10.0) + 15.0)  # the server may use the whole budget
 
     def show(done: float, total: float | None, message: str | None) -> None:
-        click.echo(f"progress: {message or int(done)}", err=True)
+        click.echo(printable(f"progress: {message or int(done)}"), err=True)
 
     result = run(settings, lambda c: c.call_tool("files/find", args, timeout=wait,
                                                  on_progress=show if progress else None))
     data = result.get("structuredContent") or {}
     raw = data.get("matches")
     matches: list[dict[str, Any]] = [m for m in raw if isinstance(m, dict)] if isinstance(raw, list) else []
-    body = "\n".join(f"{m['path']}/" if m.get("type") == "dir" else str(m["path"]) for m in matches)
-    notes = split_notes(text_of(result), body)
+    paths = [str(m.get("path", "")) for m in matches]
+    body = "\n".join(f"{p}/" if m.get("type") == "dir" else p for p, m in zip(paths, matches))
+    text = text_of(result)
+    tail = text[len(body):].removeprefix("\n") if text.startswith(body) else None
+    raw_errors = data.get("errors")
+    errors = [e for e in raw_errors if isinstance(e, dict)] if isinstance(raw_errors, list) else []
+    fragments = [f"[ERROR: {e.get('path')}: {e.get('reason')}]" for e in errors] + [str(data.get("root", ""))]
+    notes = [] if not tail else escaped_lines(tail, fragments)
     if as_json:
-        print_json(result, notes or [])
-    elif notes is None:
+        print_json(result, notes)
+    elif print0:
+        write_out(b"".join(raw_path(p) + b"\0" for p in paths))
+        print_split("", notes)
+    elif tail is None:
         print_text(result)
     else:
-        print_split(body, notes)
+        shown = "\n".join(printable(f"{p}/" if m.get("type") == "dir" else p) for p, m in zip(paths, matches))
+        print_split(shown, notes)
 
 
 @main.command("read")

@@ -32,11 +32,8 @@ import stat
 
 from mcpd.common.errors import NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
 from mcpd.common.filekind import kind as file_kind
+from mcpd.common.openrules import CHANGED, NOT_DIR, NOT_REGULAR, SYMLINK, refusal
 from mcpd.common.pathmatch import PathError, clean_path
-
-SYMLINK = "symlink in path"
-HARD_LINKS = "file has several hard links"
-CHANGED = "path changed while opening"
 
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(platform.machine())
 _AT_FDCWD = -100
@@ -124,20 +121,14 @@ def open_checked(path: str, follow_symlinks: bool = False, want: str = "file") -
         st = os.fstat(fd)
         if not follow_symlinks and fd_path(fd) != cleaned:
             raise _denied(cleaned, CHANGED)
-        if want == "dir":
-            if not stat.S_ISDIR(st.st_mode):
-                raise ToolError(NOT_A_REGULAR_FILE, f"not a directory: {cleaned}", path=cleaned,
-                                type=file_kind(st.st_mode))
-            return _reopen(fd, st, os.O_RDONLY | os.O_DIRECTORY, cleaned), st
-        if not stat.S_ISREG(st.st_mode):
-            if want == "any":
-                fd, keep = -1, fd
-                return keep, st
-            raise ToolError(NOT_A_REGULAR_FILE, f"not a regular file: {cleaned}", path=cleaned,
-                            type=file_kind(st.st_mode))
-        if st.st_nlink != 1:
-            raise _denied(cleaned, CHANGED if st.st_nlink == 0 else HARD_LINKS)
-        return _reopen(fd, st, os.O_RDONLY | os.O_NONBLOCK, cleaned), st
+        why = refusal(st.st_mode, st.st_nlink, want)  # the judgement `mcpd grants test` predicts with
+        if why is not None:
+            raise (ToolError(NOT_A_REGULAR_FILE, f"{why}: {cleaned}", path=cleaned, type=file_kind(st.st_mode))
+                   if why in (NOT_DIR, NOT_REGULAR) else _denied(cleaned, why))
+        if want == "any" and not stat.S_ISREG(st.st_mode):
+            fd, keep = -1, fd
+            return keep, st
+        return _reopen(fd, st, os.O_RDONLY | (os.O_DIRECTORY if want == "dir" else os.O_NONBLOCK), cleaned), st
     finally:
         if fd >= 0:
             os.close(fd)

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import os
-import queue
 import shutil
-import signal
 import socket
 import stat
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -23,7 +19,6 @@ from mcpd.admin import devmode
 from mcpd.common import identity
 
 BIN = Path(sys.executable).parent
-START_DEADLINE = 60.0  # seconds the daemon gets to print its exports and answer
 
 
 def free_port() -> int:
@@ -67,12 +62,6 @@ def test_dev_rerun_keeps_folder_ca_and_token_and_other_principals(tmp_path: Path
     assert config.load(second.config_path).listen.port == 9292
 
 
-def _read_lines(proc: subprocess.Popen[str], out: "queue.Queue[str]") -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        out.put(line)
-
-
 def test_dev_prints_working_exports(tmp_path: Path) -> None:
     if os.geteuid() == 0:  # as root the front runs as `mcpd`, which must be able to enter the folder
         tmp_path = Path(tempfile.mkdtemp(prefix="mcpd-devtest-", dir="/tmp"))
@@ -85,45 +74,26 @@ def test_dev_prints_working_exports(tmp_path: Path) -> None:
 
 
 def _dev_prints_working_exports(tmp_path: Path) -> None:
+    from tests.integration.devtree import start, stop
+
     port, metrics_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("MCPD_URL", "MCP_TOKEN", "MCPD_CACERT")}
-    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
-    proc = subprocess.Popen(
-        [str(BIN / "mcpd"), "dev", "--port", str(port), "--metrics-port", str(metrics_port)], cwd=tmp_path, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    reader = threading.Thread(target=_read_lines, args=(proc, lines), daemon=True)
-    reader.start()
+    dev = start(tmp_path / "dev-state", port, "--metrics-port", str(metrics_port), state_arg=False)  # ./dev-state
     try:
-        printed = [lines.get(timeout=START_DEADLINE) for _ in range(4)]
+        lines = dev.out.lines
+        first = next(i for i, line in enumerate(lines) if line.startswith("export "))
+        printed = lines[first:first + 4]
         assert printed[0] == f"export MCPD_URL=https://127.0.0.1:{port}\n"
         assert printed[1].startswith("export MCP_TOKEN=mcpd_")
         assert printed[2] == f"export MCPD_CACERT={tmp_path / 'dev-state' / 'ca.crt'}\n"
         assert "linuxctl get files /etc/hosts" in printed[3]
-        exports = dict(line.removeprefix("export ").strip().split("=", 1) for line in printed[:3])
-        env.update(exports)
 
-        deadline = time.monotonic() + START_DEADLINE
-        while True:  # the server may still be binding its port: retry while unreachable (exit 4)
-            res = subprocess.run([str(BIN / "linuxctl"), "get", "files", "/etc/hosts"], env=env,
-                                 capture_output=True, timeout=START_DEADLINE)
-            if res.returncode != 4 or time.monotonic() > deadline or proc.poll() is not None:
-                break
-            time.sleep(0.2)
+        res = dev.linuxctl("/etc/hosts")  # with the exports it printed
         assert res.returncode == 0, res.stderr
         assert res.stdout == Path("/etc/hosts").read_bytes()
         metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text  # --metrics-port
         assert 'mcpd_calls_total{' in metrics and 'tool="files/read"' in metrics
-        proc.send_signal(signal.SIGINT)  # Ctrl-C ends the foreground server cleanly
-        assert proc.wait(timeout=30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=15)
-        reader.join(timeout=15)
-        assert proc.stdout is not None
-        proc.stdout.close()
+        assert stop(dev) == (0, [])  # Ctrl-C (SIGINT) ends the foreground server cleanly, and all of it
 
 
 def test_serve_exits_with_the_servers_code_on_broken_config(tmp_path: Path) -> None:

@@ -450,7 +450,7 @@ def test_first_load_failure_grants_nothing(tmp_path: Path) -> None:
 @pytest.mark.root
 def test_grants_check_like_visudo(tmp_path: Path) -> None:
     runner = CliRunner()
-    path = write_root_file(tmp_path, GOOD)
+    path = write_root_file(tmp_path, GOOD.replace("alice", pwd.getpwuid(os.geteuid()).pw_name))  # a real account
     ok = runner.invoke(grants, ["check", path])
     assert ok.exit_code == 0 and ok.output == f"{path}: parsed OK\n"
     Path(path).write_text("users:\n  a: {privileged: {tools: {files/read: {allowed: true}}}}\n")
@@ -497,8 +497,9 @@ def test_grants_export_json(tmp_path: Path) -> None:
     assert out.exit_code == 0
     assert json.loads(out.output) == {
         "users": {"alice": {"privileged": {"tools": {"files/read": {
-            "allowed": True, "paths": ["/var/log"], "deny": [], "expires": None, "line": 1}}}}},
+            "allowed": True, "paths": ["/var/log"], "deny": [], "expires": None, "reauth_after": None, "line": 1}}}}},
         "groups": {},
+        "fixed_deny": sorted(secret_paths(replace(Config(), grants_file=path), "/etc/mcpd/mcpd.yaml")),
     }
     os.chmod(path, 0o666)
     assert CliRunner().invoke(grants, ["export", "--file", path]).exit_code == 78

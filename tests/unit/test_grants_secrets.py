@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pwd
 from dataclasses import replace
 from pathlib import Path
 
@@ -224,16 +225,18 @@ def test_grants_list_shows_the_fixed_deny(tmp_path: Path) -> None:
 @pytest.mark.root
 @pytest.mark.parametrize("entry", ["/", "/**"])
 def test_grants_check_warns_on_a_grant_of_everything(tmp_path: Path, entry: str) -> None:
-    path = write_root_file(tmp_path, ROOT_GRANT.replace("[/]", f"['{entry}']"))
+    me = pwd.getpwuid(os.geteuid()).pw_name  # a real account: check warns about names that are none
+    path = write_root_file(tmp_path, ROOT_GRANT.replace("[/]", f"['{entry}']").replace("alice", me))
     run = CliRunner().invoke(grants, ["check", path])
     assert run.exit_code == 0 and run.stdout == f"{path}: parsed OK\n"
-    assert run.stderr.startswith(f"warning: {path}:1: users.alice files/read: paths {entry} grants every file")
+    assert run.stderr.startswith(f"warning: {path}:1: users.{me} files/read: paths {entry} grants every file")
 
 
 @pytest.mark.root
 def test_grants_check_is_quiet_for_folders(tmp_path: Path) -> None:
-    path = write_root_file(tmp_path, ROOT_GRANT.replace("[/]", "[/var/log]"))
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    path = write_root_file(tmp_path, ROOT_GRANT.replace("[/]", "[/var/log]").replace("alice", me))
     run = CliRunner().invoke(grants, ["check", path])
     assert run.exit_code == 0 and run.stderr == ""
-    off = write_root_file(tmp_path, ROOT_GRANT.replace("true", "false"), name="off.yaml")
+    off = write_root_file(tmp_path, ROOT_GRANT.replace("true", "false").replace("alice", me), name="off.yaml")
     assert CliRunner().invoke(grants, ["check", off]).stderr == ""  # allowed: false grants nothing

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcpd.common.listing import entry_line
 from mcpd.core.tools._schemas import PATH_SCHEMA, PRIVILEGED_SCHEMA
 from mcpd.core.walk import LIST_LIMIT as DEFAULT_LIMIT
 from mcpd.core.walk import LIST_MAX as MAX_LIMIT
@@ -43,16 +44,6 @@ INPUT_SCHEMA: dict[str, Any] = {
 __all__ = ["DEFAULT_LIMIT", "DESCRIPTION", "INPUT_SCHEMA", "MAX_LIMIT", "NAME", "format_result", "parse_args"]
 
 
-def _line(entry: dict[str, Any]) -> str:
-    name = str(entry["name"])
-    if "target" in entry:
-        name += f" -> {entry['target']}"
-    return (
-        f"{entry['permissions']} {entry['owner']:<8} {entry['group']:<8} {entry['size']:>12} "
-        f"{entry['mtime']} {name}"
-    )
-
-
 def format_result(result: dict[str, Any]) -> dict[str, Any]:
     """The MCP ``CallToolResult``: an ``ls -l``-like text listing; ``structuredContent`` is the op result.
 
@@ -67,7 +58,7 @@ def format_result(result: dict[str, Any]) -> dict[str, Any]:
             head += f", {len(entries)} shown"
     else:
         head = f"{result['path']}:"
-    lines = [head, *(_line(e) for e in entries)]
+    lines = [head, *(entry_line(e) for e in entries)]
     if result.get("note"):
         lines.append(f"[NOTE: {result['note']}]")
     return {"content": [{"type": "text", "text": "\n".join(lines)}], "structuredContent": result}
