@@ -167,11 +167,9 @@ def ready(fds: list[int], seconds: float) -> set[int]:
 def send_frame(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None) -> None:
     """Send one frame on a blocking socket; ``fds`` travel with its first byte (SCM_RIGHTS)."""
     data = encode(obj)
-    if fds:
-        sent = socket.send_fds(sock, [data], fds)
-        data = data[sent:]
-    if data:
-        sock.sendall(data)
+    sent = socket.send_fds(sock, [data], fds) if fds else 0
+    if sent < len(data):
+        sock.sendall(data[sent:])
 
 
 def recv_frame_fds(sock: socket.socket, cap: int, max_fds: int) -> tuple[dict[str, Any] | None, list[int]]:

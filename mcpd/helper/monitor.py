@@ -26,6 +26,7 @@ it asks. Root only does what needs root, with its own limits:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pwd
@@ -136,11 +137,9 @@ class Monitor:
             pidfd = self.children.pop(req["pid"], None)
         if pidfd is None:
             raise ToolError(PERMISSION_DENIED, "not a child of the helper", reason="unknown pid")
-        try:
+        with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             frames.ready([pidfd], 5.0)  # readable once the process has exited
-        except ProcessLookupError:
-            pass
         os.close(pidfd)
         return {}
 
@@ -226,8 +225,6 @@ class Monitor:
         with self._lock:
             kids, self.children = list(self.children.values()), {}
         for pidfd in kids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             os.close(pidfd)
