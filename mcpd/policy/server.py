@@ -68,8 +68,9 @@ log = logging.getLogger("mcpd.helper")
 
 FRAME_SECONDS = 5.0  # a frame whose first byte arrived must be complete within this many seconds
 MAX_CONNECTIONS = 32  # the front's shared connections, one per privileged call in flight, and reconnects
-# capacity class -> threads (in flight: 4x); "call" requests run on their connection's thread instead
-CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}
+# capacity class -> threads (in flight: 4x); "call" requests run on their connection's thread instead.
+# A spawn's thread waits for its new worker to report itself hardened (a Python start: tenths of a second)
+CLASSES = {"auth": 8, "spawn": 8, "call": 16, "login": 8}
 CONTENT_OPS = ("files/read", "files/filetype")
 WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path argument (the walker parses the rest)
 #: workers one principal may have alive at once, in workers.per_account: the front's pool keeps at
@@ -263,7 +264,7 @@ def _status_problem(fd: int, pid: int, pw: pwd.struct_passwd) -> str | None:
         return "its status descriptor is no file of /proc"
     if st.st_uid != 0:
         return "it is dumpable"
-    fields = dict(line.partition(":\t")[::2] for line in os.read(fd, 16384).decode("ascii", "replace").splitlines())
+    fields = dict(line.partition(":\t")[::2] for line in os.pread(fd, 16384, 0).decode("ascii", "replace").splitlines())
     want = {"Pid": str(pid), "TracerPid": "0", "Uid": "\t".join([str(pw.pw_uid)] * 4), "NoNewPrivs": "1",
             "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapAmb": "0" * 16}
     wrong = [key for key, value in want.items() if fields.get(key) != value]
@@ -648,9 +649,11 @@ class Connection:
                     if sent is not None:
                         sent(True)
                 self.sock.sendall(data[1:] if extra else data)
-        except OSError as exc:
+        except Exception as exc:  # the frame may be cut short: this connection cannot go on
             if isinstance(exc, BlockingIOError):  # SO_SNDTIMEO
                 self.state.audit.record("alert", peer=self.peer, reason="the front did not take a reply in time")
+            elif not isinstance(exc, OSError):
+                log.exception("reply %s failed", rid)
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
         finally:

@@ -14,16 +14,26 @@ alice and has each one read a root-only file on the privileged route.
 
 from __future__ import annotations
 
+import ctypes
+import grp
 import json
 import os
+import pwd
+import signal
+import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
 
+from mcpd.common import frames
+from mcpd.common.rootconf import WORKER_START_GID
+from mcpd.policy.server import _status_problem
 from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.integration.test_attack13b import PRELUDE
+from tests.integration.test_privsep import read_once, wait_for
 
 pytestmark = pytest.mark.root
 
@@ -224,3 +234,90 @@ def test_a_process_of_the_account_racing_every_worker_start_gets_nothing(privsep
     assert [c["text"] for c in calls] == [LOG_TEXT] * STARTS, calls
     reads = [r for r in d.audit() if r["seq"] > seq and r["event"] == "accept" and r.get("tool") == "files/read"]
     assert [r["bytes"] for r in reads] == [len(LOG_TEXT.encode())] * STARTS, reads
+
+
+def start_worker(pw: pwd.struct_passwd, real_gid: int, effective_gid: int) -> tuple[subprocess.Popen[bytes], int]:
+    """Start ``python -I -m mcpd.worker`` as the fork server does, but with the gids given (real,
+    then effective and saved): ``(process, the descriptor its ready frame carried)``."""
+    front, theirs = socket.socketpair()
+    ctl, their_ctl = socket.socketpair()
+
+    def drop() -> None:
+        os.setgroups(os.getgrouplist(pw.pw_name, pw.pw_gid))
+        os.setresgid(real_gid, effective_gid, effective_gid)
+        os.setresuid(pw.pw_uid, pw.pw_uid, pw.pw_uid)
+        ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+
+    proc = subprocess.Popen([sys.executable, "-I", "-m", "mcpd.worker", "--fd", str(theirs.fileno()),
+                             "--ctl", str(their_ctl.fileno())], pass_fds=(theirs.fileno(), their_ctl.fileno()),
+                            preexec_fn=drop, cwd="/")
+    theirs.close()
+    their_ctl.close()
+    ctl.settimeout(60)
+    with front, ctl:
+        hello, fds = frames.recv_frame_fds(ctl, 4096, 1)
+        assert hello == {"ready": True} and len(fds) == 1
+        problem = _status_problem(fds[0], proc.pid, pw)
+        assert problem is None, problem
+        return proc, fds[0]
+
+
+@pytest.mark.parametrize("reset_at_exec", [False, True], ids=["kernel-keeps-ids", "kernel-resets-ids"])
+def test_the_policy_process_takes_a_started_worker_only_hardened(privsep_daemon: PrivsepDaemon,
+                                                                 reset_at_exec: bool) -> None:
+    """What the policy process checks before a new worker's socket reaches the front
+    (``policy.server._status_problem``), on real workers: started as the fork server starts them
+    (real gid ``WORKER_START_GID``, effective and saved gid the account's), a worker reports
+    itself with its ``/proc/self/status`` showing the account's uid and gid four times, not
+    dumpable, no tracer, no_new_privs, no capability; started as kernels before 2025 leave it
+    after that ``exec`` under no_new_privs (all three gids the start gid), it keeps them and is
+    taken too. A status descriptor of a dumpable process, of another process or of no ``/proc``
+    file is refused."""
+    pw = pwd.getpwuid(privsep_daemon.accounts["alice"].uid)
+    real = WORKER_START_GID
+    proc, status = start_worker(pw, real, real if reset_at_exec else pw.pw_gid)
+    try:
+        gids = next(line for line in os.pread(status, 16384, 0).decode().splitlines() if line.startswith("Gid:"))
+        assert gids.split()[1:] == [str(real if reset_at_exec else pw.pw_gid)] * 4
+        assert _status_problem(status, proc.pid + 1, pw) == "its state is not a hardened worker's: Pid"
+    finally:
+        os.close(status)
+        proc.kill()
+        proc.wait(timeout=30)
+    with subprocess.Popen(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "sleep", "60"]) as plain:
+        try:
+            deadline = time.monotonic() + 30
+            while os.stat(f"/proc/{plain.pid}/status").st_uid != pw.pw_uid:  # (setpriv, then exec)
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            fd = os.open(f"/proc/{plain.pid}/status", os.O_RDONLY)
+            try:
+                assert _status_problem(fd, plain.pid, pw) == "it is dumpable"
+            finally:
+                os.close(fd)
+        finally:
+            plain.kill()
+    fd = os.open("/etc/hostname", os.O_RDONLY)
+    try:
+        assert _status_problem(fd, 1, pw) == "its status descriptor is no file of /proc"
+    finally:
+        os.close(fd)
+
+
+def test_an_account_in_the_start_group_gets_no_worker(privsep_daemon: PrivsepDaemon) -> None:
+    """Fail closed: a process of an account in group ``WORKER_START_GID`` could take that gid
+    (``sg``), and on kernels that reset a worker's gids to its real one at ``exec`` it would then
+    match a starting worker's credentials. Such an account gets no worker (``PERMISSION_DENIED``,
+    reason ``start group``); out of the group again, it does."""
+    d = privsep_daemon
+    alice = d.accounts["alice"].name
+    group = grp.getgrgid(WORKER_START_GID).gr_name
+    for pid in d.workers("alice"):  # the next call needs a new worker
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not d.workers("alice"))
+    subprocess.run(["usermod", "-aG", group, alice], check=True, timeout=60)
+    try:
+        assert read_once(d, "/etc/hostname")[1]["details"]["reason"] == "start group"
+    finally:
+        subprocess.run(["gpasswd", "-d", alice, group], check=True, timeout=60, capture_output=True)
+    assert read_once(d, "/etc/hostname")[0] is not None
