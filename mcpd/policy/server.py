@@ -68,9 +68,8 @@ log = logging.getLogger("mcpd.helper")
 
 FRAME_SECONDS = 5.0  # a frame whose first byte arrived must be complete within this many seconds
 MAX_CONNECTIONS = 32  # the front's shared connections, one per privileged call in flight, and reconnects
-# capacity class -> threads (in flight: 4x); "call" requests run on their connection's thread instead.
-# A spawn's thread waits for its new worker to report itself hardened (a Python start: tenths of a second)
-CLASSES = {"auth": 8, "spawn": 8, "call": 16, "login": 8}
+# capacity class -> threads (in flight: 4x); "call" requests run on their connection's thread instead
+CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}
 CONTENT_OPS = ("files/read", "files/filetype")
 WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path argument (the walker parses the rest)
 #: workers one principal may have alive at once, in workers.per_account: the front's pool keeps at
@@ -80,7 +79,7 @@ WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path a
 #: account each get their own pool in the front.
 SPAWN_FACTOR = 4
 REVOKE_SECONDS = 1.0  # how often the workers' tokens are checked again (end_revoked)
-START_SECONDS = 10.0  # a new worker must report itself hardened within this (_started)
+START_SECONDS = 10.0  # a worker must have reported itself hardened within this of its first privileged call
 EXITED_KEPT = 256  # ended workers whose owner is remembered (State.exited)
 WALK_MAX_SECONDS = 60.0  # files/find's largest time_budget_seconds (core.walk checks it in the walker)
 _PEERCRED = struct.Struct("3i")
@@ -102,6 +101,7 @@ class Worker:
     login: bool = False  # a password login's token (else one in users.yaml)
     busy: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     reports: bytearray = dataclasses.field(default_factory=bytearray)  # bytes of its reports read so far
+    checked: bool = False  # seen hardened (_started), which it must be before it gets a descriptor
 
 
 @dataclasses.dataclass
@@ -172,10 +172,10 @@ def handle_authenticate(state: State, req: dict[str, Any]) -> dict[str, Any]:
 def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``spawn_worker {token}`` → a worker running as the token's principal's OS account (never
     uid 0, never one in :data:`~mcpd.common.rootconf.WORKER_START_GID`), bound to that principal;
-    the front's socket end travels back by SCM_RIGHTS once the worker has shown itself hardened
-    (:func:`_started`; else ``HELPER_UNAVAILABLE``, the worker killed, a ``spawn_failed`` record).
-    The ``spawn`` record is written once that socket has reached the front, a ``spawn_failed``
-    one (and the worker killed) when it did not. Past the principal's :attr:`State.spawns`
+    the front's socket end travels back by SCM_RIGHTS. The ``spawn`` record is written once that
+    socket has reached the front, a ``spawn_failed`` one (and the worker killed) when it did not.
+    The worker is checked before its first privileged call (:func:`_started`), not here: no
+    thread waits here for a worker's start. Past the principal's :attr:`State.spawns`
     bucket: ``RATE_LIMITED`` (nothing started, nothing audited); past :data:`SPAWN_FACTOR` x
     ``per_account`` workers of the principal alive: ``HELPER_UNAVAILABLE``."""
     principal, login = _who(state, req)
@@ -202,15 +202,6 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
     pid, front, ctl, pidfd = state.root.spawn(pw.pw_name, json.dumps(dataclasses.asdict(state.cfg.read)))
     w = Worker(pid, pidfd, (principal.name, principal.os_user), ctl, principal.token_id, login is not None)
     who = {"user": principal.name, "os_user": principal.os_user, "token_id": principal.token_id, "pid": pid}
-    why = _started(w, pw)
-    if why is not None:
-        with contextlib.suppress(ToolError, OSError):
-            state.root.kill(pid)
-        for end in (front, ctl):
-            end.close()
-        os.close(pidfd)
-        state.audit.record("spawn_failed", **who, outcome=HELPER_UNAVAILABLE, reason=why)
-        raise ToolError(HELPER_UNAVAILABLE, f"the new worker did not start safely: {why}", reason="worker start")
     with state.lock:
         state.workers[pid] = w
 
@@ -225,11 +216,11 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
 
 
 def _started(w: Worker, pw: pwd.struct_passwd) -> str | None:
-    """Why the new worker ``w`` of account ``pw`` may not be used, or None when it may. It must
-    report itself hardened within :data:`START_SECONDS` (its first frame on its control socket:
-    ``{"ready": true}`` and a descriptor of its own ``/proc/self/status``), and that file must show
-    it as it should be now (:func:`_status_problem`). Only a worker so checked gets a call, and
-    its front socket reaches the front only then."""
+    """Why worker ``w`` of account ``pw`` may not be passed a descriptor, or None when it may. It
+    must have reported itself hardened, or do so within :data:`START_SECONDS` (its first frame on
+    its control socket: ``{"ready": true}`` and a descriptor of its own ``/proc/self/status``), and
+    that file must show it as it should be now (:func:`_status_problem`). Called before a worker's
+    first privileged call, which holds ``w.busy``."""
     fds: list[int] = []
     try:
         w.ctl.settimeout(START_SECONDS)
@@ -421,6 +412,12 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
         if not w.busy.acquire(blocking=False):
             raise ToolError(HELPER_UNAVAILABLE, "that worker is busy", reason="busy")
         try:
+            if not w.checked:  # once per worker: only one seen hardened gets a descriptor
+                why = _started(w, pwd.getpwnam(w.owner[1]))
+                if why is not None:
+                    kill_worker(state, w, f"it did not start safely: {why}")
+                    raise ToolError(INTERNAL_ERROR, f"the worker did not start safely: {why}")
+                w.checked = True
             if req.get("cap") is not None:
                 args[CAP_KEY] = req["cap"]  # the principal's max_file_bytes: it can only narrow the cap
             frame: dict[str, Any] = {"id": req["rid"], "op": op, "args": args}

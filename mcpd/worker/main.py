@@ -5,8 +5,8 @@ non-dumpable before anything else (:func:`_seal`), closes every other descriptor
 no_new_privs, and exits when the socket closes. It holds nothing of the front's: no TLS key, no
 tokens. Started by the root helper (``--ctl``), it then tells the policy process it is hardened:
 one frame ``{"ready": true}`` on its control socket with a descriptor of its own
-``/proc/self/status``, which the policy process reads to check it before its socket reaches the
-front (docs/PRIVSEP.md, "A worker's start").
+``/proc/self/status``, which the policy process reads to check it before it passes the worker a
+descriptor (docs/PRIVSEP.md, "A worker's start").
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_attack13b import PRELUDE
+from tests.integration.test_attack13b import PRELUDE, wait_until_ready
 from tests.integration.test_privsep import read, read_once, wait_for
 from tests.osaccounts import AccountFactory
 
@@ -160,10 +160,11 @@ def test_workers_that_stop_reading_hold_no_thread_and_no_descriptor_of_anyone_el
         reports = b"".join(struct.pack("!I", len(raw)) + raw for raw in (
             json.dumps({"id": rid, "code": None, "bytes": 0}).encode() for rid in range(1, CALLS + 1)))
         for pid in pids:
-            os.kill(pid, signal.SIGSTOP)  # the worker's own code no longer runs: the attacker's does
             ctl = steal_control_socket(pid)
-            ctl.sendall(reports)  # every call reported done in advance; nothing is ever read
             stolen.append(ctl)
+            wait_until_ready(ctl)  # it reported itself hardened, as any worker does
+            os.kill(pid, signal.SIGSTOP)  # from now on its code does not run: the attacker's does
+            ctl.sendall(reports)  # every call reported done in advance; nothing is ever read
         front.stdin.write("go\n")
         front.stdin.flush()
         started = time.monotonic()
