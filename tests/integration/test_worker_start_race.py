@@ -321,3 +321,48 @@ def test_an_account_in_the_start_group_gets_no_worker(privsep_daemon: PrivsepDae
     finally:
         subprocess.run(["gpasswd", "-d", alice, group], check=True, timeout=60, capture_output=True)
     assert read_once(d, "/etc/hostname")[0] is not None
+
+
+# Runs as a process of the account: argv[1] is a target pid. Prints whether pidfd_getfd (of its
+# fd 0) and PTRACE_SEIZE worked.
+TRY = r"""
+import ctypes, json, sys
+pid, libc = int(sys.argv[1]), ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+pidfd = libc.syscall(434, pid, 0)
+print(json.dumps({"pidfd_getfd": libc.syscall(438, pidfd, 0, 0) >= 0, "seize": libc.ptrace(0x4206, pid, None, None) == 0}))
+"""
+
+
+@pytest.mark.parametrize("real_gid", ["start", "account"])
+def test_the_start_credentials_alone_keep_the_account_out_even_of_a_dumpable_process(
+        privsep_daemon: PrivsepDaemon, real_gid: str) -> None:
+    """Why ``fs.suid_dumpable`` does not matter to a worker's start: a process exec'd with real gid
+    ``WORKER_START_GID`` and the account's gid as effective and saved gid, which then makes itself
+    dumpable on purpose (what ``suid_dumpable`` 1 would leave it at that ``exec``), still cannot be
+    ptraced or have a descriptor copied by a process of its account: the kernel's ptrace check wants
+    the caller's gid to equal all three of the target's. The same process with the account's gid as
+    all three is open to it (the control)."""
+    pw = pwd.getpwuid(privsep_daemon.accounts["alice"].uid)
+    gid = WORKER_START_GID if real_gid == "start" else pw.pw_gid
+
+    def drop() -> None:
+        os.setgroups([pw.pw_gid])
+        os.setresgid(gid, pw.pw_gid, pw.pw_gid)
+        os.setresuid(pw.pw_uid, pw.pw_uid, pw.pw_uid)
+        ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+
+    with subprocess.Popen([sys.executable, "-I", "-c", "import ctypes, sys; ctypes.CDLL(None).prctl(4, 1, 0, 0, 0); "
+                           "print(flush=True); sys.stdin.read()"],  # PR_SET_DUMPABLE 1, then wait
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=drop) as target:
+        assert target.stdout is not None and target.stdin is not None
+        try:
+            target.stdout.readline()
+            assert os.stat(f"/proc/{target.pid}/status").st_uid == pw.pw_uid  # dumpable
+            out = subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups",
+                                  sys.executable, "-I", "-c", TRY, str(target.pid)],
+                                 capture_output=True, text=True, timeout=60, check=True)
+        finally:
+            target.kill()
+    opened = real_gid == "account"
+    assert json.loads(out.stdout) == {"pidfd_getfd": opened, "seize": opened}
