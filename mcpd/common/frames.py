@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import select
 import socket
 import struct
 from typing import Any
@@ -23,6 +24,9 @@ HELPER_REQUEST_CAP = 64 * 1024
 #: bytes asked of the kernel at once by a reader that buffers frames (take_frame): one read takes
 #: a whole request or report as a rule; a buffer this size is allocated per read
 READ_CHUNK = 65536
+#: seconds one send of the root side or the policy process may wait for its peer to read
+#: (limit_sends); the peers read at once, so only one that stopped reading meets it
+SEND_SECONDS = 10.0
 
 
 class FrameError(Exception):
@@ -144,14 +148,28 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
     return bytes(chunks)
 
 
+def limit_sends(sock: socket.socket, seconds: float) -> None:
+    """Make every send on the blocking socket ``sock`` wait at most ``seconds`` (``SO_SNDTIMEO``;
+    receives are not limited): a send that cannot finish then raises ``OSError`` (``EAGAIN``), part
+    of a frame perhaps sent, so the caller ends the connection."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(seconds), int(seconds % 1 * 1e6)))
+
+
+def ready(fds: list[int], seconds: float) -> set[int]:
+    """Those of ``fds`` (open descriptors) that are readable, at their end or in error within
+    ``seconds`` (0: now). ``poll``, so any descriptor number works (``select`` stops at 1023)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return {fd for fd, events in poller.poll(max(seconds, 0.0) * 1000) if not events & select.POLLNVAL}
+
+
 def send_frame(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None) -> None:
     """Send one frame on a blocking socket; ``fds`` travel with its first byte (SCM_RIGHTS)."""
     data = encode(obj)
-    if fds:
-        sent = socket.send_fds(sock, [data], fds)
-        data = data[sent:]
-    if data:
-        sock.sendall(data)
+    sent = socket.send_fds(sock, [data], fds) if fds else 0
+    if sent < len(data):
+        sock.sendall(data[sent:])
 
 
 def recv_frame_fds(sock: socket.socket, cap: int, max_fds: int) -> tuple[dict[str, Any] | None, list[int]]:

@@ -16,6 +16,10 @@ EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: configuration broken, do not rest
 WALK_USER = "mcpd-walk"  # the account of privileged list/find walkers (docs/PRIVSEP.md): owns nothing
 POLICY_USER = "mcpd-policy"  # the account of the policy process: tokens, grants, logins, audit
 DEV_TOKEN_FILE = "dev-token"  # the development mode's plain token, in ``state_dir``: a secret, never served
+#: the real gid a worker starts with ("nogroup"), its account's gid being its effective and saved
+#: gid: no process of the account matches its credentials until it is non-dumpable (docs/PRIVSEP.md,
+#: "A worker's start"); an account in this group gets no worker
+WORKER_START_GID = 65534
 
 
 @dataclasses.dataclass(frozen=True)

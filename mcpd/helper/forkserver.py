@@ -3,20 +3,29 @@
 The helper starts it before it starts any thread, so every ``fork`` happens in a single-threaded
 process (a fork from a threaded process copies locks held by other threads). It serves two
 requests from the helper over a socketpair, one at a time:
-- ``spawn``: a worker for one OS account. The child drops to the account (groups, gid, uid, all
-  three ids), sets no_new_privs, keeps only the worker's two sockets (as fd 3 and 4), and execs
-  ``python -I -m mcpd.worker``. After ``setresuid`` to a non-root uid its capabilities are empty.
+- ``spawn``: a worker for one OS account. The child drops to the account (groups, the account's
+  gid as effective and saved gid but :data:`~mcpd.common.rootconf.WORKER_START_GID` as real gid,
+  all three uids), sets no_new_privs, keeps only the worker's two sockets (as fd 3 and 4), and
+  execs ``python -I -m mcpd.worker``. After ``setresuid`` to a non-root uid its capabilities are
+  empty. The real gid that differs from the effective one is what keeps the new worker out of
+  reach of the account's other processes until it has made itself non-dumpable (the ptrace check
+  wants the caller's gid to equal the target's real, effective and saved gids at once; an
+  ``exec`` with equal ids would make it dumpable again); the worker then takes the account's gid
+  back (docs/PRIVSEP.md, "A worker's start").
 - ``walk``: a walker for one privileged files/list or files/find. The child keeps only its
   channel (fd 3), drops to the walker account (:data:`mcpd.common.config.WALK_USER`, no groups)
   keeping CAP_DAC_READ_SEARCH alone (:func:`drop_to_walker`), and execs ``python -I -m
   mcpd.walker``, which reads the call from the helper on its channel, walks and answers.
 
 Each reply carries the child's pid and a pidfd, so the helper signals the right process even
-after the pid is reused. The fork server reaps every child it made.
+after the pid is reused. The fork server reaps every child it made. Its one send, the reply, is
+bounded in time (``SO_SNDTIMEO``: a helper that stopped reading ends the fork server, and with
+it new workers and walkers, rather than hanging it); the helper reads each reply at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -27,6 +36,7 @@ import threading
 from typing import Any
 
 from mcpd.common import frames
+from mcpd.common.rootconf import WORKER_START_GID
 
 _PR_SET_PDEATHSIG, _PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 1, 8, 38, 47, 2
 CAP_DAC_READ_SEARCH = 2  # linux/capability.h: the one capability a walker keeps
@@ -67,10 +77,11 @@ def _keep_only(fds: list[int], nulled: tuple[int, ...] = (0, 1, 2)) -> None:
     os.closerange(3 + len(fds), os.sysconf("SC_OPEN_MAX"))
 
 
-def _become(uid: int, gid: int, groups: list[int]) -> None:
-    """All three uids and gids, those supplementary groups, then no_new_privs (capabilities go with root)."""
+def _become(uid: int, gid: int, groups: list[int], real_gid: int | None = None) -> None:
+    """All three uids and gids (``real_gid`` as the real gid when given), those supplementary
+    groups, then no_new_privs (capabilities go with root)."""
     os.setgroups(groups)
-    os.setresgid(gid, gid, gid)
+    os.setresgid(gid if real_gid is None else real_gid, gid, gid)
     os.setresuid(uid, uid, uid)
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
@@ -80,10 +91,14 @@ def _exec(module: str, args: list[str], **env: str) -> None:
     os.execve(sys.executable, [sys.executable, "-I", "-m", module, *args], {"PATH": os.defpath, "LANG": "C.UTF-8", **env})
 
 
-def _spawn_child(req: dict[str, Any], fds: list[int]) -> None:
+def _child(req: dict[str, Any], fds: list[int], walker: tuple[int, int]) -> None:
+    """In the fork server's child: become the worker or walker ``req`` asks for, holding ``fds``."""
     _keep_only(fds)
-    _become(req["uid"], req["gid"], req["groups"])
-    _exec("mcpd.worker", ["--fd", "3", "--ctl", "4", "--limits", req["limits"]], HOME=req["home"], USER=req["user"])
+    if req["type"] == "spawn":
+        _become(req["uid"], req["gid"], req["groups"], WORKER_START_GID)
+        _exec("mcpd.worker", ["--fd", "3", "--ctl", "4", "--limits", req["limits"]], HOME=req["home"], USER=req["user"])
+    drop_to_walker(*walker)
+    _exec("mcpd.walker", ["--fd", "3"])
 
 
 def policy_child(uid: int, gid: int, config: str, fds: list[int]) -> None:
@@ -97,24 +112,15 @@ def policy_child(uid: int, gid: int, config: str, fds: list[int]) -> None:
     _exec("mcpd.policy", ["--config", config, "--channels", str(len(fds) - 1)])
 
 
-def _walk_child(walker: tuple[int, int], fds: list[int]) -> None:
-    _keep_only(fds)
-    drop_to_walker(*walker)
-    _exec("mcpd.walker", ["--fd", "3"])
-
-
 def serve(sock: socket.socket, walker: tuple[int, int]) -> None:
     """Serve spawn and walk requests on ``sock`` until the helper closes it; reap children.
     ``walker``: the ``(uid, gid)`` walkers run as."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
-        while True:  # reap what has exited
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:  # reap what has exited
+                pass
         if not select.select([sock], [], [], 0.5)[0]:
             continue
         req, fds = frames.recv_frame_fds(sock, FORK_REQUEST_CAP, 4)
@@ -123,10 +129,7 @@ def serve(sock: socket.socket, walker: tuple[int, int]) -> None:
         pid = os.fork()
         if pid == 0:
             try:
-                if req["type"] == "spawn":
-                    _spawn_child(req, fds)
-                else:
-                    _walk_child(walker, fds)
+                _child(req, fds, walker)
             finally:
                 os._exit(127)
         for fd in fds:
@@ -172,6 +175,7 @@ def start(walker: tuple[int, int]) -> ForkServer:
     if threading.active_count() != 1:
         raise RuntimeError("the fork server must be started before any thread")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    frames.limit_sends(theirs, frames.SEND_SECONDS)
     pid = os.fork()
     if pid == 0:
         try:

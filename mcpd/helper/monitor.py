@@ -30,10 +30,10 @@ it asks. Root only does what needs root, with its own limits:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pwd
-import select
 import signal
 import socket
 import threading
@@ -156,11 +156,9 @@ class Monitor:
             pidfd = self.children.pop(req["pid"], None)
         if pidfd is None:
             raise ToolError(PERMISSION_DENIED, "not a child of the helper", reason="unknown pid")
-        try:
+        with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            select.select([pidfd], [], [], 5.0)  # readable once the process has exited
-        except ProcessLookupError:
-            pass
+            frames.ready([pidfd], 5.0)  # readable once the process has exited
         os.close(pidfd)
         return {}
 
@@ -222,7 +220,9 @@ class Monitor:
 
     def serve(self, sock: socket.socket) -> None:
         """Serve one channel until the policy closes it; a broken request or frame shuts it and
-        sets :attr:`broken` (the helper then stops)."""
+        sets :attr:`broken` (the helper then stops), as does a reply the policy does not take
+        within :data:`~mcpd.common.frames.SEND_SECONDS` (it reads each at once)."""
+        frames.limit_sends(sock, frames.SEND_SECONDS)
         try:
             while (req := frames.recv_frame_fds(sock, frames.HELPER_REQUEST_CAP, 0)[0]) is not None:
                 self.handle(sock, req)
@@ -234,7 +234,7 @@ class Monitor:
     def reap(self) -> None:
         """Forget children that have exited (their pidfd is readable)."""
         with self._lock:
-            done = select.select(list(self.children.values()), [], [], 0)[0] if self.children else []
+            done = frames.ready(list(self.children.values()), 0)
             for pid, pidfd in [(p, f) for p, f in self.children.items() if f in done]:
                 del self.children[pid]
                 os.close(pidfd)
@@ -244,8 +244,6 @@ class Monitor:
         with self._lock:
             kids, self.children = list(self.children.values()), {}
         for pidfd in kids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             os.close(pidfd)

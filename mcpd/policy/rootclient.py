@@ -12,7 +12,6 @@ import itertools
 import logging
 import os
 import queue
-import select
 import socket
 from typing import Any
 
@@ -42,6 +41,7 @@ class RootClient:
         # last in, first out: the channel (and root thread) used last is taken again, still warm
         self._free: queue.LifoQueue[socket.socket] = queue.LifoQueue()
         for sock in channels:
+            frames.limit_sends(sock, frames.SEND_SECONDS)  # root reads each request at once
             self._free.put(sock)
 
     def call(self, kind: str, **fields: Any) -> tuple[dict[str, Any], list[int]]:
@@ -54,7 +54,7 @@ class RootClient:
         rid, healthy = next(self._ids), False
         try:
             frames.send_frame(sock, dict(fields, type=kind, id=rid))
-            if not select.select([sock], [], [], ROOT_SECONDS)[0]:
+            if not frames.ready([sock.fileno()], ROOT_SECONDS):
                 raise ToolError(HELPER_UNAVAILABLE, "the root helper did not answer", reason="busy")
             reply, fds = frames.recv_frame_fds(sock, frames.reply_cap(1 << 20), MAX_FDS)
             if reply is None or reply.get("id") != rid:

@@ -27,18 +27,23 @@ grant.
 
 from __future__ import annotations
 
+import array
 import collections
 import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
+import errno
+import fcntl
 import json
 import logging
 import os
 import pwd
 import select
 import socket
+import stat
 import struct
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +55,7 @@ from mcpd.common.config import CAP_KEY, Config
 from mcpd.common.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_REGULAR_FILE, PERMISSION_DENIED, RATE_LIMITED,
                                 TIMEOUT, ToolError, from_oserror)
 from mcpd.common.reload import Reloading
+from mcpd.common.rootconf import WORKER_START_GID
 from mcpd.common.validate import check_path
 from mcpd.common.audit import REFUSED_AT_OPEN, AuditLog, Prepared
 from mcpd.policy import grants
@@ -73,6 +79,7 @@ WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path a
 #: account each get their own pool in the front.
 SPAWN_FACTOR = 4
 REVOKE_SECONDS = 1.0  # how often the workers' tokens are checked again (end_revoked)
+START_SECONDS = 10.0  # a worker must have reported itself hardened within this of its first privileged call
 EXITED_KEPT = 256  # ended workers whose owner is remembered (State.exited)
 WALK_MAX_SECONDS = 60.0  # files/find's largest time_budget_seconds (core.walk checks it in the walker)
 _PEERCRED = struct.Struct("3i")
@@ -95,6 +102,7 @@ class Worker:
     login: bool = False  # a password login's token (else one in users.yaml)
     busy: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     reports: bytearray = dataclasses.field(default_factory=bytearray)  # bytes of its reports read so far
+    checked: bool = False  # seen hardened (_started), which it must be before it gets a descriptor
 
 
 @dataclasses.dataclass
@@ -164,10 +172,14 @@ def handle_authenticate(state: State, req: dict[str, Any]) -> dict[str, Any]:
 
 def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``spawn_worker {token}`` → a worker running as the token's principal's OS account (never
-    uid 0), bound to that principal; the front's socket end travels back by SCM_RIGHTS. Past the
-    principal's :attr:`State.spawns` bucket: ``RATE_LIMITED`` (nothing started, nothing audited; a
-    start root then failed gives its token back);
-    past :data:`SPAWN_FACTOR` x ``per_account`` workers of the principal alive: ``HELPER_UNAVAILABLE``."""
+    uid 0, never one in :data:`~mcpd.common.rootconf.WORKER_START_GID`), bound to that principal;
+    the front's socket end travels back by SCM_RIGHTS. The ``spawn`` record is written once that
+    socket has reached the front, a ``spawn_failed`` one (and the worker killed) when it did not.
+    The worker is checked before its first privileged call (:func:`_started`), not here: no
+    thread waits here for a worker's start. Past the principal's :attr:`State.spawns`
+    bucket: ``RATE_LIMITED`` (nothing started, nothing audited; a start root then failed gives its
+    token back); past :data:`SPAWN_FACTOR` x
+    ``per_account`` workers of the principal alive: ``HELPER_UNAVAILABLE``."""
     principal, login = _who(state, req)
     try:
         pw = pwd.getpwnam(principal.os_user)
@@ -175,6 +187,9 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
         raise ToolError(PERMISSION_DENIED, "no such OS account", reason="unknown OS account") from None
     if pw.pw_uid == 0:
         raise ToolError(PERMISSION_DENIED, "workers never run as root", reason="root account")
+    if WORKER_START_GID in os.getgrouplist(pw.pw_name, pw.pw_gid):  # its processes could take a starting worker
+        raise ToolError(PERMISSION_DENIED, f"the account is in group {WORKER_START_GID}, which workers start with",
+                        reason="start group")
     with state.lock:
         alive = sum(w.owner == (principal.name, principal.os_user) for w in state.workers.values())
     if alive >= SPAWN_FACTOR * state.cfg.workers.per_account:  # the front's pool keeps per_account
@@ -192,12 +207,68 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
         with state.lock:
             state.spawns.give_back(principal.name, time.monotonic())
         raise
+    w = Worker(pid, pidfd, (principal.name, principal.os_user), ctl, principal.token_id, login is not None)
+    who = {"user": principal.name, "os_user": principal.os_user, "token_id": principal.token_id, "pid": pid}
     with state.lock:
-        state.workers[pid] = Worker(pid, pidfd, (principal.name, principal.os_user), ctl, principal.token_id,
-                                    login is not None)
-    state.audit.record("spawn", user=principal.name, os_user=principal.os_user, token_id=principal.token_id,
-                       pid=pid, decision="accept")
-    return {"ok": True, "pid": pid, "_fds": [front]}
+        state.workers[pid] = w
+
+    def sent(delivered: bool) -> None:
+        if delivered:
+            state.audit.record("spawn", **who, decision="accept")
+            return
+        state.audit.record("spawn_failed", **who, outcome=INTERNAL_ERROR, reason="its socket did not reach the front")
+        kill_worker(state, w, "its socket did not reach the front")
+
+    return {"ok": True, "pid": pid, "_fds": [front], "_sent": sent}
+
+
+def _started(w: Worker, pw: pwd.struct_passwd) -> str | None:
+    """Why worker ``w`` of account ``pw`` may not be passed a descriptor, or None when it may. It
+    must have reported itself hardened, or do so within :data:`START_SECONDS` (its first frame on
+    its control socket: ``{"ready": true}`` and a descriptor of its own ``/proc/self/status``), and
+    that file must show it as it should be now (:func:`_status_problem`). Called before a worker's
+    first privileged call, which holds ``w.busy``."""
+    fds: list[int] = []
+    try:
+        w.ctl.settimeout(START_SECONDS)
+        hello, fds = frames.recv_frame_fds(w.ctl, 4096, 1)
+        w.ctl.settimeout(None)
+    except (OSError, frames.FrameError):
+        hello = None
+    try:
+        if hello != {"ready": True} or len(fds) != 1:
+            return "it did not report itself hardened"
+        return _status_problem(fds[0], w.pid, pw)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+_PROC_DEV: list[int] = []  # st_dev of this process's /proc (the workers share the mount)
+
+
+def _status_problem(fd: int, pid: int, pw: pwd.struct_passwd) -> str | None:
+    """What is wrong with the worker ``pid`` of account ``pw`` according to ``fd``, a descriptor
+    of its ``/proc/PID/status`` it opened once hardened, or None. The kernel writes that file, and
+    only the process itself (or one that may ptrace it) opens it under the unit's
+    ``ProtectProc=invisible``: a regular file of this process's ``/proc`` owned by root (the
+    ``/proc`` files of a process are its own while it is dumpable), for process ``pid``, traced by
+    none, all four uids the account's, all four gids the account's (or all the start gid, on kernels
+    that reset them at ``exec``: see :func:`mcpd.worker.main._seal`), no_new_privs, no capability."""
+    st = os.fstat(fd)
+    if not _PROC_DEV:
+        _PROC_DEV.append(os.stat("/proc/self/status").st_dev)
+    if not stat.S_ISREG(st.st_mode) or st.st_dev != _PROC_DEV[0]:
+        return "its status descriptor is no file of /proc"
+    if st.st_uid != 0:
+        return "it is dumpable"
+    fields = dict(line.partition(":\t")[::2] for line in os.pread(fd, 16384, 0).decode("ascii", "replace").splitlines())
+    want = {"Pid": str(pid), "TracerPid": "0", "Uid": "\t".join([str(pw.pw_uid)] * 4), "NoNewPrivs": "1",
+            "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapAmb": "0" * 16}
+    wrong = [key for key, value in want.items() if fields.get(key) != value]
+    if fields.get("Gid") not in ("\t".join([str(pw.pw_gid)] * 4), "\t".join([str(WORKER_START_GID)] * 4)):
+        wrong.append("Gid")
+    return f"its state is not a hardened worker's: {', '.join(wrong)}" if wrong else None
 
 
 def _bound_worker(state: State, principal: identity.Principal, pid: int) -> Worker:
@@ -372,6 +443,12 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
         if not w.busy.acquire(blocking=False):
             raise ToolError(HELPER_UNAVAILABLE, "that worker is busy", reason="busy")
         try:
+            if not w.checked:  # once per worker: only one seen hardened gets a descriptor
+                why = _started(w, pwd.getpwnam(w.owner[1]))
+                if why is not None:
+                    kill_worker(state, w, f"it did not start safely: {why}")
+                    raise ToolError(INTERNAL_ERROR, f"the worker did not start safely: {why}")
+                w.checked = True
             if req.get("cap") is not None:
                 args[CAP_KEY] = req["cap"]  # the principal's max_file_bytes: it can only narrow the cap
             frame: dict[str, Any] = {"id": req["rid"], "op": op, "args": args}
@@ -382,10 +459,7 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
                     raise from_oserror(err, args["path"]) from None
                 os.close(fd)
                 fd = -1 if sample is None else sample
-            try:
-                frames.send_frame(w.ctl, frame, [fd] if fd >= 0 else [])
-            except OSError:  # the worker ended (its socket closed) before the call reached it
-                raise ToolError(INTERNAL_ERROR, "the worker ended during the call") from None
+            _pass(state, w, frame, [fd] if fd >= 0 else [])
             if fd >= 0:
                 os.close(fd)
             fd = -1
@@ -401,6 +475,30 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     if report is None:
         raise ToolError(TIMEOUT, "the call did not finish in time")
     return {"ok": True, "dispatched": True}, report.get("code"), int(report.get("bytes") or 0), prepared
+
+
+def _pass(state: State, w: Worker, frame: dict[str, Any], fds: list[int]) -> None:
+    """Send one call (``frame`` and ``fds``) to worker ``w``'s control socket, never waiting: only
+    when the worker has taken all it was sent before (nothing of ours unread in its socket,
+    ``SIOCOUTQ`` 0: a worker reads a call whole before it reports), and only at once and whole
+    (``MSG_DONTWAIT``). So at most one call and one descriptor per worker are ever in flight, and
+    no thread waits on a worker that does not read. Otherwise the worker is killed and forgotten
+    (its socket's queue, and the descriptor in it, go with its last holder: the worker alone) and
+    this call fails: ``INTERNAL_ERROR``, the worker replaced by the front like any that ended."""
+    data = frames.encode(frame)
+    why = "it did not read its control socket"
+    try:
+        if struct.unpack("i", fcntl.ioctl(w.ctl.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0] == 0:
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+            if w.ctl.sendmsg([data], rights, socket.MSG_DONTWAIT) == len(data):
+                return
+    except OSError as exc:  # (EBADF: a kill on another thread closed it meanwhile)
+        if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.EBADF):
+            why = "it ended"
+        elif exc.errno != errno.EAGAIN:
+            why = f"its control socket failed ({errno.errorcode.get(exc.errno or 0, exc.errno)})"
+    kill_worker(state, w, f"a privileged call could not be passed to it: {why}")
+    raise ToolError(INTERNAL_ERROR, f"the worker ended during the call: {why}")
 
 
 def _end_late(state: State, w: Worker, rid: Any) -> dict[str, Any] | None:
@@ -438,7 +536,7 @@ def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:
             raise ToolError(INTERNAL_ERROR, "the worker sent a malformed report") from None
         left = end - time.monotonic()
         try:
-            if left <= 0 or not select.select([w.ctl], [], [], left)[0]:
+            if left <= 0 or not frames.ready([w.ctl.fileno()], left):
                 return None
             chunk = w.ctl.recv(frames.READ_CHUNK)
         except (OSError, ValueError):  # ECONNRESET: it died with our frame unread; closed: reaped meanwhile
@@ -549,26 +647,48 @@ def check_request(req: dict[str, Any]) -> str:  # noqa: C901
 
 
 class Connection:
-    """One persistent front connection: a reader thread and replies sent under one lock."""
+    """One persistent front connection: a reader thread and replies sent under one lock, each
+    send waiting at most :data:`~mcpd.common.frames.SEND_SECONDS` for the front to read."""
 
     def __init__(self, state: State, sock: socket.socket, peer: str,
                  pools: dict[str, tuple[concurrent.futures.ThreadPoolExecutor, threading.Semaphore]]) -> None:
         self.state, self.sock, self.peer, self.pools = state, sock, peer, pools
         self._send = threading.Lock()
         self._buf = bytearray()
+        frames.limit_sends(sock, frames.SEND_SECONDS)
 
     def reply(self, rid: int, reply: dict[str, Any]) -> None:
-        """Send one reply frame with the request's id (and its descriptors, then closed)."""
+        """Send one reply frame with the request's id; its descriptors (``reply["_fds"]``,
+        sockets, closed here) travel with its first byte. ``reply["_sent"]``, when given, is
+        called once with whether they reached the front: right after that byte, before the rest
+        of the frame (so what it records is written before the front can act on the reply), or
+        after the send failed. A send that fails, or that the front does not take within
+        :data:`~mcpd.common.frames.SEND_SECONDS` (an alert), ends this connection: a front that
+        stops reading holds no thread longer, and no reply is lost silently."""
         extra = reply.pop("_fds", [])
+        sent: Callable[[bool], None] | None = reply.pop("_sent", None)
+        data = frames.encode(dict(reply, id=rid, **({"fds": len(extra)} if extra else {})))
+        delivered = False
         try:
             with self._send:
-                frames.send_frame(self.sock, dict(reply, id=rid, **({"fds": len(extra)} if extra else {})),
-                                  [s.fileno() for s in extra])
-        except OSError:
-            pass
+                if extra:
+                    socket.send_fds(self.sock, [data[:1]], [s.fileno() for s in extra])
+                    delivered = True
+                    if sent is not None:
+                        sent(True)
+                self.sock.sendall(data[1:] if extra else data)
+        except Exception as exc:  # the frame may be cut short: this connection cannot go on
+            if isinstance(exc, BlockingIOError):  # SO_SNDTIMEO
+                self.state.audit.record("alert", peer=self.peer, reason="the front did not take a reply in time")
+            elif not isinstance(exc, OSError):
+                log.exception("reply %s failed", rid)
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
         finally:
             for s in extra:
                 s.close()
+        if sent is not None and not delivered:
+            sent(False)
 
     def _run(self, kind: str, req: dict[str, Any], slot: threading.Semaphore) -> None:
         try:
@@ -597,7 +717,7 @@ class Connection:
             if self._buf:  # inside a frame
                 started = started or time.monotonic()
                 left = started + FRAME_SECONDS - time.monotonic()
-                if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                if left <= 0 or not frames.ready([self.sock.fileno()], left):
                     raise Refused("half-sent frame timed out")
             chunk = self.sock.recv(frames.READ_CHUNK)
             if not chunk:

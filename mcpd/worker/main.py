@@ -1,8 +1,12 @@
 """The worker process (DESIGN.md "worker"): runs ops for one OS account over its socketpair.
 
-It starts as ``python -I -m mcpd.worker --fd N --limits JSON``, closes every other descriptor,
-sets no_new_privs, and exits when the socket closes. It holds nothing of the front's: no TLS key,
-no tokens.
+It starts as ``python -I -m mcpd.worker --fd N [--ctl M] --limits JSON``, makes itself
+non-dumpable before anything else (:func:`_seal`), closes every other descriptor, sets
+no_new_privs, and exits when the socket closes. It holds nothing of the front's: no TLS key, no
+tokens. Started by the root helper (``--ctl``), it then tells the policy process it is hardened:
+one frame ``{"ready": true}`` on its control socket with a descriptor of its own
+``/proc/self/status``, which the policy process reads to check it before it passes the worker a
+descriptor (docs/PRIVSEP.md, "A worker's start").
 """
 
 from __future__ import annotations
@@ -168,6 +172,25 @@ def _progress_sender(sock: socket.socket, rid: Any) -> Callable[[int, int | None
     return send
 
 
+_PR_SET_DUMPABLE = 4
+
+
+def _seal() -> None:
+    """The worker's first act: not dumpable (so no process of its account may ptrace it, copy its
+    descriptors with ``pidfd_getfd`` or open its ``/proc`` files), then, only after that, the
+    account's gid as real gid too. The fork server execs a worker with a real gid
+    (:data:`mcpd.common.rootconf.WORKER_START_GID`) that differs from its effective and saved one,
+    the account's, so until this call no process of the account matches its credentials (kernels
+    before 2025 set the effective and saved gids to the real one at that ``exec``, under
+    no_new_privs: then all three stay the start gid and the account's gid is a supplementary
+    group only). Raises ``OSError`` (the worker then fails to start)."""
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+    real, effective, _ = os.getresgid()
+    if real != effective:
+        os.setresgid(effective, effective, effective)
+
+
 def _harden(keep: set[int], parent: int) -> None:
     """Drop everything the worker does not need before it touches a client's path; ``parent`` is
     the pid that started it (read first thing in :func:`main`)."""
@@ -180,13 +203,9 @@ def _harden(keep: set[int], parent: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a core dump would hold file contents
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when a worker ends
     libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_no_new_privs, pr_set_dumpable, pr_set_pdeathsig = 38, 4, 1
+    pr_set_no_new_privs, pr_set_pdeathsig = 38, 1
     if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    # not dumpable: the account's other processes cannot ptrace it to take descriptors the root
-    # helper passed in for a privileged read
-    if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
     # die with the process that started it (the front's pool, or the helper's fork server), even
     # in the middle of a long read: no worker outlives whoever controls it
     if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
@@ -205,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ``--limits`` is a JSON object of :class:`mcpd.common.config.ReadLimits` fields (bytes). Exits 0 when
     the socket closes, 2 on bad arguments (not a Unix stream socket, bad limits).
     """
+    _seal()
     parent = os.getppid()
     parser = argparse.ArgumentParser(prog="python -m mcpd.worker")
     parser.add_argument("--fd", type=int, required=True, help="the worker's socketpair end")
@@ -223,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     ctl = socket.socket(fileno=opts.ctl) if opts.ctl is not None else None
     frames.use_codec(wirejson.dumps, wirejson.loads)  # orjson for every frame in and out
     _harden({opts.fd} | ({opts.ctl} if opts.ctl is not None else set()), parent)
+    if ctl is not None:  # hardened: the policy process may check it now
+        status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            frames.send_frame(ctl, {"ready": True}, [status])
+        finally:
+            os.close(status)
     sock.setblocking(True)
     from mcpd.core import fileopen
     from mcpd.core.ops import OpContext

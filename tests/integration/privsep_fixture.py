@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import resource
 import secrets
 import shutil
 import signal
@@ -111,6 +112,9 @@ class PrivsepDaemon:
     srv: Path
     helper: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     front: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    #: the helper's soft RLIMIT_NOFILE (the policy process, workers and walkers inherit it), e.g.
+    #: 1024 as systemd's default; None: the test runner's own
+    nofile: int | None = None
 
     @property
     def app(self) -> Path:
@@ -141,10 +145,16 @@ class PrivsepDaemon:
     def start_helper(self) -> None:
         """Start ``mcpd helper`` as root and wait (bounded) until its socket is in place."""
         self.socket_path.unlink(missing_ok=True)  # a killed helper's socket must not look ready
+        nofile = self.nofile
+
+        def limits() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
         with open(self.state_dir / "helper.log", "ab") as log:
             self.helper = subprocess.Popen(
                 [sys.executable, "-m", "mcpd.admin.cli", "helper", "--config", str(self.config_path)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.state_dir,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.state_dir, preexec_fn=limits,
             )
         deadline = time.monotonic() + START_SECONDS
         while True:
@@ -241,11 +251,13 @@ def _make_tree(srv: Path) -> None:
         os.chmod(f, 0o600)
 
 
-def start_privsep(factory: AccountFactory, etc: bool = False, **overrides: Any) -> PrivsepDaemon:
+def start_privsep(factory: AccountFactory, etc: bool = False, nofile: int | None = None,
+                  **overrides: Any) -> PrivsepDaemon:
     """Create accounts, files and folder, and start helper and front (see the module docstring).
     ``etc``: ``mcpd.yaml``, the users and the grants files in a folder of their own, ``0750
     root:mcpd`` as the shipped ``tmpfiles.d`` makes ``/etc/mcpd``, which the policy process
-    (not in group ``mcpd``) may not enter; else beside the rest in the state folder."""
+    (not in group ``mcpd``) may not enter; else beside the rest in the state folder.
+    ``nofile``: :attr:`PrivsepDaemon.nofile`."""
     require_root()
     service = devroot.ensure_system_account("mcpd")
     devroot.ensure_system_account(WALK_USER)  # the helper refuses to start without them
@@ -300,7 +312,7 @@ def start_privsep(factory: AccountFactory, etc: bool = False, **overrides: Any) 
         socket_path=state / "run" / "helper.sock", audit_path=state / "audit" / "audit.jsonl",
         access_path=state / "access" / "access.jsonl",
         grants_path=conf / "mcp-sudo.yaml", tokens=tokens, accounts={"alice": alice, "bob": bob},
-        service=service, srv=srv,
+        service=service, srv=srv, nofile=nofile,
     )
     d.write_grants(d.default_grants(), hup=False)
     try:

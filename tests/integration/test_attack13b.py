@@ -16,8 +16,10 @@ import shutil
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,6 +220,16 @@ for rid, path in enumerate(sys.argv[3:], 5):
 """
 
 
+def wait_until_ready(ctl: socket.socket, seconds: float = 30.0) -> None:
+    """Wait until the worker holding the other copy of ``ctl`` (its control socket) has sent its
+    ``{"ready": true}`` report: bytes it sent that the policy process has not read yet
+    (``SIOCOUTQ``; the policy reads that report at the worker's first privileged call)."""
+    deadline = time.monotonic() + seconds
+    while struct.unpack("i", fcntl.ioctl(ctl.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0] == 0:
+        assert time.monotonic() < deadline, "the worker never reported itself hardened"
+        time.sleep(0.01)
+
+
 def what_a_filetype_worker_gets(d: PrivsepDaemon, token: str, paths: list[str]) -> list[tuple[dict[str, Any], list[int]]]:
     """Play alice's compromised worker for one privileged ``files/filetype`` call per path: stop
     the real worker, take (``pidfd_getfd``) its end of the policy process's control socket, and
@@ -240,8 +252,9 @@ def what_a_filetype_worker_gets(d: PrivsepDaemon, token: str, paths: list[str]) 
                 break
             time.sleep(0.05)
         ctl_fd = int(argv[argv.index(b"--ctl") + 1])
-        os.kill(pid, signal.SIGSTOP)
         ctl = socket.socket(fileno=_grab_fd(pid, os.readlink(f"/proc/{pid}/fd/{ctl_fd}")))
+        wait_until_ready(ctl)  # the worker reported itself hardened: what it runs from now on is "compromised"
+        os.kill(pid, signal.SIGSTOP)
         ctl.settimeout(30)
         with ctl:
             for _ in paths:

@@ -38,8 +38,14 @@ else:
     except OSError:  # refused at once: the helper closed before reading
         print(json.dumps({"closed": True, "fds": 0}))
         sys.exit(0)
+data, fds = b"", []
 try:
-    data, fds, _flags, _addr = socket.recv_fds(s, 65536, 4)
+    while len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]:  # (descriptors come with byte 1)
+        chunk, got, _flags, _addr = socket.recv_fds(s, 65536, 4)
+        fds += got
+        if not chunk:
+            break
+        data += chunk
 except OSError as exc:
     print(json.dumps({"closed": True, "error": type(exc).__name__}))
     sys.exit(0)

