@@ -18,7 +18,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,49 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+# -- root-only tests: run, or fail, as root -----------------------------------------------------------
+
+#: Fixtures that need root (the root helper, real OS accounts): a test using one, directly or
+#: through another fixture, is root-only, as if marked ``root``.
+ROOT_FIXTURES = frozenset({"privsep_daemon", "os_accounts"})
+#: Where those fixtures and their helpers live: a skip raised in these files comes from them.
+ROOT_FIXTURE_FILES = frozenset({Path(__file__).parent / "osaccounts.py",
+                                Path(__file__).parent / "integration" / "privsep_fixture.py"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``root`` every test that uses one of :data:`ROOT_FIXTURES` (so ``-m "not root"``
+    leaves it out, and the rule of :func:`pytest_runtest_makereport` applies to it)."""
+    for item in items:
+        if item.get_closest_marker("root") is None and ROOT_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.root)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                               call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Not root, a root-only test skips; as root it must run: its skip (a tool missing, a fixture
+    that could not start) is reported as a failure, so that a run as root (CI's) never hides a
+    root-only test that did not run. Root-only: marked ``root`` (or using a root fixture, see
+    :func:`pytest_collection_modifyitems`), or skipped from one of :data:`ROOT_FIXTURE_FILES`.
+
+    The opt-out, for a skip that is right even as root: ``@pytest.mark.root_may_skip(reason)``
+    on the test, the reason saying why."""
+    report: pytest.TestReport = yield
+    if not report.skipped or hasattr(report, "wasxfail") or os.geteuid() != 0:
+        return report
+    if item.get_closest_marker("root_may_skip") is not None:
+        return report
+    from_fixture = call.excinfo is not None and any(
+        Path(str(entry.path)) in ROOT_FIXTURE_FILES for entry in call.excinfo.traceback)
+    if item.get_closest_marker("root") is not None or from_fixture:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = (f"a root-only test skipped in a run as root ({report.when}): {reason}\n"
+                           "as root it must run; mark it root_may_skip(reason) only if the skip is right even as root")
+    return report
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Attacks on Streamable HTTP at ``/mcp`` (both eras) and on the file resource, against the real
-daemon over TLS (attacker session 13). Reproducers as scripts: ``attacks13/``.
+daemon over TLS (attacker session 13).
 
 Tests marked ``xfail(strict=True)`` record a flaw found and not fixed here (see their reason);
 they pass once it is fixed, and the mark must then go. The others record a flaw fixed here, or
@@ -177,9 +177,9 @@ def _read_all(tls: Any) -> int:
 
 async def test_unread_json_answers_are_bounded_like_a_sessions_queue(daemon_factory: Any, tmp_path: Path) -> None:
     """Each POST /mcp answered as JSON (up to the 10 MiB response cap) that its client never reads
-    is held by the front until the connection ends: 16 such POSTs made the front hold ~370 MiB
-    (attacks13/unread_json_answers.py). SPEC §1.7 bounds what a client makes the server hold per
-    principal and in total, and disconnects a client that stops reading: such answers count
+    is held by the front until the connection ends: 16 such POSTs made the front hold ~370 MiB.
+    SPEC §1.7 bounds what a client makes the server hold per principal and in total, and
+    disconnects a client that stops reading: such answers count
     against the principal's ``principal_queue_bytes`` (here 32 MiB), so 8 unread answers of 9 MiB
     on one session (72 MiB) must not all be delivered in full."""
     d = daemon_factory(principal_queue_bytes=32 * 1024 * 1024)

@@ -1,9 +1,8 @@
 """Attack 13b on the root side: a compromised front (code as the service user, speaking to the
 helper socket directly) and a compromised worker (SPEC §4.5a, §5.3, §7.1; docs/PRIVSEP.md §7).
 
-Each test plays the attacker for real and checks the rule it attacked; the reproducers that print
-what they see are under ``attacks13b/``. Fixed flaws are plain tests; the ones left open are
-strict xfails that name the rule they break and its severity.
+Each test plays the attacker for real and checks the rule it attacked. Fixed flaws are plain
+tests; the ones left open are strict xfails that name the rule they break and its severity.
 """
 
 from __future__ import annotations
@@ -318,15 +317,6 @@ def test_a_filetype_grant_gives_the_worker_no_descriptor_it_could_read(attacked:
     finally:
         d.write_grants(d.default_grants())
         shutil.rmtree(folder)
-
-
-def _children_of_policy(d: PrivsepDaemon) -> list[int]:
-    import pwd
-
-    from mcpd.common.config import POLICY_USER
-    from tests.integration.privsep_fixture import children
-
-    return children(d.helper_pid, pwd.getpwnam(POLICY_USER).pw_uid)
 
 
 BAD_TOKEN_CALL = r"""

@@ -2,9 +2,8 @@
 revocation sweep (SPEC §1.4, §1.7, §5.3, §7; docs/PRIVSEP.md §2, §7).
 
 Each test plays the attacker (or the honest client the bound must not hurt) for real over TLS and
-checks the rule; the reproducers that print what they see are under ``attacks13c/``. Fixed flaws
-are plain tests; the ones left open are strict xfails that name the rule they break and its
-severity.
+checks the rule. Fixed flaws are plain tests; the ones left open are strict xfails that name the
+rule they break and its severity.
 """
 
 from __future__ import annotations
@@ -145,7 +144,7 @@ def test_unread_answers_under_a_piece_count_against_the_principals_budget(
     answer and its TLS buffers (about 600 KiB in the front's RSS) stay for the TLS shutdown's
     30 s, then the client asks again. One principal with 1024 connections from one address (the
     per-address cap) held about 600 MiB against a budget of 128 MiB, four addresses about 2.4 GiB
-    against a total of 512 MiB; ``mcpd_outgoing_bytes`` said 0 (attacks13c/small_unread_answers.py).
+    against a total of 512 MiB; ``mcpd_outgoing_bytes`` said 0.
     Fixed: an answer over 64 KiB, once written, is charged what its connection still holds (the
     kernel's send queue included) until it holds no more. Here: eight such answers with a budget
     of 1 MiB; past the budget's four, the connections must be dropped within seconds."""
@@ -191,7 +190,7 @@ def test_stalled_principals_filling_the_total_budget_do_not_cut_a_reading_client
     default). Four principals that each stalled one session just within their own budget filled
     it, and from then on every other principal's large answer, charged while its connection was
     behind, passed the total and was cut (``queue_bytes_total``), while the stalled sessions that
-    held the bytes kept them, for as long as their clients liked (attacks13c/total_budget_weapon.py).
+    held the bytes kept them, for as long as their clients liked.
     Fixed: past the total, the principal holding the most gives up what it holds, the one
     charging when none other holds more. Here at a 7 MiB / 28 MiB scale: alice, carol, dave
     and erin stall a 6 MiB answer each (about 6.5 MiB held each, 26 MiB in all); bob reads a
@@ -312,7 +311,7 @@ def test_a_post_stream_its_client_left_leaves_nothing_charged(
     charged to its principal and to the total for the front's life. About 21 abandoned 6 MiB
     answers filled a principal's 128 MiB for good (each of its sessions then cut at its next
     large answer) and about 85 the total 512 MiB, after which every principal's large answers
-    were cut (attacks13c/abandoned_post_streams.py). Fixed: an ended stream takes nothing more."""
+    were cut. Fixed: an ended stream takes nothing more."""
     d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path)
     with httpx.Client(verify=d.ssl_context(), timeout=60) as c:
         sid = session_of(d, c)["Mcp-Session-Id"]

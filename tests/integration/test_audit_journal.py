@@ -1,9 +1,10 @@
 """Audit records reach the journal with structured fields (SPEC §7; native journal protocol).
 
-The test runs a real systemd-journald of its own, in a journal namespace (``systemd-journald
-NS``: its socket is ``/run/systemd/journal.NS/socket``, read back with ``journalctl
---namespace=NS``), so it needs no journald of the machine's and disturbs none. Skipped, saying
-why, only where there is no systemd-journald binary to run or no root.
+The journal tests run a real systemd-journald of their own, in a journal namespace
+(``systemd-journald NS``: its socket is ``/run/systemd/journal.NS/socket``, read back with
+``journalctl --namespace=NS``), so they need no journald of the machine's and disturb none. Not
+root, they skip; as root, a machine without a systemd-journald binary fails them
+(``scripts/bootstrap.sh`` installs systemd).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def entries(ns: str, ident: str, count: int) -> list[dict[str, Any]]:
         time.sleep(0.1)
 
 
+@pytest.mark.root
 def test_records_appear_in_the_journal_with_their_fields(journal: tuple[str, str], tmp_path: Path) -> None:
     ns, sock = journal
     path = tmp_path / "audit.jsonl"
@@ -91,6 +93,7 @@ def test_records_appear_in_the_journal_with_their_fields(journal: tuple[str, str
     assert alert["MCPD_REASON"] == "malformed frame"
 
 
+@pytest.mark.root
 def test_front_access_records_go_to_the_journal_as_mcpd_access(journal: tuple[str, str], tmp_path: Path) -> None:
     ns, sock = journal
     with AuditLog(str(tmp_path / "access.jsonl"), ident="mcpd-access", journal=sock) as log:
