@@ -120,7 +120,7 @@ class LocalSpawner:
         front, back = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             proc = subprocess.Popen(
-                [*self._argv, "--fd", str(back.fileno())],
+                [*self._argv, "--fd", str(back.fileno()), "--parent", str(os.getpid())],
                 pass_fds=(back.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

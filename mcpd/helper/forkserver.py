@@ -96,7 +96,7 @@ def _child(req: dict[str, Any], fds: list[int], walker: tuple[int, int]) -> None
     _keep_only(fds)
     if req["type"] == "spawn":
         _become(req["uid"], req["gid"], req["groups"], WORKER_START_GID)
-        _exec("mcpd.worker", ["--fd", "3", "--ctl", "4", "--limits", req["limits"]], HOME=req["home"], USER=req["user"])
+        _exec("mcpd.worker", ["--fd", "3", "--ctl", "4", "--parent", str(os.getppid()), "--limits", req["limits"]], HOME=req["home"], USER=req["user"])
     drop_to_walker(*walker)
     _exec("mcpd.walker", ["--fd", "3"])
 

@@ -193,7 +193,8 @@ def _seal() -> None:
 
 def _harden(keep: set[int], parent: int) -> None:
     """Drop everything the worker does not need before it touches a client's path; ``parent`` is
-    the pid that started it (read first thing in :func:`main`)."""
+    the pid of the process that started it, as that process said (``--parent``): a worker whose
+    starter died while it was still starting finds another parent and exits."""
     for fd in range(3, max(keep) + 1):
         if fd not in keep:
             os.closerange(fd, fd + 1)
@@ -216,7 +217,7 @@ def _harden(keep: set[int], parent: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point ``python -m mcpd.worker --fd N [--ctl M] --limits JSON``; returns the exit status.
+    """Entry point ``python -m mcpd.worker --fd N [--ctl M] --parent PID --limits JSON``; returns the exit status.
 
     ``--ctl`` is the root helper's channel, over which it passes descriptors for privileged reads
     (:func:`serve_granted`); workers started by the front itself (development mode) have none.
@@ -225,10 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     the socket closes, 2 on bad arguments (not a Unix stream socket, bad limits).
     """
     _seal()
-    parent = os.getppid()
     parser = argparse.ArgumentParser(prog="python -m mcpd.worker")
     parser.add_argument("--fd", type=int, required=True, help="the worker's socketpair end")
     parser.add_argument("--ctl", type=int, default=None, help="the root helper's channel (privileged reads)")
+    parser.add_argument("--parent", type=int, required=True, help="the pid of the process that started it")
     parser.add_argument("--limits", default="{}", help="ReadLimits as a JSON object (bytes)")
     opts = parser.parse_args(argv)
     try:
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ctl = socket.socket(fileno=opts.ctl) if opts.ctl is not None else None
     frames.use_codec(wirejson.dumps, wirejson.loads)  # orjson for every frame in and out
-    _harden({opts.fd} | ({opts.ctl} if opts.ctl is not None else set()), parent)
+    _harden({opts.fd} | ({opts.ctl} if opts.ctl is not None else set()), opts.parent)
     if ctl is not None:  # hardened: the policy process may check it now
         status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
         try:

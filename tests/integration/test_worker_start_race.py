@@ -249,7 +249,7 @@ def start_worker(pw: pwd.struct_passwd, real_gid: int, effective_gid: int) -> tu
         ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
 
     proc = subprocess.Popen([sys.executable, "-I", "-m", "mcpd.worker", "--fd", str(theirs.fileno()),
-                             "--ctl", str(their_ctl.fileno())], pass_fds=(theirs.fileno(), their_ctl.fileno()),
+                             "--ctl", str(their_ctl.fileno()), "--parent", str(os.getpid())], pass_fds=(theirs.fileno(), their_ctl.fileno()),
                             preexec_fn=drop, cwd="/")
     theirs.close()
     their_ctl.close()

@@ -658,7 +658,7 @@ def test_a_request_the_front_never_finishes_does_not_hold_up_a_granted_call(tmp_
 
 def test_worker_refuses_a_descriptor_that_is_not_a_socket() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "mcpd.worker", "--fd", "0"],
+        [sys.executable, "-m", "mcpd.worker", "--fd", "0", "--parent", str(os.getpid())],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=60,
@@ -667,10 +667,32 @@ def test_worker_refuses_a_descriptor_that_is_not_a_socket() -> None:
     assert b"bad arguments" in proc.stderr or b"not a Unix stream socket" in proc.stderr
 
 
+def test_a_worker_whose_starter_dies_while_it_starts_exits_without_serving() -> None:
+    """No worker outlives whoever started it, even when the starter dies before the worker's
+    interpreter is up (before its parent-death signal is set): the worker compares its parent
+    with the pid its starter gave it, finds another one, and exits without serving the request
+    already waiting on its socket."""
+    front, back = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    frames.send_frame(front, {"id": 1, "op": "files/read", "args": {"path": "/etc/hostname"}})
+    starter = ("import os, subprocess, sys; fd = int(sys.argv[1]); "
+               "subprocess.Popen([sys.executable, '-I', '-m', 'mcpd.worker', '--fd', str(fd), '--parent', "
+               "str(os.getpid())], pass_fds=(fd,), stdin=subprocess.DEVNULL); os._exit(0)")
+    subprocess.run([sys.executable, "-c", starter, str(back.fileno())], pass_fds=(back.fileno(),), timeout=60,
+                   check=True)
+    back.close()
+    front.settimeout(60)
+    with front:
+        try:
+            answer = front.recv(4096)
+        except ConnectionResetError:  # it exited with the request unread
+            answer = b""
+        assert answer == b"", "the orphaned worker served a request"
+
+
 def test_worker_refuses_an_inet_socket() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         proc = subprocess.run(
-            [sys.executable, "-m", "mcpd.worker", "--fd", str(s.fileno())],
+            [sys.executable, "-m", "mcpd.worker", "--fd", str(s.fileno()), "--parent", str(os.getpid())],
             pass_fds=(s.fileno(),),
             stdin=subprocess.DEVNULL,
             capture_output=True,
