@@ -378,7 +378,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
                 state.audit.finish(prepared, outcome=outcome, bytes=size, duration_ms=_ms(started))
             return reply
         fresh = None if login is None else (login.login_time, used)
-        reply = _walk(state, op, args, principal.os_user, sorted(groups), decision.covers_root, fresh)
+        reply = _walk(state, policy, op, args, principal.os_user, sorted(groups), decision.covers_root, fresh)
         outcome, size = None, len(reply["result"].get("entries", reply["result"].get("matches", [])))
     except ToolError as exc:
         if (refused := _refusal(exc)) is not None:  # root's opener (or the secrets' check, or the walker) said no
@@ -546,16 +546,18 @@ def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:
         w.reports += chunk
 
 
-def _walk(state: State, op: str, args: dict[str, Any], os_user: str, groups: list[str], follow: bool,
-          login: tuple[float, bool] | None = None) -> dict[str, Any]:
+def _walk(state: State, policy: grants.Policy, op: str, args: dict[str, Any], os_user: str, groups: list[str],
+          follow: bool, login: tuple[float, bool] | None = None) -> dict[str, Any]:
     """Run one walk in a new walker (root's fork server; :mod:`mcpd.walker`): send it the call and
-    the grants that filter it, wait for its one reply until the deadline, then have root SIGKILL
-    it whatever happened (``TIMEOUT`` when no reply came in time, ``INTERNAL_ERROR`` when it
-    ended without one). ``login``: the caller's password login (UNIX login time, whether its one
-    ``reauth_after: 0`` call was used before this one), or None for a static token, so the walker
-    judges every entry's ``reauth_after`` as this call was judged."""
+    ``policy``, the grants that decided the call (not the ones in force now: a reload since the
+    decision must not filter its entries, or the answer would be one neither grants give), wait
+    for its one reply until the deadline, then have root SIGKILL it whatever happened
+    (``TIMEOUT`` when no reply came in time, ``INTERNAL_ERROR`` when it ended without one).
+    ``login``: the caller's password login (UNIX login time, whether its one ``reauth_after: 0``
+    call was used before this one), or None for a static token, so the walker judges every
+    entry's ``reauth_after`` as this call was judged."""
     frame = {"op": op, "args": args, "os_user": os_user, "groups": groups, "follow": follow,
-             "grants": state.policy.policy.text, "secrets": list(state.policy.policy.secrets),
+             "grants": policy.text, "secrets": list(policy.secrets),
              "login_time": None if login is None else login[0], "login_used": login is not None and login[1]}
     pid, ours, pidfd = state.root.walk()
     end = time.monotonic() + _deadline(args, state.cfg.workers.timeout_seconds)

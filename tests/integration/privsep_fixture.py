@@ -15,6 +15,12 @@ Tree (all root-owned)::
       app/          0700           the granted folder; app/log.txt 0600 (the root-only file)
       app-evil/x    0700 / 0600    a sibling that shares the prefix
       secret        0600           outside the grant
+
+Every daemon on the machine runs its front, policy process and walkers as the same system
+accounts (``mcpd``, ``mcpd-policy``, ``mcpd-walk``), and several test sessions run at once: a
+test acts on the processes of its own daemon only, found as children of its helper
+(:meth:`PrivsepDaemon.workers`, :meth:`PrivsepDaemon.walkers`, :class:`HungWalks`), never on
+every process of one of those accounts.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -206,6 +213,12 @@ class PrivsepDaemon:
         uid = self.accounts[principal].uid
         return [pid for fs in children(self.helper_pid, 0) for pid in children(fs, uid)]
 
+    def walkers(self) -> list[int]:
+        """Pids of this daemon's walkers: the children of its helper's fork server running as
+        ``mcpd-walk`` (the account every daemon's walkers share)."""
+        uid = pwd.getpwnam(WALK_USER).pw_uid
+        return [pid for fs in children(self.helper_pid, 0) for pid in children(fs, uid)]
+
     # -- files ----------------------------------------------------------------------------------
 
     def write_grants(self, data: dict[str, Any] | str, hup: bool = True) -> None:
@@ -237,6 +250,52 @@ class PrivsepDaemon:
     def log(self, name: str) -> str:
         path = self.state_dir / name
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+class HungWalks:
+    """While active, every walker of daemon ``d`` is stopped (SIGSTOP) as it appears: its
+    privileged list/find hangs as on a hung NFS or FUSE folder (no CPU used). Leaving kills the
+    walkers it stopped, through pidfds taken when it stopped them (never a reused pid). Walkers
+    of other daemons, which run as the same account, are left alone."""
+
+    def __init__(self, d: PrivsepDaemon) -> None:
+        self.d = d
+        self.stopped: dict[int, int] = {}  # pid -> pidfd
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        end = time.monotonic() + 120
+        while not self._done.is_set() and time.monotonic() < end:
+            for pid in self.d.walkers():
+                if pid in self.stopped:
+                    continue
+                try:
+                    fd = os.pidfd_open(pid)
+                except OSError:  # gone already
+                    continue
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGSTOP)
+                except OSError:
+                    os.close(fd)
+                    continue
+                self.stopped[pid] = fd
+            self._done.wait(0.005)
+
+    def __enter__(self) -> "HungWalks":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        self._thread.join(5)
+        for fd in self.stopped.values():
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except OSError:
+                pass
+            os.close(fd)
+        self.stopped.clear()
 
 
 def _make_tree(srv: Path) -> None:

@@ -34,6 +34,7 @@ from mcpd.helper import forkserver
 from tests.conftest import EVENT_TIMEOUT
 from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
+    HungWalks,
     SECRET_TEXT,
     PrivsepDaemon,
     children,
@@ -297,11 +298,6 @@ def _find(d: PrivsepDaemon, args: dict[str, Any], rid: int = 1) -> dict[str, Any
     return reply
 
 
-def _walkers(d: PrivsepDaemon) -> list[int]:
-    uid = pwd.getpwnam(WALK_USER).pw_uid
-    return [pid for fs in children(d.helper_pid, 0) for pid in children(fs, uid)]
-
-
 def _big_tree(d: PrivsepDaemon) -> Path:
     """``app/big``: 40 root-only folders of 500 root-only files (20,040 entries under it)."""
     big = d.app / "big"
@@ -322,7 +318,7 @@ def _walker_during(d: PrivsepDaemon, args: dict[str, Any], act: Any) -> tuple[di
     finder.start()
     deadline, pid = time.monotonic() + 20, 0
     while not pid and finder.is_alive() and time.monotonic() < deadline:
-        pid = next(iter(_walkers(d)), 0)
+        pid = next(iter(d.walkers()), 0)
         time.sleep(0.005)
     acted = time.monotonic()
     if pid:
@@ -374,7 +370,7 @@ def test_the_walker_of_a_privileged_find_holds_dac_read_search_only(find_granted
     seen: list[tuple[dict[str, str], dict[int, str]]] = []  # (status, fd -> target), many per walker
     try:
         while finder.is_alive() and time.monotonic() - started < 30:
-            for pid in _walkers(d):
+            for pid in d.walkers():
                 try:
                     status = proc_status(pid)
                     fds = {int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
@@ -884,53 +880,6 @@ def test_a_file_system_where_a_file_was_read_can_still_be_unmounted(
 # -- the privileged route: capacity and records (attack session 12) -------------------------------
 
 
-class HungWalks:
-    """While active, every walker (account mcpd-walk) is stopped as it appears: a privileged
-    list/find then hangs as on a hung NFS or FUSE folder (no CPU used). Leaving kills them."""
-
-    def __init__(self) -> None:
-        self.uid = pwd.getpwnam(WALK_USER).pw_uid
-        self.stopped: set[int] = set()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _running(self) -> list[int]:
-        pids = []
-        for e in os.listdir("/proc"):
-            if e.isdigit():
-                try:
-                    st = proc_status(int(e))
-                    if st["Uid"].split()[0] == str(self.uid) and not st["State"].startswith(("Z", "T")):
-                        pids.append(int(e))
-                except (OSError, KeyError):
-                    pass
-        return pids
-
-    def _run(self) -> None:
-        end = time.monotonic() + 120
-        while not self._done.is_set() and time.monotonic() < end:
-            for pid in self._running():
-                try:
-                    os.kill(pid, signal.SIGSTOP)
-                    self.stopped.add(pid)
-                except OSError:
-                    pass
-            time.sleep(0.005)
-
-    def __enter__(self) -> "HungWalks":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._done.set()
-        self._thread.join(5)
-        for pid in self.stopped:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-
 @pytest.fixture
 def everyone_granted(privsep_daemon: PrivsepDaemon) -> Iterator[PrivsepDaemon]:  # noqa: F811
     """alice may read, list and find in ``app``; bob may read and find there (restored afterwards)."""
@@ -987,7 +936,7 @@ def test_one_principals_hung_privileged_finds_never_hold_up_anothers_privileged_
             return None, res["structuredContent"]["error"], refused
         return res["content"][0]["text"], {}, refused
 
-    with HungWalks():
+    with HungWalks(d):
         text, err, refused = asyncio.run(go())
     assert (text, err) == (LOG_TEXT, {})
     assert refused and {e["code"] for e in refused} == {"RATE_LIMITED"}, refused
@@ -1016,7 +965,7 @@ def test_a_privileged_call_refused_for_the_principals_cap_leaves_a_record(everyo
             await asyncio.gather(*hung, return_exceptions=True)
             return res["structuredContent"]["error"], new_access, new_audit
 
-    with HungWalks():
+    with HungWalks(d):
         err, new_access, new_audit = asyncio.run(go())
     assert err["code"] == "RATE_LIMITED", err
     assert [r["outcome"] for r in new_access] == ["RATE_LIMITED"], new_access
@@ -1048,7 +997,7 @@ def test_a_privileged_read_that_never_reached_the_helper_leaves_a_record(everyon
             await asyncio.gather(*finds, return_exceptions=True)
             return res["structuredContent"]["error"], new
 
-    with HungWalks():
+    with HungWalks(d):
         err, records = asyncio.run(go())
     assert err["code"] == "TIMEOUT" and "no connection to the root helper came free" in err["message"], err
     assert len(records) == 1 and records[0]["event"] == "access", records
