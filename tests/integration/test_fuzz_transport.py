@@ -1,11 +1,16 @@
-"""A bounded fuzz test over the real transport (issue "hostile load"): a few thousand hostile bodies
-from a fixed seed (``tests/fuzzgen.py``) POSTed over TLS to ``/message`` (four SSE sessions) and
-``/mcp`` (a Streamable HTTP session), against the real daemon and its workers.
+"""Bounded fuzz tests over the real transports, against the real daemon and its workers over TLS.
 
-Asserted: no ``5xx``; no SSE stream ended by the server; every request answered (each valid id
-exactly once, each invalid id as one ``id: null`` reply); no reply is an internal error (a
-JSON-RPC ``-32603`` or a tool's ``INTERNAL_ERROR``); every reply strict JSON; the daemon alive and
-still serving at the end. Every loop is bounded in count and time.
+The first: a few thousand hostile bodies from a fixed seed (``tests/fuzzgen.py``) POSTed to
+``/message`` (four SSE sessions) and ``/mcp`` (a Streamable HTTP session). Asserted: no ``5xx``;
+no SSE stream ended by the server; every request answered (each valid id exactly once, each
+invalid id as one ``id: null`` reply); no reply is an internal error (a JSON-RPC ``-32603`` or a
+tool's ``INTERNAL_ERROR``); every reply strict JSON; the daemon alive and still serving at the end.
+
+The second (:func:`test_fuzzed_mcp_in_both_eras_gets_the_documented_answers`): seeded ``/mcp``
+inputs of both Streamable HTTP eras, methods and headers as well as bodies (``tests/fuzzmcp.py``),
+each held against the answer the documented rules give; its count and seed come from
+``MCPD_FUZZ_MCP_INPUTS`` and ``MCPD_FUZZ_SEED`` (a CI slice by default). Every loop is bounded in
+count and time.
 """
 
 from __future__ import annotations
