@@ -229,6 +229,23 @@ MAX_VICTIMS = 10  # deletable sessions of one principal kept open at once (far b
 INIT_PARAMS = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "fuzz", "version": "0"}}
 
 
+class Findings(list[str]):
+    """The findings of a run, each also appended to the file ``path`` names as it is found (a
+    long run's are readable while it runs)."""
+
+    def __init__(self, path: str | None) -> None:
+        super().__init__()
+        self.path = path
+        if path:
+            Path(path).write_text("")
+
+    def append(self, finding: str) -> None:
+        super().append(finding)
+        if self.path:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(finding + "\n")
+
+
 class McpFuzz:
     """The /mcp fuzz harness: the sessions it keeps, the inputs it sends, and what it found.
 
@@ -248,7 +265,7 @@ class McpFuzz:
         self.tokens = {"alice": d.token, "bob": d.other_token, "bad": "mcpd_000000000000_" + "A" * 43}
         self.known: dict[str, fuzzmcp.Known] = {}
         self.seq = 0
-        self.findings: list[str] = []
+        self.findings = Findings(os.environ.get("MCPD_FUZZ_FINDINGS"))
         self.stats: dict[str, collections.Counter[Any]] = collections.defaultdict(collections.Counter)
         self.deleted_names: list[str] = []
         self.sentinel: asyncio.Task[None] | None = None
@@ -326,13 +343,17 @@ class McpFuzz:
     async def keep_sentinel(self, k: fuzzmcp.Known, ready: asyncio.Event) -> None:
         """main0's GET stream, held and read for the whole run (its end is a finding)."""
         h = {**self.base("alice"), "Mcp-Session-Id": k.id, "Accept": "text/event-stream"}
-        async with self.client.stream("GET", "/mcp", headers=h, timeout=httpx.Timeout(30, read=None)) as r:
-            assert r.status_code == 200, r.status_code
-            k.streams_open += 1
-            ready.set()
-            async for chunk in r.aiter_raw():
-                self.sentinel_pings += chunk.count(b": ping")
-        self.findings.append("main0's GET stream ended during the run")
+        try:
+            async with self.client.stream("GET", "/mcp", headers=h, timeout=httpx.Timeout(30, read=None)) as r:
+                assert r.status_code == 200, r.status_code
+                k.streams_open += 1
+                ready.set()
+                async for chunk in r.aiter_raw():
+                    self.sentinel_pings += chunk.count(b": ping")
+        except httpx.TransportError as exc:
+            self.findings.append(f"main0's GET stream broke after input {self.stats['all']['inputs']}: {exc!r}")
+        else:
+            self.findings.append(f"main0's GET stream ended after input {self.stats['all']['inputs']}")
 
     # -- inputs -------------------------------------------------------------------------------------
 
@@ -404,6 +425,15 @@ class McpFuzz:
         await asyncio.gather(*tasks)
 
     async def send(self, req: fuzzmcp.Req) -> None:
+        """Send one input and judge its answer; a connection the daemon broke is a finding."""
+        try:
+            await self._send(req)
+        except httpx.TransportError as exc:
+            self.findings.append(f"{req.label} {req.era}: the connection broke after input "
+                                 f"{self.stats['all']['inputs']} (daemon alive: {self.d.proc.poll() is None}): "
+                                 f"{exc!r}\n  headers: {self.show(req)}\n  body: {(req.body or b'')[:300]!r}")
+
+    async def _send(self, req: fuzzmcp.Req) -> None:
         k = self.known.get(req.target) if req.target else None
         deleting = False
         if req.method == "DELETE" and k is not None and k.role == "victim":
@@ -450,6 +480,9 @@ class McpFuzz:
         why = fuzzmcp.check(outcomes, r.status_code, r.headers, body, req.method)
         stats = self.stats[req.era]
         stats["inputs"] += 1
+        self.stats["all"]["inputs"] += 1
+        if self.stats["all"]["inputs"] % 10_000 == 0:
+            print(f"mcp fuzz: {self.stats['all']['inputs']} inputs, {len(self.findings)} findings", flush=True)
         stats[f"{route} {req.method} {r.status_code}"] += 1
         if why is None and req.method == "POST" and r.status_code == 200 and req.target is None:
             opens = any(o.opens for o in outcomes)
@@ -535,6 +568,8 @@ class McpFuzz:
         gate = asyncio.Semaphore(MCP_CONCURRENCY)
         pending: set[asyncio.Task[None]] = set()
         for _ in range(count):
+            if len(self.findings) >= 50:  # (enough to read: stop early)
+                break
             while len(pending) >= 2 * MCP_CONCURRENCY:  # (generate as they are answered: state stays current)
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -584,7 +619,9 @@ def test_fuzzed_mcp_in_both_eras_gets_the_documented_answers(mcp_fuzz_daemon: An
     d, paths, slow = mcp_fuzz_daemon
 
     async def go() -> McpFuzz:
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
+        # (idle connections are dropped well before the daemon's connections.idle_seconds, 5 s, closes
+        # them: a request sent on one it is closing would fail through no fault of either side)
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=2.0)
         async with httpx.AsyncClient(verify=d.ssl_context(), timeout=30, limits=limits, base_url=d.url) as client:
             del client.headers["accept"]  # (httpx's default */*: an input without Accept sends none)
             fuzz = McpFuzz(d, client, fuzzmcp.McpGenerator(MCP_SEED, paths, 14), slow)
@@ -595,13 +632,12 @@ def test_fuzzed_mcp_in_both_eras_gets_the_documented_answers(mcp_fuzz_daemon: An
     fuzz = asyncio.run(go())
     took = time.monotonic() - started
     print(f"\nmcp fuzz: seed {MCP_SEED}, {MCP_INPUTS} inputs in {took:.0f} s")
+    fuzz.stats.pop("all", None)
     for era, stats in sorted(fuzz.stats.items()):
         print(f"  {era}: {stats['inputs']} inputs, {stats['findings']} findings")
         for key, n in sorted(stats.items()):
             if key not in ("inputs", "findings"):
                 print(f"    {key}: {n}")
-    if os.environ.get("MCPD_FUZZ_FINDINGS"):  # every finding, for a long run
-        Path(os.environ["MCPD_FUZZ_FINDINGS"]).write_text("\n".join(fuzz.findings) + "\n")
     assert not fuzz.findings, f"{len(fuzz.findings)} findings; the first:\n" + "\n".join(fuzz.findings[:5])
     assert d.proc.poll() is None, "the daemon died"
     assert "Traceback" not in d.log(), d.log()[-3000:]
