@@ -27,6 +27,7 @@ from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.privileged import PrivilegedBackend
 from mcpd.core.tools import TOOLS, ToolModule, by_any_name, deadline_seconds, portable_name
+from mcpd.core.walk import FIND_MAX_BUDGET
 
 log = logging.getLogger(__name__)
 
@@ -166,12 +167,12 @@ class Room(Protocol):
 
     @property
     def wait_seconds(self) -> float:
-        """How long :meth:`admit` waits for room at most."""
+        """How long :meth:`admit` waits for room by default (a call's deadline, unless its own is longer)."""
         ...
 
-    async def admit(self, cost: int) -> bool:
+    async def admit(self, cost: int, seconds: float | None = None) -> bool:
         """Wait for room and reserve ``cost`` bytes and one message; ``False`` (nothing reserved)
-        when :attr:`wait_seconds` passed first or the session closed."""
+        when ``seconds`` (default :attr:`wait_seconds`) passed first or the session closed."""
         ...
 
     def deliver(self, message: Any, cost: int | None) -> None:
@@ -392,6 +393,18 @@ def heavy(msg: Any) -> bool:
     return isinstance(msg, dict) and msg.get("method") in HEAVY_METHODS
 
 
+def admit_seconds(msg: Any, default: float) -> float:
+    """How long a ``tools/call`` or ``resources/read`` may wait for room: its own deadline
+    (:func:`~mcpd.core.tools.deadline_seconds`: ``default``, or a find's time budget, at most
+    :data:`~mcpd.core.walk.FIND_MAX_BUDGET`, plus the margin), read from its raw arguments."""
+    params = msg.get("params") if isinstance(msg, dict) else None
+    args = params.get("arguments") if isinstance(params, dict) else None
+    budget = args.get("time_budget_seconds") if isinstance(args, dict) else None
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        return default
+    return deadline_seconds({"time_budget_seconds": min(float(budget), FIND_MAX_BUDGET)}, default)
+
+
 def answered(msg: Any) -> bool:
     """Whether handling ``msg`` (one message of a body) sends a reply: anything but a well-formed
     notification or a client's response (what :meth:`McpSession._reply_for` answers with nothing)."""
@@ -545,7 +558,7 @@ class McpSession:
         refused whole (one ``-32000``, ``id: null``, none of its members run) when none comes in time."""
         cost = self.dispatcher.max_batch_bytes
         if room is not None and not await room.admit(cost):
-            self._no_room(room, None, "none of the batch's members was run")
+            self._no_room(room, None, room.wait_seconds, "none of the batch's members was run")
             return
         try:
             budget = [self.dispatcher.max_batch_bytes]  # bytes the batch's array may still take
@@ -562,15 +575,15 @@ class McpSession:
             if room is not None:
                 room.release(cost)
 
-    def _no_room(self, room: Room, rid: Any, what: str) -> None:
-        """Answer a request (or batch) that waited for room in vain with ``-32000`` (``rid``: its
-        id), unless the session was closed meanwhile."""
+    def _no_room(self, room: Room, rid: Any, seconds: float, what: str) -> None:
+        """Answer a request (or batch) that waited ``seconds`` for room in vain with ``-32000``
+        (``rid``: its id), unless the session was closed meanwhile."""
         if self._closed:
             return
         metrics.limit_hit("queue_overflow")
-        room.deliver(error_reply(rid, SERVER_BUSY, f"the session's outgoing queue stayed full for "
-                                 f"{room.wait_seconds:g} s (its client is not taking its answers): {what}; "
-                                 f"retry once it has read them"), None)
+        room.deliver(error_reply(rid, SERVER_BUSY, f"no room in the session's outgoing queue within {seconds:g} s "
+                                 f"(its client has not taken its answers, or its other calls still run): {what}; "
+                                 f"retry later"), None)
 
     @property
     def busy(self) -> bool:
@@ -590,10 +603,12 @@ class McpSession:
                       budget: list[int] | None = None, room: Room | None = None) -> Message | None:
         cost = 0
         if room is not None:
-            cost = room.call_cost if heavy(msg) else 0
-            if not await room.admit(cost):
+            seconds = room.wait_seconds
+            if heavy(msg):
+                cost, seconds = room.call_cost, admit_seconds(msg, seconds)
+            if not await room.admit(cost, seconds):
                 rid = msg.get("id") if isinstance(msg, dict) else None
-                self._no_room(room, rid if valid_id(rid) else None, "this request was not run")
+                self._no_room(room, rid if valid_id(rid) else None, seconds, "this request was not run")
                 return None
         try:
             reply = await self._reply_for(msg, caller, out)

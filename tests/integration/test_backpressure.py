@@ -17,6 +17,7 @@ root helper and policy process. Every wait is bounded.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -360,7 +361,7 @@ def test_a_client_that_stops_reading_is_disconnected_after_idle_seconds(
                 peak = max(peak, metric("mcpd_outgoing_bytes"))
                 time.sleep(0.1)
             assert c.post(d.url + endpoint, json=note).status_code == 404, "the stalled session is still open"
-            assert metric("mcpd_limits_hit_total", (("limit", "queue_overflow"),)) == overflows + 1
+            assert metric("mcpd_limits_hit_total", (("limit", "queue_overflow"),)) == overflows + 1, d.log()[-3000:]
             end = time.monotonic() + 15
             while metric("mcpd_outgoing_bytes") and time.monotonic() < end:
                 time.sleep(0.1)
@@ -454,3 +455,35 @@ def test_a_batch_of_1000_within_max_batch_gets_1000_answers_on_mcp(daemon_factor
         r = c.post(d.url + "/mcp", json=ping_batch(1000), headers={**headers, "Accept": "application/json"})
         assert r.status_code == 200, r.text[:300]
         assert sorted(m["id"] for m in r.json()) == list(range(1000))
+
+
+@pytest.mark.anyio
+async def test_a_client_with_nothing_to_read_is_not_disconnected_while_its_calls_run(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Four slow reads take the room of one session (each reserves a quarter of its queue until it
+    answers), so a fifth read waits; the client has nothing to take meanwhile, so it is not taken
+    for one that stopped reading, though it takes nothing for longer than ``idle_seconds`` (1 s).
+    Once one slow read is cancelled the fifth runs and is answered."""
+    from tests.conftest import SseSession, slow_read
+
+    d = daemon_factory(connections={"idle_seconds": 1}, workers={"timeout_seconds": 30})
+    small = tmp_path / "small.txt"
+    small.write_text("small\n")
+    os.chmod(tmp_path, 0o755)
+    async with SseSession(d) as s:
+        await s.initialize()
+        for i in range(4):
+            assert (await s.post(slow_read(tmp_path, f"slow{i}"))).status_code == 202
+        fifth = {"jsonrpc": "2.0", "id": "fifth", "method": "tools/call",
+                 "params": {"name": "files/read", "arguments": {"path": str(small)}}}
+        assert (await s.post(fifth)).status_code == 202
+        await asyncio.sleep(3)  # three idle_seconds with nothing to read, a read waiting for room
+        assert (await s.request("ping", req_id="alive"))["result"] == {}
+        assert '"fifth"' not in s.pending
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow0"}}
+        assert (await s.post(cancel)).status_code == 202
+        reply = await asyncio.wait_for(s.reply("fifth"), 20)
+        assert reply["result"]["content"][0]["text"] == "small\n", reply
+        for i in range(1, 4):
+            await s.post({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": f"slow{i}"}})
+    assert "stopped reading" not in d.log()

@@ -145,8 +145,8 @@ class SseSession:
     whose reply goes to this session's stream first takes room (:meth:`admit`) and gives it back
     with its reply (:meth:`deliver`). A session takes requests while what its client has not taken
     plus what the requests it took reserve is under ``queue_bytes``, and their number under
-    ``queue_size``; else a request waits for room, at most ``workers.timeout_seconds``, and is then
-    refused (``-32000``, not run). So a client reading slower than its calls answer slows them
+    ``queue_size``; else a request waits for room while its client takes some of the stream, and
+    is refused (``-32000``, not run) once its deadline passed with the client taking nothing. So a client reading slower than its calls answer slows them
     down instead of being cut, and only one that takes nothing for ``connections.idle_seconds``
     while its queue is full (:meth:`stalled`) is disconnected.
 
@@ -199,9 +199,8 @@ class SseSession:
         # what the requests admitted and not yet answered reserve: bytes, and messages (admit)
         self._reserved = 0
         self._slots = 0
-        # requests waiting for room, oldest first: (bytes to reserve, future set True once admitted,
-        # False once refused); None while none waits
-        self._waiters: list[tuple[int, asyncio.Future[bool]]] | None = None
+        # requests waiting for room, oldest first (admit); None while none waits
+        self._waiters: list[Waiter] | None = None
         self.protocol = McpSession(dispatcher, session_id, self.send, room=self)
 
     # -- the protocol's room (backpressure) ----------------------------------------------------
@@ -214,46 +213,65 @@ class SseSession:
 
     @property
     def wait_seconds(self) -> float:
-        """How long a request waits for room before it is refused (``workers.timeout_seconds``)."""
+        """How long a request waits for room before it is refused, unless its own deadline is
+        longer (``workers.timeout_seconds``)."""
         return self._manager.admit_seconds
 
-    async def admit(self, cost: int) -> bool:
+    async def admit(self, cost: int, seconds: float | None = None) -> bool:
         """Take room for one request whose reply goes to this stream, reserving ``cost`` bytes
         and one message until :meth:`deliver` or :meth:`release` gives them back.
 
         Admitted at once while what the client has not taken plus the reservations is under
-        ``queue_bytes`` and their messages under ``queue_size`` (and no earlier request waits);
-        else once that holds again, in arrival order. Returns ``False`` (nothing reserved) when
-        :attr:`wait_seconds` passed first or the session was closed meanwhile."""
+        ``queue_bytes`` and their messages under ``queue_size`` (and no earlier request that
+        reserves bytes waits); else once that holds again, in arrival order. A request that
+        reserves no bytes (``cost`` 0: its reply is small and immediate) needs only what the
+        client has not taken to be under ``queue_bytes``, not the reservations of the calls
+        running. Returns ``False`` (nothing reserved) once ``seconds`` (default
+        :attr:`wait_seconds`: the request's deadline) passed without room and without the client
+        taking anything of its stream (a client that reads, however slowly, makes room in time),
+        or when the session was closed meanwhile."""
         if self.closed:
             return False
-        if not self._waiters:
+        if not cost or not self._waiters:
             if self._backlog and self._out is not None:
                 self._measure(self._out)
-            if self._has_room():
+            if self._fits(cost):
                 self._reserved += cost
                 self._slots += 1
                 return True
         loop = asyncio.get_running_loop()
-        entry = (cost, loop.create_future())
+        waiter = Waiter(cost, loop.create_future(), self.wait_seconds if seconds is None else seconds)
         if self._waiters is None:
             self._waiters = []
-        self._waiters.append(entry)
-        timer = loop.call_later(self.wait_seconds, _refuse_waiter, entry[1])
+        self._waiters.append(waiter)
+        waiter.timer = loop.call_later(waiter.seconds, self._expire, waiter)
         try:
-            return await entry[1]
+            return await waiter.fut
         except asyncio.CancelledError:
-            fut = entry[1]
+            fut = waiter.fut
             if fut.done() and not fut.cancelled() and fut.result():  # admitted, then cancelled
                 self.release(cost)
             raise
         finally:
-            timer.cancel()
+            if waiter.timer is not None:
+                waiter.timer.cancel()
             waiters = self._waiters
-            if waiters is not None and entry in waiters:
-                waiters.remove(entry)
+            if waiters is not None and waiter in waiters:
+                waiters.remove(waiter)
             if not self._waiters:
                 self._waiters = None
+
+    def _expire(self, waiter: Waiter) -> None:
+        """``waiter``'s time is up unless the stream took something meanwhile (then it waits
+        ``waiter.seconds`` more from then): refuse it."""
+        waiter.timer = None
+        if waiter.fut.done():
+            return
+        again = self.last_write + waiter.seconds - time.monotonic()
+        if again > 0 and not self.closed:
+            waiter.timer = asyncio.get_running_loop().call_later(again, self._expire, waiter)
+            return
+        waiter.fut.set_result(False)
 
     def deliver(self, message: Any, cost: int | None) -> None:
         """Queue ``message``, the reply of a request :meth:`admit` took (``cost``: what it
@@ -271,33 +289,41 @@ class SseSession:
         if self._waiters:
             self._grant()
 
-    def _has_room(self) -> bool:
-        return (not self.closed and self._queued + self._reserved < self._queue_bytes
-                and len(self._queue) + self._slots < self._queue_size)
+    def _fits(self, cost: int) -> bool:
+        """Whether a request reserving ``cost`` bytes may be admitted now (:meth:`admit`)."""
+        if self.closed or len(self._queue) + self._slots >= self._queue_size:
+            return False
+        return self._queued + (self._reserved if cost else 0) < self._queue_bytes
 
     def _grant(self) -> None:
-        """Admit the waiting requests, oldest first, while there is room."""
+        """Admit the waiting requests that fit now, oldest first."""
         waiters = self._waiters
-        if waiters and self._backlog and self._out is not None:
-            self._measure(self._out)
-        while waiters and self._has_room():
-            cost, fut = waiters.pop(0)
-            if fut.done():  # (refused: its waiter removes nothing more)
-                continue
-            self._reserved += cost
-            self._slots += 1
-            fut.set_result(True)
         if not waiters:
-            self._waiters = None
+            return
+        if self._backlog and self._out is not None:
+            self._measure(self._out)
+        left = []
+        for waiter in waiters:
+            if waiter.fut.done():  # (refused: its waiter removes nothing more)
+                continue
+            if self._fits(waiter.cost):
+                self._reserved += waiter.cost
+                self._slots += 1
+                waiter.fut.set_result(True)
+            else:
+                left.append(waiter)
+        self._waiters = left or None
 
     def pressed(self) -> bool:
-        """Whether the queue holds its budget (in bytes or messages) or a request waits for room."""
-        return bool(self._waiters) or self._queued >= self._queue_bytes or len(self._queue) >= self._queue_size
+        """Whether the queue holds its budget: ``queue_bytes`` the client has not taken, or
+        ``queue_size`` messages."""
+        return self._queued >= self._queue_bytes or len(self._queue) >= self._queue_size
 
     def stalled(self, now: float, seconds: float) -> bool:
         """Whether the client stopped reading: its queue is full (:meth:`pressed`, the stream
-        measured afresh) and the stream has taken nothing for more than ``seconds`` (``now``:
-        ``time.monotonic()``)."""
+        measured afresh) and the stream has taken nothing of it for more than ``seconds``
+        (``now``: ``time.monotonic()``). A client with nothing to take (requests waiting only for
+        the room the session's running calls reserve) is not stalled."""
         if self.closed or self._out is None or now - self.last_write <= seconds:
             return False
         if self._backlog:
@@ -366,9 +392,9 @@ class SseSession:
         if self.closed:
             return
         self.closed = True
-        for _cost, fut in self._waiters or ():
-            if not fut.done():
-                fut.set_result(False)
+        for waiter in self._waiters or ():
+            if not waiter.fut.done():
+                waiter.fut.set_result(False)
         self._waiters = None
         self.protocol.close()
         self.protocol.send = _discard  # (no cycle left between the two: freed as soon as unreferenced)
@@ -518,10 +544,16 @@ class SseSession:
                 self._writer = None
 
 
-def _refuse_waiter(fut: asyncio.Future[bool]) -> None:
-    """A request waited for room as long as it may (:meth:`SseSession.admit`): refused."""
-    if not fut.done():
-        fut.set_result(False)
+class Waiter:
+    """A request waiting for room (:meth:`SseSession.admit`): the bytes it reserves, the future
+    set ``True`` once it is admitted (``False``: refused), how long it may wait without the
+    client taking anything, and the timer that looks again then."""
+
+    __slots__ = ("cost", "fut", "seconds", "timer")
+
+    def __init__(self, cost: int, fut: asyncio.Future[bool], seconds: float) -> None:
+        self.cost, self.fut, self.seconds = cost, fut, seconds
+        self.timer: asyncio.TimerHandle | None = None
 
 
 #: What each limit kind of a client that stopped reading says in the log.
