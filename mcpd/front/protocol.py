@@ -170,9 +170,14 @@ class Room(Protocol):
         """How long :meth:`admit` waits for room by default (a call's deadline, unless its own is longer)."""
         ...
 
-    async def admit(self, cost: int, seconds: float | None = None) -> bool:
-        """Wait for room and reserve ``cost`` bytes and one message; ``False`` (nothing reserved)
-        when ``seconds`` (default :attr:`wait_seconds`) passed first or the session closed."""
+    def admit_now(self, cost: int) -> bool:
+        """Reserve ``cost`` bytes and one message if there is room now; whether it did."""
+        ...
+
+    async def admit(self, cost: int, size: int, seconds: float | None = None) -> bool:
+        """:meth:`admit_now`, else wait for room holding about ``size`` bytes; ``False`` (nothing
+        reserved) at once when too much waits already, once ``seconds`` (default
+        :attr:`wait_seconds`) passed without room, or when the session closed."""
         ...
 
     def deliver(self, message: Any, cost: int | None) -> None:
@@ -390,11 +395,12 @@ HEAVY_METHODS = frozenset({"tools/call", "resources/read"})
 
 def heavy(msg: Any) -> bool:
     """Whether ``msg`` asks for a method whose reply may be large (:data:`HEAVY_METHODS`)."""
-    return isinstance(msg, dict) and msg.get("method") in HEAVY_METHODS
+    method = msg.get("method") if isinstance(msg, dict) else None
+    return isinstance(method, str) and method in HEAVY_METHODS
 
 
 def admit_seconds(msg: Any, default: float) -> float:
-    """How long a ``tools/call`` or ``resources/read`` may wait for room: its own deadline
+    """How long a request may wait for room: its own deadline
     (:func:`~mcpd.core.tools.deadline_seconds`: ``default``, or a find's time budget, at most
     :data:`~mcpd.core.walk.FIND_MAX_BUDGET`, plus the margin), read from its raw arguments."""
     params = msg.get("params") if isinstance(msg, dict) else None
@@ -557,8 +563,8 @@ class McpSession:
         a ``room``, the batch first takes room for all of its array (``max_batch_bytes``), or is
         refused whole (one ``-32000``, ``id: null``, none of its members run) when none comes in time."""
         cost = self.dispatcher.max_batch_bytes
-        if room is not None and not await room.admit(cost):
-            self._no_room(room, None, room.wait_seconds, "none of the batch's members was run")
+        if room is not None and not room.admit_now(cost) and not await room.admit(cost, approx_size(payload)):
+            self._no_room(room, None, "none of the batch's members was run")
             return
         try:
             budget = [self.dispatcher.max_batch_bytes]  # bytes the batch's array may still take
@@ -575,15 +581,14 @@ class McpSession:
             if room is not None:
                 room.release(cost)
 
-    def _no_room(self, room: Room, rid: Any, seconds: float, what: str) -> None:
-        """Answer a request (or batch) that waited ``seconds`` for room in vain with ``-32000``
-        (``rid``: its id), unless the session was closed meanwhile."""
+    def _no_room(self, room: Room, rid: Any, what: str) -> None:
+        """Answer a request (or batch) that found no room with ``-32000`` (``rid``: its id),
+        unless the session was closed meanwhile."""
         if self._closed:
             return
         metrics.limit_hit("queue_overflow")
-        room.deliver(error_reply(rid, SERVER_BUSY, f"no room in the session's outgoing queue within {seconds:g} s "
-                                 f"(its client has not taken its answers, or its other calls still run): {what}; "
-                                 f"retry later"), None)
+        room.deliver(error_reply(rid, SERVER_BUSY, f"no room in the session's outgoing queue (its client is not "
+                                 f"taking its answers, or its other calls still run): {what}; retry later"), None)
 
     @property
     def busy(self) -> bool:
@@ -603,12 +608,12 @@ class McpSession:
                       budget: list[int] | None = None, room: Room | None = None) -> Message | None:
         cost = 0
         if room is not None:
-            seconds = room.wait_seconds
             if heavy(msg):
-                cost, seconds = room.call_cost, admit_seconds(msg, seconds)
-            if not await room.admit(cost, seconds):
+                cost = room.call_cost
+            if not room.admit_now(cost) and not await room.admit(cost, approx_size(msg),
+                                                                 admit_seconds(msg, room.wait_seconds)):
                 rid = msg.get("id") if isinstance(msg, dict) else None
-                self._no_room(room, rid if valid_id(rid) else None, seconds, "this request was not run")
+                self._no_room(room, rid if valid_id(rid) else None, "this request was not run")
                 return None
         try:
             reply = await self._reply_for(msg, caller, out)

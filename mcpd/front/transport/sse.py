@@ -217,33 +217,45 @@ class SseSession:
         longer (``workers.timeout_seconds``)."""
         return self._manager.admit_seconds
 
-    async def admit(self, cost: int, seconds: float | None = None) -> bool:
-        """Take room for one request whose reply goes to this stream, reserving ``cost`` bytes
-        and one message until :meth:`deliver` or :meth:`release` gives them back.
+    def admit_now(self, cost: int) -> bool:
+        """Take room for one request whose reply goes to this stream if there is room now,
+        reserving ``cost`` bytes and one message until :meth:`deliver` or :meth:`release` gives
+        them back; whether it did.
 
-        Admitted at once while what the client has not taken plus the reservations is under
-        ``queue_bytes`` and their messages under ``queue_size`` (and no earlier request that
-        reserves bytes waits); else once that holds again, in arrival order. A request that
-        reserves no bytes (``cost`` 0: its reply is small and immediate) needs only what the
-        client has not taken to be under ``queue_bytes``, not the reservations of the calls
-        running. Returns ``False`` (nothing reserved) once ``seconds`` (default
-        :attr:`wait_seconds`: the request's deadline) passed without room and without the client
-        taking anything of its stream (a client that reads, however slowly, makes room in time),
-        or when the session was closed meanwhile."""
-        if self.closed:
+        There is room while what the client has not taken plus the reservations is under
+        ``queue_bytes`` and their messages under ``queue_size``, and no earlier request that
+        reserves bytes waits. A request that reserves no bytes (``cost`` 0: its reply is small and
+        immediate) needs only what the client has not taken to be under ``queue_bytes``, not the
+        reservations of the calls running."""
+        if self.closed or (cost and self._waiters):
             return False
-        if not cost or not self._waiters:
-            if self._backlog and self._out is not None:
-                self._measure(self._out)
-            if self._fits(cost):
-                self._reserved += cost
-                self._slots += 1
-                return True
+        if self._backlog and self._out is not None:
+            self._measure(self._out)
+        if not self._fits(cost):
+            return False
+        self._reserved += cost
+        self._slots += 1
+        return True
+
+    async def admit(self, cost: int, size: int, seconds: float | None = None) -> bool:
+        """:meth:`admit_now`, else wait for room, in arrival order, holding the request (``size``:
+        about its bytes). Returns ``False`` (nothing reserved) at once when the requests waiting
+        would pass ``max_in_flight`` or together hold more than ``max_body_bytes`` (what waits for
+        a client that does not read is bounded too); once ``seconds`` (default
+        :attr:`wait_seconds`: the request's deadline) passed without room and without the client
+        taking anything of its stream (a client that reads, however slowly, makes room in time);
+        or when the session was closed meanwhile."""
+        if self.admit_now(cost):
+            return True
+        waiters = self._waiters
+        if self.closed or (waiters and (len(waiters) >= self._manager.max_waiting
+                                        or sum(w.size for w in waiters) + size > self._manager.waiting_bytes)):
+            return False
         loop = asyncio.get_running_loop()
-        waiter = Waiter(cost, loop.create_future(), self.wait_seconds if seconds is None else seconds)
-        if self._waiters is None:
-            self._waiters = []
-        self._waiters.append(waiter)
+        waiter = Waiter(cost, size, loop.create_future(), self.wait_seconds if seconds is None else seconds)
+        if waiters is None:
+            waiters = self._waiters = []
+        waiters.append(waiter)
         waiter.timer = loop.call_later(waiter.seconds, self._expire, waiter)
         try:
             return await waiter.fut
@@ -337,9 +349,11 @@ class SseSession:
         progress notification, a refusal); never blocks.
 
         A notification is dropped while the queue is full (:meth:`pressed`: its client is behind,
-        and progress is advisory). Another message past ``queue_size`` messages means a client that
-        keeps sending requests its queue has no room for while it reads none of it: the session is
-        closed and its stream cut, as for a client that stopped reading. Also when the bytes its
+        and progress is advisory). Another message past ``queue_size`` messages (or one over
+        :data:`~mcpd.front.connguard.UNSEEN` bytes, a refusal echoing a huge id, past
+        ``queue_bytes``) means a client that keeps sending requests its queue has no room for
+        while it reads none of it: the session is closed and its stream cut, as for a client that
+        stopped reading. Also when the bytes its
         principal's sessions hold together, or all sessions, would pass their budgets
         (:class:`OutgoingBytes`).
         """
@@ -354,6 +368,9 @@ class SseSession:
             self.overflow("queue_overflow")
             return
         data = message_event(message)
+        if not admitted and len(data) > UNSEEN and self._queued + len(data) > self._queue_bytes:
+            self.overflow("queue_overflow")  # (a refusal echoing a huge id, for a client that is behind)
+            return
         self._queue.append(data)
         self._queued += len(data)
         self._kick()
@@ -545,14 +562,14 @@ class SseSession:
 
 
 class Waiter:
-    """A request waiting for room (:meth:`SseSession.admit`): the bytes it reserves, the future
-    set ``True`` once it is admitted (``False``: refused), how long it may wait without the
-    client taking anything, and the timer that looks again then."""
+    """A request waiting for room (:meth:`SseSession.admit`): the bytes it reserves, about the
+    bytes it holds meanwhile, the future set ``True`` once it is admitted (``False``: refused),
+    how long it may wait without the client taking anything, and the timer that looks again then."""
 
-    __slots__ = ("cost", "fut", "seconds", "timer")
+    __slots__ = ("cost", "size", "fut", "seconds", "timer")
 
-    def __init__(self, cost: int, fut: asyncio.Future[bool], seconds: float) -> None:
-        self.cost, self.fut, self.seconds = cost, fut, seconds
+    def __init__(self, cost: int, size: int, fut: asyncio.Future[bool], seconds: float) -> None:
+        self.cost, self.size, self.fut, self.seconds = cost, size, fut, seconds
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -751,8 +768,10 @@ class SessionManager:
         self._cfg = cfg
         self._dispatcher = dispatcher
         self._sessions: dict[str, SseSession] = {}
-        #: seconds a request waits for room in its session's queue before it is refused
+        #: seconds a request waits for room in its session's queue before it is refused, and how
+        #: many requests, holding about how many bytes together, may wait in one session
         self.admit_seconds = cfg.workers.timeout_seconds
+        self.max_waiting, self.waiting_bytes = cfg.max_in_flight, cfg.max_body_bytes
         #: seconds a client may take nothing while its session's queue is full before it is disconnected
         self.stall_seconds = cfg.connections.idle_seconds
         self.closed_since_trim = 0  # sessions closed since the heap was last trimmed
