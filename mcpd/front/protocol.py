@@ -621,8 +621,9 @@ class McpSession:
                 size = approx_size(reply)
                 if size > budget[0]:
                     metrics.limit_hit("batch_bytes")
-                    reply = error_reply(reply.get("id"), SERVER_BUSY, f"the batch's answer would pass "
-                                        f"{self.dispatcher.max_batch_bytes} bytes: this reply was dropped; send it alone")
+                    reply = error_reply(reply.get("id"), SERVER_BUSY,
+                                        f"the batch's answer would pass {self.dispatcher.max_batch_bytes} bytes: "
+                                        f"this reply was dropped; send it alone")
                     size = approx_size(reply)  # (counted too: the array's bound holds whatever the members)
                 budget[0] -= size
             if send_reply and reply is not None and not self._closed:

@@ -146,9 +146,10 @@ class SseSession:
     with its reply (:meth:`deliver`). A session takes requests while what its client has not taken
     plus what the requests it took reserve is under ``queue_bytes``, and their number under
     ``queue_size``; else a request waits for room while its client takes some of the stream, and
-    is refused (``-32000``, not run) once its deadline passed with the client taking nothing. So a client reading slower than its calls answer slows them
-    down instead of being cut, and only one that takes nothing for ``connections.idle_seconds``
-    while its queue is full (:meth:`stalled`) is disconnected.
+    is refused (``-32000``, not run) once its deadline passed with the client taking nothing. So a
+    client reading slower than its calls answer slows them down instead of being cut, and only one
+    that takes nothing for ``connections.idle_seconds`` while its queue is full (:meth:`stalled`)
+    is disconnected.
 
     Args:
         session_id: 32 lowercase hex digits.
