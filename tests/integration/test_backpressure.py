@@ -487,3 +487,36 @@ async def test_a_client_with_nothing_to_read_is_not_disconnected_while_its_calls
         for i in range(1, 4):
             await s.post({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": f"slow{i}"}})
     assert "stopped reading" not in d.log()
+
+
+def test_stallers_filling_the_total_budget_are_cut_not_a_reader_behind_on_parallel_reads(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """The total budget's rule under backpressure: carol and dave each stall two ``/sse`` sessions
+    behind two 6 MiB answers (about 25 MiB each, within their 32 MiB budgets and each session
+    within its queue, so none is cut for its own bounds), 50 MiB of a 64 MiB total. Bob then reads
+    24 answers of 5 MiB on one session in bursts (behind by up to his queue and the answers of the
+    calls it took: about 21 MiB), so the total is passed: the principal holding the most gives up
+    what it holds, a staller, never bob, who gets every answer whole."""
+    from tests.integration.test_attack13c import add_dev_principals
+    from tests.integration.test_outgoing_budgets import daemon_with_metrics, stall
+
+    d, m, big, _small = daemon_with_metrics(daemon_factory, tmp_path, principal_queue_bytes=32 * MIB,
+                                            total_queue_bytes=64 * MIB)
+    expected = five_mib_file(big.parent / "five.txt")
+    tokens = add_dev_principals(d, ["carol", "dave"])
+    streams = []
+    try:
+        with httpx.Client(verify=d.ssl_context(), timeout=60) as c:
+            for name in ("carol", "dave"):
+                for _ in range(2):
+                    s, _endpoint, statuses = stall(d, c, big, 2, token=tokens[name], m=m)
+                    streams.append(s)
+                    assert statuses == [202, 202], (name, statuses)
+        held = m.outgoing()
+        assert 48 * MIB < held <= 64 * MIB, held
+        parallel_reads(d.url, d.cacert, d.other_token, big.parent / "five.txt", expected, d.pid, pause=0.5)
+        assert m.hits("queue_bytes_total") >= 1, "the total was never passed: bob was never behind"
+    finally:
+        for s in streams:
+            s.close()
+    assert "stopped reading" in d.log()  # (the stallers)
