@@ -19,7 +19,7 @@ Example (every key optional)::
     principal_queue_bytes: 134217728  # outgoing bytes one principal's sessions, /mcp POST streams and unread /mcp answers hold together
     total_queue_bytes: 536870912   # and all principals' together (past either: disconnected as for a full queue)
     max_in_flight: 64              # requests of one session running at once (-32000 beyond)
-    max_batch: 256                 # members of one batch that are run (-32600 beyond: each of as many more, then one)
+    max_batch: 256                 # members of one batch (beyond: the batch is refused whole, one -32600)
     max_privileged_per_principal: 32  # privileged calls of one principal in flight (RATE_LIMITED beyond)
     max_calls_per_principal: 1024  # unprivileged calls of one principal waiting or running (RATE_LIMITED beyond)
     metrics_listen: ""             # HOST:PORT on loopback for /metrics and /healthz (plain HTTP); "": off
@@ -138,7 +138,7 @@ class Connections:
     handshake_seconds: float = 10.0  # to finish the TLS handshake
     header_seconds: float = 10.0  # from a request's first byte (or the connection's start) to its last header
     body_seconds: float = 30.0  # from the last header to the last byte of the body
-    idle_seconds: float = 5.0  # a kept-alive connection with no request in flight
+    idle_seconds: float = 5.0  # a kept-alive connection with no request in flight; a stream taking nothing, queue full
     max_header_bytes: int = 65536  # a request's line and headers, received while they are unfinished
 
 

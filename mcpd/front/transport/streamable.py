@@ -235,12 +235,14 @@ async def _disconnected(receive: Receive) -> None:
 class PostStream:
     """The messages one POST's requests produce, in order, encoded, bounded like a session's queue.
 
-    ``put`` is the ``send`` handed to :meth:`McpSession.receive`. Past ``limit`` queued messages
-    or ``limit_bytes`` bytes (``session_queue_size``, ``session_queue_bytes``) the client has
-    stopped reading: the stream is cut (``overflowed``) and what was queued is released. The bytes
-    count the messages queued and those taken (:meth:`drain`) until the response took them
-    (:meth:`sent`). One message alone may be larger (a reply is bounded by the response cap, a
-    batch's by ``session_queue_bytes`` in :class:`~mcpd.front.protocol.McpSession`).
+    ``put`` is the ``send`` handed to :meth:`McpSession.receive`. A POST gets one reply (one
+    request's, or one batch's array, bounded by the response cap or ``max_batch_bytes`` in
+    :class:`~mcpd.front.protocol.McpSession`): it is always queued, however far behind the client
+    is. Its progress notifications are dropped once the stream holds ``limit`` messages or
+    ``limit_bytes`` bytes (``session_queue_size``, ``session_queue_bytes``: the client is behind,
+    and progress is advisory), so a client reading a stream slowly is never cut for its own
+    stream's bounds. The bytes count the messages queued and those taken (:meth:`drain`) until
+    the response took them (:meth:`sent`).
     ``replies_only``: keep only replies (an answer sent as JSON, which carries no progress).
     ``manager`` and ``owner``: the session table, whose budgets of outgoing bytes by principal
     and in all are charged with what the stream holds (an event stream's; :meth:`close` releases
@@ -273,18 +275,19 @@ class PostStream:
         reply = _is_reply(message)
         if self._replies_only and not reply:
             return
+        if not reply and len(self._items) >= self._limit:
+            return  # (progress for a client that is behind: dropped)
         data = encode_message(message)
         size = len(data)
-        if self._bytes and (len(self._items) >= self._limit or self._bytes + size > self._limit_bytes):
-            self._overflow("queue_overflow")
-        else:
-            refused = isinstance(message, dict) and message.get("id") is None and "error" in message
-            self._items.append(Queued(data, reply, refused, isinstance(message, dict) and "result" in message))
-            self._bytes += size
-            if self._manager is not None:
-                kind = self._manager.hold_answer(self._owner, size, self._cut_off)
-                if kind is not None:
-                    self._overflow(kind)
+        if not reply and self._bytes and self._bytes + size > self._limit_bytes:
+            return
+        refused = isinstance(message, dict) and message.get("id") is None and "error" in message
+        self._items.append(Queued(data, reply, refused, isinstance(message, dict) and "result" in message))
+        self._bytes += size
+        if self._manager is not None:
+            kind = self._manager.hold_answer(self._owner, size, self._cut_off)
+            if kind is not None:
+                self._overflow(kind)
         self._ready.set()
 
     def _overflow(self, kind: str) -> None:
@@ -649,8 +652,12 @@ class StreamableTransport:
         the request."""
         out = self._post_stream(owner=caller.principal.name, drop=drop)
         task = protocol.receive(payload, caller, out.put)
-        if task is None:
-            out.close()
+        if task is None:  # answered at once (a batch refused whole), or nothing to answer
+            try:
+                for item in out.drain():
+                    yield event_of(item.data)
+            finally:
+                out.close()
             return
         try:
             while True:
