@@ -42,7 +42,7 @@ Example (every key optional)::
               spawn_burst: 16, spawns_per_second: 1,   # workers started per principal: a burst, then a rate
               cancel_grace_seconds: 0.25}   # a cancelled call's worker may finish this long and is kept; 0: killed
     connections: {max_total: 4096, max_per_address: 1024, handshake_seconds: 10, header_seconds: 10,
-                  body_seconds: 30, idle_seconds: 5, max_header_bytes: 65536}   # what one client connection may hold
+                  body_seconds: 30, idle_seconds: 15, max_header_bytes: 65536}   # what one client connection may hold
     workspaces: {alice: /srv/projects/alice}   # root of relative file: resource URIs, per principal
     default_workspace: "~"         # for principals not listed: "~" = the OS account's home, "" = none
     login: {pam_service: mcpd, token_ttl_seconds: 28800, free_failures: 2, base_delay_seconds: 0.5,
@@ -138,7 +138,10 @@ class Connections:
     handshake_seconds: float = 10.0  # to finish the TLS handshake
     header_seconds: float = 10.0  # from a request's first byte (or the connection's start) to its last header
     body_seconds: float = 30.0  # from the last header to the last byte of the body
-    idle_seconds: float = 5.0  # a kept-alive connection with no request in flight; a stream taking nothing, queue full
+    #: a kept-alive connection with no request in flight; a stream taking nothing, queue full. Longer
+    #: than the usual clients' keep-alive (httpx, the SDKs: 5 s), so the client closes an idle
+    #: connection first and never sends a request on one the server is closing
+    idle_seconds: float = 15.0
     max_header_bytes: int = 65536  # a request's line and headers, received while they are unfinished
 
 

@@ -375,3 +375,20 @@ def test_a_stream_outlives_the_header_and_body_deadlines(daemon_factory: Callabl
             return await s.request("ping")
 
     assert asyncio.run(hold()) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+
+
+def test_an_idle_kept_alive_connection_outlives_the_usual_clients_keep_alive(daemon: Daemon) -> None:
+    """httpx (and so both SDKs' Python clients and linuxctl) keeps an idle connection for 5 s and
+    then closes it. A server that closes its idle connections after the same 5 s races the client:
+    a request sent on a connection the server is closing fails with "server disconnected without
+    sending a response". With the default ``connections.idle_seconds`` a connection idle for 6 s
+    still serves its next request; the client is the one that closes it."""
+    with httpx.Client(verify=daemon.ssl_context(), timeout=10,
+                      limits=httpx.Limits(keepalive_expiry=60)) as c:
+        first = c.get(daemon.url + "/sse", headers={"Authorization": "Bearer nope"})
+        assert first.status_code == 401
+        time.sleep(6)
+        second = c.get(daemon.url + "/sse", headers={"Authorization": "Bearer nope"})
+        assert second.status_code == 401
+        assert second.extensions["network_stream"] is first.extensions["network_stream"], \
+            "the server closed the idle connection within 6 s"

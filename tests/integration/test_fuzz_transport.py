@@ -619,7 +619,7 @@ def test_fuzzed_mcp_in_both_eras_gets_the_documented_answers(mcp_fuzz_daemon: An
     d, paths, slow = mcp_fuzz_daemon
 
     async def go() -> McpFuzz:
-        # (idle connections are dropped well before the daemon's connections.idle_seconds, 5 s, closes
+        # (idle connections are dropped well before the daemon's connections.idle_seconds, 15 s, closes
         # them: a request sent on one it is closing would fail through no fault of either side)
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=2.0)
         async with httpx.AsyncClient(verify=d.ssl_context(), timeout=30, limits=limits, base_url=d.url) as client:

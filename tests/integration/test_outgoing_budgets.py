@@ -134,12 +134,12 @@ def test_a_stream_stalled_short_of_its_queue_overflow_holds_no_more_than_its_que
     layer's, one taken by the writer, two in the 16 MiB queue: 30 MiB held for as long as the
     client liked). Now the answer being written and what the connection holds count in the queue:
     with the third answer the queue holds its 16 MiB, so the fourth and fifth reads wait for room
-    (not run); the client takes nothing for ``connections.idle_seconds`` (5 s), so the session is
+    (not run); the client takes nothing for ``connections.idle_seconds`` (here 5 s), so the session is
     closed (its POSTs get 404, the ``queue_overflow`` limit counts it) and its connection dropped,
     the front never holding more than the queue plus one answer; bob is served meanwhile. Also
     for a stream the server kept (its events then go through the server's ``send``, a piece at a
     time)."""
-    d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path)
+    d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path, connections={"idle_seconds": 5})
     overflows = m.hits("queue_overflow")
     with httpx.Client(verify=d.ssl_context(), timeout=60, headers=d.auth()) as c:
         s, endpoint, statuses = stall(d, c, big, 3, m=m, pipelined=pipelined)
