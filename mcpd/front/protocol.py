@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from mcpd.common.version import version
-from mcpd.common.errors import INTERNAL_ERROR, ToolError
+from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
 from mcpd.common.identity import Principal
 from mcpd.front import metrics
 from mcpd.front.access import AccessLog, Call

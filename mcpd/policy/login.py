@@ -40,7 +40,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import fcntl
-import functools
 import hmac
 import json
 import os
@@ -54,10 +53,9 @@ from typing import Any
 
 from mcpd.common import identity
 from mcpd.common.config import Login as LoginConfig
-from mcpd.common.errors import ToolError
+from mcpd.helper.wire.errors import ToolError
 from mcpd.common.audit import AuditLog
 from mcpd.common.folders import read_file, write_file
-from mcpd.common.pamauth import pam_check
 
 LOCKOUT_FILE = "lockout.json"
 PAM_WORKERS = 8  # the helper's login threads (server.CLASSES): PAM never queues behind another login
@@ -204,15 +202,14 @@ class Login:
         store: where tokens go; its folder also holds ``lockout.json``.
         audit: one ``login`` or ``reject`` record per attempt.
         enrolled: the OS accounts bound to a principal in ``users.yaml`` now.
-        pam: ``(user, password) -> (ok, PAM code, reason)``: the root helper's PAM check in the
-            policy process (:meth:`mcpd.policy.rootclient.RootClient.pam`); by default PAM in
-            this process (which must then be root).
+        pam: ``(user, password) -> (ok, PAM code, reason)``: the root helper's PAM check
+            (:meth:`mcpd.policy.rootclient.RootClient.pam`); PAM never runs in this process.
     """
 
     def __init__(self, cfg: LoginConfig, store: Store, audit: AuditLog, enrolled: Callable[[], set[str]],
-                 pam: Callable[[str, str], tuple[bool, int, str]] | None = None) -> None:
+                 pam: Callable[[str, str], tuple[bool, int, str]]) -> None:
         self.cfg, self.store, self.audit, self.enrolled = cfg, store, audit, enrolled
-        self._pam = pam or functools.partial(pam_check, cfg.pam_service)
+        self._pam = pam
         self._lock = threading.Lock()
         self._busy: set[str] = set()
         self._peers: dict[str, int] = {}

@@ -20,7 +20,7 @@ from mcpd.policy.grants import NO_GRANT, PolicyError, decide, load_policy, os_gr
 from mcpd.policy.grants import secret_paths
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.entries import entry_covers, split_entry
-from mcpd.common.strictyaml import ConfigFileError, load_secure_yaml
+from mcpd.helper.wire.strictyaml import ConfigFileError, load_secure_yaml
 from tests.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 
 NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)
