@@ -35,14 +35,16 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mcpd.front.auth import Authenticator, CheckerDown, TokenUndecided, parse_bearer
+from mcpd.front.auth import Authenticator, CheckerDown, McpUser, TokenUndecided, parse_bearer
 from mcpd.front.connguard import DETACH
 from mcpd.common.config import Config, ConfigError
 from mcpd.front.protocol import Dispatcher
 from mcpd.front.refused import CheckMiddleware, RefusalLogMiddleware
 from mcpd.front.login import LoginBackend, LoginRoutes, NoLogin
 from mcpd.front.hosts import HostMiddleware, HostRule
-from mcpd.front.transport.sse import HANDOFF, McpUser, SessionManager, SessionStream, Transport
+from mcpd.front.sessions.table import SessionManager
+from mcpd.front.transport.sse import Transport
+from mcpd.front.transport.stream import HANDOFF, SessionStream
 from mcpd.front.transport.streamable import StreamableTransport
 
 
@@ -197,7 +199,7 @@ class PostRoute:
 
 
 class FrontApp(Starlette):
-    """Starlette, which also runs the session streams handed to it (:data:`~mcpd.front.transport.sse.HANDOFF`):
+    """Starlette, which also runs the session streams handed to it (:data:`~mcpd.front.transport.stream.HANDOFF`):
     a ``GET /sse`` or ``GET /mcp`` stream is started through the whole stack, and streamed from here
     once the middleware and the router have returned: on the connection itself when the server
     offers it (:data:`~mcpd.front.connguard.DETACH`: the stream then holds no task and none of the

@@ -1,4 +1,5 @@
-"""Bearer-token authentication for the front (SPEC §1.3, §5.1).
+"""Bearer-token authentication for the front (docs/REFERENCE.md §1.3, §5.1): the token parser,
+the authenticators, and the authenticated caller a request carries (:class:`McpUser`).
 
 The front authenticates every HTTP request with :class:`FileAuthenticator`, which keeps the
 parsed ``users.yaml`` in memory and re-reads it whenever its inode, size or mtime changes, so
@@ -12,6 +13,8 @@ import logging
 import re
 from typing import Protocol
 
+from starlette.authentication import BaseUser
+
 from mcpd.common import identity
 from mcpd.common.reload import Reloading
 from mcpd.common.identity import Principal, UserRecord
@@ -22,7 +25,7 @@ _BEARER_RE = re.compile(r"^bearer[ ]+([^ ]+)[ ]*$", re.IGNORECASE)
 
 
 def parse_bearer(header: str | None) -> str | None:
-    """Extract the token from an ``Authorization`` header value (SPEC §1.3).
+    """Extract the token from an ``Authorization`` header value (docs/REFERENCE.md §1.3).
 
     The scheme is matched case-insensitively (``Bearer``, ``bearer``, ``BEARER``); anything else
     (no header, another scheme, an empty or multi-part credential) gives ``None``.
@@ -63,7 +66,7 @@ class Authenticator(Protocol):
 
 
 class FileAuthenticator:
-    """Authenticate against ``users.yaml`` (SPEC §5.1), reloading it when it changes.
+    """Authenticate against ``users.yaml`` (docs/REFERENCE.md §5.1), reloading it when it changes.
 
     Args:
         users_file: path of ``users.yaml``. A missing file means no users (everything is 401).
@@ -90,3 +93,21 @@ class FileAuthenticator:
         if self._users.refresh():
             self._log_errors()
         return identity.verify(self._users.current, token)
+
+
+class McpUser(BaseUser):
+    """The authenticated caller of one HTTP request (set by the auth middleware in ``app.py``)."""
+
+    def __init__(self, principal: Principal, token: str) -> None:
+        self.principal = principal
+        self.token = token
+
+    @property
+    def is_authenticated(self) -> bool:
+        """Always true: unauthenticated requests never get past the middleware."""
+        return True
+
+    @property
+    def display_name(self) -> str:
+        """The principal's name."""
+        return self.principal.name

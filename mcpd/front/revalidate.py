@@ -1,4 +1,4 @@
-"""Close sessions whose token stopped being valid (issue 5; SPEC §1.4, §5).
+"""Close sessions whose token stopped being valid (docs/REFERENCE.md §1.4, §5).
 
 Rotating or removing a principal's token (``mcpd users rotate|remove``), a login token's
 revocation (``linuxctl logout``, ``mcpd users sessions --revoke``) or its expiry must end the
@@ -23,7 +23,8 @@ import logging
 from collections.abc import Callable
 
 from mcpd.front.auth import Authenticator, CheckerDown, TokenUndecided
-from mcpd.front.transport.sse import SessionManager, SseSession
+from mcpd.front.sessions.session import Session
+from mcpd.front.sessions.table import SessionManager
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ async def revalidate_once(manager: SessionManager, authenticator: Authenticator,
     """Check every open session's token once; return how many sessions were closed.
     ``on_revoked(principal_name, token)`` is called once per token (and principal) whose
     sessions were closed (the front retires the workers that token started with them)."""
-    by_token: dict[str, list[SseSession]] = {}
+    by_token: dict[str, list[Session]] = {}
     for session in manager.sessions():
         by_token.setdefault(session.token, []).append(session)
     closed = 0

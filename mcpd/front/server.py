@@ -35,7 +35,7 @@ from mcpd.front.protocol import Dispatcher
 from mcpd.front.resources import FileResources
 from mcpd.front.login import HelperLogin, NoLogin
 from mcpd.front.revalidate import revalidate_forever
-from mcpd.front.transport.sse import SessionManager
+from mcpd.front.sessions.table import SessionManager
 from mcpd.front.pool import LocalSpawner, Spawner, WorkerPool
 
 log = logging.getLogger("mcpd.front.server")

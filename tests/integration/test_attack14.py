@@ -1,7 +1,7 @@
 """Attack 14 on today's changes (token-tagged pool, cancel grace, the total outgoing budget's
 rule, idle-session eviction). Each test names the rule it checks and the severity of its flaw.
 
-The flaws found are in :class:`mcpd.front.transport.sse.SessionManager`'s bookkeeping, which the
+The flaws found are in :class:`mcpd.front.sessions.table.SessionManager`'s bookkeeping, which the
 daemon drives from its event loop; they are shown on the manager itself, deterministically (on a
 daemon they depend on when a dropped connection's writer next runs)."""
 
@@ -16,7 +16,7 @@ import pytest
 from mcpd.common.config import Config
 from mcpd.common.identity import Principal
 from mcpd.front.protocol import Dispatcher
-from mcpd.front.transport.sse import SessionManager, SessionRefused
+from mcpd.front.sessions.table import SessionManager, SessionRefused
 from mcpd.front.transport.streamable import PostStream
 from tests.conftest import Daemon
 from tests.integration.test_protocol import slow_file

@@ -37,7 +37,9 @@ from mcpd.front.app import build_app
 from mcpd.front.auth import FileAuthenticator
 from mcpd.front.connguard import ConnectionCount, LeanFlowControl, Pipeline, StreamConnection, Waiters, guarded_protocol
 from mcpd.front.protocol import Dispatcher, McpSession
-from mcpd.front.transport.sse import SessionManager, SessionStream, SseSession
+from mcpd.front.sessions.session import Session
+from mcpd.front.sessions.table import SessionManager
+from mcpd.front.transport.stream import SessionStream
 
 pytestmark = pytest.mark.anyio
 
@@ -137,7 +139,7 @@ async def settle(predicate: Any) -> bool:
 
 async def test_idle_streams_hold_no_task_of_their_own_and_closed_ones_leave_no_session_objects(
         front: Front) -> None:
-    kinds = (SseSession, McpSession, SessionStream)
+    kinds = (Session, McpSession, SessionStream)
     assert live(*kinds) == 0
     tasks_before = len(asyncio.all_tasks())
     streams = [await Stream.open(front) for _ in range(STREAMS)]

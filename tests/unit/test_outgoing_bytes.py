@@ -1,4 +1,4 @@
-"""The budgets of outgoing bytes (:class:`mcpd.front.transport.sse.OutgoingBytes`): per session
+"""The budgets of outgoing bytes (:class:`mcpd.front.sessions.budgets.OutgoingBytes`): per session
 (``session_queue_bytes``, now counting the event being written), per principal and in total.
 
 The daemon-level attacks are in ``tests/integration/test_outgoing_budgets.py``; here the total
@@ -14,7 +14,10 @@ from mcpd.common.config import Config
 from mcpd.common.identity import Principal
 from mcpd.front import metrics
 from mcpd.front.protocol import Dispatcher
-from mcpd.front.transport.sse import AsgiStream, OutgoingBytes, SessionManager, SseSession
+from mcpd.front.sessions.budgets import OutgoingBytes
+from mcpd.front.sessions.session import Session
+from mcpd.front.sessions.table import SessionManager
+from mcpd.front.transport.stream import AsgiStream
 
 KIB = 1024
 
@@ -37,7 +40,7 @@ def hits(kind: str) -> float:
     return metrics.REGISTRY.get_sample_value("mcpd_limits_hit_total", {"limit": kind}) or 0.0
 
 
-def stalled(m: SessionManager, name: str) -> tuple[SseSession, asyncio.Event]:
+def stalled(m: SessionManager, name: str) -> tuple[Session, asyncio.Event]:
     """A session of ``name`` whose stream's client reads nothing: its send never returns."""
     session = m.open(Principal(name, name, "t1"))
     never = asyncio.Event()
@@ -88,7 +91,7 @@ def test_past_the_total_budget_the_principal_holding_the_most_gives_up_its_bytes
 
 
 class Connection:
-    """A stream's connection as the session sees it (:class:`~mcpd.front.transport.sse.StreamOut`):
+    """A stream's connection as the session sees it (:class:`~mcpd.front.sessions.session.StreamOut`):
     it takes writes until it holds ``limit`` bytes the client has not read; ``read()`` is the
     client reading everything."""
 
@@ -120,7 +123,7 @@ class Connection:
         self.ended = True
 
 
-def two_streams() -> tuple[SessionManager, SseSession, SseSession, list[Connection], dict[str, Any]]:
+def two_streams() -> tuple[SessionManager, Session, Session, list[Connection], dict[str, Any]]:
     """Two sessions of alice, each with a stream whose connection takes 64 KiB unread (her
     budget 3 MiB, ``keepalive_seconds`` 4), and a 2 MiB message."""
     m = SessionManager(Config(principal_queue_bytes=3 * 1024 * KIB, keepalive_seconds=4),

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from mcpd.common.identity import Principal
 from mcpd.front.protocol import Caller, Dispatcher, McpSession
 from mcpd.front.transport.body import BodyRefused, parse_json
-from mcpd.front.transport.sse import encode_message
+from mcpd.front.transport.events import encode_message
 from tests.fuzzgen import Raw, answered, dump, strict
 
 SETTINGS = settings(derandomize=True, max_examples=800, deadline=None, database=None)

@@ -1,5 +1,5 @@
 """Which idle Streamable HTTP session makes room at a full cap (``mcp_session_evict_seconds``,
-:meth:`mcpd.front.transport.sse.SessionManager.evict_idle`): only a ``/mcp`` one with no GET
+:meth:`mcpd.front.sessions.table.SessionManager.evict_idle`): only a ``/mcp`` one with no GET
 stream and no request in flight, idle at least that long, the longest idle first, of the same
 principal for its own cap. The daemon-level behaviour (404 for the evicted client, 429 when none
 qualifies) is tested in tests/integration/test_streamable.py."""
@@ -13,7 +13,7 @@ import pytest
 from mcpd.common.config import Config, ConfigError, from_dict
 from mcpd.common.identity import Principal
 from mcpd.front.protocol import Dispatcher
-from mcpd.front.transport.sse import SessionManager, SessionRefused
+from mcpd.front.sessions.table import SessionManager, SessionRefused
 
 ALICE, BOB = Principal("alice", "alice", "t1"), Principal("bob", "bob", "t2")
 

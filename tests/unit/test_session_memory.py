@@ -1,6 +1,6 @@
 """Closed sessions give their memory back (issue "hostile load"): once enough sessions were closed
 and closing has paused, the front collects the cycles closed streams leave and trims the C heap
-(:meth:`mcpd.front.transport.sse.SessionManager.give_back_memory`). The figures are measured by
+(:meth:`mcpd.front.sessions.table.SessionManager.give_back_memory`). The figures are measured by
 ``tests/bench/bench_idle_sessions.py``; this checks when it happens, and that a stream whose writing
 fails does not stay behind."""
 
@@ -12,7 +12,8 @@ import time
 from mcpd.common.config import Config
 from mcpd.common.identity import Principal
 from mcpd.front.protocol import Dispatcher
-from mcpd.front.transport.sse import TRIM_AFTER, TRIM_QUIET, SessionManager, SessionStream
+from mcpd.front.sessions.table import TRIM_AFTER, TRIM_QUIET, SessionManager
+from mcpd.front.transport.stream import SessionStream
 
 
 def manager() -> SessionManager:

@@ -1,4 +1,4 @@
-"""A session's backpressure (:class:`mcpd.front.transport.sse.SseSession` as the protocol's
+"""A session's backpressure (:class:`mcpd.front.sessions.session.Session` as the protocol's
 ``Room``): what takes room, what waits for it and how long, what a wait may hold, and when a
 client counts as one that stopped reading.
 
@@ -19,14 +19,16 @@ from mcpd.common.config import Config, Workers
 from mcpd.common.identity import Principal
 from mcpd.front.protocol import Dispatcher
 from mcpd.front.transport.body import BodyRefused, parse_json
-from mcpd.front.transport.sse import AsgiStream, SessionManager, SseSession
+from mcpd.front.sessions.session import Session
+from mcpd.front.sessions.table import SessionManager
+from mcpd.front.transport.stream import AsgiStream
 from tests.fuzzgen import answered, dump, strict
 from tests.unit.test_props_envelope import BODY, CALLER, SCALAR, SETTINGS, VALUE
 
 KIB = 1024
 
 
-def session_of(**cfg: Any) -> tuple[SessionManager, SseSession, asyncio.Event]:
+def session_of(**cfg: Any) -> tuple[SessionManager, Session, asyncio.Event]:
     """A session whose stream's client reads nothing (its ``send`` never returns)."""
     m = SessionManager(Config(**cfg), Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
     session = m.open(Principal("alice", "alice", "t1"))

@@ -64,10 +64,12 @@ from mcpd.front.protocol import (
 )
 from mcpd.front.transport.accept import MalformedAccept, acceptable
 from mcpd.front.transport.body import BodyRefused, read_json
-from mcpd.front.transport.sse import (
-    FULL, PING, SESSION_ID_RE, STREAM_HEADERS, McpUser, SessionManager, SessionRefused,
-    SessionStream, SseSession, encode_message, event_of, pieces,
-)
+from mcpd.front.auth import McpUser
+from mcpd.front.sessions.budgets import FULL
+from mcpd.front.sessions.session import Session
+from mcpd.front.sessions.table import SESSION_ID_RE, SessionManager, SessionRefused
+from mcpd.front.transport.events import EVENT_END, EVENT_HEAD, PING, STREAM_HEADERS, encode_message, event_of, pieces
+from mcpd.front.transport.stream import SessionStream
 
 log = logging.getLogger(__name__)
 
@@ -476,7 +478,7 @@ class StreamableTransport:
 
     # -- session lookup ---------------------------------------------------------------------------
 
-    def _session(self, request: Request, rid: Any = None) -> SseSession | Response:
+    def _session(self, request: Request, rid: Any = None) -> Session | Response:
         """The caller's session named by ``Mcp-Session-Id``, or the error answer with id ``rid``:
         first :meth:`_version_refused` (so every request naming a session, GET, POST and DELETE
         alike, has its ``MCP-Protocol-Version`` checked), then ``400`` for a missing, repeated
@@ -634,7 +636,7 @@ class StreamableTransport:
         pieces of a large event."""
         return EventSourceResponse(events, headers={**STREAM_HEADERS, **(headers or {})}, ping=0, sep="\n")
 
-    def _events(self, session: SseSession, payload: Any, caller: Caller,
+    def _events(self, session: Session, payload: Any, caller: Caller,
                 drop: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
         """One session-era POST's response stream. The client going away is not a cancellation
         in this era (it sends ``notifications/cancelled`` for that)."""
@@ -671,10 +673,10 @@ class StreamableTransport:
                     if len(item.data) <= PIECE:
                         yield event_of(item.data)
                     else:
-                        yield _EVENT_HEAD
+                        yield EVENT_HEAD
                         for piece in pieces(item.data):
                             yield piece
-                        yield _EVENT_END
+                        yield EVENT_END
                     out.sent(len(item.data))
                 if out.overflowed:
                     log.warning("%s: a POST stream's client stopped reading; cut off", label)
@@ -695,7 +697,3 @@ def _drop(request: Request) -> Callable[[], None] | None:
 
 def _discard(message: Any) -> None:
     """The ``send`` of a one-request session: every message goes to that request's own response."""
-
-
-_EVENT_END = b"\n\n"
-_EVENT_HEAD = event_of(b"")[:-len(_EVENT_END)]  # what event_of puts before an event's data

@@ -1,0 +1,270 @@
+"""The budgets of outgoing bytes: what the front holds for clients that have not taken it yet,
+by principal (``principal_queue_bytes``) and in all (``total_queue_bytes``), and the rule that
+cuts a client that stopped reading once either is passed.
+
+Charged here are the sessions' queues and streams (``session.py``), the ``/mcp`` POST event
+streams and large ``/mcp`` answers (``mcpd.front.transport.answers``). :class:`Budgets` is the
+half of :class:`~mcpd.front.sessions.table.SessionManager` that keeps them; each session's own
+``session_queue_bytes`` is its backpressure (``backpressure.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Protocol
+
+from mcpd.common.config import Config
+from mcpd.front import metrics
+from mcpd.front.connguard import UNSEEN
+
+if TYPE_CHECKING:
+    from mcpd.front.sessions.session import Session
+
+log = logging.getLogger(__name__)
+
+#: What each limit kind of a client that stopped reading says in the log.
+FULL = {"queue_overflow": "outgoing queue full",
+         "queue_bytes_per_principal": "its principal's outgoing bytes are over principal_queue_bytes",
+         "queue_bytes_total": "all sessions' outgoing bytes are over total_queue_bytes"}
+
+
+class OutgoingBytes:
+    """The bytes of outgoing messages held for clients that have not taken them yet, by principal
+    and in all, against two budgets (``principal_queue_bytes``, ``total_queue_bytes``): the
+    sessions' queues and streams (:meth:`Session.send`), the ``/mcp`` POST event streams
+    (:class:`~mcpd.front.transport.answers.PostStream`) and large ``/mcp`` answers
+    (:meth:`Budgets.hold_answer`) charge what they hold here.
+
+    Args:
+        per_principal: bytes one principal's sessions and streams may hold together.
+        total: bytes all of them may hold together.
+    """
+
+    __slots__ = ("per_principal", "budget", "total", "_held")
+
+    def __init__(self, per_principal: int, total: int) -> None:
+        self.per_principal = per_principal
+        self.budget = total
+        self.total = 0
+        self._held: dict[str, int] = {}
+
+    def charge(self, name: str, delta: int) -> str | None:
+        """Add ``delta`` bytes (negative: released) to principal ``name``'s count and the total.
+        Returns, when they grew (``delta > 0``) past a budget, the limit kind to report
+        (``"queue_bytes_per_principal"`` or ``"queue_bytes_total"``): the caller then gives up
+        what it holds (releasing it here) as for a full queue; else ``None``."""
+        held = self._held.get(name, 0) + delta
+        if held > 0:
+            self._held[name] = held
+        else:
+            self._held.pop(name, None)
+        self.total += delta
+        if delta > 0:
+            if held > self.per_principal:
+                return "queue_bytes_per_principal"
+            if self.total > self.budget:
+                return "queue_bytes_total"
+        return None
+
+    def held(self, name: str) -> int:
+        """The bytes principal ``name`` holds."""
+        return self._held.get(name, 0)
+
+    def holders(self) -> Iterator[tuple[str, int]]:
+        """(principal, bytes held) for each principal holding some."""
+        return iter(list(self._held.items()))
+
+
+class AnswerConnection(Protocol):
+    """The connection of a ``/mcp`` answer (the server's
+    :class:`~mcpd.front.connguard.ConnectionOffer`; equal for every request of one connection)."""
+
+    def unsent(self) -> int:
+        """Bytes written to it that the client has not taken yet (``0`` once it is gone)."""
+
+    def abort(self) -> None:
+        """Drop it."""
+
+
+class KeptAnswer:
+    """A ``/mcp`` answer written whole whose connection still holds some of it
+    (:meth:`Budgets.keep_answer`): its principal, its connection, and what is charged."""
+
+    __slots__ = ("owner", "conn", "charged")
+
+    def __init__(self, owner: str, conn: AnswerConnection) -> None:
+        self.owner, self.conn = owner, conn
+        self.charged = 0
+
+
+class Budgets:
+    """The outgoing bytes of the sessions in the table and of the ``/mcp`` answers, against the
+    budgets (:attr:`outgoing`); the base of
+    :class:`~mcpd.front.sessions.table.SessionManager`, whose sessions (``_sessions``) and
+    keep-alive ticker (:meth:`stream_attached`, which measures the kept answers again) it uses.
+
+    Args:
+        cfg: the daemon config (``principal_queue_bytes``, ``total_queue_bytes``).
+    """
+
+    # the table's (mcpd.front.sessions.table.SessionManager)
+    _sessions: dict[str, Session]
+
+    def __init__(self, cfg: Config) -> None:
+        #: outgoing bytes held by principal and in all (the sessions', /mcp POST streams' and answers')
+        self.outgoing = OutgoingBytes(cfg.principal_queue_bytes, cfg.total_queue_bytes)
+        #: what hold_answer counts of each answer being written (or POST stream), by principal and
+        #: by what cuts it (its ``cut``)
+        self._answers: dict[str, dict[Callable[[], None], int]] = {}
+        #: the answers written whose connections still hold some of them (keep_answer), by connection
+        self._kept: dict[AnswerConnection, KeptAnswer] = {}
+        #: what a cut gave up of answers that their writers release later (by ``cut``: principal,
+        #: bytes): still in ``outgoing`` until then, but no longer held for the total's rule
+        self._leaving: dict[Callable[[], None], tuple[str, int]] = {}
+
+    def stream_attached(self) -> None:
+        """Start the keep-alive ticker unless it runs (the table's)."""
+        raise NotImplementedError
+
+    def still_over(self, name: str, measured: Session | None = None) -> str | None:
+        """The bytes principal ``name`` holds grew past its or the total budget: measure afresh
+        what the sessions' streams hold (it may have gone out since they were last measured; but
+        ``measured``'s, just measured), and return the limit kind still passed
+        (``"queue_bytes_per_principal"``, ``"queue_bytes_total"``), or ``None``. Only then: it
+        reads every session.
+
+        The total's rule: while it is passed, the principal holding the most gives up what it
+        holds (:meth:`cut`); ``name`` when none other holds more (``"queue_bytes_total"`` is then
+        returned for it to give up its own). So a principal holding at most ``total_queue_bytes``
+        divided by the number of principals holding bytes is never cut for the total (were none
+        holding more, all together would hold no more than the total). What a cut gave up and its
+        writers have not released yet counts for no one (else the next charge would cut another
+        principal for bytes already given up)."""
+        for other in self._sessions.values():
+            if other is not measured and other.stale():
+                other.held()
+        for kept in list(self._kept.values()):
+            self._measure_kept(kept)
+        outgoing = self.outgoing
+        leaving: dict[str, int] = {}
+        for owner, size in self._leaving.values():
+            leaving[owner] = leaving.get(owner, 0) + size
+        own = outgoing.held(name) - leaving.get(name, 0)
+        if own > outgoing.per_principal:
+            return "queue_bytes_per_principal"
+        total, done = outgoing.total - sum(leaving.values()), {name}
+        while total > outgoing.budget:
+            top, most = max(((n, b - leaving.get(n, 0)) for n, b in outgoing.holders() if n not in done),
+                            key=lambda nb: nb[1], default=("", 0))
+            if most <= own:
+                return "queue_bytes_total"
+            done.add(top)
+            total -= self.cut(top, "queue_bytes_total")
+        return None
+
+    def cut(self, name: str, kind: str) -> int:
+        """Principal ``name``'s clients stopped reading (``kind``: the bound passed): close its
+        sessions holding bytes and drop its answers and POST streams charged with a ``cut``
+        (:meth:`hold_answer`) and its kept answers (:meth:`keep_answer`), each counted in
+        ``limits_hit``. Returns the bytes this gives up: released now (sessions, kept answers, POST
+        streams) or by their writers as they end (answers being written: counted as leaving until
+        then, :meth:`still_over`)."""
+        before = self.outgoing.held(name)
+        for session in [s for s in self._sessions.values() if s.principal.name == name and s.held()]:
+            session.overflow(kind)
+        charged = self._answers.pop(name, {})
+        for drop, size in charged.items():
+            self._leaving[drop] = (name, size)
+        drops = list(charged)
+        for kept in [k for k in self._kept.values() if k.owner == name]:
+            self._forget_kept(kept)
+            drops.append(kept.conn.abort)
+        for drop in drops:
+            metrics.limit_hit(kind)
+            log.warning("a POST's answer of %s: %s, dropping a client that stopped reading", name, FULL[kind])
+            drop()
+        # (a POST stream's cut released its bytes at once, through hold_answer: no longer leaving)
+        return before - self.outgoing.held(name) + sum(self._leaving[d][1] for d in charged if d in self._leaving)
+
+    def keep_answer(self, name: str, conn: AnswerConnection) -> str | None:
+        """A ``/mcp`` answer was written whole (:class:`~mcpd.front.transport.answers.PiecedAnswer`) on ``conn``
+        (the server's :class:`~mcpd.front.connguard.ConnectionOffer`): charge what the connection
+        still holds (:meth:`AnswerConnection.unsent`) to principal ``name``'s and the total budgets
+        while that is more than :data:`~mcpd.front.connguard.UNSEEN` bytes, measured again by the
+        keep-alive ticker and before any cut for a budget; forgotten once it holds no more (or is
+        gone). One answer kept per connection: a later one replaces it.
+
+        Returns, when the charge passed a bound (:meth:`still_over`), its limit kind: the caller
+        then drops the connection (nothing is kept); else ``None``."""
+        held = conn.unsent()
+        if held <= UNSEEN:  # (a client keeping up: nothing kept)
+            return None
+        kept = KeptAnswer(name, conn)
+        earlier = self._kept.pop(conn, None)
+        if earlier is not None:
+            self._forget_kept(earlier)
+        self._kept[conn] = kept
+        self.stream_attached()  # (the ticker measures it again)
+        if self._measure_kept(kept, held):
+            kind = self.still_over(name)
+            if kind is not None:
+                self._forget_kept(kept)
+                return kind
+        return None
+
+    def measure_kept(self) -> None:
+        """Charge what each kept answer's connection holds now (the keep-alive ticker's round)."""
+        for kept in list(self._kept.values()):
+            self._measure_kept(kept)
+
+    def _measure_kept(self, kept: KeptAnswer, held: int | None = None) -> bool:
+        """Charge what ``kept``'s connection holds now (``held``, measured just now, or measured
+        here) instead of what it held; forget it once that is at most
+        :data:`~mcpd.front.connguard.UNSEEN`. Whether the charge passed a bound."""
+        if held is None:
+            held = kept.conn.unsent()
+        if held <= UNSEEN:
+            held = 0
+        delta, kept.charged = held - kept.charged, held
+        over = self.outgoing.charge(kept.owner, delta) is not None
+        if not held:
+            self._kept.pop(kept.conn, None)
+        return over
+
+    def _forget_kept(self, kept: KeptAnswer) -> None:
+        """Release what ``kept`` is charged and forget it (its connection is dropped or gone)."""
+        self._kept.pop(kept.conn, None)
+        if kept.charged:
+            self.outgoing.charge(kept.owner, -kept.charged)
+            kept.charged = 0
+
+    def hold_answer(self, name: str, delta: int, cut: Callable[[], None] | None = None) -> str | None:
+        """Charge ``delta`` bytes (negative: released) of a ``/mcp`` answer its connection has not
+        taken yet (:class:`~mcpd.front.transport.answers.PiecedAnswer`) to principal ``name``'s and the total
+        budgets (:attr:`outgoing`). Not to the session's ``session_queue_bytes``: each answer has
+        a connection of its own, and a client reading several large answers at once on one
+        session is normal (each is held whole until its last piece is written, and a reader
+        keeping up is behind for most of that time). ``cut``: drops the answer's connection (or
+        cuts the POST stream); what is charged with it is counted for :meth:`cut`.
+
+        Returns, when a charge (``delta > 0``) passed a bound, its limit kind
+        (``"queue_bytes_per_principal"``, ``"queue_bytes_total"``: still passed once every stream
+        was measured afresh and the total's rule applied, :meth:`still_over`); the caller then
+        drops its connection and releases what it charged. Else ``None``."""
+        if cut is not None and delta < 0 and cut in self._leaving:  # a release of what a cut gave up
+            owner, size = self._leaving.pop(cut)
+            if size + delta > 0:
+                self._leaving[cut] = (owner, size + delta)
+        elif cut is not None:
+            answers = self._answers.setdefault(name, {})
+            left = answers.get(cut, 0) + delta
+            if left > 0:
+                answers[cut] = left
+            else:
+                answers.pop(cut, None)
+                if not answers:
+                    del self._answers[name]
+        if self.outgoing.charge(name, delta) is not None:
+            return self.still_over(name)
+        return None
