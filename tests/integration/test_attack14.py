@@ -17,7 +17,7 @@ from mcpd.common.config import Config
 from mcpd.common.identity import Principal
 from mcpd.front.protocol import Dispatcher
 from mcpd.front.sessions.table import SessionManager, SessionRefused
-from mcpd.front.transport.streamable import PostStream
+from mcpd.front.transport.answers import PostStream
 from tests.conftest import Daemon
 from tests.integration.test_protocol import slow_file
 from tests.integration.test_streamable import INIT, client, hdrs, open_session
