@@ -4,10 +4,10 @@ Order of the stack, outermost first (read it top to bottom in :func:`build_app`)
 
 0. ``RefusalLogMiddleware`` (``mcpd.front.refused``) — one log line for every answer of status
    400 or more, with the reason and the peer, never the token.
-1. ``OriginMiddleware`` — an ``Origin`` header not in ``allowed_origins`` → ``403`` (SPEC §1.3);
+1. ``OriginMiddleware`` — an ``Origin`` header not in ``allowed_origins`` → ``403`` (docs/REFERENCE.md §1.3);
    then ``HostMiddleware`` — with ``allowed_hosts`` set, a ``Host`` it does not name → ``421``.
 2. ``AuthenticationMiddleware`` with :class:`BearerBackend` — no or bad bearer token on any route
-   → ``401`` with an RFC 6750 challenge (SPEC §1.3), a token that cannot be checked now (the root
+   → ``401`` with an RFC 6750 challenge (docs/REFERENCE.md §1.3), a token that cannot be checked now (the root
    helper busy or down) → ``503`` with ``Retry-After``; tokens in the query string are ignored. Paths
    under ``/.well-known/`` need no token and are all ``404``: mcpd serves no OAuth discovery
    documents, so a client told "invalid token" says so instead of starting an OAuth flow.
@@ -36,7 +36,7 @@ from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcpd.front.auth import Authenticator, CheckerDown, McpUser, TokenUndecided, parse_bearer
-from mcpd.front.connguard import DETACH
+from mcpd.front.connections.handover import DETACH
 from mcpd.common.config import Config, ConfigError
 from mcpd.front.protocol import Dispatcher
 from mcpd.front.refused import CheckMiddleware, RefusalLogMiddleware
@@ -49,7 +49,7 @@ from mcpd.front.transport.streamable import StreamableTransport
 
 
 class OriginMiddleware(CheckMiddleware):
-    """Refuse requests whose ``Origin`` header is present and not allowed (SPEC §1.3: ``403``).
+    """Refuse requests whose ``Origin`` header is present and not allowed (docs/REFERENCE.md §1.3: ``403``).
 
     Args:
         app: the wrapped ASGI app.
@@ -97,7 +97,7 @@ CHECKER_DOWN_RETRY = 2
 
 
 class BearerBackend(AuthenticationBackend):
-    """Starlette authentication backend for ``Authorization: Bearer TOKEN`` (SPEC §1.3, §5.1).
+    """Starlette authentication backend for ``Authorization: Bearer TOKEN`` (docs/REFERENCE.md §1.3, §5.1).
 
     Raises :class:`BearerRefused` (→ 401): ``error`` ``None`` for no bearer token (no header,
     another scheme), ``"invalid_token"`` for a malformed, unknown, expired or revoked one.
@@ -121,7 +121,7 @@ class BearerBackend(AuthenticationBackend):
         if path.startswith(self.open_prefixes):
             return None  # nothing is served there (404), whatever the token
         if token is None and path in self.open_paths:
-            return None  # POST /login: the password is the credential (SPEC §5.2)
+            return None  # POST /login: the password is the credential (docs/REFERENCE.md §5.2)
         if token is None:
             sent_bearer = header is not None and header.strip().lower().startswith("bearer")
             raise BearerRefused("invalid token" if sent_bearer else "bearer token required",
@@ -140,7 +140,7 @@ class BearerBackend(AuthenticationBackend):
 
 
 def unauthorized(conn: HTTPConnection, exc: AuthenticationError) -> Response:
-    """The ``401`` answer with its RFC 6750 challenge (SPEC §1.3): ``Bearer`` alone when no token
+    """The ``401`` answer with its RFC 6750 challenge (docs/REFERENCE.md §1.3): ``Bearer`` alone when no token
     was sent, ``Bearer error="invalid_token", error_description=...`` for a refused one; ``503``
     with ``Retry-After`` for a token that could not be checked now (:class:`TokenCheckBusy`: the
     helper busy, 1 s, or not running, :data:`CHECKER_DOWN_RETRY` s), never a ``401``: a client
@@ -202,7 +202,7 @@ class FrontApp(Starlette):
     """Starlette, which also runs the session streams handed to it (:data:`~mcpd.front.transport.stream.HANDOFF`):
     a ``GET /sse`` or ``GET /mcp`` stream is started through the whole stack, and streamed from here
     once the middleware and the router have returned: on the connection itself when the server
-    offers it (:data:`~mcpd.front.connguard.DETACH`: the stream then holds no task and none of the
+    offers it (:data:`~mcpd.front.connections.handover.DETACH`: the stream then holds no task and none of the
     server's per-request objects), else with the request's own ``receive`` and ``send``; an open
     stream holds none of the middleware's frames and wrappers. ``POST /message`` and
     ``POST /mcp`` go to :attr:`post_route` when set (:class:`PostRoute`: the same checks, without
@@ -232,7 +232,7 @@ class FrontApp(Starlette):
         del inner
         if handoff:  # (one at most: one response per request)
             stream = handoff.pop()
-            offer = scope.get(DETACH)  # (the server's: a connguard.ConnectionOffer, on a GET)
+            offer = scope.get(DETACH)  # (the server's: a handover.ConnectionOffer, on a GET)
             if offer is None or not stream.take_over(offer):
                 await stream.run(receive, send, None if offer is None else offer.abort)
 

@@ -2,7 +2,7 @@
 
 Every answer with a status of 400 or more (401 no or bad token, 403 origin, 404 no such route or
 session, 413 body too large, 415 wrong content type, 421 wrong host, 429 too many, 431 request line
-and headers too large (written by the connection guard, ``mcpd.front.connguard``, before any
+and headers too large (written by the connection guard, ``mcpd.front.connections.guarded``, before any
 request exists), 503 ...) gets one line on the ``mcpd.front.refused`` logger::
 
     refused 401 POST /message from 127.0.0.1:50312: invalid token (token id 0123456789ab)

@@ -1,4 +1,4 @@
-"""``mcpd serve``: run the front over TLS (SPEC §1.1) until SIGTERM/SIGINT.
+"""``mcpd serve``: run the front over TLS (docs/REFERENCE.md §1.1) until SIGTERM/SIGINT.
 
 :class:`Server` only starts, runs and shuts down (uvicorn's own signal handlers set its exit flag);
 :func:`serve` loads the config and returns the process exit code: 0 after a clean shutdown,
@@ -20,7 +20,8 @@ from collections.abc import Callable
 import uvicorn
 
 from mcpd.front import metrics
-from mcpd.front.connguard import ConnectionCount, guarded_protocol, loop_factory
+from mcpd.front.connections.count import ConnectionCount
+from mcpd.front.connections.guarded import guarded_protocol, loop_factory
 from mcpd.front.app import build_app
 from mcpd.common import wirejson
 from mcpd.helper.wire import frames
@@ -50,7 +51,7 @@ TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!SHA1:!SHA256:!SHA384
 def tls_context(cfg: Config) -> ssl.SSLContext:
     """The listener's server context: TLS 1.3 preferred, TLS 1.2 minimum with ECDHE and AEAD
     suites only (AES-GCM, ChaCha20-Poly1305), no compression or renegotiation; certificate and key
-    from ``cfg.tls`` (SPEC §1.1).
+    from ``cfg.tls`` (docs/REFERENCE.md §1.1).
 
     Raises:
         ConfigError: the certificate or key cannot be loaded.
@@ -67,10 +68,10 @@ def tls_context(cfg: Config) -> ssl.SSLContext:
 
 
 def _backends(cfg: Config) -> tuple[Authenticator, Spawner, PolicyChannel | None]:
-    """Who authenticates tokens, starts workers and decides privileged calls (DESIGN.md).
+    """Who authenticates tokens, starts workers and decides privileged calls (docs/PRIVSEP.md).
 
     With a ``helper_socket`` configured, all three go through the root helper: it alone reads
-    ``users.yaml``, starts workers with each account's own uid, and decides grants (SPEC §4.1).
+    ``users.yaml``, starts workers with each account's own uid, and decides grants (docs/REFERENCE.md §4.1).
     Without one (development as a normal user), the front reads ``users.yaml`` itself, workers run
     as the daemon's own user, and every privileged call is ``HELPER_UNAVAILABLE``, never a
     downgrade.
@@ -167,7 +168,7 @@ class Server:
             ssl_keyfile=self.cfg.tls.key,
             lifespan="off",
             # the C HTTP/1.1 parser (h11 cost a seventh of the front's time per call), with the
-            # connection caps and the header and body deadlines (mcpd/front/connguard.py)
+            # connection caps and the header and body deadlines (mcpd/front/connections/guarded.py)
             http=guarded_protocol(ConnectionCount(self.cfg.connections), on_refused=metrics.limit_hit),
             timeout_keep_alive=int(max(1, self.cfg.connections.idle_seconds)),
             access_log=False,

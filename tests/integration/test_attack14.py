@@ -32,7 +32,7 @@ def manager(**cfg: object) -> SessionManager:
 
 
 def test_a_cut_answer_still_being_released_does_not_get_a_second_principal_cut() -> None:
-    """Rule (SPEC §1.6 outgoing budgets; INTERNALS: past the total, the principal holding the
+    """Rule (docs/REFERENCE.md §1.6 outgoing budgets; INTERNALS: past the total, the principal holding the
     most gives up its bytes, so stallers filling the total lose theirs rather than a reader charged
     next). Severity: medium (an innocent principal's answers are dropped).
 
@@ -54,7 +54,7 @@ def test_a_cut_answer_still_being_released_does_not_get_a_second_principal_cut()
 
 
 def test_a_principal_refused_for_its_own_cap_evicts_no_one_elses_session() -> None:
-    """Rule (SPEC §1.5 session caps; the eviction: at a full cap, an idle ``/mcp`` session makes
+    """Rule (docs/REFERENCE.md §1.5 session caps; the eviction: at a full cap, an idle ``/mcp`` session makes
     room *for a new session*). Severity: low-medium (a principal at its own cap closes another
     principal's idle session and still gets 429: the victim loses its session for nothing, its
     client's next request is 404).

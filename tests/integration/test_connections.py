@@ -1,4 +1,4 @@
-"""Client connections are bounded (SPEC §1.7; issue "hostile load"): a client that trickles its
+"""Client connections are bounded (docs/REFERENCE.md §1.7; issue "hostile load"): a client that trickles its
 TLS handshake, its headers or its body is dropped within seconds, connections over the total or
 per-address cap are closed at once, and none of it delays anyone else.
 
@@ -74,7 +74,7 @@ def test_slow_clients_are_dropped_and_delay_no_one(daemon_factory: Callable[...,
 
 
 def test_deadlines_hold_for_a_second_request_and_for_a_body_sent_in_pieces(daemon_factory: Callable[..., Daemon]) -> None:
-    """A request that arrives whole arms no timer (mcpd/front/connguard.py); one that does not
+    """A request that arrives whole arms no timer (mcpd/front/connections/guarded.py); one that does not
     must still be cut at its deadline: the second request of a kept-alive connection that never
     finishes its headers, and a body whose pieces each come well within the deadline but whose
     whole takes longer (the body deadline counts from the headers, not from the last piece)."""
@@ -214,7 +214,7 @@ def test_a_worker_busy_in_a_long_read_dies_with_the_front(daemon_factory: Callab
 
 def test_a_client_that_stops_reading_is_disconnected_when_its_queue_bytes_are_spent(
         daemon_factory: Callable[..., Daemon], tmp_path: Any) -> None:
-    """The outgoing queue is bounded in bytes (SPEC §1.7): a session that posts 1 MiB reads and never
+    """The outgoing queue is bounded in bytes (docs/REFERENCE.md §1.7): a session that posts 1 MiB reads and never
     reads its stream takes reads until its queue holds ``session_queue_bytes``, the others wait for
     room, and it is closed once it has taken nothing for ``connections.idle_seconds`` (here 1 s;
     its POSTs then get 404); another session is served meanwhile."""

@@ -35,7 +35,10 @@ from mcpd.common import identity
 from mcpd.common.config import load
 from mcpd.front.app import build_app
 from mcpd.front.auth import FileAuthenticator
-from mcpd.front.connguard import ConnectionCount, LeanFlowControl, Pipeline, StreamConnection, Waiters, guarded_protocol
+from mcpd.front.connections.count import ConnectionCount
+from mcpd.front.connections.guarded import guarded_protocol
+from mcpd.front.connections.handover import StreamConnection
+from mcpd.front.connections.lean import LeanFlowControl, Pipeline, Waiters
 from mcpd.front.protocol import Dispatcher, McpSession
 from mcpd.front.sessions.session import Session
 from mcpd.front.sessions.table import SessionManager

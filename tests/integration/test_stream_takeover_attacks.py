@@ -1,6 +1,6 @@
 """Attacks on the event streams the front takes over from uvicorn (``GET /sse``, ``GET /mcp``):
 once a stream's headers are written, its connection is held by a ``StreamConnection``
-(mcpd/front/connguard.py) and written by its session directly (mcpd/front/transport/sse.py).
+(mcpd/front/connections/handover.py) and written by its session directly (mcpd/front/sessions/session.py).
 
 Each test drives the real daemon over raw TLS as a hostile or careless client would, and checks
 what the server holds afterwards from outside: whether the server still holds the client's TCP

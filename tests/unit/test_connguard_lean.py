@@ -1,4 +1,4 @@
-"""The connection protocol's lean parts (mcpd/front/connguard.py) keep the rules of what they replace:
+"""The connection protocol's lean parts (mcpd/front/connections/lean.py) keep the rules of what they replace:
 :class:`Waiters` behaves as ``asyncio.Event``, :class:`Pipeline` pops the oldest request first as
 uvicorn's deque does, :class:`LeanFlowControl` holds a writer back while the transport asks for a
 pause and lets it go on resume."""
@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from mcpd.front.connguard import LeanFlowControl, Pipeline, Waiters
+from mcpd.front.connections.lean import LeanFlowControl, Pipeline, Waiters
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) of the JSON-RPC envelope (SPEC §2.3) as the front parses and
+"""Property tests (hypothesis) of the JSON-RPC envelope (docs/REFERENCE.md §2.3) as the front parses and
 answers it: generated bodies (raw text, so ``1e400``, lone surrogates, deep nesting and huge
 integers are reachable) go through the front's body parser and a real session
 (:class:`mcpd.front.protocol.McpSession`), and every reply through the stream's encoder.

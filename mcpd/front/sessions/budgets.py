@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from mcpd.common.config import Config
 from mcpd.front import metrics
-from mcpd.front.connguard import UNSEEN
+from mcpd.front.connections.handover import UNSEEN
 
 if TYPE_CHECKING:
     from mcpd.front.sessions.session import Session
@@ -78,7 +78,7 @@ class OutgoingBytes:
 
 class AnswerConnection(Protocol):
     """The connection of a ``/mcp`` answer (the server's
-    :class:`~mcpd.front.connguard.ConnectionOffer`; equal for every request of one connection)."""
+    :class:`~mcpd.front.connections.handover.ConnectionOffer`; equal for every request of one connection)."""
 
     def unsent(self) -> int:
         """Bytes written to it that the client has not taken yet (``0`` once it is gone)."""
@@ -189,9 +189,9 @@ class Budgets:
 
     def keep_answer(self, name: str, conn: AnswerConnection) -> str | None:
         """A ``/mcp`` answer was written whole (:class:`~mcpd.front.transport.answers.PiecedAnswer`) on ``conn``
-        (the server's :class:`~mcpd.front.connguard.ConnectionOffer`): charge what the connection
+        (the server's :class:`~mcpd.front.connections.handover.ConnectionOffer`): charge what the connection
         still holds (:meth:`AnswerConnection.unsent`) to principal ``name``'s and the total budgets
-        while that is more than :data:`~mcpd.front.connguard.UNSEEN` bytes, measured again by the
+        while that is more than :data:`~mcpd.front.connections.handover.UNSEEN` bytes, measured again by the
         keep-alive ticker and before any cut for a budget; forgotten once it holds no more (or is
         gone). One answer kept per connection: a later one replaces it.
 
@@ -221,7 +221,7 @@ class Budgets:
     def _measure_kept(self, kept: KeptAnswer, held: int | None = None) -> bool:
         """Charge what ``kept``'s connection holds now (``held``, measured just now, or measured
         here) instead of what it held; forget it once that is at most
-        :data:`~mcpd.front.connguard.UNSEEN`. Whether the charge passed a bound."""
+        :data:`~mcpd.front.connections.handover.UNSEEN`. Whether the charge passed a bound."""
         if held is None:
             held = kept.conn.unsent()
         if held <= UNSEEN:

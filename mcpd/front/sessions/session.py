@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mcpd.common.identity import Principal
 from mcpd.front import metrics
-from mcpd.front.connguard import UNSEEN
+from mcpd.front.connections.handover import UNSEEN
 from mcpd.front.protocol import Dispatcher, McpSession
 from mcpd.front.sessions.backpressure import Backpressure
 from mcpd.front.sessions.budgets import FULL
@@ -111,7 +111,7 @@ class Session(Backpressure):
 
         A notification is dropped while the queue is full (:meth:`pressed`: its client is behind,
         and progress is advisory). Another message past ``queue_size`` messages (or one over
-        :data:`~mcpd.front.connguard.UNSEEN` bytes, a refusal echoing a huge id, past
+        :data:`~mcpd.front.connections.handover.UNSEEN` bytes, a refusal echoing a huge id, past
         ``queue_bytes``) means a client that keeps sending requests its queue has no room for
         while it reads none of it: the session is closed and its stream cut, as for a client that
         stopped reading. Also when the bytes its principal's sessions hold together, or all
@@ -193,7 +193,7 @@ class Session(Backpressure):
     def attach(self, out: StreamOut, endpoint: str | None) -> None:
         """Bind the GET stream ``out`` (an :class:`~mcpd.front.transport.stream.AsgiStream`, or
         the connection itself once the front took it over,
-        :class:`~mcpd.front.connguard.StreamConnection`): the ``endpoint`` event (when given) goes
+        :class:`~mcpd.front.connections.handover.StreamConnection`): the ``endpoint`` event (when given) goes
         first, then the queued messages. A closed session's stream is ended at once."""
         self.stream_open = True
         self.last_write = time.monotonic()
@@ -324,7 +324,7 @@ class Session(Backpressure):
 class StreamOut(Protocol):
     """Where a session's stream goes: its request's ASGI ``send``
     (:class:`~mcpd.front.transport.stream.AsgiStream`) or the connection itself
-    (:class:`~mcpd.front.connguard.StreamConnection`).
+    (:class:`~mcpd.front.connections.handover.StreamConnection`).
 
     ``on_progress``, when set, is called each time the client took some of a large event (a piece
     was written, or the transport drained), between the writes its writer sees."""

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from mcpd.front import metrics
-from mcpd.front.connguard import DETACH, PIECE, UNSEEN
+from mcpd.front.connections.handover import DETACH, PIECE, UNSEEN
 from mcpd.front.protocol import Caller, McpSession
 from mcpd.front.sessions.budgets import FULL
 from mcpd.front.sessions.table import SessionManager
@@ -161,15 +161,15 @@ class Queued:
 class PiecedAnswer(Response):
     """A ``/mcp`` POST's answer, its body known (a reply as JSON, or as one event for a client
     that accepts only event streams), written through the request's ``send`` a piece of at most
-    :data:`~mcpd.front.connguard.PIECE` at a time: uvicorn's ``send`` waits while the connection
+    :data:`~mcpd.front.connections.handover.PIECE` at a time: uvicorn's ``send`` waits while the connection
     asked to pause writing, so a client that stops reading leaves about two pieces in the
     connection's transport, and the rest here.
 
     The rule: while it is being written, the answer is charged, all of it, to principal
     ``owner``'s and the total budgets (``principal_queue_bytes``, ``total_queue_bytes``;
     :meth:`SessionManager.hold_answer`) whenever its connection is behind (the server's
-    :meth:`~mcpd.front.connguard.ConnectionOffer.behind`, asked before each write; always, without
-    the server's offer). Once written, an answer over :data:`~mcpd.front.connguard.UNSEEN` bytes
+    :meth:`~mcpd.front.connections.handover.ConnectionOffer.behind`, asked before each write; always, without
+    the server's offer). Once written, an answer over :data:`~mcpd.front.connections.handover.UNSEEN` bytes
     is charged what its connection still holds, the kernel's queue included, until it holds
     nothing (:meth:`SessionManager.keep_answer`). Past a bound the client stopped reading: the
     connection is dropped, the charge released and the limit counted, as for a full queue. An
@@ -238,7 +238,7 @@ async def post_events(protocol: McpSession, payload: Any, caller: Caller, out: P
                       label: str, cancel_on_close: bool) -> AsyncIterator[bytes]:
     """One POST's response stream: its request's progress, then the reply, then the end, with
     a keep-alive comment after each ``keepalive`` seconds without a message; a client that
-    stops reading is cut off. An event larger than :data:`~mcpd.front.connguard.PIECE` goes
+    stops reading is cut off. An event larger than :data:`~mcpd.front.connections.handover.PIECE` goes
     out a piece at a time (each yield returns once the transport takes more), so a client that
     stops reading leaves about a piece in the transport, the rest counted in ``out``'s bytes
     until it went out. ``out``: the POST's queue, charged to the caller's budgets (and closed

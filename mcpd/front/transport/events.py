@@ -14,7 +14,7 @@ from typing import Any
 from sse_starlette import ServerSentEvent
 
 from mcpd.common import wirejson
-from mcpd.front.connguard import PIECE
+from mcpd.front.connections.handover import PIECE
 
 #: The headers of every event-stream response: no cache or proxy may hold the events back.
 STREAM_HEADERS = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
@@ -53,7 +53,7 @@ def endpoint_event(url: str) -> bytes:
 
 
 def pieces(data: bytes) -> Iterator[bytes]:
-    """``data`` in pieces of at most :data:`~mcpd.front.connguard.PIECE` bytes, in order, each
+    """``data`` in pieces of at most :data:`~mcpd.front.connections.handover.PIECE` bytes, in order, each
     made when asked for (an event written a piece at a time, each once the transport takes more:
     a client that stops reading then leaves at most about a piece in the transport, not the event)."""
     for start in range(0, len(data), PIECE):

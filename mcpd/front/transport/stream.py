@@ -2,7 +2,7 @@
 ``GET /mcp`` (the session outlives it). :class:`SessionStream` starts the response and binds the
 stream to its session, which then writes its queued events to it (``mcpd.front.sessions.session``):
 through the request's ASGI ``send`` (:class:`AsgiStream`), or on the connection itself once the
-server handed it over (``mcpd.front.connguard.StreamConnection``).
+server handed it over (``mcpd.front.connections.handover.StreamConnection``).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from mcpd.front.connguard import PIECE
+from mcpd.front.connections.handover import PIECE
 from mcpd.front.sessions.session import Session
 from mcpd.front.sessions.table import SessionManager
 from mcpd.front.transport.events import STREAM_HEADERS, pieces
 
 if TYPE_CHECKING:
-    from mcpd.front.connguard import StreamConnection
+    from mcpd.front.connections.handover import StreamConnection
 
 #: The ASGI scope key under which the front's app (``mcpd.front.app.FrontApp``) offers to run a
 #: session's stream itself, once the middleware and routing frames have returned: a list that
@@ -108,7 +108,7 @@ class SessionStream(Response):
 
     def take_over(self, offer: Callable[[], StreamConnection | None]) -> bool:
         """Stream on the connection itself: ``offer`` (the server's,
-        :class:`~mcpd.front.connguard.ConnectionOffer`) hands it over, and the session writes to
+        :class:`~mcpd.front.connections.handover.ConnectionOffer`) hands it over, and the session writes to
         it directly; the stream then needs no task, and it ends when the client leaves or the
         session's close ends the response. ``False`` when the server kept the connection
         (:meth:`run` it then)."""
@@ -143,7 +143,7 @@ class AsgiStream:
         send: the request's ASGI ``send``, the response started.
         task: the stream's task, cancelled by :meth:`abort` when there is no ``drop``.
         drop: drops the stream's connection (the server's offer,
-            :meth:`~mcpd.front.connguard.ConnectionOffer.abort`): :meth:`abort` then cuts the
+            :meth:`~mcpd.front.connections.handover.ConnectionOffer.abort`): :meth:`abort` then cuts the
             connection, and the task ends as for a client that left, rather than by cancellation
             (which the server would log as the app's failure, and after which it would still wait
             for the client's TLS goodbye).

@@ -51,7 +51,7 @@ from starlette.routing import Route
 from mcpd.common import wirejson
 from mcpd.common.config import Config
 from mcpd.front.auth import McpUser
-from mcpd.front.connguard import DETACH
+from mcpd.front.connections.handover import DETACH
 from mcpd.front.protocol import (
     INVALID_REQUEST, METHOD_NOT_FOUND, SUPPORTED_VERSIONS, Caller, McpSession, error_reply, valid_id,
 )
