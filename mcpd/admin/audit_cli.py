@@ -21,6 +21,7 @@ default ``/etc/mcpd/mcpd.yaml`` when it exists).
 
 from __future__ import annotations
 
+import collections
 import datetime
 import os
 import sys
@@ -31,7 +32,7 @@ from typing import Any
 import click
 
 from mcpd.admin import auditlog
-from mcpd.common.audit import REFUSED_AT_OPEN, Head
+from mcpd.common.audit import JOURNAL_SOCKET, REFUSED_AT_OPEN, Head
 from mcpd.common.printable import printable
 from mcpd.admin.grants_cli import _any_owner_option, _config_option, _defaults, _file_option, _load
 from mcpd.policy.grants import DENIED, NO_GRANT, SECRET, TOOLS, decide, os_groups, utcnow
@@ -136,12 +137,21 @@ def _follow(path: str, start: int, interval: float = 0.5) -> Iterator[bytes]:
 @audit.command()
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--access", is_flag=True, help="Default to the front's access log instead of the audit log")
+@click.option("--since-seq", "since_seq", type=click.IntRange(1), default=None,
+              help="History may begin at this seq (the records before it were removed on purpose); "
+                   "the chain must still reach back to it")
+@click.option("--logrotate", "logrotate_file", default=auditlog.LOGROTATE_FILE, show_default=True,
+              type=click.Path(dir_okay=False), help="The logrotate file whose 'rotate N' says how many old files are kept")
 @_config_option
-def verify(files: tuple[str, ...], access: bool, config_path: str | None) -> None:
-    """Prove the audit log's hash chain whole over FILEs, oldest first (default: the audit log, or
-    with --access the access log, and its rotated files), and the audit log's end where its
-    writer left it (its head state in helper_state_dir). Exit 0 with the record count, or 1
-    naming the first broken line, or the records cut off (seq first..last)."""
+def verify(files: tuple[str, ...], access: bool, since_seq: int | None, logrotate_file: str,
+           config_path: str | None) -> None:
+    """Prove the hash chain whole over FILEs, oldest first (default: the audit log, or with
+    --access the access log, and its rotated files), from seq 1, and the audit log's end where its
+    writer left it (its head state in helper_state_dir). Every break is listed (edited, deleted,
+    reordered, repeated, truncated, lost, missing). A chain that does not begin at seq 1 fails,
+    naming the records missing, unless logrotate's retention removed them (the files are numbered,
+    and the logrotate file says how many it keeps) or --since-seq allows it. Exit 0 with the
+    record count, 1 when anything is wrong."""
     cfg = _defaults(config_path)
     live = cfg.access_log if access else cfg.audit_log
     paths = list(files) or auditlog.rotated_set(live)
@@ -151,29 +161,35 @@ def verify(files: tuple[str, ...], access: bool, config_path: str | None) -> Non
     if access:
         note = "; the access log keeps no head state: records cut off its end cannot be ruled out"
     try:
-        verdict = auditlog.verify(auditlog.read_lines(paths), head)
+        history = auditlog.History.of(paths, live if not files else None, logrotate_file)
+        start = since_seq if since_seq is not None else history.accepted_start()
+        verdict = auditlog.verify(auditlog.read_lines(paths), head, start or 1)
     except (OSError, EOFError) as exc:
         click.echo(f"error: {printable(str(exc))}", err=True)
         sys.exit(1)
-    if verdict.problem is not None:
-        click.echo(f"{printable(str(verdict.where))}: {verdict.problem}")
-        for loss in verdict.losses:
-            click.echo(printable(loss))
-        click.echo(f"chain broken after {verdict.count} good records", err=True)
-        sys.exit(1)
-    for loss in verdict.losses:
-        click.echo(printable(loss))
+    if not os.path.exists(JOURNAL_SOCKET):
+        click.echo("note: journald is not running on this host, so no copy of these records left it: a "
+                   "consistent rewrite of the log and its head state (by root) cannot be seen here", err=True)
     span = "" if verdict.first_seq is None else f" (seq {verdict.first_seq}..{verdict.last_seq})"
-    if verdict.losses:
-        click.echo(f"FAILED: records are missing at {len(verdict.losses)} place{'s' * (len(verdict.losses) > 1)}; "
-                   f"the {verdict.count} records there chain whole around {'them' if len(verdict.losses) > 1 else 'it'}"
-                   f"{span}{note}")
+    if verdict.problems:
+        for problem in verdict.problems:
+            click.echo(printable(str(problem)))
+            if problem.kind == "missing" and verdict.first_seq is not None:
+                for hint in history.missing_hints(verdict.first_seq, given=bool(files)):
+                    click.echo(f"  {printable(hint)}")
+        kinds = collections.Counter(p.kind for p in verdict.problems)
+        listed = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+        many = len(verdict.problems)
+        click.echo(f"FAILED: {many} problem{'s' * (many > 1)} ({listed}); {verdict.count} records read{span}"
+                   f"{'' if head is not None else note}")
         sys.exit(1)
-    start = ""
-    if verdict.first_seq not in (None, 1):
-        start = "; it starts mid-chain, earlier records are in files not given"
+    begin = ""
+    if since_seq is not None and verdict.first_seq not in (None, 1):
+        begin = f"; history begins at seq {verdict.first_seq}, as --since-seq {since_seq} allows"
+    elif start not in (None, 1) and verdict.first_seq not in (None, 1):
+        begin = f"; {history.retention_words()}"
     old = f"; {verdict.unchained} older records before the chain began" if verdict.unchained else ""
-    click.echo(f"OK: {verdict.count} records, chain whole{span}{start}{old}{note}")
+    click.echo(f"OK: {verdict.count} records, chain whole{span}{begin}{old}{note}")
 
 
 def _head_of(cfg: Any, paths: list[str]) -> tuple[Head | None, str]:
