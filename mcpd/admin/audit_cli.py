@@ -22,6 +22,7 @@ default ``/etc/mcpd/mcpd.yaml`` when it exists).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import os
 import sys
@@ -78,24 +79,42 @@ def tail(count: int, as_json: bool, user: str | None, decision: str | None, path
          event: str | None, since: datetime.datetime | None, until: datetime.datetime | None, follow: bool,
          access: bool, log_file: str | None, config_path: str | None) -> None:
     """Print the last N records (readable, or --json), filtered, and with --follow the new ones.
-    The log's rotated files are read too (newest last): -n and the filters span them."""
+    The log's rotated files are read too (newest last): -n and the filters span them. From the
+    audit log, the privileged calls the front refused before the policy process received them
+    (recorded in the access log) are shown too, in time order, marked [access log]."""
     cfg = _defaults(config_path)
     path = log_file or (cfg.access_log if access else cfg.audit_log)
     if not path:
         raise click.ClickException("no access log is configured (access_log in mcpd.yaml)")
     flt = auditlog.Filter(user, decision, path_glob, since, until, event)
+    other = cfg.access_log if not access and not log_file and cfg.access_log else None
 
-    def show(raw: bytes, rec: dict[str, Any]) -> None:
-        click.echo(auditlog.as_json_line(raw, rec) if as_json else auditlog.human(rec))
+    def show(raw: bytes, rec: dict[str, Any], source: str = "") -> None:
+        click.echo(auditlog.as_json_line(raw, rec) if as_json else auditlog.human(rec, source))
 
+    order = auditlog.Order(backwards=True)
     try:
         end = os.stat(path).st_size  # --follow goes on from exactly here
-        for raw, rec in auditlog.last_records(auditlog.rotated_set(path), flt, count, end=end):
-            show(raw, rec)
-        sys.stdout.flush()
+        found = [(raw, rec, "") for raw, rec in auditlog.last_records(auditlog.rotated_set(path), flt, count, end=end,
+                                                                      order=order)]
     except OSError as exc:
         click.echo(f"error: {printable(exc.filename or path)}: {exc.strerror}", err=True)
         sys.exit(1)
+    if other is not None:  # the privileged calls only the front recorded
+        front = dataclasses.replace(flt, route="privileged")
+        try:
+            extra = auditlog.last_records(auditlog.rotated_set(other), front, count)
+        except OSError as exc:
+            click.echo(f"note: {printable(exc.filename or other)}: {exc.strerror}: the privileged calls the front "
+                       "refused before the policy process received them are not shown", err=True)
+        else:
+            found = sorted(found + [(raw, rec, "access log") for raw, rec in extra],
+                           key=lambda item: str(item[1].get("time", "")))[-count:] if count else []
+    for raw, rec, source in found:
+        show(raw, rec, source)
+    sys.stdout.flush()
+    if (warning := order.warning(printable(path))) is not None:
+        click.echo(warning, err=True)
     if follow:
         try:
             for raw in _follow(path, end):
@@ -215,8 +234,8 @@ def _head_of(cfg: Any, paths: list[str]) -> tuple[Head | None, str]:
 GRANT_REFUSALS = frozenset({NO_GRANT, DENIED, SECRET})
 
 
-def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter,
-                 now: datetime.datetime | None = None) -> Iterator[tuple[dict[str, Any], Any]]:
+def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter, now: datetime.datetime | None = None,
+                 order: auditlog.Order | None = None) -> Iterator[tuple[dict[str, Any], Any]]:
     """Past privileged calls (``accept``/``reject`` records with a tool and a requested path) that
     ``policy`` at ``now`` would decide otherwise: served then and refused by the grants now, or
     refused by the grants then and allowed now; each with today's decision.
@@ -232,7 +251,9 @@ def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter,
     """
     now = now or utcnow()
     groups: dict[str, frozenset[str]] = {}
-    for _, rec in auditlog.records(lines):
+    for line, rec in auditlog.records(lines):
+        if order is not None:
+            order.see(line.where.rsplit(":", 1)[0], rec)
         if rec.get("event") not in ("accept", "reject") or rec.get("tool") not in TOOLS:
             continue
         if not rec.get("os_user") or not isinstance(rec.get("requested_path"), str) or not flt.match(rec):
@@ -269,8 +290,9 @@ def replay(since: datetime.datetime | None, user: str | None, log_files: tuple[s
     paths = list(log_files) or auditlog.rotated_set(_defaults(config_path).audit_log)
     flt = auditlog.Filter(user=user, since=since)
     found = 0
+    order = auditlog.Order()
     try:
-        for rec, today in replay_diffs(policy, auditlog.read_lines(paths), flt):
+        for rec, today in replay_diffs(policy, auditlog.read_lines(paths), flt, order=order):
             found += 1
             now = "allowed" if today.allowed else "refused"
             click.echo(f"{auditlog.human(rec)}\n    was {_then(rec)}, now {now}: {printable(today.reason)}; "
@@ -279,6 +301,8 @@ def replay(since: datetime.datetime | None, user: str | None, log_files: tuple[s
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     click.echo(f"{found} past privileged call{'s' * (found != 1)} would be decided differently today")
+    if (warning := order.warning("the audit log")) is not None:
+        click.echo(warning, err=True)
 
 
 @click.command("at")
@@ -290,9 +314,10 @@ def replay(since: datetime.datetime | None, user: str | None, log_files: tuple[s
 def grants_at(when_text: str, log_files: tuple[str, ...], show_changes: bool, config_path: str | None) -> None:
     """Print the grants file in force at TIME (ISO 8601 UTC, or 90s, 15m, 2h, 3d ago), rebuilt from
     the audit log: the text of the last load at or before TIME (every start and reload records the
-    whole file, its SHA-256 and every change), after comment lines saying when it was loaded and
-    until when it stayed in force. Exit 1 when the log holds no whole load before TIME. The fixed
-    deny of the daemon's own secrets comes from mcpd.yaml, not this file."""
+    whole file, its SHA-256 and every change), exactly as loaded on standard output (its line
+    numbers are the ones the records name), and on standard error comment lines saying when it was
+    loaded and until when it stayed in force. Exit 1 when the log holds no whole load before TIME.
+    The fixed deny of the daemon's own secrets comes from mcpd.yaml, not this file."""
     try:
         when = auditlog.parse_time(when_text)
     except ValueError:
@@ -327,9 +352,11 @@ def grants_at(when_text: str, log_files: tuple[str, ...], show_changes: bool, co
     assert in_force.time is not None
     end = f"until {until.time:%Y-%m-%dT%H:%M:%SZ}" if until is not None and until.time else "still the last load recorded"
     click.echo(f"# {printable(in_force.grants_file)} in force at {when:%Y-%m-%dT%H:%M:%SZ}: "
-               f"loaded {in_force.time:%Y-%m-%dT%H:%M:%SZ} (seq {in_force.first}, {printable(in_force.where)}), {end}")
-    click.echo(f"# sha256 {in_force.sha256} (the text below matches it); {len(in_force.changes)} changes at that load")
+               f"loaded {in_force.time:%Y-%m-%dT%H:%M:%SZ} (seq {in_force.first}, {printable(in_force.where)}), {end}",
+               err=True)
+    click.echo(f"# sha256 {in_force.sha256} (the text on standard output matches it); {len(in_force.changes)} "
+               "changes at that load", err=True)
     if show_changes:
         for change in in_force.changes:
-            click.echo(f"#   {change}")  # (written escaped)
+            click.echo(f"#   {change}", err=True)  # (written escaped)
     click.echo(in_force.text, nl=not in_force.text.endswith("\n") and bool(in_force.text))

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from mcpd.common.audit import GENESIS, HEAD_FILE, LOST_TAIL, REFUSED_AT_OPEN, ROTATE, Head, file_number
+from mcpd.common.audit import GENESIS, HEAD_FILE, REFUSED_AT_OPEN, REFUSED_BY_OS, Head, file_number
 from mcpd.common.audit import read_head as audit_read_head
 from mcpd.common.folders import safe_folder
 from mcpd.common.printable import field, printable
@@ -506,14 +506,17 @@ def record_time(rec: dict[str, Any]) -> datetime.datetime | None:
 
 #: a decision filter and the decisions it lists: ``reject`` also lists the calls the grants allowed
 #: but root's opener refused (``refused_at_open``: a symlink in the path, several hard links ...)
-DECISIONS = {"reject": ("reject", REFUSED_AT_OPEN)}
+#: and the calls of the unprivileged route the kernel refused (``refused_by_os``)
+DECISIONS = {"reject": ("reject", REFUSED_AT_OPEN, REFUSED_BY_OS)}
 
 
 @dataclass(frozen=True)
 class Filter:
     """Which records to show: ``user`` (principal or OS account), ``decision`` (``reject`` lists
     every refusal, see :data:`DECISIONS`), ``path`` (a glob over the requested and resolved path),
-    ``since``/``until`` (aware datetimes, inclusive), ``event`` (``alert``, ``reload`` ...)."""
+    ``since``/``until`` (aware datetimes, inclusive), ``event`` (``alert``, ``reload`` ...;
+    ``login`` lists every login attempt, refused ones too, also as older logs recorded those:
+    event ``reject`` with tool ``login``), ``route`` (the route column, :func:`route_of`)."""
 
     user: str | None = None
     decision: str | None = None
@@ -521,13 +524,18 @@ class Filter:
     since: datetime.datetime | None = None
     until: datetime.datetime | None = None
     event: str | None = None
+    route: str | None = None
 
     def __bool__(self) -> bool:
-        return any(v is not None for v in (self.user, self.decision, self.path, self.since, self.until, self.event))
+        return any(v is not None for v in (self.user, self.decision, self.path, self.since, self.until, self.event,
+                                           self.route))
 
     def match(self, rec: dict[str, Any]) -> bool:
         """Whether ``rec`` passes every filter given."""
-        if self.event is not None and rec.get("event") != self.event:
+        if self.event is not None and rec.get("event") != self.event and not (
+                self.event == "login" and rec.get("tool") == "login" and rec.get("event") == "reject"):
+            return False
+        if self.route is not None and route_of(rec) != self.route:
             return False
         if self.user is not None and self.user not in (rec.get("user"), rec.get("os_user")):
             return False
@@ -646,11 +654,43 @@ def backwards(path: str, end: int | None = None, block: int = 65536) -> Iterator
         os.close(fd)
 
 
-def last_records(paths: list[str], flt: Filter, count: int, end: int | None = None) -> list[tuple[bytes, dict[str, Any]]]:
+class Order:
+    """Watches the ``seq`` of the records a view reads, in the order it reads them (``backwards``:
+    newest first), and counts those out of order or read twice (an old log copied over a newer
+    one, records moved): a view that shows them says so (:meth:`warning`)."""
+
+    def __init__(self, backwards: bool = False) -> None:
+        self.backwards, self.count = backwards, 0
+        self.example = ""
+        self._last: tuple[int, str] | None = None
+
+    def see(self, path: str, rec: dict[str, Any]) -> None:
+        """Note record ``rec``, read from ``path``."""
+        seq = rec.get("seq")
+        if type(seq) is not int:
+            return
+        if self._last is not None and (seq >= self._last[0] if self.backwards else seq <= self._last[0]):
+            self.count += 1
+            if not self.example:
+                (a, pa), (b, pb) = ((seq, path), self._last) if self.backwards else (self._last, (seq, path))
+                self.example = f"seq {b} ({os.path.basename(pb)}) after seq {a} ({os.path.basename(pa)})"
+        self._last = (seq, path)
+
+    def warning(self, log: str) -> str | None:
+        """The warning to show, or None when every record read was in order."""
+        if not self.count:
+            return None
+        return (f"warning: {self.count} record{'s' * (self.count > 1)} of {log} out of order or repeated among those "
+                f"read ({self.example}): the log was changed; run mcpd audit verify")
+
+
+def last_records(paths: list[str], flt: Filter, count: int, end: int | None = None,
+                 order: Order | None = None) -> list[tuple[bytes, dict[str, Any]]]:
     """The last ``count`` records of the files ``paths`` (oldest first: :func:`rotated_set`) that
     pass ``flt``, oldest first, each with its raw line: read from the end of the newest file
     backwards, so ``-n 5`` reads little even across a year of rotated files. ``end``: where the
-    newest file is taken to end (bytes). Lines that are no JSON record are skipped.
+    newest file is taken to end (bytes). Lines that are no JSON record are skipped. ``order``
+    (backwards) sees every record read.
 
     Raises:
         OSError: a file cannot be read.
@@ -661,6 +701,8 @@ def last_records(paths: list[str], flt: Filter, count: int, end: int | None = No
     for i, path in enumerate(reversed(paths)):
         for raw in backwards(path, end if i == 0 else None):
             rec = Line(path, raw).record()
+            if rec is not None and order is not None:
+                order.see(path, rec)
             if rec is not None and flt.match(rec):
                 found.append((raw, rec))
                 if len(found) == count:

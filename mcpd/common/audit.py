@@ -279,9 +279,30 @@ def chain_after(line: bytes) -> tuple[int, str]:
     return (seq if isinstance(seq, int) and not isinstance(seq, bool) else 0), hashlib.sha256(line).hexdigest()
 
 
+FIND_ARGS = (("name", "find_name"), ("type", "find_type"), ("max_depth", "max_depth"))  # argument -> field
+
+
+def find_fields(tool: str, arguments: Any) -> dict[str, Any]:
+    """What a ``files/find`` call searched for, as record fields (``find_name``, ``find_type``,
+    ``max_depth``), from its raw ``arguments`` (a value that is no scalar as its JSON type in
+    brackets, ``(list)``); ``{}`` for any other tool or arguments that are no object."""
+    if tool != "files/find" or not isinstance(arguments, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for arg, key in FIND_ARGS:
+        if arg in arguments:
+            value = arguments[arg]
+            out[key] = value if value is None or isinstance(value, (str, int, float, bool)) else \
+                f"({type(value).__name__})"
+    return out
+
+
 #: the ``decision`` of a call the grants allowed and a later step refused: root's opener (a symlink
 #: in the path, several hard links, not a regular file), the secrets' check of the real path
 REFUSED_AT_OPEN = "refused_at_open"
+#: the ``decision`` of a call on the unprivileged route that the kernel refused (the OS account's
+#: own permissions said no: ``PERMISSION_DENIED``): the daemon did not serve it
+REFUSED_BY_OS = "refused_by_os"
 #: the ``reason`` of the alert a writer records when its log no longer ends with the last record
 #: it wrote (cut, emptied or replaced); ``missing_from``/``missing_to`` name the records gone
 #: (``missing_from`` null when where the loss begins is not known), ``found_seq`` the last record
