@@ -37,7 +37,8 @@ from typing import Any
 
 from mcpd.front import metrics
 from mcpd.common.audit import REFUSED_BY_OS, AuditLog, Fields, encode_fields, find_fields
-from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, ToolError
+from mcpd.common.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, INVALID_ARGUMENT, PERMISSION_DENIED, RATE_LIMITED,
+                                ToolError)
 from mcpd.common.identity import Principal
 
 UNPRIVILEGED_REASON = "the OS account's own permissions"
@@ -115,7 +116,7 @@ class AccessLog:
 
     def unknown_tool(self, principal: Principal, peer: str, session: str, name: Any, arguments: Any) -> None:
         """Record a ``tools/call`` of a tool that does not exist (answered ``-32602``): ``reject``,
-        reason ``unknown tool``, the name as sent (``tool``; a name that is no string as its JSON
+        reason ``unknown tool``, outcome ``INVALID_ARGUMENT``, the name as sent (``tool``; a name that is no string as its JSON
         type in brackets), its route and path when the arguments give them.
 
         Raises:
@@ -123,7 +124,7 @@ class AccessLog:
         """
         tool = name if isinstance(name, str) else f"({type(name).__name__})"
         self.call(principal, peer, session, tool, arguments, time.monotonic(), "refused",
-                  error=ToolError("INVALID_PARAMS", "unknown tool"))
+                  error=ToolError(INVALID_ARGUMENT, "unknown tool"))
 
     def login_refused(self, peer: str, user: Any, status: int, reason: str) -> None:
         """Record a ``POST /login`` the front answered itself, without asking the policy process
