@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import heapq
 import os
 import sys
 import time
@@ -108,8 +109,10 @@ def tail(count: int, as_json: bool, user: str | None, decision: str | None, path
             click.echo(f"note: {printable(exc.filename or other)}: {exc.strerror}: the privileged calls the front "
                        "refused before the policy process received them are not shown", err=True)
         else:
-            found = sorted(found + [(raw, rec, "access log") for raw, rec in extra],
-                           key=lambda item: str(item[1].get("time", "")))[-count:] if count else []
+            # merged by time, each log in its own order (a record's time is when it was begun, so
+            # within one log times need not rise with seq)
+            found = list(heapq.merge(found, [(raw, rec, "access log") for raw, rec in extra],
+                                     key=lambda item: str(item[1].get("time", ""))))[-count:] if count else []
     for raw, rec, source in found:
         show(raw, rec, source)
     sys.stdout.flush()
