@@ -295,7 +295,7 @@ def verify(lines: Iterable[Line], head: Head | None = None,  # noqa: C901 - one 
                 if _loss_alert(rec) and rec["missing_to"] == hi:
                     lost_here = True
                     add(line.where, f"lost: {_range(lo, hi)} missing before this line; its writer found them gone "
-                                    f"and recorded this alert ({loss_words(rec)})")
+                                    "and recorded this alert")
                 elif not (garbled and hi - lo + 1 <= garbled):  # (else: the lines that are no records were these)
                     index = add(line.where, f"deleted: {_range(lo, hi)} missing before this line")
                     if len(gaps) < GAPS_KEPT:
