@@ -3,13 +3,17 @@
 * ``mcpd audit tail [-n N] [--json] [--user U] [--decision D] [--path GLOB] [--event E]
   [--since T] [--until T] [--follow] [--access]`` — the last records of the log and its rotated
   files, one readable line each (time, user, route, tool, path, decision, reason, bytes, rule),
-  every field escaped, or the raw JSON lines with ``--json``; ``--decision reject`` lists every
-  refusal (``refused_at_open`` too); ``--access`` reads the front's access log (the unprivileged
-  route) instead of the helper's audit log.
-* ``mcpd audit verify [--access] [FILE...]`` — checks the hash chain (default: the audit log, or
-  the access log, and its rotated files, oldest first) and the audit log's end against its
-  writer's head state: exit 0 and the record count when whole, else exit 1 naming the first
-  broken line and what is wrong, or the records cut off (:func:`mcpd.admin.auditlog.verify`).
+  every field a client controls escaped and quoted (:func:`mcpd.common.printable.field`), or the
+  raw JSON lines with ``--json``; ``--decision reject`` lists every refusal (``refused_at_open``
+  and ``refused_by_os`` too); ``--access`` reads the front's access log (the unprivileged route)
+  instead of the helper's audit log, whose view also shows the privileged calls only the front
+  recorded; records out of order or repeated are a warning.
+* ``mcpd audit verify [--access] [--since-seq N] [--logrotate FILE] [FILE...]`` — checks the
+  hash chain (default: the audit log, or the access log, and its rotated files, oldest first)
+  from seq 1 and the audit log's end against its writer's head state: exit 0 and the record
+  count when whole, else exit 1 listing every break (:func:`mcpd.admin.auditlog.verify`); a
+  history that does not begin at seq 1 passes only when logrotate's retention explains it
+  (:class:`mcpd.admin.auditlog.History`) or ``--since-seq`` allows it.
 * ``mcpd audit replay [--since T] [--user U]`` — re-decides every past privileged call against
   today's grants and lists those whose outcome would now differ, with the rule deciding today.
 * ``mcpd grants at TIME`` (registered in the ``grants`` group) — the grants file in force at

@@ -6,20 +6,12 @@ The root helper writes the chained audit log and the front its access log, both 
 
 The chain (see :mod:`mcpd.common.audit`): record ``n`` carries ``seq`` and ``prev``, the SHA-256 of
 record ``n-1``'s exact bytes (newline included). :func:`verify` walks files in the order given
-(oldest first) and stops at the first line that breaks it, saying what is wrong:
+(oldest first) and lists every break it finds (edited, deleted, reordered, repeated, truncated,
+lost, missing: see there), not only the first, from seq 1 unless told where history may begin.
 
-* ``truncated``: the last line has no newline (the file was cut short);
-* ``edited``: a line is not a valid record, its ``seq`` is not the next one although its link
-  holds, or the hash of a line does not match the ``prev`` of the next one. The line named is the
-  one whose bytes changed: when the links on both sides of a line fail, that line; when only the
-  link into it fails, the line before it (or its own ``prev`` was forged and the writer went on
-  from it: the message says both);
-* ``deleted``: ``seq`` jumps forward and the missing records appear nowhere later;
-* ``reordered``: ``seq`` jumps forward and a missing record appears later, or goes backwards.
-
-Limits, as for any hash chain without an outside anchor: records cut off the end at a line
-boundary, or an edit of the very last record (which no later record hashes), are invisible here;
-the journal copy of each record is that anchor.
+Limits, as for any hash chain without an outside anchor: a consistent rewrite by whoever can
+write the log and its writer's head state is invisible here; the journal copy of each record is
+that anchor.
 """
 
 from __future__ import annotations

@@ -20,7 +20,11 @@ record of the old one. On start the chain resumes from the file's last line, or,
 empty, from the last line of ``FILE.1`` (the file logrotate just renamed); a writer that finds
 records it did not write (another process) goes on from the last of them. Each log has one
 writer process in the daemon; two writers stay chained except across two rotations between two
-records of one of them. ``mcpd audit verify`` checks the chain.
+records of one of them. ``mcpd audit verify`` checks the chain. The first record of every new
+file is a :data:`ROTATE` record numbering it (``file_number``: the log's 1st, 2nd ... file), so
+``verify`` can tell how many older files there were and which of them logrotate's retention
+removed; it is written only at a rotation (or on start after one), never on the per-record path.
+A file found deleted (no name left) rather than renamed is an alert naming the records it held.
 
 The chain's head lives outside the log. The writer remembers where its last record ends (device,
 inode, offset, length, hash) and, before each record, compares the file's ``fstat`` (taken under
