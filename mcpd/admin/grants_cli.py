@@ -40,9 +40,9 @@ from typing import Any
 import click
 
 from mcpd.common import config as mcpd_config
-from mcpd.common.filekind import kind as file_kind
-from mcpd.common.openrules import CHANGED, NOT_DIR, NOT_REGULAR, SYMLINK, refusal
-from mcpd.common.pathmatch import components
+from mcpd.helper.wire.filekind import kind as file_kind
+from mcpd.helper.wire.openrules import CHANGED, NOT_DIR, NOT_REGULAR, SYMLINK, refusal
+from mcpd.helper.wire.pathmatch import components
 from mcpd.common.printable import printable
 from mcpd.policy.entries import entry_covers_root
 from mcpd.policy.grants import (

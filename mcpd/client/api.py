@@ -428,7 +428,9 @@ class Client:
                             self._dispatch(event.data)
                 else:
                     body = await resp.aread()
-                    answered = kind == "application/json" and self._dispatch_reply(body, message)
+                    # (a refusal by status is the transport's, even when its JSON error carries the id)
+                    answered = kind == "application/json" and resp.status_code in (200, 202) \
+                        and self._dispatch_reply(body, message)
                     if not answered and resp.status_code not in (200, 202):
                         if probe:
                             return resp.status_code

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mcpd.client.api import UsageError
-from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml
+from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml
 
 KEYS = ("url", "token", "cacert")
 TOP_KEYS = frozenset({*KEYS, "contexts", "current-context"})

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
 import fcntl
 import functools
 import hashlib
@@ -462,6 +463,7 @@ class AuditLog:
 
     Raises:
         OSError: the folder or file cannot be created or opened (the helper must not run blind),
+            the folder is writable by other accounts (it is never chmodded: it may be ``/tmp``),
             or the head file is not a 0600 regular file of this account.
     """
 
@@ -471,10 +473,9 @@ class AuditLog:
         self.path, self._clock, self._abspath = path, clock, os.path.abspath(path)
         self._alerts: dict[str, list[float]] = {}  # reason -> [window start, written, suppressed]
         folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        st = os.stat(folder)
-        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
-            os.chmod(folder, 0o700)
+        os.makedirs(folder, mode=0o700, exist_ok=True)  # a folder it makes is its own alone
+        if stat.S_IMODE(os.stat(folder).st_mode) & 0o022:  # never chmod a folder others use (/tmp)
+            raise OSError(errno.EPERM, f"the log's folder {folder} is writable by other accounts")
         self._fd = self._open()
         self._lock = threading.Lock()
         self._pending: list[str] = []  # alerts (encoded bodies) to write before the next record

@@ -19,7 +19,7 @@ Example (every key optional)::
     principal_queue_bytes: 134217728  # outgoing bytes one principal's sessions, /mcp POST streams and unread /mcp answers hold together
     total_queue_bytes: 536870912   # and all principals' together (past either: disconnected as for a full queue)
     max_in_flight: 64              # requests of one session running at once (-32000 beyond)
-    max_batch: 256                 # members of one batch that are run (-32600 beyond: each of as many more, then one)
+    max_batch: 256                 # members of one batch (beyond: the batch is refused whole, one -32600)
     max_privileged_per_principal: 32  # privileged calls of one principal in flight (RATE_LIMITED beyond)
     max_calls_per_principal: 1024  # unprivileged calls of one principal waiting or running (RATE_LIMITED beyond)
     metrics_listen: ""             # HOST:PORT on loopback for /metrics and /healthz (plain HTTP); "": off
@@ -42,7 +42,7 @@ Example (every key optional)::
               spawn_burst: 16, spawns_per_second: 1,   # workers started per principal: a burst, then a rate
               cancel_grace_seconds: 0.25}   # a cancelled call's worker may finish this long and is kept; 0: killed
     connections: {max_total: 4096, max_per_address: 1024, handshake_seconds: 10, header_seconds: 10,
-                  body_seconds: 30, idle_seconds: 5, max_header_bytes: 65536}   # what one client connection may hold
+                  body_seconds: 30, idle_seconds: 15, max_header_bytes: 65536}   # what one client connection may hold
     workspaces: {alice: /srv/projects/alice}   # root of relative file: resource URIs, per principal
     default_workspace: "~"         # for principals not listed: "~" = the OS account's home, "" = none
     login: {pam_service: mcpd, token_ttl_seconds: 28800, free_failures: 2, base_delay_seconds: 0.5,
@@ -64,8 +64,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from mcpd.common.rootconf import DEV_TOKEN_FILE, EXIT_CONFIG, POLICY_USER, WALK_USER, RootSettings  # noqa: F401
-from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
+from mcpd.helper.wire.rootconf import DEV_TOKEN_FILE, EXIT_CONFIG, POLICY_USER, WALK_USER, RootSettings  # noqa: F401
+from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 
 __all__ = ["EXIT_CONFIG", "POLICY_USER", "WALK_USER", "Config", "ConfigError", "load", "from_dict"]
 _ROOT = RootSettings()  # the defaults of the keys the root helper reads itself
@@ -138,7 +138,10 @@ class Connections:
     handshake_seconds: float = 10.0  # to finish the TLS handshake
     header_seconds: float = 10.0  # from a request's first byte (or the connection's start) to its last header
     body_seconds: float = 30.0  # from the last header to the last byte of the body
-    idle_seconds: float = 5.0  # a kept-alive connection with no request in flight
+    #: a kept-alive connection with no request in flight; a stream taking nothing, queue full. Longer
+    #: than the usual clients' keep-alive (httpx, the SDKs: 5 s), so the client closes an idle
+    #: connection first and never sends a request on one the server is closing
+    idle_seconds: float = 15.0
     max_header_bytes: int = 65536  # a request's line and headers, received while they are unfinished
 
 
@@ -366,7 +369,7 @@ def load(path: str | Path, owner_uid: int | None = None) -> Config:
     Args:
         path: the file.
         owner_uid: when given (0 for root, as the helper reads it), the file is read once by
-            :func:`mcpd.common.strictyaml.read_secure_file`: no symlink, owned by that uid, not
+            :func:`mcpd.helper.wire.strictyaml.read_secure_file`: no symlink, owned by that uid, not
             group- or world-writable, checked on the open descriptor that is parsed.
 
     Raises:

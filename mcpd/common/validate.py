@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from mcpd.common.errors import invalid_argument
+from mcpd.helper.wire.errors import invalid_argument
 
 
 def digits(text: str) -> int | None:

@@ -14,8 +14,8 @@ import errno
 import os
 import stat
 
-from mcpd.common.errors import INVALID_ARGUMENT, NOT_A_REGULAR_FILE, ToolError, from_oserror
-from mcpd.common.filekind import kind  # the one file-type table (SPEC §2.5 details.type)
+from mcpd.helper.wire.errors import INVALID_ARGUMENT, NOT_A_REGULAR_FILE, ToolError, from_oserror
+from mcpd.helper.wire.filekind import kind  # the one file-type table (SPEC §2.5 details.type)
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY

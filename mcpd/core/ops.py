@@ -18,7 +18,7 @@ from typing import Any
 
 from mcpd.core import textread
 from mcpd.common.config import CAP_KEY, ReadLimits
-from mcpd.common.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
+from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
 from mcpd.core.fileops import filetype, find, listing
 from mcpd.core.tools import files_read
 

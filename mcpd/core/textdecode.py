@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import charset_normalizer
 import magic
 
-from mcpd.common.errors import ENCODING_ERROR, ToolError
+from mcpd.helper.wire.errors import ENCODING_ERROR, ToolError
 
 #: Accepted values of the ``encoding`` argument → the Python codec used without a BOM.
 ENCODINGS: dict[str, str] = {

@@ -16,7 +16,7 @@ from typing import Any
 
 from mcpd.core import textdecode
 from mcpd.common.config import ReadLimits
-from mcpd.common.errors import FILE_TOO_LARGE, ToolError
+from mcpd.helper.wire.errors import FILE_TOO_LARGE, ToolError
 
 _CHUNK = 1024 * 1024
 

@@ -27,7 +27,7 @@ from typing import Any
 from mcpd.core import textdecode
 from mcpd.core import textmeta
 from mcpd.common.config import ReadLimits
-from mcpd.common.errors import BINARY_FILE, FILE_TOO_LARGE, LINE_TOO_LONG, RANGE_OUT_OF_BOUNDS, ToolError
+from mcpd.helper.wire.errors import BINARY_FILE, FILE_TOO_LARGE, LINE_TOO_LONG, RANGE_OUT_OF_BOUNDS, ToolError
 
 CHUNK = 1024 * 1024  # bytes per pread
 OFF_T_END = 1 << 63  # bytes: no file offset reaches this (off_t is signed 64-bit); reads there are empty

@@ -26,9 +26,9 @@ import contextlib, errno, fnmatch, heapq, itertools, os, posixpath, stat, time  
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError
-from mcpd.common.errors import from_oserror, invalid_argument
-from mcpd.common.filekind import TYPE_NAMES, type_name  # the one file-type table
+from mcpd.helper.wire.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError
+from mcpd.helper.wire.errors import from_oserror, invalid_argument
+from mcpd.helper.wire.filekind import TYPE_NAMES, type_name  # the one file-type table
 from mcpd.common.validate import check_bool, check_choice, check_int, check_number, check_object, check_path
 
 Opener = Callable[[str], int]  # absolute path -> descriptor of that directory, or raises ToolError

@@ -37,8 +37,8 @@ from typing import Any
 
 from mcpd.front import metrics
 from mcpd.common.audit import REFUSED_BY_OS, AuditLog, Fields, encode_fields, find_fields
-from mcpd.common.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, INVALID_ARGUMENT, PERMISSION_DENIED, RATE_LIMITED,
-                                ToolError)
+from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, INVALID_ARGUMENT, PERMISSION_DENIED,
+                                     RATE_LIMITED, ToolError)
 from mcpd.common.identity import Principal
 
 UNPRIVILEGED_REASON = "the OS account's own permissions"
@@ -178,7 +178,7 @@ def helper_received(received: bool) -> None:
     records it, whatever the front does next: an answer, a timeout, a cancellation), ``False``
     when the helper closed the connection without answering it (it may have ended before
     recording it: the front records it). Called by the helper client
-    (:meth:`mcpd.front.helper_client.HelperChannel.request`'s ``delivered``); outside a
+    (:meth:`mcpd.front.policy_client.PolicyChannel.request`'s ``delivered``); outside a
     :class:`Call` it does nothing."""
     call = _CURRENT.get()
     if call is not None:

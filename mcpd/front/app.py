@@ -13,7 +13,7 @@ Order of the stack, outermost first (read it top to bottom in :func:`build_app`)
    documents, so a client told "invalid token" says so instead of starting an OAuth flow.
 3. The router: ``GET /sse`` and ``POST /message`` (``mcpd.front.transport.sse``), ``GET``, ``POST``
    and ``DELETE /mcp`` (``mcpd.front.transport.streamable``), ``POST /login`` and
-   ``POST /logout`` (``mcpd.front.transport.login``; ``/login`` alone needs no bearer), at the root and,
+   ``POST /logout`` (``mcpd.front.login``; ``/login`` alone needs no bearer), at the root and,
    when set, also under ``base_path``.
 
 The app itself (:class:`FrontApp`) wraps the stack: a session's GET stream, once started through
@@ -40,8 +40,8 @@ from mcpd.front.connguard import DETACH
 from mcpd.common.config import Config, ConfigError
 from mcpd.front.protocol import Dispatcher
 from mcpd.front.refused import CheckMiddleware, RefusalLogMiddleware
-from mcpd.front.transport.login import LoginBackend, LoginRoutes, NoLogin
-from mcpd.front.transport.hosts import HostMiddleware, HostRule
+from mcpd.front.login import LoginBackend, LoginRoutes, NoLogin
+from mcpd.front.hosts import HostMiddleware, HostRule
 from mcpd.front.transport.sse import HANDOFF, McpUser, SessionManager, SessionStream, Transport
 from mcpd.front.transport.streamable import StreamableTransport
 

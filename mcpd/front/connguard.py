@@ -185,7 +185,8 @@ class StreamConnection(asyncio.Protocol):
     ``on_lost()`` is called once the stream is over: at once when the client sent data or its
     goodbye or the server ended the stream (the connection is then closing), else once the
     connection is gone (the client left, or the stream was aborted). The connection's count is
-    released (``release()``) only once the connection is gone.
+    released (``release()``) only once the connection is gone. ``on_progress()``, when set, is
+    called each time the transport drained after a pause (the client took some of what it holds).
 
     Args:
         transport: the connection's transport, its response headers written.
@@ -194,13 +195,15 @@ class StreamConnection(asyncio.Protocol):
         peer: the client's address, for the log.
     """
 
-    __slots__ = ("transport", "write_paused", "on_lost", "_release", "_resumed", "_peer", "_big", "_poured")
+    __slots__ = ("transport", "write_paused", "on_lost", "on_progress", "_release", "_resumed", "_peer", "_big",
+                 "_poured")
 
     def __init__(self, transport: asyncio.Transport, write_paused: bool, release: Callable[[], None],
                  peer: str) -> None:
         self.transport = transport
         self.write_paused = write_paused
         self.on_lost: Callable[[], None] | None = None
+        self.on_progress: Callable[[], None] | None = None
         self._release: Callable[[], None] | None = release
         self._resumed: asyncio.Future[None] | None = None  # made by the first wait for the transport
         self._peer = peer
@@ -315,6 +318,8 @@ class StreamConnection(asyncio.Protocol):
             self._pour()  # (the transport may pause again: the stream is then still not writable)
         if not self.write_paused and self._resumed is not None and not self._resumed.done():
             self._resumed.set_result(None)
+        if self.on_progress is not None:
+            self.on_progress()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost()

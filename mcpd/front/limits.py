@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mcpd.common.config import CAP_KEY, Limits, UserLimits
-from mcpd.common.errors import RATE_LIMITED, ToolError
+from mcpd.helper.wire.errors import RATE_LIMITED, ToolError
 from mcpd.front import metrics
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Worker processes and the per-account worker pool (DESIGN.md "worker"; SPEC §1.4, §1.5, §2.5).
 
 A worker is a long-lived process that runs ops (``mcpd.core.ops.run``) for one OS account, one request
-at a time, over its end of a ``socketpair`` with length-prefixed frames (``mcpd.common.frames``). It
+at a time, over its end of a ``socketpair`` with length-prefixed frames (``mcpd.helper.wire.frames``). It
 starts as ``python -I -m mcpd.worker --fd N --limits JSON``, closes every other descriptor, and
 exits when the socket closes. It holds nothing of the front's: no TLS key, no tokens.
 
@@ -41,10 +41,11 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 
-from mcpd.common import frames, identity, wirejson
+from mcpd.common import identity, wirejson
+from mcpd.helper.wire import frames
 from mcpd.common.buckets import TokenBuckets
 from mcpd.common.config import Config, ReadLimits
-from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, RATE_LIMITED, TIMEOUT, ToolError, invalid_argument
+from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, RATE_LIMITED, TIMEOUT, ToolError, invalid_argument
 from mcpd.front import metrics
 
 log = logging.getLogger("mcpd.front.pool")
@@ -245,7 +246,7 @@ class WorkerChannel(asyncio.Protocol):
         its header is in); ``None`` at a clean end of stream between frames.
 
         Raises:
-            mcpd.common.frames.FrameError: a frame over ``cap``, or the stream ended inside one.
+            mcpd.helper.wire.frames.FrameError: a frame over ``cap``, or the stream ended inside one.
         """
         while (found := frames.take_frame(self._buf, cap)) is None:
             if self._eof:
@@ -289,12 +290,12 @@ class WorkerChannel(asyncio.Protocol):
 
 
 async def read_reply_frame(channel: WorkerChannel, cap: int) -> dict[str, Any] | None:
-    """One reply (or progress) frame from a worker: :func:`mcpd.common.frames.recv_frame`'s format,
+    """One reply (or progress) frame from a worker: :func:`mcpd.helper.wire.frames.recv_frame`'s format,
     parsed with :func:`mcpd.common.wirejson.loads`. A reply marked ``"text_frame": true`` (see
     ``mcpd.worker.main.send_reply``) is followed by a frame of raw UTF-8 that becomes its
     ``result["text"]``.
 
-    Returns ``None`` on a clean end of stream. Raises :class:`mcpd.common.frames.FrameError` for a
+    Returns ``None`` on a clean end of stream. Raises :class:`mcpd.helper.wire.frames.FrameError` for a
     frame over ``cap`` bytes, one cut short, a body that is not one JSON object, or a text frame
     that is missing, not UTF-8, or follows a reply without a result object.
     """

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from mcpd.common.errors import HELPER_UNAVAILABLE, ToolError
+from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, ToolError
 from mcpd.common.identity import Principal
 
 

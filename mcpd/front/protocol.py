@@ -20,13 +20,14 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from mcpd.common.version import version
-from mcpd.common.errors import INTERNAL_ERROR, ToolError
+from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
 from mcpd.common.identity import Principal
 from mcpd.front import metrics
 from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.privileged import PrivilegedBackend
 from mcpd.core.tools import TOOLS, ToolModule, by_any_name, deadline_seconds, portable_name
+from mcpd.core.walk import FIND_MAX_BUDGET
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,40 @@ class ResourceProvider(Protocol):
     async def read(self, ctx: RequestContext, uri: str, params: dict[str, Any]) -> dict[str, Any]:
         """The ``ReadResourceResult`` for ``uri`` (``params``: the whole ``resources/read`` params);
         raise :class:`RpcError` for an unknown or failed resource."""
+        ...
+
+
+class Room(Protocol):
+    """Backpressure of a session's own outgoing stream (``mcpd.front.transport.sse.SseSession``):
+    a request whose reply goes to that stream takes room before it runs (:meth:`admit`) and gives
+    it back with its reply (:meth:`deliver`) or without one (:meth:`release`)."""
+
+    @property
+    def call_cost(self) -> int:
+        """Bytes a request that may answer large (``tools/call``, ``resources/read``) reserves."""
+        ...
+
+    @property
+    def wait_seconds(self) -> float:
+        """How long :meth:`admit` waits for room by default (a call's deadline, unless its own is longer)."""
+        ...
+
+    def admit_now(self, cost: int) -> bool:
+        """Reserve ``cost`` bytes and one message if there is room now; whether it did."""
+        ...
+
+    async def admit(self, cost: int, size: int, seconds: float | None = None) -> bool:
+        """:meth:`admit_now`, else wait for room holding about ``size`` bytes; ``False`` (nothing
+        reserved) at once when too much waits already, once ``seconds`` (default
+        :attr:`wait_seconds`) passed without room, or when the session closed."""
+        ...
+
+    def deliver(self, message: Any, cost: int | None) -> None:
+        """Queue an admitted request's reply and give back its ``cost`` (``None``: nothing reserved)."""
+        ...
+
+    def release(self, cost: int) -> None:
+        """Give back ``cost`` for an admitted request that sends no reply."""
         ...
 
 
@@ -356,67 +391,36 @@ def modern_result(method: str, result: dict[str, Any]) -> dict[str, Any]:
 Handler = Callable[[RequestContext, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
-class Overflow:
-    """The members of one batch past ``max_batch`` (SPEC §1.7): none of them is run, and they are
-    answered in one loop, without a task each, within the batch's byte bound
-    (``session_queue_bytes``, shared with the members that ran, whose replies come first).
+#: Methods whose reply may be large (a worker's answer): each takes :attr:`Room.call_cost`.
+HEAVY_METHODS = frozenset({"tools/call", "resources/read"})
 
-    Each of the first ``max_batch`` members past the cap that want an answer (an object with an
-    ``id``) gets ``-32600`` ("not run") with its id (``null`` for an invalid one) while the bound
-    has room; if some member past the cap gets no such refusal (past those, or no room), one
-    ``-32600`` with ``id: null`` closes the array and says so. Only those ids are held, not the
-    parsed body: a 4 MiB body of 466,000 members costs a short loop, not 466,000 tasks and a
-    47 MB answer.
-    """
 
-    __slots__ = ("cap", "total", "ids", "cut", "_error", "_size")
+def heavy(msg: Any) -> bool:
+    """Whether ``msg`` asks for a method whose reply may be large (:data:`HEAVY_METHODS`)."""
+    method = msg.get("method") if isinstance(msg, dict) else None
+    return isinstance(method, str) and method in HEAVY_METHODS
 
-    def __init__(self, cap: int, total: int) -> None:
-        self.cap = cap  # max_batch
-        self.total = total  # members in the whole batch
-        self.ids: list[Any] = []  # the ids to refuse, in order (None: an invalid id)
-        self.cut = False  # some member past the cap that wants an answer gets no refusal of its own
-        self._error = {"code": INVALID_REQUEST, "message": f"batch over {cap} members: not run"}  # shared
-        # one refusal's size without its id, and the comma before it in the array
-        self._size = approx_size({"jsonrpc": "2.0", "id": None, "error": self._error}) - approx_size(None) + 1
 
-    @classmethod
-    def of(cls, payload: list[Any], cap: int) -> Overflow:
-        """The members of ``payload`` from index ``cap`` on: takes the ids of the first ``cap``
-        that want an answer (:meth:`answer` fits them in the bound) and looks no further than the
-        next one that wants an answer."""
-        over = cls(cap, len(payload))
-        ids = over.ids
-        for i in range(cap, len(payload)):
-            member = payload[i]
-            if type(member) is not dict or "id" not in member:
-                continue  # a notification or not an object: not run, and nothing to answer
-            if len(ids) == cap:
-                over.cut = True
-                break
-            rid = member["id"]
-            ids.append(rid if valid_id(rid) else None)
-        return over
+def admit_seconds(msg: Any, default: float) -> float:
+    """How long a request may wait for room: its own deadline
+    (:func:`~mcpd.core.tools.deadline_seconds`: ``default``, or a find's time budget, at most
+    :data:`~mcpd.core.walk.FIND_MAX_BUDGET`, plus the margin), read from its raw arguments."""
+    params = msg.get("params") if isinstance(msg, dict) else None
+    args = params.get("arguments") if isinstance(params, dict) else None
+    budget = args.get("time_budget_seconds") if isinstance(args, dict) else None
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        return default
+    return deadline_seconds({"time_budget_seconds": min(float(budget), FIND_MAX_BUDGET)}, default)
 
-    def answer(self, replies: list[Message], room: int) -> None:
-        """Append the refusals to ``replies`` (the batch's array), in at most ``room`` bytes (what
-        the members that ran left of the bound), then the closing ``id: null`` one if some member
-        past the cap is left without one."""
-        summary = error_reply(None, INVALID_REQUEST, f"batch of {self.total} members over {self.cap}: the "
-                              f"members past {self.cap} were not run, and those without a reply of their "
-                              f"own here get none")
-        room -= approx_size(summary) + 1
-        size, error = self._size, self._error
-        for rid in self.ids:
-            room -= size + approx_size(rid)
-            if room < 0:
-                metrics.limit_hit("batch_bytes")
-                self.cut = True
-                break
-            replies.append({"jsonrpc": "2.0", "id": rid, "error": error})
-        self.ids = []
-        if self.cut:
-            replies.append(summary)
+
+def answered(msg: Any) -> bool:
+    """Whether handling ``msg`` (one message of a body) sends a reply: anything but a well-formed
+    notification or a client's response (what :meth:`McpSession._reply_for` answers with nothing)."""
+    if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
+        return True
+    if "method" not in msg:
+        return not ("id" in msg and ("result" in msg or "error" in msg))
+    return not isinstance(msg["method"], str) or "id" in msg
 
 
 class McpSession:
@@ -429,16 +433,21 @@ class McpSession:
         modern: serve one 2026-07-28 request (SPEC §1.6, stateless era): no ``initialize`` nor
             ``ping``, ``server/discover`` instead, results shaped by :func:`modern_result`. The
             transport has checked the request's ``_meta`` and headers already.
+        room: the backpressure of the stream behind ``send`` (:class:`Room`), or ``None``: every
+            request whose reply goes there (not one a transport hands its own ``send``) waits for
+            room first, and is answered ``-32000`` without running when none comes in time.
     """
 
     # (slots: an idle session is held for hours, and an instance dict costs it about 280 bytes)
     __slots__ = ("dispatcher", "session_id", "send", "initialized", "protocol_version", "_in_flight", "_tasks",
-                 "_closed", "_methods", "modern", "last_done")
+                 "_closed", "_methods", "modern", "last_done", "room")
 
-    def __init__(self, dispatcher: Dispatcher, session_id: str, send: Send, modern: bool = False) -> None:
+    def __init__(self, dispatcher: Dispatcher, session_id: str, send: Send, modern: bool = False,
+                 room: Room | None = None) -> None:
         self.dispatcher = dispatcher
         self.session_id = session_id
         self.send = send
+        self.room = room
         self.initialized = False
         self.protocol_version: str | None = None
         # (both emptied by replacement, not by deletion: an idle session then holds two empty dicts,
@@ -463,7 +472,11 @@ class McpSession:
         """Take one parsed POST body (object or array) and schedule its handling; returns at once.
 
         Requests run as separate tasks and reply through ``send`` in any order (SPEC §1.5); a
-        batch replies with one array (SPEC §2.3).
+        batch replies with one array (SPEC §2.3): every member is answered (``-32000`` for one past
+        ``max_in_flight`` or whose reply would pass the batch's byte bound), or, for a batch of
+        more than ``max_batch`` members, none is run and the batch is answered with one ``-32600``
+        (``id: null``). Replies to the session's own stream (``send`` ``None``) first take room in
+        it (:class:`Room`): one request each, one batch as a whole.
 
         Args:
             payload: the parsed body.
@@ -478,19 +491,19 @@ class McpSession:
         if self._closed:
             return None
         out = self.send if send is None else send
+        room = self.room if send is None else None
         if isinstance(payload, list):
             if not payload:
                 out(error_reply(None, INVALID_REQUEST, "invalid request: empty batch"))
                 return None
             cap = self.dispatcher.max_batch
-            budget = [self.dispatcher.max_batch_bytes]  # bytes the batch's array may still take
-            members = [self._start(m, caller, out, send_reply=False, budget=budget) for m in payload[:cap]]
-            over: Overflow | None = None
             if len(payload) > cap:
                 metrics.limit_hit("batch")
-                over = Overflow.of(payload, cap)
-            return self._spawn(self._gather_batch(members, out, budget, over))
-        return self._start(payload, caller, out, send_reply=True)
+                out(error_reply(None, INVALID_REQUEST, f"batch of {len(payload)} members is over max_batch "
+                                f"({cap}): none of them was run; send at most {cap} per batch"))
+                return None
+            return self._spawn(self._batch(payload, caller, out, room))
+        return self._start(payload, caller, out, send_reply=True, room=room)
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -505,18 +518,21 @@ class McpSession:
             self._tasks = {}
 
     def _start(self, msg: Any, caller: Caller, out: Send, send_reply: bool,
-               budget: list[int] | None = None) -> asyncio.Task[Message | None]:
+               budget: list[int] | None = None, room: Room | None = None) -> asyncio.Task[Message | None]:
         """Schedule one message; register it as in flight when it is a well-formed request.
 
         ``out`` gets the request's progress, and its reply when ``send_reply`` (a batch member's
         reply is only the task's result, gathered into the batch's array, which ``budget`` bounds:
-        ``[bytes left]``, shared by the batch's members)."""
+        ``[bytes left]``, shared by the batch's members). ``room``: where the reply takes room
+        first (:class:`Room`; a message answered by nothing takes none)."""
         request = isinstance(msg, dict) and isinstance(msg.get("method"), str) and valid_id(msg.get("id"))
         if request and len(self._in_flight) >= self.dispatcher.max_in_flight:
             metrics.limit_hit("in_flight")
             return self._refuse(msg, out, send_reply, SERVER_BUSY,
                                 f"{self.dispatcher.max_in_flight} requests of this session are in flight; retry later")
-        task: asyncio.Task[Message | None] = self._spawn(self._handle(msg, caller, out, send_reply, budget))
+        if room is not None and not answered(msg):
+            room = None
+        task: asyncio.Task[Message | None] = self._spawn(self._handle(msg, caller, out, send_reply, budget, room))
         if request:
             key = _id_key(msg["id"])
             if key not in self._in_flight:
@@ -543,14 +559,38 @@ class McpSession:
             if not self._in_flight:
                 self._in_flight = {}
 
-    async def _gather_batch(self, members: list[asyncio.Task[Message | None]], out: Send, budget: list[int],
-                            over: Overflow | None) -> None:
-        results = await asyncio.gather(*members, return_exceptions=True)
-        replies = [r for r in results if isinstance(r, dict)]
-        if over is not None:
-            over.answer(replies, budget[0])
-        if replies and not self._closed:
-            out(replies)
+    async def _batch(self, payload: list[Any], caller: Caller, out: Send, room: Room | None) -> None:
+        """Run a batch's members side by side and answer with one array of their replies, bounded
+        in bytes by ``max_batch_bytes`` (a member whose reply would pass it gets ``-32000``). With
+        a ``room``, the batch first takes room for all of its array (``max_batch_bytes``), or is
+        refused whole (one ``-32000``, ``id: null``, none of its members run) when none comes in time."""
+        cost = self.dispatcher.max_batch_bytes
+        if room is not None and not room.admit_now(cost) and not await room.admit(cost, approx_size(payload)):
+            self._no_room(room, None, "none of the batch's members was run")
+            return
+        try:
+            budget = [self.dispatcher.max_batch_bytes]  # bytes the batch's array may still take
+            members = [self._start(m, caller, out, send_reply=False, budget=budget) for m in payload]
+            results = await asyncio.gather(*members, return_exceptions=True)
+            replies = [r for r in results if isinstance(r, dict)]
+            if replies and not self._closed:
+                if room is not None:
+                    admitted, room = room, None
+                    admitted.deliver(replies, cost)
+                else:
+                    out(replies)
+        finally:
+            if room is not None:
+                room.release(cost)
+
+    def _no_room(self, room: Room, rid: Any, what: str) -> None:
+        """Answer a request (or batch) that found no room with ``-32000`` (``rid``: its id),
+        unless the session was closed meanwhile."""
+        if self._closed:
+            return
+        metrics.limit_hit("queue_overflow")
+        room.deliver(error_reply(rid, SERVER_BUSY, f"no room in the session's outgoing queue (its client is not "
+                                 f"taking its answers, or its other calls still run): {what}; retry later"), None)
 
     @property
     def busy(self) -> bool:
@@ -567,19 +607,37 @@ class McpSession:
     # -- one message --------------------------------------------------------------------------
 
     async def _handle(self, msg: Any, caller: Caller, out: Send, send_reply: bool,
-                      budget: list[int] | None = None) -> Message | None:
-        reply = await self._reply_for(msg, caller, out)
-        if budget is not None and reply is not None:  # a batch member: its array is bounded in bytes
-            size = approx_size(reply)
-            if size > budget[0]:
-                metrics.limit_hit("batch_bytes")
-                reply = error_reply(reply.get("id"), SERVER_BUSY, f"the batch's answer would pass "
-                                    f"{self.dispatcher.max_batch_bytes} bytes: this reply was dropped; send it alone")
-                size = approx_size(reply)  # (counted too: the array's bound holds whatever the members)
-            budget[0] -= size
-        if send_reply and reply is not None and not self._closed:
-            out(reply)
-        return reply
+                      budget: list[int] | None = None, room: Room | None = None) -> Message | None:
+        cost = 0
+        if room is not None:
+            if heavy(msg):
+                cost = room.call_cost
+            if not room.admit_now(cost) and not await room.admit(cost, approx_size(msg),
+                                                                 admit_seconds(msg, room.wait_seconds)):
+                rid = msg.get("id") if isinstance(msg, dict) else None
+                self._no_room(room, rid if valid_id(rid) else None, "this request was not run")
+                return None
+        try:
+            reply = await self._reply_for(msg, caller, out)
+            if budget is not None and reply is not None:  # a batch member: its array is bounded in bytes
+                size = approx_size(reply)
+                if size > budget[0]:
+                    metrics.limit_hit("batch_bytes")
+                    reply = error_reply(reply.get("id"), SERVER_BUSY,
+                                        f"the batch's answer would pass {self.dispatcher.max_batch_bytes} bytes: "
+                                        f"this reply was dropped; send it alone")
+                    size = approx_size(reply)  # (counted too: the array's bound holds whatever the members)
+                budget[0] -= size
+            if send_reply and reply is not None and not self._closed:
+                if room is not None:
+                    held, room = room, None
+                    held.deliver(reply, cost)
+                    return None  # (the reply is queued, encoded: the task need not keep it too)
+                out(reply)
+            return reply
+        finally:
+            if room is not None:
+                room.release(cost)
 
     async def _reply_for(self, msg: Any, caller: Caller, out: Send) -> Message | None:
         if not isinstance(msg, dict):

@@ -41,7 +41,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from mcpd.common.errors import (
+from mcpd.helper.wire.errors import (
     FILE_NOT_FOUND, HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError,
     invalid_argument,
 )

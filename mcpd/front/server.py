@@ -22,18 +22,19 @@ import uvicorn
 from mcpd.front import metrics
 from mcpd.front.connguard import ConnectionCount, guarded_protocol, loop_factory
 from mcpd.front.app import build_app
-from mcpd.common import frames, wirejson
+from mcpd.common import wirejson
+from mcpd.helper.wire import frames
 from mcpd.common import sdnotify
 from mcpd.front.access import AccessLog
 from mcpd.front.auth import Authenticator, FileAuthenticator
 from mcpd.common.config import EXIT_CONFIG, Config, ConfigError, Limits, load
 from mcpd.front.limits import LimitsTracker
-from mcpd.front.helper_client import HelperAuthenticator, HelperBackend, HelperChannel, HelperSpawner
+from mcpd.front.policy_client import PolicyAuthenticator, PolicyBackend, PolicyChannel, PolicySpawner
 from mcpd.front.privileged import PrivilegedBackend, Unavailable
 from mcpd.front.protocol import Dispatcher
 from mcpd.front.resources import FileResources
-from mcpd.front.transport.login import HelperLogin, NoLogin
-from mcpd.front.transport.revalidate import revalidate_forever
+from mcpd.front.login import HelperLogin, NoLogin
+from mcpd.front.revalidate import revalidate_forever
 from mcpd.front.transport.sse import SessionManager
 from mcpd.front.pool import LocalSpawner, Spawner, WorkerPool
 
@@ -65,7 +66,7 @@ def tls_context(cfg: Config) -> ssl.SSLContext:
     return ctx
 
 
-def _backends(cfg: Config) -> tuple[Authenticator, Spawner, HelperChannel | None]:
+def _backends(cfg: Config) -> tuple[Authenticator, Spawner, PolicyChannel | None]:
     """Who authenticates tokens, starts workers and decides privileged calls (DESIGN.md).
 
     With a ``helper_socket`` configured, all three go through the root helper: it alone reads
@@ -76,8 +77,8 @@ def _backends(cfg: Config) -> tuple[Authenticator, Spawner, HelperChannel | None
     """
     if not cfg.helper_socket:
         return FileAuthenticator(cfg.users_file), LocalSpawner(cfg.read), None
-    channel = HelperChannel(cfg.helper_socket, frames.reply_cap(cfg.read.response_cap))
-    return HelperAuthenticator(channel, cfg.auth_cache_seconds), HelperSpawner(channel), channel
+    channel = PolicyChannel(cfg.helper_socket, frames.reply_cap(cfg.read.response_cap))
+    return PolicyAuthenticator(channel, cfg.auth_cache_seconds), PolicySpawner(channel), channel
 
 
 class _NotifyingServer(uvicorn.Server):
@@ -105,9 +106,9 @@ class _NotifyingServer(uvicorn.Server):
 HELPER_PROBE_SECONDS = 1.0
 
 
-async def _probe_forever(channel: HelperChannel) -> None:
+async def _probe_forever(channel: PolicyChannel) -> None:
     """With metrics on: ask the helper for one answer every :data:`HELPER_PROBE_SECONDS`
-    (:meth:`HelperChannel.probe`), so ``mcpd_helper_up`` and ``/healthz`` say whether the helper
+    (:meth:`PolicyChannel.probe`), so ``mcpd_helper_up`` and ``/healthz`` say whether the helper
     answers now rather than whether a call happened to need it."""
     while True:
         await channel.probe()
@@ -134,7 +135,7 @@ class Server:
         authenticator, spawner, channel = _backends(self.cfg)
         pool = WorkerPool(spawner, self.cfg)
         backend: PrivilegedBackend = Unavailable() if channel is None else \
-            HelperBackend(channel, pool, timeout=self.cfg.workers.timeout_seconds + 5,
+            PolicyBackend(channel, pool, timeout=self.cfg.workers.timeout_seconds + 5,
                           per_principal=self.cfg.max_privileged_per_principal)
         resources = FileResources(pool, backend, self.cfg.workspaces, self.cfg.default_workspace)
         dispatcher = Dispatcher(pool, backend, resources=resources, tool_names=self.cfg.tool_names)

@@ -4,7 +4,7 @@ The helper starts it before it starts any thread, so every ``fork`` happens in a
 process (a fork from a threaded process copies locks held by other threads). It serves two
 requests from the helper over a socketpair, one at a time:
 - ``spawn``: a worker for one OS account. The child drops to the account (groups, the account's
-  gid as effective and saved gid but :data:`~mcpd.common.rootconf.WORKER_START_GID` as real gid,
+  gid as effective and saved gid but :data:`~mcpd.helper.wire.rootconf.WORKER_START_GID` as real gid,
   all three uids), sets no_new_privs, keeps only the worker's two sockets (as fd 3 and 4), and
   execs ``python -I -m mcpd.worker``. After ``setresuid`` to a non-root uid its capabilities are
   empty. The real gid that differs from the effective one is what keeps the new worker out of
@@ -35,8 +35,8 @@ import sys
 import threading
 from typing import Any
 
-from mcpd.common import frames
-from mcpd.common.rootconf import WORKER_START_GID
+from mcpd.helper.wire import frames
+from mcpd.helper.wire.rootconf import WORKER_START_GID
 
 _PR_SET_PDEATHSIG, _PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 1, 8, 38, 47, 2
 CAP_DAC_READ_SEARCH = 2  # linux/capability.h: the one capability a walker keeps

@@ -26,8 +26,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from mcpd.common.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, root_settings
-from mcpd.common.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
+from mcpd.helper.wire.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, root_settings
+from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 from mcpd.helper import forkserver
 from mcpd.helper.monitor import CHANNELS, Monitor
 

@@ -40,12 +40,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.common import frames
-from mcpd.common.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
-from mcpd.common.pamauth import pam_check
-from mcpd.common.pathmatch import clean_path
-from mcpd.common.rootconf import POLICY_USER, WALK_USER, RootSettings
-from mcpd.common.shadow import usable
+from mcpd.helper.wire import frames
+from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
+from mcpd.helper.pam import pam_check
+from mcpd.helper.wire.pathmatch import clean_path
+from mcpd.helper.wire.rootconf import POLICY_USER, WALK_USER, RootSettings
+from mcpd.helper.shadow import usable
 from mcpd.helper import opener
 from mcpd.helper.forkserver import ForkServer
 
@@ -221,7 +221,7 @@ class Monitor:
     def serve(self, sock: socket.socket) -> None:
         """Serve one channel until the policy closes it; a broken request or frame shuts it and
         sets :attr:`broken` (the helper then stops), as does a reply the policy does not take
-        within :data:`~mcpd.common.frames.SEND_SECONDS` (it reads each at once)."""
+        within :data:`~mcpd.helper.wire.frames.SEND_SECONDS` (it reads each at once)."""
         frames.limit_sends(sock, frames.SEND_SECONDS)
         try:
             while (req := frames.recv_frame_fds(sock, frames.HELPER_REQUEST_CAP, 0)[0]) is not None:

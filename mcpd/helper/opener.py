@@ -43,10 +43,10 @@ import stat
 import sys
 from collections.abc import Callable
 
-from mcpd.common.errors import NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
-from mcpd.common.filekind import kind as file_kind
-from mcpd.common.openrules import CHANGED, NOT_DIR, NOT_REGULAR, SYMLINK, refusal
-from mcpd.common.pathmatch import PathError, clean_path
+from mcpd.helper.wire.errors import NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
+from mcpd.helper.wire.filekind import kind as file_kind
+from mcpd.helper.wire.openrules import CHANGED, NOT_DIR, NOT_REGULAR, SYMLINK, refusal
+from mcpd.helper.wire.pathmatch import PathError, clean_path
 
 PROCESS = "a process's own files are never served"  # /proc/PID, /proc/self, ... (:func:`of_a_process`)
 

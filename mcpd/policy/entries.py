@@ -1,6 +1,6 @@
 """Component-wise grant entry matching (SPEC §4.3).
 
-A path is judged as a tuple of components (:func:`mcpd.common.pathmatch.components`), never as a
+A path is judged as a tuple of components (:func:`mcpd.helper.wire.pathmatch.components`), never as a
 string, so ``/srv/app`` can never match ``/srv/app-evil`` and no glob can match a ``/``:
 
 * :func:`split_entry` checks a grant entry (absolute, already normalised, ``**`` only as a whole
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 
-from mcpd.common.pathmatch import PathError, clean_path, components
+from mcpd.helper.wire.pathmatch import PathError, clean_path, components
 
 _GLOB_CHARS = frozenset("*?[")
 

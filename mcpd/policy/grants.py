@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mcpd.common.config import DEV_TOKEN_FILE
-from mcpd.common.strictyaml import ConfigFileError, LineDict, LineList, parse_strict_yaml, read_secure_file
+from mcpd.helper.wire.strictyaml import ConfigFileError, LineDict, LineList, parse_strict_yaml, read_secure_file
 from mcpd.common.filesig import signature
-from mcpd.common.pathmatch import PathError, clean_path, components
+from mcpd.helper.wire.pathmatch import PathError, clean_path, components
 from mcpd.common.validate import NAME_MAX, PATH_MAX
 from mcpd.policy.entries import entry_covers, entry_covers_root, split_entry
 

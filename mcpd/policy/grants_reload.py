@@ -25,7 +25,7 @@ from mcpd.common.audit import MAX_VALUE_CHARS, AuditLog
 from mcpd.common.folders import read_file, write_file
 from mcpd.common.printable import printable
 from mcpd.common.reload import Reloading
-from mcpd.common.strictyaml import ConfigFileError, read_secure_file
+from mcpd.helper.wire.strictyaml import ConfigFileError, read_secure_file
 from mcpd.policy.grants import Policy, PolicyError, is_secret, parse_policy
 
 log = logging.getLogger(__name__)

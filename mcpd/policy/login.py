@@ -40,7 +40,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import fcntl
-import functools
 import hmac
 import json
 import os
@@ -54,10 +53,9 @@ from typing import Any
 
 from mcpd.common import identity
 from mcpd.common.config import Login as LoginConfig
-from mcpd.common.errors import ToolError
+from mcpd.helper.wire.errors import ToolError
 from mcpd.common.audit import AuditLog
 from mcpd.common.folders import read_file, write_file
-from mcpd.common.pamauth import pam_check
 
 LOCKOUT_FILE = "lockout.json"
 PAM_WORKERS = 8  # the helper's login threads (server.CLASSES): PAM never queues behind another login
@@ -205,19 +203,18 @@ class Login:
         audit: one ``login`` record per attempt, ``decision`` ``accept`` or ``reject`` (route
             ``login``; ``user`` the principal the account is bound to, when it is).
         enrolled: the OS accounts bound to a principal in ``users.yaml`` now.
+        pam: ``(user, password) -> (ok, PAM code, reason)``: the root helper's PAM check
+            (:meth:`mcpd.policy.rootclient.RootClient.pam`); PAM never runs in this process.
         principal_of: the name of the principal a login of this OS account acts as (None: no
             principal is bound to it), for the records; by default none is named.
-        pam: ``(user, password) -> (ok, PAM code, reason)``: the root helper's PAM check in the
-            policy process (:meth:`mcpd.policy.rootclient.RootClient.pam`); by default PAM in
-            this process (which must then be root).
     """
 
     def __init__(self, cfg: LoginConfig, store: Store, audit: AuditLog, enrolled: Callable[[], set[str]],
-                 pam: Callable[[str, str], tuple[bool, int, str]] | None = None,
+                 pam: Callable[[str, str], tuple[bool, int, str]],
                  principal_of: Callable[[str], str | None] | None = None) -> None:
         self.cfg, self.store, self.audit, self.enrolled = cfg, store, audit, enrolled
         self.principal_of = principal_of or (lambda account: None)
-        self._pam = pam or functools.partial(pam_check, cfg.pam_service)
+        self._pam = pam
         self._lock = threading.Lock()
         self._busy: set[str] = set()
         self._peers: dict[str, int] = {}

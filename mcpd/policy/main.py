@@ -20,9 +20,10 @@ import socket
 import sys
 import time
 
-from mcpd.common import config, filesig, frames, identity, sched, strictyaml, wirejson
+from mcpd.common import config, filesig, identity, sched, wirejson
+from mcpd.helper.wire import frames, strictyaml
 from mcpd.common.audit import AuditLog
-from mcpd.common.errors import ToolError
+from mcpd.helper.wire.errors import ToolError
 from mcpd.common.filesig import Signature
 from mcpd.common.folders import safe_folder
 from mcpd.common.reload import Reloading
@@ -53,7 +54,7 @@ def principal_name(users: Reloading[dict[str, identity.UserRecord]], account: st
 def use_root_for_config(root: RootClient) -> None:
     """Read ``mcpd.yaml``, the users and the grants files through root when this process may not
     open or look at them itself (they are root's, 0600, in a folder only root and the front may
-    enter): the hooks of :mod:`mcpd.common.strictyaml` and :mod:`mcpd.common.filesig`."""
+    enter): the hooks of :mod:`mcpd.helper.wire.strictyaml` and :mod:`mcpd.common.filesig`."""
 
     def open_file(path: str, flags: int) -> int:
         try:

@@ -15,8 +15,8 @@ import queue
 import socket
 from typing import Any
 
-from mcpd.common import frames
-from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
+from mcpd.helper.wire import frames
+from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
 from mcpd.common.filesig import Signature
 
 log = logging.getLogger("mcpd.policy")

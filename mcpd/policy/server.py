@@ -49,13 +49,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.common import frames, identity
+from mcpd.common import identity
+from mcpd.helper.wire import frames
 from mcpd.common.buckets import TokenBuckets
 from mcpd.common.config import CAP_KEY, Config
-from mcpd.common.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_REGULAR_FILE, PERMISSION_DENIED, RATE_LIMITED,
+from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_REGULAR_FILE, PERMISSION_DENIED, RATE_LIMITED,
                                 TIMEOUT, ToolError, from_oserror)
 from mcpd.common.reload import Reloading
-from mcpd.common.rootconf import WORKER_START_GID
+from mcpd.helper.wire.rootconf import WORKER_START_GID
 from mcpd.common.validate import check_path
 from mcpd.common.audit import REFUSED_AT_OPEN, AuditLog, Prepared, find_fields
 from mcpd.policy import grants
@@ -64,7 +65,7 @@ from mcpd.policy.login import Issued, Login, Store
 from mcpd.policy.opened import OpenedFiles, described
 from mcpd.policy.rootclient import RootClient
 
-log = logging.getLogger("mcpd.helper")
+log = logging.getLogger("mcpd.policy")
 
 FRAME_SECONDS = 5.0  # a frame whose first byte arrived must be complete within this many seconds
 MAX_CONNECTIONS = 32  # the front's shared connections, one per privileged call in flight, and reconnects
@@ -173,7 +174,7 @@ def handle_authenticate(state: State, req: dict[str, Any]) -> dict[str, Any]:
 
 def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
     """``spawn_worker {token}`` → a worker running as the token's principal's OS account (never
-    uid 0, never one in :data:`~mcpd.common.rootconf.WORKER_START_GID`), bound to that principal;
+    uid 0, never one in :data:`~mcpd.helper.wire.rootconf.WORKER_START_GID`), bound to that principal;
     the front's socket end travels back by SCM_RIGHTS. The ``spawn`` record is written once that
     socket has reached the front, a ``spawn_failed`` one (and the worker killed) when it did not.
     The worker is checked before its first privileged call (:func:`_started`), not here: no
@@ -653,7 +654,7 @@ def check_request(req: dict[str, Any]) -> str:  # noqa: C901
 
 class Connection:
     """One persistent front connection: a reader thread and replies sent under one lock, each
-    send waiting at most :data:`~mcpd.common.frames.SEND_SECONDS` for the front to read."""
+    send waiting at most :data:`~mcpd.helper.wire.frames.SEND_SECONDS` for the front to read."""
 
     def __init__(self, state: State, sock: socket.socket, peer: str,
                  pools: dict[str, tuple[concurrent.futures.ThreadPoolExecutor, threading.Semaphore]]) -> None:
@@ -668,7 +669,7 @@ class Connection:
         called once with whether they reached the front: right after that byte, before the rest
         of the frame (so what it records is written before the front can act on the reply), or
         after the send failed. A send that fails, or that the front does not take within
-        :data:`~mcpd.common.frames.SEND_SECONDS` (an alert), ends this connection: a front that
+        :data:`~mcpd.helper.wire.frames.SEND_SECONDS` (an alert), ends this connection: a front that
         stops reading holds no thread longer, and no reply is lost silently."""
         extra = reply.pop("_fds", [])
         sent: Callable[[bool], None] | None = reply.pop("_sent", None)

@@ -43,8 +43,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.common import frames
-from mcpd.common.errors import INTERNAL_ERROR, ToolError
+from mcpd.helper.wire import frames
+from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
 from mcpd.core import walk
 from mcpd.helper import opener
 from mcpd.policy import grants

@@ -24,9 +24,10 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mcpd.common import frames, sched, wirejson
+from mcpd.common import sched, wirejson
+from mcpd.helper.wire import frames
 from mcpd.common.config import ReadLimits
-from mcpd.common.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
+from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 
 if TYPE_CHECKING:
     from mcpd.core.ops import OpContext
@@ -127,7 +128,7 @@ def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any]
 
 
 def send_reply(sock: socket.socket, reply: dict[str, Any]) -> None:
-    """Send one reply to the front in the frame format of :mod:`mcpd.common.frames`, encoded once
+    """Send one reply to the front in the frame format of :mod:`mcpd.helper.wire.frames`, encoded once
     with :func:`mcpd.common.wirejson.dumps`. A result's ``"text"`` travels as a second frame of
     raw UTF-8 (lone surrogates as ``surrogatepass`` writes them) and the first says
     ``"text_frame": true``: the front decodes it (fast) instead of parsing it as a JSON string (a
@@ -179,7 +180,7 @@ def _seal() -> None:
     """The worker's first act: not dumpable (so no process of its account may ptrace it, copy its
     descriptors with ``pidfd_getfd`` or open its ``/proc`` files), then, only after that, the
     account's gid as real gid too. The fork server execs a worker with a real gid
-    (:data:`mcpd.common.rootconf.WORKER_START_GID`) that differs from its effective and saved one,
+    (:data:`mcpd.helper.wire.rootconf.WORKER_START_GID`) that differs from its effective and saved one,
     the account's, so until this call no process of the account matches its credentials (kernels
     before 2025 set the effective and saved gids to the real one at that ``exec``, under
     no_new_privs: then all three stay the start gid and the account's gid is a supplementary

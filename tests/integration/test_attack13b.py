@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from mcpd.common import frames, identity
+from mcpd.common import identity
+from mcpd.helper.wire import frames
 from mcpd.common.config import SAMPLE_BYTES
 from tests.integration.privsep_fixture import SECRET_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_login_attacks import FAST_PAM

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from mcpd.common import frames
+from mcpd.helper.wire import frames
 from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon, proc_status  # noqa: F401
 
 pytestmark = pytest.mark.root
@@ -25,7 +25,7 @@ GIB = 1 << 30
 
 PROBE = r"""
 import json, os, socket, struct, sys
-from mcpd.common import frames
+from mcpd.helper.wire import frames
 path, mode, payload = sys.argv[1:4]
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.settimeout(20)

@@ -89,7 +89,7 @@ def test_metrics_export_pool_helper_logins_and_every_limit_hit(daemon_factory: C
             assert r.status_code == 413
             batch = [{"jsonrpc": "2.0", "id": i, "method": "ping"} for i in range(3)]
             r = await mcp.post("/mcp", json=batch, headers=hdrs(d, sid, **{"MCP-Protocol-Version": "2025-03-26"}))
-            assert r.status_code == 200 and len(r.json()) == 3  # the third member refused, not run
+            assert r.status_code == 400 and r.json()["error"]["code"] == -32600  # refused whole, none run
             await mcp.delete("/mcp", headers=hdrs(d, sid))
 
     asyncio.run(hit_limits())

@@ -133,14 +133,18 @@ def test_a_stream_stalled_short_of_its_queue_overflow_holds_no_more_than_its_que
     used to fit without an overflow (one answer in the connection's buffers, one in the TLS
     layer's, one taken by the writer, two in the 16 MiB queue: 30 MiB held for as long as the
     client liked). Now the answer being written and what the connection holds count in the queue:
-    the third answer would pass 16 MiB, so the session is closed (its POSTs get 404, the
-    ``queue_overflow`` limit counts it) and its connection dropped, the front never holding more
-    than the queue plus one answer; bob is served meanwhile. Also for a stream the server kept
-    (its events then go through the server's ``send``, a piece at a time)."""
-    d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path)
+    with the third answer the queue holds its 16 MiB, so the fourth and fifth reads wait for room
+    (not run); the client takes nothing for ``connections.idle_seconds`` (here 5 s), so the session is
+    closed (its POSTs get 404, the ``queue_overflow`` limit counts it) and its connection dropped,
+    the front never holding more than the queue plus one answer; bob is served meanwhile. Also
+    for a stream the server kept (its events then go through the server's ``send``, a piece at a
+    time)."""
+    d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path, connections={"idle_seconds": 5})
     overflows = m.hits("queue_overflow")
     with httpx.Client(verify=d.ssl_context(), timeout=60, headers=d.auth()) as c:
-        s, endpoint, statuses = stall(d, c, big, 5, m=m, pipelined=pipelined)
+        s, endpoint, statuses = stall(d, c, big, 3, m=m, pipelined=pipelined)
+        for i in (3, 4):  # (they wait for room: nothing to wait for here)
+            statuses.append(c.post(d.url + endpoint, json=read_call(big, i)).status_code)
         try:
             bob_is_served(d, c, small)
             assert until(lambda: not session_alive(d, c, endpoint)), \

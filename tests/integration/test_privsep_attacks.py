@@ -474,7 +474,7 @@ def test_the_helper_refuses_to_start_without_a_non_root_walker_account(privsep_d
                                                                         account: str) -> None:
     """Fail closed: no walker account, or one that is root, is a broken configuration (exit 78)."""
     d = privsep_daemon
-    code = ("import sys; import mcpd.common.rootconf as c; c.WALK_USER = sys.argv[1]; "
+    code = ("import sys; import mcpd.helper.wire.rootconf as c; c.WALK_USER = sys.argv[1]; "
             "from mcpd.helper.main import main; sys.exit(main(['--config', sys.argv[2]]))")
     proc = subprocess.run([sys.executable, "-I", "-c", code, account, str(d.config_path)],
                           capture_output=True, text=True, timeout=60, check=False)

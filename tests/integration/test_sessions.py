@@ -85,7 +85,10 @@ async def test_slow_request_delays_no_other_request_or_session(daemon_factory: A
 
 
 async def test_client_that_stops_reading_is_disconnected(daemon_factory: Any) -> None:
-    d = daemon_factory(session_queue_size=4)
+    """A client that reads nothing while ~1 MB replies pile up: its queue of 4 messages fills, the
+    next requests wait for room, and once it has taken nothing for ``connections.idle_seconds``
+    (here 1 s) the session is closed (404) and the stream ended."""
+    d = daemon_factory(session_queue_size=4, connections={"idle_seconds": 1})
     sock = open_raw(d)
     try:
         sock.sendall(f"GET /sse HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {d.token}\r\n\r\n".encode())
@@ -97,12 +100,14 @@ async def test_client_that_stops_reading_is_disconnected(daemon_factory: Any) ->
         big = {"jsonrpc": "2.0", "id": "x" * 1_000_000, "method": "ping"}
         statuses = []
         async with httpx.AsyncClient(verify=d.ssl_context(), timeout=20) as c:
-            for _ in range(60):
+            end = asyncio.get_running_loop().time() + 30
+            while asyncio.get_running_loop().time() < end:
                 r = await c.post(f"{d.url}{endpoint}", content=json.dumps(big), headers={
                     **d.auth(), "Content-Type": "application/json"})
                 statuses.append(r.status_code)
                 if r.status_code == 404:
                     break
+                await asyncio.sleep(0.05)
         assert statuses[-1] == 404, statuses
         sock.settimeout(20)
         while sock.recv(1 << 20):  # drain: the server closed the stream, so this reaches EOF

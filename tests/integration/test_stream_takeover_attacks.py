@@ -221,13 +221,14 @@ def mcp_ping(d: Daemon, c: httpx.Client, sid: str, rid: Any = 1) -> int:
 @pytest.mark.parametrize("pipelined", [False, True], ids=["taken-over", "kept-by-uvicorn"])
 def test_a_stream_whose_queue_overflows_is_cut_and_its_connection_let_go(
         daemon_factory: Callable[..., Daemon], tmp_path: Path, pipelined: bool) -> None:
-    """A client that reads nothing while 1 MiB answers pile up: once its queue is over
-    ``session_queue_bytes`` the session is closed (``404``) and the server drops the connection
-    at once, three times in a row, rather than keeping it (its count, its buffers and the event its
-    writer waits to write) for as long as the client keeps it open. Also for a stream the server
-    kept (a request pipelined behind the ``GET``: the front cannot take the connection over), whose
-    cut must be a dropped connection, not a cancelled request the server logs as a failure."""
-    d = daemon_factory(session_queue_bytes=4 * MIB)
+    """A client that reads nothing while 1 MiB answers pile up: once its queue holds
+    ``session_queue_bytes`` and it has taken nothing for ``connections.idle_seconds`` (here 1 s)
+    the session is closed (``404``) and the server drops the connection at once, three times in a
+    row, rather than keeping it (its count, its buffers and the event its writer waits to write)
+    for as long as the client keeps it open. Also for a stream the server kept (a request pipelined
+    behind the ``GET``: the front cannot take the connection over), whose cut must be a dropped
+    connection, not a cancelled request the server logs as a failure."""
+    d = daemon_factory(session_queue_bytes=4 * MIB, connections={"idle_seconds": 1})
     big = mib_file(tmp_path)
     with httpx.Client(verify=d.ssl_context(), timeout=60, headers=d.auth()) as c:
         for _ in range(3):
@@ -235,9 +236,10 @@ def test_a_stream_whose_queue_overflows_is_cut_and_its_connection_let_go(
             try:
                 assert c.post(d.url + endpoint, json=INIT).status_code == 202
                 statuses = []
-                for i in range(40):
+                end = time.monotonic() + DEADLINE
+                for i in range(400):
                     statuses.append(c.post(d.url + endpoint, json=read_call(big, i)).status_code)
-                    if statuses[-1] == 404:
+                    if statuses[-1] == 404 or time.monotonic() > end:
                         break
                     time.sleep(0.05)
                 assert statuses[-1] == 404, statuses

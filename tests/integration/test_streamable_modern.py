@@ -133,6 +133,24 @@ async def test_meta_required_version_supported_methods_known(daemon: Daemon) -> 
         assert r.status_code == 202
 
 
+async def test_a_refused_stateless_request_keeps_its_readable_id(daemon: Daemon) -> None:
+    """A stateless request refused for its envelope (``method`` not a string) is answered ``400``
+    with its id, as in the session era (before: ``id: null``); an id that is not valid, or a
+    batch, still gets ``null``."""
+    h = {**daemon.auth(), "Accept": ACCEPT_BOTH, "Content-Type": "application/json", "MCP-Protocol-Version": V}
+    async with client(daemon) as c:
+        for body, rid in (({"jsonrpc": "2.0", "id": 1300, "method": None}, 1300),
+                          ({"id": "abc", "method": 5}, "abc"),
+                          ({"jsonrpc": "2.0", "id": 0, "method": ["x"], "params": {"_meta": META}}, 0),
+                          ({"jsonrpc": "2.0", "id": 2.5, "params": {"_meta": META}}, 2.5),
+                          ({"jsonrpc": "2.0", "id": True, "method": None}, None),
+                          ([{"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {"_meta": META}}], None)):
+            r = await c.post("/mcp", json=body, headers=h)
+            assert r.status_code == 400, (body, r.status_code, r.text)
+            assert r.json() == {"jsonrpc": "2.0", "id": rid, "error": r.json()["error"]}, (body, r.text)
+            assert r.json()["error"]["code"] == -32600
+
+
 async def test_resource_errors_use_the_revisions_codes(daemon: Daemon, tmp_path: Path) -> None:
     missing, folder = f"file://{tmp_path}/missing.txt", f"file://{tmp_path}"
     async with client(daemon) as c:

@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from mcpd.common import frames
-from mcpd.common.rootconf import WORKER_START_GID
+from mcpd.helper.wire import frames
+from mcpd.helper.wire.rootconf import WORKER_START_GID
 from mcpd.policy.server import _status_problem
 from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.integration.test_attack13b import PRELUDE

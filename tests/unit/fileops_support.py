@@ -13,7 +13,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from mcpd.common.errors import NOT_A_REGULAR_FILE, ToolError, from_oserror
+from mcpd.helper.wire.errors import NOT_A_REGULAR_FILE, ToolError, from_oserror
 
 
 def _open_dir(path: str) -> int:

@@ -14,7 +14,7 @@ import hypothesis.strategies as st
 import pytest
 
 from mcpd.common.audit import AuditError, AuditLog, encode_fields
-from mcpd.common.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
+from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
 from mcpd.common.identity import Principal
 from mcpd.front import access
 from mcpd.front.access import AccessLog, Call

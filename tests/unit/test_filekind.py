@@ -1,4 +1,4 @@
-"""mcpd.common.filekind: the one file-type table, checked against real files of each type."""
+"""mcpd.helper.wire.filekind: the one file-type table, checked against real files of each type."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 import stat
 from pathlib import Path
 
-from mcpd.common.filekind import TYPE_NAMES, kind, type_name
+from mcpd.helper.wire.filekind import TYPE_NAMES, kind, type_name
 
 
 def test_every_type_has_both_names(tmp_path: Path) -> None:

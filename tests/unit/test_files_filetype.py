@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError
+from mcpd.helper.wire.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError
 from mcpd.core.fileops.filetype import SAMPLE_BYTES, filetype, op_filetype
 from mcpd.core.tools import files_filetype
 
@@ -246,7 +246,7 @@ def test_filetype_in_search_only_directory_as_the_account() -> None:
         code = (
             "import sys, json; sys.path.insert(0, sys.argv[1]);"
             "from fileops_support import make_ctx; from mcpd.core.fileops.filetype import filetype;"
-            "from mcpd.common.errors import ToolError\n"
+            "from mcpd.helper.wire.errors import ToolError\n"
             "out = [filetype(sys.argv[2], make_ctx())['mime'], filetype(sys.argv[3], make_ctx())['mime']]\n"
             "try:\n filetype(sys.argv[4], make_ctx()); out.append('read')\n"
             "except ToolError as e:\n out.append(e.code)\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.common.errors import INVALID_ARGUMENT, ToolError
+from mcpd.helper.wire.errors import INVALID_ARGUMENT, ToolError
 from mcpd.core.fileops.find import FindQuery, find, op_find
 from mcpd.core.tools import files_find
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError
+from mcpd.helper.wire.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError
 from mcpd.core.fileops.listing import list_path, op_list
 from mcpd.core.tools import files_list
 
@@ -169,7 +169,7 @@ def test_list_permission_denied_for_the_account(shared_dir: Path) -> None:
     code = (
         "import sys, json; sys.path.insert(0, sys.argv[1]);"
         "from fileops_support import make_ctx; from mcpd.core.fileops.listing import list_path;"
-        "from mcpd.common.errors import ToolError\n"
+        "from mcpd.helper.wire.errors import ToolError\n"
         "try:\n list_path(sys.argv[2], make_ctx()); print('listed')\n"
         "except ToolError as e:\n print(json.dumps(e.to_dict()))\n"
     )

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from mcpd.common.errors import INVALID_ARGUMENT, ToolError
+from mcpd.helper.wire.errors import INVALID_ARGUMENT, ToolError
 from mcpd.core.tools import files_read
 
 

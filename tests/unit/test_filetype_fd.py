@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from mcpd.common.config import SAMPLE_BYTES, ReadLimits
-from mcpd.common.errors import FILE_NOT_FOUND, INTERNAL_ERROR, ToolError, from_oserror
+from mcpd.helper.wire.errors import FILE_NOT_FOUND, INTERNAL_ERROR, ToolError, from_oserror
 from mcpd.core import ops
 from mcpd.core.fileopen import open_directory, open_regular
 from mcpd.core.fileops import filetype as filetype_module

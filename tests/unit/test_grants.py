@@ -20,7 +20,7 @@ from mcpd.policy.grants import NO_GRANT, PolicyError, decide, load_policy, os_gr
 from mcpd.policy.grants import secret_paths
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.entries import entry_covers, split_entry
-from mcpd.common.strictyaml import ConfigFileError, load_secure_yaml
+from mcpd.helper.wire.strictyaml import ConfigFileError, load_secure_yaml
 from tests.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 
 NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)
@@ -433,7 +433,8 @@ def test_reload_keeps_last_good_policy_and_summarises_changes(tmp_path: Path) ->
         ]
         assert not allowed(holder.policy, "/var/log/x") and allowed(holder.policy, "/srv/x")
         assert holder.reload_if_changed() is None
-    events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    events = [r["event"] for r in records if r.get("part", 1) == 1]  # one set of parts per reload
     assert events == ["reload", "reload_failed", "reload_failed", "reload"]
 
 

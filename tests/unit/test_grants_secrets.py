@@ -15,7 +15,7 @@ from mcpd.admin.grants_cli import grants
 from mcpd.common.config import TLS, Config
 from mcpd.policy.grants import DENIED, GRANTED, SECRET, Policy, decide, is_secret, parse_policy, secret_paths
 from mcpd.policy.grants_reload import PolicyHolder, summarize_changes
-from mcpd.common.pathmatch import PathError
+from mcpd.helper.wire.pathmatch import PathError
 
 NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)
 DEFAULT_SECRETS = secret_paths(Config(), "/etc/mcpd/mcpd.yaml")

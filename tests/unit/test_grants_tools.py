@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from mcpd.admin.cli import main as mcpd_main
 from mcpd.admin.grants_cli import grants
 from mcpd.common.config import POLICY_USER
-from mcpd.common.errors import ToolError
+from mcpd.helper.wire.errors import ToolError
 from mcpd.common.folders import safe_folder
 from mcpd.helper.opener import open_checked
 from mcpd.policy.entries import split_entry

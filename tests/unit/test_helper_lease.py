@@ -1,5 +1,5 @@
-"""The front's share of its connections to the root helper (``HelperChannel.lease``), as
-``HelperBackend`` answers a call that cannot get one: a walk past its principal's share is refused
+"""The front's share of its connections to the root helper (``PolicyChannel.lease``), as
+``PolicyBackend`` answers a call that cannot get one: a walk past its principal's share is refused
 ``RATE_LIMITED`` at once, a read waits and ends ``TIMEOUT``; each counts under its own limit kind.
 No helper is needed: a call that gets no connection never reaches one."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.common.errors import RATE_LIMITED, TIMEOUT, ToolError
+from mcpd.helper.wire.errors import RATE_LIMITED, TIMEOUT, ToolError
 from mcpd.common.identity import Principal
-from mcpd.front import helper_client, metrics
-from mcpd.front.helper_client import CALL_CONNECTIONS, CALL_SHARE, HelperBackend, HelperChannel
+from mcpd.front import policy_client, metrics
+from mcpd.front.policy_client import CALL_CONNECTIONS, CALL_SHARE, PolicyBackend, PolicyChannel
 
 ALICE = Principal(name="alice", os_user="alice", token_id="0123456789ab")
 
@@ -22,12 +22,12 @@ def hits(kind: str) -> float:
     return float(metrics.LIMITS_HIT.labels(kind)._value.get())
 
 
-def backend(tmp_path: Path) -> tuple[HelperChannel, HelperBackend]:
-    channel = HelperChannel(str(tmp_path / "no-helper.sock"), reply_cap=1 << 20)
-    return channel, HelperBackend(channel, pool=None, timeout=0.0)  # type: ignore[arg-type]  # never reached
+def backend(tmp_path: Path) -> tuple[PolicyChannel, PolicyBackend]:
+    channel = PolicyChannel(str(tmp_path / "no-helper.sock"), reply_cap=1 << 20)
+    return channel, PolicyBackend(channel, pool=None, timeout=0.0)  # type: ignore[arg-type]  # never reached
 
 
-def call(b: HelperBackend, op: str) -> ToolError:
+def call(b: PolicyBackend, op: str) -> ToolError:
     with pytest.raises(ToolError) as info:
         asyncio.run(b.call("mcpd_0123456789ab_" + "x" * 43, ALICE, "s" * 32, "127.0.0.1", op, {"path": "/etc/hostname"}))
     return info.value
@@ -45,7 +45,7 @@ def test_a_walk_past_the_principals_share_is_refused_at_once(tmp_path: Path) -> 
 @pytest.mark.parametrize("own", [True, False])
 def test_a_read_that_gets_no_connection_in_its_time_ends_timeout_and_is_counted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own: bool) -> None:
-    monkeypatch.setattr(helper_client, "DEADLINE_MARGIN", 0.05)  # the call's wait: 0.1 s, not 10
+    monkeypatch.setattr(policy_client, "DEADLINE_MARGIN", 0.05)  # the call's wait: 0.1 s, not 10
     channel, b = backend(tmp_path)
     if own:
         channel._held["alice"] = CALL_SHARE

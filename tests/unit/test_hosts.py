@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mcpd.admin import certs
-from mcpd.front.transport.hosts import HostRule, certificate_names, split_host
+from mcpd.front.hosts import HostRule, certificate_names, split_host
 
 
 def test_split_host() -> None:

@@ -10,6 +10,7 @@ across instances and ``unlock``. PAM itself is exercised in tests/integration/te
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import secrets
@@ -26,12 +27,18 @@ from mcpd.policy import login as login_module
 from mcpd.common.audit import AuditLog
 from mcpd.policy.login import LOCKOUT_FILE, Login, Store, unlock
 from mcpd.common.folders import safe_folder as root_folder
+from mcpd.helper.pam import pam_check
 from tests.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the helper's state folder must be root's")
 
 CFG = LoginConfig(answer_seconds=0.0, max_failures=3, lockout_seconds=60, free_failures=1, base_delay_seconds=0.5,
                   max_delay_seconds=2.0, in_flight_per_address=2)
+
+
+def in_process_pam(cfg: LoginConfig) -> functools.partial[tuple[bool, int, str]]:
+    """PAM run in this (root) test process, as root's helper runs it for the policy process."""
+    return functools.partial(pam_check, cfg.pam_service)
 
 
 @pytest.fixture()
@@ -124,12 +131,12 @@ def test_symlinked_or_foreign_token_files_authenticate_nobody(folder: tuple[Path
 def test_failures_lock_the_account_persist_and_unlock_clears(folder: tuple[Path, int], audit: AuditLog) -> None:
     """root is refused before PAM and counts: after max_failures it is locked, in lockout.json."""
     path, fd = folder
-    login = Login(CFG, Store(fd), audit, lambda: set())
+    login = Login(CFG, Store(fd), audit, lambda: set(), pam=in_process_pam(CFG))
     for i in range(CFG.max_failures + 1):
         assert login.login("root", "whatever", f"10.0.0.{i}") is None
     reasons = [r["reason"] for r in records(audit)]
     assert reasons[0] == "root may not log in; use grants" and reasons[-1] == "locked out after repeated failures"
-    again = Login(CFG, Store(fd), audit, lambda: set())  # a restarted helper reads the same file
+    again = Login(CFG, Store(fd), audit, lambda: set(), pam=in_process_pam(CFG))  # a restarted helper reads the same file
     assert again._take_slot("root", "10.0.1.1", True)[0] == "locked out after repeated failures"
     st = os.stat(path / LOCKOUT_FILE)
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600)
@@ -139,7 +146,7 @@ def test_failures_lock_the_account_persist_and_unlock_clears(folder: tuple[Path,
 
 def test_unknown_names_count_on_the_address_only(folder: tuple[Path, int], audit: AuditLog) -> None:
     path, fd = folder
-    login = Login(CFG, Store(fd), audit, lambda: set())
+    login = Login(CFG, Store(fd), audit, lambda: set(), pam=in_process_pam(CFG))
     assert login.login("nosuchuser-x", "pw", "10.0.0.9") is None
     table = json.loads((path / LOCKOUT_FILE).read_text())
     assert list(table) == ["peer:10.0.0.9"] and records(audit)[-1]["reason"] == "unknown account"
@@ -148,7 +155,7 @@ def test_unknown_names_count_on_the_address_only(folder: tuple[Path, int], audit
 
 def test_one_attempt_in_flight_per_account_and_a_few_per_address(folder: tuple[Path, int], audit: AuditLog) -> None:
     _, fd = folder
-    login = Login(dataclasses.replace(CFG, max_failures=50), Store(fd), audit, lambda: set())
+    login = Login(dataclasses.replace(CFG, max_failures=50), Store(fd), audit, lambda: set(), pam=in_process_pam(CFG))
     assert login._take_slot("alice", "10.0.0.1", True)[0] is None
     assert login._take_slot("alice", "10.0.0.2", True)[0] == "another attempt for this account is in flight"
     assert login._take_slot("bob", "10.0.0.1", True)[0] is None
@@ -159,7 +166,7 @@ def test_one_attempt_in_flight_per_account_and_a_few_per_address(folder: tuple[P
 
 def test_an_address_is_slowed_with_a_growing_delay_but_never_locked(folder: tuple[Path, int], audit: AuditLog) -> None:
     path, fd = folder
-    login = Login(dataclasses.replace(CFG, max_failures=1000), Store(fd), audit, lambda: set())
+    login = Login(dataclasses.replace(CFG, max_failures=1000), Store(fd), audit, lambda: set(), pam=in_process_pam(CFG))
     delays = []
     for i in range(10):
         why, delay = login._take_slot(f"user{i}", "192.0.2.1", False)
@@ -187,7 +194,8 @@ def test_pam_timeout_cancels_queued_calls_and_gives_back_the_slots(
     monkeypatch.setattr(login_module, "PAM_TIMEOUT_SECONDS", 0.5)
     monkeypatch.setattr(login_module, "PAM_WORKERS", 2)
     users = [os_accounts.user().name for _ in range(login_module.PAM_WORKERS + 2)]
-    login = Login(dataclasses.replace(CFG, pam_service=service), Store(fd), audit, lambda: set(users))
+    login = Login(dataclasses.replace(CFG, pam_service=service), Store(fd), audit, lambda: set(users),
+                  pam=functools.partial(pam_check, service))
     try:
         threads = [threading.Thread(target=login.login, args=(u, "pw", f"10.1.0.{i}")) for i, u in enumerate(users)]
         for t in threads:

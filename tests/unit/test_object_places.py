@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mcpd.common.errors import PERMISSION_DENIED, ToolError
+from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
 from mcpd.helper import opener
 from mcpd.walker import main as walker
 

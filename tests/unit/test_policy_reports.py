@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from mcpd.common import frames
-from mcpd.common.errors import INTERNAL_ERROR, ToolError
+from mcpd.helper.wire import frames
+from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
 from mcpd.policy.server import Worker, _await_report
 
 

@@ -1,6 +1,6 @@
 """Property tests (hypothesis) of grant matching (SPEC §4.3) against a brute-force matcher written
 here: lexical cleaning by a component stack, per-component globs by plain recursion, and ``**``
-by trying every split. The product's ``mcpd.common.pathmatch``, ``mcpd.policy.entries`` and ``grants.decide`` are only
+by trying every split. The product's ``mcpd.helper.wire.pathmatch``, ``mcpd.policy.entries`` and ``grants.decide`` are only
 imported. Derandomized, bounded example counts.
 """
 
@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpd.common import pathmatch
+from mcpd.helper.wire import pathmatch
 from mcpd.policy import entries, grants
 
 SETTINGS = settings(derandomize=True, max_examples=700, deadline=None, database=None)

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from mcpd.common import frames
+from mcpd.helper.wire import frames
 from mcpd.front.pool import WorkerChannel, read_reply_frame
 from mcpd.worker.main import send_reply
 

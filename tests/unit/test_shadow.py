@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from mcpd.common.shadow import usable
+from mcpd.helper.shadow import usable
 
 TODAY = int(time.time() // 86400)
 

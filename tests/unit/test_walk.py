@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.common.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError, from_oserror
-from mcpd.common.filekind import TYPE_NAMES
+from mcpd.helper.wire.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError, from_oserror
+from mcpd.helper.wire.filekind import TYPE_NAMES
 from mcpd.core import walk
 from mcpd.core.fileopen import open_directory
 from mcpd.core.fileops import format_find, format_list
@@ -56,7 +56,7 @@ def tree(tmp_path: Path) -> Iterator[Path]:
         yield d
 
 
-def test_walk_imports_only_stdlib_and_mcpd_common() -> None:
+def test_walk_imports_only_stdlib_the_wire_and_mcpd_common() -> None:
     code = (
         "import json, sys; before = set(sys.modules); import mcpd.core.walk; "
         "print(json.dumps(sorted(set(sys.modules) - before)))"
@@ -64,7 +64,8 @@ def test_walk_imports_only_stdlib_and_mcpd_common() -> None:
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60, check=True)
     new = json.loads(out.stdout)
     ours = {m for m in new if m.split(".")[0] == "mcpd"}
-    assert ours <= {"mcpd", "mcpd.core", "mcpd.core.walk", "mcpd.common"} | {m for m in ours if m.startswith("mcpd.common.")}
+    shared = {m for m in ours if m.startswith(("mcpd.common.", "mcpd.helper.wire."))}
+    assert ours <= {"mcpd", "mcpd.core", "mcpd.core.walk", "mcpd.common", "mcpd.helper", "mcpd.helper.wire"} | shared
     foreign = [m for m in new if m.split(".")[0] != "mcpd" and m.split(".")[0] not in sys.stdlib_module_names]
     assert foreign == []
 

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
-from mcpd.common import frames
+from mcpd.helper.wire import frames
 from mcpd.walker import main as walker
 
 ALLOWED = {"mcpd", "mcpd.common", "mcpd.core", "mcpd.core.walk", "mcpd.helper", "mcpd.policy", "mcpd.policy.grants", "mcpd.policy.entries",
-           "mcpd.common.pathmatch", "mcpd.helper.opener", "mcpd.walker", "mcpd.walker.main"}
+           "mcpd.helper.wire.pathmatch", "mcpd.helper.opener", "mcpd.walker", "mcpd.walker.main"}
 
 
 @pytest.fixture
@@ -152,7 +152,8 @@ def test_walker_imports_only_its_allowed_modules() -> None:
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60, check=True)
     mods = json.loads(out.stdout)
     ours = {m for m in mods if m == "mcpd" or m.startswith("mcpd.")}
-    assert ours - ALLOWED <= {m for m in ours if m.startswith("mcpd.common.")}, sorted(ours - ALLOWED)
+    shared = {m for m in ours if m.startswith(("mcpd.common.", "mcpd.helper.wire"))}
+    assert ours - ALLOWED <= shared, sorted(ours - ALLOWED)
     assert not {m.split(".")[0] for m in mods} & {"pam", "magic", "charset_normalizer", "click", "starlette"}
 
 

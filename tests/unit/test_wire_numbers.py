@@ -9,7 +9,8 @@ import json
 import orjson
 import pytest
 
-from mcpd.common import frames, wirejson
+from mcpd.common import wirejson
+from mcpd.helper.wire import frames
 
 INTEGERS = [0, -1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -2**63, -2**63 - 1, 2**100, -2**100, 10**400, -10**400,
             10**19, 10**18, 123456789012345678901234567890]

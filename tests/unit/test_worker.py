@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from mcpd.common import config
-from mcpd.common import errors
-from mcpd.common import frames
+from mcpd.helper.wire import errors
+from mcpd.helper.wire import frames
 from mcpd.common import identity
-from mcpd.common.errors import ToolError
+from mcpd.helper.wire.errors import ToolError
 from mcpd.front.pool import LocalSpawner, WorkerPool
 from tests.integration.test_protocol import slow_file
 

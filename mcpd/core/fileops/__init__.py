@@ -26,7 +26,7 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from mcpd.common.config import SAMPLE_BYTES
-from mcpd.common.filekind import TYPE_NAMES, type_name
+from mcpd.helper.wire.filekind import TYPE_NAMES, type_name
 from mcpd.core.walk import LIST_MAX, clean, no_grant
 
 __all__ = [

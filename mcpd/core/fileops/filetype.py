@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import magic
 
-from mcpd.common.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror
+from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror
 from mcpd.core import textdecode
 from mcpd.core.fileops import SAMPLE_BYTES, Context, allowed, clean, no_grant, type_name
 from mcpd.core.tools import files_filetype

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcpd.common.filekind import TYPE_NAMES
+from mcpd.helper.wire.filekind import TYPE_NAMES
 from mcpd.core.tools._schemas import PATH_SCHEMA, PRIVILEGED_SCHEMA
 from mcpd.core.walk import FIND_BUDGET as DEFAULT_BUDGET
 from mcpd.core.walk import FIND_MAX as MAX_RESULTS

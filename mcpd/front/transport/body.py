@@ -8,7 +8,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from mcpd.common import frames
+from mcpd.helper.wire import frames
 from mcpd.common.validate import digits
 from mcpd.front import metrics
 from mcpd.front.protocol import INVALID_REQUEST, PARSE_ERROR, error_reply, json_float

@@ -1,9 +1,12 @@
 """The HTTP+SSE transport (SPEC §1.2–§1.5): ``GET /sse``, ``POST /message``, sessions, queues.
 
 A session is born with its ``GET /sse`` stream and dies with it: the stream's end (client gone,
-queue overflow, server shutdown) closes the session at once, cancels its in-flight requests and
-drops it from the table, so later POSTs get ``404``. Outgoing messages wait in a bounded queue; a
-client that stops reading fills it and is disconnected instead of growing the server's memory.
+a client that stopped reading, server shutdown) closes the session at once, cancels its in-flight
+requests and drops it from the table, so later POSTs get ``404``. Outgoing messages wait in a
+queue bounded in bytes and messages. A session whose queue holds its budget takes no new call until
+its client has taken some of it (backpressure: a reading client is never cut for reading slower
+than its calls answer); a client that takes nothing for ``connections.idle_seconds`` while its
+queue is full is disconnected instead of growing the server's memory.
 
 The :class:`SessionManager` table also holds the Streamable HTTP sessions of ``/mcp``
 (``mcpd.front.transport.streamable``, kind ``"mcp"``): one table, so ``max_sessions`` and every
@@ -80,6 +83,12 @@ def tick_seconds(keepalive: float) -> float:
     return min(1.0, keepalive / 4)
 
 
+#: How many calls that may answer large (``tools/call``, ``resources/read``) a session runs at once
+#: with an empty queue: each reserves this fraction of ``session_queue_bytes`` until its answer is
+#: queued (:meth:`SseSession.admit`), so what a session holds stays within its budget plus the
+#: answers of the calls it took while it had room (at most this many beyond their reservations).
+CALLS_AT_ONCE = 4
+
 TRIM_AFTER = 32  # sessions closed before the heap is trimmed (SessionManager.give_back_memory)
 TRIM_QUIET = 0.5  # seconds without a close before it is
 
@@ -132,15 +141,25 @@ class SseSession:
     an idle session holds no task, timer or event of its own (its keep-alive comments come from
     the manager's one ticker, :meth:`SessionManager.keep_alive`).
 
+    Backpressure (the session is the :class:`~mcpd.front.protocol.Room` of its protocol): a request
+    whose reply goes to this session's stream first takes room (:meth:`admit`) and gives it back
+    with its reply (:meth:`deliver`). A session takes requests while what its client has not taken
+    plus what the requests it took reserve is under ``queue_bytes``, and their number under
+    ``queue_size``; else a request waits for room while its client takes some of the stream, and
+    is refused (``-32000``, not run) once its deadline passed with the client taking nothing. So a
+    client reading slower than its calls answer slows them down instead of being cut, and only one
+    that takes nothing for ``connections.idle_seconds`` while its queue is full (:meth:`stalled`)
+    is disconnected.
+
     Args:
         session_id: 32 lowercase hex digits.
         principal: the owner; POSTs from anyone else get 404.
         queue_size: outgoing messages buffered (``session_queue_size``).
-        queue_bytes: and at most this many bytes (``session_queue_bytes``), counting besides the
-            queue the event being written and what the stream holds that the client has not taken;
-            past either, the client stopped reading: it is disconnected and the queue released.
+        queue_bytes: and this many bytes (``session_queue_bytes``), counting besides the queue the
+            event being written and what the stream holds that the client has not taken. Its
+            reserve for a call that may answer large is a :data:`CALLS_AT_ONCE`-th of it.
             What it holds is also charged to its principal's and the total budget
-            (:attr:`SessionManager.outgoing`), with the same outcome past either.
+            (:attr:`SessionManager.outgoing`): past either, the client is disconnected.
         manager: the table this session lives in (closing removes it).
         dispatcher: shared tool/resource dispatch.
         kind: ``"sse"`` (``GET /sse``) or ``"mcp"`` (Streamable HTTP); a session answers only on
@@ -150,7 +169,7 @@ class SseSession:
     # (slots: an idle session is held for hours, and an instance dict costs it about 280 bytes)
     __slots__ = ("id", "kind", "principal", "last_active", "last_write", "stream_open", "token", "closed",
                  "_manager", "_queue", "_queue_size", "_queue_bytes", "_queued", "_backlog", "_charged", "_out",
-                 "_writer", "protocol")
+                 "_writer", "protocol", "_reserved", "_slots", "_waiters")
 
     def __init__(
         self, session_id: str, principal: Principal, queue_size: int, manager: SessionManager, dispatcher: Dispatcher,
@@ -160,7 +179,9 @@ class SseSession:
         self.kind = kind  # "sse": lives as long as its GET /sse stream; "mcp": Streamable HTTP
         self.principal = principal
         self.last_active = time.monotonic()  # refreshed by each /mcp request; idle ones expire
-        self.last_write = 0.0  # time.monotonic() of the stream's last event (keep-alive comments)
+        # time.monotonic() of the stream's last event written, or of the client's last taking some
+        # of what it was written (a piece of a large event): keep-alive comments, and a stall
+        self.last_write = 0.0
         self.stream_open = False  # a GET stream is attached
         self.token = ""  # the bearer that opened it, re-checked every second (mcpd/transport/revalidate.py)
         self.closed = False
@@ -176,28 +197,183 @@ class SseSession:
         self._charged = 0  # of self._queued, what the manager's OutgoingBytes counts
         self._out: StreamOut | None = None  # the attached stream
         self._writer: asyncio.Task[None] | None = None  # writing the queue to the stream, while it must wait
-        self.protocol = McpSession(dispatcher, session_id, self.send)
+        # what the requests admitted and not yet answered reserve: bytes, and messages (admit)
+        self._reserved = 0
+        self._slots = 0
+        # requests waiting for room, oldest first (admit); None while none waits
+        self._waiters: list[Waiter] | None = None
+        self.protocol = McpSession(dispatcher, session_id, self.send, room=self)
+
+    # -- the protocol's room (backpressure) ----------------------------------------------------
+
+    @property
+    def call_cost(self) -> int:
+        """Bytes a request that may answer large reserves while it runs: a
+        :data:`CALLS_AT_ONCE`-th of ``queue_bytes``."""
+        return max(1, self._queue_bytes // CALLS_AT_ONCE)
+
+    @property
+    def wait_seconds(self) -> float:
+        """How long a request waits for room before it is refused, unless its own deadline is
+        longer (``workers.timeout_seconds``)."""
+        return self._manager.admit_seconds
+
+    def admit_now(self, cost: int) -> bool:
+        """Take room for one request whose reply goes to this stream if there is room now,
+        reserving ``cost`` bytes and one message until :meth:`deliver` or :meth:`release` gives
+        them back; whether it did.
+
+        There is room while what the client has not taken plus the reservations is under
+        ``queue_bytes`` and their messages under ``queue_size``, and no earlier request that
+        reserves bytes waits. A request that reserves no bytes (``cost`` 0: its reply is small and
+        immediate) needs only what the client has not taken to be under ``queue_bytes``, not the
+        reservations of the calls running."""
+        if self.closed or (cost and self._waiters):
+            return False
+        if self._backlog and self._out is not None:
+            self._measure(self._out)
+        if not self._fits(cost):
+            return False
+        self._reserved += cost
+        self._slots += 1
+        return True
+
+    async def admit(self, cost: int, size: int, seconds: float | None = None) -> bool:
+        """:meth:`admit_now`, else wait for room, in arrival order, holding the request (``size``:
+        about its bytes). Returns ``False`` (nothing reserved) at once when the requests waiting
+        would pass ``max_in_flight`` or together hold more than ``max_body_bytes`` (what waits for
+        a client that does not read is bounded too); once ``seconds`` (default
+        :attr:`wait_seconds`: the request's deadline) passed without room and without the client
+        taking anything of its stream (a client that reads, however slowly, makes room in time);
+        or when the session was closed meanwhile."""
+        if self.admit_now(cost):
+            return True
+        waiters = self._waiters
+        if self.closed or (waiters and (len(waiters) >= self._manager.max_waiting
+                                        or sum(w.size for w in waiters) + size > self._manager.waiting_bytes)):
+            return False
+        loop = asyncio.get_running_loop()
+        waiter = Waiter(cost, size, loop.create_future(), self.wait_seconds if seconds is None else seconds)
+        if waiters is None:
+            waiters = self._waiters = []
+        waiters.append(waiter)
+        waiter.timer = loop.call_later(waiter.seconds, self._expire, waiter)
+        try:
+            return await waiter.fut
+        except asyncio.CancelledError:
+            fut = waiter.fut
+            if fut.done() and not fut.cancelled() and fut.result():  # admitted, then cancelled
+                self.release(cost)
+            raise
+        finally:
+            if waiter.timer is not None:
+                waiter.timer.cancel()
+            waiters = self._waiters
+            if waiters is not None and waiter in waiters:
+                waiters.remove(waiter)
+            if not self._waiters:
+                self._waiters = None
+
+    def _expire(self, waiter: Waiter) -> None:
+        """``waiter``'s time is up unless the stream took something meanwhile (then it waits
+        ``waiter.seconds`` more from then): refuse it."""
+        waiter.timer = None
+        if waiter.fut.done():
+            return
+        again = self.last_write + waiter.seconds - time.monotonic()
+        if again > 0 and not self.closed:
+            waiter.timer = asyncio.get_running_loop().call_later(again, self._expire, waiter)
+            return
+        waiter.fut.set_result(False)
+
+    def deliver(self, message: Any, cost: int | None) -> None:
+        """Queue ``message``, the reply of a request :meth:`admit` took (``cost``: what it
+        reserved, given back now; ``None``: it reserved nothing, a refusal for want of room).
+        Unlike :meth:`send`, a reply is always queued: the room it needs was taken."""
+        self._put(message, True)
+        if cost is not None:
+            self.release(cost)
+
+    def release(self, cost: int) -> None:
+        """Give back what :meth:`admit` reserved (``cost`` bytes, one message) for a request
+        answered without a reply to this stream (a notification, a cancelled request)."""
+        self._reserved -= cost
+        self._slots -= 1
+        if self._waiters:
+            self._grant()
+
+    def _fits(self, cost: int) -> bool:
+        """Whether a request reserving ``cost`` bytes may be admitted now (:meth:`admit`)."""
+        if self.closed or len(self._queue) + self._slots >= self._queue_size:
+            return False
+        return self._queued + (self._reserved if cost else 0) < self._queue_bytes
+
+    def _grant(self) -> None:
+        """Admit the waiting requests that fit now, oldest first."""
+        waiters = self._waiters
+        if not waiters:
+            return
+        if self._backlog and self._out is not None:
+            self._measure(self._out)
+        left = []
+        for waiter in waiters:
+            if waiter.fut.done():  # (refused: its waiter removes nothing more)
+                continue
+            if self._fits(waiter.cost):
+                self._reserved += waiter.cost
+                self._slots += 1
+                waiter.fut.set_result(True)
+            else:
+                left.append(waiter)
+        self._waiters = left or None
+
+    def pressed(self) -> bool:
+        """Whether the queue holds its budget: ``queue_bytes`` the client has not taken, or
+        ``queue_size`` messages."""
+        return self._queued >= self._queue_bytes or len(self._queue) >= self._queue_size
+
+    def stalled(self, now: float, seconds: float) -> bool:
+        """Whether the client stopped reading: its queue is full (:meth:`pressed`, the stream
+        measured afresh) and the stream has taken nothing of it for more than ``seconds``
+        (``now``: ``time.monotonic()``). A client with nothing to take (requests waiting only for
+        the room the session's running calls reserve) is not stalled."""
+        if self.closed or self._out is None or now - self.last_write <= seconds:
+            return False
+        if self._backlog:
+            self._measure(self._out)
+        return self.pressed()
+
+    # -- the queue -----------------------------------------------------------------------------
 
     def send(self, message: Any) -> None:
-        """Queue one JSON-RPC message (object or array) for the stream; never blocks.
+        """Queue one JSON-RPC message (object or array) that no request's room was taken for (a
+        progress notification, a refusal); never blocks.
 
-        A full queue means the client stopped reading: the session is closed and its stream cut.
-        Full is past ``queue_size`` messages, or past ``queue_bytes`` bytes counting, besides the
-        queue, the event the writer is writing and what the stream holds that the client has not
-        taken (:meth:`StreamOut.held`); also when the bytes its principal's sessions hold together,
-        or all sessions, would pass their budgets (:class:`OutgoingBytes`).
+        A notification is dropped while the queue is full (:meth:`pressed`: its client is behind,
+        and progress is advisory). Another message past ``queue_size`` messages (or one over
+        :data:`~mcpd.front.connguard.UNSEEN` bytes, a refusal echoing a huge id, past
+        ``queue_bytes``) means a client that keeps sending requests its queue has no room for
+        while it reads none of it: the session is closed and its stream cut, as for a client that
+        stopped reading. Also when the bytes its
+        principal's sessions hold together, or all sessions, would pass their budgets
+        (:class:`OutgoingBytes`).
         """
+        self._put(message, False)
+
+    def _put(self, message: Any, admitted: bool) -> None:
         if self.closed:
             return
-        data = message_event(message)
-        size = len(data)
-        # (one message alone may be larger than queue_bytes: it is bounded by the response cap)
-        if self._queued and (len(self._queue) >= self._queue_size or self._queued + size > self._queue_bytes) \
-                and self._full(size):
+        if not admitted and type(message) is dict and "id" not in message and self.pressed():
+            return  # (a progress notification for a client that is behind: dropped)
+        if not admitted and len(self._queue) >= self._queue_size:
             self.overflow("queue_overflow")
             return
+        data = message_event(message)
+        if not admitted and len(data) > UNSEEN and self._queued + len(data) > self._queue_bytes:
+            self.overflow("queue_overflow")  # (a refusal echoing a huge id, for a client that is behind)
+            return
         self._queue.append(data)
-        self._queued += size
+        self._queued += len(data)
         self._kick()
         if self._queued != self._charged:  # (a client keeping up holds nothing: nothing to charge)
             self._settle(True)
@@ -234,13 +410,20 @@ class SseSession:
         if self.closed:
             return
         self.closed = True
+        for waiter in self._waiters or ():
+            if not waiter.fut.done():
+                waiter.fut.set_result(False)
+        self._waiters = None
         self.protocol.close()
         self.protocol.send = _discard  # (no cycle left between the two: freed as soon as unreferenced)
+        self.protocol.room = None
         self._queue.clear()
         self._queued = self._backlog = 0
         if self._charged:
             self._settle(False)
         writer, out = self._writer, self._out
+        if out is not None:
+            out.on_progress = None
         if writer is not None and out is not None:
             self._writer = self._out = None
             writer.cancel()
@@ -256,6 +439,7 @@ class SseSession:
         self.stream_open = True
         self.last_write = time.monotonic()
         self._out = out
+        out.on_progress = self._progressed
         if endpoint is not None and not self.closed:
             event = ServerSentEvent(event="endpoint", data=endpoint, sep="\n").encode()
             self._queue.insert(0, event)
@@ -267,6 +451,8 @@ class SseSession:
     def detach(self) -> None:
         """Forget the stream (it ended): queued messages wait for the next one (``/mcp``); the
         event its writer was writing, and what the stream held, went with it."""
+        if self._out is not None:
+            self._out.on_progress = None
         self._out = None
         self.stream_open = False
         if self._writer is not None:
@@ -277,14 +463,14 @@ class SseSession:
         if self._queued != self._charged:
             self._settle(False)
 
-    def _full(self, size: int) -> bool:
-        """Whether ``size`` more bytes would pass the queue's bounds, the stream's backlog measured
-        afresh first (it may have gone out since it was last). One message alone always fits."""
-        if len(self._queue) >= self._queue_size:
-            return True
-        if self._backlog and self._out is not None:
-            self._measure(self._out)
-        return bool(self._queued) and self._queued + size > self._queue_bytes
+    def _progressed(self) -> None:
+        """The stream took bytes (a piece of a large event, or its transport drained): the client
+        reads; what it no longer holds makes room for waiting requests."""
+        self.last_write = time.monotonic()
+        if self._waiters:
+            self._grant()
+            if self._queued != self._charged:
+                self._settle(False)
 
     def _measure(self, out: StreamOut) -> None:
         """Count what the stream holds now (:meth:`StreamOut.held`) instead of what it held when
@@ -296,7 +482,7 @@ class SseSession:
     def _settle(self, check: bool) -> None:
         """Charge the change in the bytes this session holds to its principal's and the total
         budget (:attr:`SessionManager.outgoing`); when ``check`` and they grew past either, close
-        the session as for a full queue."""
+        the session as for a client that stopped reading."""
         delta = self._queued - self._charged
         self._charged = self._queued
         kind = self._manager.outgoing.charge(self.principal.name, delta)
@@ -305,11 +491,13 @@ class SseSession:
             if kind is not None:
                 self.overflow(kind)
 
-    def overflow(self, kind: str) -> None:
+    def overflow(self, kind: str, idle: float | None = None) -> None:
         """The client stopped reading (``kind``: the bound its outgoing bytes reached, a
-        :data:`~mcpd.front.metrics.LIMIT_KINDS` name): count it, log it, close the session."""
+        :data:`~mcpd.front.metrics.LIMIT_KINDS` name; ``idle``: seconds it took nothing while its
+        queue was full): count it, log it, close the session."""
         metrics.limit_hit(kind)
-        log.warning("session %s: %s, disconnecting a client that stopped reading", self.id, FULL[kind])
+        took = "" if idle is None else f" and its client took nothing for {idle:g} s"
+        log.warning("session %s: %s%s, disconnecting a client that stopped reading", self.id, FULL[kind], took)
         self._manager.close(self)
 
     def _kick(self) -> None:
@@ -338,6 +526,8 @@ class SseSession:
                 self._out = None
                 out.end()
                 return
+            if self._waiters:
+                self._grant()
         if self._queue or self.closed:
             self._writer = asyncio.get_running_loop().create_task(self._write(out))
 
@@ -355,6 +545,8 @@ class SseSession:
                 self._queued -= len(data)
                 self._measure(out)
                 self.last_write = time.monotonic()
+                if self._waiters:
+                    self._grant()
                 if self._queued != self._charged:
                     self._settle(False)
             if self.closed:
@@ -370,6 +562,18 @@ class SseSession:
                 self._writer = None
 
 
+class Waiter:
+    """A request waiting for room (:meth:`SseSession.admit`): the bytes it reserves, about the
+    bytes it holds meanwhile, the future set ``True`` once it is admitted (``False``: refused),
+    how long it may wait without the client taking anything, and the timer that looks again then."""
+
+    __slots__ = ("cost", "size", "fut", "seconds", "timer")
+
+    def __init__(self, cost: int, size: int, fut: asyncio.Future[bool], seconds: float) -> None:
+        self.cost, self.size, self.fut, self.seconds = cost, size, fut, seconds
+        self.timer: asyncio.TimerHandle | None = None
+
+
 #: What each limit kind of a client that stopped reading says in the log.
 FULL = {"queue_overflow": "outgoing queue full",
          "queue_bytes_per_principal": "its principal's outgoing bytes are over principal_queue_bytes",
@@ -378,7 +582,12 @@ FULL = {"queue_overflow": "outgoing queue full",
 
 class StreamOut(Protocol):
     """Where a session's stream goes: its request's ASGI ``send`` (:class:`AsgiStream`) or the
-    connection itself (:class:`~mcpd.front.connguard.StreamConnection`)."""
+    connection itself (:class:`~mcpd.front.connguard.StreamConnection`).
+
+    ``on_progress``, when set, is called each time the client took some of a large event (a piece
+    was written, or the transport drained), between the writes its writer sees."""
+
+    on_progress: Callable[[], None] | None
 
     def writable(self) -> bool:
         """Whether :meth:`write` may be called now (it takes the data without waiting)."""
@@ -417,10 +626,11 @@ class AsgiStream:
             for the client's TLS goodbye).
     """
 
-    __slots__ = ("_send", "_task", "_drop")
+    __slots__ = ("_send", "_task", "_drop", "on_progress")
 
     def __init__(self, send: Send, task: asyncio.Task[Any] | None, drop: Callable[[], None] | None = None) -> None:
         self._send, self._task, self._drop = send, task, drop
+        self.on_progress: Callable[[], None] | None = None
 
     def writable(self) -> bool:
         """Never: ``send`` is a coroutine."""
@@ -438,6 +648,8 @@ class AsgiStream:
             return
         for piece in pieces(data):  # (the server's send returns once its transport takes more)
             await self._send({"type": "http.response.body", "body": piece, "more_body": True})
+            if self.on_progress is not None:
+                self.on_progress()
 
     def held(self) -> int:
         """Nothing of its own: the event :meth:`send` writes is its caller's until it returns, and
@@ -557,6 +769,12 @@ class SessionManager:
         self._cfg = cfg
         self._dispatcher = dispatcher
         self._sessions: dict[str, SseSession] = {}
+        #: seconds a request waits for room in its session's queue before it is refused, and how
+        #: many requests, holding about how many bytes together, may wait in one session
+        self.admit_seconds = cfg.workers.timeout_seconds
+        self.max_waiting, self.waiting_bytes = cfg.max_in_flight, cfg.max_body_bytes
+        #: seconds a client may take nothing while its session's queue is full before it is disconnected
+        self.stall_seconds = cfg.connections.idle_seconds
         self.closed_since_trim = 0  # sessions closed since the heap was last trimmed
         self._last_close = 0.0  # time.monotonic() of the last close
         self._ticker: asyncio.TimerHandle | None = None
@@ -820,10 +1038,13 @@ class SessionManager:
         stream (rather than a timer each) calls it every :func:`tick_seconds`, so a comment follows
         between ``keepalive_seconds`` and that much more after a stream's last event. A stream
         whose client was behind when last written to is measured again (:meth:`SseSession.held`),
-        so what it no longer holds is not counted against its principal's budget for long."""
+        so what it no longer holds is not counted against its principal's budget for long. A
+        session whose client has taken nothing for ``connections.idle_seconds`` while its queue is
+        full (:meth:`SseSession.stalled`) is closed, as a client that stopped reading."""
         now = time.monotonic() if now is None else now
         due = now - self._cfg.keepalive_seconds
         attached = pinged = 0
+        stalled = []
         for session in self._sessions.values():
             if session.stream_open:
                 attached += 1
@@ -832,6 +1053,10 @@ class SessionManager:
                     pinged += 1
                 elif session.stale():  # what its stream held when last measured may have gone out
                     session.held()
+                if session.stalled(now, self.stall_seconds):
+                    stalled.append(session)
+        for session in stalled:  # (closing changes the table)
+            session.overflow("queue_overflow", self.stall_seconds)
         for kept in list(self._kept.values()):
             self._measure_kept(kept)
         return attached, pinged

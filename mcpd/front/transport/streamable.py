@@ -12,7 +12,10 @@ Session era (protocol versions 2025-03-26 … 2025-11-25):
   Only notifications and responses: ``202``.
 - ``GET /mcp`` opens the session's stream for server messages (one at a time: ``409``); its end
   does not end the session. ``DELETE /mcp`` ends the session.
-- ``MCP-Protocol-Version``: an unsupported value is ``400``; absent means the negotiated one.
+- ``MCP-Protocol-Version``: an unsupported value is ``400`` on GET, POST and DELETE alike (checked
+  with the session lookup); absent means the negotiated one.
+- ``Accept`` is read with its weights (:mod:`mcpd.front.transport.accept`): ``q=0`` refuses a type;
+  a malformed header is ``400``. Refusals of a POST holding one request carry its id.
 - A session with no request and no GET stream for ``mcp_session_idle_seconds`` expires (``404``
   afterwards, so the client initializes again).
 
@@ -59,6 +62,7 @@ from mcpd.front.protocol import (
     HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, META_CLIENT_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
     MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, error_reply, valid_id,
 )
+from mcpd.front.transport.accept import MalformedAccept, acceptable
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.front.transport.sse import (
     FULL, PING, SESSION_ID_RE, STREAM_HEADERS, McpUser, SessionManager, SessionRefused,
@@ -88,19 +92,17 @@ class ReplyResponse(JSONResponse):
         return wirejson.dumps(content)
 
 
-def _accepts(request: Request) -> set[str]:
-    """The media types of the ``Accept`` header (``*/*`` and no header accept both of ours)."""
-    header = request.headers.get("accept")
-    if header is None:
-        return {JSON_TYPE, SSE_TYPE}
-    types = {part.split(";", 1)[0].strip().lower() for part in header.split(",")}
-    if "*/*" in types or {"text/*", "application/*"} <= types:
-        return {JSON_TYPE, SSE_TYPE}
-    if "application/*" in types:
-        types.add(JSON_TYPE)
-    if "text/*" in types:
-        types.add(SSE_TYPE)
-    return types & {JSON_TYPE, SSE_TYPE}
+def _accepts(request: Request, needed: tuple[str, ...]) -> set[str] | Response:
+    """Which of ``needed`` (our media types) the ``Accept`` header accepts (a weight above 0:
+    :mod:`mcpd.front.transport.accept`), or the refusal: ``406`` when it accepts none of them,
+    ``400`` (``-32600``) when the header is malformed."""
+    try:
+        types = acceptable(request.headers.getlist("accept"), needed)
+    except MalformedAccept as exc:
+        return _rpc_error(400, INVALID_REQUEST, f"malformed Accept header: {exc}")
+    if not types:
+        return PlainTextResponse("Accept must include " + " or ".join(needed), status_code=406)
+    return types
 
 
 def _members(payload: Any) -> list[Any]:
@@ -121,9 +123,20 @@ def _is_reply(msg: Any) -> bool:
     return isinstance(msg, list) or (isinstance(msg, dict) and "method" not in msg)
 
 
-def _rpc_error(status: int, code: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    """An HTTP error whose body is a JSON-RPC error without an id (what the specification allows)."""
-    return JSONResponse(error_reply(None, code, message), status_code=status, headers=headers)
+def _rpc_error(status: int, code: int, message: str, headers: dict[str, str] | None = None,
+               rid: Any = None) -> Response:
+    """An HTTP error whose body is a JSON-RPC error for request id ``rid`` (``None``: no id could
+    be read, as for a GET, a DELETE, a batch or a body that is not a request; see :func:`request_id`)."""
+    return JSONResponse(error_reply(rid, code, message), status_code=status, headers=headers)
+
+
+def request_id(payload: Any) -> Any:
+    """The id an error answer to ``payload`` (a parsed POST body) carries: the id of a single
+    request object when it is a valid one (:func:`~mcpd.front.protocol.valid_id`), else ``None``
+    (a batch, a notification, an invalid id), as JSON-RPC 2.0 wants whenever the id could be read."""
+    if isinstance(payload, dict) and valid_id(payload.get("id")):
+        return payload["id"]
+    return None
 
 
 class Refusal(Exception):
@@ -222,12 +235,14 @@ async def _disconnected(receive: Receive) -> None:
 class PostStream:
     """The messages one POST's requests produce, in order, encoded, bounded like a session's queue.
 
-    ``put`` is the ``send`` handed to :meth:`McpSession.receive`. Past ``limit`` queued messages
-    or ``limit_bytes`` bytes (``session_queue_size``, ``session_queue_bytes``) the client has
-    stopped reading: the stream is cut (``overflowed``) and what was queued is released. The bytes
-    count the messages queued and those taken (:meth:`drain`) until the response took them
-    (:meth:`sent`). One message alone may be larger (a reply is bounded by the response cap, a
-    batch's by ``session_queue_bytes`` in :class:`~mcpd.front.protocol.McpSession`).
+    ``put`` is the ``send`` handed to :meth:`McpSession.receive`. A POST gets one reply (one
+    request's, or one batch's array, bounded by the response cap or ``max_batch_bytes`` in
+    :class:`~mcpd.front.protocol.McpSession`): it is always queued, however far behind the client
+    is. Its progress notifications are dropped once the stream holds ``limit`` messages or
+    ``limit_bytes`` bytes (``session_queue_size``, ``session_queue_bytes``: the client is behind,
+    and progress is advisory), so a client reading a stream slowly is never cut for its own
+    stream's bounds. The bytes count the messages queued and those taken (:meth:`drain`) until
+    the response took them (:meth:`sent`).
     ``replies_only``: keep only replies (an answer sent as JSON, which carries no progress).
     ``manager`` and ``owner``: the session table, whose budgets of outgoing bytes by principal
     and in all are charged with what the stream holds (an event stream's; :meth:`close` releases
@@ -260,18 +275,19 @@ class PostStream:
         reply = _is_reply(message)
         if self._replies_only and not reply:
             return
+        if not reply and len(self._items) >= self._limit:
+            return  # (progress for a client that is behind: dropped)
         data = encode_message(message)
         size = len(data)
-        if self._bytes and (len(self._items) >= self._limit or self._bytes + size > self._limit_bytes):
-            self._overflow("queue_overflow")
-        else:
-            refused = isinstance(message, dict) and message.get("id") is None and "error" in message
-            self._items.append(Queued(data, reply, refused, isinstance(message, dict) and "result" in message))
-            self._bytes += size
-            if self._manager is not None:
-                kind = self._manager.hold_answer(self._owner, size, self._cut_off)
-                if kind is not None:
-                    self._overflow(kind)
+        if not reply and self._bytes and self._bytes + size > self._limit_bytes:
+            return
+        refused = isinstance(message, dict) and message.get("id") is None and "error" in message
+        self._items.append(Queued(data, reply, refused, isinstance(message, dict) and "result" in message))
+        self._bytes += size
+        if self._manager is not None:
+            kind = self._manager.hold_answer(self._owner, size, self._cut_off)
+            if kind is not None:
+                self._overflow(kind)
         self._ready.set()
 
     def _overflow(self, kind: str) -> None:
@@ -460,47 +476,50 @@ class StreamableTransport:
 
     # -- session lookup ---------------------------------------------------------------------------
 
-    def _session(self, request: Request) -> SseSession | Response:
-        """The caller's session named by ``Mcp-Session-Id``, or the error answer (400/404; a
-        repeated ``Mcp-Session-Id`` or ``MCP-Protocol-Version`` is 400)."""
+    def _session(self, request: Request, rid: Any = None) -> SseSession | Response:
+        """The caller's session named by ``Mcp-Session-Id``, or the error answer with id ``rid``:
+        first :meth:`_version_refused` (so every request naming a session, GET, POST and DELETE
+        alike, has its ``MCP-Protocol-Version`` checked), then ``400`` for a missing, repeated
+        or malformed ``Mcp-Session-Id``, ``404`` for an unknown, ended or other principal's one."""
+        refused = self._version_refused(request, rid)
+        if refused is not None:
+            return refused
         try:
             sid = one_header(request.headers, SESSION_HEADER, INVALID_REQUEST)
-            one_header(request.headers, VERSION_HEADER, INVALID_REQUEST)
         except Refusal as exc:
-            return _rpc_error(exc.status, exc.code, exc.message)
+            return _rpc_error(exc.status, exc.code, exc.message, rid=rid)
         if sid is None:
-            return _rpc_error(400, INVALID_REQUEST, f"{SESSION_HEADER} header required")
+            return _rpc_error(400, INVALID_REQUEST, f"{SESSION_HEADER} header required", rid=rid)
         if not SESSION_ID_RE.fullmatch(sid):
-            return _rpc_error(400, INVALID_REQUEST, f"malformed {SESSION_HEADER}")
+            return _rpc_error(400, INVALID_REQUEST, f"malformed {SESSION_HEADER}", rid=rid)
         user: McpUser = request.user
         session = self.manager.find(sid, user.principal, kind="mcp")
         if session is None:
-            return _rpc_error(404, INVALID_REQUEST, "no such session")
+            return _rpc_error(404, INVALID_REQUEST, "no such session", rid=rid)
         session.last_active = time.monotonic()
         return session
 
     @staticmethod
-    def _version_refused(request: Request) -> Response | None:
-        """``400`` for an ``MCP-Protocol-Version`` this server does not speak, or sent twice
-        (absent is fine)."""
+    def _version_refused(request: Request, rid: Any = None) -> Response | None:
+        """The session era's ``MCP-Protocol-Version`` check: ``400`` (``-32600``, id ``rid``) for
+        a value this server does not speak in that era, or the header sent twice; absent is fine
+        (the negotiated version)."""
         try:
             version = one_header(request.headers, VERSION_HEADER, INVALID_REQUEST)
         except Refusal as exc:
-            return _rpc_error(exc.status, exc.code, exc.message)
+            return _rpc_error(exc.status, exc.code, exc.message, rid=rid)
         if version is not None and version not in SUPPORTED_VERSIONS:
             return _rpc_error(400, INVALID_REQUEST, f"unsupported {VERSION_HEADER}: supported are "
-                              + ", ".join(SUPPORTED_VERSIONS))
+                              + ", ".join(SUPPORTED_VERSIONS), rid=rid)
         return None
 
     # -- methods ----------------------------------------------------------------------------------
 
     async def get(self, request: Request) -> Response:
         """``GET /mcp``: the session's stream for server messages (``409`` if one is open)."""
-        if SSE_TYPE not in _accepts(request):
-            return PlainTextResponse(f"Accept must include {SSE_TYPE}", status_code=406)
-        refused = self._version_refused(request)
-        if refused is not None:
-            return refused
+        accepts = _accepts(request, (SSE_TYPE,))
+        if isinstance(accepts, Response):
+            return accepts
         session = self._session(request)
         if isinstance(session, Response):
             return session
@@ -519,9 +538,9 @@ class StreamableTransport:
     async def post(self, request: Request) -> Response:
         """``POST /mcp``: one JSON-RPC message (or a batch) of the session era, or one request of
         the stateless era (:meth:`_stateless`), told apart as the module docstring says."""
-        accepts = _accepts(request)
-        if not accepts:
-            return PlainTextResponse(f"Accept must include {JSON_TYPE} or {SSE_TYPE}", status_code=406)
+        accepts = _accepts(request, (JSON_TYPE, SSE_TYPE))
+        if isinstance(accepts, Response):
+            return accepts
         try:
             payload = await read_json(request, self.cfg.max_body_bytes)
         except BodyRefused as exc:
@@ -534,19 +553,20 @@ class StreamableTransport:
                 sid is None and not is_initialize and header_version is not None
                 and header_version not in SUPPORTED_VERSIONS):
             return await self._stateless(request, payload, accepts, user)
-        refused = self._version_refused(request)
-        if refused is not None:
-            return refused
+        rid = request_id(payload)
         headers: dict[str, str] = {}
         opened = False
         if sid is None and is_initialize:
+            refused = self._version_refused(request, rid)
+            if refused is not None:
+                return refused
             try:
                 session = self.manager.open(user.principal, user.token, kind="mcp")
             except SessionRefused as exc:
-                return _rpc_error(exc.status, INVALID_REQUEST, exc.reason)
+                return _rpc_error(exc.status, INVALID_REQUEST, exc.reason, rid=rid)
             opened = True
         else:
-            found = self._session(request)
+            found = self._session(request, rid)
             if isinstance(found, Response):
                 return found
             session = found
@@ -567,27 +587,25 @@ class StreamableTransport:
             headers.pop(SESSION_HEADER)
         if not replies:
             if task is not None and task.cancelled() and session.closed:
-                return _rpc_error(404, INVALID_REQUEST, "session ended", headers)
+                return _rpc_error(404, INVALID_REQUEST, "session ended", headers, rid)
             # (a request cancelled by notifications/cancelled gets no reply: 202, the session lives)
             return Response(status_code=202, headers=headers)
         return self._answer(replies[0], accepts, user.principal.name, session.id, headers)
 
     async def _stateless(self, request: Request, payload: Any, accepts: set[str], user: McpUser) -> Response:
         """One 2026-07-28 request: checked by :func:`check_modern`, run, answered; no session."""
+        rid = request_id(payload)
         if not isinstance(payload, dict) or not isinstance(payload.get("method"), str):
-            return _rpc_error(400, INVALID_REQUEST, "the body must be one JSON-RPC request or notification")
+            return _rpc_error(400, INVALID_REQUEST, "the body must be one JSON-RPC request or notification", rid=rid)
         if "id" not in payload:
             return Response(status_code=202)  # no client notification means anything over HTTP here
-        req_id = payload["id"]
         try:
             check_modern(request.headers, payload)
         except Refusal as exc:
-            reply_id = req_id if valid_id(req_id) else None
-            return ReplyResponse(error_reply(reply_id, exc.code, exc.message, exc.data), status_code=exc.status)
+            return ReplyResponse(error_reply(rid, exc.code, exc.message, exc.data), status_code=exc.status)
         protocol = McpSession(self.manager.dispatcher, secrets.token_hex(16), _discard, modern=True)
         if not protocol.knows(payload["method"]):
-            return ReplyResponse(error_reply(req_id if valid_id(req_id) else None, METHOD_NOT_FOUND, "method not found"),
-                                 status_code=404)
+            return ReplyResponse(error_reply(rid, METHOD_NOT_FOUND, "method not found"), status_code=404)
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
         caller = Caller(user.principal, user.token, peer)
         if SSE_TYPE in accepts and _wants_progress(payload):
@@ -634,8 +652,12 @@ class StreamableTransport:
         the request."""
         out = self._post_stream(owner=caller.principal.name, drop=drop)
         task = protocol.receive(payload, caller, out.put)
-        if task is None:
-            out.close()
+        if task is None:  # answered at once (a batch refused whole), or nothing to answer
+            try:
+                for item in out.drain():
+                    yield event_of(item.data)
+            finally:
+                out.close()
             return
         try:
             while True:

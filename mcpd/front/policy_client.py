@@ -1,15 +1,15 @@
 """The front's side of the root helper (SPEC §4.1, §4.5a, §5; docs/PRIVSEP.md).
 
 The front never decides anything privileged; it asks, always with the caller's token. Requests
-travel over a few persistent connections (:class:`HelperChannel`), multiplexed by ``id``: no
+travel over a few persistent connections (:class:`PolicyChannel`), multiplexed by ``id``: no
 connection and no thread per request. A privileged call takes a persistent connection of its own
 for its duration (the helper runs it on that connection's thread, with no hand-over). A helper
 that dies fails the requests in flight (``HELPER_UNAVAILABLE``); the next request reconnects.
 
-- :class:`HelperAuthenticator`: token checks, with a short cache so a POST carrying its session's
+- :class:`PolicyAuthenticator`: token checks, with a short cache so a POST carrying its session's
   recently verified token needs no round trip.
-- :class:`HelperSpawner`: workers for the token's principal (the helper binds each to it).
-- :class:`HelperBackend`: privileged calls. ``files/read``/``files/filetype`` run in the caller's
+- :class:`PolicySpawner`: workers for the token's principal (the helper binds each to it).
+- :class:`PolicyBackend`: privileged calls. ``files/read``/``files/filetype`` run in the caller's
   own worker on a descriptor the helper passes it; ``files/list``/``files/find`` come back as the
   helper's raw metadata walk, formatted here.
 """
@@ -28,8 +28,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from mcpd.common import frames
-from mcpd.common.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
+from mcpd.helper.wire import frames
+from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
 from mcpd.common import identity
 from mcpd.common.identity import Principal
 from mcpd.core import fileops
@@ -40,7 +40,7 @@ from mcpd.front.auth import CheckerDown, TokenUndecided
 from mcpd.front.limits import CAP_KEY
 from mcpd.front.pool import WorkerPool
 
-log = logging.getLogger("mcpd.front.helper_client")
+log = logging.getLogger("mcpd.front.policy_client")
 
 _UNAVAILABLE = "privileged reads are unavailable: the root helper is not running"
 CONNECTIONS = 4
@@ -63,7 +63,7 @@ PROBE_SECONDS = 3.0  # a health probe not answered within this is "the helper do
 _DECIDED = frozenset({PERMISSION_DENIED, "NOT_A_REGULAR_FILE", "FILE_NOT_FOUND", "INVALID_ARGUMENT"})
 
 
-class HelperUnavailable(Exception):
+class PolicyUnavailable(Exception):
     """The helper socket is missing, refused, or closed before answering."""
 
 
@@ -126,7 +126,7 @@ class _Connection:
             os.close(fd)
         for fut in self.pending.values():
             if not fut.done():
-                fut.set_exception(HelperUnavailable("the helper closed the connection"))
+                fut.set_exception(PolicyUnavailable("the helper closed the connection"))
         self.pending.clear()
 
 
@@ -144,7 +144,7 @@ class NoConnection(Exception):
 
 
 class CallLease:
-    """One exclusive call connection held for one principal's privileged call (:meth:`HelperChannel.lease`):
+    """One exclusive call connection held for one principal's privileged call (:meth:`PolicyChannel.lease`):
     at most one request is sent on it; it goes back to the idle connections after an answered
     request or none, and is closed after a request that was not answered (the helper may still be
     working on it: nothing else may go on that connection)."""
@@ -153,7 +153,7 @@ class CallLease:
         self.conn, self.reusable = conn, True
 
 
-class HelperChannel:
+class PolicyChannel:
     """Requests to the root helper at ``path``, multiplexed over :data:`CONNECTIONS` persistent
     connections (round robin), each request with its own ``id``; privileged calls each on one of
     at most :data:`CALL_CONNECTIONS` more, kept open between calls, of which one principal holds
@@ -194,7 +194,7 @@ class HelperChannel:
         there, or does not answer in time, is ``False``."""
         try:
             reply, fds = await self.request({"type": "authenticate", "token": ""}, timeout=PROBE_SECONDS)
-        except (HelperUnavailable, TimeoutError):
+        except (PolicyUnavailable, TimeoutError):
             self._answered = None
             return False
         for s in fds:
@@ -210,7 +210,7 @@ class HelperChannel:
                 await asyncio.get_running_loop().sock_connect(sock, self.path)
         except (OSError, TimeoutError) as exc:
             sock.close()
-            raise HelperUnavailable(str(exc)) from None
+            raise PolicyUnavailable(str(exc)) from None
         return _Connection(sock, self.reply_cap, self._lost)
 
     def _lost(self) -> None:
@@ -241,7 +241,7 @@ class HelperChannel:
         Raises:
             OverShare: ``owner`` holds :data:`CALL_SHARE` connections and ``queue`` is false.
             NoConnection: none came free within ``wait`` seconds.
-            HelperUnavailable: no helper to connect to.
+            PolicyUnavailable: no helper to connect to.
         """
         if not queue and self._held[owner] >= CALL_SHARE:
             raise OverShare(owner)
@@ -288,13 +288,13 @@ class HelperChannel:
         ended before recording it). Never called when the request did not leave.
 
         Raises:
-            HelperUnavailable: no helper, or it closed the connection without a reply.
+            PolicyUnavailable: no helper, or it closed the connection without a reply.
             TimeoutError: no reply within ``timeout`` seconds.
         """
         if lease is None:
             return await self._exchange(await self._connection(), req, timeout, delivered)
         if not lease.reusable:
-            raise HelperUnavailable("one request per call connection")
+            raise PolicyUnavailable("one request per call connection")
         lease.reusable = False  # until answered: the helper may still be working on it
         result = await self._exchange(lease.conn, req, timeout, delivered)
         lease.reusable = True
@@ -312,13 +312,13 @@ class HelperChannel:
             try:
                 async with asyncio.timeout(timeout):
                     return await fut
-            except HelperUnavailable:
+            except PolicyUnavailable:
                 if delivered is not None:
                     delivered(False)
                 raise
         except OSError as exc:
             conn.close(lost=True)
-            raise HelperUnavailable(str(exc)) from None
+            raise PolicyUnavailable(str(exc)) from None
         finally:
             conn.pending.pop(rid, None)
 
@@ -331,7 +331,7 @@ class HelperChannel:
         """
         try:
             reply, fds = await self.request(req, timeout, lease, delivered)
-        except HelperUnavailable:
+        except PolicyUnavailable:
             raise ToolError(HELPER_UNAVAILABLE, _UNAVAILABLE) from None
         except TimeoutError:
             raise ToolError(HELPER_UNAVAILABLE, "the root helper did not answer in time") from None
@@ -343,18 +343,18 @@ class HelperChannel:
         return reply
 
     def close(self) -> None:
-        """Close every connection (requests in flight fail with :class:`HelperUnavailable`)."""
+        """Close every connection (requests in flight fail with :class:`PolicyUnavailable`)."""
         for conn in [*self._conns, *self._idle, *self._busy]:
             if conn is not None:
                 conn.close()
         self._idle.clear()
 
 
-class HelperSpawner:
+class PolicySpawner:
     """A :class:`mcpd.front.pool.Spawner` whose workers the root helper starts for the principal
     of the token given, as that principal's OS account (DESIGN.md "worker")."""
 
-    def __init__(self, channel: HelperChannel) -> None:
+    def __init__(self, channel: PolicyChannel) -> None:
         self._channel = channel
         self._tokens: dict[int, str] = {}  # pid -> the token that started it (needed to kill it)
 
@@ -367,7 +367,7 @@ class HelperSpawner:
         """
         try:
             reply, socks = await self._channel.request({"type": "spawn_worker", "token": token}, timeout=30)
-        except (HelperUnavailable, TimeoutError):
+        except (PolicyUnavailable, TimeoutError):
             raise ToolError(HELPER_UNAVAILABLE, "cannot start a worker: the root helper is not running") from None
         pid = reply.get("pid")
         if not reply.get("ok") or len(socks) != 1 or not isinstance(pid, int):
@@ -380,7 +380,7 @@ class HelperSpawner:
         return socks[0], pid
 
     def generation(self) -> int:
-        """:attr:`HelperChannel.losses`: it changes when the helper's connections were lost, as
+        """:attr:`PolicyChannel.losses`: it changes when the helper's connections were lost, as
         when the root helper or its policy process died (and every worker with it)."""
         return self._channel.losses
 
@@ -389,7 +389,7 @@ class HelperSpawner:
         that is dying this very moment counts as gone."""
         try:
             await self._channel.request({"type": "authenticate", "token": ""}, timeout=2)
-        except (HelperUnavailable, TimeoutError):
+        except (PolicyUnavailable, TimeoutError):
             return False
         return True
 
@@ -410,7 +410,7 @@ class HelperSpawner:
         self._tokens.pop(pid, None)
 
 
-class HelperAuthenticator:
+class PolicyAuthenticator:
     """An :class:`mcpd.front.auth.Authenticator` that asks the helper (which alone reads the tokens).
 
     Args:
@@ -431,7 +431,7 @@ class HelperAuthenticator:
     it is not running (:class:`~mcpd.front.auth.CheckerDown`, answered 503, never 401).
     """
 
-    def __init__(self, channel: HelperChannel, cache_seconds: float = 30.0, fresh_seconds: float = 2.0) -> None:
+    def __init__(self, channel: PolicyChannel, cache_seconds: float = 30.0, fresh_seconds: float = 2.0) -> None:
         self._channel = channel
         self._cache_seconds = cache_seconds
         self._fresh_seconds = fresh_seconds
@@ -469,7 +469,7 @@ class HelperAuthenticator:
             finally:
                 if gate is not None:
                     gate.release()
-        except HelperUnavailable:
+        except PolicyUnavailable:
             if recent is None:  # the helper is down: past the short window nothing is accepted (fail
                 raise CheckerDown("the root helper is not running")  # closed), nor refused as bad
             return recent
@@ -493,7 +493,7 @@ class HelperAuthenticator:
         return principal
 
 
-class HelperBackend:
+class PolicyBackend:
     """The :class:`mcpd.front.privileged.PrivilegedBackend` that forwards to the root helper.
 
     Args:
@@ -504,7 +504,7 @@ class HelperBackend:
             no principal takes the helper's capacity from the others; beyond it ``RATE_LIMITED``.
     """
 
-    def __init__(self, channel: HelperChannel, pool: WorkerPool, timeout: float, per_principal: int = 32) -> None:
+    def __init__(self, channel: PolicyChannel, pool: WorkerPool, timeout: float, per_principal: int = 32) -> None:
         self._channel, self._pool, self._timeout = channel, pool, timeout
         self._per_principal = per_principal
         self._in_flight: collections.Counter[str] = collections.Counter()
@@ -569,5 +569,5 @@ class HelperBackend:
                 f"privileged calls in flight hold all {CALL_CONNECTIONS}"
             raise ToolError(TIMEOUT, f"no connection to the root helper came free within {timeout:g} s: {held}",
                             seconds=timeout) from None
-        except HelperUnavailable:
+        except PolicyUnavailable:
             raise ToolError(HELPER_UNAVAILABLE, _UNAVAILABLE) from None

@@ -23,10 +23,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mcpd.common import frames
+from mcpd.helper.wire import frames
 from mcpd.front import metrics
 from mcpd.common.config import Login as LoginConfig
-from mcpd.front.helper_client import HelperChannel, HelperUnavailable
+from mcpd.front.policy_client import PolicyChannel, PolicyUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
 
 LOGIN_BODY_CAP = 8192
@@ -80,14 +80,14 @@ class HelperLogin:
         timeout: seconds to wait for PAM (its own delays included).
     """
 
-    def __init__(self, client: HelperChannel, timeout: float = 60.0) -> None:
+    def __init__(self, client: PolicyChannel, timeout: float = 60.0) -> None:
         self._client = client
         self._timeout = timeout
 
     async def _ask(self, req: dict[str, Any]) -> dict[str, Any]:
         try:
             reply, fds = await self._client.request(req, timeout=self._timeout)
-        except (HelperUnavailable, TimeoutError):
+        except (PolicyUnavailable, TimeoutError):
             raise LoginUnavailable("the root helper is not reachable") from None
         for s in fds:
             s.close()
