@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from mcpd.helper.wire import frames
 from mcpd.front import metrics
+from mcpd.front.access import AccessLog
 from mcpd.common.config import Login as LoginConfig
 from mcpd.front.policy_client import PolicyChannel, PolicyUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
@@ -130,7 +131,7 @@ class LoginRoutes:
 
     def __init__(self, backend: LoginBackend, cfg: LoginConfig) -> None:
         self.backend, self.cfg = backend, cfg
-        self.access: Any = None  # the front's AccessLog (set by build_app): the logins refused here are recorded there
+        self.access: AccessLog | None = None  # set by build_app: the logins refused here are recorded there
         self._total = 0
         self._peers: dict[str, int] = {}  # address -> logins in flight (one event loop: no lock)
 
