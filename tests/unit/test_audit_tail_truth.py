@@ -92,3 +92,22 @@ def test_a_kernel_refusal_on_the_unprivileged_route_is_listed_as_a_refusal(tmp_p
                        reason="the OS account's own permissions", outcome=outcome)
     out = CliRunner().invoke(audit, ["tail", "--file", str(path), "--decision", "reject", "--json"])
     assert [json.loads(x)["requested_path"] for x in out.stdout.splitlines()] == [f"/srv/{REFUSED_BY_OS}"]
+
+
+def test_the_access_logs_loss_alert_names_the_access_log(tmp_path: Path) -> None:
+    from mcpd.front.access import AccessLog
+
+    path = tmp_path / "access.jsonl"
+    front = AccessLog(str(path))
+    try:
+        for i in range(3):
+            front.log.record("access", user="alice", requested_path=f"/srv/{i}")
+        lines = path.read_bytes().splitlines(keepends=True)
+        path.write_bytes(b"".join(lines[:-1]))  # its last record cut while the front runs
+        front.log.record("access", user="alice", requested_path="/srv/3")
+    finally:
+        front.log.close()
+    alert = [json.loads(x) for x in path.read_text().splitlines()][-2]
+    assert alert["reason"] == "the access log lost records its writer had written", alert
+    shown = CliRunner().invoke(audit, ["tail", "--file", str(path), "--event", "alert"]).stdout
+    assert '"the access log lost records its writer had written": 1 record (seq 3); the log ended at seq 2' in shown
