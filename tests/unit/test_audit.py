@@ -225,7 +225,8 @@ def test_a_record_that_cannot_be_written_leaves_no_lock_behind(tmp_path: Path) -
         log.record("accept", user="carol")
     first = records(tmp_path / "audit.jsonl.1")
     after = records(path)
-    assert [r["user"] for r in first + after] == ["alice", "carol"]
+    assert [r.get("user") for r in first + after] == ["alice", None, "carol"]
+    assert (after[0]["event"], after[0]["file_number"]) == ("rotate", 2)  # the new file says which it is
     assert after[0]["seq"] == first[-1]["seq"] + 1
 
 
