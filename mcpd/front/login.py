@@ -3,8 +3,10 @@
 ``POST {base}/login`` takes ``{"user": ..., "password": ...}`` (JSON, at most
 :data:`LOGIN_BODY_CAP` bytes, no bearer needed) and forwards it to the root helper's ``pam_login``;
 the answer is ``200 {"token", "expires", "user"}`` with the token shown this once, ``401
-{"error": "authentication failed"}`` for every kind of refusal, or ``503`` when there is no
-helper (development mode: PAM runs only in the root helper). Logins in flight are bounded, in
+{"error": "authentication failed"}`` for every kind of refusal, or ``503`` when nobody can check
+the password: with ``Retry-After`` when the root helper is not reachable now (it is restarted),
+without it when there is no helper at all (development mode: PAM runs only in the root helper,
+so retrying cannot help). Logins in flight are bounded, in
 total (``login.in_flight``) and per client address (``login.in_flight_per_address``); beyond that,
 or when the helper's login capacity is full, the answer is ``429`` with ``Retry-After`` at once,
 so a login flood never holds more than its share of the helper (SPEC §5.3). ``POST {base}/logout`` with the
@@ -26,6 +28,7 @@ from starlette.routing import Route
 from mcpd.helper.wire import frames
 from mcpd.front import metrics
 from mcpd.front.access import AccessLog
+from mcpd.front.auth import CHECKER_DOWN_RETRY
 from mcpd.common.config import Login as LoginConfig
 from mcpd.front.policy_client import PolicyChannel, PolicyUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
@@ -37,7 +40,22 @@ NO_HELPER = "password login needs the root helper (PAM runs there only); this da
 
 
 class LoginUnavailable(Exception):
-    """No root helper to run PAM (development mode) or it is down."""
+    """No root helper to run PAM (development mode), or it is down.
+
+    Args:
+        message: the answer's ``error`` text.
+        retry_after: seconds for the ``503``'s ``Retry-After`` when the helper may be back soon;
+            ``None`` when it never will (no helper unit).
+    """
+
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def response(self) -> JSONResponse:
+        """The ``503`` answer: ``{"error": message}``, with ``Retry-After`` when there is one."""
+        headers = {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}
+        return JSONResponse({"error": str(self)}, status_code=503, headers=headers)
 
 
 class LoginBusy(Exception):
@@ -89,7 +107,7 @@ class HelperLogin:
         try:
             reply, fds = await self._client.request(req, timeout=self._timeout)
         except (PolicyUnavailable, TimeoutError):
-            raise LoginUnavailable("the root helper is not reachable") from None
+            raise LoginUnavailable("the root helper is not reachable; retry in a moment", CHECKER_DOWN_RETRY) from None
         for s in fds:
             s.close()
         return reply
@@ -191,7 +209,7 @@ class LoginRoutes:
             outcome = await self.backend.login(data["user"], data["password"], peer)
         except LoginUnavailable as exc:
             self._refused(peer, data["user"], 503, "no root helper to check passwords")
-            return JSONResponse({"error": str(exc)}, status_code=503)
+            return exc.response()
         if outcome is None:
             metrics.LOGINS_REFUSED.labels("401").inc()
             return JSONResponse({"error": GENERIC}, status_code=401)
@@ -204,7 +222,7 @@ class LoginRoutes:
         try:
             revoked = await self.backend.revoke(token)
         except LoginUnavailable as exc:
-            return JSONResponse({"error": str(exc)}, status_code=503)
+            return exc.response()
         if not revoked:
             return JSONResponse({"error": "not a login token; static tokens are changed with mcpd users rotate"},
                                 status_code=400)
