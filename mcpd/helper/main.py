@@ -39,6 +39,7 @@ STOP_SECONDS = 10.0  # how long a stopping helper waits for the policy process t
 #: the children it made, which run as other uids. PAM as root reads /etc/shadow with these too.
 KEEP = {"CAP_DAC_READ_SEARCH": 2, "CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
 _PR_CAPBSET_READ, _PR_CAPBSET_DROP, _CAP_VERSION_3 = 23, 24, 0x20080522
+_PR_SET_PDEATHSIG, _PR_GET_PDEATHSIG = 1, 2
 
 
 def drop_capabilities() -> None:
@@ -58,7 +59,9 @@ def drop_capabilities() -> None:
 
 def listening_socket(path: str, service_gid: int) -> socket.socket:
     """The socket from systemd (``LISTEN_FDS``, fd 3), or a new one at ``path``: mode 0660, owner
-    root, group ``service_gid``."""
+    root, group ``service_gid``. The change of effective gid this takes clears the parent-death
+    signal the starter gave (``mcpd dev``'s: the helper dies with it), so it is set again, and
+    ``OSError`` is raised when that fails or the starter ended meanwhile."""
     if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1":
         return socket.socket(fileno=3)
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
@@ -68,13 +71,16 @@ def listening_socket(path: str, service_gid: int) -> socket.socket:
     except FileNotFoundError:
         pass
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o117)  # 0660
+    old, libc, death, parent = os.umask(0o117), ctypes.CDLL(None, use_errno=True), ctypes.c_int(), os.getppid()
+    libc.prctl(_PR_GET_PDEATHSIG, ctypes.byref(death), 0, 0, 0)  # the starter's (mcpd dev's), if any
     os.setegid(service_gid)  # the new socket's group, without CAP_CHOWN
     try:
         sock.bind(path)
     finally:
         os.setegid(0)
         os.umask(old)
+    if death.value and (libc.prctl(_PR_SET_PDEATHSIG, death.value, 0, 0, 0) != 0 or os.getppid() != parent):
+        raise OSError("the process that started the helper ended, or its parent-death signal was lost")
     sock.listen(64)
     return sock
 
