@@ -331,14 +331,21 @@ def _retire(state: State, w: Worker) -> None:
         state.untaken.setdefault(w.owner, []).append(w.ctl)
 
 
-def untaken(state: State, owner: tuple[str, str] | None = None) -> int:
-    """How many kept control sockets of ended workers still hold what this process sent them,
-    of ``owner`` (a principal's ``(name, os_user)``) or, with None, of everyone; closes and drops
-    those released since (the rule: a principal with :data:`UNTAKEN_MAX` of them gets no more
-    descriptors until they are released)."""
+def untaken(state: State, owner: tuple[str, str] | None = None, calling: Worker | None = None) -> int:
+    """How many control sockets of ``owner`` (a principal's ``(name, os_user)``) or, with None,
+    of everyone, still hold what this process sent on them: those of ended workers kept in
+    :attr:`State.untaken` (closed and dropped here once released) and those of live workers
+    between calls that hold a call they reported but never took off their socket (a peek).
+    ``calling``, the worker of the call asking, is killed first when it is one of those (it is
+    then counted only when another process keeps a copy of its socket). The rule: a principal
+    with :data:`UNTAKEN_MAX` of them gets no more descriptors until they are released."""
+    if calling is not None and calling.checked and not calling.busy.locked() and _outq(calling.ctl):
+        kill_worker(state, calling, "a privileged call could not be passed to it: it did not read its control socket")
+    with state.lock:
+        live = [w for w in state.workers.values() if (owner is None or w.owner == owner) and w.checked]
+    count = sum(1 for w in live if not w.busy.locked() and _outq(w.ctl))
     with state.lock:
         owners = list(state.untaken) if owner is None else [owner]
-        count = 0
         for who in owners:
             kept = []
             for s in state.untaken.get(who, []):
@@ -492,7 +499,10 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     if not isinstance(req.get("worker"), int) or req.get("rid") is None:
         raise Refused("content call without worker and rid")
     w = _bound_worker(state, principal, req["worker"])
-    if (held := untaken(state, w.owner)) >= UNTAKEN_MAX or (held and untaken(state) >= UNTAKEN_TOTAL):
+    held = untaken(state, w.owner, w)
+    if state.workers.get(w.pid) is not w:  # it was one of them: killed
+        raise ToolError(INTERNAL_ERROR, "the worker ended during the call: it did not read its control socket")
+    if held >= UNTAKEN_MAX or (held and untaken(state) >= UNTAKEN_TOTAL):
         raise ToolError(HELPER_UNAVAILABLE, f"no privileged read for this principal: its workers left {held} "
                         "descriptors untaken in their sockets (a process of its account keeps them); "
                         "none is passed until they are released", reason=UNTAKEN)
@@ -539,8 +549,6 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     finally:
         if fd >= 0:
             os.close(fd)
-    if report is not None and _outq(w.ctl):  # it reported a call it never took off its socket (a peek)
-        kill_worker(state, w, "it reported a call it had not taken")
     if report is None:
         raise ToolError(TIMEOUT, "the call did not finish in time")
     return {"ok": True, "dispatched": True}, report.get("code"), int(report.get("bytes") or 0), prepared
