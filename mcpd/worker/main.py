@@ -201,6 +201,8 @@ def _harden(keep: set[int], parent: int) -> None:
             os.closerange(fd, fd + 1)
     os.closerange(max(keep) + 1, os.sysconf("SC_OPEN_MAX"))
     os.chdir("/")
+    for name in [n for n in os.environ if n not in ("PATH", "LANG")]:  # HOME, MAGIC: libraries would read
+        del os.environ[name]  # files the account controls (libmagic: $HOME/.magic); see mcpd.core.magicdb
     os.umask(0o077)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a core dump would hold file contents
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when a worker ends

@@ -23,6 +23,7 @@ import sys
 import termios
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,21 +36,26 @@ from tests.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 
+SECRET = "shadow-like secret: hunter2\nsecond line: s3cr3t\n"
+
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[PrivsepDaemon]:
     """The privsep daemon; alice and bob granted files/read on the app folder, alice also
-    files/filetype on it."""
+    files/filetype (only) on ``ftonly/secret.txt`` (root's, 0600, in a 0700 folder)."""
     factory = AccountFactory()
     d: PrivsepDaemon | None = None
     try:
         d = start_privsep(factory, workers={"per_account": 4, "timeout_seconds": 6, "spawn_burst": 16,
                                             "spawns_per_second": 40})
+        (d.srv / "ftonly").mkdir(mode=0o700)
+        (d.srv / "ftonly" / "secret.txt").write_text(SECRET)
+        os.chmod(d.srv / "ftonly" / "secret.txt", 0o600)
         rule = {"allowed": True, "paths": [str(d.app)]}
+        ftonly = {"allowed": True, "paths": [str(d.srv / "ftonly" / "secret.txt")]}
         d.write_grants({"users": {
             d.accounts["bob"].name: {"privileged": {"tools": {"files/read": dict(rule)}}},
-            d.accounts["alice"].name: {"privileged": {"tools": {"files/read": dict(rule),
-                                                                "files/filetype": dict(rule)}}}}})
+            d.accounts["alice"].name: {"privileged": {"tools": {"files/read": dict(rule), "files/filetype": ftonly}}}}})
 
         def served() -> bool:
             try:
@@ -315,3 +321,35 @@ def test_a_reply_whose_descriptors_cannot_be_passed_fails_alone(daemon: PrivsepD
     first, second = got["replies"]
     assert first is not None and first["id"] == 1 and first["ok"] is False and first["error"]["code"] == "INTERNAL_ERROR", got
     assert second == {"ok": True, "id": 2} and got["fds"] == [0, 0], got
+
+
+def test_a_magic_file_in_the_accounts_home_is_not_loaded(daemon: PrivsepDaemon) -> None:
+    """Rule: workers load libmagic's system database only, never a magic file of the account's
+    (``$HOME/.magic``, ``$MAGIC``): a ``files/filetype`` grant gives a principal's account no
+    byte of the file. Attack: a process of alice's account writes ``~/.magic`` whose rules print
+    the sample's bytes into the description; alice asks a privileged ``files/filetype`` of a
+    root-only file she has no read grant on."""
+    d = daemon
+    target = d.srv / "ftonly" / "secret.txt"
+    got, err = read_once(d, target, privileged=True)
+    assert got is None and err["code"] == "PERMISSION_DENIED", (got, err)  # no read grant
+    rules = "0\tubelong\tx\tDUMP:%08x\n" + "".join(f">{off}\tubelong\tx\t\\b%08x\n" for off in range(4, 64, 4))
+    planted = Path(d.accounts["alice"].home) / ".magic"
+    writer = as_account(d, "alice", "import sys; open(sys.argv[1], 'w').write(sys.argv[2])", str(planted), rules)
+    writer.communicate(timeout=60)
+    assert writer.returncode == 0
+    try:
+        for pid in d.workers("alice"):  # a new worker loads libmagic's database anew
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not d.workers("alice"))
+
+        async def go() -> dict[str, Any]:
+            async with client(d, "alice") as c:
+                res = await c.call_tool("files/filetype", {"path": str(target), "privileged": True}, check=False)
+                return dict(res["structuredContent"])
+
+        out = asyncio.run(go())
+    finally:
+        planted.unlink(missing_ok=True)
+    description = str(out.get("description", ""))
+    assert "DUMP:" not in description and out.get("mime") == "text/plain", out
