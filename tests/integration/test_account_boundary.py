@@ -353,3 +353,44 @@ def test_a_magic_file_in_the_accounts_home_is_not_loaded(daemon: PrivsepDaemon) 
         planted.unlink(missing_ok=True)
     description = str(out.get("description", ""))
     assert "DUMP:" not in description and out.get("mime") == "text/plain", out
+
+
+# As alice: the worker's own hardening (mcpd.worker.main._harden, as a worker runs it before it
+# serves), then what code inside a worker would try to keep a descriptor past the worker's end.
+AFTER_HARDENING = r"""
+import json, os, socket, subprocess, threading
+from mcpd.worker import main as wm
+a, b = socket.socketpair()
+wm._harden({a.fileno()}, os.getppid())
+out = {}
+for name, start in (("fork", os.fork), ("subprocess", lambda: subprocess.run(["/bin/true"]).returncode),
+                    ("posix_spawn", lambda: os.posix_spawn("/bin/true", ["true"], {})),
+                    ("exec", lambda: os.execv("/bin/true", ["true"]))):
+    try:
+        if start() == 0 and name == "fork":
+            os._exit(0)
+        out[name] = "started"
+    except OSError as e:
+        out[name] = e.errno
+seen = []
+t = threading.Thread(target=lambda: seen.append(open("/etc/hostname").read() is not None)); t.start(); t.join()
+out["thread"] = seen == [True]
+print(json.dumps(out))
+"""
+
+
+def test_a_hardened_worker_starts_no_process(daemon: PrivsepDaemon) -> None:
+    """Rule: once hardened a worker can start no process and exec nothing (a seccomp filter), so
+    no helper process of a compromised worker keeps a descriptor root opened after the worker is
+    killed or its token revoked; threads still work. Checked on the worker's own hardening run as
+    alice, and on a real worker of hers (its ``/proc`` status shows the filter)."""
+    d = daemon
+    p = as_account(d, "alice", AFTER_HARDENING)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err[-2000:]
+    assert out, "the hardened process exec'd /bin/true (nothing printed)"
+    assert json.loads(out) == {"fork": 1, "subprocess": 1, "posix_spawn": 1, "exec": 1, "thread": True}, out
+    assert read_once(d, d.log_file, privileged=True) == (LOG_TEXT, {})
+    for pid in d.workers("alice"):
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+        assert status.get("Seccomp") == "2" and status.get("Seccomp_filters", "1") != "0", status.get("Seccomp")
