@@ -362,9 +362,10 @@ def _id_key(value: Any) -> tuple[str, Any]:
 
 
 def _params(msg: Message) -> dict[str, Any]:
+    """A request's ``params``: ``{}`` when absent. Raises :class:`RpcError` (``-32602``) when
+    present and not an object (``null`` included: JSON-RPC 2.0 wants a structured value, and every
+    method served takes named parameters)."""
     params = msg.get("params", {})
-    if params is None:
-        return {}
     if not isinstance(params, dict):
         raise RpcError(INVALID_PARAMS, "params must be an object")
     return params
