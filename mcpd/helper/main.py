@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from mcpd.helper.wire.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, root_settings
+from mcpd.helper.wire.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, plain_ids, root_settings
 from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 from mcpd.helper import forkserver
 from mcpd.helper.monitor import CHANNELS, Monitor
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns 0 after a clean stop; 78 (configuration broken, do not restart) when not root, when
     ``mcpd.yaml`` is not root's (owner, mode) or unreadable, an account (``mcpd-policy``,
-    ``mcpd-walk``: uid and gid not 0; the service user) is unknown, or the policy process exits
+    ``mcpd-walk``: uid and gid plain, :func:`plain_ids`; the service user) is unknown, or the policy process exits
     78 (its own folders are unsafe, the configuration or the grants are broken); 1 when the policy
     process ends otherwise. Root touches none of the policy's files: systemd-tmpfiles (or
     ``mcpd helper``) makes its folders.
@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         drop_capabilities()
         settings = root_settings(parse_strict_yaml(read_secure_file(path, 0), path), path)
         service, walker, policy = (pwd.getpwnam(n) for n in (settings.service_user, WALK_USER, POLICY_USER))
-        if {0} & {walker.pw_uid, walker.pw_gid, policy.pw_uid, policy.pw_gid}:
-            raise OSError(f"the accounts {WALK_USER} and {POLICY_USER} must not be root")
+        if not plain_ids(walker.pw_uid, walker.pw_gid, policy.pw_uid, policy.pw_gid):
+            raise OSError(f"the accounts {WALK_USER} and {POLICY_USER} must not be root (or have an id of -1)")
     except (ConfigFileError, ValueError, KeyError, OSError) as exc:
         log.error("cannot start: %s", "; ".join(getattr(exc, "errors", [])) or exc)
         return EXIT_CONFIG

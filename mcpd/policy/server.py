@@ -56,7 +56,7 @@ from mcpd.common.config import CAP_KEY, Config
 from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_REGULAR_FILE, PERMISSION_DENIED, RATE_LIMITED,
                                 TIMEOUT, ToolError, from_oserror)
 from mcpd.common.reload import Reloading
-from mcpd.helper.wire.rootconf import WORKER_START_GID
+from mcpd.helper.wire.rootconf import WORKER_START_GID, plain_ids
 from mcpd.common.validate import check_path
 from mcpd.common.audit import REFUSED_AT_OPEN, AuditLog, Prepared
 from mcpd.policy import grants
@@ -186,7 +186,7 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
         pw = pwd.getpwnam(principal.os_user)
     except KeyError:
         raise ToolError(PERMISSION_DENIED, "no such OS account", reason="unknown OS account") from None
-    if pw.pw_uid == 0:
+    if not plain_ids(pw.pw_uid, pw.pw_gid):  # root's, or -1 (which setresuid takes as "no change")
         raise ToolError(PERMISSION_DENIED, "workers never run as root", reason="root account")
     if WORKER_START_GID in os.getgrouplist(pw.pw_name, pw.pw_gid):  # its processes could take a starting worker
         raise ToolError(PERMISSION_DENIED, f"the account is in group {WORKER_START_GID}, which workers start with",
@@ -434,7 +434,7 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     if fd is not None:
         real = args["path"]
     else:
-        fd, real = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file")
+        fd, real = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file", principal.name)
         if not follow:
             state.opened.keep(args["path"], principal.name, fd)
     try:

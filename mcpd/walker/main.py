@@ -103,6 +103,7 @@ class Objects:
 
     def __init__(self, secrets: tuple[str, ...]) -> None:
         self.table, self.index = opener.mounts(), dict[str, tuple[str, ...]]()  # file system -> secret patterns
+        self._stacked: dict[str, bool] = {}  # overlay file system -> whether it stacks over a secret
         for text in secrets:
             folder, name = posixpath.split(text)
             for literal, tail in ((_literal(folder), name), (_literal(text), "")):
@@ -115,7 +116,19 @@ class Objects:
         """Why a place is never shown (a process's folder, a secret), or None."""
         if opener.of_a_process(where):
             return opener.PROCESS
-        return grants.SECRET if grants.is_secret(self.index.get(where[0], ()), where[1]) else None
+        return grants.SECRET if self.secret(where) else None
+
+    def secret(self, where: opener.Place) -> bool:
+        """Whether a place is at or below a secret's, or lies on an overlay one of whose layers is,
+        holds a secret below it, or cannot be found (the rule of root's
+        :meth:`mcpd.helper.monitor.Monitor.secret`)."""
+        if grants.is_secret(self.index.get(where[0], ()), where[1]):
+            return True
+        if where[0] not in self._stacked:
+            layers = [opener.place_of(p, self.table) if p.startswith("/") else None for p in opener.layers(where, self.table)]
+            self._stacked[where[0]] = any(w is None or self.secret(w) or any(
+                p.startswith(grants.escape_glob(w[1]).rstrip("/") + "/") for p in self.index.get(w[0], ())) for w in layers)
+        return self._stacked[where[0]]
 
     def judge(self, fd: int) -> str | None:
         """Why a folder (any descriptor) is never listed: its place is refused or cannot be told
