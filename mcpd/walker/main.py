@@ -95,7 +95,9 @@ class Objects:
         secrets: the fixed deny's patterns (:func:`mcpd.policy.grants.secret_paths`). Each pattern
             ``FOLDER/NAME`` becomes ``PLACE/NAME`` on the file system of ``FOLDER``'s place, and a
             pattern naming one existing file or folder also becomes that object's own place (a
-            folder that is a mount of its own).
+            folder that is a mount of its own); one naming a symlink to a file (the TLS key in a
+            certbot layout) also gives the whole folder of the file it leads to now, as root's
+            :meth:`mcpd.helper.monitor.Monitor.places` does.
 
     Build it before the Landlock confinement: it reads the mount table, which later mounts are
     not in (what lies on one of them is refused or hidden: fail closed).
@@ -108,9 +110,12 @@ class Objects:
             folder, name = posixpath.split(text)
             for literal, tail in ((_literal(folder), name), (_literal(text), "")):
                 where = None if literal is None else opener.place_of(literal, self.table)
-                if where is not None:
-                    pattern = posixpath.join(grants.escape_glob(where[1]), tail) if tail else grants.escape_glob(where[1])
-                    self.index[where[0]] = (*self.index.get(where[0], ()), pattern)
+                if literal is None or where is None:
+                    continue
+                pattern = posixpath.join(grants.escape_glob(where[1]), tail) if tail else grants.escape_glob(where[1])
+                self.index[where[0]] = (*self.index.get(where[0], ()), pattern)
+                if not tail and os.path.islink(literal) and not os.path.isdir(literal):  # a symlinked key (certbot)
+                    self.index[where[0]] += (grants.escape_glob(posixpath.dirname(where[1])),)
 
     def refused(self, where: opener.Place) -> str | None:
         """Why a place is never shown (a process's folder, a secret), or None."""
