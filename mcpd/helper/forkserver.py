@@ -50,20 +50,17 @@ def _prctl(option: int, *args: int) -> None:
 
 
 def drop_to_walker(uid: int, gid: int) -> None:
-    """As root: become ``uid``/``gid`` (all three ids, no supplementary group) keeping only
-    CAP_DAC_READ_SEARCH in the permitted, effective, inheritable and ambient sets, so it survives
-    the ``exec`` of the walker; then set no_new_privs. Raises ``OSError`` (the child then exits)."""
+    """As root: become ``uid``/``gid`` (:func:`_become`: all three ids, no supplementary group,
+    no_new_privs) keeping only CAP_DAC_READ_SEARCH in the permitted, effective, inheritable and
+    ambient sets, so it survives the ``exec`` of the walker. Raises ``OSError`` (the child then exits)."""
     _prctl(_PR_SET_KEEPCAPS, 1)  # setresuid away from root keeps the permitted set (exec clears it)
-    os.setgroups([])
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
+    _become(uid, gid, [])
     header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)  # struct __user_cap_header_struct {version, pid}
     one = 1 << CAP_DAC_READ_SEARCH
     data = (ctypes.c_uint32 * 6)(one, one, one, 0, 0, 0)  # 2 x {effective, permitted, inheritable}
     if ctypes.CDLL(None, use_errno=True).capset(header, data) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
     _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH)
-    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
 
 def _keep_only(fds: list[int], nulled: tuple[int, ...] = (0, 1, 2)) -> None:

@@ -13,6 +13,7 @@ until it is stopped or the policy process ends; it keeps no state of its own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import logging
 import os
@@ -23,7 +24,6 @@ import socket
 import stat
 import sys
 import threading
-import time
 from collections.abc import Callable
 
 from mcpd.helper.wire.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, plain_ids, root_settings
@@ -62,11 +62,9 @@ def listening_socket(path: str, service_gid: int) -> socket.socket:
     if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1":
         return socket.socket(fileno=3)
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    try:
+    with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             os.unlink(path)
-    except FileNotFoundError:
-        pass
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o117)  # 0660
     os.setegid(service_gid)  # the new socket's group, without CAP_CHOWN
@@ -123,16 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         theirs.close()
         threading.Thread(target=monitor.serve, args=(ours,), daemon=True).start()
     stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.update(now=True))
     signal.signal(signal.SIGHUP, lambda *_: signal.pidfd_send_signal(pidfd, signal.SIGHUP))
     log.info("root helper started the policy process (pid %d, %s)", pid, POLICY_USER)
     code = serve(monitor, pidfd, lambda: stop["now"])
     if code is None:  # stopped: the policy stops first (its workers, its audit), still served meanwhile
         signal.pidfd_send_signal(pidfd, signal.SIGTERM)
-        end = time.monotonic() + STOP_SECONDS
-        while time.monotonic() < end and not select.select([pidfd], [], [], 0.5)[0]:
-            monitor.reap()
+        select.select([pidfd], [], [], STOP_SECONDS)
         code = 0
     monitor.close()
     status = _wait(pid, pidfd)
@@ -141,10 +137,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(monitor: Monitor, pidfd: int, stopped: Callable[[], bool]) -> int | None:
-    """Reap children until ``stopped()`` (``None``), or the policy process ends or breaks the
-    protocol on a channel (1). The channels are served by their own threads."""
+    """Wait until ``stopped()`` (``None``), or the policy process ends or breaks the protocol on a
+    channel (1). The channels are served by their own threads (each spawn forgets the children
+    that have ended, :meth:`Monitor.reap`)."""
     while not stopped():
-        monitor.reap()
         if select.select([pidfd], [], [], 0.5)[0] or monitor.broken.is_set():
             log.error("the policy process %s", "broke the protocol" if monitor.broken.is_set() else "ended")
             return 1

@@ -35,6 +35,7 @@ import functools
 import logging
 import os
 import pwd
+import select
 import signal
 import socket
 import threading
@@ -85,6 +86,8 @@ class Monitor:
         self.pam_users: set[str] = set()  # one PAM conversation per account at a time
         self.children: dict[int, tuple[int, int]] = {}  # pid -> (pidfd, uid; -1: a walker) of every child made here
         self._lock, self._forking, self.broken = threading.Lock(), threading.Lock(), threading.Event()
+        # the mount table (none yet: read at the first open), read again when _mountinfo raises POLLPRI
+        self._mounting, self._mountinfo, self._table = threading.Lock(), os.open("/proc/self/mountinfo", os.O_RDONLY), opener.Mounts()
 
     # ------------------------------------------------------------ handlers
 
@@ -103,11 +106,23 @@ class Monitor:
     def judge(self, fd: int) -> str | None:
         """Why root refuses the object of the ``O_PATH`` descriptor ``fd`` (a process's, a secret),
         or None; raises (and so refuses) when its place cannot be told."""
-        where = opener.place(fd, table := opener.mounts())
+        where = opener.place(fd, table := self.mounts())
         if opener.of_a_process(where):
             return opener.PROCESS
         secret = opener.fd_path(fd).startswith(self.private) or self.secret(where, table, self.places(table))
         return "daemon secret" if secret else None
+
+    def mounts(self) -> opener.Mounts:
+        """The mount table (:func:`opener.mounts`), read again only once it has changed: the kernel
+        raises ``POLLPRI`` once on the ``/proc/self/mountinfo`` root holds open after each change
+        (a poll takes the event; the table read after it holds that change and any later one
+        raises it again). Mount ids are reused, so a stale table would misname a place. Raises
+        ``OSError`` (and the next call reads again)."""
+        with self._mounting:
+            if not self._table or select.select([], [], [self._mountinfo], 0)[2]:  # (no mount table is empty)
+                self._table = {}
+                self._table = opener.mounts()
+            return self._table
 
     def places(self, table: opener.Mounts) -> set[tuple[str, str]]:
         """(file system, path prefix) of each of :attr:`private` as it resolves now (symlinks
@@ -155,8 +170,7 @@ class Monitor:
         already has ``ACCOUNT_FACTOR x per_account`` workers."""
         try:
             with self._forking:  # the fork server makes one at a time anyway: so the bounds are exact
-                with self._lock:
-                    uids = [u for _, u in self.children.values()]
+                uids = self.reap()  # (children that have ended count no more)
                 if len(uids) >= CHILDREN or uid >= 0 and uids.count(uid) >= ACCOUNT_FACTOR * self.settings.per_account:
                     raise ToolError(HELPER_UNAVAILABLE, "the helper holds as many workers as it may", reason="busy")
                 pid, pidfd = self.forks.request(req, theirs)
@@ -262,13 +276,15 @@ class Monitor:
             self.broken.set()
             sock.shutdown(socket.SHUT_RDWR)
 
-    def reap(self) -> None:
-        """Forget children that have exited (their pidfd is readable)."""
+    def reap(self) -> list[int]:
+        """Forget children that have exited (their pidfd is readable); the uids of those alive
+        (-1: a walker)."""
         with self._lock:
             done = frames.ready([f for f, _ in self.children.values()], 0)
             for pid, pidfd in [(p, f) for p, (f, _) in self.children.items() if f in done]:
                 del self.children[pid]
                 os.close(pidfd)
+            return [u for _, u in self.children.values()]
 
     def close(self) -> None:
         """SIGKILL every child still alive."""
