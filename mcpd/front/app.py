@@ -259,6 +259,7 @@ def build_app(
     transport = Transport(cfg, manager)
     streamable = StreamableTransport(cfg, manager)
     logins = LoginRoutes(login or NoLogin(), cfg.login)
+    logins.access = dispatcher.access  # the logins the front refuses itself are recorded too
     routes: list[BaseRoute] = [*transport.routes(), *streamable.routes(), *logins.routes()]
     if cfg.base_path:
         routes.append(Mount(cfg.base_path, routes=transport.routes() + streamable.routes() + logins.routes()))

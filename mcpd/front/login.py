@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from mcpd.helper.wire import frames
 from mcpd.front import metrics
+from mcpd.front.access import AccessLog
 from mcpd.common.config import Login as LoginConfig
 from mcpd.front.policy_client import PolicyChannel, PolicyUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
@@ -130,6 +131,7 @@ class LoginRoutes:
 
     def __init__(self, backend: LoginBackend, cfg: LoginConfig) -> None:
         self.backend, self.cfg = backend, cfg
+        self.access: AccessLog | None = None  # set by build_app: the logins refused here are recorded there
         self._total = 0
         self._peers: dict[str, int] = {}  # address -> logins in flight (one event loop: no lock)
 
@@ -141,18 +143,24 @@ class LoginRoutes:
         """``POST /login``: see the module docstring."""
         peer = _peer(request)
         if self._total >= self.cfg.in_flight or self._peers.get(peer, 0) >= self.cfg.in_flight_per_address:
+            self._refused(peer, None, 429, "too many logins in flight")
             return self._busy()
         self._total += 1
         self._peers[peer] = self._peers.get(peer, 0) + 1
         try:
             return await self._login(request, peer)
         except LoginBusy:
+            self._refused(peer, None, 429, "the helper's login capacity is full")
             return self._busy()
         finally:
             self._total -= 1
             self._peers[peer] -= 1
             if not self._peers[peer]:
                 del self._peers[peer]
+
+    def _refused(self, peer: str, user: Any, status: int, reason: str) -> None:
+        if self.access is not None:
+            self.access.login_refused(peer, user, status, reason)
 
     def _busy(self) -> Response:
         metrics.LOGINS_REFUSED.labels("429").inc()
@@ -162,10 +170,12 @@ class LoginRoutes:
 
     async def _login(self, request: Request, peer: str) -> Response:
         if (request.headers.get("content-type") or "").split(";")[0].strip().lower() != "application/json":
+            self._refused(peer, None, 415, "content type must be application/json")
             return JSONResponse({"error": "content type must be application/json"}, status_code=415)
         body = await _read_capped(request, LOGIN_BODY_CAP)
         if body is None:
             metrics.limit_hit("body_bytes")
+            self._refused(peer, None, 413, "body too large")
             return JSONResponse({"error": "body too large"}, status_code=413)
         try:
             data = frames.loads(body)
@@ -174,11 +184,13 @@ class LoginRoutes:
         if not isinstance(data, dict) or set(data) != set(FIELD_CAPS) or not all(
             isinstance(v, str) and 0 < len(v) <= FIELD_CAPS[k] for k, v in data.items()
         ):
+            self._refused(peer, data.get("user") if isinstance(data, dict) else None, 400, "malformed login request")
             return JSONResponse({"error": 'expected {"user": string (at most 64 characters), "password": string}'},
                                 status_code=400)
         try:
             outcome = await self.backend.login(data["user"], data["password"], peer)
         except LoginUnavailable as exc:
+            self._refused(peer, data["user"], 503, "no root helper to check passwords")
             return JSONResponse({"error": str(exc)}, status_code=503)
         if outcome is None:
             metrics.LOGINS_REFUSED.labels("401").inc()

@@ -58,7 +58,7 @@ from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_R
 from mcpd.common.reload import Reloading
 from mcpd.helper.wire.rootconf import WORKER_START_GID, plain_ids
 from mcpd.common.validate import check_path
-from mcpd.common.audit import REFUSED_AT_OPEN, AuditLog, Prepared
+from mcpd.common.audit import REFUSED_AT_OPEN, AuditLog, Prepared, find_fields
 from mcpd.policy import grants
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Issued, Login, Store
@@ -153,7 +153,8 @@ def _who(state: State, req: dict[str, Any]) -> tuple[identity.Principal, Issued 
         call = {}
         if req["type"] == "privileged_call":
             path = req["args"].get(WALK_OPS.get(req["op"], "path"))
-            call = {"route": "privileged", "requested_path": path if isinstance(path, str) else None}
+            call = {"route": "privileged", "requested_path": path if isinstance(path, str) else None,
+                    **find_fields(req["op"], req["args"])}
         state.audit.record("reject", tool=req.get("op", req["type"]), decision="reject", reason="invalid token",
                            session=req.get("session"), peer=req.get("peer"), **call)
         raise ToolError(PERMISSION_DENIED, "permission denied", reason="invalid token")
@@ -343,7 +344,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     principal, login = _who(state, req)
     op, who = req["op"], {"session": req["session"], "peer": req["peer"], "user": principal.name,
                           "os_user": principal.os_user, "token_id": principal.token_id, "tool": req["op"],
-                          "route": "privileged"}
+                          "route": "privileged", **find_fields(req["op"], req["args"])}
     key = WALK_OPS.get(op, "path")
     args = dict(req["args"])  # only the path here: the worker or walker parses the rest (tool's own parse_args)
     try:
@@ -361,7 +362,9 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
                              login_time=login_time, login_used=used)
     if decision.allowed and decision.reauth_after == 0 and login is not None and not state.issued.claim(login.id):
         decision = dataclasses.replace(decision, allowed=False, reason=grants.REAUTH)  # one login, one call
-    record = dict(who, requested_path=requested, resolved_path=decision.resolved_path, grant=decision.rule)
+    # the rule that decided; for a refusal because a rule expired, that rule and when (decide's note)
+    record = dict(who, requested_path=requested, resolved_path=decision.resolved_path,
+                  grant=decision.rule or (decision.note if not decision.allowed and decision.note else None))
     if not decision.allowed or decision.resolved_path is None:
         state.audit.record("reject", decision="reject", reason=decision.reason, outcome=PERMISSION_DENIED, bytes=0,
                            duration_ms=_ms(started), **record)

@@ -240,12 +240,14 @@ class PrivsepDaemon:
             "files/read": rule, "files/list": dict(rule)}}}}}
 
     def audit(self) -> list[dict[str, Any]]:
-        """Every audit record so far."""
+        """Every audit record written whole so far (a last line the writer is still writing,
+        without its newline yet, is left for the next look)."""
         try:
             text = self.audit_path.read_text()
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        whole = text[:text.rfind("\n") + 1]
+        return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
     def audit_text(self) -> str:
         return self.audit_path.read_text() if self.audit_path.exists() else ""

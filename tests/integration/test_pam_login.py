@@ -103,7 +103,7 @@ def status_of_sse(d: PrivsepDaemon, token: str) -> int:
 
 
 def login_rejects(d: PrivsepDaemon, user: str) -> list[dict[str, Any]]:
-    return [r for r in d.audit() if r.get("event") == "reject" and r.get("tool") == "login" and r.get("os_user") == user]
+    return [r for r in d.audit() if r.get("event") == "login" and r.get("decision") == "reject" and r.get("os_user") == user]
 
 
 def test_pam_login_right_password_gives_a_token_that_works(pamd: Any) -> None:
@@ -112,7 +112,7 @@ def test_pam_login_right_password_gives_a_token_that_works(pamd: Any) -> None:
     token = login(d, alice, pw["alice"])
     assert identity.TOKEN_RE.match(token)
     assert "root:" in read(d, token, "/etc/passwd")
-    accepted = [r for r in d.audit() if r.get("event") == "login" and r.get("os_user") == alice]
+    accepted = [r for r in d.audit() if r.get("event") == "login" and r.get("decision") == "accept" and r.get("os_user") == alice]
     assert accepted and pw["alice"] not in d.audit_text() and token not in d.audit_text()
 
 
