@@ -428,8 +428,9 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
              req: dict[str, Any], record: dict[str, Any]) -> tuple[dict[str, Any], str | None, int, Prepared]:
     """Hand the opened file to the principal's worker (``files/read``: root's descriptor;
     ``files/filetype``: only :func:`~mcpd.policy.opened.described`'s facts and sample memfd) and
-    wait for its report; the accept record (``record``'s fields) is encoded while the worker
-    reads, and written by the caller."""
+    wait for its report; the accept record (``record``'s fields, and ``real_path``, the real path
+    of what root opened when it is not the one judged) is encoded while the worker reads, and
+    written by the caller."""
     if not isinstance(req.get("worker"), int) or req.get("rid") is None:
         raise Refused("content call without worker and rid")
     w = _bound_worker(state, principal, req["worker"])
@@ -440,6 +441,8 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
         fd, real = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file", principal.name)
         if not follow:
             state.opened.keep(args["path"], principal.name, fd)
+    if real != args["path"]:  # through a symlink (a grant on /): the record names the file root opened too
+        record["real_path"] = real
     try:
         if grants.is_secret(state.policy.policy, real):
             raise ToolError(PERMISSION_DENIED, f"permission denied: {args['path']}", path=args["path"],
