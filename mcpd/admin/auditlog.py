@@ -535,7 +535,7 @@ class Filter:
             return False
         if self.path is not None and not any(
                 isinstance(p, str) and fnmatch.fnmatchcase(p, self.path)
-                for p in (rec.get("requested_path"), rec.get("resolved_path"))):
+                for p in (rec.get("requested_path"), rec.get("resolved_path"), rec.get("real_path"))):
             return False
         if self.since is not None or self.until is not None:
             when = record_time(rec)
@@ -784,6 +784,7 @@ def human(rec: dict[str, Any], source: str = "") -> str:
         path = f"{_text(rec['requested_path'])} -> {_text(rec['resolved_path'])}"
     else:
         path = _text(path)
+    path += f" (opened {_text(rec['real_path'])})" if rec.get("real_path") else ""  # a symlink led there
     path += "".join(f" {label}={_text(rec[key])}" for key, label in FIND_FIELDS if rec.get(key) is not None)
     extra = f" pid={_text(rec['pid'])}" if "pid" in rec else ""
     size = rec.get("bytes")

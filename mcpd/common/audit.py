@@ -48,8 +48,9 @@ still chain whole.
 Record fields (all optional but ``seq``, ``prev``, ``time`` and ``event``): ``time`` (ISO 8601
 UTC), ``event`` (``accept``, ``reject``, ``reload``, ``reload_failed``, ``alert``, ``spawn``,
 ``kill`` ...), ``user`` (principal), ``os_user``, ``token_id``, ``peer``, ``session``, ``tool``,
-``requested_path``, ``resolved_path``, ``grant``, ``decision``, ``reason``, ``outcome``, ``bytes``,
-``duration_ms``, ``route``, ``pid``, ``suppressed``; a call the grants allowed and root's opener
+``requested_path``, ``resolved_path``, ``real_path`` (what root opened, when a symlink led
+elsewhere), ``grant``, ``decision``, ``reason``, ``outcome``, ``bytes``, ``duration_ms``, ``route``,
+``pid``, ``suppressed``; a call the grants allowed and root's opener
 refused is ``event`` ``reject`` with ``decision`` :data:`REFUSED_AT_OPEN`. Keys that name secrets or
 contents (``token``, ``password``, ``content`` ...) are refused, and values must be scalars, so
 nothing larger can slip in; a string over :data:`MAX_VALUE_CHARS` is cut and ends in :data:`CUT`.

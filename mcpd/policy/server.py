@@ -57,7 +57,7 @@ from mcpd.common.config import CAP_KEY, Config
 from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_REGULAR_FILE, PERMISSION_DENIED, RATE_LIMITED,
                                 TIMEOUT, ToolError, from_oserror)
 from mcpd.common.reload import Reloading
-from mcpd.helper.wire.rootconf import WORKER_START_GID
+from mcpd.helper.wire.rootconf import WORKER_START_GID, plain_ids
 from mcpd.common.validate import check_path
 from mcpd.common.audit import REFUSED_AT_OPEN, AuditLog, Prepared, find_fields
 from mcpd.policy import grants
@@ -200,7 +200,7 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
         pw = pwd.getpwnam(principal.os_user)
     except KeyError:
         raise ToolError(PERMISSION_DENIED, "no such OS account", reason="unknown OS account") from None
-    if pw.pw_uid == 0:
+    if not plain_ids(pw.pw_uid, pw.pw_gid):  # root's, or -1 (which setresuid takes as "no change")
         raise ToolError(PERMISSION_DENIED, "workers never run as root", reason="root account")
     if WORKER_START_GID in os.getgrouplist(pw.pw_name, pw.pw_gid):  # its processes could take a starting worker
         raise ToolError(PERMISSION_DENIED, f"the account is in group {WORKER_START_GID}, which workers start with",
@@ -494,8 +494,9 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
              req: dict[str, Any], record: dict[str, Any]) -> tuple[dict[str, Any], str | None, int, Prepared]:
     """Hand the opened file to the principal's worker (``files/read``: root's descriptor;
     ``files/filetype``: only :func:`~mcpd.policy.opened.described`'s facts and sample memfd) and
-    wait for its report; the accept record (``record``'s fields) is encoded while the worker
-    reads, and written by the caller."""
+    wait for its report; the accept record (``record``'s fields, and ``real_path``, the real path
+    of what root opened when it is not the one judged) is encoded while the worker reads, and
+    written by the caller."""
     if not isinstance(req.get("worker"), int) or req.get("rid") is None:
         raise Refused("content call without worker and rid")
     w = _bound_worker(state, principal, req["worker"])
@@ -510,9 +511,11 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     if fd is not None:
         real = args["path"]
     else:
-        fd, real = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file")
+        fd, real = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file", principal.name)
         if not follow:
             state.opened.keep(args["path"], principal.name, fd)
+    if real != args["path"]:  # through a symlink (a grant on /): the record names the file root opened too
+        record["real_path"] = real
     try:
         if grants.is_secret(state.policy.policy, real):
             raise ToolError(PERMISSION_DENIED, f"permission denied: {args['path']}", path=args["path"],
