@@ -40,7 +40,7 @@ class Backpressure:
 
     # the session's (mcpd.front.sessions.session.Session), read here
     closed: bool
-    last_write: float
+    last_taken: float
     _manager: SessionManager
     _queue: list[bytes]
     _queue_size: int
@@ -133,12 +133,14 @@ class Backpressure:
                 self._waiters = None
 
     def _expire(self, waiter: Waiter) -> None:
-        """``waiter``'s time is up unless the stream took something meanwhile (then it waits
-        ``waiter.seconds`` more from then): refuse it."""
+        """``waiter``'s time is up unless the stream took some of the session's messages
+        meanwhile (then it waits ``waiter.seconds`` more from then): refuse it. The stream's own
+        keep-alive comments count for nothing here: taking them makes no room, and a request
+        waiting behind calls that hang would otherwise wait for ever, never answered."""
         waiter.timer = None
         if waiter.fut.done():
             return
-        again = self.last_write + waiter.seconds - time.monotonic()
+        again = self.last_taken + waiter.seconds - time.monotonic()
         if again > 0 and not self.closed:
             waiter.timer = asyncio.get_running_loop().call_later(again, self._expire, waiter)
             return

@@ -54,7 +54,7 @@ class Session(Backpressure):
     """
 
     # (slots: an idle session is held for hours, and an instance dict costs it about 280 bytes)
-    __slots__ = ("id", "kind", "principal", "last_active", "last_write", "stream_open", "token", "closed",
+    __slots__ = ("id", "kind", "principal", "last_active", "last_write", "last_taken", "stream_open", "token", "closed",
                  "_manager", "_queue", "_queue_size", "_queue_bytes", "_queued", "_backlog", "_charged", "_out",
                  "_writer", "protocol")
 
@@ -69,6 +69,9 @@ class Session(Backpressure):
         # time.monotonic() of the stream's last event written, or of the client's last taking some
         # of what it was written (a piece of a large event): keep-alive comments, and a stall
         self.last_write = 0.0
+        # the same, but only for the session's messages, not its keep-alive comments: a request
+        # waiting for room waits on only while its client takes some of those (_expire)
+        self.last_taken = 0.0
         self.stream_open = False  # a GET stream is attached
         self.token = ""  # the bearer that opened it, re-checked every second (mcpd/front/revalidate.py)
         self.closed = False
@@ -196,7 +199,7 @@ class Session(Backpressure):
         :class:`~mcpd.front.connections.handover.StreamConnection`): the ``endpoint`` event (when given) goes
         first, then the queued messages. A closed session's stream is ended at once."""
         self.stream_open = True
-        self.last_write = time.monotonic()
+        self.last_write = self.last_taken = time.monotonic()
         self._out = out
         out.on_progress = self._progressed
         if endpoint is not None and not self.closed:
@@ -225,7 +228,7 @@ class Session(Backpressure):
     def _progressed(self) -> None:
         """The stream took bytes (a piece of a large event, or its transport drained): the client
         reads; what it no longer holds makes room for waiting requests."""
-        self.last_write = time.monotonic()
+        self.last_write = self.last_taken = time.monotonic()
         if self._waiters:
             self._grant()
             if self._queued != self._charged:
@@ -273,14 +276,18 @@ class Session(Backpressure):
                 self._backlog = 0
             queue = self._queue
             if queue and not self.closed:
+                taken = False
                 while queue:
                     data = queue.pop(0)
                     self._queued -= len(data)
                     out.write(data)
+                    taken = taken or data is not PING
                     if not out.writable():  # the client is behind: count what the stream holds
                         self._measure(out)
                         break
                 self.last_write = time.monotonic()
+                if taken:
+                    self.last_taken = self.last_write
             if self.closed:
                 self._out = None
                 out.end()
@@ -304,6 +311,8 @@ class Session(Backpressure):
                 self._queued -= len(data)
                 self._measure(out)
                 self.last_write = time.monotonic()
+                if data is not PING:
+                    self.last_taken = self.last_write
                 if self._waiters:
                     self._grant()
                 if self._queued != self._charged:
