@@ -1,4 +1,4 @@
-"""Reading a JSON-RPC request body without ever buffering past a cap (SPEC §1.3: 413, never
+"""Reading a JSON-RPC request body without ever buffering past a cap (docs/REFERENCE.md §1.3: 413, never
 buffered), shared by ``POST /message`` and ``POST /mcp``, and the one rendering of a refusal whose
 body is a JSON-RPC error (:func:`rpc_refusal`)."""
 
@@ -98,7 +98,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def parse_json(body: bytes) -> Any:
-    """Parse a JSON-RPC body: an object or an array (SPEC §1.3, §2.3). A number with a fraction
+    """Parse a JSON-RPC body: an object or an array (docs/REFERENCE.md §1.3, §2.3). A number with a fraction
     or an exponent whose float is not exactly that number is an
     :class:`~mcpd.front.protocol.InexactNumber` (:func:`~mcpd.front.protocol.json_float`), which
     is no valid id.
