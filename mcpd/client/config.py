@@ -1,4 +1,4 @@
-"""linuxctl's connection settings: flags, environment, and the config file with contexts (issue 14).
+"""linuxctl's connection settings: flags, environment, and the config file with contexts.
 
 The config file is ``$XDG_CONFIG_HOME/linuxctl/config.yaml`` (default
 ``~/.config/linuxctl/config.yaml``); every key is optional::
@@ -22,7 +22,7 @@ Precedence, for each of url, token and cacert:
   token from ``linuxctl login`` (``MCP_TOKEN``) still fills a context that has none.
 * without one: flags, the environment, then ``current-context`` when set, then the top level.
 
-A missing file is an empty one. Errors are :class:`~mcpd.client.api.UsageError` (exit 2).
+A missing file is an empty one. Errors are :class:`~mcpd.client.errors.UsageError` (exit 2).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mcpd.client.api import UsageError
+from mcpd.client.errors import UsageError
 from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml
 
 KEYS = ("url", "token", "cacert")
