@@ -1,4 +1,5 @@
-"""SPEC §6: linuxctl usage errors exit 2; settings come from flags, environment, then config file."""
+"""linuxctl usage errors exit 2; settings come from flags, environment, then config file
+(docs/REFERENCE.md §6)."""
 
 from __future__ import annotations
 
