@@ -1,30 +1,17 @@
 """``mcpd dev``: a working daemon on 127.0.0.1 in one command (docs/REFERENCE.md §1.1, §5.1).
 
-The state folder (default ``./dev-state``, mode 0700) holds::
+The state folder (default ``./dev-state``, mode 0700) holds the private CA and a certificate for
+localhost/127.0.0.1/::1, ``mcpd.yaml`` (paths relative to the folder; no root helper unless run
+as root), ``users.yaml`` (principal ``dev`` → the current OS account), the grants and audit
+paths, ``dev-token`` (the plain token, 0600, so a restart keeps it) and ``dev.lock`` (held while
+this folder's ``mcpd dev`` runs).
 
-    ca.crt ca.key server.crt server.key   private CA and a certificate for localhost/127.0.0.1/::1
-    mcpd.yaml                             listen 127.0.0.1:PORT, paths relative here; no root helper
-                                          unless run as root (mcpd.admin.devroot then sets helper_socket)
-    users.yaml                            principal ``dev`` → the current OS account, mode 0600
-    mcp-sudo.yaml, audit.jsonl            grants and audit paths (used by the root helper, as root)
-
-    dev-token                             the plain ``dev`` token (0600), so a restart keeps it
-    dev.lock                              held (flock) while this folder's `mcpd dev` runs
-
-Before it changes anything, ``mcpd dev`` checks that the port is free on 127.0.0.1 and takes the
-folder's lock: a second start on a busy port or folder refuses (exit 75) and leaves the running
-instance, its files and its token untouched. Re-running keeps the folder, the CA (clients keep
-trusting it) and the ``dev`` token (exports in another shell keep working); ``--new-token``
-revokes it and issues a fresh one. The command prints the ``export`` lines for ``linuxctl``, a
-hint, and whether privileged calls are on (root: the root helper runs, and is restarted if it
-dies) or off, then runs the server in the foreground until Ctrl-C.
-
-It stops on SIGINT (also when started with it ignored, as an asynchronous command of a script
-is), SIGTERM or SIGHUP (a closed terminal), and nothing it started outlives it, however it ends:
-not root, the front runs in this process and its workers die with it (their parent-death
-signal); as root, see :mod:`mcpd.admin.devroot` and :mod:`mcpd.admin.devsupervisor`. The
-records of a run and the lines it prints are in :mod:`mcpd.admin.devstate`, its stop signals in
-:mod:`mcpd.admin.devstop`.
+Before it changes anything it checks that the port is free and takes the folder's lock: a second
+start on a busy port or folder refuses (exit 75) and leaves the running one untouched. It prints
+the ``export`` lines for ``linuxctl`` and whether privileged calls are on, then serves until
+SIGINT, SIGTERM or SIGHUP. Not root, the front runs in this process and its workers die with it;
+as root, :mod:`mcpd.admin.devroot` takes over. The run's records and start-up lines are in
+:mod:`mcpd.admin.devstate`, its stop signals in :mod:`mcpd.admin.devstop`.
 """
 
 from __future__ import annotations

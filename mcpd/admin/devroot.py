@@ -1,11 +1,8 @@
 """``mcpd dev`` run as root: the root helper, the front as the service user (docs/PRIVSEP.md).
 
-As root, :func:`mcpd.admin.devmode.run` hands over to :func:`run`, which makes the state folder
-fit for privilege separation (:func:`setup_root_state`), creates the accounts it needs, installs
-the PAM service when the host has none, and then starts the root helper and runs the front beside
-it (:mod:`mcpd.admin.devsupervisor`, which also says how the tree stops).
-
-As root the state folder becomes::
+:func:`run` makes the state folder fit for privilege separation (:func:`setup_root_state`),
+installs the PAM service when the host has none, then runs the helper and the front
+(:mod:`mcpd.admin.devsupervisor`). The folder becomes::
 
     <state>/                 0751 root:mcpd   the front may enter and list; the policy enter
       mcpd.yaml              0640 root:mcpd   helper_socket run/helper.sock, audit in audit/
@@ -17,9 +14,8 @@ As root the state folder becomes::
       helper/                0700 mcpd-policy login tokens and lockout (made by the helper)
       root-only/secret.txt   0600 root        (folder 0700 root) the example's sample file
 
-Accounts are created when missing, as system accounts without a login shell: ``mcpd`` (the
-service user the helper accepts on its socket), ``mcpd-policy`` (the policy process),
-``mcpd-walk`` (privileged list/find walkers) and ``mcpd-dev``.
+Missing accounts are created (system accounts, no login shell): ``mcpd`` (the service user),
+``mcpd-policy`` (the policy process), ``mcpd-walk`` (privileged list/find walkers), ``mcpd-dev``.
 """
 
 from __future__ import annotations
@@ -226,11 +222,10 @@ def run(state: DevState, out: TextIO, err: TextIO) -> int:
     """``mcpd dev`` as root, after :func:`mcpd.admin.devmode.prepare`: make the folder fit for
     privilege separation (:func:`setup_root_state`), start the root helper, print the start-up
     text on ``out`` and :func:`~mcpd.admin.devsupervisor.supervise` the helper and the front
-    until a stop signal (:func:`~mcpd.admin.devstop.stop_signals`) or the front's exit. Returns the exit code: 78 when the setup or the
-    helper's start fails, 0 after a stop signal, else the front's.
-
-    Every child is started from this thread with a parent-death signal, so none outlives
-    this process, whether it stops in order or is killed."""
+    until a stop signal (:func:`~mcpd.admin.devstop.stop_signals`) or the front's exit. Returns
+    the exit code: 78 when the setup or the helper's start fails, 0 after a stop signal, else the
+    front's. Every child is started from this thread with a parent-death signal, so none
+    outlives this process, whether it stops in order or is killed."""
     helper: subprocess.Popen[bytes] | None = None
     with stop_signals():
         try:

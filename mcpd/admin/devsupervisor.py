@@ -1,17 +1,12 @@
 """The root helper and the front as children of ``mcpd dev`` run as root.
 
 Each child runs in its own session (the terminal's signals reach only ``mcpd dev``) and gets a
-parent-death signal (:func:`die_with_this_process`), so the development tree ends with
-``mcpd dev`` however it ends:
-
-- SIGINT (even when inherited ignored, as in ``mcpd dev &`` from a script), SIGTERM and SIGHUP
-  (a closed terminal) stop it in order (:func:`supervise`): the front (uvicorn's graceful stop),
-  then the helper (which stops the policy process first), each SIGKILLed after
-  :data:`STOP_SECONDS`;
-- when it dies without that chance (SIGKILL, a crash, a second SIGINT or SIGTERM while it
-  stops), the kernel SIGKILLs the helper and the front; the policy process dies with the helper
-  (its own parent-death signal), the fork server ends when the helper's socket closes, and the
-  workers die with the fork server (theirs), so the port and the folder's lock are free at once.
+parent-death signal (:func:`die_with_this_process`), so the tree ends with ``mcpd dev``: a stop
+signal stops it in order (:func:`supervise`: the front, then the helper, which stops the policy
+process first, each SIGKILLed after :data:`STOP_SECONDS`); when ``mcpd dev`` dies without that
+chance (SIGKILL, a crash, a second stop signal), the kernel SIGKILLs the helper and the front,
+the policy process dies with the helper, the fork server when the helper's socket closes, and
+the workers with the fork server, so the port and the folder's lock are free at once.
 
 The folder and accounts they run with are :mod:`mcpd.admin.devroot`'s.
 """

@@ -1,28 +1,11 @@
-"""``mcpd grants``: operator commands for ``mcp-sudo.yaml``; they show every rule kind the
-daemon enforces (``allowed``, ``paths``, ``deny``, ``expires``, ``reauth_after`` and the fixed
-deny of the daemon's own secrets).
+"""``mcpd grants``: the operator commands for ``mcp-sudo.yaml`` (docs/REFERENCE.md §4.5).
 
-* ``mcpd grants check [FILE] [--strict]`` — like ``visudo -c``: exit 0 and ``FILE: parsed OK``,
-  or exit 1 with one ``file:line: message`` per problem on stderr. Warnings on stderr (exit 0;
-  exit 1 with ``--strict``): a subject that is no OS account or group, an expired rule, a
-  ``paths`` entry every path of which is denied (by its rule's ``deny`` or the fixed deny), an
-  entry no request path can match, and a grant of everything (an entry covering ``/``).
-* ``mcpd grants list --user U`` — like ``sudo -l -U U``: every rule that applies to U, directly or
-  through its OS groups, with its paths, deny entries, expiry and ``reauth_after``, then the
-  fixed deny, which no grant overrides.
-* ``mcpd grants test --user U --tool T --path P [--login-age D [--login-used]]`` — decides one
-  call with the daemon's own decision function (:func:`mcpd.policy.grants.decide`), as a static
-  ``users.yaml`` token or, with ``--login-age``, as a token of a password login that long ago;
-  then, for a path that exists on this host, predicts what root's opener will refuse (symlink in
-  path, several hard links, not a regular file or directory, path changed) by looking at it as
-  the opener would. Exit 0 when the call would be served, 1 when not.
-* ``mcpd grants export [--json]`` — the whole policy, as text or JSON.
-
-The grants file defaults to ``mcpd.yaml``'s ``grants_file`` (``--config``, default
-``/etc/mcpd/mcpd.yaml`` when it exists), else the built-in defaults; the fixed deny is computed
-from the same configuration, as the daemon does. A broken grants file makes ``list``, ``test``
-and ``export`` exit 78 (configuration error). Text from the file or the command line (paths,
-names) is shown through :func:`mcpd.common.printable.printable`; JSON is JSON.
+``check`` (like ``visudo -c``, with lint warnings), ``list --user U`` (like ``sudo -l -U U``),
+``test`` (one call decided by the daemon's own :func:`mcpd.policy.grants.decide`, then root's
+opener predicted) and ``export`` (text or JSON). The grants file and the fixed deny come from
+``mcpd.yaml`` (``--config``, default ``/etc/mcpd/mcpd.yaml`` when it exists) as the daemon
+computes them; a broken file makes ``list``, ``test`` and ``export`` exit 78. Text from the file
+or the command line goes through :func:`mcpd.common.printable.printable`.
 
 Rules are shown by :mod:`mcpd.admin.grants_view`; the opener is predicted by
 :mod:`mcpd.admin.opener_check`. The options and loading here (``--file``, ``--config``,

@@ -1,17 +1,13 @@
 """One MCP session as a client sees it, over either transport: JSON-RPC requests matched by id.
 
-``transport``:
-
-- ``"sse"`` (the default): entering the context opens ``GET /sse`` with the bearer token, waits for
-  the ``endpoint`` event, then sends ``initialize`` and ``notifications/initialized``. A reader
-  task dispatches every ``message`` event to the future of the request with the same ``id``, so
-  concurrent requests on one client are matched by id in any order (docs/REFERENCE.md §1.5).
-- ``"http"``: Streamable HTTP at ``/mcp`` in the session era: ``initialize`` is POSTed, its
-  ``Mcp-Session-Id`` goes with every later POST, each POST's answer (JSON, or an event stream with
-  the call's progress and then its reply) is dispatched the same way, and closing sends ``DELETE``.
+- ``"sse"`` (the default): ``GET /sse`` with the bearer token, then the ``endpoint`` event; a
+  reader task hands every ``message`` event to the future of the request with the same ``id``,
+  so concurrent requests are matched in any order (docs/REFERENCE.md §1.5).
+- ``"http"``: Streamable HTTP at ``/mcp``: ``initialize`` is POSTed, its ``Mcp-Session-Id`` goes
+  with every later POST, each POST's answer (JSON, or an event stream with the call's progress
+  and then its reply) is dispatched the same way, and closing sends ``DELETE``.
 - ``"auto"``: ``"http"``, falling back to ``"sse"`` when the ``initialize`` POST answers ``400``,
-  ``404`` or ``405``, as the specification's backwards-compatibility section describes (an mcpd
-  without ``/mcp``, or a server speaking only the old transport). A URL ending in ``/sse`` or
+  ``404`` or ``405`` (the specification's backwards compatibility). A URL ending in ``/sse`` or
   ``/mcp`` names the transport itself.
 
 MCP's own requests (tools, resources) are :class:`mcpd.client.api.Client`'s; errors are
@@ -54,17 +50,14 @@ class Session:
     :class:`mcpd.client.api.Client` adds MCP's tool and resource requests.
 
     Args:
-        url: server base URL (``https://127.0.0.1:9091``); ``/mcp`` or ``/sse`` is appended
-            unless present.
+        url: server base URL (``https://127.0.0.1:9091``, ``/mcp`` or ``/sse`` appended).
         token: the bearer token (never logged, never put in a URL).
         cafile: PEM file of the CA to trust; ``None`` uses the system trust store.
         timeout: seconds to wait for connecting, each POST, and each response.
-        auto_initialize: send ``initialize`` + ``notifications/initialized`` on entry (Streamable
-            HTTP always does: its session starts with it).
+        auto_initialize: run the handshake on entry (Streamable HTTP always does).
         protocol_version: the version requested in ``initialize`` (docs/REFERENCE.md §2.1).
-        transport: ``"sse"``, ``"http"`` or ``"auto"`` (see the module docstring); a URL ending in
-            ``/mcp`` or ``/sse`` overrides ``"auto"``. :attr:`transport` tells which one is in use
-            once connected.
+        transport: ``"sse"``, ``"http"`` or ``"auto"`` (the module docstring); a URL ending in
+            ``/mcp`` or ``/sse`` overrides ``"auto"``; :attr:`transport` is the one in use.
 
     Raises (on entry): :class:`UsageError`, :class:`AuthError`, :class:`ConnectError`,
     :class:`ProtocolError`.

@@ -1,27 +1,12 @@
-"""``linuxctl``: the command-line client of mcpd.
+"""``linuxctl``: the command-line client of mcpd (its commands, exit statuses, settings and
+output rules: docs/REFERENCE.md §6).
 
-    linuxctl get files PATH [--start-line N] [--end-line N] [--offset N] [--limit N] [--max-bytes N]
-                            [--encoding E] [--privileged]
-    linuxctl list files DIR [--limit N] [--json] [--privileged]
-    linuxctl find files ROOT [--name GLOB] [--type T] [--max-depth N] [--max-results N]
-                             [--time-budget S] [--progress] [--json | -0] [--privileged]
-    linuxctl get filetype PATH [--json] [--privileged]
-    linuxctl read URI [--start-line N] [--end-line N] [--encoding E] [--metadata] [--privileged]
-    linuxctl tools [--json]
-    linuxctl call TOOL ['{"json": "object"}'] [--arg key=value ...]
-    linuxctl login [--user U] [--password-stdin]     # prints export MCP_TOKEN=...
-    linuxctl logout                                  # revokes the login token in use
-    linuxctl contexts                                # the config file's contexts
-
-The server, token and CA come from flags, the environment and the config file with its contexts
-(:mod:`mcpd.client.config`). ``--transport`` (``MCPD_TRANSPORT``): ``auto`` (default) speaks
-Streamable HTTP at ``/mcp`` and falls back to ``/sse`` when the server has no ``/mcp``; ``http`` or
-``sse`` forces one. Errors go to stderr as ``CODE: message``. Exit status: 0 ok, 1 tool error,
-2 usage error, 3 authentication failure, 4 server unreachable or not trusted.
-
-Readable output escapes text the server or a file's owner controls (:mod:`.output`). The
-commands live by family: :mod:`.files`, :mod:`.tools`, :mod:`.credentials`; this module holds the
-``linuxctl`` group, its connection options, and registers them.
+This module holds the ``linuxctl`` group and its connection options (``--url``, ``--token``,
+``--token-file``, ``--cacert``, ``--context``, ``--timeout``, ``--transport``), which become the
+:class:`~mcpd.client.config.Settings` every command receives, and registers the commands, which
+live by family: :mod:`.files` (get, list, find, read), :mod:`.tools` (tools, call) and
+:mod:`.credentials` (login, logout, contexts). Running a call and its errors are :mod:`.calls`';
+what reaches the terminal, escaped, is :mod:`.output`'s.
 """
 
 from __future__ import annotations
