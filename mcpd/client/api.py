@@ -8,8 +8,9 @@ Usage::
 
 The transports and the handshake are :class:`~mcpd.client.session.Session`'s; blocking forms for
 scripts are :func:`run_sync`, :func:`read_resource_sync` and :func:`call_tool_sync`. This module
-is the client's public face: it also names the error family (:mod:`mcpd.client.errors`) and the
-URL and TLS helpers (:mod:`mcpd.client.endpoints`).
+is the client's public face: it also names the error family (:mod:`mcpd.client.errors`, with a
+refusal by HTTP status from :mod:`mcpd.client.refusal`) and the URL and TLS helpers
+(:mod:`mcpd.client.endpoints`).
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from mcpd.client.endpoints import endpoints, sse_url, ssl_context
 from mcpd.client.errors import (
     AuthError, ConnectError, MCPClientError, ProtocolError, ResourceFailed, RPCError, ToolFailed, UsageError,
 )
+from mcpd.client.refusal import HTTPRefused, retry_after, server_message
 from mcpd.client.session import PROTOCOL_VERSION, TRANSPORTS, ProgressHandler, Session
 
 __all__ = [
-    "PROTOCOL_VERSION", "TRANSPORTS", "AuthError", "Client", "ConnectError", "MCPClientError", "ProgressHandler",
-    "ProtocolError", "RPCError", "ResourceFailed", "ToolFailed", "UsageError", "call_tool_sync", "endpoints",
-    "read_resource_sync", "run_sync", "sse_url", "ssl_context", "text_of", "tool_failure",
+    "PROTOCOL_VERSION", "TRANSPORTS", "AuthError", "Client", "ConnectError", "HTTPRefused", "MCPClientError",
+    "ProgressHandler", "ProtocolError", "RPCError", "ResourceFailed", "ToolFailed", "UsageError", "call_tool_sync",
+    "endpoints", "read_resource_sync", "retry_after", "run_sync", "server_message", "sse_url", "ssl_context",
+    "text_of", "tool_failure",
 ]
 
 T = TypeVar("T")

@@ -1,6 +1,7 @@
 """The MCP client's errors: one family whose ``exit_code`` is ``linuxctl``'s exit status.
 
-:class:`ToolFailed` 1, :class:`RPCError` 1, :class:`ProtocolError` 1, :class:`UsageError` 2,
+:class:`ToolFailed` 1, :class:`RPCError` 1, :class:`ProtocolError` 1 (a refusal by HTTP status is its
+subclass :class:`mcpd.client.refusal.HTTPRefused`), :class:`UsageError` 2,
 :class:`AuthError` 3, :class:`ConnectError` 4 (refused, DNS, TLS verification, lost stream, no
 answer in time), as docs/REFERENCE.md §6 lists them. Building one from a tool result is
 :func:`mcpd.client.api.tool_failure`; from an httpx failure, :func:`mcpd.client.endpoints.transport_error`.

@@ -11,7 +11,7 @@
   ``/mcp`` names the transport itself.
 
 MCP's own requests (tools, resources) are :class:`mcpd.client.api.Client`'s; errors are
-:mod:`mcpd.client.errors`'.
+:mod:`mcpd.client.errors`', a refusal by HTTP status :class:`~mcpd.client.refusal.HTTPRefused`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from httpx_sse import EventSource, SSEError, aconnect_sse
 
 from mcpd.client.endpoints import endpoints, ssl_context, transport_error
 from mcpd.client.errors import AuthError, ConnectError, MCPClientError, ProtocolError, RPCError, UsageError
+from mcpd.client.refusal import HTTPRefused, read_refusal
 from mcpd.common.version import version
 
 PROTOCOL_VERSION = "2025-06-18"
@@ -122,17 +123,17 @@ class Session:
             httpx.AsyncClient(verify=self._ssl, timeout=self.timeout, follow_redirects=False)
         )
         if self.transport in ("auto", "http"):
-            status = await self._start_streamable()
-            if status is None:
+            refused = await self._start_streamable()
+            if refused is None:
                 return
-            if self.transport == "http" or status not in FALLBACK_STATUSES:
-                raise ProtocolError(f"POST {self.mcp_url} answered {status}", f"HTTP_{status}")
+            if self.transport == "http" or refused.status not in FALLBACK_STATUSES:
+                raise refused
             self.transport = "sse"
         await self._connect_sse()
 
-    async def _start_streamable(self) -> int | None:
-        """POST ``initialize`` to ``/mcp``; ``None`` once the session is open, else the HTTP status
-        that refused it (``401`` raises :class:`AuthError`)."""
+    async def _start_streamable(self) -> HTTPRefused | None:
+        """POST ``initialize`` to ``/mcp``; ``None`` once the session is open, else the refusal by
+        HTTP status (``401`` raises :class:`AuthError`)."""
         self.endpoint = self.mcp_url
         req_id = next(self._ids)
         msg = {"jsonrpc": "2.0", "id": req_id, "method": "initialize",
@@ -140,13 +141,13 @@ class Session:
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = fut
         try:
-            status = await asyncio.wait_for(self._post_streamable(msg, probe=True), self.timeout)
+            refused = await asyncio.wait_for(self._post_streamable(msg, probe=True), self.timeout)
         except TimeoutError:
             raise ConnectError("no answer to initialize in time", "TIMEOUT") from None
         finally:
             self._pending.pop(req_id, None)
-        if status is not None:
-            return status
+        if refused is not None:
+            return refused
         if not fut.done():
             raise ProtocolError("initialize got no answer")
         self.server_info = self._result_of(fut.result())
@@ -170,7 +171,7 @@ class Session:
         if status == 401:
             raise AuthError("authentication failed (401): check the token")
         if status != 200:
-            raise ProtocolError(f"GET {self.url} answered {status}", f"HTTP_{status}")
+            raise await read_refusal(f"GET {self.url}", source.response)
         loop = asyncio.get_running_loop()
         self._endpoint_ready = loop.create_future()
         self._reader = asyncio.create_task(self._read(source))
@@ -256,9 +257,9 @@ class Session:
         if resp.status_code == 401:
             raise AuthError("authentication failed (401): check the token")
         if resp.status_code not in (200, 202):
-            raise ProtocolError(f"POST answered {resp.status_code}", f"HTTP_{resp.status_code}")
+            raise HTTPRefused("POST", resp.status_code, resp.content, resp.headers)
 
-    async def _post_streamable(self, message: dict[str, Any] | list[Any], probe: bool = False) -> int | None:
+    async def _post_streamable(self, message: dict[str, Any] | list[Any], probe: bool = False) -> HTTPRefused | None:
         """POST one message to ``/mcp`` and dispatch what comes back (the JSON reply, or the
         event stream's progress and reply). ``probe`` (the ``initialize``): a refusal by status
         is returned instead of raised, and the session id is taken from the answer."""
@@ -285,10 +286,10 @@ class Session:
                         and self._dispatch_reply(body, message)
                     if not answered and resp.status_code not in (200, 202):
                         if probe:
-                            return resp.status_code
+                            return HTTPRefused(f"POST {self.mcp_url}", resp.status_code, body, resp.headers)
                         if resp.status_code == 404 and self.session_id is not None:
                             raise ProtocolError("the server ended this session", "SESSION_ENDED")
-                        raise ProtocolError(f"POST answered {resp.status_code}", f"HTTP_{resp.status_code}")
+                        raise HTTPRefused("POST", resp.status_code, body, resp.headers)
                 if probe and resp.status_code == 200:
                     self.session_id = resp.headers.get("mcp-session-id")
         except httpx.TransportError as exc:

@@ -243,9 +243,11 @@ class Dispatcher:
             RpcError: ``-32602`` for an unknown tool name.
         """
         tool = self._callable.get(name) if isinstance(name, str) else None
-        if tool is None:
-            raise RpcError(INVALID_PARAMS, "unknown tool")
         c = ctx.caller
+        if tool is None:
+            if self.access is not None:  # every call leaves one record, this one too
+                self.access.unknown_tool(c.principal, c.peer, ctx.session_id, name, arguments)
+            raise RpcError(INVALID_PARAMS, "unknown tool")
         try:
             with Call(self.access, c.principal, c.peer, ctx.session_id, tool.NAME, arguments) as call:
                 args = tool.parse_args({} if arguments is None else arguments)
@@ -360,9 +362,10 @@ def _id_key(value: Any) -> tuple[str, Any]:
 
 
 def _params(msg: Message) -> dict[str, Any]:
+    """A request's ``params``: ``{}`` when absent. Raises :class:`RpcError` (``-32602``) when
+    present and not an object (``null`` included: JSON-RPC 2.0 wants a structured value, and every
+    method served takes named parameters)."""
     params = msg.get("params", {})
-    if params is None:
-        return {}
     if not isinstance(params, dict):
         raise RpcError(INVALID_PARAMS, "params must be an object")
     return params
