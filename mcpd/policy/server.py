@@ -636,10 +636,11 @@ def _walk(state: State, policy: grants.Policy, op: str, args: dict[str, Any], os
     ``login``: the caller's password login (UNIX login time, whether its one ``reauth_after: 0``
     call was used before this one), or None for a static token, so the walker judges every
     entry's ``reauth_after`` as this call was judged."""
+    pid, ours, pidfd = state.root.walk()
+    # (the frame after the walker's start: whatever a reload does meanwhile, it carries ``policy``)
     frame = {"op": op, "args": args, "os_user": os_user, "groups": groups, "follow": follow,
              "grants": policy.text, "secrets": list(policy.secrets),
              "login_time": None if login is None else login[0], "login_used": login is not None and login[1]}
-    pid, ours, pidfd = state.root.walk()
     end = time.monotonic() + _deadline(args, state.cfg.workers.timeout_seconds)
     try:
         ours.settimeout(max(end - time.monotonic(), 0.001))
