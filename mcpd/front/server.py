@@ -31,7 +31,7 @@ from mcpd.common.config import EXIT_CONFIG, Config, ConfigError, Limits, load
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.policy_client import PolicyAuthenticator, PolicyBackend, PolicyChannel, PolicySpawner
 from mcpd.front.privileged import PrivilegedBackend, Unavailable
-from mcpd.front.protocol import Dispatcher
+from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.resources import FileResources
 from mcpd.front.login import HelperLogin, NoLogin
 from mcpd.front.revalidate import revalidate_forever

@@ -39,7 +39,8 @@ from mcpd.front import metrics
 from mcpd.front.connguard import PIECE, UNSEEN
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.common.identity import Principal
-from mcpd.front.protocol import Caller, Dispatcher, McpSession
+from mcpd.front.mcp.dispatcher import Caller, Dispatcher
+from mcpd.front.mcp.session import McpSession
 
 if TYPE_CHECKING:
     from mcpd.front.connguard import StreamConnection

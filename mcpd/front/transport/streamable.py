@@ -58,9 +58,12 @@ from mcpd.common import wirejson
 from mcpd.common.config import Config
 from mcpd.front import metrics
 from mcpd.front.connguard import DETACH, PIECE, UNSEEN
-from mcpd.front.protocol import (
-    HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, META_CLIENT_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
-    MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, error_reply, valid_id,
+from mcpd.front.mcp.dispatcher import Caller
+from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, Message, error_reply, valid_id
+from mcpd.front.mcp.session import McpSession
+from mcpd.front.mcp.versions import (
+    HEADER_MISMATCH, META_CLIENT_CAPABILITIES, META_VERSION, MODERN_VERSIONS, SUPPORTED_VERSIONS,
+    UNSUPPORTED_VERSION,
 )
 from mcpd.front.transport.accept import MalformedAccept, acceptable
 from mcpd.front.transport.body import BodyRefused, read_json
