@@ -38,7 +38,8 @@ from mcpd.front import metrics
 from mcpd.front.access import helper_received
 from mcpd.front.auth import CheckerDown, TokenUndecided
 from mcpd.front.limits import CAP_KEY
-from mcpd.front.pool import WorkerPool
+from mcpd.front.workers.channel import reply_result
+from mcpd.front.workers.pool import WorkerPool
 
 log = logging.getLogger("mcpd.front.policy_client")
 
@@ -351,7 +352,7 @@ class PolicyChannel:
 
 
 class PolicySpawner:
-    """A :class:`mcpd.front.pool.Spawner` whose workers the root helper starts for the principal
+    """A :class:`mcpd.front.workers.spawner.Spawner` whose workers the root helper starts for the principal
     of the token given, as that principal's OS account (DESIGN.md "worker")."""
 
     def __init__(self, channel: PolicyChannel) -> None:
@@ -552,12 +553,12 @@ class PolicyBackend:
                     raw = (await self._channel.ask(req, left, lease, helper_received))["result"]
                     return fileops.format_list(raw) if op == "files/list" else fileops.format_find(raw)
 
-                async def grant(pid: int, rid: int) -> None:
-                    await self._channel.ask(dict(req, worker=pid, rid=rid), left, lease, helper_received)
-
-                return await self._pool.call(principal.os_user, op, dict(args, **({CAP_KEY: cap} if cap else {})),
-                                             timeout=left, token=token, owner=principal.name, grant=grant,
-                                             decided=_DECIDED)
+                job = dict(args, **({CAP_KEY: cap} if cap else {}))
+                async with self._pool.lease(principal.os_user, op, job, token=token, owner=principal.name,
+                                            timeout=left, decided=_DECIDED) as worker:
+                    await self._channel.ask(dict(req, worker=worker.pid, rid=worker.rid), left, lease, helper_received)
+                    reply = await worker.reply()
+                return reply_result(reply)
         except OverShare:
             metrics.limit_hit("privileged_per_principal")
             raise ToolError(RATE_LIMITED, f"{CALL_SHARE} privileged calls of this principal are holding connections "

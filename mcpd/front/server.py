@@ -36,7 +36,8 @@ from mcpd.front.resources import FileResources
 from mcpd.front.login import HelperLogin, NoLogin
 from mcpd.front.revalidate import revalidate_forever
 from mcpd.front.transport.sse import SessionManager
-from mcpd.front.pool import LocalSpawner, Spawner, WorkerPool
+from mcpd.front.workers.pool import WorkerPool
+from mcpd.front.workers.spawner import LocalSpawner, Spawner
 
 log = logging.getLogger("mcpd.front.server")
 

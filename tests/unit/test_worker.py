@@ -27,7 +27,8 @@ from mcpd.helper.wire import errors
 from mcpd.helper.wire import frames
 from mcpd.common import identity
 from mcpd.helper.wire.errors import ToolError
-from mcpd.front.pool import LocalSpawner, WorkerPool
+from mcpd.front.workers.pool import WorkerPool
+from mcpd.front.workers.spawner import LocalSpawner
 from tests.integration.test_protocol import slow_file
 
 HUNG_TIMEOUT = 1.0  # seconds: the deadline used for calls that are meant to hit a stopped worker
@@ -388,14 +389,18 @@ def test_no_grace_for_a_granted_call_a_revoked_principal_or_a_zero_setting(sampl
     """A cancelled call's worker is killed at once (no grace) when the call is a privileged one
     (the root helper may still be handing the worker its job), when its principal was revoked while
     the call ran (its workers must not outlive the token), and with ``cancel_grace_seconds: 0``."""
-    async def never_granted(pid: int, rid: int) -> None:
-        await asyncio.Event().wait()
+    async def never_granted(pool: WorkerPool, owner: str) -> None:  # the privileged route: its grant never comes
+        async with pool.lease("u", "files/read", read_args(sample), token="", owner=owner, timeout=60.0):
+            await asyncio.Event().wait()
 
     async def cancelled_kills_at_once(pool: WorkerPool, key: str, owner: str | None, revoke: bool = False,
-                                      grant: Any = None) -> None:
+                                      granted: bool = False) -> None:
         (pid,) = pool.workers(key)
         os.kill(pid, signal.SIGSTOP)
-        task = asyncio.create_task(pool.call("u", "files/read", read_args(sample), owner=owner, grant=grant))
+        assert owner is not None or not granted
+        call = never_granted(pool, owner) if owner is not None and granted else \
+            pool.call("u", "files/read", read_args(sample), owner=owner)
+        task = asyncio.create_task(call)
         await eventually(lambda: pool.workers(key) == {pid: True}, "worker busy")
         if revoke:
             assert pool.retire_owner("alice") == 0  # busy: not retired now, but not kept either
@@ -409,7 +414,7 @@ def test_no_grace_for_a_granted_call_a_revoked_principal_or_a_zero_setting(sampl
     async def main() -> None:
         async with open_pool(grace_cfg(10.0, per_account=1, spawn_burst=8)) as (pool, _):
             await pool.call("u", "files/read", read_args(sample), owner="alice")
-            await cancelled_kills_at_once(pool, "alice\nu", "alice", grant=never_granted)
+            await cancelled_kills_at_once(pool, "alice\nu", "alice", granted=True)
             await cancelled_kills_at_once(pool, "alice\nu", "alice", revoke=True)
         async with open_pool(grace_cfg(0.0, spawn_burst=8)) as (pool, _):
             await pool.call("u", "files/read", read_args(sample))
