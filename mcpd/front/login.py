@@ -26,7 +26,7 @@ from starlette.routing import Route
 from mcpd.helper.wire import frames
 from mcpd.front import metrics
 from mcpd.common.config import Login as LoginConfig
-from mcpd.front.policy_client import PolicyChannel, PolicyUnavailable
+from mcpd.front.policy_client.channel import PolicyChannel, PolicyUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
 
 LOGIN_BODY_CAP = 8192

@@ -29,7 +29,10 @@ from mcpd.front.access import AccessLog
 from mcpd.front.auth import Authenticator, FileAuthenticator
 from mcpd.common.config import EXIT_CONFIG, Config, ConfigError, Limits, load
 from mcpd.front.limits import LimitsTracker
-from mcpd.front.policy_client import PolicyAuthenticator, PolicyBackend, PolicyChannel, PolicySpawner
+from mcpd.front.policy_client.authenticator import PolicyAuthenticator
+from mcpd.front.policy_client.backend import PolicyBackend
+from mcpd.front.policy_client.channel import PolicyChannel
+from mcpd.front.policy_client.spawner import PolicySpawner
 from mcpd.front.privileged import PrivilegedBackend, Unavailable
 from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.resources import FileResources

@@ -12,8 +12,10 @@ import pytest
 
 from mcpd.helper.wire.errors import RATE_LIMITED, TIMEOUT, ToolError
 from mcpd.common.identity import Principal
-from mcpd.front import policy_client, metrics
-from mcpd.front.policy_client import CALL_CONNECTIONS, CALL_SHARE, PolicyBackend, PolicyChannel
+from mcpd.front import metrics
+from mcpd.front.policy_client import backend as backend_module
+from mcpd.front.policy_client.backend import PolicyBackend
+from mcpd.front.policy_client.channel import CALL_CONNECTIONS, CALL_SHARE, PolicyChannel
 
 ALICE = Principal(name="alice", os_user="alice", token_id="0123456789ab")
 
@@ -45,7 +47,7 @@ def test_a_walk_past_the_principals_share_is_refused_at_once(tmp_path: Path) -> 
 @pytest.mark.parametrize("own", [True, False])
 def test_a_read_that_gets_no_connection_in_its_time_ends_timeout_and_is_counted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own: bool) -> None:
-    monkeypatch.setattr(policy_client, "DEADLINE_MARGIN", 0.05)  # the call's wait: 0.1 s, not 10
+    monkeypatch.setattr(backend_module, "DEADLINE_MARGIN", 0.05)  # the call's wait: 0.1 s, not 10
     channel, b = backend(tmp_path)
     if own:
         channel._held["alice"] = CALL_SHARE

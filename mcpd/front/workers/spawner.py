@@ -2,7 +2,7 @@
 the development spawner (workers as the daemon's own user, started by the front itself).
 
 In production the root helper starts workers as the caller's account, asked by the policy process
-(:class:`mcpd.front.policy_client.PolicySpawner`).
+(:class:`mcpd.front.policy_client.spawner.PolicySpawner`).
 """
 
 from __future__ import annotations
