@@ -9,10 +9,10 @@ and hand it to that worker, whose reply is then read through the lease.
 from __future__ import annotations
 
 import asyncio
-import collections
 from typing import Any
 
 from mcpd.common.identity import Principal
+from mcpd.common.inflight import InFlight
 from mcpd.core import fileops
 from mcpd.core.tools import DEADLINE_MARGIN, deadline_seconds
 from mcpd.front import metrics
@@ -42,8 +42,7 @@ class PolicyBackend:
 
     def __init__(self, channel: PolicyChannel, pool: WorkerPool, timeout: float, per_principal: int = 32) -> None:
         self._channel, self._pool, self._timeout = channel, pool, timeout
-        self._per_principal = per_principal
-        self._in_flight: collections.Counter[str] = collections.Counter()
+        self._in_flight = InFlight(per_principal)  # privileged calls per principal
 
     async def call(
         self, token: str, principal: Principal, session_id: str, peer: str, op: str, args: dict[str, Any]
@@ -56,17 +55,16 @@ class PolicyBackend:
                 or holds :data:`CALL_SHARE` call connections; ``TIMEOUT`` when no call connection
                 came free within the call's time (the policy process never received it).
         """
-        if self._in_flight[principal.name] >= self._per_principal:
+        in_flight = self._in_flight
+        if in_flight.take(principal.name) is not None:
             metrics.limit_hit("privileged_per_principal")
-            raise ToolError(RATE_LIMITED, f"{self._per_principal} privileged calls of this principal are in flight; "
-                            "retry when one ends", limit=self._per_principal)
-        self._in_flight[principal.name] += 1
+            cap = in_flight.per_key
+            raise ToolError(RATE_LIMITED, f"{cap} privileged calls of this principal are in flight; "
+                            "retry when one ends", limit=cap)
         try:
             return await self._call(token, principal, session_id, peer, op, args)
         finally:
-            self._in_flight[principal.name] -= 1
-            if self._in_flight[principal.name] <= 0:
-                del self._in_flight[principal.name]
+            in_flight.release(principal.name)
 
     async def _call(
         self, token: str, principal: Principal, session_id: str, peer: str, op: str, args: dict[str, Any]

@@ -11,7 +11,6 @@ request reconnects. What is asked is the callers' business (:mod:`.authenticator
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
 import logging
@@ -20,6 +19,7 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from mcpd.common.inflight import InFlight
 from mcpd.helper.wire import frames
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
 
@@ -148,8 +148,7 @@ class PolicyChannel:
         self._ids = itertools.count(1)
         self._next = itertools.count()
         self._connecting = asyncio.Lock()
-        self._leased = 0  # call connections held by calls now
-        self._held: collections.Counter[str] = collections.Counter()  # principal -> call connections it holds
+        self.calls = InFlight(CALL_SHARE, CALL_CONNECTIONS)  # call connections held, in all and per principal
         self._freed = asyncio.Event()  # set when a call connection is given back
         self._idle: list[_Connection] = []  # exclusive connections free for the next privileged call
         self._busy: set[_Connection] = set()
@@ -220,18 +219,18 @@ class PolicyChannel:
             NoConnection: none came free within ``wait`` seconds.
             PolicyUnavailable: no policy process to connect to.
         """
-        if not queue and self._held[owner] >= CALL_SHARE:
+        calls = self.calls
+        if not queue and calls.held(owner) >= CALL_SHARE:
             raise OverShare(owner)
-        if self._leased >= CALL_CONNECTIONS or self._held[owner] >= CALL_SHARE:
+        if calls.over(owner) is not None:
             try:
                 async with asyncio.timeout(max(wait, 0.0)):
-                    while self._leased >= CALL_CONNECTIONS or self._held[owner] >= CALL_SHARE:
+                    while calls.over(owner) is not None:
                         self._freed.clear()
                         await self._freed.wait()
             except TimeoutError:
-                raise NoConnection(self._held[owner] >= CALL_SHARE) from None
-        self._leased += 1
-        self._held[owner] += 1
+                raise NoConnection(calls.held(owner) >= CALL_SHARE) from None
+        calls.add(owner)
         lease: CallLease | None = None
         try:
             conn = None
@@ -242,10 +241,7 @@ class PolicyChannel:
             self._busy.add(lease.conn)
             yield lease
         finally:
-            self._leased -= 1
-            self._held[owner] -= 1
-            if self._held[owner] <= 0:
-                del self._held[owner]
+            calls.release(owner)
             if lease is not None:
                 self._busy.discard(lease.conn)
                 if lease.reusable and not lease.conn.closed:

@@ -16,13 +16,13 @@ nothing of the backend's.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from mcpd.common.config import Config
+from mcpd.common.inflight import InFlight
 from mcpd.front import metrics
 from mcpd.front.workers.accounts import Account, Accounts, Worker
 from mcpd.front.workers.channel import (
@@ -86,10 +86,11 @@ class WorkerPool:
         self._reply_cap = frames.reply_cap(cfg.read.response_cap)
         self._accounts = Accounts(spawner, cfg)
         self._inflight = 0  # calls inside call() or lease(); close() waits for them to end
-        self._by_owner: collections.Counter[str] = collections.Counter()  # unprivileged calls per principal
+        #: unprivileged calls per principal, and workers in a cancel grace (those of a named owner
+        #: counted under its name, others under their OS account's)
+        self._calls = InFlight(cfg.max_calls_per_principal)
         self._waiting = 0  # calls that hold no worker slot yet (the metrics' queue)
         self._quiet = asyncio.Event()
-        self._in_grace: collections.Counter[str] = collections.Counter()  # workers in a cancel grace, per principal
 
     @property
     def _closed(self) -> bool:
@@ -151,20 +152,16 @@ class WorkerPool:
         """
         if self._closed:
             raise ToolError(INTERNAL_ERROR, "worker pool is closed")
-        if owner is not None:
-            cap = self._cfg.max_calls_per_principal
-            if self._by_owner[owner] + self._in_grace[owner] >= cap:  # a worker in its cancel grace counts
-                metrics.limit_hit("calls_per_principal")
-                raise ToolError(RATE_LIMITED, f"{cap} calls of this principal are in flight; retry when one ends",
-                                limit=cap)
-            self._by_owner[owner] += 1
+        if owner is not None and self._calls.take(owner) is not None:  # a worker in its cancel grace counts
+            metrics.limit_hit("calls_per_principal")
+            cap = self._calls.per_key
+            raise ToolError(RATE_LIMITED, f"{cap} calls of this principal are in flight; retry when one ends",
+                            limit=cap)
         try:
             return await self._call(os_user, op, args, timeout, on_progress, token, owner)
         finally:
             if owner is not None:
-                self._by_owner[owner] -= 1
-                if self._by_owner[owner] <= 0:
-                    del self._by_owner[owner]
+                self._calls.release(owner)
 
     async def _call(
         self, os_user: str, op: str, args: dict[str, Any], timeout: float | None, on_progress: ProgressCallback | None,
@@ -323,7 +320,7 @@ class WorkerPool:
         grace = self._cfg.workers.cancel_grace_seconds
         if grace <= 0 or self._closed or worker.retired or worker.revoked:
             return False
-        self._in_grace[principal] += 1
+        self._calls.add(principal)
         loop = asyncio.get_running_loop()
         end = min(loop.time() + grace, deadline)
         self._accounts.track(loop.create_task(self._drain(account, worker, principal, end)))
@@ -345,9 +342,7 @@ class WorkerPool:
         except (TimeoutError, frames.FrameError, OSError):
             pass
         finally:
-            self._in_grace[principal] -= 1
-            if self._in_grace[principal] <= 0:
-                del self._in_grace[principal]
+            self._calls.release(principal)
             if replied and not (self._closed or worker.retired or worker.revoked):
                 worker.busy = False
                 account.idle.append(worker)
