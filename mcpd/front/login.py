@@ -26,6 +26,7 @@ from starlette.routing import Route
 from mcpd.helper.wire import frames
 from mcpd.front import metrics
 from mcpd.common.config import Login as LoginConfig
+from mcpd.common.inflight import InFlight
 from mcpd.front.policy_client.channel import PolicyChannel, PolicyUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
 
@@ -130,8 +131,7 @@ class LoginRoutes:
 
     def __init__(self, backend: LoginBackend, cfg: LoginConfig) -> None:
         self.backend, self.cfg = backend, cfg
-        self._total = 0
-        self._peers: dict[str, int] = {}  # address -> logins in flight (one event loop: no lock)
+        self._in_flight = InFlight(cfg.in_flight_per_address, cfg.in_flight)  # logins, in all and per address
 
     def routes(self) -> list[Route]:
         """``POST /login`` and ``POST /logout``."""
@@ -140,19 +140,14 @@ class LoginRoutes:
     async def login(self, request: Request) -> Response:
         """``POST /login``: see the module docstring."""
         peer = _peer(request)
-        if self._total >= self.cfg.in_flight or self._peers.get(peer, 0) >= self.cfg.in_flight_per_address:
+        if self._in_flight.take(peer) is not None:
             return self._busy()
-        self._total += 1
-        self._peers[peer] = self._peers.get(peer, 0) + 1
         try:
             return await self._login(request, peer)
         except LoginBusy:
             return self._busy()
         finally:
-            self._total -= 1
-            self._peers[peer] -= 1
-            if not self._peers[peer]:
-                del self._peers[peer]
+            self._in_flight.release(peer)
 
     def _busy(self) -> Response:
         metrics.LOGINS_REFUSED.labels("429").inc()
