@@ -423,6 +423,65 @@ def test_no_grace_for_a_granted_call_a_revoked_principal_or_a_zero_setting(sampl
     asyncio.run(main())
 
 
+
+# --------------------------------------------------------------------------- the privileged route's lease
+
+
+def test_a_lent_worker_is_kept_after_a_decided_refusal_and_killed_after_any_other_ending(sample: Path) -> None:
+    """``WorkerPool.lease`` lends a worker of the principal's to a privileged call, whose backend has
+    the policy process hand it the job: a refusal decided before the worker was touched gives the
+    worker back; any other failure, and a lease left without reading the reply, kill it (its job may
+    still be on its way)."""
+    decided = frozenset({errors.PERMISSION_DENIED})
+
+    async def lent(pool: WorkerPool, code: str | None) -> int:
+        async with pool.lease("u", "files/read", read_args(sample), token="", owner="alice", timeout=20.0,
+                              decided=decided) as worker:
+            assert worker.rid >= 1 and pool.workers("alice\nu") == {worker.pid: True}
+            if code is not None:
+                raise ToolError(code, "refused")
+            return worker.pid
+
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=1)) as (pool, _):
+            await pool.call("u", "files/read", read_args(sample), owner="alice")
+            (pid,) = pool.workers("alice\nu")
+            with pytest.raises(ToolError) as err:
+                await lent(pool, errors.PERMISSION_DENIED)
+            assert err.value.code == errors.PERMISSION_DENIED and pool.workers("alice\nu") == {pid: False}
+            with pytest.raises(ToolError) as err:
+                await lent(pool, errors.HELPER_UNAVAILABLE)  # the policy process went away mid-call
+            assert err.value.code == errors.HELPER_UNAVAILABLE and pool.workers("alice\nu") == {}
+            await eventually(lambda: is_reaped(pid), "worker killed")
+            again = await lent(pool, None)  # a new worker, left without its reply
+            assert again != pid and pool.workers("alice\nu") == {}
+            await eventually(lambda: is_reaped(again), "worker killed")
+            assert (await pool.call("u", "files/read", read_args(sample), owner="alice"))["text"] == "alpha\nbeta\r\ngamma"
+
+    asyncio.run(main())
+
+
+def test_a_lease_past_its_time_ends_timeout_and_is_not_a_call_of_the_principal(sample: Path) -> None:
+    """The lease's time bounds its body too (a grant that never comes ends ``TIMEOUT``, its worker
+    killed), and a lease is not counted against ``max_calls_per_principal`` (the privileged backend
+    bounds privileged calls itself)."""
+    cfg = dataclasses.replace(make_cfg(per_account=2), max_calls_per_principal=1)
+
+    async def main() -> None:
+        async with open_pool(cfg) as (pool, _):
+            with pytest.raises(ToolError) as err:
+                async with pool.lease("u", "files/read", read_args(sample), token="", owner="alice",
+                                      timeout=HUNG_TIMEOUT) as worker:
+                    pid = worker.pid
+                    await asyncio.Event().wait()
+            assert err.value.code == errors.TIMEOUT and pid not in pool.workers("alice\nu")
+            await eventually(lambda: is_reaped(pid), "worker killed")
+            async with pool.lease("u", "files/read", read_args(sample), token="", owner="alice", timeout=20.0):
+                result = await pool.call("u", "files/read", read_args(sample), owner="alice")
+                assert result["text"] == "alpha\nbeta\r\ngamma"
+
+    asyncio.run(main())
+
 # --------------------------------------------------------------------------- accounts, leaks, close
 
 
