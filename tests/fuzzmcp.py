@@ -436,10 +436,13 @@ def _depth(value: Any) -> int:
 
 
 def request_id(payload: Any) -> Any:
-    """The id a refusal of ``payload`` carries: a single request's valid id, else null."""
-    if isinstance(payload, dict) and valid_id(payload.get("id")):
-        return payload["id"]
-    return None
+    """The id a refusal of ``payload`` carries: a single request's valid id, else null (a client
+    response's id, with no ``method`` and a ``result`` or ``error``, names no request)."""
+    if not isinstance(payload, dict) or not valid_id(payload.get("id")):
+        return None
+    if "method" not in payload and ("result" in payload or "error" in payload):
+        return None
+    return payload["id"]
 
 
 def _progress(msg: Any) -> bool:
@@ -493,10 +496,10 @@ def _header_value(raw: str, decode: bool) -> str | None:
 
 
 def _stateless(req: Req, payload: Any) -> list[Outcome]:
-    """The stateless era's rules: envelope, then ``_meta``, the version header, the version, the
+    """The stateless era's rules: envelope (one object, ``jsonrpc`` ``"2.0"``, a string method), then ``_meta``, the version header, the version, the
     method header, the name header, the method; then it runs."""
     rid = request_id(payload)
-    if not isinstance(payload, dict) or not isinstance(payload.get("method"), str):
+    if not isinstance(payload, dict) or not isinstance(payload.get("method"), str) or payload.get("jsonrpc") != "2.0":
         return [_refusal(400, INVALID_REQUEST, rid)]
     if "id" not in payload:
         return [Outcome("empty", 202)]
@@ -539,7 +542,7 @@ def predict(req: Req, state: SessionState) -> tuple[str, list[Outcome]]:
         return "accept", [_refusal(400, INVALID_REQUEST)]
     if req.method in ("GET", "HEAD"):
         if not req.accept.sse:
-            return "accept", [Outcome("plain", 406)]
+            return "accept", [_refusal(406, INVALID_REQUEST)]
         found = _session_checks(req, None, state, principal)
         if isinstance(found, list):
             return "session", found
@@ -551,10 +554,10 @@ def predict(req: Req, state: SessionState) -> tuple[str, list[Outcome]]:
             return "session", found
         return "session", [Outcome("deleted")] + ([_refusal(404, INVALID_REQUEST)] if found == "racing" else [])
     if not (req.accept.json or req.accept.sse):
-        return "accept", [Outcome("plain", 406)]
+        return "accept", [_refusal(406, INVALID_REQUEST)]
     ctypes = req.header("Content-Type")
     if not ctypes or ctypes[0].split(";", 1)[0].strip().lower() != JSON_TYPE:
-        return "content-type", [Outcome("plain", 415)]
+        return "content-type", [_refusal(415, INVALID_REQUEST)]
     assert req.body is not None
     payload, code = _parse(req.body)
     if code is not None:

@@ -3,13 +3,17 @@
 * ``mcpd audit tail [-n N] [--json] [--user U] [--decision D] [--path GLOB] [--event E]
   [--since T] [--until T] [--follow] [--access]`` — the last records of the log and its rotated
   files, one readable line each (time, user, route, tool, path, decision, reason, bytes, rule),
-  every field escaped, or the raw JSON lines with ``--json``; ``--decision reject`` lists every
-  refusal (``refused_at_open`` too); ``--access`` reads the front's access log (the unprivileged
-  route) instead of the helper's audit log.
-* ``mcpd audit verify [--access] [FILE...]`` — checks the hash chain (default: the audit log, or
-  the access log, and its rotated files, oldest first) and the audit log's end against its
-  writer's head state: exit 0 and the record count when whole, else exit 1 naming the first
-  broken line and what is wrong, or the records cut off (:func:`mcpd.admin.auditlog.verify`).
+  every field a client controls escaped and quoted (:func:`mcpd.common.printable.field`), or the
+  raw JSON lines with ``--json``; ``--decision reject`` lists every refusal (``refused_at_open``
+  and ``refused_by_os`` too); ``--access`` reads the front's access log (the unprivileged route)
+  instead of the helper's audit log, whose view also shows the privileged calls only the front
+  recorded; records out of order or repeated are a warning.
+* ``mcpd audit verify [--access] [--since-seq N] [--logrotate FILE] [FILE...]`` — checks the
+  hash chain (default: the audit log, or the access log, and its rotated files, oldest first)
+  from seq 1 and the audit log's end against its writer's head state: exit 0 and the record
+  count when whole, else exit 1 listing every break (:func:`mcpd.admin.auditlog.verify`); a
+  history that does not begin at seq 1 passes only when logrotate's retention explains it
+  (:class:`mcpd.admin.auditlog.History`) or ``--since-seq`` allows it.
 * ``mcpd audit replay [--since T] [--user U]`` — re-decides every past privileged call against
   today's grants and lists those whose outcome would now differ, with the rule deciding today.
 * ``mcpd grants at TIME`` (registered in the ``grants`` group) — the grants file in force at
@@ -21,7 +25,10 @@ default ``/etc/mcpd/mcpd.yaml`` when it exists).
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import datetime
+import heapq
 import os
 import sys
 import time
@@ -31,7 +38,7 @@ from typing import Any
 import click
 
 from mcpd.admin import auditlog
-from mcpd.common.audit import REFUSED_AT_OPEN, Head
+from mcpd.common.audit import JOURNAL_SOCKET, REFUSED_AT_OPEN, Head
 from mcpd.common.printable import printable
 from mcpd.admin.grants_cli import _any_owner_option, _config_option, _defaults, _file_option, _load
 from mcpd.policy.grants import DENIED, NO_GRANT, SECRET, TOOLS, decide, os_groups, utcnow
@@ -77,24 +84,44 @@ def tail(count: int, as_json: bool, user: str | None, decision: str | None, path
          event: str | None, since: datetime.datetime | None, until: datetime.datetime | None, follow: bool,
          access: bool, log_file: str | None, config_path: str | None) -> None:
     """Print the last N records (readable, or --json), filtered, and with --follow the new ones.
-    The log's rotated files are read too (newest last): -n and the filters span them."""
+    The log's rotated files are read too (newest last): -n and the filters span them. From the
+    audit log, the privileged calls the front refused before the policy process received them
+    (recorded in the access log) are shown too, in time order, marked [access log]."""
     cfg = _defaults(config_path)
     path = log_file or (cfg.access_log if access else cfg.audit_log)
     if not path:
         raise click.ClickException("no access log is configured (access_log in mcpd.yaml)")
     flt = auditlog.Filter(user, decision, path_glob, since, until, event)
+    other = cfg.access_log if not access and not log_file and cfg.access_log else None
 
-    def show(raw: bytes, rec: dict[str, Any]) -> None:
-        click.echo(auditlog.as_json_line(raw, rec) if as_json else auditlog.human(rec))
+    def show(raw: bytes, rec: dict[str, Any], source: str = "") -> None:
+        click.echo(auditlog.as_json_line(raw, rec) if as_json else auditlog.human(rec, source))
 
+    order = auditlog.Order(backwards=True)
     try:
         end = os.stat(path).st_size  # --follow goes on from exactly here
-        for raw, rec in auditlog.last_records(auditlog.rotated_set(path), flt, count, end=end):
-            show(raw, rec)
-        sys.stdout.flush()
+        found = [(raw, rec, "") for raw, rec in auditlog.last_records(auditlog.rotated_set(path), flt, count, end=end,
+                                                                      order=order)]
     except OSError as exc:
         click.echo(f"error: {printable(exc.filename or path)}: {exc.strerror}", err=True)
         sys.exit(1)
+    if other is not None:  # the privileged calls only the front recorded
+        front = dataclasses.replace(flt, route="privileged")
+        try:
+            extra = auditlog.last_records(auditlog.rotated_set(other), front, count)
+        except OSError as exc:
+            click.echo(f"note: {printable(exc.filename or other)}: {exc.strerror}: the privileged calls the front "
+                       "refused before the policy process received them are not shown", err=True)
+        else:
+            # merged by time, each log in its own order (a record's time is when it was begun, so
+            # within one log times need not rise with seq)
+            found = list(heapq.merge(found, [(raw, rec, "access log") for raw, rec in extra],
+                                     key=lambda item: str(item[1].get("time", ""))))[-count:] if count else []
+    for raw, rec, source in found:
+        show(raw, rec, source)
+    sys.stdout.flush()
+    if (warning := order.warning(printable(path))) is not None:
+        click.echo(warning, err=True)
     if follow:
         try:
             for raw in _follow(path, end):
@@ -136,12 +163,21 @@ def _follow(path: str, start: int, interval: float = 0.5) -> Iterator[bytes]:
 @audit.command()
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--access", is_flag=True, help="Default to the front's access log instead of the audit log")
+@click.option("--since-seq", "since_seq", type=click.IntRange(1), default=None,
+              help="History may begin at this seq (the records before it were removed on purpose); "
+                   "the chain must still reach back to it")
+@click.option("--logrotate", "logrotate_file", default=auditlog.LOGROTATE_FILE, show_default=True,
+              type=click.Path(dir_okay=False), help="The logrotate file whose 'rotate N' says how many old files are kept")
 @_config_option
-def verify(files: tuple[str, ...], access: bool, config_path: str | None) -> None:
-    """Prove the audit log's hash chain whole over FILEs, oldest first (default: the audit log, or
-    with --access the access log, and its rotated files), and the audit log's end where its
-    writer left it (its head state in helper_state_dir). Exit 0 with the record count, or 1
-    naming the first broken line, or the records cut off (seq first..last)."""
+def verify(files: tuple[str, ...], access: bool, since_seq: int | None, logrotate_file: str,
+           config_path: str | None) -> None:
+    """Prove the hash chain whole over FILEs, oldest first (default: the audit log, or with
+    --access the access log, and its rotated files), from seq 1, and the audit log's end where its
+    writer left it (its head state in helper_state_dir). Every break is listed (edited, deleted,
+    reordered, repeated, truncated, lost, missing). A chain that does not begin at seq 1 fails,
+    naming the records missing, unless logrotate's retention removed them (the files are numbered,
+    and the logrotate file says how many it keeps) or --since-seq allows it. Exit 0 with the
+    record count, 1 when anything is wrong."""
     cfg = _defaults(config_path)
     live = cfg.access_log if access else cfg.audit_log
     paths = list(files) or auditlog.rotated_set(live)
@@ -151,29 +187,35 @@ def verify(files: tuple[str, ...], access: bool, config_path: str | None) -> Non
     if access:
         note = "; the access log keeps no head state: records cut off its end cannot be ruled out"
     try:
-        verdict = auditlog.verify(auditlog.read_lines(paths), head)
+        history = auditlog.History.of(paths, live if not files else None, logrotate_file)
+        start = since_seq if since_seq is not None else history.accepted_start()
+        verdict = auditlog.verify(auditlog.read_lines(paths), head, start or 1)
     except (OSError, EOFError) as exc:
         click.echo(f"error: {printable(str(exc))}", err=True)
         sys.exit(1)
-    if verdict.problem is not None:
-        click.echo(f"{printable(str(verdict.where))}: {verdict.problem}")
-        for loss in verdict.losses:
-            click.echo(printable(loss))
-        click.echo(f"chain broken after {verdict.count} good records", err=True)
-        sys.exit(1)
-    for loss in verdict.losses:
-        click.echo(printable(loss))
+    if not os.path.exists(JOURNAL_SOCKET):
+        click.echo("note: journald is not running on this host, so no copy of these records left it: a "
+                   "consistent rewrite of the log and its head state (by root) cannot be seen here", err=True)
     span = "" if verdict.first_seq is None else f" (seq {verdict.first_seq}..{verdict.last_seq})"
-    if verdict.losses:
-        click.echo(f"FAILED: records are missing at {len(verdict.losses)} place{'s' * (len(verdict.losses) > 1)}; "
-                   f"the {verdict.count} records there chain whole around {'them' if len(verdict.losses) > 1 else 'it'}"
-                   f"{span}{note}")
+    if verdict.problems:
+        for problem in verdict.problems:
+            click.echo(printable(str(problem)))
+            if problem.kind == "missing" and verdict.first_seq is not None:
+                for hint in history.missing_hints(verdict.first_seq, given=bool(files)):
+                    click.echo(f"  {printable(hint)}")
+        kinds = collections.Counter(p.kind for p in verdict.problems)
+        listed = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+        many = len(verdict.problems)
+        click.echo(f"FAILED: {many} problem{'s' * (many > 1)} ({listed}); {verdict.count} records read{span}"
+                   f"{'' if head is not None else note}")
         sys.exit(1)
-    start = ""
-    if verdict.first_seq not in (None, 1):
-        start = "; it starts mid-chain, earlier records are in files not given"
+    begin = ""
+    if since_seq is not None and verdict.first_seq not in (None, 1):
+        begin = f"; history begins at seq {verdict.first_seq}, as --since-seq {since_seq} allows"
+    elif start not in (None, 1) and verdict.first_seq not in (None, 1):
+        begin = f"; {history.retention_words()}"
     old = f"; {verdict.unchained} older records before the chain began" if verdict.unchained else ""
-    click.echo(f"OK: {verdict.count} records, chain whole{span}{start}{old}{note}")
+    click.echo(f"OK: {verdict.count} records, chain whole{span}{begin}{old}{note}")
 
 
 def _head_of(cfg: Any, paths: list[str]) -> tuple[Head | None, str]:
@@ -199,8 +241,8 @@ def _head_of(cfg: Any, paths: list[str]) -> tuple[Head | None, str]:
 GRANT_REFUSALS = frozenset({NO_GRANT, DENIED, SECRET})
 
 
-def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter,
-                 now: datetime.datetime | None = None) -> Iterator[tuple[dict[str, Any], Any]]:
+def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter, now: datetime.datetime | None = None,
+                 order: auditlog.Order | None = None) -> Iterator[tuple[dict[str, Any], Any]]:
     """Past privileged calls (``accept``/``reject`` records with a tool and a requested path) that
     ``policy`` at ``now`` would decide otherwise: served then and refused by the grants now, or
     refused by the grants then and allowed now; each with today's decision.
@@ -216,7 +258,9 @@ def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter,
     """
     now = now or utcnow()
     groups: dict[str, frozenset[str]] = {}
-    for _, rec in auditlog.records(lines):
+    for line, rec in auditlog.records(lines):
+        if order is not None:
+            order.see(line.where.rsplit(":", 1)[0], rec)
         if rec.get("event") not in ("accept", "reject") or rec.get("tool") not in TOOLS:
             continue
         if not rec.get("os_user") or not isinstance(rec.get("requested_path"), str) or not flt.match(rec):
@@ -253,8 +297,9 @@ def replay(since: datetime.datetime | None, user: str | None, log_files: tuple[s
     paths = list(log_files) or auditlog.rotated_set(_defaults(config_path).audit_log)
     flt = auditlog.Filter(user=user, since=since)
     found = 0
+    order = auditlog.Order()
     try:
-        for rec, today in replay_diffs(policy, auditlog.read_lines(paths), flt):
+        for rec, today in replay_diffs(policy, auditlog.read_lines(paths), flt, order=order):
             found += 1
             now = "allowed" if today.allowed else "refused"
             click.echo(f"{auditlog.human(rec)}\n    was {_then(rec)}, now {now}: {printable(today.reason)}; "
@@ -263,6 +308,8 @@ def replay(since: datetime.datetime | None, user: str | None, log_files: tuple[s
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     click.echo(f"{found} past privileged call{'s' * (found != 1)} would be decided differently today")
+    if (warning := order.warning("the audit log")) is not None:
+        click.echo(warning, err=True)
 
 
 @click.command("at")
@@ -274,9 +321,10 @@ def replay(since: datetime.datetime | None, user: str | None, log_files: tuple[s
 def grants_at(when_text: str, log_files: tuple[str, ...], show_changes: bool, config_path: str | None) -> None:
     """Print the grants file in force at TIME (ISO 8601 UTC, or 90s, 15m, 2h, 3d ago), rebuilt from
     the audit log: the text of the last load at or before TIME (every start and reload records the
-    whole file, its SHA-256 and every change), after comment lines saying when it was loaded and
-    until when it stayed in force. Exit 1 when the log holds no whole load before TIME. The fixed
-    deny of the daemon's own secrets comes from mcpd.yaml, not this file."""
+    whole file, its SHA-256 and every change), exactly as loaded on standard output (its line
+    numbers are the ones the records name), and on standard error comment lines saying when it was
+    loaded and until when it stayed in force. Exit 1 when the log holds no whole load before TIME.
+    The fixed deny of the daemon's own secrets comes from mcpd.yaml, not this file."""
     try:
         when = auditlog.parse_time(when_text)
     except ValueError:
@@ -311,9 +359,11 @@ def grants_at(when_text: str, log_files: tuple[str, ...], show_changes: bool, co
     assert in_force.time is not None
     end = f"until {until.time:%Y-%m-%dT%H:%M:%SZ}" if until is not None and until.time else "still the last load recorded"
     click.echo(f"# {printable(in_force.grants_file)} in force at {when:%Y-%m-%dT%H:%M:%SZ}: "
-               f"loaded {in_force.time:%Y-%m-%dT%H:%M:%SZ} (seq {in_force.first}, {printable(in_force.where)}), {end}")
-    click.echo(f"# sha256 {in_force.sha256} (the text below matches it); {len(in_force.changes)} changes at that load")
+               f"loaded {in_force.time:%Y-%m-%dT%H:%M:%SZ} (seq {in_force.first}, {printable(in_force.where)}), {end}",
+               err=True)
+    click.echo(f"# sha256 {in_force.sha256} (the text on standard output matches it); {len(in_force.changes)} "
+               "changes at that load", err=True)
     if show_changes:
         for change in in_force.changes:
-            click.echo(f"#   {change}")  # (written escaped)
+            click.echo(f"#   {change}", err=True)  # (written escaped)
     click.echo(in_force.text, nl=not in_force.text.endswith("\n") and bool(in_force.text))

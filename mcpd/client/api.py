@@ -112,6 +112,68 @@ class ProtocolError(MCPClientError):
     default_code = "PROTOCOL_ERROR"
 
 
+class HTTPRefused(ProtocolError):
+    """The server refused a request by its HTTP status (not ``401``), exit 1; ``code`` is
+    ``HTTP_<status>`` and the message carries the server's own explanation and, when it sent one,
+    its ``Retry-After``.
+
+    Attributes:
+        status: the HTTP status.
+        retry_after: the ``Retry-After`` seconds (``503`` while the server's root helper is
+            restarting, ``429``), or ``None`` when none came in seconds.
+    """
+
+    def __init__(self, what: str, status: int, body: bytes, headers: httpx.Headers) -> None:
+        self.status = status
+        self.retry_after = retry_after(headers)
+        text = f"{what} answered {status}"
+        if self.retry_after is not None:
+            text += f" (retry after {self.retry_after} s)"
+        said = server_message(body)
+        super().__init__(f"{text}: {said}" if said else text, f"HTTP_{status}")
+
+
+#: the most of a refusal's body the client reads and shows (a server's explanation is one line)
+REFUSAL_TEXT_CAP = 300
+
+
+def server_message(body: bytes) -> str:
+    """The explanation in a refusal's body, for a person: a JSON ``{"error": "..."}`` (or a
+    JSON-RPC error's ``message``) gives that text, anything else the body's text; whitespace runs
+    become one space and it is cut at :data:`REFUSAL_TEXT_CAP` characters. It is the server's
+    text: print it escaped."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        error = error["message"]
+    text = error if isinstance(error, str) else body.decode("utf-8", "replace")
+    return " ".join(text.split())[:REFUSAL_TEXT_CAP]
+
+
+def retry_after(headers: httpx.Headers) -> int | None:
+    """A response's ``Retry-After`` in seconds, or ``None`` when absent or not delta-seconds
+    (RFC 9110 §10.2.3 also allows a date, which mcpd never sends)."""
+    value = headers.get("retry-after", "").strip()
+    return int(value) if value.isdigit() and len(value) <= 9 else None
+
+
+async def _refusal(what: str, resp: httpx.Response) -> HTTPRefused:
+    """The :class:`HTTPRefused` of a streamed response, reading at most :data:`REFUSAL_TEXT_CAP`
+    times 4 bytes of its body (a hostile server's endless body is not read)."""
+    body = b""
+    try:
+        async for chunk in resp.aiter_bytes():
+            body += chunk
+            if len(body) >= 4 * REFUSAL_TEXT_CAP:
+                break
+    except httpx.HTTPError:
+        pass  # the status alone still says what happened
+    return HTTPRefused(what, resp.status_code, body[: 4 * REFUSAL_TEXT_CAP], resp.headers)
+
+
 class UsageError(MCPClientError):
     """The caller's input is unusable (missing URL or token, malformed argument), exit 2."""
 
@@ -270,17 +332,17 @@ class Client:
             httpx.AsyncClient(verify=self._ssl, timeout=self.timeout, follow_redirects=False)
         )
         if self.transport in ("auto", "http"):
-            status = await self._start_streamable()
-            if status is None:
+            refused = await self._start_streamable()
+            if refused is None:
                 return
-            if self.transport == "http" or status not in FALLBACK_STATUSES:
-                raise ProtocolError(f"POST {self.mcp_url} answered {status}", f"HTTP_{status}")
+            if self.transport == "http" or refused.status not in FALLBACK_STATUSES:
+                raise refused
             self.transport = "sse"
         await self._connect_sse()
 
-    async def _start_streamable(self) -> int | None:
-        """POST ``initialize`` to ``/mcp``; ``None`` once the session is open, else the HTTP status
-        that refused it (``401`` raises :class:`AuthError`)."""
+    async def _start_streamable(self) -> HTTPRefused | None:
+        """POST ``initialize`` to ``/mcp``; ``None`` once the session is open, else the refusal by
+        HTTP status (``401`` raises :class:`AuthError`)."""
         self.endpoint = self.mcp_url
         req_id = next(self._ids)
         msg = {"jsonrpc": "2.0", "id": req_id, "method": "initialize",
@@ -288,13 +350,13 @@ class Client:
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = fut
         try:
-            status = await asyncio.wait_for(self._post_streamable(msg, probe=True), self.timeout)
+            refused = await asyncio.wait_for(self._post_streamable(msg, probe=True), self.timeout)
         except TimeoutError:
             raise ConnectError("no answer to initialize in time", "TIMEOUT") from None
         finally:
             self._pending.pop(req_id, None)
-        if status is not None:
-            return status
+        if refused is not None:
+            return refused
         if not fut.done():
             raise ProtocolError("initialize got no answer")
         self.server_info = self._result_of(fut.result())
@@ -318,7 +380,7 @@ class Client:
         if status == 401:
             raise AuthError("authentication failed (401): check the token")
         if status != 200:
-            raise ProtocolError(f"GET {self.url} answered {status}", f"HTTP_{status}")
+            raise await _refusal(f"GET {self.url}", source.response)
         loop = asyncio.get_running_loop()
         self._endpoint_ready = loop.create_future()
         self._reader = asyncio.create_task(self._read(source))
@@ -404,9 +466,9 @@ class Client:
         if resp.status_code == 401:
             raise AuthError("authentication failed (401): check the token")
         if resp.status_code not in (200, 202):
-            raise ProtocolError(f"POST answered {resp.status_code}", f"HTTP_{resp.status_code}")
+            raise HTTPRefused("POST", resp.status_code, resp.content, resp.headers)
 
-    async def _post_streamable(self, message: dict[str, Any] | list[Any], probe: bool = False) -> int | None:
+    async def _post_streamable(self, message: dict[str, Any] | list[Any], probe: bool = False) -> HTTPRefused | None:
         """POST one message to ``/mcp`` and dispatch what comes back (the JSON reply, or the
         event stream's progress and reply). ``probe`` (the ``initialize``): a refusal by status
         is returned instead of raised, and the session id is taken from the answer."""
@@ -433,10 +495,10 @@ class Client:
                         and self._dispatch_reply(body, message)
                     if not answered and resp.status_code not in (200, 202):
                         if probe:
-                            return resp.status_code
+                            return HTTPRefused(f"POST {self.mcp_url}", resp.status_code, body, resp.headers)
                         if resp.status_code == 404 and self.session_id is not None:
                             raise ProtocolError("the server ended this session", "SESSION_ENDED")
-                        raise ProtocolError(f"POST answered {resp.status_code}", f"HTTP_{resp.status_code}")
+                        raise HTTPRefused("POST", resp.status_code, body, resp.headers)
                 if probe and resp.status_code == 200:
                     self.session_id = resp.headers.get("mcp-session-id")
         except httpx.TransportError as exc:

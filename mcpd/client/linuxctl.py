@@ -160,13 +160,32 @@ def contexts_cmd() -> None:
         click.echo(f"{mark} {name}\t{file.contexts[name].get('url', file.top.get('url', ''))}")
 
 
+def utf8_text(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback for arguments sent to the server (paths, URIs, patterns): JSON carries
+    Unicode text only, so an argument that is not valid UTF-8 (the shell passed raw bytes, such
+    as a name in Latin-1) is a usage error (exit 2) naming the first bad byte, not a traceback."""
+    if value is None:
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = os.fsencode(value)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise click.BadParameter(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}): the "
+                                     "server is asked for paths as UTF-8 text, and cannot be asked for this one")
+        raise click.BadParameter("holds a lone surrogate: the server is asked for paths as UTF-8 text") from None
+    return value
+
+
 @main.group()
 def get() -> None:
     """Fetch things from the server."""
 
 
 @get.command("files")
-@click.argument("path")
+@click.argument("path", callback=utf8_text)
 @click.option("--start-line", type=click.IntRange(min=1), help="First line (1-based)")
 @click.option("--end-line", type=click.IntRange(min=1), help="Last line (inclusive)")
 @click.option("--offset", type=click.IntRange(min=0), help="Byte offset to start at")
@@ -270,7 +289,7 @@ def print_json(result: dict[str, Any], notes: list[str]) -> None:
 
 
 @get.command("filetype")
-@click.argument("path")
+@click.argument("path", callback=utf8_text)
 @click.option("--privileged", is_flag=True, help="Look through a sudo-style grant (mcp-sudo.yaml)")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object")
 @click.pass_obj
@@ -290,7 +309,7 @@ def list_group() -> None:
 
 
 @list_group.command("files")
-@click.argument("directory")
+@click.argument("directory", callback=utf8_text)
 @click.option("--limit", type=click.IntRange(min=1), help="At most this many entries")
 @click.option("--privileged", is_flag=True, help="List through a sudo-style grant (mcp-sudo.yaml)")
 @click.option("--json", "as_json", is_flag=True, help="Print the listing as one JSON object")
@@ -331,8 +350,8 @@ def find_group() -> None:
 
 
 @find_group.command("files")
-@click.argument("root")
-@click.option("--name", help="Glob on entry names (* ? [...])")
+@click.argument("root", callback=utf8_text)
+@click.option("--name", callback=utf8_text, help="Glob on entry names (* ? [...])")
 @click.option("--type", "kind", type=click.Choice(["file", "dir", "symlink", "fifo", "socket", "char", "block"]))
 @click.option("--max-depth", type=click.IntRange(min=1), help="Levels below ROOT (1 = its own entries)")
 @click.option("--max-results", type=click.IntRange(min=1, max=10000), help="Stop after this many matches")
@@ -390,7 +409,7 @@ def find_files(settings: Settings, root: str, name: str | None, kind: str | None
 
 
 @main.command("read")
-@click.argument("uri")
+@click.argument("uri", callback=utf8_text)
 @click.option("--start-line", type=click.IntRange(min=1), help="First line (1-based)")
 @click.option("--end-line", type=click.IntRange(min=1), help="Last line (inclusive)")
 @click.option("--encoding", help="utf-8 (default), ascii, latin-1, cp1252, utf-16 or auto")

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from mcpd.client.api import AuthError, ConnectError, ProtocolError, UsageError, sse_url, ssl_context
+from mcpd.client.api import AuthError, ConnectError, ProtocolError, UsageError, retry_after, server_message, sse_url, ssl_context
 
 
 def route_url(url: str, route: str) -> str:
@@ -41,9 +41,9 @@ def login(url: str, user: str, password: str, cafile: str | None, timeout: float
     if resp.status_code == 401:
         raise AuthError("authentication failed")
     if resp.status_code == 503:
-        raise ConnectError(_error_text(resp))
+        raise ConnectError(_unavailable(resp))
     if resp.status_code != 200:
-        raise ProtocolError(f"login answered {resp.status_code}: {_error_text(resp)}")
+        raise ProtocolError(f"login answered {resp.status_code}: {server_message(resp.content)}")
     data = resp.json()
     if not isinstance(data, dict) or not isinstance(data.get("token"), str):
         raise ProtocolError("login answer has no token")
@@ -62,16 +62,15 @@ def logout(url: str, token: str, cafile: str | None, timeout: float = 30.0) -> N
     if resp.status_code == 401:
         raise AuthError("token is not valid (already logged out or expired)")
     if resp.status_code == 400:
-        raise UsageError(_error_text(resp))
+        raise UsageError(server_message(resp.content))
     if resp.status_code == 503:
-        raise ConnectError(_error_text(resp))
+        raise ConnectError(_unavailable(resp))
     if resp.status_code != 200:
         raise ProtocolError(f"logout answered {resp.status_code}")
 
 
-def _error_text(resp: httpx.Response) -> str:
-    try:
-        data = resp.json()
-    except ValueError:
-        return resp.text[:200]
-    return str(data.get("error")) if isinstance(data, dict) else resp.text[:200]
+def _unavailable(resp: httpx.Response) -> str:
+    """A ``503``'s text: the server's message, and its ``Retry-After`` when it sent one (its root
+    helper is restarting) rather than none (it has no helper at all)."""
+    seconds = retry_after(resp.headers)
+    return server_message(resp.content) + ("" if seconds is None else f" (retry after {seconds} s)")

@@ -20,7 +20,11 @@ record of the old one. On start the chain resumes from the file's last line, or,
 empty, from the last line of ``FILE.1`` (the file logrotate just renamed); a writer that finds
 records it did not write (another process) goes on from the last of them. Each log has one
 writer process in the daemon; two writers stay chained except across two rotations between two
-records of one of them. ``mcpd audit verify`` checks the chain.
+records of one of them. ``mcpd audit verify`` checks the chain. The first record of every new
+file is a :data:`ROTATE` record numbering it (``file_number``: the log's 1st, 2nd ... file), so
+``verify`` can tell how many older files there were and which of them logrotate's retention
+removed; it is written only at a rotation (or on start after one), never on the per-record path.
+A file found deleted (no name left) rather than renamed is an alert naming the records it held.
 
 The chain's head lives outside the log. The writer remembers where its last record ends (device,
 inode, offset, length, hash) and, before each record, compares the file's ``fstat`` (taken under
@@ -44,8 +48,9 @@ still chain whole.
 Record fields (all optional but ``seq``, ``prev``, ``time`` and ``event``): ``time`` (ISO 8601
 UTC), ``event`` (``accept``, ``reject``, ``reload``, ``reload_failed``, ``alert``, ``spawn``,
 ``kill`` ...), ``user`` (principal), ``os_user``, ``token_id``, ``peer``, ``session``, ``tool``,
-``requested_path``, ``resolved_path``, ``grant``, ``decision``, ``reason``, ``outcome``, ``bytes``,
-``duration_ms``, ``route``, ``pid``, ``suppressed``; a call the grants allowed and root's opener
+``requested_path``, ``resolved_path``, ``real_path`` (what root opened, when a symlink led
+elsewhere), ``grant``, ``decision``, ``reason``, ``outcome``, ``bytes``, ``duration_ms``, ``route``,
+``pid``, ``suppressed``; a call the grants allowed and root's opener
 refused is ``event`` ``reject`` with ``decision`` :data:`REFUSED_AT_OPEN`. Keys that name secrets or
 contents (``token``, ``password``, ``content`` ...) are refused, and values must be scalars, so
 nothing larger can slip in; a string over :data:`MAX_VALUE_CHARS` is cut and ends in :data:`CUT`.
@@ -60,6 +65,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
 import fcntl
 import functools
 import hashlib
@@ -279,12 +285,68 @@ def chain_after(line: bytes) -> tuple[int, str]:
     return (seq if isinstance(seq, int) and not isinstance(seq, bool) else 0), hashlib.sha256(line).hexdigest()
 
 
+FIND_ARGS = (("name", "find_name"), ("type", "find_type"), ("max_depth", "max_depth"))  # argument -> field
+
+
+def find_fields(tool: str, arguments: Any) -> dict[str, Any]:
+    """What a ``files/find`` call searched for, as record fields (``find_name``, ``find_type``,
+    ``max_depth``), from its raw ``arguments`` (a value that is no scalar as its JSON type in
+    brackets, ``(list)``); ``{}`` for any other tool or arguments that are no object."""
+    if tool != "files/find" or not isinstance(arguments, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for arg, key in FIND_ARGS:
+        if arg in arguments:
+            value = arguments[arg]
+            out[key] = value if value is None or isinstance(value, (str, int, float, bool)) else \
+                f"({type(value).__name__})"
+    return out
+
+
 #: the ``decision`` of a call the grants allowed and a later step refused: root's opener (a symlink
 #: in the path, several hard links, not a regular file), the secrets' check of the real path
 REFUSED_AT_OPEN = "refused_at_open"
+#: the ``decision`` of a call on the unprivileged route that the kernel refused (the OS account's
+#: own permissions said no: ``PERMISSION_DENIED``): the daemon did not serve it
+REFUSED_BY_OS = "refused_by_os"
 #: the ``reason`` of the alert a writer records when its log no longer ends with the last record
 #: it wrote (cut, emptied or replaced); ``missing_from``/``missing_to`` name the records gone
+#: (``missing_from`` null when where the loss begins is not known), ``found_seq`` the last record
+#: the log still held (0: none). The access log's writer says ``access log`` (:func:`lost_reason`).
 LOST_TAIL = "the audit log lost records its writer had written"
+#: the ``event`` of the first record of every new file of a log (a rotation by rename, or a file
+#: created again after it was removed): ``file_number`` counts the log's files (1 is the file its
+#: first record went to; null when the file before this one had no number: a log begun before
+#: files were numbered), so ``mcpd audit verify`` can tell how many older files there were
+ROTATE = "rotate"
+
+
+def lost_reason(ident: str) -> str:
+    """The :data:`LOST_TAIL` reason as the writer named ``ident`` words it (``mcpd-access``: the
+    access log; any other: the audit log)."""
+    return LOST_TAIL.replace("audit log", "access log") if ident == "mcpd-access" else LOST_TAIL
+
+
+def file_number(first: bytes) -> int | None:
+    """The number of the log file whose first line is ``first`` (see :data:`ROTATE`): its
+    ``file_number`` when it is a rotate record, 1 when it is the chain's first record (seq 1),
+    else None (unknown)."""
+    try:
+        rec = json.loads(first)
+    except ValueError:
+        return None
+    if not isinstance(rec, dict):
+        return None
+    number = rec.get("file_number") if rec.get("event") == ROTATE else 1 if rec.get("seq") == 1 else None
+    return number if type(number) is int and number >= 1 else None
+
+
+def first_line(fd: int, block: int = 65536) -> bytes:
+    """The first line (newline included) of the open file ``fd``, read from offset 0 (``b""``
+    when empty; the whole first ``block`` bytes when no newline ends them)."""
+    data = os.pread(fd, block, 0)
+    end = data.find(b"\n")
+    return data if end < 0 else data[:end + 1]
 HEAD_FILE = "audit.head"  # the writer's head state, in its own state folder
 
 
@@ -402,6 +464,7 @@ class AuditLog:
 
     Raises:
         OSError: the folder or file cannot be created or opened (the helper must not run blind),
+            the folder is writable by other accounts (it is never chmodded: it may be ``/tmp``),
             or the head file is not a 0600 regular file of this account.
     """
 
@@ -411,13 +474,15 @@ class AuditLog:
         self.path, self._clock, self._abspath = path, clock, os.path.abspath(path)
         self._alerts: dict[str, list[float]] = {}  # reason -> [window start, written, suppressed]
         folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        st = os.stat(folder)
-        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
-            os.chmod(folder, 0o700)
+        os.makedirs(folder, mode=0o700, exist_ok=True)  # a folder it makes is its own alone
+        if stat.S_IMODE(os.stat(folder).st_mode) & 0o022:  # never chmod a folder others use (/tmp)
+            raise OSError(errno.EPERM, f"the log's folder {folder} is writable by other accounts")
         self._fd = self._open()
         self._lock = threading.Lock()
         self._pending: list[str] = []  # alerts (encoded bodies) to write before the next record
+        self._number: int | None = None  # the number of the log file _fd is (ROTATE)
+        self._ident = ident
+        self.started_fresh = False  # no head state, no record in the log or FILE.1: a new log
         self._head_fd = -1
         self._journal: tuple[socket.socket, str] | None = None
         try:
@@ -435,7 +500,6 @@ class AuditLog:
             raise
         if syslog and stat.S_ISSOCK(os.stat(journal).st_mode if os.path.exists(journal) else 0):
             self._journal = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC), journal
-        self._ident = ident
 
     def _open(self) -> int:
         flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY
@@ -467,10 +531,16 @@ class AuditLog:
         self._set_mark(fst, fst.st_size - len(partial), len(line))
         self._seq, self._prev = chain_after(line)
         where = self._mark  # the file and place of the record the chain goes on from
-        if not line and (older := self._read_end(self.path + ".1")) is not None and older[1]:
-            ost, oline, oend = older
+        older = None
+        if fst.st_size:
+            self._number = file_number(first_line(self._fd))
+        elif (older := self._read_end(self.path + ".1")) is not None and older[1]:
+            ost, oline, oend, ofirst = older  # rotated while stopped: this empty file is the next one
             self._seq, self._prev = chain_after(oline)
             where = (ost.st_dev, ost.st_ino, oend, len(oline))
+            self._new_file(file_number(ofirst))
+        else:
+            self._number = 1
         if head_dir is None:
             return
         try:
@@ -482,6 +552,10 @@ class AuditLog:
                 self._check_head(stored)
             elif self._seq:  # a log older than its head (an upgrade), or a head removed
                 self._alert("the audit log's head state was missing; it is written anew")
+            else:
+                self.started_fresh = True
+        if self._seq and not fst.st_size and not (older and older[1]):
+            self._number = None  # its earlier files are gone: which number this file is, is not known
         if self._pending:  # the start's alerts come next, in this file: the head names their place
             where = self._mark
         write_file(head_dir, head_name, Head(self._abspath, self._seq, self._prev, *where).encode())
@@ -492,9 +566,9 @@ class AuditLog:
             raise OSError(f"{head_name}: the audit head must be a 0600 regular file of this account")
         self._head_fd = fd
 
-    def _read_end(self, path: str) -> tuple[os.stat_result, bytes, int] | None:
-        """``(fstat, last whole line, its end offset)`` of the regular file ``path``, or None when it
-        cannot be read (missing, not a regular file)."""
+    def _read_end(self, path: str) -> tuple[os.stat_result, bytes, int, bytes] | None:
+        """``(fstat, last whole line, its end offset, first line)`` of the regular file ``path``, or
+        None when it cannot be read (missing, not a regular file)."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
         except OSError:
@@ -504,7 +578,7 @@ class AuditLog:
             if not stat.S_ISREG(fst.st_mode):
                 return None
             line, partial = tail_of(fd, fst.st_size)
-            return fst, line, fst.st_size - len(partial)
+            return fst, line, fst.st_size - len(partial), first_line(fd)
         finally:
             os.close(fd)
 
@@ -521,10 +595,11 @@ class AuditLog:
             return  # (length 0: the log was empty; the same last record: a copy of the file is no loss)
         now = self._seq
         if now < stored.seq:
-            self._alert(LOST_TAIL, log_file=self.path, missing_from=now + 1 if now else None,
+            self._alert(lost_reason(self._ident), log_file=self.path, missing_from=now + 1 if now else None,
                         missing_to=stored.seq, found_seq=now)
         else:
-            self._alert(LOST_TAIL, log_file=self.path, missing_from=stored.seq, missing_to=stored.seq, found_seq=now)
+            self._alert(lost_reason(self._ident), log_file=self.path, missing_from=stored.seq, missing_to=stored.seq,
+                        found_seq=now)
         self._go_on(stored.seq, stored.hash, lost=True)
 
     def _holds(self, stored: Head) -> bool:
@@ -555,6 +630,23 @@ class AuditLog:
         """Queue an alert to write before the next record (never rate-limited: each is one event)."""
         self._pending.append(_body("alert", dict(reason=reason, **fields)))
 
+    def _new_file(self, before: int | None) -> None:
+        """``_fd`` is a new, empty file of the log, after the file numbered ``before``: queue its
+        :data:`ROTATE` record first, ahead of any alert (it is the file's first line)."""
+        self._number = None if before is None else before + 1
+        self._pending.insert(0, _body(ROTATE, {"reason": "the log goes on in a new file", "log_file": self.path,
+                                               "file_number": self._number, "previous_seq": self._seq}))
+
+    def _gone(self) -> None:
+        """The file ``_fd`` was removed, not renamed (no name is left): the records in it are lost
+        with it. Queue the alert naming them (its first record's seq to the last written)."""
+        try:
+            first, _ = chain_after(first_line(self._fd))
+        except OSError:
+            first = 0
+        self._alert(lost_reason(self._ident), log_file=self.path, missing_from=first or None, missing_to=self._seq,
+                    found_seq=0, detail="its file was deleted while its writer had it open")
+
     def _reconcile(self, fst: os.stat_result) -> bytes:
         """The file ``_fd`` (its ``fstat`` ``fst``, taken under the lock) does not end where this
         writer left it: find where the chain goes on. When its last record is still in place,
@@ -572,11 +664,11 @@ class AuditLog:
                 self._seq, self._prev = max(seq, self._seq), digest
         else:
             if seq < self._seq:
-                self._alert(LOST_TAIL, log_file=self.path, missing_from=seq + 1 if seq else None,
+                self._alert(lost_reason(self._ident), log_file=self.path, missing_from=seq + 1 if seq else None,
                             missing_to=self._seq, found_seq=seq)
             else:
-                self._alert(LOST_TAIL, log_file=self.path, missing_from=self._seq, missing_to=self._seq,
-                            found_seq=seq)
+                self._alert(lost_reason(self._ident), log_file=self.path, missing_from=self._seq,
+                            missing_to=self._seq, found_seq=seq)
                 self._seq, self._prev = seq, digest
         self._set_mark(fst, fst.st_size - len(partial), len(line))
         return b"\n" if partial else b""
@@ -601,13 +693,20 @@ class AuditLog:
                     pass
                 if (fst.st_dev, fst.st_ino, fst.st_size) != self._mark[:3]:
                     self._reconcile(fst)
+                if fst.st_nlink == 0 and self._seq:
+                    self._gone()
                 fd = self._open()
-                self._set_mark(os.fstat(fd), 0, 0)
+                nst = os.fstat(fd)
+                self._set_mark(nst, 0, 0)
             except BaseException:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
                 raise
             os.close(self._fd)  # drops the old file's lock
             self._fd = fd
+            if nst.st_size == 0:
+                self._new_file(self._number)
+            else:  # another writer went on here first: its rotate record says which file this is
+                self._number = file_number(first_line(fd))
 
     def record(self, event: str, **fields: Any) -> None:
         """Append one record (see the module docstring for the fields), next link of the chain.

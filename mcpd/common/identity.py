@@ -245,10 +245,13 @@ def dump_users(users: dict[str, UserRecord]) -> dict[str, Any]:
 
 
 def save_users(path: str | Path, users: dict[str, UserRecord]) -> None:
-    """Atomically replace ``users.yaml`` with mode 0600 (rename over the old file)."""
+    """Atomically replace ``users.yaml`` with mode 0600 (rename over the old file). The new file is
+    written first as ``.users.yaml.XXXXXXXX`` beside it (mode 0600): a name the daemon's fixed deny
+    and root's secrets cover as they cover the file's swap files, even when the tool dies before
+    the rename and leaves it there."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".users.", dir=p.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)  # .users.yaml.XXXXXXXX: the secret's own deny
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write("# mcpd principals and token digests (SPEC §5.1). Manage with `mcpd users`.\n")

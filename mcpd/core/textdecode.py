@@ -16,12 +16,12 @@ BOM is full of NUL bytes.
 from __future__ import annotations
 
 import codecs
-import functools
 from dataclasses import dataclass
 
 import charset_normalizer
 import magic
 
+from mcpd.core import magicdb
 from mcpd.helper.wire.errors import ENCODING_ERROR, ToolError
 
 #: Accepted values of the ``encoding`` argument → the Python codec used without a BOM.
@@ -80,9 +80,8 @@ def is_wide(codec: str) -> bool:
     return unit(codec) > 1
 
 
-@functools.cache
 def _magic_encoding() -> magic.Magic:
-    return magic.Magic(mime_encoding=True)
+    return magicdb.classifier("encoding")
 
 
 def _western(sample: bytes, verdict: str) -> str | None:

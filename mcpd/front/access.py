@@ -16,8 +16,14 @@ the whole request is in the helper's socket. Fields: ``user`` (principal),
 file contents.
 
 On the unprivileged route the front decides nothing: the OS account's own permissions do, so
-``decision`` is ``accept`` and a refusal by the kernel shows as ``outcome`` ``PERMISSION_DENIED``.
-A call refused before it ran (invalid arguments, quota) is ``decision`` ``reject``.
+``decision`` is ``accept``, and a call the kernel refused there (``PERMISSION_DENIED``: the daemon
+did not serve it) is ``decision`` ``refused_by_os`` (:data:`~mcpd.common.audit.REFUSED_BY_OS`),
+listed by ``mcpd audit tail --decision reject``. A call refused before it ran (invalid arguments,
+quota, an unknown tool: :meth:`AccessLog.unknown_tool`) is ``decision`` ``reject``. A
+``files/find`` record also keeps what was searched for (``find_name``, ``find_type``,
+``max_depth``). A login the front refused itself (a malformed request, too many in flight, no
+helper) is event ``login``, ``decision`` ``reject`` (:meth:`AccessLog.login_refused`); the policy
+process records the logins it receives.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ from types import TracebackType
 from typing import Any
 
 from mcpd.front import metrics
-from mcpd.common.audit import AuditLog, Fields, encode_fields
-from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, RATE_LIMITED, ToolError
+from mcpd.common.audit import REFUSED_BY_OS, AuditLog, Fields, encode_fields, find_fields
+from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, INVALID_ARGUMENT, PERMISSION_DENIED,
+                                     RATE_LIMITED, ToolError)
 from mcpd.common.identity import Principal
 
 UNPRIVILEGED_REASON = "the OS account's own permissions"
@@ -83,9 +90,13 @@ class AccessLog:
         raw = arguments if isinstance(arguments, Mapping) else {}
         requested = raw.get("path", raw.get("root"))
         requested = requested if isinstance(requested, str) else None
-        decision = "accept"
+        decision, extra = "accept", find_fields(tool, raw)
         if stage == "unprivileged":
             reason = UNPRIVILEGED_REASON
+            if error is not None and error.code == PERMISSION_DENIED:  # the kernel said no: not served
+                decision = REFUSED_BY_OS
+                if isinstance(error.details.get("reason"), str):
+                    extra["reason_detail"] = error.details["reason"]
         elif stage == "refused":
             decision, reason = "reject", error.message if error else "refused"
         elif error is None:  # forwarded, never received by the policy process: why, in the front's words
@@ -101,7 +112,31 @@ class AccessLog:
                               decision, reason,
                               outcome if error is None else error.code)
         self.log.record_with("access", first, bytes=answer_size(result),
-                             duration_ms=round((time.monotonic() - started) * 1000, 1))
+                             duration_ms=round((time.monotonic() - started) * 1000, 1), **extra)
+
+    def unknown_tool(self, principal: Principal, peer: str, session: str, name: Any, arguments: Any) -> None:
+        """Record a ``tools/call`` of a tool that does not exist (answered ``-32602``): ``reject``,
+        reason ``unknown tool``, outcome ``INVALID_ARGUMENT``, the name as sent (``tool``; a name that is no string as its JSON
+        type in brackets), its route and path when the arguments give them.
+
+        Raises:
+            OSError: the record could not be written.
+        """
+        tool = name if isinstance(name, str) else f"({type(name).__name__})"
+        self.call(principal, peer, session, tool, arguments, time.monotonic(), "refused",
+                  error=ToolError(INVALID_ARGUMENT, "unknown tool"))
+
+    def login_refused(self, peer: str, user: Any, status: int, reason: str) -> None:
+        """Record a ``POST /login`` the front answered itself, without asking the policy process
+        (HTTP ``status``: 400 malformed, 413 too large, 415 not JSON, 429 too many in flight, 503
+        no helper): event ``login``, ``decision`` ``reject``, the account as typed (``os_user``,
+        when the body gave a string), ``outcome`` ``HTTP_<status>``. Never the password.
+
+        Raises:
+            OSError: the record could not be written.
+        """
+        self.log.record("login", tool="login", route="login", os_user=user[:256] if isinstance(user, str) else None,
+                        peer=peer, decision="reject", reason=reason, outcome=f"HTTP_{status}")
 
 
 _FIRST_KEYS = ("user", "token_id", "os_user", "peer", "session", "route", "tool", "requested_path", "resolved_path",

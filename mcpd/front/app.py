@@ -35,7 +35,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mcpd.front.auth import Authenticator, CheckerDown, TokenUndecided, parse_bearer
+from mcpd.front.auth import CHECKER_DOWN_RETRY, Authenticator, CheckerDown, TokenUndecided, parse_bearer
 from mcpd.front.connguard import DETACH
 from mcpd.common.config import Config, ConfigError
 from mcpd.front.mcp.dispatcher import Dispatcher
@@ -89,9 +89,8 @@ class TokenCheckBusy(AuthenticationError):
 
 
 #: the answer to a token that cannot be checked because the root helper is down (its policy
-#: process checks tokens); the seconds to wait: about what a restart takes (systemd's RestartSec=)
+#: process checks tokens); the seconds to wait are :data:`~mcpd.front.auth.CHECKER_DOWN_RETRY`
 CHECKER_DOWN = "the root helper is not running, so the token cannot be checked now; retry in a moment"
-CHECKER_DOWN_RETRY = 2
 
 
 class BearerBackend(AuthenticationBackend):
@@ -259,6 +258,7 @@ def build_app(
     transport = Transport(cfg, manager)
     streamable = StreamableTransport(cfg, manager)
     logins = LoginRoutes(login or NoLogin(), cfg.login)
+    logins.access = dispatcher.access  # the logins the front refuses itself are recorded too
     routes: list[BaseRoute] = [*transport.routes(), *streamable.routes(), *logins.routes()]
     if cfg.base_path:
         routes.append(Mount(cfg.base_path, routes=transport.routes() + streamable.routes() + logins.routes()))

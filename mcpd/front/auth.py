@@ -46,6 +46,11 @@ class CheckerDown(TokenUndecided):
     open session whose token it is is closed, since its token can no longer be re-checked."""
 
 
+#: seconds a client is told to wait (``Retry-After``) when the root helper, whose policy process
+#: checks tokens and passwords, is not running: about what a restart takes (systemd's RestartSec=)
+CHECKER_DOWN_RETRY = 2
+
+
 class Authenticator(Protocol):
     """Turns a plain bearer token into a :class:`Principal`, or ``None`` (answer 401)."""
 

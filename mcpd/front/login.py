@@ -1,13 +1,15 @@
-"""``POST /login`` and ``POST /logout`` on the front (SPEC §5.2; issue 5).
+"""``POST /login`` and ``POST /logout`` on the front (docs/REFERENCE.md §5.2).
 
 ``POST {base}/login`` takes ``{"user": ..., "password": ...}`` (JSON, at most
 :data:`LOGIN_BODY_CAP` bytes, no bearer needed) and forwards it to the root helper's ``pam_login``;
 the answer is ``200 {"token", "expires", "user"}`` with the token shown this once, ``401
-{"error": "authentication failed"}`` for every kind of refusal, or ``503`` when there is no
-helper (development mode: PAM runs only in the root helper). Logins in flight are bounded, in
+{"error": "authentication failed"}`` for every kind of refusal, or ``503`` when nobody can check
+the password: with ``Retry-After`` when the root helper is not reachable now (it is restarted),
+without it when there is no helper at all (development mode: PAM runs only in the root helper,
+so retrying cannot help). Logins in flight are bounded, in
 total (``login.in_flight``) and per client address (``login.in_flight_per_address``); beyond that,
 or when the helper's login capacity is full, the answer is ``429`` with ``Retry-After`` at once,
-so a login flood never holds more than its share of the helper (SPEC §5.3). ``POST {base}/logout`` with the
+so a login flood never holds more than its share of the helper (docs/REFERENCE.md §5.3). ``POST {base}/logout`` with the
 bearer revokes that login token (``200``), or answers ``400`` for a static ``users.yaml`` token
 (rotate those with ``mcpd users rotate``).
 
@@ -25,6 +27,8 @@ from starlette.routing import Route
 
 from mcpd.helper.wire import frames
 from mcpd.front import metrics
+from mcpd.front.access import AccessLog
+from mcpd.front.auth import CHECKER_DOWN_RETRY
 from mcpd.common.config import Login as LoginConfig
 from mcpd.common.inflight import InFlight
 from mcpd.front.policy_client.channel import PolicyChannel, PolicyUnavailable
@@ -37,7 +41,22 @@ NO_HELPER = "password login needs the root helper (PAM runs there only); this da
 
 
 class LoginUnavailable(Exception):
-    """No root helper to run PAM (development mode) or it is down."""
+    """No root helper to run PAM (development mode), or it is down.
+
+    Args:
+        message: the answer's ``error`` text.
+        retry_after: seconds for the ``503``'s ``Retry-After`` when the helper may be back soon;
+            ``None`` when it never will (no helper unit).
+    """
+
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def response(self) -> JSONResponse:
+        """The ``503`` answer: ``{"error": message}``, with ``Retry-After`` when there is one."""
+        headers = {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}
+        return JSONResponse({"error": str(self)}, status_code=503, headers=headers)
 
 
 class LoginBusy(Exception):
@@ -89,7 +108,7 @@ class HelperLogin:
         try:
             reply, fds = await self._client.request(req, timeout=self._timeout)
         except (PolicyUnavailable, TimeoutError):
-            raise LoginUnavailable("the root helper is not reachable") from None
+            raise LoginUnavailable("the root helper is not reachable; retry in a moment", CHECKER_DOWN_RETRY) from None
         for s in fds:
             s.close()
         return reply
@@ -131,6 +150,7 @@ class LoginRoutes:
 
     def __init__(self, backend: LoginBackend, cfg: LoginConfig) -> None:
         self.backend, self.cfg = backend, cfg
+        self.access: AccessLog | None = None  # set by build_app: the logins refused here are recorded there
         self._in_flight = InFlight(cfg.in_flight_per_address, cfg.in_flight)  # logins, in all and per address
 
     def routes(self) -> list[Route]:
@@ -141,13 +161,19 @@ class LoginRoutes:
         """``POST /login``: see the module docstring."""
         peer = _peer(request)
         if self._in_flight.take(peer) is not None:
+            self._refused(peer, None, 429, "too many logins in flight")
             return self._busy()
         try:
             return await self._login(request, peer)
         except LoginBusy:
+            self._refused(peer, None, 429, "the helper's login capacity is full")
             return self._busy()
         finally:
             self._in_flight.release(peer)
+
+    def _refused(self, peer: str, user: Any, status: int, reason: str) -> None:
+        if self.access is not None:
+            self.access.login_refused(peer, user, status, reason)
 
     def _busy(self) -> Response:
         metrics.LOGINS_REFUSED.labels("429").inc()
@@ -157,10 +183,12 @@ class LoginRoutes:
 
     async def _login(self, request: Request, peer: str) -> Response:
         if (request.headers.get("content-type") or "").split(";")[0].strip().lower() != "application/json":
+            self._refused(peer, None, 415, "content type must be application/json")
             return JSONResponse({"error": "content type must be application/json"}, status_code=415)
         body = await _read_capped(request, LOGIN_BODY_CAP)
         if body is None:
             metrics.limit_hit("body_bytes")
+            self._refused(peer, None, 413, "body too large")
             return JSONResponse({"error": "body too large"}, status_code=413)
         try:
             data = frames.loads(body)
@@ -169,12 +197,14 @@ class LoginRoutes:
         if not isinstance(data, dict) or set(data) != set(FIELD_CAPS) or not all(
             isinstance(v, str) and 0 < len(v) <= FIELD_CAPS[k] for k, v in data.items()
         ):
+            self._refused(peer, data.get("user") if isinstance(data, dict) else None, 400, "malformed login request")
             return JSONResponse({"error": 'expected {"user": string (at most 64 characters), "password": string}'},
                                 status_code=400)
         try:
             outcome = await self.backend.login(data["user"], data["password"], peer)
         except LoginUnavailable as exc:
-            return JSONResponse({"error": str(exc)}, status_code=503)
+            self._refused(peer, data["user"], 503, "no root helper to check passwords")
+            return exc.response()
         if outcome is None:
             metrics.LOGINS_REFUSED.labels("401").inc()
             return JSONResponse({"error": GENERIC}, status_code=401)
@@ -187,7 +217,7 @@ class LoginRoutes:
         try:
             revoked = await self.backend.revoke(token)
         except LoginUnavailable as exc:
-            return JSONResponse({"error": str(exc)}, status_code=503)
+            return exc.response()
         if not revoked:
             return JSONResponse({"error": "not a login token; static tokens are changed with mcpd users rotate"},
                                 status_code=400)

@@ -36,7 +36,7 @@ import threading
 from typing import Any
 
 from mcpd.helper.wire import frames
-from mcpd.helper.wire.rootconf import WORKER_START_GID
+from mcpd.helper.wire.rootconf import WORKER_START_GID, plain_ids
 
 _PR_SET_PDEATHSIG, _PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 1, 8, 38, 47, 2
 CAP_DAC_READ_SEARCH = 2  # linux/capability.h: the one capability a walker keeps
@@ -50,20 +50,17 @@ def _prctl(option: int, *args: int) -> None:
 
 
 def drop_to_walker(uid: int, gid: int) -> None:
-    """As root: become ``uid``/``gid`` (all three ids, no supplementary group) keeping only
-    CAP_DAC_READ_SEARCH in the permitted, effective, inheritable and ambient sets, so it survives
-    the ``exec`` of the walker; then set no_new_privs. Raises ``OSError`` (the child then exits)."""
+    """As root: become ``uid``/``gid`` (:func:`_become`: all three ids, no supplementary group,
+    no_new_privs) keeping only CAP_DAC_READ_SEARCH in the permitted, effective, inheritable and
+    ambient sets, so it survives the ``exec`` of the walker. Raises ``OSError`` (the child then exits)."""
     _prctl(_PR_SET_KEEPCAPS, 1)  # setresuid away from root keeps the permitted set (exec clears it)
-    os.setgroups([])
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
+    _become(uid, gid, [])
     header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)  # struct __user_cap_header_struct {version, pid}
     one = 1 << CAP_DAC_READ_SEARCH
     data = (ctypes.c_uint32 * 6)(one, one, one, 0, 0, 0)  # 2 x {effective, permitted, inheritable}
     if ctypes.CDLL(None, use_errno=True).capset(header, data) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
     _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH)
-    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
 
 def _keep_only(fds: list[int], nulled: tuple[int, ...] = (0, 1, 2)) -> None:
@@ -79,10 +76,16 @@ def _keep_only(fds: list[int], nulled: tuple[int, ...] = (0, 1, 2)) -> None:
 
 def _become(uid: int, gid: int, groups: list[int], real_gid: int | None = None) -> None:
     """All three uids and gids (``real_gid`` as the real gid when given), those supplementary
-    groups, then no_new_privs (capabilities go with root)."""
+    groups, then no_new_privs (capabilities go with root). Raises ``OSError`` (the child then
+    exits) unless the ids asked for are plain (:func:`~mcpd.helper.wire.rootconf.plain_ids`) and
+    are then exactly the process's: ``setresuid(-1, -1, -1)`` changes nothing, and the child must
+    never go on as root."""
     os.setgroups(groups)
-    os.setresgid(gid if real_gid is None else real_gid, gid, gid)
+    os.setresgid(real := gid if real_gid is None else real_gid, gid, gid)
     os.setresuid(uid, uid, uid)
+    if not plain_ids(uid, real, gid, *groups) or os.getresuid() != (uid, uid, uid) or os.getresgid() != (real, gid, gid) \
+            or set(os.getgroups()) != set(groups):
+        raise OSError("the child's ids are not plain, or not the ones asked for")
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
 

@@ -13,6 +13,7 @@ until it is stopped or the policy process ends; it keeps no state of its own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import logging
 import os
@@ -23,10 +24,9 @@ import socket
 import stat
 import sys
 import threading
-import time
 from collections.abc import Callable
 
-from mcpd.helper.wire.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, root_settings
+from mcpd.helper.wire.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, plain_ids, root_settings
 from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 from mcpd.helper import forkserver
 from mcpd.helper.monitor import CHANNELS, Monitor
@@ -39,6 +39,7 @@ STOP_SECONDS = 10.0  # how long a stopping helper waits for the policy process t
 #: the children it made, which run as other uids. PAM as root reads /etc/shadow with these too.
 KEEP = {"CAP_DAC_READ_SEARCH": 2, "CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
 _PR_CAPBSET_READ, _PR_CAPBSET_DROP, _CAP_VERSION_3 = 23, 24, 0x20080522
+_PR_SET_PDEATHSIG, _PR_GET_PDEATHSIG = 1, 2
 
 
 def drop_capabilities() -> None:
@@ -58,23 +59,26 @@ def drop_capabilities() -> None:
 
 def listening_socket(path: str, service_gid: int) -> socket.socket:
     """The socket from systemd (``LISTEN_FDS``, fd 3), or a new one at ``path``: mode 0660, owner
-    root, group ``service_gid``."""
+    root, group ``service_gid``. The change of effective gid this takes clears the parent-death
+    signal the starter gave (``mcpd dev``'s: the helper dies with it), so it is set again, and
+    ``OSError`` is raised when that fails or the starter ended meanwhile."""
     if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1":
         return socket.socket(fileno=3)
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    try:
+    with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             os.unlink(path)
-    except FileNotFoundError:
-        pass
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o117)  # 0660
+    old, libc, death, parent = os.umask(0o117), ctypes.CDLL(None, use_errno=True), ctypes.c_int(), os.getppid()
+    libc.prctl(_PR_GET_PDEATHSIG, ctypes.byref(death), 0, 0, 0)  # the starter's (mcpd dev's), if any
     os.setegid(service_gid)  # the new socket's group, without CAP_CHOWN
     try:
         sock.bind(path)
     finally:
         os.setegid(0)
         os.umask(old)
+    if death.value and (libc.prctl(_PR_SET_PDEATHSIG, death.value, 0, 0, 0) != 0 or os.getppid() != parent):
+        raise OSError("the process that started the helper ended, or its parent-death signal was lost")
     sock.listen(64)
     return sock
 
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns 0 after a clean stop; 78 (configuration broken, do not restart) when not root, when
     ``mcpd.yaml`` is not root's (owner, mode) or unreadable, an account (``mcpd-policy``,
-    ``mcpd-walk``: uid and gid not 0; the service user) is unknown, or the policy process exits
+    ``mcpd-walk``: uid and gid plain, :func:`plain_ids`; the service user) is unknown, or the policy process exits
     78 (its own folders are unsafe, the configuration or the grants are broken); 1 when the policy
     process ends otherwise. Root touches none of the policy's files: systemd-tmpfiles (or
     ``mcpd helper``) makes its folders.
@@ -102,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         drop_capabilities()
         settings = root_settings(parse_strict_yaml(read_secure_file(path, 0), path), path)
         service, walker, policy = (pwd.getpwnam(n) for n in (settings.service_user, WALK_USER, POLICY_USER))
-        if {0} & {walker.pw_uid, walker.pw_gid, policy.pw_uid, policy.pw_gid}:
-            raise OSError(f"the accounts {WALK_USER} and {POLICY_USER} must not be root")
+        if not plain_ids(walker.pw_uid, walker.pw_gid, policy.pw_uid, policy.pw_gid):
+            raise OSError(f"the accounts {WALK_USER} and {POLICY_USER} must not be root (or have an id of -1)")
     except (ConfigFileError, ValueError, KeyError, OSError) as exc:
         log.error("cannot start: %s", "; ".join(getattr(exc, "errors", [])) or exc)
         return EXIT_CONFIG
@@ -123,16 +127,14 @@ def main(argv: list[str] | None = None) -> int:
         theirs.close()
         threading.Thread(target=monitor.serve, args=(ours,), daemon=True).start()
     stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.update(now=True))
     signal.signal(signal.SIGHUP, lambda *_: signal.pidfd_send_signal(pidfd, signal.SIGHUP))
     log.info("root helper started the policy process (pid %d, %s)", pid, POLICY_USER)
     code = serve(monitor, pidfd, lambda: stop["now"])
     if code is None:  # stopped: the policy stops first (its workers, its audit), still served meanwhile
         signal.pidfd_send_signal(pidfd, signal.SIGTERM)
-        end = time.monotonic() + STOP_SECONDS
-        while time.monotonic() < end and not select.select([pidfd], [], [], 0.5)[0]:
-            monitor.reap()
+        select.select([pidfd], [], [], STOP_SECONDS)
         code = 0
     monitor.close()
     status = _wait(pid, pidfd)
@@ -141,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(monitor: Monitor, pidfd: int, stopped: Callable[[], bool]) -> int | None:
-    """Reap children until ``stopped()`` (``None``), or the policy process ends or breaks the
-    protocol on a channel (1). The channels are served by their own threads."""
+    """Wait until ``stopped()`` (``None``), or the policy process ends or breaks the protocol on a
+    channel (1). The channels are served by their own threads (each spawn forgets the children
+    that have ended, :meth:`Monitor.reap`)."""
     while not stopped():
-        monitor.reap()
         if select.select([pidfd], [], [], 0.5)[0] or monitor.broken.is_set():
             log.error("the policy process %s", "broke the protocol" if monitor.broken.is_set() else "ended")
             return 1

@@ -31,9 +31,11 @@ it asks. Root only does what needs root, with its own limits:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import pwd
+import select
 import signal
 import socket
 import threading
@@ -44,30 +46,20 @@ from mcpd.helper.wire import frames
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
 from mcpd.helper.pam import pam_check
 from mcpd.helper.wire.pathmatch import clean_path
-from mcpd.helper.wire.rootconf import POLICY_USER, WALK_USER, RootSettings
+from mcpd.helper.wire.rootconf import POLICY_USER, WALK_USER, RootSettings, plain_ids
 from mcpd.helper.shadow import usable
 from mcpd.helper import opener
 from mcpd.helper.forkserver import ForkServer
 
 log = logging.getLogger("mcpd.helper")
 CHANNELS = 24  # socketpairs to the policy process: its threads that ask root (calls, logins, spawns, checks)
+PAM_AT_ONCE = 12  # PAM conversations at once, whichever accounts: the width of a password oracle
+CHILDREN = 512  # workers and walkers alive at once (the helper unit's TasksMax and LimitNOFILE assume it)
+ACCOUNT_FACTOR = 4  # one account's workers alive at once: this many times workers.per_account
 
 
 class Broken(Exception):
     """The policy process broke the protocol: the helper stops (and the daemon with it)."""
-
-
-def _account_ids(user: str, daemon: frozenset[str]) -> pwd.struct_passwd:
-    """The account, unless it is root, in group 0, or one of the ``daemon``'s own accounts."""
-    try:
-        pw = pwd.getpwnam(user)
-    except KeyError:
-        raise ToolError(PERMISSION_DENIED, "no such OS account", reason="unknown OS account") from None
-    if 0 in (pw.pw_uid, *os.getgrouplist(pw.pw_name, pw.pw_gid)):
-        raise ToolError(PERMISSION_DENIED, "never for root", reason="root account")
-    if pw.pw_name in daemon:
-        raise ToolError(PERMISSION_DENIED, "never as the daemon's own accounts", reason="daemon account")
-    return pw
 
 
 def _pair() -> tuple[int, int]:
@@ -88,11 +80,14 @@ class Monitor:
         self.forks, self.settings = forks, settings
         self.files = frozenset({config_path, settings.users_file, settings.grants_file})
         self.private = tuple({q for p in settings.private(config_path) if p for q in (p, os.path.realpath(p))})
-        self._places: tuple[opener.Mounts, frozenset[tuple[str, str]]] = ({}, frozenset())  # for this mount table
         self.daemon = frozenset({settings.service_user, POLICY_USER, WALK_USER})
+        accounts = [pwd.getpwnam(name) for name in self.daemon]  # (main checked that they exist)
+        self.daemon_ids = ({a.pw_uid for a in accounts}, {a.pw_gid for a in accounts})  # uids, gids
         self.pam_users: set[str] = set()  # one PAM conversation per account at a time
-        self.children: dict[int, int] = {}  # pid -> pidfd of every worker and walker made here
-        self._lock, self.broken = threading.Lock(), threading.Event()
+        self.children: dict[int, tuple[int, int]] = {}  # pid -> (pidfd, uid; -1: a walker) of every child made here
+        self._lock, self._forking, self.broken = threading.Lock(), threading.Lock(), threading.Event()
+        # the mount table (none yet: read at the first open), read again when _mountinfo raises POLLPRI
+        self._mounting, self._mountinfo, self._table = threading.Lock(), os.open("/proc/self/mountinfo", os.O_RDONLY), opener.Mounts()
 
     # ------------------------------------------------------------ handlers
 
@@ -111,24 +106,76 @@ class Monitor:
     def judge(self, fd: int) -> str | None:
         """Why root refuses the object of the ``O_PATH`` descriptor ``fd`` (a process's, a secret),
         or None; raises (and so refuses) when its place cannot be told."""
-        where = opener.place(fd, table := opener.mounts())
+        where = opener.place(fd, table := self.mounts())
         if opener.of_a_process(where):
             return opener.PROCESS
-        return "daemon secret" if opener.fd_path(fd).startswith(self.private) or self.secret(where, table) else None
+        secret = opener.fd_path(fd).startswith(self.private) or self.secret(where, table, self.places(table))
+        return "daemon secret" if secret else None
 
-    def secret(self, where: opener.Place, table: opener.Mounts) -> bool:
-        """Whether the place ``where`` starts with the place of one of :attr:`private`; those are
-        found again whenever the mount table changes."""
-        if self._places[0] != table:
-            found = [(opener.place_of(p, table), "") for p in self.private]
-            found += [(opener.place_of(os.path.dirname(p), table), "/" + os.path.basename(p)) for p in self.private]
-            self._places = (table, frozenset((w[0], w[1].rstrip("/") + tail) for w, tail in found if w is not None))
-        return any(where[0] == fs and where[1].startswith(prefix) for fs, prefix in self._places[1])
+    def mounts(self) -> opener.Mounts:
+        """The mount table (:func:`opener.mounts`), read again only once it has changed: the kernel
+        raises ``POLLPRI`` once on the ``/proc/self/mountinfo`` root holds open after each change
+        (a poll takes the event; the table read after it holds that change and any later one
+        raises it again). Mount ids are reused, so a stale table would misname a place. Raises
+        ``OSError`` (and the next call reads again)."""
+        with self._mounting:
+            if not self._table or select.select([], [], [self._mountinfo], 0)[2]:  # (no mount table is empty)
+                self._table = {}
+                self._table = opener.mounts()
+            return self._table
 
-    def _fork(self, req: dict[str, Any], mine: list[int], theirs: list[int]) -> dict[str, Any]:
-        """A child from the fork server holding ``theirs``; the reply carries ``mine`` and a pidfd."""
+    def places(self, table: opener.Mounts) -> set[tuple[str, str]]:
+        """(file system, path prefix) of each of :attr:`private` as it resolves now (symlinks
+        followed at this call): the object itself, and its folder's place plus its name (so a
+        secret not created yet is covered too); for a TLS key that is a symlink, the whole folder
+        of the file it leads to (a certbot archive holds the earlier and the next keys there)."""
+        at = functools.cache(lambda path: opener.place_of(path, table))
+        found = {(w[0], w[1].rstrip("/") + tail) for p in self.private
+                 for w, tail in ((at(p), ""), (at(os.path.dirname(p)), "/" + os.path.basename(p))) if w is not None}
+        key = at(self.settings.tls_key) if os.path.islink(self.settings.tls_key) else None
+        return found | ({(key[0], os.path.dirname(key[1]))} if key else set())
+
+    def secret(self, where: opener.Place, table: opener.Mounts, places: set[tuple[str, str]]) -> bool:
+        """Whether the place ``where`` starts with one of ``places`` (:meth:`places`), or lies on an
+        overlay one of whose layers starts with one, holds one, or cannot be found."""
+        if any(where[0] == fs and where[1].startswith(prefix) for fs, prefix in places):
+            return True
+        layers = [opener.place_of(p, table) if p.startswith("/") else None for p in opener.layers(where, table)]
+        return any(w is None or self.secret(w, table, places) or any(
+            w[0] == fs and (prefix + "/").startswith(w[1].rstrip("/") + "/") for fs, prefix in places) for w in layers)
+
+    def account(self, user: str) -> pwd.struct_passwd:
+        """The account ``user``, unless it is unknown, has an id that is not plain (:func:`plain_ids`:
+        root's, or -1) among its uid, gid and groups, or can reach what the daemon's own accounts
+        can: one of their uids, or a group of theirs or one that a secret lets read now."""
         try:
-            pid, pidfd = self.forks.request(req, theirs)
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            raise ToolError(PERMISSION_DENIED, "no such OS account", reason="unknown OS account") from None
+        ids = (pw.pw_uid, *os.getgrouplist(pw.pw_name, pw.pw_gid))
+        if not plain_ids(*ids):
+            raise ToolError(PERMISSION_DENIED, "never for root or an id that is not plain",
+                            reason="root account" if 0 in ids else "not a plain id")
+        gids = set(self.daemon_ids[1])
+        for path in self.private:  # and the group a secret (or its folder) lets read or enter now
+            with contextlib.suppress(OSError):
+                gids |= {st.st_gid} if (st := os.stat(path)).st_mode & 0o070 else set()
+        if pw.pw_name in self.daemon or pw.pw_uid in self.daemon_ids[0] or gids & set(ids[1:]):
+            raise ToolError(PERMISSION_DENIED, "never as the daemon's own accounts", reason="daemon account")
+        return pw
+
+    def _fork(self, req: dict[str, Any], mine: list[int], theirs: list[int], uid: int = -1) -> dict[str, Any]:
+        """A child from the fork server holding ``theirs``; the reply carries ``mine`` and a pidfd.
+        Refused ``busy`` when root holds :data:`CHILDREN` children, or a worker's account (``uid``)
+        already has ``ACCOUNT_FACTOR x per_account`` workers."""
+        try:
+            with self._forking:  # the fork server makes one at a time anyway: so the bounds are exact
+                uids = self.reap()  # (children that have ended count no more)
+                if len(uids) >= CHILDREN or uid >= 0 and uids.count(uid) >= ACCOUNT_FACTOR * self.settings.per_account:
+                    raise ToolError(HELPER_UNAVAILABLE, "the helper holds as many workers as it may", reason="busy")
+                pid, pidfd = self.forks.request(req, theirs)
+                with self._lock:
+                    self.children[pid] = (pidfd, uid)
         except BaseException:
             for fd in mine:
                 os.close(fd)
@@ -136,16 +183,14 @@ class Monitor:
         finally:
             for fd in theirs:
                 os.close(fd)
-        with self._lock:
-            self.children[pid] = pidfd
         return {"pid": pid, "_fds": [*mine, os.dup(pidfd)]}
 
     def spawn(self, req: dict[str, Any]) -> dict[str, Any]:
-        pw = _account_ids(req["user"], self.daemon)
+        pw = self.account(req["user"])
         (front, back), (ctl, wctl) = _pair(), _pair()
         return self._fork({"type": "spawn", "uid": pw.pw_uid, "gid": pw.pw_gid, "user": pw.pw_name, "home": pw.pw_dir,
                            "groups": os.getgrouplist(pw.pw_name, pw.pw_gid), "limits": req["limits"]},
-                          [front, ctl], [back, wctl])
+                          [front, ctl], [back, wctl], pw.pw_uid)
 
     def walk(self, req: dict[str, Any]) -> dict[str, Any]:
         ours, theirs = _pair()
@@ -153,7 +198,7 @@ class Monitor:
 
     def kill(self, req: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
-            pidfd = self.children.pop(req["pid"], None)
+            pidfd = self.children.pop(req["pid"], (None, 0))[0]
         if pidfd is None:
             raise ToolError(PERMISSION_DENIED, "not a child of the helper", reason="unknown pid")
         with contextlib.suppress(ProcessLookupError):
@@ -163,10 +208,10 @@ class Monitor:
         return {}
 
     def pam(self, req: dict[str, Any]) -> dict[str, Any]:
-        user = _account_ids(req["user"], self.daemon).pw_name
+        user = self.account(req["user"]).pw_name
         with self._lock:
-            if user in self.pam_users:
-                raise ToolError(HELPER_UNAVAILABLE, "a login for this account is in flight", reason="busy")
+            if user in self.pam_users or len(self.pam_users) >= PAM_AT_ONCE:
+                raise ToolError(HELPER_UNAVAILABLE, "a login for this account, or too many, in flight", reason="busy")
             self.pam_users.add(user)
         try:
             ok, code, reason = pam_check(self.settings.pam_service, user, req["password"])
@@ -175,7 +220,7 @@ class Monitor:
                 self.pam_users.discard(user)
         return {"pass": ok, "code": code, "reason": reason}
 
-    def account(self, req: dict[str, Any]) -> dict[str, Any]:
+    def usable(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"usable": usable(req["user"])}
 
     # ------------------------------------------------------------ channels
@@ -184,7 +229,7 @@ class Monitor:
         """type -> (schema {key: exact type}, handler)."""
         return {
             "config": ({"path": str}, self.config), "open": ({"path": str, "follow": bool, "want": str}, self.open),
-            "account": ({"user": str}, self.account), "spawn": ({"user": str, "limits": str}, self.spawn),
+            "account": ({"user": str}, self.usable), "spawn": ({"user": str, "limits": str}, self.spawn),
             "walk": ({}, self.walk), "kill": ({"pid": int}, self.kill), "pam": ({"user": str, "password": str}, self.pam),
         }
 
@@ -231,18 +276,20 @@ class Monitor:
             self.broken.set()
             sock.shutdown(socket.SHUT_RDWR)
 
-    def reap(self) -> None:
-        """Forget children that have exited (their pidfd is readable)."""
+    def reap(self) -> list[int]:
+        """Forget children that have exited (their pidfd is readable); the uids of those alive
+        (-1: a walker)."""
         with self._lock:
-            done = frames.ready(list(self.children.values()), 0)
-            for pid, pidfd in [(p, f) for p, f in self.children.items() if f in done]:
+            done = frames.ready([f for f, _ in self.children.values()], 0)
+            for pid, pidfd in [(p, f) for p, (f, _) in self.children.items() if f in done]:
                 del self.children[pid]
                 os.close(pidfd)
+            return [u for _, u in self.children.values()]
 
     def close(self) -> None:
         """SIGKILL every child still alive."""
         with self._lock:
-            kids, self.children = list(self.children.values()), {}
+            kids, self.children = [f for f, _ in self.children.values()], {}
         for pidfd in kids:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)

@@ -55,7 +55,7 @@ _AT_FDCWD = -100
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
 _STATX_FLAGS, _STATX_MNT_ID = 0x100 | 0x800 | 0x1000, 0x1000  # AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH
-Mounts = dict[int, tuple[str, str, str, str]]  # mount id -> (file system "major:minor", root, mount point, type)
+Mounts = dict[int, tuple[str, str, str, str, str]]  # mount id -> (file system "major:minor", root, point, type, options)
 Place = tuple[str, str, str]  # (file system "major:minor", path from its root, file system type)
 
 
@@ -103,14 +103,24 @@ def fd_path(fd: int) -> str:
 def mounts() -> Mounts:
     """The mounts of this process's mount namespace (``/proc/self/mountinfo``): mount id ->
     ``(file system "major:minor", the folder of that file system it shows, where it is mounted,
-    file system type)``. Raises ``OSError``."""
+    file system type, its super options as the kernel escapes them)``. Raises ``OSError``."""
     with open("/proc/self/mountinfo", "rb") as f:
-        rows = [line.split() for line in f]
-    return {int(r[0]): (r[2].decode(), _unescape(r[3]), _unescape(r[4]), r[r.index(b"-") + 1].decode()) for r in rows}
+        rows = [line.rstrip(b"\n").split(b" ") for line in f]  # one space apart, even around an empty source
+    return {int(r[0]): (r[2].decode(), _unescape(r[3]), _unescape(r[4]), r[(i := r.index(b"-")) + 1].decode(),
+                        os.fsdecode(r[i + 3])) for r in rows}
 
 
 def _unescape(field: bytes) -> str:  # mountinfo writes space, tab, newline and backslash as \ooo
     return os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), field))
+
+
+def layers(where: Place, table: Mounts) -> list[str]:
+    """The folders stacked by the overlay file system a :func:`place` lies on (its ``lowerdir``,
+    ``upperdir``, ``lowerdir+`` and ``datadir+`` super options, as the mounter gave them: maybe
+    relative); ``[]`` for any other file system type."""
+    opts = next((m[4] for m in table.values() if m[0] == where[0]), "") if where[2] == "overlay" else ""
+    return [d for k, _, v in (o.partition("=") for o in opts.split(",")) if k in ("lowerdir", "upperdir", "lowerdir+", "datadir+")
+            for d in _unescape(os.fsencode(v)).split(":") if d]
 
 
 def mount_id(dfd: int, name: str = "") -> int:
@@ -133,7 +143,7 @@ def place(fd: int, table: Mounts) -> Place:
         OSError, KeyError (its mount is not in ``table``), ValueError (the kernel's path of the
         descriptor is not below its mount point): the caller fails closed.
     """
-    fs, root, point, kind = table[mount_id(fd)]
+    fs, root, point, kind, _ = table[mount_id(fd)]
     path, point = fd_path(fd), point.rstrip("/")
     if not (path + "/").startswith(point + "/"):
         raise ValueError(f"{path!r} is not below its mount point {point!r}")

@@ -296,11 +296,17 @@ def secret_paths(cfg: Config, config_path: str) -> tuple[str, ...]:
     * ``access_log`` (the front's record of calls): the file as above.
     * ``tls.key`` and the CA key ``ca.key`` that ``mcpd certs`` writes beside it: their folder
       when it is a dedicated one named ``tls`` (``/etc/mcpd/tls``), else both files as above.
+    * a ``tls.key`` that is a symlink (the ACME layout of certbot): also the whole folder of the file
+      it leads to now, which holds the earlier keys and where the next one is written. The key is
+      given as a literal entry as well, so that the walker of a privileged list or find, which may
+      follow the symlink where this process may not enter, finds that folder itself.
     * the development mode's plain token (``dev-token`` in ``state_dir``).
     * ``helper_state_dir`` (the policy process's state) and ``<state_dir>/helper`` (the older token store).
 
     Relative settings are taken from ``config_path``'s folder; every path is also given by its
-    ``realpath`` when that differs (a symlinked ``/etc/mcpd`` is covered under both names).
+    ``realpath`` when that differs (a symlinked ``/etc/mcpd`` is covered under both names). The
+    symlinks are followed when this runs (the policy process's start, ``mcpd grants``): root
+    itself judges the secrets as they resolve at each open (:meth:`mcpd.helper.monitor.Monitor.places`).
     Empty settings are skipped. Glob characters in the names are escaped.
     """
     base, out = os.path.dirname(os.path.abspath(config_path)), set()
@@ -313,6 +319,10 @@ def secret_paths(cfg: Config, config_path: str) -> tuple[str, ...]:
     files += [] if own_tls else [cfg.tls.key, os.path.join(key_dir, "ca.key")]
     folders = [cfg.helper_state_dir, os.path.join(cfg.state_dir, "helper") if cfg.state_dir else ""]
     folders += [audit_dir] * own_audit + [key_dir] * own_tls
+    if os.path.islink(key := os.path.join(base, cfg.tls.key)):  # certbot: live/H/privkey.pem -> ../../archive/H/privkeyN.pem
+        folders.append(os.path.dirname(os.path.realpath(key)))
+    if cfg.tls.key:  # the key itself as a literal entry too: the walker follows it (mcpd.walker.main.Objects)
+        out.add(escape_glob(clean_path(key)))
     for path, folder in [(f, False) for f in files if f] + [(d, True) for d in folders if d]:
         for p in {clean_path(os.path.join(base, path)), os.path.realpath(os.path.join(base, path))}:
             head, name = os.path.split(escape_glob(p))

@@ -201,15 +201,20 @@ class Login:
     Args:
         cfg: ``login`` of mcpd.yaml (PAM service, lockout numbers, answer time, in-flight limit).
         store: where tokens go; its folder also holds ``lockout.json``.
-        audit: one ``login`` or ``reject`` record per attempt.
+        audit: one ``login`` record per attempt, ``decision`` ``accept`` or ``reject`` (route
+            ``login``; ``user`` the principal the account is bound to, when it is).
         enrolled: the OS accounts bound to a principal in ``users.yaml`` now.
         pam: ``(user, password) -> (ok, PAM code, reason)``: the root helper's PAM check
             (:meth:`mcpd.policy.rootclient.RootClient.pam`); PAM never runs in this process.
+        principal_of: the name of the principal a login of this OS account acts as (None: no
+            principal is bound to it), for the records; by default none is named.
     """
 
     def __init__(self, cfg: LoginConfig, store: Store, audit: AuditLog, enrolled: Callable[[], set[str]],
-                 pam: Callable[[str, str], tuple[bool, int, str]]) -> None:
+                 pam: Callable[[str, str], tuple[bool, int, str]],
+                 principal_of: Callable[[str], str | None] | None = None) -> None:
         self.cfg, self.store, self.audit, self.enrolled = cfg, store, audit, enrolled
+        self.principal_of = principal_of or (lambda account: None)
         self._pam = pam
         self._lock = threading.Lock()
         self._busy: set[str] = set()
@@ -277,7 +282,8 @@ class Login:
         except (KeyError, ValueError):
             uid = None
         slot, delay = self._take_slot(user, peer, uid is not None)
-        fields: dict[str, Any] = {"os_user": user[:64], "peer": peer}
+        fields: dict[str, Any] = {"user": self.principal_of(user) if uid else None, "os_user": user[:64],
+                                  "peer": peer, "route": "login"}
         why = slot or ("unknown account" if uid is None else "root may not log in; use grants" if uid == 0 else
                        "account not bound to any principal in users.yaml" if user not in self.enrolled() else None)
         issued = None
@@ -290,7 +296,7 @@ class Login:
             if slot is None:
                 self._release(user, peer, issued is not None)
         if issued is None:
-            self.audit.record("reject", tool="login", decision="reject", **dict(fields, reason=why or fields["reason"]))
+            self.audit.record("login", tool="login", decision="reject", **dict(fields, reason=why or fields["reason"]))
         else:
             self.audit.record("login", tool="login", decision="accept", token_id=issued[1].id, evicted=issued[2],
                               expires=int(issued[1].expires), **fields)

@@ -43,6 +43,14 @@ def enrolled(users: Reloading[dict[str, identity.UserRecord]]) -> set[str]:
     return {u.os_user for u in users.current.values()}
 
 
+def principal_name(users: Reloading[dict[str, identity.UserRecord]], account: str) -> str | None:
+    """The principal a login of OS ``account`` acts as now (:func:`mcpd.common.identity.login_principal`),
+    or None when no principal is bound to it: the name its login records carry."""
+    users.refresh()
+    found = identity.login_principal(users.current, account, "")
+    return None if found is None else found.name
+
+
 def use_root_for_config(root: RootClient) -> None:
     """Read ``mcpd.yaml``, the users and the grants files through root when this process may not
     open or look at them itself (they are root's, 0600, in a folder only root and the front may
@@ -103,14 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     except (config.ConfigError, KeyError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return config.EXIT_CONFIG
-    holder = PolicyHolder(cfg.grants_file, audit=audit, secrets=secret_paths(cfg, opts.config))
+    holder = PolicyHolder(cfg.grants_file, audit=audit, secrets=secret_paths(cfg, opts.config), state_dir=state_fd)
     if holder.last_errors:
         log.error("grants file not loaded: %s", "; ".join(holder.last_errors))
         return config.EXIT_CONFIG
     users: Reloading[dict[str, identity.UserRecord]] = Reloading(
         cfg.users_file, functools.partial(identity.load_users, owner_uid=0), empty={}, fail_closed=True)
     issued = Store(state_fd, cfg.login.tokens_per_user)
-    login = Login(cfg.login, issued, audit, lambda: enrolled(users), pam=root.pam)
+    login = Login(cfg.login, issued, audit, lambda: enrolled(users), pam=root.pam,
+                  principal_of=lambda account: principal_name(users, account))
     state = server.State(cfg=cfg, audit=audit, users=users, policy=holder, root=root, issued=issued, login=login)
     flags = {"stop": False, "hup": False}
     signal.signal(signal.SIGTERM, lambda *_: flags.update(stop=True))

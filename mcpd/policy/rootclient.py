@@ -4,15 +4,30 @@ Root hands the policy process several socketpairs (fds 4, 5, ...), each served b
 of its own. A request takes a free channel, sends, and reads its own reply on it: no thread
 hands a reply to another. When root goes away the policy process has nothing left to stand on:
 the kernel kills it (parent-death signal), and a channel that ends makes it exit at once.
+
+A request root does not answer in time (an ``open`` on a file system that stopped answering, a
+PAM module that hangs) holds its channel and its root thread, and nothing else:
+
+* the first :data:`RESERVED` channels serve only the kinds that must never wait behind an open or
+  a login (:data:`RESERVED_KINDS`: the configuration files, whether an account is usable, new
+  workers and walkers, kills), the others everything else;
+* privileged opens hold at most :data:`OPENS` channels at once in all, and :data:`OPENS_EACH` for
+  one principal, counted until root answers, however late: a principal whose opens hang waits for
+  its own, and the logins keep channels of their own;
+* a channel whose reply came too late is not lost: the caller gives up on it after
+  :data:`ROOT_SECONDS`, and once root's late reply arrives (the file system answers again, or
+  fails) it is read and dropped, with any descriptor in it, and the channel is free again.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
 import queue
 import socket
+import threading
 from typing import Any
 
 from mcpd.helper.wire import frames
@@ -23,57 +38,114 @@ log = logging.getLogger("mcpd.policy")
 
 MAX_FDS = 4
 ROOT_SECONDS = 60.0  # the longest root takes: PAM (10 s at most, the policy's wait) or a kill (5 s)
+RESERVED = 6  # channels kept for RESERVED_KINDS
+RESERVED_KINDS = frozenset({"config", "account", "spawn", "walk", "kill"})
+OPENS = 12  # privileged opens in flight at once (of the channels not reserved: 18 of 24)
+OPENS_EACH = 4  # privileged opens of one principal in flight at once: a worker pool's worth
+OPEN_WAIT_SECONDS = 10.0  # how long an open waits for one of OPENS_EACH (or OPENS) to be free
 
 
 class RootClient:
     """Ask root for what needs root; each method blocks until root answers.
 
     Args:
-        channels: the policy's ends of the socketpairs (blocking sockets).
+        channels: the policy's ends of the socketpairs (blocking sockets), more than
+            :data:`RESERVED` of them (``ValueError`` otherwise).
 
     Every method raises :class:`ToolError` when root refuses (its code and reason), or
-    ``HELPER_UNAVAILABLE`` when no channel is free or root does not answer within
-    :data:`ROOT_SECONDS`.
+    ``HELPER_UNAVAILABLE`` (reason ``busy``) when no channel is free within :data:`ROOT_SECONDS`
+    (for an open: none of the principal's opens, or of all, within :data:`OPEN_WAIT_SECONDS`), or
+    root does not answer within :data:`ROOT_SECONDS`.
     """
 
     def __init__(self, channels: list[socket.socket]) -> None:
+        if len(channels) <= RESERVED:
+            raise ValueError(f"root must give more than {RESERVED} channels")
         self._ids = itertools.count(1)
         # last in, first out: the channel (and root thread) used last is taken again, still warm
-        self._free: queue.LifoQueue[socket.socket] = queue.LifoQueue()
-        for sock in channels:
+        self._free: tuple[queue.LifoQueue[socket.socket], ...] = (queue.LifoQueue(), queue.LifoQueue())
+        for n, sock in enumerate(channels):
             frames.limit_sends(sock, frames.SEND_SECONDS)  # root reads each request at once
-            self._free.put(sock)
+            self._free[n < RESERVED].put(sock)
+        self._opens: collections.Counter[str] = collections.Counter()  # principal -> opens in flight ("" all)
+        self._slots = threading.Condition()
+        #: channels whose reply is late: fd -> (channel, request id, its pool, the principal of an open)
+        self._late: dict[int, tuple[socket.socket, int, queue.LifoQueue[socket.socket], str | None]] = {}
+        self._wake = threading.Event()
+        threading.Thread(target=self._reclaim, name="root-late-replies", daemon=True).start()
 
-    def call(self, kind: str, **fields: Any) -> tuple[dict[str, Any], list[int]]:
+    def _take_open(self, who: str) -> None:
+        """Count an open for principal ``who`` in flight, waiting (at most :data:`OPEN_WAIT_SECONDS`)
+        while it or everyone has as many as allowed."""
+        with self._slots:
+            if not self._slots.wait_for(lambda: self._opens[who] < OPENS_EACH and self._opens[""] < OPENS,
+                                        OPEN_WAIT_SECONDS):
+                raise ToolError(HELPER_UNAVAILABLE, "too many privileged opens in flight", reason="busy")
+            self._opens.update((who, ""))
+
+    def _open_done(self, who: str | None) -> None:
+        if who is not None:
+            with self._slots:
+                self._opens.subtract((who, ""))
+                self._slots.notify_all()
+
+    def _reclaim(self) -> None:
+        """Read each late reply when it comes (closing its descriptors), then free its channel and
+        its open (runs on a thread of its own)."""
+        while self._wake.wait():
+            self._wake.clear()
+            while self._late:
+                for fd in frames.ready(list(self._late), 1.0):
+                    sock, rid, pool, who = self._late.pop(fd)
+                    reply, fds = frames.recv_frame_fds(sock, frames.reply_cap(1 << 20), MAX_FDS)
+                    for got in fds:
+                        os.close(got)
+                    if reply is None or reply.get("id") != rid:
+                        log.error("the root helper is gone; the policy process stops")
+                        os._exit(1)
+                    log.info("root answered a request late; its channel is free again")
+                    pool.put(sock)
+                    self._open_done(who)
+
+    def call(self, kind: str, who: str | None = None, **fields: Any) -> tuple[dict[str, Any], list[int]]:
         """Send one request and wait for its reply: ``(reply, descriptors)`` (the caller closes
-        them). Raises :class:`ToolError` as the class says."""
+        them). ``who``: the principal an ``open`` is for (counted against :data:`OPENS_EACH` and
+        :data:`OPENS` until root answers). Raises :class:`ToolError` as the class says."""
+        pool = self._free[kind in RESERVED_KINDS]
+        if who is not None:
+            self._take_open(who)
+        late = False
         try:
-            sock = self._free.get(timeout=ROOT_SECONDS)
-        except queue.Empty:
-            raise ToolError(HELPER_UNAVAILABLE, "the root helper is busy", reason="busy") from None
-        rid, healthy = next(self._ids), False
-        try:
+            try:
+                sock = pool.get(timeout=ROOT_SECONDS)
+            except queue.Empty:
+                raise ToolError(HELPER_UNAVAILABLE, "the root helper is busy", reason="busy") from None
+            rid = next(self._ids)
             frames.send_frame(sock, dict(fields, type=kind, id=rid))
             if not frames.ready([sock.fileno()], ROOT_SECONDS):
+                late = True  # its reply, when it comes, frees the channel and the open (_reclaim)
+                self._late[sock.fileno()] = (sock, rid, pool, who)
+                self._wake.set()
                 raise ToolError(HELPER_UNAVAILABLE, "the root helper did not answer", reason="busy")
             reply, fds = frames.recv_frame_fds(sock, frames.reply_cap(1 << 20), MAX_FDS)
             if reply is None or reply.get("id") != rid:
                 log.error("the root helper is gone; the policy process stops")
                 os._exit(1)
-            healthy = True
+            pool.put(sock)  # (a channel whose send or receive failed is not used again)
         finally:
-            if healthy:
-                self._free.put(sock)  # a channel that timed out keeps its late reply: never reused
+            if not late:
+                self._open_done(who)
         if not reply.get("ok"):
             for fd in fds:
                 os.close(fd)
             raise ToolError.from_dict(reply.get("error"))
         return reply, fds
 
-    def open(self, path: str, follow: bool, want: str) -> tuple[int, str]:
+    def open(self, path: str, follow: bool, want: str, who: str) -> tuple[int, str]:
         """A descriptor of ``path`` opened by root's checked opener (``want``: ``"file"`` or
-        ``"any"``, see :func:`mcpd.helper.opener.open_checked`) and its real path as root saw it."""
-        reply, fds = self.call("open", path=path, follow=follow, want=want)
+        ``"any"``, see :func:`mcpd.helper.opener.open_checked`) and its real path as root saw it,
+        for principal ``who`` (at most :data:`OPENS_EACH` of its opens in flight at once)."""
+        reply, fds = self.call("open", who, path=path, follow=follow, want=want)
         real = reply.get("real")
         if not isinstance(real, str) or len(fds) != 1:
             for fd in fds:

@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import pwd
+import resource
 import select
 import socket
 import stat
@@ -56,9 +57,9 @@ from mcpd.common.config import CAP_KEY, Config
 from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_REGULAR_FILE, PERMISSION_DENIED, RATE_LIMITED,
                                 TIMEOUT, ToolError, from_oserror)
 from mcpd.common.reload import Reloading
-from mcpd.helper.wire.rootconf import WORKER_START_GID
+from mcpd.helper.wire.rootconf import WORKER_START_GID, plain_ids
 from mcpd.common.validate import check_path
-from mcpd.common.audit import REFUSED_AT_OPEN, AuditLog, Prepared
+from mcpd.common.audit import REFUSED_AT_OPEN, AuditLog, Prepared, find_fields
 from mcpd.policy import grants
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Issued, Login, Store
@@ -84,7 +85,16 @@ START_SECONDS = 10.0  # a worker must have reported itself hardened within this 
 EXITED_KEPT = 256  # ended workers whose owner is remembered (State.exited)
 WALK_MAX_SECONDS = 60.0  # files/find's largest time_budget_seconds (core.walk checks it in the walker)
 _PEERCRED = struct.Struct("3i")
+_ENDED = (errno.EAGAIN, errno.EPIPE, errno.ECONNRESET, errno.EBADF)  # a send error that ends a connection
 NOT_YOURS = "not your worker"  # the reason of a call naming a worker that is not its principal's
+#: descriptors a principal's workers may leave untaken (sent by this process, never read off their
+#: control socket: a peek leaves them there) before its privileged content calls are refused; each
+#: counts against this account's soft RLIMIT_NOFILE in the kernel (SCM_RIGHTS in flight)
+UNTAKEN_MAX = 4
+UNTAKEN = "its workers left descriptors untaken"  # the reason of a call refused for that
+#: all principals' untaken descriptors together, past which a principal with any gets no more:
+#: a quarter of this process's soft RLIMIT_NOFILE (the kernel's bound on them all)
+UNTAKEN_TOTAL = max(UNTAKEN_MAX, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4)
 
 
 class Refused(Exception):
@@ -122,6 +132,9 @@ class State:
     #: kill request for one it found dead is answered without an alert (it is no attack)
     exited: collections.OrderedDict[int, tuple[str, str]] = dataclasses.field(default_factory=collections.OrderedDict)
     opened: OpenedFiles = dataclasses.field(default_factory=OpenedFiles)
+    #: the control sockets of ended workers whose peer end still holds something this process
+    #: sent (SIOCOUTQ above 0), per owner, under ``lock``: kept open only to see when it is released
+    untaken: dict[tuple[str, str], list[socket.socket]] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     #: workers started per principal (under ``lock``): twice the front's bucket, so the front's own
     #: bound is never met here, even with its requests delayed or after a restart of the front; a
@@ -153,7 +166,8 @@ def _who(state: State, req: dict[str, Any]) -> tuple[identity.Principal, Issued 
         call = {}
         if req["type"] == "privileged_call":
             path = req["args"].get(WALK_OPS.get(req["op"], "path"))
-            call = {"route": "privileged", "requested_path": path if isinstance(path, str) else None}
+            call = {"route": "privileged", "requested_path": path if isinstance(path, str) else None,
+                    **find_fields(req["op"], req["args"])}
         state.audit.record("reject", tool=req.get("op", req["type"]), decision="reject", reason="invalid token",
                            session=req.get("session"), peer=req.get("peer"), **call)
         raise ToolError(PERMISSION_DENIED, "permission denied", reason="invalid token")
@@ -186,7 +200,7 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
         pw = pwd.getpwnam(principal.os_user)
     except KeyError:
         raise ToolError(PERMISSION_DENIED, "no such OS account", reason="unknown OS account") from None
-    if pw.pw_uid == 0:
+    if not plain_ids(pw.pw_uid, pw.pw_gid):  # root's, or -1 (which setresuid takes as "no change")
         raise ToolError(PERMISSION_DENIED, "workers never run as root", reason="root account")
     if WORKER_START_GID in os.getgrouplist(pw.pw_name, pw.pw_gid):  # its processes could take a starting worker
         raise ToolError(PERMISSION_DENIED, f"the account is in group {WORKER_START_GID}, which workers start with",
@@ -296,6 +310,57 @@ def _forget(state: State, w: Worker) -> bool:
     return True
 
 
+def _outq(sock: socket.socket) -> int:
+    """Bytes this process sent on ``sock`` that its peer has not read yet (``SIOCOUTQ``; a closed
+    socket: 0). A message's descriptors stay in flight, counted against this account, until the
+    peer reads the message (not a peek) or the last holder of the peer end closes it."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0])
+    except (OSError, ValueError):
+        return 0
+
+
+def _retire(state: State, w: Worker) -> None:
+    """Close the control socket of ``w``, forgotten; one whose peer end still holds what this
+    process sent (another process of the account kept a copy of it) is kept in
+    :attr:`State.untaken` instead, counted against its owner until it is released."""
+    if _outq(w.ctl) == 0:
+        w.ctl.close()
+        return
+    with state.lock:
+        state.untaken.setdefault(w.owner, []).append(w.ctl)
+
+
+def untaken(state: State, owner: tuple[str, str] | None = None, calling: Worker | None = None) -> int:
+    """How many control sockets of ``owner`` (a principal's ``(name, os_user)``) or, with None,
+    of everyone, still hold what this process sent on them: those of ended workers kept in
+    :attr:`State.untaken` (closed and dropped here once released) and those of live workers
+    between calls that hold a call they reported but never took off their socket (a peek).
+    ``calling``, the worker of the call asking, is killed first when it is one of those (it is
+    then counted only when another process keeps a copy of its socket). The rule: a principal
+    with :data:`UNTAKEN_MAX` of them gets no more descriptors until they are released."""
+    if calling is not None and calling.checked and not calling.busy.locked() and _outq(calling.ctl):
+        kill_worker(state, calling, "a privileged call could not be passed to it: it did not read its control socket")
+    with state.lock:
+        live = [w for w in state.workers.values() if (owner is None or w.owner == owner) and w.checked]
+    count = sum(1 for w in live if not w.busy.locked() and _outq(w.ctl))
+    with state.lock:
+        owners = list(state.untaken) if owner is None else [owner]
+        for who in owners:
+            kept = []
+            for s in state.untaken.get(who, []):
+                if _outq(s):
+                    kept.append(s)
+                else:
+                    s.close()
+            if kept:
+                state.untaken[who] = kept
+            else:
+                state.untaken.pop(who, None)
+            count += len(kept)
+    return count
+
+
 def kill_worker(state: State, w: Worker, reason: str = "helper stopping", token_id: str | None = None) -> None:
     """SIGKILL worker ``w`` (root does, through its pidfd), wait (at most 5 s) until it is gone, forget it; one
     audit ``kill`` record saying why (``reason``) and, when asked by the front, with ``token_id``. Nothing
@@ -305,7 +370,7 @@ def kill_worker(state: State, w: Worker, reason: str = "helper stopping", token_
     with contextlib.suppress(ToolError, OSError):  # already gone: root forgot it
         state.root.kill(w.pid)
     os.close(w.pidfd)
-    w.ctl.close()
+    _retire(state, w)
     state.audit.record("kill", user=w.owner[0], os_user=w.owner[1], token_id=token_id, pid=w.pid,
                        decision="accept", reason=reason)
 
@@ -343,7 +408,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     principal, login = _who(state, req)
     op, who = req["op"], {"session": req["session"], "peer": req["peer"], "user": principal.name,
                           "os_user": principal.os_user, "token_id": principal.token_id, "tool": req["op"],
-                          "route": "privileged"}
+                          "route": "privileged", **find_fields(req["op"], req["args"])}
     key = WALK_OPS.get(op, "path")
     args = dict(req["args"])  # only the path here: the worker or walker parses the rest (tool's own parse_args)
     try:
@@ -361,7 +426,9 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
                              login_time=login_time, login_used=used)
     if decision.allowed and decision.reauth_after == 0 and login is not None and not state.issued.claim(login.id):
         decision = dataclasses.replace(decision, allowed=False, reason=grants.REAUTH)  # one login, one call
-    record = dict(who, requested_path=requested, resolved_path=decision.resolved_path, grant=decision.rule)
+    # the rule that decided; for a refusal because a rule expired, that rule and when (decide's note)
+    record = dict(who, requested_path=requested, resolved_path=decision.resolved_path,
+                  grant=decision.rule or (decision.note if not decision.allowed and decision.note else None))
     if not decision.allowed or decision.resolved_path is None:
         state.audit.record("reject", decision="reject", reason=decision.reason, outcome=PERMISSION_DENIED, bytes=0,
                            duration_ms=_ms(started), **record)
@@ -408,6 +475,8 @@ def _refusal(exc: ToolError) -> tuple[str, str] | None:
     hard links, the path changed, not a regular file or directory), the check of the real path
     against the daemon's secrets, or the walker opening its folder: :data:`REFUSED_AT_OPEN`; a
     worker the front named that is not the principal's is a plain ``reject``."""
+    if exc.code == HELPER_UNAVAILABLE and exc.details.get("reason") == UNTAKEN:
+        return "reject", UNTAKEN
     if exc.code == PERMISSION_DENIED:
         reason = str(exc.details.get("reason") or exc.message)
         return ("reject" if reason == NOT_YOURS else REFUSED_AT_OPEN), reason
@@ -425,18 +494,28 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
              req: dict[str, Any], record: dict[str, Any]) -> tuple[dict[str, Any], str | None, int, Prepared]:
     """Hand the opened file to the principal's worker (``files/read``: root's descriptor;
     ``files/filetype``: only :func:`~mcpd.policy.opened.described`'s facts and sample memfd) and
-    wait for its report; the accept record (``record``'s fields) is encoded while the worker
-    reads, and written by the caller."""
+    wait for its report; the accept record (``record``'s fields, and ``real_path``, the real path
+    of what root opened when it is not the one judged) is encoded while the worker reads, and
+    written by the caller."""
     if not isinstance(req.get("worker"), int) or req.get("rid") is None:
         raise Refused("content call without worker and rid")
     w = _bound_worker(state, principal, req["worker"])
+    held = untaken(state, w.owner, w)
+    if state.workers.get(w.pid) is not w:  # it was one of them: killed
+        raise ToolError(INTERNAL_ERROR, "the worker ended during the call: it did not read its control socket")
+    if held >= UNTAKEN_MAX or (held and untaken(state) >= UNTAKEN_TOTAL):
+        raise ToolError(HELPER_UNAVAILABLE, f"no privileged read for this principal: its workers left {held} "
+                        "descriptors untaken in their sockets (a process of its account keeps them); "
+                        "none is passed until they are released", reason=UNTAKEN)
     fd = None if follow else state.opened.take(args["path"], principal.name)  # an earlier read's, checked again
     if fd is not None:
         real = args["path"]
     else:
-        fd, real = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file")
+        fd, real = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file", principal.name)
         if not follow:
             state.opened.keep(args["path"], principal.name, fd)
+    if real != args["path"]:  # through a symlink (a grant on /): the record names the file root opened too
+        record["real_path"] = real
     try:
         if grants.is_secret(state.policy.policy, real):
             raise ToolError(PERMISSION_DENIED, f"permission denied: {args['path']}", path=args["path"],
@@ -557,10 +636,11 @@ def _walk(state: State, policy: grants.Policy, op: str, args: dict[str, Any], os
     ``login``: the caller's password login (UNIX login time, whether its one ``reauth_after: 0``
     call was used before this one), or None for a static token, so the walker judges every
     entry's ``reauth_after`` as this call was judged."""
+    pid, ours, pidfd = state.root.walk()
+    # (the frame after the walker's start: whatever a reload does meanwhile, it carries ``policy``)
     frame = {"op": op, "args": args, "os_user": os_user, "groups": groups, "follow": follow,
              "grants": policy.text, "secrets": list(policy.secrets),
              "login_time": None if login is None else login[0], "login_used": login is not None and login[1]}
-    pid, ours, pidfd = state.root.walk()
     end = time.monotonic() + _deadline(args, state.cfg.workers.timeout_seconds)
     try:
         ours.settimeout(max(end - time.monotonic(), 0.001))
@@ -667,7 +747,9 @@ class Connection:
         of the frame (so what it records is written before the front can act on the reply), or
         after the send failed. A send that fails, or that the front does not take within
         :data:`~mcpd.helper.wire.frames.SEND_SECONDS` (an alert), ends this connection: a front that
-        stops reading holds no thread longer, and no reply is lost silently."""
+        stops reading holds no thread longer, and no reply is lost silently; except when only the
+        descriptors could not be passed (``ETOOMANYREFS``: nothing was sent), when that request
+        alone is answered ``INTERNAL_ERROR`` instead."""
         extra = reply.pop("_fds", [])
         sent: Callable[[bool], None] | None = reply.pop("_sent", None)
         data = frames.encode(dict(reply, id=rid, **({"fds": len(extra)} if extra else {})))
@@ -680,18 +762,36 @@ class Connection:
                     if sent is not None:
                         sent(True)
                 self.sock.sendall(data[1:] if extra else data)
+        except OSError as exc:
+            if extra and not delivered and exc.errno not in _ENDED:  # (ETOOMANYREFS): nothing was sent
+                failed = {"ok": False, "error": ToolError(INTERNAL_ERROR, "the reply's descriptors could not be sent "
+                                                          f"({errno.errorcode.get(exc.errno or 0, exc.errno)})").to_dict()}
+                for s in extra:
+                    s.close()
+                extra = []
+                if sent is not None:
+                    sent(False)
+                    sent = None
+                self.reply(rid, failed)  # that call fails, the connection goes on
+                return
+            self._end(exc)
         except Exception as exc:  # the frame may be cut short: this connection cannot go on
-            if isinstance(exc, BlockingIOError):  # SO_SNDTIMEO
-                self.state.audit.record("alert", peer=self.peer, reason="the front did not take a reply in time")
-            elif not isinstance(exc, OSError):
-                log.exception("reply %s failed", rid)
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_RDWR)
+            self._end(exc)
         finally:
             for s in extra:
                 s.close()
         if sent is not None and not delivered:
             sent(False)
+
+    def _end(self, exc: BaseException) -> None:
+        """End this connection after a reply's send failed with ``exc`` (an alert when it timed
+        out); called in the ``except`` block."""
+        if isinstance(exc, BlockingIOError):  # SO_SNDTIMEO
+            self.state.audit.record("alert", peer=self.peer, reason="the front did not take a reply in time")
+        elif not isinstance(exc, OSError):
+            log.exception("a reply failed")
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
 
     def _run(self, kind: str, req: dict[str, Any], slot: threading.Semaphore) -> None:
         try:
@@ -780,7 +880,7 @@ def reap(state: State) -> None:
     for w in items:  # one in a call is left to that call (it reads the worker's last report first)
         if w.pidfd in done and not w.busy.locked() and _forget(state, w):
             os.close(w.pidfd)
-            w.ctl.close()
+            _retire(state, w)
             state.audit.record("exit", user=w.owner[0], os_user=w.owner[1], pid=w.pid, reason="worker ended")
 
 
@@ -838,6 +938,7 @@ def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[]
     while not stop():
         tick()
         reap(state)
+        untaken(state)  # (closes the kept control sockets released since)
         state.opened.sweep()
         if time.monotonic() - checked >= REVOKE_SECONDS:
             checked = time.monotonic()

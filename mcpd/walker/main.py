@@ -95,7 +95,9 @@ class Objects:
         secrets: the fixed deny's patterns (:func:`mcpd.policy.grants.secret_paths`). Each pattern
             ``FOLDER/NAME`` becomes ``PLACE/NAME`` on the file system of ``FOLDER``'s place, and a
             pattern naming one existing file or folder also becomes that object's own place (a
-            folder that is a mount of its own).
+            folder that is a mount of its own); one naming a symlink to a file (the TLS key in a
+            certbot layout) also gives the whole folder of the file it leads to now, as root's
+            :meth:`mcpd.helper.monitor.Monitor.places` does.
 
     Build it before the Landlock confinement: it reads the mount table, which later mounts are
     not in (what lies on one of them is refused or hidden: fail closed).
@@ -103,19 +105,35 @@ class Objects:
 
     def __init__(self, secrets: tuple[str, ...]) -> None:
         self.table, self.index = opener.mounts(), dict[str, tuple[str, ...]]()  # file system -> secret patterns
+        self._stacked: dict[str, bool] = {}  # overlay file system -> whether it stacks over a secret
         for text in secrets:
             folder, name = posixpath.split(text)
             for literal, tail in ((_literal(folder), name), (_literal(text), "")):
                 where = None if literal is None else opener.place_of(literal, self.table)
-                if where is not None:
-                    pattern = posixpath.join(grants.escape_glob(where[1]), tail) if tail else grants.escape_glob(where[1])
-                    self.index[where[0]] = (*self.index.get(where[0], ()), pattern)
+                if literal is None or where is None:
+                    continue
+                pattern = posixpath.join(grants.escape_glob(where[1]), tail) if tail else grants.escape_glob(where[1])
+                self.index[where[0]] = (*self.index.get(where[0], ()), pattern)
+                if not tail and os.path.islink(literal) and not os.path.isdir(literal):  # a symlinked key (certbot)
+                    self.index[where[0]] += (grants.escape_glob(posixpath.dirname(where[1])),)
 
     def refused(self, where: opener.Place) -> str | None:
         """Why a place is never shown (a process's folder, a secret), or None."""
         if opener.of_a_process(where):
             return opener.PROCESS
-        return grants.SECRET if grants.is_secret(self.index.get(where[0], ()), where[1]) else None
+        return grants.SECRET if self.secret(where) else None
+
+    def secret(self, where: opener.Place) -> bool:
+        """Whether a place is at or below a secret's, or lies on an overlay one of whose layers is,
+        holds a secret below it, or cannot be found (the rule of root's
+        :meth:`mcpd.helper.monitor.Monitor.secret`)."""
+        if grants.is_secret(self.index.get(where[0], ()), where[1]):
+            return True
+        if where[0] not in self._stacked:
+            layers = [opener.place_of(p, self.table) if p.startswith("/") else None for p in opener.layers(where, self.table)]
+            self._stacked[where[0]] = any(w is None or self.secret(w) or any(
+                p.startswith(grants.escape_glob(w[1]).rstrip("/") + "/") for p in self.index.get(w[0], ())) for w in layers)
+        return self._stacked[where[0]]
 
     def judge(self, fd: int) -> str | None:
         """Why a folder (any descriptor) is never listed: its place is refused or cannot be told

@@ -192,6 +192,52 @@ def _seal() -> None:
         os.setresgid(effective, effective, effective)
 
 
+#: (AUDIT_ARCH, {syscall: name}) of the architectures whose numbers are known here: fork, vfork,
+#: execve, execveat and clone without CLONE_THREAD are refused (EPERM), clone3 answers ENOSYS
+#: (so libc falls back to clone for its threads)
+_SECCOMP_ARCHES = {"x86_64": (0xC000003E, {"fork": 57, "vfork": 58, "execve": 59, "execveat": 322,
+                                           "clone": 56, "clone3": 435}),
+                   "aarch64": (0xC00000B7, {"execve": 221, "execveat": 281, "clone": 220, "clone3": 435})}
+
+
+def _no_new_processes() -> None:
+    """Install a seccomp filter under which this process (and its threads) can start no process
+    and exec nothing: ``fork``, ``vfork``, ``execve``, ``execveat`` and a ``clone`` without
+    ``CLONE_THREAD`` fail with ``EPERM``, ``clone3`` with ``ENOSYS``; a system call of another ABI
+    (i386 or x32 on x86_64) kills the process. So no helper process of a compromised worker can
+    keep a granted descriptor after the worker is killed. Needs no_new_privs. Raises ``OSError``
+    when the kernel refuses the filter or the architecture is not one of
+    :data:`_SECCOMP_ARCHES` (the worker then fails to start: fail closed)."""
+    import platform
+    import struct
+
+    found = _SECCOMP_ARCHES.get(platform.machine())
+    if found is None:
+        raise OSError(f"no seccomp filter for {platform.machine()}")
+    arch, nr = found
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE, JSET, BPF_RET|K
+    allow, kill = 0x7FFF0000, 0x80000000  # SECCOMP_RET_ALLOW, SECCOMP_RET_KILL_PROCESS
+    eperm, enosys = 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ERRNO | errno
+    deny = [n for name, n in nr.items() if name not in ("clone", "clone3")]
+    prog: list[tuple[int, int, int, int]] = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (ld, 0, 0, 0),
+                                             (jge, 0, 1, 0x40000000), (ret, 0, 0, kill)]
+    for n in deny:
+        prog += [(jeq, 0, 1, n), (ret, 0, 0, eperm)]
+    prog += [(jeq, 0, 1, nr["clone3"]), (ret, 0, 0, enosys), (jeq, 1, 0, nr["clone"]), (ret, 0, 0, allow),
+             (ld, 0, 0, 16), (jset, 0, 1, 0x00010000), (ret, 0, 0, allow), (ret, 0, 0, eperm)]  # args[0] & CLONE_THREAD
+    code = b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+    buf = ctypes.create_string_buffer(code, len(code))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = SockFprog(len(prog), ctypes.addressof(buf))
+    pr_set_seccomp, seccomp_mode_filter = 22, 2
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
 def _harden(keep: set[int], parent: int) -> None:
     """Drop everything the worker does not need before it touches a client's path; ``parent`` is
     the pid of the process that started it, as that process said (``--parent``): a worker whose
@@ -201,6 +247,8 @@ def _harden(keep: set[int], parent: int) -> None:
             os.closerange(fd, fd + 1)
     os.closerange(max(keep) + 1, os.sysconf("SC_OPEN_MAX"))
     os.chdir("/")
+    for name in [n for n in os.environ if n not in ("PATH", "LANG")]:  # HOME, MAGIC: libraries would read
+        del os.environ[name]  # files the account controls (libmagic: $HOME/.magic); see mcpd.core.magicdb
     os.umask(0o077)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a core dump would hold file contents
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when a worker ends
@@ -215,6 +263,7 @@ def _harden(keep: set[int], parent: int) -> None:
     if os.getppid() != parent:  # it died before the line above took effect
         os._exit(0)
     sched.run_as_batch()  # a request sent to it does not preempt the front
+    _no_new_processes()  # last: from here on it starts no process
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -122,6 +122,9 @@ class PrivsepDaemon:
     #: the helper's soft RLIMIT_NOFILE (the policy process, workers and walkers inherit it), e.g.
     #: 1024 as systemd's default; None: the test runner's own
     nofile: int | None = None
+    #: a command the helper is started under (e.g. ``unshare --mount ...``: a mount namespace of its
+    #: own, which the policy process, fork server, workers and walkers share); [] for none
+    helper_wrap: list[str] = field(default_factory=list)
 
     @property
     def app(self) -> Path:
@@ -160,7 +163,7 @@ class PrivsepDaemon:
 
         with open(self.state_dir / "helper.log", "ab") as log:
             self.helper = subprocess.Popen(
-                [sys.executable, "-m", "mcpd.admin.cli", "helper", "--config", str(self.config_path)],
+                [*self.helper_wrap, sys.executable, "-m", "mcpd.admin.cli", "helper", "--config", str(self.config_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.state_dir, preexec_fn=limits,
             )
         deadline = time.monotonic() + START_SECONDS
@@ -237,12 +240,14 @@ class PrivsepDaemon:
             "files/read": rule, "files/list": dict(rule)}}}}}
 
     def audit(self) -> list[dict[str, Any]]:
-        """Every audit record so far."""
+        """Every audit record written whole so far (a last line the writer is still writing,
+        without its newline yet, is left for the next look)."""
         try:
             text = self.audit_path.read_text()
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        whole = text[:text.rfind("\n") + 1]
+        return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
     def audit_text(self) -> str:
         return self.audit_path.read_text() if self.audit_path.exists() else ""
@@ -311,12 +316,12 @@ def _make_tree(srv: Path) -> None:
 
 
 def start_privsep(factory: AccountFactory, etc: bool = False, nofile: int | None = None,
-                  **overrides: Any) -> PrivsepDaemon:
+                  helper_wrap: list[str] | None = None, **overrides: Any) -> PrivsepDaemon:
     """Create accounts, files and folder, and start helper and front (see the module docstring).
     ``etc``: ``mcpd.yaml``, the users and the grants files in a folder of their own, ``0750
     root:mcpd`` as the shipped ``tmpfiles.d`` makes ``/etc/mcpd``, which the policy process
     (not in group ``mcpd``) may not enter; else beside the rest in the state folder.
-    ``nofile``: :attr:`PrivsepDaemon.nofile`."""
+    ``nofile``: :attr:`PrivsepDaemon.nofile`; ``helper_wrap``: :attr:`PrivsepDaemon.helper_wrap`."""
     require_root()
     service = devroot.ensure_system_account("mcpd")
     devroot.ensure_system_account(WALK_USER)  # the helper refuses to start without them
@@ -371,7 +376,7 @@ def start_privsep(factory: AccountFactory, etc: bool = False, nofile: int | None
         socket_path=state / "run" / "helper.sock", audit_path=state / "audit" / "audit.jsonl",
         access_path=state / "access" / "access.jsonl",
         grants_path=conf / "mcp-sudo.yaml", tokens=tokens, accounts={"alice": alice, "bob": bob},
-        service=service, srv=srv, nofile=nofile,
+        service=service, srv=srv, nofile=nofile, helper_wrap=list(helper_wrap or []),
     )
     d.write_grants(d.default_grants(), hup=False)
     try:

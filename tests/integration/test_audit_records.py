@@ -97,7 +97,7 @@ def _tampered(d: PrivsepDaemon, tmp_path: Path, change: Any) -> tuple[Path, Path
 
 @pytest.mark.root_may_skip("it tampers with the log the rotation test of this module rotated; run alone, there is none")
 @pytest.mark.parametrize("kind,change,line", [
-    ("edited", lambda ls: [ls[0].replace(b'"decision":"', b'"decision":"x', 1)] + ls[1:], 1),
+    ("edited", lambda ls: [ls[0].replace(b'"event":"', b'"event":"x', 1)] + ls[1:], 1),
     ("deleted", lambda ls: ls[:1] + ls[2:], 2),
     ("reordered", lambda ls: [ls[1], ls[0]] + ls[2:], 1),
     ("truncated", lambda ls: ls[:-1] + [ls[-1][:-20]], -1),
@@ -290,7 +290,7 @@ def test_refused_and_kernel_denied_calls_are_recorded_by_the_front(privsep_daemo
     assert res["structuredContent"]["error"]["code"] == "PERMISSION_DENIED"
     _, access2 = call_records(d)
     rec = one_new(access, access2)
-    assert rec is not None and rec["decision"] == "accept" and rec["outcome"] == "PERMISSION_DENIED"
+    assert rec is not None and rec["decision"] == "refused_by_os" and rec["outcome"] == "PERMISSION_DENIED"
     res = call(d, "alice", "relative/path", privileged=True)  # refused before any route
     assert res.get("isError")
     calls3, access3 = call_records(d)
@@ -330,6 +330,6 @@ def test_access_log_rotated_by_the_shipped_file_as_the_service_user_verifies(pri
     assert st.st_size == 0 and (st.st_uid, st.st_mode & 0o777) == (d.service.pw_uid, 0o600)
     call(d, "alice", d.app, privileged=False, tool="files/list")
     first = json.loads(d.access_path.read_bytes().splitlines(keepends=True)[0])
-    assert first["prev"] == hashlib.sha256(before[-1]).hexdigest()
+    assert first["prev"] == hashlib.sha256(before[-1]).hexdigest() and first["event"] == "rotate"
     out = mcpd("audit", "verify", "--access", "--config", str(d.config_path))
-    assert out.returncode == 0 and f"{len(before) + 1} records" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0 and f"{len(before) + 2} records" in out.stdout, out.stdout + out.stderr

@@ -133,3 +133,30 @@ def test_healthz_is_not_ready_while_the_helper_is_down(metrics_daemon: tuple[Pri
     d.start_helper()
     assert wait_for(lambda: health(port)[0] == 200), health(port)
     assert health(port)[1:] == (None, "ok\n", 1)
+
+
+def test_while_the_helper_is_down_login_says_retry_after_and_clients_show_the_servers_reason(
+        metrics_daemon: tuple[PrivsepDaemon, int]) -> None:
+    """With the root helper killed, ``POST /login`` cannot check a password now: ``503`` with
+    ``Retry-After: 2`` (it is restarted), as a token the front cannot check gets. The clients say
+    why: ``linuxctl`` (both transports) prints ``HTTP_503`` with the server's message and the wait
+    it asked for, and ``linuxctl login``'s error carries them too."""
+    from mcpd.client.api import ConnectError
+    from mcpd.client.login import login
+    from tests.integration.test_linuxctl import linuxctl
+
+    d, _ = metrics_daemon
+    d.kill_helper(signal.SIGKILL)
+    with httpx.Client(verify=ssl.create_default_context(cafile=d.cacert), timeout=10) as c:
+        resp = c.post(d.url + "/login", json={"user": "alice", "password": "wrong"})
+    assert (resp.status_code, resp.headers.get("retry-after")) == (503, "2"), (resp.status_code, resp.headers)
+    assert "root helper" in resp.json()["error"], resp.text
+    with pytest.raises(ConnectError) as refused:
+        login(d.url, "alice", "wrong", d.cacert, timeout=10)
+    assert "root helper" in refused.value.message and "retry after 2 s" in refused.value.message, refused.value
+    for transport, method in (("http", b"POST"), ("sse", b"GET")):
+        res = linuxctl("--url", d.url, "--token", d.tokens["bob"], "--cacert", str(d.cacert),
+                       "--transport", transport, "get", "files", "/etc/hostname")
+        err = res.stderr
+        assert res.returncode == 1 and err.startswith(b"HTTP_503: " + method), err
+        assert b"(retry after 2 s): the root helper is not running, so the token cannot be checked now" in err, err

@@ -28,7 +28,9 @@ from typing import Any
 import pytest
 
 from mcpd.admin import devroot
+from mcpd.client.api import MCPClientError, RPCError
 from mcpd.common.config import POLICY_USER, WALK_USER
+from mcpd.front.transport.sse import CALLS_AT_ONCE
 from mcpd.helper import forkserver
 
 from tests.conftest import EVENT_TIMEOUT
@@ -902,6 +904,10 @@ def everyone_granted(privsep_daemon: PrivsepDaemon) -> Iterator[PrivsepDaemon]: 
         regrant(d.default_grants())
 
 
+#: calls one session runs at once (each reserves a share of its outgoing queue); more wait for room
+SESSION_CALLS = CALLS_AT_ONCE
+
+
 def _hung_find(root: Path) -> dict[str, Any]:
     """A privileged find allowed to run 60 s (the most): hung, it outlasts any other call's deadline."""
     return {"root": str(root), "privileged": True, "time_budget_seconds": 60}
@@ -916,14 +922,15 @@ def _access(d: PrivsepDaemon) -> list[dict[str, Any]]:
 def test_one_principals_hung_privileged_finds_never_hold_up_anothers_privileged_read(
         everyone_granted: PrivsepDaemon) -> None:
     """A hung request never delays another session, and no principal takes the helper's capacity
-    from the others: alice's 12 privileged finds hang on a hung folder (those past her share of
-    the call connections are refused RATE_LIMITED at once, each with one record); bob's
-    privileged read of a granted file is still answered."""
+    from the others: alice's 12 privileged finds (four in each of three sessions) hang on a hung
+    folder (those past her share of the call connections are refused RATE_LIMITED at once, each
+    with one record); bob's privileged read of a granted file is still answered."""
     d = everyone_granted
 
     async def go() -> tuple[str | None, dict[str, Any], list[dict[str, Any]]]:
-        async with client(d, "alice") as a:
-            finds = [asyncio.create_task(a.call_tool("files/find", _hung_find(d.app), check=False)) for _ in range(12)]
+        async with client(d, "alice") as a1, client(d, "alice") as a2, client(d, "alice") as a3:
+            finds = [asyncio.create_task(s.call_tool("files/find", _hung_find(d.app), check=False))
+                     for s in (a1, a2, a3) for _ in range(SESSION_CALLS)]
             await asyncio.sleep(3)  # sequencing only: the finds have reached their walkers
             done = [t.result() for t in finds if t.done()]
             async with client(d, "bob") as b:
@@ -948,13 +955,15 @@ def test_one_principals_hung_privileged_finds_never_hold_up_anothers_privileged_
 
 def test_a_privileged_call_refused_for_the_principals_cap_leaves_a_record(everyone_granted: PrivsepDaemon) -> None:
     """Every call on either route leaves exactly one record: alice has her share of privileged
-    finds in flight (hung); her next is RATE_LIMITED by the front, which never sent it on: the
+    finds in flight (hung; four in each of two sessions, what one session runs at once); her
+    next, from a third session, is RATE_LIMITED by the front, which never sent it on: the
     front's access log holds that refusal, once, and the helper's audit log nothing of it."""
     d = everyone_granted
 
     async def go() -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
-        async with client(d, "alice") as a:
-            hung = [asyncio.create_task(a.call_tool("files/find", _hung_find(d.app), check=False)) for _ in range(8)]
+        async with client(d, "alice") as a1, client(d, "alice") as a2, client(d, "alice") as a:
+            hung = [asyncio.create_task(s.call_tool("files/find", _hung_find(d.app), check=False))
+                    for s in (a1, a2) for _ in range(SESSION_CALLS)]
             await asyncio.sleep(2)  # sequencing only: all 8 are in flight
             before = len(_access(d)), len(d.audit())
             res = await a.call_tool("files/find", _hung_find(d.app / "."), check=False)
@@ -977,15 +986,17 @@ def test_a_privileged_call_refused_for_the_principals_cap_leaves_a_record(everyo
 
 def test_a_privileged_read_that_never_reached_the_helper_leaves_a_record(everyone_granted: PrivsepDaemon) -> None:
     """Every call leaves one record, also one that waited for a connection to the root helper
-    past its time: alice's 8 hung finds and bob's 4 hold every call connection; bob's next
-    privileged read waits its whole time for one and answers TIMEOUT saying so; it never reached
-    the policy process, so the front records it (once)."""
+    past its time: alice's 8 hung finds (two sessions) and bob's 4 (one session) hold every
+    call connection; bob's next privileged read, from another session, waits its whole time for
+    one and answers TIMEOUT saying so; it never reached the policy process, so the front records
+    it (once)."""
     d = everyone_granted
 
     async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        async with client(d, "alice") as a, client(d, "bob") as b:
-            finds = [asyncio.create_task(a.call_tool("files/find", _hung_find(d.app), check=False)) for _ in range(8)]
-            finds += [asyncio.create_task(b.call_tool("files/find", _hung_find(d.app), check=False)) for _ in range(4)]
+        async with client(d, "alice") as a1, client(d, "alice") as a2, client(d, "bob") as b1, \
+                client(d, "bob") as b:
+            finds = [asyncio.create_task(s.call_tool("files/find", _hung_find(d.app), check=False))
+                     for s in (a1, a2, b1) for _ in range(SESSION_CALLS)]
             await asyncio.sleep(3)  # sequencing only: the finds hold their connections
             before = len(_access(d)), len(d.audit())
             res = await b.call_tool("files/read", {"path": str(d.log_file), "privileged": True}, check=False)
@@ -1002,6 +1013,40 @@ def test_a_privileged_read_that_never_reached_the_helper_leaves_a_record(everyon
     assert err["code"] == "TIMEOUT" and "no connection to the root helper came free" in err["message"], err
     assert len(records) == 1 and records[0]["event"] == "access", records
     assert records[0]["outcome"] == "TIMEOUT" and records[0]["route"] == "privileged"
+
+
+def test_a_call_waiting_behind_its_sessions_hung_calls_answers_within_its_deadline(
+        everyone_granted: PrivsepDaemon) -> None:
+    """A call must answer within its deadline: alice's session runs its four calls at once, all
+    hung finds; her next call on it, a privileged read, waits for room in the session and is
+    answered ``-32000`` (not run) once its deadline (``workers.timeout_seconds``, 20 s) passed,
+    though the stream sent her client keep-alive comments meanwhile (every 15 s here), which
+    took it to no answer at all; it never reached the privileged route, so no audit record."""
+    d = everyone_granted
+
+    async def go() -> tuple[BaseException | dict[str, Any], float, list[dict[str, Any]]]:
+        async with client(d, "alice") as a:
+            hung = [asyncio.create_task(a.call_tool("files/find", _hung_find(d.app), check=False))
+                    for _ in range(SESSION_CALLS)]
+            await asyncio.sleep(2)  # sequencing only: the finds run (hung)
+            before, started = len(d.audit()), time.monotonic()
+            try:
+                out: BaseException | dict[str, Any] = await a.call_tool(
+                    "files/read", {"path": str(d.log_file), "privileged": True}, check=False, timeout=40)
+            except MCPClientError as exc:
+                out = exc
+            took = time.monotonic() - started
+            new = [r for r in d.audit()[before:] if r.get("tool") == "files/read"]
+            for task in hung:
+                task.cancel()
+            await asyncio.gather(*hung, return_exceptions=True)
+            return out, took, new
+
+    with HungWalks(d):
+        out, took, audited = asyncio.run(go())
+    assert isinstance(out, RPCError) and out.rpc_code == -32000 and "not run" in str(out), out
+    assert took < 30, took  # its deadline is 20 s: it never waits on for as long as the client listens
+    assert audited == [], audited
 
 
 def test_a_privileged_read_whose_worker_dies_before_reading_is_audited(privsep_daemon: PrivsepDaemon) -> None:

@@ -179,12 +179,18 @@ def test_workers_that_stop_reading_hold_no_thread_and_no_descriptor_of_anyone_el
     assert runs is not None, front.stderr
     assert bob == [("bob's note\n", {}), (LOG_TEXT, {})] * 3
     assert not any(r["silent"] for r in runs.values()), runs  # no policy thread was left waiting
-    assert all(r["dispatched"] == 1 for r in runs.values()), runs  # one call in flight per worker, at most
+    assert all(r["dispatched"] <= 1 for r in runs.values()), runs  # one call in flight per worker, at most
+    # the next call fails at once, or, once alice's workers hold UNTAKEN_MAX descriptors that
+    # another process keeps (here the test's copies of their sockets), no more is passed to her
+    fed = {int(pid) for pid, r in runs.items() if r["dispatched"]}
     assert all(r["error"]["code"] == "INTERNAL_ERROR" and "did not read its control socket" in r["error"]["message"]
+               if r["dispatched"] else r["error"]["code"] == "HELPER_UNAVAILABLE" and "untaken" in r["error"]["message"]
                for r in runs.values()), runs
     assert took < REPLY_SECONDS, took
     kills = [r for r in d.audit() if r["event"] == "kill" and r.get("pid") in set(pids)]
-    assert sorted(r["pid"] for r in kills) == sorted(pids), kills
+    assert {r["pid"] for r in kills} >= fed, kills
+    for pid in set(pids) - fed:  # (never given anything; the front would end them)
+        os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not set(pids) & set(d.workers("alice")))
 
 

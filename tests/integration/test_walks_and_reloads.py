@@ -14,8 +14,11 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
-import secrets
+import select
+import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +30,7 @@ import pytest
 from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
     HungWalks,
     PrivsepDaemon,
+    children,
     privsep_daemon,
     start_privsep,
     stop_privsep,
@@ -38,10 +42,6 @@ pytestmark = pytest.mark.root
 
 NO_GRANT = "no grant covers this path"
 KEY = {"files/list": "path", "files/find": "root"}
-#: deny globs in the old grants: each new pattern costs the decision a compile, so the first
-#: decision under freshly loaded grants takes about a second, and a reload lands inside it
-SLOW_DENIES = 2000
-ATTEMPTS = 5  # races set up until one reload lands between the decision and the walk
 
 
 def _reloads(d: PrivsepDaemon) -> int:
@@ -52,13 +52,18 @@ def _grants(d: PrivsepDaemon, tools: dict[str, Any]) -> dict[str, Any]:
     return {"users": {d.accounts["alice"].name: {"privileged": {"tools": tools}}}}
 
 
-def _grant(d: PrivsepDaemon, tools: dict[str, Any]) -> None:
-    """Write alice's privileged tools and wait (bounded) until the policy process loaded them:
-    without SIGHUP, so the one reload is the one the policy process makes on seeing the file
-    changed (within a second), and no second one follows."""
+def _load(d: PrivsepDaemon, grants: dict[str, Any]) -> None:
+    """Write ``grants`` and wait (bounded) until the policy process loaded them: without SIGHUP,
+    so the one reload is the one the policy process makes on seeing the file changed (within a
+    second), and no second one follows."""
     before = _reloads(d)
-    d.write_grants(_grants(d, tools), hup=False)
+    d.write_grants(grants, hup=False)
     wait_for(lambda: _reloads(d) > before, 30.0)
+
+
+def _grant(d: PrivsepDaemon, tools: dict[str, Any]) -> None:
+    """:func:`_load` grants giving alice the privileged ``tools`` only."""
+    _load(d, _grants(d, tools))
 
 
 def _answer(op: str, out: dict[str, Any]) -> tuple[str, list[str]]:
@@ -90,70 +95,91 @@ def race_tree(privsep_daemon: PrivsepDaemon) -> Iterator[Path]:  # noqa: F811
     privsep_daemon.write_grants(privsep_daemon.default_grants())
 
 
+class HeldSpawns:
+    """While active, daemon ``d``'s fork server (the helper's one root child, which forks every
+    walker) is stopped (SIGSTOP), so a decided walk waits for its walker; :meth:`wait_walk`
+    returns once a walk request is waiting on the fork server's socket (seen through a copy of
+    that socket taken with ``pidfd_getfd`` and peeked, never read). Leaving lets it go on
+    (SIGCONT) and the request is served as usual."""
+
+    def __init__(self, d: PrivsepDaemon) -> None:
+        servers = children(d.helper_pid, 0)
+        assert len(servers) == 1, servers
+        self.pidfd = os.pidfd_open(servers[0])
+        socks = [int(n) for n in os.listdir(f"/proc/{servers[0]}/fd")
+                 if os.readlink(f"/proc/{servers[0]}/fd/{n}").startswith("socket:")]
+        assert len(socks) == 1, socks  # its channel to the helper; nothing else while idle
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.syscall(438, self.pidfd, socks[0], 0)  # pidfd_getfd
+        assert fd >= 0, os.strerror(ctypes.get_errno())
+        self.sock = socket.socket(fileno=fd)
+
+    def __enter__(self) -> "HeldSpawns":
+        signal.pidfd_send_signal(self.pidfd, signal.SIGSTOP)
+        return self
+
+    def wait_walk(self, seconds: float) -> bool:
+        """Whether a walk request reached the stopped fork server within ``seconds``."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0 and select.select([self.sock], [], [], left)[0]:
+            if b'"walk"' in self.sock.recv(4096, socket.MSG_PEEK):
+                return True
+            time.sleep(0.01)  # another request (a worker's spawn) is ahead of it: it stays held
+        return False
+
+    def __exit__(self, *exc: Any) -> None:
+        signal.pidfd_send_signal(self.pidfd, signal.SIGCONT)
+        self.sock.close()
+        os.close(self.pidfd)
+
+
 @pytest.mark.parametrize("change", ["removed", "narrowed"])
 @pytest.mark.parametrize("op", ["files/find", "files/list"])
 def test_a_call_racing_a_reload_is_decided_wholly_under_one_policy(privsep_daemon: PrivsepDaemon,  # noqa: F811
                                                                    race_tree: Path, op: str, change: str) -> None:
-    """Old grants: ``op`` on ``app`` (with many slow deny globs that cover nothing here); new
-    grants: ``op`` removed, or narrowed to ``app/race/kept``. The call on ``app/race`` is sent,
-    then the new grants are written (the policy process reloads a changed file within a second,
-    as on SIGHUP). A race counts when the reload was recorded before any walker of the daemon
-    existed and the call was still decided under the old grants. Every answer is the old one
-    (both entries) or the new one (refused, no grant) and comes back well inside its deadline;
-    a counted race answers the old one whole."""
+    """Old grants: ``op`` on ``app``; new grants: ``op`` removed, or narrowed to
+    ``app/race/kept``. The call on ``app/race`` is decided under the old grants and its walker's
+    start is held (:class:`HeldSpawns`); the new grants are written and their reload recorded
+    while no walker of the daemon exists; then the walker starts. The answer is the old one
+    whole (both entries), never one neither grants give (an empty or cut listing), and comes
+    back well inside its deadline."""
     d = privsep_daemon
     old_answer = ("ok", sorted(["cut", "kept"]) if op == "files/list" else
                   sorted(str(race_tree / n) for n in ("cut", "kept")))
-    new_answer = ("PERMISSION_DENIED", [NO_GRANT])
     new_tools = {"files/read" if change == "removed" else op: {"allowed": True, "paths": [
         str(d.app if change == "removed" else race_tree / "kept")]}}
-    raced: list[tuple[str, list[str]]] = []
-    seen: list[tuple[str, tuple[str, list[str]]]] = []
-    for _ in range(ATTEMPTS):
-        tag = secrets.token_hex(4)  # fresh patterns: not compiled yet by an earlier attempt
-        denies = [f"/srv/**/z*y*x*w*v{tag}{i}" for i in range(SLOW_DENIES)]
-        _grant(d, {op: {"allowed": True, "paths": [str(d.app)], "deny": denies}})
-        before = _reloads(d)
-        result: list[tuple[str, list[str]]] = []
-        ready, go = threading.Event(), threading.Event()
+    _grant(d, {op: {"allowed": True, "paths": [str(d.app)]}})
+    assert _call(d, op, race_tree) == old_answer  # a walker can start: the fork server is idle
+    result: list[tuple[str, list[str]]] = []
+    ready, go = threading.Event(), threading.Event()
 
-        def caller() -> None:
-            async def run() -> dict[str, Any]:
-                async with client(d) as c:
-                    ready.set()
-                    go.wait(30)
-                    res = await c.call_tool(op, {KEY[op]: str(race_tree), "privileged": True}, check=False)
-                    return dict(res["structuredContent"])
+    def caller() -> None:
+        async def run() -> dict[str, Any]:
+            async with client(d) as c:
+                await c.call_tool("files/list", {"path": str(d.app)}, check=False)  # alice's worker, spawned now
+                ready.set()
+                go.wait(30)
+                res = await c.call_tool(op, {KEY[op]: str(race_tree), "privileged": True}, check=False)
+                return dict(res["structuredContent"])
 
-            result.append(_answer(op, asyncio.run(run())))
+        result.append(_answer(op, asyncio.run(run())))
 
-        thread = threading.Thread(target=caller, daemon=True)
-        started = time.monotonic()
-        thread.start()
-        assert ready.wait(30), "no session"
+    thread = threading.Thread(target=caller, daemon=True)
+    thread.start()
+    assert ready.wait(30), "no session"
+    started = time.monotonic()
+    with HeldSpawns(d) as held:
+        walkers = set(d.walkers())  # an earlier call's, not reaped yet by the stopped fork server
         go.set()
-        d.write_grants(_grants(d, new_tools), hup=False)
-        walker_first = False
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # bounded: which came first, the reload or the walker?
-            if _reloads(d) > before:
-                walker_first = walker_first or bool(d.walkers())
-                break
-            if d.walkers():
-                walker_first = True
-            time.sleep(0.005)
-        thread.join(60)
-        took = time.monotonic() - started
-        assert result, f"{op} did not answer within 60 s"
-        answer = result[0]
-        seen.append(("walker first" if walker_first else "reload first", answer))
-        assert answer in (old_answer, new_answer), seen
-        assert took < 30, f"{op} took {took:.1f} s"  # its deadline is 20 s; it never waits it out
-        if answer == old_answer and not walker_first:
-            raced.append(answer)
-            break
-    print(f"{op}, grant {change}: {seen}")
-    assert raced, f"no reload landed between a decision and its walk in {ATTEMPTS} attempts: {seen}"
+        assert held.wait_walk(30), f"{op} was not decided within 30 s"
+        _grant(d, new_tools)  # recorded while the decided call waits for its walker
+        assert set(d.walkers()) == walkers
+    thread.join(60)
+    took = time.monotonic() - started
+    assert result, f"{op} did not answer within 60 s"
+    assert result[0] == old_answer, result
+    assert took < 30, f"{op} took {took:.1f} s"  # its deadline is 20 s; it never waits it out
+    assert _call(d, op, race_tree) == ("PERMISSION_DENIED", [NO_GRANT])  # the next call: the new grants
 
 
 def test_walks_after_a_reload_answer_while_another_daemons_walks_hang(privsep_daemon: PrivsepDaemon,  # noqa: F811
@@ -169,8 +195,8 @@ def test_walks_after_a_reload_answer_while_another_daemons_walks_hang(privsep_da
         other = start_privsep(factory)
         rule = {"allowed": True, "paths": [str(other.app)]}
         _grant(other, {"files/find": rule})
-        d.write_grants(d.default_grants())
-        wait_for(lambda: _call(d, "files/find", race_tree)[1] == [NO_GRANT], 30.0)
+        _load(d, d.default_grants())  # loaded before the lists below: whatever an earlier test left
+        assert _call(d, "files/find", race_tree) == ("PERMISSION_DENIED", [NO_GRANT])
         hung: list[tuple[str, list[str]]] = []
         with HungWalks(other) as stopper:
             hanging = threading.Thread(target=lambda: hung.append(

@@ -33,7 +33,8 @@ def expected(principal: Principal, peer: str, session: str, path: str | None, st
     return {"event": "access", "user": principal.name, "token_id": principal.token_id, "os_user": principal.os_user,
             "peer": peer, "session": session, "route": "unprivileged", "tool": "files/read",
             "requested_path": path, "resolved_path": (result or {}).get("path", path) if path else None,
-            "decision": "reject" if stage == "refused" else "accept",
+            "decision": "reject" if stage == "refused" else
+            "refused_by_os" if error is not None and error.code == PERMISSION_DENIED else "accept",
             "reason": (error.message if error else "refused") if stage == "refused" else access.UNPRIVILEGED_REASON,
             "outcome": error.code if error else None, "bytes": len((result or {}).get("text", ""))}
 
@@ -116,7 +117,9 @@ def test_a_call_that_succeeds_or_fails_leaves_one_record_with_its_own_outcome(tm
         call.stage = "unprivileged"
         raise ToolError(PERMISSION_DENIED, "no")
     got = lines(tmp_path / "a.jsonl")
-    assert [(r["outcome"], r["bytes"], r["decision"]) for r in got] == [(None, 3, "accept"), (PERMISSION_DENIED, 0, "accept")]
+    # the kernel's refusal on the unprivileged route is no accept: the daemon did not serve it
+    assert [(r["outcome"], r["bytes"], r["decision"]) for r in got] == [(None, 3, "accept"),
+                                                                        (PERMISSION_DENIED, 0, "refused_by_os")]
 
 
 def _forwarded(log: AccessLog, marks: list[bool], error: ToolError | None) -> None:

@@ -53,8 +53,20 @@ def test_audit_file_0600_in_0700_folder(tmp_path: Path) -> None:
     (loose / "a.jsonl").write_text("")
     os.chmod(loose / "a.jsonl", 0o644)
     AuditLog(str(loose / "a.jsonl"), syslog=False).close()
-    assert stat.S_IMODE(loose.stat().st_mode) == 0o700
+    assert stat.S_IMODE(loose.stat().st_mode) == 0o755  # an existing folder is left as it is
     assert stat.S_IMODE((loose / "a.jsonl").stat().st_mode) == 0o600
+
+
+def test_a_log_in_a_folder_other_accounts_may_write_is_refused_and_the_folder_left_alone(tmp_path: Path) -> None:
+    """A log directly in a shared folder (``/tmp``: 1777) could be replaced by another account;
+    the writer refuses it, and never changes that folder's mode (tightening ``/tmp`` to 0700
+    would break every other account on the host)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    with pytest.raises(OSError, match="writable by other accounts"):
+        AuditLog(str(shared / "audit.jsonl"), syslog=False)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
 
 
 @pytest.mark.parametrize("key", ["token", "password", "content", "contents", "secret", "user_password",
@@ -213,7 +225,8 @@ def test_a_record_that_cannot_be_written_leaves_no_lock_behind(tmp_path: Path) -
         log.record("accept", user="carol")
     first = records(tmp_path / "audit.jsonl.1")
     after = records(path)
-    assert [r["user"] for r in first + after] == ["alice", "carol"]
+    assert [r.get("user") for r in first + after] == ["alice", None, "carol"]
+    assert (after[0]["event"], after[0]["file_number"]) == ("rotate", 2)  # the new file says which it is
     assert after[0]["seq"] == first[-1]["seq"] + 1
 
 

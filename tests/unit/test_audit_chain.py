@@ -72,11 +72,14 @@ def test_rotation_is_noticed_and_the_new_file_links_to_the_old(tmp_path: Path) -
         log.record("accept", bytes=4)
     finally:
         log.close()
-    assert [json.loads(x)["seq"] for x in raw_lines(path)] == [4, 5]
-    assert json.loads(raw_lines(path)[0])["prev"] == hashlib.sha256(raw_lines(old)[-1]).hexdigest()
+    new = [json.loads(x) for x in raw_lines(path)]
+    assert [r["seq"] for r in new] == [4, 5, 6]
+    assert new[0] == dict(new[0], event="rotate", file_number=2, previous_seq=3)  # the new file's first line
+    assert [r["bytes"] for r in new[1:]] == [3, 4]
+    assert new[0]["prev"] == hashlib.sha256(raw_lines(old)[-1]).hexdigest()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     verdict = check(old, path)
-    assert verdict.ok and verdict.count == 5 and (verdict.first_seq, verdict.last_seq) == (1, 5)
+    assert verdict.ok and verdict.count == 6 and (verdict.first_seq, verdict.last_seq) == (1, 6)
     assert not check(path, old).ok  # given in the wrong order, the link fails
 
 
@@ -90,8 +93,11 @@ def test_removed_log_is_recreated_and_the_chain_goes_on(tmp_path: Path) -> None:
         log.record("accept", bytes=2)
     finally:
         log.close()
-    rec = json.loads(path.read_bytes())
-    assert rec["seq"] == 2 and rec["prev"] == hashlib.sha256(kept).hexdigest()
+    new, alert, rec = [json.loads(x) for x in raw_lines(path)]
+    assert new["event"] == "rotate" and new["seq"] == 2 and new["prev"] == hashlib.sha256(kept).hexdigest()
+    # the file was deleted, not renamed: its records went with it, and the writer says so
+    assert (alert["event"], alert["missing_from"], alert["missing_to"]) == ("alert", 1, 1)
+    assert rec["seq"] == 4 and rec["bytes"] == 2
 
 
 def test_a_writer_started_after_rotation_resumes_from_the_rotated_file(tmp_path: Path) -> None:
@@ -99,7 +105,8 @@ def test_a_writer_started_after_rotation_resumes_from_the_rotated_file(tmp_path:
     write_n(path, 3)
     old = rotate_like_logrotate_create(path)  # rotated while the helper was stopped
     write_n(path, 2, start=3)
-    assert check(old, path).ok and check(old, path).count == 5
+    assert json.loads(raw_lines(path)[0])["event"] == "rotate"  # written at the start, first in the new file
+    assert check(old, path).ok and check(old, path).count == 6
 
 
 def test_a_torn_last_line_stays_its_own_line(tmp_path: Path) -> None:
@@ -121,7 +128,7 @@ def test_verify_command_accepts_a_whole_chain_and_counts(tmp_path: Path) -> None
     write_n(path, 3, start=4)
     out = CliRunner().invoke(audit, ["verify", str(old), str(path)])
     assert out.exit_code == 0, out.output
-    assert "7 records" in out.output and "seq 1..7" in out.output
+    assert "8 records" in out.output and "seq 1..8" in out.output  # (the new file's rotate record too)
     # no FILE: the rotated set of the configured log (here through --file-less config default)
     assert auditlog.rotated_set(str(path)) == [str(old), str(path)]
 
@@ -266,7 +273,8 @@ def test_threads_racing_rotations_keep_one_whole_chain(tmp_path: Path) -> None:
     files = race(path, [AuditLog(str(path), syslog=False)], threads=8, per_thread=250, rotations=6)
     verdict = check(*files)
     assert verdict.ok, verdict
-    assert (verdict.count, verdict.first_seq, verdict.last_seq) == (2000, 1, 2000)
+    rotates = sum(json.loads(x)["event"] == "rotate" for f in files for x in raw_lines(f))
+    assert 1 <= rotates <= 6 and (verdict.count, verdict.first_seq, verdict.last_seq) == (2000 + rotates, 1, 2000 + rotates)
 
 
 def test_two_writers_racing_keep_one_whole_chain(tmp_path: Path) -> None:
@@ -290,6 +298,6 @@ def test_two_writers_across_a_rotation_go_on_from_the_last_record_written(tmp_pa
     b.record("accept", bytes=4)
     a.close()
     b.close()
-    assert [json.loads(x)["bytes"] for x in raw_lines(path)] == [3, 4]
+    assert [json.loads(x).get("bytes") for x in raw_lines(path)] == [None, 3, 4]  # one rotate record, by a
     verdict = check(old, path)
-    assert verdict.ok and verdict.count == 4, verdict
+    assert verdict.ok and verdict.count == 5, verdict

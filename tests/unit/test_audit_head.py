@@ -62,7 +62,8 @@ def test_a_tail_cut_while_the_writer_runs_is_caught_and_no_number_is_reused(tmp_
         cut_last(path, 2)  # records 47 and 48 gone, at a line boundary
         before = verdict(state, path)  # nothing written since: the head alone shows it
         assert not before.ok and before.problem is not None
-        assert before.problem.startswith("truncated: 2 records (seq 47..48) missing from the end"), before
+        assert before.problem.startswith("truncated: 2 records (seq 47..48) missing: the log ends at seq 46 but its "
+                                         "writer's head state says it wrote up to seq 48; cut off the end"), before
         write(log, 1, start=48)
     finally:
         log.close()
@@ -73,8 +74,8 @@ def test_a_tail_cut_while_the_writer_runs_is_caught_and_no_number_is_reused(tmp_
     assert (alert["missing_from"], alert["missing_to"], alert["found_seq"]) == (47, 48, 46)
     assert after["requested_path"] == "/srv/f48"
     found = verdict(state, path)
-    assert not found.ok and found.problem is None and found.count == 48
-    assert len(found.losses) == 1 and "deleted: 2 records (seq 47..48) missing before this line" in found.losses[0]
+    assert not found.ok and len(found.problems) == 1 and found.count == 48
+    assert len(found.losses) == 1 and "lost: 2 records (seq 47..48) missing before this line" in found.losses[0]
 
 
 def test_a_tail_cut_while_the_writer_is_stopped_is_an_alert_on_start(tmp_path: Path, state: tuple[Path, int]) -> None:
@@ -123,9 +124,9 @@ def test_a_rotation_by_rename_is_no_loss(tmp_path: Path, state: tuple[Path, int]
     finally:
         log.close()
     assert not any(r["event"] == "alert" for r in records(old) + records(path))
-    assert [r["seq"] for r in records(path)] == [5, 6]
+    assert [(r["seq"], r["event"]) for r in records(path)] == [(5, "rotate"), (6, "accept"), (7, "accept")]
     found = verdict(state, old, path)
-    assert found.ok and found.count == 6 and found.head_checked
+    assert found.ok and found.count == 7 and found.head_checked
 
 
 def test_a_log_emptied_in_place_is_an_alert_and_the_chain_goes_on(tmp_path: Path, state: tuple[Path, int]) -> None:
@@ -198,12 +199,13 @@ def test_verify_command_names_the_missing_range_and_fails(tmp_path: Path, state:
         assert ok.exit_code == 0 and "its end is where its writer left it (seq 48)" in ok.output, ok.output
         cut_last(path, 2)
         cut = CliRunner().invoke(audit, ["verify", "--config", str(config)])
-        assert cut.exit_code == 1 and "truncated: 2 records (seq 47..48) missing from the end" in cut.output, cut.output
+        assert cut.exit_code == 1 and "audit.jsonl:46: truncated: 2 records (seq 47..48) missing" in cut.output, cut.output
+        assert "its end is where" not in cut.output
         write(log, 1, start=48)
     out = CliRunner().invoke(audit, ["verify", "--config", str(config)])
     assert out.exit_code == 1, out.output
-    assert "audit.jsonl:47: deleted: 2 records (seq 47..48)" in out.output
-    assert out.output.splitlines()[-1].startswith("FAILED: records are missing at 1 place")
+    assert "audit.jsonl:47: lost: 2 records (seq 47..48) missing before this line" in out.output
+    assert out.output.splitlines()[-1].startswith("FAILED: 1 problem (1 lost); 48 records read (seq 1..50)")
 
 
 def test_a_copy_of_the_log_put_in_its_place_is_no_loss(tmp_path: Path, state: tuple[Path, int]) -> None:

@@ -77,6 +77,7 @@ def test_default_secret_paths_are_exactly_these() -> None:
         "/etc/mcpd/users.yaml*", "/etc/mcpd/.users.yaml*",
         "/etc/mcpd/mcp-sudo.yaml*", "/etc/mcpd/.mcp-sudo.yaml*",
         "/var/log/mcpd", "/etc/mcpd/tls", "/var/lib/mcpd-helper", "/var/lib/mcpd/helper",
+        "/etc/mcpd/tls/server.key",  # the key itself too, for the walker to follow where it is a symlink
         "/var/log/mcpd-front/access.jsonl*", "/var/log/mcpd-front/.access.jsonl*",  # who read what, by the front
         "/var/lib/mcpd/dev-token*", "/var/lib/mcpd/.dev-token*",  # the development mode's plain token
     }

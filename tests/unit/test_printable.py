@@ -43,3 +43,113 @@ def test_never_two_lines_and_one_to_one(text: str) -> None:
 def test_different_texts_never_look_the_same(a: str, b: str) -> None:
     if a != b:
         assert printable(a) != printable(b)
+
+
+# -- default-ignorable code points and combining marks -----------------------------------------
+
+#: code points a renderer shows as nothing, though Python calls some of them printable
+IGNORABLE = [0x00AD, 0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x180B, 0x180E, 0x180F, 0x200B, 0x2060, 0x3164,
+             0xFE00, 0xFE0F, 0xFEFF, 0xFFA0, 0x1D173, 0xE0000, 0xE0001, 0xE0041, 0xE0100, 0xE01EF, 0xE0FFF]
+
+
+def test_default_ignorable_code_points_are_always_escaped() -> None:
+    for code in IGNORABLE:
+        for strict in (False, True):
+            shown = printable(f"a{chr(code)}b", strict=strict)
+            assert shown != f"a{chr(code)}b" and shown.startswith("a\\") and shown.endswith("b"), (hex(code), shown)
+    assert printable("\u3164") == "\\u3164" and printable("x\U000e0100") == "x\\U000e0100"
+
+
+def test_combining_marks_are_kept_in_names_and_escaped_in_the_strict_form() -> None:
+    struck = "/srv/secret\u0336.txt"  # U+0336 strikes through the letter before it
+    assert printable(struck) == struck
+    assert printable(struck, strict=True) == "/srv/secret\\u0336.txt"
+    for name in ("नमस्ते", "שָׁלוֹם", "e\u0301t\u0301e\u0301", "\u20dd"):  # Mn marks, and an enclosing one (Me)
+        assert printable(name) == name
+        assert printable(name, strict=True) != name and "\\u" in printable(name, strict=True)
+
+
+@given(st.text())
+def test_the_strict_form_shows_no_mark_and_no_form_shows_an_ignorable(text: str) -> None:
+    import unicodedata
+
+    from mcpd.common.printable import ignorable
+
+    loose, strict = printable(text), printable(text, strict=True)
+    assert not any(ignorable(ord(ch)) for ch in loose + strict)
+    assert not any(unicodedata.category(ch) in ("Mn", "Me") for ch in strict)
+    assert len(strict.splitlines()) <= 1
+
+
+@given(st.text(), st.text())
+def test_the_strict_form_is_one_to_one_too(a: str, b: str) -> None:
+    if a != b:
+        assert printable(a, strict=True) != printable(b, strict=True)
+
+
+# -- one field of a line of several ------------------------------------------------------------
+
+
+def unfield(shown: str) -> str:
+    """The text :func:`field` showed as ``shown`` (not shortened): the auditor's reading of it."""
+    import re
+
+    if shown.startswith('"'):
+        assert shown.endswith('"') and len(shown) >= 2
+        shown = shown[1:-1]
+    out, i = [], 0
+    while i < len(shown):
+        if shown[i] != "\\":
+            out.append(shown[i])
+            i += 1
+            continue
+        m = re.compile(r'\\(\\|"|x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})').match(shown, i)
+        assert m is not None, shown[i:]
+        token = m.group(1)
+        out.append(token if token in ('\\', '"') else chr(int(token[1:], 16)))
+        i = m.end()
+    return "".join(out)
+
+
+def test_a_field_with_spaces_is_quoted_so_it_cannot_forge_columns() -> None:
+    from mcpd.common.printable import field
+
+    forged = "/x  accept  granted  25  rule: users.a files/read paths /x (mcp-sudo.yaml:3)"
+    assert field(forged) == f'"{forged}"'
+    assert field("alice(t29alice) privileged   files/read     /etc/shadow  accept") \
+        == '"alice(t29alice) privileged   files/read     /etc/shadow  accept"'
+    assert field("/srv/data/app/log.txt") == "/srv/data/app/log.txt"  # the usual case: as it is
+    assert field('a"b') == '"a\\"b"' and field("a\\b") == '"a\\\\b"' and field("") == '""'
+    assert field("x\ny") == '"x\\x0ay"'
+
+
+def test_an_overlong_field_is_shortened_with_a_marker_and_its_length() -> None:
+    from mcpd.common.printable import FIELD_CHARS, field
+
+    padded = "/x  accept  granted" + "/" + " " * 250 + "/" * 3000
+    shown = field(padded)
+    assert len(shown) < FIELD_CHARS + 30
+    assert shown.startswith('"/x  accept  granted') and shown.endswith(f'"\u2026[{len(padded)} chars]')
+    long_plain = "/srv/" + "a" * 500
+    assert field(long_plain).endswith('"\u2026[505 chars]') and field(long_plain, limit=None) == long_plain
+    escaped = "\n" * 300  # never cut inside an escape
+    assert field(escaped).count("\\x0a") * 4 + 2 == len(field(escaped).split("\u2026")[0])
+
+
+@given(st.text())
+def test_a_field_reads_back_as_the_text_and_never_holds_a_bare_space(text: str) -> None:
+    from mcpd.common.printable import field
+
+    shown = field(text, limit=None)
+    assert unfield(shown) == text
+    if not shown.startswith('"'):
+        assert " " not in shown and '"' not in shown and "\\" not in shown and shown
+    assert len(shown.splitlines()) <= 1
+
+
+@given(st.text(), st.text())
+def test_different_fields_never_look_the_same(a: str, b: str) -> None:
+    from mcpd.common.printable import field
+
+    if a != b:
+        assert field(a, limit=None) != field(b, limit=None)

@@ -82,12 +82,21 @@ def test_a_failed_reload_records_every_error(tmp_path: Path) -> None:
     assert not result.ok and len(result.errors) == 200
     failed = [json.loads(x) for x in log_path.read_text().splitlines() if '"reload_failed"' in x]
     assert [r["part"] for r in failed] == list(range(1, len(failed) + 1)) and "grants_text" not in failed[0]
-    assert "".join(r["errors_text"] for r in failed).split("\n") == result.errors
+    assert "".join(r.get("errors_text", "") for r in failed).split("\n") == result.errors
+    attempted = big_grants().replace("allowed: true", "allowed: maybe")  # and what was attempted, whole
+    assert "".join(r.get("grants_text", "") for r in failed) == attempted
+    assert {r["sha256"] for r in failed} == {hashlib.sha256(attempted.encode()).hexdigest()}
 
 
 def grants_at(log: Path, when: str, *more: str) -> tuple[int, str]:
     out = CliRunner().invoke(main, ["grants", "at", when, "--log", str(log), *more])
     return out.exit_code, out.output
+
+
+def grants_at_split(log: Path, when: str, *more: str) -> tuple[int, str, str]:
+    """``(exit code, standard output, standard error)`` of ``mcpd grants at``."""
+    out = CliRunner().invoke(main, ["grants", "at", when, "--log", str(log), *more])
+    return out.exit_code, out.stdout, out.stderr
 
 
 def test_grants_at_rebuilds_the_file_in_force_at_any_time(tmp_path: Path) -> None:
@@ -105,20 +114,20 @@ def test_grants_at_rebuilds_the_file_in_force_at_any_time(tmp_path: Path) -> Non
     t1, t2 = (auditlog.record_time(s[0]) for s in sets)
     assert t1 is not None and t2 is not None
 
-    def at(when: datetime.datetime) -> tuple[int, str]:
-        return grants_at(log_path, when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+    def at(when: datetime.datetime) -> tuple[int, str, str]:
+        return grants_at_split(log_path, when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
 
-    code, out = at(t1)
-    head, body = out.split("\n", 2)[:2], out.split("\n", 2)[2]
-    assert code == 0 and body == first, out
+    code, body, err = at(t1)  # the file exactly on standard output: its line numbers are the records'
+    head = err.splitlines()
+    assert code == 0 and body == first, body + err
     assert head[0].startswith(f"# {grants} in force at ") and f"until {t2:%Y-%m-%dT%H:%M:%SZ}" in head[0]
     assert head[1].startswith(f"# sha256 {hashlib.sha256(first.encode()).hexdigest()} ")
-    code, out = at(t2 + datetime.timedelta(days=1))
-    assert code == 0 and out.split("\n", 2)[2] == second and "still the last load recorded" in out
-    code, out = at(t1 - datetime.timedelta(seconds=1))
-    assert code == 1 and "no load of the grants file at or before" in out
-    code, out = grants_at(log_path, "2999-01-01", "--changes")
-    assert code == 0 and "#   users.user199 files/read expires 2031-05-06T07:08:09Z added" in out
+    code, body, err = at(t2 + datetime.timedelta(days=1))
+    assert code == 0 and body == second and "still the last load recorded" in err
+    code, body, err = at(t1 - datetime.timedelta(seconds=1))
+    assert code == 1 and "no load of the grants file at or before" in err and body == ""
+    code, body, err = grants_at_split(log_path, "2999-01-01", "--changes")
+    assert code == 0 and body == second and "#   users.user199 files/read expires 2031-05-06T07:08:09Z added" in err
 
 
 def test_grants_at_refuses_a_load_with_a_part_missing(tmp_path: Path) -> None:

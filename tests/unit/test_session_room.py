@@ -124,12 +124,43 @@ def test_a_wait_ends_after_its_deadline_only_while_the_client_takes_nothing() ->
         patient = asyncio.ensure_future(session.admit(cost, KIB))
         for _ in range(8):  # 1.2 s, four deadlines, the stream taking something every 0.15 s
             await asyncio.sleep(0.15)
-            session.last_write = time.monotonic()
+            session.last_taken = time.monotonic()
         assert not patient.done()
         session.release(cost)
         assert await asyncio.wait_for(patient, 1) is True
         session.close()
         never.set()
+
+    asyncio.run(go())
+
+
+def test_keep_alive_comments_never_keep_a_wait_for_room_going() -> None:
+    """A request waiting for the room that four running calls hold (calls that hang) is refused
+    once its deadline (here 0.3 s) passed, though its client reads every keep-alive comment the
+    stream sends meanwhile: taking those makes no room, and the request must be answered within
+    its deadline, not wait for as long as the client stays connected."""
+    async def go() -> None:
+        m = SessionManager(Config(session_queue_bytes=100 * KIB, workers=Workers(timeout_seconds=0.3)),
+                           Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+        session = m.open(Principal("alice", "alice", "t1"))
+        body = bytearray()
+
+        async def send(message: dict[str, Any]) -> None:  # a client that reads everything
+            body.extend(message.get("body", b""))
+
+        session.attach(AsgiStream(send, None), None)
+        cost = session.call_cost
+        for _ in range(4):
+            assert session.admit_now(cost)
+        waiting = asyncio.ensure_future(session.admit(cost, KIB))
+        for _ in range(12):  # 1.2 s, four deadlines, a keep-alive comment every 0.1 s
+            await asyncio.sleep(0.1)
+            session.ping()
+            if waiting.done():
+                break
+        assert waiting.done() and waiting.result() is False
+        assert body.count(b": ping") >= 2  # the client took the comments
+        session.close()
 
     asyncio.run(go())
 

@@ -30,10 +30,8 @@ import os
 import stat
 from typing import Any, NamedTuple
 
-import magic
-
 from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror
-from mcpd.core import textdecode
+from mcpd.core import magicdb, textdecode
 from mcpd.core.fileops import SAMPLE_BYTES, Context, allowed, clean, no_grant, type_name
 from mcpd.core.tools import files_filetype
 from mcpd.core.walk import lstat_at
@@ -176,8 +174,8 @@ def describe_bytes(sample: bytes, truncated: bool) -> dict[str, Any]:
     Returns:
         The regular-file fields documented in :func:`filetype`.
     """
-    mime = magic.from_buffer(sample, mime=True)
-    description = magic.from_buffer(sample)
+    mime = magicdb.classifier("mime").from_buffer(sample)
+    description = magicdb.classifier("description").from_buffer(sample)
     encoding, bom = _encoding(sample, truncated)
     out: dict[str, Any] = {
         "mime": mime,

@@ -172,9 +172,11 @@ class Dispatcher:
             RpcError: ``-32602`` for an unknown tool name.
         """
         tool = self._callable.get(name) if isinstance(name, str) else None
-        if tool is None:
-            raise RpcError(INVALID_PARAMS, "unknown tool")
         c = ctx.caller
+        if tool is None:
+            if self.access is not None:  # every call leaves one record, this one too
+                self.access.unknown_tool(c.principal, c.peer, ctx.session_id, name, arguments)
+            raise RpcError(INVALID_PARAMS, "unknown tool")
         try:
             with Call(self.access, c.principal, c.peer, ctx.session_id, tool.NAME, arguments) as call:
                 args = tool.parse_args({} if arguments is None else arguments)

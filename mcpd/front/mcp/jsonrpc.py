@@ -120,14 +120,13 @@ def id_key(value: Any) -> tuple[str, Any]:
 
 
 def params_of(msg: Message) -> dict[str, Any]:
-    """A request's ``params`` (absent or ``null``: ``{}``).
+    """A request's ``params``: ``{}`` when absent.
 
     Raises:
-        RpcError: ``-32602`` when they are not an object.
+        RpcError: ``-32602`` when present and not an object (``null`` included: JSON-RPC 2.0
+            wants a structured value, and every method served takes named parameters).
     """
     params = msg.get("params", {})
-    if params is None:
-        return {}
     if not isinstance(params, dict):
         raise RpcError(INVALID_PARAMS, "params must be an object")
     return params

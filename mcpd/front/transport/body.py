@@ -1,5 +1,6 @@
 """Reading a JSON-RPC request body without ever buffering past a cap (SPEC §1.3: 413, never
-buffered), shared by ``POST /message`` and ``POST /mcp``."""
+buffered), shared by ``POST /message`` and ``POST /mcp``, and the one rendering of a refusal whose
+body is a JSON-RPC error (:func:`rpc_refusal`)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,37 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from mcpd.helper.wire import frames
+from mcpd.common import wirejson
 from mcpd.common.validate import digits
 from mcpd.front import metrics
 from mcpd.front.mcp.jsonrpc import INVALID_REQUEST, PARSE_ERROR, error_reply, json_float
 
 
+class _WireJsonResponse(JSONResponse):
+    """A JSON-RPC message as ``application/json``, encoded once with
+    :func:`mcpd.common.wirejson.dumps` (a 1 MiB text is not escaped by the standard library's
+    encoder)."""
+
+    def render(self, content: Any) -> bytes:
+        """The body: compact UTF-8 JSON of ``content``."""
+        return wirejson.dumps(content)
+
+
+def rpc_refusal(status: int, code: int, message: str, rid: Any = None, data: Any = None,
+                headers: dict[str, str] | None = None) -> Response:
+    """An HTTP refusal (``status``, 400 or more) whose body is the JSON-RPC error ``code`` with
+    ``message`` (and ``data`` when not ``None``) for request id ``rid``: ``None`` (``id: null``)
+    when no request id could be read (a body never read, a batch, a notification, an invalid id,
+    a client response). ``headers``: extra response headers. Every JSON-RPC refusal of the
+    transports is rendered here."""
+    return _WireJsonResponse(error_reply(rid, code, message, data), status_code=status, headers=headers)
+
+
 class BodyRefused(Exception):
-    """The body was not read: ``status`` is 413 (over the cap) or 400 (bad ``Content-Length`` or
-    the client went away); ``reason`` is a short text for the response."""
+    """The body was not read, or is no JSON-RPC body: ``status`` is 415 (not JSON), 413 (over the
+    cap) or 400 (bad ``Content-Length``, the client went away, unparsable); ``reason`` is a short
+    text for the response; ``rpc_code`` the JSON-RPC code of a body that was read but is not
+    JSON-RPC (``-32700``, ``-32600``), else ``None``."""
 
     def __init__(self, status: int, reason: str, rpc_code: int | None = None) -> None:
         super().__init__(reason)
@@ -24,10 +48,12 @@ class BodyRefused(Exception):
         self.reason = reason
         self.rpc_code = rpc_code
 
-    def response(self) -> Response:
-        """The HTTP answer: a JSON-RPC error body (``id: null``) when ``rpc_code`` is set, else text."""
-        if self.rpc_code is not None:
-            return JSONResponse(error_reply(None, self.rpc_code, self.reason), status_code=self.status)
+    def response(self, always_rpc: bool = False) -> Response:
+        """The HTTP answer: a JSON-RPC error body with ``id: null`` (:func:`rpc_refusal`; code
+        ``rpc_code``, else ``-32600``) when ``rpc_code`` is set or ``always_rpc`` (``/mcp``, where
+        every refusal is a JSON-RPC error), else the reason as text (``/message``)."""
+        if self.rpc_code is not None or always_rpc:
+            return rpc_refusal(self.status, INVALID_REQUEST if self.rpc_code is None else self.rpc_code, self.reason)
         return PlainTextResponse(self.reason, status_code=self.status)
 
 

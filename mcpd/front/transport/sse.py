@@ -142,7 +142,7 @@ class SseSession:
     an idle session holds no task, timer or event of its own (its keep-alive comments come from
     the manager's one ticker, :meth:`SessionManager.keep_alive`).
 
-    Backpressure (the session is the :class:`~mcpd.front.protocol.Room` of its protocol): a request
+    Backpressure (the session is the :class:`~mcpd.front.mcp.session.Room` of its protocol): a request
     whose reply goes to this session's stream first takes room (:meth:`admit`) and gives it back
     with its reply (:meth:`deliver`). A session takes requests while what its client has not taken
     plus what the requests it took reserve is under ``queue_bytes``, and their number under
@@ -168,7 +168,7 @@ class SseSession:
     """
 
     # (slots: an idle session is held for hours, and an instance dict costs it about 280 bytes)
-    __slots__ = ("id", "kind", "principal", "last_active", "last_write", "stream_open", "token", "closed",
+    __slots__ = ("id", "kind", "principal", "last_active", "last_write", "last_taken", "stream_open", "token", "closed",
                  "_manager", "_queue", "_queue_size", "_queue_bytes", "_queued", "_backlog", "_charged", "_out",
                  "_writer", "protocol", "_reserved", "_slots", "_waiters")
 
@@ -183,6 +183,9 @@ class SseSession:
         # time.monotonic() of the stream's last event written, or of the client's last taking some
         # of what it was written (a piece of a large event): keep-alive comments, and a stall
         self.last_write = 0.0
+        # the same, but only for the session's messages, not its keep-alive comments: a request
+        # waiting for room waits on only while its client takes some of those (_expire)
+        self.last_taken = 0.0
         self.stream_open = False  # a GET stream is attached
         self.token = ""  # the bearer that opened it, re-checked every second (mcpd/transport/revalidate.py)
         self.closed = False
@@ -276,12 +279,14 @@ class SseSession:
                 self._waiters = None
 
     def _expire(self, waiter: Waiter) -> None:
-        """``waiter``'s time is up unless the stream took something meanwhile (then it waits
-        ``waiter.seconds`` more from then): refuse it."""
+        """``waiter``'s time is up unless the stream took some of the session's messages
+        meanwhile (then it waits ``waiter.seconds`` more from then): refuse it. The stream's own
+        keep-alive comments count for nothing here: taking them makes no room, and a request
+        waiting behind calls that hang would otherwise wait for ever, never answered."""
         waiter.timer = None
         if waiter.fut.done():
             return
-        again = self.last_write + waiter.seconds - time.monotonic()
+        again = self.last_taken + waiter.seconds - time.monotonic()
         if again > 0 and not self.closed:
             waiter.timer = asyncio.get_running_loop().call_later(again, self._expire, waiter)
             return
@@ -438,7 +443,7 @@ class SseSession:
         event (when given) goes first, then the queued messages. A closed session's stream is
         ended at once."""
         self.stream_open = True
-        self.last_write = time.monotonic()
+        self.last_write = self.last_taken = time.monotonic()
         self._out = out
         out.on_progress = self._progressed
         if endpoint is not None and not self.closed:
@@ -467,7 +472,7 @@ class SseSession:
     def _progressed(self) -> None:
         """The stream took bytes (a piece of a large event, or its transport drained): the client
         reads; what it no longer holds makes room for waiting requests."""
-        self.last_write = time.monotonic()
+        self.last_write = self.last_taken = time.monotonic()
         if self._waiters:
             self._grant()
             if self._queued != self._charged:
@@ -515,14 +520,18 @@ class SseSession:
                 self._backlog = 0
             queue = self._queue
             if queue and not self.closed:
+                taken = False
                 while queue:
                     data = queue.pop(0)
                     self._queued -= len(data)
                     out.write(data)
+                    taken = taken or data is not PING
                     if not out.writable():  # the client is behind: count what the stream holds
                         self._measure(out)
                         break
                 self.last_write = time.monotonic()
+                if taken:
+                    self.last_taken = self.last_write
             if self.closed:
                 self._out = None
                 out.end()
@@ -546,6 +555,8 @@ class SseSession:
                 self._queued -= len(data)
                 self._measure(out)
                 self.last_write = time.monotonic()
+                if data is not PING:
+                    self.last_taken = self.last_write
                 if self._waiters:
                     self._grant()
                 if self._queued != self._charged:

@@ -15,21 +15,24 @@ Session era (protocol versions 2025-03-26 … 2025-11-25):
 - ``MCP-Protocol-Version``: an unsupported value is ``400`` on GET, POST and DELETE alike (checked
   with the session lookup); absent means the negotiated one.
 - ``Accept`` is read with its weights (:mod:`mcpd.front.transport.accept`): ``q=0`` refuses a type;
-  a malformed header is ``400``. Refusals of a POST holding one request carry its id.
+  a malformed header is ``400``. Every refusal answered here has a JSON-RPC error body
+  (:func:`~mcpd.front.transport.body.rpc_refusal`), ``406``, ``413`` and ``415`` included;
+  refusals of a POST holding one request carry its id, all others ``id: null``.
 - A session with no request and no GET stream for ``mcp_session_idle_seconds`` expires (``404``
   afterwards, so the client initializes again).
 
 Stateless era (2026-07-28): a POST whose ``_meta`` names a protocol version (or that carries no
 session and names an ``MCP-Protocol-Version`` outside the session era) is one self-contained
-request, served by a one-request :class:`~mcpd.front.protocol.McpSession` in modern mode, and no
-session is minted. Before it runs, :func:`check_modern` holds the headers against the body:
+request, served by a one-request :class:`~mcpd.front.mcp.session.McpSession` in modern mode, and no
+session is minted. The body must be one object with ``jsonrpc`` ``"2.0"`` and a string ``method``
+(else ``400``, ``-32600``). Before it runs, :func:`check_modern` holds the headers against the body:
 ``_meta`` version and client capabilities present (``400``, ``-32602``), ``MCP-Protocol-Version``
 equal to the ``_meta`` one, ``Mcp-Method`` equal to the method and ``Mcp-Name`` (plain or
 ``=?base64?…?=``) equal to ``params.name``/``params.uri`` (``400``, ``-32020``), a version served
 (``400``, ``-32022`` listing them). An unknown method is ``404`` with ``-32601``. The client closing
 the response (a stream, or the connection of a JSON answer) cancels the request.
 
-The JSON-RPC handling is the same :class:`~mcpd.front.protocol.McpSession` as ``/sse``'s: each
+The JSON-RPC handling is the same :class:`~mcpd.front.mcp.session.McpSession` as ``/sse``'s: each
 POST hands its body over with its own ``send``, so the replies and progress of that POST come
 back on that POST's response. Authentication, the ``Origin`` check and the body cap are the same
 middleware and helpers as for ``/sse``.
@@ -50,23 +53,22 @@ from typing import Any
 
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from mcpd.common import wirejson
 from mcpd.common.config import Config
 from mcpd.front import metrics
 from mcpd.front.connguard import DETACH, PIECE, UNSEEN
 from mcpd.front.mcp.dispatcher import Caller
-from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, Message, error_reply, valid_id
+from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, Message, valid_id
 from mcpd.front.mcp.session import McpSession
 from mcpd.front.mcp.versions import (
     HEADER_MISMATCH, META_CLIENT_CAPABILITIES, META_VERSION, MODERN_VERSIONS, SUPPORTED_VERSIONS,
     UNSUPPORTED_VERSION,
 )
 from mcpd.front.transport.accept import MalformedAccept, acceptable
-from mcpd.front.transport.body import BodyRefused, read_json
+from mcpd.front.transport.body import BodyRefused, read_json, rpc_refusal
 from mcpd.front.transport.sse import (
     FULL, PING, SESSION_ID_RE, STREAM_HEADERS, McpUser, SessionManager, SessionRefused,
     SessionStream, SseSession, encode_message, event_of, pieces,
@@ -85,16 +87,6 @@ SSE_TYPE = "text/event-stream"
 JSON_TYPE = "application/json"
 
 
-class ReplyResponse(JSONResponse):
-    """A JSON-RPC reply as ``application/json``, encoded once with
-    :func:`mcpd.common.wirejson.dumps` (a 1 MiB text is not escaped by the standard library's
-    encoder)."""
-
-    def render(self, content: Any) -> bytes:
-        """The body: compact UTF-8 JSON of ``content``."""
-        return wirejson.dumps(content)
-
-
 def _accepts(request: Request, needed: tuple[str, ...]) -> set[str] | Response:
     """Which of ``needed`` (our media types) the ``Accept`` header accepts (a weight above 0:
     :mod:`mcpd.front.transport.accept`), or the refusal: ``406`` when it accepts none of them,
@@ -102,9 +94,9 @@ def _accepts(request: Request, needed: tuple[str, ...]) -> set[str] | Response:
     try:
         types = acceptable(request.headers.getlist("accept"), needed)
     except MalformedAccept as exc:
-        return _rpc_error(400, INVALID_REQUEST, f"malformed Accept header: {exc}")
+        return rpc_refusal(400, INVALID_REQUEST, f"malformed Accept header: {exc}")
     if not types:
-        return PlainTextResponse("Accept must include " + " or ".join(needed), status_code=406)
+        return rpc_refusal(406, INVALID_REQUEST, "Accept must include " + " or ".join(needed))
     return types
 
 
@@ -126,20 +118,17 @@ def _is_reply(msg: Any) -> bool:
     return isinstance(msg, list) or (isinstance(msg, dict) and "method" not in msg)
 
 
-def _rpc_error(status: int, code: int, message: str, headers: dict[str, str] | None = None,
-               rid: Any = None) -> Response:
-    """An HTTP error whose body is a JSON-RPC error for request id ``rid`` (``None``: no id could
-    be read, as for a GET, a DELETE, a batch or a body that is not a request; see :func:`request_id`)."""
-    return JSONResponse(error_reply(rid, code, message), status_code=status, headers=headers)
-
-
 def request_id(payload: Any) -> Any:
     """The id an error answer to ``payload`` (a parsed POST body) carries: the id of a single
-    request object when it is a valid one (:func:`~mcpd.front.protocol.valid_id`), else ``None``
-    (a batch, a notification, an invalid id), as JSON-RPC 2.0 wants whenever the id could be read."""
-    if isinstance(payload, dict) and valid_id(payload.get("id")):
-        return payload["id"]
-    return None
+    request object when it is a valid one (:func:`~mcpd.front.mcp.jsonrpc.valid_id`), else ``None``
+    (a batch, a notification, an invalid id, a client response: an object with no ``method`` and a
+    ``result`` or ``error``, whose id names no request of the client's), as JSON-RPC 2.0 wants
+    whenever the id could be read."""
+    if not isinstance(payload, dict) or not valid_id(payload.get("id")):
+        return None
+    if "method" not in payload and ("result" in payload or "error" in payload):
+        return None
+    return payload["id"]
 
 
 class Refusal(Exception):
@@ -240,7 +229,7 @@ class PostStream:
 
     ``put`` is the ``send`` handed to :meth:`McpSession.receive`. A POST gets one reply (one
     request's, or one batch's array, bounded by the response cap or ``max_batch_bytes`` in
-    :class:`~mcpd.front.protocol.McpSession`): it is always queued, however far behind the client
+    :class:`~mcpd.front.mcp.session.McpSession`): it is always queued, however far behind the client
     is. Its progress notifications are dropped once the stream holds ``limit`` messages or
     ``limit_bytes`` bytes (``session_queue_size``, ``session_queue_bytes``: the client is behind,
     and progress is advisory), so a client reading a stream slowly is never cut for its own
@@ -490,15 +479,15 @@ class StreamableTransport:
         try:
             sid = one_header(request.headers, SESSION_HEADER, INVALID_REQUEST)
         except Refusal as exc:
-            return _rpc_error(exc.status, exc.code, exc.message, rid=rid)
+            return rpc_refusal(exc.status, exc.code, exc.message, rid=rid)
         if sid is None:
-            return _rpc_error(400, INVALID_REQUEST, f"{SESSION_HEADER} header required", rid=rid)
+            return rpc_refusal(400, INVALID_REQUEST, f"{SESSION_HEADER} header required", rid=rid)
         if not SESSION_ID_RE.fullmatch(sid):
-            return _rpc_error(400, INVALID_REQUEST, f"malformed {SESSION_HEADER}", rid=rid)
+            return rpc_refusal(400, INVALID_REQUEST, f"malformed {SESSION_HEADER}", rid=rid)
         user: McpUser = request.user
         session = self.manager.find(sid, user.principal, kind="mcp")
         if session is None:
-            return _rpc_error(404, INVALID_REQUEST, "no such session", rid=rid)
+            return rpc_refusal(404, INVALID_REQUEST, "no such session", rid=rid)
         session.last_active = time.monotonic()
         return session
 
@@ -510,9 +499,9 @@ class StreamableTransport:
         try:
             version = one_header(request.headers, VERSION_HEADER, INVALID_REQUEST)
         except Refusal as exc:
-            return _rpc_error(exc.status, exc.code, exc.message, rid=rid)
+            return rpc_refusal(exc.status, exc.code, exc.message, rid=rid)
         if version is not None and version not in SUPPORTED_VERSIONS:
-            return _rpc_error(400, INVALID_REQUEST, f"unsupported {VERSION_HEADER}: supported are "
+            return rpc_refusal(400, INVALID_REQUEST, f"unsupported {VERSION_HEADER}: supported are "
                               + ", ".join(SUPPORTED_VERSIONS), rid=rid)
         return None
 
@@ -527,7 +516,7 @@ class StreamableTransport:
         if isinstance(session, Response):
             return session
         if session.stream_open:
-            return _rpc_error(409, INVALID_REQUEST, "this session already has a GET stream")
+            return rpc_refusal(409, INVALID_REQUEST, "this session already has a GET stream")
         return SessionStream(session, self.manager, None, close_on_end=False)
 
     async def delete(self, request: Request) -> Response:
@@ -547,7 +536,7 @@ class StreamableTransport:
         try:
             payload = await read_json(request, self.cfg.max_body_bytes)
         except BodyRefused as exc:
-            return exc.response()
+            return exc.response(always_rpc=True)
         user: McpUser = request.user
         sid = request.headers.get(SESSION_HEADER)
         is_initialize = isinstance(payload, dict) and payload.get("method") == "initialize"
@@ -566,7 +555,7 @@ class StreamableTransport:
             try:
                 session = self.manager.open(user.principal, user.token, kind="mcp")
             except SessionRefused as exc:
-                return _rpc_error(exc.status, INVALID_REQUEST, exc.reason, rid=rid)
+                return rpc_refusal(exc.status, INVALID_REQUEST, exc.reason, rid=rid)
             opened = True
         else:
             found = self._session(request, rid)
@@ -590,7 +579,7 @@ class StreamableTransport:
             headers.pop(SESSION_HEADER)
         if not replies:
             if task is not None and task.cancelled() and session.closed:
-                return _rpc_error(404, INVALID_REQUEST, "session ended", headers, rid)
+                return rpc_refusal(404, INVALID_REQUEST, "session ended", rid, headers=headers)
             # (a request cancelled by notifications/cancelled gets no reply: 202, the session lives)
             return Response(status_code=202, headers=headers)
         return self._answer(replies[0], accepts, user.principal.name, session.id, headers)
@@ -598,17 +587,19 @@ class StreamableTransport:
     async def _stateless(self, request: Request, payload: Any, accepts: set[str], user: McpUser) -> Response:
         """One 2026-07-28 request: checked by :func:`check_modern`, run, answered; no session."""
         rid = request_id(payload)
-        if not isinstance(payload, dict) or not isinstance(payload.get("method"), str):
-            return _rpc_error(400, INVALID_REQUEST, "the body must be one JSON-RPC request or notification", rid=rid)
+        if not isinstance(payload, dict) or not isinstance(payload.get("method"), str) \
+                or payload.get("jsonrpc") != "2.0":
+            return rpc_refusal(400, INVALID_REQUEST, 'the body must be one JSON-RPC request or notification '
+                               '(jsonrpc "2.0", a string method)', rid=rid)
         if "id" not in payload:
             return Response(status_code=202)  # no client notification means anything over HTTP here
         try:
             check_modern(request.headers, payload)
         except Refusal as exc:
-            return ReplyResponse(error_reply(rid, exc.code, exc.message, exc.data), status_code=exc.status)
+            return rpc_refusal(exc.status, exc.code, exc.message, rid, exc.data)
         protocol = McpSession(self.manager.dispatcher, secrets.token_hex(16), _discard, modern=True)
         if not protocol.knows(payload["method"]):
-            return ReplyResponse(error_reply(rid, METHOD_NOT_FOUND, "method not found"), status_code=404)
+            return rpc_refusal(404, METHOD_NOT_FOUND, "method not found", rid)
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
         caller = Caller(user.principal, user.token, peer)
         if SSE_TYPE in accepts and _wants_progress(payload):

@@ -20,13 +20,21 @@ DEV_TOKEN_FILE = "dev-token"  # the development mode's plain token, in ``state_d
 #: gid: no process of the account matches its credentials until it is non-dumpable (docs/PRIVSEP.md,
 #: "A worker's start"); an account in this group gets no worker
 WORKER_START_GID = 65534
+NO_ID = 0xFFFFFFFF  # (uid_t) -1: setresuid() and setresgid() take it as "leave this id as it is"
+
+
+def plain_ids(*ids: int) -> bool:
+    """Whether every uid or gid in ``ids`` is a plain one: above 0 (root) and below :data:`NO_ID`
+    (which Python's ``pwd`` and ``grp`` give as -1). Root starts nothing as an account with
+    another id: a ``setresuid(-1, -1, -1)`` would leave the child root."""
+    return all(0 < i < NO_ID for i in ids)
 
 
 @dataclasses.dataclass(frozen=True)
 class RootSettings:
     """Paths and names from ``mcpd.yaml`` (top-level keys of the same names; ``pam_service`` is
-    ``login.pam_service``, ``tls_key`` is ``tls.key``). Relative paths are taken from the config
-    file's folder."""
+    ``login.pam_service``, ``tls_key`` is ``tls.key``, ``per_account`` is ``workers.per_account``).
+    Relative paths are taken from the config file's folder."""
 
     users_file: str = "/etc/mcpd/users.yaml"
     grants_file: str = "/etc/mcpd/mcp-sudo.yaml"
@@ -38,6 +46,7 @@ class RootSettings:
     pam_service: str = "mcpd"
     tls_key: str = "/etc/mcpd/tls/server.key"
     state_dir: str = "/var/lib/mcpd"
+    per_account: int = 4  # workers.per_account: root's own bound on one account's workers is 4 times it
 
     def private(self, config_path: str) -> tuple[str, ...]:
         """The daemon's own secrets root refuses to open whatever it is asked, as path prefixes (so
@@ -59,16 +68,17 @@ class RootSettings:
 
 def root_settings(data: Any, config_path: str) -> RootSettings:
     """Pick :class:`RootSettings` from a parsed ``mcpd.yaml`` mapping (``data``; anything else
-    counts as empty). Raises ``ValueError`` when one of them is not a string."""
+    counts as empty). Raises ``ValueError`` when one of them is not a string (``per_account``: an
+    integer)."""
     data = data if isinstance(data, dict) else {}
-    nested = {"pam_service": ("login", "pam_service"), "tls_key": ("tls", "key")}
-    base, found = os.path.dirname(os.path.realpath(config_path)), {}
+    nested = {"pam_service": ("login", "pam_service"), "tls_key": ("tls", "key"), "per_account": ("workers", "per_account")}
+    base, found = os.path.dirname(os.path.realpath(config_path)), dict[str, Any]()
     for f in dataclasses.fields(RootSettings):
         outer, key = nested.get(f.name, (None, f.name))
         where = data.get(outer) if outer else data
         if isinstance(where, dict) and key in where:
-            if not isinstance(where[key], str):
-                raise ValueError(f"{config_path}: {f.name}: expected a string")
+            if type(where[key]) is not type(f.default):
+                raise ValueError(f"{config_path}: {f.name}: expected {'a string' if f.type == 'str' else 'an integer'}")
             value = where[key]
-            found[f.name] = value if f.name in ("service_user", "pam_service") or not value else os.path.join(base, value)
+            found[f.name] = value if f.name in ("service_user", "pam_service", "per_account") or not value else os.path.join(base, value)
     return RootSettings(**found)
