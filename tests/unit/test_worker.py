@@ -423,7 +423,6 @@ def test_no_grace_for_a_granted_call_a_revoked_principal_or_a_zero_setting(sampl
     asyncio.run(main())
 
 
-
 # --------------------------------------------------------------------------- the privileged route's lease
 
 
@@ -481,6 +480,7 @@ def test_a_lease_past_its_time_ends_timeout_and_is_not_a_call_of_the_principal(s
                 assert result["text"] == "alpha\nbeta\r\ngamma"
 
     asyncio.run(main())
+
 
 # --------------------------------------------------------------------------- accounts, leaks, close
 
