@@ -36,7 +36,8 @@ from mcpd.common.config import load
 from mcpd.front.app import build_app
 from mcpd.front.auth import FileAuthenticator
 from mcpd.front.connguard import ConnectionCount, LeanFlowControl, Pipeline, StreamConnection, Waiters, guarded_protocol
-from mcpd.front.protocol import Dispatcher, McpSession
+from mcpd.front.mcp.dispatcher import Dispatcher
+from mcpd.front.mcp.session import McpSession
 from mcpd.front.transport.sse import SessionManager, SessionStream, SseSession
 
 pytestmark = pytest.mark.anyio

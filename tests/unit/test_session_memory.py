@@ -11,7 +11,7 @@ import time
 
 from mcpd.common.config import Config
 from mcpd.common.identity import Principal
-from mcpd.front.protocol import Dispatcher
+from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.transport.sse import TRIM_AFTER, TRIM_QUIET, SessionManager, SessionStream
 
 

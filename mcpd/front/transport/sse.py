@@ -39,7 +39,8 @@ from mcpd.front import metrics
 from mcpd.front.connguard import PIECE, UNSEEN
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.common.identity import Principal
-from mcpd.front.protocol import Caller, Dispatcher, McpSession
+from mcpd.front.mcp.dispatcher import Caller, Dispatcher
+from mcpd.front.mcp.session import McpSession
 
 if TYPE_CHECKING:
     from mcpd.front.connguard import StreamConnection
@@ -141,7 +142,7 @@ class SseSession:
     an idle session holds no task, timer or event of its own (its keep-alive comments come from
     the manager's one ticker, :meth:`SessionManager.keep_alive`).
 
-    Backpressure (the session is the :class:`~mcpd.front.protocol.Room` of its protocol): a request
+    Backpressure (the session is the :class:`~mcpd.front.mcp.session.Room` of its protocol): a request
     whose reply goes to this session's stream first takes room (:meth:`admit`) and gives it back
     with its reply (:meth:`deliver`). A session takes requests while what its client has not taken
     plus what the requests it took reserve is under ``queue_bytes``, and their number under

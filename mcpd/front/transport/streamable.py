@@ -23,7 +23,7 @@ Session era (protocol versions 2025-03-26 … 2025-11-25):
 
 Stateless era (2026-07-28): a POST whose ``_meta`` names a protocol version (or that carries no
 session and names an ``MCP-Protocol-Version`` outside the session era) is one self-contained
-request, served by a one-request :class:`~mcpd.front.protocol.McpSession` in modern mode, and no
+request, served by a one-request :class:`~mcpd.front.mcp.session.McpSession` in modern mode, and no
 session is minted. The body must be one object with ``jsonrpc`` ``"2.0"`` and a string ``method``
 (else ``400``, ``-32600``). Before it runs, :func:`check_modern` holds the headers against the body:
 ``_meta`` version and client capabilities present (``400``, ``-32602``), ``MCP-Protocol-Version``
@@ -32,7 +32,7 @@ equal to the ``_meta`` one, ``Mcp-Method`` equal to the method and ``Mcp-Name`` 
 (``400``, ``-32022`` listing them). An unknown method is ``404`` with ``-32601``. The client closing
 the response (a stream, or the connection of a JSON answer) cancels the request.
 
-The JSON-RPC handling is the same :class:`~mcpd.front.protocol.McpSession` as ``/sse``'s: each
+The JSON-RPC handling is the same :class:`~mcpd.front.mcp.session.McpSession` as ``/sse``'s: each
 POST hands its body over with its own ``send``, so the replies and progress of that POST come
 back on that POST's response. Authentication, the ``Origin`` check and the body cap are the same
 middleware and helpers as for ``/sse``.
@@ -60,9 +60,12 @@ from starlette.types import Receive, Scope, Send
 from mcpd.common.config import Config
 from mcpd.front import metrics
 from mcpd.front.connguard import DETACH, PIECE, UNSEEN
-from mcpd.front.protocol import (
-    HEADER_MISMATCH, INVALID_PARAMS, INVALID_REQUEST, META_CLIENT_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
-    MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION, Caller, McpSession, Message, valid_id,
+from mcpd.front.mcp.dispatcher import Caller
+from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, Message, valid_id
+from mcpd.front.mcp.session import McpSession
+from mcpd.front.mcp.versions import (
+    HEADER_MISMATCH, META_CLIENT_CAPABILITIES, META_VERSION, MODERN_VERSIONS, SUPPORTED_VERSIONS,
+    UNSUPPORTED_VERSION,
 )
 from mcpd.front.transport.accept import MalformedAccept, acceptable
 from mcpd.front.transport.body import BodyRefused, read_json, rpc_refusal
@@ -117,7 +120,7 @@ def _is_reply(msg: Any) -> bool:
 
 def request_id(payload: Any) -> Any:
     """The id an error answer to ``payload`` (a parsed POST body) carries: the id of a single
-    request object when it is a valid one (:func:`~mcpd.front.protocol.valid_id`), else ``None``
+    request object when it is a valid one (:func:`~mcpd.front.mcp.jsonrpc.valid_id`), else ``None``
     (a batch, a notification, an invalid id, a client response: an object with no ``method`` and a
     ``result`` or ``error``, whose id names no request of the client's), as JSON-RPC 2.0 wants
     whenever the id could be read."""
@@ -226,7 +229,7 @@ class PostStream:
 
     ``put`` is the ``send`` handed to :meth:`McpSession.receive`. A POST gets one reply (one
     request's, or one batch's array, bounded by the response cap or ``max_batch_bytes`` in
-    :class:`~mcpd.front.protocol.McpSession`): it is always queued, however far behind the client
+    :class:`~mcpd.front.mcp.session.McpSession`): it is always queued, however far behind the client
     is. Its progress notifications are dropped once the stream holds ``limit`` messages or
     ``limit_bytes`` bytes (``session_queue_size``, ``session_queue_bytes``: the client is behind,
     and progress is advisory), so a client reading a stream slowly is never cut for its own
