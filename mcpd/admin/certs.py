@@ -1,4 +1,5 @@
-"""Private CA and server certificates for the TLS listener (SPEC §1.1), built with ``cryptography``.
+"""Private CA and server certificates for the TLS listener (docs/REFERENCE.md §1.1), built with
+``cryptography``.
 
 ``mcpd certs`` and the development mode call :func:`make_pki`. The CA key never leaves the
 state folder (mode 0600); nothing here is ever committed to git.

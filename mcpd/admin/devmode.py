@@ -1,55 +1,39 @@
-"""``mcpd dev``: a working daemon on 127.0.0.1 in one command (SPEC §1.1, §5.1; issue "two commands").
+"""``mcpd dev``: a working daemon on 127.0.0.1 in one command (docs/REFERENCE.md §1.1, §5.1).
 
-The state folder (default ``./dev-state``, mode 0700) holds::
+The state folder (default ``./dev-state``, mode 0700) holds the private CA and a certificate for
+localhost/127.0.0.1/::1, ``mcpd.yaml`` (paths relative to the folder; no root helper unless run
+as root), ``users.yaml`` (principal ``dev`` → the current OS account), the grants and audit
+paths, ``dev-token`` (the plain token, 0600, so a restart keeps it) and ``dev.lock`` (held while
+this folder's ``mcpd dev`` runs).
 
-    ca.crt ca.key server.crt server.key   private CA and a certificate for localhost/127.0.0.1/::1
-    mcpd.yaml                             listen 127.0.0.1:PORT, paths relative here; no root helper
-                                          unless run as root (mcpd/devroot.py then sets helper_socket)
-    users.yaml                            principal ``dev`` → the current OS account, mode 0600
-    mcp-sudo.yaml, audit.jsonl            grants and audit paths (used by the root helper, as root)
-
-    dev-token                             the plain ``dev`` token (0600), so a restart keeps it
-    dev.lock                              held (flock) while this folder's `mcpd dev` runs
-
-Before it changes anything, ``mcpd dev`` checks that the port is free on 127.0.0.1 and takes the
-folder's lock: a second start on a busy port or folder refuses (exit 75) and leaves the running
-instance, its files and its token untouched. Re-running keeps the folder, the CA (clients keep
-trusting it) and the ``dev`` token (exports in another shell keep working); ``--new-token``
-revokes it and issues a fresh one. The command prints the ``export`` lines for ``linuxctl``, a
-hint, and whether privileged calls are on (root: the root helper runs, and is restarted if it
-dies) or off, then runs the server in the foreground until Ctrl-C.
-
-It stops on SIGINT (also when started with it ignored, as an asynchronous command of a script
-is), SIGTERM or SIGHUP (a closed terminal), and nothing it started outlives it, however it ends:
-not root, the front runs in this process and its workers die with it (their parent-death
-signal); as root, see :mod:`mcpd.admin.devroot`.
+Before it changes anything it checks that the port is free and takes the folder's lock: a second
+start on a busy port or folder refuses (exit 75) and leaves the running one untouched. It prints
+the ``export`` lines for ``linuxctl`` and whether privileged calls are on, then serves until
+SIGINT, SIGTERM or SIGHUP. Not root, the front runs in this process and its workers die with it;
+as root, :mod:`mcpd.admin.devroot` takes over. The run's records and start-up lines are in
+:mod:`mcpd.admin.devstate`, its stop signals in :mod:`mcpd.admin.devstop`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
+import pwd
+import signal
 import socket
 import stat
-import pwd
-import shlex
-import signal
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
-from typing import TextIO
 
 import yaml
 
-from mcpd.admin import certs
+from mcpd.admin import certs, devroot
+from mcpd.admin.devstate import DEV_PRINCIPAL, DevState, print_exports, print_privileged
+from mcpd.admin.devstop import DevStop, stop_signals
 from mcpd.common import config
 from mcpd.common import identity
 
-DEV_PRINCIPAL = "dev"
 DEV_HOSTS = ["localhost", "127.0.0.1", "::1"]
 LISTEN_HOST = "127.0.0.1"
 TOKEN_FILE = config.DEV_TOKEN_FILE
@@ -59,46 +43,6 @@ EXIT_BUSY = 75  # EX_TEMPFAIL (sysexits.h): another instance holds the port or t
 
 class DevBusy(Exception):
     """The port or the state folder is in use; nothing was changed."""
-
-
-class DevStop(BaseException):
-    """A stop signal (SIGINT, SIGTERM, SIGHUP) reached ``mcpd dev``; ``args[0]`` is its number."""
-
-
-@contextlib.contextmanager
-def stop_signals(on_hangup: Callable[[], None] | None = None) -> Iterator[None]:
-    """While inside, the first SIGINT, SIGTERM or SIGHUP raises :class:`DevStop` in the main
-    thread (SIGHUP calls ``on_hangup`` instead when given); while that stop runs, another SIGINT
-    or SIGTERM ends the process at once (exit 128 + the signal's number: the kernel then ends its
-    children, see :mod:`mcpd.admin.devroot`), another SIGHUP is ignored (a closed terminal may
-    send two: the kernel's and the shell's).
-
-    SIGINT is caught even when this process started with it ignored (an asynchronous command of
-    a non-interactive shell, ``mcpd dev &`` in a script, inherits it ignored), so it always
-    stops ``mcpd dev``; SIGHUP stays ignored when it was (``nohup``). The previous handlers come
-    back on leaving."""
-    stopping: list[int] = []
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGHUP and on_hangup is not None:
-            on_hangup()
-            return
-        if stopping:
-            if signum != signal.SIGHUP:
-                os._exit(128 + signum)
-            return
-        stopping.append(signum)
-        raise DevStop(signum)
-
-    caught = [signal.SIGINT, signal.SIGTERM]
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
-        caught.append(signal.SIGHUP)
-    previous = {sig: signal.signal(sig, stop) for sig in caught}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def check_port_free(port: int, host: str = LISTEN_HOST) -> None:
@@ -138,17 +82,6 @@ def lock_state_folder(state_dir: Path) -> int:
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
-
-
-@dataclass(frozen=True)
-class DevState:
-    """What :func:`prepare` made: absolute paths, the server URL and the fresh plain token."""
-
-    state_dir: Path
-    config_path: Path
-    cacert: Path
-    url: str
-    token: str
 
 
 def current_account() -> str:
@@ -229,26 +162,6 @@ def _saved_token(path: Path, users: dict[str, identity.UserRecord]) -> str | Non
     return saved if principal is not None and principal.name == DEV_PRINCIPAL else None
 
 
-def print_privileged(on: bool, state: DevState, out: TextIO) -> None:
-    """Say whether privileged calls (``--privileged``) are on: as root, with the root helper, or off."""
-    if on:
-        out.write(f"# privileged calls: ON (running as root: the root helper decides them from "
-                  f"{state.state_dir / 'mcp-sudo.yaml'}, and is restarted if it dies)\n")
-    else:
-        out.write("# privileged calls: OFF (not root: no root helper, so --privileged answers HELPER_UNAVAILABLE; "
-                  "run `mcpd dev` as root to turn them on)\n")
-    out.flush()
-
-
-def print_exports(state: DevState, out: TextIO) -> None:
-    """Print the three ``export`` lines and the one-line hint (the token is shown here only)."""
-    out.write(f"export MCPD_URL={state.url}\n")
-    out.write(f"export MCP_TOKEN={state.token}\n")
-    out.write(f"export MCPD_CACERT={shlex.quote(str(state.cacert))}\n")
-    out.write("# then try: linuxctl get files /etc/hosts\n")
-    out.flush()
-
-
 def check_root_state_folder(state_dir: Path) -> None:
     """As root, refuse a state folder that root does not own or that another account can change:
     the folder (when it exists) and every folder above it must be root's and not writable by
@@ -317,6 +230,4 @@ def _run_locked(state_dir: Path, port: int, new_token: bool, metrics_port: int =
 
 
 def _run_as_root(state: DevState) -> int:
-    from mcpd.admin import devroot
-
     return devroot.run(state, sys.stdout, sys.stderr)

@@ -1,21 +1,8 @@
 """``mcpd dev`` run as root: the root helper, the front as the service user (docs/PRIVSEP.md).
 
-:func:`mcpd.admin.devmode.run` hands over to :func:`run`, which calls :func:`setup_root_state`,
-starts the root helper (:func:`spawn_helper`) and runs the front beside it (:func:`supervise`).
-
-The helper and the front are this process's children, each in its own session (the terminal's
-signals reach only ``mcpd dev``), and the development tree ends with ``mcpd dev`` however it ends:
-
-- SIGINT (even when inherited ignored, as in ``mcpd dev &`` from a script), SIGTERM and SIGHUP
-  (a closed terminal) stop it in order: the front (uvicorn's graceful stop), then the helper (which
-  stops the policy process first), each SIGKILLed after :data:`STOP_SECONDS`;
-- when it dies without that chance (SIGKILL, a crash, a second SIGINT or SIGTERM while it
-  stops), the kernel SIGKILLs the helper and the front, which were started with a parent-death
-  signal (:func:`die_with_this_process`); the policy process dies with the helper (its own
-  parent-death signal), the fork server ends when the helper's socket closes, and the workers
-  die with the fork server (theirs), so the port and the folder's lock are free at once.
-
-As root the state folder becomes::
+:func:`run` makes the state folder fit for privilege separation (:func:`setup_root_state`),
+installs the PAM service when the host has none, then runs the helper and the front
+(:mod:`mcpd.admin.devsupervisor`). The folder becomes::
 
     <state>/                 0751 root:mcpd   the front may enter and list; the policy enter
       mcpd.yaml              0640 root:mcpd   helper_socket run/helper.sock, audit in audit/
@@ -27,56 +14,36 @@ As root the state folder becomes::
       helper/                0700 mcpd-policy login tokens and lockout (made by the helper)
       root-only/secret.txt   0600 root        (folder 0700 root) the example's sample file
 
-Accounts are created when missing, as system accounts without a login shell: ``mcpd`` (the
-service user the helper accepts on its socket), ``mcpd-policy`` (the policy process),
-``mcpd-walk`` (privileged list/find walkers) and ``mcpd-dev``.
+Missing accounts are created (system accounts, no login shell): ``mcpd`` (the service user),
+``mcpd-policy`` (the policy process), ``mcpd-walk`` (privileged list/find walkers), ``mcpd-dev``.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pwd
-import select
 import signal
 import stat
 import subprocess
-import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import yaml
 
+from mcpd.admin.devstate import (
+    DEV_ACCOUNT, DEV_PRINCIPAL, SERVICE_USER, DevRootError, DevState, RootSetup, print_exports, print_privileged,
+    print_routes,
+)
+from mcpd.admin.devstop import DevStop, stop_signals
+from mcpd.admin.devsupervisor import say, spawn_helper, stop_process, supervise
 from mcpd.common import config
 from mcpd.common import identity
-from mcpd.admin.devmode import DEV_PRINCIPAL, DevState, DevStop, print_exports, print_privileged, stop_signals
+from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml
 
-SERVICE_USER = "mcpd"
-DEV_ACCOUNT = "mcpd-dev"
 NOLOGIN = "/usr/sbin/nologin"
-HELPER_START_SECONDS = 30.0
-STOP_SECONDS = 15.0
 SAMPLE_TEXT = "only root can read this file; the dev principal reads it through its grant\n"
 _LOCK_RETRIES = 40
-
-
-class DevRootError(Exception):
-    """An account could not be created, or the root helper did not start."""
-
-
-@dataclass(frozen=True)
-class RootSetup:
-    """What :func:`setup_root_state` made (absolute paths)."""
-
-    config_path: Path
-    socket_path: Path
-    helper_log: Path
-    sample_file: Path
-    service: pwd.struct_passwd
-    dev_account: pwd.struct_passwd
 
 
 def ensure_system_account(name: str) -> pwd.struct_passwd:
@@ -154,6 +121,7 @@ def setup_root_state(state: DevState) -> RootSetup:
     Raises:
         DevRootError: an account could not be created.
         OSError: the folder cannot be changed.
+        ConfigFileError: ``mcpd.yaml`` breaks the strict YAML rules (a duplicate or merge key ...).
         identity.UsersFileError: ``users.yaml`` is malformed.
     """
     folder: Path = state.state_dir
@@ -178,7 +146,7 @@ def setup_root_state(state: DevState) -> RootSetup:
         sample.write_text(SAMPLE_TEXT)
     _own(sample, 0, 0, 0o600)
 
-    cfg_data = yaml.safe_load(state.config_path.read_text()) or {}
+    cfg_data = _read_mapping(state.config_path)
     cfg_data.update(helper_socket="run/helper.sock", audit_log="audit/audit.jsonl", helper_state_dir="helper",
                     service_user=SERVICE_USER, access_log="front/access.jsonl")
     with open(state.config_path, "w", encoding="utf-8") as f:
@@ -206,169 +174,24 @@ def setup_root_state(state: DevState) -> RootSetup:
                      helper_log=folder / "helper.log", sample_file=sample, service=service, dev_account=dev)
 
 
-def _stop(proc: subprocess.Popen[bytes], sig: int) -> int:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=STOP_SECONDS)
-    return proc.returncode
-
-
-RESTART_DELAY_SECONDS = 1.0  # as systemd's RestartSec= would wait (the unit says 2 s)
-RESTART_BURST = 5  # at most this many restarts ...
-RESTART_WINDOW_SECONDS = 60.0  # ... in this many seconds, then give up (systemd's StartLimitBurst)
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def die_with_this_process() -> Callable[[], None]:
-    """A ``preexec_fn`` for :class:`subprocess.Popen`: the child gets SIGKILL from the kernel when
-    the calling process ends, however it ends (``PR_SET_PDEATHSIG``).
-
-    The kernel sends it when the *thread* that started the child ends, so call ``Popen`` from the
-    main thread only. ``Popen`` runs the function after its uid and gid change (which would clear
-    the signal) and before ``exec`` (which keeps it for a program that is not set-uid); a child
-    whose parent already ended (``getppid`` is no longer the caller) exits at once. Raises
-    ``OSError`` in the child (``Popen`` then raises ``SubprocessError``) when ``prctl`` fails.
-    """
-    parent = os.getpid()
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
-
-    def arm() -> None:
-        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-        if os.getppid() != parent:  # it ended before the line above took effect
-            os._exit(1)
-
-    return arm
-
-
-def _say(err: TextIO, text: str) -> None:
-    """Write one line on ``err``, ignoring a terminal that has gone away."""
-    try:
-        err.write(text + "\n")
-        err.flush()
-    except (OSError, ValueError):
-        pass
-
-
-def spawn_helper(setup: RootSetup) -> subprocess.Popen[bytes]:
-    """Start ``mcpd helper`` (root) with its log in ``<state>/helper.log``, in its own session (the
-    terminal's signals reach only ``mcpd dev``), killed by the kernel if ``mcpd dev`` ends
-    (:func:`die_with_this_process`); wait until its socket is there (mode 0660). Call from the
-    main thread.
+def _read_mapping(path: Path) -> dict[str, Any]:
+    """``path``'s YAML mapping, read with the one strict loader, as plain ``dict``/``list`` values
+    (what ``yaml.safe_dump`` writes back).
 
     Raises:
-        DevRootError: the helper exited, or its socket did not appear within
-            :data:`HELPER_START_SECONDS` seconds.
+        ConfigFileError: not one YAML document, a duplicate or merge key, or not a mapping.
     """
-    setup.socket_path.unlink(missing_ok=True)  # a previous helper's socket must not look ready
-    with open(setup.helper_log, "ab") as log:
-        os.fchmod(log.fileno(), 0o600)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mcpd.admin.cli", "helper", "--config", str(setup.config_path)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=setup.config_path.parent,
-            start_new_session=True, preexec_fn=die_with_this_process(),
-        )
-    try:
-        deadline = time.monotonic() + HELPER_START_SECONDS
-        while True:
-            try:
-                st = os.lstat(setup.socket_path)
-                if stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660:
-                    return proc
-            except FileNotFoundError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise DevRootError(f"the root helper did not start (exit {proc.poll()}); see {setup.helper_log}")
-            time.sleep(0.05)
-    except BaseException:
-        _stop(proc, signal.SIGTERM)
-        raise
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return [plain(v) for v in value] if isinstance(value, list) else value
 
-
-def spawn_front(state: DevState) -> subprocess.Popen[bytes]:
-    """Start ``mcpd serve`` as the service user (uid, gid, no supplementary groups) in its own
-    session, killed by the kernel if ``mcpd dev`` ends (:func:`die_with_this_process`). Its
-    stdout and stderr are this process's. Call from the main thread."""
-    service = pwd.getpwnam(SERVICE_USER)
-    return subprocess.Popen(
-        [sys.executable, "-m", "mcpd.front.server", "--config", str(state.config_path)],
-        stdin=subprocess.DEVNULL, cwd=state.state_dir, start_new_session=True,
-        user=service.pw_uid, group=service.pw_gid, extra_groups=[],
-        env={"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": "/"},
-        preexec_fn=die_with_this_process(),
-    )
-
-
-class _Child:
-    """A child process and its pidfd (readable once it has exited), for ``select``."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-        self.fd = os.pidfd_open(proc.pid)
-
-    def fileno(self) -> int:
-        return self.fd
-
-    def reap(self) -> int:
-        """Wait for the process (it has exited, or is being stopped) and close the pidfd."""
-        code = self.proc.wait()
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        return code
-
-
-def supervise(state: DevState, setup: RootSetup, helper: subprocess.Popen[bytes], err: TextIO = sys.stderr) -> int:
-    """Run the front (:func:`spawn_front`) and keep the root helper ``helper`` running, in this
-    process's main thread, until the front exits (its code) or a :class:`DevStop` arrives (0 once
-    the front stopped cleanly). As systemd would in production, a helper that exits is started
-    again after :data:`RESTART_DELAY_SECONDS`, except after exit 78 (a broken configuration) or
-    more than :data:`RESTART_BURST` restarts in :data:`RESTART_WINDOW_SECONDS`; each restart is
-    said on ``err``. On leaving, the front then the helper get SIGTERM and, after
-    :data:`STOP_SECONDS`, SIGKILL; should this process die first, the kernel kills both."""
-    children = {"helper": _Child(helper)}
-    restarts: list[float] = []
-    restart_at: float | None = None
-    try:
-        front = children["front"] = _Child(spawn_front(state))
-        while True:
-            timeout = None if restart_at is None else max(0.0, restart_at - time.monotonic())
-            ready = select.select(list(children.values()), [], [], timeout)[0]
-            if front in ready:
-                return front.reap()
-            if "helper" in children and children["helper"] in ready:
-                code = children.pop("helper").reap()
-                now = time.monotonic()
-                restarts = [t for t in restarts if now - t < RESTART_WINDOW_SECONDS] + [now]
-                if code == config.EXIT_CONFIG:
-                    _say(err, f"# the root helper exited {code} (configuration); not restarted, see {setup.helper_log}")
-                elif len(restarts) > RESTART_BURST:
-                    _say(err, f"# the root helper died {len(restarts)} times in {RESTART_WINDOW_SECONDS:g} s; "
-                              f"not restarted again, see {setup.helper_log}")
-                else:
-                    _say(err, f"# the root helper exited ({code}); restarting it in {RESTART_DELAY_SECONDS:g} s")
-                    restart_at = now + RESTART_DELAY_SECONDS
-            elif restart_at is not None and time.monotonic() >= restart_at:
-                restart_at = None
-                try:
-                    children["helper"] = _Child(spawn_helper(setup))
-                    _say(err, f"# the root helper runs again (pid {children['helper'].proc.pid})")
-                except DevRootError as exc:
-                    _say(err, f"# {exc}")
-    except DevStop:
-        if "front" not in children:
-            return 0
-        code = _stop(children["front"].proc, signal.SIGTERM)  # uvicorn's graceful stop
-        return 0 if code in (0, -signal.SIGTERM) else code
-    finally:
-        for name in ("front", "helper"):  # the front first: it stops taking calls
-            if name in children:
-                _stop(children[name].proc, signal.SIGTERM)
-                children[name].reap()
+    data = parse_strict_yaml(path.read_text(encoding="utf-8"), str(path))
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigFileError([f"{path}: the top level must be a mapping"])
+    return plain(data)  # type: ignore[no-any-return]
 
 
 PAM_SERVICE = Path("/etc/pam.d/mcpd")
@@ -395,24 +218,14 @@ def ensure_pam_service(err: TextIO, target: Path = PAM_SERVICE, shipped: Path = 
     return True
 
 
-def print_routes(state: DevState, out: TextIO) -> None:
-    """Print one line showing the ordinary and the privileged route to the example's sample file."""
-    sample = state.state_dir / "root-only" / "secret.txt"
-    out.write(f"# the dev token reads as OS account {DEV_ACCOUNT}; a root-only file shows both routes:\n"
-              f"#   linuxctl get files {sample}               -> PERMISSION_DENIED\n"
-              f"#   linuxctl get files --privileged {sample}  -> its content (grant in mcp-sudo.yaml, audited)\n")
-    out.flush()
-
-
 def run(state: DevState, out: TextIO, err: TextIO) -> int:
     """``mcpd dev`` as root, after :func:`mcpd.admin.devmode.prepare`: make the folder fit for
     privilege separation (:func:`setup_root_state`), start the root helper, print the start-up
-    text on ``out`` and :func:`supervise` the helper and the front until a stop signal
-    (:func:`stop_signals`) or the front's exit. Returns the exit code: 78 when the setup or the
-    helper's start fails, 0 after a stop signal, else the front's.
-
-    Every child is started from this thread with :func:`die_with_this_process`, so none outlives
-    this process, whether it stops in order or is killed."""
+    text on ``out`` and :func:`~mcpd.admin.devsupervisor.supervise` the helper and the front
+    until a stop signal (:func:`~mcpd.admin.devstop.stop_signals`) or the front's exit. Returns
+    the exit code: 78 when the setup or the helper's start fails, 0 after a stop signal, else the
+    front's. Every child is started from this thread with a parent-death signal, so none
+    outlives this process, whether it stops in order or is killed."""
     helper: subprocess.Popen[bytes] | None = None
     with stop_signals():
         try:
@@ -421,7 +234,7 @@ def run(state: DevState, out: TextIO, err: TextIO) -> int:
                 ensure_pam_service(err)
                 helper = spawn_helper(setup)
             except Exception as exc:  # an account, the folder, the users file, or the helper's start
-                _say(err, f"mcpd dev: {exc}")
+                say(err, f"mcpd dev: {exc}")
                 return config.EXIT_CONFIG
             print_exports(state, out)
             print_routes(state, out)
@@ -431,5 +244,5 @@ def run(state: DevState, out: TextIO, err: TextIO) -> int:
             return 0
         finally:
             if helper is not None and helper.returncode is None:  # supervise did not reap it
-                _stop(helper, signal.SIGTERM)
+                stop_process(helper, signal.SIGTERM)
 

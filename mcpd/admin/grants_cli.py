@@ -1,28 +1,15 @@
-"""``mcpd grants``: operator commands for ``mcp-sudo.yaml``; they show every rule kind the
-daemon enforces (``allowed``, ``paths``, ``deny``, ``expires``, ``reauth_after`` and the fixed
-deny of the daemon's own secrets).
+"""``mcpd grants``: the operator commands for ``mcp-sudo.yaml`` (docs/REFERENCE.md §4.5).
 
-* ``mcpd grants check [FILE] [--strict]`` — like ``visudo -c``: exit 0 and ``FILE: parsed OK``,
-  or exit 1 with one ``file:line: message`` per problem on stderr. Warnings on stderr (exit 0;
-  exit 1 with ``--strict``): a subject that is no OS account or group, an expired rule, a
-  ``paths`` entry every path of which is denied (by its rule's ``deny`` or the fixed deny), an
-  entry no request path can match, and a grant of everything (an entry covering ``/``).
-* ``mcpd grants list --user U`` — like ``sudo -l -U U``: every rule that applies to U, directly or
-  through its OS groups, with its paths, deny entries, expiry and ``reauth_after``, then the
-  fixed deny, which no grant overrides.
-* ``mcpd grants test --user U --tool T --path P [--login-age D [--login-used]]`` — decides one
-  call with the daemon's own decision function (:func:`mcpd.policy.grants.decide`), as a static
-  ``users.yaml`` token or, with ``--login-age``, as a token of a password login that long ago;
-  then, for a path that exists on this host, predicts what root's opener will refuse (symlink in
-  path, several hard links, not a regular file or directory, path changed) by looking at it as
-  the opener would. Exit 0 when the call would be served, 1 when not.
-* ``mcpd grants export [--json]`` — the whole policy, as text or JSON.
+``check`` (like ``visudo -c``, with lint warnings), ``list --user U`` (like ``sudo -l -U U``),
+``test`` (one call decided by the daemon's own :func:`mcpd.policy.grants.decide`, then root's
+opener predicted) and ``export`` (text or JSON). The grants file and the fixed deny come from
+``mcpd.yaml`` (``--config``, default ``/etc/mcpd/mcpd.yaml`` when it exists) as the daemon
+computes them; a broken file makes ``list``, ``test`` and ``export`` exit 78. Text from the file
+or the command line goes through :func:`mcpd.common.printable.printable`.
 
-The grants file defaults to ``mcpd.yaml``'s ``grants_file`` (``--config``, default
-``/etc/mcpd/mcpd.yaml`` when it exists), else the built-in defaults; the fixed deny is computed
-from the same configuration, as the daemon does. A broken grants file makes ``list``, ``test``
-and ``export`` exit 78 (configuration error). Text from the file or the command line (paths,
-names) is shown through :func:`mcpd.common.printable.printable`; JSON is JSON.
+Rules are shown by :mod:`mcpd.admin.grants_view`; the opener is predicted by
+:mod:`mcpd.admin.opener_check`. The options and loading here (``--file``, ``--config``,
+``--any-owner``, :func:`_load`) are shared with ``mcpd grants at`` and ``mcpd audit``.
 """
 
 from __future__ import annotations
@@ -33,29 +20,22 @@ import grp
 import json
 import os
 import pwd
-import stat
 import sys
 from typing import Any
 
 import click
 
+from mcpd.admin.grants_view import duration_text, policy_to_dict, reauth_text, rule_lines
+from mcpd.admin.opener_check import predict_open
 from mcpd.common import config as mcpd_config
-from mcpd.helper.wire.filekind import kind as file_kind
-from mcpd.helper.wire.openrules import CHANGED, NOT_DIR, NOT_REGULAR, SYMLINK, refusal
-from mcpd.helper.wire.pathmatch import components
 from mcpd.common.printable import printable
 from mcpd.policy.entries import entry_covers_root
 from mcpd.policy.grants import (
-    REAUTH, SECRET, TOOLS, Decision, Policy, PolicyError, Rule, decide, is_secret, lint_policy, load_policy, os_groups,
-    parse_duration, secret_paths, utcnow,
+    REAUTH, TOOLS, Decision, Policy, PolicyError, decide, lint_policy, load_policy, os_groups, parse_duration,
+    secret_paths, utcnow,
 )
 
-_FMT = "%Y-%m-%dT%H:%M:%SZ"
 DEFAULT_CONFIG = "/etc/mcpd/mcpd.yaml"
-#: what root's opener needs of the inode, per tool: files/read a regular file, files/filetype any
-#: kind (a regular file with one link), files/find a directory, files/list a directory or one
-#: entry described alone
-OPEN_WANT = {"files/read": "file", "files/filetype": "any", "files/find": "dir", "files/list": "list"}
 
 
 def _defaults(config_path: str | None) -> mcpd_config.Config:
@@ -126,109 +106,10 @@ def _now(text: str | None, param: str = "--now") -> datetime.datetime:
     return now
 
 
-def duration_text(seconds: float) -> str:
-    """A ``reauth_after`` window as the file writes it: ``0``, ``45s``, ``5m``, ``1h``."""
-    whole = int(seconds)
-    if whole == 0:
-        return "0"
-    unit = next((u for u, n in (("h", 3600), ("m", 60)) if whole % n == 0), "s")
-    return f"{whole // {'h': 3600, 'm': 60, 's': 1}[unit]}{unit}"
-
-
-def reauth_text(seconds: float) -> str:
-    """What a ``reauth_after`` window asks of a caller, in words."""
-    if seconds == 0:
-        return ("reauth_after 0: every call needs a password login of its own (linuxctl login): one call "
-                "per login; a users.yaml token never qualifies")
-    return (f"reauth_after {duration_text(seconds)}: a call needs a password login (linuxctl login) at most "
-            f"{duration_text(seconds)} old; a users.yaml token never qualifies")
-
-
-def rule_lines(policy: Policy, rule: Rule, now: datetime.datetime, head: str, indent: str) -> list[str]:
-    """The readable lines of one rule: ``head (state, expires, reauth_after, file:line)``, then its
-    ``path`` and ``deny`` entries and what its ``reauth_after`` asks, each escaped."""
-    state = "expired" if rule.allowed and rule.expired(now) else "allowed" if rule.allowed else "not allowed"
-    facts = [state] + ([f"expires {rule.expires.strftime(_FMT)}"] if rule.expires else [])
-    facts += [f"reauth_after {duration_text(rule.reauth_after)}"] if rule.reauth_after is not None else []
-    lines = [f"{head} ({', '.join(facts)}, {policy.source}:{rule.line})"]
-    lines += [f"{indent}path {e.text} ({policy.source}:{e.line})" for e in rule.paths]
-    lines += [f"{indent}deny {e.text} ({policy.source}:{e.line})" for e in rule.deny]
-    lines += [f"{indent}{reauth_text(rule.reauth_after)}"] if rule.reauth_after is not None else []
-    return [printable(line) for line in lines]
-
-
 def _fixed_deny(policy: Policy) -> None:
     click.echo("Fixed deny (the daemon's own secrets, never served whatever a grant says):")
     for secret in policy.secrets:
         click.echo(printable(f"  deny {secret}"))
-
-
-def rule_to_dict(rule: Rule) -> dict[str, Any]:
-    """The JSON shape of one rule: ``allowed``, ``paths``, ``deny``, ``expires`` (ISO 8601 UTC or
-    null), ``reauth_after`` (seconds, an integer, or null) and ``line``."""
-    return {
-        "allowed": rule.allowed,
-        "paths": [e.text for e in rule.paths],
-        "deny": [e.text for e in rule.deny],
-        "expires": rule.expires.strftime(_FMT) if rule.expires else None,
-        "reauth_after": None if rule.reauth_after is None else int(rule.reauth_after),
-        "line": rule.line,
-    }
-
-
-def policy_to_dict(policy: Policy) -> dict[str, Any]:
-    """The JSON shape of a policy: ``users`` and ``groups`` mirroring the YAML file, and
-    ``fixed_deny``, the daemon's own secrets (:attr:`Policy.secrets`)."""
-    def subjects(table: dict[str, dict[str, Rule]]) -> dict[str, Any]:
-        return {
-            name: {"privileged": {"tools": {t: rule_to_dict(r) for t, r in sorted(rules.items())}}}
-            for name, rules in sorted(table.items())
-        }
-
-    return {"users": subjects(policy.users), "groups": subjects(policy.groups), "fixed_deny": list(policy.secrets)}
-
-
-def predict_open(policy: Policy, path: str, tool: str, follow: bool) -> str | None:
-    """Why root's opener would refuse the granted ``path`` for ``tool`` as the host is now, or
-    ``None`` when it would open it; the same checks, made with ``lstat`` (so nothing is opened
-    but an ``O_PATH`` descriptor, which runs no driver and reads nothing).
-
-    Args:
-        policy: the grants (for the fixed deny checked on a followed path's real path).
-        path: the decided path (cleaned, absolute).
-        tool: one of :data:`OPEN_WANT`.
-        follow: the grant covers ``/`` (symlinks are followed; the real path is checked instead).
-    Returns:
-        the opener's reason (``symlink in path``, ``file has several hard links``, ``path changed
-        while opening``, ``not a regular file (fifo)``, ``not a directory (regular file)``, the
-        fixed deny's), or ``None``.
-    Raises:
-        FileNotFoundError, NotADirectoryError: nothing is there to judge.
-        OSError: the path could not be looked at (``PermissionError`` when not run as root).
-    """
-    want = OPEN_WANT[tool]
-    if follow:
-        st = os.stat(path)
-        if tool in ("files/read", "files/filetype") and is_secret(policy, os.path.realpath(path)):
-            return SECRET
-    else:
-        prefix, st = "", os.lstat("/")
-        for part in components(path):
-            prefix += "/" + part
-            st = os.lstat(prefix)
-            if stat.S_ISLNK(st.st_mode):
-                return SYMLINK
-        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            now, real = os.fstat(fd), os.readlink(f"/proc/self/fd/{fd}")
-        finally:
-            os.close(fd)
-        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or real != path:
-            return CHANGED
-    why = refusal(st.st_mode, st.st_nlink, "dir" if want == "list" else want)
-    if want == "list" and why == NOT_DIR:
-        return None  # a path that is not a directory is described alone
-    return f"{why} ({file_kind(st.st_mode)})" if why in (NOT_DIR, NOT_REGULAR) else why
 
 
 _file_option = click.option("--file", "grants_file", default=None, type=click.Path(dir_okay=False),

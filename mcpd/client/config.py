@@ -1,28 +1,17 @@
-"""linuxctl's connection settings: flags, environment, and the config file with contexts (issue 14).
+"""linuxctl's connection settings: flags, environment, and the config file with contexts.
 
-The config file is ``$XDG_CONFIG_HOME/linuxctl/config.yaml`` (default
-``~/.config/linuxctl/config.yaml``); every key is optional::
+The file is ``$XDG_CONFIG_HOME/linuxctl/config.yaml`` (default ``~/.config/linuxctl/config.yaml``);
+every key is optional::
 
     current-context: prod          # the context used when --context / MCPD_CONTEXT is not given
     contexts:                      # one entry per server, like kubectl's contexts
-      prod:
-        url: https://files.example.com:9091
-        cacert: /etc/ssl/mcpd-prod-ca.crt
-      staging:
-        url: https://staging.example.com:9091
-        cacert: /etc/ssl/mcpd-staging-ca.crt
-        token: mcpd_...            # a file holding a token must be chmod 600
+      prod: {url: "https://files.example.com:9091", cacert: /etc/ssl/mcpd-prod-ca.crt}
+      staging: {url: "https://staging:9091", token: mcpd_...}   # a file with a token: chmod 600
     cacert: /etc/ssl/our-ca.crt    # top-level url/token/cacert: defaults for every context
 
-Precedence, for each of url, token and cacert:
-
-* with an explicit context (``--context NAME`` or ``MCPD_CONTEXT``): command-line flags, then the
-  context, then the environment (``MCPD_URL``, ``MCP_TOKEN``, ``MCPD_CACERT``), then the file's
-  top-level keys. An explicit context thus beats the exports of another shell's server, while a
-  token from ``linuxctl login`` (``MCP_TOKEN``) still fills a context that has none.
-* without one: flags, the environment, then ``current-context`` when set, then the top level.
-
-A missing file is an empty one. Errors are :class:`~mcpd.client.api.UsageError` (exit 2).
+Which source wins for each of url, token and cacert (flags, an explicit context, the environment,
+``current-context``, the top level) is :func:`resolve`'s, as docs/REFERENCE.md §6 states it. A
+missing file is an empty one. Errors are :class:`~mcpd.client.errors.UsageError` (exit 2).
 """
 
 from __future__ import annotations
@@ -32,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mcpd.client.api import UsageError
+from mcpd.client.errors import UsageError
 from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml
 
 KEYS = ("url", "token", "cacert")

@@ -1,7 +1,7 @@
-"""Client side of password logins (SPEC §5.2, §6; issue 5): ``POST /login`` and ``POST /logout``.
+"""Client side of password logins (docs/REFERENCE.md §5.2, §6): ``POST /login`` and ``POST /logout``.
 
 Used by ``linuxctl login`` / ``linuxctl logout`` and by tests. Errors are the client's exception
-family (:mod:`mcpd.client.api`), so ``linuxctl`` exits 3 for a refused login and 4 when the server
+family (:mod:`mcpd.client.errors`), so ``linuxctl`` exits 3 for a refused login and 4 when the server
 cannot be reached, is not trusted, or has no root helper to run PAM.
 """
 
@@ -11,7 +11,9 @@ from typing import Any
 
 import httpx
 
-from mcpd.client.api import AuthError, ConnectError, ProtocolError, UsageError, retry_after, server_message, sse_url, ssl_context
+from mcpd.client.endpoints import sse_url, ssl_context
+from mcpd.client.errors import AuthError, ConnectError, ProtocolError, UsageError
+from mcpd.client.refusal import retry_after, server_message
 
 
 def route_url(url: str, route: str) -> str:

@@ -1,4 +1,4 @@
-"""Whole files, byte-exact, through ``files/read`` pages (issue 14): the engine of ``linuxctl get files``.
+"""Whole files, byte-exact, through ``files/read`` pages: the engine of ``linuxctl get files``.
 
 A single ``files/read`` answer is at most the server's response cap (10 MiB by default), and a call
 without a range shows only the first 10 KiB, so a whole file is read as consecutive byte ranges
@@ -17,7 +17,7 @@ without a range shows only the first 10 KiB, so a whole file is read as consecut
   until an empty page. A file that shrank below the first size is an error, never a silent short
   copy.
 
-Errors are the client's exception family (:mod:`mcpd.client.api`).
+Errors are the client's exception family (:mod:`mcpd.client.errors`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mcpd.client.api import Client, MCPClientError, ToolFailed, text_of
+from mcpd.client.api import Client, text_of
+from mcpd.client.errors import MCPClientError, ToolFailed
 
 PAGE_BYTES = 1024 * 1024  # file bytes asked for per page: well under the 10 MiB default cap
 MIN_PAGE_BYTES = 64 * 1024

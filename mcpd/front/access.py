@@ -178,7 +178,7 @@ def helper_received(received: bool) -> None:
     records it, whatever the front does next: an answer, a timeout, a cancellation), ``False``
     when the helper closed the connection without answering it (it may have ended before
     recording it: the front records it). Called by the helper client
-    (:meth:`mcpd.front.policy_client.PolicyChannel.request`'s ``delivered``); outside a
+    (:meth:`mcpd.front.policy_client.channel.PolicyChannel.request`'s ``delivered``); outside a
     :class:`Call` it does nothing."""
     call = _CURRENT.get()
     if call is not None:

@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mcpd.front.auth import CHECKER_DOWN_RETRY, Authenticator, CheckerDown, McpUser, TokenUndecided, parse_bearer
 from mcpd.front.connections.handover import DETACH
 from mcpd.common.config import Config, ConfigError
-from mcpd.front.protocol import Dispatcher
+from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.refused import CheckMiddleware, RefusalLogMiddleware
 from mcpd.front.login import LoginBackend, LoginRoutes, NoLogin
 from mcpd.front.hosts import HostMiddleware, HostRule

@@ -1,4 +1,4 @@
-"""``POST /login`` and ``POST /logout`` on the front (SPEC §5.2; issue 5).
+"""``POST /login`` and ``POST /logout`` on the front (docs/REFERENCE.md §5.2).
 
 ``POST {base}/login`` takes ``{"user": ..., "password": ...}`` (JSON, at most
 :data:`LOGIN_BODY_CAP` bytes, no bearer needed) and forwards it to the root helper's ``pam_login``;
@@ -9,7 +9,7 @@ without it when there is no helper at all (development mode: PAM runs only in th
 so retrying cannot help). Logins in flight are bounded, in
 total (``login.in_flight``) and per client address (``login.in_flight_per_address``); beyond that,
 or when the helper's login capacity is full, the answer is ``429`` with ``Retry-After`` at once,
-so a login flood never holds more than its share of the helper (SPEC §5.3). ``POST {base}/logout`` with the
+so a login flood never holds more than its share of the helper (docs/REFERENCE.md §5.3). ``POST {base}/logout`` with the
 bearer revokes that login token (``200``), or answers ``400`` for a static ``users.yaml`` token
 (rotate those with ``mcpd users rotate``).
 
@@ -30,7 +30,8 @@ from mcpd.front import metrics
 from mcpd.front.access import AccessLog
 from mcpd.front.auth import CHECKER_DOWN_RETRY
 from mcpd.common.config import Login as LoginConfig
-from mcpd.front.policy_client import PolicyChannel, PolicyUnavailable
+from mcpd.common.inflight import InFlight
+from mcpd.front.policy_client.channel import PolicyChannel, PolicyUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
 
 LOGIN_BODY_CAP = 8192
@@ -150,8 +151,7 @@ class LoginRoutes:
     def __init__(self, backend: LoginBackend, cfg: LoginConfig) -> None:
         self.backend, self.cfg = backend, cfg
         self.access: AccessLog | None = None  # set by build_app: the logins refused here are recorded there
-        self._total = 0
-        self._peers: dict[str, int] = {}  # address -> logins in flight (one event loop: no lock)
+        self._in_flight = InFlight(cfg.in_flight_per_address, cfg.in_flight)  # logins, in all and per address
 
     def routes(self) -> list[Route]:
         """``POST /login`` and ``POST /logout``."""
@@ -160,21 +160,16 @@ class LoginRoutes:
     async def login(self, request: Request) -> Response:
         """``POST /login``: see the module docstring."""
         peer = _peer(request)
-        if self._total >= self.cfg.in_flight or self._peers.get(peer, 0) >= self.cfg.in_flight_per_address:
+        if self._in_flight.take(peer) is not None:
             self._refused(peer, None, 429, "too many logins in flight")
             return self._busy()
-        self._total += 1
-        self._peers[peer] = self._peers.get(peer, 0) + 1
         try:
             return await self._login(request, peer)
         except LoginBusy:
             self._refused(peer, None, 429, "the helper's login capacity is full")
             return self._busy()
         finally:
-            self._total -= 1
-            self._peers[peer] -= 1
-            if not self._peers[peer]:
-                del self._peers[peer]
+            self._in_flight.release(peer)
 
     def _refused(self, peer: str, user: Any, status: int, reason: str) -> None:
         if self.access is not None:

@@ -112,7 +112,7 @@ def observe_call(tool: str, route: str, code: str, seconds: float) -> None:
 
 
 class PoolState(Protocol):
-    """What the metrics read of the worker pool (:class:`mcpd.front.pool.WorkerPool`)."""
+    """What the metrics read of the worker pool (:class:`mcpd.front.workers.pool.WorkerPool`)."""
 
     def live(self) -> int: ...
 

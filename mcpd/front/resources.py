@@ -50,7 +50,8 @@ from mcpd.common.validate import digits
 from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.privileged import PrivilegedBackend
-from mcpd.front.protocol import INTERNAL, INVALID_PARAMS, RequestContext, RpcError, ToolPool
+from mcpd.front.mcp.dispatcher import RequestContext, ToolPool
+from mcpd.front.mcp.jsonrpc import INTERNAL, INVALID_PARAMS, RpcError
 from mcpd.core.tools import files_read
 
 RESOURCE_NOT_FOUND = -32002  # JSON-RPC code of a missing resource (MCP up to 2025-11-25)
@@ -234,7 +235,7 @@ def read_args(uri: str, params: Mapping[str, Any], workspace: str | None) -> dic
 
 
 class FileResources:
-    """The :class:`mcpd.front.protocol.ResourceProvider` for ``file:`` URIs.
+    """The :class:`mcpd.front.mcp.dispatcher.ResourceProvider` for ``file:`` URIs.
 
     Args:
         pool: the worker pool (unprivileged route). privileged: the root helper backend.

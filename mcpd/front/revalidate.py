@@ -8,7 +8,7 @@ sessions is authenticated again with the front's :class:`~mcpd.front.auth.Authen
 helper, or ``users.yaml`` in development mode); a session whose token now fails, or belongs to
 another token id or principal, is closed, which ends its stream and cancels its requests.
 
-While the helper restarts, :class:`~mcpd.front.policy_client.PolicyAuthenticator` answers from its
+While the helper restarts, :class:`~mcpd.front.policy_client.authenticator.PolicyAuthenticator` answers from its
 short cache, so a helper restart alone closes nothing; while it is busy, it decides nothing
 (:class:`~mcpd.front.auth.TokenUndecided`), and no session is closed for that. A helper down for
 longer than the cache's window (:class:`~mcpd.front.auth.CheckerDown`) closes the sessions whose

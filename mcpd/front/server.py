@@ -30,14 +30,18 @@ from mcpd.front.access import AccessLog
 from mcpd.front.auth import Authenticator, FileAuthenticator
 from mcpd.common.config import EXIT_CONFIG, Config, ConfigError, Limits, load
 from mcpd.front.limits import LimitsTracker
-from mcpd.front.policy_client import PolicyAuthenticator, PolicyBackend, PolicyChannel, PolicySpawner
+from mcpd.front.policy_client.authenticator import PolicyAuthenticator
+from mcpd.front.policy_client.backend import PolicyBackend
+from mcpd.front.policy_client.channel import PolicyChannel
+from mcpd.front.policy_client.spawner import PolicySpawner
 from mcpd.front.privileged import PrivilegedBackend, Unavailable
-from mcpd.front.protocol import Dispatcher
+from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.resources import FileResources
 from mcpd.front.login import HelperLogin, NoLogin
 from mcpd.front.revalidate import revalidate_forever
 from mcpd.front.sessions.table import SessionManager
-from mcpd.front.pool import LocalSpawner, Spawner, WorkerPool
+from mcpd.front.workers.pool import WorkerPool
+from mcpd.front.workers.spawner import LocalSpawner, Spawner
 
 log = logging.getLogger("mcpd.front.server")
 

@@ -55,7 +55,8 @@ log = logging.getLogger("mcpd.helper")
 CHANNELS = 24  # socketpairs to the policy process: its threads that ask root (calls, logins, spawns, checks)
 PAM_AT_ONCE = 12  # PAM conversations at once, whichever accounts: the width of a password oracle
 CHILDREN = 512  # workers and walkers alive at once (the helper unit's TasksMax and LimitNOFILE assume it)
-ACCOUNT_FACTOR = 4  # one account's workers alive at once: this many times workers.per_account
+ACCOUNT_FACTOR = 16  # one account's workers alive at once: this many times workers.per_account (the
+# policy allows 4 x per_account per principal, so 4 principals sharing an account fit whole)
 
 
 class Broken(Exception):

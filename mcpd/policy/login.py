@@ -56,6 +56,7 @@ from mcpd.common.config import Login as LoginConfig
 from mcpd.helper.wire.errors import ToolError
 from mcpd.common.audit import AuditLog
 from mcpd.common.folders import read_file, write_file
+from mcpd.common.inflight import InFlight
 
 LOCKOUT_FILE = "lockout.json"
 PAM_WORKERS = 8  # the helper's login threads (server.CLASSES): PAM never queues behind another login
@@ -217,7 +218,7 @@ class Login:
         self._pam = pam
         self._lock = threading.Lock()
         self._busy: set[str] = set()
-        self._peers: dict[str, int] = {}
+        self._peers = InFlight(cfg.in_flight_per_address)  # attempts in flight per address
         self._pool = concurrent.futures.ThreadPoolExecutor(PAM_WORKERS, thread_name_prefix="pam")
 
     def _take_slot(self, user: str, peer: str, known: bool) -> tuple[str | None, float]:
@@ -237,21 +238,19 @@ class Login:
             why = ("locked out after repeated failures" if u[2] > now else
                    "another attempt for this account is in flight" if user in self._busy else
                    "too many attempts in flight from this address"
-                   if self._peers.get(peer, 0) >= c.in_flight_per_address else None)
+                   if self._peers.over(peer) is not None else None)
             u[0], p[0], u[1], p[1] = u[0] + 1, p[0] + 1, now, now
             if u[0] >= c.max_failures and u[2] <= now:
                 u[2] = now + c.lockout_seconds
             if why is None:
                 self._busy.add(user)
-                self._peers[peer] = self._peers.get(peer, 0) + 1
+                self._peers.add(peer)
         return why, delay
 
     def _release(self, user: str, peer: str, ok: bool) -> None:
         with self._lock:
             self._busy.discard(user)
-            self._peers[peer] -= 1
-            if not self._peers[peer]:
-                del self._peers[peer]
+            self._peers.release(peer)
             if ok:
                 with edit_lockout(self.store.dirfd) as table:
                     table.pop("user:" + user, None)

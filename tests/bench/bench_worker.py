@@ -17,7 +17,8 @@ from pathlib import Path
 from mcpd.common import config
 from mcpd.core import fileopen
 from mcpd.core import ops
-from mcpd.front.pool import LocalSpawner, WorkerPool
+from mcpd.front.workers.pool import WorkerPool
+from mcpd.front.workers.spawner import LocalSpawner
 
 
 def baseline(path: str, calls: int, limits: config.ReadLimits) -> float:

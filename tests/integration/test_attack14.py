@@ -15,7 +15,7 @@ import pytest
 
 from mcpd.common.config import Config
 from mcpd.common.identity import Principal
-from mcpd.front.protocol import Dispatcher
+from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.sessions.table import SessionManager, SessionRefused
 from mcpd.front.transport.answers import PostStream
 from tests.conftest import Daemon

@@ -1,4 +1,4 @@
-"""`mcpd dev` (SPEC §1.1 development listen address, §5.1 tokens; issue "two commands")."""
+"""`mcpd dev` (docs/REFERENCE.md §1.1 development listen address, §5.1 tokens)."""
 
 from __future__ import annotations
 
@@ -170,5 +170,28 @@ def test_dev_as_root_refuses_a_state_folder_another_account_can_change() -> None
             assert "mcpd dev:" in res.stderr and "MCP_TOKEN" not in res.stdout, (name, res.stderr)
         assert not any(owned.iterdir()) and not any(loose.iterdir()) and not any(parent.iterdir())
         assert not any(target.iterdir())
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.root
+def test_dev_as_root_reads_its_config_with_the_strict_loader() -> None:
+    """As root, `mcpd dev` adds the root keys to the mcpd.yaml it wrote, reading it with the one
+    strict YAML loader: a duplicate key (here a second `listen` that would put the server on every
+    address) is refused, not silently won by the last one."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the root setup creates accounts and gives the files to root")
+    from mcpd.admin import devroot
+    from mcpd.helper.wire.strictyaml import ConfigFileError
+
+    base = Path(tempfile.mkdtemp(prefix="mcpd-devyaml-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        state = devmode.prepare(base / "s", free_port())
+        with open(state.config_path, "a", encoding="utf-8") as f:
+            f.write("listen: {host: 0.0.0.0, port: 9191}\n")
+        with pytest.raises(ConfigFileError, match="duplicate key 'listen'"):
+            devroot.setup_root_state(state)
+        assert "helper_socket: run/helper.sock" not in state.config_path.read_text()  # not rewritten
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -39,7 +39,8 @@ from mcpd.front.connections.count import ConnectionCount
 from mcpd.front.connections.guarded import guarded_protocol
 from mcpd.front.connections.handover import StreamConnection
 from mcpd.front.connections.lean import LeanFlowControl, Pipeline, Waiters
-from mcpd.front.protocol import Dispatcher, McpSession
+from mcpd.front.mcp.dispatcher import Dispatcher
+from mcpd.front.mcp.session import McpSession
 from mcpd.front.sessions.session import Session
 from mcpd.front.sessions.table import SessionManager
 from mcpd.front.transport.stream import SessionStream

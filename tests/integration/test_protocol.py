@@ -14,7 +14,8 @@ import pytest
 
 from mcpd.common.identity import Principal
 from mcpd.front.privileged import Unavailable
-from mcpd.front.protocol import Caller, Dispatcher, McpSession
+from mcpd.front.mcp.dispatcher import Caller, Dispatcher
+from mcpd.front.mcp.session import McpSession
 from tests.conftest import Daemon, SseSession
 
 pytestmark = pytest.mark.anyio
@@ -425,7 +426,7 @@ async def test_unexpected_exception_generic_error_traceback_in_log(caplog: pytes
 
 
 async def test_progress_hook_sends_notifications_progress() -> None:
-    from mcpd.front.protocol import RequestContext
+    from mcpd.front.mcp.dispatcher import RequestContext
 
     out: list[Any] = []
     caller = Caller(Principal("alice", "root", "0" * 12), "tok", "peer")

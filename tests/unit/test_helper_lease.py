@@ -12,8 +12,10 @@ import pytest
 
 from mcpd.helper.wire.errors import RATE_LIMITED, TIMEOUT, ToolError
 from mcpd.common.identity import Principal
-from mcpd.front import policy_client, metrics
-from mcpd.front.policy_client import CALL_CONNECTIONS, CALL_SHARE, PolicyBackend, PolicyChannel
+from mcpd.front import metrics
+from mcpd.front.policy_client import backend as backend_module
+from mcpd.front.policy_client.backend import PolicyBackend
+from mcpd.front.policy_client.channel import CALL_CONNECTIONS, CALL_SHARE, PolicyChannel
 
 ALICE = Principal(name="alice", os_user="alice", token_id="0123456789ab")
 
@@ -35,7 +37,8 @@ def call(b: PolicyBackend, op: str) -> ToolError:
 
 def test_a_walk_past_the_principals_share_is_refused_at_once(tmp_path: Path) -> None:
     channel, b = backend(tmp_path)
-    channel._held["alice"] = CALL_SHARE  # alice's hung walks hold her whole share
+    for _ in range(CALL_SHARE):  # alice's hung walks hold her whole share
+        channel.calls.add("alice")
     before = hits("privileged_per_principal")
     err = call(b, "files/find")
     assert err.code == RATE_LIMITED and "share" in err.message
@@ -45,15 +48,13 @@ def test_a_walk_past_the_principals_share_is_refused_at_once(tmp_path: Path) -> 
 @pytest.mark.parametrize("own", [True, False])
 def test_a_read_that_gets_no_connection_in_its_time_ends_timeout_and_is_counted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own: bool) -> None:
-    monkeypatch.setattr(policy_client, "DEADLINE_MARGIN", 0.05)  # the call's wait: 0.1 s, not 10
+    monkeypatch.setattr(backend_module, "DEADLINE_MARGIN", 0.05)  # the call's wait: 0.1 s, not 10
     channel, b = backend(tmp_path)
-    if own:
-        channel._held["alice"] = CALL_SHARE
-    else:
-        channel._leased = CALL_CONNECTIONS  # others' calls hold every connection
+    for i in range(CALL_SHARE if own else CALL_CONNECTIONS):  # alice's own calls, or others' calls hold every one
+        channel.calls.add("alice" if own else f"other{i}")
     before = hits("helper_connections")
     err = call(b, "files/read")
     assert err.code == TIMEOUT
     assert ("its share" in err.message) is own and (f"all {CALL_CONNECTIONS}" in err.message) is not own
     assert hits("helper_connections") == before + 1
-    assert channel._held["alice"] == (CALL_SHARE if own else 0)  # the wait took nothing
+    assert channel.calls.held("alice") == (CALL_SHARE if own else 0)  # the wait took nothing

@@ -1,11 +1,12 @@
-"""The import contract (DESIGN.md "Layout", issue 8 item 9): who may import whom.
+"""The import contract: who may import whom.
 
 The contracts live in ``pyproject.toml`` (``[tool.importlinter]``) and are checked by import-linter's
 ``lint-imports``, which follows chains as well as direct imports. In short: the root helper imports
 only ``mcpd.common`` and ``mcpd.helper`` (never the policy, no parser or web stack); the policy
 process only ``mcpd.common``; the walker of privileged list/find (``mcpd.walker``) only
 ``mcpd.common``, ``mcpd.core.walk``, the policy's grant matcher and root's opener; ``core`` imports only ``common``; ``common`` imports none of the others;
-``worker`` only ``common`` and ``core``; the front and the client never import root-side code.
+``worker`` only ``common`` and ``core``; the front and the client never import root-side code;
+``mcpd dev``'s modules import one way (devmode, devroot, devsupervisor, devstate and devstop).
 """
 
 from __future__ import annotations
@@ -58,3 +59,14 @@ def test_import_contract_catches_a_forbidden_import(tmp_path: Path) -> None:
     assert "mcpd.core.walk -> mcpd.core.textread" in proc.stdout, proc.stdout
     assert "mcpd.walker.main -> mcpd.policy.login" in proc.stdout, proc.stdout
     assert "mcpd.core.walk is not allowed to import charset_normalizer" in proc.stdout, proc.stdout
+
+
+def test_import_contract_catches_a_dev_mode_cycle(tmp_path: Path) -> None:
+    """`mcpd dev`'s modules import one way: devroot importing devmode back (a cycle) breaks it."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(REPO / "mcpd", tmp_path / "mcpd", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "mcpd/admin/devroot.py", "a", encoding="utf-8") as f:
+        f.write("\nimport mcpd.admin.devmode\n")
+    proc = lint_imports(tmp_path)
+    assert proc.returncode != 0, proc.stdout
+    assert "mcpd.admin.devroot is not allowed to import mcpd.admin.devmode" in proc.stdout, proc.stdout

@@ -1,4 +1,5 @@
-"""SPEC §6: linuxctl usage errors exit 2; settings come from flags, environment, then config file."""
+"""linuxctl usage errors exit 2; settings come from flags, environment, then config file
+(docs/REFERENCE.md §6)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from click.testing import CliRunner
 
 from mcpd.client import api as client
 from mcpd.client import linuxctl
+from mcpd.client.config import Settings, resolve
+from mcpd.client.linuxctl.tools import build_arguments
 
 
 @pytest.fixture
@@ -89,14 +92,14 @@ def test_call_bad_arguments_exit_2(isolated: Path, extra: list[str]) -> None:
 
 
 def test_call_arguments_merge_json_and_pairs() -> None:
-    args = linuxctl.build_arguments('{"path": "/a", "limit": 3}', ("limit=5", "privileged=true", "path=/etc/hosts"))
+    args = build_arguments('{"path": "/a", "limit": 3}', ("limit=5", "privileged=true", "path=/etc/hosts"))
     assert args == {"path": "/etc/hosts", "limit": 5, "privileged": True}
-    assert linuxctl.build_arguments(None, ("path=not json", 'x="5"')) == {"path": "not json", "x": "5"}
+    assert build_arguments(None, ("path=not json", 'x="5"')) == {"path": "not json", "x": "5"}
 
 
 def test_settings_fall_back_to_config_file(isolated: Path) -> None:
     write_config(isolated, "url: https://h:1\ntoken: file-token\ncacert: /ca.pem\n")
-    got = linuxctl.resolve(linuxctl.Settings(url=None, token=None, cacert=None, timeout=1))
+    got = resolve(Settings(url=None, token=None, cacert=None, timeout=1))
     assert got == ("https://h:1", "file-token", "/ca.pem")
 
 
@@ -108,8 +111,8 @@ def test_flags_and_environment_win_over_config_file(isolated: Path, monkeypatch:
 
     @linuxctl.main.command("probe-settings")
     @click.pass_obj
-    def probe(settings: linuxctl.Settings) -> None:
-        seen["resolved"] = linuxctl.resolve(settings)
+    def probe(settings: Settings) -> None:
+        seen["resolved"] = resolve(settings)
 
     try:
         result = runner.invoke(linuxctl.main, ["--url", "https://flag:2", "probe-settings"])
@@ -177,9 +180,9 @@ def resolved(*args: str) -> object:
 
     @linuxctl.main.command("probe-settings")
     @click.pass_obj
-    def probe(settings: linuxctl.Settings) -> None:
+    def probe(settings: Settings) -> None:
         try:
-            seen["resolved"] = linuxctl.resolve(settings)
+            seen["resolved"] = resolve(settings)
         except client.UsageError as exc:
             seen["resolved"] = ("usage error", exc.message)
 

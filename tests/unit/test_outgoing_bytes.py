@@ -13,7 +13,7 @@ from typing import Any
 from mcpd.common.config import Config
 from mcpd.common.identity import Principal
 from mcpd.front import metrics
-from mcpd.front.protocol import Dispatcher
+from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.sessions.budgets import OutgoingBytes
 from mcpd.front.sessions.session import Session
 from mcpd.front.sessions.table import SessionManager

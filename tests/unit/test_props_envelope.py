@@ -1,7 +1,7 @@
 """Property tests (hypothesis) of the JSON-RPC envelope (docs/REFERENCE.md §2.3) as the front parses and
 answers it: generated bodies (raw text, so ``1e400``, lone surrogates, deep nesting and huge
 integers are reachable) go through the front's body parser and a real session
-(:class:`mcpd.front.protocol.McpSession`), and every reply through the stream's encoder.
+(:class:`mcpd.front.mcp.session.McpSession`), and every reply through the stream's encoder.
 
 Asserted for every body: it is refused with a JSON error body, or every member that is a request
 gets exactly one reply (a batch: one array holding one reply per request), notifications and
@@ -22,7 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcpd.common.identity import Principal
-from mcpd.front.protocol import Caller, Dispatcher, McpSession
+from mcpd.front.mcp.dispatcher import Caller, Dispatcher
+from mcpd.front.mcp.session import McpSession
 from mcpd.front.transport.body import BodyRefused, parse_json
 from mcpd.front.transport.events import encode_message
 from tests.fuzzgen import Raw, answered, dump, strict

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from mcpd.helper.wire import frames
-from mcpd.front.pool import WorkerChannel, read_reply_frame
+from mcpd.front.workers.channel import WorkerChannel, read_reply_frame
 from mcpd.worker.main import send_reply
 
 
@@ -99,7 +99,7 @@ def test_a_worker_sending_what_nobody_asked_for_fills_no_memory() -> None:
     """A worker (running as the caller's account, so possibly in the caller's hands) that writes
     and writes while no call waits on it: the front stops reading once it holds about
     ``STREAM_LIMIT`` bytes; the rest stays in the worker's socket, whose send then blocks."""
-    from mcpd.front.pool import STREAM_LIMIT
+    from mcpd.front.workers.channel import STREAM_LIMIT
 
     async def go() -> tuple[int, int]:
         channel, theirs = await _channel_over_socketpair()

@@ -12,7 +12,7 @@ import pytest
 
 from mcpd.common.config import Config, ConfigError, from_dict
 from mcpd.common.identity import Principal
-from mcpd.front.protocol import Dispatcher
+from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.sessions.table import SessionManager, SessionRefused
 
 ALICE, BOB = Principal("alice", "alice", "t1"), Principal("bob", "bob", "t2")

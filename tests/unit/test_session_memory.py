@@ -11,7 +11,7 @@ import time
 
 from mcpd.common.config import Config
 from mcpd.common.identity import Principal
-from mcpd.front.protocol import Dispatcher
+from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.sessions.table import TRIM_AFTER, TRIM_QUIET, SessionManager
 from mcpd.front.transport.stream import SessionStream
 

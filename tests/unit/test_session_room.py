@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from mcpd.common.config import Config, Workers
 from mcpd.common.identity import Principal
-from mcpd.front.protocol import Dispatcher
+from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.transport.body import BodyRefused, parse_json
 from mcpd.front.sessions.session import Session
 from mcpd.front.sessions.table import SessionManager

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mcpd.client.api import UsageError
-from mcpd.client.linuxctl import load_config_file
+from mcpd.client.config import load_config_file
 from mcpd.common import config, identity
 from mcpd.front.auth import FileAuthenticator
 

@@ -27,7 +27,8 @@ from mcpd.helper.wire import errors
 from mcpd.helper.wire import frames
 from mcpd.common import identity
 from mcpd.helper.wire.errors import ToolError
-from mcpd.front.pool import LocalSpawner, WorkerPool
+from mcpd.front.workers.pool import WorkerPool
+from mcpd.front.workers.spawner import LocalSpawner
 from tests.integration.test_protocol import slow_file
 
 HUNG_TIMEOUT = 1.0  # seconds: the deadline used for calls that are meant to hit a stopped worker
@@ -388,14 +389,18 @@ def test_no_grace_for_a_granted_call_a_revoked_principal_or_a_zero_setting(sampl
     """A cancelled call's worker is killed at once (no grace) when the call is a privileged one
     (the root helper may still be handing the worker its job), when its principal was revoked while
     the call ran (its workers must not outlive the token), and with ``cancel_grace_seconds: 0``."""
-    async def never_granted(pid: int, rid: int) -> None:
-        await asyncio.Event().wait()
+    async def never_granted(pool: WorkerPool, owner: str) -> None:  # the privileged route: its grant never comes
+        async with pool.lease("u", "files/read", read_args(sample), token="", owner=owner, timeout=60.0):
+            await asyncio.Event().wait()
 
     async def cancelled_kills_at_once(pool: WorkerPool, key: str, owner: str | None, revoke: bool = False,
-                                      grant: Any = None) -> None:
+                                      granted: bool = False) -> None:
         (pid,) = pool.workers(key)
         os.kill(pid, signal.SIGSTOP)
-        task = asyncio.create_task(pool.call("u", "files/read", read_args(sample), owner=owner, grant=grant))
+        assert owner is not None or not granted
+        call = never_granted(pool, owner) if owner is not None and granted else \
+            pool.call("u", "files/read", read_args(sample), owner=owner)
+        task = asyncio.create_task(call)
         await eventually(lambda: pool.workers(key) == {pid: True}, "worker busy")
         if revoke:
             assert pool.retire_owner("alice") == 0  # busy: not retired now, but not kept either
@@ -409,11 +414,70 @@ def test_no_grace_for_a_granted_call_a_revoked_principal_or_a_zero_setting(sampl
     async def main() -> None:
         async with open_pool(grace_cfg(10.0, per_account=1, spawn_burst=8)) as (pool, _):
             await pool.call("u", "files/read", read_args(sample), owner="alice")
-            await cancelled_kills_at_once(pool, "alice\nu", "alice", grant=never_granted)
+            await cancelled_kills_at_once(pool, "alice\nu", "alice", granted=True)
             await cancelled_kills_at_once(pool, "alice\nu", "alice", revoke=True)
         async with open_pool(grace_cfg(0.0, spawn_burst=8)) as (pool, _):
             await pool.call("u", "files/read", read_args(sample))
             await cancelled_kills_at_once(pool, "u", None)
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- the privileged route's lease
+
+
+def test_a_lent_worker_is_kept_after_a_decided_refusal_and_killed_after_any_other_ending(sample: Path) -> None:
+    """``WorkerPool.lease`` lends a worker of the principal's to a privileged call, whose backend has
+    the policy process hand it the job: a refusal decided before the worker was touched gives the
+    worker back; any other failure, and a lease left without reading the reply, kill it (its job may
+    still be on its way)."""
+    decided = frozenset({errors.PERMISSION_DENIED})
+
+    async def lent(pool: WorkerPool, code: str | None) -> int:
+        async with pool.lease("u", "files/read", read_args(sample), token="", owner="alice", timeout=20.0,
+                              decided=decided) as worker:
+            assert worker.rid >= 1 and pool.workers("alice\nu") == {worker.pid: True}
+            if code is not None:
+                raise ToolError(code, "refused")
+            return worker.pid
+
+    async def main() -> None:
+        async with open_pool(make_cfg(per_account=1)) as (pool, _):
+            await pool.call("u", "files/read", read_args(sample), owner="alice")
+            (pid,) = pool.workers("alice\nu")
+            with pytest.raises(ToolError) as err:
+                await lent(pool, errors.PERMISSION_DENIED)
+            assert err.value.code == errors.PERMISSION_DENIED and pool.workers("alice\nu") == {pid: False}
+            with pytest.raises(ToolError) as err:
+                await lent(pool, errors.HELPER_UNAVAILABLE)  # the policy process went away mid-call
+            assert err.value.code == errors.HELPER_UNAVAILABLE and pool.workers("alice\nu") == {}
+            await eventually(lambda: is_reaped(pid), "worker killed")
+            again = await lent(pool, None)  # a new worker, left without its reply
+            assert again != pid and pool.workers("alice\nu") == {}
+            await eventually(lambda: is_reaped(again), "worker killed")
+            assert (await pool.call("u", "files/read", read_args(sample), owner="alice"))["text"] == "alpha\nbeta\r\ngamma"
+
+    asyncio.run(main())
+
+
+def test_a_lease_past_its_time_ends_timeout_and_is_not_a_call_of_the_principal(sample: Path) -> None:
+    """The lease's time bounds its body too (a grant that never comes ends ``TIMEOUT``, its worker
+    killed), and a lease is not counted against ``max_calls_per_principal`` (the privileged backend
+    bounds privileged calls itself)."""
+    cfg = dataclasses.replace(make_cfg(per_account=2), max_calls_per_principal=1)
+
+    async def main() -> None:
+        async with open_pool(cfg) as (pool, _):
+            with pytest.raises(ToolError) as err:
+                async with pool.lease("u", "files/read", read_args(sample), token="", owner="alice",
+                                      timeout=HUNG_TIMEOUT) as worker:
+                    pid = worker.pid
+                    await asyncio.Event().wait()
+            assert err.value.code == errors.TIMEOUT and pid not in pool.workers("alice\nu")
+            await eventually(lambda: is_reaped(pid), "worker killed")
+            async with pool.lease("u", "files/read", read_args(sample), token="", owner="alice", timeout=20.0):
+                result = await pool.call("u", "files/read", read_args(sample), owner="alice")
+                assert result["text"] == "alpha\nbeta\r\ngamma"
 
     asyncio.run(main())
 

@@ -2,7 +2,7 @@
 session's stream takes before it runs, and the requests waiting for room.
 
 :class:`Backpressure` is the half of :class:`~mcpd.front.sessions.session.Session` that is its
-protocol's :class:`~mcpd.front.protocol.Room`; the queue it measures, and what writes it, are the
+protocol's :class:`~mcpd.front.mcp.session.Room`; the queue it measures, and what writes it, are the
 session's. The budgets of outgoing bytes by principal and in all are ``budgets.py``.
 """
 
@@ -24,7 +24,7 @@ CALLS_AT_ONCE = 4
 
 
 class Backpressure:
-    """The room of one session (its protocol's :class:`~mcpd.front.protocol.Room`).
+    """The room of one session (its protocol's :class:`~mcpd.front.mcp.session.Room`).
 
     A request whose reply goes to this session's stream first takes room (:meth:`admit`) and
     gives it back with its reply (:meth:`deliver`). A session takes requests while what its client

@@ -1,5 +1,5 @@
 """One session of the front, of either transport (``GET /sse`` or ``/mcp``): its owner, its
-:class:`~mcpd.front.protocol.McpSession`, its bounded queue of outgoing events and the writer
+:class:`~mcpd.front.mcp.session.McpSession`, its bounded queue of outgoing events and the writer
 that writes them to its GET stream while one is attached.
 
 The room its requests take in that queue is :class:`~mcpd.front.sessions.backpressure.Backpressure`,
@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mcpd.common.identity import Principal
 from mcpd.front import metrics
 from mcpd.front.connections.handover import UNSEEN
-from mcpd.front.protocol import Dispatcher, McpSession
+from mcpd.front.mcp.dispatcher import Dispatcher
+from mcpd.front.mcp.session import McpSession
 from mcpd.front.sessions.backpressure import Backpressure
 from mcpd.front.sessions.budgets import FULL
 from mcpd.front.transport.events import PING, endpoint_event, message_event

@@ -21,7 +21,7 @@ from mcpd.common.config import Config
 from mcpd.common.identity import Principal
 from mcpd.front import metrics
 from mcpd.front.heap import trim_heap
-from mcpd.front.protocol import Dispatcher
+from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.sessions.budgets import Budgets
 from mcpd.front.sessions.session import Session
 

@@ -20,7 +20,8 @@ from starlette.types import Receive, Scope, Send
 
 from mcpd.front import metrics
 from mcpd.front.connections.handover import DETACH, PIECE, UNSEEN
-from mcpd.front.protocol import Caller, McpSession
+from mcpd.front.mcp.dispatcher import Caller
+from mcpd.front.mcp.session import McpSession
 from mcpd.front.sessions.budgets import FULL
 from mcpd.front.sessions.table import SessionManager
 from mcpd.front.transport.events import EVENT_END, EVENT_HEAD, PING, encode_message, event_of, pieces
@@ -43,7 +44,7 @@ class PostStream:
 
     ``put`` is the ``send`` handed to :meth:`McpSession.receive`. A POST gets one reply (one
     request's, or one batch's array, bounded by the response cap or ``max_batch_bytes`` in
-    :class:`~mcpd.front.protocol.McpSession`): it is always queued, however far behind the client
+    :class:`~mcpd.front.mcp.session.McpSession`): it is always queued, however far behind the client
     is. Its progress notifications are dropped once the stream holds ``limit`` messages or
     ``limit_bytes`` bytes (``session_queue_size``, ``session_queue_bytes``: the client is behind,
     and progress is advisory), so a client reading a stream slowly is never cut for its own

@@ -13,7 +13,7 @@ from mcpd.helper.wire import frames
 from mcpd.common import wirejson
 from mcpd.common.validate import digits
 from mcpd.front import metrics
-from mcpd.front.protocol import INVALID_REQUEST, PARSE_ERROR, error_reply, json_float
+from mcpd.front.mcp.jsonrpc import INVALID_REQUEST, PARSE_ERROR, error_reply, json_float
 
 
 class _WireJsonResponse(JSONResponse):
@@ -100,7 +100,7 @@ def _reject_constant(name: str) -> Any:
 def parse_json(body: bytes) -> Any:
     """Parse a JSON-RPC body: an object or an array (docs/REFERENCE.md §1.3, §2.3). A number with a fraction
     or an exponent whose float is not exactly that number is an
-    :class:`~mcpd.front.protocol.InexactNumber` (:func:`~mcpd.front.protocol.json_float`), which
+    :class:`~mcpd.front.mcp.jsonrpc.InexactNumber` (:func:`~mcpd.front.mcp.jsonrpc.json_float`), which
     is no valid id.
 
     Raises:

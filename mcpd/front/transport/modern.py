@@ -10,9 +10,9 @@ import base64
 import binascii
 from typing import Any
 
-from mcpd.front.protocol import (
-    HEADER_MISMATCH, INVALID_PARAMS, META_CLIENT_CAPABILITIES, META_VERSION, MODERN_VERSIONS, SUPPORTED_VERSIONS,
-    UNSUPPORTED_VERSION, Message,
+from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, Message
+from mcpd.front.mcp.versions import (
+    HEADER_MISMATCH, META_CLIENT_CAPABILITIES, META_VERSION, MODERN_VERSIONS, SUPPORTED_VERSIONS, UNSUPPORTED_VERSION,
 )
 
 VERSION_HEADER = "MCP-Protocol-Version"

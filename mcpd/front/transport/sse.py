@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from mcpd.common.config import Config
 from mcpd.front.auth import McpUser
-from mcpd.front.protocol import Caller
+from mcpd.front.mcp.dispatcher import Caller
 from mcpd.front.sessions.table import SESSION_ID_RE, SessionManager, SessionRefused
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.front.transport.stream import SessionStream

@@ -23,7 +23,7 @@ Session era (protocol versions 2025-03-26 … 2025-11-25):
 
 Stateless era (2026-07-28): a POST whose ``_meta`` names a protocol version (or that carries no
 session and names an ``MCP-Protocol-Version`` outside the session era) is one self-contained
-request, served by a one-request :class:`~mcpd.front.protocol.McpSession` in modern mode, and no
+request, served by a one-request :class:`~mcpd.front.mcp.session.McpSession` in modern mode, and no
 session is minted. The body must be one object with ``jsonrpc`` ``"2.0"`` and a string ``method``
 (else ``400``, ``-32600``). Before it runs, :func:`~mcpd.front.transport.modern.check_modern` holds
 the headers against the body:
@@ -33,7 +33,7 @@ equal to the ``_meta`` one, ``Mcp-Method`` equal to the method and ``Mcp-Name`` 
 (``400``, ``-32022`` listing them). An unknown method is ``404`` with ``-32601``. The client closing
 the response (a stream, or the connection of a JSON answer) cancels the request.
 
-The JSON-RPC handling is the same :class:`~mcpd.front.protocol.McpSession` as ``/sse``'s: each
+The JSON-RPC handling is the same :class:`~mcpd.front.mcp.session.McpSession` as ``/sse``'s: each
 POST hands its body over with its own ``send``, so the replies and progress of that POST come
 back on that POST's response, written by ``answers.py``. Authentication, the ``Origin`` check and
 the body cap are the same middleware and functions as for ``/sse``.
@@ -55,9 +55,10 @@ from starlette.routing import Route
 from mcpd.common.config import Config
 from mcpd.front.auth import McpUser
 from mcpd.front.connections.handover import DETACH
-from mcpd.front.protocol import (
-    INVALID_REQUEST, METHOD_NOT_FOUND, SUPPORTED_VERSIONS, Caller, McpSession, valid_id,
-)
+from mcpd.front.mcp.dispatcher import Caller
+from mcpd.front.mcp.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, valid_id
+from mcpd.front.mcp.session import McpSession
+from mcpd.front.mcp.versions import SUPPORTED_VERSIONS
 from mcpd.front.sessions.session import Session
 from mcpd.front.sessions.table import SESSION_ID_RE, SessionManager, SessionRefused
 from mcpd.front.transport.accept import MalformedAccept, acceptable
@@ -101,7 +102,7 @@ def _wants_progress(msg: Any) -> bool:
 
 def request_id(payload: Any) -> Any:
     """The id an error answer to ``payload`` (a parsed POST body) carries: the id of a single
-    request object when it is a valid one (:func:`~mcpd.front.protocol.valid_id`), else ``None``
+    request object when it is a valid one (:func:`~mcpd.front.mcp.jsonrpc.valid_id`), else ``None``
     (a batch, a notification, an invalid id, a client response: an object with no ``method`` and a
     ``result`` or ``error``, whose id names no request of the client's), as JSON-RPC 2.0 wants
     whenever the id could be read."""

@@ -1,0 +1,5 @@
+"""``python -m mcpd.client.linuxctl``: the ``linuxctl`` command."""
+
+from mcpd.client.linuxctl import main
+
+main()

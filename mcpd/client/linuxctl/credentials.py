@@ -1,0 +1,80 @@
+"""``linuxctl login``, ``logout`` and ``contexts``: the token in use and the servers the config
+file names. The HTTP side of logins is :mod:`mcpd.client.login`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+
+import click
+
+from mcpd.client.config import Settings, config_path, load_config_file, resolve
+from mcpd.client.errors import MCPClientError
+from mcpd.client.linuxctl.calls import fail
+
+
+@click.command("contexts")
+def contexts_cmd() -> None:
+    """List the config file's contexts (* marks current-context) with their URLs."""
+    try:
+        file = load_config_file(config_path())
+    except MCPClientError as exc:
+        fail(exc)
+    if not file.contexts:
+        click.echo(f"no contexts in {config_path()}", err=True)
+        return
+    for name in sorted(file.contexts):
+        mark = "*" if name == file.current else " "
+        click.echo(f"{mark} {name}\t{file.contexts[name].get('url', file.top.get('url', ''))}")
+
+
+@click.command("login")
+@click.option("--user", "user", help="OS account to log in as [default: the current user]")
+@click.option("--password-stdin", is_flag=True, help="Read the password from standard input (first line)")
+@click.pass_obj
+def login_cmd(settings: Settings, user: str | None, password_stdin: bool) -> None:
+    """Log in with your OS password; prints `export MCP_TOKEN=...` (use: eval "$(linuxctl login)").
+
+    The token expires (8 h by default) and is printed only, never written to disk by linuxctl.
+    """
+    import getpass
+
+    from mcpd.client import login as login_client
+
+    name = user or getpass.getuser()
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    elif not sys.stdin.isatty():
+        raise click.UsageError("no terminal to ask for the password on: "
+                               "give it on standard input with --password-stdin")
+    else:
+        password = getpass.getpass(f"password for {name}: ")
+    try:
+        url, cacert = _server(settings)
+        answer = login_client.login(url, name, password, cacert, timeout=max(settings.timeout, 60.0))
+    except MCPClientError as exc:
+        fail(exc)
+    click.echo(f"export MCP_TOKEN={answer['token']}")
+    expires = datetime.datetime.fromtimestamp(int(answer.get("expires") or 0)).astimezone()
+    click.echo(f"logged in as {answer.get('user')}; token expires {expires:%Y-%m-%d %H:%M:%S %Z}", err=True)
+
+
+@click.command("logout")
+@click.pass_obj
+def logout_cmd(settings: Settings) -> None:
+    """Revoke the login token in use (MCP_TOKEN, --token or the config file)."""
+    from mcpd.client import login as login_client
+
+    try:
+        url, token, cacert = resolve(settings)
+        login_client.logout(url, token, cacert, timeout=settings.timeout)
+    except MCPClientError as exc:
+        fail(exc)
+    click.echo("logged out", err=True)
+
+
+def _server(settings: Settings) -> tuple[str, str | None]:
+    """``(url, cacert)`` from the flags, environment or config file (no token needed)."""
+    url, _token, cacert = resolve(settings, need_token=False)
+    return url, cacert
