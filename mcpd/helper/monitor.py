@@ -38,6 +38,7 @@ import pwd
 import select
 import signal
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -66,6 +67,20 @@ class Broken(Exception):
 def _pair() -> tuple[int, int]:
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     return a.detach(), b.detach()
+
+
+ACL_USER, ACL_GROUP = 0x02, 0x08  # the named entries of a POSIX ACL (linux/posix_acl_xattr.h)
+
+
+def acl_entries(path: str) -> list[tuple[int, int, int]]:
+    """(tag, permissions, uid or gid) of each named user or group entry with any permission in the
+    POSIX access ACL of ``path`` (symlinks followed; none without an ACL or when it cannot be read)."""
+    try:
+        raw = os.getxattr(path, "system.posix_acl_access")
+    except OSError:
+        return []
+    found = (struct.unpack_from("<HHI", raw, at) for at in range(4, len(raw) - 7, 8))
+    return [(tag, perm, who) for tag, perm, who in found if tag in (ACL_USER, ACL_GROUP) and perm]
 
 
 class Monitor:
@@ -148,7 +163,8 @@ class Monitor:
     def account(self, user: str) -> pwd.struct_passwd:
         """The account ``user``, unless it is unknown, has an id that is not plain (:func:`plain_ids`:
         root's, or -1) among its uid, gid and groups, or can reach what the daemon's own accounts
-        can: one of their uids, or a group of theirs or one that a secret lets read now."""
+        can: one of their uids, or a group of theirs or one that a secret lets read now (by its group,
+        or by a user or group its POSIX ACL names)."""
         try:
             pw = pwd.getpwnam(user)
         except KeyError:
@@ -157,11 +173,13 @@ class Monitor:
         if not plain_ids(*ids):
             raise ToolError(PERMISSION_DENIED, "never for root or an id that is not plain",
                             reason="root account" if 0 in ids else "not a plain id")
-        gids = set(self.daemon_ids[1])
+        uids, gids = set(self.daemon_ids[0]), set(self.daemon_ids[1])
         for path in self.private:  # and the group a secret (or its folder) lets read or enter now
             with contextlib.suppress(OSError):
                 gids |= {st.st_gid} if (st := os.stat(path)).st_mode & 0o070 else set()
-        if pw.pw_name in self.daemon or pw.pw_uid in self.daemon_ids[0] or gids & set(ids[1:]):
+            for tag, _, who in acl_entries(path):  # and the users and groups its ACL names (mask or not)
+                (uids if tag == ACL_USER else gids).add(who)
+        if pw.pw_name in self.daemon or pw.pw_uid in uids or gids & set(ids[1:]):
             raise ToolError(PERMISSION_DENIED, "never as the daemon's own accounts", reason="daemon account")
         return pw
 
