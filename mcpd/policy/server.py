@@ -135,9 +135,6 @@ class State:
     #: the control sockets of ended workers whose peer end still holds something this process
     #: sent (SIOCOUTQ above 0), per owner, under ``lock``: kept open only to see when it is released
     untaken: dict[tuple[str, str], list[socket.socket]] = dataclasses.field(default_factory=dict)
-    #: privileged content calls per owner past their untaken check and not yet reported (under
-    #: ``lock``): each may leave one more descriptor untaken, so they count against the bound too
-    passing: collections.Counter[tuple[str, str]] = dataclasses.field(default_factory=collections.Counter)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     #: workers started per principal (under ``lock``): twice the front's bucket, so the front's own
     #: bound is never met here, even with its requests delayed or after a restart of the front; a
@@ -503,30 +500,10 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     if not isinstance(req.get("worker"), int) or req.get("rid") is None:
         raise Refused("content call without worker and rid")
     w = _bound_worker(state, principal, req["worker"])
-    with state.lock:
-        state.passing[w.owner] += 1
-    try:
-        return _content_passing(state, op, args, principal, follow, req, record, w)
-    finally:
-        with state.lock:
-            state.passing[w.owner] -= 1
-            if not state.passing[w.owner]:
-                del state.passing[w.owner]
-
-
-def _content_passing(state: State, op: str, args: dict[str, Any], principal: identity.Principal, follow: bool,
-                     req: dict[str, Any], record: dict[str, Any],
-                     w: Worker) -> tuple[dict[str, Any], str | None, int, Prepared]:
-    """:func:`_content` once this call counts in :attr:`State.passing`. The bound: a principal's
-    untaken descriptors plus its other calls passing one at this moment stay below
-    ``max(UNTAKEN_MAX, workers.per_account)`` (so calls at once cannot all pass one check)."""
     held = untaken(state, w.owner, w)
     if state.workers.get(w.pid) is not w:  # it was one of them: killed
         raise ToolError(INTERNAL_ERROR, "the worker ended during the call: it did not read its control socket")
-    with state.lock:
-        others = state.passing[w.owner] - 1
-    if held + others >= max(UNTAKEN_MAX, state.cfg.workers.per_account) or held >= UNTAKEN_MAX \
-            or (held and untaken(state) >= UNTAKEN_TOTAL):
+    if held >= UNTAKEN_MAX or (held and untaken(state) >= UNTAKEN_TOTAL):
         raise ToolError(HELPER_UNAVAILABLE, f"no privileged read for this principal: its workers left {held} "
                         "descriptors untaken in their sockets (a process of its account keeps them); "
                         "none is passed until they are released", reason=UNTAKEN)
