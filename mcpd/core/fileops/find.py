@@ -46,7 +46,7 @@ def find(root: str, ctx: Context, query: FindQuery) -> dict[str, Any]:
 
     Raises:
         ToolError: the root cannot be opened (the opener's error), or ``follow_symlinks`` was
-            asked on the privileged route (``INVALID_ARGUMENT``; SPEC §4.4 follows no symlink).
+            asked on the privileged route (``INVALID_ARGUMENT``; docs/REFERENCE.md §4.4 follows no symlink).
     """
     args = {
         "root": root,
