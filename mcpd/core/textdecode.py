@@ -1,4 +1,4 @@
-"""Decoding for the reading core (docs/REFERENCE.md §3 "decoding", issue 4's ``encoding`` argument).
+"""Decoding for the reading core (docs/REFERENCE.md §3 "decoding", the ``encoding`` argument).
 
 A byte-order mark selects UTF-8/16/32 and is stripped; otherwise the requested encoding is used
 (default UTF-8). ``auto`` means: BOM, else UTF-8 when the bytes are valid UTF-8, else the guess of

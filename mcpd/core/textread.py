@@ -52,7 +52,7 @@ class _Points:
 
 class LineIndex:
     """Sparse line offsets of recently read files, so a deep line read need not count every line
-    before it again (issue 11, workload "lines 300000-300100 of a 50 MiB log").
+    before it again (e.g. lines 300000-300100 of a 50 MiB log).
 
     A checkpoint ``(pos, line)`` says that byte ``pos`` of the file lies in line ``line``
     (1-based). Checkpoints are recorded every :data:`INDEX_STEP` bytes while a line-mode read
@@ -392,7 +392,7 @@ def _window(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimit
 
 
 def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]:
-    """Answer a ``files/read`` call from an open regular file (docs/REFERENCE.md §3, issue 4).
+    """Answer a ``files/read`` call from an open regular file (docs/REFERENCE.md §3).
 
     Args:
         fd: a descriptor open for reading (position is not used; only ``pread``).

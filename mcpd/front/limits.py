@@ -1,4 +1,4 @@
-"""Per-principal limits: requests per day and largest answer (issue 5; docs/REFERENCE.md §2.5).
+"""Per-principal limits: requests per day and largest answer (docs/REFERENCE.md §2.5).
 
 ``mcpd.yaml``'s ``limits`` (:class:`mcpd.common.config.Limits`) gives each principal a tier (``users``
 maps a principal name to a tier in ``tiers``; others get ``default``). Login principals are named

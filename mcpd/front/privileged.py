@@ -3,8 +3,9 @@
 The front never decides a privileged call: it forwards the caller's token, principal, session
 and peer with the operation to a :class:`PrivilegedBackend` (the policy process's client,
 :class:`mcpd.front.policy_client.backend.PolicyBackend`). The policy process checks the token and
-the grant and records the call; root opens the granted file or starts the walker. When no helper
-unit is configured, :class:`Unavailable` answers every call with ``HELPER_UNAVAILABLE``;
+the grant and records the call; root opens the granted file or starts the walker (the helper
+unit, ``mcpd-helper.service``, runs both). When no helper unit is configured, :class:`Unavailable`
+answers every call with ``HELPER_UNAVAILABLE`` (a public error code: it names the unit as a whole);
 ``privileged: true`` is never downgraded to an unprivileged read.
 """
 

@@ -251,7 +251,7 @@ class FileResources:
         self.privileged = privileged
         self.workspaces = dict(workspaces)
         self.default_workspace = default_workspace
-        self.limits: LimitsTracker | None = None  # the Dispatcher's, so resource reads count too (issue 5)
+        self.limits: LimitsTracker | None = None  # the Dispatcher's, so resource reads count too
         self.access: AccessLog | None = None  # the Dispatcher's: each read is one record (docs/REFERENCE.md §7.1)
 
     def list_templates(self) -> list[dict[str, Any]]:

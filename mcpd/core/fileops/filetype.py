@@ -1,4 +1,4 @@
-"""``files/filetype``: what a file is, without reading more than a sample (issue 4).
+"""``files/filetype``: what a file is, without reading more than a sample.
 
 One flow for both routes. The last component is first examined with ``lstat`` as the worker's own
 account (:func:`mcpd.core.walk.lstat_at`), so a symlink is reported as ``inode/symlink`` (with its

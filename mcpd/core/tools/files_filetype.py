@@ -1,4 +1,4 @@
-"""The ``files/filetype`` tool: what a file is, from a small sample (issue 4).
+"""The ``files/filetype`` tool: what a file is, from a small sample.
 
 Front side only: schema, argument checks and formatting of
 :func:`mcpd.core.fileops.filetype.op_filetype`'s result.

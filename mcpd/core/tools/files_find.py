@@ -1,4 +1,4 @@
-"""The ``files/find`` tool: search a tree by name glob, type and depth (issue 4).
+"""The ``files/find`` tool: search a tree by name glob, type and depth.
 
 Schema, description and the text of the op's result. The argument checks are
 :func:`mcpd.core.walk.parse_find_args`, which the privileged walker runs too; the walk is

@@ -1,4 +1,4 @@
-"""The ``files/list`` tool: a directory's entries with their metadata (issue 4).
+"""The ``files/list`` tool: a directory's entries with their metadata.
 
 Schema, description and the text of the op's result. The argument checks are
 :func:`mcpd.core.walk.parse_list_args`, which the privileged walker runs too; the walk is
