@@ -101,3 +101,11 @@ def test_nothing_refers_outside_the_repository() -> None:
                     hits.append(f"{path.relative_to(REPO)}:{lineno}: {word}")
     assert not hits, (f"{len(hits)} references to files outside the repository (cite docs/REFERENCE.md §N.M "
                       "or docs/PRIVSEP.md instead):\n" + "\n".join(hits[:50]))
+
+
+def test_install_systemd_ships_every_doc() -> None:
+    """``mcpd install-systemd`` puts every document of docs/ beside the others on the host."""
+    from mcpd.admin.install import PLACES
+
+    shipped = {place.source for place in PLACES if place.target.startswith("usr/local/share/doc/mcpd/")}
+    assert {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")} | {"README.md"} <= shipped
