@@ -17,8 +17,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Written in pieces so that this file does not name what it looks for.
-OUTSIDE = ("SPEC" + " §", "DESIGN" + ".md", ".." + "/shared")
+# Files outside the repository: the old behaviour contract (its sections or its name), its design
+# notes (any revision), a sibling folder. Written in pieces so that this file does not match.
+OUTSIDE = re.compile("SPEC" + " §" + r"|\bSPEC\.md|DESIGN[\w-]*\.md|\.\./" + "shared")
 
 # A repository-relative path: not part of a longer path or word (so /etc/mcpd/x is no match).
 REPO_PATH = re.compile(r"(?<![\w/.~$-])((?:mcpd|tests|docs|scripts|etc|systemd)/[\w.*<>{}+/-]*)")
@@ -73,6 +74,12 @@ def test_every_path_a_doc_names_exists() -> None:
     assert not missing, "paths named in the docs that the repository does not have:\n" + "\n".join(missing)
 
 
+def test_outside_references_are_recognised() -> None:
+    found = [m.group(0) for m in OUTSIDE.finditer(
+        "SPEC" + " §4.4, see SPEC" + ".md and DESIGN" + "-v2.md, " + "DESIGN" + ".md; .." + "/shared; docs/SPEC-NOTES.md")]
+    assert found == ["SPEC" + " §", "SPEC.md", "DESIGN-v2.md", "DESIGN" + ".md", ".." + "/shared"]
+
+
 def test_host_paths_are_not_repository_paths() -> None:
     assert named_paths("`/etc/mcpd/mcpd.yaml`, /usr/local/share/doc/mcpd/PRIVSEP.md, ~/docs/x") == []
     assert named_paths("see `docs/REFERENCE.md` and tests/unit/test_docs.py.") == [
@@ -96,9 +103,8 @@ def test_nothing_refers_outside_the_repository() -> None:
         except UnicodeDecodeError:
             continue
         for lineno, line in enumerate(text.splitlines(), 1):
-            for word in OUTSIDE:
-                if word in line:
-                    hits.append(f"{path.relative_to(REPO)}:{lineno}: {word}")
+            for m in OUTSIDE.finditer(line):
+                hits.append(f"{path.relative_to(REPO)}:{lineno}: {m.group(0)}")
     assert not hits, (f"{len(hits)} references to files outside the repository (cite docs/REFERENCE.md §N.M "
                       "or docs/PRIVSEP.md instead):\n" + "\n".join(hits[:50]))
 
