@@ -4,6 +4,8 @@
 - every repository path a doc names (``mcpd/...``, ``tests/...``, ``docs/...``, ``scripts/...``,
   ``etc/...``, ``systemd/...``) exists; paths on an installed host (``/etc/mcpd/...``) are not
   repository paths;
+- every section of docs/REFERENCE.md that something cites (``docs/REFERENCE.md §4.4, §5.1``)
+  is a numbered heading there;
 - nothing in the code, the tests, ``pyproject.toml`` or the docs cites a file outside the
   repository (the old behaviour contract's sections, its design notes, a sibling folder).
 """
@@ -94,6 +96,35 @@ def searched_files() -> list[Path]:
         found += sorted(p for p in (REPO / folder).rglob("*")
                         if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
     return found
+
+
+# A citation of the reference: its name, then one or more section numbers (§4.4, §1.2–§1.5).
+CITATION = re.compile(r"REFERENCE\.md,? (§ ?\d[\w.]*(?:(?:, | and |–|-| to )§ ?\d[\w.]*)*)")
+
+
+def reference_sections() -> set[str]:
+    """The numbers of docs/REFERENCE.md's headings (``1``, ``1.7``, ``4.5a``)."""
+    text = (REPO / "docs" / "REFERENCE.md").read_text(encoding="utf-8")
+    return set(re.findall(r"^#{2,3} (\d+(?:\.\d+[a-z]?)?)\.? ", text, re.MULTILINE))
+
+
+def test_cited_reference_sections_exist() -> None:
+    sections = reference_sections()
+    assert {"1.7", "4.5a", "7.2"} <= sections
+    unknown, cited = [], 0
+    for path in searched_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        for lineno, line in enumerate(text.splitlines(), 1):
+            for m in CITATION.finditer(line):
+                for number in re.findall(r"§ ?(\d[\w.]*)", m.group(1)):
+                    cited += 1
+                    if number.rstrip(".") not in sections:
+                        unknown.append(f"{path.relative_to(REPO)}:{lineno}: §{number}")
+    assert cited > 50
+    assert not unknown, "sections of docs/REFERENCE.md cited but not there:\n" + "\n".join(unknown)
 
 
 def test_nothing_refers_outside_the_repository() -> None:
