@@ -4,7 +4,10 @@ The ``.deb`` is installed on this machine with ``dpkg -i``, its daemon started b
 would start it (the ``ExecStart=`` lines and ``User=`` of the installed units: no systemd runs as
 PID 1 here), a file read through it with the installed ``linuxctl``, then upgraded to a rebuilt
 package (a higher release) with an edited ``/etc/mcpd/mcpd.yaml`` that must be kept, and purged.
-The ``.rpm`` is inspected (``rpm -qp``: files, conffiles, requirements, scripts).
+The ``.rpm`` is inspected (``rpm -qp``: files, conffiles, requirements, scripts). The Ansible role
+(``etc/ansible/roles/mcpd``) installs the same ``.deb`` with ``ansible-playbook -c local``: a first
+run changes, a second changes nothing, a grants-only change reloads rather than restarts, and a
+broken grants file is refused with the old one kept.
 
 Root only, and only on a machine where mcpd is not installed (the test would replace it). The
 teardown purges the package whatever happened, and removes the service accounts only when the
@@ -14,6 +17,7 @@ timeout.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
 import re
@@ -23,13 +27,16 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
+from mcpd.common import identity
 from mcpd.common.config import POLICY_USER, WALK_USER
 from tests.osaccounts import AccountFactory, remove_group, remove_user, require_root
 
@@ -104,6 +111,7 @@ def clean_machine() -> Iterator[AccountFactory]:
     finally:
         if _installed() or run("dpkg-query", "-W", "mcpd", check=False).returncode == 0:
             run("dpkg", "--purge", "mcpd", check=False, timeout=120)
+        shutil.rmtree("/var/cache/mcpd-package", ignore_errors=True)  # the Ansible role's copy of the .deb
         for name in ACCOUNTS:
             if name not in had and _exists_user(name):
                 remove_user(name)
@@ -284,3 +292,76 @@ def test_rpm_lists_the_files_conffiles_requirements_and_scripts(packages: Packag
     verbs = set(re.findall(r"systemctl ([a-z-]+)", "\n".join(commands)))
     assert verbs <= {"daemon-reload", "try-restart", "stop", "disable"}, verbs
     assert run("rpm", "-qp", "--qf", "%{VERSION}-%{RELEASE}", packages.rpm).stdout == "0.1.0-1"
+
+
+ROLES = REPO / "etc" / "ansible" / "roles"
+PLAYBOOK_BIN = Path(sys.executable).parent / "ansible-playbook"
+
+
+def _grants(paths: list[str]) -> dict[str, object]:
+    return {"users": {"reader": {"privileged": {"tools": {"files/read": {"allowed": True, "paths": paths}}}}}}
+
+
+def _playbook(folder: Path, deb: Path, grants: dict[str, object], users: dict[str, object]) -> Path:
+    play = [{"name": "mcpd", "hosts": "localhost", "gather_facts": True, "roles": [{"role": "mcpd", "vars": {
+        "mcpd_package_file": str(deb),
+        "mcpd_config": {"listen": {"host": "127.0.0.1", "port": 9391}, "tool_names": "portable"},
+        "mcpd_users": users, "mcpd_grants": grants}}]}]
+    path = folder / "play.yml"
+    path.write_text(yaml.safe_dump(play), encoding="utf-8")
+    return path
+
+
+def _ansible(folder: Path, playbook: Path) -> tuple[int, str, dict[str, int]]:
+    """One ``ansible-playbook -c local`` run: exit status, output, the PLAY RECAP counts."""
+    (folder / "inventory").write_text("localhost ansible_connection=local ansible_python_interpreter=/usr/bin/python3\n")
+    env = {"PATH": f"{PLAYBOOK_BIN.parent}:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": str(folder),
+           "ANSIBLE_ROLES_PATH": str(ROLES), "ANSIBLE_HOME": str(folder / "ansible"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCAL_TEMP": str(folder / "local-tmp"), "ANSIBLE_REMOTE_TEMP": str(folder / "remote-tmp"),
+           "ANSIBLE_RETRY_FILES_ENABLED": "0"}
+    proc = run(PLAYBOOK_BIN, "-i", folder / "inventory", playbook, check=False, timeout=600, env=env, cwd=folder)
+    recap = re.search(r"^localhost\s+:\s+(.*)$", proc.stdout, re.M)
+    assert recap, proc.stdout[-3000:] + proc.stderr[-3000:]
+    counts = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))}
+    return proc.returncode, proc.stdout + proc.stderr, counts
+
+
+def test_ansible_role_installs_then_changes_nothing_reloads_for_grants_and_refuses_broken_grants(
+        packages: Packages, clean_machine: AccountFactory, tmp_path: Path) -> None:
+    account = clean_machine.user()
+    _token, record = identity.new_token()
+    users = {"reader": {"os_user": account.name, "tokens": [dataclasses.asdict(record)]}}
+    users["reader"]["tokens"][0].pop("expires")  # type: ignore[index]
+    grants_path = Path("/etc/mcpd/mcp-sudo.yaml")
+
+    # First run: the package installed, the three files written (each validated), mcpd.yaml's
+    # handler notified.
+    status, out, counts = _ansible(tmp_path, _playbook(tmp_path, packages.deb, _grants(["/var/log"]), users))
+    assert status == 0 and counts["failed"] == 0 and counts["changed"] >= 4, out[-3000:]
+    assert "RUNNING HANDLER [mcpd : Restart mcpd]" in out
+    assert _installed()
+    assert run("/usr/sbin/mcpd", "config", "check", "/etc/mcpd/mcpd.yaml").returncode == 0
+    assert "port: 9391" in Path("/etc/mcpd/mcpd.yaml").read_text(encoding="utf-8")
+    st = os.stat("/etc/mcpd/users.yaml")
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600)
+    assert record.sha256 in Path("/etc/mcpd/users.yaml").read_text(encoding="utf-8")
+    assert record.sha256 not in out  # no_log: the digests stay out of the output
+
+    # Second run, same variables: nothing changes, no handler runs.
+    status, out, counts = _ansible(tmp_path, _playbook(tmp_path, packages.deb, _grants(["/var/log"]), users))
+    assert status == 0 and counts["changed"] == 0, out[-3000:]
+    assert "RUNNING HANDLER" not in out
+
+    # Only the grants change: a reload, not a restart.
+    status, out, counts = _ansible(tmp_path, _playbook(tmp_path, packages.deb, _grants(["/var/log", "/etc"]), users))
+    assert status == 0 and counts["changed"] == 1, out[-3000:]
+    assert "RUNNING HANDLER [mcpd : Reload mcpd grants and users]" in out
+    assert "RUNNING HANDLER [mcpd : Restart mcpd]" not in out
+    good = grants_path.read_bytes()
+
+    # A broken grants file (paths must be a list of strings) is refused by mcpd grants check; the
+    # old one stays.
+    status, out, counts = _ansible(tmp_path, _playbook(tmp_path, packages.deb, _grants([7]), users))  # type: ignore[list-item]
+    assert status != 0 and counts["failed"] == 1, out[-3000:]
+    assert "failed to validate" in out
+    assert grants_path.read_bytes() == good
