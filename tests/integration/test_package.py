@@ -228,6 +228,9 @@ def test_deb_installs_serves_upgrades_keeping_an_edited_config_and_purges(
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o640)
     assert run("/opt/mcpd/bin/mcpd", "--version").stdout.strip() == "mcpd 0.1.0"
     assert "parsed OK" in run("/usr/sbin/mcpd", "grants", "check", "/etc/mcpd/mcp-sudo.yaml").stdout
+    for unit in ("mcpd.service", "mcpd-helper.service", "mcpd-helper.socket"):  # the installed paths resolve
+        verify = run("systemd-analyze", "verify", "--no-pager", UNITS / unit, check=False, timeout=60)
+        assert (verify.returncode, verify.stdout.strip(), verify.stderr.strip()) == (0, "", ""), unit + verify.stderr
     conffiles = run("dpkg-query", "-W", "-f", "${Conffiles}", "mcpd").stdout
     for name in ("/etc/mcpd/mcpd.yaml", "/etc/mcpd/mcp-sudo.yaml", "/etc/pam.d/mcpd", "/etc/logrotate.d/mcpd"):
         assert name in conffiles
