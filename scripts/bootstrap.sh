@@ -17,6 +17,8 @@ command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 # the audit log's rotation is tested with the real logrotate and the shipped etc/logrotate.d/mcpd
 command -v logrotate >/dev/null 2>&1 || need_apt+=(logrotate)
+# the packages' tests inspect the .rpm that scripts/package/build.sh makes (tests/integration/test_package.py)
+command -v rpm >/dev/null 2>&1 || need_apt+=(rpm)
 if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
 [ -x /usr/bin/python3 ] || need_apt+=(python3 python3-venv)
 if [ "${1:-}" = "--check" ]; then

@@ -2,7 +2,8 @@
 
 The other command groups live in their own modules (``users``: :mod:`mcpd.admin.users_cli` with
 :mod:`mcpd.admin.sessions_cli`; ``grants``: :mod:`mcpd.admin.grants_cli` with ``grants at`` from
-:mod:`mcpd.admin.audit_cli`; ``audit``) and are registered at the bottom of this file.
+:mod:`mcpd.admin.audit_cli`; ``audit``; ``config check`` and ``users check``:
+:mod:`mcpd.admin.check_cli`) and are registered at the bottom of this file.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import click
 
 from mcpd.admin import certs
 from mcpd.admin.audit_cli import audit, grants_at
+from mcpd.admin.check_cli import config, users_check
 from mcpd.admin.grants_cli import grants
 from mcpd.admin.sessions_cli import sessions, unlock_cmd
 from mcpd.admin.users_cli import users
@@ -190,6 +192,8 @@ grants.add_command(grants_at)  # `mcpd grants at TIME`: the grants in force then
 main.add_command(grants)
 main.add_command(audit)
 main.add_command(users)
+main.add_command(config)  # `mcpd config check FILE`; `mcpd users check FILE` below
+users.add_command(users_check)
 users.add_command(sessions)
 users.add_command(unlock_cmd)
 

@@ -61,6 +61,7 @@ PLACES = (
     Place("docs/PRIVSEP.md", "usr/local/share/doc/mcpd/PRIVSEP.md"),
     Place("docs/INTERNALS.md", "usr/local/share/doc/mcpd/INTERNALS.md"),
     Place("docs/SPEC-NOTES.md", "usr/local/share/doc/mcpd/SPEC-NOTES.md"),
+    Place("docs/PACKAGING.md", "usr/local/share/doc/mcpd/PACKAGING.md"),
     Place("README.md", "usr/local/share/doc/mcpd/README.md"),
 )
 

@@ -1,0 +1,29 @@
+#!/bin/sh
+# mcpd package: after its files are unpacked (deb postinst, rpm %post). Creates the service
+# accounts (systemd-sysusers) and folders with their owners and modes (systemd-tmpfiles), and
+# makes systemd read the units again. It never enables or starts a unit: on an upgrade it
+# restarts only the units that are running already (they would otherwise run the old code
+# beside the new files).
+# Arguments: deb "configure OLD-VERSION" (OLD-VERSION empty on a first install), or
+# "abort-*" (nothing to do); rpm "1" (install) or "2" (upgrade).
+set -e
+case "$1" in
+  configure) if [ -n "$2" ]; then upgrade=yes; else upgrade=no; fi ;;
+  1) upgrade=no ;;
+  2) upgrade=yes ;;
+  *) exit 0 ;;
+esac
+# The accounts first: the tmpfiles lines name them.
+systemd-sysusers /usr/lib/sysusers.d/mcpd.conf
+systemd-tmpfiles --create /usr/lib/tmpfiles.d/mcpd.conf
+if [ -d /run/systemd/system ]; then
+  systemctl daemon-reload || true
+  if [ "$upgrade" = yes ]; then
+    systemctl try-restart mcpd-helper.service mcpd.service || true
+  fi
+fi
+if [ "$upgrade" = no ]; then
+  echo "mcpd: installed, not started. Edit /etc/mcpd/mcpd.yaml (TLS: mcpd certs, see"
+  echo "/usr/share/doc/mcpd/README.md), then: systemctl enable --now mcpd-helper.socket mcpd.service"
+fi
+exit 0
