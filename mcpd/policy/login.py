@@ -59,7 +59,7 @@ from mcpd.common.folders import read_file, write_file
 from mcpd.common.inflight import InFlight
 
 LOCKOUT_FILE = "lockout.json"
-PAM_WORKERS = 8  # the helper's login threads (server.CLASSES): PAM never queues behind another login
+PAM_WORKERS = 8  # the login class's threads (requests.CLASSES): PAM never queues behind another login
 PAM_TIMEOUT_SECONDS = 10.0
 MAX_ADDRESSES = 1024
 _ID = re.compile(r"[0-9a-f]{12}")
