@@ -36,7 +36,8 @@ from mcpd.common.validate import check_path
 from mcpd.helper.wire import frames
 from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_REGULAR_FILE, PERMISSION_DENIED, TIMEOUT,
                                      ToolError, from_oserror)
-from mcpd.policy import grants
+from mcpd.common import grantmatch
+from mcpd.policy.grants import os_groups
 from mcpd.policy.opened import described
 from mcpd.policy.state import CONTENT_OPS, WALK_OPS, Refused, State, Worker, principal_of
 from mcpd.policy.workers import NOT_YOURS, UNTAKEN, UNTAKEN_MAX, UNTAKEN_TOTAL, bound_worker, check_started, kill_worker, untaken
@@ -54,7 +55,7 @@ def _deadline(args: dict[str, Any], default: float) -> float:
 
 
 def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
-    """``privileged_call {token, session, peer, op, args, cap?, worker?, rid?}`` (SPEC §4.1-4.5a).
+    """``privileged_call {token, session, peer, op, args, cap?, worker?, rid?}`` (docs/REFERENCE.md §4.1-4.5a).
 
     Decides the grant for the token's principal, then: content ops open the file once and hand the
     descriptor to the principal's worker ``worker`` (its reply, id ``rid``, goes to the front);
@@ -76,21 +77,21 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     except ToolError as exc:
         state.audit.record("reject", decision="reject", reason=exc.message, outcome=exc.code, **who)
         raise
-    groups = grants.os_groups(principal.os_user)
+    groups = os_groups(principal.os_user)
     policy = state.policy.policy
     login_time = None if login is None else datetime.datetime.fromtimestamp(login.login_time, datetime.timezone.utc)
     used = login is not None and state.issued.used(login.id)  # before this call's claim: the walker decides alike
-    decision = grants.decide(policy, principal.os_user, groups, op, requested, grants.utcnow(),
+    decision = grantmatch.decide(policy, principal.os_user, groups, op, requested, grantmatch.utcnow(),
                              login_time=login_time, login_used=used)
     if decision.allowed and decision.reauth_after == 0 and login is not None and not state.issued.claim(login.id):
-        decision = dataclasses.replace(decision, allowed=False, reason=grants.REAUTH)  # one login, one call
+        decision = dataclasses.replace(decision, allowed=False, reason=grantmatch.REAUTH)  # one login, one call
     # the rule that decided; for a refusal because a rule expired, that rule and when (decide's note)
     record = dict(who, requested_path=requested, resolved_path=decision.resolved_path,
                   grant=decision.rule or (decision.note if not decision.allowed and decision.note else None))
     if not decision.allowed or decision.resolved_path is None:
         state.audit.record("reject", decision="reject", reason=decision.reason, outcome=PERMISSION_DENIED, bytes=0,
                            duration_ms=_ms(started), **record)
-        hint = "; run: linuxctl login, then use the new token" if decision.reason == grants.REAUTH else ""
+        hint = "; run: linuxctl login, then use the new token" if decision.reason == grantmatch.REAUTH else ""
         raise ToolError(PERMISSION_DENIED, f"permission denied: {requested}: {decision.reason}{hint}",
                         path=requested, reason=decision.reason)
     args[key] = decision.resolved_path
@@ -175,9 +176,9 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     if real != args["path"]:  # through a symlink (a grant on /): the record names the file root opened too
         record["real_path"] = real
     try:
-        if grants.is_secret(state.policy.policy, real):
+        if grantmatch.is_secret(state.policy.policy, real):
             raise ToolError(PERMISSION_DENIED, f"permission denied: {args['path']}", path=args["path"],
-                            reason=grants.SECRET)
+                            reason=grantmatch.SECRET)
         if not w.busy.acquire(blocking=False):
             raise ToolError(HELPER_UNAVAILABLE, "that worker is busy", reason="busy")
         try:
@@ -284,7 +285,7 @@ def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:
         w.reports += chunk
 
 
-def _walk(state: State, policy: grants.Policy, op: str, args: dict[str, Any], os_user: str, groups: list[str],
+def _walk(state: State, policy: grantmatch.Policy, op: str, args: dict[str, Any], os_user: str, groups: list[str],
           follow: bool, login: tuple[float, bool] | None = None) -> dict[str, Any]:
     """Run one walk in a new walker (root's fork server; :mod:`mcpd.walker`): send it the call and
     ``policy``, the grants that decided the call (not the ones in force now: a reload since the
@@ -297,7 +298,7 @@ def _walk(state: State, policy: grants.Policy, op: str, args: dict[str, Any], os
     pid, ours, pidfd = state.root.walk()
     # (the frame after the walker's start: whatever a reload does meanwhile, it carries ``policy``)
     frame = {"op": op, "args": args, "os_user": os_user, "groups": groups, "follow": follow,
-             "grants": policy.text, "secrets": list(policy.secrets),
+             "rules": grantmatch.rules_to_wire(policy, os_user, set(groups), op), "secrets": list(policy.secrets),
              "login_time": None if login is None else login[0], "login_used": login is not None and login[1]}
     end = time.monotonic() + _deadline(args, state.cfg.workers.timeout_seconds)
     try:

@@ -103,7 +103,7 @@ def handle_kill(state: State, req: dict[str, Any]) -> dict[str, Any]:
 
 
 def handle_login(state: State, req: dict[str, Any]) -> dict[str, Any]:
-    """``pam_login {user, password, peer}`` (SPEC §5.2, §5.3) → ``{token, expires, os_user}`` once,
+    """``pam_login {user, password, peer}`` (docs/REFERENCE.md §5.2, §5.3) → ``{token, expires, os_user}`` once,
     or ``ok: false`` whatever went wrong (the reason is in the audit record only); every answer
     leaves after the same time (:mod:`mcpd.policy.login`)."""
     found = state.login.login(req["user"], req["password"], req["peer"])

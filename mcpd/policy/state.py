@@ -78,7 +78,7 @@ class State:
         self.spawns = TokenBuckets(2 * self.cfg.workers.spawn_burst, self.cfg.workers.spawns_per_second)
 
     def authenticate(self, token: str) -> tuple[identity.Principal, Issued | None] | None:
-        """The principal of a ``users.yaml`` token or of a login token (SPEC §5), else None."""
+        """The principal of a ``users.yaml`` token or of a login token (docs/REFERENCE.md §5), else None."""
         self.users.refresh()
         principal = identity.verify(self.users.current, token)
         if principal is not None:

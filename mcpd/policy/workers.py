@@ -221,7 +221,7 @@ def _still_bound(state: State, w: Worker, usable: dict[str, bool]) -> bool:
 
 def end_revoked(state: State) -> None:
     """End the workers whose principal was removed or rebound, whose token was removed, rotated
-    or expired, or whose login's account was locked or expired (SPEC §5.3: within seconds). The
+    or expired, or whose login's account was locked or expired (docs/REFERENCE.md §5.3: within seconds). The
     front ends them too; this is for a front that would not (docs/PRIVSEP.md §7): it could
     otherwise go on reading with the account's rights through a worker it holds. Each is killed
     (one ``kill`` record) on a thread of its own, so the accept loop never waits on root."""

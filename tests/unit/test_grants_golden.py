@@ -30,7 +30,8 @@ import pytest
 from click.testing import CliRunner
 
 from mcpd.admin.grants_cli import grants
-from mcpd.policy.grants import PolicyError, decide, parse_duration, parse_policy
+from mcpd.common.grantmatch import decide
+from mcpd.policy.grants import PolicyError, parse_duration, parse_policy
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 DEFAULT_NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)

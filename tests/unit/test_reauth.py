@@ -7,7 +7,8 @@ import textwrap
 
 import pytest
 
-from mcpd.policy.grants import REAUTH, PolicyError, decide, fresh_enough, parse_duration, parse_policy
+from mcpd.common.grantmatch import REAUTH, decide, fresh_enough
+from mcpd.policy.grants import PolicyError, parse_duration, parse_policy
 
 NOW = datetime.datetime(2026, 6, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
 

@@ -19,10 +19,8 @@ from click.testing import CliRunner
 
 from mcpd.admin.grants_cli import grants
 from mcpd.common.identity import parse_users, verify
-from mcpd.policy.grants import (
-    DENIED, GRANTED, NO_GRANT, REAUTH, RULE_KEYS, SECRET, TOOLS, decide, load_policy, parse_policy, secret_paths,
-)
-from mcpd.policy.entries import entry_covers_root
+from mcpd.common.grantmatch import DENIED, GRANTED, NO_GRANT, REAUTH, SECRET, TOOLS, decide, entry_covers_root
+from mcpd.policy.grants import RULE_KEYS, load_policy, parse_policy, secret_paths
 
 ETC = Path(__file__).resolve().parents[2] / "etc"
 DAEMON = ETC / "mcpd/mcpd.yaml"
