@@ -32,6 +32,7 @@ from typing import Any
 from mcpd.common import identity
 from mcpd.common.audit import REFUSED_AT_OPEN, Prepared, find_fields
 from mcpd.common.config import CAP_KEY
+from mcpd.common.deadline import deadline_seconds
 from mcpd.common.validate import check_path
 from mcpd.helper.wire import frames
 from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_REGULAR_FILE, PERMISSION_DENIED, TIMEOUT,
@@ -44,14 +45,10 @@ from mcpd.policy.workers import NOT_YOURS, UNTAKEN, UNTAKEN_MAX, UNTAKEN_TOTAL, 
 
 log = logging.getLogger("mcpd.policy")
 
-WALK_MAX_SECONDS = 60.0  # files/find's largest time_budget_seconds (core.walk checks it in the walker)
-
-
 def _deadline(args: dict[str, Any], default: float) -> float:
-    budget = args.get("time_budget_seconds")  # not parsed here: NaN, bool and junk get the default
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
-        return default
-    return float(min(budget, WALK_MAX_SECONDS)) + 5.0  # (min first: float(10**400) would overflow)
+    """A call's own deadline (:func:`~mcpd.common.deadline.deadline_seconds`: a find's capped
+    budget plus the margin), else ``default`` (``workers.timeout_seconds``)."""
+    return deadline_seconds(args, 0.0) or default
 
 
 def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
