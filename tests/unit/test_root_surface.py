@@ -24,7 +24,7 @@ from tests.codelines import code_lines
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_MODULE = "mcpd.helper.main"
 MAIN_FILE = ("mcpd.helper.__main__", "mcpd/helper/__main__.py")  # run by `python -m mcpd.helper`
-BUDGET = 921  # code lines of mcpd loaded as root; back to 800 when root gets its own folder
+BUDGET = 960  # code lines of mcpd loaded as root (the request table checker: +41); 800 next
 #             for the object rule of root's opener (places, /proc) and the capability drop), and
 #             issue 28's root review (+35): secrets resolved at each open and a certbot key's
 #             folder (+1), overlays over a secret (+11), plain ids (+6), accounts that reach the
