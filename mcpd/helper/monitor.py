@@ -38,7 +38,7 @@ from mcpd.helper.wire.pathmatch import clean_path
 from mcpd.helper.wire.requests import Key, Request, SchemaError
 from mcpd.helper.wire.rootconf import POLICY_USER, WALK_USER, RootSettings, plain_ids
 from mcpd.helper.shadow import usable
-from mcpd.helper import opener
+from mcpd.helper.wire import opener
 from mcpd.helper.forkserver import ForkServer
 
 log = logging.getLogger("mcpd.helper")
