@@ -30,7 +30,7 @@ import socket
 import threading
 from typing import Any
 
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
 from mcpd.common.filesig import Signature
 

@@ -51,7 +51,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mcpd.common import identity
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.common.buckets import TokenBuckets
 from mcpd.common.config import CAP_KEY, Config
 from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_REGULAR_FILE, PERMISSION_DENIED, RATE_LIMITED,

@@ -43,7 +43,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
 from mcpd.core import walk
 from mcpd.helper.wire import opener

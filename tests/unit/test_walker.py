@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.walker import main as walker
 
 ALLOWED = {"mcpd", "mcpd.common", "mcpd.core", "mcpd.core.walk", "mcpd.helper", "mcpd.policy", "mcpd.policy.grants", "mcpd.policy.entries",
