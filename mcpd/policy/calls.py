@@ -34,7 +34,7 @@ from mcpd.common.audit import REFUSED_AT_OPEN, Prepared, find_fields
 from mcpd.common.config import CAP_KEY
 from mcpd.common.deadline import deadline_seconds
 from mcpd.common.validate import check_path
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_REGULAR_FILE, PERMISSION_DENIED, TIMEOUT,
                                      ToolError, from_oserror)
 from mcpd.common import grantmatch

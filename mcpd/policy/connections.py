@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
 from mcpd.policy.requests import CLASSES, REQUESTS, check_request
 from mcpd.policy.state import Refused, State

@@ -1,6 +1,6 @@
 """Descriptors root opened for privileged reads, kept for the next read of the same path.
 
-A privileged read asks root to open the granted path (:mod:`mcpd.helper.opener`): one round trip
+A privileged read asks root to open the granted path (:mod:`mcpd.helper.wire.opener`): one round trip
 to root and about a fifth of the privileged route's cost. Reading the same file again (an agent
 paging through a log) does not need a new open, only the same proof that the descriptor is what
 the path names now. So the policy process keeps the read descriptors root gave it, by principal

@@ -23,7 +23,7 @@ import termios
 import threading
 
 from mcpd.common import identity
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
 from mcpd.helper.wire.rootconf import WORKER_START_GID
 from mcpd.policy.state import EXITED_KEPT, State, Worker

@@ -18,7 +18,7 @@ principal (the secrets never are), sends one reply frame ``{"ok": true, "result"
 
 The grants judge the path asked; the secrets and processes are judged by the object actually
 opened (:class:`Objects`): every folder the walk opens and every entry it shows is taken as
-its place (:func:`mcpd.helper.opener.place`: its file system and its path from that file
+its place (:func:`mcpd.helper.wire.opener.place`: its file system and its path from that file
 system's root), and the secrets' patterns are moved to places too, so a symlink or a bind mount
 to the policy's state folder, or to the folder of ``users.yaml``, lists nothing secret. A
 process's ``/proc`` folder (``/proc/PID``, ``self``, ``thread-self``) is never shown or entered,
@@ -44,10 +44,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
 from mcpd.core import walk
-from mcpd.helper import opener
+from mcpd.helper.wire import opener
 from mcpd.common import grantmatch
 
 REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and the grants text (the grants file is at most 1 MiB)
@@ -138,7 +138,7 @@ class Objects:
 
     def judge(self, fd: int) -> str | None:
         """Why a folder (any descriptor) is never listed: its place is refused or cannot be told
-        (:data:`mcpd.helper.opener.Judge`, for the opener of the walk's folders)."""
+        (:data:`mcpd.helper.wire.opener.Judge`, for the opener of the walk's folders)."""
         try:
             return self.refused(opener.place(fd, self.table))
         except (OSError, KeyError, ValueError):

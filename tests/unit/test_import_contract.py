@@ -2,9 +2,11 @@
 
 The contracts live in ``pyproject.toml`` (``[tool.importlinter]``) and are checked by import-linter's
 ``lint-imports``, which follows chains as well as direct imports. In short: the root helper imports
-only ``mcpd.common`` and ``mcpd.helper`` (never the policy, no parser or web stack); the policy
-process only ``mcpd.common``; the walker of privileged list/find (``mcpd.walker``) only
-``mcpd.common``, ``mcpd.core.walk``, the policy's grant matcher and root's opener; ``core`` imports only ``common``; ``common`` imports none of the others;
+only ``mcpd.helper`` (its own code and the wire layer ``mcpd.helper.wire``; never the policy, no
+parser or web stack); the wire layer nothing of mcpd outside it; the policy process only
+``mcpd.common`` and the wire layer; the walker of privileged list/find (``mcpd.walker``) only
+``mcpd.common``, the wire layer (the opener among it), ``mcpd.core.walk`` and the grant matcher;
+``core`` imports only ``common``; ``common`` imports none of the others;
 ``worker`` only ``common`` and ``core``; the front and the client never import root-side code;
 ``mcpd dev``'s modules import one way (devmode, devroot, devsupervisor, devstate and devstop).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -37,6 +40,18 @@ def test_import_contracts_are_kept() -> None:
     proc = lint_imports(REPO)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_contract_that_keeps_out_root_code_keeps_out_all_of_it() -> None:
+    """A contract naming one of root's own modules (``mcpd/helper/*.py``, the wire layer aside)
+    names every one of them, so a module added to root is kept from the others too."""
+    root_only = {f"mcpd.helper.{p.stem}" for p in (REPO / "mcpd/helper").glob("*.py")} - {
+        "mcpd.helper.__init__", "mcpd.helper.__main__"}
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"]
+    for contract in contracts:
+        forbidden = set(contract.get("forbidden_modules", ()))
+        if forbidden & root_only:
+            assert root_only <= forbidden, f"{contract['id']} misses {sorted(root_only - forbidden)}"
 
 
 def test_import_contract_catches_a_forbidden_import(tmp_path: Path) -> None:

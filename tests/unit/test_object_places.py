@@ -1,5 +1,5 @@
 """The object rule of the privileged route (issue 28, items 3 and 4): an open descriptor is judged
-by its place (:func:`mcpd.helper.opener.place`: its file system and its path from that file
+by its place (:func:`mcpd.helper.wire.opener.place`: its file system and its path from that file
 system's root), never by the spelling that reached it; the walker screens every folder and entry
 by place. Root only: the detours are real bind mounts and a second ``proc`` mount, each
 unmounted before the test ends.
@@ -21,7 +21,7 @@ import yaml
 
 from mcpd.common.grantmatch import rules_to_wire
 from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
-from mcpd.helper import opener
+from mcpd.helper.wire import opener
 from mcpd.policy.grants import parse_policy
 from mcpd.walker import main as walker
 

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import yaml
 
+from mcpd.common import frames
 from mcpd.common.grantmatch import rules_to_wire
-from mcpd.helper.wire import frames
 from mcpd.policy.grants import parse_policy
 from mcpd.walker import main as walker
 
 ALLOWED = {"mcpd", "mcpd.common", "mcpd.core", "mcpd.core.walk", "mcpd.helper", "mcpd.common.grantmatch",
-           "mcpd.helper.wire.pathmatch", "mcpd.helper.opener", "mcpd.walker", "mcpd.walker.main"}
+           "mcpd.helper.wire.pathmatch", "mcpd.walker", "mcpd.walker.main"}
 
 
 @pytest.fixture
@@ -157,7 +157,8 @@ def test_no_well_formed_request_exits_1_without_reply(junk: bytes) -> None:
 
 
 def test_walker_imports_only_its_allowed_modules() -> None:
-    """Common, core.walk and the grant matcher and opener: no reading core, no helper state, no PAM."""
+    """Common, the wire layer (its opener among it), core.walk and the grant matcher: no reading
+    core, no root code, no PAM."""
     code = "import json, sys; import mcpd.walker.main; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60, check=True)
     mods = json.loads(out.stdout)
