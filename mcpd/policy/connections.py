@@ -26,7 +26,8 @@ from typing import Any
 
 from mcpd.common import frames
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
-from mcpd.policy.requests import CLASSES, REQUESTS, check_request
+from mcpd.helper.wire.requests import Request
+from mcpd.policy.requests import CLASSES, check_request
 from mcpd.policy.state import Refused, State
 from mcpd.policy.workers import REVOKE_SECONDS, end_revoked, reap, untaken
 
@@ -102,9 +103,9 @@ class Connection:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
 
-    def _run(self, kind: str, req: dict[str, Any], slot: threading.Semaphore) -> None:
+    def _run(self, entry: Request, req: dict[str, Any], slot: threading.Semaphore) -> None:
         try:
-            reply = REQUESTS[kind][2](self.state, req)
+            reply = entry.handler(self.state, req)
         except ToolError as exc:
             reply = {"ok": False, "error": exc.to_dict()}
         except Refused as exc:
@@ -112,7 +113,7 @@ class Connection:
             self.sock.shutdown(socket.SHUT_RDWR)
             return
         except Exception:
-            log.exception("request %s failed", kind)
+            log.exception("request %s failed", entry.name)
             reply = {"ok": False, "error": ToolError(INTERNAL_ERROR, "internal error").to_dict()}
         finally:
             slot.release()
@@ -147,20 +148,20 @@ class Connection:
         Other requests go to their capacity class's threads."""
         try:
             while (req := self._read_frame()) is not None:
-                kind = check_request(req)
-                cls = REQUESTS[kind][0]
+                entry = check_request(req)
+                cls = entry.pool
                 pool, slot = self.pools[cls]
                 if not slot.acquire(blocking=False):
-                    if kind == "privileged_call":  # received, so recorded here (the front does not)
+                    if entry.name == "privileged_call":  # received, so recorded here (the front does not)
                         self.state.audit.record("reject", tool=req["op"], route="privileged", session=req["session"],
                                                 peer=req["peer"], decision="reject", reason="the helper is busy",
                                                 outcome=HELPER_UNAVAILABLE)
                     self.reply(req["id"], {"ok": False, "error": ToolError(HELPER_UNAVAILABLE, "the helper is busy", reason="busy").to_dict()})
                     continue
                 if cls == "call":  # on this thread: no hand-over on the privileged route's critical path
-                    self._run(kind, req, slot)
+                    self._run(entry, req, slot)
                 else:
-                    pool.submit(self._run, kind, req, slot)
+                    pool.submit(self._run, entry, req, slot)
         except Refused as exc:
             self.state.audit.record("alert", peer=self.peer, reason=str(exc)[:200])
         except (frames.FrameError, RecursionError) as exc:
