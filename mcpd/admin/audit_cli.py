@@ -1,4 +1,4 @@
-"""``mcpd audit``: read, prove and replay the audit logs (SPEC §7).
+"""``mcpd audit``: read, prove and replay the audit logs (docs/REFERENCE.md §7).
 
 * ``mcpd audit tail [-n N] [--json] [--user U] [--decision D] [--path GLOB] [--event E]
   [--since T] [--until T] [--follow] [--access]`` — the last records of the log and its rotated

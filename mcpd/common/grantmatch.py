@@ -9,8 +9,13 @@ A path is judged as a tuple of components (:func:`mcpd.helper.wire.pathmatch.com
 as a string, so ``/srv/app`` can never match ``/srv/app-evil`` and no glob can match a ``/``: an
 entry covers a path when it matches the path itself or one of its ancestors; ``*``, ``?`` and
 ``[...]`` match within one component (``fnmatch.fnmatchcase``), ``**`` zero or more whole
-components. Deny entries of every rule that applies win, and the daemon's own secrets
-(:attr:`Policy.secrets`) are a fixed deny checked before any grant (docs/REFERENCE.md §4).
+components. The rules (docs/REFERENCE.md §4): the daemon's own secrets (:attr:`Policy.secrets`)
+are a fixed deny checked before any grant, ``/`` included; ``deny`` entries of every rule that
+applies to the user for the tool win, even those of a rule ``allowed: false`` or expired;
+``reauth_after`` (like sudo's ``timestamp_timeout``) needs a password login of the account at most
+that long ago (``0``: one login, one call), never a static token; symlinks may be followed only
+when the allowing entry covers ``/`` and no deny applies, and the caller then checks the opened
+descriptor's real path with :func:`is_secret`.
 """
 
 from __future__ import annotations

@@ -15,23 +15,10 @@ The file (docs/REFERENCE.md §4.2)::
     groups:
       ops: {privileged: {tools: {...}}}       # members of the OS group (primary group included)
 
-Loading is strict like ``visudo -c`` (:func:`load_policy`); the decision
-(:func:`mcpd.common.grantmatch.decide`, shared with the walker) is a pure function of the policy,
-the user, the user's groups, the tool, the path and the time, like sudo's policy plugin. Choices
-the behaviour reference leaves open:
-
-* Keys under ``users:`` are OS user names (the policy process passes the principal's ``os_user``).
-* ``deny`` entries of every rule that applies to the user for the tool are honoured, even those of
-  a rule that is ``allowed: false`` or expired: a deny only ever narrows (fail closed).
-* ``reauth_after`` (like sudo's ``timestamp_timeout``): a call under such a rule needs a token
-  from a password login (``linuxctl login``) of that OS account at most that long ago; a static
-  ``users.yaml`` token never satisfies it. ``0`` means every call: one password login satisfies
-  one such call. Otherwise the answer is ``reauthentication required``.
-* Symlinks may be followed (docs/REFERENCE.md §4.4) only when the allowing entry covers ``/`` and no deny entry
-  applies to the user for the tool (a followed link could otherwise reach a denied file).
-* The daemon's own secrets (docs/REFERENCE.md §4.5a, :func:`secret_paths`) are a fixed deny checked before any
-  grant, ``/`` included: :attr:`Policy.secrets`. A followed symlink can still reach one, so the
-  opener's caller checks the descriptor's real path with :func:`is_secret` after opening.
+Loading is strict like ``visudo -c`` (:func:`load_policy`): every error is ``file:line:
+message``. What the rules mean (deny wins, ``reauth_after``, symlinks, the daemon's own secrets)
+is decided by :func:`mcpd.common.grantmatch.decide`, shared with the walker. Keys under ``users:``
+are OS user names (the policy process passes the principal's ``os_user``).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from mcpd.core import walk
 from mcpd.helper.wire import opener
 from mcpd.common import grantmatch
 
-REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and the grants text (the grants file is at most 1 MiB)
+REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and its rules (from a grants file of at most 1 MiB)
 READ_SECONDS = 5.0  # the helper sends the request as soon as the walker exists
 OPS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any], dict[str, Any]]]] = {  # op -> (walk, parse)
     "files/list": (walk.walk_list, walk.parse_list_args), "files/find": (walk.walk_find, walk.parse_find_args)}

@@ -1,4 +1,4 @@
-"""SPEC §4.5a: the daemon's own secrets are a fixed deny that no grant overrides, ``/`` included."""
+"""docs/REFERENCE.md §4.5a: the daemon's own secrets are a fixed deny that no grant overrides, ``/`` included."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) of grant matching (SPEC §4.3) against a brute-force matcher written
+"""Property tests (hypothesis) of grant matching (docs/REFERENCE.md §4.3) against a brute-force matcher written
 here: lexical cleaning by a component stack, per-component globs by plain recursion, and ``**``
 by trying every split. The product's ``mcpd.helper.wire.pathmatch``, ``mcpd.common.grantmatch`` (entries and ``decide``) are only
 imported. Derandomized, bounded example counts.

@@ -1,4 +1,4 @@
-"""``reauth_after`` in grants (issue 5; SPEC §4.1, §5.2): strict schema, pure decision."""
+"""``reauth_after`` in grants (issue 5; docs/REFERENCE.md §4.1, §5.2): strict schema, pure decision."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tool registry (SPEC §2.4): tool name → the module that defines it.
+"""The tool registry (docs/REFERENCE.md §2.4): tool name → the module that defines it.
 
 Each tool module defines ``NAME``, ``DESCRIPTION``, ``INPUT_SCHEMA``, ``parse_args(args)`` and
 ``format_result(result)`` (see docs/INTERNALS.md). The front lists and dispatches exactly the
@@ -38,7 +38,7 @@ TOOLS: Mapping[str, ToolModule] = _registry(files_read, files_list, files_find, 
 
 def portable_name(name: str) -> str:
     """The spelling of tool ``name`` every LLM API accepts (``^[a-zA-Z0-9_-]{1,64}$``):
-    ``files/read`` → ``files_read`` (SPEC §2.4, ``tool_names: portable``)."""
+    ``files/read`` → ``files_read`` (docs/REFERENCE.md §2.4, ``tool_names: portable``)."""
     return name.replace("/", "_")
 
 
