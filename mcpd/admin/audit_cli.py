@@ -1,4 +1,4 @@
-"""``mcpd audit``: read, prove and replay the audit logs (SPEC §7).
+"""``mcpd audit``: read, prove and replay the audit logs (docs/REFERENCE.md §7).
 
 * ``mcpd audit tail [-n N] [--json] [--user U] [--decision D] [--path GLOB] [--event E]
   [--since T] [--until T] [--follow] [--access]`` — the last records of the log and its rotated
@@ -41,7 +41,8 @@ from mcpd.admin import auditlog
 from mcpd.common.audit import JOURNAL_SOCKET, REFUSED_AT_OPEN, Head
 from mcpd.common.printable import printable
 from mcpd.admin.grants_cli import _any_owner_option, _config_option, _defaults, _file_option, _load
-from mcpd.policy.grants import DENIED, NO_GRANT, SECRET, TOOLS, decide, os_groups, utcnow
+from mcpd.common.grantmatch import DENIED, NO_GRANT, SECRET, TOOLS, decide, utcnow
+from mcpd.policy.grants import os_groups
 
 
 def _time_option(name: str, help_text: str) -> Any:

@@ -1,7 +1,7 @@
 """``mcpd grants``: the operator commands for ``mcp-sudo.yaml`` (docs/REFERENCE.md §4.5).
 
 ``check`` (like ``visudo -c``, with lint warnings), ``list --user U`` (like ``sudo -l -U U``),
-``test`` (one call decided by the daemon's own :func:`mcpd.policy.grants.decide`, then root's
+``test`` (one call decided by the daemon's own :func:`mcpd.common.grantmatch.decide`, then root's
 opener predicted) and ``export`` (text or JSON). The grants file and the fixed deny come from
 ``mcpd.yaml`` (``--config``, default ``/etc/mcpd/mcpd.yaml`` when it exists) as the daemon
 computes them; a broken file makes ``list``, ``test`` and ``export`` exit 78. Text from the file
@@ -29,11 +29,9 @@ from mcpd.admin.grants_view import duration_text, policy_to_dict, reauth_text, r
 from mcpd.admin.opener_check import predict_open
 from mcpd.common import config as mcpd_config
 from mcpd.common.printable import printable
-from mcpd.policy.entries import entry_covers_root
-from mcpd.policy.grants import (
-    REAUTH, TOOLS, Decision, Policy, PolicyError, decide, lint_policy, load_policy, os_groups, parse_duration,
-    secret_paths, utcnow,
-)
+from mcpd.common.grantmatch import REAUTH, TOOLS, Decision, Policy, decide, entry_covers_root, utcnow
+from mcpd.policy.grants import PolicyError, load_policy, os_groups, parse_duration, secret_paths
+from mcpd.policy.grants_lint import lint_policy
 
 DEFAULT_CONFIG = "/etc/mcpd/mcpd.yaml"
 

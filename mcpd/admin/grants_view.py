@@ -1,6 +1,6 @@
 """How ``mcpd grants`` shows a grant: a rule's readable lines (state, expiry, ``reauth_after``,
 paths, deny entries, each with its ``file:line``, escaped), and the JSON shapes of a rule and a
-whole policy (``export --json``). It decides nothing: :mod:`mcpd.policy.grants` does.
+whole policy (``export --json``). It decides nothing: :mod:`mcpd.common.grantmatch` does.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import datetime
 from typing import Any
 
 from mcpd.common.printable import printable
-from mcpd.policy.grants import Policy, Rule
+from mcpd.common.grantmatch import Policy, Rule
 
 _FMT = "%Y-%m-%dT%H:%M:%SZ"
 

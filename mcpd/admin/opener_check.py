@@ -12,7 +12,7 @@ import stat
 from mcpd.helper.wire.filekind import kind as file_kind
 from mcpd.helper.wire.openrules import CHANGED, NOT_DIR, NOT_REGULAR, SYMLINK, refusal
 from mcpd.helper.wire.pathmatch import components
-from mcpd.policy.grants import SECRET, Policy, is_secret
+from mcpd.common.grantmatch import SECRET, Policy, is_secret
 
 #: what root's opener needs of the inode, per tool: files/read a regular file, files/filetype any
 #: kind (a regular file with one link), files/find a directory, files/list a directory or one

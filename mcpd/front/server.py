@@ -24,7 +24,7 @@ from mcpd.front.connections.count import ConnectionCount
 from mcpd.front.connections.guarded import guarded_protocol, loop_factory
 from mcpd.front.app import build_app
 from mcpd.common import wirejson
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.common import sdnotify
 from mcpd.front.access import AccessLog
 from mcpd.front.auth import Authenticator, FileAuthenticator

@@ -4,28 +4,16 @@ Like OpenSSH's monitor (``monitor.c``): root serves one peer, the policy process
 (:mod:`mcpd.policy`, account ``mcpd-policy``), over :data:`CHANNELS` socketpairs nobody else
 holds, one root thread each: a request is handled on the thread that read it and answered on its
 channel (no hand-over between threads on the privileged route), and one that hangs (an ``open`` on
-a dead network file system, a slow PAM module) holds only its own channel. Each request type has
-a strict schema (unknown, missing or wrongly typed keys end the channel, and with it the daemon)
-and a handler. Root decides no grant and verifies no token: the policy process does both before
-it asks. Root only does what needs root, with its own limits:
+a dead network file system, a slow PAM module) holds only its own channel. :data:`TABLE` holds each
+request type (one entry a line: its keys, handler and what it may do); a request that breaks its
+schema (:func:`mcpd.helper.wire.requests.check`) ends the channel, and with it the daemon. Root
+decides no grant and verifies no token: the policy process does both before it asks.
 
-``config {path}``
-    Open (``O_NOFOLLOW``, passed by SCM_RIGHTS) ``mcpd.yaml``, the users file or the grants file:
-    those three paths only. The policy checks the descriptor (owner, mode), parses it, and looks
-    at it (``fstat``) to see whether the file changed.
-``open {path, follow, want}``
-    The privileged opener (:mod:`mcpd.helper.opener`): devices, FIFOs and sockets are never
-    opened. Whatever it is told, the result is refused when its object (:func:`opener.place`:
-    its file system and its path there, however a symlink or bind mount reached it) lies in a
-    process's ``/proc`` folder (:func:`opener.of_a_process`), or at or below one of the daemon's
-    own secrets (:meth:`RootSettings.private`, each as a path prefix: taken lexically on the
-    real path, and as the place of the secret, or of its folder plus its name).
-``spawn {user, limits}`` / ``walk {}`` / ``kill {pid}``
-    A worker as that OS account (never uid or gid 0), a walker (``mcpd-walk``), both from the fork
-    server; kill only a child made here, through its pidfd.
-``pam {user, password}`` / ``account {user}``
-    PAM authentication and account check (never for uid 0); whether ``/etc/shadow`` still lets an
-    account use its login tokens (not locked, not expired).
+An ``open`` is refused, whatever it is told, when its object (:func:`opener.place`: its file
+system and its path there, however a symlink or bind mount reached it) lies in a process's
+``/proc`` folder (:func:`opener.of_a_process`), or at or below one of the daemon's own secrets
+(:meth:`RootSettings.private`, each as a path prefix: taken lexically on the real path, and as
+the place of the secret, or of its folder plus its name).
 """
 
 from __future__ import annotations
@@ -43,13 +31,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.helper.wire import frames
+from mcpd.helper.wire import frames, requests
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
 from mcpd.helper.pam import pam_check
 from mcpd.helper.wire.pathmatch import clean_path
+from mcpd.helper.wire.requests import Key, Request, SchemaError
 from mcpd.helper.wire.rootconf import POLICY_USER, WALK_USER, RootSettings, plain_ids
 from mcpd.helper.shadow import usable
-from mcpd.helper import opener
+from mcpd.helper.wire import opener
 from mcpd.helper.forkserver import ForkServer
 
 log = logging.getLogger("mcpd.helper")
@@ -58,10 +47,6 @@ PAM_AT_ONCE = 12  # PAM conversations at once, whichever accounts: the width of 
 CHILDREN = 512  # workers and walkers alive at once (the helper unit's TasksMax and LimitNOFILE assume it)
 ACCOUNT_FACTOR = 16  # one account's workers alive at once: this many times workers.per_account (the
 # policy allows 4 x per_account per principal, so 4 principals sharing an account fit whole)
-
-
-class Broken(Exception):
-    """The policy process broke the protocol: the helper stops (and the daemon with it)."""
 
 
 def _pair() -> tuple[int, int]:
@@ -114,7 +99,7 @@ class Monitor:
 
     def open(self, req: dict[str, Any]) -> dict[str, Any]:
         if req["want"] not in ("file", "any"):
-            raise Broken("open: bad want")
+            raise SchemaError("open: bad want")
         fd, _ = opener.open_checked(req["path"], req["follow"], req["want"], self.judge)
         real = opener.fd_path(fd) if req["follow"] else clean_path(req["path"])  # else the opener checked it is
         return {"_fds": [fd], "real": real}
@@ -244,33 +229,20 @@ class Monitor:
 
     # ------------------------------------------------------------ channels
 
-    def table(self) -> dict[str, tuple[dict[str, type], Callable[[dict[str, Any]], dict[str, Any]]]]:
-        """type -> (schema {key: exact type}, handler)."""
-        return {
-            "config": ({"path": str}, self.config), "open": ({"path": str, "follow": bool, "want": str}, self.open),
-            "account": ({"user": str}, self.usable), "spawn": ({"user": str, "limits": str}, self.spawn),
-            "walk": ({}, self.walk), "kill": ({"pid": int}, self.kill), "pam": ({"user": str, "password": str}, self.pam),
-        }
-
     def handle(self, sock: socket.socket, req: dict[str, Any]) -> None:
-        """Check one request against the table, run it and reply on ``sock``: ``ok`` and its
+        """Check one request against :data:`TABLE`, run it and reply on ``sock``: ``ok`` and its
         fields, or the refusal (the reason goes to the policy, a traceback to the log only).
 
         Raises:
-            Broken: a schema break (unknown type or key, wrong type, overlong string).
+            SchemaError: a schema break (unknown type or key, missing key, wrong type, overlong
+                string, an ``open`` that wants neither a file nor anything).
         """
-        entry = self.table().get(req.get("type"))  # type: ignore[arg-type]
-        if entry is None:
-            raise Broken("unknown request type")
-        schema, handler = entry
-        if set(req) != {"type", "id", *schema} or type(req["id"]) is not int or any(
-                type(req[k]) is not t or t is str and len(req[k]) > 4096 for k, t in schema.items()):
-            raise Broken(f"{req['type']}: malformed request")
+        entry = requests.check(TABLE, req)
         try:
-            body = dict(handler(req), ok=True)
+            body = dict(entry.handler(self, req), ok=True)
         except ToolError as exc:
             body = {"ok": False, "error": exc.to_dict()}
-        except Broken:
+        except SchemaError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported to the policy, never kills the helper
             log.warning("%s failed: %s", req["type"], type(exc).__name__)  # (its text may hold a path: audit only)
@@ -290,7 +262,7 @@ class Monitor:
         try:
             while (req := frames.recv_frame_fds(sock, frames.HELPER_REQUEST_CAP, 0)[0]) is not None:
                 self.handle(sock, req)
-        except (Broken, frames.FrameError, RecursionError, OSError) as exc:
+        except (SchemaError, frames.FrameError, RecursionError, OSError) as exc:
             log.error("the policy process broke the protocol: %s", exc)
             self.broken.set()
             sock.shutdown(socket.SHUT_RDWR)
@@ -313,3 +285,16 @@ class Monitor:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             os.close(pidfd)
+
+
+STR, BOOL, INT = Key(str), Key(bool), Key(int)  # strings of at most 4096 characters
+#: request type -> its keys (each required), handler and what it may do; nothing else is served
+TABLE = requests.table(
+    Request("config", {"path": STR}, Monitor.config, "open mcpd.yaml, the users or the grants file (O_NOFOLLOW): no other"),
+    Request("open", {"path": STR, "follow": BOOL, "want": STR}, Monitor.open, "open once with the opener's rules (want: file, any)"),
+    Request("spawn", {"user": STR, "limits": STR}, Monitor.spawn, "a worker as this account (plain ids, not the daemon's)"),
+    Request("walk", {}, Monitor.walk, "a walker (mcpd-walk, CAP_DAC_READ_SEARCH) from the fork server"),
+    Request("kill", {"pid": INT}, Monitor.kill, "SIGKILL a child made here, through its pidfd"),
+    Request("pam", {"user": STR, "password": STR}, Monitor.pam, "PAM authentication of an account a worker may run as"),
+    Request("account", {"user": STR}, Monitor.usable, "whether /etc/shadow still lets the account use its tokens"),
+)

@@ -1,6 +1,6 @@
-"""Reloading ``mcp-sudo.yaml`` safely: keep the last good policy (SPEC §4.5).
+"""Reloading ``mcp-sudo.yaml`` safely: keep the last good policy (docs/REFERENCE.md §4.5).
 
-:class:`PolicyHolder` owns the current :class:`~mcpd.policy.grants.Policy` through the one reload
+:class:`PolicyHolder` owns the current :class:`~mcpd.common.grantmatch.Policy` through the one reload
 holder, :class:`mcpd.common.reload.Reloading`. A reload that fails (unsafe file, bad YAML, schema
 error) changes nothing and is reported; a reload that succeeds replaces the policy and reports a
 human summary of what changed (:func:`summarize_changes`). Every policy it holds carries the fixed
@@ -26,7 +26,8 @@ from mcpd.common.folders import read_file, write_file
 from mcpd.common.printable import printable
 from mcpd.common.reload import Reloading
 from mcpd.helper.wire.strictyaml import ConfigFileError, read_secure_file
-from mcpd.policy.grants import Policy, PolicyError, is_secret, parse_policy
+from mcpd.common.grantmatch import Policy, is_secret
+from mcpd.policy.grants import PolicyError, parse_policy
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ LAST_LOAD = "grants.loaded"
 
 
 class PolicyHolder(Reloading[Policy]):
-    """The live grants policy with last-good reloads (SPEC §4.5), on :class:`Reloading`.
+    """The live grants policy with last-good reloads (docs/REFERENCE.md §4.5), on :class:`Reloading`.
 
     Args:
         path: the grants file.

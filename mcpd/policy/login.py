@@ -1,4 +1,4 @@
-"""Password logins and their tokens, in the policy process (SPEC §5.2, §5.3).
+"""Password logins and their tokens, in the policy process (docs/REFERENCE.md §5.2, §5.3).
 
 :class:`Login` answers one ``pam_login`` request in this order:
 
@@ -16,7 +16,7 @@
    the address's growing delay, so timing tells nothing. The client only learns ``authentication
    failed``; the audit record keeps the reason (and ``pam_code`` when PAM ran).
 
-Lockout (file ``lockout.json`` in the helper's state folder, so it survives a restart): per
+Lockout (file ``lockout.json`` in the policy process's state folder, so it survives a restart): per
 account, ``max_failures`` failures lock it for ``lockout_seconds``; per address, after
 ``4 * free_failures`` failures each answer is delayed ``base_delay_seconds``, doubling up to
 ``max_delay_seconds``; an address is never locked, so one NAT cannot shut out everyone behind it.
@@ -59,7 +59,7 @@ from mcpd.common.folders import read_file, write_file
 from mcpd.common.inflight import InFlight
 
 LOCKOUT_FILE = "lockout.json"
-PAM_WORKERS = 8  # the helper's login threads (server.CLASSES): PAM never queues behind another login
+PAM_WORKERS = 8  # the login class's threads (requests.CLASSES): PAM never queues behind another login
 PAM_TIMEOUT_SECONDS = 10.0
 MAX_ADDRESSES = 1024
 _ID = re.compile(r"[0-9a-f]{12}")
@@ -217,7 +217,7 @@ class Login:
         self.principal_of = principal_of or (lambda account: None)
         self._pam = pam
         self._lock = threading.Lock()
-        self._busy: set[str] = set()
+        self._accounts = InFlight(1)  # attempts in flight per OS account: one
         self._peers = InFlight(cfg.in_flight_per_address)  # attempts in flight per address
         self._pool = concurrent.futures.ThreadPoolExecutor(PAM_WORKERS, thread_name_prefix="pam")
 
@@ -236,20 +236,20 @@ class Login:
             steps = p[0] - 4 * c.free_failures
             delay = min(c.base_delay_seconds * 2 ** min(steps, 30), c.max_delay_seconds) if steps >= 0 else 0.0
             why = ("locked out after repeated failures" if u[2] > now else
-                   "another attempt for this account is in flight" if user in self._busy else
+                   "another attempt for this account is in flight" if self._accounts.over(user) is not None else
                    "too many attempts in flight from this address"
                    if self._peers.over(peer) is not None else None)
             u[0], p[0], u[1], p[1] = u[0] + 1, p[0] + 1, now, now
             if u[0] >= c.max_failures and u[2] <= now:
                 u[2] = now + c.lockout_seconds
             if why is None:
-                self._busy.add(user)
+                self._accounts.add(user)
                 self._peers.add(peer)
         return why, delay
 
     def _release(self, user: str, peer: str, ok: bool) -> None:
         with self._lock:
-            self._busy.discard(user)
+            self._accounts.release(user)
             self._peers.release(peer)
             if ok:
                 with edit_lockout(self.store.dirfd) as table:

@@ -27,11 +27,13 @@ from mcpd.helper.wire.errors import ToolError
 from mcpd.common.filesig import Signature
 from mcpd.common.folders import safe_folder
 from mcpd.common.reload import Reloading
-from mcpd.policy import server
+from mcpd.policy.connections import serve
 from mcpd.policy.grants import secret_paths
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Login, Store
 from mcpd.policy.rootclient import RootClient
+from mcpd.policy.state import State
+from mcpd.policy.workers import kill_worker
 
 log = logging.getLogger("mcpd.policy")
 ROOT_SIGNATURE_SECONDS = 1.0  # a change to a file only root may look at is seen within this (the front re-checks every second)
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     issued = Store(state_fd, cfg.login.tokens_per_user)
     login = Login(cfg.login, issued, audit, lambda: enrolled(users), pam=root.pam,
                   principal_of=lambda account: principal_name(users, account))
-    state = server.State(cfg=cfg, audit=audit, users=users, policy=holder, root=root, issued=issued, login=login)
+    state = State(cfg=cfg, audit=audit, users=users, policy=holder, root=root, issued=issued, login=login)
     flags = {"stop": False, "hup": False}
     signal.signal(signal.SIGTERM, lambda *_: flags.update(stop=True))
     signal.signal(signal.SIGINT, lambda *_: flags.update(stop=True))
@@ -136,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             holder.reload_if_changed()
 
     log.info("policy process serving; accepting uid %d (%s)", service.pw_uid, cfg.service_user)
-    server.serve(state, listener, service.pw_uid, lambda: flags["stop"], tick)
+    serve(state, listener, service.pw_uid, lambda: flags["stop"], tick)
     listener.close()
     for w in list(state.workers.values()):
-        server.kill_worker(state, w)
+        kill_worker(state, w)
     audit.close()
     return 0
 

@@ -1,11 +1,11 @@
 """Descriptors root opened for privileged reads, kept for the next read of the same path.
 
-A privileged read asks root to open the granted path (:mod:`mcpd.helper.opener`): one round trip
+A privileged read asks root to open the granted path (:mod:`mcpd.helper.wire.opener`): one round trip
 to root and about a fifth of the privileged route's cost. Reading the same file again (an agent
 paging through a log) does not need a new open, only the same proof that the descriptor is what
 the path names now. So the policy process keeps the read descriptors root gave it, by principal
 and path (only where no symlink may be followed, so the checked path is the real one), and before
-handing one out again makes on it the checks root's opener makes on a new one (SPEC §4.4):
+handing one out again makes on it the checks root's opener makes on a new one (docs/REFERENCE.md §4.4):
 
 * ``fstat``: still a regular file with exactly one hard link (a hard link made since, or the file
   removed, and the descriptor is dropped);
@@ -49,7 +49,7 @@ DELETED = " (deleted)"
 
 def still_at(fd: int, path: str) -> bool:
     """Whether the open ``fd`` is a regular file with one hard link whose kernel path is exactly
-    ``path`` now (root's opener's checks, SPEC §4.4). A ``path`` ending in :data:`DELETED` never
+    ``path`` now (root's opener's checks, docs/REFERENCE.md §4.4). A ``path`` ending in :data:`DELETED` never
     is: the kernel's path cannot tell that name from an unlinked file's. Never raises."""
     try:
         st = os.fstat(fd)
@@ -61,7 +61,7 @@ def still_at(fd: int, path: str) -> bool:
 
 def described(fd: int) -> tuple[dict[str, Any], int | None]:
     """What ``files/filetype`` needs of root's descriptor ``fd`` of a granted path, so that the
-    descriptor itself never leaves this process (SPEC §4.1: a call gets what its tool's grant
+    descriptor itself never leaves this process (docs/REFERENCE.md §4.1: a call gets what its tool's grant
     covers; a filetype grant is no read grant, and an ``O_PATH`` descriptor could be reopened
     through ``/proc/self/fd`` past the folders above the file).
 

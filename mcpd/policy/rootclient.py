@@ -30,7 +30,7 @@ import socket
 import threading
 from typing import Any
 
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
 from mcpd.common.filesig import Signature
 
@@ -143,7 +143,7 @@ class RootClient:
 
     def open(self, path: str, follow: bool, want: str, who: str) -> tuple[int, str]:
         """A descriptor of ``path`` opened by root's checked opener (``want``: ``"file"`` or
-        ``"any"``, see :func:`mcpd.helper.opener.open_checked`) and its real path as root saw it,
+        ``"any"``, see :func:`mcpd.helper.wire.opener.open_checked`) and its real path as root saw it,
         for principal ``who`` (at most :data:`OPENS_EACH` of its opens in flight at once)."""
         reply, fds = self.call("open", who, path=path, follow=follow, want=want)
         real = reply.get("real")

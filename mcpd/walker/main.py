@@ -1,4 +1,4 @@
-"""One privileged files/list or files/find metadata walk, out of root (SPEC §4.4, §4.5a; docs/PRIVSEP.md).
+"""One privileged files/list or files/find metadata walk, out of root (docs/REFERENCE.md §4.4, §4.5a; docs/PRIVSEP.md).
 
 The fork server starts it for each call as ``python -I -m mcpd.walker --fd 3``, already dropped to
 the walker account (:data:`mcpd.common.config.WALK_USER`: not root, no groups, owns nothing) with
@@ -6,7 +6,8 @@ CAP_DAC_READ_SEARCH alone (read and list any folder, ``lstat`` anything), no_new
 descriptor but its channel to the root helper. It reads one request frame from the helper::
 
     {"op", "args" (the call's arguments, the path already the decided one), "os_user", "groups",
-     "follow" (the grant covers /), "grants" (the grants file's text), "secrets" (the fixed deny),
+     "follow" (the grant covers /), "rules" (the rules that apply to the principal for the tool, as
+     data: :func:`mcpd.common.grantmatch.rules_to_wire`), "secrets" (the fixed deny),
      "login_time" (a password login's, UNIX seconds; null for a static token), "login_used"}
 
 parses and checks ``args`` with the tool's own ``parse_args`` (so both routes answer the same
@@ -17,7 +18,7 @@ principal (the secrets never are), sends one reply frame ``{"ok": true, "result"
 
 The grants judge the path asked; the secrets and processes are judged by the object actually
 opened (:class:`Objects`): every folder the walk opens and every entry it shows is taken as
-its place (:func:`mcpd.helper.opener.place`: its file system and its path from that file
+its place (:func:`mcpd.helper.wire.opener.place`: its file system and its path from that file
 system's root), and the secrets' patterns are moved to places too, so a symlink or a bind mount
 to the policy's state folder, or to the folder of ``users.yaml``, lists nothing secret. A
 process's ``/proc`` folder (``/proc/PID``, ``self``, ``thread-self``) is never shown or entered,
@@ -43,13 +44,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
 from mcpd.core import walk
-from mcpd.helper import opener
-from mcpd.policy import grants
+from mcpd.helper.wire import opener
+from mcpd.common import grantmatch
 
-REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and the grants text (the grants file is at most 1 MiB)
+REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and its rules (from a grants file of at most 1 MiB)
 READ_SECONDS = 5.0  # the helper sends the request as soon as the walker exists
 OPS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any], dict[str, Any]]]] = {  # op -> (walk, parse)
     "files/list": (walk.walk_list, walk.parse_list_args), "files/find": (walk.walk_find, walk.parse_find_args)}
@@ -85,7 +86,7 @@ def _literal(pattern: str) -> str | None:
     """The path a secret pattern names when it has no glob of its own (escaped ``[*]`` ... count
     as the character), else None."""
     path = re.sub(r"\[([*?[])\]", r"\1", pattern)
-    return path if grants.escape_glob(path) == pattern else None
+    return path if grantmatch.escape_glob(path) == pattern else None
 
 
 class Objects:
@@ -112,32 +113,32 @@ class Objects:
                 where = None if literal is None else opener.place_of(literal, self.table)
                 if literal is None or where is None:
                     continue
-                pattern = posixpath.join(grants.escape_glob(where[1]), tail) if tail else grants.escape_glob(where[1])
+                pattern = posixpath.join(grantmatch.escape_glob(where[1]), tail) if tail else grantmatch.escape_glob(where[1])
                 self.index[where[0]] = (*self.index.get(where[0], ()), pattern)
                 if not tail and os.path.islink(literal) and not os.path.isdir(literal):  # a symlinked key (certbot)
-                    self.index[where[0]] += (grants.escape_glob(posixpath.dirname(where[1])),)
+                    self.index[where[0]] += (grantmatch.escape_glob(posixpath.dirname(where[1])),)
 
     def refused(self, where: opener.Place) -> str | None:
         """Why a place is never shown (a process's folder, a secret), or None."""
         if opener.of_a_process(where):
             return opener.PROCESS
-        return grants.SECRET if self.secret(where) else None
+        return grantmatch.SECRET if self.secret(where) else None
 
     def secret(self, where: opener.Place) -> bool:
         """Whether a place is at or below a secret's, or lies on an overlay one of whose layers is,
         holds a secret below it, or cannot be found (the rule of root's
         :meth:`mcpd.helper.monitor.Monitor.secret`)."""
-        if grants.is_secret(self.index.get(where[0], ()), where[1]):
+        if grantmatch.is_secret(self.index.get(where[0], ()), where[1]):
             return True
         if where[0] not in self._stacked:
             layers = [opener.place_of(p, self.table) if p.startswith("/") else None for p in opener.layers(where, self.table)]
             self._stacked[where[0]] = any(w is None or self.secret(w) or any(
-                p.startswith(grants.escape_glob(w[1]).rstrip("/") + "/") for p in self.index.get(w[0], ())) for w in layers)
+                p.startswith(grantmatch.escape_glob(w[1]).rstrip("/") + "/") for p in self.index.get(w[0], ())) for w in layers)
         return self._stacked[where[0]]
 
     def judge(self, fd: int) -> str | None:
         """Why a folder (any descriptor) is never listed: its place is refused or cannot be told
-        (:data:`mcpd.helper.opener.Judge`, for the opener of the walk's folders)."""
+        (:data:`mcpd.helper.wire.opener.Judge`, for the opener of the walk's folders)."""
         try:
             return self.refused(opener.place(fd, self.table))
         except (OSError, KeyError, ValueError):
@@ -171,7 +172,7 @@ def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None) -> 
         op = frame["op"]
         walk_op, parse_args = OPS[op]
         args = parse_args(frame["args"])
-        policy = grants.parse_policy(frame["grants"], secrets=tuple(frame["secrets"]))
+        policy = grantmatch.policy_from_wire(frame["rules"], tuple(frame["secrets"]))
         follow, user, groups = bool(frame["follow"]), frame["os_user"], frozenset(frame["groups"])
         since = frame.get("login_time")  # a password login's (reauth_after), None for a static token
         login_time = None if since is None else datetime.datetime.fromtimestamp(since, datetime.timezone.utc)
@@ -180,7 +181,7 @@ def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None) -> 
         confine()
 
         def allow(path: str) -> bool:
-            return grants.decide(policy, user, groups, op, path, grants.utcnow(), login_time, used).allowed
+            return grantmatch.decide(policy, user, groups, op, path, grantmatch.utcnow(), login_time, used).allowed
 
         open_dir = functools.partial(opener.open_checked_dir, follow_symlinks=follow, judge=objects.judge)
         return {"ok": True, "result": walk_op(args, open_dir, allow, screen=objects.screen)}

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mcpd.common import sched, wirejson
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.common.config import ReadLimits
 from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 

@@ -19,7 +19,7 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.front.transport import body as body_module
 from mcpd.front.transport.body import parse_json
 

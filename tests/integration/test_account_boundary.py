@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from mcpd.policy.server import UNTAKEN, UNTAKEN_MAX
+from mcpd.policy.workers import UNTAKEN, UNTAKEN_MAX
 from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_attack13b import PRELUDE
 from tests.integration.test_privsep import client, read, read_once, wait_for
@@ -283,7 +283,7 @@ FULL = r"""
 import json, os, resource, socket, struct, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 from mcpd.helper.wire import frames
-from mcpd.policy.server import Connection
+from mcpd.policy.connections import Connection
 sink_a, sink_b = socket.socketpair()
 fd = os.open("/dev/null", os.O_RDONLY)
 stuck = 0

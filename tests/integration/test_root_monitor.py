@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.common.config import POLICY_USER
 from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,

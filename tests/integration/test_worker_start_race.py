@@ -30,7 +30,7 @@ import pytest
 
 from mcpd.helper.wire import frames
 from mcpd.helper.wire.rootconf import WORKER_START_GID
-from mcpd.policy.server import _status_problem
+from mcpd.policy.workers import _status_problem
 from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.integration.test_attack13b import PRELUDE
 from tests.integration.test_privsep import read_once, wait_for
@@ -266,7 +266,7 @@ def start_worker(pw: pwd.struct_passwd, real_gid: int, effective_gid: int) -> tu
 def test_the_policy_process_takes_a_started_worker_only_hardened(privsep_daemon: PrivsepDaemon,
                                                                  reset_at_exec: bool) -> None:
     """What the policy process checks before a new worker's socket reaches the front
-    (``policy.server._status_problem``), on real workers: started as the fork server starts them
+    (``policy.workers._status_problem``), on real workers: started as the fork server starts them
     (real gid ``WORKER_START_GID``, effective and saved gid the account's), a worker reports
     itself with its ``/proc/self/status`` showing the account's uid and gid four times, not
     dumpable, no tracer, no_new_privs, no capability; started as kernels before 2025 leave it

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from mcpd.admin import auditlog
 from mcpd.admin.audit_cli import audit, replay_diffs
 from mcpd.common.audit import AuditLog
-from mcpd.policy.grants import NO_GRANT, REAUTH, parse_policy
+from mcpd.common.grantmatch import NO_GRANT, REAUTH
+from mcpd.policy.grants import parse_policy
 
 USER, OTHER = "nosuchuser-replay", "someone-else"  # no OS accounts: no groups, the users: table alone decides
 

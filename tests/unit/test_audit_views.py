@@ -20,7 +20,8 @@ from mcpd.admin import auditlog
 from mcpd.admin.audit_cli import audit, replay_diffs
 from mcpd.common.audit import REFUSED_AT_OPEN, AuditLog
 from mcpd.front import refused
-from mcpd.policy.grants import DENIED, NO_GRANT, REAUTH, parse_policy
+from mcpd.common.grantmatch import DENIED, NO_GRANT, REAUTH
+from mcpd.policy.grants import parse_policy
 
 FAKE = "2026-01-01 00:00:00  admin          privileged   files/read     /etc/shadow  accept  granted  1234"
 #: a path any principal may send: a newline and a crafted line, a terminal escape (cursor up,

@@ -1,4 +1,4 @@
-"""SPEC §4.1–4.3, §4.5: grants loading, the pure decision, reloads and the `mcpd grants` commands."""
+"""docs/REFERENCE.md §4.1–4.3, §4.5: grants loading, the pure decision, reloads and the `mcpd grants` commands."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from click.testing import CliRunner
 from mcpd.admin.grants_cli import grants
 from mcpd.common.config import Config
 from mcpd.common.audit import AuditLog
-from mcpd.policy.grants import NO_GRANT, PolicyError, decide, load_policy, os_groups, parse_policy
+from mcpd.common.grantmatch import NO_GRANT, decide
+from mcpd.policy.grants import PolicyError, load_policy, os_groups, parse_policy
 from mcpd.policy.grants import secret_paths
 from mcpd.policy.grants_reload import PolicyHolder
-from mcpd.policy.entries import entry_covers, split_entry
+from mcpd.common.grantmatch import entry_covers, split_entry
 from mcpd.helper.wire.strictyaml import ConfigFileError, load_secure_yaml
 from tests.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 
@@ -165,7 +166,7 @@ def test_decisions_are_remembered_per_loaded_grants_file_and_per_group_set() -> 
 
 
 def test_remembered_decisions_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import mcpd.policy.grants as grants_module
+    import mcpd.common.grantmatch as grants_module
 
     monkeypatch.setattr(grants_module, "DECIDED_MAX", 8)
     p = policy_for(["/var/log"])

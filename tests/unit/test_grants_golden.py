@@ -1,4 +1,4 @@
-"""Golden tests of grants policies, like sudo's ``testsudoers`` (SPEC §4.1–4.3, §4.5).
+"""Golden tests of grants policies, like sudo's ``testsudoers`` (docs/REFERENCE.md §4.1–4.3, §4.5).
 
 Each folder of ``tests/unit/golden/`` holds ``policy.yaml`` and one or both of:
 
@@ -7,7 +7,7 @@ Each folder of ``tests/unit/golden/`` holds ``policy.yaml`` and one or both of:
   before ``now``, ``,used`` one whose single ``reauth_after: 0`` call was made; without it, a
   static ``users.yaml`` token) and ``expected.txt``: either the load errors or one decision line
   per request. An optional ``secrets.txt`` (one entry a line) is the fixed deny of the daemon's
-  own secrets (SPEC §4.5a), as ``secret_paths`` gives it.
+  own secrets (docs/REFERENCE.md §4.5a), as ``secret_paths`` gives it.
 * ``commands.txt`` (one ``mcpd grants`` command line a line, without ``mcpd grants``; each is run
   with ``--config`` the folder's ``mcpd.yaml``, whose ``grants_file`` is ``policy.yaml``, and
   ``--any-owner``) and ``expected-cli.txt``: each command, what it printed (stdout and stderr as
@@ -30,7 +30,8 @@ import pytest
 from click.testing import CliRunner
 
 from mcpd.admin.grants_cli import grants
-from mcpd.policy.grants import PolicyError, decide, parse_duration, parse_policy
+from mcpd.common.grantmatch import decide
+from mcpd.policy.grants import PolicyError, parse_duration, parse_policy
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 DEFAULT_NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)

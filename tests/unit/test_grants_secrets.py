@@ -1,4 +1,4 @@
-"""SPEC §4.5a: the daemon's own secrets are a fixed deny that no grant overrides, ``/`` included."""
+"""docs/REFERENCE.md §4.5a: the daemon's own secrets are a fixed deny that no grant overrides, ``/`` included."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from mcpd.admin.grants_cli import grants
 from mcpd.common.config import TLS, Config
-from mcpd.policy.grants import DENIED, GRANTED, SECRET, Policy, decide, is_secret, parse_policy, secret_paths
+from mcpd.common.grantmatch import DENIED, GRANTED, SECRET, Policy, decide, is_secret
+from mcpd.policy.grants import parse_policy, secret_paths
 from mcpd.policy.grants_reload import PolicyHolder, summarize_changes
 from mcpd.helper.wire.pathmatch import PathError
 

@@ -19,8 +19,8 @@ from mcpd.admin.grants_cli import grants
 from mcpd.common.config import POLICY_USER
 from mcpd.helper.wire.errors import ToolError
 from mcpd.common.folders import safe_folder
-from mcpd.helper.opener import open_checked
-from mcpd.policy.entries import split_entry
+from mcpd.helper.wire.opener import open_checked
+from mcpd.common.grantmatch import split_entry
 from mcpd.policy.login import Store
 from tests.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 
@@ -179,7 +179,8 @@ def test_grants_list_and_test_judge_a_real_group_members_reauth_rule(tmp_path: P
 
 def test_entry_problems_and_subsumption() -> None:
     """The pieces of check's 'no path can match' warnings, including a component too long."""
-    from mcpd.policy.grants import Entry, entry_problems, entry_subsumes
+    from mcpd.common.grantmatch import Entry
+    from mcpd.policy.grants_lint import entry_problems, entry_subsumes
 
     def problem(text: str) -> str | None:
         return entry_problems(Entry(text, split_entry(text), 1))[0]

@@ -2,9 +2,11 @@
 
 The contracts live in ``pyproject.toml`` (``[tool.importlinter]``) and are checked by import-linter's
 ``lint-imports``, which follows chains as well as direct imports. In short: the root helper imports
-only ``mcpd.common`` and ``mcpd.helper`` (never the policy, no parser or web stack); the policy
-process only ``mcpd.common``; the walker of privileged list/find (``mcpd.walker``) only
-``mcpd.common``, ``mcpd.core.walk``, the policy's grant matcher and root's opener; ``core`` imports only ``common``; ``common`` imports none of the others;
+only ``mcpd.helper`` (its own code and the wire layer ``mcpd.helper.wire``; never the policy, no
+parser or web stack); the wire layer nothing of mcpd outside it; the policy process only
+``mcpd.common`` and the wire layer; the walker of privileged list/find (``mcpd.walker``) only
+``mcpd.common``, the wire layer (the opener among it), ``mcpd.core.walk`` and the grant matcher;
+``core`` imports only ``common``; ``common`` imports none of the others;
 ``worker`` only ``common`` and ``core``; the front and the client never import root-side code;
 ``mcpd dev``'s modules import one way (devmode, devroot, devsupervisor, devstate and devstop).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -39,9 +42,21 @@ def test_import_contracts_are_kept() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_every_contract_that_keeps_out_root_code_keeps_out_all_of_it() -> None:
+    """A contract naming one of root's own modules (``mcpd/helper/*.py``, the wire layer aside)
+    names every one of them, so a module added to root is kept from the others too."""
+    root_only = {f"mcpd.helper.{p.stem}" for p in (REPO / "mcpd/helper").glob("*.py")} - {
+        "mcpd.helper.__init__", "mcpd.helper.__main__"}
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"]
+    for contract in contracts:
+        forbidden = set(contract.get("forbidden_modules", ()))
+        if forbidden & root_only:
+            assert root_only <= forbidden, f"{contract['id']} misses {sorted(root_only - forbidden)}"
+
+
 def test_import_contract_catches_a_forbidden_import(tmp_path: Path) -> None:
-    """The check is not vacuous: the policy reaching the front, root reaching the policy, the walker reaching the policy's
-    state, or a core reader or libmagic reached through core.walk breaks it."""
+    """The check is not vacuous: the policy reaching the front, root reaching the policy, the walker reaching any policy
+    module, or a core reader or libmagic reached through core.walk breaks it."""
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     shutil.copytree(REPO / "mcpd", tmp_path / "mcpd", ignore=shutil.ignore_patterns("__pycache__"))
     with open(tmp_path / "mcpd/policy/login.py", "a", encoding="utf-8") as f:
@@ -51,13 +66,13 @@ def test_import_contract_catches_a_forbidden_import(tmp_path: Path) -> None:
     with open(tmp_path / "mcpd/core/walk.py", "a", encoding="utf-8") as f:
         f.write("\nimport mcpd.core.textread\n")
     with open(tmp_path / "mcpd/walker/main.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.policy.login\n")
+        f.write("\nimport mcpd.policy.grants\n")
     proc = lint_imports(tmp_path)  # the copy comes first on sys.path: lint-imports adds its cwd
     assert proc.returncode != 0, proc.stdout
     assert "mcpd.policy.login -> mcpd.front.limits" in proc.stdout, proc.stdout
     assert "mcpd.helper.monitor -> mcpd.policy.grants" in proc.stdout, proc.stdout
     assert "mcpd.core.walk -> mcpd.core.textread" in proc.stdout, proc.stdout
-    assert "mcpd.walker.main -> mcpd.policy.login" in proc.stdout, proc.stdout
+    assert "mcpd.walker.main -> mcpd.policy.grants" in proc.stdout, proc.stdout
     assert "mcpd.core.walk is not allowed to import charset_normalizer" in proc.stdout, proc.stdout
 
 

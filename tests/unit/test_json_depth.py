@@ -1,12 +1,12 @@
 """JSON nesting (SPEC §2.3): deeper than 64 levels is refused like unparsable JSON, by the one
-parser every mcpd process uses (:func:`mcpd.helper.wire.frames.loads`), and never raises anything but
+parser every mcpd process uses (:func:`mcpd.common.frames.loads`), and never raises anything but
 :class:`~mcpd.helper.wire.frames.FrameError`, however deep."""
 
 from __future__ import annotations
 
 import pytest
 
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 
 
 def nested(depth: int, open_: str = "[", close: str = "]") -> str:

@@ -1,4 +1,4 @@
-"""The root helper's login state (SPEC §5.2, §5.3; mcpd/helper/login.py), as root in a real folder.
+"""The root helper's login state (docs/REFERENCE.md §5.2, §5.3; mcpd/helper/login.py), as root in a real folder.
 
 Token store: one root 0600 file per token, the per-account cap, revocation, the ``reauth_after:
 0`` compare-and-set raced by threads, symlinks and foreign files refused. Lockout: counted before
@@ -150,7 +150,7 @@ def test_unknown_names_count_on_the_address_only(folder: tuple[Path, int], audit
     assert login.login("nosuchuser-x", "pw", "10.0.0.9") is None
     table = json.loads((path / LOCKOUT_FILE).read_text())
     assert list(table) == ["peer:10.0.0.9"] and records(audit)[-1]["reason"] == "unknown account"
-    assert (login._busy, login._peers.total) == (set(), 0)  # its slot is given back
+    assert (login._accounts.total, login._peers.total) == (0, 0)  # its slot is given back
 
 
 def test_one_attempt_in_flight_per_account_and_a_few_per_address(folder: tuple[Path, int], audit: AuditLog) -> None:
@@ -202,7 +202,7 @@ def test_pam_timeout_cancels_queued_calls_and_gives_back_the_slots(
             t.start()
         for t in threads:
             t.join(10)
-        assert (login._busy, login._peers.total) == (set(), 0)
+        assert (login._accounts.total, login._peers.total) == (0, 0)
         assert [r["reason"] for r in records(audit)] == ["pam: PAM did not answer in time"] * len(users)
         time.sleep(3.5)  # the four hung calls end
         assert len(ran.read_text().split()) == login_module.PAM_WORKERS

@@ -1,5 +1,5 @@
 """The object rule of the privileged route (issue 28, items 3 and 4): an open descriptor is judged
-by its place (:func:`mcpd.helper.opener.place`: its file system and its path from that file
+by its place (:func:`mcpd.helper.wire.opener.place`: its file system and its path from that file
 system's root), never by the spelling that reached it; the walker screens every folder and entry
 by place. Root only: the detours are real bind mounts and a second ``proc`` mount, each
 unmounted before the test ends.
@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
+from mcpd.common.grantmatch import rules_to_wire
 from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
-from mcpd.helper import opener
+from mcpd.helper.wire import opener
+from mcpd.policy.grants import parse_policy
 from mcpd.walker import main as walker
 
 pytestmark = pytest.mark.root
@@ -99,7 +101,7 @@ def _frame(tree: Path, op: str, args: dict[str, Any], secrets: list[str], follow
     rule = {"allowed": True, "paths": ["/" if follow else str(tree)]}
     text = yaml.safe_dump({"users": {"alice": {"privileged": {"tools": {"files/list": rule, "files/find": dict(rule)}}}}})
     return {"op": op, "args": {**args, "privileged": True}, "os_user": "alice", "groups": [], "follow": follow,
-            "grants": text, "secrets": secrets}
+            "rules": rules_to_wire(parse_policy(text), "alice", set(), op), "secrets": secrets}
 
 
 def test_the_walker_shows_no_secret_through_a_bind_mount_or_a_symlink(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mcpd.helper.wire.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError
-from mcpd.helper import opener
+from mcpd.helper.wire import opener
 
 
 

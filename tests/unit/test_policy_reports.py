@@ -13,7 +13,8 @@ import pytest
 
 from mcpd.helper.wire import frames
 from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
-from mcpd.policy.server import Worker, _await_report
+from mcpd.policy.calls import _await_report
+from mcpd.policy.state import Worker
 
 
 @pytest.fixture
@@ -72,7 +73,7 @@ def test_a_worker_is_forgotten_once_however_many_ask() -> None:
     import collections
     import types
 
-    from mcpd.policy.server import _forget
+    from mcpd.policy.workers import _forget
 
     ours, theirs = socket.socketpair()
     w = Worker(pid=42, pidfd=-1, owner=("alice", "alice"), ctl=ours)
@@ -97,7 +98,8 @@ def test_reaping_while_a_kill_on_another_thread_closed_a_pidfd_never_raises() ->
     import types
     from typing import cast
 
-    from mcpd.policy.server import State, reap
+    from mcpd.policy.state import State
+    from mcpd.policy.workers import reap
 
     ours, theirs = socket.socketpair()
     r, w = os.pipe()
@@ -125,7 +127,8 @@ def test_reaping_sees_an_ended_worker_whose_pidfd_number_is_past_1024() -> None:
     import types
     from typing import cast
 
-    from mcpd.policy.server import State, reap
+    from mcpd.policy.state import State
+    from mcpd.policy.workers import reap
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < 2048:

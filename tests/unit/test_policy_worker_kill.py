@@ -17,7 +17,8 @@ import threading
 import types
 from typing import Any, cast
 
-from mcpd.policy.server import State, Worker, kill_worker
+from mcpd.policy.state import State, Worker
+from mcpd.policy.workers import kill_worker
 
 
 def test_two_kills_of_one_worker_kill_close_and_record_it_once() -> None:

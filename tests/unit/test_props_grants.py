@@ -1,6 +1,6 @@
-"""Property tests (hypothesis) of grant matching (SPEC §4.3) against a brute-force matcher written
+"""Property tests (hypothesis) of grant matching (docs/REFERENCE.md §4.3) against a brute-force matcher written
 here: lexical cleaning by a component stack, per-component globs by plain recursion, and ``**``
-by trying every split. The product's ``mcpd.helper.wire.pathmatch``, ``mcpd.policy.entries`` and ``grants.decide`` are only
+by trying every split. The product's ``mcpd.helper.wire.pathmatch``, ``mcpd.common.grantmatch`` (entries and ``decide``) are only
 imported. Derandomized, bounded example counts.
 """
 
@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcpd.helper.wire import pathmatch
-from mcpd.policy import entries, grants
+from mcpd.common import grantmatch as entries
+from mcpd.common import grantmatch
+from mcpd.policy import grants
 
 SETTINGS = settings(derandomize=True, max_examples=700, deadline=None, database=None)
 NOW = datetime.datetime(2026, 12, 1, tzinfo=datetime.timezone.utc)
@@ -139,7 +141,7 @@ def test_a_double_star_inside_a_component_is_refused(entry: tuple[str, ...], at:
 
 
 @functools.lru_cache(maxsize=None)
-def policy(paths: tuple[tuple[str, ...], ...], deny: tuple[tuple[str, ...], ...]) -> grants.Policy:
+def policy(paths: tuple[tuple[str, ...], ...], deny: tuple[tuple[str, ...], ...]) -> grantmatch.Policy:
     rule = {"allowed": True, "paths": ["/" + "/".join(p) for p in paths]}
     if deny:
         rule["deny"] = ["/" + "/".join(d) for d in deny]
@@ -152,11 +154,11 @@ def policy(paths: tuple[tuple[str, ...], ...], deny: tuple[tuple[str, ...], ...]
        raw=RAW_PATH, user=st.sampled_from(["alice", "bob"]))
 def test_decide_allows_exactly_what_a_grant_covers_and_no_deny_does(
         paths: tuple[tuple[str, ...], ...], deny: tuple[tuple[str, ...], ...], raw: str, user: str) -> None:
-    decision = grants.decide(policy(paths, deny), user, frozenset(), "files/read", raw, NOW)
+    decision = grantmatch.decide(policy(paths, deny), user, frozenset(), "files/read", raw, NOW)
     parts = clean(raw)
     granted = any(covers(p, parts) for p in paths)
     denied = any(covers(d, parts) for d in deny)
     assert decision.allowed == (user == "alice" and granted and not denied), (decision, parts)
     if user == "alice" and denied:
-        assert decision.reason == grants.DENIED
+        assert decision.reason == grantmatch.DENIED
     assert decision.resolved_path == "/" + "/".join(parts)

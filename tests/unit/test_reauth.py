@@ -1,4 +1,4 @@
-"""``reauth_after`` in grants (issue 5; SPEC §4.1, §5.2): strict schema, pure decision."""
+"""``reauth_after`` in grants (issue 5; docs/REFERENCE.md §4.1, §5.2): strict schema, pure decision."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import textwrap
 
 import pytest
 
-from mcpd.policy.grants import REAUTH, PolicyError, decide, fresh_enough, parse_duration, parse_policy
+from mcpd.common.grantmatch import REAUTH, decide, fresh_enough
+from mcpd.policy.grants import PolicyError, parse_duration, parse_policy
 
 NOW = datetime.datetime(2026, 6, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
 

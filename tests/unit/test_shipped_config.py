@@ -19,10 +19,8 @@ from click.testing import CliRunner
 
 from mcpd.admin.grants_cli import grants
 from mcpd.common.identity import parse_users, verify
-from mcpd.policy.grants import (
-    DENIED, GRANTED, NO_GRANT, REAUTH, RULE_KEYS, SECRET, TOOLS, decide, load_policy, parse_policy, secret_paths,
-)
-from mcpd.policy.entries import entry_covers_root
+from mcpd.common.grantmatch import DENIED, GRANTED, NO_GRANT, REAUTH, SECRET, TOOLS, decide, entry_covers_root
+from mcpd.policy.grants import RULE_KEYS, load_policy, parse_policy, secret_paths
 
 ETC = Path(__file__).resolve().parents[2] / "etc"
 DAEMON = ETC / "mcpd/mcpd.yaml"
@@ -59,7 +57,7 @@ def test_shipped_daemon_config_states_every_key() -> None:
 
 
 def test_grants_example_has_the_spec_4_2_shape() -> None:
-    """SPEC §4.2: users/groups -> NAME -> privileged -> tools -> TOOL -> a rule, and the example
+    """docs/REFERENCE.md §4.2: users/groups -> NAME -> privileged -> tools -> TOOL -> a rule, and the example
     uses every key a rule may have (the loader's RULE_KEYS)."""
     data = yaml.safe_load(GRANTS.read_text(encoding="utf-8"))
     assert set(data) == {"users", "groups"}
@@ -77,7 +75,7 @@ def test_grants_example_has_the_spec_4_2_shape() -> None:
 
 
 def test_grants_example_loads_with_the_helper_loader(tmp_path: Path) -> None:
-    """SPEC §4.5: the example passes the helper's strict loader once installed 0600 by its owner."""
+    """docs/REFERENCE.md §4.5: the example passes the helper's strict loader once installed 0600 by its owner."""
     installed = tmp_path / "mcp-sudo.yaml"
     shutil.copy(GRANTS, installed)
     installed.chmod(0o600)
@@ -91,7 +89,7 @@ def test_grants_example_loads_with_the_helper_loader(tmp_path: Path) -> None:
 
 
 def test_grants_example_refused_when_group_writable(tmp_path: Path) -> None:
-    """SPEC §4.5: the same file installed group-writable is refused (the loader is not lenient)."""
+    """docs/REFERENCE.md §4.5: the same file installed group-writable is refused (the loader is not lenient)."""
     from mcpd.policy.grants import PolicyError
 
     installed = tmp_path / "mcp-sudo.yaml"
@@ -147,7 +145,7 @@ def shipped_policy() -> Any:
 def test_grants_example_decisions_match_its_comments(
     user: str, groups: tuple[str, ...], path: str, when: datetime.datetime, allowed: bool, reason: str
 ) -> None:
-    """SPEC §4.1/§4.3: component matching, globs, **, deny wins, expiry, lexical cleaning."""
+    """docs/REFERENCE.md §4.1/§4.3: component matching, globs, **, deny wins, expiry, lexical cleaning."""
     decision = decide(shipped_policy(), user, set(groups), "files/read", path, when)
     assert (decision.allowed, decision.reason) == (allowed, reason)
 
@@ -197,7 +195,7 @@ def test_grants_example_grants_no_entry_covering_root() -> None:
 
 
 def test_users_example_parses_and_its_placeholders_match_no_token() -> None:
-    """SPEC §5.1: the users example has the identity module's shape and no usable digest."""
+    """docs/REFERENCE.md §5.1: the users example has the identity module's shape and no usable digest."""
     users = parse_users(yaml.safe_load(USERS.read_text(encoding="utf-8")), str(USERS))
     assert {u.os_user for u in users.values()} == {"alice", "ci"}
     for user in users.values():
@@ -207,7 +205,7 @@ def test_users_example_parses_and_its_placeholders_match_no_token() -> None:
 
 
 def test_pam_service_checks_password_and_account_only() -> None:
-    """SPEC §5.2: service mcpd = Debian's auth and account stacks; no session, no password change."""
+    """docs/REFERENCE.md §5.2: service mcpd = Debian's auth and account stacks; no session, no password change."""
     lines = [
         line.strip()
         for line in PAM.read_text(encoding="utf-8").splitlines()

@@ -19,11 +19,13 @@ from typing import Any
 import pytest
 import yaml
 
-from mcpd.helper.wire import frames
+from mcpd.common import frames
+from mcpd.common.grantmatch import rules_to_wire
+from mcpd.policy.grants import parse_policy
 from mcpd.walker import main as walker
 
-ALLOWED = {"mcpd", "mcpd.common", "mcpd.core", "mcpd.core.walk", "mcpd.helper", "mcpd.policy", "mcpd.policy.grants", "mcpd.policy.entries",
-           "mcpd.helper.wire.pathmatch", "mcpd.helper.opener", "mcpd.walker", "mcpd.walker.main"}
+ALLOWED = {"mcpd", "mcpd.common", "mcpd.core", "mcpd.core.walk", "mcpd.helper", "mcpd.common.grantmatch",
+           "mcpd.helper.wire.pathmatch", "mcpd.walker", "mcpd.walker.main"}
 
 
 @pytest.fixture
@@ -45,7 +47,15 @@ def request(tree: Path, op: str, args: dict[str, Any], **kw: Any) -> dict[str, A
     text = yaml.safe_dump({"users": {"alice": {"privileged": {"tools": {"files/list": rule, "files/find": dict(rule)}}}}})
     frame = {"op": op, "args": args, "os_user": "alice", "groups": [], "follow": False, "grants": text,
              "secrets": [str(tree / "users.yaml")]}
-    return {**frame, **kw}
+    frame.update(kw)
+    return walker_frame(frame)
+
+
+def walker_frame(frame: dict[str, Any]) -> dict[str, Any]:
+    """``frame`` with its ``grants`` text turned into the rules the policy process sends."""
+    text = frame.pop("grants")
+    user, groups = frame.get("os_user", "alice"), set(frame.get("groups", []))
+    return {**frame, "rules": rules_to_wire(parse_policy(text), user, groups, frame.get("op", ""))}
 
 
 def test_list_and_find_show_only_granted_entries_never_secrets(tree: Path) -> None:
@@ -110,7 +120,7 @@ def test_a_symlink_on_the_path_is_refused_by_the_opener(tree: Path) -> None:
 
 
 def test_anything_unexpected_is_an_internal_error_reply(tree: Path) -> None:
-    for frame in ({"op": "files/read", "args": {}}, {}, request(tree, "files/list", {"path": str(tree)}, grants="[")):
+    for frame in ({"op": "files/read", "args": {}}, {}, request(tree, "files/list", {"path": str(tree)}) | {"rules": [{"subject": "users.alice"}]}):
         reply = walker.run(frame)
         assert reply["ok"] is False and reply["error"]["code"] == "INTERNAL_ERROR", reply
 
@@ -147,14 +157,15 @@ def test_no_well_formed_request_exits_1_without_reply(junk: bytes) -> None:
 
 
 def test_walker_imports_only_its_allowed_modules() -> None:
-    """Common, core.walk and the grant matcher and opener: no reading core, no helper state, no PAM."""
+    """Common, the wire layer (its opener among it), core.walk and the grant matcher: no reading
+    core, no root code, no PAM."""
     code = "import json, sys; import mcpd.walker.main; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60, check=True)
     mods = json.loads(out.stdout)
     ours = {m for m in mods if m == "mcpd" or m.startswith("mcpd.")}
     shared = {m for m in ours if m.startswith(("mcpd.common.", "mcpd.helper.wire"))}
     assert ours - ALLOWED <= shared, sorted(ours - ALLOWED)
-    assert not {m.split(".")[0] for m in mods} & {"pam", "magic", "charset_normalizer", "click", "starlette"}
+    assert not {m.split(".")[0] for m in mods} & {"pam", "magic", "charset_normalizer", "click", "starlette", "yaml"}
 
 
 def test_a_confined_walker_lists_folders_but_opens_no_file(tree: Path) -> None:

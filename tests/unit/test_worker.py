@@ -24,7 +24,7 @@ import pytest
 
 from mcpd.common import config
 from mcpd.helper.wire import errors
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.common import identity
 from mcpd.helper.wire.errors import ToolError
 from mcpd.front.workers.pool import WorkerPool

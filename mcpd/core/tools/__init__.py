@@ -14,7 +14,7 @@ from mcpd.core.tools import files_filetype, files_find, files_list, files_read
 
 
 class ToolModule(Protocol):
-    """The shape every ``mcpd/core/tools/<tool>.py`` module has."""
+    """The shape every ``mcpd/tools/<tool>.py`` module has."""
 
     NAME: str
     DESCRIPTION: str
@@ -48,18 +48,3 @@ def by_any_name(tools: Mapping[str, ToolModule]) -> dict[str, ToolModule]:
     return {**{portable_name(n): t for n, t in tools.items()}, **tools}
 
 
-DEADLINE_MARGIN = 5.0  # seconds a call may run past a tool's own time budget (startup, answer)
-
-
-def deadline_seconds(args: dict[str, Any], default: float) -> float:
-    """The deadline in seconds for one call with parsed ``args`` (docs/REFERENCE.md §2.5 ``TIMEOUT``).
-
-    A tool with its own ``time_budget_seconds`` (``files/find``, at most 60 s after ``parse_args``)
-    gets that budget plus :data:`DEADLINE_MARGIN`, so the walk can stop itself and answer before
-    the worker (or the privileged walker) is killed; the result is never below ``default``
-    (``workers.timeout_seconds``). Used by the front for both routes.
-    """
-    budget = args.get("time_budget_seconds")
-    if isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0:
-        return max(default, float(budget) + DEADLINE_MARGIN)
-    return default

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mcpd.common.identity import Principal
-from mcpd.core.tools import TOOLS, ToolModule, by_any_name, deadline_seconds, portable_name
+from mcpd.common.deadline import deadline_seconds
+from mcpd.core.tools import TOOLS, ToolModule, by_any_name, portable_name
 from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, RpcError, Send, encodable

@@ -17,8 +17,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
-from mcpd.core.tools import deadline_seconds
-from mcpd.core.walk import FIND_MAX_BUDGET
+from mcpd.common.deadline import deadline_seconds
 from mcpd.front import metrics
 from mcpd.front.mcp.dispatcher import Caller, Dispatcher, Handler, RequestContext
 from mcpd.front.mcp.jsonrpc import (
@@ -78,14 +77,11 @@ def heavy(msg: Any) -> bool:
 
 def admit_seconds(msg: Any, default: float) -> float:
     """How long a request may wait for room: its own deadline
-    (:func:`~mcpd.core.tools.deadline_seconds`: ``default``, or a find's time budget, at most
-    :data:`~mcpd.core.walk.FIND_MAX_BUDGET`, plus the margin), read from its raw arguments."""
+    (:func:`~mcpd.common.deadline.deadline_seconds`: ``default``, or a find's time budget, at most
+    :data:`~mcpd.common.deadline.BUDGET_MAX_SECONDS`, plus the margin), read from its raw arguments."""
     params = msg.get("params") if isinstance(msg, dict) else None
     args = params.get("arguments") if isinstance(params, dict) else None
-    budget = args.get("time_budget_seconds") if isinstance(args, dict) else None
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
-        return default
-    return deadline_seconds({"time_budget_seconds": min(float(budget), FIND_MAX_BUDGET)}, default)
+    return deadline_seconds(args, default) if isinstance(args, dict) else default
 
 
 class McpSession:

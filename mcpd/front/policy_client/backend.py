@@ -14,7 +14,7 @@ from typing import Any
 from mcpd.common.identity import Principal
 from mcpd.common.inflight import InFlight
 from mcpd.core import fileops
-from mcpd.core.tools import DEADLINE_MARGIN, deadline_seconds
+from mcpd.common.deadline import DEADLINE_MARGIN, deadline_seconds
 from mcpd.front import metrics
 from mcpd.front.access import policy_received
 from mcpd.front.limits import CAP_KEY

@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.common import wirejson
 from mcpd.common.validate import digits
 from mcpd.front import metrics

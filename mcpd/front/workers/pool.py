@@ -29,7 +29,7 @@ from mcpd.front.workers.channel import (
     Crashed, ProgressCallback, encode_args, read_reply, read_reply_frame, reply_result, request_frame,
 )
 from mcpd.front.workers.spawner import Spawner
-from mcpd.helper.wire import frames
+from mcpd.common import frames
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, RATE_LIMITED, TIMEOUT, ToolError
 
 log = logging.getLogger(__name__)

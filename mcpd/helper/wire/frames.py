@@ -1,17 +1,17 @@
-"""Length-prefixed JSON frames between the front, the workers and the root helper (DESIGN.md).
+"""Length-prefixed JSON frames between the front, the policy process, the workers and root.
 
 A frame is a 4-byte big-endian unsigned length followed by that many bytes of UTF-8 JSON (one
 object). The receiver checks the announced length against its cap *before* reading or allocating
-the body, so a peer announcing 1 GB costs nothing (the connection is simply refused).
+the body, so a peer announcing 1 GB costs nothing (the connection is simply refused). Root
+accepts request frames up to :data:`HELPER_REQUEST_CAP` (64 KiB).
 
-Caps: the root helper accepts request frames up to :data:`HELPER_REQUEST_CAP` (64 KiB). Replies
-carrying file text are bounded by the response cap (SPEC §3, default 10 MiB); JSON escaping can
-grow text up to 6x, so :func:`reply_cap` gives the cap for a reply frame.
+This module holds what root uses: the format, blocking sends and receives with descriptors. What
+only the other processes use (buffered reading, reply caps, JSON with number hooks) is in
+:mod:`mcpd.common.frames`, which re-exports all of this.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import select
@@ -21,9 +21,6 @@ from typing import Any
 
 HEADER = struct.Struct("!I")
 HELPER_REQUEST_CAP = 64 * 1024
-#: bytes asked of the kernel at once by a reader that buffers frames (take_frame): one read takes
-#: a whole request or report as a rule; a buffer this size is allocated per read
-READ_CHUNK = 65536
 #: seconds one send of the root side or the policy process may wait for its peer to read
 #: (limit_sends); the peers read at once, so only one that stopped reading meets it
 SEND_SECONDS = 10.0
@@ -31,11 +28,6 @@ SEND_SECONDS = 10.0
 
 class FrameError(Exception):
     """A malformed frame: over the cap, truncated, not JSON, or not a JSON object."""
-
-
-def reply_cap(response_cap: int) -> int:
-    """The largest reply frame (bytes) that may carry an answer of ``response_cap`` bytes of text."""
-    return 6 * response_cap + 1024 * 1024
 
 
 _codec: dict[str, Any] = {}  # "dumps"/"loads" a process installed with use_codec
@@ -58,7 +50,7 @@ def encode(obj: dict[str, Any]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-MAX_DEPTH = 64  # JSON nested deeper than this is refused like unparsable JSON (SPEC §2.3)
+MAX_DEPTH = 64  # JSON nested deeper than this is refused like unparsable JSON (docs/REFERENCE.md §2.3)
 
 
 def too_deep(value: Any, limit: int = MAX_DEPTH, text: bytes | str | None = None) -> bool:
@@ -81,45 +73,17 @@ def too_deep(value: Any, limit: int = MAX_DEPTH, text: bytes | str | None = None
     return bool(level)
 
 
-@functools.lru_cache(maxsize=8)
-def _decoder(parse_constant: Any, parse_float: Any) -> json.JSONDecoder:
-    """One decoder per pair of hooks (``json.loads`` with an argument builds one per call)."""
-    return json.JSONDecoder(parse_constant=parse_constant, parse_float=parse_float)
-
-
-def loads(data: bytes | str, parse_constant: Any = None, parse_float: Any = None) -> Any:
+def loads(data: bytes | str) -> Any:
     """Parse JSON as every mcpd process does: :class:`FrameError` for anything unparsable, nested
-    deeper than :data:`MAX_DEPTH` levels, or so deep the parser itself gives up.
-    ``parse_constant``, ``parse_float``: as for :func:`json.loads` (called for ``NaN``,
-    ``Infinity``; for the text of each number with a fraction or an exponent). Bytes are decoded
+    deeper than :data:`MAX_DEPTH` levels, or so deep the parser itself gives up. Bytes are decoded
     as :func:`json.loads` decodes them (UTF-8, -16 or -32, found from the first bytes)."""
     try:
-        if parse_constant is None and parse_float is None:
-            value = json.loads(data)
-        else:
-            text = data.decode(json.detect_encoding(data), "surrogatepass") if isinstance(data, bytes) else data
-            value = _decoder(parse_constant, parse_float).decode(text)
+        value = json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise FrameError("not JSON" if not isinstance(exc, RecursionError) else "JSON nested too deeply") from None
     if too_deep(value, text=data):
         raise FrameError(f"JSON nested deeper than {MAX_DEPTH} levels")
     return value
-
-
-def take_frame(buf: bytearray, cap: int) -> bytes | None:
-    """Remove the first complete frame from ``buf`` (bytes received so far) and return its body;
-    None while it is incomplete. Raises :class:`FrameError` as soon as the announced length
-    exceeds ``cap`` (bytes), before the body is waited for."""
-    if len(buf) < HEADER.size:
-        return None
-    (length,) = HEADER.unpack_from(buf)
-    check_length(length, cap)
-    end = HEADER.size + length
-    if len(buf) < end:
-        return None
-    body = bytes(buf[HEADER.size:end])
-    del buf[:end]
-    return body
 
 
 def decode_body(body: bytes) -> dict[str, Any]:
@@ -174,8 +138,9 @@ def send_frame(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None =
 
 def recv_frame_fds(sock: socket.socket, cap: int, max_fds: int) -> tuple[dict[str, Any] | None, list[int]]:
     """Receive one frame and the descriptors sent with it (at most ``max_fds``; the caller closes
-    them). Returns ``(None, [])`` on a clean end of stream. Raises :class:`FrameError` like
-    :func:`recv_frame` (descriptors received before the error are closed)."""
+    them). Returns ``(None, [])`` on a clean end of stream. Raises :class:`FrameError`
+    (descriptors received before the error are closed): over ``cap`` bytes (checked before the
+    body is read), truncated, or not a JSON object."""
     data, fds, _, _ = socket.recv_fds(sock, HEADER.size, max_fds)
     try:
         if not data:
@@ -191,15 +156,3 @@ def recv_frame_fds(sock: socket.socket, cap: int, max_fds: int) -> tuple[dict[st
         for fd in fds:
             os.close(fd)
         raise
-
-
-def recv_frame(sock: socket.socket, cap: int) -> dict[str, Any] | None:
-    """Receive one frame from a blocking socket (descriptors sent with it are discarded).
-
-    Returns:
-        the object, or ``None`` on a clean end of stream before a header.
-    Raises:
-        FrameError: over ``cap`` bytes (checked before reading the body), truncated, or not a
-            JSON object.
-    """
-    return recv_frame_fds(sock, cap, 0)[0]

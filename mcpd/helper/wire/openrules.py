@@ -1,6 +1,6 @@
 """What root's opener refuses about the inode a granted path resolves to, as a pure judgement.
 
-Root's opener (:mod:`mcpd.helper.opener`) applies :func:`refusal` to the descriptor it resolved;
+Root's opener (:mod:`mcpd.helper.wire.opener`) applies :func:`refusal` to the descriptor it resolved;
 ``mcpd grants test`` applies it to what ``lstat`` finds on the host, so its prediction and the
 opener cannot drift apart. The reasons are the ``reason`` of the opener's ``PERMISSION_DENIED``
 (:data:`SYMLINK`, :data:`HARD_LINKS`, :data:`CHANGED`) or the message of its

@@ -1,7 +1,7 @@
 """Lexical path cleaning (SPEC §4.3): a path is judged as a tuple of components, never as a
 string. :func:`clean_path` cleans a request path lexically (``/var/log/../../etc/shadow`` →
 ``/etc/shadow``) and refuses relative paths and NUL bytes; grant entries are matched against the
-components by :mod:`mcpd.policy.entries`.
+components by :mod:`mcpd.common.grantmatch`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,82 @@
+"""Frames as the unprivileged processes use them: the wire format, and what root never needs.
+
+Everything of :mod:`mcpd.helper.wire.frames` (the format, blocking sends and receives) is
+re-exported here, so a front, policy or worker module imports one ``frames``. Added: reading
+frames through a buffer (:func:`take_frame`, :data:`READ_CHUNK`), the cap of a reply that carries
+file text (:func:`reply_cap`), a blocking receive that drops descriptors (:func:`recv_frame`), and
+:func:`loads` with the number hooks the front parses a client's JSON with.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import socket
+from typing import Any
+
+from mcpd.helper.wire.frames import (  # noqa: F401 - the one wire format, re-exported
+    HEADER, HELPER_REQUEST_CAP, MAX_DEPTH, SEND_SECONDS, FrameError, check_length, decode_body, encode,
+    limit_sends, ready, recv_frame_fds, send_frame, too_deep, use_codec,
+)
+from mcpd.helper.wire.frames import loads as _loads
+
+#: bytes asked of the kernel at once by a reader that buffers frames (take_frame): one read takes
+#: a whole request or report as a rule; a buffer this size is allocated per read
+READ_CHUNK = 65536
+
+
+def reply_cap(response_cap: int) -> int:
+    """The largest reply frame (bytes) that may carry an answer of ``response_cap`` bytes of text:
+    JSON escaping can grow text up to 6 times, plus 1 MiB for the rest of the reply."""
+    return 6 * response_cap + 1024 * 1024
+
+
+@functools.lru_cache(maxsize=8)
+def _decoder(parse_constant: Any, parse_float: Any) -> json.JSONDecoder:
+    """One decoder per pair of hooks (``json.loads`` with an argument builds one per call)."""
+    return json.JSONDecoder(parse_constant=parse_constant, parse_float=parse_float)
+
+
+def loads(data: bytes | str, parse_constant: Any = None, parse_float: Any = None) -> Any:
+    """:func:`mcpd.helper.wire.frames.loads` (the one JSON rule: :class:`FrameError` for anything
+    unparsable or nested deeper than :data:`MAX_DEPTH` levels), with ``parse_constant`` and
+    ``parse_float`` as for :func:`json.loads` (called for ``NaN``, ``Infinity``; for the text of
+    each number with a fraction or an exponent)."""
+    if parse_constant is None and parse_float is None:
+        return _loads(data)
+    try:
+        text = data.decode(json.detect_encoding(data), "surrogatepass") if isinstance(data, bytes) else data
+        value = _decoder(parse_constant, parse_float).decode(text)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise FrameError("not JSON" if not isinstance(exc, RecursionError) else "JSON nested too deeply") from None
+    if too_deep(value, text=data):
+        raise FrameError(f"JSON nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def take_frame(buf: bytearray, cap: int) -> bytes | None:
+    """Remove the first complete frame from ``buf`` (bytes received so far) and return its body;
+    None while it is incomplete. Raises :class:`FrameError` as soon as the announced length
+    exceeds ``cap`` (bytes), before the body is waited for."""
+    if len(buf) < HEADER.size:
+        return None
+    (length,) = HEADER.unpack_from(buf)
+    check_length(length, cap)
+    end = HEADER.size + length
+    if len(buf) < end:
+        return None
+    body = bytes(buf[HEADER.size:end])
+    del buf[:end]
+    return body
+
+
+def recv_frame(sock: socket.socket, cap: int) -> dict[str, Any] | None:
+    """Receive one frame from a blocking socket (descriptors sent with it are discarded).
+
+    Returns:
+        the object, or ``None`` on a clean end of stream before a header.
+    Raises:
+        FrameError: over ``cap`` bytes (checked before reading the body), truncated, or not a
+            JSON object.
+    """
+    return recv_frame_fds(sock, cap, 0)[0]

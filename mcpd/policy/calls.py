@@ -1,0 +1,320 @@
+"""The privileged call (``privileged_call``): the grant decided here, the work done elsewhere.
+
+The grant is decided for the token's principal from the grants in force. What needs root it
+asks of the root helper (:mod:`mcpd.policy.rootclient`): for ``files/read``/``files/filetype``
+root opens the granted file once (its checked opener); for ``files/read`` this process passes
+the descriptor to the caller's own worker (uid of the account, CapEff 0, no_new_privs), which
+runs the reading core and answers the front directly. For ``files/filetype`` the descriptor
+stays here: the worker gets its ``fstat`` facts as data and, for a regular file, a sealed memfd
+holding the first ``SAMPLE_BYTES`` (:func:`mcpd.policy.opened.described`). ``files/list`` and
+``files/find`` run as a metadata walk in a walker (:mod:`mcpd.walker`): a killable child of
+root's fork server holding CAP_DAC_READ_SEARCH only, which parses the call's arguments itself
+and filters every entry by the grant. One audit record per call received.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import dataclasses
+import datetime
+import errno
+import fcntl
+import logging
+import os
+import pwd
+import socket
+import struct
+import termios
+import time
+from typing import Any
+
+from mcpd.common import identity
+from mcpd.common.audit import REFUSED_AT_OPEN, Prepared, find_fields
+from mcpd.common.config import CAP_KEY
+from mcpd.common.deadline import deadline_seconds
+from mcpd.common.validate import check_path
+from mcpd.common import frames
+from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_REGULAR_FILE, PERMISSION_DENIED, TIMEOUT,
+                                     ToolError, from_oserror)
+from mcpd.common import grantmatch
+from mcpd.policy.grants import os_groups
+from mcpd.policy.opened import described
+from mcpd.policy.state import CONTENT_OPS, WALK_OPS, Refused, State, Worker, principal_of
+from mcpd.policy.workers import NOT_YOURS, UNTAKEN, UNTAKEN_MAX, UNTAKEN_TOTAL, bound_worker, check_started, kill_worker, untaken
+
+log = logging.getLogger("mcpd.policy")
+
+def _deadline(args: dict[str, Any], default: float) -> float:
+    """A call's own deadline (:func:`~mcpd.common.deadline.deadline_seconds`: a find's capped
+    budget plus the margin), else ``default`` (``workers.timeout_seconds``)."""
+    return deadline_seconds(args, 0.0) or default
+
+
+def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
+    """``privileged_call {token, session, peer, op, args, cap?, worker?, rid?}`` (docs/REFERENCE.md §4.1-4.5a).
+
+    Decides the grant for the token's principal, then: content ops open the file once and hand the
+    descriptor to the principal's worker ``worker`` (its reply, id ``rid``, goes to the front);
+    walk ops run in a killable child and return their raw result. One audit record per call
+    received, whatever happens to it (the front records none of these: it records only the calls
+    whose request never reached this process).
+    """
+    started = time.monotonic()
+    principal, login = principal_of(state, req)
+    op, who = req["op"], {"session": req["session"], "peer": req["peer"], "user": principal.name,
+                          "os_user": principal.os_user, "token_id": principal.token_id, "tool": req["op"],
+                          "route": "privileged", **find_fields(req["op"], req["args"])}
+    key = WALK_OPS.get(op, "path")
+    args = dict(req["args"])  # only the path here: the worker or walker parses the rest (tool's own parse_args)
+    try:
+        if op not in WALK_OPS and op not in CONTENT_OPS:
+            raise ToolError(PERMISSION_DENIED, "permission denied", reason="unknown tool")
+        requested = check_path(args, key)
+    except ToolError as exc:
+        state.audit.record("reject", decision="reject", reason=exc.message, outcome=exc.code, **who)
+        raise
+    groups = os_groups(principal.os_user)
+    policy = state.policy.policy
+    login_time = None if login is None else datetime.datetime.fromtimestamp(login.login_time, datetime.timezone.utc)
+    used = login is not None and state.issued.used(login.id)  # before this call's claim: the walker decides alike
+    decision = grantmatch.decide(policy, principal.os_user, groups, op, requested, grantmatch.utcnow(),
+                             login_time=login_time, login_used=used)
+    if decision.allowed and decision.reauth_after == 0 and login is not None and not state.issued.claim(login.id):
+        decision = dataclasses.replace(decision, allowed=False, reason=grantmatch.REAUTH)  # one login, one call
+    # the rule that decided; for a refusal because a rule expired, that rule and when (decide's note)
+    record = dict(who, requested_path=requested, resolved_path=decision.resolved_path,
+                  grant=decision.rule or (decision.note if not decision.allowed and decision.note else None))
+    if not decision.allowed or decision.resolved_path is None:
+        state.audit.record("reject", decision="reject", reason=decision.reason, outcome=PERMISSION_DENIED, bytes=0,
+                           duration_ms=_ms(started), **record)
+        hint = "; run: linuxctl login, then use the new token" if decision.reason == grantmatch.REAUTH else ""
+        raise ToolError(PERMISSION_DENIED, f"permission denied: {requested}: {decision.reason}{hint}",
+                        path=requested, reason=decision.reason)
+    args[key] = decision.resolved_path
+    try:
+        if op not in WALK_OPS:
+            reply, outcome, size, prepared = _content(state, op, args, principal, decision.covers_root, req, record)
+            if outcome in (PERMISSION_DENIED, NOT_A_REGULAR_FILE):  # the worker's own check refused it
+                state.audit.record("reject", decision=REFUSED_AT_OPEN, reason=f"refused by the worker ({outcome})",
+                                   outcome=outcome, bytes=0, duration_ms=_ms(started), **record)
+            else:
+                state.audit.finish(prepared, outcome=outcome, bytes=size, duration_ms=_ms(started))
+            return reply
+        fresh = None if login is None else (login.login_time, used)
+        reply = _walk(state, policy, op, args, principal.os_user, sorted(groups), decision.covers_root, fresh)
+        outcome, size = None, len(reply["result"].get("entries", reply["result"].get("matches", [])))
+    except ToolError as exc:
+        if (refused := _refusal(exc)) is not None:  # root's opener (or the secrets' check, or the walker) said no
+            state.audit.record("reject", decision=refused[0], reason=refused[1], outcome=exc.code, bytes=0,
+                               duration_ms=_ms(started), **record)
+        else:  # granted, and failed: TIMEOUT, a worker that died, no such file ...
+            state.audit.record("accept", decision="accept", reason="granted", outcome=exc.code, bytes=0,
+                               reason_detail=exc.details.get("reason"), duration_ms=_ms(started), **record)
+        raise
+    except Refused:  # a content call without its worker: the alert is its record, the connection ends
+        raise
+    except Exception:  # a flaw here: the call still has its one record (granted, failed)
+        log.exception("privileged %s failed after its grant", op)
+        state.audit.record("accept", decision="accept", reason="granted", outcome=INTERNAL_ERROR, bytes=0,
+                           duration_ms=_ms(started), **record)
+        raise ToolError(INTERNAL_ERROR, "internal error") from None
+    state.audit.record("accept", decision="accept", reason="granted", outcome=outcome, bytes=size,
+                       duration_ms=_ms(started), **record)
+    return reply
+
+
+def _refusal(exc: ToolError) -> tuple[str, str] | None:
+    """``(decision, reason)`` of a call the grants allowed and a later step refused, else None (a
+    failure: the call's record stays ``accept`` with the code as ``outcome``). ``PERMISSION_DENIED``
+    and ``NOT_A_REGULAR_FILE`` after the grant are root's opener (a symlink in the path, several
+    hard links, the path changed, not a regular file or directory), the check of the real path
+    against the daemon's secrets, or the walker opening its folder: :data:`REFUSED_AT_OPEN`; a
+    worker the front named that is not the principal's is a plain ``reject``."""
+    if exc.code == HELPER_UNAVAILABLE and exc.details.get("reason") == UNTAKEN:
+        return "reject", UNTAKEN
+    if exc.code == PERMISSION_DENIED:
+        reason = str(exc.details.get("reason") or exc.message)
+        return ("reject" if reason == NOT_YOURS else REFUSED_AT_OPEN), reason
+    if exc.code == NOT_A_REGULAR_FILE:
+        kind = exc.details.get("type")
+        return REFUSED_AT_OPEN, exc.message.partition(":")[0] + (f" ({kind})" if kind else "")
+    return None
+
+
+def _ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)
+
+
+def _content(state: State, op: str, args: dict[str, Any], principal: identity.Principal, follow: bool,
+             req: dict[str, Any], record: dict[str, Any]) -> tuple[dict[str, Any], str | None, int, Prepared]:
+    """Hand the opened file to the principal's worker (``files/read``: root's descriptor;
+    ``files/filetype``: only :func:`~mcpd.policy.opened.described`'s facts and sample memfd) and
+    wait for its report; the accept record (``record``'s fields, and ``real_path``, the real path
+    of what root opened when it is not the one judged) is encoded while the worker reads, and
+    written by the caller."""
+    if not isinstance(req.get("worker"), int) or req.get("rid") is None:
+        raise Refused("content call without worker and rid")
+    w = bound_worker(state, principal, req["worker"])
+    held = untaken(state, w.owner, w)
+    if state.workers.get(w.pid) is not w:  # it was one of them: killed
+        raise ToolError(INTERNAL_ERROR, "the worker ended during the call: it did not read its control socket")
+    if held >= UNTAKEN_MAX or (held and untaken(state) >= UNTAKEN_TOTAL):
+        raise ToolError(HELPER_UNAVAILABLE, f"no privileged read for this principal: its workers left {held} "
+                        "descriptors untaken in their sockets (a process of its account keeps them); "
+                        "none is passed until they are released", reason=UNTAKEN)
+    fd = None if follow else state.opened.take(args["path"], principal.name)  # an earlier read's, checked again
+    if fd is not None:
+        real = args["path"]
+    else:
+        fd, real = state.root.open(args["path"], follow, "any" if op == "files/filetype" else "file", principal.name)
+        if not follow:
+            state.opened.keep(args["path"], principal.name, fd)
+    if real != args["path"]:  # through a symlink (a grant on /): the record names the file root opened too
+        record["real_path"] = real
+    try:
+        if grantmatch.is_secret(state.policy.policy, real):
+            raise ToolError(PERMISSION_DENIED, f"permission denied: {args['path']}", path=args["path"],
+                            reason=grantmatch.SECRET)
+        if not w.busy.acquire(blocking=False):
+            raise ToolError(HELPER_UNAVAILABLE, "that worker is busy", reason="busy")
+        try:
+            if not w.checked:  # once per worker: only one seen hardened gets a descriptor
+                why = check_started(w, pwd.getpwnam(w.owner[1]))
+                if why is not None:
+                    kill_worker(state, w, f"it did not start safely: {why}")
+                    raise ToolError(INTERNAL_ERROR, f"the worker did not start safely: {why}")
+                w.checked = True
+            if req.get("cap") is not None:
+                args[CAP_KEY] = req["cap"]  # the principal's max_file_bytes: it can only narrow the cap
+            frame: dict[str, Any] = {"id": req["rid"], "op": op, "args": args}
+            if op == "files/filetype":  # root's descriptor stays here: facts as data, a sample memfd
+                try:
+                    frame["facts"], sample = described(fd)
+                except OSError as err:
+                    raise from_oserror(err, args["path"]) from None
+                os.close(fd)
+                fd = -1 if sample is None else sample
+            _pass(state, w, frame, [fd] if fd >= 0 else [])
+            if fd >= 0:
+                os.close(fd)
+            fd = -1
+            prepared = state.audit.prepare("accept", decision="accept", reason="granted", **record)
+            report = _await_report(w, req["rid"], _deadline(args, state.cfg.workers.timeout_seconds))
+            if report is None:
+                report = _end_late(state, w, req["rid"])
+        finally:
+            w.busy.release()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if report is None:
+        raise ToolError(TIMEOUT, "the call did not finish in time")
+    return {"ok": True, "dispatched": True}, report.get("code"), int(report.get("bytes") or 0), prepared
+
+
+def _pass(state: State, w: Worker, frame: dict[str, Any], fds: list[int]) -> None:
+    """Send one call (``frame`` and ``fds``) to worker ``w``'s control socket, never waiting: only
+    when the worker has taken all it was sent before (nothing of ours unread in its socket,
+    ``SIOCOUTQ`` 0: a worker reads a call whole before it reports), and only at once and whole
+    (``MSG_DONTWAIT``). So at most one call and one descriptor per worker are ever in flight, and
+    no thread waits on a worker that does not read. Otherwise the worker is killed and forgotten
+    (its socket's queue, and the descriptor in it, go with its last holder: the worker alone) and
+    this call fails: ``INTERNAL_ERROR``, the worker replaced by the front like any that ended."""
+    data = frames.encode(frame)
+    why = "it did not read its control socket"
+    try:
+        if struct.unpack("i", fcntl.ioctl(w.ctl.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0] == 0:
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+            if w.ctl.sendmsg([data], rights, socket.MSG_DONTWAIT) == len(data):
+                return
+    except OSError as exc:  # (EBADF: a kill on another thread closed it meanwhile)
+        if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.EBADF):
+            why = "it ended"
+        elif exc.errno != errno.EAGAIN:
+            why = f"its control socket failed ({errno.errorcode.get(exc.errno or 0, exc.errno)})"
+    kill_worker(state, w, f"a privileged call could not be passed to it: {why}")
+    raise ToolError(INTERNAL_ERROR, f"the worker ended during the call: {why}")
+
+
+def _end_late(state: State, w: Worker, rid: Any) -> dict[str, Any] | None:
+    """A worker past its call's deadline: have root SIGKILL it first (it holds the granted
+    descriptor, and would otherwise still read the file and answer the front after the call was
+    recorded as ``TIMEOUT`` with 0 bytes), then take the report it may have sent before it died
+    (it reports before it answers, so without a report no answer left it)."""
+    with contextlib.suppress(ToolError, OSError):
+        state.root.kill(w.pid)
+    try:
+        report = _await_report(w, rid, 1.0)
+    except ToolError:  # ended without (another) report
+        report = None
+    kill_worker(state, w, "its privileged call passed its deadline")
+    return report
+
+
+def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:
+    """The worker's report ``{"id": rid, ...}`` within ``seconds``, or None; read through the
+    worker's buffer (one ``recv`` per report as a rule). Reports of other ids (a call that timed
+    out earlier) are skipped.
+
+    Raises:
+        ToolError: ``INTERNAL_ERROR`` when the worker ended (its socket at its end, or reset: a
+            worker killed with the call's frame unread) or sent a report over 4 KiB or not a
+            JSON object (a broken worker: the call fails, its record says so).
+    """
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            while (body := frames.take_frame(w.reports, 4096)) is not None:
+                if (report := frames.decode_body(body)).get("id") == rid:
+                    return report
+        except frames.FrameError:
+            raise ToolError(INTERNAL_ERROR, "the worker sent a malformed report") from None
+        left = end - time.monotonic()
+        try:
+            if left <= 0 or not frames.ready([w.ctl.fileno()], left):
+                return None
+            chunk = w.ctl.recv(frames.READ_CHUNK)
+        except (OSError, ValueError):  # ECONNRESET: it died with our frame unread; closed: reaped meanwhile
+            chunk = b""
+        if not chunk:
+            raise ToolError(INTERNAL_ERROR, "the worker ended during the call")
+        w.reports += chunk
+
+
+def _walk(state: State, policy: grantmatch.Policy, op: str, args: dict[str, Any], os_user: str, groups: list[str],
+          follow: bool, login: tuple[float, bool] | None = None) -> dict[str, Any]:
+    """Run one walk in a new walker (root's fork server; :mod:`mcpd.walker`): send it the call and
+    ``policy``, the grants that decided the call (not the ones in force now: a reload since the
+    decision must not filter its entries, or the answer would be one neither grants give), wait
+    for its one reply until the deadline, then have root SIGKILL it whatever happened
+    (``TIMEOUT`` when no reply came in time, ``INTERNAL_ERROR`` when it ended without one).
+    ``login``: the caller's password login (UNIX login time, whether its one ``reauth_after: 0``
+    call was used before this one), or None for a static token, so the walker judges every
+    entry's ``reauth_after`` as this call was judged."""
+    pid, ours, pidfd = state.root.walk()
+    # (the frame after the walker's start: whatever a reload does meanwhile, it carries ``policy``)
+    frame = {"op": op, "args": args, "os_user": os_user, "groups": groups, "follow": follow,
+             "rules": grantmatch.rules_to_wire(policy, os_user, set(groups), op), "secrets": list(policy.secrets),
+             "login_time": None if login is None else login[0], "login_used": login is not None and login[1]}
+    end = time.monotonic() + _deadline(args, state.cfg.workers.timeout_seconds)
+    try:
+        ours.settimeout(max(end - time.monotonic(), 0.001))
+        frames.send_frame(ours, frame)
+        ours.settimeout(max(end - time.monotonic(), 0.001))
+        reply = frames.recv_frame(ours, frames.reply_cap(state.cfg.read.response_cap)) or {"ok": False}
+    except TimeoutError:
+        reply = None
+    except (OSError, frames.FrameError):  # it ended (or garbled) without a reply: INTERNAL_ERROR
+        reply = {"ok": False}
+    finally:
+        ours.close()
+        os.close(pidfd)
+        with contextlib.suppress(ToolError, OSError):
+            state.root.kill(pid)
+    if reply is None:
+        raise ToolError(TIMEOUT, "the call did not finish in time")
+    if not reply.get("ok") or not isinstance(reply.get("result"), dict):
+        raise ToolError.from_dict(reply.get("error"))
+    return {"ok": True, "result": reply["result"]}
+

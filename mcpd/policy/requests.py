@@ -1,0 +1,45 @@
+"""The policy process's request table: every request type it serves, nothing else.
+
+Like OpenSSH's monitor and root's table (:data:`mcpd.helper.monitor.TABLE`), in the same style
+and held to the same schema check (:mod:`mcpd.helper.wire.requests`): one entry per request
+type with its keys (exact types; unknown, missing or wrongly typed keys are refused), its
+handler, what it may do and its capacity class. Each class (:data:`CLASSES`) has a bounded number
+of requests in flight, so a burst of one kind (logins) never takes capacity from another.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcpd.helper.wire.requests import Key, Request, SchemaError, check, table
+from mcpd.policy.calls import handle_call
+from mcpd.policy.handlers import handle_authenticate, handle_kill, handle_login, handle_revoke, handle_spawn
+from mcpd.policy.state import Refused
+
+# capacity class -> threads (in flight: 4x); "call" requests run on their connection's thread instead
+CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}
+
+TOKEN, PEER, INT, OPT_INT = Key(str, longest=256), Key(str, longest=100), Key(int), Key(int, required=False)
+CALL = {"token": TOKEN, "session": Key(str, longest=64), "peer": PEER, "op": Key(str, longest=64), "args": Key(dict),
+        "cap": OPT_INT, "worker": OPT_INT, "rid": OPT_INT}
+LOGIN = {"user": Key(str, longest=64), "password": Key(str, longest=4096), "peer": PEER}
+#: request type -> its keys, handler, what it may do and when, and its capacity class; nothing else is served
+REQUESTS = table(
+    Request("authenticate", {"token": TOKEN}, handle_authenticate, "the principal of a token, or ok false", "auth"),
+    Request("revoke", {"token": TOKEN}, handle_revoke, "a login token deletes itself (linuxctl logout)", "auth"),
+    Request("spawn_worker", {"token": TOKEN}, handle_spawn, "a worker as the token's principal's account", "spawn"),
+    Request("kill_worker", {"token": TOKEN, "pid": INT}, handle_kill, "SIGKILL one of the principal's workers", "spawn"),
+    Request("privileged_call", CALL, handle_call, "one call decided by the grants; root opens or walks", "call"),
+    Request("pam_login", LOGIN, handle_login, "a password login (root's PAM) to a login token, once", "login"),
+)
+
+
+def check_request(req: dict[str, Any]) -> Request:
+    """The table's entry for ``req`` once it holds exactly that entry's keys
+    (:func:`mcpd.helper.wire.requests.check`). Raises :class:`~mcpd.policy.state.Refused` with
+    the check's reason (``unknown request type``, ``<type>: unknown key 'k'``, ``missing key``,
+    ``malformed key``)."""
+    try:
+        return check(REQUESTS, req)
+    except SchemaError as exc:
+        raise Refused(str(exc)) from None
