@@ -38,7 +38,9 @@ from typing import Any
 import click
 
 from mcpd.admin import auditlog
-from mcpd.common.audit import JOURNAL_SOCKET, REFUSED_AT_OPEN, Head
+from mcpd.common.audit.head import Head
+from mcpd.common.audit.journal import JOURNAL_SOCKET
+from mcpd.common.audit.records import REFUSED_AT_OPEN
 from mcpd.common.printable import printable
 from mcpd.admin.grants_cli import _any_owner_option, _config_option, _defaults, _file_option, _load
 from mcpd.policy.grants import DENIED, NO_GRANT, SECRET, TOOLS, decide, os_groups, utcnow

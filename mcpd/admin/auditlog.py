@@ -27,8 +27,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from mcpd.common.audit import GENESIS, HEAD_FILE, REFUSED_AT_OPEN, REFUSED_BY_OS, Head, file_number
-from mcpd.common.audit import read_head as audit_read_head
+from mcpd.common.audit.chain import GENESIS, file_number
+from mcpd.common.audit.head import HEAD_FILE, Head
+from mcpd.common.audit.records import REFUSED_AT_OPEN, REFUSED_BY_OS
+from mcpd.common.audit.head import read_head as audit_read_head
 from mcpd.common.folders import safe_folder
 from mcpd.common.printable import field, printable
 

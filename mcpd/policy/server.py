@@ -59,7 +59,8 @@ from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_R
 from mcpd.common.reload import Reloading
 from mcpd.helper.wire.rootconf import WORKER_START_GID, plain_ids
 from mcpd.common.validate import check_path
-from mcpd.common.audit import REFUSED_AT_OPEN, AuditLog, Prepared, find_fields
+from mcpd.common.audit.records import REFUSED_AT_OPEN, Prepared, find_fields
+from mcpd.common.audit.writer import AuditLog
 from mcpd.policy import grants
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Issued, Login, Store

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from mcpd.common.audit import AuditLog, journal_entry
+from mcpd.common.audit.journal import journal_entry
+from mcpd.common.audit.writer import AuditLog
 
 JOURNALD = next((p for p in ("/lib/systemd/systemd-journald", "/usr/lib/systemd/systemd-journald") if os.path.exists(p)),
                 None)

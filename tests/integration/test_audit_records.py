@@ -171,7 +171,7 @@ for _ in range(int(sys.argv[2])):
 
 
 def test_spawns_exits_kills_and_an_alert_flood_are_recorded(privsep_daemon: PrivsepDaemon) -> None:
-    from mcpd.common.audit import ALERT_BURST
+    from mcpd.common.audit.alerts import ALERT_BURST
 
     d = privsep_daemon
     call(d, "alice", d.app, privileged=False, tool="files/list")

@@ -13,7 +13,8 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from mcpd.common.audit import AuditError, AuditLog, encode_fields
+from mcpd.common.audit.records import AuditError, encode_fields
+from mcpd.common.audit.writer import AuditLog
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
 from mcpd.common.identity import Principal
 from mcpd.front import access

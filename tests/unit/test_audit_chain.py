@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 from mcpd.admin import auditlog
 from mcpd.admin.audit_cli import audit
-from mcpd.common.audit import GENESIS, AuditLog
+from mcpd.common.audit.chain import GENESIS
+from mcpd.common.audit.writer import AuditLog
 
 
 def raw_lines(path: Path) -> list[bytes]:
@@ -200,7 +201,7 @@ def test_records_before_the_chain_existed_are_counted_apart(tmp_path: Path) -> N
 
 
 def test_repeated_alerts_are_rate_limited_with_a_count_of_those_suppressed(tmp_path: Path) -> None:
-    from mcpd.common.audit import ALERT_BURST, ALERT_WINDOW
+    from mcpd.common.audit.alerts import ALERT_BURST, ALERT_WINDOW
 
     path = tmp_path / "audit.jsonl"
     now = [1000.0]
@@ -226,13 +227,13 @@ def test_repeated_alerts_are_rate_limited_with_a_count_of_those_suppressed(tmp_p
 
 
 def test_alert_reasons_tracked_are_bounded(tmp_path: Path) -> None:
-    from mcpd.common.audit import ALERT_BURST, ALERT_KEYS
+    from mcpd.common.audit.alerts import ALERT_BURST, ALERT_KEYS
 
     path = tmp_path / "audit.jsonl"
     with AuditLog(str(path), syslog=False, clock=lambda: 0.0) as log:
         for i in range(ALERT_KEYS + 100):  # an attacker varying the reason text
             log.record("alert", reason=f"unknown key 'k{i}'")
-        assert len(log._alerts) == ALERT_KEYS + 1  # the reasons seen first, and one for all others
+        assert len(log._limit._slots) == ALERT_KEYS + 1  # the reasons seen first, and one for all others
     recs = [json.loads(x) for x in raw_lines(path)]
     assert len([r for r in recs if "suppressed" not in r]) == ALERT_KEYS + ALERT_BURST
     assert recs[-1]["reason"] == "(other reasons)" and recs[-1]["suppressed"] == 100 - ALERT_BURST

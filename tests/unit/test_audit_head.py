@@ -19,7 +19,9 @@ from click.testing import CliRunner
 
 from mcpd.admin import auditlog
 from mcpd.admin.audit_cli import audit
-from mcpd.common.audit import HEAD_FILE, LOST_TAIL, AuditLog, Head
+from mcpd.common.audit.chain import LOST_TAIL
+from mcpd.common.audit.head import HEAD_FILE, Head
+from mcpd.common.audit.writer import AuditLog
 
 
 @pytest.fixture()

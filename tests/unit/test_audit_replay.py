@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from mcpd.admin import auditlog
 from mcpd.admin.audit_cli import audit, replay_diffs
-from mcpd.common.audit import AuditLog
+from mcpd.common.audit.writer import AuditLog
 from mcpd.policy.grants import NO_GRANT, REAUTH, parse_policy
 
 USER, OTHER = "nosuchuser-replay", "someone-else"  # no OS accounts: no groups, the users: table alone decides

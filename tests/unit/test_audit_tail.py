@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from mcpd.admin import auditlog
 from mcpd.admin.audit_cli import audit
-from mcpd.common.audit import AuditLog
+from mcpd.common.audit.writer import AuditLog
 
 
 def fill(path: Path) -> None:

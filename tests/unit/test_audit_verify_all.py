@@ -17,7 +17,8 @@ from click.testing import CliRunner
 
 from mcpd.admin import auditlog
 from mcpd.admin.audit_cli import audit
-from mcpd.common.audit import GENESIS, AuditLog
+from mcpd.common.audit.chain import GENESIS
+from mcpd.common.audit.writer import AuditLog
 
 
 @pytest.fixture()

@@ -18,7 +18,8 @@ from click.testing import CliRunner
 
 from mcpd.admin import auditlog
 from mcpd.admin.audit_cli import audit, replay_diffs
-from mcpd.common.audit import REFUSED_AT_OPEN, AuditLog
+from mcpd.common.audit.records import REFUSED_AT_OPEN
+from mcpd.common.audit.writer import AuditLog
 from mcpd.front import refused
 from mcpd.policy.grants import DENIED, NO_GRANT, REAUTH, parse_policy
 

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from mcpd.admin import auditlog
 from mcpd.admin.cli import main
-from mcpd.common.audit import MAX_VALUE_CHARS, AuditLog
+from mcpd.common.audit.records import MAX_VALUE_CHARS
+from mcpd.common.audit.writer import AuditLog
 from mcpd.policy.grants_reload import PolicyHolder
 
 
