@@ -1,4 +1,4 @@
-"""The front's access log: one record per call the root helper does not record (SPEC §7.1).
+"""The front's access log: one record per call the policy process does not record (docs/REFERENCE.md §7.1).
 
 Every ``tools/call`` and ``resources/read`` leaves exactly one record. A privileged call the
 policy process received is recorded there (it records every privileged request it reads); every

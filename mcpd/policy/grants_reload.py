@@ -1,4 +1,4 @@
-"""Reloading ``mcp-sudo.yaml`` safely: keep the last good policy (SPEC §4.5).
+"""Reloading ``mcp-sudo.yaml`` safely: keep the last good policy (docs/REFERENCE.md §4.5).
 
 :class:`PolicyHolder` owns the current :class:`~mcpd.policy.grants.Policy` through the one reload
 holder, :class:`mcpd.common.reload.Reloading`. A reload that fails (unsafe file, bad YAML, schema
@@ -137,7 +137,7 @@ LAST_LOAD = "grants.loaded"
 
 
 class PolicyHolder(Reloading[Policy]):
-    """The live grants policy with last-good reloads (SPEC §4.5), on :class:`Reloading`.
+    """The live grants policy with last-good reloads (docs/REFERENCE.md §4.5), on :class:`Reloading`.
 
     Args:
         path: the grants file.

@@ -1,4 +1,4 @@
-"""Password logins and their tokens, in the policy process (SPEC §5.2, §5.3).
+"""Password logins and their tokens, in the policy process (docs/REFERENCE.md §5.2, §5.3).
 
 :class:`Login` answers one ``pam_login`` request in this order:
 

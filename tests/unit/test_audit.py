@@ -1,4 +1,4 @@
-"""SPEC §4.5: the audit log — one JSON line per record, private files, secrets never logged."""
+"""docs/REFERENCE.md §4.5: the audit log — one JSON line per record, private files, secrets never logged."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import hypothesis.strategies as st
 import pytest
 from click.testing import CliRunner
 
-from mcpd.admin.audit_cli import audit
-from mcpd.admin.auditlog import tail_lines
+from mcpd.admin.audit.commands import audit
+from mcpd.admin.audit.logfiles import tail_lines
 from mcpd.common.audit import records as audit_format
 from mcpd.common.audit.chain import GENESIS
 from mcpd.common.audit.records import AuditError
@@ -145,7 +145,8 @@ def test_audit_tail_command(tmp_path: Path) -> None:
 def test_a_prepared_record_is_written_as_record_would_with_the_late_fields_last(tmp_path: Path) -> None:
     """prepare()/finish() (the privileged read's record, encoded while the worker reads) writes the
     same line record() would for the same fields in the same order, as the next link of the chain."""
-    from mcpd.admin import auditlog
+    from mcpd.admin.audit.logfiles import read_lines
+    from mcpd.admin.audit.verify import verify
 
     path = tmp_path / "a.jsonl"
     with AuditLog(str(path), syslog=False) as log:
@@ -164,7 +165,7 @@ def test_a_prepared_record_is_written_as_record_would_with_the_late_fields_last(
     assert {k: v for k, v in finished.items() if k not in ("seq", "prev", "time")} == \
         {k: v for k, v in recorded.items() if k not in ("seq", "prev", "time")}
     assert lines[2].isascii()
-    assert auditlog.verify(auditlog.read_lines([str(path)])).ok
+    assert verify(read_lines([str(path)])).ok
 
 
 def test_a_prepared_record_refuses_what_record_refuses_and_a_field_given_twice(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""SPEC §7.2: the helper's audit log is a hash chain, across rotation, and `mcpd audit verify`
+"""docs/REFERENCE.md §7.2: the helper's audit log is a hash chain, across rotation, and `mcpd audit verify`
 proves it whole or names the first broken line (edited, deleted, reordered, truncated)."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mcpd.admin import auditlog
-from mcpd.admin.audit_cli import audit
+from mcpd.admin.audit.logfiles import read_lines, rotated_set
+from mcpd.admin.audit.verify import Verdict, verify
+from mcpd.admin.audit.commands import audit
 from mcpd.common.audit.chain import GENESIS
 from mcpd.common.audit.writer import AuditLog
 
@@ -38,8 +39,8 @@ def rotate_like_logrotate_create(path: Path) -> Path:
     return old
 
 
-def check(*paths: Path) -> auditlog.Verdict:
-    return auditlog.verify(auditlog.read_lines([str(p) for p in paths]))
+def check(*paths: Path) -> Verdict:
+    return verify(read_lines([str(p) for p in paths]))
 
 
 def test_each_record_carries_seq_and_hash_of_the_previous_bytes(tmp_path: Path) -> None:
@@ -131,7 +132,7 @@ def test_verify_command_accepts_a_whole_chain_and_counts(tmp_path: Path) -> None
     assert out.exit_code == 0, out.output
     assert "8 records" in out.output and "seq 1..8" in out.output  # (the new file's rotate record too)
     # no FILE: the rotated set of the configured log (here through --file-less config default)
-    assert auditlog.rotated_set(str(path)) == [str(old), str(path)]
+    assert rotated_set(str(path)) == [str(old), str(path)]
 
 
 def flip_prev(line: bytes) -> bytes:

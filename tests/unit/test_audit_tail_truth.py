@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from mcpd.admin.audit_cli import audit
+from mcpd.admin.audit.commands import audit
 from mcpd.common.audit.records import REFUSED_BY_OS
 from mcpd.common.audit.writer import AuditLog
 

@@ -96,7 +96,6 @@ def read_head(dirfd: int, name: str = HEAD_FILE) -> Head | None:
     raise AssertionError("unreachable")
 
 
-
 def read_head_at(state_dir: str, name: str = HEAD_FILE) -> Head | None:
     """The head state the audit log's writer keeps in its state folder ``state_dir`` (a path;
     ``None`` when it keeps none there), as ``mcpd audit verify`` reads it.

@@ -35,7 +35,6 @@ def journal_entry(line: str, ident: str) -> bytes:
     return bytes(out)
 
 
-
 class Journal:
     """A datagram socket to the journal at ``path``, sending each record without waiting."""
 
