@@ -60,6 +60,12 @@ def tail_of(fd: int, size: int, block: int = 65536) -> tuple[bytes, bytes]:
     return b"", found
 
 
+def holds_record(fd: int, size: int, end: int, length: int, digest: str) -> bool:
+    """Whether the open file ``fd`` (``size`` bytes long) still holds, byte for byte, the record
+    of ``length`` bytes ending at offset ``end`` whose :func:`record_hash` is ``digest``."""
+    return size >= end and record_hash(os.pread(fd, length, end - length)) == digest
+
+
 def chain_after(line: bytes) -> tuple[int, str]:
     """``(seq, hash)`` a record written after ``line`` continues from: the line's ``seq`` (0 when
     it has none or is empty) and its :func:`record_hash` (:data:`GENESIS` for no line at all)."""

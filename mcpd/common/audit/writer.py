@@ -17,8 +17,10 @@ logrotate, or removed, and it opens the new one, whose first record is a ``rotat
 that the file ends where it left it (same device, inode, size: the usual case, nothing more to
 read). Another size is looked at: its last record still in place means another writer appended;
 gone (cut, emptied in place, rewritten) is a lost-tail ``alert`` naming the records gone, and
-the chain goes on after the last record written, numbers never reused. ``copytruncate`` cannot
-be told from a cut and is reported as one.
+the chain goes on after the last record written, numbers never reused. A file found deleted (no
+name left) rather than renamed is an alert naming the records it held. ``copytruncate`` cannot
+be told from a cut and is reported as one. Each log has one writer process in the daemon; two
+writers stay chained except across two rotations between two records of one of them.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mcpd.common.audit.alerts import AlertLimit
-from mcpd.common.audit.chain import ROTATE, chain_after, file_number, first_line, lost_reason, record_hash, tail_of
+from mcpd.common.audit.chain import (ROTATE, chain_after, file_number, first_line, holds_record, lost_reason,
+                                     record_hash, tail_of)
 from mcpd.common.audit.head import HEAD_FILE, Head, head_line, read_head
 from mcpd.common.audit.journal import JOURNAL_SOCKET, Journal
 from mcpd.common.audit.records import (AuditError, Fields, Prepared, field_members, record_body, record_line,
@@ -52,7 +55,7 @@ class AuditLog:
             ``mcpd-access``).
         journal: the journal socket (a namespaced journald's, in tests).
         head_dir: a descriptor of the writer's own state folder (0700), to keep the chain's head
-            in (the file ``head_name``; see the module docstring), or None to keep it in memory
+            in (the file ``head_name``; :mod:`mcpd.common.audit.head`), or None to keep it in memory
             only.
 
     On start, a log that does not end where the head says is one ``alert`` record, written at
@@ -209,8 +212,8 @@ class AuditLog:
             try:
                 fst = os.fstat(fd)
                 if (fst.st_dev, fst.st_ino) == (stored.dev, stored.ino):
-                    return stat.S_ISREG(fst.st_mode) and fst.st_size >= stored.end and record_hash(
-                        os.pread(fd, stored.length, stored.end - stored.length)) == stored.hash
+                    return stat.S_ISREG(fst.st_mode) and holds_record(fd, fst.st_size, stored.end, stored.length,
+                                                                      stored.hash)
             finally:
                 os.close(fd)
         return False
@@ -253,8 +256,8 @@ class AuditLog:
         line, partial = tail_of(self._fd, fst.st_size)
         seq, digest = chain_after(line)
         dev, ino, end, length = self._mark
-        mine = (fst.st_dev, fst.st_ino) == (dev, ino) and (length == 0 or fst.st_size >= end and record_hash(
-            os.pread(self._fd, length, end - length)) == self._prev)
+        mine = (fst.st_dev, fst.st_ino) == (dev, ino) and (
+            length == 0 or holds_record(self._fd, fst.st_size, end, length, self._prev))
         if mine:
             if line:
                 self._seq, self._prev = max(seq, self._seq), digest
@@ -305,7 +308,7 @@ class AuditLog:
                 self._number = file_number(first_line(fd))
 
     def record(self, event: str, **fields: Any) -> None:
-        """Append one record (see the module docstring for the fields), next link of the chain.
+        """Append one record (the fields: :mod:`mcpd.common.audit.records`), next link of the chain.
 
         Raises:
             AuditError: the record breaks the rules (nothing is written).
@@ -382,7 +385,7 @@ class AuditLog:
             self._write(record_body("alert", {"reason": reason, "suppressed": dropped}))
 
     def _write(self, bodies: str | list[str]) -> None:
-        """Append the records of encoded ``bodies`` (see :func:`_body`; one, or several written at
+        """Append the records of encoded ``bodies`` (see :func:`~mcpd.common.audit.records.record_body`; one, or several written at
         once, adjacent), after any alert queued, each with the next ``seq``/``prev``, in one
         ``write``; then the head state, when kept, names the last."""
         fst = self._lock_current()
