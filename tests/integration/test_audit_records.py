@@ -1,6 +1,6 @@
-"""Records an auditor can prove (docs/REFERENCE.md §7), with the real daemon: the root helper's chained audit
-log across a real logrotate run with the shipped configuration, ``mcpd audit verify`` over it,
-and tampering caught at the right line. Root only (the helper runs as root)."""
+"""Records an auditor can prove (docs/REFERENCE.md §7), with the real daemon: the policy
+process's chained audit log across a real logrotate run with the shipped configuration, ``mcpd
+audit verify`` over it, and tampering caught at the right line. Root only (the helper runs as root)."""
 
 from __future__ import annotations
 

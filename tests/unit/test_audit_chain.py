@@ -1,5 +1,6 @@
-"""docs/REFERENCE.md §7.2: the helper's audit log is a hash chain, across rotation, and `mcpd audit verify`
-proves it whole or names the first broken line (edited, deleted, reordered, truncated)."""
+"""docs/REFERENCE.md §7.2: the policy process's audit log is a hash chain, across rotation, and
+`mcpd audit verify` proves it whole or names the first broken line (edited, deleted, reordered,
+truncated)."""
 
 from __future__ import annotations
 

@@ -17,11 +17,12 @@ JOURNAL_SOCKET = "/run/systemd/journal/socket"
 
 
 def journal_entry(line: str, ident: str) -> bytes:
-    """One record (``line``, as :func:`mcpd.common.audit.records.format_record` made it) in the journal's native protocol
-    (systemd.io/JOURNAL_NATIVE_PROTOCOL): ``MESSAGE``, ``SYSLOG_IDENTIFIER`` = ``ident``,
-    ``PRIORITY`` (4 alert, 5 reject, else 6), ``MCPD_PATH`` (resolved, else requested path) and
-    ``MCPD_<KEY>`` for every field but null ones (``MCPD_USER``, ``MCPD_DECISION`` ...). Values
-    go in the protocol's length-prefixed form, so no newline in a path can forge a field."""
+    """One record (``line``, as :func:`mcpd.common.audit.records.format_record` made it) in the
+    journal's native protocol (systemd.io/JOURNAL_NATIVE_PROTOCOL): ``MESSAGE``,
+    ``SYSLOG_IDENTIFIER`` = ``ident``, ``PRIORITY`` (4 alert, 5 reject, else 6), ``MCPD_PATH``
+    (resolved, else requested path) and ``MCPD_<KEY>`` for every field but null ones (``MCPD_USER``,
+    ``MCPD_DECISION`` ...). Values go in the protocol's length-prefixed form, so no newline in a
+    path can forge a field."""
     record = json.loads(line)
     event = record.get("event")
     fields = {"MESSAGE": line, "SYSLOG_IDENTIFIER": ident, "PRIORITY": {"alert": 4, "reject": 5}.get(event, 6)}

@@ -170,8 +170,8 @@ def format_record(event: str, fields: dict[str, Any], now: datetime.datetime | N
 @dataclasses.dataclass(frozen=True)
 class Fields:
     """Record fields checked and encoded once (:func:`encode_fields`), to begin any number of
-    records (:meth:`~mcpd.common.audit.writer.AuditLog.record_with`): a writer whose records repeat the same who and what
-    (the front's, one per call) encodes them once, not once per record."""
+    records (:meth:`~mcpd.common.audit.writer.AuditLog.record_with`): a writer whose records repeat
+    the same who and what (the front's, one per call) encodes them once, not once per record."""
 
     text: str  # the fields as JSON object members, in order, without braces
     keys: frozenset[str]

@@ -385,9 +385,10 @@ class AuditLog:
             self._write(record_body("alert", {"reason": reason, "suppressed": dropped}))
 
     def _write(self, bodies: str | list[str]) -> None:
-        """Append the records of encoded ``bodies`` (see :func:`~mcpd.common.audit.records.record_body`; one, or several written at
-        once, adjacent), after any alert queued, each with the next ``seq``/``prev``, in one
-        ``write``; then the head state, when kept, names the last."""
+        """Append the records of encoded ``bodies`` (see
+        :func:`~mcpd.common.audit.records.record_body`; one, or several written at once, adjacent),
+        after any alert queued, each with the next ``seq``/``prev``, in one ``write``; then the head
+        state, when kept, names the last."""
         fst = self._lock_current()
         try:
             torn = self._reconcile(fst) if (fst.st_dev, fst.st_ino, fst.st_size) != self._mark[:3] else b""
