@@ -2,7 +2,7 @@
 
 The other command groups live in their own modules (``users``: :mod:`mcpd.admin.users_cli` with
 :mod:`mcpd.admin.sessions_cli`; ``grants``: :mod:`mcpd.admin.grants_cli` with ``grants at`` from
-:mod:`mcpd.admin.audit_cli`; ``audit``; ``config check`` and ``users check``:
+:mod:`mcpd.admin.audit.commands`; ``audit``; ``config check`` and ``users check``:
 :mod:`mcpd.admin.check_cli`) and are registered at the bottom of this file.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from mcpd.admin import certs
-from mcpd.admin.audit_cli import audit, grants_at
+from mcpd.admin.audit.commands import audit, grants_at
 from mcpd.admin.check_cli import config, users_check
 from mcpd.admin.grants_cli import grants
 from mcpd.admin.sessions_cli import sessions, unlock_cmd

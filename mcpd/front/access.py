@@ -3,7 +3,7 @@
 Every ``tools/call`` and ``resources/read`` leaves exactly one record. A privileged call the
 policy process received is recorded there (it records every privileged request it reads); every
 other call is recorded here, by the front, in ``access_log`` with the same chained JSON-line
-format (:class:`mcpd.common.audit.AuditLog`): unprivileged reads, calls refused before any route
+format (:class:`mcpd.common.audit.writer.AuditLog`): unprivileged reads, calls refused before any route
 (bad arguments, quota), and privileged calls the policy process never received: refused by the
 front for the principal's caps (``RATE_LIMITED``), out of time or cancelled while waiting for a
 connection or a worker, the policy process down (``HELPER_UNAVAILABLE``, also when it closed
@@ -17,7 +17,7 @@ file contents.
 
 On the unprivileged route the front decides nothing: the OS account's own permissions do, so
 ``decision`` is ``accept``, and a call the kernel refused there (``PERMISSION_DENIED``: the daemon
-did not serve it) is ``decision`` ``refused_by_os`` (:data:`~mcpd.common.audit.REFUSED_BY_OS`),
+did not serve it) is ``decision`` ``refused_by_os`` (:data:`~mcpd.common.audit.records.REFUSED_BY_OS`),
 listed by ``mcpd audit tail --decision reject``. A call refused before it ran (invalid arguments,
 quota, an unknown tool: :meth:`AccessLog.unknown_tool`) is ``decision`` ``reject``. A
 ``files/find`` record also keeps what was searched for (``find_name``, ``find_type``,
@@ -36,7 +36,8 @@ from types import TracebackType
 from typing import Any
 
 from mcpd.front import metrics
-from mcpd.common.audit import REFUSED_BY_OS, AuditLog, Fields, encode_fields, find_fields
+from mcpd.common.audit.records import REFUSED_BY_OS, Fields, encode_fields, find_fields
+from mcpd.common.audit.writer import AuditLog
 from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, INVALID_ARGUMENT, PERMISSION_DENIED,
                                      RATE_LIMITED, ToolError)
 from mcpd.common.identity import Principal

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from mcpd.common import identity
-from mcpd.common.audit import REFUSED_AT_OPEN, Prepared, find_fields
+from mcpd.common.audit.records import REFUSED_AT_OPEN, Prepared, find_fields
 from mcpd.common.config import CAP_KEY
 from mcpd.common.deadline import deadline_seconds
 from mcpd.common.validate import check_path

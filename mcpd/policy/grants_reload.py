@@ -7,7 +7,7 @@ human summary of what changed (:func:`summarize_changes`). Every policy it holds
 deny ``secrets`` (:func:`mcpd.policy.grants.secret_paths`).
 
 Every load, the first one included, and every failed reload is recorded when an
-:class:`~mcpd.common.audit.AuditLog` is given: a set of adjacent records (:func:`reload_records`)
+:class:`~mcpd.common.audit.writer.AuditLog` is given: a set of adjacent records (:func:`reload_records`)
 that holds the whole list of changes and, for a load, the whole text of the file and its SHA-256,
 however long, so the policy in force at any time can be rebuilt from the log alone (``mcpd grants
 at TIME``). A set of ``parts`` records numbers each (``part`` 1 to ``parts``) and each carries the
@@ -21,7 +21,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcpd.common.audit import MAX_VALUE_CHARS, AuditLog
+from mcpd.common.audit.records import MAX_VALUE_CHARS
+from mcpd.common.audit.writer import AuditLog
 from mcpd.common.folders import read_file, write_file
 from mcpd.common.printable import printable
 from mcpd.common.reload import Reloading
@@ -89,7 +90,7 @@ def reload_records(grants_file: str, lines: list[str], text: str | None, *, load
     """The fields of the records of one load (``text``: the file loaded) or failed reload
     (``text`` None; ``lines``: its errors; ``attempted``: the text that failed, when it could be
     read), in order, each value within the audit log's
-    :data:`~mcpd.common.audit.MAX_VALUE_CHARS`, so nothing is cut.
+    :data:`~mcpd.common.audit.records.MAX_VALUE_CHARS`, so nothing is cut.
 
     Every record has ``grants_file``, ``load`` (``start``: the daemon's first load; ``reload``),
     ``decision`` (``loaded``, or ``kept the last good policy``), ``reason`` (the first: ``summary``
@@ -151,7 +152,7 @@ class PolicyHolder(Reloading[Policy]):
     granted, the secrets still denied) and :attr:`last_errors` says why. It is recorded as a
     ``load: start``, its changes counted from the last load recorded before (kept in
     ``state_dir``): ``the same file as the last load`` when the digests match. When the audit
-    log starts fresh (:attr:`~mcpd.common.audit.AuditLog.started_fresh`: no record, no head state)
+    log starts fresh (:attr:`~mcpd.common.audit.writer.AuditLog.started_fresh`: no record, no head state)
     although that folder holds an earlier load, the log's history was removed: an alert says so.
     """
 

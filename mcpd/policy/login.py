@@ -54,7 +54,7 @@ from typing import Any
 from mcpd.common import identity
 from mcpd.common.config import Login as LoginConfig
 from mcpd.helper.wire.errors import ToolError
-from mcpd.common.audit import AuditLog
+from mcpd.common.audit.writer import AuditLog
 from mcpd.common.folders import read_file, write_file
 from mcpd.common.inflight import InFlight
 

@@ -22,7 +22,7 @@ import time
 
 from mcpd.common import config, filesig, identity, sched, wirejson
 from mcpd.helper.wire import frames, strictyaml
-from mcpd.common.audit import AuditLog
+from mcpd.common.audit.writer import AuditLog
 from mcpd.helper.wire.errors import ToolError
 from mcpd.common.filesig import Signature
 from mcpd.common.folders import safe_folder

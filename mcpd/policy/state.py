@@ -15,7 +15,8 @@ import threading
 from typing import Any
 
 from mcpd.common import identity
-from mcpd.common.audit import AuditLog, find_fields
+from mcpd.common.audit.records import find_fields
+from mcpd.common.audit.writer import AuditLog
 from mcpd.common.buckets import TokenBuckets
 from mcpd.common.config import Config
 from mcpd.common.reload import Reloading

@@ -1,6 +1,6 @@
-"""Records an auditor can prove (SPEC §7), with the real daemon: the root helper's chained audit
-log across a real logrotate run with the shipped configuration, ``mcpd audit verify`` over it,
-and tampering caught at the right line. Root only (the helper runs as root)."""
+"""Records an auditor can prove (docs/REFERENCE.md §7), with the real daemon: the policy
+process's chained audit log across a real logrotate run with the shipped configuration, ``mcpd
+audit verify`` over it, and tampering caught at the right line. Root only (the helper runs as root)."""
 
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ for _ in range(int(sys.argv[2])):
 
 
 def test_spawns_exits_kills_and_an_alert_flood_are_recorded(privsep_daemon: PrivsepDaemon) -> None:
-    from mcpd.common.audit import ALERT_BURST
+    from mcpd.common.audit.alerts import ALERT_BURST
 
     d = privsep_daemon
     call(d, "alice", d.app, privileged=False, tool="files/list")

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from mcpd.common.audit import LOST_TAIL, REFUSED_AT_OPEN
+from mcpd.common.audit.chain import LOST_TAIL
+from mcpd.common.audit.records import REFUSED_AT_OPEN
 from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.integration.test_audit_records import call, logrotate, mcpd, wait_for_record
 

@@ -1,4 +1,4 @@
-"""The front's access records (SPEC §7.1): each call's record holds that call's own who, what and
+"""The front's access records (docs/REFERENCE.md §7.1): each call's record holds that call's own who, what and
 outcome, whatever was written before it. The fields that repeat from call to call are encoded once
 and remembered (``mcpd.front.access``); these tests try to make a remembered encoding leak into
 another call's record."""
@@ -13,7 +13,8 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from mcpd.common.audit import AuditError, AuditLog, encode_fields
+from mcpd.common.audit.records import AuditError, encode_fields
+from mcpd.common.audit.writer import AuditLog
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
 from mcpd.common.identity import Principal
 from mcpd.front import access

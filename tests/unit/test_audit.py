@@ -1,4 +1,4 @@
-"""SPEC §4.5: the audit log — one JSON line per record, private files, secrets never logged."""
+"""docs/REFERENCE.md §4.5: the audit log — one JSON line per record, private files, secrets never logged."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import hypothesis.strategies as st
 import pytest
 from click.testing import CliRunner
 
-from mcpd.admin.audit_cli import audit
-from mcpd.admin.auditlog import tail_lines
-from mcpd.common import audit as audit_format
-from mcpd.common.audit import AuditError, AuditLog
+from mcpd.admin.audit.commands import audit
+from mcpd.admin.audit.logfiles import tail_lines
+from mcpd.common.audit import records as audit_format
+from mcpd.common.audit.chain import GENESIS
+from mcpd.common.audit.records import AuditError
+from mcpd.common.audit.writer import AuditLog
 
 
 def records(path: Path) -> list[dict]:
@@ -143,7 +145,8 @@ def test_audit_tail_command(tmp_path: Path) -> None:
 def test_a_prepared_record_is_written_as_record_would_with_the_late_fields_last(tmp_path: Path) -> None:
     """prepare()/finish() (the privileged read's record, encoded while the worker reads) writes the
     same line record() would for the same fields in the same order, as the next link of the chain."""
-    from mcpd.admin import auditlog
+    from mcpd.admin.audit.logfiles import read_lines
+    from mcpd.admin.audit.verify import verify
 
     path = tmp_path / "a.jsonl"
     with AuditLog(str(path), syslog=False) as log:
@@ -162,7 +165,7 @@ def test_a_prepared_record_is_written_as_record_would_with_the_late_fields_last(
     assert {k: v for k, v in finished.items() if k not in ("seq", "prev", "time")} == \
         {k: v for k, v in recorded.items() if k not in ("seq", "prev", "time")}
     assert lines[2].isascii()
-    assert auditlog.verify(auditlog.read_lines([str(path)])).ok
+    assert verify(read_lines([str(path)])).ok
 
 
 def test_a_prepared_record_refuses_what_record_refuses_and_a_field_given_twice(tmp_path: Path) -> None:
@@ -282,7 +285,7 @@ def test_a_refused_field_is_refused_every_time_not_only_the_first(tmp_path: Path
 def test_the_record_time_always_has_microseconds_and_a_four_digit_year() -> None:
     import datetime
 
-    from mcpd.common.audit import format_record
+    from mcpd.common.audit.records import format_record
 
     utc = datetime.timezone.utc
     for when, text in ((datetime.datetime(2026, 1, 2, 3, 4, 5, 0, utc), "2026-01-02T03:04:05.000000Z"),
@@ -299,7 +302,7 @@ def test_the_clock_time_of_a_record_is_its_instant_to_the_microsecond_in_utc(clo
     import datetime
     from unittest import mock
 
-    from mcpd.common import audit
+    from mcpd.common.audit import records as audit
 
     epoch = datetime.datetime(1970, 1, 1)
     for nanos in clocks:
@@ -315,7 +318,7 @@ def test_the_clock_time_of_a_record_is_its_instant_to_the_microsecond_in_utc(clo
 def test_a_record_written_in_the_next_second_has_that_second() -> None:
     from unittest import mock
 
-    from mcpd.common import audit
+    from mcpd.common.audit import records as audit
 
     second = 1_767_323_045  # 2026-01-02T03:04:05Z
     for nanos, text in ((second * 10 ** 9 + 999_999_999, "2026-01-02T03:04:05.999999Z"),
@@ -329,7 +332,7 @@ def test_a_record_written_in_the_next_second_has_that_second() -> None:
 def test_a_record_time_in_another_time_zone_is_written_as_the_same_instant_in_utc() -> None:
     import datetime
 
-    from mcpd.common.audit import format_record
+    from mcpd.common.audit.records import format_record
 
     paris = datetime.timezone(datetime.timedelta(hours=1))
     when = datetime.datetime(2026, 1, 1, 0, 30, 0, 0, paris)  # 23:30 UTC the day before
@@ -370,7 +373,7 @@ _SCALARS = st.one_of(
 @hypothesis.settings(max_examples=400, deadline=None)
 @hypothesis.given(st.dictionaries(st.from_regex(r"[a-z][a-z_]{0,31}", fullmatch=True).filter(
     lambda k: k not in ("seq", "prev", "time", "event") and not audit_format._forbidden(k)), _SCALARS, max_size=8),
-    st.integers(min_value=0, max_value=2**63), st.sampled_from([audit_format.GENESIS, "a3" * 32]))
+    st.integers(min_value=0, max_value=2**63), st.sampled_from([GENESIS, "a3" * 32]))
 def test_members_and_chain_are_written_exactly_as_the_json_encoder_writes_them(
         fields: dict[str, Any], seq: int, prev: str) -> None:
     """The members of a record are written without the generic encoder; they must be its very
@@ -378,5 +381,5 @@ def test_members_and_chain_are_written_exactly_as_the_json_encoder_writes_them(
     encoder = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
     expected = encoder.encode({k: audit_format._clean(v, k) for k, v in fields.items()})[1:-1]
     assert audit_format._encode_members(tuple(fields.items())) == expected
-    assert audit_format._line("BODY", seq, prev) == "{" + encoder.encode({"seq": seq, "prev": prev})[1:-1] + ",BODY}"
-    assert audit_format._line("BODY", None, None) == "{BODY}"
+    assert audit_format.record_line("BODY", seq, prev) == "{" + encoder.encode({"seq": seq, "prev": prev})[1:-1] + ",BODY}"
+    assert audit_format.record_line("BODY", None, None) == "{BODY}"

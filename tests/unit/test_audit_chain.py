@@ -1,5 +1,6 @@
-"""SPEC §7.2: the helper's audit log is a hash chain, across rotation, and `mcpd audit verify`
-proves it whole or names the first broken line (edited, deleted, reordered, truncated)."""
+"""docs/REFERENCE.md §7.2: the policy process's audit log is a hash chain, across rotation, and
+`mcpd audit verify` proves it whole or names the first broken line (edited, deleted, reordered,
+truncated)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mcpd.admin import auditlog
-from mcpd.admin.audit_cli import audit
-from mcpd.common.audit import GENESIS, AuditLog
+from mcpd.admin.audit.logfiles import read_lines, rotated_set
+from mcpd.admin.audit.verify import Verdict, verify
+from mcpd.admin.audit.commands import audit
+from mcpd.common.audit.chain import GENESIS
+from mcpd.common.audit.writer import AuditLog
 
 
 def raw_lines(path: Path) -> list[bytes]:
@@ -37,8 +40,8 @@ def rotate_like_logrotate_create(path: Path) -> Path:
     return old
 
 
-def check(*paths: Path) -> auditlog.Verdict:
-    return auditlog.verify(auditlog.read_lines([str(p) for p in paths]))
+def check(*paths: Path) -> Verdict:
+    return verify(read_lines([str(p) for p in paths]))
 
 
 def test_each_record_carries_seq_and_hash_of_the_previous_bytes(tmp_path: Path) -> None:
@@ -130,7 +133,7 @@ def test_verify_command_accepts_a_whole_chain_and_counts(tmp_path: Path) -> None
     assert out.exit_code == 0, out.output
     assert "8 records" in out.output and "seq 1..8" in out.output  # (the new file's rotate record too)
     # no FILE: the rotated set of the configured log (here through --file-less config default)
-    assert auditlog.rotated_set(str(path)) == [str(old), str(path)]
+    assert rotated_set(str(path)) == [str(old), str(path)]
 
 
 def flip_prev(line: bytes) -> bytes:
@@ -200,7 +203,7 @@ def test_records_before_the_chain_existed_are_counted_apart(tmp_path: Path) -> N
 
 
 def test_repeated_alerts_are_rate_limited_with_a_count_of_those_suppressed(tmp_path: Path) -> None:
-    from mcpd.common.audit import ALERT_BURST, ALERT_WINDOW
+    from mcpd.common.audit.alerts import ALERT_BURST, ALERT_WINDOW
 
     path = tmp_path / "audit.jsonl"
     now = [1000.0]
@@ -226,13 +229,13 @@ def test_repeated_alerts_are_rate_limited_with_a_count_of_those_suppressed(tmp_p
 
 
 def test_alert_reasons_tracked_are_bounded(tmp_path: Path) -> None:
-    from mcpd.common.audit import ALERT_BURST, ALERT_KEYS
+    from mcpd.common.audit.alerts import ALERT_BURST, ALERT_KEYS
 
     path = tmp_path / "audit.jsonl"
     with AuditLog(str(path), syslog=False, clock=lambda: 0.0) as log:
         for i in range(ALERT_KEYS + 100):  # an attacker varying the reason text
             log.record("alert", reason=f"unknown key 'k{i}'")
-        assert len(log._alerts) == ALERT_KEYS + 1  # the reasons seen first, and one for all others
+        assert len(log._limit._slots) == ALERT_KEYS + 1  # the reasons seen first, and one for all others
     recs = [json.loads(x) for x in raw_lines(path)]
     assert len([r for r in recs if "suppressed" not in r]) == ALERT_KEYS + ALERT_BURST
     assert recs[-1]["reason"] == "(other reasons)" and recs[-1]["suppressed"] == 100 - ALERT_BURST

@@ -17,9 +17,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from mcpd.admin import auditlog
-from mcpd.admin.audit_cli import audit
-from mcpd.common.audit import HEAD_FILE, LOST_TAIL, AuditLog, Head
+from mcpd.admin.audit.logfiles import read_lines
+from mcpd.admin.audit.verify import Verdict, verify
+from mcpd.common.audit.head import read_head_at
+from mcpd.admin.audit.commands import audit
+from mcpd.common.audit.chain import LOST_TAIL
+from mcpd.common.audit.head import HEAD_FILE, Head
+from mcpd.common.audit.writer import AuditLog
 
 
 @pytest.fixture()
@@ -50,8 +54,8 @@ def cut_last(path: Path, n: int) -> None:
         f.truncate(sum(map(len, lines[:-n])))
 
 
-def verdict(state: tuple[Path, int], *paths: Path) -> auditlog.Verdict:
-    return auditlog.verify(auditlog.read_lines([str(p) for p in paths]), auditlog.read_head(str(state[0])))
+def verdict(state: tuple[Path, int], *paths: Path) -> Verdict:
+    return verify(read_lines([str(p) for p in paths]), read_head_at(str(state[0])))
 
 
 def test_a_tail_cut_while_the_writer_runs_is_caught_and_no_number_is_reused(tmp_path: Path, state: tuple[Path, int]) -> None:

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mcpd.admin import auditlog
-from mcpd.admin.audit_cli import audit, replay_diffs
-from mcpd.common.audit import AuditLog
+from mcpd.admin.audit.filters import Filter, parse_time
+from mcpd.admin.audit.logfiles import read_lines
+from mcpd.admin.audit.commands import audit, replay_diffs
+from mcpd.common.audit.writer import AuditLog
 from mcpd.common.grantmatch import NO_GRANT, REAUTH
 from mcpd.policy.grants import parse_policy
 
@@ -46,7 +47,7 @@ def diffs(tmp_path: Path, text: str, **flt: str) -> list[tuple[str, bool, str | 
     log = tmp_path / "audit.jsonl"
     if not log.exists():
         past(log)
-    out = replay_diffs(parse_policy(text), auditlog.read_lines([str(log)]), auditlog.Filter(**flt))
+    out = replay_diffs(parse_policy(text), read_lines([str(log)]), Filter(**flt))
     return [(rec["requested_path"], today.allowed, today.rule) for rec, today in out]
 
 
@@ -70,7 +71,7 @@ def test_widening_lists_exactly_the_calls_now_allowed(tmp_path: Path) -> None:
 def test_filters_by_user_and_time(tmp_path: Path) -> None:
     assert diffs(tmp_path, grants("/srv/a"), user=OTHER) == []
     assert diffs(tmp_path, grants("/srv/a"), user=USER) != []
-    assert diffs(tmp_path, grants("/srv/a"), since=auditlog.parse_time("2999-01-01")) == []
+    assert diffs(tmp_path, grants("/srv/a"), since=parse_time("2999-01-01")) == []
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the grants file must be root's, as the helper requires")

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mcpd.admin import auditlog
-from mcpd.admin.audit_cli import audit
-from mcpd.common.audit import AuditLog
+from mcpd.admin.audit.filters import Filter, parse_time
+from mcpd.admin.audit.commands import audit
+from mcpd.common.audit.writer import AuditLog
 
 
 def fill(path: Path) -> None:
@@ -80,10 +80,10 @@ def test_tail_filters(tmp_path: Path, args: list[str], users: list[str | None]) 
 
 def test_time_filter_bounds_are_inclusive() -> None:
     rec = {"time": "2026-12-01T06:00:00.000000Z"}
-    at = auditlog.parse_time("2026-12-01T06:00:00Z")
-    assert auditlog.Filter(since=at, until=at).match(rec)
-    assert not auditlog.Filter(since=at + datetime.timedelta(microseconds=1)).match(rec)
-    assert not auditlog.Filter(since=at).match({"event": "x"})  # no time: not shown under a time filter
+    at = parse_time("2026-12-01T06:00:00Z")
+    assert Filter(since=at, until=at).match(rec)
+    assert not Filter(since=at + datetime.timedelta(microseconds=1)).match(rec)
+    assert not Filter(since=at).match({"event": "x"})  # no time: not shown under a time filter
 
 
 def test_bad_time_is_a_usage_error(tmp_path: Path) -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from mcpd.admin.audit_cli import audit
-from mcpd.common.audit import REFUSED_BY_OS, AuditLog
+from mcpd.admin.audit.commands import audit
+from mcpd.common.audit.records import REFUSED_BY_OS
+from mcpd.common.audit.writer import AuditLog
 
 
 def write(path: Path, n: int, start: int = 0) -> None:

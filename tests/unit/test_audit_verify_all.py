@@ -15,9 +15,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from mcpd.admin import auditlog
-from mcpd.admin.audit_cli import audit
-from mcpd.common.audit import GENESIS, AuditLog
+from mcpd.admin.audit.logfiles import read_lines
+from mcpd.admin.audit.verify import verify
+from mcpd.admin.audit.commands import audit
+from mcpd.common.audit.chain import GENESIS
+from mcpd.common.audit.writer import AuditLog
 
 
 @pytest.fixture()
@@ -132,7 +134,7 @@ def test_every_break_is_listed_with_a_count_not_only_the_first(tmp_path: Path) -
     del lines[9]  # record 10 deleted
     lines[12], lines[13] = lines[13], lines[12]  # records 15 and 14 swapped
     path.write_bytes(b"".join(lines))
-    verdict = auditlog.verify(auditlog.read_lines([str(path)]))
+    verdict = verify(read_lines([str(path)]))
     got = [(p.where.rsplit(":", 1)[1], p.kind) for p in verdict.problems]
     assert got == [("3", "edited"), ("10", "deleted"), ("13", "reordered")], verdict.problems
     assert "deleted: 1 record (seq 10) missing before this line" in verdict.problems[1].text

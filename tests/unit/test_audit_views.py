@@ -16,9 +16,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from mcpd.admin import auditlog
-from mcpd.admin.audit_cli import audit, replay_diffs
-from mcpd.common.audit import REFUSED_AT_OPEN, AuditLog
+from mcpd.admin.audit.filters import Filter
+from mcpd.admin.audit.logfiles import read_lines
+from mcpd.admin.audit.views import human
+from mcpd.admin.audit.commands import audit, replay_diffs
+from mcpd.common.audit.records import REFUSED_AT_OPEN
+from mcpd.common.audit.writer import AuditLog
 from mcpd.front import refused
 from mcpd.common.grantmatch import DENIED, NO_GRANT, REAUTH
 from mcpd.policy.grants import parse_policy
@@ -98,7 +101,7 @@ def test_human_escapes_every_field() -> None:
     rec = {"time": "2026-01-01T00:00:00\n", "event": "accept", "user": "a\x1b", "os_user": "b\u202e",
            "route": "r\n", "tool": "t\r", "requested_path": "/p\n", "resolved_path": "/q\n", "decision": "d\n",
            "reason": "why\n", "outcome": "O\n", "bytes": "1\n", "pid": "2\n"}
-    line = auditlog.human(rec)
+    line = human(rec)
     assert "\n" not in line and "\r" not in line and "\x1b" not in line and "\u202e" not in line
 
 
@@ -171,7 +174,7 @@ def test_replay_counts_only_calls_whose_outcome_would_differ(tmp_path: Path) -> 
                        resolved_path=p, decision=decision, reason=reason)
 
     def diffs(text: str) -> list[tuple[str, bool]]:
-        got = replay_diffs(parse_policy(text), auditlog.read_lines([str(path)]), auditlog.Filter())
+        got = replay_diffs(parse_policy(text), read_lines([str(path)]), Filter())
         return [(rec["requested_path"], today.allowed) for rec, today in got]
 
     rule = f"users:\n  {USER}: {{privileged: {{tools: {{files/read: {{allowed: true, paths: [%s]}}}}}}}}\n"

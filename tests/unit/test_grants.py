@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from mcpd.admin.grants_cli import grants
 from mcpd.common.config import Config
-from mcpd.common.audit import AuditLog
+from mcpd.common.audit.writer import AuditLog
 from mcpd.common.grantmatch import NO_GRANT, decide
 from mcpd.policy.grants import PolicyError, load_policy, os_groups, parse_policy
 from mcpd.policy.grants import secret_paths

@@ -24,7 +24,7 @@ import pytest
 
 from mcpd.common.config import Login as LoginConfig
 from mcpd.policy import login as login_module
-from mcpd.common.audit import AuditLog
+from mcpd.common.audit.writer import AuditLog
 from mcpd.policy.login import LOCKOUT_FILE, Login, Store, unlock
 from mcpd.common.folders import safe_folder as root_folder
 from mcpd.helper.pam import pam_check

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from mcpd.admin import auditlog
+from mcpd.admin.audit.filters import record_time
 from mcpd.admin.cli import main
-from mcpd.common.audit import MAX_VALUE_CHARS, AuditLog
+from mcpd.common.audit.records import MAX_VALUE_CHARS
+from mcpd.common.audit.writer import AuditLog
 from mcpd.policy.grants_reload import PolicyHolder
 
 
@@ -111,7 +112,7 @@ def test_grants_at_rebuilds_the_file_in_force_at_any_time(tmp_path: Path) -> Non
         holder.reload()
     sets = reloads(log_path)
     assert len(sets) == 2
-    t1, t2 = (auditlog.record_time(s[0]) for s in sets)
+    t1, t2 = (record_time(s[0]) for s in sets)
     assert t1 is not None and t2 is not None
 
     def at(when: datetime.datetime) -> tuple[int, str, str]:

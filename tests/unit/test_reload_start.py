@@ -10,8 +10,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from mcpd.admin.audit_cli import audit
-from mcpd.common.audit import HEAD_FILE, AuditLog
+from mcpd.admin.audit.commands import audit
+from mcpd.common.audit.head import HEAD_FILE
+from mcpd.common.audit.writer import AuditLog
 from mcpd.policy.grants_reload import LAST_LOAD, PolicyHolder
 from tests.unit.test_reload_records import rewrite
 

@@ -6,14 +6,14 @@
   every field a client controls escaped and quoted (:func:`mcpd.common.printable.field`), or the
   raw JSON lines with ``--json``; ``--decision reject`` lists every refusal (``refused_at_open``
   and ``refused_by_os`` too); ``--access`` reads the front's access log (the unprivileged route)
-  instead of the helper's audit log, whose view also shows the privileged calls only the front
+  instead of the policy process's audit log, whose view also shows the privileged calls only the front
   recorded; records out of order or repeated are a warning.
 * ``mcpd audit verify [--access] [--since-seq N] [--logrotate FILE] [FILE...]`` — checks the
   hash chain (default: the audit log, or the access log, and its rotated files, oldest first)
   from seq 1 and the audit log's end against its writer's head state: exit 0 and the record
-  count when whole, else exit 1 listing every break (:func:`mcpd.admin.auditlog.verify`); a
+  count when whole, else exit 1 listing every break (:func:`mcpd.admin.audit.verify.verify`); a
   history that does not begin at seq 1 passes only when logrotate's retention explains it
-  (:class:`mcpd.admin.auditlog.History`) or ``--since-seq`` allows it.
+  (:class:`mcpd.admin.audit.retention.History`) or ``--since-seq`` allows it.
 * ``mcpd audit replay [--since T] [--user U]`` — re-decides every past privileged call against
   today's grants and lists those whose outcome would now differ, with the rule deciding today.
 * ``mcpd grants at TIME`` (registered in the ``grants`` group) — the grants file in force at
@@ -31,14 +31,20 @@ import datetime
 import heapq
 import os
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import click
 
-from mcpd.admin import auditlog
-from mcpd.common.audit import JOURNAL_SOCKET, REFUSED_AT_OPEN, Head
+from mcpd.admin.audit.filters import Filter, Order, last_records, parse_time
+from mcpd.admin.audit.loads import Load, loads
+from mcpd.admin.audit.logfiles import Line, follow_lines, read_lines, records, rotated_set
+from mcpd.admin.audit.retention import LOGROTATE_FILE, History
+from mcpd.admin.audit.verify import verify as verify_chain
+from mcpd.admin.audit.views import as_json_line, human
+from mcpd.common.audit.head import Head, read_head_at
+from mcpd.common.audit.journal import JOURNAL_SOCKET
+from mcpd.common.audit.records import REFUSED_AT_OPEN
 from mcpd.common.printable import printable
 from mcpd.admin.grants_cli import _any_owner_option, _config_option, _defaults, _file_option, _load
 from mcpd.common.grantmatch import DENIED, NO_GRANT, SECRET, TOOLS, decide, utcnow
@@ -50,7 +56,7 @@ def _time_option(name: str, help_text: str) -> Any:
         if value is None:
             return None
         try:
-            return auditlog.parse_time(value)
+            return parse_time(value)
         except ValueError:
             raise click.BadParameter("an ISO 8601 time (2026-12-01T06:00Z) or a span back (90s, 15m, 2h, 3d)") from None
 
@@ -92,24 +98,23 @@ def tail(count: int, as_json: bool, user: str | None, decision: str | None, path
     path = log_file or (cfg.access_log if access else cfg.audit_log)
     if not path:
         raise click.ClickException("no access log is configured (access_log in mcpd.yaml)")
-    flt = auditlog.Filter(user, decision, path_glob, since, until, event)
+    flt = Filter(user, decision, path_glob, since, until, event)
     other = cfg.access_log if not access and not log_file and cfg.access_log else None
 
     def show(raw: bytes, rec: dict[str, Any], source: str = "") -> None:
-        click.echo(auditlog.as_json_line(raw, rec) if as_json else auditlog.human(rec, source))
+        click.echo(as_json_line(raw, rec) if as_json else human(rec, source))
 
-    order = auditlog.Order(backwards=True)
+    order = Order(backwards=True)
     try:
         end = os.stat(path).st_size  # --follow goes on from exactly here
-        found = [(raw, rec, "") for raw, rec in auditlog.last_records(auditlog.rotated_set(path), flt, count, end=end,
-                                                                      order=order)]
+        found = [(raw, rec, "") for raw, rec in last_records(rotated_set(path), flt, count, end=end, order=order)]
     except OSError as exc:
         click.echo(f"error: {printable(exc.filename or path)}: {exc.strerror}", err=True)
         sys.exit(1)
     if other is not None:  # the privileged calls only the front recorded
         front = dataclasses.replace(flt, route="privileged")
         try:
-            extra = auditlog.last_records(auditlog.rotated_set(other), front, count)
+            extra = last_records(rotated_set(other), front, count)
         except OSError as exc:
             click.echo(f"note: {printable(exc.filename or other)}: {exc.strerror}: the privileged calls the front "
                        "refused before the policy process received them are not shown", err=True)
@@ -125,40 +130,13 @@ def tail(count: int, as_json: bool, user: str | None, decision: str | None, path
         click.echo(warning, err=True)
     if follow:
         try:
-            for raw in _follow(path, end):
-                new = auditlog.Line(path, raw).record()
+            for raw in follow_lines(path, end):
+                new = Line(path, raw).record()
                 if new is not None and flt.match(new):
                     show(raw, new)
                     sys.stdout.flush()
         except KeyboardInterrupt:
             pass
-
-
-def _follow(path: str, start: int, interval: float = 0.5) -> Iterator[bytes]:
-    """Lines appended to ``path`` after byte ``start``; reopens it when rotated (inode changes)."""
-    handle = open(path, "rb")
-    try:
-        handle.seek(start)
-        inode = os.fstat(handle.fileno()).st_ino
-        pending = b""
-        while True:
-            chunk = handle.read(65536)
-            if chunk:
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                yield from (line for line in lines if line)
-                continue
-            time.sleep(interval)
-            try:
-                if os.stat(path).st_ino != inode:
-                    handle.close()
-                    handle = open(path, "rb")
-                    inode = os.fstat(handle.fileno()).st_ino
-                    pending = b""
-            except FileNotFoundError:
-                continue
-    finally:
-        handle.close()
 
 
 @audit.command()
@@ -167,7 +145,7 @@ def _follow(path: str, start: int, interval: float = 0.5) -> Iterator[bytes]:
 @click.option("--since-seq", "since_seq", type=click.IntRange(1), default=None,
               help="History may begin at this seq (the records before it were removed on purpose); "
                    "the chain must still reach back to it")
-@click.option("--logrotate", "logrotate_file", default=auditlog.LOGROTATE_FILE, show_default=True,
+@click.option("--logrotate", "logrotate_file", default=LOGROTATE_FILE, show_default=True,
               type=click.Path(dir_okay=False), help="The logrotate file whose 'rotate N' says how many old files are kept")
 @_config_option
 def verify(files: tuple[str, ...], access: bool, since_seq: int | None, logrotate_file: str,
@@ -181,16 +159,16 @@ def verify(files: tuple[str, ...], access: bool, since_seq: int | None, logrotat
     record count, 1 when anything is wrong."""
     cfg = _defaults(config_path)
     live = cfg.access_log if access else cfg.audit_log
-    paths = list(files) or auditlog.rotated_set(live)
+    paths = list(files) or rotated_set(live)
     if not paths:
         raise click.ClickException(f"no audit log found at {live} (give the daemon's --config FILE, or the log FILEs)")
     head, note = _head_of(cfg, paths) if not access and live else (None, "")
     if access:
         note = "; the access log keeps no head state: records cut off its end cannot be ruled out"
     try:
-        history = auditlog.History.of(paths, live if not files else None, logrotate_file)
+        history = History.of(paths, live if not files else None, logrotate_file)
         start = since_seq if since_seq is not None else history.accepted_start()
-        verdict = auditlog.verify(auditlog.read_lines(paths), head, start or 1)
+        verdict = verify_chain(read_lines(paths), head, start or 1)
     except (OSError, EOFError) as exc:
         click.echo(f"error: {printable(str(exc))}", err=True)
         sys.exit(1)
@@ -227,7 +205,7 @@ def _head_of(cfg: Any, paths: list[str]) -> tuple[Head | None, str]:
         return None, ""
     unknown = "a cut-off end cannot be ruled out"
     try:
-        head = auditlog.read_head(cfg.helper_state_dir)
+        head = read_head_at(cfg.helper_state_dir)
     except (OSError, ValueError) as exc:
         return None, f"; its writer's head state is unreadable ({printable(str(exc))}): {unknown}"
     if head is None:
@@ -242,8 +220,8 @@ def _head_of(cfg: Any, paths: list[str]) -> tuple[Head | None, str]:
 GRANT_REFUSALS = frozenset({NO_GRANT, DENIED, SECRET})
 
 
-def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter, now: datetime.datetime | None = None,
-                 order: auditlog.Order | None = None) -> Iterator[tuple[dict[str, Any], Any]]:
+def replay_diffs(policy: Any, lines: Any, flt: Filter, now: datetime.datetime | None = None,
+                 order: Order | None = None) -> Iterator[tuple[dict[str, Any], Any]]:
     """Past privileged calls (``accept``/``reject`` records with a tool and a requested path) that
     ``policy`` at ``now`` would decide otherwise: served then and refused by the grants now, or
     refused by the grants then and allowed now; each with today's decision.
@@ -259,7 +237,7 @@ def replay_diffs(policy: Any, lines: Any, flt: auditlog.Filter, now: datetime.da
     """
     now = now or utcnow()
     groups: dict[str, frozenset[str]] = {}
-    for line, rec in auditlog.records(lines):
+    for line, rec in records(lines):
         if order is not None:
             order.see(line.where.rsplit(":", 1)[0], rec)
         if rec.get("event") not in ("accept", "reject") or rec.get("tool") not in TOOLS:
@@ -295,15 +273,15 @@ def replay(since: datetime.datetime | None, user: str | None, log_files: tuple[s
            config_path: str | None, any_owner: bool) -> None:
     """Re-decide past privileged calls against today's grants; list those that would now differ."""
     policy = _load(grants_file, config_path, any_owner)
-    paths = list(log_files) or auditlog.rotated_set(_defaults(config_path).audit_log)
-    flt = auditlog.Filter(user=user, since=since)
+    paths = list(log_files) or rotated_set(_defaults(config_path).audit_log)
+    flt = Filter(user=user, since=since)
     found = 0
-    order = auditlog.Order()
+    order = Order()
     try:
-        for rec, today in replay_diffs(policy, auditlog.read_lines(paths), flt, order=order):
+        for rec, today in replay_diffs(policy, read_lines(paths), flt, order=order):
             found += 1
             now = "allowed" if today.allowed else "refused"
-            click.echo(f"{auditlog.human(rec)}\n    was {_then(rec)}, now {now}: {printable(today.reason)}; "
+            click.echo(f"{human(rec)}\n    was {_then(rec)}, now {now}: {printable(today.reason)}; "
                        f"rule: {printable(today.rule or '(no grant)')}{'; ' + printable(today.note) if today.note else ''}")
     except (OSError, EOFError) as exc:
         click.echo(f"error: {exc}", err=True)
@@ -327,16 +305,16 @@ def grants_at(when_text: str, log_files: tuple[str, ...], show_changes: bool, co
     loaded and until when it stayed in force. Exit 1 when the log holds no whole load before TIME.
     The fixed deny of the daemon's own secrets comes from mcpd.yaml, not this file."""
     try:
-        when = auditlog.parse_time(when_text)
+        when = parse_time(when_text)
     except ValueError:
         raise click.BadParameter("an ISO 8601 time (2026-12-01T06:00Z) or a span back (90s, 15m, 2h, 3d)",
                                  param_hint="TIME") from None
-    paths = list(log_files) or auditlog.rotated_set(_defaults(config_path).audit_log)
-    in_force: auditlog.Load | None = None
-    until: auditlog.Load | None = None
-    oldest: auditlog.Load | None = None
+    paths = list(log_files) or rotated_set(_defaults(config_path).audit_log)
+    in_force: Load | None = None
+    until: Load | None = None
+    oldest: Load | None = None
     try:
-        for load in auditlog.loads(auditlog.read_lines(paths)):
+        for load in loads(read_lines(paths)):
             if load.time is None:
                 continue
             oldest = oldest or load
