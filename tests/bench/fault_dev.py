@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from mcpd.admin.devroot import DEV_ACCOUNT  # noqa: E402
 from mcpd.client.api import Client, MCPClientError  # noqa: E402
 from mcpd.common.config import POLICY_USER  # noqa: E402
-from tests.integration.privsep_fixture import children, proc_status  # noqa: E402
+from tests.support.privsep_fixture import children, proc_status  # noqa: E402
 from tests.integration.test_devmode import free_port  # noqa: E402
 from tests.integration.test_devmode_safety import start, stop  # noqa: E402
 

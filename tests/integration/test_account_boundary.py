@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 
 from mcpd.policy.server import UNTAKEN, UNTAKEN_MAX
-from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_attack13b import PRELUDE
 from tests.integration.test_privsep import client, read, read_once, wait_for
-from tests.osaccounts import AccountFactory
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 

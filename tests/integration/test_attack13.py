@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon
-from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
+from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
     SECRET_TEXT,
     PrivsepDaemon,

@@ -29,10 +29,10 @@ import pytest
 from mcpd.common import identity
 from mcpd.helper.wire import frames
 from mcpd.common.config import SAMPLE_BYTES
-from tests.integration.privsep_fixture import SECRET_TEXT, PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.privsep_fixture import SECRET_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_login_attacks import FAST_PAM
 from tests.integration.test_pam_login import enroll
-from tests.osaccounts import AccountFactory, pam_service
+from tests.support.osaccounts import AccountFactory, pam_service
 
 pytestmark = pytest.mark.root
 

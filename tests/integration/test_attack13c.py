@@ -21,7 +21,7 @@ import pytest
 
 from mcpd.client.api import Client
 from tests.conftest import Daemon, slow_read
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_metrics import free_port
 from tests.integration.test_outgoing_budgets import (
     ANSWER_MIB, MIB, answer_ends, bob_is_served, daemon_with_metrics, read_call, session_of, stall, stateless_read,
@@ -30,7 +30,7 @@ from tests.integration.test_spawn_churn import shared_folder  # noqa: F401  (fix
 from tests.integration.test_stream_takeover_attacks import Raw, reads_done, server_connections, until
 from tests.integration.test_streamable_modern import headers as modern_headers
 from tests.integration.test_streamable_modern import request as modern_request
-from tests.osaccounts import AccountFactory
+from tests.support.osaccounts import AccountFactory
 
 PER_ACCOUNT = 4
 

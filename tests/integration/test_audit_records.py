@@ -20,7 +20,7 @@ import pytest
 
 from mcpd.client.api import Client
 from tests.conftest import FRONT_ENV
-from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.root
 REPO = Path(__file__).resolve().parents[2]

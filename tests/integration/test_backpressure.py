@@ -33,9 +33,9 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_metrics import free_port, samples
-from tests.osaccounts import AccountFactory
+from tests.support.osaccounts import AccountFactory
 
 MIB = 1024 * 1024
 ANSWER = 5 * MIB  # bytes of text each large read returns

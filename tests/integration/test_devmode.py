@@ -74,7 +74,7 @@ def test_dev_prints_working_exports(tmp_path: Path) -> None:
 
 
 def _dev_prints_working_exports(tmp_path: Path) -> None:
-    from tests.integration.devtree import start, stop
+    from tests.support.devtree import start, stop
 
     port, metrics_port = free_port(), free_port()
     dev = start(tmp_path / "dev-state", port, "--metrics-port", str(metrics_port), state_arg=False)  # ./dev-state

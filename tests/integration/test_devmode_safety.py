@@ -20,7 +20,7 @@ import pytest
 
 from mcpd.admin import devmode
 from mcpd.common import identity
-from tests.integration.devtree import Tree, start, stop
+from tests.support.devtree import Tree, start, stop
 from tests.integration.test_devmode import free_port
 
 BIN = Path(sys.executable).parent

@@ -15,7 +15,7 @@ import pytest
 
 from mcpd.client.api import Client, ResourceFailed, ToolFailed
 from tests.conftest import Daemon, SseSession
-from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
 
 CALL_TIMEOUT = 60.0
 GRANTED_TOOLS = ("files/read", "files/list", "files/find", "files/filetype")

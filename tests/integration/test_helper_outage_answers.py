@@ -22,9 +22,9 @@ import pytest
 
 from mcpd.client.api import Client
 from mcpd.common.config import POLICY_USER
-from tests.integration.privsep_fixture import PrivsepDaemon, children, start_privsep, stop_privsep
+from tests.support.privsep_fixture import PrivsepDaemon, children, start_privsep, stop_privsep
 from tests.integration.test_metrics import free_port, samples
-from tests.osaccounts import AccountFactory
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 DEADLINE = 30.0

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mcpd.helper.wire import frames
-from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon, proc_status  # noqa: F401
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon, proc_status  # noqa: F401
 
 pytestmark = pytest.mark.root
 GIB = 1 << 30

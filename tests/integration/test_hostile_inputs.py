@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from tests.conftest import Daemon, SseSession
-from tests.fuzzgen import strict
+from tests.support.fuzzgen import strict
 
 HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 

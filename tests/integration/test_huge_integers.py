@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from mcpd.client.api import Client, text_of
-from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401 (fixture)
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.root
 CALL_TIMEOUT = 30.0

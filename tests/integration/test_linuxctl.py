@@ -16,7 +16,7 @@ import pytest
 
 from mcpd.admin import certs
 from mcpd.client import api as client
-from tests.integration import http_proxy
+from tests.support import http_proxy
 
 LINUXCTL = str(Path(sys.executable).parent / "linuxctl")
 

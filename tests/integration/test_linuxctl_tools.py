@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon
-from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
 from tests.integration.test_linuxctl import flags, linuxctl
 
 

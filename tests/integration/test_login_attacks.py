@@ -31,9 +31,9 @@ import httpx
 import pytest
 
 from mcpd.client.api import Client, ssl_context
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_pam_login import enroll
-from tests.osaccounts import AccountFactory, ensure_user, unique_name
+from tests.support.osaccounts import AccountFactory, ensure_user, unique_name
 
 pytestmark = pytest.mark.root
 

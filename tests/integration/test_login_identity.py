@@ -25,9 +25,9 @@ import pytest
 from mcpd.client import login as login_client
 from mcpd.client.api import ssl_context
 from mcpd.common import identity
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_pam_login import status_of_sse
-from tests.osaccounts import AccountFactory, ensure_user, expire_user, lock_user, pam_service
+from tests.support.osaccounts import AccountFactory, ensure_user, expire_user, lock_user, pam_service
 
 pytestmark = pytest.mark.root
 
@@ -133,7 +133,7 @@ def test_a_login_never_acts_as_the_principal_named_like_its_account(
 def helper_workers(d: PrivsepDaemon, os_user: str) -> list[int]:
     import pwd
 
-    from tests.integration.privsep_fixture import children
+    from tests.support.privsep_fixture import children
 
     uid = pwd.getpwnam(os_user).pw_uid
     return [w for fs in children(d.helper_pid, 0) for w in children(fs, uid)]

@@ -737,8 +737,8 @@ async def test_with_the_helper_a_revoked_token_stops_posting_within_seconds_and_
     nobody can tell it from a real token the front has not checked lately, so it is answered 503
     with Retry-After (a real client must retry, not drop its token), while a malformed one is still
     401 (the front refuses it by its form alone)."""
-    from tests.integration.privsep_fixture import start_privsep, stop_privsep
-    from tests.osaccounts import AccountFactory
+    from tests.support.privsep_fixture import start_privsep, stop_privsep
+    from tests.support.osaccounts import AccountFactory
 
     factory = AccountFactory()
     pd = start_privsep(factory)

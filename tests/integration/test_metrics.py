@@ -137,8 +137,8 @@ def test_helper_up_follows_the_root_helper() -> None:
     after a restart (bounded waits: the front notices a closed connection at once)."""
     if os.geteuid() != 0:
         pytest.skip("needs root: starts the root helper")
-    from tests.integration.privsep_fixture import start_privsep, stop_privsep
-    from tests.osaccounts import AccountFactory
+    from tests.support.privsep_fixture import start_privsep, stop_privsep
+    from tests.support.osaccounts import AccountFactory
 
     port = free_port()
     factory = AccountFactory()

@@ -1,4 +1,4 @@
-"""Real OS accounts from tests/osaccounts.py, and the shipped PAM service etc/pam.d/mcpd run by
+"""Real OS accounts from tests/support/osaccounts.py, and the shipped PAM service etc/pam.d/mcpd run by
 the real libpam (SPEC §5.2: password checked, locked and expired accounts refused).
 
 The service file is installed under a unique name (/etc/pam.d/mcpd-test-XXXXXX) so parallel
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.osaccounts import AccountFactory, expire_user, lock_user, os_accounts, pam_service  # noqa: F401
+from tests.support.osaccounts import AccountFactory, expire_user, lock_user, os_accounts, pam_service  # noqa: F401
 
 pytestmark = pytest.mark.root
 

@@ -29,8 +29,8 @@ from mcpd.common.config import POLICY_USER
 from mcpd.common import identity
 from mcpd.client import login as login_client
 from mcpd.client.api import AuthError, Client, ToolFailed, ssl_context
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.osaccounts import Account, AccountFactory, ensure_user, expire_user, lock_user
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.osaccounts import Account, AccountFactory, ensure_user, expire_user, lock_user
 
 pytestmark = pytest.mark.root
 

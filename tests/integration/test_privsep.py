@@ -1,7 +1,7 @@
 """Privilege separation end to end, through the real daemon over TLS (issue 3; SPEC §4, §5.1;
 docs/PRIVSEP.md). Root only: the helper runs as root, the front as ``mcpd``, workers as accounts.
 
-The fixture (:mod:`tests.integration.privsep_fixture`) describes the principals and the tree.
+The fixture (:mod:`tests.support.privsep_fixture`) describes the principals and the tree.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest
 from mcpd.common.config import POLICY_USER
 
 from mcpd.client.api import Client, ConnectError, text_of
-from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
+from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
     SECRET_TEXT,
     PrivsepDaemon,
@@ -411,7 +411,7 @@ def test_dev_mode_as_root_runs_helper_and_front_as_service_user(tmp_path: Path) 
     if os.geteuid() != 0:
         pytest.skip("needs root: `mcpd dev` as root starts the root helper")
     from mcpd.admin import devroot
-    from tests.integration.privsep_fixture import free_port
+    from tests.support.privsep_fixture import free_port
 
     base = Path(tempfile.mkdtemp(prefix="mcpd-devroot-", dir="/tmp"))
     os.chmod(base, 0o755)
@@ -497,9 +497,9 @@ def test_while_the_helper_is_down_a_verified_token_lasts_only_the_short_window()
     then only for calls that start no worker and make no privileged call (those answer
     HELPER_UNAVAILABLE). Once the window has passed, the open session is closed and a new stream
     is answered 503 (the token cannot be checked; it is not said to be bad)."""
-    from tests.integration.privsep_fixture import start_privsep, stop_privsep
+    from tests.support.privsep_fixture import start_privsep, stop_privsep
     from tests.integration.test_pam_login import status_of_sse
-    from tests.osaccounts import AccountFactory
+    from tests.support.osaccounts import AccountFactory
 
     window = 4.0
     factory = AccountFactory()

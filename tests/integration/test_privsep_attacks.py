@@ -34,7 +34,7 @@ from mcpd.front.sessions.backpressure import CALLS_AT_ONCE
 from mcpd.helper import forkserver
 
 from tests.conftest import EVENT_TIMEOUT
-from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
+from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
     HungWalks,
     SECRET_TEXT,

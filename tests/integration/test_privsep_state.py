@@ -29,10 +29,10 @@ import pytest
 from mcpd.common import identity
 from mcpd.client import login as login_client
 from mcpd.client.api import AuthError
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_pam_login import status_of_sse
 from tests.integration.test_privsep import read_once
-from tests.osaccounts import AccountFactory, ensure_user, pam_service
+from tests.support.osaccounts import AccountFactory, ensure_user, pam_service
 
 pytestmark = pytest.mark.root
 

@@ -18,7 +18,7 @@ import os
 import pytest
 
 from mcpd.helper.monitor import ACCOUNT_FACTOR
-from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.integration.test_root_monitor import as_policy
 
 pytestmark = pytest.mark.root

@@ -31,7 +31,7 @@ import pytest
 
 from mcpd.helper.wire import frames
 from mcpd.common.config import POLICY_USER
-from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
+from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
     PrivsepDaemon,
     children,

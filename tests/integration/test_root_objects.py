@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from mcpd.client.api import Client, text_of
-from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
+from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
     SECRET_TEXT,
     PrivsepDaemon,

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration import rootns
-from tests.integration.privsep_fixture import LOG_TEXT, SECRET_TEXT, PrivsepDaemon, start_privsep, stop_privsep
+from tests.support import rootns
+from tests.support.privsep_fixture import LOG_TEXT, SECRET_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_root_monitor import as_policy
 from tests.integration.test_root_objects import call, refused
-from tests.osaccounts import AccountFactory
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 SECRETS = ["users.yaml", "mcpd.yaml", "mcp-sudo.yaml", "tls/server.key", "tls/ca.key", "audit/audit.jsonl",

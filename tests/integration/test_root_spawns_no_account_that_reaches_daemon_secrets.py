@@ -13,7 +13,7 @@ A worker runs with its account's uid and groups. Refusing the accounts *named* `
 So root refuses (reason ``daemon account``) an account with the uid of any daemon account, or in
 the primary group of any of them, or in a group that one of the secrets on root's list (or its
 folder) grants access to when the spawn is asked. The accounts exist only in the root helper's
-own mount namespace (a copy of ``/etc``, :mod:`tests.integration.rootns`); the attacker is code
+own mount namespace (a copy of ``/etc``, :mod:`tests.support.rootns`); the attacker is code
 as ``mcpd-policy`` on root's channel.
 """
 
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration import rootns
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support import rootns
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_root_monitor import as_policy
-from tests.osaccounts import Account, AccountFactory
+from tests.support.osaccounts import Account, AccountFactory
 
 pytestmark = pytest.mark.root
 ALIAS = "mcpdalias"  # a second name for the service user's uid, in the helper's namespace only

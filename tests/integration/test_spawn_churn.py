@@ -33,11 +33,11 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_metrics import free_port, samples
 from tests.integration.test_privsep_attacks import as_front
 from tests.integration.test_protocol import slow_file  # reading its line 3 keeps a worker busy until killed
-from tests.osaccounts import AccountFactory
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.anyio
 

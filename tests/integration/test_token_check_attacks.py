@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import EVENT_TIMEOUT, SseSession
-from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.integration.test_message_route_attacks import as_daemon
 
 

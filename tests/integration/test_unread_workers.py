@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_attack13b import PRELUDE, wait_until_ready
 from tests.integration.test_privsep import read, read_once, wait_for
-from tests.osaccounts import AccountFactory
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 

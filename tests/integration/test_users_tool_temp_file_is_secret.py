@@ -25,7 +25,7 @@ import pytest
 
 from mcpd.common import identity
 
-from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401
 from tests.integration.test_root_monitor import as_policy
 from tests.integration.test_root_objects import call, everywhere  # noqa: F401
 

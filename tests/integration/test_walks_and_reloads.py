@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
+from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     HungWalks,
     PrivsepDaemon,
     children,
@@ -36,7 +36,7 @@ from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
     stop_privsep,
 )
 from tests.integration.test_privsep import client, wait_for
-from tests.osaccounts import AccountFactory
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 

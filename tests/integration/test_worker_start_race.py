@@ -31,7 +31,7 @@ import pytest
 from mcpd.helper.wire import frames
 from mcpd.helper.wire.rootconf import WORKER_START_GID
 from mcpd.policy.server import _status_problem
-from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.integration.test_attack13b import PRELUDE
 from tests.integration.test_privsep import read_once, wait_for
 

@@ -26,7 +26,7 @@ from mcpd.front.mcp.dispatcher import Caller, Dispatcher
 from mcpd.front.mcp.session import McpSession
 from mcpd.front.transport.body import BodyRefused, parse_json
 from mcpd.front.transport.events import encode_message
-from tests.fuzzgen import Raw, answered, dump, strict
+from tests.support.fuzzgen import Raw, answered, dump, strict
 
 SETTINGS = settings(derandomize=True, max_examples=800, deadline=None, database=None)
 CALLER = Caller(Principal("alice", "alice", "t1"), "t" * 32, "127.0.0.1:1")

@@ -3,7 +3,7 @@
 The helper's entry point is ``python -I -m mcpd.helper`` (console script ``mcpd-helper``), whose
 ``__main__`` calls :func:`mcpd.helper.main.main`. ``mcpd.helper.main`` imports at its top level
 everything the root side ever runs, so a fresh isolated interpreter that imports it holds the
-whole root surface in ``sys.modules``. The test sums the code lines (:mod:`tests.codelines`) of
+whole root surface in ``sys.modules``. The test sums the code lines (:mod:`tests.support.codelines`) of
 every ``mcpd`` module there, plus the ``__main__`` file, and fails above the budget; it also fails
 when a parser or web-stack package is loaded, or when a loaded mcpd module imports inside a
 function something the count would miss.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.codelines import code_lines
+from tests.support.codelines import code_lines
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_MODULE = "mcpd.helper.main"

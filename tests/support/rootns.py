@@ -3,7 +3,7 @@
 Some attacks need a host layout no test may make on a shared machine: an account database entry
 with uid 4294967295, an alias of the service user's uid, a member of group ``mcpd``, a file system
 that never answers. :func:`own_mount_namespace` gives a command prefix for
-:attr:`~tests.integration.privsep_fixture.PrivsepDaemon.helper_wrap`: the root helper (and so the
+:attr:`~tests.support.privsep_fixture.PrivsepDaemon.helper_wrap`: the root helper (and so the
 policy process, the fork server, workers and walkers) runs in a mount namespace of its own with
 private propagation, after a shell command that changes only that namespace (:func:`etc_copy`
 binds a copy of ``/etc`` with extra lines over ``/etc``). Other sessions' mounts do not reach it,

@@ -51,7 +51,7 @@ from mcpd.admin import certs
 from mcpd.admin import devroot
 from mcpd.common import identity
 from mcpd.common.config import POLICY_USER, WALK_USER
-from tests.osaccounts import Account, AccountFactory, require_root
+from tests.support.osaccounts import Account, AccountFactory, require_root
 
 START_SECONDS = 30.0
 STOP_SECONDS = 10.0

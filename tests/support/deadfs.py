@@ -1,6 +1,6 @@
 """A file system that never answers: a dead network file system, played by FUSE.
 
-``python tests/integration/deadfs.py MOUNTPOINT`` mounts a FUSE file system at
+``python tests/support/deadfs.py MOUNTPOINT`` mounts a FUSE file system at
 ``MOUNTPOINT`` (``allow_other``, as an NFS or sshfs mount for several users would be), answers
 the kernel's ``INIT`` and nothing else: every lookup below it hangs, like an ``open`` on a hard
 NFS mount whose server is gone. It prints ``mounted`` once the mount is in place and serves until

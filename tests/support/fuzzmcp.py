@@ -8,7 +8,7 @@ and names the outcomes allowed (:class:`Outcome`); :func:`check` holds a respons
 The rules are restated here from the documentation, not imported from the product: a product
 bug is a disagreement.
 
-The session era's bodies come from :class:`tests.fuzzgen.Generator` (hostile JSON-RPC); the
+The session era's bodies come from :class:`tests.support.fuzzgen.Generator` (hostile JSON-RPC); the
 stateless era's are 2026-07-28 requests whose ``_meta``, ids and the ``MCP-Protocol-Version``,
 ``Mcp-Method`` and ``Mcp-Name`` headers are mutated.
 """
@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from tests.fuzzgen import BAD_IDS, Generator, Raw, answered, dump, strict, valid_id
+from tests.support.fuzzgen import BAD_IDS, Generator, Raw, answered, dump, strict, valid_id
 
 SESSION_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 MODERN = "2026-07-28"

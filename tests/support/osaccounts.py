@@ -7,7 +7,7 @@ helper skips the calling test (``pytest.skip``) when not run as root.
 Use the :func:`os_accounts` fixture, which creates uniquely named accounts and removes them,
 their home folders and their groups when the test ends::
 
-    from tests.osaccounts import os_accounts  # noqa: F401  (or pytest_plugins = ["tests.osaccounts"])
+    from tests.support.osaccounts import os_accounts  # noqa: F401  (or pytest_plugins = ["tests.support.osaccounts"])
 
     def test_x(os_accounts: AccountFactory) -> None:
         ops = os_accounts.group()
@@ -237,7 +237,7 @@ def os_accounts() -> Iterator[AccountFactory]:
         factory.cleanup()
 
 
-SHIPPED_PAM_FILE = Path(__file__).resolve().parents[1] / "etc/pam.d/mcpd"
+SHIPPED_PAM_FILE = Path(__file__).resolve().parents[2] / "etc/pam.d/mcpd"
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """A small TLS reverse proxy for interoperability tests, run as its own process.
 
-``python -m tests.integration.http_proxy --upstream URL --cacert CA --port P [--cert C --key K]
+``python -m tests.support.http_proxy --upstream URL --cacert CA --port P [--cert C --key K]
 [--hide PATH ...] [--bearer TOKEN]`` forwards every request to the daemon at ``URL`` (over TLS,
 trusting ``CA``) and streams the answer back (event streams included). It listens with TLS when
 given ``--cert``/``--key``, else in plain HTTP on loopback, like a local gateway. The client's
@@ -90,7 +90,7 @@ def start(d: Daemon, hide: tuple[str, ...] = (), bearer: str | None = None, plai
     ``port`` (default: a free one); return its URL and process (the caller terminates it)."""
     cfg = yaml.safe_load(d.config_path.read_text())
     port = port or _free_port()
-    args = [sys.executable, "-m", "tests.integration.http_proxy", "--upstream", d.url, "--cacert", d.cacert,
+    args = [sys.executable, "-m", "tests.support.http_proxy", "--upstream", d.url, "--cacert", d.cacert,
             "--port", str(port)]
     if not plain:
         args += ["--cert", cfg["tls"]["cert"], "--key", cfg["tls"]["key"]]
