@@ -29,6 +29,7 @@ import yaml
 
 from mcpd.admin import certs
 from mcpd.common import identity
+from tests.support.net import free_port as _free_port
 
 START_TIMEOUT = 30.0
 
@@ -123,12 +124,6 @@ class Daemon:
 
     def log(self) -> str:
         return (self.state_dir / "daemon.log").read_text(errors="replace")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_ready(d: Daemon) -> None:

@@ -30,8 +30,8 @@ import pytest
 
 from mcpd.policy.server import UNTAKEN, UNTAKEN_MAX
 from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_attack13b import PRELUDE
-from tests.integration.test_privsep import client, read, read_once, wait_for
+from tests.support.workers import PRELUDE
+from tests.support.privsep_calls import client, read, read_once, wait_for
 from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root

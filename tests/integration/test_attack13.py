@@ -27,10 +27,10 @@ from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     PrivsepDaemon,
     privsep_daemon,
 )
-from tests.integration.test_protocol import slow_file, worker_pids
-from tests.integration.test_streamable import client, hdrs, open_session
-from tests.integration.test_streamable_modern import headers as modern_headers
-from tests.integration.test_streamable_modern import request as modern_request
+from tests.support.workers import slow_file, worker_pids
+from tests.support.streamable import client, hdrs, open_session
+from tests.support.streamable import headers as modern_headers
+from tests.support.streamable import request as modern_request
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,6 @@ tests; the ones left open are strict xfails that name the rule they break and it
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -15,10 +14,8 @@ import shutil
 import signal
 import socket
 import stat
-import struct
 import subprocess
 import sys
-import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,37 +26,15 @@ import pytest
 from mcpd.common import identity
 from mcpd.helper.wire import frames
 from mcpd.common.config import SAMPLE_BYTES
-from tests.support.privsep_fixture import SECRET_TEXT, PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_login_attacks import FAST_PAM
-from tests.integration.test_pam_login import enroll
-from tests.support.osaccounts import AccountFactory, pam_service
+from tests.support.privsep_fixture import SECRET_TEXT, PrivsepDaemon
+from tests.support.pam_login import enroll
+from tests.support.osaccounts import AccountFactory
+from tests.support.workers import PRELUDE, login_daemon, wait_until_ready
 
 pytestmark = pytest.mark.root
 
 DEADLINE = 3  # workers.timeout_seconds here: a privileged read's deadline
 ANSWER = 1.0  # login.answer_seconds here
-
-# Run as the service user: helpers for one attacker script (argv[1] is the helper socket).
-PRELUDE = r"""
-import json, os, socket, struct, sys, time
-def conn(path):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(path); s.settimeout(60); return s
-def send(s, obj):
-    raw = json.dumps(obj).encode(); s.sendall(struct.pack("!I", len(raw)) + raw)
-def recv(s):
-    head = b""; fds = []
-    while len(head) < 4:
-        msg, got, _, _ = socket.recv_fds(s, 4 - len(head), 4)
-        fds += got
-        if not msg: return None, fds
-        head += msg
-    n = struct.unpack("!I", head)[0]; body = b""
-    while len(body) < n:
-        c = s.recv(n - len(body))
-        if not c: return None, fds
-        body += c
-    return json.loads(body), fds
-"""
 
 
 def as_front(d: PrivsepDaemon, code: str, *args: str) -> Any:
@@ -69,28 +44,6 @@ def as_front(d: PrivsepDaemon, code: str, *args: str) -> Any:
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
-
-
-@contextlib.contextmanager
-def login_daemon(tmp_path_factory: pytest.TempPathFactory, timeout_seconds: float,
-                 answer_seconds: float) -> Iterator[tuple[PrivsepDaemon, AccountFactory]]:
-    """The privsep daemon (``workers.per_account`` 4, ``workers.timeout_seconds`` as given) with
-    a fast PAM service answering in ``answer_seconds``; skips the test unless root."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: root helper, OS accounts, PAM service")
-    fast = tmp_path_factory.mktemp("pam") / "fast"
-    fast.write_text(FAST_PAM)
-    factory = AccountFactory()
-    d: PrivsepDaemon | None = None
-    with pam_service(fast) as service:
-        try:
-            d = start_privsep(factory, workers={"per_account": 4, "timeout_seconds": timeout_seconds},
-                              login={"pam_service": service, "answer_seconds": answer_seconds, "max_failures": 50})
-            yield d, factory
-        finally:
-            if d is not None:
-                stop_privsep(d)
-            factory.cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -220,23 +173,13 @@ for rid, path in enumerate(sys.argv[3:], 5):
 """
 
 
-def wait_until_ready(ctl: socket.socket, seconds: float = 30.0) -> None:
-    """Wait until the worker holding the other copy of ``ctl`` (its control socket) has sent its
-    ``{"ready": true}`` report: bytes it sent that the policy process has not read yet
-    (``SIOCOUTQ``; the policy reads that report at the worker's first privileged call)."""
-    deadline = time.monotonic() + seconds
-    while struct.unpack("i", fcntl.ioctl(ctl.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0] == 0:
-        assert time.monotonic() < deadline, "the worker never reported itself hardened"
-        time.sleep(0.01)
-
-
 def what_a_filetype_worker_gets(d: PrivsepDaemon, token: str, paths: list[str]) -> list[tuple[dict[str, Any], list[int]]]:
     """Play alice's compromised worker for one privileged ``files/filetype`` call per path: stop
     the real worker, take (``pidfd_getfd``) its end of the policy process's control socket, and
     receive there the call's frame and every descriptor sent with it, exactly as the worker would;
     then report the call done as the worker would (the policy's reply must be ``ok``). Returns
     ``[(frame, descriptors)]`` (the caller closes the descriptors)."""
-    from tests.integration.test_privsep_attacks import _grab_fd
+    from tests.support.root_channels import _grab_fd
 
     front = subprocess.Popen(["setpriv", f"--reuid={d.service.pw_uid}", f"--regid={d.service.pw_gid}", "--clear-groups",
                               sys.executable, "-I", "-c", PRELUDE + FILETYPE, str(d.socket_path), token, *paths],

@@ -22,15 +22,14 @@ import pytest
 from mcpd.client.api import Client
 from tests.conftest import Daemon, slow_read
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_metrics import free_port
-from tests.integration.test_outgoing_budgets import (
-    ANSWER_MIB, MIB, answer_ends, bob_is_served, daemon_with_metrics, read_call, session_of, stall, stateless_read,
-)
-from tests.integration.test_spawn_churn import shared_folder  # noqa: F401  (fixture)
-from tests.integration.test_stream_takeover_attacks import Raw, reads_done, server_connections, until
-from tests.integration.test_streamable_modern import headers as modern_headers
-from tests.integration.test_streamable_modern import request as modern_request
+from tests.support.net import free_port
+from tests.support.budgets import MIB, answer_ends, bob_is_served, daemon_with_metrics, read_call, session_of, stall, stateless_read
+from tests.support.shared_folder import shared_folder  # noqa: F401  (fixture)
+from tests.support.streams import Raw, reads_done, server_connections, until
+from tests.support.streamable import headers as modern_headers
+from tests.support.streamable import request as modern_request
 from tests.support.osaccounts import AccountFactory
+from tests.support.budgets import add_dev_principals
 
 PER_ACCOUNT = 4
 
@@ -167,22 +166,6 @@ def test_unread_answers_under_a_piece_count_against_the_principals_budget(
             r.sock.close()
 
 
-def add_dev_principals(d: Daemon, names: list[str]) -> dict[str, str]:
-    """Add principals ``names`` (the daemon's own account, as alice and bob) to its users file
-    (seen within a second): their tokens by name."""
-    from mcpd.common import identity
-
-    path = d.state_dir / "users.yaml"
-    users = identity.load_users(path)
-    tokens = {}
-    for name in names:
-        tokens[name], rec = identity.new_token()
-        users[name] = identity.UserRecord(name=name, os_user=users["alice"].os_user, tokens=[rec])
-    identity.save_users(path, users)
-    time.sleep(1.5)
-    return tokens
-
-
 def test_stalled_principals_filling_the_total_budget_do_not_cut_a_reading_client(
         daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
     """SPEC §1.7 (a client that stops reading is disconnected; a client reading at a normal speed
@@ -232,7 +215,7 @@ BOB_ANSWER = 4 * MIB  # bytes of text bob reads: less than a staller holds, more
 @pytest.fixture(scope="module")
 def with_logins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivsepDaemon, AccountFactory]]:
     """The privsep daemon with password logins and a 20 s deadline (the slow read outlives the sweep)."""
-    from tests.integration.test_attack13b import login_daemon
+    from tests.support.workers import login_daemon
 
     with login_daemon(tmp_path_factory, 20, 0.2) as pair:
         yield pair

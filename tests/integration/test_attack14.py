@@ -19,8 +19,8 @@ from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.sessions.table import SessionManager, SessionRefused
 from mcpd.front.transport.answers import PostStream
 from tests.conftest import Daemon
-from tests.integration.test_protocol import slow_file
-from tests.integration.test_streamable import INIT, client, hdrs, open_session
+from tests.support.workers import slow_file
+from tests.support.streamable import INIT, client, hdrs, open_session
 
 KIB = 1024
 

@@ -24,7 +24,7 @@ import pytest
 from mcpd.client.api import Client, RPCError
 REFUSED_BY_OS = "refused_by_os"  # (mcpd.common.audit.REFUSED_BY_OS)
 from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
-from tests.integration.test_audit_records import CALL_TIMEOUT, call, mcpd, wait_for_record
+from tests.support.audit import CALL_TIMEOUT, call, mcpd, wait_for_record
 
 pytestmark = pytest.mark.root
 

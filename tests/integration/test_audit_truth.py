@@ -20,7 +20,7 @@ import pytest
 
 from mcpd.common.audit import LOST_TAIL, REFUSED_AT_OPEN
 from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
-from tests.integration.test_audit_records import call, logrotate, mcpd, wait_for_record
+from tests.support.audit import call, logrotate, mcpd, wait_for_record
 
 pytestmark = pytest.mark.root
 

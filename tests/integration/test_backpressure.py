@@ -34,7 +34,8 @@ import pytest
 
 from tests.conftest import Daemon
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_metrics import free_port, samples
+from tests.support.metrics import samples
+from tests.support.net import free_port
 from tests.support.osaccounts import AccountFactory
 
 MIB = 1024 * 1024
@@ -500,8 +501,8 @@ def test_stallers_filling_the_total_budget_are_cut_not_a_reader_behind_on_parall
     24 answers of 5 MiB on one session in bursts (behind by up to his queue and the answers of the
     calls it took: about 21 MiB), so the total is passed: the principal holding the most gives up
     what it holds, a staller, never bob, who gets every answer whole."""
-    from tests.integration.test_attack13c import add_dev_principals
-    from tests.integration.test_outgoing_budgets import daemon_with_metrics, stall
+    from tests.support.budgets import add_dev_principals
+    from tests.support.budgets import daemon_with_metrics, stall
 
     d, m, big, _small = daemon_with_metrics(daemon_factory, tmp_path, principal_queue_bytes=32 * MIB,
                                             total_queue_bytes=64 * MIB)

@@ -17,14 +17,9 @@ import pytest
 from mcpd.common import config
 from mcpd.admin import devmode
 from mcpd.common import identity
+from tests.support.net import free_port
 
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_dev_state_folder_is_private_and_complete(tmp_path: Path) -> None:

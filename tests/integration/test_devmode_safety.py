@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,22 +18,11 @@ import pytest
 from mcpd.admin import devmode
 from mcpd.common import identity
 from tests.support.devtree import Tree, start, stop
-from tests.integration.test_devmode import free_port
+from tests.support.net import free_port
+from tests.support.devtree import base  # noqa: F401  (fixture)
 
 BIN = Path(sys.executable).parent
 DEADLINE = 60.0  # seconds for a start, a refusal or a restart
-
-
-@pytest.fixture
-def base(tmp_path: Path) -> Iterator[Path]:
-    """A folder for state folders; as root one the service user `mcpd` may enter (under /tmp)."""
-    if os.geteuid() != 0:
-        yield tmp_path
-        return
-    folder = Path(tempfile.mkdtemp(prefix="mcpd-devsafe-", dir="/tmp"))
-    os.chmod(folder, 0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def refused(state: Path, port: int) -> subprocess.CompletedProcess[str]:

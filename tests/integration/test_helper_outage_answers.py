@@ -23,7 +23,8 @@ import pytest
 from mcpd.client.api import Client
 from mcpd.common.config import POLICY_USER
 from tests.support.privsep_fixture import PrivsepDaemon, children, start_privsep, stop_privsep
-from tests.integration.test_metrics import free_port, samples
+from tests.support.metrics import samples
+from tests.support.net import free_port
 from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
@@ -143,7 +144,7 @@ def test_while_the_helper_is_down_login_says_retry_after_and_clients_show_the_se
     it asked for, and ``linuxctl login``'s error carries them too."""
     from mcpd.client.api import ConnectError
     from mcpd.client.login import login
-    from tests.integration.test_linuxctl import linuxctl
+    from tests.support.linuxctl import linuxctl
 
     d, _ = metrics_daemon
     d.kill_helper(signal.SIGKILL)

@@ -124,7 +124,7 @@ def test_a_front_sending_a_huge_time_budget_gets_the_walkers_refusal(find_grante
     computes the walk's deadline without overflowing and the walker refuses the argument, as
     every other process does (before: the deadline's float() raised, INTERNAL_ERROR, and the
     walker root had started was left without its call)."""
-    from tests.integration.test_helper_protocol import as_mcpd
+    from tests.support.root_channels import as_mcpd
 
     d = find_granted
     req = {"type": "privileged_call", "id": 1, "token": d.tokens["alice"], "session": "s", "peer": "p",

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import Daemon
 from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
-from tests.integration.test_linuxctl import flags, linuxctl
+from tests.support.linuxctl import flags, linuxctl
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from mcpd.client import pager
-from tests.integration.test_linuxctl import LINUXCTL, flags, linuxctl, make_file
+from tests.support.linuxctl import LINUXCTL, flags, linuxctl, make_file
 
 MiB = 1024 * 1024
 

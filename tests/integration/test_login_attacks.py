@@ -32,18 +32,12 @@ import pytest
 
 from mcpd.client.api import Client, ssl_context
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_pam_login import enroll
+from tests.support.pam_login import enroll
 from tests.support.osaccounts import AccountFactory, ensure_user, unique_name
+from tests.support.pam_login import FAST_PAM
 
 pytestmark = pytest.mark.root
 
-FAST_PAM = """\
-auth     optional                    pam_faildelay.so delay=300000
-auth     [success=1 default=ignore]  pam_unix.so nullok nodelay
-auth     requisite                   pam_deny.so
-auth     required                    pam_permit.so
-account  required                    pam_unix.so
-"""
 ANSWER_SECONDS = 0.8
 MAX_FAILURES = 3
 TRIES = 10

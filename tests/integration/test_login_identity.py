@@ -26,7 +26,7 @@ from mcpd.client import login as login_client
 from mcpd.client.api import ssl_context
 from mcpd.common import identity
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_pam_login import status_of_sse
+from tests.support.pam_login import status_of_sse
 from tests.support.osaccounts import AccountFactory, ensure_user, expire_user, lock_user, pam_service
 
 pytestmark = pytest.mark.root

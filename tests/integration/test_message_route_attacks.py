@@ -24,10 +24,11 @@ import pytest
 
 from mcpd.common import identity
 from tests.conftest import EVENT_TIMEOUT, Daemon, SseSession, open_raw
-from tests.integration.test_protocol import slow_file
-from tests.integration.test_refused_log import refused_lines
-from tests.integration.test_streamable import client as mcp_client
-from tests.integration.test_streamable import open_session as open_mcp_session
+from tests.support.workers import slow_file
+from tests.support.refused_log import refused_lines
+from tests.support.streamable import client as mcp_client
+from tests.support.streamable import open_session as open_mcp_session
+from tests.support.streamable import as_daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -720,11 +721,6 @@ async def test_no_refusal_line_ever_holds_a_token(daemon_factory: Callable[..., 
 
 
 # -- with the root helper (tokens checked there, a short cache in the front) ----------------------
-
-
-def as_daemon(d: Any, principal: str = "alice", other: str = "bob") -> Daemon:
-    """A :class:`Daemon` view of a privilege-separated one, for :class:`SseSession` (no process)."""
-    return Daemon(d.url, d.tokens[principal], d.tokens[other], d.cacert, d.state_dir, d.config_path, proc=None)  # type: ignore[arg-type]
 
 
 @pytest.mark.root

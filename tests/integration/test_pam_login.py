@@ -30,7 +30,8 @@ from mcpd.common import identity
 from mcpd.client import login as login_client
 from mcpd.client.api import AuthError, Client, ToolFailed, ssl_context
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.support.osaccounts import Account, AccountFactory, ensure_user, expire_user, lock_user
+from tests.support.osaccounts import AccountFactory, ensure_user, expire_user, lock_user
+from tests.support.pam_login import enroll, status_of_sse
 
 pytestmark = pytest.mark.root
 
@@ -68,18 +69,6 @@ def pamd() -> Iterator[tuple[PrivsepDaemon, AccountFactory, dict[str, str]]]:
         target.unlink(missing_ok=True)
 
 
-def enroll(d: PrivsepDaemon, factory: AccountFactory) -> tuple[Account, str]:
-    """A fresh account with a password, bound to a principal of its own name in users.yaml."""
-    password = secrets.token_urlsafe(12)
-    acct = factory.user(password=password)
-    path = d.state_dir / "users.yaml"
-    users = identity.load_users(path)
-    _, rec = identity.new_token()
-    users[acct.name] = identity.UserRecord(name=acct.name, os_user=acct.name, tokens=[rec])
-    identity.save_users(path, users)
-    return acct, password
-
-
 def login(d: PrivsepDaemon, user: str, password: str) -> str:
     return str(login_client.login(d.url, user, password, d.cacert)["token"])
 
@@ -94,12 +83,6 @@ def read(d: PrivsepDaemon, token: str, path: str, privileged: bool = False) -> s
             return str(result["content"][0]["text"])
 
     return asyncio.run(go())
-
-
-def status_of_sse(d: PrivsepDaemon, token: str) -> int:
-    with httpx.Client(verify=ssl_context(d.cacert), timeout=10) as c:
-        with c.stream("GET", d.url + "/sse", headers={"Authorization": f"Bearer {token}"}) as resp:
-            return resp.status_code
 
 
 def login_rejects(d: PrivsepDaemon, user: str) -> list[dict[str, Any]]:

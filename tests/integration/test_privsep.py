@@ -27,7 +27,7 @@ import pytest
 
 from mcpd.common.config import POLICY_USER
 
-from mcpd.client.api import Client, ConnectError, text_of
+from mcpd.client.api import ConnectError
 from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
     SECRET_TEXT,
@@ -36,55 +36,11 @@ from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     privsep_daemon,
     proc_status,
 )
+from tests.support.privsep_calls import RACE_SECONDS, client, read, read_once, uid_pids, wait_for
 
 pytestmark = pytest.mark.root
-CALL_TIMEOUT = 30.0
-RACE_SECONDS = float(os.environ.get("MCPD_RACE_SECONDS", "90"))
 RACE_SESSIONS = 4
 NO_GRANT = "no grant covers this path"
-
-
-def client(d: PrivsepDaemon, principal: str = "alice") -> Client:
-    return Client(d.url, d.tokens[principal], d.cacert, timeout=CALL_TIMEOUT)
-
-
-async def read(c: Client, path: Path | str, privileged: bool = False, **args: Any) -> tuple[str | None, dict[str, Any]]:
-    """``(text, {})`` on success, ``(None, error)`` on a tool error (``structuredContent.error``)."""
-    res = await c.call_tool("files/read", {"path": str(path), "privileged": privileged, **args}, check=False)
-    if res.get("isError"):
-        return None, res["structuredContent"]["error"]
-    return text_of(res), {}
-
-
-def read_once(d: PrivsepDaemon, path: Path | str, privileged: bool = False, principal: str = "alice",
-              **args: Any) -> tuple[str | None, dict[str, Any]]:
-    async def go() -> tuple[str | None, dict[str, Any]]:
-        async with client(d, principal) as c:
-            return await read(c, path, privileged, **args)
-
-    return asyncio.run(go())
-
-
-def uid_pids(uid: int) -> list[int]:
-    """Every live (not zombie) process whose real uid is ``uid``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                st = proc_status(int(entry))
-                if st["Uid"].split()[0] == str(uid) and not st["State"].startswith("Z"):
-                    pids.append(int(entry))
-            except (OSError, KeyError):
-                pass
-    return pids
-
-
-def wait_for(predicate: Any, seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------ SPEC §5.1: the kernel decides
@@ -498,7 +454,7 @@ def test_while_the_helper_is_down_a_verified_token_lasts_only_the_short_window()
     HELPER_UNAVAILABLE). Once the window has passed, the open session is closed and a new stream
     is answered 503 (the token cannot be checked; it is not said to be bad)."""
     from tests.support.privsep_fixture import start_privsep, stop_privsep
-    from tests.integration.test_pam_login import status_of_sse
+    from tests.support.pam_login import status_of_sse
     from tests.support.osaccounts import AccountFactory
 
     window = 4.0

@@ -43,44 +43,10 @@ from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     privsep_daemon,
     proc_status,
 )
-from tests.integration.test_privsep import client, read, read_once, uid_pids, wait_for
+from tests.support.privsep_calls import client, read, read_once, uid_pids, wait_for
+from tests.support.root_channels import _grab_fd, as_front
 
 pytestmark = pytest.mark.root
-
-# Runs as the service user: sends each request of stdin (a JSON list) on one connection to the
-# helper socket argv[1] and prints one JSON line per request: the reply, or {"closed": true}.
-FRONT = r"""
-import json, socket, struct, sys
-sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-sock.connect(sys.argv[1])
-sock.settimeout(20)
-def recv(n):
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return buf
-for item in json.loads(sys.stdin.read()):
-    raw = item.encode() if isinstance(item, str) else json.dumps(item).encode()
-    try:
-        sock.sendall(struct.pack("!I", len(raw)) + raw)
-        head = recv(4)
-        body = recv(struct.unpack("!I", head)[0]) if head else None
-    except OSError:
-        body = None
-    print(json.dumps({"closed": True} if body is None else json.loads(body)), flush=True)
-"""
-
-
-def as_front(d: PrivsepDaemon, requests: list[Any]) -> list[dict[str, Any]]:
-    """Play the compromised front: run :data:`FRONT` as the service user against the helper."""
-    out = subprocess.run(
-        ["setpriv", f"--reuid={d.service.pw_uid}", f"--regid={d.service.pw_gid}", "--clear-groups",
-         sys.executable, "-I", "-c", FRONT, str(d.socket_path)],
-        input=json.dumps(requests), capture_output=True, text=True, timeout=60, check=True)
-    return [json.loads(line) for line in out.stdout.splitlines()]
 
 
 def alerts(d: PrivsepDaemon) -> list[dict[str, Any]]:
@@ -492,7 +458,6 @@ def test_the_helper_refuses_to_start_without_a_non_root_walker_account(privsep_d
 # fresh open would give now.
 
 
-
 def _policy_pid(d: PrivsepDaemon) -> int:
     uid = pwd.getpwnam(POLICY_USER).pw_uid
     (pid,) = children(d.helper_pid, uid)
@@ -692,27 +657,6 @@ def test_an_account_removed_from_a_group_loses_the_groups_grant_within_seconds(p
     assert len(later) <= 30  # GROUPS_SECONDS (5 s) at most, with room for a slow machine
 
 
-def _grab_fd(pid: int, target: str) -> int:
-    """A copy (``pidfd_getfd``: the same open file description) of the descriptor process ``pid``
-    holds for ``target``."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    for name in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{name}") != target:
-                continue
-        except OSError:
-            continue
-        pidfd = libc.syscall(434, pid, 0)  # pidfd_open
-        assert pidfd >= 0
-        try:
-            fd = libc.syscall(438, pidfd, int(name), 0)  # pidfd_getfd
-            assert fd >= 0, ctypes.get_errno()
-            return int(fd)
-        finally:
-            os.close(pidfd)
-    raise AssertionError(f"{pid} holds no descriptor of {target}")
-
-
 def test_a_compromised_workers_flags_on_its_descriptor_do_not_reach_another_principals_read(
         privsep_daemon: PrivsepDaemon) -> None:
     """alice and bob are both granted the app folder. alice's worker, compromised (a bug in the
@@ -754,7 +698,7 @@ def test_two_principals_reading_while_folders_and_files_are_exchanged_never_get_
     while a local user swaps (RENAME_EXCHANGE) the file's folder with one outside the grant whose
     ``f`` is a symlink to the secret, and the file with a sibling. Every answer is one of the two
     granted files or a refusal; the secret never. Bounded in reads and time."""
-    from tests.integration.test_privsep import RACE_SECONDS
+    from tests.support.privsep_calls import RACE_SECONDS
 
     d = privsep_daemon
     rule = {"allowed": True, "paths": [str(d.app)]}

@@ -24,7 +24,7 @@ import pytest
 from mcpd.helper.monitor import PAM_AT_ONCE
 from mcpd.helper.wire import frames
 from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
-from tests.integration.test_root_monitor import _ids, as_policy
+from tests.support.root_channels import _ids, as_policy
 from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root

@@ -27,8 +27,8 @@ import yaml
 
 from tests.support import privsep_fixture, rootns
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_root_monitor import Channel, as_policy
-from tests.integration.test_root_objects import call, refused
+from tests.support.root_channels import Channel, as_policy
+from tests.support.root_objects import call, refused
 from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root

@@ -23,7 +23,7 @@ import pytest
 
 from tests.support import rootns
 from tests.support.privsep_fixture import LOG_TEXT, SECRET_TEXT, PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_root_monitor import Channel, as_policy
+from tests.support.root_channels import Channel, as_policy
 from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root

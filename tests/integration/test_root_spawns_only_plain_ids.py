@@ -31,7 +31,7 @@ from mcpd.common import identity
 from mcpd.helper import forkserver
 from tests.support import rootns
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_root_monitor import as_policy
+from tests.support.root_channels import as_policy
 from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root

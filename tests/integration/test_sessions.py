@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession, open_raw, read_status
-from tests.integration.test_protocol import slow_file, worker_pids
+from tests.support.workers import slow_file, worker_pids
 
 pytestmark = pytest.mark.anyio
 

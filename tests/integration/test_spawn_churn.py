@@ -21,9 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import ssl
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,10 +32,12 @@ import pytest
 
 from tests.conftest import Daemon, SseSession
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_metrics import free_port, samples
-from tests.integration.test_privsep_attacks import as_front
-from tests.integration.test_protocol import slow_file  # reading its line 3 keeps a worker busy until killed
+from tests.support.metrics import samples
+from tests.support.net import free_port
+from tests.support.root_channels import as_front
+from tests.support.workers import slow_file
 from tests.support.osaccounts import AccountFactory
+from tests.support.shared_folder import shared_folder  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.anyio
 
@@ -279,17 +279,6 @@ def privsep_with(workers: dict[str, float]) -> Iterator[tuple[PrivsepDaemon, Met
 def privsep_churned() -> Iterator[tuple[PrivsepDaemon, Metrics]]:
     with privsep_with(WORKERS) as started:
         yield started
-
-
-@pytest.fixture
-def shared_folder() -> Iterator[Path]:
-    """A folder every account may read (the test accounts cannot enter pytest's tmp_path)."""
-    folder = Path(tempfile.mkdtemp(prefix="mcpd-churn-", dir="/tmp"))
-    folder.chmod(0o755)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.root

@@ -8,63 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession
+from tests.support.streamable import ACCEPT_BOTH, INIT, client, hdrs, open_session, sse_messages
 
 pytestmark = pytest.mark.anyio
-
-ACCEPT_BOTH = "application/json, text/event-stream"
-SID_RE = re.compile(r"^[0-9a-f]{32}$")
-INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
-        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
-
-
-def client(d: Daemon) -> httpx.AsyncClient:
-    return httpx.AsyncClient(verify=d.ssl_context(), timeout=30, base_url=d.url)
-
-
-def hdrs(d: Daemon, sid: str | None = None, token: str | None = None, accept: str = ACCEPT_BOTH,
-         **extra: str) -> dict[str, str]:
-    h = {**d.auth(token), "Accept": accept, "Content-Type": "application/json"}
-    if sid is not None:
-        h["Mcp-Session-Id"] = sid
-    h.update({k.replace("_", "-"): v for k, v in extra.items()})
-    return h
-
-
-async def open_session(c: httpx.AsyncClient, d: Daemon, token: str | None = None,
-                       version: str = "2025-06-18") -> str:
-    body = {**INIT, "params": {**INIT["params"], "protocolVersion": version}}
-    r = await c.post("/mcp", json=body, headers=hdrs(d, token=token))
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("application/json")
-    assert r.json()["result"]["protocolVersion"] == version
-    sid = r.headers["mcp-session-id"]
-    assert SID_RE.fullmatch(sid)
-    r = await c.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
-                     headers=hdrs(d, sid, token=token, **{"MCP-Protocol-Version": version}))
-    assert r.status_code == 202 and r.content == b""
-    return sid
-
-
-def sse_messages(text: str) -> list[Any]:
-    """The ``data:`` payloads of an event stream's ``message`` events."""
-    out = []
-    for block in text.replace("\r\n", "\n").split("\n\n"):
-        lines = block.split("\n")
-        if "event: message" in lines:
-            out.append(json.loads("".join(x[len("data: "):] for x in lines if x.startswith("data: "))))
-    return out
 
 
 async def test_initialize_list_call_read_resource_as_json(daemon: Daemon, tmp_path: Path) -> None:

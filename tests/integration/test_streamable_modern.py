@@ -15,34 +15,11 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession
-from tests.integration.test_protocol import slow_file, worker_pids
-from tests.integration.test_streamable import ACCEPT_BOTH, client, hdrs, open_session, sse_messages
+from tests.support.workers import slow_file, worker_pids
+from tests.support.streamable import ACCEPT_BOTH, client, hdrs, open_session, sse_messages
+from tests.support.streamable import META, V, headers, post, request
 
 pytestmark = pytest.mark.anyio
-
-V = "2026-07-28"
-META = {"io.modelcontextprotocol/protocolVersion": V, "io.modelcontextprotocol/clientCapabilities": {},
-        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}
-NAME_FIELD = {"tools/call": "name", "resources/read": "uri"}
-
-
-def request(method: str, params: dict[str, Any] | None = None, rid: Any = 1, meta: dict[str, Any] | None = None,
-            ) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": {**(params or {}), "_meta": meta or META}}
-
-
-def headers(d: Daemon, body: dict[str, Any], **override: str | None) -> dict[str, str]:
-    h: dict[str, str | None] = {**d.auth(), "Accept": ACCEPT_BOTH, "Content-Type": "application/json",
-                                "MCP-Protocol-Version": V, "Mcp-Method": body["method"]}
-    field = NAME_FIELD.get(body["method"])
-    if field:
-        h["Mcp-Name"] = body["params"][field]
-    h.update({k.replace("_", "-"): v for k, v in override.items()})
-    return {k: v for k, v in h.items() if v is not None}
-
-
-async def post(c: httpx.AsyncClient, d: Daemon, body: Any, **override: str | None) -> httpx.Response:
-    return await c.post("/mcp", json=body, headers=headers(d, body, **override))
 
 
 def check_modern_result(r: httpx.Response, ttl: int | None = None, scope: str | None = None) -> dict[str, Any]:

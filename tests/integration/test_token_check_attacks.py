@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import EVENT_TIMEOUT, SseSession
 from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
-from tests.integration.test_message_route_attacks import as_daemon
+from tests.support.streamable import as_daemon
 
 
 async def _forged_flood(host: str, port: int, ctx: ssl.SSLContext, until: float) -> None:

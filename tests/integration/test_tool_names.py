@@ -13,7 +13,7 @@ import pytest
 
 from mcpd.common.config import ConfigError, from_dict
 from tests.conftest import Daemon, SseSession
-from tests.integration.test_linuxctl import flags, linuxctl
+from tests.support.linuxctl import flags, linuxctl
 
 pytestmark = pytest.mark.anyio
 

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_attack13b import PRELUDE, wait_until_ready
-from tests.integration.test_privsep import read, read_once, wait_for
+from tests.support.workers import PRELUDE, wait_until_ready
+from tests.support.privsep_calls import read, read_once, wait_for
 from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
@@ -77,7 +77,7 @@ def bob_reads_on_both_routes(d: PrivsepDaemon) -> list[tuple[str | None, dict[st
         os.chown(own, d.accounts["bob"].uid, d.accounts["bob"].gid)
 
     async def go() -> list[tuple[str | None, dict[str, Any]]]:
-        from tests.integration.test_privsep import client
+        from tests.support.privsep_calls import client
 
         async with client(d, "bob") as c:
             out = []

@@ -35,7 +35,7 @@ from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     start_privsep,
     stop_privsep,
 )
-from tests.integration.test_privsep import client, wait_for
+from tests.support.privsep_calls import client, wait_for
 from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root

@@ -28,6 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import process_tree
+import shutil
+import tempfile
+from collections.abc import Iterator
+import pytest
 
 BIN = Path(sys.executable).parent
 START_SECONDS = 60.0  # for `mcpd dev` to print its start-up text, and for a call to be answered
@@ -351,3 +355,14 @@ def stop(dev: Dev, sig: int = signal.SIGINT) -> tuple[int | None, list[Proc]]:
         tree.kill()
         dev.close()
 
+
+@pytest.fixture
+def base(tmp_path: Path) -> Iterator[Path]:
+    """A folder for state folders; as root one the service user `mcpd` may enter (under /tmp)."""
+    if os.geteuid() != 0:
+        yield tmp_path
+        return
+    folder = Path(tempfile.mkdtemp(prefix="mcpd-devsafe-", dir="/tmp"))
+    os.chmod(folder, 0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

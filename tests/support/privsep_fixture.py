@@ -52,17 +52,12 @@ from mcpd.admin import devroot
 from mcpd.common import identity
 from mcpd.common.config import POLICY_USER, WALK_USER
 from tests.support.osaccounts import Account, AccountFactory, require_root
+from tests.support.net import free_port
 
 START_SECONDS = 30.0
 STOP_SECONDS = 10.0
 LOG_TEXT = "app log line 1\napp log line 2\n"
 SECRET_TEXT = "root secret: do not leak\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def proc_status(pid: int) -> dict[str, str]:

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from mcpd.admin.audit_cli import audit
 from mcpd.common.audit import HEAD_FILE, AuditLog
 from mcpd.policy.grants_reload import LAST_LOAD, PolicyHolder
-from tests.unit.test_reload_records import rewrite
+from tests.support.reload import rewrite
 
 RULES = "users:\n  alice:\n    privileged:\n      tools:\n        files/read: {allowed: true, paths: [/srv/a]}\n"
 

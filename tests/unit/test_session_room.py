@@ -23,7 +23,7 @@ from mcpd.front.sessions.session import Session
 from mcpd.front.sessions.table import SessionManager
 from mcpd.front.transport.stream import AsgiStream
 from tests.support.fuzzgen import answered, dump, strict
-from tests.unit.test_props_envelope import BODY, CALLER, SCALAR, SETTINGS, VALUE
+from tests.support.envelope import BODY, CALLER, SCALAR, SETTINGS, VALUE
 
 KIB = 1024
 

@@ -24,22 +24,7 @@ import pytest
 from mcpd.core import fileopen
 from mcpd.core import ops, textread
 from mcpd.common.config import ReadLimits
-
-LIMITS = ReadLimits()
-CTX = ops.OpContext(limits=LIMITS, open_file=fileopen.open_regular, open_dir=fileopen.open_directory)
-
-
-def call(path: Path | str, limits: ReadLimits = LIMITS, **args: Any) -> dict[str, Any]:
-    ctx = dataclasses.replace(CTX, limits=limits)
-    reply = ops.run({"id": 7, "op": "files/read", "args": {"path": str(path), **args}}, ctx)
-    assert reply["id"] == 7
-    return reply
-
-
-def text(path: Path | str, limits: ReadLimits = LIMITS, **args: Any) -> str:
-    reply = call(path, limits, **args)
-    assert reply["ok"], reply
-    return str(reply["result"]["text"])
+from tests.support.textread import CTX, LIMITS, call, text
 
 
 def error(path: Path | str, code: str, limits: ReadLimits = LIMITS, **args: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from mcpd.common import identity
 from mcpd.helper.wire.errors import ToolError
 from mcpd.front.workers.pool import WorkerPool
 from mcpd.front.workers.spawner import LocalSpawner
-from tests.integration.test_protocol import slow_file
+from tests.support.workers import slow_file
 
 HUNG_TIMEOUT = 1.0  # seconds: the deadline used for calls that are meant to hit a stopped worker
 
