@@ -56,7 +56,7 @@ def pamd() -> Iterator[tuple[PrivsepDaemon, AccountFactory, dict[str, str]]]:
         d = start_privsep(factory, login={
             "pam_service": service, "free_failures": 1, "base_delay_seconds": 0.1, "max_delay_seconds": 0.5,
             "max_failures": MAX_FAILURES, "lockout_seconds": LOCK_SECONDS, "token_ttl_seconds": 3600,
-            "answer_seconds": 0.0})  # timing: tests/integration/test_login_attacks.py
+            "answer_seconds": 0.0})  # timing: tests/integration/test_login_limits.py
         passwords = {}
         for name in ("alice", "bob"):
             passwords[name] = secrets.token_urlsafe(12)

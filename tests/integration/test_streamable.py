@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import Daemon, SseSession
 from tests.support.streamable import ACCEPT_BOTH, INIT, client, hdrs, open_session, sse_messages
+from tests.support.workers import slow_file
 
 pytestmark = pytest.mark.anyio
 
@@ -481,3 +482,42 @@ async def test_per_principal_session_cap_counts_both_transports(daemon_factory: 
         r = await c.delete("/mcp", headers=hdrs(d, sid))
         assert r.status_code == 200
         await open_session(c, d)  # a slot of alice's is free again
+
+
+async def test_on_a_daemon_a_principal_at_its_cap_does_not_evict_anothers_idle_session(
+        daemon_factory: Callable[..., Daemon]) -> None:
+    """The same rule on a daemon (severity low-medium): ``max_sessions`` 2, one per principal,
+    eviction after 1 s. Bob's session idles; alice, holding her one, asks for another at the full
+    total: she is refused, and bob's session must still answer (before the fix it was closed to
+    make room and his next request got 404)."""
+    d = daemon_factory(max_sessions=2, max_sessions_per_principal=1, mcp_session_evict_seconds=1)
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with client(d) as c:
+        bobs = await open_session(c, d, token=d.other_token)
+        await asyncio.sleep(1.5)
+        await open_session(c, d)
+        r = await c.post("/mcp", json=INIT, headers=hdrs(d))
+        assert r.status_code in (429, 503)
+        r = await c.post("/mcp", json=ping, headers=hdrs(d, bobs, token=d.other_token))
+        assert r.status_code == 200, "bob's idle session was evicted for a session that was refused"
+
+
+async def test_a_session_whose_request_just_ended_is_not_evicted_as_idle(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Rule (the eviction: a ``/mcp`` session with no request for ``mcp_session_evict_seconds``
+    makes room at a full cap). Severity: low (a client that just got its answer loses its
+    session; its next request is 404). Idleness was counted from the request's start, so a request
+    that ran longer than the threshold (here a read cut by a 2 s worker deadline; a ``files/find``
+    may run 60 s, the default threshold) left its session evictable the moment it was answered."""
+    d = daemon_factory(max_sessions=1, mcp_session_evict_seconds=1, workers={"timeout_seconds": 2})
+    path = slow_file(tmp_path)
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    slow = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "files/read", "arguments": {"path": str(path), "start_line": 3}}}
+    async with client(d) as c:
+        sid = await open_session(c, d)
+        r = await c.post("/mcp", json=slow, headers=hdrs(d, sid))  # about 2 s, then TIMEOUT
+        assert r.status_code == 200 and "TIMEOUT" in r.text, r.text
+        await c.post("/mcp", json=INIT, headers=hdrs(d, token=d.other_token))  # bob, at the full total
+        r = await c.post("/mcp", json=ping, headers=hdrs(d, sid))
+        assert r.status_code == 200, "a session answered a moment ago was evicted as idle"

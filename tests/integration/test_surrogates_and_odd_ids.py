@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import httpx
 
