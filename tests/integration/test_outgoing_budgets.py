@@ -26,6 +26,11 @@ import pytest
 from tests.conftest import Daemon, slow_read
 from tests.support.streams import INIT, Raw, assert_no_crash_in_log, reads_done, server_connections, until
 from tests.support.budgets import ANSWER_MIB, MIB, Metrics, answer_ends, bob_is_served, daemon_with_metrics, read_call, session_of, stall, stateless_read
+import time
+from tests.support.net import free_port
+from tests.support.streamable import headers as modern_headers
+from tests.support.streamable import request as modern_request
+from tests.support.principals import add_dev_principals
 
 QUEUE = 16 * MIB  # session_queue_bytes' default
 SLACK = MIB  # what the TLS layer buffers besides (its high-water mark and about a piece)
@@ -278,3 +283,139 @@ def test_unread_json_answers_of_one_principal_share_its_budget(
             all_released(m, posts)
     assert "over principal_queue_bytes" in d.log()
     assert_no_crash_in_log(d)
+
+
+SMALL_ANSWER = 250 * 1024  # bytes of text: the answer stays under one piece (256 KiB)
+
+
+def stalled_small_answer(d: Daemon, path: Path, rid: int) -> Raw:
+    """A stateless ``POST /mcp`` read of ``path`` answered as JSON (under one piece), on a
+    connection whose client reads nothing; returns once the read was answered."""
+    message = modern_request("tools/call", {"name": "files/read", "arguments": {"path": str(path),
+                                                                                  "limit": SMALL_ANSWER + 1024}}, rid)
+    headers = {**modern_headers(d, message), "Accept": "application/json"}
+    done = reads_done(d)
+    raw = post_raw(d, message, headers, 4096)
+    assert until(lambda: reads_done(d) > done, 30), "the read was not answered"
+    return raw
+
+
+def post_raw(d: Daemon, message: dict[str, Any] | list[Any], headers: dict[str, str], rcvbuf: int) -> Raw:
+    """``POST /mcp`` ``message`` with ``headers`` on a new raw connection with a ``rcvbuf`` byte
+    receive buffer; the connection (nothing read yet)."""
+    raw = Raw(d, rcvbuf=rcvbuf)
+    body = json.dumps(message).encode()
+    fields = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    raw.send(f"POST /mcp HTTP/1.1\r\nHost: x\r\n{fields}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return raw
+
+
+def test_unread_answers_under_a_piece_count_against_the_principals_budget(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """SPEC §1.7 (what the front holds for a client that stopped reading is bounded per principal
+    by ``principal_queue_bytes`` and in all by ``total_queue_bytes``), medium: a ``/mcp`` answer
+    of up to one piece (256 KiB) goes to the connection in one write and is never charged (only
+    larger ones are, piece by piece, and only until their last piece was handed over), and once
+    its response is complete the keep-alive timer's close waits to flush it: the connection, its
+    answer and its TLS buffers (about 600 KiB in the front's RSS) stay for the TLS shutdown's
+    30 s, then the client asks again. One principal with 1024 connections from one address (the
+    per-address cap) held about 600 MiB against a budget of 128 MiB, four addresses about 2.4 GiB
+    against a total of 512 MiB; ``mcpd_outgoing_bytes`` said 0.
+    Fixed: an answer over 64 KiB, once written, is charged what its connection still holds (the
+    kernel's send queue included) until it holds no more. Here: eight such answers with a budget
+    of 1 MiB; past the budget's four, the connections must be dropped within seconds."""
+    port = free_port()
+    d = daemon_factory(metrics_listen=f"127.0.0.1:{port}", principal_queue_bytes=MIB,
+                       connections={"idle_seconds": 1})
+    folder = tmp_path / "files"
+    folder.mkdir()
+    path = folder / "quarter.txt"
+    path.write_bytes((b"y" * 1023 + b"\n") * (SMALL_ANSWER // 1024))
+    raws = []
+    try:
+        for i in range(8):
+            raws.append(stalled_small_answer(d, path, i + 1))
+        within = MIB // SMALL_ANSWER
+        assert until(lambda: sum(server_connections(d, r.port) for r in raws) <= within, 10), \
+            f"{sum(server_connections(d, r.port) for r in raws)} unread answers held, budget {within}"
+    finally:
+        for r in raws:
+            r.sock.close()
+
+
+def test_stalled_principals_filling_the_total_budget_do_not_cut_a_reading_client(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """SPEC §1.7 (a client that stops reading is disconnected; a client reading at a normal speed
+    is served), medium: the total budget is four principals' budgets (128 MiB x 4 = 512 MiB by
+    default). Four principals that each stalled one session just within their own budget filled
+    it, and from then on every other principal's large answer, charged while its connection was
+    behind, passed the total and was cut (``queue_bytes_total``), while the stalled sessions that
+    held the bytes kept them, for as long as their clients liked.
+    Fixed: past the total, the principal holding the most gives up what it holds, the one
+    charging when none other holds more. Here at a 7 MiB / 28 MiB scale: alice, carol, dave
+    and erin stall a 6 MiB answer each (about 6.5 MiB held each, 26 MiB in all); bob reads a
+    4 MiB answer a second late (its connection holds all of it meanwhile, so the total is passed
+    whatever the timing) and must get all of it, a staller being cut instead."""
+    d, m, big, _small = daemon_with_metrics(daemon_factory, tmp_path, principal_queue_bytes=7 * MIB,
+                                            total_queue_bytes=28 * MIB)
+    tokens = {"alice": d.token, **add_dev_principals(d, ["carol", "dave", "erin"])}
+    streams: list[Raw] = []
+    with httpx.Client(verify=d.ssl_context(), timeout=60) as c:
+        try:
+            for name, token in tokens.items():
+                s, _endpoint, statuses = stall(d, c, big, 1, token=token, m=m)
+                streams.append(s)
+                assert statuses == [202], (name, statuses)
+            # (what is left of the total is well short of what bob's connection will hold)
+            assert 28 * MIB - BOB_ANSWER + MIB // 2 < m.outgoing() <= 28 * MIB, m.outgoing()
+            message, headers = stateless_read(d, big, 7, d.other_token)
+            message["params"]["arguments"]["limit"] = BOB_ANSWER
+            done = reads_done(d)
+            bob = post_raw(d, message, headers, 64 * 1024)
+            streams.append(bob)
+            assert until(lambda: reads_done(d) > done, 30), "bob's read was not answered"
+            time.sleep(1.0)  # bob reads a second late: his connection holds his answer meanwhile
+            status, whole = answer_ends(bob)
+            assert status == 200 and len(whole) > BOB_ANSWER, f"bob's answer cut at {len(whole)} bytes"
+            assert m.hits("queue_bytes_total") >= 1, "no staller was cut"
+        finally:
+            for s in streams:
+                s.close()
+
+
+BOB_ANSWER = 4 * MIB  # bytes of text bob reads: less than a staller holds, more than the total leaves
+
+
+def abandoned_post_stream(d: Daemon, sid: str, big: Path, k: int) -> None:
+    """A session-era ``POST /mcp`` batch asking for progress (so answered as an event stream): a
+    read that takes seconds, then a 6 MiB read; its client leaves once the stream's headers came,
+    before the batch's one reply (about 6 MiB) is ready. Returns once both reads were answered."""
+    slow = slow_read(big.parent, f"s{k}")
+    slow["params"]["arguments"]["start_line"] = 3 * 10 ** 8  # (a second or so, not the full count)
+    slow["params"]["_meta"] = {"progressToken": f"p{k}"}
+    done = reads_done(d)
+    raw = post_raw(d, [slow, read_call(big, k, progress=True)],
+                   {"Authorization": f"Bearer {d.token}", "Accept": "text/event-stream",
+                    "Content-Type": "application/json", "Mcp-Session-Id": sid}, 1 << 20)
+    raw.until(b"\r\n\r\n")
+    raw.sock.close()
+    assert until(lambda: reads_done(d) >= done + 2, 120), "the batch's reads were not answered"
+
+
+def test_a_post_stream_its_client_left_leaves_nothing_charged(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """SPEC §1.7 (outgoing budgets; nothing grows without bound), high: a session-era POST's
+    event stream whose client leaves before its reply is released when the stream ends, but the
+    request goes on (in that era leaving is no cancellation) and its reply, put into the ended
+    stream, was charged again, and never released: every such POST left its answer's size
+    charged to its principal and to the total for the front's life. About 21 abandoned 6 MiB
+    answers filled a principal's 128 MiB for good (each of its sessions then cut at its next
+    large answer) and about 85 the total 512 MiB, after which every principal's large answers
+    were cut. Fixed: an ended stream takes nothing more."""
+    d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path)
+    with httpx.Client(verify=d.ssl_context(), timeout=60) as c:
+        sid = session_of(d, c)["Mcp-Session-Id"]
+        for k in range(2):
+            abandoned_post_stream(d, sid, big, k)
+        assert until(lambda: m.outgoing() == 0, 5), f"{m.outgoing():.0f} bytes still charged for clients that left"
+        bob_is_served(d, c, small)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 import os
 from pathlib import Path
-import time
 from typing import Any
 
 import httpx
@@ -130,17 +129,3 @@ def answer_ends(raw: Raw) -> tuple[int, bytes]:
     return status, body[:length]
 
 
-def add_dev_principals(d: Daemon, names: list[str]) -> dict[str, str]:
-    """Add principals ``names`` (the daemon's own account, as alice and bob) to its users file
-    (seen within a second): their tokens by name."""
-    from mcpd.common import identity
-
-    path = d.state_dir / "users.yaml"
-    users = identity.load_users(path)
-    tokens = {}
-    for name in names:
-        tokens[name], rec = identity.new_token()
-        users[name] = identity.UserRecord(name=name, os_user=users["alice"].os_user, tokens=[rec])
-    identity.save_users(path, users)
-    time.sleep(1.5)
-    return tokens
