@@ -15,7 +15,11 @@ closed) and whether the server still holds the connection. Every loop is bounded
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
+import ssl
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,13 +28,28 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, slow_read
-from tests.support.streams import INIT, Raw, assert_no_crash_in_log, reads_done, server_connections, until
-from tests.support.budgets import ANSWER_MIB, MIB, Metrics, answer_ends, bob_is_served, daemon_with_metrics, read_call, session_of, stall, stateless_read
-import time
+from tests.support.budgets import (
+    ANSWER_MIB,
+    MIB,
+    Metrics,
+    answer_ends,
+    bob_is_served,
+    daemon_with_metrics,
+    read_call,
+    session_of,
+    stall,
+    stateless_read,
+)
 from tests.support.net import free_port
-from tests.support.streamable import headers as modern_headers
-from tests.support.streamable import request as modern_request
 from tests.support.principals import add_dev_principals
+from tests.support.streamable import (
+    client,
+    hdrs,
+    headers as modern_headers,
+    open_session,
+    request as modern_request,
+)
+from tests.support.streams import INIT, Raw, assert_no_crash_in_log, reads_done, server_connections, until
 
 QUEUE = 16 * MIB  # session_queue_bytes' default
 SLACK = MIB  # what the TLS layer buffers besides (its high-water mark and about a piece)
@@ -419,3 +438,66 @@ def test_a_post_stream_its_client_left_leaves_nothing_charged(
             abandoned_post_stream(d, sid, big, k)
         assert until(lambda: m.outgoing() == 0, 5), f"{m.outgoing():.0f} bytes still charged for clients that left"
         bob_is_served(d, c, small)
+
+
+def _unread_post(d: Daemon, sid: str, body: bytes) -> Any:
+    """A raw TLS connection with a small receive window that sends one POST /mcp and reads nothing."""
+    host, port = d.host_port
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window stays small
+    sock.settimeout(30)
+    sock.connect((host, port))
+    tls: ssl.SSLSocket = d.ssl_context().wrap_socket(sock, server_hostname=host)
+    tls.sendall((f"POST /mcp HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {d.token}\r\n"
+                 f"Content-Type: application/json\r\nAccept: application/json\r\nMcp-Session-Id: {sid}\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    return tls
+
+
+def _read_all(tls: Any) -> int:
+    """Bytes read until the server ends the connection (or 10 s of silence)."""
+    tls.settimeout(10)
+    got = 0
+    try:
+        while chunk := tls.recv(1 << 16):
+            got += len(chunk)
+    except OSError:
+        pass
+    return got
+
+
+async def test_unread_json_answers_are_bounded_like_a_sessions_queue(daemon_factory: Any, tmp_path: Path) -> None:
+    """Each POST /mcp answered as JSON (up to the 10 MiB response cap) that its client never reads
+    is held by the front until the connection ends: 16 such POSTs made the front hold ~370 MiB.
+    SPEC §1.7 bounds what a client makes the server hold per principal and in total, and
+    disconnects a client that stops reading: such answers count
+    against the principal's ``principal_queue_bytes`` (here 32 MiB), so 8 unread answers of 9 MiB
+    on one session (72 MiB) must not all be delivered in full."""
+    d = daemon_factory(principal_queue_bytes=32 * 1024 * 1024)
+    big = tmp_path / "big.txt"
+    big.write_bytes((b"x" * 99 + b"\n") * (9 * 1024 * 1024 // 100))
+    n = 8
+    async with client(d) as c:
+        sid = await open_session(c, d)
+        conns = []
+        for i in range(n):
+            body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {
+                "name": "files/read", "arguments": {"path": str(big), "offset": 0, "limit": 9 * 1024 * 1024}}}).encode()
+            conns.append(await asyncio.to_thread(_unread_post, d, sid, body))
+        try:
+            access = d.state_dir / "access.jsonl"
+            for _ in range(600):  # until every read is done (its record written)
+                done = [json.loads(x) for x in access.read_text().splitlines()] if access.exists() else []
+                if sum(1 for r in done if r.get("tool") == "files/read" and r.get("bytes")) >= n:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("the reads did not finish")
+            r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": "p", "method": "ping"}, headers=hdrs(d, sid))
+            assert r.status_code == 200  # the front still answers others meanwhile
+            got = [await asyncio.to_thread(_read_all, t) for t in conns]
+        finally:
+            for t in conns:
+                t.close()
+    full = sum(1 for g in got if g > 9 * 1024 * 1024)
+    assert full < n, f"all {n} unread answers of 9 MiB were held and delivered in full: {got}"

@@ -24,18 +24,16 @@ from typing import Any
 import httpx
 import pytest
 
-from mcpd.common.config import POLICY_USER
-
-from mcpd.common import identity
 from mcpd.client import login as login_client
 from mcpd.client.api import AuthError, Client, ToolFailed, ssl_context
-from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from mcpd.common import identity
+from mcpd.common.config import POLICY_USER
+from tests.conftest import slow_read
 from tests.support.osaccounts import AccountFactory, ensure_user, expire_user, lock_user
 from tests.support.pam_login import enroll, status_of_sse
-from tests.conftest import slow_read
-from tests.support.shared_folder import shared_folder
-from tests.support.principals import share_account
-from tests.support.principals import parallel_reads
+from tests.support.principals import parallel_reads, share_account
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.shared_folder import shared_folder  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.root
 

@@ -11,15 +11,16 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession
-from tests.support.streamable import ACCEPT_BOTH, INIT, client, hdrs, open_session, sse_messages
-from tests.support.workers import slow_file
+from tests.support.streamable import ACCEPT_BOTH, INIT, client, hdrs, open_session, raw_headers, sse_messages
+from tests.support.workers import slow_file, worker_pids
 
 pytestmark = pytest.mark.anyio
 
@@ -521,3 +522,64 @@ async def test_a_session_whose_request_just_ended_is_not_evicted_as_idle(
         await c.post("/mcp", json=INIT, headers=hdrs(d, token=d.other_token))  # bob, at the full total
         r = await c.post("/mcp", json=ping, headers=hdrs(d, sid))
         assert r.status_code == 200, "a session answered a moment ago was evicted as idle"
+
+
+async def test_cancelled_request_does_not_say_its_session_ended(daemon_factory: Any, tmp_path: Path) -> None:
+    """A request cancelled by ``notifications/cancelled`` (SPEC §2.3: no reply is sent for it) on a
+    live session must not have its POST answered ``404``: that is the answer for an unknown or
+    ended session (SPEC §1.3, §1.6), and SDK clients take it as "session terminated"."""
+    d = daemon_factory(workers={"timeout_seconds": 30})
+    path = slow_file(tmp_path)
+    slow = {"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+            "params": {"name": "files/read", "arguments": {"path": str(path), "start_line": 3}}}
+    async with client(d) as c, client(d) as c2:
+        sid = await open_session(c, d)
+        pending = await running(d, c2.post("/mcp", json=slow, headers=hdrs(d, sid)))
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                       "params": {"requestId": "slow"}}, headers=hdrs(d, sid))
+        assert r.status_code == 202
+        answer = await asyncio.wait_for(pending, 20)
+        assert answer.status_code != 404, answer.text
+        assert answer.status_code == 202 and answer.content == b""
+        assert answer.headers["mcp-session-id"] == sid
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "ping"}, headers=hdrs(d, sid))
+        assert r.status_code == 200 and r.json()["result"] == {}
+        # A DELETE while a request runs still answers that request's POST 404 (the session ended).
+        pending = await running(d, c2.post("/mcp", json={**slow, "id": "slow2"}, headers=hdrs(d, sid)))
+        assert (await c.delete("/mcp", headers=hdrs(d, sid))).status_code == 200
+        answer = await asyncio.wait_for(pending, 20)
+        assert answer.status_code == 404, answer.text[:300]
+
+
+async def running(d: Daemon, call: Coroutine[Any, Any, httpx.Response]) -> asyncio.Future[httpx.Response]:
+    """Start ``call`` (a POST of a slow file read) and return once a new worker runs it."""
+    before = worker_pids(d.pid)
+    pending = asyncio.ensure_future(call)
+    for _ in range(400):
+        if worker_pids(d.pid) - before:
+            return pending
+        await asyncio.sleep(0.05)
+    pytest.fail("the slow request never reached a worker")
+
+
+async def test_repeated_session_or_version_header_is_refused(daemon: Daemon) -> None:
+    """``Mcp-Session-Id`` and ``MCP-Protocol-Version`` carry one value (SPEC §1.6): sent twice, a
+    proxy that reads the last copy and mcpd, which read the first, would disagree on the session
+    or version of one request. A repeat is refused with ``400``, whichever copy is valid."""
+    ping = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
+    async with client(daemon) as c:
+        sid = await open_session(c, daemon)
+        other = await open_session(c, daemon)
+        base = hdrs(daemon)
+        for repeated in ([("Mcp-Session-Id", sid), ("Mcp-Session-Id", other)],
+                         [("Mcp-Session-Id", sid), ("MCP-Protocol-Version", "2025-06-18"),
+                          ("MCP-Protocol-Version", "1999-01-01")]):
+            for method in ("POST", "GET", "DELETE"):
+                r = await c.request(method, "/mcp", content=ping if method == "POST" else b"",
+                                    headers=raw_headers(base, *repeated))
+                assert r.status_code == 400, (method, repeated, r.status_code, r.text)
+                assert r.json()["error"]["code"] == -32600
+        # both sessions are untouched by the refused DELETEs
+        for s in (sid, other):
+            r = await c.post("/mcp", content=ping, headers=hdrs(daemon, s))
+            assert r.status_code == 200

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest

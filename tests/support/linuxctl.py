@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 

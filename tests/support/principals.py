@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 import time
+from pathlib import Path
 from typing import Any
 
 from mcpd.client.api import Client

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 import time
+from pathlib import Path
 from typing import Any
 
 from mcpd.client.api import Client, text_of

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import contextlib
 import ctypes
 import itertools
@@ -14,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from mcpd.common.config import POLICY_USER

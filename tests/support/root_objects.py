@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest

@@ -91,3 +91,8 @@ async def post(c: httpx.AsyncClient, d: Daemon, body: Any, **override: str | Non
 def as_daemon(d: Any, principal: str = "alice", other: str = "bob") -> Daemon:
     """A :class:`Daemon` view of a privilege-separated one, for :class:`SseSession` (no process)."""
     return Daemon(d.url, d.tokens[principal], d.tokens[other], d.cacert, d.state_dir, d.config_path, proc=None)  # type: ignore[arg-type]
+
+
+def raw_headers(pairs: dict[str, str], *repeated: tuple[str, str]) -> list[tuple[str, str]]:
+    """``pairs`` as a header list, then the ``repeated`` ones (a header sent twice)."""
+    return [*pairs.items(), *repeated]

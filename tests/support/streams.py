@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 import socket
 import ssl
 import struct
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tests.conftest import Daemon, EVENT_TIMEOUT

@@ -3,15 +3,15 @@ prelude a worker runs to show what it keeps, and a daemon whose logins go throug
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import contextlib
 import fcntl
 import os
-from pathlib import Path
 import socket
 import struct
 import termios
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
