@@ -25,6 +25,7 @@ from mcpd.client.api import Client, RPCError
 REFUSED_BY_OS = "refused_by_os"  # (mcpd.common.audit.REFUSED_BY_OS)
 from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.support.audit import CALL_TIMEOUT, call, mcpd, wait_for_record
+from tests.support.rootonly import root_prerequisite
 
 pytestmark = pytest.mark.root
 
@@ -181,8 +182,7 @@ def test_a_restart_with_the_same_grants_file_is_no_policy_change(privsep_daemon:
 def logrotate_with(d: PrivsepDaemon, keeps: int) -> Path:
     """Run the real logrotate on the audit log (forced), its shipped block with ``rotate keeps``;
     returns the configuration used."""
-    if shutil.which("logrotate") is None:
-        pytest.skip("logrotate is not installed (apt-get install logrotate)")
+    root_prerequisite(shutil.which("logrotate") is not None, "logrotate is not installed (apt-get install logrotate)")
     shipped = (Path(__file__).resolve().parents[2] / "etc" / "logrotate.d" / "mcpd").read_text()
     block = shipped.split("/var/log/mcpd/audit.jsonl", 1)[1].split("}", 1)[0]
     text = f"{d.audit_path}{block.replace('rotate 104', f'rotate {keeps}')}}}\n"

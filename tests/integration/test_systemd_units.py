@@ -27,6 +27,7 @@ import pytest
 
 from mcpd.common.config import EXIT_CONFIG
 from mcpd.helper import main as helper_main
+from tests.support.rootonly import root_prerequisite
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
@@ -277,8 +278,7 @@ def applied_root(tmp_path: Path) -> Path:
     if os.geteuid() != 0:
         pytest.skip("needs root: systemd-tmpfiles must chown to the mcpd account")
     for tool in ("systemd-sysusers", "systemd-tmpfiles"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is absent (apt-get install -y systemd)")
+        root_prerequisite(shutil.which(tool) is not None, f"{tool} is absent (apt-get install -y systemd)")
     root = tmp_path / "root"
     for sub, src in (("sysusers.d", "sysusers.d"), ("tmpfiles.d", "tmpfiles.d")):
         dest = root / "usr/lib" / sub
@@ -371,8 +371,7 @@ def test_logrotate_rotates_the_audit_log_as_mcpd_policy(tmp_path: Path, request:
     policy process can go on appending."""
     if os.geteuid() != 0:
         pytest.skip("needs root: logrotate switches to mcpd-policy")
-    if shutil.which("logrotate") is None:
-        pytest.skip("logrotate is absent (apt-get install -y logrotate)")
+    root_prerequisite(shutil.which("logrotate") is not None, "logrotate is absent (apt-get install -y logrotate)")
     from mcpd.admin import devroot
     from mcpd.common.config import POLICY_USER
 

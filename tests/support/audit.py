@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from mcpd.client.api import Client
 from tests.support.privsep_fixture import PrivsepDaemon
+from tests.support.rootonly import root_prerequisite
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,8 +39,7 @@ def mcpd(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
 def logrotate(d: PrivsepDaemon, audit: Path | None = None, access: Path | None = None) -> None:
     """Run the real logrotate, forced, with the shipped file pointed at the test's logs (the audit
     log by default; a missing path is left alone, as `missingok` says)."""
-    if shutil.which("logrotate") is None:
-        pytest.skip("logrotate is not installed (apt-get install logrotate)")
+    root_prerequisite(shutil.which("logrotate") is not None, "logrotate is not installed (apt-get install logrotate)")
     shipped = (REPO / "etc" / "logrotate.d" / "mcpd").read_text()
     conf = d.state_dir / "logrotate.conf"
     missing = d.state_dir / "no-such.jsonl"
