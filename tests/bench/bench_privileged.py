@@ -1,4 +1,4 @@
-"""Benchmark: unprivileged vs privileged reads of a 4 KiB file through the real daemon (issue 3).
+"""Benchmark: unprivileged vs privileged reads of a 4 KiB file through the real daemon.
 
 Run as root: ``.venv/bin/python tests/bench/bench_privileged.py [--calls N]``. Starts the
 privilege-separated daemon of ``tests/support/privsep_fixture.py`` (helper as root, front as

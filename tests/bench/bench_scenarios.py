@@ -1,4 +1,4 @@
-"""Benchmark of what the shared benchmark leaves out (issue 11): many accounts at once,
+"""Benchmark of what the shared benchmark leaves out: many accounts at once,
 ``files/find`` on a large tree, resource reads, and the cost of TLS session setup.
 
 Run as root (it creates OS accounts and starts the root helper), from the project's root::

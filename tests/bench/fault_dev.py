@@ -1,4 +1,4 @@
-"""Fault figures of a real ``mcpd dev`` run as root (issue 28 item 6): SIGKILL of the policy
+"""Fault figures of a real ``mcpd dev`` run as root: SIGKILL of the policy
 process or of the root helper while sessions read in a loop, as the issue measured them.
 
 Run as root: ``.venv/bin/python tests/bench/fault_dev.py policy|root [--unprivileged 4]

@@ -1,5 +1,5 @@
 """What a process of a principal's own OS account, or code inside one of its workers, can get
-past the boundary (issue 28, the review from the account's side). Real root helper, policy
+past the boundary. Real root helper, policy
 process, front over TLS and OS accounts; attackers are processes of alice's account.
 
 A *compromised worker* is played as in ``test_unread_workers.py``: the test, as root, takes

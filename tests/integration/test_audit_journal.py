@@ -1,4 +1,4 @@
-"""Audit records reach the journal with structured fields (SPEC §7; native journal protocol).
+"""Audit records reach the journal with structured fields (docs/REFERENCE.md §7; native journal protocol).
 
 The journal tests run a real systemd-journald of their own, in a journal namespace
 (``systemd-journald NS``: its socket is ``/run/systemd/journal.NS/socket``, read back with

@@ -1,4 +1,4 @@
-"""Records an auditor can prove (SPEC §7), with the real daemon: the root helper's chained audit
+"""Records an auditor can prove (docs/REFERENCE.md §7), with the real daemon: the root helper's chained audit
 log across a real logrotate run with the shipped configuration, ``mcpd audit verify`` over it,
 and tampering caught at the right line. Root only (the helper runs as root)."""
 

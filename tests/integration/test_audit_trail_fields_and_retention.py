@@ -1,4 +1,4 @@
-"""A fresh auditor's attacks on the audit trail, with the real daemon (the root helper, its policy
+"""The audit trail as an auditor reads it, with the real daemon (the root helper, its policy
 process, the front, real accounts, a real logrotate): fields padded with spaces forge no column;
 kernel refusals, failed logins, unknown tools, calls refused before routing and logins the front
 refuses are all recorded, as what they are, where the views find them; a restart is no policy

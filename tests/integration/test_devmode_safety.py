@@ -1,4 +1,4 @@
-"""A safe dev mode (issue 14): a second `mcpd dev` on a busy port or state folder refuses and
+"""A safe dev mode: a second `mcpd dev` on a busy port or state folder refuses and
 leaves the first serving its token; a restart keeps the token (``--new-token`` replaces it); the
 start-up text says whether privileged calls are on; as root, a helper that dies is restarted
 (and its fork server, policy process and workers end with it); Ctrl-C leaves nothing running."""

@@ -1,4 +1,4 @@
-"""Say what is wrong (issue 28 item 9): while the root helper and its policy process are down, a
+"""Say what is wrong: while the root helper and its policy process are down, a
 token the front cannot check is answered ``503`` with ``Retry-After``, never ``401`` (the client
 must not be told its token is bad), the front's log gives that reason, not "invalid token"; a
 session whose token was already checked gets ``HELPER_UNAVAILABLE`` for what needs the helper; and

@@ -1,4 +1,4 @@
-"""The root helper's socket protocol, spoken to directly (docs/PRIVSEP.md §3, §4; SPEC §4.1, §5.1).
+"""The root helper's socket protocol, spoken to directly (docs/PRIVSEP.md §3, §4; docs/REFERENCE.md §4.1, §5.1).
 
 Each probe is a separate process that connects to the helper's socket with the uid, gid and
 groups a case needs (the service user ``mcpd``, root, or a test account that is a member of the

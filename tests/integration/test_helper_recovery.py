@@ -1,4 +1,4 @@
-"""Recovery in seconds, not a throttle (issue 28 item 6): SIGKILL of the policy process, and
+"""Recovery in seconds, not a throttle: SIGKILL of the policy process, and
 separately of the root helper, while sessions read in a bounded loop on both routes.
 
 The helper is restarted as its supervisor would (systemd's ``Restart=on-failure``, or ``mcpd

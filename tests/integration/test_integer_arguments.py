@@ -1,4 +1,4 @@
-"""Integers as JSON has them (issue 28 item 5): an ``offset``, ``limit``, ``start_line`` or
+"""Integers as JSON has them: an ``offset``, ``limit``, ``start_line`` or
 ``end_line`` of 2^64, 2^100 or 10^400 is an integer on every process it passes (the front, the
 policy process, the worker), on both transports and both routes, and reads as the contract says:
 an offset at or past the end is ``""`` however large, a huge limit or end line is clamped to the

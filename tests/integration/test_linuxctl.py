@@ -1,4 +1,4 @@
-"""SPEC §6 against the real daemon: `linuxctl` output, exit codes, settings; the client under it."""
+"""docs/REFERENCE.md §6 against the real daemon: `linuxctl` output, exit codes, settings; the client under it."""
 
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ def test_client_unknown_tool_is_rpc_error(daemon: Any) -> None:
 
 
 def test_privileged_flag_is_sent_never_downgraded(daemon: Any) -> None:
-    # the fixture runs without a root helper: a privileged read must fail, never fall back (SPEC §4.1)
+    # the fixture runs without a root helper: a privileged read must fail, never fall back (docs/REFERENCE.md §4.1)
     res = linuxctl(*flags(daemon), "get", "files", "/etc/hosts", "--privileged")
     assert res.returncode == 1
     assert res.stdout == b""

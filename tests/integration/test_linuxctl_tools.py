@@ -1,4 +1,4 @@
-"""SPEC §6 for the issue-4 commands against the real daemon: `linuxctl list files`, `find files`,
+"""docs/REFERENCE.md §6 for the file commands against the real daemon: `linuxctl list files`, `find files`,
 `get filetype`, `read URI` — output, exit codes, and `--privileged` on both routes."""
 
 from __future__ import annotations

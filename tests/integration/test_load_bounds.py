@@ -1,4 +1,4 @@
-"""Hostile load through the real daemon (issue "hostile load", SPEC §1.7): what a client can make the
+"""Hostile load through the real daemon (docs/REFERENCE.md §1.7): what a client can make the
 server hold is bounded, and one client's abuse never stops another client from being served.
 
 - a slow reader: 200 reads of 1 MiB posted to a session that never reads its stream;

@@ -1,4 +1,4 @@
-"""A login acts as an identity, and loses it completely (SPEC §5.3; issue 9): real PAM, real
+"""A login acts as an identity, and loses it completely (docs/REFERENCE.md §5.3): real PAM, real
 accounts, the root helper and the front as in production.
 
 - A login principal is the static principal its OS account is bound to, never a principal that
@@ -31,7 +31,7 @@ from tests.support.osaccounts import AccountFactory, ensure_user, expire_user, l
 
 pytestmark = pytest.mark.root
 
-GONE_WITHIN = 2.0  # seconds (SPEC 5.3 "within seconds"; issue 9: 2 s): the re-check runs every second
+GONE_WITHIN = 2.0  # seconds (docs/REFERENCE.md §5.3 "within seconds": 2 s): the re-check runs every second
 
 
 # only the principal "quota-p" (test_quotas_hold_across_a_login) has a quota

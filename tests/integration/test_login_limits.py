@@ -1,4 +1,4 @@
-"""Logins tried as an attacker would (SPEC §5.3; issue 9), with real PAM and real OS accounts.
+"""Logins tried as an attacker would (docs/REFERENCE.md §5.3), with real PAM and real OS accounts.
 
 The root helper and the front run as in production (``privsep_fixture``). The PAM service is
 real (``pam_unix`` auth and account) but asks a 0.3 s failure delay (``pam_faildelay``; libpam

@@ -1,4 +1,4 @@
-"""Attacks on ``POST /message``, which runs on a lean route of its own (mcpd/front/app.py
+"""``POST /message``, which runs on a lean route of its own (mcpd/front/app.py
 ``PostRoute``) instead of the generic starlette stack: it must make the stack's checks (Origin
 403, Host 421, bearer 401, then session 400/404 and body 415/413/400) in the stack's order, log
 every refusal once, and never answer what the stack would not. Each test sends real requests to a
@@ -402,7 +402,7 @@ async def test_session_id_must_be_given_once_and_exactly(daemon: Daemon) -> None
 @pytest.mark.parametrize("part", ["headers", "url"])
 async def test_a_huge_request_line_or_header_block_is_refused_before_it_is_buffered(
         daemon: Daemon, part: str) -> None:
-    """SPEC: everything a client can make the server hold is bounded. 16 MiB of headers (or an
+    """docs/REFERENCE.md: everything a client can make the server hold is bounded. 16 MiB of headers (or an
     8 MiB URL) must be refused (431 / 414, or the connection closed) before they are all read
     (``connections.max_header_bytes``, 64 KiB by default)."""
     total = 16 << 20 if part == "headers" else 8 << 20
@@ -661,7 +661,7 @@ async def test_posts_racing_the_close_of_their_session_get_202_or_404_and_nothin
 
 
 async def test_a_post_whose_body_ends_after_its_session_closed_is_404(daemon: Daemon) -> None:
-    """SPEC: a closed session's POSTs get 404. A POST whose headers came while the session was open
+    """docs/REFERENCE.md: a closed session's POSTs get 404. A POST whose headers came while the session was open
     but whose body comes after it closed is handed to no one, so it must be told 404, not 202."""
     s = SseSession(daemon)
     await s.__aenter__()
@@ -726,7 +726,7 @@ async def test_no_refusal_line_ever_holds_a_token(daemon_factory: Callable[..., 
 @pytest.mark.root
 async def test_with_the_helper_a_revoked_token_stops_posting_within_seconds_and_for_good() -> None:
     """The lean route checks a POST's token with the front's 2-second cache of the helper's answer
-    (as the stack did). Revoking Alice's token must still end her POSTs within seconds (SPEC:
+    (as the stack did). Revoking Alice's token must still end her POSTs within seconds (docs/REFERENCE.md:
     revocation ends sessions within seconds): first refusal (401, or 404 once the re-check has
     closed the session) within 10 s, and never a 202 again. A forged-token flood meanwhile is 401
     each (never a 5xx). With the helper killed, a forged token of the right shape is never accepted:

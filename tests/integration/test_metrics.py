@@ -1,4 +1,4 @@
-"""Metrics and health (issue 14): ``/metrics`` and ``/healthz`` on a loopback listener of their
+"""Metrics and health: ``/metrics`` and ``/healthz`` on a loopback listener of their
 own, off by default; the exposition parses with prometheus-client's own parser and a read shows
 up in the call counter, without paths or principals in any label."""
 

@@ -1,4 +1,4 @@
-"""Attacks on the bytes the front holds for clients that stop reading (the outgoing queue's bounds).
+"""The bytes the front holds for clients that stop reading (the outgoing queue's bounds).
 
 A client that stops reading its stream just short of its queue's overflow used to leave the front
 holding, besides the queue's ``session_queue_bytes``, the event its writer was writing and one or
@@ -331,7 +331,7 @@ def post_raw(d: Daemon, message: dict[str, Any] | list[Any], headers: dict[str, 
 
 def test_unread_answers_under_a_piece_count_against_the_principals_budget(
         daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
-    """SPEC §1.7 (what the front holds for a client that stopped reading is bounded per principal
+    """docs/REFERENCE.md §1.7 (what the front holds for a client that stopped reading is bounded per principal
     by ``principal_queue_bytes`` and in all by ``total_queue_bytes``), medium: a ``/mcp`` answer
     of up to one piece (256 KiB) goes to the connection in one write and is never charged (only
     larger ones are, piece by piece, and only until their last piece was handed over), and once
@@ -364,7 +364,7 @@ def test_unread_answers_under_a_piece_count_against_the_principals_budget(
 
 def test_stalled_principals_filling_the_total_budget_do_not_cut_a_reading_client(
         daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
-    """SPEC §1.7 (a client that stops reading is disconnected; a client reading at a normal speed
+    """docs/REFERENCE.md §1.7 (a client that stops reading is disconnected; a client reading at a normal speed
     is served), medium: the total budget is four principals' budgets (128 MiB x 4 = 512 MiB by
     default). Four principals that each stalled one session just within their own budget filled
     it, and from then on every other principal's large answer, charged while its connection was
@@ -423,7 +423,7 @@ def abandoned_post_stream(d: Daemon, sid: str, big: Path, k: int) -> None:
 
 def test_a_post_stream_its_client_left_leaves_nothing_charged(
         daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
-    """SPEC §1.7 (outgoing budgets; nothing grows without bound), high: a session-era POST's
+    """docs/REFERENCE.md §1.7 (outgoing budgets; nothing grows without bound), high: a session-era POST's
     event stream whose client leaves before its reply is released when the stream ends, but the
     request goes on (in that era leaving is no cancellation) and its reply, put into the ended
     stream, was charged again, and never released: every such POST left its answer's size
@@ -469,7 +469,7 @@ def _read_all(tls: Any) -> int:
 async def test_unread_json_answers_are_bounded_like_a_sessions_queue(daemon_factory: Any, tmp_path: Path) -> None:
     """Each POST /mcp answered as JSON (up to the 10 MiB response cap) that its client never reads
     is held by the front until the connection ends: 16 such POSTs made the front hold ~370 MiB.
-    SPEC §1.7 bounds what a client makes the server hold per principal and in total, and
+    docs/REFERENCE.md §1.7 bounds what a client makes the server hold per principal and in total, and
     disconnects a client that stops reading: such answers count
     against the principal's ``principal_queue_bytes`` (here 32 MiB), so 8 unread answers of 9 MiB
     on one session (72 MiB) must not all be delivered in full."""

@@ -1,4 +1,4 @@
-"""Password logins end to end with real PAM and real OS accounts (SPEC §5.2; issue 5).
+"""Password logins end to end with real PAM and real OS accounts (docs/REFERENCE.md §5.2).
 
 The root helper and the front run as in production (``privsep_fixture``); the shipped PAM
 service ``etc/pam.d/mcpd`` is installed under a unique name and named in ``login.pam_service``.
@@ -303,7 +303,7 @@ def with_logins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Priv
 @pytest.mark.root
 def test_a_logout_does_not_kill_the_worker_serving_the_principals_other_token(
         with_logins: tuple[PrivsepDaemon, AccountFactory], shared_folder: Path) -> None:
-    """SPEC §5.3 (a login token ends with its logout; the principal's other tokens go on
+    """docs/REFERENCE.md §5.3 (a login token ends with its logout; the principal's other tokens go on
     working), low: the front pools workers per principal and account, whichever token started
     them, but the policy process's sweep ends every worker started with a token that no longer
     authenticates. A user who logs out of one device (``linuxctl logout``) thereby kills the worker

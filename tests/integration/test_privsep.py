@@ -1,4 +1,4 @@
-"""Privilege separation end to end, through the real daemon over TLS (issue 3; SPEC §4, §5.1;
+"""Privilege separation end to end, through the real daemon over TLS (docs/REFERENCE.md §4, §5.1;
 docs/PRIVSEP.md). Root only: the helper runs as root, the front as ``mcpd``, workers as accounts.
 
 The fixture (:mod:`tests.support.privsep_fixture`) describes the principals and the tree.
@@ -43,7 +43,7 @@ RACE_SESSIONS = 4
 NO_GRANT = "no grant covers this path"
 
 
-# ------------------------------------------------------------------ SPEC §5.1: the kernel decides
+# ------------------------------------------------------------------ docs/REFERENCE.md §5.1: the kernel decides
 
 
 def test_unprivileged_read_of_root_only_file_is_denied_by_the_kernel(privsep_daemon: PrivsepDaemon) -> None:
@@ -71,7 +71,7 @@ def test_account_bound_to_root_gets_no_worker(privsep_daemon: PrivsepDaemon) -> 
     assert err["details"].get("reason") == "root account"
 
 
-# ------------------------------------------------------------------ SPEC §4.1, §4.5: grants and audit
+# ------------------------------------------------------------------ docs/REFERENCE.md §4.1, §4.5: grants and audit
 
 
 def test_privileged_read_without_grant_is_denied_and_audited(privsep_daemon: PrivsepDaemon) -> None:
@@ -223,7 +223,7 @@ def test_a_file_read_again_after_it_changed_is_judged_as_it_is_now(privsep_daemo
     assert SECRET_TEXT.strip() not in d.audit_text()
 
 
-# ------------------------------------------------------------------ SPEC §3 non-regular files
+# ------------------------------------------------------------------ docs/REFERENCE.md §3 non-regular files
 
 
 def test_fifo_socket_and_device_under_grant_are_refused_at_once(privsep_daemon: PrivsepDaemon) -> None:
@@ -320,7 +320,7 @@ def test_worker_killed_mid_request_fails_only_its_request(privsep_daemon: Privse
     asyncio.run(go())
 
 
-# ------------------------------------------------------------------ SPEC §4.5: reloads
+# ------------------------------------------------------------------ docs/REFERENCE.md §4.5: reloads
 
 
 def _audit_count(d: PrivsepDaemon, event: str) -> int:

@@ -91,7 +91,7 @@ def test_content_call_into_another_principals_worker_is_refused(privsep_daemon: 
 @pytest.mark.parametrize("bad", [
     "[" * 100000 + "]" * 100000,                                   # nesting far past any parser's depth
     '{"type": "authenticate", "id": 1, "token": ' + "[" * 5000 + "]" * 5000 + "}",  # under the cap, past the parser
-    '{"type": "authenticate", "id": 1, "token": ' + "[" * 64 + "]" * 64 + "}",      # 65 levels: over SPEC's 64
+    '{"type": "authenticate", "id": 1, "token": ' + "[" * 64 + "]" * 64 + "}",      # 65 levels: over the reference's 64
     {"type": "authenticate", "id": 1, "token": "x", "extra": 1},   # unknown key
     {"type": "authenticate", "id": True, "token": "x"},            # wrong type
     {"type": "no_such_request", "id": 1},

@@ -1,4 +1,4 @@
-"""Root state that root owns, tried by a compromised front (issue 8 item 7; SPEC §4.5a).
+"""Root state that root owns, tried by a compromised front (docs/REFERENCE.md §4.5a).
 
 The front runs as the service user ``mcpd``, whose state folder it owns and may write, as in
 production (``/var/lib/mcpd``). An attacker running code as ``mcpd`` plants, in every folder that

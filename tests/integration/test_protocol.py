@@ -1,4 +1,4 @@
-"""SPEC §2 against the real daemon: lifecycle, envelope, batches, cancellation, tools/list and tools/call."""
+"""docs/REFERENCE.md §2 against the real daemon: lifecycle, envelope, batches, cancellation, tools/list and tools/call."""
 
 from __future__ import annotations
 

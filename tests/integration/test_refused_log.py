@@ -1,5 +1,5 @@
 """The front logs every refused request in one line, with the reason and the peer, never the
-token (issue 14; mcpd/front/refused.py). Read from the real daemon's log."""
+token (mcpd/front/refused.py). Read from the real daemon's log."""
 
 from __future__ import annotations
 

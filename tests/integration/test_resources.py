@@ -1,4 +1,4 @@
-"""The file resource through the real daemon (issue 4): template, resources/read with metadata,
+"""The file resource through the real daemon: template, resources/read with metadata,
 URI query and params, error codes in ``data.code``, encodings, workspaces, many reads at once, and
 the official MCP SDK."""
 
@@ -396,7 +396,7 @@ def _refused(reply: dict[str, Any], code: str) -> None:
 
 
 async def test_resource_symlinks_and_tricks_leak_nothing_across_accounts(privsep_daemon: PrivsepDaemon) -> None:
-    """The file resource on the real daemon (SPEC §1.6, §3, §4.3–4.4, §5.1): a symlink alice
+    """The file resource on the real daemon (docs/REFERENCE.md §1.6, §3, §4.3–4.4, §5.1): a symlink alice
     plants in her own home (her workspace) to bob's private file, or to root's secret, reads as
     alice's account would (the kernel refuses); ``..``, percent-encoding and double slashes in a
     privileged URI are judged on the cleaned path (outside the grant: refused), and a privileged

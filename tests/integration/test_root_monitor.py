@@ -1,4 +1,4 @@
-"""The root helper against a compromised policy process (SPEC §4.5a; docs/PRIVSEP.md).
+"""The root helper against a compromised policy process (docs/REFERENCE.md §4.5a; docs/PRIVSEP.md).
 
 The policy process (account ``mcpd-policy``) is the only peer root serves. These tests play a
 policy process whose code an attacker runs: the test stops the real one (SIGSTOP), copies its

@@ -1,5 +1,5 @@
-"""Root opens nothing of a process, and the privileged route judges the real object (issue 28,
-items 3 and 4; docs/PRIVSEP.md sections 5 and 6).
+"""Root opens nothing of a process, and the privileged route judges the real object
+(docs/PRIVSEP.md sections 5 and 6).
 
 The attackers are real: code running as ``mcpd-policy`` on root's own channel (the real policy
 process stopped, its channel copied with ``pidfd_getfd``, as in ``test_root_monitor.py``), and a

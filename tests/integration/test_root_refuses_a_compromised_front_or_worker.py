@@ -1,8 +1,12 @@
-"""Attack 13b on the root side: a compromised front (code as the service user, speaking to the
-helper socket directly) and a compromised worker (SPEC §4.5a, §5.3, §7.1; docs/PRIVSEP.md §7).
+"""Root and the policy process against a compromised front (code as the service user, speaking
+to root's socket directly) and a compromised worker (docs/REFERENCE.md §4.5a, §5.3, §7.1;
+docs/PRIVSEP.md §7): a privileged read past its deadline sends the front nothing afterwards, a
+login root refuses is a failure like any other, a fresh login lists and finds what a reauth
+grant covers, a filetype grant gives the worker no readable descriptor, a call with a bad token
+is recorded with its tool and path, a removed principal's worker ends within seconds, and one
+token cannot make root start workers without bound.
 
-Each test plays the attacker for real and checks the rule it attacked. Fixed flaws are plain
-tests; the ones left open are strict xfails that name the rule they break and its severity.
+Each test plays the attacker for real; a flaw left open is a strict xfail naming the rule.
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ print(json.dumps({"policy": policy, "ids": ids}))
 
 def test_a_privileged_read_past_its_deadline_sends_the_front_nothing_afterwards(
         attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
-    """SPEC §7.1 (a record gives the call's real outcome and bytes), high: the policy process
+    """docs/REFERENCE.md §7.1 (a record gives the call's real outcome and bytes), high: the policy process
     recorded ``TIMEOUT`` with 0 bytes and left the worker holding the granted descriptor, which
     then read the file and sent the whole text to a front that did not kill it."""
     d, _ = attacked
@@ -108,7 +112,7 @@ print(json.dumps(out))
 
 
 def test_a_login_root_refuses_is_a_failure_like_any_other(attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
-    """SPEC §5.3 (refused accounts answer in the time of a wrong password) and §7.1 (every login
+    """docs/REFERENCE.md §5.3 (refused accounts answer in the time of a wrong password) and §7.1 (every login
     is a record), medium: an enrolled account with group 0 among its groups passed the policy's
     uid check, root's own guard refused its PAM conversation, and the ToolError skipped both the
     record and the answer time (and told the client ``never for root``)."""
@@ -140,7 +144,7 @@ print(json.dumps(out))
 
 
 def test_a_fresh_login_lists_and_finds_what_a_reauth_grant_covers(attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
-    """SPEC §4 (a granted privileged call is served as granted) and §7.1 (its record's bytes),
+    """docs/REFERENCE.md §4 (a granted privileged call is served as granted) and §7.1 (its record's bytes),
     low: the policy process granted a list or find under a ``reauth_after`` rule to a fresh
     password login, but the walker filtered every entry with the same rule as if the caller held a
     static token (reauthentication required), so the folder came back empty."""
@@ -218,7 +222,7 @@ def what_a_filetype_worker_gets(d: PrivsepDaemon, token: str, paths: list[str]) 
 
 
 def test_a_filetype_grant_gives_the_worker_no_descriptor_it_could_read(attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
-    """SPEC §4.1/§4.5a (a privileged call gets what its tool's grant covers), medium: for
+    """docs/REFERENCE.md §4.1/§4.5a (a privileged call gets what its tool's grant covers), medium: for
     ``files/filetype`` root opened a regular file ``O_RDONLY`` and the policy process handed that
     descriptor to the principal's worker, so a principal granted only ``files/filetype`` on a
     root-only file whose worker is compromised (it decodes attacker-written bytes) read the whole
@@ -273,7 +277,7 @@ print(json.dumps(recv(s)[0]))
 
 def test_a_privileged_call_with_a_bad_token_is_recorded_with_its_tool_and_path(
         attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
-    """SPEC §7.1 (a record names the call's tool and requested path), low: the refusal of a
+    """docs/REFERENCE.md §7.1 (a record names the call's tool and requested path), low: the refusal of a
     privileged call with an invalid token was recorded as tool ``privileged_call`` (the request
     type), without the route or the path it asked for."""
     d, _ = attacked
@@ -326,7 +330,7 @@ def add_principal(d: PrivsepDaemon, factory: AccountFactory, name: str) -> tuple
 
 def test_a_removed_principals_worker_ends_within_seconds_even_if_the_front_keeps_it(
         attacked: tuple[PrivsepDaemon, AccountFactory]) -> None:
-    """SPEC §5.3 (removing a principal ends its workers within seconds; docs/PRIVSEP.md §7: a
+    """docs/REFERENCE.md §5.3 (removing a principal ends its workers within seconds; docs/PRIVSEP.md §7: a
     compromised front keeps the workers it holds only until the policy process ends them), high:
     nothing on the root side ended them, so a compromised front went on reading with the account's
     rights through a worker it held, however long after the principal was removed."""

@@ -1,4 +1,4 @@
-"""SPEC §1.4–§1.5 against the real daemon: session lifetime, bounded queues, caps, concurrency, leaks."""
+"""docs/REFERENCE.md §1.4–§1.5 against the real daemon: session lifetime, bounded queues, caps, concurrency, leaks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Calling and cancelling in a loop does not make the daemon fork without end (SPEC §1.4, §1.7).
+"""Calling and cancelling in a loop does not make the daemon fork without end (docs/REFERENCE.md §1.4, §1.7).
 
 With ``workers.cancel_grace_seconds: 0`` each cancelled call kills its worker, as the contract
 wants (the job stops), and the next call needs a new one: the worst case the bucket bounds (a
@@ -224,7 +224,7 @@ async def cancelled_reads_keep_their_workers(s: SseSession, metrics: Metrics, ta
 
 async def test_cancelling_quick_reads_in_a_burst_keeps_the_workers_with_the_cancel_grace(
         daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
-    """SPEC §1.4 with the cancel grace: 40 quick reads, each cancelled right after it is posted, on
+    """docs/REFERENCE.md §1.4 with the cancel grace: 40 quick reads, each cancelled right after it is posted, on
     an account whose workers are started, start no worker and none is RATE_LIMITED (with
     ``cancel_grace_seconds: 0`` the first cancels spend the bucket and the rest are refused)."""
     port = free_port()

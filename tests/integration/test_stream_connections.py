@@ -1,4 +1,4 @@
-"""Attacks on the event streams the front takes over from uvicorn (``GET /sse``, ``GET /mcp``):
+"""The event streams the front takes over from uvicorn (``GET /sse``, ``GET /mcp``):
 once a stream's headers are written, its connection is held by a ``StreamConnection``
 (mcpd/front/connections/handover.py) and written by its session directly (mcpd/front/sessions/session.py).
 

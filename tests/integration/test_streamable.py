@@ -1,4 +1,4 @@
-"""Streamable HTTP at ``/mcp``, session era (SPEC §1.6), against the real daemon over TLS.
+"""Streamable HTTP at ``/mcp``, session era (docs/REFERENCE.md §1.6), against the real daemon over TLS.
 
 Raw HTTP, so every rule is seen on the wire: the session header, JSON or SSE answers, GET, DELETE,
 the protocol-version header, and the same auth, origin, body and session rules as ``/sse``.
@@ -389,7 +389,7 @@ async def test_idle_session_expires(daemon_factory: Callable[..., Daemon]) -> No
 
 
 async def test_a_full_principal_cap_evicts_its_longest_idle_mcp_session(daemon_factory: Callable[..., Daemon]) -> None:
-    """SPEC §1.7 (a bound reached gives a clear refusal) against clients that never end their
+    """docs/REFERENCE.md §1.7 (a bound reached gives a clear refusal) against clients that never end their
     sessions (one client per task, no ``DELETE``): at a full ``max_sessions_per_principal``, a
     ``/mcp`` session idle for ``mcp_session_evict_seconds`` makes room, the longest idle first;
     one just used, one with a GET stream, and another principal's never do (one with a request
@@ -525,9 +525,9 @@ async def test_a_session_whose_request_just_ended_is_not_evicted_as_idle(
 
 
 async def test_cancelled_request_does_not_say_its_session_ended(daemon_factory: Any, tmp_path: Path) -> None:
-    """A request cancelled by ``notifications/cancelled`` (SPEC §2.3: no reply is sent for it) on a
+    """A request cancelled by ``notifications/cancelled`` (docs/REFERENCE.md §2.3: no reply is sent for it) on a
     live session must not have its POST answered ``404``: that is the answer for an unknown or
-    ended session (SPEC §1.3, §1.6), and SDK clients take it as "session terminated"."""
+    ended session (docs/REFERENCE.md §1.3, §1.6), and SDK clients take it as "session terminated"."""
     d = daemon_factory(workers={"timeout_seconds": 30})
     path = slow_file(tmp_path)
     slow = {"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
@@ -563,7 +563,7 @@ async def running(d: Daemon, call: Coroutine[Any, Any, httpx.Response]) -> async
 
 
 async def test_repeated_session_or_version_header_is_refused(daemon: Daemon) -> None:
-    """``Mcp-Session-Id`` and ``MCP-Protocol-Version`` carry one value (SPEC §1.6): sent twice, a
+    """``Mcp-Session-Id`` and ``MCP-Protocol-Version`` carry one value (docs/REFERENCE.md §1.6): sent twice, a
     proxy that reads the last copy and mcpd, which read the first, would disagree on the session
     or version of one request. A repeat is refused with ``400``, whichever copy is valid."""
     ping = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'

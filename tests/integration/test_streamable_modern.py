@@ -1,4 +1,4 @@
-"""Streamable HTTP at ``/mcp``, stateless era (2026-07-28; SPEC §1.6): ``server/discover``, the
+"""Streamable HTTP at ``/mcp``, stateless era (2026-07-28; docs/REFERENCE.md §1.6): ``server/discover``, the
 per-request ``_meta``, the ``Mcp-Method``/``Mcp-Name`` headers held against the body, ``resultType``
 and caching hints, the revision's error codes, and no session minted."""
 
@@ -260,7 +260,7 @@ async def test_large_answers_arrive_whole_as_json_and_as_one_event(daemon: Daemo
 
 async def test_repeated_mirror_header_is_refused(daemon: Daemon, tmp_path: Path) -> None:
     """The 2026-07-28 ``Mcp-Method``/``Mcp-Name``/``MCP-Protocol-Version`` headers mirror the body
-    so that gateways can route and authorize without reading it (SPEC §1.6). Sent twice, mcpd
+    so that gateways can route and authorize without reading it (docs/REFERENCE.md §1.6). Sent twice, mcpd
     checked only the first copy: ``Mcp-Name: <the body's uri>`` then ``Mcp-Name: <another>``
     passed, so a gateway reading the last copy authorized one file while mcpd served another.
     Any repeat is ``400``/``-32020``."""
@@ -282,7 +282,7 @@ async def test_repeated_mirror_header_is_refused(daemon: Daemon, tmp_path: Path)
 
 async def test_stateless_error_without_id_is_400_like_session_era(daemon: Daemon) -> None:
     """An error without a usable id (``id: null``, ``1e400``) is answered ``400`` with its JSON-RPC
-    body in the session era (SPEC §2.3, §1.6); a stateless request with the same id got ``200``."""
+    body in the session era (docs/REFERENCE.md §2.3, §1.6); a stateless request with the same id got ``200``."""
     async with client(daemon) as c:
         sid = await open_session(c, daemon)
         r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": None, "method": "ping"}, headers=hdrs(daemon, sid))

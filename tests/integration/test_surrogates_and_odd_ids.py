@@ -1,4 +1,4 @@
-"""Inputs that broke a stream (issue "hostile load", fuzz findings), each through the real daemon:
+"""Inputs that broke a stream (found by fuzzing), each through the real daemon:
 a lone surrogate in an id, in a path and in a file name, and a non-finite id, on ``/sse`` and on
 ``/mcp``. Each gets a valid JSON answer and the stream goes on serving."""
 

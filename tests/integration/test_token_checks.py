@@ -1,4 +1,4 @@
-"""Attacks on the front's token checks (SPEC §1.3, §5): a client holding no valid token must get
+"""The front's token checks (docs/REFERENCE.md §1.3, §5): a client holding no valid token must get
 a 401 for a bad token and nothing else: it may not take the root helper's capacity for token
 checks from the holders of valid ones (their sessions must live, their tokens must be accepted),
 nor make the policy process raise an alert as for a compromised front."""
@@ -44,7 +44,7 @@ async def _forged_flood(host: str, port: int, ctx: ssl.SSLContext, until: float)
 @pytest.mark.root
 def test_a_forged_token_flood_never_closes_a_valid_session_nor_refuses_a_valid_token(
         privsep_daemon: PrivsepDaemon) -> None:
-    """SPEC §1.3 (401 only for no or a bad token), §1.5, §5.3 (what is in flight at the helper
+    """docs/REFERENCE.md §1.3 (401 only for no or a bad token), §1.5, §5.3 (what is in flight at the helper
     never takes capacity from token checks): a client holding no token floods POSTs with forged
     tokens from 200 connections for up to 10 s (stopped early once the flaw shows). Bob's
     session must live through it, every POST with his valid token must be accepted, and every
@@ -84,7 +84,7 @@ def test_a_forged_token_flood_never_closes_a_valid_session_nor_refuses_a_valid_t
 
 @pytest.mark.root
 def test_an_overlong_bearer_token_is_a_plain_401_and_no_alert(privsep_daemon: PrivsepDaemon) -> None:
-    """SPEC §1.3: a bad token is 401, and nothing else happens. A client with no valid token
+    """docs/REFERENCE.md §1.3: a bad token is 401, and nothing else happens. A client with no valid token
     sends a 300-character bearer token: 401, and the policy process sees no malformed request
     (no audit alert; its connections to the front, shared with other clients' requests, stay
     up: before the front checked the token's form, the policy shut the connection down and a

@@ -1,4 +1,4 @@
-"""Tool names (SPEC §2.4): ``tool_names: portable`` lists ``files_read`` …; ``tools/call`` (and
+"""Tool names (docs/REFERENCE.md §2.4): ``tool_names: portable`` lists ``files_read`` …; ``tools/call`` (and
 ``linuxctl call``) accept both spellings whatever is listed; unknown names stay ``-32602``."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Workers that do not read, and a front that does not take its worker (issue 28 item 2;
-docs/PRIVSEP.md, "Bounded sends").
+"""Workers that do not read, and a front that does not take its worker
+(docs/PRIVSEP.md, "Bounded sends").
 
 The daemon here runs its root helper (so the policy process too) under systemd's default soft
 ``RLIMIT_NOFILE``, 1024: that number is also how many descriptors one user may have in flight
@@ -140,7 +140,7 @@ def steal_control_socket(pid: int) -> socket.socket:
 
 
 def test_workers_that_stop_reading_hold_no_thread_and_no_descriptor_of_anyone_else(daemon: PrivsepDaemon) -> None:
-    """Issue 28 item 2, high: the policy process sent to a worker's control socket with a
+    """High: the policy process sent to a worker's control socket with a
     blocking send, on the front connection's thread, so a worker that reported its calls in advance
     but never read filled its socket: the next send blocked for good (killing the worker did not
     unblock it while another process held the socket), and the descriptors left in flight used up
@@ -229,7 +229,7 @@ send(conn(sys.argv[1]), {"type": "spawn_worker", "id": 1, "token": sys.argv[2]})
 
 
 def test_a_worker_whose_socket_never_reached_the_front_is_recorded_failed_and_killed(daemon: PrivsepDaemon) -> None:
-    """Issue 28 item 2: a spawn reply that could not be sent (the front gone, or ``ETOOMANYREFS``)
+    """A spawn reply that could not be sent (the front gone, or ``ETOOMANYREFS``)
     was swallowed and left a ``spawn accept`` record for a worker the front never got. Now such a
     worker is recorded ``spawn_failed`` ("its socket did not reach the front"), no ``spawn``
     record names it, and it is killed."""

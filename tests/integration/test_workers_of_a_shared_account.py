@@ -48,7 +48,7 @@ def readable_file(shared_folder: Path) -> Path:
 @pytest.mark.root
 def test_principals_sharing_an_account_do_not_lock_out_another_one(
         per_account_daemon: PrivsepDaemon, readable_file: Path) -> None:
-    """SPEC §1.4/§5 (several principals may be bound to one OS account, each served with its own
+    """docs/REFERENCE.md §1.4/§5 (several principals may be bound to one OS account, each served with its own
     quotas) and "a legitimate client is never locked out in normal use", medium: the policy
     process refused a new worker once the *account* had 4 x per_account workers alive, but the
     front keeps up to per_account idle workers per *principal* for ever. Four principals of one

@@ -1,4 +1,4 @@
-"""Count the code lines of a Python source: the measure of the root helper's budget (issue 8).
+"""Count the code lines of a Python source: the measure of the root helper's budget.
 
 A code line is a line that holds a Python token other than a comment, a line break or indentation,
 where docstrings (module, class and function) do not count. A string spread over several lines

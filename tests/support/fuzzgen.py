@@ -1,5 +1,5 @@
 """A seeded generator of hostile JSON-RPC bodies for the transport fuzz test, and the envelope rules
-(SPEC §2.3) that say which members of a body get a reply.
+(docs/REFERENCE.md §2.3) that say which members of a body get a reply.
 
 Bodies are built as JSON *text* (:class:`Raw` pieces go in verbatim), so values no Python
 serialiser writes are reachable: ``1e400``, ``"\\ud800"``, 2^64, nesting past 64 levels, bytes that
@@ -44,7 +44,7 @@ def strict(text: str) -> Any:
 
 
 def valid_id(value: Any) -> bool:
-    """SPEC §2.3: a string that is valid Unicode, or a finite number (not a boolean)."""
+    """docs/REFERENCE.md §2.3: a string that is valid Unicode, or a finite number (not a boolean)."""
     if isinstance(value, bool):
         return False
     if isinstance(value, float):

@@ -1,4 +1,4 @@
-"""Real OS accounts and groups for root-only tests (privileged reads, workers, PAM: SPEC §4, §5).
+"""Real OS accounts and groups for root-only tests (privileged reads, workers, PAM: docs/REFERENCE.md §4, §5).
 
 The helpers call the shadow-utils commands (``useradd``, ``chpasswd``, ``usermod``, ``chage``,
 ``userdel``, ``groupadd``, ``groupdel``), so accounts are as real as an administrator's. Every

@@ -1,4 +1,4 @@
-"""The real privilege-separated daemon for root-only tests (SPEC §4, §5.1; docs/PRIVSEP.md).
+"""The real privilege-separated daemon for root-only tests (docs/REFERENCE.md §4, §5.1; docs/PRIVSEP.md).
 
 :func:`privsep_daemon` (module scope) creates the service user ``mcpd`` when missing, two test
 accounts, a state folder under ``/tmp`` that the service user may enter, a grants tree under

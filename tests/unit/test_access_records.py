@@ -1,4 +1,4 @@
-"""The front's access records (SPEC §7.1): each call's record holds that call's own who, what and
+"""The front's access records (docs/REFERENCE.md §7.1): each call's record holds that call's own who, what and
 outcome, whatever was written before it. The fields that repeat from call to call are encoded once
 and remembered (``mcpd.front.access``); these tests try to make a remembered encoding leak into
 another call's record."""

@@ -1,4 +1,4 @@
-"""files/filetype (issue 4): text/binary, MIME, encodings, line endings, links, FIFOs."""
+"""files/filetype: text/binary, MIME, encodings, line endings, links, FIFOs."""
 
 from __future__ import annotations
 

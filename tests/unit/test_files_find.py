@@ -1,4 +1,4 @@
-"""files/find (issue 4): globs, types, depth, caps, symlinks, loops, unreadable dirs, grants."""
+"""files/find: globs, types, depth, caps, symlinks, loops, unreadable dirs, grants."""
 
 from __future__ import annotations
 

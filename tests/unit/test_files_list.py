@@ -1,4 +1,4 @@
-"""files/list (issue 4): real directories, real special files, the grant filter."""
+"""files/list: real directories, real special files, the grant filter."""
 
 from __future__ import annotations
 

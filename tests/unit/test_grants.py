@@ -1,4 +1,4 @@
-"""SPEC §4.1–4.3, §4.5: grants loading, the pure decision, reloads and the `mcpd grants` commands."""
+"""docs/REFERENCE.md §4.1–4.3, §4.5: grants loading, the pure decision, reloads and the `mcpd grants` commands."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The line index of deep line reads (issue 11): used when the file is the same, never when it
+"""The line index of deep line reads: used when the file is the same, never when it
 changed (appended, truncated, rewritten in place, replaced), and bounded in memory.
 
 Every read goes through ``ops.run`` with the real opener, as a worker runs it; the expected text

@@ -1,4 +1,4 @@
-"""The root helper's login state (SPEC §5.2, §5.3; mcpd/helper/login.py), as root in a real folder.
+"""The root helper's login state (docs/REFERENCE.md §5.2, §5.3; mcpd/helper/login.py), as root in a real folder.
 
 Token store: one root 0600 file per token, the per-account cap, revocation, the ``reauth_after:
 0`` compare-and-set raced by threads, symlinks and foreign files refused. Lockout: counted before

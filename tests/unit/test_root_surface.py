@@ -1,4 +1,4 @@
-"""The root surface (issue 8 item 1): what the root helper loads, and how much of it is mcpd's own.
+"""The root surface: what the root helper loads, and how much of it is mcpd's own.
 
 The helper's entry point is ``python -I -m mcpd.helper`` (console script ``mcpd-helper``), whose
 ``__main__`` calls :func:`mcpd.helper.main.main`. ``mcpd.helper.main`` imports at its top level
