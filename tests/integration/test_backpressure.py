@@ -33,10 +33,9 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon
-from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.privsep_fixture import PrivsepDaemon, running_privsep
 from tests.support.metrics import samples
 from tests.support.net import free_port
-from tests.support.osaccounts import AccountFactory
 
 MIB = 1024 * 1024
 ANSWER = 5 * MIB  # bytes of text each large read returns
@@ -292,17 +291,8 @@ def test_a_client_reading_in_bursts_is_not_disconnected(
 @pytest.fixture(scope="module")
 def privsep() -> Iterator[PrivsepDaemon]:
     """The real privilege-separated daemon with a root-only 5 MiB file in alice's granted folder."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: starts the root helper and creates OS accounts")
-    factory = AccountFactory()
-    d: PrivsepDaemon | None = None
-    try:
-        d = start_privsep(factory)
+    with running_privsep() as d:
         yield d
-    finally:
-        if d is not None:
-            stop_privsep(d)
-        factory.cleanup()
 
 
 def test_parallel_large_privileged_reads_on_one_sse_session_all_arrive_whole(privsep: PrivsepDaemon) -> None:

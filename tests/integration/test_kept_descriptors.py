@@ -29,8 +29,8 @@ from mcpd.common.config import POLICY_USER
 from tests.support.privsep_calls import client, read, read_once, wait_for
 from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
-    PrivsepDaemon,
     SECRET_TEXT,
+    PrivsepDaemon,
     children,
     privsep_daemon,
 )

@@ -22,8 +22,8 @@ from mcpd.front.sessions.backpressure import CALLS_AT_ONCE
 from tests.conftest import EVENT_TIMEOUT
 from tests.support.privsep_calls import client, read, uid_pids, wait_for
 from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
-    HungWalks,
     LOG_TEXT,
+    HungWalks,
     PrivsepDaemon,
     privsep_daemon,
 )

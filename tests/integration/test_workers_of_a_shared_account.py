@@ -5,15 +5,13 @@ them holding their idle workers do not lock out a fifth of the same account (doc
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.privsep_fixture import PrivsepDaemon, running_privsep
 from tests.support.shared_folder import shared_folder  # noqa: F401  (fixture)
-from tests.support.osaccounts import AccountFactory
 from tests.support.principals import share_account
 from tests.support.principals import parallel_reads
 
@@ -23,17 +21,8 @@ PER_ACCOUNT = 4
 @pytest.fixture(scope="module")
 def per_account_daemon() -> Iterator[PrivsepDaemon]:
     """The privsep daemon (root helper, policy process, front as the service user)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: root helper and OS accounts")
-    factory = AccountFactory()
-    d: PrivsepDaemon | None = None
-    try:
-        d = start_privsep(factory, workers={"per_account": PER_ACCOUNT, "timeout_seconds": 20})
+    with running_privsep(workers={"per_account": PER_ACCOUNT, "timeout_seconds": 20}) as d:
         yield d
-    finally:
-        if d is not None:
-            stop_privsep(d)
-        factory.cleanup()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 from mcpd.client.api import Client
 from tests.support.privsep_fixture import PrivsepDaemon
 from tests.support.rootonly import root_prerequisite

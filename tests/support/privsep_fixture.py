@@ -25,6 +25,7 @@ every process of one of those accounts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -400,17 +401,25 @@ def stop_privsep(d: PrivsepDaemon) -> None:
     shutil.rmtree(d.state_dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def privsep_daemon() -> Iterator[PrivsepDaemon]:
-    """Module-scoped :class:`PrivsepDaemon` (root only; skipped otherwise)."""
+@contextlib.contextmanager
+def running_privsep(**overrides: Any) -> Iterator[PrivsepDaemon]:
+    """A :class:`PrivsepDaemon` started with :func:`start_privsep` and ``overrides`` on accounts of
+    its own, stopped and its accounts removed when the block ends. Root only: skips otherwise."""
     if os.geteuid() != 0:
         pytest.skip("needs root: starts the root helper and creates OS accounts")
     factory = AccountFactory()
     d: PrivsepDaemon | None = None
     try:
-        d = start_privsep(factory)
+        d = start_privsep(factory, **overrides)
         yield d
     finally:
         if d is not None:
             stop_privsep(d)
         factory.cleanup()
+
+
+@pytest.fixture(scope="module")
+def privsep_daemon() -> Iterator[PrivsepDaemon]:
+    """Module-scoped :class:`PrivsepDaemon` (root only; skipped otherwise)."""
+    with running_privsep() as d:
+        yield d

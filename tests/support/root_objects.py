@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mcpd.client.api import Client, text_of
-from tests.support.privsep_fixture import PrivsepDaemon, SECRET_TEXT
+from tests.support.privsep_fixture import SECRET_TEXT, PrivsepDaemon
 
 
 def call(d: PrivsepDaemon, tool: str, **args: Any) -> dict[str, Any]:

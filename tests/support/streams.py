@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Daemon, EVENT_TIMEOUT
+from tests.conftest import EVENT_TIMEOUT, Daemon
 
 
 INIT = {"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
