@@ -9,7 +9,6 @@ reading; bob, another principal, must not notice, on either route.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import json
 import os
@@ -26,7 +25,7 @@ import pytest
 
 from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 from tests.support.workers import PRELUDE, wait_until_ready
-from tests.support.privsep_calls import read, read_once, wait_for
+from tests.support.privsep_calls import bob_reads_on_both_routes, read_once, wait_for
 from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
@@ -62,31 +61,6 @@ def as_front(d: PrivsepDaemon, code: str, *args: str, stdin: int | None = None) 
     return subprocess.Popen(["setpriv", f"--reuid={d.service.pw_uid}", f"--regid={d.service.pw_gid}", "--clear-groups",
                              sys.executable, "-I", "-c", PRELUDE + code, str(d.socket_path), *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def bob_reads_on_both_routes(d: PrivsepDaemon) -> list[tuple[str | None, dict[str, Any]]]:
-    """bob, on new workers (his old ones killed first): an unprivileged read of a file of his own
-    and a privileged read of the root-only file, three times each."""
-    for pid in d.workers("bob"):
-        os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not d.workers("bob"))
-    own = os.path.join(d.accounts["bob"].home, "note.txt")
-    if not os.path.exists(own):
-        with open(own, "w") as f:
-            f.write("bob's note\n")
-        os.chown(own, d.accounts["bob"].uid, d.accounts["bob"].gid)
-
-    async def go() -> list[tuple[str | None, dict[str, Any]]]:
-        from tests.support.privsep_calls import client
-
-        async with client(d, "bob") as c:
-            out = []
-            for _ in range(3):
-                out.append(await read(c, own))
-                out.append(await read(c, d.log_file, privileged=True))
-            return out
-
-    return asyncio.run(go())
 
 
 # As the front: spawns argv[2] workers for the token argv[3] and prints their pids; after a line on

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -59,3 +60,27 @@ def wait_for(predicate: Any, seconds: float = 15.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.05)
+
+
+def bob_reads_on_both_routes(d: PrivsepDaemon, times: int = 3) -> list[tuple[str | None, dict[str, Any]]]:
+    """bob, on new workers (his old ones killed first): an unprivileged read of a file of his own
+    and a privileged read of the root-only file, ``times`` times each; the (text, error) pairs in
+    order. Shows that another account is still served after an attack on the workers."""
+    for pid in d.workers("bob"):
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not d.workers("bob"))
+    own = os.path.join(d.accounts["bob"].home, "note.txt")
+    if not os.path.exists(own):
+        with open(own, "w") as f:
+            f.write("bob's note\n")
+        os.chown(own, d.accounts["bob"].uid, d.accounts["bob"].gid)
+
+    async def go() -> list[tuple[str | None, dict[str, Any]]]:
+        async with client(d, "bob") as c:
+            out = []
+            for _ in range(times):
+                out.append(await read(c, own))
+                out.append(await read(c, d.log_file, privileged=True))
+            return out
+
+    return asyncio.run(go())
