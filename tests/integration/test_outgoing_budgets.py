@@ -466,6 +466,7 @@ def _read_all(tls: Any) -> int:
     return got
 
 
+@pytest.mark.anyio
 async def test_unread_json_answers_are_bounded_like_a_sessions_queue(daemon_factory: Any, tmp_path: Path) -> None:
     """Each POST /mcp answered as JSON (up to the 10 MiB response cap) that its client never reads
     is held by the front until the connection ends: 16 such POSTs made the front hold ~370 MiB.
