@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pytest
 from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, children, privsep_daemon, proc_status  # noqa: F401  (fixture)
 from tests.support.root_channels import as_policy, policy_pid
 from tests.support.root_objects import call, everywhere, refused  # noqa: F401  (fixture)
+from tests.support.mounts import mounted
 
 pytestmark = pytest.mark.root
 PROCESS = "a process's own files are never served"
@@ -32,20 +32,6 @@ SECRET = "the daemon's own secrets are never served"
 #: TLS folder, the audit folder, the policy's state, the development token, an editor swap file)
 SECRET_NAMES = {"mcpd.yaml", "users.yaml", "mcp-sudo.yaml", "tls", "audit", "helper", "dev-token", ".users.yaml.swp"}
 KEEP = (1 << 2) | (1 << 5) | (1 << 6) | (1 << 7)  # CAP_DAC_READ_SEARCH, CAP_KILL, CAP_SETGID, CAP_SETUID
-
-
-@contextlib.contextmanager
-def mounted(target: Path, *how: str) -> Iterator[Path]:
-    """``mount [how] target`` for the block (``--bind SOURCE`` or ``-t proc proc``), always
-    unmounted after (lazily if busy), so no cleanup ever deletes through it."""
-    if not target.exists():
-        target.mkdir()
-    subprocess.run(["mount", *how, str(target)], check=True, timeout=30)
-    try:
-        yield target
-    finally:
-        if subprocess.run(["umount", str(target)], timeout=30).returncode != 0:
-            subprocess.run(["umount", "-l", str(target)], check=True, timeout=30)
 
 
 def daemon_pids(d: PrivsepDaemon) -> dict[str, int]:
