@@ -22,15 +22,6 @@ from mcpd.admin.audit_cli import audit
 from mcpd.common.audit import HEAD_FILE, LOST_TAIL, AuditLog, Head
 
 
-@pytest.fixture()
-def state(tmp_path: Path) -> tuple[Path, int]:
-    folder = tmp_path / "state"
-    folder.mkdir(mode=0o700)
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    yield folder, fd
-    os.close(fd)
-
-
 def writer(path: Path, state: tuple[Path, int]) -> AuditLog:
     return AuditLog(str(path), syslog=False, head_dir=state[1])
 

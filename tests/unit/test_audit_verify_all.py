@@ -11,22 +11,12 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 import yaml
 from click.testing import CliRunner
 
 from mcpd.admin import auditlog
 from mcpd.admin.audit_cli import audit
 from mcpd.common.audit import GENESIS, AuditLog
-
-
-@pytest.fixture()
-def state(tmp_path: Path) -> tuple[Path, int]:
-    folder = tmp_path / "state"
-    folder.mkdir(mode=0o700)
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    yield folder, fd
-    os.close(fd)
 
 
 def write(log: AuditLog, n: int, start: int = 0) -> None:
