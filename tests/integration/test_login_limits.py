@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,7 +32,7 @@ import pytest
 from mcpd.client.api import Client, ssl_context
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.support.pam_login import enroll
-from tests.support.osaccounts import AccountFactory, ensure_user, unique_name
+from tests.support.osaccounts import AccountFactory, ensure_user, pam_service, unique_name
 from tests.support.pam_login import FAST_PAM
 
 pytestmark = pytest.mark.root
@@ -44,30 +43,28 @@ TRIES = 10
 
 
 @pytest.fixture(scope="module")
-def attacked() -> Iterator[tuple[PrivsepDaemon, AccountFactory, str]]:
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivsepDaemon, AccountFactory, str]]:
     """The privsep daemon with the fast PAM service; alice's account gets a password (returned)."""
     if os.geteuid() != 0:
         pytest.skip("needs root: PAM service, OS accounts, root helper")
-    service = f"mcpd-test-{secrets.token_hex(3)}"
-    target = Path("/etc/pam.d") / service
-    target.write_text(FAST_PAM)
-    target.chmod(0o644)
+    fast = tmp_path_factory.mktemp("pam") / "fast"
+    fast.write_text(FAST_PAM)
     factory = AccountFactory()
     d: PrivsepDaemon | None = None
-    try:
-        # every one of a batch of 20 privileged calls must reach the helper's reauth check
-        d = start_privsep(factory, max_privileged_per_principal=32, login={
-            "pam_service": service, "answer_seconds": ANSWER_SECONDS, "free_failures": 2,
-            "base_delay_seconds": 0.1, "max_delay_seconds": 0.4, "max_failures": MAX_FAILURES,
-            "lockout_seconds": 30, "token_ttl_seconds": 3600, "in_flight": 32, "in_flight_per_address": 2})
-        password = secrets.token_urlsafe(12)
-        ensure_user(d.accounts["alice"].name, password=password)
-        yield d, factory, password
-    finally:
-        if d is not None:
-            stop_privsep(d)
-        factory.cleanup()
-        target.unlink(missing_ok=True)
+    with pam_service(fast) as service:
+        try:
+            # every one of a batch of 20 privileged calls must reach the helper's reauth check
+            d = start_privsep(factory, max_privileged_per_principal=32, login={
+                "pam_service": service, "answer_seconds": ANSWER_SECONDS, "free_failures": 2,
+                "base_delay_seconds": 0.1, "max_delay_seconds": 0.4, "max_failures": MAX_FAILURES,
+                "lockout_seconds": 30, "token_ttl_seconds": 3600, "in_flight": 32, "in_flight_per_address": 2})
+            password = secrets.token_urlsafe(12)
+            ensure_user(d.accounts["alice"].name, password=password)
+            yield d, factory, password
+        finally:
+            if d is not None:
+                stop_privsep(d)
+            factory.cleanup()
 
 
 def post_login(d: PrivsepDaemon, user: str, password: str, source: str = "127.0.0.1") -> tuple[int, float, Any]:
@@ -83,11 +80,11 @@ def login_records(d: PrivsepDaemon, user: str) -> list[dict[str, Any]]:
     return [r for r in d.audit() if r.get("tool") == "login" and r.get("os_user") == user]
 
 
-def test_answer_time_tells_nothing_about_password_or_account(attacked: Any) -> None:
+def test_answer_time_tells_nothing_about_password_or_account(limited: Any) -> None:
     """Enrolled, unenrolled and a uid-0 account, 10 right and 10 wrong passwords each, answered
     from distinct addresses (so no address delay): per account the medians of right and wrong
     stay within 20 %, and only the enrolled account's right password gets a token."""
-    d, factory, _ = attacked
+    d, factory, _ = limited
     enrolled, enrolled_pw = enroll(d, factory)
     unenrolled_pw = secrets.token_urlsafe(12)
     unenrolled = factory.user(password=unenrolled_pw)
@@ -129,10 +126,10 @@ def test_answer_time_tells_nothing_about_password_or_account(attacked: Any) -> N
         assert not any("pam_code" in r for r in login_records(d, user))  # refused before PAM
 
 
-def test_concurrent_guesses_reach_pam_at_most_max_failures_times_and_never_win(attacked: Any) -> None:
+def test_concurrent_guesses_reach_pam_at_most_max_failures_times_and_never_win(limited: Any) -> None:
     """30 logins at once from 30 addresses, the right password last: no token, and at most
     ``max_failures`` attempts reach PAM (the audit records PAM's code only when PAM ran)."""
-    d, factory, _ = attacked
+    d, factory, _ = limited
     acct, password = enroll(d, factory)
     answers: list[int] = []
     gate = threading.Barrier(29)
@@ -183,11 +180,11 @@ async def _flood(d: PrivsepDaemon, addresses: int, per_address: int, rounds: int
     return statuses
 
 
-def test_login_flood_leaves_tokens_calls_and_later_logins_working(attacked: Any) -> None:
+def test_login_flood_leaves_tokens_calls_and_later_logins_working(limited: Any) -> None:
     """300 logins in flight at once from 30 addresses (10 each, at most 5 rounds, ~6 s): meanwhile a static
     token still reads and a privileged call succeeds; 10 s after, a correct login from one of the
     flooding addresses works."""
-    d, _, password = attacked
+    d, _, password = limited
     alice = d.accounts["alice"].name
 
     async def go() -> tuple[list[int], float]:
@@ -222,10 +219,10 @@ def test_login_flood_leaves_tokens_calls_and_later_logins_working(attacked: Any)
     assert status == 200 and body["token"].startswith("mcpd_"), str(login_records(d, alice)[-1])
 
 
-def test_overlong_user_name_is_refused_at_the_front_without_an_alert(attacked: Any) -> None:
+def test_overlong_user_name_is_refused_at_the_front_without_an_alert(limited: Any) -> None:
     """A user name longer than the helper's schema allows would make the helper drop the front's
     connection (an alert), failing the requests multiplexed on it: the front refuses it first."""
-    d, _, _ = attacked
+    d, _, _ = limited
     alerts = sum(r["event"] == "alert" for r in d.audit())
     status, _, body = post_login(d, "a" * 65, "x")
     assert status == 400 and "64" in body["error"]
@@ -233,8 +230,8 @@ def test_overlong_user_name_is_refused_at_the_front_without_an_alert(attacked: A
     assert sum(r["event"] == "alert" for r in d.audit()) == alerts
 
 
-def test_reauth_zero_admits_exactly_one_call_of_a_batch_of_twenty(attacked: Any) -> None:
-    d, _, password = attacked
+def test_reauth_zero_admits_exactly_one_call_of_a_batch_of_twenty(limited: Any) -> None:
+    d, _, password = limited
     alice = d.accounts["alice"].name
     grants = d.default_grants()
     grants["users"][alice]["privileged"]["tools"]["files/read"]["reauth_after"] = "0"
@@ -266,8 +263,8 @@ def test_reauth_zero_admits_exactly_one_call_of_a_batch_of_twenty(attacked: Any)
     assert refused == ["reauthentication required"] * 19
 
 
-def test_lockout_survives_a_helper_restart_and_users_unlock_clears_it(attacked: Any) -> None:
-    d, factory, _ = attacked
+def test_lockout_survives_a_helper_restart_and_users_unlock_clears_it(limited: Any) -> None:
+    d, factory, _ = limited
     acct, password = enroll(d, factory)
     for _ in range(MAX_FAILURES):
         assert post_login(d, acct.name, "wrong")[0] == 401

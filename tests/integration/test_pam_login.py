@@ -12,7 +12,6 @@ import asyncio
 import os
 import pwd
 import secrets
-import shutil
 import stat
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from mcpd.client.api import AuthError, Client, ToolFailed, ssl_context
 from mcpd.common import identity
 from mcpd.common.config import POLICY_USER
 from tests.conftest import slow_read
-from tests.support.osaccounts import AccountFactory, ensure_user, expire_user, lock_user
+from tests.support.osaccounts import AccountFactory, ensure_user, expire_user, lock_user, pam_service
 from tests.support.pam_login import enroll, status_of_sse
 from tests.support.principals import parallel_reads, share_account
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
@@ -48,27 +47,23 @@ def pamd() -> Iterator[tuple[PrivsepDaemon, AccountFactory, dict[str, str]]]:
     """The privsep daemon with a test PAM service, short lockout, and passwords for alice and bob."""
     if os.geteuid() != 0:
         pytest.skip("needs root: PAM service, OS accounts, root helper")
-    service = f"mcpd-test-{secrets.token_hex(3)}"
-    target = Path("/etc/pam.d") / service
-    shutil.copy(PAM_FILE, target)
-    target.chmod(0o644)
     factory = AccountFactory()
     d: PrivsepDaemon | None = None
-    try:
-        d = start_privsep(factory, login={
-            "pam_service": service, "free_failures": 1, "base_delay_seconds": 0.1, "max_delay_seconds": 0.5,
-            "max_failures": MAX_FAILURES, "lockout_seconds": LOCK_SECONDS, "token_ttl_seconds": 3600,
-            "answer_seconds": 0.0})  # timing: tests/integration/test_login_limits.py
-        passwords = {}
-        for name in ("alice", "bob"):
-            passwords[name] = secrets.token_urlsafe(12)
-            ensure_user(d.accounts[name].name, password=passwords[name])
-        yield d, factory, passwords
-    finally:
-        if d is not None:
-            stop_privsep(d)
-        factory.cleanup()
-        target.unlink(missing_ok=True)
+    with pam_service(PAM_FILE) as service:
+        try:
+            d = start_privsep(factory, login={
+                "pam_service": service, "free_failures": 1, "base_delay_seconds": 0.1, "max_delay_seconds": 0.5,
+                "max_failures": MAX_FAILURES, "lockout_seconds": LOCK_SECONDS, "token_ttl_seconds": 3600,
+                "answer_seconds": 0.0})  # timing: tests/integration/test_login_limits.py
+            passwords = {}
+            for name in ("alice", "bob"):
+                passwords[name] = secrets.token_urlsafe(12)
+                ensure_user(d.accounts[name].name, password=passwords[name])
+            yield d, factory, passwords
+        finally:
+            if d is not None:
+                stop_privsep(d)
+            factory.cleanup()
 
 
 def login(d: PrivsepDaemon, user: str, password: str) -> str:
