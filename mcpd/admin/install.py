@@ -56,6 +56,8 @@ PLACES = (
     Place("etc/mcpd/mcpd.yaml", "etc/mcpd/mcpd.yaml", 0o640, keep_existing=True),
     Place("etc/mcpd/mcp-sudo.yaml", "etc/mcpd/mcp-sudo.yaml", 0o600, keep_existing=True),
     Place("etc/mcpd/users.yaml.example", "etc/mcpd/users.yaml.example"),
+    Place("docs/REFERENCE.md", "usr/local/share/doc/mcpd/REFERENCE.md"),
+    Place("docs/AUDITING.md", "usr/local/share/doc/mcpd/AUDITING.md"),
     Place("docs/PRIVSEP.md", "usr/local/share/doc/mcpd/PRIVSEP.md"),
     Place("docs/INTERNALS.md", "usr/local/share/doc/mcpd/INTERNALS.md"),
     Place("docs/SPEC-NOTES.md", "usr/local/share/doc/mcpd/SPEC-NOTES.md"),

@@ -2,7 +2,8 @@
 
 Used by ``linuxctl login`` / ``linuxctl logout`` and by tests. Errors are the client's exception
 family (:mod:`mcpd.client.errors`), so ``linuxctl`` exits 3 for a refused login and 4 when the server
-cannot be reached, is not trusted, or has no root helper to run PAM.
+cannot be reached, is not trusted, or cannot check passwords now (no helper unit, or its policy
+process down).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def login(url: str, user: str, password: str, cafile: str | None, timeout: float
 
     Raises:
         AuthError: refused (wrong password, locked or expired account, lockout): exit 3.
-        ConnectError: unreachable, untrusted, or no helper on the server (503): exit 4.
+        ConnectError: unreachable, untrusted, or the server cannot check passwords (503): exit 4.
         UsageError: bad URL or CA file.
     """
     if not user or not password:
@@ -58,7 +59,7 @@ def logout(url: str, token: str, cafile: str | None, timeout: float = 30.0) -> N
     Raises:
         AuthError: the token is already invalid (exit 3).
         UsageError: it is a static token, which ``mcpd users rotate`` changes instead (exit 2).
-        ConnectError: unreachable or no helper (exit 4).
+        ConnectError: unreachable, or the server cannot check tokens now (503): exit 4.
     """
     resp = _post(url, "logout", cafile, timeout, headers={"Authorization": f"Bearer {token}"})
     if resp.status_code == 401:
@@ -72,7 +73,7 @@ def logout(url: str, token: str, cafile: str | None, timeout: float = 30.0) -> N
 
 
 def _unavailable(resp: httpx.Response) -> str:
-    """A ``503``'s text: the server's message, and its ``Retry-After`` when it sent one (its root
-    helper is restarting) rather than none (it has no helper at all)."""
+    """A ``503``'s text: the server's message, and its ``Retry-After`` when it sent one (its policy
+    process is restarting) rather than none (it has no helper unit at all)."""
     seconds = retry_after(resp.headers)
     return server_message(resp.content) + ("" if seconds is None else f" (retry after {seconds} s)")

@@ -26,7 +26,7 @@ class HTTPRefused(ProtocolError):
 
     Attributes:
         status: the HTTP status.
-        retry_after: the ``Retry-After`` seconds (``503`` while the server's root helper is
+        retry_after: the ``Retry-After`` seconds (``503`` while the server's policy process is
             restarting, ``429``), or ``None`` when none came in seconds.
     """
 

@@ -1,4 +1,4 @@
-"""Opening files on the unprivileged route (SPEC §3 "non-regular files", INTERNALS.md).
+"""Opening files on the unprivileged route (docs/REFERENCE.md §3 "non-regular files", INTERNALS.md).
 
 The kernel decides what the worker's account may read. Files are opened without blocking
 (``O_NONBLOCK``: a FIFO with no writer opens at once), never become a controlling terminal
@@ -15,7 +15,7 @@ import os
 import stat
 
 from mcpd.helper.wire.errors import INVALID_ARGUMENT, NOT_A_REGULAR_FILE, ToolError, from_oserror
-from mcpd.helper.wire.filekind import kind  # the one file-type table (SPEC §2.5 details.type)
+from mcpd.helper.wire.filekind import kind  # the one file-type table (docs/REFERENCE.md §2.5 details.type)
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
@@ -46,7 +46,7 @@ def open_regular(path: str) -> int:
     The path is resolved once to an ``O_PATH`` descriptor and its type checked with ``fstat``;
     only a regular file is then opened, through ``/proc/self/fd/N`` (the same inode; the kernel
     checks the account's read permission there). A FIFO, socket or device is never opened: a
-    FIFO's blocked writer stays blocked and no device driver runs (SPEC §4.5a).
+    FIFO's blocked writer stays blocked and no device driver runs (docs/REFERENCE.md §4.5a).
 
     Raises:
         ToolError: ``FILE_NOT_FOUND``, ``PERMISSION_DENIED`` (details ``path``, ``reason``),

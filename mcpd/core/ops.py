@@ -1,9 +1,9 @@
-"""Operations a worker or a privileged child executes (INTERNALS.md "ops").
+"""Operations a worker executes, on both routes (docs/INTERNALS.md, "Operations").
 
 A request frame ``{"id": int, "op": str, "args": {...}}`` becomes a reply frame
 ``{"id", "ok": true, "result"}`` or ``{"id", "ok": false, "error": ToolError.to_dict()}``.
 :func:`run` never raises: an unexpected exception becomes ``INTERNAL_ERROR`` with a generic
-message, and its traceback goes to the log only (SPEC §2.5, DESIGN.md).
+message, and its traceback goes to the log only (docs/REFERENCE.md §2.5).
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ class OpContext:
 
 
 def files_read_op(args: Any, ctx: OpContext) -> dict[str, Any]:
-    """``files/read`` (SPEC §3): validate again (defence in depth), open, read, close.
+    """``files/read`` (docs/REFERENCE.md §3): validate again (defence in depth), open, read, close.
 
     Raises:
-        ToolError: any SPEC §2.5 code of the opener or the reading core; ``PERMISSION_DENIED``
+        ToolError: any docs/REFERENCE.md §2.5 code of the opener or the reading core; ``PERMISSION_DENIED``
             (reason ``no grant covers this path``) when ``ctx.allow`` refuses the path.
     """
     a = files_read.parse_args(args)

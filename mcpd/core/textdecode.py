@@ -1,4 +1,4 @@
-"""Decoding for the reading core (SPEC §3 "decoding", issue 4's ``encoding`` argument).
+"""Decoding for the reading core (docs/REFERENCE.md §3 "decoding", the ``encoding`` argument).
 
 A byte-order mark selects UTF-8/16/32 and is stripped; otherwise the requested encoding is used
 (default UTF-8). ``auto`` means: BOM, else UTF-8 when the bytes are valid UTF-8, else the guess of
@@ -8,7 +8,7 @@ encoding and a detected one.
 A byte window (default and byte mode) can start or end inside a character; such cut characters
 are left out, never mangled (:func:`decode_window`).
 
-Choice (documented for SPEC §3's notes): without a BOM, ``utf-16`` means UTF-16 little-endian,
+Choice (documented for docs/REFERENCE.md §3's notes): without a BOM, ``utf-16`` means UTF-16 little-endian,
 and an explicit ``utf-16`` request skips the NUL-byte binary test, since UTF-16 text without a
 BOM is full of NUL bytes.
 """

@@ -1,4 +1,4 @@
-"""File metadata for ``files/read`` with ``include_metadata`` (issue 4), ready for ``structuredContent``.
+"""File metadata for ``files/read`` with ``include_metadata``, ready for ``structuredContent``.
 
 The checksum and the line count need the whole file: it is streamed once in 1 MiB chunks and
 refused with ``FILE_TOO_LARGE`` past the response cap (a sparse 8 GB file is never hashed).

@@ -1,8 +1,8 @@
-"""The reading core: pure functions from an open descriptor to SPEC §3's answer.
+"""The reading core: pure functions from an open descriptor to docs/REFERENCE.md §3's answer.
 
-One core serves the account workers and the root helper's privileged child alike (DESIGN.md), so
-the two routes cannot drift apart. It reads only with ``os.pread`` on the descriptor it is given,
-streams in 1 MiB chunks, counts lines with ``bytes.count`` and never trusts the file size: memory
+One core serves both routes in the account's own worker (a file it opened itself, or the
+descriptor root opened for a granted privileged read), so the two routes cannot drift apart. It
+reads only with ``os.pread`` on the descriptor it is given, streams in 1 MiB chunks, counts lines with ``bytes.count`` and never trusts the file size: memory
 is proportional to the answer (at most the response cap), never to the file.
 
 Lines end at ``\\n`` only. For UTF-8, ASCII, Latin-1, CP1252 and other ASCII-compatible
@@ -52,7 +52,7 @@ class _Points:
 
 class LineIndex:
     """Sparse line offsets of recently read files, so a deep line read need not count every line
-    before it again (issue 11, workload "lines 300000-300100 of a 50 MiB log").
+    before it again (e.g. lines 300000-300100 of a 50 MiB log).
 
     A checkpoint ``(pos, line)`` says that byte ``pos`` of the file lies in line ``line``
     (1-based). Checkpoints are recorded every :data:`INDEX_STEP` bytes while a line-mode read
@@ -122,7 +122,7 @@ LINE_INDEX = LineIndex()  # this process's index (each worker has its own)
 
 
 def too_large(size: int, limits: ReadLimits, suggestion: str) -> ToolError:
-    """A ``FILE_TOO_LARGE`` error (SPEC §3 "response cap"): ``size`` in bytes as far as known."""
+    """A ``FILE_TOO_LARGE`` error (docs/REFERENCE.md §3 "response cap"): ``size`` in bytes as far as known."""
     return ToolError(
         FILE_TOO_LARGE,
         f"the answer would exceed the response cap of {limits.response_cap} bytes",
@@ -230,7 +230,7 @@ class _Selector:
         )
 
     def _check_long(self, seg: Any, byte_of: Callable[[int], int], scale: int) -> None:
-        """SPEC §3 "long line": no selected line over ``max_line_bytes``; jumps window by window."""
+        """docs/REFERENCE.md §3 "long line": no selected line over ``max_line_bytes``; jumps window by window."""
         mx = self.limits.max_line_bytes // scale
         first = seg.find(self.nl)
         if first == -1:
@@ -298,7 +298,7 @@ def _lines(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits
     start = args.get("start_line") or 1
     end = args.get("end_line")
     if end is not None and end < start:
-        end = None  # SPEC §3: end_line < start_line is ignored
+        end = None  # docs/REFERENCE.md §3: end_line < start_line is ignored
     wide = textdecode.is_wide(codec)
     scale = textdecode.unit(codec) if wide else 1
     nl: Any = "\n" if wide else b"\n"
@@ -392,7 +392,7 @@ def _window(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimit
 
 
 def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]:
-    """Answer a ``files/read`` call from an open regular file (SPEC §3, issue 4).
+    """Answer a ``files/read`` call from an open regular file (docs/REFERENCE.md §3).
 
     Args:
         fd: a descriptor open for reading (position is not used; only ``pread``).

@@ -1,4 +1,4 @@
-"""The one directory walker of ``files/list`` and ``files/find``, on both routes (DESIGN-v2.md).
+"""The one directory walker of ``files/list`` and ``files/find``, on both routes (docs/PRIVSEP.md).
 
 The walker of privileged calls (:mod:`mcpd.walker`: not root, but CAP_DAC_READ_SEARCH) runs this
 module, so it stays small, imports only the standard library and ``mcpd.common``, and is metadata only: names and ``lstat`` numbers, never a
@@ -14,7 +14,7 @@ Rules, the same on both routes:
 * ``allow`` (the grant filter, ``None`` on the unprivileged route) sees every entry before
   anything about it is kept: an entry it refuses is not shown, not even its name. Find enters a
   subdirectory only when ``allow`` covers it. The starting directory itself is not filtered (the
-  helper decided that the call may run); a single-entry list needs ``allow(path)``.
+  policy process decided that the call may run); a single-entry list needs ``allow(path)``.
 * ``screen`` (the privileged route's object rule, ``None`` on the unprivileged route) judges what
   was opened, not the path asked: given each directory's descriptor (the start, each one find
   enters, a single entry's parent), it returns which of its entries are never shown nor entered.
@@ -50,12 +50,12 @@ def clean(path: str) -> str:
 
 
 def no_grant(path: str) -> ToolError:
-    """The SPEC §4.1 refusal (``PERMISSION_DENIED``, reason ``no grant covers this path``)."""
+    """The docs/REFERENCE.md §4.1 refusal (``PERMISSION_DENIED``, reason ``no grant covers this path``)."""
     return ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="no grant covers this path")
 
 
 def parse_list_args(args: Any) -> dict[str, Any]:
-    """Validate ``files/list`` arguments (SPEC §2.5; run by the front, the worker and the walker).
+    """Validate ``files/list`` arguments (docs/REFERENCE.md §2.5; run by the front, the worker and the walker).
 
     Returns ``{"path": str, "limit": int, "privileged": bool}``.
 
@@ -68,14 +68,14 @@ def parse_list_args(args: Any) -> dict[str, Any]:
 
 
 def parse_find_args(args: Any) -> dict[str, Any]:
-    """Validate ``files/find`` arguments (SPEC §2.5; run by the front, the worker and the walker).
+    """Validate ``files/find`` arguments (docs/REFERENCE.md §2.5; run by the front, the worker and the walker).
 
     Returns ``{"root": str, "name": str | None, "type": str | None, "max_depth": int | None,
     "max_results": int, "time_budget_seconds": float, "follow_symlinks": bool, "privileged": bool}``.
 
     Raises:
         ToolError: ``INVALID_ARGUMENT`` for a bad root, glob, type or number, an unknown key, or
-            ``follow_symlinks`` with ``privileged`` (SPEC §4.4 follows no symlink).
+            ``follow_symlinks`` with ``privileged`` (docs/REFERENCE.md §4.4 follows no symlink).
     """
     a = check_object(args, ("root", "name", "type", "max_depth", "max_results", "time_budget_seconds",
                             "follow_symlinks", "privileged"))
@@ -192,7 +192,7 @@ def walk_find(args: dict[str, Any], open_dir: Opener, allow: Allow,
 
     Raises:
         ToolError: the root's opener error; ``INVALID_ARGUMENT`` for ``follow_symlinks`` with an
-            ``allow`` filter (SPEC §4.4 follows no symlink on the privileged route).
+            ``allow`` filter (docs/REFERENCE.md §4.4 follows no symlink on the privileged route).
     """
     root, follow, a = clean(args["root"]), bool(args["follow_symlinks"]), args
     if follow and allow is not None:

@@ -1,4 +1,4 @@
-"""The front's access log: one record per call the root helper does not record (SPEC §7.1).
+"""The front's access log: one record per call the policy process does not record (docs/REFERENCE.md §7.1).
 
 Every ``tools/call`` and ``resources/read`` leaves exactly one record. A privileged call the
 policy process received is recorded there (it records every privileged request it reads); every
@@ -6,10 +6,10 @@ other call is recorded here, by the front, in ``access_log`` with the same chain
 format (:class:`mcpd.common.audit.AuditLog`): unprivileged reads, calls refused before any route
 (bad arguments, quota), and privileged calls the policy process never received: refused by the
 front for the principal's caps (``RATE_LIMITED``), out of time or cancelled while waiting for a
-connection or a worker, the helper down (``HELPER_UNAVAILABLE``, also when it closed the
-connection after the request without answering: it may have ended before recording it). Whether
-it received the request is not guessed: the helper client says so (:func:`helper_received`), once
-the whole request is in the helper's socket. Fields: ``user`` (principal),
+connection or a worker, the policy process down (``HELPER_UNAVAILABLE``, also when it closed
+the connection after the request without answering: it may have ended before recording it).
+Whether it received the request is not guessed: the policy client says so
+(:func:`policy_received`), once the whole request is in the policy process's socket. Fields: ``user`` (principal),
 ``token_id``, ``os_user``, ``peer``, ``session``, ``route``, ``tool``, ``requested_path``,
 ``resolved_path``, ``decision``, ``reason``, ``outcome`` (an error code, ``CANCELLED``, or null on success),
 ``bytes`` (text bytes answered, or entries/matches listed), ``duration_ms``. Never a token or
@@ -22,7 +22,7 @@ listed by ``mcpd audit tail --decision reject``. A call refused before it ran (i
 quota, an unknown tool: :meth:`AccessLog.unknown_tool`) is ``decision`` ``reject``. A
 ``files/find`` record also keeps what was searched for (``find_name``, ``find_type``,
 ``max_depth``). A login the front refused itself (a malformed request, too many in flight, no
-helper) is event ``login``, ``decision`` ``reject`` (:meth:`AccessLog.login_refused`); the policy
+policy process) is event ``login``, ``decision`` ``reject`` (:meth:`AccessLog.login_refused`); the policy
 process records the logins it receives.
 """
 
@@ -100,10 +100,10 @@ class AccessLog:
         elif stage == "refused":
             decision, reason = "reject", error.message if error else "refused"
         elif error is None:  # forwarded, never received by the policy process: why, in the front's words
-            reason = "cancelled before the root helper received it" if outcome == "CANCELLED" else \
-                "not sent to the root helper"
+            reason = "cancelled before the policy process received it" if outcome == "CANCELLED" else \
+                "not sent to the policy process"
         elif error.code == HELPER_UNAVAILABLE:
-            reason = "the root helper is unreachable"
+            reason = "the policy process is unreachable"
         else:  # the principal's cap (RATE_LIMITED: the front refused it), or no connection or worker in time
             decision, reason = "reject" if error.code == RATE_LIMITED else "accept", error.message
         first = _who_and_what(principal.name, principal.token_id, principal.os_user, peer, session,
@@ -129,7 +129,7 @@ class AccessLog:
     def login_refused(self, peer: str, user: Any, status: int, reason: str) -> None:
         """Record a ``POST /login`` the front answered itself, without asking the policy process
         (HTTP ``status``: 400 malformed, 413 too large, 415 not JSON, 429 too many in flight, 503
-        no helper): event ``login``, ``decision`` ``reject``, the account as typed (``os_user``,
+        no policy process): event ``login``, ``decision`` ``reject``, the account as typed (``os_user``,
         when the body gave a string), ``outcome`` ``HTTP_<status>``. Never the password.
 
         Raises:
@@ -172,12 +172,12 @@ def _who_and_what(*values: Any) -> Fields:
 _CURRENT: contextvars.ContextVar["Call | None"] = contextvars.ContextVar("mcpd_front_call", default=None)
 
 
-def helper_received(received: bool) -> None:
+def policy_received(received: bool) -> None:
     """Tell the :class:`Call` running in this task whether the policy process has its privileged
-    request: ``True`` once the whole request is in the helper's socket (the policy process then
-    records it, whatever the front does next: an answer, a timeout, a cancellation), ``False``
-    when the helper closed the connection without answering it (it may have ended before
-    recording it: the front records it). Called by the helper client
+    request: ``True`` once the whole request is in the policy process's socket (it then records
+    it, whatever the front does next: an answer, a timeout, a cancellation), ``False`` when the
+    policy process closed the connection without answering it (it may have ended before recording
+    it: the front records it). Called by the policy client
     (:meth:`mcpd.front.policy_client.channel.PolicyChannel.request`'s ``delivered``); outside a
     :class:`Call` it does nothing."""
     call = _CURRENT.get()
@@ -191,7 +191,7 @@ class Call:
     one; on leaving, one record is written (:meth:`AccessLog.call`) whatever happened: the
     result, the :class:`ToolError`, ``CANCELLED``, or ``INTERNAL_ERROR`` for anything else;
     none for a forwarded call the policy process received (:attr:`received`, set through
-    :func:`helper_received` by the helper client in the same task: the policy records it). A
+    :func:`policy_received` by the policy client in the same task: the policy records it). A
     record that cannot be written raises ``OSError`` in place of the call's own outcome (fail
     closed). ``log`` ``None``: nothing is recorded."""
 

@@ -7,8 +7,8 @@ Order of the stack, outermost first (read it top to bottom in :func:`build_app`)
 1. ``OriginMiddleware`` — an ``Origin`` header not in ``allowed_origins`` → ``403`` (docs/REFERENCE.md §1.3);
    then ``HostMiddleware`` — with ``allowed_hosts`` set, a ``Host`` it does not name → ``421``.
 2. ``AuthenticationMiddleware`` with :class:`BearerBackend` — no or bad bearer token on any route
-   → ``401`` with an RFC 6750 challenge (docs/REFERENCE.md §1.3), a token that cannot be checked now (the root
-   helper busy or down) → ``503`` with ``Retry-After``; tokens in the query string are ignored. Paths
+   → ``401`` with an RFC 6750 challenge (docs/REFERENCE.md §1.3), a token that cannot be checked now (the
+   policy process busy or down) → ``503`` with ``Retry-After``; tokens in the query string are ignored. Paths
    under ``/.well-known/`` need no token and are all ``404``: mcpd serves no OAuth discovery
    documents, so a client told "invalid token" says so instead of starting an OAuth flow.
 3. The router: ``GET /sse`` and ``POST /message`` (``mcpd.front.transport.sse``), ``GET``, ``POST``
@@ -90,9 +90,9 @@ class TokenCheckBusy(AuthenticationError):
         self.retry_after = retry_after
 
 
-#: the answer to a token that cannot be checked because the root helper is down (its policy
-#: process checks tokens); the seconds to wait are :data:`~mcpd.front.auth.CHECKER_DOWN_RETRY`
-CHECKER_DOWN = "the root helper is not running, so the token cannot be checked now; retry in a moment"
+#: the answer to a token that cannot be checked because the policy process, which checks tokens,
+#: is down; the seconds to wait are :data:`~mcpd.front.auth.CHECKER_DOWN_RETRY`
+CHECKER_DOWN = "the policy process is not reachable, so the token cannot be checked now; retry in a moment"
 
 
 class BearerBackend(AuthenticationBackend):
@@ -125,7 +125,7 @@ class BearerBackend(AuthenticationBackend):
             sent_bearer = header is not None and header.strip().lower().startswith("bearer")
             raise BearerRefused("invalid token" if sent_bearer else "bearer token required",
                                 "invalid_token" if sent_bearer else None)
-        # Opening a stream (GET) always asks the helper; a POST within a couple of seconds of the
+        # Opening a stream (GET) always asks the policy process; a POST within a couple of seconds of the
         # token's last check (the session re-check renews it every second) needs no round trip.
         try:
             principal = await self.authenticator.authenticate(token, fresh=conn.scope.get("method") != "POST")
@@ -142,7 +142,7 @@ def unauthorized(conn: HTTPConnection, exc: AuthenticationError) -> Response:
     """The ``401`` answer with its RFC 6750 challenge (docs/REFERENCE.md §1.3): ``Bearer`` alone when no token
     was sent, ``Bearer error="invalid_token", error_description=...`` for a refused one; ``503``
     with ``Retry-After`` for a token that could not be checked now (:class:`TokenCheckBusy`: the
-    helper busy, 1 s, or not running, :data:`CHECKER_DOWN_RETRY` s), never a ``401``: a client
+    policy process busy, 1 s, or not reachable, :data:`CHECKER_DOWN_RETRY` s), never a ``401``: a client
     told its token is bad would stop, or ask its user for a new one."""
     if isinstance(exc, TokenCheckBusy):
         return PlainTextResponse(str(exc), status_code=503, headers={"Retry-After": str(exc.retry_after)})
@@ -245,7 +245,7 @@ def build_app(
         cfg: validated daemon config.
         authenticator: token → principal.
         dispatcher: tools and resources for every session.
-        login: password logins (``POST /login``, ``/logout``); ``None`` → 503 (no helper).
+        login: password logins (``POST /login``, ``/logout``); ``None`` → 503 (no helper unit).
 
     The session table is exposed as ``app.state.sessions`` (closed on shutdown by the server).
 

@@ -37,20 +37,20 @@ def parse_bearer(header: str | None) -> str | None:
 
 
 class TokenUndecided(Exception):
-    """The token could be neither accepted nor refused now (the root helper is busy): the request
+    """The token could be neither accepted nor refused now (the policy process is busy): the request
     is answered ``503`` (retry), and an open session's re-check waits for the next round."""
 
 
 class CheckerDown(TokenUndecided):
-    """The token could not be checked because the process that checks tokens (the root helper's
-    policy process) is not running, and it was not verified within the short window the front may
+    """The token could not be checked because the process that checks tokens (the policy
+    process) is not reachable, and it was not verified within the short window the front may
     serve it from its cache: the request is answered ``503`` with ``Retry-After``, never ``401``
     (the token is not known to be bad: the client should retry, not ask for a new one), and an
     open session whose token it is is closed, since its token can no longer be re-checked."""
 
 
-#: seconds a client is told to wait (``Retry-After``) when the root helper, whose policy process
-#: checks tokens and passwords, is not running: about what a restart takes (systemd's RestartSec=)
+#: seconds a client is told to wait (``Retry-After``) when the policy process, which checks tokens
+#: and passwords, is not reachable: about what a restart takes (systemd's RestartSec=)
 CHECKER_DOWN_RETRY = 2
 
 
@@ -60,7 +60,7 @@ class Authenticator(Protocol):
     async def authenticate(self, token: str, fresh: bool = False) -> Principal | None:
         """Return the token's principal, or ``None`` for a malformed, unknown, wrong or expired token.
 
-        ``fresh``: the answer must come from the token's owner of record (the root helper), not
+        ``fresh``: the answer must come from the token's owner of record (the policy process), not
         from a cache; used when a stream opens and by the once-a-second session re-check.
 
         Raises:

@@ -1,11 +1,11 @@
-"""Per-principal limits: requests per day and largest answer (issue 5; SPEC §2.5).
+"""Per-principal limits: requests per day and largest answer (docs/REFERENCE.md §2.5).
 
 ``mcpd.yaml``'s ``limits`` (:class:`mcpd.common.config.Limits`) gives each principal a tier (``users``
 maps a principal name to a tier in ``tiers``; others get ``default``). Login principals are named
-after their OS account (``mcpd/helper/login.py``). Each ``tools/call`` is charged one request:
+after their OS account (``mcpd/policy/login.py``). Each ``tools/call`` is charged one request:
 past ``requests_per_day`` (a UTC day) it answers ``RATE_LIMITED`` with ``details.retryAfter`` =
 seconds until the next UTC midnight. ``max_file_bytes`` becomes that call's response cap (the
-reading core stops there, SPEC §3), so a larger answer is ``FILE_TOO_LARGE`` with the user's limit.
+reading core stops there, docs/REFERENCE.md §3), so a larger answer is ``FILE_TOO_LARGE`` with the user's limit.
 
 Counters survive restarts: they are written atomically (write, fsync, rename) to
 ``<state_dir>/limits-counters.json`` every ``save_every`` charged requests and at shutdown. A

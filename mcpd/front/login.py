@@ -1,17 +1,18 @@
 """``POST /login`` and ``POST /logout`` on the front (docs/REFERENCE.md §5.2).
 
 ``POST {base}/login`` takes ``{"user": ..., "password": ...}`` (JSON, at most
-:data:`LOGIN_BODY_CAP` bytes, no bearer needed) and forwards it to the root helper's ``pam_login``;
-the answer is ``200 {"token", "expires", "user"}`` with the token shown this once, ``401
-{"error": "authentication failed"}`` for every kind of refusal, or ``503`` when nobody can check
-the password: with ``Retry-After`` when the root helper is not reachable now (it is restarted),
-without it when there is no helper at all (development mode: PAM runs only in the root helper,
-so retrying cannot help). Logins in flight are bounded, in
-total (``login.in_flight``) and per client address (``login.in_flight_per_address``); beyond that,
-or when the helper's login capacity is full, the answer is ``429`` with ``Retry-After`` at once,
-so a login flood never holds more than its share of the helper (docs/REFERENCE.md §5.3). ``POST {base}/logout`` with the
-bearer revokes that login token (``200``), or answers ``400`` for a static ``users.yaml`` token
-(rotate those with ``mcpd users rotate``).
+:data:`LOGIN_BODY_CAP` bytes, no bearer needed) and forwards it as ``pam_login`` to the policy
+process, which applies the lockout, has root run PAM and issues the token. The answer is ``200
+{"token", "expires", "user"}`` with the token shown this once, ``401 {"error": "authentication
+failed"}`` for every kind of refusal, or ``503`` when nobody can check the password: with
+``Retry-After`` when the policy process is not reachable now (the helper unit is restarted),
+without it when there is no helper unit at all (development mode: PAM runs only in the root
+helper, so retrying cannot help). Logins in flight are bounded, in total (``login.in_flight``) and
+per client address (``login.in_flight_per_address``); beyond that, or when the policy process's
+login capacity is full, the answer is ``429`` with ``Retry-After`` at once, so a login flood never
+holds more than its share of the policy process (docs/REFERENCE.md §5.3). ``POST {base}/logout``
+with the bearer revokes that login token (``200``), or answers ``400`` for a static ``users.yaml``
+token (rotate those with ``mcpd users rotate``).
 
 The password lives in this process for one request; it is never logged.
 """
@@ -35,17 +36,20 @@ from mcpd.front.policy_client.channel import PolicyChannel, PolicyUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
 
 LOGIN_BODY_CAP = 8192
-FIELD_CAPS = {"user": 64, "password": 1024}  # within the helper's pam_login schema: a longer field would be an alert there
+#: within the policy process's pam_login schema: a longer field would be an alert there
+FIELD_CAPS = {"user": 64, "password": 1024}
 GENERIC = "authentication failed"
-NO_HELPER = "password login needs the root helper (PAM runs there only); this daemon runs without one"
+POLICY_BUSY = "the policy process's login capacity is full"
+NO_HELPER_UNIT = ("password login needs the helper unit (PAM runs in the root helper only); "
+                  "this daemon runs without one")
 
 
 class LoginUnavailable(Exception):
-    """No root helper to run PAM (development mode), or it is down.
+    """No helper unit to run PAM (development mode), or the policy process is not reachable.
 
     Args:
         message: the answer's ``error`` text.
-        retry_after: seconds for the ``503``'s ``Retry-After`` when the helper may be back soon;
+        retry_after: seconds for the ``503``'s ``Retry-After`` when the policy process may be back soon;
             ``None`` when it never will (no helper unit).
     """
 
@@ -60,18 +64,18 @@ class LoginUnavailable(Exception):
 
 
 class LoginBusy(Exception):
-    """The helper's login capacity is full: try again later."""
+    """The policy process's login capacity is full: try again later."""
 
 
 class LoginBackend(Protocol):
-    """Where logins and logouts go (the root helper in production)."""
+    """Where logins and logouts go (the policy process in production)."""
 
     async def login(self, user: str, password: str, peer: str) -> dict[str, Any] | None:
         """``{"token", "expires", "os_user"}`` on success, ``None`` on any refusal.
 
         Raises:
             LoginUnavailable: nobody can check passwords now.
-            LoginBusy: too many logins in flight at the helper.
+            LoginBusy: too many logins in flight at the policy process.
         """
         ...
 
@@ -81,22 +85,22 @@ class LoginBackend(Protocol):
 
 
 class NoLogin:
-    """The backend of a front without a helper: every login answers 503."""
+    """The backend of a front without a helper unit: every login answers 503."""
 
     async def login(self, user: str, password: str, peer: str) -> dict[str, Any] | None:
         """Always raises :class:`LoginUnavailable`."""
-        raise LoginUnavailable(NO_HELPER)
+        raise LoginUnavailable(NO_HELPER_UNIT)
 
     async def revoke(self, token: str) -> bool:
         """Always raises :class:`LoginUnavailable`."""
-        raise LoginUnavailable(NO_HELPER)
+        raise LoginUnavailable(NO_HELPER_UNIT)
 
 
-class HelperLogin:
-    """Forwards ``pam_login`` and ``revoke`` to the root helper.
+class PolicyLogin:
+    """Forwards ``pam_login`` and ``revoke`` to the policy process (which has root run PAM).
 
     Args:
-        client: the helper channel.
+        client: the channel to the policy process.
         timeout: seconds to wait for PAM (its own delays included).
     """
 
@@ -108,7 +112,8 @@ class HelperLogin:
         try:
             reply, fds = await self._client.request(req, timeout=self._timeout)
         except (PolicyUnavailable, TimeoutError):
-            raise LoginUnavailable("the root helper is not reachable; retry in a moment", CHECKER_DOWN_RETRY) from None
+            raise LoginUnavailable("the policy process is not reachable; retry in a moment",
+                                   CHECKER_DOWN_RETRY) from None
         for s in fds:
             s.close()
         return reply
@@ -117,7 +122,7 @@ class HelperLogin:
         """See :class:`LoginBackend`."""
         reply = await self._ask({"type": "pam_login", "user": user, "password": password, "peer": peer})
         if (reply.get("error") or {}).get("details", {}).get("reason") == "busy":
-            raise LoginBusy("the helper's login capacity is full")
+            raise LoginBusy(POLICY_BUSY)
         if not reply.get("ok") or not isinstance(reply.get("token"), str):
             return None
         return {"token": reply["token"], "expires": reply.get("expires"), "os_user": reply.get("os_user")}
@@ -166,7 +171,7 @@ class LoginRoutes:
         try:
             return await self._login(request, peer)
         except LoginBusy:
-            self._refused(peer, None, 429, "the helper's login capacity is full")
+            self._refused(peer, None, 429, POLICY_BUSY)
             return self._busy()
         finally:
             self._in_flight.release(peer)
@@ -203,7 +208,7 @@ class LoginRoutes:
         try:
             outcome = await self.backend.login(data["user"], data["password"], peer)
         except LoginUnavailable as exc:
-            self._refused(peer, data["user"], 503, "no root helper to check passwords")
+            self._refused(peer, data["user"], 503, "no policy process to check passwords")
             return exc.response()
         if outcome is None:
             metrics.LOGINS_REFUSED.labels("401").inc()

@@ -1,4 +1,4 @@
-"""Prometheus metrics and a health check on a listener of their own (issue 14; off by default).
+"""Prometheus metrics and a health check on a listener of their own (off by default).
 
 ``metrics_listen: "127.0.0.1:9109"`` in ``mcpd.yaml`` serves, over plain HTTP on that loopback
 address only (never on the TLS listener agents use):
@@ -11,13 +11,16 @@ address only (never on the TLS listener agents use):
   still running after the cancel grace, costs one),
   ``mcpd_pool_queued`` (calls waiting for a worker), ``mcpd_outgoing_bytes`` (outgoing messages held
   for clients that have not read them yet: queued, being written, in the connections' buffers),
-  ``mcpd_helper_up``, ``mcpd_logins_refused_total``, and
+  ``mcpd_helper_up`` (1 while the policy process answers), ``mcpd_logins_refused_total``, and
   ``mcpd_limits_hit_total{limit}``: every time one of the front's caps turned something away (the
   kinds are :data:`LIMIT_KINDS`, each exported from the start at 0);
 - ``GET /healthz``: readiness, for load balancers and monitors: ``200 ok`` while the front can
-  serve, ``503`` with ``Retry-After`` and a line per thing missing while it cannot: with a root
-  helper configured, while the helper (its policy process, which checks every token and starts
-  every worker, and root behind it) does not answer (``mcpd_helper_up`` 0).
+  serve, ``503`` with ``Retry-After`` and a line per thing missing while it cannot: with the
+  helper unit configured, while its policy process (which checks every token and has root start
+  every worker) does not answer (``mcpd_helper_up`` 0).
+
+The names ``mcpd_helper_up`` and the ``helper_connections`` limit are public (dashboards and
+alerts use them) and name the helper unit as a whole; only their help texts say the process.
 
 Metrics never carry a path, a token or a principal's name: labels are tool names, routes and
 result codes only, so their number stays small.
@@ -58,7 +61,7 @@ LOGINS_REFUSED.labels("429")
 #: (``max_privileged_per_principal``), unprivileged calls per principal (``max_calls_per_principal``),
 #: batch members whose reply would pass the batch's bytes (``session_queue_bytes``), daily quotas (``limits``), logins in flight (429), a
 #: call that waited past its deadline for a worker (``workers.max_accounts`` or ``per_account``) or
-#: for one of the front's connections to the root helper (``helper_connections``: all held, or the
+#: for one of the front's connections to the policy process (``helper_connections``: all held, or the
 #: principal's share of them), and a call that needed a new worker past its principal's
 #: ``workers.spawn_burst``/``spawns_per_second`` (``worker_spawns``).
 LIMIT_KINDS = (
@@ -123,13 +126,14 @@ class PoolState(Protocol):
 
 class StateCollector(Collector):
     """Gauges read at scrape time from the live front: sessions by transport, the worker pool
-    (``pool``: its ``live()``, ``busy()`` and ``queued()`` counts), helper up (``None``: no helper),
-    and (``outgoing``, when given) the bytes of outgoing messages held for clients that have not
-    read them yet, all sessions and POST streams together."""
+    (``pool``: its ``live()``, ``busy()`` and ``queued()`` counts), whether the policy process is
+    up (``policy_up``; ``None``: no helper unit), and (``outgoing``, when given) the bytes of
+    outgoing messages held for clients that have not read them yet, all sessions and POST streams
+    together."""
 
     def __init__(self, sessions: Callable[[], Iterable[str]], pool: PoolState,
-                 helper_up: Callable[[], bool | None], outgoing: Callable[[], int] | None = None) -> None:
-        self._sessions, self._pool, self._helper_up = sessions, pool, helper_up
+                 policy_up: Callable[[], bool | None], outgoing: Callable[[], int] | None = None) -> None:
+        self._sessions, self._pool, self._policy_up = sessions, pool, policy_up
         self._outgoing = outgoing
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -146,19 +150,20 @@ class StateCollector(Collector):
         if self._outgoing is not None:
             yield GaugeMetricFamily("mcpd_outgoing_bytes", "Bytes of outgoing messages clients have not read yet",
                                     value=self._outgoing())
-        up = self._helper_up()
+        up = self._policy_up()
         if up is not None:
-            yield GaugeMetricFamily("mcpd_helper_up", "1 while the root helper answers", value=1 if up else 0)
+            yield GaugeMetricFamily("mcpd_helper_up", "1 while the policy process (of the helper unit) answers",
+                                    value=1 if up else 0)
 
     def missing(self) -> list[str]:
         """What the front lacks to serve now, one line each (``/healthz``); empty: ready."""
-        if self._helper_up() is False:
-            return [HELPER_MISSING]
+        if self._policy_up() is False:
+            return [POLICY_MISSING]
         return []
 
 
-#: ``/healthz``'s line while the helper does not answer
-HELPER_MISSING = ("helper: the root helper does not answer (its policy process checks every token and starts "
+#: ``/healthz``'s line while the policy process does not answer (``helper``: the unit it runs in)
+POLICY_MISSING = ("helper: the policy process does not answer (it checks every token and has root start "
                   "every worker): new sessions, workers and privileged calls are refused until it is back")
 HEALTH_RETRY_SECONDS = 2  # ``Retry-After`` of a 503 from /healthz
 

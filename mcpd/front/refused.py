@@ -1,4 +1,4 @@
-"""One log line for every refused request (issue 14), outermost in the front's middleware stack.
+"""One log line for every refused request, outermost in the front's middleware stack.
 
 Every answer with a status of 400 or more (401 no or bad token, 403 origin, 404 no such route or
 session, 413 body too large, 415 wrong content type, 421 wrong host, 429 too many, 431 request line

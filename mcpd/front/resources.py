@@ -1,10 +1,11 @@
-"""The file resource: ``resources/templates/list`` and ``resources/read`` (issue 4; SPEC §2.5, §3).
+"""The file resource: ``resources/templates/list`` and ``resources/read`` (docs/REFERENCE.md §2.5, §3).
 
 ``file:///{+path}`` is the one resource template. ``resources/read`` of a ``file:`` URI runs the
-``files/read`` op on the same route as the tool (the caller's account worker, or the root helper
-with ``privileged``), so the resource and the tool cannot drift apart.
+``files/read`` op on the same route as the tool (the caller's account worker, or the privileged
+backend with ``privileged``: the policy process decides, root opens), so the resource and the tool
+cannot drift apart.
 
-Choices (written down for SPEC's notes):
+Rules:
 
 * URIs: ``file:///abs/path`` and ``file://localhost/abs/path`` (and ``file:/abs/path``) are
   absolute; ``file:relative/path`` (no ``//`` and no leading ``/``) is relative to the caller's
@@ -25,7 +26,7 @@ Choices (written down for SPEC's notes):
   which a file over the response cap needs (it is not hashed: ``FILE_TOO_LARGE``).
 * ``mimeType`` is guessed from the file name's extension (``mimetypes``), ``text/plain`` when
   unknown: it costs no second call and no second grant (libmagic is in ``files/filetype``).
-* Errors are JSON-RPC errors whose ``data`` is ``{"code", "message", "details"}`` (SPEC §2.5), with
+* Errors are JSON-RPC errors whose ``data`` is ``{"code", "message", "details"}`` (docs/REFERENCE.md §2.5), with
   the codes of the request's revision: ``FILE_NOT_FOUND`` → ``-32002`` (``-32602`` for 2026-07-28,
   which retired ``-32002``); what the server could not do (``HELPER_UNAVAILABLE``, ``TIMEOUT``,
   ``RATE_LIMITED``, ``INTERNAL_ERROR``) → ``-32603``; everything about the request itself (bad
@@ -238,7 +239,7 @@ class FileResources:
     """The :class:`mcpd.front.mcp.dispatcher.ResourceProvider` for ``file:`` URIs.
 
     Args:
-        pool: the worker pool (unprivileged route). privileged: the root helper backend.
+        pool: the worker pool (unprivileged route). privileged: the privileged backend (the policy process's client).
         workspaces: principal name → absolute workspace folder (mcpd.yaml ``workspaces``).
         default_workspace: ``~`` (the OS account's home), ``""`` (none) or an absolute folder.
     """
@@ -250,8 +251,8 @@ class FileResources:
         self.privileged = privileged
         self.workspaces = dict(workspaces)
         self.default_workspace = default_workspace
-        self.limits: LimitsTracker | None = None  # the Dispatcher's, so resource reads count too (issue 5)
-        self.access: AccessLog | None = None  # the Dispatcher's: each read is one record (SPEC §7.1)
+        self.limits: LimitsTracker | None = None  # the Dispatcher's, so resource reads count too
+        self.access: AccessLog | None = None  # the Dispatcher's: each read is one record (docs/REFERENCE.md §7.1)
 
     def list_templates(self) -> list[dict[str, Any]]:
         """``resourceTemplates``: the one ``file:///{+path}`` template."""

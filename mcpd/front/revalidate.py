@@ -4,16 +4,16 @@ Rotating or removing a principal's token (``mcpd users rotate|remove``), a login
 revocation (``linuxctl logout``, ``mcpd users sessions --revoke``) or its expiry must end the
 sessions it opened at once, not only refuse its next POST. The front cannot be told by the files
 it may not read, so it asks: every :data:`INTERVAL` seconds, each distinct token of the open
-sessions is authenticated again with the front's :class:`~mcpd.front.auth.Authenticator` (the root
-helper, or ``users.yaml`` in development mode); a session whose token now fails, or belongs to
+sessions is authenticated again with the front's :class:`~mcpd.front.auth.Authenticator` (the policy
+process, or ``users.yaml`` in development mode); a session whose token now fails, or belongs to
 another token id or principal, is closed, which ends its stream and cancels its requests.
 
-While the helper restarts, :class:`~mcpd.front.policy_client.authenticator.PolicyAuthenticator` answers from its
-short cache, so a helper restart alone closes nothing; while it is busy, it decides nothing
-(:class:`~mcpd.front.auth.TokenUndecided`), and no session is closed for that. A helper down for
-longer than the cache's window (:class:`~mcpd.front.auth.CheckerDown`) closes the sessions whose
-token it can no longer check, without taking the token for revoked (its workers are not retired as
-a revoked token's are: they ended with the helper).
+While the policy process restarts, :class:`~mcpd.front.policy_client.authenticator.PolicyAuthenticator`
+answers from its short cache, so a restart alone closes nothing; while it is busy, it decides
+nothing (:class:`~mcpd.front.auth.TokenUndecided`), and no session is closed for that. A policy
+process down for longer than the cache's window (:class:`~mcpd.front.auth.CheckerDown`) closes the
+sessions whose token it can no longer check, without taking the token for revoked (its workers are
+not retired as a revoked token's are: they ended with it).
 """
 
 from __future__ import annotations
@@ -46,15 +46,15 @@ async def revalidate_once(manager: SessionManager, authenticator: Authenticator,
         try:
             async with asyncio.timeout(CHECK_TIMEOUT):
                 principal = await authenticator.authenticate(token, fresh=True) if token else None
-        except CheckerDown:  # the helper has been down longer than the short window: close, not revoked
+        except CheckerDown:  # the policy process has been down longer than the short window: close, not revoked
             for session in sessions:
-                log.info("session %s closed: its token cannot be checked (the root helper is not running)",
+                log.info("session %s closed: its token cannot be checked (the policy process is not reachable)",
                          session.id)
                 manager.close(session)
                 closed += 1
             continue
         except (TimeoutError, TokenUndecided):
-            continue  # undecided (the helper is busy or slow): check again next round
+            continue  # undecided (the policy process is busy or slow): check again next round
         for session in sessions:
             p = session.principal
             if principal is None or (principal.name, principal.token_id) != (p.name, p.token_id):

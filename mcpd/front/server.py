@@ -37,7 +37,7 @@ from mcpd.front.policy_client.spawner import PolicySpawner
 from mcpd.front.privileged import PrivilegedBackend, Unavailable
 from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.resources import FileResources
-from mcpd.front.login import HelperLogin, NoLogin
+from mcpd.front.login import NoLogin, PolicyLogin
 from mcpd.front.revalidate import revalidate_forever
 from mcpd.front.sessions.table import SessionManager
 from mcpd.front.workers.pool import WorkerPool
@@ -74,8 +74,9 @@ def tls_context(cfg: Config) -> ssl.SSLContext:
 def _backends(cfg: Config) -> tuple[Authenticator, Spawner, PolicyChannel | None]:
     """Who authenticates tokens, starts workers and decides privileged calls (docs/PRIVSEP.md).
 
-    With a ``helper_socket`` configured, all three go through the root helper: it alone reads
-    ``users.yaml``, starts workers with each account's own uid, and decides grants (docs/REFERENCE.md §4.1).
+    With a ``helper_socket`` configured, all three go to the policy process: it alone reads
+    ``users.yaml`` and decides grants (docs/REFERENCE.md §4.1), and has root start workers with
+    each account's own uid and open the granted files.
     Without one (development as a normal user), the front reads ``users.yaml`` itself, workers run
     as the daemon's own user, and every privileged call is ``HELPER_UNAVAILABLE``, never a
     downgrade.
@@ -108,16 +109,16 @@ class _NotifyingServer(uvicorn.Server):
             hook()
 
 
-HELPER_PROBE_SECONDS = 1.0
+POLICY_PROBE_SECONDS = 1.0
 
 
 async def _probe_forever(channel: PolicyChannel) -> None:
-    """With metrics on: ask the helper for one answer every :data:`HELPER_PROBE_SECONDS`
-    (:meth:`PolicyChannel.probe`), so ``mcpd_helper_up`` and ``/healthz`` say whether the helper
-    answers now rather than whether a call happened to need it."""
+    """With metrics on: ask the policy process for one answer every :data:`POLICY_PROBE_SECONDS`
+    (:meth:`PolicyChannel.probe`), so ``mcpd_helper_up`` and ``/healthz`` say whether it answers
+    now rather than whether a call happened to need it."""
     while True:
         await channel.probe()
-        await asyncio.sleep(HELPER_PROBE_SECONDS)
+        await asyncio.sleep(POLICY_PROBE_SECONDS)
 
 
 class Server:
@@ -146,7 +147,7 @@ class Server:
         dispatcher = Dispatcher(pool, backend, resources=resources, tool_names=self.cfg.tool_names)
         dispatcher.max_in_flight, dispatcher.max_batch = self.cfg.max_in_flight, self.cfg.max_batch
         dispatcher.max_batch_bytes = self.cfg.session_queue_bytes
-        login = HelperLogin(channel) if channel is not None else NoLogin()
+        login = PolicyLogin(channel) if channel is not None else NoLogin()
         if self.cfg.limits != Limits():
             dispatcher.limits = resources.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)
         if self.cfg.access_log:
@@ -220,14 +221,14 @@ class Server:
 
 
 #: Set to ``1`` to let the front run as root anyway. Only the test suite's plain fixture does (it
-#: runs as root, with no helper, principals mapped to its own account and files in root's temporary
+#: runs as root, with no helper unit, principals mapped to its own account and files in root's temporary
 #: folders); a deployment never should.
 ALLOW_ROOT_ENV = "MCPD_ALLOW_ROOT_FRONT"
 
 ROOT_REFUSAL = (
-    "mcpd serve must not run as root: the root helper refuses a front running as root (every token "
-    "would be answered 401), and without a helper every read would have root's rights. Run the root "
-    "helper as root and the front as the service user: `systemctl enable --now mcpd-helper.socket "
+    "mcpd serve must not run as root: the policy process refuses a front running as root (every token "
+    "would be answered 401), and without the helper unit every read would have root's rights. Run the "
+    "root helper as root and the front as the service user: `systemctl enable --now mcpd-helper.socket "
     "mcpd.service` (or by hand: `mcpd helper --config FILE` as root, then `runuser -u mcpd -- mcpd serve "
     "--config FILE`); for development, `mcpd dev` does both."
 )
@@ -254,7 +255,7 @@ def serve(config_path: str) -> int:
     if refusal is not None:
         log.error("%s", refusal)
         return EXIT_CONFIG
-    frames.use_codec(wirejson.dumps, wirejson.loads)  # orjson for the helper's and workers' frames
+    frames.use_codec(wirejson.dumps, wirejson.loads)  # orjson for the policy process's and workers' frames
     # uvloop: its TLS transport and event loop cost a fraction of asyncio's (profiled: asyncio's
     # sslproto write path was over a quarter of the front's time per small read).
     with asyncio.Runner(loop_factory=loop_factory(cfg.connections)) as runner:

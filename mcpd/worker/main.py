@@ -1,9 +1,10 @@
-"""The worker process (DESIGN.md "worker"): runs ops for one OS account over its socketpair.
+"""The worker process (docs/PRIVSEP.md): runs ops for one OS account over its socketpair.
 
 It starts as ``python -I -m mcpd.worker --fd N [--ctl M] --limits JSON``, makes itself
 non-dumpable before anything else (:func:`_seal`), closes every other descriptor, sets
 no_new_privs, and exits when the socket closes. It holds nothing of the front's: no TLS key, no
-tokens. Started by the root helper (``--ctl``), it then tells the policy process it is hardened:
+tokens. Started by root's fork server for the policy process (``--ctl``: its control socket to
+the policy process), it then tells the policy process it is hardened:
 one frame ``{"ready": true}`` on its control socket with a descriptor of its own
 ``/proc/self/status``, which the policy process reads to check it before it passes the worker a
 descriptor (docs/PRIVSEP.md, "A worker's start").
@@ -38,7 +39,7 @@ REQUEST_CAP = frames.HELPER_REQUEST_CAP  # bytes: a request frame to a worker is
 
 
 def serve(sock: socket.socket, ctx: OpContext, ctl: socket.socket | None = None) -> None:
-    """Run the worker loop until the peer closes the socket (DESIGN.md "worker").
+    """Run the worker loop until the peer closes the socket (docs/PRIVSEP.md).
 
     Args:
         sock: a blocking, connected ``AF_UNIX`` stream socket (the worker's end of a socketpair).
@@ -88,13 +89,13 @@ def serve(sock: socket.socket, ctx: OpContext, ctl: socket.socket | None = None)
 
 def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], fds: list[int],
                   ctx: OpContext) -> None:
-    """Run one privileged content call the root helper granted (SPEC §4.5a): ``frame`` is
-    ``{"id", "op", "args"}`` with the granted path in ``args["path"]`` and ``fds`` the one
-    descriptor the helper opened for it; nothing else may be opened. For ``files/filetype`` the
-    frame also holds ``"facts"`` (what root's descriptor showed) and ``fds`` is the sealed sample
-    memfd of a regular file, or empty (:func:`mcpd.policy.opened.described`). The reply goes to
-    the front on ``sock``; a report ``{"id", "code", "bytes"}`` (no content) goes back to the
-    helper on ``ctl`` for its audit record."""
+    """Run one privileged content call the policy process granted (docs/REFERENCE.md §4.5a): ``frame``
+    is ``{"id", "op", "args"}`` with the granted path in ``args["path"]`` and ``fds`` the one
+    descriptor root opened for it (passed on by the policy process); nothing else may be opened.
+    For ``files/filetype`` the frame also holds ``"facts"`` (what root's descriptor showed) and
+    ``fds`` is the sealed sample memfd of a regular file, or empty
+    (:func:`mcpd.policy.opened.described`). The reply goes to the front on ``sock``; a report ``{"id", "code", "bytes"}`` (no content) goes back to the
+    policy process on ``ctl`` for its audit record."""
     from mcpd.core import ops
 
     args = frame.get("args")
@@ -120,7 +121,7 @@ def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any]
     text = result.get("text") if isinstance(result, dict) else None
     size = 0 if not isinstance(text, str) else len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
     code = None if reply.get("ok") else reply["error"]["code"]
-    # The report first: the helper writes its audit record and answers the front, which reads
+    # The report first: the policy process writes its audit record and answers the front, which reads
     # this reply only after that answer (so a reply larger than the socket buffers never holds
     # up the report).
     frames.send_frame(ctl, {"id": frame.get("id"), "code": code, "bytes": size})
@@ -204,7 +205,7 @@ def _no_new_processes() -> None:
     """Install a seccomp filter under which this process (and its threads) can start no process
     and exec nothing: ``fork``, ``vfork``, ``execve``, ``execveat`` and a ``clone`` without
     ``CLONE_THREAD`` fail with ``EPERM``, ``clone3`` with ``ENOSYS``; a system call of another ABI
-    (i386 or x32 on x86_64) kills the process. So no helper process of a compromised worker can
+    (i386 or x32 on x86_64) kills the process. So no child process of a compromised worker can
     keep a granted descriptor after the worker is killed. Needs no_new_privs. Raises ``OSError``
     when the kernel refuses the filter or the architecture is not one of
     :data:`_SECCOMP_ARCHES` (the worker then fails to start: fail closed)."""
@@ -256,7 +257,7 @@ def _harden(keep: set[int], parent: int) -> None:
     pr_set_no_new_privs, pr_set_pdeathsig = 38, 1
     if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    # die with the process that started it (the front's pool, or the helper's fork server), even
+    # die with the process that started it (the front's pool, or root's fork server), even
     # in the middle of a long read: no worker outlives whoever controls it
     if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
@@ -269,7 +270,8 @@ def _harden(keep: set[int], parent: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point ``python -m mcpd.worker --fd N [--ctl M] --parent PID --limits JSON``; returns the exit status.
 
-    ``--ctl`` is the root helper's channel, over which it passes descriptors for privileged reads
+    ``--ctl`` is the control socket to the policy process, which passes over it the descriptors root
+    opened for privileged reads
     (:func:`serve_granted`); workers started by the front itself (development mode) have none.
 
     ``--limits`` is a JSON object of :class:`mcpd.common.config.ReadLimits` fields (bytes). Exits 0 when
@@ -278,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     _seal()
     parser = argparse.ArgumentParser(prog="python -m mcpd.worker")
     parser.add_argument("--fd", type=int, required=True, help="the worker's socketpair end")
-    parser.add_argument("--ctl", type=int, default=None, help="the root helper's channel (privileged reads)")
+    parser.add_argument("--ctl", type=int, default=None,
+                        help="the control socket to the policy process (privileged reads)")
     parser.add_argument("--parent", type=int, required=True, help="the pid of the process that started it")
     parser.add_argument("--limits", default="{}", help="ReadLimits as a JSON object (bytes)")
     opts = parser.parse_args(argv)

@@ -106,7 +106,7 @@ def test_while_the_helper_is_down_a_token_it_cannot_check_gets_503_never_401(
             for token in (d.tokens["bob"], forged):
                 for route, status, retry, body in answers(d, token):
                     assert (status, retry) == (503, "2"), (route, status, retry, body)
-                    assert "root helper is not running" in body and "invalid" not in body, body
+                    assert "policy process is not reachable" in body and "invalid" not in body, body
             assert [a[1] for a in answers(d, "not-an-mcpd-token")] == [401, 401]
             # alice's session was checked before: what needs the helper says so as a tool error
             res = await c.call_tool("files/read", {"path": "/etc/hostname"}, check=False)
@@ -115,7 +115,7 @@ def test_while_the_helper_is_down_a_token_it_cannot_check_gets_503_never_401(
     asyncio.run(go())
     lines = d.log("front.log").splitlines()
     refusals = [line for line in lines if "refused 503" in line]
-    assert len(refusals) == 4 and all("root helper is not running" in line for line in refusals), refusals
+    assert len(refusals) == 4 and all("policy process is not reachable" in line for line in refusals), refusals
     assert not [line for line in lines if "refused 401" in line and "token id" in line], lines[-20:]
     d.start_helper()
     assert wait_for(lambda: [a[1] for a in answers(d, d.tokens["bob"])] == [200, 200])
@@ -130,7 +130,7 @@ def test_healthz_is_not_ready_while_the_helper_is_down(metrics_daemon: tuple[Pri
     assert got, f"/healthz still answers {health(port)} with the helper down"
     status, retry, body, up = got
     assert (status, retry, up) == (503, "2", 0), (status, retry, body, up)
-    assert body.startswith("not ready: helper: the root helper does not answer"), body
+    assert body.startswith("not ready: helper: the policy process does not answer"), body
     d.start_helper()
     assert wait_for(lambda: health(port)[0] == 200), health(port)
     assert health(port)[1:] == (None, "ok\n", 1)
@@ -151,13 +151,13 @@ def test_while_the_helper_is_down_login_says_retry_after_and_clients_show_the_se
     with httpx.Client(verify=ssl.create_default_context(cafile=d.cacert), timeout=10) as c:
         resp = c.post(d.url + "/login", json={"user": "alice", "password": "wrong"})
     assert (resp.status_code, resp.headers.get("retry-after")) == (503, "2"), (resp.status_code, resp.headers)
-    assert "root helper" in resp.json()["error"], resp.text
+    assert "policy process" in resp.json()["error"], resp.text
     with pytest.raises(ConnectError) as refused:
         login(d.url, "alice", "wrong", d.cacert, timeout=10)
-    assert "root helper" in refused.value.message and "retry after 2 s" in refused.value.message, refused.value
+    assert "policy process" in refused.value.message and "retry after 2 s" in refused.value.message, refused.value
     for transport, method in (("http", b"POST"), ("sse", b"GET")):
         res = linuxctl("--url", d.url, "--token", d.tokens["bob"], "--cacert", str(d.cacert),
                        "--transport", transport, "get", "files", "/etc/hostname")
         err = res.stderr
         assert res.returncode == 1 and err.startswith(b"HTTP_503: " + method), err
-        assert b"(retry after 2 s): the root helper is not running, so the token cannot be checked now" in err, err
+        assert b"(retry after 2 s): the policy process is not reachable, so the token cannot be checked now" in err, err

@@ -159,7 +159,7 @@ def test_a_privileged_read_that_never_reached_the_helper_leaves_a_record(everyon
 
     with HungWalks(d):
         err, records = asyncio.run(go())
-    assert err["code"] == "TIMEOUT" and "no connection to the root helper came free" in err["message"], err
+    assert err["code"] == "TIMEOUT" and "no connection to the policy process came free" in err["message"], err
     assert len(records) == 1 and records[0]["event"] == "access", records
     assert records[0]["outcome"] == "TIMEOUT" and records[0]["route"] == "privileged"
 

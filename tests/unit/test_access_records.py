@@ -128,7 +128,7 @@ def _forwarded(log: AccessLog, marks: list[bool], error: ToolError | None) -> No
         with Call(log, ALICE, "127.0.0.1:1", "s1", "files/read", {"path": "/a", "privileged": True}) as call:
             call.stage = "forwarded"
             for mark in marks:
-                access.helper_received(mark)
+                access.policy_received(mark)
             if error is not None:
                 raise error
             call.result = {"text": "xy", "path": "/a"}
@@ -147,10 +147,10 @@ def test_a_forwarded_call_is_recorded_by_the_front_only_when_the_policy_process_
     _forwarded(log, [True], ToolError(TIMEOUT, "the worker did not finish in 1 s"))  # the policy records it
     assert not path.exists() or lines(path) == []
     _forwarded(log, [], ToolError(RATE_LIMITED, "8 privileged calls of this principal ..."))
-    _forwarded(log, [], ToolError(TIMEOUT, "no connection to the root helper came free within 1 s"))
+    _forwarded(log, [], ToolError(TIMEOUT, "no connection to the policy process came free within 1 s"))
     _forwarded(log, [True, False], ToolError(HELPER_UNAVAILABLE, "gone"))
     got = [(r["route"], r["decision"], r["outcome"], r["reason"]) for r in lines(path)]
     assert got == [("privileged", "reject", "RATE_LIMITED", "8 privileged calls of this principal ..."),
-                   ("privileged", "accept", "TIMEOUT", "no connection to the root helper came free within 1 s"),
-                   ("privileged", "accept", "HELPER_UNAVAILABLE", "the root helper is unreachable")]
-    access.helper_received(True)  # outside a call: nothing to mark, nothing fails
+                   ("privileged", "accept", "TIMEOUT", "no connection to the policy process came free within 1 s"),
+                   ("privileged", "accept", "HELPER_UNAVAILABLE", "the policy process is unreachable")]
+    access.policy_received(True)  # outside a call: nothing to mark, nothing fails

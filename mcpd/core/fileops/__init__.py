@@ -1,14 +1,14 @@
 """Directory and metadata operations: ``files/list``, ``files/find``, ``files/filetype``.
 
 The walking of ``files/list`` and ``files/find`` is :mod:`mcpd.core.walk` (the one walker, also
-run as root by the helper for privileged calls); it returns raw results (names and ``lstat``
+run by the privileged walker ``mcpd-walk``, CAP_DAC_READ_SEARCH only); it returns raw results (names and ``lstat``
 numbers). This package turns them into the tools' results: :func:`format_list` and
 :func:`format_find` (owner and group names, ``"0640"``/``"-rw-r-----"`` modes, ISO 8601 times,
 notes), run in the worker for the unprivileged route and in the front for the raw results the
-root helper sends back. ``files/filetype`` (:mod:`.filetype`) reads content and therefore never
+policy process sends back from the walker. ``files/filetype`` (:mod:`.filetype`) reads content and therefore never
 runs as root.
 
-Privileged filtering rule (SPEC §4): every entry an op would show is passed to ``ctx.allow``
+Privileged filtering rule (docs/REFERENCE.md §4): every entry an op would show is passed to ``ctx.allow``
 first; an entry it refuses is not shown at all, not even its name. ``files/find`` descends into a
 directory only when ``ctx.allow`` covers that directory (the starting directory is always
 scanned, its entries filtered), so a grant such as ``/etc/nginx/*.conf`` can be searched from

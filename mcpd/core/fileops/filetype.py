@@ -1,4 +1,4 @@
-"""``files/filetype``: what a file is, without reading more than a sample (issue 4).
+"""``files/filetype``: what a file is, without reading more than a sample.
 
 One flow for both routes. The last component is first examined with ``lstat`` as the worker's own
 account (:func:`mcpd.core.walk.lstat_at`), so a symlink is reported as ``inode/symlink`` (with its
@@ -8,8 +8,8 @@ gives must be that inode (else ``PERMISSION_DENIED``, reason ``path changed whil
 
 * Unprivileged route: ``ctx.open_file`` is :func:`mcpd.core.fileopen.open_regular` (the kernel
   judges; it refuses anything but a regular file without opening it).
-* Privileged content route: the root helper decided, resolved and checked the path (SPEC §4.4)
-  and opened it once, but its descriptor never leaves the policy process (a filetype grant is no
+* Privileged content route: the policy process decided the path (docs/REFERENCE.md §4.4) and
+  root resolved, checked and opened it once, but its descriptor never leaves the policy process (a filetype grant is no
   read grant): the policy process sends the worker, in ``ctx.facts``, what that descriptor showed
   (``fstat``'s mode, size, device and inode, and ``readlinkat(fd, "")``'s target for a symlink)
   and, for a regular file only, ``ctx.open_file(path)`` gives a sealed memfd holding the file's
@@ -36,7 +36,7 @@ from mcpd.core.fileops import SAMPLE_BYTES, Context, allowed, clean, no_grant, t
 from mcpd.core.tools import files_filetype
 from mcpd.core.walk import lstat_at
 
-BINARY_PROBE = 8 * 1024  # a NUL in these first bytes means binary (SPEC §3's rule)
+BINARY_PROBE = 8 * 1024  # a NUL in these first bytes means binary (docs/REFERENCE.md §3's rule)
 
 _INODE_MIME = {
     "dir": "inode/directory",

@@ -1,4 +1,4 @@
-"""``files/find``: search a tree by name glob, type and depth (issue 4).
+"""``files/find``: search a tree by name glob, type and depth.
 
 The walk is :func:`mcpd.core.walk.walk_find` (depth first over directory descriptors,
 subdirectories opened relative to their parent with ``O_NOFOLLOW`` unless ``follow_symlinks`` on
@@ -19,7 +19,7 @@ __all__ = ["FindQuery", "find", "format_find", "op_find"]
 
 @dataclass
 class FindQuery:
-    """What to look for (issue 4). ``max_depth``: levels below root (1 = root's entries);
+    """What to look for. ``max_depth``: levels below root (1 = root's entries);
     ``time_budget`` in seconds."""
 
     name: str | None = None
@@ -46,7 +46,7 @@ def find(root: str, ctx: Context, query: FindQuery) -> dict[str, Any]:
 
     Raises:
         ToolError: the root cannot be opened (the opener's error), or ``follow_symlinks`` was
-            asked on the privileged route (``INVALID_ARGUMENT``; SPEC §4.4 follows no symlink).
+            asked on the privileged route (``INVALID_ARGUMENT``; docs/REFERENCE.md §4.4 follows no symlink).
     """
     args = {
         "root": root,

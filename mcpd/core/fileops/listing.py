@@ -1,4 +1,4 @@
-"""``files/list``: a directory's entries, or one non-directory entry (issue 4).
+"""``files/list``: a directory's entries, or one non-directory entry.
 
 The walk is :func:`mcpd.core.walk.walk_list` (descriptor-relative, hidden names included, sorted
 by name, symlinks shown as links with their target, never followed; on the privileged route every

@@ -1,4 +1,4 @@
-"""The tool registry (SPEC §2.4): tool name → the module that defines it.
+"""The tool registry (docs/REFERENCE.md §2.4): tool name → the module that defines it.
 
 Each tool module defines ``NAME``, ``DESCRIPTION``, ``INPUT_SCHEMA``, ``parse_args(args)`` and
 ``format_result(result)`` (see docs/INTERNALS.md). The front lists and dispatches exactly the
@@ -14,7 +14,7 @@ from mcpd.core.tools import files_filetype, files_find, files_list, files_read
 
 
 class ToolModule(Protocol):
-    """The shape every ``mcpd/tools/<tool>.py`` module has."""
+    """The shape every ``mcpd/core/tools/<tool>.py`` module has."""
 
     NAME: str
     DESCRIPTION: str
@@ -38,7 +38,7 @@ TOOLS: Mapping[str, ToolModule] = _registry(files_read, files_list, files_find, 
 
 def portable_name(name: str) -> str:
     """The spelling of tool ``name`` every LLM API accepts (``^[a-zA-Z0-9_-]{1,64}$``):
-    ``files/read`` → ``files_read`` (SPEC §2.4, ``tool_names: portable``)."""
+    ``files/read`` → ``files_read`` (docs/REFERENCE.md §2.4, ``tool_names: portable``)."""
     return name.replace("/", "_")
 
 
@@ -52,12 +52,12 @@ DEADLINE_MARGIN = 5.0  # seconds a call may run past a tool's own time budget (s
 
 
 def deadline_seconds(args: dict[str, Any], default: float) -> float:
-    """The deadline in seconds for one call with parsed ``args`` (SPEC §2.5 ``TIMEOUT``).
+    """The deadline in seconds for one call with parsed ``args`` (docs/REFERENCE.md §2.5 ``TIMEOUT``).
 
     A tool with its own ``time_budget_seconds`` (``files/find``, at most 60 s after ``parse_args``)
     gets that budget plus :data:`DEADLINE_MARGIN`, so the walk can stop itself and answer before
-    the worker (or the root helper's child) is killed; the result is never below ``default``
-    (``workers.timeout_seconds``). Used by the front for both routes and by the root helper.
+    the worker (or the privileged walker) is killed; the result is never below ``default``
+    (``workers.timeout_seconds``). Used by the front for both routes.
     """
     budget = args.get("time_budget_seconds")
     if isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0:

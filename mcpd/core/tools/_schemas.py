@@ -1,4 +1,4 @@
-"""JSON Schema fragments shared by the tools' ``INPUT_SCHEMA`` (SPEC §2.4).
+"""JSON Schema fragments shared by the tools' ``INPUT_SCHEMA`` (docs/REFERENCE.md §2.4).
 
 The checks themselves are :mod:`mcpd.common.validate` (one validator set for every tool).
 """
@@ -13,5 +13,5 @@ PATH_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": PA
 PRIVILEGED_SCHEMA: dict[str, Any] = {
     "type": "boolean",
     "default": False,
-    "description": "Run through the root helper under an mcp-sudo.yaml grant (never silently downgraded).",
+    "description": "Run with root's read rights under an mcp-sudo.yaml grant (never silently downgraded).",
 }

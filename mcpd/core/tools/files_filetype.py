@@ -1,4 +1,4 @@
-"""The ``files/filetype`` tool: what a file is, from a small sample (issue 4).
+"""The ``files/filetype`` tool: what a file is, from a small sample.
 
 Front side only: schema, argument checks and formatting of
 :func:`mcpd.core.fileops.filetype.op_filetype`'s result.
@@ -19,7 +19,7 @@ DESCRIPTION = (
     "never followed; inode/fifo etc. for special files, which are never opened), and for a regular "
     "file whether it is text or binary, its encoding (from a BOM, UTF-8, or detected), and its line "
     f"endings (LF, CRLF, CR, mixed or none), judged from the first {SAMPLE_BYTES} bytes. "
-    "`privileged: true` runs through the root helper under an mcp-sudo.yaml grant."
+    "`privileged: true` runs with root's read rights under an mcp-sudo.yaml grant."
 )
 INPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -40,7 +40,7 @@ def parse_args(args: Any) -> dict[str, Any]:
         ``{"path": str, "privileged": bool}``.
 
     Raises:
-        ToolError: ``INVALID_ARGUMENT`` (SPEC §2.5) for a missing/relative path, a NUL byte or an
+        ToolError: ``INVALID_ARGUMENT`` (docs/REFERENCE.md §2.5) for a missing/relative path, a NUL byte or an
             unknown key.
     """
     args = check_object(args, _KNOWN)

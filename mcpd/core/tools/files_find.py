@@ -1,7 +1,7 @@
-"""The ``files/find`` tool: search a tree by name glob, type and depth (issue 4).
+"""The ``files/find`` tool: search a tree by name glob, type and depth.
 
 Schema, description and the text of the op's result. The argument checks are
-:func:`mcpd.core.walk.parse_find_args`, which the root helper runs too; the walk is
+:func:`mcpd.core.walk.parse_find_args`, which the privileged walker runs too; the walk is
 :func:`mcpd.core.walk.walk_find` and the result :func:`mcpd.core.fileops.find.format_find`'s.
 """
 
@@ -26,7 +26,7 @@ DESCRIPTION = (
     "unless `follow_symlinks: true` (loops are detected). Stops at `max_results` (default "
     f"{DEFAULT_MAX_RESULTS}, max {MAX_RESULTS}) or after `time_budget_seconds` (default "
     f"{DEFAULT_BUDGET}, max {MAX_BUDGET}) and says so. Directories that cannot be read are listed "
-    "in `errors` and skipped. `privileged: true` searches through the root helper, showing only "
+    "in `errors` and skipped. `privileged: true` searches with root's read rights, showing only "
     "what an mcp-sudo.yaml grant covers."
 )
 INPUT_SCHEMA: dict[str, Any] = {

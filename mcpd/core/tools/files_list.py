@@ -1,7 +1,7 @@
-"""The ``files/list`` tool: a directory's entries with their metadata (issue 4).
+"""The ``files/list`` tool: a directory's entries with their metadata.
 
 Schema, description and the text of the op's result. The argument checks are
-:func:`mcpd.core.walk.parse_list_args`, which the root helper runs too; the walk is
+:func:`mcpd.core.walk.parse_list_args`, which the privileged walker runs too; the walk is
 :func:`mcpd.core.walk.walk_list` and the result :func:`mcpd.core.fileops.listing.format_list`'s.
 """
 
@@ -22,7 +22,7 @@ DESCRIPTION = (
     "bytes, mode (octal and -rw-r----- form), owner and group names (numeric when unnamed) and "
     "mtime (ISO 8601 UTC). Symlinks are shown, never followed. A path that is not a directory is "
     f"described alone. At most `limit` entries (default {DEFAULT_LIMIT}, max {MAX_LIMIT}); a note "
-    "says how many were left out. `privileged: true` lists through the root helper, showing only "
+    "says how many were left out. `privileged: true` lists with root's read rights, showing only "
     "entries an mcp-sudo.yaml grant covers."
 )
 INPUT_SCHEMA: dict[str, Any] = {

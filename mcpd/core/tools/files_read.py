@@ -1,7 +1,8 @@
-"""The ``files/read`` tool: schema, description, argument validation, result shape (SPEC §3, §2.4, §2.5).
+"""The ``files/read`` tool: schema, description, argument validation, result shape
+(docs/REFERENCE.md §3, §2.4, §2.5).
 
-``parse_args`` is pure and trusts nothing: the front runs it, and so do the worker and the root
-helper again before opening anything.
+``parse_args`` is pure and trusts nothing: the front runs it, and the worker runs it again
+before it reads anything (on the privileged route the policy process checks only the path).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ NAME = "files/read"
 DESCRIPTION = """Read a text file on the server. Returns the text raw (no line numbers) as one text item.
 
 Arguments: path (absolute, required); start_line, end_line (integers >= 1); offset (integer >= 0, bytes); \
-limit (integer >= 1, bytes); privileged (boolean, default false: read with the root helper under a \
+limit (integer >= 1, bytes); privileged (boolean, default false: read with root's rights under a \
 mcp-sudo.yaml grant); encoding (utf-8 default, ascii, latin-1, cp1252, utf-16, auto); include_metadata \
 (boolean: adds path, size, lines, encoding, language, lastModified, sha256 as structured content).
 
@@ -62,7 +63,7 @@ _KNOWN = frozenset(INPUT_SCHEMA["properties"])
 
 
 def parse_args(args: Any) -> dict[str, Any]:
-    """Validate ``files/read`` arguments (SPEC §3, §2.5) with :mod:`mcpd.common.validate`.
+    """Validate ``files/read`` arguments (docs/REFERENCE.md §3, §2.5) with :mod:`mcpd.common.validate`.
 
     Args:
         args: the JSON ``arguments`` object as received (anything).

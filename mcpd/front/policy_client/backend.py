@@ -16,7 +16,7 @@ from mcpd.common.inflight import InFlight
 from mcpd.core import fileops
 from mcpd.core.tools import DEADLINE_MARGIN, deadline_seconds
 from mcpd.front import metrics
-from mcpd.front.access import helper_received
+from mcpd.front.access import policy_received
 from mcpd.front.limits import CAP_KEY
 from mcpd.front.policy_client.channel import (
     CALL_CONNECTIONS, CALL_SHARE, UNAVAILABLE, NoConnection, OverShare, PolicyChannel, PolicyUnavailable,
@@ -25,7 +25,7 @@ from mcpd.front.workers.channel import reply_result
 from mcpd.front.workers.pool import WorkerPool
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
 
-#: refusals decided before the root helper touched the worker: the worker stays in the pool
+#: refusals the policy process decided before root handed the worker a file: the worker stays in the pool
 DECIDED = frozenset({PERMISSION_DENIED, "NOT_A_REGULAR_FILE", "FILE_NOT_FOUND", "INVALID_ARGUMENT"})
 
 
@@ -83,25 +83,25 @@ class PolicyBackend:
             async with self._channel.lease(principal.name, timeout, queue=not walk) as lease:
                 left = max(end - loop.time(), 0.001)  # the wait for a connection is part of the call's time
                 if walk:
-                    raw = (await self._channel.ask(req, left, lease, helper_received))["result"]
+                    raw = (await self._channel.ask(req, left, lease, policy_received))["result"]
                     return fileops.format_list(raw) if op == "files/list" else fileops.format_find(raw)
 
                 job = dict(args, **({CAP_KEY: cap} if cap else {}))
                 async with self._pool.lease(principal.os_user, op, job, token=token, owner=principal.name,
                                             timeout=left, decided=DECIDED) as worker:
-                    await self._channel.ask(dict(req, worker=worker.pid, rid=worker.rid), left, lease, helper_received)
+                    await self._channel.ask(dict(req, worker=worker.pid, rid=worker.rid), left, lease, policy_received)
                     reply = await worker.reply()
                 return reply_result(reply)
         except OverShare:
             metrics.limit_hit("privileged_per_principal")
             raise ToolError(RATE_LIMITED, f"{CALL_SHARE} privileged calls of this principal are holding connections "
-                            f"to the root helper (its share of {CALL_CONNECTIONS}); retry when one ends",
+                            f"to the policy process (its share of {CALL_CONNECTIONS}); retry when one ends",
                             limit=CALL_SHARE) from None
         except NoConnection as exc:
-            metrics.limit_hit("helper_connections")
+            metrics.limit_hit("helper_connections")  # the metric's label value: a public name
             held = f"this principal's privileged calls hold its share ({CALL_SHARE})" if exc.own else \
                 f"privileged calls in flight hold all {CALL_CONNECTIONS}"
-            raise ToolError(TIMEOUT, f"no connection to the root helper came free within {timeout:g} s: {held}",
+            raise ToolError(TIMEOUT, f"no connection to the policy process came free within {timeout:g} s: {held}",
                             seconds=timeout) from None
         except PolicyUnavailable:
             raise ToolError(HELPER_UNAVAILABLE, UNAVAILABLE) from None

@@ -25,7 +25,7 @@ from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolE
 
 log = logging.getLogger(__name__)
 
-UNAVAILABLE = "privileged reads are unavailable: the root helper is not running"
+UNAVAILABLE = "privileged reads are unavailable: the policy process is not reachable"
 CONNECTIONS = 4
 #: privileged calls in flight at once; each has a connection of its own, on which the policy
 #: process runs it without handing it to another thread (so nothing else may wait behind it there)
@@ -103,7 +103,7 @@ class _Connection:
             os.close(fd)
         for fut in self.pending.values():
             if not fut.done():
-                fut.set_exception(PolicyUnavailable("the helper closed the connection"))
+                fut.set_exception(PolicyUnavailable("the policy process closed the connection"))
         self.pending.clear()
 
 
@@ -159,7 +159,7 @@ class PolicyChannel:
     @property
     def up(self) -> bool:
         """Whether the policy process answers: its last :meth:`probe` got an answer and no connection has
-        been lost since (the metrics' ``mcpd_helper_up`` and ``/healthz``; with metrics on, the
+        been lost since (the metric ``mcpd_helper_up`` and ``/healthz``; with metrics on, the
         server probes every second). A connection alone says nothing: under socket activation
         systemd accepts connections while no policy process runs."""
         return self._answered == self.losses
@@ -307,7 +307,7 @@ class PolicyChannel:
         except PolicyUnavailable:
             raise ToolError(HELPER_UNAVAILABLE, UNAVAILABLE) from None
         except TimeoutError:
-            raise ToolError(HELPER_UNAVAILABLE, "the root helper did not answer in time") from None
+            raise ToolError(HELPER_UNAVAILABLE, "the policy process did not answer in time") from None
         for s in fds:
             s.close()
         if not reply.get("ok"):

@@ -1,4 +1,4 @@
-"""Workers for the token's principal, started by the root helper as the principal's OS account
+"""Workers for the token's principal, started by root as the principal's OS account
 when the policy process asks it (:class:`PolicySpawner`, the pool's spawner in production); the
 policy process binds each worker to the token's principal."""
 
@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 class PolicySpawner:
-    """A :class:`~mcpd.front.workers.spawner.Spawner` whose workers the root helper starts, asked by
+    """A :class:`~mcpd.front.workers.spawner.Spawner` whose workers root starts, asked by
     the policy process, for the principal of the token given, as that principal's OS account."""
 
     def __init__(self, channel: PolicyChannel) -> None:
@@ -31,7 +31,7 @@ class PolicySpawner:
         try:
             reply, socks = await self._channel.request({"type": "spawn_worker", "token": token}, timeout=30)
         except (PolicyUnavailable, TimeoutError):
-            raise ToolError(HELPER_UNAVAILABLE, "cannot start a worker: the root helper is not running") from None
+            raise ToolError(HELPER_UNAVAILABLE, "cannot start a worker: the policy process is not reachable") from None
         pid = reply.get("pid")
         if not reply.get("ok") or len(socks) != 1 or not isinstance(pid, int):
             for s in socks:
@@ -44,7 +44,7 @@ class PolicySpawner:
 
     def generation(self) -> int:
         """:attr:`PolicyChannel.losses`: it changes when the connections to the policy process were lost, as
-        when the root helper or its policy process died (and every worker with it)."""
+        when the policy process died (with root, or alone) (and every worker with it)."""
         return self._channel.losses
 
     async def alive(self) -> bool:

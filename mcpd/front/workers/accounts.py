@@ -1,6 +1,6 @@
 """The worker pool's accounts and their workers: which idle worker may serve a call (one its
 token started), when a new one is started (bounded per principal by a token bucket; free when it
-replaces one lost to a restart of the root helper), and how one is ended and reaped.
+replaces one lost to a restart of the helper unit), and how one is ended and reaped.
 
 An account is one (principal, OS account) pair: at most ``workers.per_account`` workers and as
 many calls at once (its slots); at most ``workers.max_accounts`` accounts, the least recently used
@@ -96,7 +96,7 @@ class Accounts:
         of its tokens), which no longer authenticates: they must not outlive it. Busy ones end
         with their calls (which their closed sessions cancel), without a cancel grace. They are
         ended with the spawner's :meth:`Spawner.drop`, not asked to be killed with the token
-        that is no longer valid (the root helper would refuse it and record an invalid token).
+        that is no longer valid (the policy process would refuse it and record an invalid token).
         Returns how many were retired."""
         tag = None if token is None else token_tag(token)
         count = 0
@@ -163,7 +163,7 @@ class Accounts:
         one for ``token``, charged to ``principal``'s spawn bucket (``RATE_LIMITED`` when it is
         empty: nothing is started or retired). Not charged: a start the spawner failed (nothing
         started: the token is given back), and one that replaces a worker of ``account`` lost to a
-        restart of the root helper (it ended on its own in an older :meth:`Spawner.generation`; at
+        restart of the helper unit (it ended on its own in an older :meth:`Spawner.generation`; at
         most ``per_account`` are remembered). A worker of another token never serves the call.
         When ``account`` is full (workers starting included), the least recently used idle worker
         (of another token: this call holds a slot) is retired and its reaping awaited (at most
@@ -205,7 +205,7 @@ class Accounts:
                     await asyncio.wait({room}, timeout=REAP_GRACE)
                 try:
                     sock, pid = await self._spawner.spawn(os_user, token)
-                except (ToolError, OSError):  # nothing was started (refused, or no helper to ask)
+                except (ToolError, OSError):  # nothing was started (refused, or no policy process to ask)
                     if credit is not None:
                         account.lost.appendleft(credit)
                     else:
@@ -273,7 +273,7 @@ class Accounts:
         if worker in account.idle:
             account.idle.remove(worker)
         slots = account.slots if release else None
-        # a revoked token's worker, and one that hung up (it exited: the root helper has reaped or
+        # a revoked token's worker, and one that hung up (it exited: the policy process has reaped or
         # will reap it), are dropped: a kill_worker with a token that no longer authenticates would
         # only be refused and recorded as an invalid token
         drop = worker.revoked or worker.channel.hung_up

@@ -8,8 +8,8 @@ starting and ending workers, is :mod:`mcpd.front.workers.accounts`'s. The pool n
 event loop and leaves no zombies.
 
 Two routes: :meth:`WorkerPool.call` sends the request itself (unprivileged); :meth:`WorkerPool.lease`
-lends a worker to the privileged backend, which has the policy process grant the call (the root
-helper hands the worker its job) and then reads the reply through the lease. The pool calls
+lends a worker to the privileged backend, which has the policy process grant the call (and
+hand the worker its job with the descriptor root opened) and then reads the reply through the lease. The pool calls
 nothing of the backend's.
 """
 
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 class WorkerLease:
-    """One worker lent for one privileged call (:meth:`WorkerPool.lease`): the root helper hands
+    """One worker lent for one privileged call (:meth:`WorkerPool.lease`): the policy process hands
     it the job (the opened file and the request ``rid``) when the policy process grants the call;
     :meth:`reply` then reads its answer. Until then its socket is not watched, so the reply's
     arrival wakes nobody and is read in one go after the grant's answer."""
@@ -203,7 +203,7 @@ class WorkerPool:
         decided: frozenset[str] = frozenset(),
     ) -> AsyncIterator[WorkerLease]:
         """Lend one of ``owner``'s workers of ``os_user`` to a privileged call (``async with
-        pool.lease(...) as worker``): the caller has the root helper hand ``worker.pid`` its job
+        pool.lease(...) as worker``): the caller has the policy process hand ``worker.pid`` its job
         ``worker.rid``, then reads :meth:`WorkerLease.reply`.
 
         The worker is chosen, started and bounded as for :meth:`call` (``token``, ``owner``;
@@ -302,8 +302,8 @@ class WorkerPool:
             log.warning("worker %s timed out on %s after %.1f s", pid, op, limit)
             return ToolError(TIMEOUT, f"the worker did not finish in {limit:g} s", seconds=limit)
         log.warning("worker %s failed on %s: %s", pid, op, type(exc).__name__)
-        if not await self._spawner.alive():  # the root helper died and took its workers along
-            return ToolError(HELPER_UNAVAILABLE, "the root helper is not running")
+        if not await self._spawner.alive():  # the policy process died and took its workers along
+            return ToolError(HELPER_UNAVAILABLE, "the policy process is not reachable")
         return ToolError(INTERNAL_ERROR, "worker crashed")
 
     def _graced(self, account: Account, worker: Worker, principal: str, deadline: float) -> bool:
@@ -315,7 +315,7 @@ class WorkerPool:
         once. Returns ``False`` (the caller kills it) when the grace is 0, the pool is closing, or
         ``principal`` was revoked while the call ran (:meth:`retire_owner`).
 
-        Only the unprivileged route comes here: on the privileged one the root helper may still be
+        Only the unprivileged route comes here: on the privileged one the policy process may still be
         handing the worker its job, so a cancelled granted call kills its worker."""
         grace = self._cfg.workers.cancel_grace_seconds
         if grace <= 0 or self._closed or worker.retired or worker.revoked:

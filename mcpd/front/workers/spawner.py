@@ -1,7 +1,7 @@
 """How the pool starts and ends workers: the :class:`Spawner` interface, and :class:`LocalSpawner`,
 the development spawner (workers as the daemon's own user, started by the front itself).
 
-In production the root helper starts workers as the caller's account, asked by the policy process
+In production root's fork server starts workers as the caller's account, asked by the policy process
 (:class:`mcpd.front.policy_client.spawner.PolicySpawner`).
 """
 
@@ -45,7 +45,7 @@ class Spawner(Protocol):
 
     def generation(self) -> int:
         """A number that changes whenever every worker this spawner started may have ended
-        together, through no doing of their principals (the root helper or its policy process
+        together, through no doing of their principals (the policy process or root
         died, and its workers with it). A worker that ended on its own in an older generation
         than the current one was lost to that restart, and its replacement is no new start of
         its principal's (the pool does not charge it to the principal's spawn bucket)."""
