@@ -1,4 +1,4 @@
-"""Idle sessions hold little, and closed ones leave nothing behind (issue "hostile load").
+"""Idle sessions hold little, and closed ones leave nothing behind.
 
 The front runs in this process (the real app, over real TLS, with uvicorn and the front's own
 connection guard; no worker pool: ``initialize`` and ``ping`` need none), so the test can look at
