@@ -13,7 +13,7 @@ ldconfig -p 2>/dev/null | grep 'libmagic\.so\.1' >/dev/null || need_apt+=(libmag
 ldconfig -p 2>/dev/null | grep 'libpam\.so\.0' >/dev/null || need_apt+=(libpam0g libpam-modules)
 command -v useradd >/dev/null 2>&1 || need_apt+=(passwd)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
-# npm fetches the pinned Node 22 and MCP clients of the interoperability tests (tests/integration/node_clients.py)
+# npm fetches the pinned Node 22 and MCP clients of the interoperability tests (tests/support/node_clients.py)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 # the audit log's rotation is tested with the real logrotate and the shipped etc/logrotate.d/mcpd
 command -v logrotate >/dev/null 2>&1 || need_apt+=(logrotate)

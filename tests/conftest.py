@@ -29,13 +29,14 @@ import yaml
 
 from mcpd.admin import certs
 from mcpd.common import identity
+from tests.support.net import free_port as _free_port
 
 START_TIMEOUT = 30.0
 
 #: The environment of a plain fixture front. As root it needs the escape from "the front never runs
 #: as root" (mcpd/front/server.py): these fronts run without a helper, principals mapped to the
 #: current account, reading files in that account's private temporary folders. The privilege
-#: separation fixture (tests/integration/privsep_fixture.py) runs its front as the service user.
+#: separation fixture (tests/support/privsep_fixture.py) runs its front as the service user.
 FRONT_ENV = {**os.environ, "MCPD_ALLOW_ROOT_FRONT": "1"}
 EVENT_TIMEOUT = 20.0
 
@@ -57,8 +58,8 @@ def pytest_configure(config: pytest.Config) -> None:
 #: through another fixture, is root-only, as if marked ``root``.
 ROOT_FIXTURES = frozenset({"privsep_daemon", "os_accounts"})
 #: Where those fixtures and their helpers live: a skip raised in these files comes from them.
-ROOT_FIXTURE_FILES = frozenset({Path(__file__).parent / "osaccounts.py",
-                                Path(__file__).parent / "integration" / "privsep_fixture.py"})
+ROOT_FIXTURE_FILES = frozenset({Path(__file__).parent / "support" / "osaccounts.py",
+                                Path(__file__).parent / "support" / "privsep_fixture.py"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -123,12 +124,6 @@ class Daemon:
 
     def log(self) -> str:
         return (self.state_dir / "daemon.log").read_text(errors="replace")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_ready(d: Daemon) -> None:

@@ -1,7 +1,7 @@
-"""Benchmark: unprivileged vs privileged reads of a 4 KiB file through the real daemon (issue 3).
+"""Benchmark: unprivileged vs privileged reads of a 4 KiB file through the real daemon.
 
 Run as root: ``.venv/bin/python tests/bench/bench_privileged.py [--calls N]``. Starts the
-privilege-separated daemon of ``tests/integration/privsep_fixture.py`` (helper as root, front as
+privilege-separated daemon of ``tests/support/privsep_fixture.py`` (helper as root, front as
 ``mcpd``, workers as a test account), then times N sequential ``files/read`` calls of the same
 file on each route over one TLS session, after a warm-up. Prints median and p99 latency in
 milliseconds and calls/s; asserts nothing about time. The privileged route pays a helper
@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mcpd.client.api import Client  # noqa: E402
-from tests.integration.privsep_fixture import start_privsep, stop_privsep  # noqa: E402
-from tests.osaccounts import AccountFactory  # noqa: E402
+from tests.support.privsep_fixture import start_privsep, stop_privsep  # noqa: E402
+from tests.support.osaccounts import AccountFactory  # noqa: E402
 
 WARMUP = 20
 

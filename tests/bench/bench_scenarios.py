@@ -1,4 +1,4 @@
-"""Benchmark of what the shared benchmark leaves out (issue 11): many accounts at once,
+"""Benchmark of what the shared benchmark leaves out: many accounts at once,
 ``files/find`` on a large tree, resource reads, and the cost of TLS session setup.
 
 Run as root (it creates OS accounts and starts the root helper), from the project's root::
@@ -6,7 +6,7 @@ Run as root (it creates OS accounts and starts the root helper), from the projec
     .venv/bin/python tests/bench/bench_scenarios.py [--only accounts,find,resources,tls]
         [--accounts 4] [--sessions 2] [--reads 200] [--dirs 100] [--files 200] [--calls 300]
 
-It starts the real privilege-separated daemon of ``tests/integration/privsep_fixture.py`` (root
+It starts the real privilege-separated daemon of ``tests/support/privsep_fixture.py`` (root
 helper, front as the service user ``mcpd``, workers as each principal's own OS account) on a
 free 127.0.0.1 port, adds ``--accounts`` principals (each its own OS account, token and
 workers), and runs:
@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from mcpd.client.api import Client, text_of  # noqa: E402
 from mcpd.common import identity  # noqa: E402
 from tests.bench.bench_load import one_session, percentile  # noqa: E402
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep  # noqa: E402
-from tests.osaccounts import AccountFactory  # noqa: E402
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep  # noqa: E402
+from tests.support.osaccounts import AccountFactory  # noqa: E402
 
 DEADLINE_SECONDS = 300.0
 SECTIONS = ("accounts", "find", "resources", "tls")

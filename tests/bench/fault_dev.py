@@ -1,4 +1,4 @@
-"""Fault figures of a real ``mcpd dev`` run as root (issue 28 item 6): SIGKILL of the policy
+"""Fault figures of a real ``mcpd dev`` run as root: SIGKILL of the policy
 process or of the root helper while sessions read in a loop, as the issue measured them.
 
 Run as root: ``.venv/bin/python tests/bench/fault_dev.py policy|root [--unprivileged 4]
@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from mcpd.admin.devroot import DEV_ACCOUNT  # noqa: E402
 from mcpd.client.api import Client, MCPClientError  # noqa: E402
 from mcpd.common.config import POLICY_USER  # noqa: E402
-from tests.integration.privsep_fixture import children, proc_status  # noqa: E402
-from tests.integration.test_devmode import free_port  # noqa: E402
-from tests.integration.test_devmode_safety import start, stop  # noqa: E402
+from tests.support.privsep_fixture import children, proc_status  # noqa: E402
+from tests.support.net import free_port  # noqa: E402
+from tests.support.devtree import start, stop  # noqa: E402
 
 
 def uid_count(uid: int) -> int:

@@ -1,5 +1,5 @@
 """What a process of a principal's own OS account, or code inside one of its workers, can get
-past the boundary (issue 28, the review from the account's side). Real root helper, policy
+past the boundary. Real root helper, policy
 process, front over TLS and OS accounts; attackers are processes of alice's account.
 
 A *compromised worker* is played as in ``test_unread_workers.py``: the test, as root, takes
@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 
 from mcpd.policy.workers import UNTAKEN, UNTAKEN_MAX
-from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_attack13b import PRELUDE
-from tests.integration.test_privsep import client, read, read_once, wait_for
-from tests.osaccounts import AccountFactory
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.workers import PRELUDE
+from tests.support.privsep_calls import bob_reads_on_both_routes, client, read_once, wait_for
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 
@@ -120,28 +120,6 @@ def take_over(pid: int, seconds: float = 30.0) -> tuple[int, int]:
         time.sleep(0.01)
     os.kill(pid, signal.SIGSTOP)
     return grab(pid, 3), ctl
-
-
-def bob_reads_on_both_routes(d: PrivsepDaemon) -> list[tuple[str | None, dict[str, Any]]]:
-    """bob on new workers: an unprivileged read of his own file and a privileged read of the
-    root-only file, twice each."""
-    for pid in d.workers("bob"):
-        os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not d.workers("bob"))
-    own = os.path.join(d.accounts["bob"].home, "note.txt")
-    with open(own, "w") as f:
-        f.write("bob's note\n")
-    os.chown(own, d.accounts["bob"].uid, d.accounts["bob"].gid)
-
-    async def go() -> list[tuple[str | None, dict[str, Any]]]:
-        async with client(d, "bob") as c:
-            out = []
-            for _ in range(2):
-                out.append(await read(c, own))
-                out.append(await read(c, d.log_file, privileged=True))
-            return out
-
-    return asyncio.run(go())
 
 
 # As the front: spawns argv[4] workers for the token argv[2], prints their pids, waits for a line
@@ -252,7 +230,7 @@ def test_descriptors_a_principals_account_leaves_untaken_are_bounded_per_princip
         front.stdin.write("go\n")
         front.stdin.flush()
         oks = json.loads(front.stdout.readline())
-        bob = bob_reads_on_both_routes(d)
+        bob = bob_reads_on_both_routes(d, times=2)
     finally:
         stop(front)
         assert collector.stdin is not None and collector.stdout is not None

@@ -23,6 +23,7 @@ import pytest
 
 from mcpd.common.audit.journal import journal_entry
 from mcpd.common.audit.writer import AuditLog
+from tests.support.rootonly import needs_root, root_prerequisite
 
 JOURNALD = next((p for p in ("/lib/systemd/systemd-journald", "/usr/lib/systemd/systemd-journald") if os.path.exists(p)),
                 None)
@@ -31,10 +32,9 @@ JOURNALD = next((p for p in ("/lib/systemd/systemd-journald", "/usr/lib/systemd/
 @pytest.fixture()
 def journal() -> Iterator[tuple[str, str]]:
     """(namespace, socket path) of a private journald, stopped and removed afterwards."""
-    if JOURNALD is None or shutil.which("journalctl") is None:
-        pytest.skip("no systemd-journald on this machine: nothing to send records to")
-    if os.geteuid() != 0:
-        pytest.skip("needs root: runs a journald of its own")
+    needs_root("runs a journald of its own")
+    root_prerequisite(JOURNALD is not None and shutil.which("journalctl") is not None,
+                      "no systemd-journald on this machine: nothing to send records to")
     ns = f"mcpdt{secrets.token_hex(4)}"
     sock = f"/run/systemd/journal.{ns}/socket"
     proc = subprocess.Popen([JOURNALD, ns], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.privsep_fixture import LOG_TEXT, SECRET_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
-from tests.integration.test_root_objects import call, everywhere  # noqa: F401
+from tests.support.privsep_fixture import LOG_TEXT, SECRET_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
+from tests.support.root_objects import call, everywhere  # noqa: F401
 
 pytestmark = pytest.mark.root
 

@@ -4,7 +4,6 @@ audit verify`` over it, and tampering caught at the right line. Root only (the h
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
@@ -12,48 +11,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mcpd.client.api import Client
 from tests.conftest import FRONT_ENV
-from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
+from tests.support.audit import REPO, call, logrotate, mcpd, wait_for_record
 
 pytestmark = pytest.mark.root
-REPO = Path(__file__).resolve().parents[2]
-CALL_TIMEOUT = 30.0
-
-
-def call(d: PrivsepDaemon, principal: str, path: Path | str, privileged: bool, tool: str = "files/read") -> dict[str, Any]:
-    async def go() -> dict[str, Any]:
-        async with Client(d.url, d.tokens[principal], d.cacert, timeout=CALL_TIMEOUT) as c:
-            return await c.call_tool(tool, {"path": str(path), "privileged": privileged}, check=False)
-
-    return asyncio.run(go())
-
-
-def mcpd(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mcpd.admin.cli", *args], capture_output=True, text=True,
-                          timeout=60, check=check)
-
-
-def logrotate(d: PrivsepDaemon, audit: Path | None = None, access: Path | None = None) -> None:
-    """Run the real logrotate, forced, with the shipped file pointed at the test's logs (the audit
-    log by default; a missing path is left alone, as `missingok` says)."""
-    if shutil.which("logrotate") is None:
-        pytest.skip("logrotate is not installed (apt-get install logrotate)")
-    shipped = (REPO / "etc" / "logrotate.d" / "mcpd").read_text()
-    conf = d.state_dir / "logrotate.conf"
-    missing = d.state_dir / "no-such.jsonl"
-    conf.write_text(shipped.replace("/var/log/mcpd/audit.jsonl", str(audit or d.audit_path))
-                    .replace("/var/log/mcpd-front/access.jsonl", str(access or missing)))
-    os.chmod(conf, 0o644)
-    proc = subprocess.run(["logrotate", "-f", "-s", str(d.state_dir / "logrotate.state"), str(conf)],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_shipped_logrotate_uses_create_never_copytruncate() -> None:
@@ -115,16 +82,6 @@ def test_tampering_with_a_real_log_is_named_at_its_line(privsep_daemon: PrivsepD
     out = mcpd("audit", "verify", str(old), str(new))
     assert out.returncode == 1
     assert out.stdout.startswith(f"{new}:{count if line == -1 else line}: {kind}"), out.stdout
-
-
-def wait_for_record(d: PrivsepDaemon, match: Any, seconds: float = 15.0) -> dict[str, Any]:
-    deadline = time.monotonic() + seconds
-    while True:
-        found = [r for r in d.audit() if match(r)]
-        if found:
-            return found[-1]
-        assert time.monotonic() < deadline, "no such audit record"
-        time.sleep(0.1)
 
 
 def test_privileged_record_carries_route_and_token_id_never_the_token(privsep_daemon: PrivsepDaemon) -> None:

@@ -1,15 +1,13 @@
 """Backpressure, not disconnection, for a client that reads (the outgoing queue's bounds).
 
 A session's outgoing queue is bounded in bytes (``session_queue_bytes``, 16 MiB by default). Large
-answers of calls running side by side on one ``/sse`` session used to pass that bound while the
-client read as fast as it could: 24 parallel 5 MiB reads got 2 answers, and the stream was closed
-for the other 22. Now a session whose queue holds its budget takes no new call until its client has
-taken some of it (the call waits for room, bounded by its deadline), and only a client that takes
-nothing for ``connections.idle_seconds`` while its queue is full is disconnected.
+answers of calls running side by side on one ``/sse`` session all arrive whole to a client that
+reads: a session whose queue holds its budget takes no new call until its client has taken some of
+it (the call waits for room, bounded by its deadline), and only a client that takes nothing for
+``connections.idle_seconds`` while its queue is full is disconnected.
 
-A batch of 1000 members (``max_batch`` 256) used to get 513 answers (256 replies, 256 refusals, one
-``id: null`` summary) and nothing for the rest; now every member of a batch gets an answer, or the
-batch is refused whole with one error.
+Every member of a batch gets an answer, or the batch (over ``max_batch``) is refused whole with
+one error.
 
 Each test drives the real daemon over TLS; the privileged variant runs as root against the real
 root helper and policy process. Every wait is bounded.
@@ -18,6 +16,7 @@ root helper and policy process. Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -33,9 +32,9 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_metrics import free_port, samples
-from tests.osaccounts import AccountFactory
+from tests.support.privsep_fixture import PrivsepDaemon, running_privsep
+from tests.support.metrics import samples
+from tests.support.net import free_port
 
 MIB = 1024 * 1024
 ANSWER = 5 * MIB  # bytes of text each large read returns
@@ -291,17 +290,8 @@ def test_a_client_reading_in_bursts_is_not_disconnected(
 @pytest.fixture(scope="module")
 def privsep() -> Iterator[PrivsepDaemon]:
     """The real privilege-separated daemon with a root-only 5 MiB file in alice's granted folder."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: starts the root helper and creates OS accounts")
-    factory = AccountFactory()
-    d: PrivsepDaemon | None = None
-    try:
-        d = start_privsep(factory)
+    with running_privsep() as d:
         yield d
-    finally:
-        if d is not None:
-            stop_privsep(d)
-        factory.cleanup()
 
 
 def test_parallel_large_privileged_reads_on_one_sse_session_all_arrive_whole(privsep: PrivsepDaemon) -> None:
@@ -380,11 +370,10 @@ def ping_batch(count: int) -> list[dict[str, Any]]:
     return [{"jsonrpc": "2.0", "id": i, "method": "ping"} for i in range(count)]
 
 
-def test_a_batch_of_1000_on_sse_is_refused_whole_with_one_error(daemon_factory: Callable[..., Daemon]) -> None:
-    """A batch of 1000 members, four times ``max_batch``: one JSON-RPC error (``-32600``, ``id:
-    null``) saying so, none of its members run (before: 513 answers and nothing for the other 487);
-    the session goes on."""
-    d = daemon_factory()
+@contextlib.contextmanager
+def initialized_sse(d: Daemon) -> Iterator[tuple[SseReader, Callable[[Any], httpx.Response]]]:
+    """An initialized ``/sse`` session of ``d``'s token: its reader and a POST to its endpoint;
+    closed when the block ends."""
     reader = SseReader(d.url, d.cacert, d.token)
     try:
         with httpx.Client(verify=d.ssl_context(), timeout=60, headers=d.auth()) as c:
@@ -392,38 +381,39 @@ def test_a_batch_of_1000_on_sse_is_refused_whole_with_one_error(daemon_factory: 
                 return c.post(d.url + reader.endpoint, json=message)
 
             initialized(reader, post)
-            before = len(reader.messages)
-            assert post(ping_batch(1000)).status_code == 202
-            assert post({"jsonrpc": "2.0", "id": "after", "method": "ping"}).status_code == 202
-            assert reader.wait(lambda ms: any(isinstance(m, dict) and m.get("id") == "after" for m in ms), 30)
-            time.sleep(0.5)  # (anything the batch still sent would be here by now)
-            got = [m for m in reader.messages[before:] if not (isinstance(m, dict) and m.get("id") == "after")]
-            assert len(got) == 1 and isinstance(got[0], dict), str(got)[:500]
-            refusal = got[0]
-            assert refusal["id"] is None and refusal["error"]["code"] == -32600, refusal
-            assert "1000" in refusal["error"]["message"] and "256" in refusal["error"]["message"], refusal
+            yield reader, post
     finally:
         reader.close()
+
+
+def test_a_batch_of_1000_on_sse_is_refused_whole_with_one_error(daemon_factory: Callable[..., Daemon]) -> None:
+    """A batch of 1000 members, four times ``max_batch``: one JSON-RPC error (``-32600``, ``id:
+    null``) saying so, none of its members run;
+    the session goes on."""
+    d = daemon_factory()
+    with initialized_sse(d) as (reader, post):
+        before = len(reader.messages)
+        assert post(ping_batch(1000)).status_code == 202
+        assert post({"jsonrpc": "2.0", "id": "after", "method": "ping"}).status_code == 202
+        assert reader.wait(lambda ms: any(isinstance(m, dict) and m.get("id") == "after" for m in ms), 30)
+        time.sleep(0.5)  # (anything the batch still sent would be here by now)
+        got = [m for m in reader.messages[before:] if not (isinstance(m, dict) and m.get("id") == "after")]
+        assert len(got) == 1 and isinstance(got[0], dict), str(got)[:500]
+        refusal = got[0]
+        assert refusal["id"] is None and refusal["error"]["code"] == -32600, refusal
+        assert "1000" in refusal["error"]["message"] and "256" in refusal["error"]["message"], refusal
 
 
 def test_a_batch_of_1000_within_max_batch_gets_1000_answers_on_sse(daemon_factory: Callable[..., Daemon]) -> None:
     """With ``max_batch`` at 1000, a batch of 1000 pings gets one array of 1000 replies, one per
     member (those past ``max_in_flight`` refused one by one, each with its id)."""
     d = daemon_factory(max_batch=1000)
-    reader = SseReader(d.url, d.cacert, d.token)
-    try:
-        with httpx.Client(verify=d.ssl_context(), timeout=60, headers=d.auth()) as c:
-            def post(message: Any) -> httpx.Response:
-                return c.post(d.url + reader.endpoint, json=message)
-
-            initialized(reader, post)
-            assert post(ping_batch(1000)).status_code == 202
-            assert reader.wait(lambda ms: any(isinstance(m, list) for m in ms), 60)
-            (answer,) = [m for m in reader.messages if isinstance(m, list)]
-            assert sorted(m["id"] for m in answer) == list(range(1000))
-            assert all("result" in m or m["error"]["code"] == -32000 for m in answer)
-    finally:
-        reader.close()
+    with initialized_sse(d) as (reader, post):
+        assert post(ping_batch(1000)).status_code == 202
+        assert reader.wait(lambda ms: any(isinstance(m, list) for m in ms), 60)
+        (answer,) = [m for m in reader.messages if isinstance(m, list)]
+        assert sorted(m["id"] for m in answer) == list(range(1000))
+        assert all("result" in m or m["error"]["code"] == -32000 for m in answer)
 
 
 def mcp_session(d: Daemon, c: httpx.Client) -> dict[str, str]:
@@ -500,8 +490,8 @@ def test_stallers_filling_the_total_budget_are_cut_not_a_reader_behind_on_parall
     24 answers of 5 MiB on one session in bursts (behind by up to his queue and the answers of the
     calls it took: about 21 MiB), so the total is passed: the principal holding the most gives up
     what it holds, a staller, never bob, who gets every answer whole."""
-    from tests.integration.test_attack13c import add_dev_principals
-    from tests.integration.test_outgoing_budgets import daemon_with_metrics, stall
+    from tests.support.principals import add_dev_principals
+    from tests.support.budgets import daemon_with_metrics, stall
 
     d, m, big, _small = daemon_with_metrics(daemon_factory, tmp_path, principal_queue_bytes=32 * MIB,
                                             total_queue_bytes=64 * MIB)

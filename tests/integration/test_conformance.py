@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import Daemon, _free_port
-from tests.integration import http_proxy
-from tests.integration.node_clients import conformance_bin
+from tests.support import http_proxy
+from tests.support.node_clients import conformance_bin
 
 EXPECTED = Path(__file__).with_name("conformance-expected-failures.yaml")
 

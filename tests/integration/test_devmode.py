@@ -17,14 +17,9 @@ import pytest
 from mcpd.common import config
 from mcpd.admin import devmode
 from mcpd.common import identity
+from tests.support.net import free_port
 
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_dev_state_folder_is_private_and_complete(tmp_path: Path) -> None:
@@ -74,7 +69,7 @@ def test_dev_prints_working_exports(tmp_path: Path) -> None:
 
 
 def _dev_prints_working_exports(tmp_path: Path) -> None:
-    from tests.integration.devtree import start, stop
+    from tests.support.devtree import start, stop
 
     port, metrics_port = free_port(), free_port()
     dev = start(tmp_path / "dev-state", port, "--metrics-port", str(metrics_port), state_arg=False)  # ./dev-state

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from mcpd.common.config import POLICY_USER
-from tests.integration.devtree import Dev, Proc, Tree, start, stop
-from tests.integration.test_devmode import free_port
-from tests.integration.test_devmode_safety import base  # noqa: F401  (the fixture)
-from tests.osaccounts import AccountFactory
+from tests.support.devtree import Dev, Proc, Tree, start, stop
+from tests.support.net import free_port
+from tests.support.devtree import base  # noqa: F401  (the fixture)
+from tests.support.osaccounts import AccountFactory
 
 
 def _signal(sig: int) -> Callable[[Dev], None]:

@@ -1,4 +1,4 @@
-"""A safe dev mode (issue 14): a second `mcpd dev` on a busy port or state folder refuses and
+"""A safe dev mode: a second `mcpd dev` on a busy port or state folder refuses and
 leaves the first serving its token; a restart keeps the token (``--new-token`` replaces it); the
 start-up text says whether privileged calls are on; as root, a helper that dies is restarted
 (and its fork server, policy process and workers end with it); Ctrl-C leaves nothing running."""
@@ -7,36 +7,22 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mcpd.admin import devmode
 from mcpd.common import identity
-from tests.integration.devtree import Tree, start, stop
-from tests.integration.test_devmode import free_port
+from tests.support.devtree import Tree, start, stop
+from tests.support.net import free_port
+from tests.support.devtree import base  # noqa: F401  (fixture)
 
 BIN = Path(sys.executable).parent
 DEADLINE = 60.0  # seconds for a start, a refusal or a restart
-
-
-@pytest.fixture
-def base(tmp_path: Path) -> Iterator[Path]:
-    """A folder for state folders; as root one the service user `mcpd` may enter (under /tmp)."""
-    if os.geteuid() != 0:
-        yield tmp_path
-        return
-    folder = Path(tempfile.mkdtemp(prefix="mcpd-devsafe-", dir="/tmp"))
-    os.chmod(folder, 0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def refused(state: Path, port: int) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,5 @@
-"""files/list, files/find, files/filetype (and the resource) on both routes through the real daemon
-(issue 4): the account worker, and the root helper under a grant whose ``tools:`` names the tool.
+"""files/list, files/find, files/filetype (and the resource) on both routes through the real daemon:
+the account worker, and the root helper under a grant whose ``tools:`` names the tool.
 Also: find's progress notifications, and find's time budget setting the call deadline."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from mcpd.client.api import Client, ResourceFailed, ToolFailed
 from tests.conftest import Daemon, SseSession
-from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
 
 CALL_TIMEOUT = 60.0
 GRANTED_TOOLS = ("files/read", "files/list", "files/find", "files/filetype")

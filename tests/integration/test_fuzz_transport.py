@@ -1,13 +1,13 @@
 """Bounded fuzz tests over the real transports, against the real daemon and its workers over TLS.
 
-The first: a few thousand hostile bodies from a fixed seed (``tests/fuzzgen.py``) POSTed to
+The first: a few thousand hostile bodies from a fixed seed (``tests/support/fuzzgen.py``) POSTed to
 ``/message`` (four SSE sessions) and ``/mcp`` (a Streamable HTTP session). Asserted: no ``5xx``;
 no SSE stream ended by the server; every request answered (each valid id exactly once, each
 invalid id as one ``id: null`` reply); no reply is an internal error (a JSON-RPC ``-32603`` or a
 tool's ``INTERNAL_ERROR``); every reply strict JSON; the daemon alive and still serving at the end.
 
 The second (:func:`test_fuzzed_mcp_in_both_eras_gets_the_documented_answers`): seeded ``/mcp``
-inputs of both Streamable HTTP eras, methods and headers as well as bodies (``tests/fuzzmcp.py``),
+inputs of both Streamable HTTP eras, methods and headers as well as bodies (``tests/support/fuzzmcp.py``),
 each held against the answer the documented rules give; its count and seed come from
 ``MCPD_FUZZ_MCP_INPUTS`` and ``MCPD_FUZZ_SEED`` (a CI slice by default). Every loop is bounded in
 count and time.
@@ -28,8 +28,8 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession, start_daemon, stop_daemon
-from tests import fuzzmcp
-from tests.fuzzgen import Generator, expectation, strict
+from tests.support import fuzzmcp
+from tests.support.fuzzgen import Generator, expectation, strict
 
 SEED = 20261201
 SSE_SESSIONS = 4
@@ -254,7 +254,7 @@ class McpFuzz:
     before the run, one ``/sse`` session, and deletable ones (``victim``: opened by the fuzzed
     ``initialize`` requests or by the harness, deleted by fuzzed DELETEs, each DELETE sent with up
     to three requests and a GET stream on the same session racing it). Every response is held
-    against :func:`tests.fuzzmcp.predict`; the state of a session an input names is read from the
+    against :func:`tests.support.fuzzmcp.predict`; the state of a session an input names is read from the
     sequence numbers of its DELETE: answered before the input was sent, it is gone (``404``);
     sent before the input's answer came, either outcome is allowed.
     """
@@ -594,7 +594,7 @@ def mcp_fuzz_daemon(tmp_path: Path) -> Any:
 
 def test_fuzzed_mcp_in_both_eras_gets_the_documented_answers(mcp_fuzz_daemon: Any) -> None:
     """Seeded /mcp inputs of both Streamable HTTP eras against the real daemon over TLS
-    (``tests/fuzzmcp.py`` makes them and predicts each answer from the documented rules).
+    (``tests/support/fuzzmcp.py`` makes them and predicts each answer from the documented rules).
 
     Session era: ``initialize`` (new sessions), POSTs of hostile bodies, GET streams (held a
     moment, then abandoned), HEAD, DELETE racing requests in flight, other methods; with

@@ -1,4 +1,4 @@
-"""Say what is wrong (issue 28 item 9): while the root helper and its policy process are down, a
+"""Say what is wrong: while the root helper and its policy process are down, a
 token the front cannot check is answered ``503`` with ``Retry-After``, never ``401`` (the client
 must not be told its token is bad), the front's log gives that reason, not "invalid token"; a
 session whose token was already checked gets ``HELPER_UNAVAILABLE`` for what needs the helper; and
@@ -22,9 +22,10 @@ import pytest
 
 from mcpd.client.api import Client
 from mcpd.common.config import POLICY_USER
-from tests.integration.privsep_fixture import PrivsepDaemon, children, start_privsep, stop_privsep
-from tests.integration.test_metrics import free_port, samples
-from tests.osaccounts import AccountFactory
+from tests.support.privsep_fixture import PrivsepDaemon, children, start_privsep, stop_privsep
+from tests.support.metrics import samples
+from tests.support.net import free_port
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 DEADLINE = 30.0
@@ -143,7 +144,7 @@ def test_while_the_helper_is_down_login_says_retry_after_and_clients_show_the_se
     it asked for, and ``linuxctl login``'s error carries them too."""
     from mcpd.client.api import ConnectError
     from mcpd.client.login import login
-    from tests.integration.test_linuxctl import linuxctl
+    from tests.support.linuxctl import linuxctl
 
     d, _ = metrics_daemon
     d.kill_helper(signal.SIGKILL)

@@ -1,4 +1,4 @@
-"""The root helper's socket protocol, spoken to directly (docs/PRIVSEP.md §3, §4; SPEC §4.1, §5.1).
+"""The root helper's socket protocol, spoken to directly (docs/PRIVSEP.md §3, §4; docs/REFERENCE.md §4.1, §5.1).
 
 Each probe is a separate process that connects to the helper's socket with the uid, gid and
 groups a case needs (the service user ``mcpd``, root, or a test account that is a member of the
@@ -8,71 +8,17 @@ Root only.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from typing import Any
 
 import pytest
 
 from mcpd.helper.wire import frames
-from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon, proc_status  # noqa: F401
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon, proc_status  # noqa: F401
+from tests.support.root_channels import as_mcpd, probe
 
 pytestmark = pytest.mark.root
 GIB = 1 << 30
-
-PROBE = r"""
-import json, os, socket, struct, sys
-from mcpd.helper.wire import frames
-path, mode, payload = sys.argv[1:4]
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.settimeout(20)
-s.connect(path)
-if mode == "header":
-    s.sendall(struct.pack("!I", int(payload)))
-else:
-    try:
-        frames.send_frame(s, json.loads(payload))
-    except OSError:  # refused at once: the helper closed before reading
-        print(json.dumps({"closed": True, "fds": 0}))
-        sys.exit(0)
-data, fds = b"", []
-try:
-    while len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]:  # (descriptors come with byte 1)
-        chunk, got, _flags, _addr = socket.recv_fds(s, 65536, 4)
-        fds += got
-        if not chunk:
-            break
-        data += chunk
-except OSError as exc:
-    print(json.dumps({"closed": True, "error": type(exc).__name__}))
-    sys.exit(0)
-for fd in fds:
-    os.close(fd)
-if not data:
-    print(json.dumps({"closed": True, "fds": 0}))
-else:
-    print(json.dumps({"closed": False, "fds": len(fds), "reply": json.loads(data[4:])}))
-"""
-
-
-def probe(d: PrivsepDaemon, mode: str, payload: Any, uid: int, gid: int, groups: tuple[int, ...] = ()) -> dict[str, Any]:
-    """Run :data:`PROBE` as ``uid``/``gid``/``groups``; return its JSON answer."""
-    arg = payload if mode == "header" else json.dumps(payload)
-    res = subprocess.run(
-        [sys.executable, "-c", PROBE, str(d.socket_path), mode, str(arg)],
-        user=uid, group=gid, extra_groups=list(groups), capture_output=True, text=True, timeout=60,
-        cwd="/", env={"PATH": os.defpath, "LANG": "C.UTF-8"},
-    )
-    assert res.returncode == 0, res.stderr
-    answer: dict[str, Any] = json.loads(res.stdout)
-    return answer
-
-
-def as_mcpd(d: PrivsepDaemon, mode: str, payload: Any) -> dict[str, Any]:
-    return probe(d, mode, payload, d.service.pw_uid, d.service.pw_gid)
 
 
 def alerts(d: PrivsepDaemon) -> list[dict[str, Any]]:

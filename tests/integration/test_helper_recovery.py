@@ -1,4 +1,4 @@
-"""Recovery in seconds, not a throttle (issue 28 item 6): SIGKILL of the policy process, and
+"""Recovery in seconds, not a throttle: SIGKILL of the policy process, and
 separately of the root helper, while sessions read in a bounded loop on both routes.
 
 The helper is restarted as its supervisor would (systemd's ``Restart=on-failure``, or ``mcpd
@@ -39,9 +39,9 @@ import pytest
 
 from mcpd.client.api import Client, MCPClientError
 from mcpd.common.config import POLICY_USER
-from tests.integration.privsep_fixture import (LOG_TEXT, PrivsepDaemon, children, proc_status, start_privsep,
+from tests.support.privsep_fixture import (LOG_TEXT, PrivsepDaemon, children, proc_status, start_privsep,
                                                stop_privsep)
-from tests.osaccounts import AccountFactory
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 

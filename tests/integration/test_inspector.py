@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon
-from tests.integration.node_clients import inspector_bin
+from tests.support.node_clients import inspector_bin
 
 RUN_TIMEOUT = 120
 

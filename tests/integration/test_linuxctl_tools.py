@@ -1,4 +1,4 @@
-"""SPEC §6 for the issue-4 commands against the real daemon: `linuxctl list files`, `find files`,
+"""docs/REFERENCE.md §6 for the file commands against the real daemon: `linuxctl list files`, `find files`,
 `get filetype`, `read URI` — output, exit codes, and `--privileged` on both routes."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon
-from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
-from tests.integration.test_linuxctl import flags, linuxctl
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
+from tests.support.linuxctl import flags, linuxctl
 
 
 @pytest.fixture

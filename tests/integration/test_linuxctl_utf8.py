@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_linuxctl import flags, linuxctl
+from tests.support.linuxctl import flags, linuxctl
 
 BAD = os.fsdecode(b"/tmp/caf\x9b.txt")  # what Python makes of argv bytes that are no UTF-8
 

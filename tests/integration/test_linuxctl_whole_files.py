@@ -1,4 +1,4 @@
-"""`linuxctl get files` prints whole files byte for byte (issue 14), against the real daemon.
+"""`linuxctl get files` prints whole files byte for byte, against the real daemon.
 
 The file is paged through files/read (1 MiB pages under the 10 MiB response cap), so these files
 are chosen to cross the 10 KiB default window, page edges inside multi-byte characters, the
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from mcpd.client import pager
-from tests.integration.test_linuxctl import LINUXCTL, flags, linuxctl, make_file
+from tests.support.linuxctl import LINUXCTL, flags, linuxctl, make_file
 
 MiB = 1024 * 1024
 

@@ -1,4 +1,4 @@
-"""A login acts as an identity, and loses it completely (SPEC §5.3; issue 9): real PAM, real
+"""A login acts as an identity, and loses it completely (docs/REFERENCE.md §5.3): real PAM, real
 accounts, the root helper and the front as in production.
 
 - A login principal is the static principal its OS account is bound to, never a principal that
@@ -25,13 +25,13 @@ import pytest
 from mcpd.client import login as login_client
 from mcpd.client.api import ssl_context
 from mcpd.common import identity
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_pam_login import status_of_sse
-from tests.osaccounts import AccountFactory, ensure_user, expire_user, lock_user, pam_service
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.pam_login import status_of_sse
+from tests.support.osaccounts import AccountFactory, ensure_user, expire_user, lock_user, pam_service
 
 pytestmark = pytest.mark.root
 
-GONE_WITHIN = 2.0  # seconds (SPEC 5.3 "within seconds"; issue 9: 2 s): the re-check runs every second
+GONE_WITHIN = 2.0  # seconds (docs/REFERENCE.md §5.3 "within seconds": 2 s): the re-check runs every second
 
 
 # only the principal "quota-p" (test_quotas_hold_across_a_login) has a quota
@@ -133,7 +133,7 @@ def test_a_login_never_acts_as_the_principal_named_like_its_account(
 def helper_workers(d: PrivsepDaemon, os_user: str) -> list[int]:
     import pwd
 
-    from tests.integration.privsep_fixture import children
+    from tests.support.privsep_fixture import children
 
     uid = pwd.getpwnam(os_user).pw_uid
     return [w for fs in children(d.helper_pid, 0) for w in children(fs, uid)]

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession
-from tests.integration.test_streamable import INIT, client, hdrs, open_session
-from tests.integration.test_streamable_modern import headers, post, request
+from tests.support.streamable import INIT, client, hdrs, open_session
+from tests.support.streamable import headers, post, request
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""Metrics and health (issue 14): ``/metrics`` and ``/healthz`` on a loopback listener of their
+"""Metrics and health: ``/metrics`` and ``/healthz`` on a loopback listener of their
 own, off by default; the exposition parses with prometheus-client's own parser and a read shows
 up in the call counter, without paths or principals in any label."""
 
@@ -17,17 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mcpd.client.api import Client
 from tests.conftest import FRONT_ENV, Daemon
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+from tests.support.net import free_port
+from tests.support.metrics import samples
 
 
 def test_metrics_count_a_read_and_healthz_answers(daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
@@ -63,7 +54,7 @@ def test_metrics_export_pool_helper_logins_and_every_limit_hit(daemon_factory: C
     import ssl
 
     from mcpd.front.metrics import LIMIT_KINDS
-    from tests.integration.test_streamable import INIT, client, hdrs, open_session
+    from tests.support.streamable import INIT, client, hdrs, open_session
 
     port = free_port()
     d = daemon_factory(metrics_listen=f"127.0.0.1:{port}", max_sessions_per_principal=1, max_batch=2,
@@ -137,8 +128,8 @@ def test_helper_up_follows_the_root_helper() -> None:
     after a restart (bounded waits: the front notices a closed connection at once)."""
     if os.geteuid() != 0:
         pytest.skip("needs root: starts the root helper")
-    from tests.integration.privsep_fixture import start_privsep, stop_privsep
-    from tests.osaccounts import AccountFactory
+    from tests.support.privsep_fixture import start_privsep, stop_privsep
+    from tests.support.osaccounts import AccountFactory
 
     port = free_port()
     factory = AccountFactory()

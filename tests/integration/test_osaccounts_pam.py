@@ -1,5 +1,5 @@
-"""Real OS accounts from tests/osaccounts.py, and the shipped PAM service etc/pam.d/mcpd run by
-the real libpam (SPEC §5.2: password checked, locked and expired accounts refused).
+"""Real OS accounts from tests/support/osaccounts.py, and the shipped PAM service etc/pam.d/mcpd run by
+the real libpam (docs/REFERENCE.md §5.2: password checked, locked and expired accounts refused).
 
 The service file is installed under a unique name (/etc/pam.d/mcpd-test-XXXXXX) so parallel
 sessions and an installed /etc/pam.d/mcpd are never disturbed; it is removed afterwards.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.osaccounts import AccountFactory, expire_user, lock_user, os_accounts, pam_service  # noqa: F401
+from tests.support.osaccounts import AccountFactory, expire_user, lock_user, os_accounts, pam_service  # noqa: F401
 
 pytestmark = pytest.mark.root
 
@@ -63,20 +63,20 @@ def test_os_accounts_creates_and_removes_real_login_accounts() -> None:
 
 
 def test_pam_service_accepts_the_os_password(os_accounts: AccountFactory, pam_service: str) -> None:
-    """SPEC §5.2: the mcpd PAM service authenticates an operator with the OS password."""
+    """docs/REFERENCE.md §5.2: the mcpd PAM service authenticates an operator with the OS password."""
     password = secrets.token_urlsafe(12)
     acct = os_accounts.user(password=password)
     assert _pam_ok(pam_service, acct.name, password)
 
 
 def test_pam_service_refuses_a_wrong_password(os_accounts: AccountFactory, pam_service: str) -> None:
-    """SPEC §5.2: a wrong password is refused."""
+    """docs/REFERENCE.md §5.2: a wrong password is refused."""
     acct = os_accounts.user(password=secrets.token_urlsafe(12))
     assert not _pam_ok(pam_service, acct.name, "not-the-password")
 
 
 def test_pam_service_refuses_locked_account(os_accounts: AccountFactory, pam_service: str) -> None:
-    """SPEC §5.2: a locked account is refused even with its right password."""
+    """docs/REFERENCE.md §5.2: a locked account is refused even with its right password."""
     password = secrets.token_urlsafe(12)
     acct = os_accounts.user(password=password)
     lock_user(acct.name)
@@ -84,7 +84,7 @@ def test_pam_service_refuses_locked_account(os_accounts: AccountFactory, pam_ser
 
 
 def test_pam_service_refuses_expired_account(os_accounts: AccountFactory, pam_service: str) -> None:
-    """SPEC §5.2: an expired account is refused by the account stack, right password or not."""
+    """docs/REFERENCE.md §5.2: an expired account is refused by the account stack, right password or not."""
     password = secrets.token_urlsafe(12)
     acct = os_accounts.user(password=password)
     expire_user(acct.name)

@@ -1,4 +1,4 @@
-"""Attacks on the bytes the front holds for clients that stop reading (the outgoing queue's bounds).
+"""The bytes the front holds for clients that stop reading (the outgoing queue's bounds).
 
 A client that stops reading its stream just short of its queue's overflow used to leave the front
 holding, besides the queue's ``session_queue_bytes``, the event its writer was writing and one or
@@ -15,8 +15,11 @@ closed) and whether the server still holds the connection. Every loop is bounded
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
+import socket
+import ssl
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,86 +28,31 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, slow_read
-from tests.integration.test_metrics import free_port, samples
-from tests.integration.test_streamable_modern import headers as modern_headers
-from tests.integration.test_streamable_modern import request as modern_request
-from tests.integration.test_stream_takeover_attacks import (
-    INIT, Raw, assert_no_crash_in_log, get, open_sse, reads_done, server_connections, until,
+from tests.support.budgets import (
+    ANSWER_MIB,
+    MIB,
+    Metrics,
+    answer_ends,
+    bob_is_served,
+    daemon_with_metrics,
+    read_call,
+    session_of,
+    stall,
+    stateless_read,
 )
+from tests.support.net import free_port
+from tests.support.principals import add_dev_principals
+from tests.support.streamable import (
+    client,
+    hdrs,
+    headers as modern_headers,
+    open_session,
+    request as modern_request,
+)
+from tests.support.streams import INIT, Raw, assert_no_crash_in_log, reads_done, server_connections, until
 
-MIB = 1024 * 1024
-ANSWER_MIB = 6  # each read's answer: about 6 MiB (its text, a few escapes and the envelope)
 QUEUE = 16 * MIB  # session_queue_bytes' default
 SLACK = MIB  # what the TLS layer buffers besides (its high-water mark and about a piece)
-
-
-def answer_file(tmp_path: Path) -> Path:
-    folder = tmp_path / "files"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "six-mib.txt"
-    path.write_bytes((b"x" * 1023 + b"\n") * 1024 * ANSWER_MIB)
-    os.chmod(tmp_path, 0o755)
-    os.chmod(folder, 0o755)
-    return path
-
-
-def read_call(path: Path, rid: Any, progress: bool = False) -> dict[str, Any]:
-    params: dict[str, Any] = {"name": "files/read", "arguments": {"path": str(path), "limit": ANSWER_MIB * MIB}}
-    if progress:
-        params["_meta"] = {"progressToken": f"p{rid}"}
-    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
-
-
-class Metrics:
-    """The daemon's metrics listener."""
-
-    def __init__(self, port: int) -> None:
-        self.base = f"http://127.0.0.1:{port}"
-        self.peak = 0.0
-
-    def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        return samples(httpx.get(self.base + "/metrics", timeout=10).text)
-
-    def outgoing(self) -> float:
-        """``mcpd_outgoing_bytes`` now (the highest seen is kept in ``peak``)."""
-        value = self.scrape()[("mcpd_outgoing_bytes", ())]
-        self.peak = max(self.peak, value)
-        return value
-
-    def hits(self, kind: str) -> float:
-        return self.scrape()[("mcpd_limits_hit_total", (("limit", kind),))]
-
-
-def daemon_with_metrics(daemon_factory: Callable[..., Daemon], tmp_path: Path,
-                        **overrides: Any) -> tuple[Daemon, Metrics, Path, Path]:
-    """A daemon with its metrics listener (``overrides`` in its config), a 6 MiB file and a small one."""
-    port = free_port()
-    d = daemon_factory(metrics_listen=f"127.0.0.1:{port}", **overrides)
-    big = answer_file(tmp_path)
-    small = big.parent / "small.txt"
-    small.write_text("small\n")
-    return d, Metrics(port), big, small
-
-
-def stall(d: Daemon, c: httpx.Client, big: Path, answers: int, token: str | None = None,
-          m: Metrics | None = None, pipelined: bool = False) -> tuple[Raw, str, list[int]]:
-    """A ``/sse`` session whose client reads nothing past its endpoint event, with up to
-    ``answers`` reads answered onto it, each waited for (its access record): the statuses of
-    their POSTs (``404`` ends them: the session was closed). ``pipelined``: a request follows the
-    ``GET`` on its connection, so the server keeps the stream rather than taking it over."""
-    s, endpoint = open_sse(d, rcvbuf=4096, token=token, body=get(d, "/nowhere") if pipelined else b"")
-    auth = d.auth(token)
-    assert c.post(d.url + endpoint, json=INIT, headers=auth).status_code == 202
-    statuses: list[int] = []
-    for i in range(answers):
-        before = reads_done(d)
-        statuses.append(c.post(d.url + endpoint, json=read_call(big, i), headers=auth).status_code)
-        if statuses[-1] != 202:
-            break
-        assert until(lambda: reads_done(d) > before, 60), "the read was not answered"
-        if m is not None:
-            m.outgoing()
-    return s, endpoint, statuses
 
 
 def session_alive(d: Daemon, c: httpx.Client, endpoint: str, token: str | None = None) -> bool:
@@ -112,18 +60,6 @@ def session_alive(d: Daemon, c: httpx.Client, endpoint: str, token: str | None =
     adds nothing to the stalled stream's queue."""
     note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
     return c.post(d.url + endpoint, json=note, headers=d.auth(token)).status_code == 202
-
-
-def bob_is_served(d: Daemon, c: httpx.Client, small: Path) -> None:
-    """Bob (another principal) opens a Streamable HTTP session and reads a small file."""
-    headers = {"Accept": "application/json, text/event-stream", **d.auth(d.other_token)}
-    r = c.post(d.url + "/mcp", json=INIT, headers=headers)
-    assert r.status_code == 200, r.text
-    headers["Mcp-Session-Id"] = r.headers["mcp-session-id"]
-    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "files/read", "arguments": {"path": str(small)}}}
-    r = c.post(d.url + "/mcp", json=call, headers=headers)
-    assert r.status_code == 200 and r.json()["result"]["content"][0]["text"] == "small\n", r.text
 
 
 @pytest.mark.parametrize("pipelined", [False, True], ids=["taken-over", "kept-by-uvicorn"])
@@ -284,32 +220,6 @@ def unread_answer(d: Daemon, m: Metrics, message: dict[str, Any], headers: dict[
     return raw
 
 
-def session_of(d: Daemon, c: httpx.Client, token: str | None = None) -> dict[str, str]:
-    """A new Streamable HTTP session's headers for a JSON answer (``Accept: application/json``)."""
-    headers = {"Accept": "application/json", **d.auth(token)}
-    r = c.post(d.url + "/mcp", json=INIT, headers=headers)
-    assert r.status_code == 200, r.text
-    return {**headers, "Mcp-Session-Id": r.headers["mcp-session-id"]}
-
-
-def stateless_read(d: Daemon, path: Path, rid: int, token: str | None = None) -> tuple[dict[str, Any], dict[str, str]]:
-    """A 2026-07-28 (no session) read of ``path`` as JSON: the message and its headers."""
-    message = modern_request("tools/call", {"name": "files/read", "arguments": {"path": str(path),
-                                                                                  "limit": ANSWER_MIB * MIB}}, rid)
-    headers = {**modern_headers(d, message), "Accept": "application/json", **d.auth(token)}
-    return message, headers
-
-
-def answer_ends(raw: Raw) -> tuple[int, bytes]:
-    """Read the answer to its end: its status and body (cut short if the server dropped it)."""
-    status, head = raw.head()
-    length = int(head.split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
-    body = raw.buf
-    while len(body) < length and raw._more():
-        body = raw.buf
-    return status, body[:length]
-
-
 def answer_text(raw: Raw) -> str:
     """A client reading at last: its read's answer to the end, which must be whole (``200``); the text."""
     status, whole = answer_ends(raw)
@@ -392,3 +302,203 @@ def test_unread_json_answers_of_one_principal_share_its_budget(
             all_released(m, posts)
     assert "over principal_queue_bytes" in d.log()
     assert_no_crash_in_log(d)
+
+
+SMALL_ANSWER = 250 * 1024  # bytes of text: the answer stays under one piece (256 KiB)
+
+
+def stalled_small_answer(d: Daemon, path: Path, rid: int) -> Raw:
+    """A stateless ``POST /mcp`` read of ``path`` answered as JSON (under one piece), on a
+    connection whose client reads nothing; returns once the read was answered."""
+    message = modern_request("tools/call", {"name": "files/read", "arguments": {"path": str(path),
+                                                                                  "limit": SMALL_ANSWER + 1024}}, rid)
+    headers = {**modern_headers(d, message), "Accept": "application/json"}
+    done = reads_done(d)
+    raw = post_raw(d, message, headers, 4096)
+    assert until(lambda: reads_done(d) > done, 30), "the read was not answered"
+    return raw
+
+
+def post_raw(d: Daemon, message: dict[str, Any] | list[Any], headers: dict[str, str], rcvbuf: int) -> Raw:
+    """``POST /mcp`` ``message`` with ``headers`` on a new raw connection with a ``rcvbuf`` byte
+    receive buffer; the connection (nothing read yet)."""
+    raw = Raw(d, rcvbuf=rcvbuf)
+    body = json.dumps(message).encode()
+    fields = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    raw.send(f"POST /mcp HTTP/1.1\r\nHost: x\r\n{fields}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return raw
+
+
+def test_unread_answers_under_a_piece_count_against_the_principals_budget(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """docs/REFERENCE.md §1.7 (what the front holds for a client that stopped reading is bounded per principal
+    by ``principal_queue_bytes`` and in all by ``total_queue_bytes``), medium: a ``/mcp`` answer
+    of up to one piece (256 KiB) goes to the connection in one write and is never charged (only
+    larger ones are, piece by piece, and only until their last piece was handed over), and once
+    its response is complete the keep-alive timer's close waits to flush it: the connection, its
+    answer and its TLS buffers (about 600 KiB in the front's RSS) stay for the TLS shutdown's
+    30 s, then the client asks again. One principal with 1024 connections from one address (the
+    per-address cap) held about 600 MiB against a budget of 128 MiB, four addresses about 2.4 GiB
+    against a total of 512 MiB; ``mcpd_outgoing_bytes`` said 0.
+    Fixed: an answer over 64 KiB, once written, is charged what its connection still holds (the
+    kernel's send queue included) until it holds no more. Here: eight such answers with a budget
+    of 1 MiB; past the budget's four, the connections must be dropped within seconds."""
+    port = free_port()
+    d = daemon_factory(metrics_listen=f"127.0.0.1:{port}", principal_queue_bytes=MIB,
+                       connections={"idle_seconds": 1})
+    folder = tmp_path / "files"
+    folder.mkdir()
+    path = folder / "quarter.txt"
+    path.write_bytes((b"y" * 1023 + b"\n") * (SMALL_ANSWER // 1024))
+    raws = []
+    try:
+        for i in range(8):
+            raws.append(stalled_small_answer(d, path, i + 1))
+        within = MIB // SMALL_ANSWER
+        assert until(lambda: sum(server_connections(d, r.port) for r in raws) <= within, 10), \
+            f"{sum(server_connections(d, r.port) for r in raws)} unread answers held, budget {within}"
+    finally:
+        for r in raws:
+            r.sock.close()
+
+
+def test_stalled_principals_filling_the_total_budget_do_not_cut_a_reading_client(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """docs/REFERENCE.md §1.7 (a client that stops reading is disconnected; a client reading at a normal speed
+    is served), medium: the total budget is four principals' budgets (128 MiB x 4 = 512 MiB by
+    default). Four principals that each stalled one session just within their own budget filled
+    it, and from then on every other principal's large answer, charged while its connection was
+    behind, passed the total and was cut (``queue_bytes_total``), while the stalled sessions that
+    held the bytes kept them, for as long as their clients liked.
+    Fixed: past the total, the principal holding the most gives up what it holds, the one
+    charging when none other holds more. Here at a 7 MiB / 28 MiB scale: alice, carol, dave
+    and erin stall a 6 MiB answer each (about 6.5 MiB held each, 26 MiB in all); bob reads a
+    4 MiB answer a second late (its connection holds all of it meanwhile, so the total is passed
+    whatever the timing) and must get all of it, a staller being cut instead."""
+    d, m, big, _small = daemon_with_metrics(daemon_factory, tmp_path, principal_queue_bytes=7 * MIB,
+                                            total_queue_bytes=28 * MIB)
+    tokens = {"alice": d.token, **add_dev_principals(d, ["carol", "dave", "erin"])}
+    streams: list[Raw] = []
+    with httpx.Client(verify=d.ssl_context(), timeout=60) as c:
+        try:
+            for name, token in tokens.items():
+                s, _endpoint, statuses = stall(d, c, big, 1, token=token, m=m)
+                streams.append(s)
+                assert statuses == [202], (name, statuses)
+            # (what is left of the total is well short of what bob's connection will hold)
+            assert 28 * MIB - BOB_ANSWER + MIB // 2 < m.outgoing() <= 28 * MIB, m.outgoing()
+            message, headers = stateless_read(d, big, 7, d.other_token)
+            message["params"]["arguments"]["limit"] = BOB_ANSWER
+            done = reads_done(d)
+            bob = post_raw(d, message, headers, 64 * 1024)
+            streams.append(bob)
+            assert until(lambda: reads_done(d) > done, 30), "bob's read was not answered"
+            time.sleep(1.0)  # bob reads a second late: his connection holds his answer meanwhile
+            status, whole = answer_ends(bob)
+            assert status == 200 and len(whole) > BOB_ANSWER, f"bob's answer cut at {len(whole)} bytes"
+            assert m.hits("queue_bytes_total") >= 1, "no staller was cut"
+        finally:
+            for s in streams:
+                s.close()
+
+
+BOB_ANSWER = 4 * MIB  # bytes of text bob reads: less than a staller holds, more than the total leaves
+
+
+def abandoned_post_stream(d: Daemon, sid: str, big: Path, k: int) -> None:
+    """A session-era ``POST /mcp`` batch asking for progress (so answered as an event stream): a
+    read that takes seconds, then a 6 MiB read; its client leaves once the stream's headers came,
+    before the batch's one reply (about 6 MiB) is ready. Returns once both reads were answered."""
+    slow = slow_read(big.parent, f"s{k}")
+    slow["params"]["arguments"]["start_line"] = 3 * 10 ** 8  # (a second or so, not the full count)
+    slow["params"]["_meta"] = {"progressToken": f"p{k}"}
+    done = reads_done(d)
+    raw = post_raw(d, [slow, read_call(big, k, progress=True)],
+                   {"Authorization": f"Bearer {d.token}", "Accept": "text/event-stream",
+                    "Content-Type": "application/json", "Mcp-Session-Id": sid}, 1 << 20)
+    raw.until(b"\r\n\r\n")
+    raw.sock.close()
+    assert until(lambda: reads_done(d) >= done + 2, 120), "the batch's reads were not answered"
+
+
+def test_a_post_stream_its_client_left_leaves_nothing_charged(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """docs/REFERENCE.md §1.7 (outgoing budgets; nothing grows without bound), high: a session-era POST's
+    event stream whose client leaves before its reply is released when the stream ends, but the
+    request goes on (in that era leaving is no cancellation) and its reply, put into the ended
+    stream, was charged again, and never released: every such POST left its answer's size
+    charged to its principal and to the total for the front's life. About 21 abandoned 6 MiB
+    answers filled a principal's 128 MiB for good (each of its sessions then cut at its next
+    large answer) and about 85 the total 512 MiB, after which every principal's large answers
+    were cut. Fixed: an ended stream takes nothing more."""
+    d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path)
+    with httpx.Client(verify=d.ssl_context(), timeout=60) as c:
+        sid = session_of(d, c)["Mcp-Session-Id"]
+        for k in range(2):
+            abandoned_post_stream(d, sid, big, k)
+        assert until(lambda: m.outgoing() == 0, 5), f"{m.outgoing():.0f} bytes still charged for clients that left"
+        bob_is_served(d, c, small)
+
+
+def _unread_post(d: Daemon, sid: str, body: bytes) -> Any:
+    """A raw TLS connection with a small receive window that sends one POST /mcp and reads nothing."""
+    host, port = d.host_port
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window stays small
+    sock.settimeout(30)
+    sock.connect((host, port))
+    tls: ssl.SSLSocket = d.ssl_context().wrap_socket(sock, server_hostname=host)
+    tls.sendall((f"POST /mcp HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {d.token}\r\n"
+                 f"Content-Type: application/json\r\nAccept: application/json\r\nMcp-Session-Id: {sid}\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    return tls
+
+
+def _read_all(tls: Any) -> int:
+    """Bytes read until the server ends the connection (or 10 s of silence)."""
+    tls.settimeout(10)
+    got = 0
+    try:
+        while chunk := tls.recv(1 << 16):
+            got += len(chunk)
+    except OSError:
+        pass
+    return got
+
+
+@pytest.mark.anyio
+async def test_unread_json_answers_are_bounded_like_a_sessions_queue(daemon_factory: Any, tmp_path: Path) -> None:
+    """Each POST /mcp answered as JSON (up to the 10 MiB response cap) that its client never reads
+    is held by the front until the connection ends: 16 such POSTs made the front hold ~370 MiB.
+    docs/REFERENCE.md §1.7 bounds what a client makes the server hold per principal and in total, and
+    disconnects a client that stops reading: such answers count
+    against the principal's ``principal_queue_bytes`` (here 32 MiB), so 8 unread answers of 9 MiB
+    on one session (72 MiB) must not all be delivered in full."""
+    d = daemon_factory(principal_queue_bytes=32 * 1024 * 1024)
+    big = tmp_path / "big.txt"
+    big.write_bytes((b"x" * 99 + b"\n") * (9 * 1024 * 1024 // 100))
+    n = 8
+    async with client(d) as c:
+        sid = await open_session(c, d)
+        conns = []
+        for i in range(n):
+            body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {
+                "name": "files/read", "arguments": {"path": str(big), "offset": 0, "limit": 9 * 1024 * 1024}}}).encode()
+            conns.append(await asyncio.to_thread(_unread_post, d, sid, body))
+        try:
+            access = d.state_dir / "access.jsonl"
+            for _ in range(600):  # until every read is done (its record written)
+                done = [json.loads(x) for x in access.read_text().splitlines()] if access.exists() else []
+                if sum(1 for r in done if r.get("tool") == "files/read" and r.get("bytes")) >= n:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("the reads did not finish")
+            r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": "p", "method": "ping"}, headers=hdrs(d, sid))
+            assert r.status_code == 200  # the front still answers others meanwhile
+            got = [await asyncio.to_thread(_read_all, t) for t in conns]
+        finally:
+            for t in conns:
+                t.close()
+    full = sum(1 for g in got if g > 9 * 1024 * 1024)
+    assert full < n, f"all {n} unread answers of 9 MiB were held and delivered in full: {got}"

@@ -38,7 +38,7 @@ import yaml
 
 from mcpd.common import identity
 from mcpd.common.config import POLICY_USER, WALK_USER
-from tests.osaccounts import AccountFactory, remove_group, remove_user, require_root
+from tests.support.osaccounts import AccountFactory, remove_group, remove_user, require_root
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "scripts" / "package" / "build.sh"

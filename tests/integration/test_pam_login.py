@@ -1,4 +1,4 @@
-"""Password logins end to end with real PAM and real OS accounts (SPEC §5.2; issue 5).
+"""Password logins end to end with real PAM and real OS accounts (docs/REFERENCE.md §5.2).
 
 The root helper and the front run as in production (``privsep_fixture``); the shipped PAM
 service ``etc/pam.d/mcpd`` is installed under a unique name and named in ``login.pam_service``.
@@ -12,7 +12,6 @@ import asyncio
 import os
 import pwd
 import secrets
-import shutil
 import stat
 import subprocess
 import sys
@@ -24,13 +23,16 @@ from typing import Any
 import httpx
 import pytest
 
-from mcpd.common.config import POLICY_USER
-
-from mcpd.common import identity
 from mcpd.client import login as login_client
 from mcpd.client.api import AuthError, Client, ToolFailed, ssl_context
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.osaccounts import Account, AccountFactory, ensure_user, expire_user, lock_user
+from mcpd.common import identity
+from mcpd.common.config import POLICY_USER
+from tests.conftest import slow_read
+from tests.support.osaccounts import AccountFactory, ensure_user, expire_user, lock_user, pam_service
+from tests.support.pam_login import enroll, status_of_sse
+from tests.support.principals import parallel_reads, share_account
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.shared_folder import shared_folder  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.root
 
@@ -45,39 +47,23 @@ def pamd() -> Iterator[tuple[PrivsepDaemon, AccountFactory, dict[str, str]]]:
     """The privsep daemon with a test PAM service, short lockout, and passwords for alice and bob."""
     if os.geteuid() != 0:
         pytest.skip("needs root: PAM service, OS accounts, root helper")
-    service = f"mcpd-test-{secrets.token_hex(3)}"
-    target = Path("/etc/pam.d") / service
-    shutil.copy(PAM_FILE, target)
-    target.chmod(0o644)
     factory = AccountFactory()
     d: PrivsepDaemon | None = None
-    try:
-        d = start_privsep(factory, login={
-            "pam_service": service, "free_failures": 1, "base_delay_seconds": 0.1, "max_delay_seconds": 0.5,
-            "max_failures": MAX_FAILURES, "lockout_seconds": LOCK_SECONDS, "token_ttl_seconds": 3600,
-            "answer_seconds": 0.0})  # timing: tests/integration/test_login_attacks.py
-        passwords = {}
-        for name in ("alice", "bob"):
-            passwords[name] = secrets.token_urlsafe(12)
-            ensure_user(d.accounts[name].name, password=passwords[name])
-        yield d, factory, passwords
-    finally:
-        if d is not None:
-            stop_privsep(d)
-        factory.cleanup()
-        target.unlink(missing_ok=True)
-
-
-def enroll(d: PrivsepDaemon, factory: AccountFactory) -> tuple[Account, str]:
-    """A fresh account with a password, bound to a principal of its own name in users.yaml."""
-    password = secrets.token_urlsafe(12)
-    acct = factory.user(password=password)
-    path = d.state_dir / "users.yaml"
-    users = identity.load_users(path)
-    _, rec = identity.new_token()
-    users[acct.name] = identity.UserRecord(name=acct.name, os_user=acct.name, tokens=[rec])
-    identity.save_users(path, users)
-    return acct, password
+    with pam_service(PAM_FILE) as service:
+        try:
+            d = start_privsep(factory, login={
+                "pam_service": service, "free_failures": 1, "base_delay_seconds": 0.1, "max_delay_seconds": 0.5,
+                "max_failures": MAX_FAILURES, "lockout_seconds": LOCK_SECONDS, "token_ttl_seconds": 3600,
+                "answer_seconds": 0.0})  # timing: tests/integration/test_login_limits.py
+            passwords = {}
+            for name in ("alice", "bob"):
+                passwords[name] = secrets.token_urlsafe(12)
+                ensure_user(d.accounts[name].name, password=passwords[name])
+            yield d, factory, passwords
+        finally:
+            if d is not None:
+                stop_privsep(d)
+            factory.cleanup()
 
 
 def login(d: PrivsepDaemon, user: str, password: str) -> str:
@@ -94,12 +80,6 @@ def read(d: PrivsepDaemon, token: str, path: str, privileged: bool = False) -> s
             return str(result["content"][0]["text"])
 
     return asyncio.run(go())
-
-
-def status_of_sse(d: PrivsepDaemon, token: str) -> int:
-    with httpx.Client(verify=ssl_context(d.cacert), timeout=10) as c:
-        with c.stream("GET", d.url + "/sse", headers={"Authorization": f"Bearer {token}"}) as resp:
-            return resp.status_code
 
 
 def login_rejects(d: PrivsepDaemon, user: str) -> list[dict[str, Any]]:
@@ -304,3 +284,57 @@ def test_login_without_helper_answers_503(daemon: Any) -> None:
     assert "retry-after" not in resp.headers  # no helper unit at all: retrying cannot help
     assert logout.status_code == 503 and "retry-after" not in logout.headers
     assert no_bearer_logout.status_code == 401
+
+
+@pytest.fixture(scope="module")
+def with_logins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivsepDaemon, AccountFactory]]:
+    """The privsep daemon with password logins and a 20 s deadline (the slow read outlives the sweep)."""
+    from tests.support.workers import login_daemon
+
+    with login_daemon(tmp_path_factory, 20, 0.2) as pair:
+        yield pair
+
+
+@pytest.mark.root
+def test_a_logout_does_not_kill_the_worker_serving_the_principals_other_token(
+        with_logins: tuple[PrivsepDaemon, AccountFactory], shared_folder: Path) -> None:
+    """docs/REFERENCE.md §5.3 (a login token ends with its logout; the principal's other tokens go on
+    working), low: the front pools workers per principal and account, whichever token started
+    them, but the policy process's sweep ends every worker started with a token that no longer
+    authenticates. A user who logs out of one device (``linuxctl logout``) thereby kills the worker
+    the principal's static token (or its other login) is using: that call fails "worker crashed"
+    (INTERNAL_ERROR). Here: a login reads once (its worker is then the account's one idle worker),
+    the static token's session starts a read that takes seconds (it ran on that worker), and the
+    login logs out. Fixed: a call runs only on a worker its own token spawned (the front's pool
+    tags each worker with its token), so the sweep ends only the logged-out token's worker."""
+    from mcpd.client import login as login_client
+    d, factory = with_logins
+    password = "pw-" + os.urandom(6).hex()
+    acct = factory.user(password=password)
+    static = share_account(d, [acct.name], acct.name)[acct.name]
+    small = shared_folder / "small.txt"
+    small.write_text("hello\n")
+    small.chmod(0o644)
+    slow = slow_read(shared_folder, "slow")
+    shared_folder.chmod(0o755)
+    for f in shared_folder.iterdir():
+        f.chmod(0o644)
+    login_token = str(login_client.login(d.url, acct.name, password, d.cacert)["token"])
+    assert not asyncio.run(parallel_reads(d, login_token, small, 1))[0].get("isError")
+
+    async def slow_call_then_logout() -> dict[str, Any]:
+        async with Client(d.url, static, d.cacert, timeout=60) as c:
+            call = asyncio.ensure_future(c.call_tool("files/read", slow["params"]["arguments"], check=False))
+            await asyncio.sleep(1.0)  # the read runs (before the fix: on the login's worker)
+            assert not call.done()
+            await asyncio.to_thread(login_client.logout, d.url, login_token, d.cacert)
+            return await call
+
+    result = asyncio.run(slow_call_then_logout())
+    code = result.get("structuredContent", {}).get("error", {}).get("code")
+    assert code != "INTERNAL_ERROR", (result, [r for r in d.audit() if r.get("event") == "kill"])
+    # The login's worker, ended by the policy process's sweep, is let go by the front without a
+    # kill_worker in the revoked token's name (each was refused and recorded "invalid token").
+    time.sleep(2.0)
+    assert not asyncio.run(parallel_reads(d, static, small, 2))[0].get("isError")
+    assert not [r for r in d.audit() if r.get("tool") == "kill_worker" and r.get("reason") == "invalid token"]

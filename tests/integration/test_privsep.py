@@ -1,7 +1,7 @@
-"""Privilege separation end to end, through the real daemon over TLS (issue 3; SPEC §4, §5.1;
+"""Privilege separation end to end, through the real daemon over TLS (docs/REFERENCE.md §4, §5.1;
 docs/PRIVSEP.md). Root only: the helper runs as root, the front as ``mcpd``, workers as accounts.
 
-The fixture (:mod:`tests.integration.privsep_fixture`) describes the principals and the tree.
+The fixture (:mod:`tests.support.privsep_fixture`) describes the principals and the tree.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import pytest
 
 from mcpd.common.config import POLICY_USER
 
-from mcpd.client.api import Client, ConnectError, text_of
-from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
+from mcpd.client.api import ConnectError
+from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
     SECRET_TEXT,
     PrivsepDaemon,
@@ -36,58 +36,14 @@ from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
     privsep_daemon,
     proc_status,
 )
+from tests.support.privsep_calls import RACE_SECONDS, client, read, read_once, uid_pids, wait_for
 
 pytestmark = pytest.mark.root
-CALL_TIMEOUT = 30.0
-RACE_SECONDS = float(os.environ.get("MCPD_RACE_SECONDS", "90"))
 RACE_SESSIONS = 4
 NO_GRANT = "no grant covers this path"
 
 
-def client(d: PrivsepDaemon, principal: str = "alice") -> Client:
-    return Client(d.url, d.tokens[principal], d.cacert, timeout=CALL_TIMEOUT)
-
-
-async def read(c: Client, path: Path | str, privileged: bool = False, **args: Any) -> tuple[str | None, dict[str, Any]]:
-    """``(text, {})`` on success, ``(None, error)`` on a tool error (``structuredContent.error``)."""
-    res = await c.call_tool("files/read", {"path": str(path), "privileged": privileged, **args}, check=False)
-    if res.get("isError"):
-        return None, res["structuredContent"]["error"]
-    return text_of(res), {}
-
-
-def read_once(d: PrivsepDaemon, path: Path | str, privileged: bool = False, principal: str = "alice",
-              **args: Any) -> tuple[str | None, dict[str, Any]]:
-    async def go() -> tuple[str | None, dict[str, Any]]:
-        async with client(d, principal) as c:
-            return await read(c, path, privileged, **args)
-
-    return asyncio.run(go())
-
-
-def uid_pids(uid: int) -> list[int]:
-    """Every live (not zombie) process whose real uid is ``uid``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                st = proc_status(int(entry))
-                if st["Uid"].split()[0] == str(uid) and not st["State"].startswith("Z"):
-                    pids.append(int(entry))
-            except (OSError, KeyError):
-                pass
-    return pids
-
-
-def wait_for(predicate: Any, seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
-
-
-# ------------------------------------------------------------------ SPEC §5.1: the kernel decides
+# ------------------------------------------------------------------ docs/REFERENCE.md §5.1: the kernel decides
 
 
 def test_unprivileged_read_of_root_only_file_is_denied_by_the_kernel(privsep_daemon: PrivsepDaemon) -> None:
@@ -115,7 +71,7 @@ def test_account_bound_to_root_gets_no_worker(privsep_daemon: PrivsepDaemon) -> 
     assert err["details"].get("reason") == "root account"
 
 
-# ------------------------------------------------------------------ SPEC §4.1, §4.5: grants and audit
+# ------------------------------------------------------------------ docs/REFERENCE.md §4.1, §4.5: grants and audit
 
 
 def test_privileged_read_without_grant_is_denied_and_audited(privsep_daemon: PrivsepDaemon) -> None:
@@ -267,7 +223,7 @@ def test_a_file_read_again_after_it_changed_is_judged_as_it_is_now(privsep_daemo
     assert SECRET_TEXT.strip() not in d.audit_text()
 
 
-# ------------------------------------------------------------------ SPEC §3 non-regular files
+# ------------------------------------------------------------------ docs/REFERENCE.md §3 non-regular files
 
 
 def test_fifo_socket_and_device_under_grant_are_refused_at_once(privsep_daemon: PrivsepDaemon) -> None:
@@ -364,7 +320,7 @@ def test_worker_killed_mid_request_fails_only_its_request(privsep_daemon: Privse
     asyncio.run(go())
 
 
-# ------------------------------------------------------------------ SPEC §4.5: reloads
+# ------------------------------------------------------------------ docs/REFERENCE.md §4.5: reloads
 
 
 def _audit_count(d: PrivsepDaemon, event: str) -> int:
@@ -411,7 +367,7 @@ def test_dev_mode_as_root_runs_helper_and_front_as_service_user(tmp_path: Path) 
     if os.geteuid() != 0:
         pytest.skip("needs root: `mcpd dev` as root starts the root helper")
     from mcpd.admin import devroot
-    from tests.integration.privsep_fixture import free_port
+    from tests.support.privsep_fixture import free_port
 
     base = Path(tempfile.mkdtemp(prefix="mcpd-devroot-", dir="/tmp"))
     os.chmod(base, 0o755)
@@ -497,9 +453,9 @@ def test_while_the_helper_is_down_a_verified_token_lasts_only_the_short_window()
     then only for calls that start no worker and make no privileged call (those answer
     HELPER_UNAVAILABLE). Once the window has passed, the open session is closed and a new stream
     is answered 503 (the token cannot be checked; it is not said to be bad)."""
-    from tests.integration.privsep_fixture import start_privsep, stop_privsep
-    from tests.integration.test_pam_login import status_of_sse
-    from tests.osaccounts import AccountFactory
+    from tests.support.privsep_fixture import start_privsep, stop_privsep
+    from tests.support.pam_login import status_of_sse
+    from tests.support.osaccounts import AccountFactory
 
     window = 4.0
     factory = AccountFactory()

@@ -1,4 +1,4 @@
-"""Root state that root owns, tried by a compromised front (issue 8 item 7; SPEC §4.5a).
+"""Root state that root owns, tried by a compromised front (docs/REFERENCE.md §4.5a).
 
 The front runs as the service user ``mcpd``, whose state folder it owns and may write, as in
 production (``/var/lib/mcpd``). An attacker running code as ``mcpd`` plants, in every folder that
@@ -29,10 +29,10 @@ import pytest
 from mcpd.common import identity
 from mcpd.client import login as login_client
 from mcpd.client.api import AuthError
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_pam_login import status_of_sse
-from tests.integration.test_privsep import read_once
-from tests.osaccounts import AccountFactory, ensure_user, pam_service
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.pam_login import status_of_sse
+from tests.support.privsep_calls import read_once
+from tests.support.osaccounts import AccountFactory, ensure_user, pam_service
 
 pytestmark = pytest.mark.root
 
@@ -179,7 +179,7 @@ def test_a_grant_covering_root_still_refuses_every_secret_of_the_daemon(
     by name and through a symlink, and a listing or search never shows them."""
     import asyncio
 
-    from tests.integration.test_privsep import client
+    from tests.support.privsep_calls import client
 
     d, _, factory, _ = front_owned_daemon
     enrolled_login(d, factory)[2]()  # the helper's state now holds a login token
@@ -227,7 +227,7 @@ def test_one_principal_cannot_take_every_privileged_slot() -> None:
     one is refused RATE_LIMITED at once (on any session), and the slot is hers again afterwards."""
     import asyncio
 
-    from tests.integration.test_privsep import client, read
+    from tests.support.privsep_calls import client, read
 
     if os.geteuid() != 0:
         pytest.skip("needs root: OS accounts, root helper")

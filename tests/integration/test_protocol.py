@@ -1,11 +1,10 @@
-"""SPEC §2 against the real daemon: lifecycle, envelope, batches, cancellation, tools/list and tools/call."""
+"""docs/REFERENCE.md §2 against the real daemon: lifecycle, envelope, batches, cancellation, tools/list and tools/call."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from mcpd.front.privileged import Unavailable
 from mcpd.front.mcp.dispatcher import Caller, Dispatcher
 from mcpd.front.mcp.session import McpSession
 from tests.conftest import Daemon, SseSession
+from tests.support.workers import slow_file, worker_pids
 
 pytestmark = pytest.mark.anyio
 
@@ -203,23 +203,6 @@ async def test_notifications_never_answered(daemon: Daemon, body: dict[str, Any]
 async def test_client_responses_are_not_answered(daemon: Daemon) -> None:
     async with SseSession(daemon) as s:
         assert await answered_next(s, {"jsonrpc": "2.0", "id": 77, "result": {}}) == []
-
-
-def worker_pids(daemon_pid: int) -> set[int]:
-    pids: set[int] = set()
-    for tid in os.listdir(f"/proc/{daemon_pid}/task"):
-        with open(f"/proc/{daemon_pid}/task/{tid}/children") as f:
-            pids.update(int(p) for p in f.read().split())
-    return pids
-
-
-def slow_file(tmp_path: Path) -> Path:
-    """A text head, then a 1 TiB hole: finding line 3 means scanning the hole (minutes of work)."""
-    p = tmp_path / "sparse.log"
-    with open(p, "wb") as f:
-        f.write(b"a\n" + b"b" * 9000)
-        f.truncate(1 << 40)
-    return p
 
 
 async def test_notifications_cancelled_stops_request_no_reply(daemon_factory: Any, tmp_path: Path) -> None:

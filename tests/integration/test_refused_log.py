@@ -1,30 +1,17 @@
 """The front logs every refused request in one line, with the reason and the peer, never the
-token (issue 14; mcpd/front/refused.py). Read from the real daemon's log."""
+token (mcpd/front/refused.py). Read from the real daemon's log."""
 
 from __future__ import annotations
 
-import re
-import time
 from collections.abc import Callable
 
 import pytest
 
 from tests.conftest import Daemon, SseSession
-from tests.integration.test_streamable import INIT, client, hdrs, open_session
+from tests.support.streamable import INIT, client, hdrs, open_session
+from tests.support.refused_log import refused_lines
 
 pytestmark = pytest.mark.anyio
-
-LINE_RE = re.compile(r"mcpd\.front\.refused: refused (\d{3}) (\S+) (\S+) from 127\.0\.0\.1:\d+: (.*)$")
-
-
-def refused_lines(d: Daemon, count: int) -> list[tuple[int, str, str, str]]:
-    """The daemon log's refusal lines, waiting (bounded) until there are ``count`` of them."""
-    deadline = time.monotonic() + 10
-    while True:
-        found = [(int(m[1]), m[2], m[3], m[4]) for line in d.log().splitlines() if (m := LINE_RE.search(line))]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
 
 
 async def test_each_refusal_is_one_line_with_reason_and_peer_never_the_token(

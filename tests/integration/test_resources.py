@@ -1,4 +1,4 @@
-"""The file resource through the real daemon (issue 4): template, resources/read with metadata,
+"""The file resource through the real daemon: template, resources/read with metadata,
 URI query and params, error codes in ``data.code``, encodings, workspaces, many reads at once, and
 the official MCP SDK."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import hashlib
+import json
 import os
 import ssl
 import urllib.parse
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import httpx2
 import pytest
 from mcp import ClientSession
@@ -21,6 +23,12 @@ from mcp.client.sse import sse_client
 
 from mcpd.client.api import Client, ResourceFailed, ToolFailed, read_resource_sync, text_of
 from tests.conftest import Daemon
+from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
+    LOG_TEXT,
+    PrivsepDaemon,
+    SECRET_TEXT,
+    privsep_daemon,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -360,3 +368,71 @@ async def test_resource_reads_count_against_principal_limits(daemon_factory: Cal
         spent = await rpc_failure(c, uri_of(tmp_path / "small"))
     assert too_big.code == "FILE_TOO_LARGE"
     assert spent.code == "RATE_LIMITED" and spent.details["retryAfter"] > 0
+
+
+async def _mcp_read(d: PrivsepDaemon, who: str, uri: str, **params: Any) -> dict[str, Any]:
+    """``resources/read`` of ``uri`` as ``who`` over a fresh /mcp session; the reply object."""
+    auth = {"Authorization": f"Bearer {d.tokens[who]}", "Accept": "application/json",
+            "Content-Type": "application/json"}
+    async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=d.cacert), base_url=d.url, timeout=60) as c:
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "a13", "version": "1"}}}
+        r = await c.post("/mcp", json=init, headers=auth)
+        assert r.status_code == 200, r.text
+        h = {**auth, "Mcp-Session-Id": r.headers["mcp-session-id"]}
+        await c.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=h)
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "resources/read",
+                                       "params": {"uri": uri, **params}}, headers=h)
+        assert r.status_code == 200, r.text
+        reply: dict[str, Any] = r.json()
+        await c.delete("/mcp", headers=h)
+        return reply
+
+
+def _refused(reply: dict[str, Any], code: str) -> None:
+    assert "result" not in reply, reply
+    assert reply["error"]["data"]["code"] == code, reply
+    assert SECRET_TEXT not in json.dumps(reply) and "do not leak" not in json.dumps(reply)
+
+
+async def test_resource_symlinks_and_tricks_leak_nothing_across_accounts(privsep_daemon: PrivsepDaemon) -> None:
+    """The file resource on the real daemon (docs/REFERENCE.md §1.6, §3, §4.3–4.4, §5.1): a symlink alice
+    plants in her own home (her workspace) to bob's private file, or to root's secret, reads as
+    alice's account would (the kernel refuses); ``..``, percent-encoding and double slashes in a
+    privileged URI are judged on the cleaned path (outside the grant: refused), and a privileged
+    read through alice's symlink is refused though the link's target is granted."""
+    d = privsep_daemon
+    alice, bob = d.accounts["alice"], d.accounts["bob"]
+    private = Path(bob.home) / "a13-private.txt"
+    private.write_text(SECRET_TEXT)
+    os.chown(private, bob.uid, bob.uid)
+    os.chmod(private, 0o600)
+    links = {"to-bob": private, "to-secret": d.secret, "to-log": d.log_file}
+    for name, target in links.items():
+        link = Path(alice.home) / f"a13-{name}"
+        link.unlink(missing_ok=True)
+        link.symlink_to(target)
+        os.lchown(link, alice.uid, alice.uid)
+    try:
+        for uri in ("file:a13-to-bob", f"file://{alice.home}/a13-to-bob", f"file://{private}",
+                    "file:a13-to-secret", f"file://{d.secret}"):
+            _refused(await _mcp_read(d, "alice", uri), "PERMISSION_DENIED")
+        app = str(d.app)
+        for uri in (f"file://{app}/../secret", f"file://{app}/%2e%2e/secret", f"file://{app}%2F..%2Fsecret",
+                    f"file:///{app}//..//secret", f"file://{app}-evil/x", f"file://{alice.home}/a13-to-log",
+                    "file:a13-to-log", f"file://{alice.home}/a13-to-secret"):
+            reply = await _mcp_read(d, "alice", uri, privileged=True)
+            _refused(reply, "PERMISSION_DENIED")
+        # existence is not revealed: a missing file outside the grant, or inside a folder alice
+        # cannot search, is refused exactly like a present one
+        for uri, privileged in ((f"file://{app}-evil/x", True), (f"file://{app}-evil/missing", True),
+                                (f"file://{app}/log.txt", False), (f"file://{app}/missing", False)):
+            reply = await _mcp_read(d, "alice", uri, privileged=privileged)
+            _refused(reply, "PERMISSION_DENIED")
+        ok = await _mcp_read(d, "alice", f"file://{app}//log.txt?privileged=true")
+        assert ok["result"]["contents"][0]["text"] == LOG_TEXT
+        _refused(await _mcp_read(d, "bob", f"file://{app}/log.txt", privileged=True), "PERMISSION_DENIED")
+    finally:
+        for name in links:
+            (Path(alice.home) / f"a13-{name}").unlink(missing_ok=True)
+        private.unlink(missing_ok=True)

@@ -23,9 +23,10 @@ import pytest
 
 from mcpd.helper.monitor import PAM_AT_ONCE
 from mcpd.helper.wire import frames
-from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
-from tests.integration.test_root_monitor import _ids, as_policy
-from tests.osaccounts import AccountFactory
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
+from tests.support.root_channels import _ids, as_policy
+from tests.support.osaccounts import AccountFactory
+from tests.support.rootonly import root_prerequisite
 
 pytestmark = pytest.mark.root
 N = 24  # every channel the policy process has
@@ -59,8 +60,7 @@ def test_root_runs_at_most_12_pam_conversations_at_once(privsep_daemon: PrivsepD
     """Code as ``mcpd-policy`` sends one wrong password for each of 24 accounts, one on each
     channel, at once: at most 12 conversations sleep in PAM's failure delay together, and the
     others are refused ``busy`` without a guess."""
-    if SYS_PSELECT6 is None:
-        pytest.skip("pselect6's number on this architecture is not known here")
+    root_prerequisite(SYS_PSELECT6 is not None, "pselect6's number on this architecture is not known here")
     d = privsep_daemon
     widest, done = 0, threading.Event()
 

@@ -18,8 +18,8 @@ import os
 import pytest
 
 from mcpd.helper.monitor import ACCOUNT_FACTOR
-from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
-from tests.integration.test_root_monitor import as_policy
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
+from tests.support.root_channels import as_policy
 
 pytestmark = pytest.mark.root
 N = 70  # spawns asked for one account: past root's bound (bounded: the machine is shared)

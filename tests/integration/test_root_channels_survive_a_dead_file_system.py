@@ -13,7 +13,7 @@ Now the policy process keeps channels for the requests that must never wait behi
 (``config``, ``account``, ``spawn``, ``walk``, ``kill``), lets privileged opens hold at most
 ``OPENS_EACH`` (4) channels for one principal and ``OPENS`` (12) in all until root answers, and
 frees a channel when its late reply finally comes. The dead file system is FUSE that answers
-nothing (``tests/integration/deadfs.py``), mounted only in the root helper's own mount
+nothing (``tests/support/deadfs.py``), mounted only in the root helper's own mount
 namespace; "the server is back" is closing it, which makes every waiting ``open`` fail at once.
 The attacker is an ordinary principal (alice) whose grant covers the mount, calling through the
 real front over TLS; bob, another principal, must not notice.
@@ -34,14 +34,14 @@ import pytest
 
 from mcpd.client.api import Client, text_of
 from mcpd.policy.rootclient import OPENS_EACH, ROOT_SECONDS
-from tests.integration import rootns
-from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
-from tests.osaccounts import AccountFactory
+from tests.support import rootns
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 CHANNELS = 24  # root's channels to the policy process (mcpd.helper.monitor.CHANNELS)
 ROUNDS = 3  # rounds of 8 hung reads (one principal's share of the policy's call connections): 24 in all
-DEADFS = Path(__file__).resolve().parent / "deadfs.py"
+DEADFS = Path(__file__).resolve().parents[1] / "support" / "deadfs.py"
 
 
 @pytest.fixture(scope="module")

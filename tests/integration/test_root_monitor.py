@@ -1,4 +1,4 @@
-"""The root helper against a compromised policy process (SPEC §4.5a; docs/PRIVSEP.md).
+"""The root helper against a compromised policy process (docs/REFERENCE.md §4.5a; docs/PRIVSEP.md).
 
 The policy process (account ``mcpd-policy``) is the only peer root serves. These tests play a
 policy process whose code an attacker runs: the test stops the real one (SIGSTOP), copies its
@@ -12,18 +12,13 @@ true: it can have root open any other file, as a decision it owns.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import errno
-import itertools
 import os
 import pwd
 import select
-import signal
 import socket
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,70 +26,15 @@ import pytest
 
 from mcpd.common import frames
 from mcpd.common.config import POLICY_USER
-from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
+from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
     PrivsepDaemon,
     children,
     privsep_daemon,
     proc_status,
 )
-from tests.integration.test_privsep import read_once
-
-SYS_PIDFD_GETFD = 438  # x86_64 and aarch64
-_ids = itertools.count(10**9)
-
-
-def policy_pid(d: PrivsepDaemon) -> int:
-    (pid,) = children(d.helper_pid, pwd.getpwnam(POLICY_USER).pw_uid)
-    return pid
-
-
-class Channel:
-    """The policy's channel to root, held by the test."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock  # blocking, and left so: the file description is the policy's too
-        self.others: list[Channel] = []
-
-    def ask(self, kind: str, **fields: Any) -> tuple[dict[str, Any], list[int]]:
-        """One request, its reply and the descriptors that came with it (the caller closes them)."""
-        rid = next(_ids)
-        frames.send_frame(self.sock, dict(fields, type=kind, id=rid))
-        assert select.select([self.sock], [], [], 30)[0], f"root did not answer {kind}"
-        reply, fds = frames.recv_frame_fds(self.sock, frames.reply_cap(1 << 20), 4)
-        assert reply is not None and reply["id"] == rid, reply
-        return reply, fds
-
-    def refused(self, kind: str, **fields: Any) -> dict[str, Any]:
-        reply, fds = self.ask(kind, **fields)
-        assert fds == [] and reply["ok"] is False, reply
-        return reply["error"]
-
-
-@contextlib.contextmanager
-def as_policy(d: PrivsepDaemon, channels: int = 1) -> Iterator[Channel]:
-    """Stop the policy process and hold its first channel to root (``.others``: the next
-    ``channels - 1``) until the block ends."""
-    pid = policy_pid(d)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    pidfd = os.pidfd_open(pid)
-    os.kill(pid, signal.SIGSTOP)
-    socks: list[socket.socket] = []
-    try:
-        for n in range(channels):  # the policy's channels to root are fds 4, 5, ...
-            fd = libc.syscall(ctypes.c_long(SYS_PIDFD_GETFD), ctypes.c_int(pidfd), ctypes.c_int(4 + n), ctypes.c_uint(0))
-            assert fd >= 0, os.strerror(ctypes.get_errno())
-            socks.append(socket.socket(fileno=fd))
-        first = Channel(socks[0])
-        first.others = [Channel(s) for s in socks[1:]]
-        yield first
-    finally:
-        for sock in socks:
-            sock.close()
-        os.close(pidfd)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+from tests.support.privsep_calls import read_once
+from tests.support.root_channels import _ids, as_policy, policy_pid
 
 
 def test_the_front_talks_to_an_unprivileged_policy_process_not_to_root(privsep_daemon: PrivsepDaemon) -> None:

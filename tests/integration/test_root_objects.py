@@ -1,5 +1,5 @@
-"""Root opens nothing of a process, and the privileged route judges the real object (issue 28,
-items 3 and 4; docs/PRIVSEP.md sections 5 and 6).
+"""Root opens nothing of a process, and the privileged route judges the real object
+(docs/PRIVSEP.md sections 5 and 6).
 
 The attackers are real: code running as ``mcpd-policy`` on root's own channel (the real policy
 process stopped, its channel copied with ``pidfd_getfd``, as in ``test_root_monitor.py``), and a
@@ -12,28 +12,18 @@ by hand keeps only its four capabilities.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import posixpath
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from mcpd.client.api import Client, text_of
-from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
-    LOG_TEXT,
-    SECRET_TEXT,
-    PrivsepDaemon,
-    children,
-    privsep_daemon,
-    proc_status,
-)
-from tests.integration.test_root_monitor import as_policy, policy_pid
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, children, privsep_daemon, proc_status  # noqa: F401  (fixture)
+from tests.support.root_channels import as_policy, policy_pid
+from tests.support.root_objects import call, everywhere, refused  # noqa: F401  (fixture)
+from tests.support.mounts import mounted
 
 pytestmark = pytest.mark.root
 PROCESS = "a process's own files are never served"
@@ -42,60 +32,6 @@ SECRET = "the daemon's own secrets are never served"
 #: TLS folder, the audit folder, the policy's state, the development token, an editor swap file)
 SECRET_NAMES = {"mcpd.yaml", "users.yaml", "mcp-sudo.yaml", "tls", "audit", "helper", "dev-token", ".users.yaml.swp"}
 KEEP = (1 << 2) | (1 << 5) | (1 << 6) | (1 << 7)  # CAP_DAC_READ_SEARCH, CAP_KILL, CAP_SETGID, CAP_SETUID
-
-
-@contextlib.contextmanager
-def mounted(target: Path, *how: str) -> Iterator[Path]:
-    """``mount [how] target`` for the block (``--bind SOURCE`` or ``-t proc proc``), always
-    unmounted after (lazily if busy), so no cleanup ever deletes through it."""
-    if not target.exists():
-        target.mkdir()
-    subprocess.run(["mount", *how, str(target)], check=True, timeout=30)
-    try:
-        yield target
-    finally:
-        if subprocess.run(["umount", str(target)], timeout=30).returncode != 0:
-            subprocess.run(["umount", "-l", str(target)], check=True, timeout=30)
-
-
-def call(d: PrivsepDaemon, tool: str, **args: Any) -> dict[str, Any]:
-    """alice's privileged ``tool`` call: ``{"text": ...}`` for a read, else the structured
-    content; ``{"error": {...}}`` on a tool error."""
-    async def go() -> dict[str, Any]:
-        async with Client(d.url, d.tokens["alice"], d.cacert, timeout=60) as c:
-            res = await c.call_tool(tool, {**args, "privileged": True}, check=False)
-        if res.get("isError"):
-            return {"error": res["structuredContent"]["error"]}
-        return {"text": text_of(res)} if tool == "files/read" else dict(res["structuredContent"])
-
-    return asyncio.run(go())
-
-
-def refused(reply: dict[str, Any], reason: str | None = None) -> bool:
-    error = reply.get("error") or {}
-    return error.get("code") == "PERMISSION_DENIED" and reason in (None, error.get("details", {}).get("reason"))
-
-
-def _until(check: Any, what: str) -> None:
-    deadline = time.monotonic() + 20
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-
-
-@pytest.fixture
-def everywhere(privsep_daemon: PrivsepDaemon) -> Iterator[PrivsepDaemon]:  # noqa: F811
-    """alice may read, list and find under ``/`` and ``/proc`` (restored afterwards)."""
-    d = privsep_daemon
-    rule = {"allowed": True, "paths": ["/", "/proc"]}
-    tools = {t: dict(rule) for t in ("files/read", "files/list", "files/find")}
-    d.write_grants({"users": {d.accounts["alice"].name: {"privileged": {"tools": tools}}}})
-    _until(lambda: call(d, "files/read", path=str(d.secret)).get("text") == SECRET_TEXT, "the grants did not reload")
-    try:
-        yield d
-    finally:
-        d.write_grants(d.default_grants())
-        _until(lambda: refused(call(d, "files/read", path=str(d.secret))), "the grants did not reload")
 
 
 def daemon_pids(d: PrivsepDaemon) -> dict[str, int]:

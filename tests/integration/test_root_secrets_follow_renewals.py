@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration import privsep_fixture, rootns
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_root_monitor import Channel, as_policy
-from tests.integration.test_root_objects import call, refused
-from tests.osaccounts import AccountFactory
+from tests.support import privsep_fixture, rootns
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.root_channels import Channel, as_policy
+from tests.support.root_objects import call, refused
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 SECRET = "the daemon's own secrets are never served"

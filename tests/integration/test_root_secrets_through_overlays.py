@@ -29,11 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration import rootns
-from tests.integration.privsep_fixture import LOG_TEXT, SECRET_TEXT, PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_root_monitor import as_policy
-from tests.integration.test_root_objects import call, refused
-from tests.osaccounts import AccountFactory
+from tests.support import rootns
+from tests.support.privsep_fixture import LOG_TEXT, SECRET_TEXT, PrivsepDaemon, running_privsep
+from tests.support.root_channels import as_policy
+from tests.support.root_objects import call, refused
 
 pytestmark = pytest.mark.root
 SECRETS = ["users.yaml", "mcpd.yaml", "mcp-sudo.yaml", "tls/server.key", "tls/ca.key", "audit/audit.jsonl",
@@ -45,12 +44,7 @@ SECRET = "the daemon's own secrets are never served"
 def daemon() -> Iterator[PrivsepDaemon]:
     """The daemon, its helper in a mount namespace of its own, a development token in its state
     folder, alice granted read, list and find on ``/``."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    factory = AccountFactory()
-    d = None
-    try:
-        d = start_privsep(factory, helper_wrap=rootns.own_mount_namespace())
+    with running_privsep(helper_wrap=rootns.own_mount_namespace()) as d:
         (d.state_dir / "dev-token").write_text("secret\n")
         (d.state_dir / "dev-token").chmod(0o600)
         rule = {"allowed": True, "paths": ["/"]}
@@ -61,10 +55,6 @@ def daemon() -> Iterator[PrivsepDaemon]:
             assert time.monotonic() < deadline, "the grants did not reload"
             time.sleep(0.2)
         yield d
-    finally:
-        if d is not None:
-            stop_privsep(d)
-        factory.cleanup()
 
 
 @contextlib.contextmanager

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration import rootns
-from tests.integration.privsep_fixture import LOG_TEXT, SECRET_TEXT, PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_root_monitor import Channel, as_policy
-from tests.osaccounts import AccountFactory
+from tests.support import rootns
+from tests.support.privsep_fixture import LOG_TEXT, SECRET_TEXT, PrivsepDaemon, running_privsep
+from tests.support.root_channels import Channel, as_policy
 
 pytestmark = pytest.mark.root
 
@@ -32,17 +31,8 @@ pytestmark = pytest.mark.root
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[PrivsepDaemon]:
     """The daemon, its helper in a mount namespace of its own."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    factory = AccountFactory()
-    d = None
-    try:
-        d = start_privsep(factory, helper_wrap=rootns.own_mount_namespace())
+    with running_privsep(helper_wrap=rootns.own_mount_namespace()) as d:
         yield d
-    finally:
-        if d is not None:
-            stop_privsep(d)
-        factory.cleanup()
 
 
 def in_helper_ns(d: PrivsepDaemon, *command: str) -> None:

@@ -9,7 +9,11 @@ from __future__ import annotations
 import os
 import struct
 
-from tests.integration.test_root_spawns_no_account_that_reaches_daemon_secrets import _through_worker, layout  # noqa: F401
+import pytest
+
+from tests.support.secrets_layout import _through_worker, layout  # noqa: F401
+
+pytestmark = pytest.mark.root
 
 _ACL = "system.posix_acl_access"
 _UNDEF = 0xFFFFFFFF

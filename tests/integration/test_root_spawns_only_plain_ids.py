@@ -9,7 +9,7 @@ checks after ``setresuid`` that its ids are the ones asked for, or exits before 
 
 The entry is not written to the host's ``/etc/passwd`` (other sessions share it): the root
 helper runs in a mount namespace of its own with a copy of ``/etc`` holding the extra line
-(:mod:`tests.integration.rootns`). The attackers: code as ``mcpd-policy`` on root's channel
+(:mod:`tests.support.rootns`). The attackers: code as ``mcpd-policy`` on root's channel
 asking for ``spawn``, and an administrator's ordinary act, a principal bound to that account.
 """
 
@@ -29,10 +29,10 @@ import pytest
 from mcpd.client.api import Client, text_of
 from mcpd.common import identity
 from mcpd.helper import forkserver
-from tests.integration import rootns
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_root_monitor import as_policy
-from tests.osaccounts import AccountFactory
+from tests.support import rootns
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.root_channels import as_policy
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 NAME = "mcpdnoid"  # the account of uid 4294967295, in the helper's namespace only

@@ -1,4 +1,4 @@
-"""SPEC §1.4–§1.5 against the real daemon: session lifetime, bounded queues, caps, concurrency, leaks."""
+"""docs/REFERENCE.md §1.4–§1.5 against the real daemon: session lifetime, bounded queues, caps, concurrency, leaks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession, open_raw, read_status
-from tests.integration.test_protocol import slow_file, worker_pids
+from tests.support.workers import slow_file, worker_pids
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""Calling and cancelling in a loop does not make the daemon fork without end (SPEC §1.4, §1.7).
+"""Calling and cancelling in a loop does not make the daemon fork without end (docs/REFERENCE.md §1.4, §1.7).
 
 With ``workers.cancel_grace_seconds: 0`` each cancelled call kills its worker, as the contract
 wants (the job stops), and the next call needs a new one: the worst case the bucket bounds (a
@@ -21,9 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import ssl
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,11 +31,13 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession
-from tests.integration.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_metrics import free_port, samples
-from tests.integration.test_privsep_attacks import as_front
-from tests.integration.test_protocol import slow_file  # reading its line 3 keeps a worker busy until killed
-from tests.osaccounts import AccountFactory
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.metrics import samples
+from tests.support.net import free_port
+from tests.support.root_channels import as_front
+from tests.support.workers import slow_file
+from tests.support.osaccounts import AccountFactory
+from tests.support.shared_folder import shared_folder  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.anyio
 
@@ -224,7 +224,7 @@ async def cancelled_reads_keep_their_workers(s: SseSession, metrics: Metrics, ta
 
 async def test_cancelling_quick_reads_in_a_burst_keeps_the_workers_with_the_cancel_grace(
         daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
-    """SPEC §1.4 with the cancel grace: 40 quick reads, each cancelled right after it is posted, on
+    """docs/REFERENCE.md §1.4 with the cancel grace: 40 quick reads, each cancelled right after it is posted, on
     an account whose workers are started, start no worker and none is RATE_LIMITED (with
     ``cancel_grace_seconds: 0`` the first cancels spend the bucket and the rest are refused)."""
     port = free_port()
@@ -279,17 +279,6 @@ def privsep_with(workers: dict[str, float]) -> Iterator[tuple[PrivsepDaemon, Met
 def privsep_churned() -> Iterator[tuple[PrivsepDaemon, Metrics]]:
     with privsep_with(WORKERS) as started:
         yield started
-
-
-@pytest.fixture
-def shared_folder() -> Iterator[Path]:
-    """A folder every account may read (the test accounts cannot enter pytest's tmp_path)."""
-    folder = Path(tempfile.mkdtemp(prefix="mcpd-churn-", dir="/tmp"))
-    folder.chmod(0o755)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.root

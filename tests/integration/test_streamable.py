@@ -1,4 +1,4 @@
-"""Streamable HTTP at ``/mcp``, session era (SPEC §1.6), against the real daemon over TLS.
+"""Streamable HTTP at ``/mcp``, session era (docs/REFERENCE.md §1.6), against the real daemon over TLS.
 
 Raw HTTP, so every rule is seen on the wire: the session header, JSON or SSE answers, GET, DELETE,
 the protocol-version header, and the same auth, origin, body and session rules as ``/sse``.
@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -20,51 +19,10 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession
+from tests.support.streamable import ACCEPT_BOTH, INIT, client, hdrs, open_session, raw_headers, sse_messages
+from tests.support.workers import slow_file, worker_pids
 
 pytestmark = pytest.mark.anyio
-
-ACCEPT_BOTH = "application/json, text/event-stream"
-SID_RE = re.compile(r"^[0-9a-f]{32}$")
-INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
-        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
-
-
-def client(d: Daemon) -> httpx.AsyncClient:
-    return httpx.AsyncClient(verify=d.ssl_context(), timeout=30, base_url=d.url)
-
-
-def hdrs(d: Daemon, sid: str | None = None, token: str | None = None, accept: str = ACCEPT_BOTH,
-         **extra: str) -> dict[str, str]:
-    h = {**d.auth(token), "Accept": accept, "Content-Type": "application/json"}
-    if sid is not None:
-        h["Mcp-Session-Id"] = sid
-    h.update({k.replace("_", "-"): v for k, v in extra.items()})
-    return h
-
-
-async def open_session(c: httpx.AsyncClient, d: Daemon, token: str | None = None,
-                       version: str = "2025-06-18") -> str:
-    body = {**INIT, "params": {**INIT["params"], "protocolVersion": version}}
-    r = await c.post("/mcp", json=body, headers=hdrs(d, token=token))
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("application/json")
-    assert r.json()["result"]["protocolVersion"] == version
-    sid = r.headers["mcp-session-id"]
-    assert SID_RE.fullmatch(sid)
-    r = await c.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
-                     headers=hdrs(d, sid, token=token, **{"MCP-Protocol-Version": version}))
-    assert r.status_code == 202 and r.content == b""
-    return sid
-
-
-def sse_messages(text: str) -> list[Any]:
-    """The ``data:`` payloads of an event stream's ``message`` events."""
-    out = []
-    for block in text.replace("\r\n", "\n").split("\n\n"):
-        lines = block.split("\n")
-        if "event: message" in lines:
-            out.append(json.loads("".join(x[len("data: "):] for x in lines if x.startswith("data: "))))
-    return out
 
 
 async def test_initialize_list_call_read_resource_as_json(daemon: Daemon, tmp_path: Path) -> None:
@@ -431,7 +389,7 @@ async def test_idle_session_expires(daemon_factory: Callable[..., Daemon]) -> No
 
 
 async def test_a_full_principal_cap_evicts_its_longest_idle_mcp_session(daemon_factory: Callable[..., Daemon]) -> None:
-    """SPEC §1.7 (a bound reached gives a clear refusal) against clients that never end their
+    """docs/REFERENCE.md §1.7 (a bound reached gives a clear refusal) against clients that never end their
     sessions (one client per task, no ``DELETE``): at a full ``max_sessions_per_principal``, a
     ``/mcp`` session idle for ``mcp_session_evict_seconds`` makes room, the longest idle first;
     one just used, one with a GET stream, and another principal's never do (one with a request
@@ -525,3 +483,103 @@ async def test_per_principal_session_cap_counts_both_transports(daemon_factory: 
         r = await c.delete("/mcp", headers=hdrs(d, sid))
         assert r.status_code == 200
         await open_session(c, d)  # a slot of alice's is free again
+
+
+async def test_on_a_daemon_a_principal_at_its_cap_does_not_evict_anothers_idle_session(
+        daemon_factory: Callable[..., Daemon]) -> None:
+    """The same rule on a daemon (severity low-medium): ``max_sessions`` 2, one per principal,
+    eviction after 1 s. Bob's session idles; alice, holding her one, asks for another at the full
+    total: she is refused, and bob's session must still answer (before the fix it was closed to
+    make room and his next request got 404)."""
+    d = daemon_factory(max_sessions=2, max_sessions_per_principal=1, mcp_session_evict_seconds=1)
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with client(d) as c:
+        bobs = await open_session(c, d, token=d.other_token)
+        await asyncio.sleep(1.5)
+        await open_session(c, d)
+        r = await c.post("/mcp", json=INIT, headers=hdrs(d))
+        assert r.status_code in (429, 503)
+        r = await c.post("/mcp", json=ping, headers=hdrs(d, bobs, token=d.other_token))
+        assert r.status_code == 200, "bob's idle session was evicted for a session that was refused"
+
+
+async def test_a_session_whose_request_just_ended_is_not_evicted_as_idle(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Rule (the eviction: a ``/mcp`` session with no request for ``mcp_session_evict_seconds``
+    makes room at a full cap). Severity: low (a client that just got its answer loses its
+    session; its next request is 404). Idleness was counted from the request's start, so a request
+    that ran longer than the threshold (here a read cut by a 2 s worker deadline; a ``files/find``
+    may run 60 s, the default threshold) left its session evictable the moment it was answered."""
+    d = daemon_factory(max_sessions=1, mcp_session_evict_seconds=1, workers={"timeout_seconds": 2})
+    path = slow_file(tmp_path)
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    slow = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "files/read", "arguments": {"path": str(path), "start_line": 3}}}
+    async with client(d) as c:
+        sid = await open_session(c, d)
+        r = await c.post("/mcp", json=slow, headers=hdrs(d, sid))  # about 2 s, then TIMEOUT
+        assert r.status_code == 200 and "TIMEOUT" in r.text, r.text
+        await c.post("/mcp", json=INIT, headers=hdrs(d, token=d.other_token))  # bob, at the full total
+        r = await c.post("/mcp", json=ping, headers=hdrs(d, sid))
+        assert r.status_code == 200, "a session answered a moment ago was evicted as idle"
+
+
+async def test_cancelled_request_does_not_say_its_session_ended(daemon_factory: Any, tmp_path: Path) -> None:
+    """A request cancelled by ``notifications/cancelled`` (docs/REFERENCE.md §2.3: no reply is sent for it) on a
+    live session must not have its POST answered ``404``: that is the answer for an unknown or
+    ended session (docs/REFERENCE.md §1.3, §1.6), and SDK clients take it as "session terminated"."""
+    d = daemon_factory(workers={"timeout_seconds": 30})
+    path = slow_file(tmp_path)
+    slow = {"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+            "params": {"name": "files/read", "arguments": {"path": str(path), "start_line": 3}}}
+    async with client(d) as c, client(d) as c2:
+        sid = await open_session(c, d)
+        pending = await running(d, c2.post("/mcp", json=slow, headers=hdrs(d, sid)))
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                       "params": {"requestId": "slow"}}, headers=hdrs(d, sid))
+        assert r.status_code == 202
+        answer = await asyncio.wait_for(pending, 20)
+        assert answer.status_code != 404, answer.text
+        assert answer.status_code == 202 and answer.content == b""
+        assert answer.headers["mcp-session-id"] == sid
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "ping"}, headers=hdrs(d, sid))
+        assert r.status_code == 200 and r.json()["result"] == {}
+        # A DELETE while a request runs still answers that request's POST 404 (the session ended).
+        pending = await running(d, c2.post("/mcp", json={**slow, "id": "slow2"}, headers=hdrs(d, sid)))
+        assert (await c.delete("/mcp", headers=hdrs(d, sid))).status_code == 200
+        answer = await asyncio.wait_for(pending, 20)
+        assert answer.status_code == 404, answer.text[:300]
+
+
+async def running(d: Daemon, call: Coroutine[Any, Any, httpx.Response]) -> asyncio.Future[httpx.Response]:
+    """Start ``call`` (a POST of a slow file read) and return once a new worker runs it."""
+    before = worker_pids(d.pid)
+    pending = asyncio.ensure_future(call)
+    for _ in range(400):
+        if worker_pids(d.pid) - before:
+            return pending
+        await asyncio.sleep(0.05)
+    pytest.fail("the slow request never reached a worker")
+
+
+async def test_repeated_session_or_version_header_is_refused(daemon: Daemon) -> None:
+    """``Mcp-Session-Id`` and ``MCP-Protocol-Version`` carry one value (docs/REFERENCE.md §1.6): sent twice, a
+    proxy that reads the last copy and mcpd, which read the first, would disagree on the session
+    or version of one request. A repeat is refused with ``400``, whichever copy is valid."""
+    ping = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
+    async with client(daemon) as c:
+        sid = await open_session(c, daemon)
+        other = await open_session(c, daemon)
+        base = hdrs(daemon)
+        for repeated in ([("Mcp-Session-Id", sid), ("Mcp-Session-Id", other)],
+                         [("Mcp-Session-Id", sid), ("MCP-Protocol-Version", "2025-06-18"),
+                          ("MCP-Protocol-Version", "1999-01-01")]):
+            for method in ("POST", "GET", "DELETE"):
+                r = await c.request(method, "/mcp", content=ping if method == "POST" else b"",
+                                    headers=raw_headers(base, *repeated))
+                assert r.status_code == 400, (method, repeated, r.status_code, r.text)
+                assert r.json()["error"]["code"] == -32600
+        # both sessions are untouched by the refused DELETEs
+        for s in (sid, other):
+            r = await c.post("/mcp", content=ping, headers=hdrs(daemon, s))
+            assert r.status_code == 200

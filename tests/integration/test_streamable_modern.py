@@ -1,4 +1,4 @@
-"""Streamable HTTP at ``/mcp``, stateless era (2026-07-28; SPEC §1.6): ``server/discover``, the
+"""Streamable HTTP at ``/mcp``, stateless era (2026-07-28; docs/REFERENCE.md §1.6): ``server/discover``, the
 per-request ``_meta``, the ``Mcp-Method``/``Mcp-Name`` headers held against the body, ``resultType``
 and caching hints, the revision's error codes, and no session minted."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,34 +16,24 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession
-from tests.integration.test_protocol import slow_file, worker_pids
-from tests.integration.test_streamable import ACCEPT_BOTH, client, hdrs, open_session, sse_messages
+from tests.support.streamable import (
+    ACCEPT_BOTH,
+    META,
+    V,
+    client,
+    hdrs,
+    headers,
+    headers as modern_headers,
+    open_session,
+    post,
+    raw_headers,
+    request,
+    request as modern_request,
+    sse_messages,
+)
+from tests.support.workers import slow_file, worker_pids
 
 pytestmark = pytest.mark.anyio
-
-V = "2026-07-28"
-META = {"io.modelcontextprotocol/protocolVersion": V, "io.modelcontextprotocol/clientCapabilities": {},
-        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}
-NAME_FIELD = {"tools/call": "name", "resources/read": "uri"}
-
-
-def request(method: str, params: dict[str, Any] | None = None, rid: Any = 1, meta: dict[str, Any] | None = None,
-            ) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": {**(params or {}), "_meta": meta or META}}
-
-
-def headers(d: Daemon, body: dict[str, Any], **override: str | None) -> dict[str, str]:
-    h: dict[str, str | None] = {**d.auth(), "Accept": ACCEPT_BOTH, "Content-Type": "application/json",
-                                "MCP-Protocol-Version": V, "Mcp-Method": body["method"]}
-    field = NAME_FIELD.get(body["method"])
-    if field:
-        h["Mcp-Name"] = body["params"][field]
-    h.update({k.replace("_", "-"): v for k, v in override.items()})
-    return {k: v for k, v in h.items() if v is not None}
-
-
-async def post(c: httpx.AsyncClient, d: Daemon, body: Any, **override: str | None) -> httpx.Response:
-    return await c.post("/mcp", json=body, headers=headers(d, body, **override))
 
 
 def check_modern_result(r: httpx.Response, ttl: int | None = None, scope: str | None = None) -> dict[str, Any]:
@@ -265,3 +256,42 @@ async def test_large_answers_arrive_whole_as_json_and_as_one_event(daemon: Daemo
             assert r.status_code == 200 and r.headers["content-type"].startswith(accept)
             reply = r.json() if accept == "application/json" else sse_messages(r.text)[-1]
             assert reply["id"] == 8 and reply["result"]["content"][0]["text"] == text * 3 * 1024
+
+
+async def test_repeated_mirror_header_is_refused(daemon: Daemon, tmp_path: Path) -> None:
+    """The 2026-07-28 ``Mcp-Method``/``Mcp-Name``/``MCP-Protocol-Version`` headers mirror the body
+    so that gateways can route and authorize without reading it (docs/REFERENCE.md §1.6). Sent twice, mcpd
+    checked only the first copy: ``Mcp-Name: <the body's uri>`` then ``Mcp-Name: <another>``
+    passed, so a gateway reading the last copy authorized one file while mcpd served another.
+    Any repeat is ``400``/``-32020``."""
+    p = tmp_path / "served.txt"
+    p.write_text("served\n")
+    body = modern_request("resources/read", {"uri": f"file://{p}"})
+    base = modern_headers(daemon, body)
+    async with client(daemon) as c:
+        for name, other in (("Mcp-Name", "file:///etc/hostname"), ("Mcp-Method", "tools/list"),
+                            ("MCP-Protocol-Version", "2025-06-18")):
+            r = await c.post("/mcp", content=json.dumps(body).encode(), headers=raw_headers(base, (name, other)))
+            assert r.status_code == 400, (name, r.text)
+            assert r.json() == {"jsonrpc": "2.0", "id": 1, "error": r.json()["error"]}
+            assert r.json()["error"]["code"] == -32020
+            assert "served" not in r.text
+        r = await c.post("/mcp", content=json.dumps(body).encode(), headers=base)
+        assert r.status_code == 200 and r.json()["result"]["contents"][0]["text"] == "served\n"
+
+
+async def test_stateless_error_without_id_is_400_like_session_era(daemon: Daemon) -> None:
+    """An error without a usable id (``id: null``, ``1e400``) is answered ``400`` with its JSON-RPC
+    body in the session era (docs/REFERENCE.md §2.3, §1.6); a stateless request with the same id got ``200``."""
+    async with client(daemon) as c:
+        sid = await open_session(c, daemon)
+        r = await c.post("/mcp", json={"jsonrpc": "2.0", "id": None, "method": "ping"}, headers=hdrs(daemon, sid))
+        assert r.status_code == 400 and r.json()["error"]["code"] == -32600
+        body = modern_request("tools/list", rid=None)
+        r = await c.post("/mcp", json=body, headers=modern_headers(daemon, body))
+        assert r.json() == {"jsonrpc": "2.0", "id": None, "error": r.json()["error"]}
+        assert r.json()["error"]["code"] == -32600
+        assert r.status_code == 400
+        raw = json.dumps(modern_request("tools/list", rid=7)).replace("7", "1e400", 1).encode()
+        r = await c.post("/mcp", content=raw, headers=modern_headers(daemon, modern_request("tools/list")))
+        assert r.status_code == 400 and r.json()["id"] is None and r.json()["error"]["code"] == -32600

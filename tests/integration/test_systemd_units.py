@@ -2,10 +2,10 @@
 
 `systemd-analyze verify` must print nothing for every unit (warnings count as failures, since
 systemd ignores an unknown key with a warning and runs the service without that protection);
-`systemd-analyze security --offline=true` scores the sandbox (the helper at most 1.7, issue 8, with
+`systemd-analyze security --offline=true` scores the sandbox (the helper at most 1.7, with
 every item still exposed justified by an `EXPOSED:` comment in the unit); `systemd-sysusers` and
 `systemd-tmpfiles` are run for real against a temporary root folder and the resulting owners
-and modes are checked (SPEC §4.5, §5.1: grants and users files are root's, 0600; the policy
+and modes are checked (docs/REFERENCE.md §4.5, §5.1: grants and users files are root's, 0600; the policy
 process's state and audit folders are mcpd-policy's, 0700, also over an older root-owned layout);
 logrotate rotates the audit log as mcpd-policy.
 """
@@ -27,6 +27,7 @@ import pytest
 
 from mcpd.common.config import EXIT_CONFIG
 from mcpd.helper import main as helper_main
+from tests.support.rootonly import root_prerequisite
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
@@ -34,7 +35,7 @@ UNIT_FILES = ("mcpd.service", "mcpd-helper.service", "mcpd-helper.socket")
 SHIPPED_BINARY = "/usr/local/bin/mcpd"
 HELPER_EXEC = "/usr/bin/python3 -I -m mcpd.helper --config /etc/mcpd/mcpd.yaml"
 FRONT_MAX_EXPOSURE = 2.0
-HELPER_MAX_EXPOSURE = 1.7  # issue 8; root with four capabilities (1.6 when this was written)
+HELPER_MAX_EXPOSURE = 1.7  # root with four capabilities
 
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
@@ -120,7 +121,7 @@ def test_verify_catches_a_misspelt_key(tmp_path: Path) -> None:
 
 @needs_analyze
 def test_sandbox_exposure_front_at_most_2_helper_at_most_1_7(tmp_path: Path) -> None:
-    """The front's exposure is ≤ 2.0 and the helper's ≤ 1.7 (issue 8); both scores are printed."""
+    """The front's exposure is ≤ 2.0 and the helper's ≤ 1.7; both scores are printed."""
     staged = staged_units(tmp_path)
     front = exposure(staged / "mcpd.service")
     helper = exposure(staged / "mcpd-helper.service")
@@ -153,7 +154,7 @@ def test_config_broken_exit_status_prevents_restart() -> None:
 
 
 def test_helper_runs_its_own_entry_point_isolated() -> None:
-    """The helper unit starts `python3 -I -m mcpd.helper`, not the `mcpd` CLI (issue 8 item 1).
+    """The helper unit starts `python3 -I -m mcpd.helper`, not the `mcpd` CLI.
     Type=exec: the helper sends no readiness notification (the socket queues connections)."""
     service = parse_unit(UNITS / "mcpd-helper.service")["Service"]
     assert service["ExecStart"] == [HELPER_EXEC]
@@ -196,7 +197,7 @@ def test_helper_unit_writes_only_the_policy_folders_made_by_tmpfiles() -> None:
     """The policy process's folders (/var/lib/mcpd-helper, /var/log/mcpd) are writable in the
     helper unit but not StateDirectory=/LogsDirectory= (systemd would make them root's and chown
     them back at every start): tmpfiles makes them mcpd-policy's. Nothing else is writable, the
-    front's /var/lib/mcpd least of all (SPEC §4.5a)."""
+    front's /var/lib/mcpd least of all (docs/REFERENCE.md §4.5a)."""
     service = parse_unit(UNITS / "mcpd-helper.service")["Service"]
     for key in ("StateDirectory", "LogsDirectory", "CacheDirectory", "RuntimeDirectory", "ConfigurationDirectory"):
         assert key not in service, key
@@ -277,8 +278,7 @@ def applied_root(tmp_path: Path) -> Path:
     if os.geteuid() != 0:
         pytest.skip("needs root: systemd-tmpfiles must chown to the mcpd account")
     for tool in ("systemd-sysusers", "systemd-tmpfiles"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is absent (apt-get install -y systemd)")
+        root_prerequisite(shutil.which(tool) is not None, f"{tool} is absent (apt-get install -y systemd)")
     root = tmp_path / "root"
     for sub, src in (("sysusers.d", "sysusers.d"), ("tmpfiles.d", "tmpfiles.d")):
         dest = root / "usr/lib" / sub
@@ -321,7 +321,7 @@ def _account_ids(root: Path, name: str = "mcpd") -> tuple[int, int]:
 
 @pytest.mark.root
 def test_tmpfiles_grants_and_users_files_root_only(applied_root: Path) -> None:
-    """SPEC §4.5/§5.1: mcp-sudo.yaml and users.yaml end up 0600 root:root, whatever they were."""
+    """docs/REFERENCE.md §4.5/§5.1: mcp-sudo.yaml and users.yaml end up 0600 root:root, whatever they were."""
     for rel in ("mcp-sudo.yaml", "users.yaml"):
         st = (applied_root / "etc/mcpd" / rel).stat()
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600), rel
@@ -371,8 +371,7 @@ def test_logrotate_rotates_the_audit_log_as_mcpd_policy(tmp_path: Path, request:
     policy process can go on appending."""
     if os.geteuid() != 0:
         pytest.skip("needs root: logrotate switches to mcpd-policy")
-    if shutil.which("logrotate") is None:
-        pytest.skip("logrotate is absent (apt-get install -y logrotate)")
+    root_prerequisite(shutil.which("logrotate") is not None, "logrotate is absent (apt-get install -y logrotate)")
     from mcpd.admin import devroot
     from mcpd.common.config import POLICY_USER
 

@@ -1,4 +1,4 @@
-"""Tool names (SPEC §2.4): ``tool_names: portable`` lists ``files_read`` …; ``tools/call`` (and
+"""Tool names (docs/REFERENCE.md §2.4): ``tool_names: portable`` lists ``files_read`` …; ``tools/call`` (and
 ``linuxctl call``) accept both spellings whatever is listed; unknown names stay ``-32602``."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from mcpd.common.config import ConfigError, from_dict
 from tests.conftest import Daemon, SseSession
-from tests.integration.test_linuxctl import flags, linuxctl
+from tests.support.linuxctl import flags, linuxctl
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import Daemon
-from tests.integration.node_clients import node, node_dir
+from tests.support.node_clients import node, node_dir
 
 SCRIPT = Path(__file__).with_name("ts_sdk_client.mjs")
 

@@ -1,5 +1,5 @@
-"""Workers that do not read, and a front that does not take its worker (issue 28 item 2;
-docs/PRIVSEP.md, "Bounded sends").
+"""Workers that do not read, and a front that does not take its worker
+(docs/PRIVSEP.md, "Bounded sends").
 
 The daemon here runs its root helper (so the policy process too) under systemd's default soft
 ``RLIMIT_NOFILE``, 1024: that number is also how many descriptors one user may have in flight
@@ -9,7 +9,6 @@ reading; bob, another principal, must not notice, on either route.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import json
 import os
@@ -24,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
-from tests.integration.test_attack13b import PRELUDE, wait_until_ready
-from tests.integration.test_privsep import read, read_once, wait_for
-from tests.osaccounts import AccountFactory
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.workers import PRELUDE, wait_until_ready
+from tests.support.privsep_calls import bob_reads_on_both_routes, read_once, wait_for
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 
@@ -62,31 +61,6 @@ def as_front(d: PrivsepDaemon, code: str, *args: str, stdin: int | None = None) 
     return subprocess.Popen(["setpriv", f"--reuid={d.service.pw_uid}", f"--regid={d.service.pw_gid}", "--clear-groups",
                              sys.executable, "-I", "-c", PRELUDE + code, str(d.socket_path), *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def bob_reads_on_both_routes(d: PrivsepDaemon) -> list[tuple[str | None, dict[str, Any]]]:
-    """bob, on new workers (his old ones killed first): an unprivileged read of a file of his own
-    and a privileged read of the root-only file, three times each."""
-    for pid in d.workers("bob"):
-        os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not d.workers("bob"))
-    own = os.path.join(d.accounts["bob"].home, "note.txt")
-    if not os.path.exists(own):
-        with open(own, "w") as f:
-            f.write("bob's note\n")
-        os.chown(own, d.accounts["bob"].uid, d.accounts["bob"].gid)
-
-    async def go() -> list[tuple[str | None, dict[str, Any]]]:
-        from tests.integration.test_privsep import client
-
-        async with client(d, "bob") as c:
-            out = []
-            for _ in range(3):
-                out.append(await read(c, own))
-                out.append(await read(c, d.log_file, privileged=True))
-            return out
-
-    return asyncio.run(go())
 
 
 # As the front: spawns argv[2] workers for the token argv[3] and prints their pids; after a line on
@@ -140,7 +114,7 @@ def steal_control_socket(pid: int) -> socket.socket:
 
 
 def test_workers_that_stop_reading_hold_no_thread_and_no_descriptor_of_anyone_else(daemon: PrivsepDaemon) -> None:
-    """Issue 28 item 2, high: the policy process sent to a worker's control socket with a
+    """High: the policy process sent to a worker's control socket with a
     blocking send, on the front connection's thread, so a worker that reported its calls in advance
     but never read filled its socket: the next send blocked for good (killing the worker did not
     unblock it while another process held the socket), and the descriptors left in flight used up
@@ -229,7 +203,7 @@ send(conn(sys.argv[1]), {"type": "spawn_worker", "id": 1, "token": sys.argv[2]})
 
 
 def test_a_worker_whose_socket_never_reached_the_front_is_recorded_failed_and_killed(daemon: PrivsepDaemon) -> None:
-    """Issue 28 item 2: a spawn reply that could not be sent (the front gone, or ``ETOOMANYREFS``)
+    """A spawn reply that could not be sent (the front gone, or ``ETOOMANYREFS``)
     was swallowed and left a ``spawn accept`` record for a worker the front never got. Now such a
     worker is recorded ``spawn_failed`` ("its socket did not reach the front"), no ``spawn``
     record names it, and it is killed."""

@@ -25,9 +25,9 @@ import pytest
 
 from mcpd.common import identity
 
-from tests.integration.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401
-from tests.integration.test_root_monitor import as_policy
-from tests.integration.test_root_objects import call, everywhere  # noqa: F401
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401
+from tests.support.root_channels import as_policy
+from tests.support.root_objects import call, everywhere  # noqa: F401
 
 pytestmark = pytest.mark.root
 TRIES = 400

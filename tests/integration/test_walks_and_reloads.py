@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
+from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     HungWalks,
     PrivsepDaemon,
     children,
@@ -35,8 +35,8 @@ from tests.integration.privsep_fixture import (  # noqa: F401  (fixture)
     start_privsep,
     stop_privsep,
 )
-from tests.integration.test_privsep import client, wait_for
-from tests.osaccounts import AccountFactory
+from tests.support.privsep_calls import client, wait_for
+from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 

@@ -1,4 +1,4 @@
-"""A worker's start, raced by a process of its own account (issue 28 item 1; docs/PRIVSEP.md
+"""A worker's start, raced by a process of its own account (docs/PRIVSEP.md
 "A worker's start").
 
 The attacker is a real process of alice's OS account, started beside the real privilege-separated
@@ -31,9 +31,9 @@ import pytest
 from mcpd.helper.wire import frames
 from mcpd.helper.wire.rootconf import WORKER_START_GID
 from mcpd.policy.workers import _status_problem
-from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
-from tests.integration.test_attack13b import PRELUDE
-from tests.integration.test_privsep import read_once, wait_for
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
+from tests.support.workers import PRELUDE
+from tests.support.privsep_calls import read_once, wait_for
 
 pytestmark = pytest.mark.root
 
@@ -194,7 +194,7 @@ for i in range(starts):
 
 
 def test_a_process_of_the_account_racing_every_worker_start_gets_nothing(privsep_daemon: PrivsepDaemon) -> None:
-    """Issue 28 item 1, high: a worker became dumpable again at its ``exec`` (its ids all equal),
+    """High: a worker became dumpable again at its ``exec`` (its ids all equal),
     and turned that off only after its interpreter had started, so a process of the same account
     could stop it in that window, copy its control socket with ``pidfd_getfd``, take the
     descriptor root opened for the principal's next privileged read, read the root-only file and

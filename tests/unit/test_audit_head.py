@@ -26,15 +26,6 @@ from mcpd.common.audit.head import HEAD_FILE, Head
 from mcpd.common.audit.writer import AuditLog
 
 
-@pytest.fixture()
-def state(tmp_path: Path) -> tuple[Path, int]:
-    folder = tmp_path / "state"
-    folder.mkdir(mode=0o700)
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    yield folder, fd
-    os.close(fd)
-
-
 def writer(path: Path, state: tuple[Path, int]) -> AuditLog:
     return AuditLog(str(path), syslog=False, head_dir=state[1])
 

@@ -11,7 +11,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -20,15 +19,6 @@ from mcpd.admin.audit.verify import verify
 from mcpd.admin.audit.commands import audit
 from mcpd.common.audit.chain import GENESIS
 from mcpd.common.audit.writer import AuditLog
-
-
-@pytest.fixture()
-def state(tmp_path: Path) -> tuple[Path, int]:
-    folder = tmp_path / "state"
-    folder.mkdir(mode=0o700)
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    yield folder, fd
-    os.close(fd)
 
 
 def write(log: AuditLog, n: int, start: int = 0) -> None:

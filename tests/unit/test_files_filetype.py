@@ -1,4 +1,4 @@
-"""files/filetype (issue 4): text/binary, MIME, encodings, line endings, links, FIFOs."""
+"""files/filetype: text/binary, MIME, encodings, line endings, links, FIFOs."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from mcpd.helper.wire.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION
 from mcpd.core.fileops.filetype import SAMPLE_BYTES, filetype, op_filetype
 from mcpd.core.tools import files_filetype
 
-sys.path.insert(0, os.path.dirname(__file__))
-from fileops_support import make_ctx, openers  # noqa: E402
+#: Where the fileops helpers live, for a child that imports them by file name.
+SUPPORT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
+from tests.support.fileops import make_ctx, openers  # noqa: E402
 
 PNG = bytes.fromhex("89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489") + b"\0" * 64
 
@@ -145,11 +146,11 @@ def test_filetype_fifo_never_blocks(tmp_path: Path) -> None:
     # and the child would be killed by the timeout instead of printing
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from fileops_support import make_ctx; from mcpd.core.fileops.filetype import filetype;"
+        "from fileops import make_ctx; from mcpd.core.fileops.filetype import filetype;"
         "print(filetype(sys.argv[2], make_ctx())['mime'], filetype(sys.argv[3], make_ctx())['mime'])"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, os.path.dirname(__file__), str(fifo), str(tmp_path / "pipelink")],
+        [sys.executable, "-c", code, SUPPORT_DIR, str(fifo), str(tmp_path / "pipelink")],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout
     assert out.split() == ["inode/fifo", "inode/symlink"]
@@ -245,7 +246,7 @@ def test_filetype_in_search_only_directory_as_the_account() -> None:
         (base / "closed" / "x.txt").write_text("x\n")
         code = (
             "import sys, json; sys.path.insert(0, sys.argv[1]);"
-            "from fileops_support import make_ctx; from mcpd.core.fileops.filetype import filetype;"
+            "from fileops import make_ctx; from mcpd.core.fileops.filetype import filetype;"
             "from mcpd.helper.wire.errors import ToolError\n"
             "out = [filetype(sys.argv[2], make_ctx())['mime'], filetype(sys.argv[3], make_ctx())['mime']]\n"
             "try:\n filetype(sys.argv[4], make_ctx()); out.append('read')\n"
@@ -254,7 +255,7 @@ def test_filetype_in_search_only_directory_as_the_account() -> None:
         )
         out = subprocess.run(
             ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", code,
-             os.path.dirname(__file__), str(search_only / "pub.txt"), str(search_only / "ln"),
+             SUPPORT_DIR, str(search_only / "pub.txt"), str(search_only / "ln"),
              str(base / "closed" / "x.txt")],
             capture_output=True, text=True, timeout=60, check=True,
         ).stdout

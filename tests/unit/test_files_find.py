@@ -1,4 +1,4 @@
-"""files/find (issue 4): globs, types, depth, caps, symlinks, loops, unreadable dirs, grants."""
+"""files/find: globs, types, depth, caps, symlinks, loops, unreadable dirs, grants."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from mcpd.helper.wire.errors import INVALID_ARGUMENT, ToolError
 from mcpd.core.fileops.find import FindQuery, find, op_find
 from mcpd.core.tools import files_find
 
-sys.path.insert(0, os.path.dirname(__file__))
-from fileops_support import make_ctx  # noqa: E402
+#: Where the fileops helpers live, for a child that imports them by file name.
+SUPPORT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
+from tests.support.fileops import make_ctx  # noqa: E402
 
 ROOT = os.geteuid() == 0
 
@@ -164,12 +165,12 @@ def test_find_unreadable_subdirectory_reported_and_skipped(shared_dir: Path) -> 
     (shared_dir / "z.txt").write_bytes(b"")
     code = (
         "import sys, json; sys.path.insert(0, sys.argv[1]);"
-        "from fileops_support import make_ctx; from mcpd.core.fileops.find import find, FindQuery;"
+        "from fileops import make_ctx; from mcpd.core.fileops.find import find, FindQuery;"
         "print(json.dumps(find(sys.argv[2], make_ctx(), FindQuery(name='*.txt'))))"
     )
     out = subprocess.run(
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", code,
-         os.path.dirname(__file__), str(shared_dir)],
+         SUPPORT_DIR, str(shared_dir)],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout
     res = json.loads(out)

@@ -1,4 +1,4 @@
-"""files/list (issue 4): real directories, real special files, the grant filter."""
+"""files/list: real directories, real special files, the grant filter."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from mcpd.helper.wire.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION
 from mcpd.core.fileops.listing import list_path, op_list
 from mcpd.core.tools import files_list
 
-sys.path.insert(0, os.path.dirname(__file__))
-from fileops_support import make_ctx  # noqa: E402
+#: Where the fileops helpers live, for a child that imports them by file name.
+SUPPORT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
+from tests.support.fileops import make_ctx  # noqa: E402
 
 ROOT = os.geteuid() == 0
 
@@ -168,14 +169,14 @@ def test_list_permission_denied_for_the_account(shared_dir: Path) -> None:
     closed.mkdir(mode=0o700)
     code = (
         "import sys, json; sys.path.insert(0, sys.argv[1]);"
-        "from fileops_support import make_ctx; from mcpd.core.fileops.listing import list_path;"
+        "from fileops import make_ctx; from mcpd.core.fileops.listing import list_path;"
         "from mcpd.helper.wire.errors import ToolError\n"
         "try:\n list_path(sys.argv[2], make_ctx()); print('listed')\n"
         "except ToolError as e:\n print(json.dumps(e.to_dict()))\n"
     )
     out = subprocess.run(
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", code,
-         os.path.dirname(__file__), str(closed)],
+         SUPPORT_DIR, str(closed)],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout
     assert json.loads(out)["code"] == PERMISSION_DENIED

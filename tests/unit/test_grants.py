@@ -22,7 +22,7 @@ from mcpd.policy.grants import secret_paths
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.common.grantmatch import entry_covers, split_entry
 from mcpd.helper.wire.strictyaml import ConfigFileError, load_secure_yaml
-from tests.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
+from tests.support.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 
 NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)
 

@@ -22,7 +22,7 @@ from mcpd.common.folders import safe_folder
 from mcpd.helper.wire.opener import open_checked
 from mcpd.common.grantmatch import split_entry
 from mcpd.policy.login import Store
-from tests.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
+from tests.support.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 
 FORGED = "x\nallowed: granted\x1b[2J\u202efdp.exe"  # a newline, ESC, a right-to-left override
 SHOWN = "x\\x0aallowed: granted\\x1b[2J\\u202efdp.exe"

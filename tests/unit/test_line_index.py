@@ -1,4 +1,4 @@
-"""The line index of deep line reads (issue 11): used when the file is the same, never when it
+"""The line index of deep line reads: used when the file is the same, never when it
 changed (appended, truncated, rewritten in place, replaced), and bounded in memory.
 
 Every read goes through ``ops.run`` with the real opener, as a worker runs it; the expected text
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from mcpd.core import textread
-from tests.unit.test_textread import text
+from tests.support.textread import text
 
 LINES = 120_000  # about 3.3 MiB: several 1 MiB chunks, so checkpoints exist past the first
 
@@ -84,7 +84,7 @@ def test_a_changed_file_is_never_answered_from_a_stale_index(tmp_path: Path, cha
             f.truncate(sum(len(r) for r in rows[:80_000]))
         rows = rows[:80_000]
         reply: dict[str, Any] = {}
-        from tests.unit.test_textread import call
+        from tests.support.textread import call
 
         reply = call(log, start_line=90_000, end_line=90_005)
         assert reply["ok"] is False and reply["error"]["code"] == "RANGE_OUT_OF_BOUNDS", reply

@@ -7,12 +7,9 @@ unmounted before the test ends.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +21,7 @@ from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
 from mcpd.helper.wire import opener
 from mcpd.policy.grants import parse_policy
 from mcpd.walker import main as walker
+from tests.support.mounts import mounted
 
 pytestmark = pytest.mark.root
 
@@ -32,19 +30,6 @@ pytestmark = pytest.mark.root
 def _root() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: makes bind mounts")
-
-
-@contextlib.contextmanager
-def mounted(target: Path, *how: str) -> Iterator[Path]:
-    """``mount [how] target`` for the block, always unmounted after (lazily if busy)."""
-    if not target.exists():
-        target.mkdir()
-    subprocess.run(["mount", *how, str(target)], check=True, timeout=30)
-    try:
-        yield target
-    finally:
-        if subprocess.run(["umount", str(target)], timeout=30).returncode != 0:
-            subprocess.run(["umount", "-l", str(target)], check=True, timeout=30)
 
 
 def test_a_symlink_or_a_bind_mount_leaves_the_place_of_an_object_as_it_is(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from mcpd.admin.cli import main
 from mcpd.common.audit.records import MAX_VALUE_CHARS
 from mcpd.common.audit.writer import AuditLog
 from mcpd.policy.grants_reload import PolicyHolder
+from tests.support.reload import rewrite
 
 
 def big_grants(n: int = 200, expiry_for: int = 199) -> str:
@@ -27,13 +28,6 @@ def big_grants(n: int = 200, expiry_for: int = 199) -> str:
         out.append(f"  user{i:03d}:\n    privileged:\n      tools:\n"
                    f"        files/read: {{allowed: true, paths: [/srv/u{i:03d}, /var/log/app{i:03d}]{extra}}}\n")
     return "".join(out)
-
-
-def rewrite(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def reloads(path: Path) -> list[list[dict]]:

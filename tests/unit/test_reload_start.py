@@ -14,7 +14,7 @@ from mcpd.admin.audit.commands import audit
 from mcpd.common.audit.head import HEAD_FILE
 from mcpd.common.audit.writer import AuditLog
 from mcpd.policy.grants_reload import LAST_LOAD, PolicyHolder
-from tests.unit.test_reload_records import rewrite
+from tests.support.reload import rewrite
 
 RULES = "users:\n  alice:\n    privileged:\n      tools:\n        files/read: {allowed: true, paths: [/srv/a]}\n"
 

@@ -3,7 +3,9 @@
 Not root, a root-only test skips. As root (CI's run), its skip is reported as a failure: a
 missing tool or a fixture that could not start must not hide a test that did not run. Root-only:
 marked ``root``, using a root fixture (``privsep_daemon``, ``os_accounts``), or skipped from the
-root fixtures' files. ``root_may_skip(reason)`` lets a test skip even as root.
+root fixtures' files. ``root_may_skip(reason)`` lets a test skip even as root. A prerequisite
+checked with ``tests.support.rootonly.root_prerequisite`` fails as root and skips otherwise,
+marked or not.
 
 Each case runs the suite's own conftest in a separate pytest process whose ``os.geteuid`` says
 0 or 1000 (the hook asks it; nothing else there needs the real one)."""
@@ -58,6 +60,14 @@ def test_root_xfail():
 @pytest.mark.root
 def test_root_passes():
     pass
+
+def test_prerequisite_missing():
+    from tests.support.rootonly import root_prerequisite
+    root_prerequisite(False, "a tool is absent")
+
+def test_prerequisite_present():
+    from tests.support.rootonly import root_prerequisite
+    root_prerequisite(True, "a tool is absent")
 '''
 
 CONFTEST = '''
@@ -113,11 +123,13 @@ def test_as_root_a_root_only_test_that_skips_fails(pytester: pytest.Pytester, mo
     assert outcomes(pytester, monkeypatch, 0) == {
         "test_root_marked": "failed", "test_root_marked_skipif": "failed", "test_root_fixture": "failed",
         "test_root_fixture_file": "failed", "test_plain": "skipped", "test_opted_out": "skipped",
-        "test_root_xfail": "skipped", "test_root_passes": "passed"}
+        "test_root_xfail": "skipped", "test_root_passes": "passed",
+        "test_prerequisite_missing": "failed", "test_prerequisite_present": "passed"}
 
 
 def test_not_root_a_root_only_test_skips(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     assert outcomes(pytester, monkeypatch, 1000) == {
         "test_root_marked": "skipped", "test_root_marked_skipif": "skipped", "test_root_fixture": "skipped",
         "test_root_fixture_file": "skipped", "test_plain": "skipped", "test_opted_out": "skipped",
-        "test_root_xfail": "skipped", "test_root_passes": "passed"}
+        "test_root_xfail": "skipped", "test_root_passes": "passed",
+        "test_prerequisite_missing": "skipped", "test_prerequisite_present": "passed"}

@@ -5,7 +5,7 @@ The helper's entry point is ``python -I -m mcpd.helper`` (console script ``mcpd-
 everything the root side ever runs, so a fresh isolated interpreter that imports it holds the
 whole root surface in ``sys.modules``: it must hold nothing of mcpd outside root's folder
 ``mcpd/helper/`` (root's code and the wire layer). The budget counts the code lines
-(:mod:`tests.codelines`) of every module in that folder, loaded or not. The tests also fail when a
+(:mod:`tests.support.codelines`) of every module in that folder, loaded or not. The tests also fail when a
 parser or web-stack package is loaded, or when a loaded mcpd module imports inside a function
 something the count would miss.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.codelines import code_lines
+from tests.support.codelines import code_lines
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_MODULE = "mcpd.helper.main"

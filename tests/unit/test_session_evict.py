@@ -14,6 +14,7 @@ from mcpd.common.config import Config, ConfigError, from_dict
 from mcpd.common.identity import Principal
 from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.sessions.table import SessionManager, SessionRefused
+from tests.support.sessions import manager as session_table
 
 ALICE, BOB = Principal("alice", "alice", "t1"), Principal("bob", "bob", "t2")
 
@@ -87,3 +88,21 @@ def test_the_total_cap_evicts_anyones_and_zero_turns_eviction_off() -> None:
 def test_a_negative_or_nan_threshold_is_refused(value: float) -> None:
     with pytest.raises(ConfigError, match="mcp_session_evict_seconds"):
         from_dict({"mcp_session_evict_seconds": value})
+
+
+def test_a_principal_refused_for_its_own_cap_evicts_no_one_elses_session() -> None:
+    """Rule (docs/REFERENCE.md §1.5 session caps; the eviction: at a full cap, an idle ``/mcp`` session makes
+    room *for a new session*). Severity: low-medium (a principal at its own cap closes another
+    principal's idle session and still gets 429: the victim loses its session for nothing, its
+    client's next request is 404).
+
+    ``SessionManager.open`` checks ``max_sessions`` first and evicts anyone's idle session to
+    make room, then refuses the caller for ``max_sessions_per_principal``."""
+    m = session_table(max_sessions=2, max_sessions_per_principal=1, mcp_session_evict_seconds=60.0)
+    victim = m.open(Principal("bob", "bob", "t2"), kind="mcp")
+    victim.last_active -= 120  # idle two minutes: the client comes back later
+    m.open(Principal("mallory", "mallory", "t3"), kind="mcp")  # in use
+    with pytest.raises(SessionRefused) as refused:
+        m.open(Principal("mallory", "mallory", "t3"), kind="mcp")
+    assert refused.value.status in (429, 503)
+    assert not victim.closed, "bob's idle session was closed to make room for a session refused anyway"

@@ -22,8 +22,8 @@ from mcpd.front.transport.body import BodyRefused, parse_json
 from mcpd.front.sessions.session import Session
 from mcpd.front.sessions.table import SessionManager
 from mcpd.front.transport.stream import AsgiStream
-from tests.fuzzgen import answered, dump, strict
-from tests.unit.test_props_envelope import BODY, CALLER, SCALAR, SETTINGS, VALUE
+from tests.support.fuzzgen import answered, dump, strict
+from tests.support.envelope import BODY, CALLER, SCALAR, SETTINGS, VALUE
 
 KIB = 1024
 

@@ -1,4 +1,4 @@
-"""SPEC §3 (files/read) row by row, and issue 4's encoding/include_metadata, against real files.
+"""docs/REFERENCE.md §3 (files/read) row by row, and the encoding and include_metadata arguments, against real files.
 
 Every call goes through ``ops.run`` with the real unprivileged opener (``mcpd.core.fileopen``), so the
 request frame, validation, opening, reading and the reply frame are all exercised.
@@ -24,22 +24,7 @@ import pytest
 from mcpd.core import fileopen
 from mcpd.core import ops, textread
 from mcpd.common.config import ReadLimits
-
-LIMITS = ReadLimits()
-CTX = ops.OpContext(limits=LIMITS, open_file=fileopen.open_regular, open_dir=fileopen.open_directory)
-
-
-def call(path: Path | str, limits: ReadLimits = LIMITS, **args: Any) -> dict[str, Any]:
-    ctx = dataclasses.replace(CTX, limits=limits)
-    reply = ops.run({"id": 7, "op": "files/read", "args": {"path": str(path), **args}}, ctx)
-    assert reply["id"] == 7
-    return reply
-
-
-def text(path: Path | str, limits: ReadLimits = LIMITS, **args: Any) -> str:
-    reply = call(path, limits, **args)
-    assert reply["ok"], reply
-    return str(reply["result"]["text"])
+from tests.support.textread import CTX, LIMITS, call, text
 
 
 def error(path: Path | str, code: str, limits: ReadLimits = LIMITS, **args: Any) -> dict[str, Any]:
@@ -706,7 +691,7 @@ def test_memory_proportional_to_answer_1gb(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("offset", [2 ** 63 - 1, 2 ** 63, 2 ** 64, 10 ** 30])
 def test_an_offset_past_any_file_reads_empty_however_large(tmp_path: Path, offset: int) -> None:
-    """SPEC §3: ``offset`` at or past the end answers ``""``, however large (2^64 included): the
+    """docs/REFERENCE.md §3: ``offset`` at or past the end answers ``""``, however large (2^64 included): the
     kernel's offset limit is not the client's problem."""
     p = tmp_path / "small.txt"
     p.write_text("hello\n")

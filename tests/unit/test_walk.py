@@ -18,10 +18,10 @@ from mcpd.core import walk
 from mcpd.core.fileopen import open_directory
 from mcpd.core.fileops import format_find, format_list
 from mcpd.core.tools import files_find, files_list
-from tests.codelines import code_lines
+from tests.support.codelines import code_lines
 
 WALK_PY = Path(walk.__file__)
-BUDGET = 159  # code lines (tests/codelines.py): the privileged walker (mcpd.walker, CAP_DAC_READ_SEARCH) loads this module
+BUDGET = 159  # code lines (tests/support/codelines.py): the privileged walker (mcpd.walker, CAP_DAC_READ_SEARCH) loads this module
 
 
 def find_args(root: Path | str, **kw: object) -> dict:

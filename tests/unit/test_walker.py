@@ -3,7 +3,7 @@
 Its request handling (:func:`mcpd.walker.main.run`: arguments checked here, the grant filter on
 every entry, the fixed deny of the secrets), its one-request protocol on a real socketpair, and
 what it may import. Its credentials inside the real daemon are checked in
-``tests/integration/test_privsep_attacks.py``.
+``tests/integration/test_privsep_boundaries.py``.
 """
 
 from __future__ import annotations

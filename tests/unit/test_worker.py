@@ -1,6 +1,6 @@
-"""Worker processes and the worker pool, with real processes and real sockets (DESIGN.md "worker").
+"""Worker processes and the worker pool, with real processes and real sockets (docs/PRIVSEP.md, the workers).
 
-SPEC rules covered: §2.5 TIMEOUT (a hung worker is killed, reaped, replaced; the call answers
+Rules covered (docs/REFERENCE.md): §2.5 TIMEOUT (a hung worker is killed, reaped, replaced; the call answers
 TIMEOUT), §1.5 (a slow or hung request never delays another request or account), §1.4 (a
 cancelled request stops its worker job), §3 (the read result comes back through the pool).
 """
@@ -29,7 +29,7 @@ from mcpd.common import identity
 from mcpd.helper.wire.errors import ToolError
 from mcpd.front.workers.pool import WorkerPool
 from mcpd.front.workers.spawner import LocalSpawner
-from tests.integration.test_protocol import slow_file
+from tests.support.workers import slow_file
 
 HUNG_TIMEOUT = 1.0  # seconds: the deadline used for calls that are meant to hit a stopped worker
 
@@ -163,7 +163,7 @@ def test_request_over_64k_is_invalid_argument_without_a_worker() -> None:
     asyncio.run(main())
 
 
-# --------------------------------------------------------------------------- SPEC §2.5 TIMEOUT, §1.5
+# --------------------------------------------------------------------------- docs/REFERENCE.md §2.5 TIMEOUT, §1.5
 
 
 def test_timeout_hung_worker_is_killed_reaped_and_replaced(sample: Path) -> None:
@@ -244,7 +244,7 @@ def test_worker_that_died_while_idle_is_replaced_without_failing_a_call(sample: 
     asyncio.run(main())
 
 
-# --------------------------------------------------------------------------- SPEC §1.4 cancellation
+# --------------------------------------------------------------------------- docs/REFERENCE.md §1.4 cancellation
 
 
 def test_cancelled_call_kills_its_worker_and_pool_keeps_serving(sample: Path) -> None:
@@ -274,7 +274,7 @@ def grace_cfg(grace: float, per_account: int = 1, **workers: Any) -> config.Conf
 
 
 def test_a_burst_of_cancelled_quick_reads_keeps_its_workers_and_is_never_rate_limited(sample: Path) -> None:
-    """SPEC §1.4 with the cancel grace: 40 quick reads, each cancelled as soon as it is sent (a client
+    """docs/REFERENCE.md §1.4 with the cancel grace: 40 quick reads, each cancelled as soon as it is sent (a client
     that searches as the user types), finish within the grace; their replies are discarded and their
     workers kept, so no call needs a worker past the account's first ones and none is RATE_LIMITED
     (with ``cancel_grace_seconds: 0`` each cancel kills a worker and the bucket runs dry)."""
@@ -308,7 +308,7 @@ def test_a_burst_of_cancelled_quick_reads_keeps_its_workers_and_is_never_rate_li
 
 
 def test_a_cancelled_slow_read_is_killed_when_its_grace_runs_out(tmp_path: Path, sample: Path) -> None:
-    """SPEC §1.4: the job is stopped: a read that is still running when the grace ends is killed
+    """docs/REFERENCE.md §1.4: the job is stopped: a read that is still running when the grace ends is killed
     and reaped (its worker pid is gone), and the next call gets a new worker."""
     slow = slow_file(tmp_path)  # reading its line 3 keeps a worker busy until killed
 
@@ -839,7 +839,7 @@ def recording_spawner(spawner: LocalSpawner) -> dict[int, str]:
 
 
 def test_a_call_runs_only_on_a_worker_its_own_token_spawned(tmp_path: Path, sample: Path) -> None:
-    """SPEC §5.3 (a logout ends its token's workers; the principal's other tokens go on working):
+    """docs/REFERENCE.md §5.3 (a logout ends its token's workers; the principal's other tokens go on working):
     the policy process kills a worker once its token stops authenticating, so a call of token B
     never runs on the idle worker token A spawned; it gets a worker of its own, and A's stays."""
     slow = slow_file(tmp_path)  # reading its line 3 keeps a worker busy until killed
@@ -898,7 +898,7 @@ def test_a_principal_at_its_cap_with_only_other_tokens_idle_workers_is_served(sa
 
 
 def test_a_revoked_tokens_workers_are_dropped_and_the_others_kept(sample: Path) -> None:
-    """A logout (or rotation) ends only the workers its token started (SPEC §5.3), and ends them
+    """A logout (or rotation) ends only the workers its token started (docs/REFERENCE.md §5.3), and ends them
     without asking the root helper to kill them with that token, which it would refuse and record
     as an invalid token (an operator saw a ``reject invalid token`` record after every logout):
     the spawner's ``drop``, not its ``kill``; the principal's other token keeps its worker."""
