@@ -21,7 +21,7 @@ import pytest
 from mcpd.common.audit.chain import LOST_TAIL
 from mcpd.common.audit.records import REFUSED_AT_OPEN
 from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
-from tests.support.audit import call, logrotate, mcpd, wait_for_record
+from tests.support.audit import call, logrotate, mcpd, wait_for_load, wait_for_record
 
 pytestmark = pytest.mark.root
 
@@ -137,6 +137,7 @@ def test_a_200_rule_reload_is_recorded_whole_and_grants_at_rebuilds_it(privsep_d
     d = privsep_daemon
     conf = ("--config", str(d.config_path))
     before = d.grants_path.read_text()
+    wait_for_load(d, before)  # the tests before restore the file without SIGHUP: let that land first
     seq = d.audit()[-1]["seq"]
     text = big_grants(d)
     digest = hashlib.sha256(text.encode()).hexdigest()

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import hashlib
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,20 @@ def logrotate(d: PrivsepDaemon, audit: Path | None = None, access: Path | None =
     proc = subprocess.run(["logrotate", "-f", "-s", str(d.state_dir / "logrotate.state"), str(conf)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def wait_for_load(d: PrivsepDaemon, text: str, seconds: float = 15.0) -> None:
+    """Wait until the policy process's last whole load of the grants file is ``text`` (its last
+    loaded record, part of parts, carries ``text``'s SHA-256): a write made without SIGHUP is
+    picked up within a second, so a test that starts earlier would see the file of the test before."""
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    deadline = time.monotonic() + seconds
+    while True:
+        loads = [r for r in d.audit() if r.get("decision") == "loaded" and "sha256" in r and r.get("part") == r.get("parts")]
+        if loads and loads[-1]["sha256"] == digest:
+            return
+        assert time.monotonic() < deadline, "the policy process did not load the grants file"
+        time.sleep(0.1)
 
 
 def wait_for_record(d: PrivsepDaemon, match: Any, seconds: float = 15.0) -> dict[str, Any]:
