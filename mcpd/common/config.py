@@ -1,4 +1,4 @@
-"""The daemon configuration (``mcpd.yaml``): one typed schema, validated once (DESIGN.md).
+"""The daemon configuration (``mcpd.yaml``): one typed schema, validated once.
 
 Every option lives in exactly one dataclass field below with its default; the YAML file may set
 any subset. Unknown keys and wrongly typed values are configuration errors
@@ -10,12 +10,12 @@ Example (every key optional)::
     listen: {host: 0.0.0.0, port: 9091}
     tls: {cert: /etc/mcpd/tls/server.crt, key: /etc/mcpd/tls/server.key}
     base_path: ""                  # public prefix added by a reverse proxy, e.g. /files
-    allowed_origins: []            # Origin values accepted on /sse, /message and /mcp (SPEC §1.3)
+    allowed_origins: []            # Origin values accepted on /sse, /message and /mcp (docs/REFERENCE.md §1.3)
     allowed_hosts: []              # Host values accepted (421 otherwise); auto = the certificate's names
-    keepalive_seconds: 15          # ': ping' comment interval on idle streams (SPEC §1.2)
-    max_body_bytes: 4194304        # POST /message body cap (SPEC §1.3)
-    session_queue_size: 256        # outgoing messages buffered per session (SPEC §1.4)
-    session_queue_bytes: 16777216  # and at most this many bytes of them, also per /mcp POST and per batch answer (SPEC §1.7)
+    keepalive_seconds: 15          # ': ping' comment interval on idle streams (docs/REFERENCE.md §1.2)
+    max_body_bytes: 4194304        # POST /message body cap (docs/REFERENCE.md §1.3)
+    session_queue_size: 256        # outgoing messages buffered per session (docs/REFERENCE.md §1.4)
+    session_queue_bytes: 16777216  # and at most this many bytes of them, also per /mcp POST and per batch answer (docs/REFERENCE.md §1.7)
     principal_queue_bytes: 134217728  # outgoing bytes one principal's sessions, /mcp POST streams and unread /mcp answers hold together
     total_queue_bytes: 536870912   # and all principals' together (past either: disconnected as for a full queue)
     max_in_flight: 64              # requests of one session running at once (-32000 beyond)
@@ -47,7 +47,7 @@ Example (every key optional)::
     default_workspace: "~"         # for principals not listed: "~" = the OS account's home, "" = none
     login: {pam_service: mcpd, token_ttl_seconds: 28800, free_failures: 2, base_delay_seconds: 0.5,
             max_delay_seconds: 4, max_failures: 5, lockout_seconds: 900, answer_seconds: 3.2,
-            tokens_per_user: 10, in_flight: 8, in_flight_per_address: 2}   # password logins (SPEC §5.2, §5.3)
+            tokens_per_user: 10, in_flight: 8, in_flight_per_address: 2}   # password logins (docs/REFERENCE.md §5.2, §5.3)
     limits:                        # per principal; 0 = unlimited (requests) / read.response_cap (bytes)
       default: {requests_per_day: 0, max_file_bytes: 0}
       tiers: {small: {requests_per_day: 100, max_file_bytes: 1048576}}
@@ -79,7 +79,7 @@ class ConfigError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Listen:
-    """Where the TLS listener binds (SPEC §1.1)."""
+    """Where the TLS listener binds (docs/REFERENCE.md §1.1)."""
 
     host: str = "0.0.0.0"
     port: int = 9091
@@ -87,7 +87,7 @@ class Listen:
 
 @dataclasses.dataclass(frozen=True)
 class TLS:
-    """Certificate chain and private key files (PEM) for the listener (SPEC §1.1)."""
+    """Certificate chain and private key files (PEM) for the listener (docs/REFERENCE.md §1.1)."""
 
     cert: str = "/etc/mcpd/tls/server.crt"
     key: str = _ROOT.tls_key
@@ -95,7 +95,7 @@ class TLS:
 
 @dataclasses.dataclass(frozen=True)
 class ReadLimits:
-    """SPEC §3 sizes, in bytes."""
+    """docs/REFERENCE.md §3 sizes, in bytes."""
 
     default_bytes: int = 10240
     response_cap: int = 10 * 1024 * 1024
@@ -114,7 +114,7 @@ SAMPLE_BYTES = 64 * 1024
 
 @dataclasses.dataclass(frozen=True)
 class Workers:
-    """Worker pool sizing (DESIGN.md): per OS account, with a per-request deadline in seconds, and
+    """Worker pool sizing: per OS account, with a per-request deadline in seconds, and
     how fast one principal may have workers started (a token bucket: ``spawn_burst`` at once, then
     ``spawns_per_second``; a call that needs a new worker past that is refused ``RATE_LIMITED``), and
     how long a cancelled call's worker may still finish its op, its reply discarded, before it is
@@ -131,7 +131,7 @@ class Workers:
 
 @dataclasses.dataclass(frozen=True)
 class Connections:
-    """What one client connection may hold (SPEC §1.7): counts, and seconds to send each part."""
+    """What one client connection may hold (docs/REFERENCE.md §1.7): counts, and seconds to send each part."""
 
     max_total: int = 4096  # TLS connections at once; more are closed at once
     max_per_address: int = 1024  # from one client address
@@ -147,7 +147,7 @@ class Connections:
 
 @dataclasses.dataclass(frozen=True)
 class Login:
-    """Password logins (SPEC §5.2, §5.3): PAM service, token lifetime, lockout (seconds, counts),
+    """Password logins (docs/REFERENCE.md §5.2, §5.3): PAM service, token lifetime, lockout (seconds, counts),
     the one answer time of every login (above PAM's failure delay: pam_unix asks 2 s, which libpam
     randomises to 1-3 s), live tokens per account, logins in flight (in total, per address)."""
 

@@ -19,7 +19,7 @@ def safe_folder(path: str, owner: int = 0, leaf_mask: int = 0o077, create: bool 
     Used for the policy process's state and audit folders (root prepares them, the policy opens
     them), and ``mcpd dev``'s state folder when run as root. Every folder above the leaf must be
     owned by root and not writable by group or others (a sticky folder such as ``/tmp``
-    excepted), so no path inside can be changed by another account (SPEC §4.5a). Each level is
+    excepted), so no path inside can be changed by another account (docs/REFERENCE.md §4.5a). Each level is
     opened with ``O_NOFOLLOW`` relative to the one above.
 
     Args:

@@ -1,4 +1,4 @@
-"""Principals and bearer tokens (SPEC §5.1).
+"""Principals and bearer tokens (docs/REFERENCE.md §5.1).
 
 A token looks like ``mcpd_<id>_<secret>``: ``id`` is 12 lowercase hex digits naming the token
 record, ``secret`` is 43 URL-safe base64 characters (256 bits). ``users.yaml`` stores, per token,
@@ -51,7 +51,7 @@ class Principal:
 
     Attributes:
         name: the principal's name in ``users.yaml``.
-        os_user: the OS account whose rights its unprivileged calls use (SPEC §5.1).
+        os_user: the OS account whose rights its unprivileged calls use (docs/REFERENCE.md §5.1).
         token_id: the 12-hex id of the token that authenticated this request.
     """
 
@@ -129,7 +129,7 @@ def verify(users: dict[str, UserRecord], token: str, now: datetime.datetime | No
 
 
 def login_principal(users: dict[str, UserRecord], os_user: str, token_id: str) -> Principal | None:
-    """The identity a login token of OS account ``os_user`` acts as (SPEC §5.3).
+    """The identity a login token of OS account ``os_user`` acts as (docs/REFERENCE.md §5.3).
 
     It is the static principal that account is bound to in ``users.yaml``, so a login shares that
     principal's sessions, quotas, limits and workspace and never collides with another one's; when
@@ -254,7 +254,7 @@ def save_users(path: str | Path, users: dict[str, UserRecord]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)  # .users.yaml.XXXXXXXX: the secret's own deny
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("# mcpd principals and token digests (SPEC §5.1). Manage with `mcpd users`.\n")
+            f.write("# mcpd principals and token digests (docs/REFERENCE.md §5.1). Manage with `mcpd users`.\n")
             yaml.safe_dump(dump_users(users), f, sort_keys=False)
         os.chmod(tmp, 0o600)
         os.replace(tmp, p)

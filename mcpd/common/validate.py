@@ -1,4 +1,4 @@
-"""The one argument validator set of every tool's ``parse_args`` (SPEC §2.5).
+"""The one argument validator set of every tool's ``parse_args`` (docs/REFERENCE.md §2.5).
 
 Pure functions: they run in the front, in the worker and again in the root helper, which trusts
 nothing. Every failure is ``ToolError(INVALID_ARGUMENT)`` with details ``argument``, so an agent

@@ -1,4 +1,4 @@
-"""PAM for the root helper: authentication and account management of one OS account (SPEC §5.2)."""
+"""PAM for the root helper: authentication and account management of one OS account (docs/REFERENCE.md §5.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Whether an OS account may still use its login tokens, from ``/etc/shadow`` (SPEC §5.3)."""
+"""Whether an OS account may still use its login tokens, from ``/etc/shadow`` (docs/REFERENCE.md §5.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Benchmark: calls/s through the worker pool for a 4 KiB file (DESIGN.md "worker").
+"""Benchmark: calls/s through the worker pool for a 4 KiB file (the per-account worker of docs/PRIVSEP.md).
 
 Run: ``.venv/bin/python tests/bench/bench_worker.py [--calls N]``. Prints figures only; the
 baseline is the same op run in-process (``mcpd.core.ops.run``), measured in the same run, so the

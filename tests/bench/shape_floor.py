@@ -8,16 +8,15 @@ constant-time bearer check; no sessions table beyond a dict, no limits, no recor
 checks, no privilege separation. It is not a server to run for anyone: it binds to 127.0.0.1 only.
 
 The gap between it and mcpd on the same load is what mcpd's own work per call costs (the checks,
-the records, the protocol's rules); the gap between it and ``../shared/bench/floor_starlette.py``
-is what the transport's shape costs (a second connection for the answer, a worker hop).
+the records, the protocol's rules); the gap between it and a bare starlette server answering in
+process is what the transport's shape costs (a second connection for the answer, a worker hop).
 
-Run (as any user), then drive it with the shared load generator in its SSE mode::
+Run (as any user) with a certificate and key (``mcpd certs`` makes a pair), then drive it with
+an HTTP+SSE load generator that opens ``/sse`` with ``Authorization: Bearer t`` and posts
+``tools/call`` requests for ``files/read`` (the comparison harness's; none in this repository)::
 
     BENCH_TOKEN=t .venv/bin/python tests/bench/shape_floor.py --port 8610 \\
-        --cert ../shared/bench/certs/server.pem --key ../shared/bench/certs/server.key
-    python ../shared/bench/loadgen.py --url https://127.0.0.1:8610/sse \\
-        --cafile ../shared/bench/certs/ca.pem --token=t --tool files/read -c 16 -n 500 \\
-        --args '{"path": "/tmp/mcpd-bench/data/small.txt"}'
+        --cert server.crt --key server.key
 
 Prints nothing but uvicorn's warnings; the load generator prints the figures.
 """

@@ -1,4 +1,4 @@
-"""SPEC §3 (``files/read``) row by row through the real daemon: TLS + SSE on 127.0.0.1 (issue 2).
+"""docs/REFERENCE.md §3 (``files/read``) row by row through the real daemon: TLS + SSE on 127.0.0.1 (issue 2).
 
 Every call goes through ``mcpd.client.api.Client`` to a real ``mcpd serve`` (the ``daemon`` fixture) and
 its worker processes, and every assertion is on what an agent receives over the wire: the tool
@@ -455,7 +455,7 @@ def test_file_not_found(daemon: Daemon, tmp_path: Path) -> None:
     assert fail(daemon, missing / "below", "FILE_NOT_FOUND", start_line=1)["details"]["path"] == str(missing / "below")
 
 
-# --- argument validation (SPEC §2.5 INVALID_ARGUMENT rows) --------------------------------------
+# --- argument validation (docs/REFERENCE.md §2.5 INVALID_ARGUMENT rows) --------------------------------------
 
 
 @pytest.mark.parametrize(("args", "argument"), [
@@ -478,7 +478,7 @@ def test_invalid_argument_is_a_tool_error(daemon: Daemon, args: dict[str, Any], 
     assert error["message"]
 
 
-# --- privileged without the root helper (SPEC §4.1) ---------------------------------------------
+# --- privileged without the root helper (docs/REFERENCE.md §4.1) ---------------------------------------------
 
 
 def test_privileged_without_helper_is_helper_unavailable_never_downgraded(daemon: Daemon, tmp_path: Path) -> None:

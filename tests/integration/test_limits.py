@@ -1,4 +1,4 @@
-"""Per-principal limits through the real daemon (issue 5; SPEC §2.5 ``RATE_LIMITED``,
+"""Per-principal limits through the real daemon (issue 5; docs/REFERENCE.md §2.5 ``RATE_LIMITED``,
 ``FILE_TOO_LARGE``): quota per UTC day with ``retryAfter``, the user's max file size as that call's
 response cap, and counters that survive a daemon restart."""
 

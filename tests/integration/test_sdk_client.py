@@ -1,4 +1,4 @@
-"""The official MCP Python SDK client against the real daemon over TLS (SPEC §1, §2, §3), over
+"""The official MCP Python SDK client against the real daemon over TLS (docs/REFERENCE.md §1, §2, §3), over
 ``/sse`` and over Streamable HTTP at ``/mcp``.
 
 The SDK 2.x talks through ``httpx2``: ``sse_client`` gets an ``httpx_client_factory`` that builds an
@@ -63,7 +63,7 @@ async def test_sdk_client_rejected_without_token(daemon: Daemon) -> None:
     assert "401" in repr(info.value) or any("401" in repr(e) for e in getattr(info.value, "exceptions", []))
 
 
-# -- Streamable HTTP at /mcp (SPEC §1.6) ---------------------------------------------------------
+# -- Streamable HTTP at /mcp (docs/REFERENCE.md §1.6) ---------------------------------------------------------
 
 
 def http_client(daemon: Daemon, token: str | None = None) -> httpx2.AsyncClient:

@@ -1,4 +1,4 @@
-"""SPEC §1.1–§1.3 against the real daemon over TLS: the SSE stream and every row of the POST table."""
+"""docs/REFERENCE.md §1.1–§1.3 against the real daemon over TLS: the SSE stream and every row of the POST table."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §5.1 through the real `mcpd users` command: tokens shown once, stored hashed, file mode 0600."""
+"""docs/REFERENCE.md §5.1 through the real `mcpd users` command: tokens shown once, stored hashed, file mode 0600."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``bytes`` of an access record: UTF-8 bytes of the text answered (SPEC §7.1)."""
+"""The ``bytes`` of an access record: UTF-8 bytes of the text answered (docs/REFERENCE.md §7.1)."""
 
 from __future__ import annotations
 

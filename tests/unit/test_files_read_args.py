@@ -1,4 +1,4 @@
-"""files/read argument validation, schema and result shape (SPEC §2.4, §2.5, §3; issue 4)."""
+"""files/read argument validation, schema and result shape (docs/REFERENCE.md §2.4, §2.5, §3; issue 4)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 file, O_PATH for anything else) stays in the policy process, which sends the caller's worker its
 facts as data and, for a regular file only, a sealed memfd holding the sample
 (:func:`mcpd.policy.opened.described`); the worker never opens a directory, never gets a
-descriptor of the file, and reads at most ``SAMPLE_BYTES`` (SPEC §4.1, §4.5a)."""
+descriptor of the file, and reads at most ``SAMPLE_BYTES`` (docs/REFERENCE.md §4.1, §4.5a)."""
 
 from __future__ import annotations
 

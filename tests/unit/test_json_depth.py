@@ -1,4 +1,4 @@
-"""JSON nesting (SPEC §2.3): deeper than 64 levels is refused like unparsable JSON, by the one
+"""JSON nesting (docs/REFERENCE.md §2.3): deeper than 64 levels is refused like unparsable JSON, by the one
 parser every mcpd process uses (:func:`mcpd.common.frames.loads`), and never raises anything but
 :class:`~mcpd.helper.wire.frames.FrameError`, however deep."""
 

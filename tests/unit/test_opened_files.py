@@ -1,5 +1,5 @@
 """The policy process's kept descriptors (:mod:`mcpd.policy.opened`): a descriptor root opened
-for a privileged read is handed out again only while root's opener would accept it anew (SPEC
+for a privileged read is handed out again only while root's opener would accept it anew (docs/REFERENCE.md
 §4.4): a regular file with one hard link whose kernel path is still exactly the checked path.
 
 Each test plays the local user who changes the granted tree between two reads."""

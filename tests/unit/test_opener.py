@@ -1,4 +1,4 @@
-"""SPEC §4.4: the privileged opener (openat2), on real files."""
+"""docs/REFERENCE.md §4.4: the privileged opener (openat2), on real files."""
 
 from __future__ import annotations
 

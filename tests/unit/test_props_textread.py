@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) of files/read's line and byte selection (SPEC §3) against a simple
+"""Property tests (hypothesis) of files/read's line and byte selection (docs/REFERENCE.md §3) against a simple
 reference model written here: whole bytes in memory, ``split`` at ``\\n``, slices.
 
 Every example goes through ``ops.run`` with the real unprivileged opener, on a real file, with small

@@ -1,4 +1,4 @@
-"""Whether an account may still use its login tokens, read from a shadow(5) file (SPEC §5.3)."""
+"""Whether an account may still use its login tokens, read from a shadow(5) file (docs/REFERENCE.md §5.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The package type-checks (DESIGN.md: "type annotations everywhere, checked by a type checker in CI")."""
+"""The package type-checks: type annotations everywhere, checked by mypy in CI."""
 
 from __future__ import annotations
 

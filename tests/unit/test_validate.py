@@ -1,4 +1,4 @@
-"""SPEC §2.5: one validator set, so every tool refuses the same bad arguments alike."""
+"""docs/REFERENCE.md §2.5: one validator set, so every tool refuses the same bad arguments alike."""
 
 from __future__ import annotations
 

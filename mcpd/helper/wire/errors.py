@@ -1,4 +1,4 @@
-"""One exception family with stable codes (SPEC §2.5).
+"""One exception family with stable codes (docs/REFERENCE.md §2.5).
 
 Every failure a client can see is a :class:`ToolError` carrying one of the codes below. The
 front turns it into a tool result with ``isError: true`` (or, for ``resources/read``, a JSON-RPC
@@ -29,7 +29,7 @@ CODES = frozenset(v for k, v in dict(globals()).items() if k.isupper() and k == 
 
 
 class ToolError(Exception):
-    """A failure with a stable SPEC §2.5 code.
+    """A failure with a stable docs/REFERENCE.md §2.5 code.
 
     Args:
         code: one of the module's code constants (``FILE_NOT_FOUND`` ...).
@@ -70,12 +70,12 @@ class ToolError(Exception):
 
 
 def invalid_argument(message: str, **details: Any) -> ToolError:
-    """Shorthand for an ``INVALID_ARGUMENT`` error (SPEC §2.5: validation failures are tool errors)."""
+    """Shorthand for an ``INVALID_ARGUMENT`` error (docs/REFERENCE.md §2.5: validation failures are tool errors)."""
     return ToolError(INVALID_ARGUMENT, message, **details)
 
 
 def from_oserror(exc: OSError, path: str) -> ToolError:
-    """Map an ``OSError`` from opening or reading ``path`` to the SPEC §2.5 code.
+    """Map an ``OSError`` from opening or reading ``path`` to the docs/REFERENCE.md §2.5 code.
 
     ``ENOENT``/``ENOTDIR`` → ``FILE_NOT_FOUND``; ``EACCES``/``EPERM`` → ``PERMISSION_DENIED``
     (reason ``the account may not read it``); ``ELOOP`` → ``PERMISSION_DENIED`` (reason

@@ -1,7 +1,7 @@
 """The one file-type table (root, worker and front alike): an ``st_mode`` to its names.
 
 Two spellings of the same seven types: the short one of ``files/list``, ``files/find`` and
-``files/filetype`` (:func:`type_name`, :data:`TYPE_NAMES`) and the SPEC §2.5 ``details.type`` of
+``files/filetype`` (:func:`type_name`, :data:`TYPE_NAMES`) and the docs/REFERENCE.md §2.5 ``details.type`` of
 ``NOT_A_REGULAR_FILE`` (:func:`kind`: ``regular file``, ``char device`` ...).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import stat
 
-#: (test, short name, SPEC §2.5 name); the tests exclude each other (one ``S_IFMT`` value each).
+#: (test, short name, docs/REFERENCE.md §2.5 name); the tests exclude each other (one ``S_IFMT`` value each).
 TABLE = (
     (stat.S_ISREG, "file", "regular file"),
     (stat.S_ISDIR, "dir", "directory"),
@@ -28,6 +28,6 @@ def type_name(mode: int) -> str:
 
 
 def kind(mode: int) -> str:
-    """The SPEC §2.5 ``details.type`` of an ``st_mode``: ``regular file``, ``directory``, ``fifo``,
+    """The docs/REFERENCE.md §2.5 ``details.type`` of an ``st_mode``: ``regular file``, ``directory``, ``fifo``,
     ``socket``, ``char device``, ``block device``, ``symlink``; ``unknown`` for anything else."""
     return next((long for test, _, long in TABLE if test(mode)), "unknown")

@@ -1,4 +1,4 @@
-"""The privileged route's safe opener (SPEC §4.4).
+"""The privileged route's safe opener (docs/REFERENCE.md §4.4).
 
 The root helper resolves a granted path exactly once, to an ``O_PATH`` descriptor, and makes every
 check on that descriptor, so a symlink swapped in at any moment can never make it read something
@@ -184,7 +184,7 @@ Judge = Callable[[int], "str | None"]  # O_PATH descriptor -> why its object is 
 
 def open_checked(path: str, follow_symlinks: bool = False, want: str = "file",
                  judge: Judge | None = None) -> tuple[int, os.stat_result]:
-    """Resolve and check a granted path, then open it the way the call needs (SPEC §4.4, §4.5a).
+    """Resolve and check a granted path, then open it the way the call needs (docs/REFERENCE.md §4.4, §4.5a).
 
     Args:
         path: an absolute path, cleaned lexically exactly as ``grants.decide`` cleans it.

@@ -1,4 +1,4 @@
-"""Lexical path cleaning (SPEC §4.3): a path is judged as a tuple of components, never as a
+"""Lexical path cleaning (docs/REFERENCE.md §4.3): a path is judged as a tuple of components, never as a
 string. :func:`clean_path` cleans a request path lexically (``/var/log/../../etc/shadow`` →
 ``/etc/shadow``) and refuses relative paths and NUL bytes; grant entries are matched against the
 components by :mod:`mcpd.common.grantmatch`.
@@ -14,7 +14,7 @@ class PathError(ValueError):
 
 
 def clean_path(path: str) -> str:
-    """Clean an absolute request path lexically (SPEC §4.3).
+    """Clean an absolute request path lexically (docs/REFERENCE.md §4.3).
 
     Args:
         path: the path as the client sent it.

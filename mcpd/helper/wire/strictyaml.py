@@ -1,4 +1,4 @@
-"""Loading root-owned YAML configuration the way ``visudo -c`` does (SPEC §4.5).
+"""Loading root-owned YAML configuration the way ``visudo -c`` does (docs/REFERENCE.md §4.5).
 
 Two steps, usable for ``mcp-sudo.yaml`` and ``users.yaml`` alike:
 
@@ -128,7 +128,7 @@ def parse_strict_yaml(text: str, source: str) -> Any:
 
 
 def check_secure_stat(st: os.stat_result, source: str, owner_uid: int = 0) -> None:
-    """Refuse a file that root would be unwise to trust (SPEC §4.5), from its ``fstat`` result.
+    """Refuse a file that root would be unwise to trust (docs/REFERENCE.md §4.5), from its ``fstat`` result.
 
     Args:
         st: ``os.fstat`` of the open descriptor.
