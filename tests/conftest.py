@@ -249,7 +249,7 @@ class SseSession:
         self.response: httpx.Response | None = None
         self.pending: dict[Any, Any] = {}
 
-    async def __aenter__(self) -> "SseSession":
+    async def __aenter__(self) -> SseSession:
         self._stream_cm = self.client.stream("GET", f"{self.d.url}/sse", headers=self.d.auth(self.token))
         self.response = await self._stream_cm.__aenter__()
         if self.response.status_code != 200:

@@ -62,7 +62,7 @@ def make_pki(directory: str | Path, hosts: list[str], days: int = 825) -> PKI:
     d = Path(directory)
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca_cert_p, ca_key_p = d / "ca.crt", d / "ca.key"
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     if ca_cert_p.exists() and ca_key_p.exists():
         ca_key = serialization.load_pem_private_key(ca_key_p.read_bytes(), password=None)
         ca_cert = x509.load_pem_x509_certificate(ca_cert_p.read_bytes())

@@ -31,8 +31,7 @@ import yaml
 from mcpd.admin import certs, devroot
 from mcpd.admin.devstate import DEV_PRINCIPAL, DevState, print_exports, print_privileged
 from mcpd.admin.devstop import DevStop, stop_signals
-from mcpd.common import config
-from mcpd.common import identity
+from mcpd.common import config, identity
 
 DEV_HOSTS = ["localhost", "127.0.0.1", "::1"]
 LISTEN_HOST = "127.0.0.1"

@@ -32,13 +32,19 @@ from typing import Any, TextIO
 import yaml
 
 from mcpd.admin.devstate import (
-    DEV_ACCOUNT, DEV_PRINCIPAL, SERVICE_USER, DevRootError, DevState, RootSetup, print_exports, print_privileged,
+    DEV_ACCOUNT,
+    DEV_PRINCIPAL,
+    SERVICE_USER,
+    DevRootError,
+    DevState,
+    RootSetup,
+    print_exports,
+    print_privileged,
     print_routes,
 )
 from mcpd.admin.devstop import DevStop, stop_signals
 from mcpd.admin.devsupervisor import say, spawn_helper, stop_process, supervise
-from mcpd.common import config
-from mcpd.common import identity
+from mcpd.common import config, identity
 from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml
 
 NOLOGIN = "/usr/sbin/nologin"

@@ -28,8 +28,8 @@ import click
 from mcpd.admin.grants_view import duration_text, policy_to_dict, reauth_text, rule_lines
 from mcpd.admin.opener_check import predict_open
 from mcpd.common import config as mcpd_config
-from mcpd.common.printable import printable
 from mcpd.common.grantmatch import REAUTH, TOOLS, Decision, Policy, decide, entry_covers_root, utcnow
+from mcpd.common.printable import printable
 from mcpd.policy.grants import PolicyError, load_policy, os_groups, parse_duration, secret_paths
 from mcpd.policy.grants_lint import lint_policy
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from mcpd.common.printable import printable
 from mcpd.common.grantmatch import Policy, Rule
+from mcpd.common.printable import printable
 
 _FMT = "%Y-%m-%dT%H:%M:%SZ"
 

@@ -15,9 +15,9 @@ import pwd
 
 import click
 
-from mcpd.policy.login import Store, unlock
 from mcpd.common.folders import safe_folder
 from mcpd.common.printable import printable
+from mcpd.policy.login import Store, unlock
 
 
 def _state_folder(config_path: str) -> int:
@@ -37,7 +37,7 @@ _CONFIG = click.option("--config", "config_path", default="/etc/mcpd/mcpd.yaml",
 
 
 def _when(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @click.command("sessions")

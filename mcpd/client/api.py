@@ -21,7 +21,14 @@ from typing import Any, TypeVar
 
 from mcpd.client.endpoints import endpoints, sse_url, ssl_context
 from mcpd.client.errors import (
-    AuthError, ConnectError, MCPClientError, ProtocolError, ResourceFailed, RPCError, ToolFailed, UsageError,
+    AuthError,
+    ConnectError,
+    MCPClientError,
+    ProtocolError,
+    ResourceFailed,
+    RPCError,
+    ToolFailed,
+    UsageError,
 )
 from mcpd.client.refusal import HTTPRefused, retry_after, server_message
 from mcpd.client.session import PROTOCOL_VERSION, TRANSPORTS, ProgressHandler, Session

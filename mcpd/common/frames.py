@@ -15,8 +15,20 @@ import socket
 from typing import Any
 
 from mcpd.helper.wire.frames import (  # noqa: F401 - the one wire format, re-exported
-    HEADER, HELPER_REQUEST_CAP, MAX_DEPTH, SEND_SECONDS, FrameError, check_length, decode_body, encode,
-    limit_sends, ready, recv_frame_fds, send_frame, too_deep, use_codec,
+    HEADER,
+    HELPER_REQUEST_CAP,
+    MAX_DEPTH,
+    SEND_SECONDS,
+    FrameError,
+    check_length,
+    decode_body,
+    encode,
+    limit_sends,
+    ready,
+    recv_frame_fds,
+    send_frame,
+    too_deep,
+    use_codec,
 )
 from mcpd.helper.wire.frames import loads as _loads
 

@@ -127,7 +127,7 @@ class Policy:
     secrets: tuple[str, ...] = ()
     text: str = ""
     #: decisions of :func:`decide` for static tokens while :attr:`timeless` (bounded; this object only)
-    decided: dict[tuple[str, frozenset[str], str, str], "Decision"] = field(default_factory=dict, compare=False,
+    decided: dict[tuple[str, frozenset[str], str, str], Decision] = field(default_factory=dict, compare=False,
                                                                             repr=False)
 
     @functools.cached_property
@@ -286,7 +286,7 @@ def fresh_enough(window: float | None, now: datetime.datetime, login_time: datet
 
 def utcnow() -> datetime.datetime:
     """The current time as an aware UTC datetime."""
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 # ---------------------------------------------------------------- the walker's copy of the rules

@@ -93,7 +93,7 @@ def new_token() -> tuple[str, TokenRecord]:
     token_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)  # 32 bytes: always 43 URL-safe base64 characters (TOKEN_RE)
     salt = secrets.token_hex(16)
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     record = TokenRecord(id=token_id, salt=salt, sha256=_digest(salt, secret), created=now)
     return f"mcpd_{token_id}_{secret}", record
 
@@ -122,7 +122,7 @@ def verify(users: dict[str, UserRecord], token: str, now: datetime.datetime | No
     if not hmac.compare_digest(_digest(rec.salt, secret), rec.sha256):
         return None
     if rec.expires:
-        when = now or datetime.datetime.now(datetime.timezone.utc)
+        when = now or datetime.datetime.now(datetime.UTC)
         if when >= parse_time(rec.expires):
             return None
     return Principal(name=user.name, os_user=user.os_user, token_id=rec.id)
@@ -147,13 +147,13 @@ def parse_time(value: str) -> datetime.datetime:
     """Parse an ISO 8601 UTC time (``2026-11-29T21:00:00Z``); raise ``ValueError`` if malformed."""
     dt = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=datetime.timezone.utc)
+        dt = dt.replace(tzinfo=datetime.UTC)
     return dt
 
 
 def _str(value: Any, where: str, pattern: re.Pattern[str] | None = None) -> str:
     if isinstance(value, datetime.datetime):
-        value = value.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        value = value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     if not isinstance(value, str) or (pattern and not pattern.match(value)):
         raise UsersFileError(f"{where}: invalid value")
     return value

@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 
-from mcpd.helper.wire.frames import FrameError, loads as std_loads, too_deep, MAX_DEPTH
+from mcpd.helper.wire.frames import MAX_DEPTH, FrameError, too_deep
+from mcpd.helper.wire.frames import loads as std_loads
 
 # JSON leaves these raw, but line readers built on str.splitlines (httpx's among them) break lines
 # at them. In valid UTF-8 these byte sequences are always exactly these characters.

@@ -9,18 +9,17 @@ message, and its traceback goes to the log only (docs/REFERENCE.md §2.5).
 from __future__ import annotations
 
 import dataclasses
-
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mcpd.core import textread
 from mcpd.common.config import CAP_KEY, ReadLimits
-from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
+from mcpd.core import textread
 from mcpd.core.fileops import filetype, find, listing
 from mcpd.core.tools import files_read
+from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
 
 log = logging.getLogger(__name__)
 

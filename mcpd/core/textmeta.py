@@ -14,8 +14,8 @@ import re
 from pathlib import PurePosixPath
 from typing import Any
 
-from mcpd.core import textdecode
 from mcpd.common.config import ReadLimits
+from mcpd.core import textdecode
 from mcpd.helper.wire.errors import FILE_TOO_LARGE, ToolError
 
 _CHUNK = 1024 * 1024
@@ -100,7 +100,7 @@ def describe(
         if piece:
             newlines += piece.count("\n" if wide else b"\n")  # type: ignore[arg-type]
             last = piece[-1:]  # type: ignore[assignment]
-    mtime = datetime.datetime.fromtimestamp(st.st_mtime, tz=datetime.timezone.utc)
+    mtime = datetime.datetime.fromtimestamp(st.st_mtime, tz=datetime.UTC)
     return {
         "path": path,
         "size": st.st_size,

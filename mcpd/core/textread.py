@@ -24,9 +24,8 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mcpd.core import textdecode
-from mcpd.core import textmeta
 from mcpd.common.config import ReadLimits
+from mcpd.core import textdecode, textmeta
 from mcpd.helper.wire.errors import BINARY_FILE, FILE_TOO_LARGE, LINE_TOO_LONG, RANGE_OUT_OF_BOUNDS, ToolError
 
 CHUNK = 1024 * 1024  # bytes per pread

@@ -22,14 +22,29 @@ Rules, the same on both routes:
 
 from __future__ import annotations
 
-import contextlib, errno, fnmatch, heapq, itertools, os, posixpath, stat, time  # noqa: E401 (root side's line budget)
+import contextlib
+import errno
+import fnmatch
+import heapq
+import itertools
+import os
+import posixpath
+import stat
+import time
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.helper.wire.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError
-from mcpd.helper.wire.errors import from_oserror, invalid_argument
-from mcpd.helper.wire.filekind import TYPE_NAMES, type_name  # the one file-type table
 from mcpd.common.validate import check_bool, check_choice, check_int, check_number, check_object, check_path
+from mcpd.helper.wire.errors import (
+    FILE_NOT_FOUND,
+    INVALID_ARGUMENT,
+    NOT_A_REGULAR_FILE,
+    PERMISSION_DENIED,
+    ToolError,
+    from_oserror,
+    invalid_argument,
+)
+from mcpd.helper.wire.filekind import TYPE_NAMES, type_name  # the one file-type table
 
 Opener = Callable[[str], int]  # absolute path -> descriptor of that directory, or raises ToolError
 Allow = Callable[[str], bool] | None  # the grant filter: may this absolute path be shown (or entered)?

@@ -35,12 +35,18 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from mcpd.front import metrics
 from mcpd.common.audit.records import REFUSED_BY_OS, Fields, encode_fields, find_fields
 from mcpd.common.audit.writer import AuditLog
-from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, INVALID_ARGUMENT, PERMISSION_DENIED,
-                                     RATE_LIMITED, ToolError)
 from mcpd.common.identity import Principal
+from mcpd.front import metrics
+from mcpd.helper.wire.errors import (
+    HELPER_UNAVAILABLE,
+    INTERNAL_ERROR,
+    INVALID_ARGUMENT,
+    PERMISSION_DENIED,
+    RATE_LIMITED,
+    ToolError,
+)
 
 UNPRIVILEGED_REASON = "the OS account's own permissions"
 
@@ -170,7 +176,7 @@ def _who_and_what(*values: Any) -> Fields:
     return first
 
 
-_CURRENT: contextvars.ContextVar["Call | None"] = contextvars.ContextVar("mcpd_front_call", default=None)
+_CURRENT: contextvars.ContextVar[Call | None] = contextvars.ContextVar("mcpd_front_call", default=None)
 
 
 def policy_received(received: bool) -> None:
@@ -202,9 +208,9 @@ class Call:
         self.stage, self.started = "refused", time.monotonic()
         self.result: Mapping[str, Any] | None = None
         self.received = False
-        self._entered: contextvars.Token["Call | None"] | None = None
+        self._entered: contextvars.Token[Call | None] | None = None
 
-    def __enter__(self) -> "Call":
+    def __enter__(self) -> Call:
         self._entered = _CURRENT.set(self)
         return self
 

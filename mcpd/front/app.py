@@ -35,13 +35,13 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mcpd.common.config import Config, ConfigError
 from mcpd.front.auth import CHECKER_DOWN_RETRY, Authenticator, CheckerDown, McpUser, TokenUndecided, parse_bearer
 from mcpd.front.connections.handover import DETACH
-from mcpd.common.config import Config, ConfigError
+from mcpd.front.hosts import HostMiddleware, HostRule
+from mcpd.front.login import LoginBackend, LoginRoutes, NoLogin
 from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.refused import CheckMiddleware, RefusalLogMiddleware
-from mcpd.front.login import LoginBackend, LoginRoutes, NoLogin
-from mcpd.front.hosts import HostMiddleware, HostRule
 from mcpd.front.sessions.table import SessionManager
 from mcpd.front.transport.sse import Transport
 from mcpd.front.transport.stream import HANDOFF, SessionStream
@@ -171,8 +171,8 @@ class PostRoute:
         origin: the origin check. host: the host check. backend: the bearer check.
     """
 
-    def __init__(self, handlers: Mapping[str, Callable[[Request], Awaitable[Response]]], origin: "OriginMiddleware",
-                 host: HostMiddleware, backend: "BearerBackend") -> None:
+    def __init__(self, handlers: Mapping[str, Callable[[Request], Awaitable[Response]]], origin: OriginMiddleware,
+                 host: HostMiddleware, backend: BearerBackend) -> None:
         self.handlers = handlers
         self.origin, self.host, self.backend = origin, host, backend
 

@@ -16,8 +16,8 @@ from typing import Protocol
 from starlette.authentication import BaseUser
 
 from mcpd.common import identity
-from mcpd.common.reload import Reloading
 from mcpd.common.identity import Principal, UserRecord
+from mcpd.common.reload import Reloading
 
 log = logging.getLogger(__name__)
 

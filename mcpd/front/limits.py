@@ -25,8 +25,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mcpd.common.config import CAP_KEY, Limits, UserLimits
-from mcpd.helper.wire.errors import RATE_LIMITED, ToolError
 from mcpd.front import metrics
+from mcpd.helper.wire.errors import RATE_LIMITED, ToolError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ FILE_NAME = "limits-counters.json"
 
 
 def _day(now: float) -> str:
-    return datetime.datetime.fromtimestamp(now, datetime.timezone.utc).strftime("%Y-%m-%d")
+    return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%d")
 
 
 def seconds_to_midnight(now: float) -> int:

@@ -26,14 +26,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mcpd.helper.wire import frames
+from mcpd.common.config import Login as LoginConfig
+from mcpd.common.inflight import InFlight
 from mcpd.front import metrics
 from mcpd.front.access import AccessLog
 from mcpd.front.auth import CHECKER_DOWN_RETRY
-from mcpd.common.config import Login as LoginConfig
-from mcpd.common.inflight import InFlight
 from mcpd.front.policy_client.channel import PolicyChannel, PolicyUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
+from mcpd.helper.wire import frames
 
 LOGIN_BODY_CAP = 8192
 #: within the policy process's pam_login schema: a longer field would be an alert there

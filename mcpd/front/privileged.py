@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, ToolError
 from mcpd.common.identity import Principal
+from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, ToolError
 
 #: the answer of every privileged call in a front without a helper unit (development mode)
 NO_PRIVILEGED = "privileged reads are unavailable: this daemon runs without the helper unit (no policy process)"

@@ -42,18 +42,24 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from mcpd.helper.wire.errors import (
-    FILE_NOT_FOUND, HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError,
-    invalid_argument,
-)
 from mcpd.common.identity import Principal
 from mcpd.common.validate import digits
+from mcpd.core.tools import files_read
 from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
-from mcpd.front.privileged import PrivilegedBackend
 from mcpd.front.mcp.dispatcher import RequestContext, ToolPool
 from mcpd.front.mcp.jsonrpc import INTERNAL, INVALID_PARAMS, RpcError
-from mcpd.core.tools import files_read
+from mcpd.front.privileged import PrivilegedBackend
+from mcpd.helper.wire.errors import (
+    FILE_NOT_FOUND,
+    HELPER_UNAVAILABLE,
+    INTERNAL_ERROR,
+    PERMISSION_DENIED,
+    RATE_LIMITED,
+    TIMEOUT,
+    ToolError,
+    invalid_argument,
+)
 
 RESOURCE_NOT_FOUND = -32002  # JSON-RPC code of a missing resource (MCP up to 2025-11-25)
 _SERVER_SIDE = frozenset({HELPER_UNAVAILABLE, TIMEOUT, RATE_LIMITED, INTERNAL_ERROR})

@@ -19,25 +19,23 @@ from collections.abc import Callable
 
 import uvicorn
 
+from mcpd.common import frames, sdnotify, wirejson
+from mcpd.common.config import EXIT_CONFIG, Config, ConfigError, Limits, load
 from mcpd.front import metrics
+from mcpd.front.access import AccessLog
+from mcpd.front.app import build_app
+from mcpd.front.auth import Authenticator, FileAuthenticator
 from mcpd.front.connections.count import ConnectionCount
 from mcpd.front.connections.guarded import guarded_protocol, loop_factory
-from mcpd.front.app import build_app
-from mcpd.common import wirejson
-from mcpd.common import frames
-from mcpd.common import sdnotify
-from mcpd.front.access import AccessLog
-from mcpd.front.auth import Authenticator, FileAuthenticator
-from mcpd.common.config import EXIT_CONFIG, Config, ConfigError, Limits, load
 from mcpd.front.limits import LimitsTracker
+from mcpd.front.login import NoLogin, PolicyLogin
+from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.policy_client.authenticator import PolicyAuthenticator
 from mcpd.front.policy_client.backend import PolicyBackend
 from mcpd.front.policy_client.channel import PolicyChannel
 from mcpd.front.policy_client.spawner import PolicySpawner
 from mcpd.front.privileged import PrivilegedBackend, Unavailable
-from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.resources import FileResources
-from mcpd.front.login import NoLogin, PolicyLogin
 from mcpd.front.revalidate import revalidate_forever
 from mcpd.front.sessions.table import SessionManager
 from mcpd.front.workers.pool import WorkerPool

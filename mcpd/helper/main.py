@@ -26,10 +26,10 @@ import sys
 import threading
 from collections.abc import Callable
 
-from mcpd.helper.wire.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, plain_ids, root_settings
-from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 from mcpd.helper import forkserver
 from mcpd.helper.monitor import CHANNELS, Monitor
+from mcpd.helper.wire.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, plain_ids, root_settings
+from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
 
 log = logging.getLogger("mcpd.helper")
 STOP_SECONDS = 10.0  # how long a stopping helper waits for the policy process to finish

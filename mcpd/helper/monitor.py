@@ -28,18 +28,16 @@ import signal
 import socket
 import struct
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from mcpd.helper.wire import frames, requests
-from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
+from mcpd.helper.forkserver import ForkServer
 from mcpd.helper.pam import pam_check
+from mcpd.helper.shadow import usable
+from mcpd.helper.wire import frames, opener, requests
+from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
 from mcpd.helper.wire.pathmatch import clean_path
 from mcpd.helper.wire.requests import Key, Request, SchemaError
 from mcpd.helper.wire.rootconf import POLICY_USER, WALK_USER, RootSettings, plain_ids
-from mcpd.helper.shadow import usable
-from mcpd.helper.wire import opener
-from mcpd.helper.forkserver import ForkServer
 
 log = logging.getLogger("mcpd.helper")
 CHANNELS = 24  # socketpairs to the policy process: its threads that ask root (calls, logins, spawns, checks)

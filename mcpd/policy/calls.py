@@ -29,19 +29,33 @@ import termios
 import time
 from typing import Any
 
-from mcpd.common import identity
+from mcpd.common import frames, grantmatch, identity
 from mcpd.common.audit.records import REFUSED_AT_OPEN, Prepared, find_fields
 from mcpd.common.config import CAP_KEY
 from mcpd.common.deadline import deadline_seconds
 from mcpd.common.validate import check_path
-from mcpd.common import frames
-from mcpd.helper.wire.errors import (HELPER_UNAVAILABLE, INTERNAL_ERROR, NOT_A_REGULAR_FILE, PERMISSION_DENIED, TIMEOUT,
-                                     ToolError, from_oserror)
-from mcpd.common import grantmatch
+from mcpd.helper.wire.errors import (
+    HELPER_UNAVAILABLE,
+    INTERNAL_ERROR,
+    NOT_A_REGULAR_FILE,
+    PERMISSION_DENIED,
+    TIMEOUT,
+    ToolError,
+    from_oserror,
+)
 from mcpd.policy.grants import os_groups
 from mcpd.policy.opened import described
 from mcpd.policy.state import CONTENT_OPS, WALK_OPS, Refused, State, Worker, principal_of
-from mcpd.policy.workers import NOT_YOURS, UNTAKEN, UNTAKEN_MAX, UNTAKEN_TOTAL, bound_worker, check_started, kill_worker, untaken
+from mcpd.policy.workers import (
+    NOT_YOURS,
+    UNTAKEN,
+    UNTAKEN_MAX,
+    UNTAKEN_TOTAL,
+    bound_worker,
+    check_started,
+    kill_worker,
+    untaken,
+)
 
 log = logging.getLogger("mcpd.policy")
 
@@ -76,7 +90,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
         raise
     groups = os_groups(principal.os_user)
     policy = state.policy.policy
-    login_time = None if login is None else datetime.datetime.fromtimestamp(login.login_time, datetime.timezone.utc)
+    login_time = None if login is None else datetime.datetime.fromtimestamp(login.login_time, datetime.UTC)
     used = login is not None and state.issued.used(login.id)  # before this call's claim: the walker decides alike
     decision = grantmatch.decide(policy, principal.os_user, groups, op, requested, grantmatch.utcnow(),
                              login_time=login_time, login_used=used)

@@ -210,7 +210,9 @@ def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[]
             conn.close()
             continue
 
-        def run(c: Connection = Connection(state, conn, f"pid={pid} uid={uid}", pools)) -> None:
+        served = Connection(state, conn, f"pid={pid} uid={uid}", pools)
+
+        def run(c: Connection = served) -> None:
             try:
                 c.serve()
             finally:

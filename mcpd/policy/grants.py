@@ -72,7 +72,7 @@ def _expires(value: Any, line: int, errs: _Errors) -> datetime.datetime | None:
     if when is None or when.tzinfo is None:
         errs.append((line, "expires must be an ISO 8601 time with a UTC offset, like 2027-03-31T00:00:00Z"))
         return None
-    return when.astimezone(datetime.timezone.utc)
+    return when.astimezone(datetime.UTC)
 
 
 def parse_duration(value: Any) -> float | None:
@@ -244,7 +244,8 @@ def os_groups(user: str) -> frozenset[str]:
     :data:`GROUP_FILES_SECONDS`), and at least every
     :data:`GROUPS_SECONDS` (groups from LDAP or SSSD change without them), so removing an account
     from a group ends its group grants within seconds."""
-    import grp, pwd  # noqa: E401
+    import grp  # noqa: E401
+    import pwd
 
     now = time.monotonic()
     if now >= _group_files[0]:  # looked at (two stats) at most once a GROUP_FILES_SECONDS, not per call

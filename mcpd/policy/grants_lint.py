@@ -11,7 +11,7 @@ import datetime
 import fnmatch
 from collections.abc import Callable
 
-from mcpd.common.grantmatch import Entry, Policy, Rule, secret_entries, entry_covers
+from mcpd.common.grantmatch import Entry, Policy, Rule, entry_covers, secret_entries
 from mcpd.common.validate import NAME_MAX, PATH_MAX
 
 _Errors = list[tuple[int, str]]  # (line, message)

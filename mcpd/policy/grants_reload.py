@@ -24,10 +24,10 @@ from typing import Any
 from mcpd.common.audit.records import MAX_VALUE_CHARS
 from mcpd.common.audit.writer import AuditLog
 from mcpd.common.folders import read_file, write_file
+from mcpd.common.grantmatch import Policy, is_secret
 from mcpd.common.printable import printable
 from mcpd.common.reload import Reloading
 from mcpd.helper.wire.strictyaml import ConfigFileError, read_secure_file
-from mcpd.common.grantmatch import Policy, is_secret
 from mcpd.policy.grants import PolicyError, parse_policy
 
 log = logging.getLogger(__name__)

@@ -52,11 +52,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mcpd.common import identity
-from mcpd.common.config import Login as LoginConfig
-from mcpd.helper.wire.errors import ToolError
 from mcpd.common.audit.writer import AuditLog
+from mcpd.common.config import Login as LoginConfig
 from mcpd.common.folders import read_file, write_file
 from mcpd.common.inflight import InFlight
+from mcpd.helper.wire.errors import ToolError
 
 LOCKOUT_FILE = "lockout.json"
 PAM_WORKERS = 8  # the login class's threads (requests.CLASSES): PAM never queues behind another login

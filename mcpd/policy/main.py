@@ -21,12 +21,12 @@ import sys
 import time
 
 from mcpd.common import config, filesig, identity, sched, wirejson
-from mcpd.helper.wire import frames, strictyaml
 from mcpd.common.audit.writer import AuditLog
-from mcpd.helper.wire.errors import ToolError
 from mcpd.common.filesig import Signature
 from mcpd.common.folders import safe_folder
 from mcpd.common.reload import Reloading
+from mcpd.helper.wire import frames, strictyaml
+from mcpd.helper.wire.errors import ToolError
 from mcpd.policy.connections import serve
 from mcpd.policy.grants import secret_paths
 from mcpd.policy.grants_reload import PolicyHolder

@@ -31,8 +31,8 @@ import threading
 from typing import Any
 
 from mcpd.common import frames
-from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
 from mcpd.common.filesig import Signature
+from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
 
 log = logging.getLogger("mcpd.policy")
 

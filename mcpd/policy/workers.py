@@ -22,8 +22,7 @@ import struct
 import termios
 import threading
 
-from mcpd.common import identity
-from mcpd.common import frames
+from mcpd.common import frames, identity
 from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
 from mcpd.helper.wire.rootconf import WORKER_START_GID
 from mcpd.policy.state import EXITED_KEPT, State, Worker
@@ -204,7 +203,7 @@ def _still_bound(state: State, w: Worker, usable: dict[str, bool]) -> bool:
     users, (name, os_user) = state.users.current, w.owner
     if not w.login:
         p = users.get(name)
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         return p is not None and p.os_user == os_user and any(
             t.id == w.token_id and (not t.expires or now < identity.parse_time(t.expires)) for t in p.tokens)
     rec = state.issued.live(w.token_id)

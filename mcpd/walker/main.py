@@ -44,11 +44,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mcpd.common import frames
-from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
+from mcpd.common import frames, grantmatch
 from mcpd.core import walk
 from mcpd.helper.wire import opener
-from mcpd.common import grantmatch
+from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
 
 REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and its rules (from a grants file of at most 1 MiB)
 READ_SECONDS = 5.0  # the helper sends the request as soon as the walker exists
@@ -175,7 +174,7 @@ def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None) -> 
         policy = grantmatch.policy_from_wire(frame["rules"], tuple(frame["secrets"]))
         follow, user, groups = bool(frame["follow"]), frame["os_user"], frozenset(frame["groups"])
         since = frame.get("login_time")  # a password login's (reauth_after), None for a static token
-        login_time = None if since is None else datetime.datetime.fromtimestamp(since, datetime.timezone.utc)
+        login_time = None if since is None else datetime.datetime.fromtimestamp(since, datetime.UTC)
         used = frame.get("login_used") is True
         objects = Objects(tuple(frame["secrets"]))  # reads the mount table: before confining
         confine()

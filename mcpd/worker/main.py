@@ -16,17 +16,16 @@ import argparse
 import ctypes
 import dataclasses
 import json
-import select
 import os
 import resource
+import select
 import signal
 import socket
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mcpd.common import sched, wirejson
-from mcpd.common import frames
+from mcpd.common import frames, sched, wirejson
 from mcpd.common.config import ReadLimits
 from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 

@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mcpd.client.api import Client  # noqa: E402
-from tests.support.privsep_fixture import start_privsep, stop_privsep  # noqa: E402
 from tests.support.osaccounts import AccountFactory  # noqa: E402
+from tests.support.privsep_fixture import start_privsep, stop_privsep  # noqa: E402
 
 WARMUP = 20
 

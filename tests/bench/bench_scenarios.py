@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from mcpd.client.api import Client, text_of  # noqa: E402
 from mcpd.common import identity  # noqa: E402
 from tests.bench.bench_load import one_session, percentile  # noqa: E402
-from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep  # noqa: E402
 from tests.support.osaccounts import AccountFactory  # noqa: E402
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep  # noqa: E402
 
 DEADLINE_SECONDS = 300.0
 SECTIONS = ("accounts", "find", "resources", "tls")
@@ -250,7 +250,7 @@ class Http:
     def post(self, body: dict[str, Any], session_id: str | None) -> tuple[dict[str, str], Any]:
         assert self.sock is not None
         data = json.dumps(body).encode()
-        head = [f"POST /mcp HTTP/1.1", f"Host: {self.host}:{self.port}", f"Authorization: Bearer {self.token}",
+        head = ["POST /mcp HTTP/1.1", f"Host: {self.host}:{self.port}", f"Authorization: Bearer {self.token}",
                 "Content-Type: application/json", "Accept: application/json, text/event-stream",
                 f"Content-Length: {len(data)}"]
         if session_id:

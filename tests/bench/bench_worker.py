@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 from mcpd.common import config
-from mcpd.core import fileopen
-from mcpd.core import ops
+from mcpd.core import fileopen, ops
 from mcpd.front.workers.pool import WorkerPool
 from mcpd.front.workers.spawner import LocalSpawner
 

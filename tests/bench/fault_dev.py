@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from mcpd.admin.devroot import DEV_ACCOUNT  # noqa: E402
 from mcpd.client.api import Client, MCPClientError  # noqa: E402
 from mcpd.common.config import POLICY_USER  # noqa: E402
-from tests.support.privsep_fixture import children, proc_status  # noqa: E402
-from tests.support.net import free_port  # noqa: E402
 from tests.support.devtree import start, stop  # noqa: E402
+from tests.support.net import free_port  # noqa: E402
+from tests.support.privsep_fixture import children, proc_status  # noqa: E402
 
 
 def uid_count(uid: int) -> int:

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import FRONT_ENV
-from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.support.audit import REPO, call, logrotate, mcpd, wait_for_record
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.root
 

@@ -22,10 +22,11 @@ import httpx
 import pytest
 
 from mcpd.client.api import Client, RPCError
-REFUSED_BY_OS = "refused_by_os"  # (mcpd.common.audit.REFUSED_BY_OS)
-from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.support.audit import CALL_TIMEOUT, call, mcpd, wait_for_record
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.support.rootonly import root_prerequisite
+
+REFUSED_BY_OS = "refused_by_os"  # (mcpd.common.audit.records.REFUSED_BY_OS)
 
 pytestmark = pytest.mark.root
 

@@ -20,8 +20,8 @@ import pytest
 
 from mcpd.common.audit.chain import LOST_TAIL
 from mcpd.common.audit.records import REFUSED_AT_OPEN
-from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.support.audit import call, logrotate, mcpd, wait_for_load, wait_for_record
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.root
 

@@ -32,9 +32,9 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon
-from tests.support.privsep_fixture import PrivsepDaemon, running_privsep
 from tests.support.metrics import samples
 from tests.support.net import free_port
+from tests.support.privsep_fixture import PrivsepDaemon, running_privsep
 
 MIB = 1024 * 1024
 ANSWER = 5 * MIB  # bytes of text each large read returns
@@ -490,8 +490,8 @@ def test_stallers_filling_the_total_budget_are_cut_not_a_reader_behind_on_parall
     24 answers of 5 MiB on one session in bursts (behind by up to his queue and the answers of the
     calls it took: about 21 MiB), so the total is passed: the principal holding the most gives up
     what it holds, a staller, never bob, who gets every answer whole."""
-    from tests.support.principals import add_dev_principals
     from tests.support.budgets import daemon_with_metrics, stall
+    from tests.support.principals import add_dev_principals
 
     d, m, big, _small = daemon_with_metrics(daemon_factory, tmp_path, principal_queue_bytes=32 * MIB,
                                             total_queue_bytes=64 * MIB)

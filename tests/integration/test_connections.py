@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 import socket
-import subprocess
 import ssl
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +31,7 @@ def closed_within(sock: socket.socket | ssl.SSLSocket, seconds: float) -> float 
     while time.monotonic() - start < seconds:
         try:
             data = sock.recv(4096)
-        except (socket.timeout, ssl.SSLWantReadError, TimeoutError):
+        except (ssl.SSLWantReadError, TimeoutError):
             continue
         except (OSError, ssl.SSLError):
             return time.monotonic() - start

@@ -14,9 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mcpd.common import config
 from mcpd.admin import devmode
-from mcpd.common import identity
+from mcpd.common import config, identity
 from tests.support.net import free_port
 
 BIN = Path(sys.executable).parent

@@ -20,9 +20,15 @@ from pathlib import Path
 import pytest
 
 from mcpd.common.config import POLICY_USER
-from tests.support.devtree import Dev, Proc, Tree, start, stop
+from tests.support.devtree import (
+    Dev,
+    Proc,
+    Tree,
+    base,  # noqa: F401  (the fixture)
+    start,
+    stop,
+)
 from tests.support.net import free_port
-from tests.support.devtree import base  # noqa: F401  (the fixture)
 from tests.support.osaccounts import AccountFactory
 
 

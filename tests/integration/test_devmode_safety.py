@@ -17,9 +17,13 @@ import pytest
 
 from mcpd.admin import devmode
 from mcpd.common import identity
-from tests.support.devtree import Tree, start, stop
+from tests.support.devtree import (
+    Tree,
+    base,  # noqa: F401  (fixture)
+    start,
+    stop,
+)
 from tests.support.net import free_port
-from tests.support.devtree import base  # noqa: F401  (fixture)
 
 BIN = Path(sys.executable).parent
 DEADLINE = 60.0  # seconds for a start, a refusal or a restart

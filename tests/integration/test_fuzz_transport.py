@@ -128,7 +128,7 @@ async def fuzz_sse(d: Daemon, client: httpx.AsyncClient, gen: Generator, count: 
             while not (posted.is_set() and tally.complete()):
                 try:
                     ev = await s.next_event(timeout=0.5)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     continue  # (the loop is bounded by the wait below)
                 if ev.event == "message":
                     tally.receive(strict(ev.data))
@@ -138,7 +138,7 @@ async def fuzz_sse(d: Daemon, client: httpx.AsyncClient, gen: Generator, count: 
         posted.set()
         try:
             await asyncio.wait_for(asyncio.shield(reader), 60)
-        except (asyncio.TimeoutError, EOFError):
+        except (TimeoutError, EOFError):
             pass
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)

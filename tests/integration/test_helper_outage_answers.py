@@ -22,10 +22,10 @@ import pytest
 
 from mcpd.client.api import Client
 from mcpd.common.config import POLICY_USER
-from tests.support.privsep_fixture import PrivsepDaemon, children, start_privsep, stop_privsep
 from tests.support.metrics import samples
 from tests.support.net import free_port
 from tests.support.osaccounts import AccountFactory
+from tests.support.privsep_fixture import PrivsepDaemon, children, start_privsep, stop_privsep
 
 pytestmark = pytest.mark.root
 DEADLINE = 30.0

@@ -39,9 +39,8 @@ import pytest
 
 from mcpd.client.api import Client, MCPClientError
 from mcpd.common.config import POLICY_USER
-from tests.support.privsep_fixture import (LOG_TEXT, PrivsepDaemon, children, proc_status, start_privsep,
-                                               stop_privsep)
 from tests.support.osaccounts import AccountFactory
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, children, proc_status, start_privsep, stop_privsep
 
 pytestmark = pytest.mark.root
 

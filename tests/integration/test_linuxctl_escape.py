@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Daemon
-from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401
 from tests.support.linuxctl import flags, linuxctl
+from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401
 
 FORGED = "x\nallowed: granted etc-shadow\x1b[2J\u202etxt.exe"  # a newline, ESC, a right-to-left override
 SHOWN = "x\\x0aallowed: granted etc-shadow\\x1b[2J\\u202etxt.exe"  # printable()'s rendering

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon
-from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
 from tests.support.linuxctl import flags, linuxctl
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
 
 
 @pytest.fixture

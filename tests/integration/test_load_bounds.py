@@ -237,7 +237,7 @@ def test_slowloris_half_sent_requests_are_all_closed_while_a_normal_client_is_se
             try:
                 left = deadline - (time.monotonic() - sent)
                 return await asyncio.wait_for(r.read(), max(left, 0.1)) == b""
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
             except (OSError, ssl.SSLError):
                 return True

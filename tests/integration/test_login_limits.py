@@ -30,10 +30,9 @@ import httpx
 import pytest
 
 from mcpd.client.api import Client, ssl_context
-from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
-from tests.support.pam_login import enroll
 from tests.support.osaccounts import AccountFactory, ensure_user, pam_service, unique_name
-from tests.support.pam_login import FAST_PAM
+from tests.support.pam_login import FAST_PAM, enroll
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 
 pytestmark = pytest.mark.root
 

@@ -14,8 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession
-from tests.support.streamable import INIT, client, hdrs, open_session
-from tests.support.streamable import headers, post, request
+from tests.support.streamable import INIT, client, hdrs, headers, open_session, post, request
 
 pytestmark = pytest.mark.anyio
 

@@ -24,11 +24,11 @@ import pytest
 
 from mcpd.common import identity
 from tests.conftest import EVENT_TIMEOUT, Daemon, SseSession, open_raw
-from tests.support.workers import slow_file
 from tests.support.refused_log import refused_lines
+from tests.support.streamable import as_daemon
 from tests.support.streamable import client as mcp_client
 from tests.support.streamable import open_session as open_mcp_session
-from tests.support.streamable import as_daemon
+from tests.support.workers import slow_file
 
 pytestmark = pytest.mark.anyio
 
@@ -733,8 +733,8 @@ async def test_with_the_helper_a_revoked_token_stops_posting_within_seconds_and_
     nobody can tell it from a real token the front has not checked lately, so it is answered 503
     with Retry-After (a real client must retry, not drop its token), while a malformed one is still
     401 (the front refuses it by its form alone)."""
-    from tests.support.privsep_fixture import start_privsep, stop_privsep
     from tests.support.osaccounts import AccountFactory
+    from tests.support.privsep_fixture import start_privsep, stop_privsep
 
     factory = AccountFactory()
     pd = start_privsep(factory)

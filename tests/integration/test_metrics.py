@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mcpd.client.api import Client
 from tests.conftest import FRONT_ENV, Daemon
-from tests.support.net import free_port
 from tests.support.metrics import samples
+from tests.support.net import free_port
 
 
 def test_metrics_count_a_read_and_healthz_answers(daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
@@ -128,8 +128,8 @@ def test_helper_up_follows_the_root_helper() -> None:
     after a restart (bounded waits: the front notices a closed connection at once)."""
     if os.geteuid() != 0:
         pytest.skip("needs root: starts the root helper")
-    from tests.support.privsep_fixture import start_privsep, stop_privsep
     from tests.support.osaccounts import AccountFactory
+    from tests.support.privsep_fixture import start_privsep, stop_privsep
 
     port = free_port()
     factory = AccountFactory()

@@ -45,8 +45,12 @@ from tests.support.principals import add_dev_principals
 from tests.support.streamable import (
     client,
     hdrs,
-    headers as modern_headers,
     open_session,
+)
+from tests.support.streamable import (
+    headers as modern_headers,
+)
+from tests.support.streamable import (
     request as modern_request,
 )
 from tests.support.streams import INIT, Raw, assert_no_crash_in_log, reads_done, server_connections, until

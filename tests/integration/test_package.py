@@ -144,7 +144,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
 
 
-def _wait(what: str, ready: "object", proc: subprocess.Popen[bytes], log: Path) -> None:
+def _wait(what: str, ready: object, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + START_SECONDS
     while not ready():  # type: ignore[operator]
         if proc.poll() is not None or time.monotonic() > deadline:

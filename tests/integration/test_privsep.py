@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from mcpd.common.config import POLICY_USER
-
 from mcpd.client.api import ConnectError
+from mcpd.common.config import POLICY_USER
+from tests.support.privsep_calls import RACE_SECONDS, client, read, read_once, uid_pids, wait_for
 from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
     SECRET_TEXT,
@@ -36,7 +36,6 @@ from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     privsep_daemon,
     proc_status,
 )
-from tests.support.privsep_calls import RACE_SECONDS, client, read, read_once, uid_pids, wait_for
 
 pytestmark = pytest.mark.root
 RACE_SESSIONS = 4
@@ -357,7 +356,7 @@ def test_sighup_with_broken_grants_keeps_last_good_and_audits(privsep_daemon: Pr
 # ------------------------------------------------------------------ `mcpd dev` as root
 
 
-def _dev_lines(proc: subprocess.Popen[str], out: "queue.Queue[str]") -> None:
+def _dev_lines(proc: subprocess.Popen[str], out: queue.Queue[str]) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
         out.put(line)
@@ -453,9 +452,9 @@ def test_while_the_helper_is_down_a_verified_token_lasts_only_the_short_window()
     then only for calls that start no worker and make no privileged call (those answer
     HELPER_UNAVAILABLE). Once the window has passed, the open session is closed and a new stream
     is answered 503 (the token cannot be checked; it is not said to be bad)."""
-    from tests.support.privsep_fixture import start_privsep, stop_privsep
-    from tests.support.pam_login import status_of_sse
     from tests.support.osaccounts import AccountFactory
+    from tests.support.pam_login import status_of_sse
+    from tests.support.privsep_fixture import start_privsep, stop_privsep
 
     window = 4.0
     factory = AccountFactory()

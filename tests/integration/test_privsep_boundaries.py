@@ -23,9 +23,8 @@ from typing import Any
 import pytest
 
 from mcpd.common.config import POLICY_USER
-
-from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, children, privsep_daemon, proc_status  # noqa: F401  (fixture)
 from tests.support.privsep_calls import read_once
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, children, privsep_daemon, proc_status  # noqa: F401  (fixture)
 from tests.support.root_channels import as_front
 
 pytestmark = pytest.mark.root

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.common import identity
 from mcpd.client import login as login_client
 from mcpd.client.api import AuthError
-from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from mcpd.common import identity
+from tests.support.osaccounts import AccountFactory, ensure_user, pam_service
 from tests.support.pam_login import status_of_sse
 from tests.support.privsep_calls import read_once
-from tests.support.osaccounts import AccountFactory, ensure_user, pam_service
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 
 pytestmark = pytest.mark.root
 

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from mcpd.common.identity import Principal
-from mcpd.front.privileged import Unavailable
 from mcpd.front.mcp.dispatcher import Caller, Dispatcher
 from mcpd.front.mcp.session import McpSession
+from mcpd.front.privileged import Unavailable
 from tests.conftest import Daemon, SseSession
 from tests.support.workers import slow_file, worker_pids
 
@@ -229,7 +229,7 @@ async def test_notifications_cancelled_stops_request_no_reply(daemon_factory: An
         while (left := deadline - asyncio.get_running_loop().time()) > 0:
             try:
                 seen.append(await s.next_message(timeout=left))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
         assert all(m.get("id") != "slow" for m in seen if isinstance(m, dict))
         assert busy and not (busy & worker_pids(d.pid))  # the worker that ran it was killed

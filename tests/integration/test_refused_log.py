@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import Daemon, SseSession
-from tests.support.streamable import INIT, client, hdrs, open_session
 from tests.support.refused_log import refused_lines
+from tests.support.streamable import INIT, client, hdrs, open_session
 
 pytestmark = pytest.mark.anyio
 

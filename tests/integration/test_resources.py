@@ -25,8 +25,8 @@ from mcpd.client.api import Client, ResourceFailed, ToolFailed, read_resource_sy
 from tests.conftest import Daemon
 from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
-    PrivsepDaemon,
     SECRET_TEXT,
+    PrivsepDaemon,
     privsep_daemon,
 )
 

@@ -23,9 +23,9 @@ import pytest
 
 from mcpd.helper.monitor import PAM_AT_ONCE
 from mcpd.helper.wire import frames
+from tests.support.osaccounts import AccountFactory
 from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.support.root_channels import _ids, as_policy
-from tests.support.osaccounts import AccountFactory
 from tests.support.rootonly import root_prerequisite
 
 pytestmark = pytest.mark.root

@@ -35,8 +35,8 @@ import pytest
 from mcpd.client.api import Client, text_of
 from mcpd.policy.rootclient import OPENS_EACH, ROOT_SECONDS
 from tests.support import rootns
-from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 from tests.support.osaccounts import AccountFactory
+from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 
 pytestmark = pytest.mark.root
 CHANNELS = 24  # root's channels to the policy process (mcpd.helper.monitor.CHANNELS)

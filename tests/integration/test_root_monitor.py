@@ -26,6 +26,7 @@ import pytest
 
 from mcpd.common import frames
 from mcpd.common.config import POLICY_USER
+from tests.support.privsep_calls import read_once
 from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     LOG_TEXT,
     PrivsepDaemon,
@@ -33,7 +34,6 @@ from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     privsep_daemon,
     proc_status,
 )
-from tests.support.privsep_calls import read_once
 from tests.support.root_channels import _ids, as_policy, policy_pid
 
 

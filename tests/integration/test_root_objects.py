@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.mounts import mounted
 from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, children, privsep_daemon, proc_status  # noqa: F401  (fixture)
 from tests.support.root_channels import as_policy, policy_pid
 from tests.support.root_objects import call, everywhere, refused  # noqa: F401  (fixture)
-from tests.support.mounts import mounted
 
 pytestmark = pytest.mark.root
 PROCESS = "a process's own files are never served"

@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 
 from mcpd.common import identity
-from mcpd.helper.wire import frames
 from mcpd.common.config import SAMPLE_BYTES
-from tests.support.privsep_fixture import SECRET_TEXT, PrivsepDaemon
-from tests.support.pam_login import enroll
+from mcpd.helper.wire import frames
 from tests.support.osaccounts import AccountFactory
+from tests.support.pam_login import enroll
+from tests.support.privsep_fixture import SECRET_TEXT, PrivsepDaemon
 from tests.support.workers import PRELUDE, login_daemon, wait_until_ready
 
 pytestmark = pytest.mark.root

@@ -26,10 +26,10 @@ import pytest
 import yaml
 
 from tests.support import privsep_fixture, rootns
+from tests.support.osaccounts import AccountFactory
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.support.root_channels import Channel, as_policy
 from tests.support.root_objects import call, refused
-from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 SECRET = "the daemon's own secrets are never served"

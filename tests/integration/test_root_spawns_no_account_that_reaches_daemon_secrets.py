@@ -23,8 +23,8 @@ import os
 
 import pytest
 
-from tests.support.privsep_fixture import PrivsepDaemon
 from tests.support.osaccounts import Account
+from tests.support.privsep_fixture import PrivsepDaemon
 from tests.support.secrets_layout import ALIAS, _through_worker, layout  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.root

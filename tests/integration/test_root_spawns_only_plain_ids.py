@@ -30,9 +30,9 @@ from mcpd.client.api import Client, text_of
 from mcpd.common import identity
 from mcpd.helper import forkserver
 from tests.support import rootns
+from tests.support.osaccounts import AccountFactory
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.support.root_channels import as_policy
-from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 NAME = "mcpdnoid"  # the account of uid 4294967295, in the helper's namespace only

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Daemon, SseSession, open_raw, read_status
+from tests.conftest import Daemon, SseSession, open_raw
 from tests.support.workers import slow_file, worker_pids
 
 pytestmark = pytest.mark.anyio

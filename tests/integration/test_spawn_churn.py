@@ -31,13 +31,13 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, SseSession
-from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.support.metrics import samples
 from tests.support.net import free_port
-from tests.support.root_channels import as_front
-from tests.support.workers import slow_file
 from tests.support.osaccounts import AccountFactory
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.root_channels import as_front
 from tests.support.shared_folder import shared_folder  # noqa: F401  (fixture)
+from tests.support.workers import slow_file
 
 pytestmark = pytest.mark.anyio
 
@@ -98,7 +98,7 @@ async def drain(s: SseSession, seconds: float) -> list[Any]:
     while (left := end - asyncio.get_running_loop().time()) > 0:
         try:
             seen.append(await s.next_message(timeout=left))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             break
     return seen
 
@@ -107,7 +107,7 @@ async def answered(s: SseSession, rid: str) -> bool:
     """Whether the reply to ``rid`` has come (waits at most 0.05 s for one more message)."""
     try:
         m = await s.next_message(timeout=0.05)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     else:
         if isinstance(m, dict) and "id" in m:

@@ -27,7 +27,17 @@ import pytest
 
 from mcpd.common import identity
 from tests.conftest import EVENT_TIMEOUT, Daemon, start_daemon, stop_daemon
-from tests.support.streams import DEADLINE, INIT, Raw, assert_no_crash_in_log, get, open_sse, reads_done, server_connections, until
+from tests.support.streams import (
+    DEADLINE,
+    INIT,
+    Raw,
+    assert_no_crash_in_log,
+    get,
+    open_sse,
+    reads_done,
+    server_connections,
+    until,
+)
 
 MIB = 1024 * 1024
 
@@ -524,7 +534,7 @@ def test_a_client_reusing_its_connections_is_not_handed_one_that_a_streams_end_c
                                      limits=httpx.Limits(max_connections=2)) as c:
             async with c.stream("GET", d.url + "/sse") as s:
                 assert s.status_code == 200 and s.headers["connection"] == "close"
-            for n in range(3):
+            for _n in range(3):
                 r = await c.post(d.url + "/mcp", json=INIT, headers={"Accept": "application/json, text/event-stream"})
                 sid = r.headers["mcp-session-id"]
                 async with c.stream("GET", d.url + "/mcp", headers={"Accept": "text/event-stream",

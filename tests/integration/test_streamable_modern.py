@@ -23,13 +23,17 @@ from tests.support.streamable import (
     client,
     hdrs,
     headers,
-    headers as modern_headers,
     open_session,
     post,
     raw_headers,
     request,
-    request as modern_request,
     sse_messages,
+)
+from tests.support.streamable import (
+    headers as modern_headers,
+)
+from tests.support.streamable import (
+    request as modern_request,
 )
 from tests.support.workers import slow_file, worker_pids
 

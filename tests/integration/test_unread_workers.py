@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.osaccounts import AccountFactory
+from tests.support.privsep_calls import bob_reads_on_both_routes, read_once, wait_for
 from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 from tests.support.workers import PRELUDE, wait_until_ready
-from tests.support.privsep_calls import bob_reads_on_both_routes, read_once, wait_for
-from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 

@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from mcpd.common import identity
-
 from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401
 from tests.support.root_channels import as_policy
 from tests.support.root_objects import call, everywhere  # noqa: F401

@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.osaccounts import AccountFactory
+from tests.support.privsep_calls import client, wait_for
 from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     HungWalks,
     PrivsepDaemon,
@@ -35,8 +37,6 @@ from tests.support.privsep_fixture import (  # noqa: F401  (fixture)
     start_privsep,
     stop_privsep,
 )
-from tests.support.privsep_calls import client, wait_for
-from tests.support.osaccounts import AccountFactory
 
 pytestmark = pytest.mark.root
 
@@ -114,7 +114,7 @@ class HeldSpawns:
         assert fd >= 0, os.strerror(ctypes.get_errno())
         self.sock = socket.socket(fileno=fd)
 
-    def __enter__(self) -> "HeldSpawns":
+    def __enter__(self) -> HeldSpawns:
         signal.pidfd_send_signal(self.pidfd, signal.SIGSTOP)
         return self
 

@@ -31,9 +31,9 @@ import pytest
 from mcpd.helper.wire import frames
 from mcpd.helper.wire.rootconf import WORKER_START_GID
 from mcpd.policy.workers import _status_problem
+from tests.support.privsep_calls import read_once, wait_for
 from tests.support.privsep_fixture import LOG_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.support.workers import PRELUDE
-from tests.support.privsep_calls import read_once, wait_for
 
 pytestmark = pytest.mark.root
 

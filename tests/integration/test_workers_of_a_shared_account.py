@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.principals import parallel_reads, share_account
 from tests.support.privsep_fixture import PrivsepDaemon, running_privsep
 from tests.support.shared_folder import shared_folder  # noqa: F401  (fixture)
-from tests.support.principals import share_account
-from tests.support.principals import parallel_reads
 
 PER_ACCOUNT = 4
 

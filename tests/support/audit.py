@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
-import hashlib
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,6 @@ from typing import Any
 from mcpd.client.api import Client
 from tests.support.privsep_fixture import PrivsepDaemon
 from tests.support.rootonly import root_prerequisite
-
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,9 +12,9 @@ import httpx
 from tests.conftest import Daemon
 from tests.support.metrics import samples
 from tests.support.net import free_port
-from tests.support.streamable import headers as modern_headers, request as modern_request
+from tests.support.streamable import headers as modern_headers
+from tests.support.streamable import request as modern_request
 from tests.support.streams import INIT, Raw, get, open_sse, reads_done, until
-
 
 MIB = 1024 * 1024
 

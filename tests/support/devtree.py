@@ -19,19 +19,20 @@ import errno
 import os
 import queue
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import process_tree
-import shutil
-import tempfile
-from collections.abc import Iterator
 import pytest
+
+from tests.conftest import process_tree
 
 BIN = Path(sys.executable).parent
 START_SECONDS = 60.0  # for `mcpd dev` to print its start-up text, and for a call to be answered
@@ -84,7 +85,7 @@ class Tree:
     account: int | None = None
 
     @classmethod
-    def of(cls, pid: int, account: int | None = None) -> "Tree":
+    def of(cls, pid: int, account: int | None = None) -> Tree:
         procs, pidfds = [], {}
         for p in process_tree(pid):
             try:
@@ -137,7 +138,7 @@ class Tree:
     def kill(self) -> None:
         """SIGKILL whatever is left of the tree (the seen processes through their pidfds, never a
         reused pid) and close the pidfds: a test leaves no process behind, even when it fails."""
-        for pid, fd in self.pidfds.items():
+        for _pid, fd in self.pidfds.items():
             try:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
             except ProcessLookupError:

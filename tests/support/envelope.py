@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 
 from mcpd.common.identity import Principal
 from mcpd.front.mcp.dispatcher import Caller
 from tests.support.fuzzgen import Raw
-
 
 SETTINGS = settings(derandomize=True, max_examples=800, deadline=None, database=None)
 

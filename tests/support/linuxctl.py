@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 LINUXCTL = str(Path(sys.executable).parent / "linuxctl")
 
 

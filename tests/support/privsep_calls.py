@@ -12,7 +12,6 @@ from typing import Any
 from mcpd.client.api import Client, text_of
 from tests.support.privsep_fixture import PrivsepDaemon, proc_status
 
-
 CALL_TIMEOUT = 30.0
 
 

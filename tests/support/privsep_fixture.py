@@ -48,12 +48,11 @@ from typing import Any
 import pytest
 import yaml
 
-from mcpd.admin import certs
-from mcpd.admin import devroot
+from mcpd.admin import certs, devroot
 from mcpd.common import identity
 from mcpd.common.config import POLICY_USER, WALK_USER
-from tests.support.osaccounts import Account, AccountFactory, require_root
 from tests.support.net import free_port
+from tests.support.osaccounts import Account, AccountFactory, require_root
 
 START_SECONDS = 30.0
 STOP_SECONDS = 10.0
@@ -283,7 +282,7 @@ class HungWalks:
                 self.stopped[pid] = fd
             self._done.wait(0.005)
 
-    def __enter__(self) -> "HungWalks":
+    def __enter__(self) -> HungWalks:
         self._thread.start()
         return self
 

@@ -7,7 +7,6 @@ import time
 
 from tests.conftest import Daemon
 
-
 LINE_RE = re.compile(r"mcpd\.front\.refused: refused (\d{3}) (\S+) (\S+) from 127\.0\.0\.1:\d+: (.*)$")
 
 

@@ -20,7 +20,6 @@ from mcpd.common.config import POLICY_USER
 from mcpd.helper.wire import frames
 from tests.support.privsep_fixture import PrivsepDaemon, children
 
-
 SYS_PIDFD_GETFD = 438  # x86_64 and aarch64
 
 

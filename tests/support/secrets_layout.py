@@ -17,7 +17,6 @@ from tests.support.osaccounts import Account, AccountFactory
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.support.root_channels import as_policy
 
-
 ALIAS = "mcpdalias"  # a second name for the service user's uid, in the helper's namespace only
 
 

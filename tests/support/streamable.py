@@ -10,7 +10,6 @@ import httpx
 
 from tests.conftest import Daemon
 
-
 ACCEPT_BOTH = "application/json, text/event-stream"
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from tests.conftest import EVENT_TIMEOUT, Daemon
 
-
 INIT = {"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
 

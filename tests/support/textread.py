@@ -9,7 +9,6 @@ from typing import Any
 from mcpd.common.config import ReadLimits
 from mcpd.core import fileopen, ops
 
-
 LIMITS = ReadLimits()
 
 

@@ -15,10 +15,10 @@ import pytest
 
 from mcpd.common.audit.records import AuditError, encode_fields
 from mcpd.common.audit.writer import AuditLog
-from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
 from mcpd.common.identity import Principal
 from mcpd.front import access
 from mcpd.front.access import AccessLog, Call
+from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, RATE_LIMITED, TIMEOUT, ToolError
 
 ALICE = Principal(name="alice", os_user="alice", token_id="aaaaaaaaaaaa")
 BOB = Principal(name="bob", os_user="bob", token_id="bbbbbbbbbbbb")

@@ -5,7 +5,6 @@ daemon they depend on when a dropped connection's writer next runs)."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from mcpd.front.transport.answers import PostStream

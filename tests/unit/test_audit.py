@@ -201,8 +201,8 @@ def test_records_are_written_with_the_values_given_even_when_the_same_fields_rep
     assert [type(r["bytes"]) for r in got[:-1:2]] == [int, bool, float, str, type(None), str, int, bool]
     assert all(r["requested_path"] == "/var/log/x\u00e9" and r["grant"] is None for r in got[:-1])
     assert got[-1]["grant"] == "None"
-    when = datetime.datetime.strptime(got[0]["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
-    assert abs((datetime.datetime.now(datetime.timezone.utc) - when).total_seconds()) < 60
+    when = datetime.datetime.strptime(got[0]["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC)
+    assert abs((datetime.datetime.now(datetime.UTC) - when).total_seconds()) < 60
 
 
 def test_a_record_that_cannot_be_written_leaves_no_lock_behind(tmp_path: Path) -> None:
@@ -287,7 +287,7 @@ def test_the_record_time_always_has_microseconds_and_a_four_digit_year() -> None
 
     from mcpd.common.audit.records import format_record
 
-    utc = datetime.timezone.utc
+    utc = datetime.UTC
     for when, text in ((datetime.datetime(2026, 1, 2, 3, 4, 5, 0, utc), "2026-01-02T03:04:05.000000Z"),
                        (datetime.datetime(2026, 1, 2, 3, 4, 5, 7, utc), "2026-01-02T03:04:05.000007Z"),
                        (datetime.datetime(999, 12, 31, 23, 59, 59, 999999, utc), "0999-12-31T23:59:59.999999Z")):

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from mcpd.admin.audit.commands import audit
 from mcpd.admin.audit.logfiles import read_lines, rotated_set
 from mcpd.admin.audit.verify import Verdict, verify
-from mcpd.admin.audit.commands import audit
 from mcpd.common.audit.chain import GENESIS
 from mcpd.common.audit.writer import AuditLog
 

@@ -17,12 +17,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from mcpd.admin.audit.commands import audit
 from mcpd.admin.audit.logfiles import read_lines
 from mcpd.admin.audit.verify import Verdict, verify
-from mcpd.common.audit.head import read_head_at
-from mcpd.admin.audit.commands import audit
 from mcpd.common.audit.chain import LOST_TAIL
-from mcpd.common.audit.head import HEAD_FILE, Head
+from mcpd.common.audit.head import HEAD_FILE, Head, read_head_at
 from mcpd.common.audit.writer import AuditLog
 
 

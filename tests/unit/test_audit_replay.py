@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from mcpd.admin.audit.commands import audit, replay_diffs
 from mcpd.admin.audit.filters import Filter, parse_time
 from mcpd.admin.audit.logfiles import read_lines
-from mcpd.admin.audit.commands import audit, replay_diffs
 from mcpd.common.audit.writer import AuditLog
 from mcpd.common.grantmatch import NO_GRANT, REAUTH
 from mcpd.policy.grants import parse_policy

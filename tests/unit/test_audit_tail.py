@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mcpd.admin.audit.filters import Filter, parse_time
 from mcpd.admin.audit.commands import audit
+from mcpd.admin.audit.filters import Filter, parse_time
 from mcpd.common.audit.writer import AuditLog
 
 

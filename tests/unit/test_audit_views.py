@@ -16,14 +16,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from mcpd.admin.audit.commands import audit, replay_diffs
 from mcpd.admin.audit.filters import Filter
 from mcpd.admin.audit.logfiles import read_lines
 from mcpd.admin.audit.views import human
-from mcpd.admin.audit.commands import audit, replay_diffs
 from mcpd.common.audit.records import REFUSED_AT_OPEN
 from mcpd.common.audit.writer import AuditLog
-from mcpd.front import refused
 from mcpd.common.grantmatch import DENIED, NO_GRANT, REAUTH
+from mcpd.front import refused
 from mcpd.policy.grants import parse_policy
 
 FAKE = "2026-01-01 00:00:00  admin          privileged   files/read     /etc/shadow  accept  granted  1234"

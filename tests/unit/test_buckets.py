@@ -69,7 +69,7 @@ def test_full_buckets_are_forgotten() -> None:
     for i in range(10 * SWEEP_MIN):  # each key takes once, each at its own second
         b.take(f"p{i}", float(i))
     assert len(b) <= 2 * SWEEP_MIN  # only the keys of the last two seconds are not full
-    for i in range(10 * SWEEP_MIN):
+    for _ in range(10 * SWEEP_MIN):
         b.take("busy", 10_000.0)  # one key refused over and over holds one entry
     assert len(b) <= 2 * SWEEP_MIN + 1
 

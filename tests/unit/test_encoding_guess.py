@@ -13,8 +13,8 @@ from typing import Any
 import charset_normalizer
 import pytest
 
-from mcpd.core import fileopen, ops, textdecode
 from mcpd.common.config import ReadLimits
+from mcpd.core import fileopen, ops, textdecode
 from mcpd.core.fileops.filetype import describe_bytes
 
 CTX = ops.OpContext(limits=ReadLimits(), open_file=fileopen.open_regular, open_dir=fileopen.open_directory)

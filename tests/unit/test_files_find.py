@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.helper.wire.errors import INVALID_ARGUMENT, ToolError
 from mcpd.core.fileops.find import FindQuery, find, op_find
 from mcpd.core.tools import files_find
+from mcpd.helper.wire.errors import INVALID_ARGUMENT, ToolError
 
 #: Where the fileops helpers live, for a child that imports them by file name.
 SUPPORT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.helper.wire.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError
 from mcpd.core.fileops.listing import list_path, op_list
 from mcpd.core.tools import files_list
+from mcpd.helper.wire.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError
 
 #: Where the fileops helpers live, for a child that imports them by file name.
 SUPPORT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")

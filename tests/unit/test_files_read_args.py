@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from mcpd.helper.wire.errors import INVALID_ARGUMENT, ToolError
 from mcpd.core.tools import files_read
+from mcpd.helper.wire.errors import INVALID_ARGUMENT, ToolError
 
 
 def invalid(args: Any) -> ToolError:

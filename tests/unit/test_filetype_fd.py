@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from mcpd.common.config import SAMPLE_BYTES, ReadLimits
-from mcpd.helper.wire.errors import FILE_NOT_FOUND, INTERNAL_ERROR, ToolError, from_oserror
 from mcpd.core import ops
 from mcpd.core.fileopen import open_directory, open_regular
 from mcpd.core.fileops import filetype as filetype_module
 from mcpd.core.fileops.filetype import filetype
+from mcpd.helper.wire.errors import FILE_NOT_FOUND, INTERNAL_ERROR, ToolError, from_oserror
 from mcpd.policy.opened import SAMPLE_SEALS, described
 
 NAMES = ("t.txt", "dir", "ln", "fifo", "sock")

@@ -4,27 +4,25 @@ from __future__ import annotations
 
 import datetime
 import json
-from dataclasses import replace
 import os
 import pwd
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from mcpd.admin.grants_cli import grants
-from mcpd.common.config import Config
 from mcpd.common.audit.writer import AuditLog
-from mcpd.common.grantmatch import NO_GRANT, decide
-from mcpd.policy.grants import PolicyError, load_policy, os_groups, parse_policy
-from mcpd.policy.grants import secret_paths
-from mcpd.policy.grants_reload import PolicyHolder
-from mcpd.common.grantmatch import entry_covers, split_entry
+from mcpd.common.config import Config
+from mcpd.common.grantmatch import NO_GRANT, decide, entry_covers, split_entry
 from mcpd.helper.wire.strictyaml import ConfigFileError, load_secure_yaml
+from mcpd.policy.grants import PolicyError, load_policy, os_groups, parse_policy, secret_paths
+from mcpd.policy.grants_reload import PolicyHolder
 from tests.support.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 
-NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)
+NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.UTC)
 
 
 def policy_for(paths: list[str], deny: list[str] | None = None, tool: str = "files/read",
@@ -141,7 +139,7 @@ def test_expired_grant_is_no_grant() -> None:
     d = decide(p, "alice", frozenset(), "files/read", "/var/log/x", NOW)
     assert (d.allowed, d.reason) == (False, NO_GRANT)
     assert "expired" in d.note
-    earlier = datetime.datetime(2026, 5, 1, tzinfo=datetime.timezone.utc)
+    earlier = datetime.datetime(2026, 5, 1, tzinfo=datetime.UTC)
     assert allowed(p, "/var/log/x", now=earlier)
 
 
@@ -336,7 +334,7 @@ def test_expires_formats() -> None:
     ok = parse_policy("users: {a: {privileged: {tools: {files/read: "
                       "{allowed: true, paths: [/], expires: '2027-03-31T00:00:00+02:00'}}}}}", "t")
     when = ok.users["a"]["files/read"].expires
-    assert when == datetime.datetime(2027, 3, 30, 22, tzinfo=datetime.timezone.utc)
+    assert when == datetime.datetime(2027, 3, 30, 22, tzinfo=datetime.UTC)
     for bad in ("2027-03-31T00:00:00", "2027-03-31", "tomorrow", "12"):
         errs = errors_of(f"users: {{a: {{privileged: {{tools: {{files/read: "
                          f"{{allowed: true, paths: [/], expires: {bad}}}}}}}}}}}\n")

@@ -34,7 +34,7 @@ from mcpd.common.grantmatch import decide
 from mcpd.policy.grants import PolicyError, parse_duration, parse_policy
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-DEFAULT_NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)
+DEFAULT_NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.UTC)
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "requests.txt").exists())
 CLI_CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "commands.txt").exists())
 

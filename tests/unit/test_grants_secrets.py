@@ -14,11 +14,11 @@ from click.testing import CliRunner
 from mcpd.admin.grants_cli import grants
 from mcpd.common.config import TLS, Config
 from mcpd.common.grantmatch import DENIED, GRANTED, SECRET, Policy, decide, is_secret
+from mcpd.helper.wire.pathmatch import PathError
 from mcpd.policy.grants import parse_policy, secret_paths
 from mcpd.policy.grants_reload import PolicyHolder, summarize_changes
-from mcpd.helper.wire.pathmatch import PathError
 
-NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.timezone.utc)
+NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.UTC)
 DEFAULT_SECRETS = secret_paths(Config(), "/etc/mcpd/mcpd.yaml")
 
 # Every one of the daemon's own secrets in the shipped layout, with their usual companions.

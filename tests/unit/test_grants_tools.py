@@ -17,10 +17,10 @@ from click.testing import CliRunner
 from mcpd.admin.cli import main as mcpd_main
 from mcpd.admin.grants_cli import grants
 from mcpd.common.config import POLICY_USER
-from mcpd.helper.wire.errors import ToolError
 from mcpd.common.folders import safe_folder
-from mcpd.helper.wire.opener import open_checked
 from mcpd.common.grantmatch import split_entry
+from mcpd.helper.wire.errors import ToolError
+from mcpd.helper.wire.opener import open_checked
 from mcpd.policy.login import Store
 from tests.support.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.helper.wire.errors import RATE_LIMITED, TIMEOUT, ToolError
 from mcpd.common.identity import Principal
 from mcpd.front import metrics
 from mcpd.front.policy_client import backend as backend_module
 from mcpd.front.policy_client.backend import PolicyBackend
 from mcpd.front.policy_client.channel import CALL_CONNECTIONS, CALL_SHARE, PolicyChannel
+from mcpd.helper.wire.errors import RATE_LIMITED, TIMEOUT, ToolError
 
 ALICE = Principal(name="alice", os_user="alice", token_id="0123456789ab")
 

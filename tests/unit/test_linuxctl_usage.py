@@ -25,7 +25,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "xdg" / "linuxctl" / "config.yaml"
 
 
-def invoke(*args: str) -> "click.testing.Result":
+def invoke(*args: str) -> click.testing.Result:
     """Run linuxctl in-process; a ``--token T`` pair goes in as ``MCP_TOKEN`` (on the command line
     linuxctl would warn that it shows in ps)."""
     argv, env = list(args), {}

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from mcpd.common.config import Login as LoginConfig
-from mcpd.policy import login as login_module
 from mcpd.common.audit.writer import AuditLog
-from mcpd.policy.login import LOCKOUT_FILE, Login, Store, unlock
+from mcpd.common.config import Login as LoginConfig
 from mcpd.common.folders import safe_folder as root_folder
 from mcpd.helper.pam import pam_check
+from mcpd.policy import login as login_module
+from mcpd.policy.login import LOCKOUT_FILE, Login, Store, unlock
 from tests.support.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the helper's state folder must be root's")

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from mcpd.common.grantmatch import rules_to_wire
-from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
 from mcpd.helper.wire import opener
+from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
 from mcpd.policy.grants import parse_policy
 from mcpd.walker import main as walker
 from tests.support.mounts import mounted

@@ -13,7 +13,6 @@ UTF-8. The methods generated never reach a worker (the transport fuzz test in
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from decimal import Decimal
 from typing import Any
@@ -25,8 +24,8 @@ from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.mcp.session import McpSession
 from mcpd.front.transport.body import BodyRefused, parse_json
 from mcpd.front.transport.events import encode_message
-from tests.support.fuzzgen import answered, dump, strict
 from tests.support.envelope import BODY, CALLER, SETTINGS
+from tests.support.fuzzgen import answered, dump, strict
 
 
 def exchange(payload: Any) -> list[Any]:

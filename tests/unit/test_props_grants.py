@@ -13,13 +13,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcpd.helper.wire import pathmatch
-from mcpd.common import grantmatch as entries
 from mcpd.common import grantmatch
+from mcpd.common import grantmatch as entries
+from mcpd.helper.wire import pathmatch
 from mcpd.policy import grants
 
 SETTINGS = settings(derandomize=True, max_examples=700, deadline=None, database=None)
-NOW = datetime.datetime(2026, 12, 1, tzinfo=datetime.timezone.utc)
+NOW = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
 
 # Few letters, so globs and names collide often; "[ab]", "[!a]", "*", "?" and "**" as patterns.
 NAME = st.text(alphabet="ab.-", min_size=1, max_size=3).filter(lambda s: s not in (".", ".."))
@@ -140,7 +140,7 @@ def test_a_double_star_inside_a_component_is_refused(entry: tuple[str, ...], at:
         assert part == "**"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def policy(paths: tuple[tuple[str, ...], ...], deny: tuple[tuple[str, ...], ...]) -> grantmatch.Policy:
     rule = {"allowed": True, "paths": ["/" + "/".join(p) for p in paths]}
     if deny:

@@ -10,7 +10,6 @@ examples every run.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import tempfile
 from collections.abc import Iterator

@@ -10,7 +10,7 @@ import pytest
 from mcpd.common.grantmatch import REAUTH, decide, fresh_enough
 from mcpd.policy.grants import PolicyError, parse_duration, parse_policy
 
-NOW = datetime.datetime(2026, 6, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
+NOW = datetime.datetime(2026, 6, 1, 12, 0, 0, tzinfo=datetime.UTC)
 
 
 def policy(reauth: str) -> str:

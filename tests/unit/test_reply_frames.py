@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from mcpd.helper.wire import frames
 from mcpd.front.workers.channel import WorkerChannel, read_reply_frame
+from mcpd.helper.wire import frames
 from mcpd.worker.main import send_reply
 
 

@@ -18,8 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.support.codelines import code_lines
 
 REPO = Path(__file__).resolve().parents[2]

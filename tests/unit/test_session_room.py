@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from mcpd.common.config import Config, Workers
 from mcpd.common.identity import Principal
 from mcpd.front.mcp.dispatcher import Dispatcher
-from mcpd.front.transport.body import BodyRefused, parse_json
 from mcpd.front.sessions.session import Session
 from mcpd.front.sessions.table import SessionManager
+from mcpd.front.transport.body import BodyRefused, parse_json
 from mcpd.front.transport.stream import AsgiStream
-from tests.support.fuzzgen import answered, dump, strict
 from tests.support.envelope import BODY, CALLER, SCALAR, SETTINGS, VALUE
+from tests.support.fuzzgen import answered, dump, strict
 
 KIB = 1024
 

@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 import yaml
-
-from mcpd.common import config
 from click.testing import CliRunner
 
 from mcpd.admin.grants_cli import grants
-from mcpd.common.identity import parse_users, verify
+from mcpd.common import config
 from mcpd.common.grantmatch import DENIED, GRANTED, NO_GRANT, REAUTH, SECRET, TOOLS, decide, entry_covers_root
+from mcpd.common.identity import parse_users, verify
 from mcpd.policy.grants import RULE_KEYS, load_policy, parse_policy, secret_paths
 
 ETC = Path(__file__).resolve().parents[2] / "etc"
@@ -27,8 +26,8 @@ DAEMON = ETC / "mcpd/mcpd.yaml"
 GRANTS = ETC / "mcpd/mcp-sudo.yaml"
 USERS = ETC / "mcpd/users.yaml.example"
 PAM = ETC / "pam.d/mcpd"
-BEFORE_EXPIRY = datetime.datetime(2026, 12, 1, tzinfo=datetime.timezone.utc)
-AFTER_EXPIRY = datetime.datetime(2027, 3, 31, tzinfo=datetime.timezone.utc)
+BEFORE_EXPIRY = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
+AFTER_EXPIRY = datetime.datetime(2027, 3, 31, tzinfo=datetime.UTC)
 
 
 def _schema_keys(cls: Any) -> dict[str, Any]:

@@ -21,9 +21,8 @@ from typing import Any
 
 import pytest
 
-from mcpd.core import fileopen
-from mcpd.core import ops, textread
 from mcpd.common.config import ReadLimits
+from mcpd.core import fileopen, ops, textread
 from tests.support.textread import CTX, LIMITS, call, text
 
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from mcpd.helper.wire.errors import INVALID_ARGUMENT, ToolError
 from mcpd.common.validate import check_bool, check_choice, check_int, check_object, check_path
 from mcpd.core.tools import TOOLS, files_find, files_list, files_read
+from mcpd.helper.wire.errors import INVALID_ARGUMENT, ToolError
 
 PATH_KEY = {"files/read": "path", "files/list": "path", "files/filetype": "path", "files/find": "root"}
 

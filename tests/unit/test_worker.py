@@ -22,13 +22,11 @@ from typing import Any
 
 import pytest
 
-from mcpd.common import config
-from mcpd.helper.wire import errors
-from mcpd.common import frames
-from mcpd.common import identity
-from mcpd.helper.wire.errors import ToolError
+from mcpd.common import config, frames, identity
 from mcpd.front.workers.pool import WorkerPool
 from mcpd.front.workers.spawner import LocalSpawner
+from mcpd.helper.wire import errors
+from mcpd.helper.wire.errors import ToolError
 from tests.support.workers import slow_file
 
 HUNG_TIMEOUT = 1.0  # seconds: the deadline used for calls that are meant to hit a stopped worker

@@ -42,12 +42,12 @@ from mcpd.admin.audit.logfiles import Line, follow_lines, read_lines, records, r
 from mcpd.admin.audit.retention import LOGROTATE_FILE, History
 from mcpd.admin.audit.verify import verify as verify_chain
 from mcpd.admin.audit.views import as_json_line, human
+from mcpd.admin.grants_cli import _any_owner_option, _config_option, _defaults, _file_option, _load
 from mcpd.common.audit.head import Head, read_head_at
 from mcpd.common.audit.journal import JOURNAL_SOCKET
 from mcpd.common.audit.records import REFUSED_AT_OPEN
-from mcpd.common.printable import printable
-from mcpd.admin.grants_cli import _any_owner_option, _config_option, _defaults, _file_option, _load
 from mcpd.common.grantmatch import DENIED, NO_GRANT, SECRET, TOOLS, decide, utcnow
+from mcpd.common.printable import printable
 from mcpd.policy.grants import os_groups
 
 

@@ -29,9 +29,9 @@ def parse_time(text: str) -> datetime.datetime:
     m = re.fullmatch(r"(\d+)([smhd])", text.strip())
     if m:
         unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-        return datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=int(m.group(1)) * unit)
+        return datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=int(m.group(1)) * unit)
     when = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    return when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)
+    return when if when.tzinfo else when.replace(tzinfo=datetime.UTC)
 
 
 def record_time(rec: dict[str, Any]) -> datetime.datetime | None:

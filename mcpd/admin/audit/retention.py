@@ -69,7 +69,7 @@ class History:
     conf: str
 
     @classmethod
-    def of(cls, paths: list[str], live: str | None, conf: str) -> "History":
+    def of(cls, paths: list[str], live: str | None, conf: str) -> History:
         """The history of ``paths`` (oldest first); ``live``: the log they are the whole set of
         (None: files given by hand, whose retention is not judged)."""
         first, last = first_record(paths[0]), first_record(paths[-1])

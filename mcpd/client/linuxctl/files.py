@@ -37,7 +37,7 @@ def utf8_text(ctx: click.Context, param: click.Parameter, value: str | None) -> 
             raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise click.BadParameter(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}): the "
-                                     "server is asked for paths as UTF-8 text, and cannot be asked for this one")
+                                     "server is asked for paths as UTF-8 text, and cannot be asked for this one") from None
         raise click.BadParameter("holds a lone surrogate: the server is asked for paths as UTF-8 text") from None
     return value
 

@@ -44,7 +44,7 @@ class Head:
         return head_line(self.log, self.seq, self.hash, self.dev, self.ino, self.end, self.length)
 
     @classmethod
-    def decode(cls, data: bytes) -> "Head":
+    def decode(cls, data: bytes) -> Head:
         """The head :meth:`encode` wrote.
 
         Raises:

@@ -44,7 +44,7 @@ class Journal:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
 
     @classmethod
-    def at(cls, path: str) -> "Journal | None":
+    def at(cls, path: str) -> Journal | None:
         """A journal at ``path`` when that is a socket now, else None (no journald here)."""
         return cls(path) if stat.S_ISSOCK(os.stat(path).st_mode if os.path.exists(path) else 0) else None
 

@@ -105,7 +105,7 @@ def _time_text(now: datetime.datetime | None) -> str:
     not once a record (one is written for every call)."""
     global _second
     if now is not None:
-        now = now.astimezone(datetime.timezone.utc) if now.tzinfo is not None else now
+        now = now.astimezone(datetime.UTC) if now.tzinfo is not None else now
         return f'{now.replace(tzinfo=None).isoformat(timespec="microseconds")}Z'
     second, nanos = divmod(time.time_ns(), 1_000_000_000)
     known = _second  # (one read: another thread may replace it meanwhile)

@@ -35,12 +35,27 @@ from collections.abc import Callable
 from typing import Any
 
 from mcpd.common.audit.alerts import AlertLimit
-from mcpd.common.audit.chain import (ROTATE, chain_after, file_number, first_line, holds_record, lost_reason,
-                                     record_hash, tail_of)
+from mcpd.common.audit.chain import (
+    ROTATE,
+    chain_after,
+    file_number,
+    first_line,
+    holds_record,
+    lost_reason,
+    record_hash,
+    tail_of,
+)
 from mcpd.common.audit.head import HEAD_FILE, Head, head_line, read_head
 from mcpd.common.audit.journal import JOURNAL_SOCKET, Journal
-from mcpd.common.audit.records import (AuditError, Fields, Prepared, field_members, record_body, record_line,
-                                       refuse_twice)
+from mcpd.common.audit.records import (
+    AuditError,
+    Fields,
+    Prepared,
+    field_members,
+    record_body,
+    record_line,
+    refuse_twice,
+)
 from mcpd.common.folders import write_file
 
 
@@ -427,7 +442,7 @@ class AuditLog:
             if self._journal is not None:
                 self._journal.close()
 
-    def __enter__(self) -> "AuditLog":
+    def __enter__(self) -> AuditLog:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -21,13 +21,13 @@ import grp
 import pwd
 import stat
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, Protocol
 
 from mcpd.common.config import SAMPLE_BYTES
-from mcpd.helper.wire.filekind import TYPE_NAMES, type_name
 from mcpd.core.walk import LIST_MAX, clean, no_grant
+from mcpd.helper.wire.filekind import TYPE_NAMES, type_name
 
 __all__ = [
     "SAMPLE_BYTES", "TYPE_NAMES", "Context", "allowed", "clean", "describe", "format_find", "format_list",
@@ -82,7 +82,7 @@ def iso_utc(seconds: float) -> str:
     """A POSIX timestamp (seconds) as ISO 8601 UTC, e.g. ``2026-05-09T07:35:25Z`` (a time no
     calendar date can hold, such as 2**62, is given as the number of seconds)."""
     try:
-        return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     except (OverflowError, ValueError, OSError):
         return str(seconds)
 

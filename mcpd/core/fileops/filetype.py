@@ -30,11 +30,11 @@ import os
 import stat
 from typing import Any, NamedTuple
 
-from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror
 from mcpd.core import magicdb, textdecode
 from mcpd.core.fileops import SAMPLE_BYTES, Context, allowed, clean, no_grant, type_name
 from mcpd.core.tools import files_filetype
 from mcpd.core.walk import lstat_at
+from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror
 
 BINARY_PROBE = 8 * 1024  # a NUL in these first bytes means binary (docs/REFERENCE.md §3's rule)
 

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mcpd.common.identity import Principal
 from mcpd.common.deadline import deadline_seconds
+from mcpd.common.identity import Principal
 from mcpd.core.tools import TOOLS, ToolModule, by_any_name, portable_name
 from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker

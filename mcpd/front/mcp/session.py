@@ -21,11 +21,29 @@ from mcpd.common.deadline import deadline_seconds
 from mcpd.front import metrics
 from mcpd.front.mcp.dispatcher import Caller, Dispatcher, Handler, RequestContext
 from mcpd.front.mcp.jsonrpc import (
-    INTERNAL, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, SERVER_BUSY, Message, RpcError, Send,
-    answered, approx_size, error_reply, id_key, params_of, valid_id,
+    INTERNAL,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    SERVER_BUSY,
+    Message,
+    RpcError,
+    Send,
+    answered,
+    approx_size,
+    error_reply,
+    id_key,
+    params_of,
+    valid_id,
 )
 from mcpd.front.mcp.versions import (
-    CAPABILITIES, INSTRUCTIONS, MODERN_VERSIONS, SERVER_INFO, SUPPORTED_VERSIONS, modern_result, negotiate,
+    CAPABILITIES,
+    INSTRUCTIONS,
+    MODERN_VERSIONS,
+    SERVER_INFO,
+    SUPPORTED_VERSIONS,
+    modern_result,
+    negotiate,
 )
 
 log = logging.getLogger(__name__)

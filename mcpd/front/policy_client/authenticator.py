@@ -81,7 +81,7 @@ class PolicyAuthenticator:
                     gate.release()
         except PolicyUnavailable:
             if recent is None:  # the policy process is down: past the short window nothing is accepted (fail
-                raise CheckerDown("the policy process is not reachable")  # closed), nor refused as bad
+                raise CheckerDown("the policy process is not reachable") from None  # closed), nor refused as bad
             return recent
         except TimeoutError:
             pass  # no answer in time: undecided, as below

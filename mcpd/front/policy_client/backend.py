@@ -11,15 +11,21 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from mcpd.common.deadline import DEADLINE_MARGIN, deadline_seconds
 from mcpd.common.identity import Principal
 from mcpd.common.inflight import InFlight
 from mcpd.core import fileops
-from mcpd.common.deadline import DEADLINE_MARGIN, deadline_seconds
 from mcpd.front import metrics
 from mcpd.front.access import policy_received
 from mcpd.front.limits import CAP_KEY
 from mcpd.front.policy_client.channel import (
-    CALL_CONNECTIONS, CALL_SHARE, UNAVAILABLE, NoConnection, OverShare, PolicyChannel, PolicyUnavailable,
+    CALL_CONNECTIONS,
+    CALL_SHARE,
+    UNAVAILABLE,
+    NoConnection,
+    OverShare,
+    PolicyChannel,
+    PolicyUnavailable,
 )
 from mcpd.front.workers.channel import reply_result
 from mcpd.front.workers.pool import WorkerPool

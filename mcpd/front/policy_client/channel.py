@@ -19,8 +19,8 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from mcpd.common.inflight import InFlight
 from mcpd.common import frames
+from mcpd.common.inflight import InFlight
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
 
 log = logging.getLogger(__name__)

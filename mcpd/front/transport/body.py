@@ -9,8 +9,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from mcpd.common import frames
-from mcpd.common import wirejson
+from mcpd.common import frames, wirejson
 from mcpd.common.validate import digits
 from mcpd.front import metrics
 from mcpd.front.mcp.jsonrpc import INVALID_REQUEST, PARSE_ERROR, error_reply, json_float

@@ -17,8 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from mcpd.common import wirejson
-from mcpd.common import frames
+from mcpd.common import frames, wirejson
 from mcpd.helper.wire.errors import ToolError, invalid_argument
 
 log = logging.getLogger(__name__)

@@ -21,15 +21,21 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from mcpd.common import frames
 from mcpd.common.config import Config
 from mcpd.common.inflight import InFlight
 from mcpd.front import metrics
 from mcpd.front.workers.accounts import Account, Accounts, Worker
 from mcpd.front.workers.channel import (
-    Crashed, ProgressCallback, encode_args, read_reply, read_reply_frame, reply_result, request_frame,
+    Crashed,
+    ProgressCallback,
+    encode_args,
+    read_reply,
+    read_reply_frame,
+    reply_result,
+    request_frame,
 )
 from mcpd.front.workers.spawner import Spawner
-from mcpd.common import frames
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, RATE_LIMITED, TIMEOUT, ToolError
 
 log = logging.getLogger(__name__)

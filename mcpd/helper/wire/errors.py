@@ -54,7 +54,7 @@ class ToolError(Exception):
         return {"code": self.code, "message": self.message, "details": self.details}
 
     @classmethod
-    def from_dict(cls, data: Any) -> "ToolError":
+    def from_dict(cls, data: Any) -> ToolError:
         """Rebuild an error from :meth:`to_dict`'s shape; anything malformed becomes ``INTERNAL_ERROR``."""
         if not isinstance(data, dict):
             return cls(INTERNAL_ERROR, "internal error")

@@ -37,7 +37,6 @@ import ctypes
 import errno
 import os
 import platform
-import posixpath
 import re
 import stat
 import sys
