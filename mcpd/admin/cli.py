@@ -1,4 +1,4 @@
-"""The ``mcpd`` command: ``serve``, ``dev``, ``certs``, ``helper`` and ``install-systemd``.
+"""The ``mcpd`` command: ``serve``, ``dev``, ``certs``, ``helper``, ``install-systemd`` and ``status``.
 
 The other command groups live in their own modules (``users``: :mod:`mcpd.admin.users_cli` with
 :mod:`mcpd.admin.sessions_cli`; ``grants``: :mod:`mcpd.admin.grants_cli` with ``grants at`` from
@@ -216,6 +216,28 @@ def install_systemd(root_dir: str | None, hosts: tuple[str, ...], enable: bool) 
         click.echo("enabled and started mcpd-helper.socket and mcpd.service")
     elif live:
         click.echo("next: check /etc/mcpd/mcpd.yaml, then `systemctl enable --now mcpd-helper.socket mcpd.service`")
+
+
+@main.command("status")
+@click.option("--config", "config_path", default="/etc/mcpd/mcpd.yaml", show_default=True,
+              type=click.Path(dir_okay=False), help="The daemon configuration (mcpd.yaml)")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of lines")
+def status_cmd(config_path: str, as_json: bool) -> None:
+    """What runs on this host: version, listener and the certificate it serves, the TLS files and
+    their last reload, sessions and workers (from the metrics endpoint), helper, grants and users
+    files, the audit chains' heads. Run as root to see everything. Exit 0 when nothing needs
+    looking at, 1 when something does (listed under problems)."""
+    import json
+
+    from mcpd.admin import status
+    from mcpd.common.config import ConfigError
+
+    try:
+        facts = status.gather(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(facts, indent=2) if as_json else "\n".join(status.render(facts)))
+    sys.exit(1 if facts["problems"] else 0)
 
 
 grants.add_command(grants_at)  # `mcpd grants at TIME`: the grants in force then, from the audit log
