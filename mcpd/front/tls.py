@@ -239,8 +239,8 @@ class LiveCertificate:
         try:
             pair = read_pair(self.cert_path, self.key_path)
             ctx = context_for(pair)
-        except PairError as exc:
-            self.refused = str(exc)
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the pair in use stays
+            self.refused = str(exc) if isinstance(exc, PairError) else f"unexpected {type(exc).__name__}"
             log.error("tls reload (%s) refused, the certificate in use (%s) stays: %s", why,
                       self.pair.fingerprint, exc)
             self._write_state()

@@ -15,6 +15,8 @@ import shutil
 import signal
 import socket
 import ssl
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -31,7 +34,7 @@ from cryptography.x509.oid import NameOID
 
 from mcpd.admin import certs
 from mcpd.front.tls import fingerprint
-from tests.conftest import SseSession
+from tests.conftest import FRONT_ENV, SseSession
 from tests.integration.privsep_fixture import LOG_TEXT, PrivsepDaemon, start_privsep, stop_privsep
 from tests.integration.test_streamable import hdrs, open_session
 from tests.osaccounts import AccountFactory
@@ -68,9 +71,11 @@ def d() -> Iterator[PrivsepDaemon]:
         stop_privsep(daemon)
 
 
-def served(d: PrivsepDaemon) -> str:
-    """The fingerprint of the certificate a new handshake gets now."""
+def served(d: PrivsepDaemon, tls12: bool = False) -> str:
+    """The fingerprint of the certificate a new handshake (TLS 1.3, or 1.2 with ``tls12``) gets now."""
     ctx = ssl.create_default_context(cafile=d.cacert)
+    if tls12:
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
     port = int(d.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
         with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
@@ -216,10 +221,11 @@ def test_a_changed_pair_is_picked_up_without_a_signal(d: PrivsepDaemon) -> None:
     cert, key = new_pair(d)
     install(d, cert, key)
     wait_served(d, file_fingerprint(cert))
+    assert served(d, tls12=True) == file_fingerprint(cert)  # TLS 1.2 handshakes get it too
 
 
 BAD_PAIRS = {
-    # kind: (make the pair, key mode, key group, the words the log line must hold)
+    # kind of bad pair: the words its log line must hold
     "key of another certificate": "is not the key of the certificate",
     "key the front may not read": "cannot open the key",
     "key every account may read": "readable by every account",
@@ -276,3 +282,18 @@ def test_a_bad_new_pair_is_refused_with_one_log_line_and_the_old_one_stays(d: Pr
 def test_systemctl_reload_sends_the_front_sighup() -> None:
     unit = (Path(__file__).resolve().parents[2] / "systemd" / "mcpd.service").read_text().splitlines()
     assert "ExecReload=/bin/kill -HUP $MAINPID" in unit
+
+
+def test_a_bad_pair_at_start_is_exit_78_with_the_reason(d: PrivsepDaemon, tmp_path: Path) -> None:
+    cert, key = expired_pair(d)
+    (tmp_path / "c.pem").write_bytes(cert)
+    (tmp_path / "k.pem").write_bytes(key)
+    os.chmod(tmp_path / "k.pem", 0o600)
+    conf = tmp_path / "mcpd.yaml"
+    conf.write_text(yaml.safe_dump({"listen": {"host": "127.0.0.1", "port": 1}, "helper_socket": "",
+                                    "tls": {"cert": str(tmp_path / "c.pem"), "key": str(tmp_path / "k.pem")},
+                                    "users_file": "users.yaml", "state_dir": "."}))
+    proc = subprocess.run([sys.executable, "-m", "mcpd.front.server", "--config", str(conf)], env=FRONT_ENV,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 78, proc.stderr
+    assert "tls: cannot load certificate/key: the certificate" in proc.stderr and "expired at" in proc.stderr
