@@ -7,7 +7,9 @@ state folder (mode 0600); nothing here is ever committed to git.
 
 from __future__ import annotations
 
+import base64
 import datetime
+import hashlib
 import ipaddress
 import os
 from dataclasses import dataclass
@@ -17,6 +19,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from mcpd.front.tls import fingerprint
 
 
 @dataclass(frozen=True)
@@ -114,3 +118,27 @@ def make_pki(directory: str | Path, hosts: list[str], days: int = 825) -> PKI:
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     server_cert_p.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return PKI(ca_cert=ca_cert_p, ca_key=ca_key_p, server_cert=server_cert_p, server_key=server_key_p)
+
+
+@dataclass(frozen=True)
+class CertFacts:
+    """What an operator pins and checks of a server certificate."""
+
+    fingerprint: str  # SHA-256 of the certificate's DER, upper-case hex pairs joined by ":"
+    spki_pin: str  # base64 of the SHA-256 of its SubjectPublicKeyInfo (curl --pinnedpubkey sha256//...)
+    subject: str  # RFC 4514
+    not_after: datetime.datetime
+
+
+def describe(pem: bytes) -> CertFacts:
+    """The :class:`CertFacts` of the first certificate in ``pem``.
+
+    Raises:
+        ValueError: ``pem`` holds no PEM certificate.
+    """
+    cert = x509.load_pem_x509_certificates(pem)[0]
+    der = cert.public_bytes(serialization.Encoding.DER)
+    spki = cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return CertFacts(fingerprint(der),
+                     base64.b64encode(hashlib.sha256(spki).digest()).decode(), cert.subject.rfc4514_string(),
+                     cert.not_valid_after_utc)

@@ -1,4 +1,4 @@
-"""The ``mcpd`` command: ``serve``, ``dev``, ``certs``, ``helper`` and ``install-systemd``.
+"""The ``mcpd`` command: ``serve``, ``dev``, ``certs``, ``helper``, ``install-systemd`` and ``status``.
 
 The other command groups live in their own modules (``users``: :mod:`mcpd.admin.users_cli` with
 :mod:`mcpd.admin.sessions_cli`; ``grants``: :mod:`mcpd.admin.grants_cli` with ``grants at`` from
@@ -66,17 +66,23 @@ def dev(state_dir: str, port: int, new_token: bool, metrics_port: int) -> None:
 SERVICE_GROUP = "mcpd"  # the service user's group (systemd/sysusers.d)
 
 
-@main.command("certs")
-@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False),
+@main.group("certs", invoke_without_command=True)
+@click.option("--dir", "directory", default=None, type=click.Path(file_okay=False),
               help="Folder for ca.crt, ca.key, server.crt, server.key")
-@click.option("--host", "hosts", multiple=True, required=True, help="DNS name or IP for the certificate (repeat)")
+@click.option("--host", "hosts", multiple=True, help="DNS name or IP for the certificate (repeat)")
 @click.option("--days", default=825, show_default=True, type=click.IntRange(1, 825), help="Server certificate lifetime")
 @click.option("--group", default=None,
               help=f"Group that may read server.key (0640) and enter the folder (0750): the service user's, so "
                    f"the front can load its key [default: {SERVICE_GROUP} when that group exists]; "
                    "--group '' keeps both private (0600, 0700). The CA key stays 0600 either way")
-def certs_cmd(directory: str, hosts: tuple[str, ...], days: int, group: str | None) -> None:
-    """Create a private CA (reused when present) and issue a server certificate for HOSTs."""
+@click.pass_context
+def certs_cmd(ctx: click.Context, directory: str | None, hosts: tuple[str, ...], days: int, group: str | None) -> None:
+    """With --dir and --host: create a private CA (reused when present) and issue a server
+    certificate for HOSTs. `mcpd certs fingerprint` prints what clients pin."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not directory or not hosts:
+        raise click.UsageError("--dir and --host are required (or a subcommand: mcpd certs fingerprint)")
     gid = service_gid(group)
     pki = certs.make_pki(directory, list(hosts), days=days)
     if gid is not None:
@@ -93,6 +99,32 @@ def certs_cmd(directory: str, hosts: tuple[str, ...], days: int, group: str | No
     for label, path in (("ca_cert", pki.ca_cert), ("ca_key", pki.ca_key),
                         ("server_cert", pki.server_cert), ("server_key", pki.server_key)):
         click.echo(f"{label}: {path.resolve()}")
+
+
+@certs_cmd.command("fingerprint")
+@click.argument("cert", required=False, type=click.Path(dir_okay=False))
+@click.option("--config", "config_path", default="/etc/mcpd/mcpd.yaml", show_default=True,
+              type=click.Path(dir_okay=False), help="Without CERT: the certificate of this configuration (tls.cert)")
+def certs_fingerprint(cert: str | None, config_path: str) -> None:
+    """Print the SHA-256 fingerprint of CERT (PEM, the first certificate in it) and the pin of
+    its public key, the values a client pins."""
+    from mcpd.common.printable import printable
+
+    if cert is None:
+        from mcpd.common.config import ConfigError, load
+
+        try:
+            cert = load(config_path).tls.cert
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+    try:
+        facts = certs.describe(Path(cert).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"{printable(cert)}: {printable(str(exc))}") from None
+    click.echo(f"sha256 fingerprint: {facts.fingerprint}")
+    click.echo(f"public key pin: sha256//{facts.spki_pin}")
+    click.echo(f"subject: {printable(facts.subject)}")
+    click.echo(f"valid until: {facts.not_after.isoformat()}")
 
 
 def service_gid(group: str | None) -> int | None:
@@ -186,6 +218,28 @@ def install_systemd(root_dir: str | None, hosts: tuple[str, ...], enable: bool) 
         click.echo("enabled and started mcpd-helper.socket and mcpd.service")
     elif live:
         click.echo("next: check /etc/mcpd/mcpd.yaml, then `systemctl enable --now mcpd-helper.socket mcpd.service`")
+
+
+@main.command("status")
+@click.option("--config", "config_path", default="/etc/mcpd/mcpd.yaml", show_default=True,
+              type=click.Path(dir_okay=False), help="The daemon configuration (mcpd.yaml)")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of lines")
+def status_cmd(config_path: str, as_json: bool) -> None:
+    """What runs on this host: version, listener and the certificate it serves, the TLS files and
+    their last reload, sessions and workers (from the metrics endpoint), helper, grants and users
+    files, the audit chains' heads. Run as root to see everything. Exit 0 when nothing needs
+    looking at, 1 when something does (listed under problems)."""
+    import json
+
+    from mcpd.admin import status
+    from mcpd.common.config import ConfigError
+
+    try:
+        facts = status.gather(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(facts, indent=2) if as_json else "\n".join(status.render(facts)))
+    sys.exit(1 if facts["problems"] else 0)
 
 
 grants.add_command(grants_at)  # `mcpd grants at TIME`: the grants in force then, from the audit log

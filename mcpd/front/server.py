@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import socket
 import ssl
 import sys
@@ -21,7 +22,7 @@ import uvicorn
 
 from mcpd.common import frames, sdnotify, wirejson
 from mcpd.common.config import EXIT_CONFIG, Config, ConfigError, Limits, load
-from mcpd.front import metrics
+from mcpd.front import metrics, tls
 from mcpd.front.access import AccessLog
 from mcpd.front.app import build_app
 from mcpd.front.auth import Authenticator, FileAuthenticator
@@ -46,27 +47,17 @@ log = logging.getLogger("mcpd.front.server")
 GRACEFUL_SHUTDOWN_SECONDS = 5
 
 
-#: TLS 1.2 suites offered (OpenSSL names): ECDHE key exchange with AES-GCM or ChaCha20-Poly1305 only.
-TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!SHA1:!SHA256:!SHA384:!CBC"
-
-
 def tls_context(cfg: Config) -> ssl.SSLContext:
-    """The listener's server context: TLS 1.3 preferred, TLS 1.2 minimum with ECDHE and AEAD
-    suites only (AES-GCM, ChaCha20-Poly1305), no compression or renegotiation; certificate and key
-    from ``cfg.tls`` (docs/REFERENCE.md §1.1).
+    """A server context (:func:`mcpd.front.tls.server_context`) holding ``cfg.tls``'s certificate
+    and key, checked as a reload checks them (:func:`mcpd.front.tls.read_pair`).
 
     Raises:
-        ConfigError: the certificate or key cannot be loaded.
+        ConfigError: the certificate or key cannot be used.
     """
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_ciphers(TLS12_CIPHERS)  # TLS 1.2: forward secrecy and AEAD only; TLS 1.3 suites are all AEAD
-    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE | ssl.OP_NO_RENEGOTIATION
     try:
-        ctx.load_cert_chain(cfg.tls.cert, cfg.tls.key)
-    except (OSError, ssl.SSLError) as exc:
+        return tls.context_for(tls.read_pair(cfg.tls.cert, cfg.tls.key))
+    except tls.PairError as exc:
         raise ConfigError(f"tls: cannot load certificate/key: {exc}") from exc
-    return ctx
 
 
 def _backends(cfg: Config) -> tuple[Authenticator, Spawner, PolicyChannel | None]:
@@ -119,6 +110,16 @@ async def _probe_forever(channel: PolicyChannel) -> None:
         await asyncio.sleep(POLICY_PROBE_SECONDS)
 
 
+def _reload_on_hangup(certificate: tls.LiveCertificate) -> bool:
+    """Make SIGHUP reload the certificate and key (``systemctl reload mcpd``), unless this process
+    already handles SIGHUP itself (``mcpd dev`` runs the front in its own process and stops on a
+    hang-up); True when the handler was installed."""
+    if signal.getsignal(signal.SIGHUP) not in (signal.SIG_DFL, signal.SIG_IGN):
+        return False
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, certificate.reload, "SIGHUP")
+    return True
+
+
 class Server:
     """The front process: worker pool, sessions and uvicorn over TLS.
 
@@ -132,9 +133,9 @@ class Server:
     async def run(self) -> int:
         """Serve until a shutdown signal; return the exit code (0, or 78 for broken TLS material)."""
         try:
-            context = tls_context(self.cfg)
-        except ConfigError as exc:
-            log.error("%s", exc)
+            certificate = tls.LiveCertificate(self.cfg.tls.cert, self.cfg.tls.key, self.cfg.state_dir)
+        except tls.PairError as exc:
+            log.error("tls: cannot load certificate/key: %s", exc)
             return EXIT_CONFIG
         authenticator, spawner, channel = _backends(self.cfg)
         pool = WorkerPool(spawner, self.cfg)
@@ -181,7 +182,9 @@ class Server:
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         )
         config.load()
-        config.ssl = context  # same files, plus the TLS 1.2 floor uvicorn has no option for
+        # same files, plus the TLS 1.2 floor uvicorn has no option for; new handshakes take the
+        # pair in use at that moment (reloaded on SIGHUP or when the files change: mcpd/front/tls.py)
+        config.ssl = certificate.context
         server = _NotifyingServer(config)
         server.before_shutdown = (sessions.close_all,)
         if dispatcher.limits is not None:
@@ -201,9 +204,14 @@ class Server:
             else None
         revalidation = asyncio.create_task(revalidate_forever(
             sessions, authenticator, idle_seconds=self.cfg.mcp_session_idle_seconds, on_revoked=pool.retire_owner))
+        watching = asyncio.create_task(certificate.watch())
+        hangup = _reload_on_hangup(certificate)
         try:
             await server.serve()
         finally:
+            if hangup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            watching.cancel()
             revalidation.cancel()
             if probing is not None:
                 probing.cancel()

@@ -1,0 +1,17 @@
+#!/bin/sh
+# acme.sh reload command for mcpd: install the certificate and key acme.sh just issued or
+# renewed, then reload mcpd.
+#
+#   acme.sh --install-cert -d host.example --reloadcmd "/path/to/acme-sh-reloadcmd.sh"
+#
+# (no --key-file/--fullchain-file: acme.sh would write those in place; this script installs
+# atomically with the right owner and mode instead). acme.sh runs the reload command with
+# CERT_FULLCHAIN_PATH and CERT_KEY_PATH (its own copies, in ~/.acme.sh/host.example*/) in the
+# environment. MCPD_TLS_DIR, MCPD_GROUP and MCPD_RELOAD are passed on to install-pair.sh.
+set -eu
+
+: "${CERT_FULLCHAIN_PATH:?run by acme.sh as --reloadcmd (CERT_FULLCHAIN_PATH is not set)}"
+: "${CERT_KEY_PATH:?run by acme.sh as --reloadcmd (CERT_KEY_PATH is not set)}"
+here=$(dirname "$0")
+installer=${MCPD_INSTALL_PAIR:-$here/install-pair.sh}
+exec sh "$installer" "$CERT_FULLCHAIN_PATH" "$CERT_KEY_PATH"

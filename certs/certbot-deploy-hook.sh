@@ -1,0 +1,23 @@
+#!/bin/sh
+# certbot deploy hook for mcpd: install the renewed certificate and key, then reload mcpd.
+#
+#   cp certbot-deploy-hook.sh /etc/letsencrypt/renewal-hooks/deploy/mcpd.sh   (mode 0755, root)
+#   or: certbot certonly ... --deploy-hook /path/to/certbot-deploy-hook.sh
+#
+# certbot runs deploy hooks as root after each successful issuance or renewal, with
+# RENEWED_LINEAGE (the live folder, e.g. /etc/letsencrypt/live/host.example) and RENEWED_DOMAINS
+# (its names, space separated) in the environment. When MCPD_DOMAIN is set, only that lineage's
+# renewals are installed (certbot runs the hooks in renewal-hooks/deploy for every certificate).
+# MCPD_TLS_DIR, MCPD_GROUP and MCPD_RELOAD are passed on to install-pair.sh.
+set -eu
+
+: "${RENEWED_LINEAGE:?run by certbot as a deploy hook (RENEWED_LINEAGE is not set)}"
+if [ -n "${MCPD_DOMAIN:-}" ]; then
+    case " ${RENEWED_DOMAINS:-} " in
+        *" $MCPD_DOMAIN "*) ;;
+        *) exit 0 ;;
+    esac
+fi
+here=$(dirname "$0")
+installer=${MCPD_INSTALL_PAIR:-$here/install-pair.sh}
+exec sh "$installer" "$RENEWED_LINEAGE/fullchain.pem" "$RENEWED_LINEAGE/privkey.pem"

@@ -1,0 +1,154 @@
+"""``mcpd status`` against a running daemon (root helper, front as the service user, metrics on):
+every fact it reports is checked against the daemon's own files and the wire, a refused reload
+and an invalid grants file show as problems (exit 1), and text from a certificate is escaped."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import json
+import os
+import pwd
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from mcpd.common.version import version
+from tests.conftest import SseSession
+from tests.integration.privsep_fixture import PrivsepDaemon, free_port, start_privsep, stop_privsep
+from tests.integration.test_tls_reload import Target, file_fingerprint, hup, install, new_pair, served, wait_served
+from tests.osaccounts import AccountFactory
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module")
+def d() -> Iterator[PrivsepDaemon]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: starts the root helper and creates OS accounts")
+    front_state = Path(tempfile.mkdtemp(prefix="mcpd-front-state-", dir="/tmp"))
+    daemon = None
+    try:
+        svc = pwd.getpwnam("mcpd")
+        os.chown(front_state, svc.pw_uid, svc.pw_gid)
+        os.chmod(front_state, 0o750)
+        daemon = start_privsep(AccountFactory(), metrics_listen=f"127.0.0.1:{free_port()}",
+                               state_dir=str(front_state))
+        yield daemon
+    finally:
+        if daemon is not None:
+            stop_privsep(daemon)
+        subprocess.run(["rm", "-rf", str(front_state)], check=False)
+
+
+def status(d: PrivsepDaemon, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mcpd.admin.cli", "status", "--config", str(d.config_path), *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def as_json(d: PrivsepDaemon) -> tuple[int, dict[str, Any]]:
+    proc = status(d, "--json")
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def cert_named(d: PrivsepDaemon, cn: str) -> tuple[bytes, bytes]:
+    ca_key = serialization.load_pem_private_key((d.state_dir / "tls" / "ca.key").read_bytes(), password=None)
+    ca = x509.load_pem_x509_certificate((d.state_dir / "tls" / "ca.crt").read_bytes())
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM), key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def test_status_reports_the_running_daemon(d: PrivsepDaemon) -> None:
+    async def with_one_sse_session() -> tuple[tuple[int, dict[str, Any]], subprocess.CompletedProcess[str]]:
+        async with SseSession(Target(d.url, d.cacert, d.tokens["alice"])) as s:  # type: ignore[arg-type]
+            await s.initialize()
+            return await asyncio.to_thread(as_json, d), await asyncio.to_thread(status, d)
+
+    (code, s), plain = asyncio.run(with_one_sse_session())
+    assert code == 0 and s["problems"] == [], s["problems"]
+    assert s["version"] == version()
+    port = d.url.rsplit(":", 1)[1]
+    assert s["listen"]["address"] == f"127.0.0.1:{port}" and s["listen"]["answers"]
+    on_disk = file_fingerprint((d.state_dir / "tls" / "server.crt").read_bytes())
+    assert s["listen"]["fingerprint_sha256"] == served(d) == on_disk == s["tls"]["fingerprint_sha256"]
+    assert s["tls"]["valid"] and s["tls"]["front"]["last_check_ok"]
+    assert s["tls"]["front"]["fingerprint_sha256"] == on_disk and s["tls"]["front"]["pid"] == d.front_pid
+    assert s["metrics"]["answers"] and s["metrics"]["sessions"].get("sse") == 1
+    assert s["metrics"]["helper_up"] is True and isinstance(s["metrics"]["workers"], int)
+    assert s["helper"]["socket_present"]
+    assert s["policy"]["grants_valid"] and s["policy"]["users_valid"]
+    assert s["policy"]["last_reload"]["ok"]
+    last = [json.loads(ln) for ln in d.audit_text().splitlines() if ln.strip()][-1]
+    head = s["chains"]["audit"]
+    assert head["seq"] <= last["seq"] and head["seq"] > 0 and len(head["hash"]) == 64
+
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    for needle in (f"mcpd: {version()}", f"listening: 127.0.0.1:{port} (answers, TLSv1.3)", f"fingerprint: {on_disk}",
+                   "sessions: mcp 0, sse 1", "policy process answers", "problems: none"):
+        assert needle in plain.stdout, plain.stdout
+
+
+def test_a_refused_reload_and_a_broken_grants_file_are_problems(d: PrivsepDaemon) -> None:
+    good = served(d)
+    cert, _ = new_pair(d)
+    _, other_key = new_pair(d)
+    install(d, cert, other_key)
+    hup(d)
+    deadline = time.monotonic() + 20
+    while True:
+        code, s = as_json(d)
+        if s["tls"]["front"] and s["tls"]["front"]["refused"]:
+            break
+        assert time.monotonic() < deadline, s
+    assert code == 1 and served(d) == good
+    assert s["listen"]["fingerprint_sha256"] == good and not s["tls"]["valid"]
+    assert any("last TLS reload was refused" in p for p in s["problems"]), s["problems"]
+    assert any("TLS files would be refused" in p for p in s["problems"]), s["problems"]
+    text = d.grants_path.read_text()
+    try:
+        d.write_grants("users: [\n", hup=False)
+        code, s = as_json(d)
+        assert code == 1 and not s["policy"]["grants_valid"]
+        assert any("grants file" in p for p in s["problems"])
+    finally:
+        d.write_grants(text, hup=False)
+    cert, key = new_pair(d)
+    install(d, cert, key)
+    hup(d)
+    wait_served(d, file_fingerprint(cert))
+
+
+def test_text_from_a_certificate_is_escaped_in_the_plain_view(d: PrivsepDaemon) -> None:
+    cert, key = cert_named(d, "evil\x1b[2J\u202ename")
+    install(d, cert, key)
+    hup(d)
+    wait_served(d, file_fingerprint(cert))
+    plain = status(d)
+    assert "\x1b" not in plain.stdout and "\u202e" not in plain.stdout, plain.stdout
+    assert "evil" in plain.stdout
+    code, s = as_json(d)
+    assert "evil\x1b[2J\u202ename" in s["listen"]["subject"]  # JSON keeps the text, escaped by JSON itself
+    cert, key = new_pair(d)
+    install(d, cert, key)
+    hup(d)
+    wait_served(d, file_fingerprint(cert))
