@@ -202,7 +202,7 @@ async def test_a_swapped_certificate_reaches_new_handshakes_and_16_open_sessions
             r = await c.post("/mcp", json=read_call(d, 100 + i), headers=hdrs(t, sid))  # type: ignore[arg-type]
             assert r.status_code == 200, r.text
             assert_read(r.json())
-        for c, sid, cm, g in mcp:
+        for c, sid, _cm, g in mcp:
             assert not g.is_closed
             r = await c.delete("/mcp", headers=hdrs(t, sid))  # type: ignore[arg-type]
             assert r.status_code == 200
