@@ -31,9 +31,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from mcpd.admin import auditlog
+from mcpd.admin.audit.filters import Filter, last_records
+from mcpd.admin.audit.logfiles import rotated_set, tail_lines
 from mcpd.admin.certs import describe
-from mcpd.common.audit import chain_after
+from mcpd.common.audit.chain import chain_after
+from mcpd.common.audit.head import read_head_at
 from mcpd.common.config import Config, load
 from mcpd.common.identity import load_users
 from mcpd.common.printable import printable
@@ -142,7 +144,7 @@ def policy_files(cfg: Config, config_path: str) -> dict[str, Any]:
     try:
         found: list[tuple[bytes, dict[str, Any]]] = []
         for event in ("reload", "reload_failed"):
-            found += auditlog.last_records(auditlog.rotated_set(cfg.audit_log), auditlog.Filter(event=event), 1)
+            found += last_records(rotated_set(cfg.audit_log), Filter(event=event), 1)
         if found:
             rec = max((r for _, r in found), key=lambda r: r.get("seq", 0) if isinstance(r.get("seq"), int) else 0)
             out["last_reload"] = {"time": rec.get("time"), "ok": rec.get("event") == "reload",
@@ -157,14 +159,14 @@ def chains(cfg: Config) -> dict[str, Any]:
     log's (its last record)."""
     out: dict[str, Any] = {}
     try:
-        head = auditlog.read_head(cfg.helper_state_dir)
+        head = read_head_at(cfg.helper_state_dir)
         out["audit"] = {"log": cfg.audit_log, "seq": head.seq, "hash": head.hash} if head else \
             {"log": cfg.audit_log, "seq": 0, "hash": None}
     except (OSError, ValueError) as exc:
         out["audit"] = {"log": cfg.audit_log, "problem": f"{cfg.helper_state_dir}: {_problem(exc)}"}
     if cfg.access_log:
         try:
-            last = auditlog.tail_lines(cfg.access_log, 1)
+            last = tail_lines(cfg.access_log, 1)
             seq, digest = chain_after(last[0] if last else b"")
             out["access"] = {"log": cfg.access_log, "seq": seq, "hash": digest if last else None}
         except OSError as exc:
