@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.privsep_fixture import PrivsepDaemon
-from tests.integration.test_tls_reload import d, file_fingerprint, new_pair, served, wait_served  # noqa: F401
+from tests.support.privsep_fixture import PrivsepDaemon
+from tests.support.tls import d, file_fingerprint, new_pair, served, wait_served  # noqa: F401
 
 pytestmark = pytest.mark.root
 

@@ -26,9 +26,10 @@ from cryptography.x509.oid import NameOID
 
 from mcpd.common.version import version
 from tests.conftest import SseSession
-from tests.integration.privsep_fixture import PrivsepDaemon, free_port, start_privsep, stop_privsep
-from tests.integration.test_tls_reload import Target, file_fingerprint, hup, install, new_pair, served, wait_served
-from tests.osaccounts import AccountFactory
+from tests.support.net import free_port
+from tests.support.osaccounts import AccountFactory
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.tls import Target, file_fingerprint, hup, install, new_pair, served, wait_served
 
 pytestmark = pytest.mark.root
 
