@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mcpd.common.config import POLICY_USER
+from mcpd.common.frames import reply_cap
 from mcpd.helper.wire import frames
 from tests.support.privsep_fixture import PrivsepDaemon, children
 
@@ -43,7 +44,7 @@ class Channel:
         rid = next(_ids)
         frames.send_frame(self.sock, dict(fields, type=kind, id=rid))
         assert select.select([self.sock], [], [], 30)[0], f"root did not answer {kind}"
-        reply, fds = frames.recv_frame_fds(self.sock, frames.reply_cap(1 << 20), 4)
+        reply, fds = frames.recv_frame_fds(self.sock, reply_cap(1 << 20), 4)
         assert reply is not None and reply["id"] == rid, reply
         return reply, fds
 
