@@ -1,6 +1,7 @@
 """Build hook only (the metadata is in pyproject.toml): the wheel carries the systemd units,
 sysusers and tmpfiles files, the PAM service, the logrotate file, the example configurations
-and the docs as package data under ``mcpd/share/`` (``systemd/``, ``etc/``, ``docs/``), which
+the docs and the certificate scripts as package data under ``mcpd/share/`` (``systemd/``, ``etc/``,
+``docs/``, ``certs/``), which
 ``mcpd install-systemd`` puts where the units expect them. A checkout (``pip install -e .``) reads
 the same folders at the repository's top instead.
 """
@@ -14,7 +15,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-SHARED = ("systemd", "etc", "docs")
+SHARED = ("systemd", "etc", "docs", "certs")
 
 
 class BuildPyWithShare(build_py):

@@ -12,6 +12,6 @@ set -eu
 
 : "${CERT_FULLCHAIN_PATH:?run by acme.sh as --reloadcmd (CERT_FULLCHAIN_PATH is not set)}"
 : "${CERT_KEY_PATH:?run by acme.sh as --reloadcmd (CERT_KEY_PATH is not set)}"
-here=$(dirname "$0")
+here=$(dirname "$(readlink -f "$0")")  # beside the script itself, even run through a symlink
 installer=${MCPD_INSTALL_PAIR:-$here/install-pair.sh}
 exec sh "$installer" "$CERT_FULLCHAIN_PATH" "$CERT_KEY_PATH"

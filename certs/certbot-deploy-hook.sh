@@ -1,8 +1,11 @@
 #!/bin/sh
 # certbot deploy hook for mcpd: install the renewed certificate and key, then reload mcpd.
 #
-#   cp certbot-deploy-hook.sh /etc/letsencrypt/renewal-hooks/deploy/mcpd.sh   (mode 0755, root)
-#   or: certbot certonly ... --deploy-hook /path/to/certbot-deploy-hook.sh
+#   ln -s /usr/lib/mcpd/certs/certbot-deploy-hook.sh /etc/letsencrypt/renewal-hooks/deploy/mcpd.sh
+#   or: certbot certonly ... --deploy-hook /usr/lib/mcpd/certs/certbot-deploy-hook.sh
+#
+# It runs install-pair.sh from the folder it is in (a symlink to it is followed), or
+# MCPD_INSTALL_PAIR when set.
 #
 # certbot runs deploy hooks as root after each successful issuance or renewal, with
 # RENEWED_LINEAGE (the live folder, e.g. /etc/letsencrypt/live/host.example) and RENEWED_DOMAINS
@@ -18,6 +21,6 @@ if [ -n "${MCPD_DOMAIN:-}" ]; then
         *) exit 0 ;;
     esac
 fi
-here=$(dirname "$0")
+here=$(dirname "$(readlink -f "$0")")  # beside the script itself, even run through a symlink
 installer=${MCPD_INSTALL_PAIR:-$here/install-pair.sh}
 exec sh "$installer" "$RENEWED_LINEAGE/fullchain.pem" "$RENEWED_LINEAGE/privkey.pem"

@@ -1,7 +1,7 @@
 """``mcpd install-systemd``: put the shipped service files where the units expect them.
 
 The wheel carries them under ``mcpd/share/`` (setup.py); a checkout has them at the repository's
-top (``systemd/``, ``etc/``, ``docs/``). :data:`PLACES` says where each goes, under ``root``
+top (``systemd/``, ``etc/``, ``docs/``, ``certs/``). :data:`PLACES` says where each goes, under ``root``
 (``/`` by default, or a staging folder given with ``--root``):
 
 - the units in ``/etc/systemd/system/``, their ``ExecStart=`` pointing at this installation (the
@@ -10,7 +10,8 @@ top (``systemd/``, ``etc/``, ``docs/``). :data:`PLACES` says where each goes, un
 - the PAM service ``/etc/pam.d/mcpd`` and ``/etc/logrotate.d/mcpd``;
 - the example configuration in ``/etc/mcpd/`` (``mcpd.yaml``, ``mcp-sudo.yaml``,
   ``users.yaml.example``);
-- the docs in ``/usr/local/share/doc/mcpd/`` (the units' ``Documentation=``).
+- the docs in ``/usr/local/share/doc/mcpd/`` (the units' ``Documentation=``);
+- the certificate scripts (an ACME client's deploy hooks) in ``/usr/local/lib/mcpd/certs/``.
 
 A file the operator owns (configuration, PAM service) is never overwritten: it is kept and
 reported. With ``root`` = ``/`` (only as root), :func:`activate` then runs ``systemd-sysusers``
@@ -63,6 +64,10 @@ PLACES = (
     Place("docs/SPEC-NOTES.md", "usr/local/share/doc/mcpd/SPEC-NOTES.md"),
     Place("docs/PACKAGING.md", "usr/local/share/doc/mcpd/PACKAGING.md"),
     Place("README.md", "usr/local/share/doc/mcpd/README.md"),
+    Place("certs/README.md", "usr/local/share/doc/mcpd/certs/README.md"),
+    Place("certs/install-pair.sh", "usr/local/lib/mcpd/certs/install-pair.sh", 0o755),
+    Place("certs/certbot-deploy-hook.sh", "usr/local/lib/mcpd/certs/certbot-deploy-hook.sh", 0o755),
+    Place("certs/acme-sh-reloadcmd.sh", "usr/local/lib/mcpd/certs/acme-sh-reloadcmd.sh", 0o755),
 )
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BUILD_INPUTS = ("pyproject.toml", "setup.py", "MANIFEST.in", "LICENSE", "README.md", "mcpd", "systemd", "etc", "docs")
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "MANIFEST.in", "LICENSE", "README.md", "mcpd", "systemd", "etc", "docs", "certs")
 ANALYZE = shutil.which("systemd-analyze")
 
 
@@ -42,7 +42,8 @@ def test_wheel_installs_into_a_fresh_venv_and_stages_units_systemd_accepts(tmp_p
     wheel = next((tmp_path / "dist").glob("mcpd-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for shipped in ("mcpd/py.typed", "mcpd/share/systemd/mcpd.service", "mcpd/share/systemd/sysusers.d/mcpd.conf",
-                    "mcpd/share/etc/pam.d/mcpd", "mcpd/share/etc/mcpd/mcpd.yaml", "mcpd/share/docs/PRIVSEP.md"):
+                    "mcpd/share/etc/pam.d/mcpd", "mcpd/share/etc/mcpd/mcpd.yaml", "mcpd/share/docs/PRIVSEP.md",
+                    "mcpd/share/certs/install-pair.sh", "mcpd/share/certs/certbot-deploy-hook.sh"):
         assert shipped in names, shipped
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 
@@ -68,6 +69,8 @@ def test_wheel_installs_into_a_fresh_venv_and_stages_units_systemd_accepts(tmp_p
                    "usr/local/share/doc/mcpd/PRIVSEP.md"):
         assert (root / staged).is_file(), staged
     assert (root / "etc/mcpd/mcp-sudo.yaml").stat().st_mode & 0o777 == 0o600
+    for hook in ("install-pair.sh", "certbot-deploy-hook.sh", "acme-sh-reloadcmd.sh"):  # ACME clients run them
+        assert (root / "usr/local/lib/mcpd/certs" / hook).stat().st_mode & 0o777 == 0o755, hook
     if os.geteuid() == 0 and shutil.which("systemd-sysusers") and shutil.which("systemd-tmpfiles"):
         apply_staged_accounts_and_folders(root)
 

@@ -128,6 +128,22 @@ def _exec_start(unit: str) -> tuple[list[str], str | None]:
     return shlex.split(starts[0]), (users[0] if users else None)
 
 
+def _installed_certbot_hook_installs_a_renewal(tmp_path: Path) -> None:
+    """The packaged certbot hook, linked into certbot's deploy folder as certs/README.md says, finds
+    its installer and installs a renewed lineage with mcpd's owner and modes."""
+    live, hooks = tmp_path / "le" / "live" / "h", tmp_path / "le" / "renewal-hooks" / "deploy"
+    live.mkdir(parents=True)
+    hooks.mkdir(parents=True)
+    shutil.copy2("/etc/mcpd/tls/server.crt", live / "fullchain.pem")
+    shutil.copy2("/etc/mcpd/tls/server.key", live / "privkey.pem")
+    (hooks / "mcpd.sh").symlink_to("/usr/lib/mcpd/certs/certbot-deploy-hook.sh")
+    run(hooks / "mcpd.sh", env={"PATH": os.defpath, "RENEWED_LINEAGE": str(live), "MCPD_RELOAD": "true"})
+    group = pwd.getpwnam("mcpd").pw_gid
+    for name, mode in (("server.crt", 0o644), ("server.key", 0o640)):
+        st = os.lstat(f"/etc/mcpd/tls/{name}")
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, group, mode), name
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -252,6 +268,7 @@ def test_deb_installs_serves_upgrades_keeping_an_edited_config_and_purges(
     token = run("/usr/sbin/mcpd", "users", "add", "reader", "--os-user", account.name).stdout.strip()
     assert token.startswith("mcpd_")
     assert _serve_and_read(tmp_path, port, str(secret), token) == "read through the installed package\n"
+    _installed_certbot_hook_installs_a_renewal(tmp_path)
     assert Path("/var/log/mcpd/audit.jsonl").stat().st_size > 0  # the policy process wrote its audit log
 
     # Upgrade to a rebuilt package: the edited mcpd.yaml and the operator's files are kept, without
@@ -280,7 +297,8 @@ def test_rpm_lists_the_files_conffiles_requirements_and_scripts(packages: Packag
                  "/usr/lib/systemd/system/mcpd.service", "/usr/lib/systemd/system/mcpd-helper.service",
                  "/usr/lib/systemd/system/mcpd-helper.socket", "/usr/lib/sysusers.d/mcpd.conf",
                  "/usr/lib/tmpfiles.d/mcpd.conf", "/etc/pam.d/mcpd", "/etc/logrotate.d/mcpd",
-                 "/etc/mcpd/mcpd.yaml", "/etc/mcpd/mcp-sudo.yaml", "/usr/share/doc/mcpd/PRIVSEP.md"):
+                 "/etc/mcpd/mcpd.yaml", "/etc/mcpd/mcp-sudo.yaml", "/usr/share/doc/mcpd/PRIVSEP.md",
+                 "/usr/lib/mcpd/certs/certbot-deploy-hook.sh", "/usr/share/doc/mcpd/certs/README.md"):
         assert name in files, name
     assert not [f for f in files if "/tmp/" in f or f.startswith("/usr/local")]
     config = run("rpm", "-qpc", packages.rpm).stdout.split()
