@@ -2,7 +2,7 @@
 
 Beside ``mcpd grants check FILE`` (:mod:`mcpd.admin.grants_cli`), for configuration management
 that validates a file before it lands (Ansible's ``validate: mcpd config check %s``). Each reads
-FILE once as the daemon does (:func:`mcpd.helper.wire.strictyaml.read_secure_file`: no symlink,
+FILE once as the daemon does (:func:`mcpd.helper.wire.securefile.read_secure_file`: no symlink,
 root's unless ``--any-owner``, not group- or world-writable), parses it with the one strict YAML
 loader and validates it with the file's one schema (:func:`mcpd.common.config.from_dict`,
 :func:`mcpd.common.identity.parse_users`). No other file is read (``mcpd.yaml``'s TLS files,
@@ -25,7 +25,8 @@ import click
 from mcpd.common import config as mcpd_config
 from mcpd.common import identity
 from mcpd.common.printable import printable
-from mcpd.helper.wire.strictyaml import ConfigFileError, LineDict, LineList, parse_strict_yaml, read_secure_file
+from mcpd.common.strictyaml import LineDict, LineList, parse_strict_yaml
+from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 
 _STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 _UNKNOWN = re.compile(r"^unknown key '([^']*)'")

@@ -45,7 +45,8 @@ from mcpd.admin.devstate import (
 from mcpd.admin.devstop import DevStop, stop_signals
 from mcpd.admin.devsupervisor import say, spawn_helper, stop_process, supervise
 from mcpd.common import config, identity
-from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml
+from mcpd.common.strictyaml import parse_strict_yaml
+from mcpd.helper.wire.securefile import ConfigFileError
 
 NOLOGIN = "/usr/sbin/nologin"
 SAMPLE_TEXT = "only root can read this file; the dev principal reads it through its grant\n"

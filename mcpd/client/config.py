@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from mcpd.client.errors import UsageError
-from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml
+from mcpd.common.strictyaml import parse_strict_yaml
+from mcpd.helper.wire.securefile import ConfigFileError
 
 KEYS = ("url", "token", "cacert")
 TOP_KEYS = frozenset({*KEYS, "contexts", "current-context"})

@@ -64,8 +64,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from mcpd.common.strictyaml import parse_strict_yaml
 from mcpd.helper.wire.rootconf import DEV_TOKEN_FILE, EXIT_CONFIG, POLICY_USER, WALK_USER, RootSettings  # noqa: F401
-from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
+from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 
 __all__ = ["EXIT_CONFIG", "POLICY_USER", "WALK_USER", "Config", "ConfigError", "load", "from_dict"]
 _ROOT = RootSettings()  # the defaults of the keys the root helper reads itself
@@ -369,7 +370,7 @@ def load(path: str | Path, owner_uid: int | None = None) -> Config:
     Args:
         path: the file.
         owner_uid: when given (0 for root, as the helper reads it), the file is read once by
-            :func:`mcpd.helper.wire.strictyaml.read_secure_file`: no symlink, owned by that uid, not
+            :func:`mcpd.helper.wire.securefile.read_secure_file`: no symlink, owned by that uid, not
             group- or world-writable, checked on the open descriptor that is parsed.
 
     Raises:

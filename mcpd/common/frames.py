@@ -3,8 +3,9 @@
 Everything of :mod:`mcpd.helper.wire.frames` (the format, blocking sends and receives) is
 re-exported here, so a front, policy or worker module imports one ``frames``. Added: reading
 frames through a buffer (:func:`take_frame`, :data:`READ_CHUNK`), the cap of a reply that carries
-file text (:func:`reply_cap`), a blocking receive that drops descriptors (:func:`recv_frame`), and
-:func:`loads` with the number hooks the front parses a client's JSON with.
+file text (:func:`reply_cap`), a blocking receive that drops descriptors (:func:`recv_frame`),
+the error a refusal carries (:func:`reply_error`) and :func:`loads` with the number hooks the
+front parses a client's JSON with.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import socket
 from typing import Any
 
+from mcpd.helper.wire.errors import CODES, INTERNAL_ERROR, ToolError
 from mcpd.helper.wire.frames import (  # noqa: F401 - the one wire format, re-exported
     HEADER,
     HELPER_REQUEST_CAP,
@@ -31,6 +33,18 @@ from mcpd.helper.wire.frames import (  # noqa: F401 - the one wire format, re-ex
     use_codec,
 )
 from mcpd.helper.wire.frames import loads as _loads
+
+
+def reply_error(data: Any) -> ToolError:
+    """The :class:`~mcpd.helper.wire.errors.ToolError` a refusal's ``error`` carries (the shape of
+    ``ToolError.to_dict``); anything malformed becomes ``INTERNAL_ERROR``."""
+    if not isinstance(data, dict):
+        return ToolError(INTERNAL_ERROR, "internal error")
+    code, message, details = data.get("code"), data.get("message"), data.get("details")
+    if code not in CODES or not isinstance(message, str) or not isinstance(details, dict):
+        return ToolError(INTERNAL_ERROR, "internal error")
+    return ToolError(str(code), message, **details)
+
 
 #: bytes asked of the kernel at once by a reader that buffers frames (take_frame): one read takes
 #: a whole request or report as a rule; a buffer this size is allocated per read

@@ -35,7 +35,8 @@ from typing import Any
 import yaml
 
 from mcpd.common import filesig
-from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
+from mcpd.common.strictyaml import parse_strict_yaml
+from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 
 TOKEN_RE = re.compile(r"^mcpd_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
 NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
@@ -208,7 +209,7 @@ def load_users(path: str | Path, owner_uid: int | None = None) -> dict[str, User
     Args:
         path: the file.
         owner_uid: when given (0 for root's file, as the helper reads it), the file is read by
-            :func:`mcpd.helper.wire.strictyaml.read_secure_file`: no symlink, owned by that uid, not
+            :func:`mcpd.helper.wire.securefile.read_secure_file`: no symlink, owned by that uid, not
             group- or world-writable, checked on the open descriptor.
 
     Raises:

@@ -26,10 +26,12 @@ import sys
 import threading
 from collections.abc import Callable
 
+import yaml
+
 from mcpd.helper import forkserver
 from mcpd.helper.monitor import CHANNELS, Monitor
 from mcpd.helper.wire.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, plain_ids, root_settings
-from mcpd.helper.wire.strictyaml import ConfigFileError, parse_strict_yaml, read_secure_file
+from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 
 log = logging.getLogger("mcpd.helper")
 STOP_SECONDS = 10.0  # how long a stopping helper waits for the policy process to finish
@@ -104,12 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     path = os.path.abspath(opts.config)
     try:
         drop_capabilities()
-        settings = root_settings(parse_strict_yaml(read_secure_file(path, 0), path), path)
+        # its own keys only, with PyYAML's safe loader: the policy process holds the whole file to the
+        # strict loader (no duplicate or merge key) and exits 78 otherwise, and root with it
+        settings = root_settings(yaml.safe_load(read_secure_file(path, 0)), path)
         service, walker, policy = (pwd.getpwnam(n) for n in (settings.service_user, WALK_USER, POLICY_USER))
         if not plain_ids(walker.pw_uid, walker.pw_gid, policy.pw_uid, policy.pw_gid):
             raise OSError(f"the accounts {WALK_USER} and {POLICY_USER} must not be root (or have an id of -1)")
-    except (ConfigFileError, ValueError, KeyError, OSError) as exc:
-        log.error("cannot start: %s", "; ".join(getattr(exc, "errors", [])) or exc)
+    except (ConfigFileError, yaml.YAMLError, ValueError, KeyError, OSError) as exc:  # (PyYAML's text quotes the file)
+        why = f"{path}: not valid YAML (`mcpd config check` names the line)" if isinstance(exc, yaml.YAMLError) else exc
+        log.error("cannot start: %s", "; ".join(getattr(exc, "errors", [])) or why)
         return EXIT_CONFIG
     forks = forkserver.start((walker.pw_uid, walker.pw_gid))  # one thread here: the only safe moment to fork
     listener = listening_socket(settings.helper_socket, service.pw_gid)

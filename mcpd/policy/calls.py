@@ -329,6 +329,6 @@ def _walk(state: State, policy: grantmatch.Policy, op: str, args: dict[str, Any]
     if reply is None:
         raise ToolError(TIMEOUT, "the call did not finish in time")
     if not reply.get("ok") or not isinstance(reply.get("result"), dict):
-        raise ToolError.from_dict(reply.get("error"))
+        raise frames.reply_error(reply.get("error"))
     return {"ok": True, "result": reply["result"]}
 

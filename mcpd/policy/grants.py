@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 from mcpd.common.config import DEV_TOKEN_FILE
 from mcpd.common.filesig import signature
 from mcpd.common.grantmatch import TOOLS, Entry, Policy, Rule, escape_glob, split_entry
+from mcpd.common.strictyaml import LineDict, LineList, parse_strict_yaml
 from mcpd.helper.wire.pathmatch import PathError, clean_path
-from mcpd.helper.wire.strictyaml import ConfigFileError, LineDict, LineList, parse_strict_yaml, read_secure_file
+from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 
 if TYPE_CHECKING:
     from mcpd.common.config import Config

@@ -27,7 +27,7 @@ from mcpd.common.folders import read_file, write_file
 from mcpd.common.grantmatch import Policy, is_secret
 from mcpd.common.printable import printable
 from mcpd.common.reload import Reloading
-from mcpd.helper.wire.strictyaml import ConfigFileError, read_secure_file
+from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 from mcpd.policy.grants import PolicyError, parse_policy
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from mcpd.common.audit.writer import AuditLog
 from mcpd.common.filesig import Signature
 from mcpd.common.folders import safe_folder
 from mcpd.common.reload import Reloading
-from mcpd.helper.wire import frames, strictyaml
+from mcpd.helper.wire import frames, securefile
 from mcpd.helper.wire.errors import ToolError
 from mcpd.policy.connections import serve
 from mcpd.policy.grants import secret_paths
@@ -56,7 +56,7 @@ def principal_name(users: Reloading[dict[str, identity.UserRecord]], account: st
 def use_root_for_config(root: RootClient) -> None:
     """Read ``mcpd.yaml``, the users and the grants files through root when this process may not
     open or look at them itself (they are root's, 0600, in a folder only root and the front may
-    enter): the hooks of :mod:`mcpd.helper.wire.strictyaml` and :mod:`mcpd.common.filesig`."""
+    enter): the hooks of :mod:`mcpd.helper.wire.securefile` and :mod:`mcpd.common.filesig`."""
 
     def open_file(path: str, flags: int) -> int:
         try:
@@ -83,7 +83,7 @@ def use_root_for_config(root: RootClient) -> None:
             seen[path] = (time.monotonic() + ROOT_SIGNATURE_SECONDS, sig)
             return sig
 
-    strictyaml.open_file, filesig.signature_of = open_file, signature_of
+    securefile.open_file, filesig.signature_of = open_file, signature_of
 
 
 def main(argv: list[str] | None = None) -> int:

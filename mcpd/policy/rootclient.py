@@ -138,7 +138,7 @@ class RootClient:
         if not reply.get("ok"):
             for fd in fds:
                 os.close(fd)
-            raise ToolError.from_dict(reply.get("error"))
+            raise frames.reply_error(reply.get("error"))
         return reply, fds
 
     def open(self, path: str, follow: bool, want: str, who: str) -> tuple[int, str]:

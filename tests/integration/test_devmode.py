@@ -176,7 +176,7 @@ def test_dev_as_root_reads_its_config_with_the_strict_loader() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: the root setup creates accounts and gives the files to root")
     from mcpd.admin import devroot
-    from mcpd.helper.wire.strictyaml import ConfigFileError
+    from mcpd.helper.wire.securefile import ConfigFileError
 
     base = Path(tempfile.mkdtemp(prefix="mcpd-devyaml-", dir="/tmp"))
     try:

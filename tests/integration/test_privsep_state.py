@@ -173,6 +173,32 @@ def test_helper_refuses_a_config_file_another_account_can_change(
         bad.unlink()
 
 
+@pytest.mark.parametrize("broken", ["duplicate key", "not valid YAML"])
+def test_helper_starts_nothing_from_a_config_the_strict_loader_refuses(
+        front_owned_daemon: tuple[PrivsepDaemon, Path, AccountFactory, str], tmp_path: Path, broken: str) -> None:
+    """Root reads its own keys of ``mcpd.yaml`` with PyYAML's safe loader, which takes the last of two
+    equal keys; the policy process holds the whole file to the strict loader. A file with a key
+    twice (here the helper's socket) or one that is not YAML ends the helper with 78, and the
+    message quotes nothing of the file."""
+    import sys
+
+    d = front_owned_daemon[0]
+    folder = tmp_path / "conf"
+    folder.mkdir()
+    os.chmod(tmp_path, 0o755)
+    text = d.config_path.read_text()
+    assert "\nhelper_socket:" in "\n" + text
+    text += f"helper_socket: {folder}/helper.sock\n" if broken == "duplicate key" else "tls: [unclosed-SECRET-TEXT\n"
+    bad = folder / "mcpd.yaml"
+    bad.write_text(text)
+    os.chmod(bad, 0o640)
+    res = subprocess.run([sys.executable, "-I", "-m", "mcpd.helper", "--config", str(bad)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 78, res.stderr
+    assert broken in res.stderr and "SECRET-TEXT" not in res.stderr, res.stderr
+    assert stat.S_ISSOCK(os.lstat(d.socket_path).st_mode)  # the running helper's socket is untouched
+
+
 def test_a_grant_covering_root_still_refuses_every_secret_of_the_daemon(
         front_owned_daemon: tuple[PrivsepDaemon, Path, AccountFactory, str]) -> None:
     """The fixed deny: with ``paths: ["/"]`` for every tool, the daemon's own secrets are refused

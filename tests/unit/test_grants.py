@@ -17,7 +17,8 @@ from mcpd.admin.grants_cli import grants
 from mcpd.common.audit.writer import AuditLog
 from mcpd.common.config import Config
 from mcpd.common.grantmatch import NO_GRANT, decide, entry_covers, split_entry
-from mcpd.helper.wire.strictyaml import ConfigFileError, load_secure_yaml
+from mcpd.common.strictyaml import load_secure_yaml
+from mcpd.helper.wire.securefile import ConfigFileError
 from mcpd.policy.grants import PolicyError, load_policy, os_groups, parse_policy, secret_paths
 from mcpd.policy.grants_reload import PolicyHolder
 from tests.support.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)

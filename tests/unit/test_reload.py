@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mcpd.common.reload import Reloading
-from mcpd.helper.wire.strictyaml import ConfigFileError
+from mcpd.helper.wire.securefile import ConfigFileError
 
 
 def load_int(path: str) -> int:

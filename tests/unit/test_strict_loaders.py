@@ -1,4 +1,4 @@
-"""One strict YAML loader (mcpd.helper.wire.strictyaml) behind mcpd.yaml, users.yaml, grants and the
+"""One strict YAML loader (mcpd.common.strictyaml) behind mcpd.yaml, users.yaml, grants and the
 linuxctl config; secure-file checks where the file is root's; one reload holder for users."""
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def test_file_authenticator_reloads_and_fails_closed(tmp_path: Path) -> None:
 
 
 def test_merge_keys_oversized_and_non_utf8_files_are_refused(tmp_path: Path) -> None:
-    from mcpd.helper.wire.strictyaml import MAX_CONFIG_BYTES, ConfigFileError, load_secure_yaml, parse_strict_yaml
+    from mcpd.common.strictyaml import load_secure_yaml, parse_strict_yaml
+    from mcpd.helper.wire.securefile import MAX_CONFIG_BYTES, ConfigFileError
 
     with pytest.raises(ConfigFileError, match=r"x:2: merge keys"):
         parse_strict_yaml("a: &a {b: 1}\nc: {<<: *a}\n", "x")

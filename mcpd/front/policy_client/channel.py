@@ -311,7 +311,7 @@ class PolicyChannel:
         for s in fds:
             s.close()
         if not reply.get("ok"):
-            raise ToolError.from_dict(reply.get("error")) if reply.get("error") else ToolError(
+            raise frames.reply_error(reply.get("error")) if reply.get("error") else ToolError(
                 PERMISSION_DENIED, "permission denied")
         return reply
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import socket
 
+from mcpd.common import frames
 from mcpd.front.policy_client.channel import PolicyChannel, PolicyUnavailable
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
 
@@ -37,7 +38,7 @@ class PolicySpawner:
             for s in socks:
                 s.close()
             if reply.get("error"):
-                raise ToolError.from_dict(reply["error"])
+                raise frames.reply_error(reply["error"])
             raise ToolError(INTERNAL_ERROR, "internal error")
         self._tokens[pid] = token
         return socks[0], pid

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from mcpd.common import frames, wirejson
-from mcpd.helper.wire.errors import ToolError, invalid_argument
+from mcpd.helper.wire.errors import invalid_argument
 
 log = logging.getLogger(__name__)
 
@@ -242,4 +242,4 @@ def reply_result(reply: dict[str, Any]) -> dict[str, Any]:
     if reply["ok"] is True:
         result: dict[str, Any] = reply["result"]
         return result
-    raise ToolError.from_dict(reply.get("error"))
+    raise frames.reply_error(reply.get("error"))

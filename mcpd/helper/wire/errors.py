@@ -53,18 +53,6 @@ class ToolError(Exception):
         """The wire shape ``{"code", "message", "details"}`` used in frames and ``structuredContent``."""
         return {"code": self.code, "message": self.message, "details": self.details}
 
-    @classmethod
-    def from_dict(cls, data: Any) -> ToolError:
-        """Rebuild an error from :meth:`to_dict`'s shape; anything malformed becomes ``INTERNAL_ERROR``."""
-        if not isinstance(data, dict):
-            return cls(INTERNAL_ERROR, "internal error")
-        code = data.get("code")
-        message = data.get("message")
-        details = data.get("details")
-        if code not in CODES or not isinstance(message, str) or not isinstance(details, dict):
-            return cls(INTERNAL_ERROR, "internal error")
-        return cls(str(code), message, **details)
-
     def __repr__(self) -> str:
         return f"ToolError({self.code}, {self.message!r}, {self.details!r})"
 
