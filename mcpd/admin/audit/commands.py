@@ -177,7 +177,8 @@ def verify(files: tuple[str, ...], access: bool, since_seq: int | None, logrotat
         history = History.of(paths, live if not files else None, logrotate_file)
         start = since_seq if since_seq is not None else history.accepted_start()
         lookup = Lookup(c.point.seq for c in claims or ())
-        verdict = verify_chain(lookup.watch(read_lines(paths)), head, start or 1)
+        lines = read_lines(paths)
+        verdict = verify_chain(lookup.watch(lines) if claims is not None else lines, head, start or 1)
     except (OSError, EOFError) as exc:
         click.echo(f"error: {printable(str(exc))}", err=True)
         sys.exit(1)

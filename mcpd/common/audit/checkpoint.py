@@ -102,14 +102,14 @@ class Checkpoints:
         """``count`` records were written, the last numbered ``seq`` with hash ``digest``: send a
         checkpoint now when one is due, else make sure the timer will. Never raises."""
         with self._cond:
-            now = self._clock()
-            if not self._uncovered:
+            now, first = self._clock(), not self._uncovered
+            if first:
                 self._since = now
             self._last, self._uncovered = (seq, digest), self._uncovered + count
             if self._uncovered >= self.records or now - self._since >= self.seconds:
                 self._emit()
-            elif self._timer and not self._closed:
-                self._arm()
+            elif first and self._timer and not self._closed:
+                self._arm()  # (a new deadline: later records keep it, and wake nobody)
 
     def poll(self) -> None:
         """Send a checkpoint when the oldest record not covered was written ``seconds`` ago or more."""
