@@ -35,6 +35,8 @@ Example (every key optional)::
     auth_cache_seconds: 30         # how long the front may reuse a helper-verified token when the helper is down
     audit_log: /var/log/mcpd/audit.jsonl
     access_log: /var/log/mcpd-front/access.jsonl   # the front's record of calls not sent to the helper
+    audit: {checkpoint_records: 100, checkpoint_seconds: 60,   # both chains' checkpoints: every N records or M s
+            syslog_socket: /dev/log}   # where their syslog copy goes ("": none; the journal copy goes too)
     state_dir: /var/lib/mcpd       # the front's state (0750 mcpd)
     helper_state_dir: /var/lib/mcpd-helper   # the root helper's state (0700 root): issued tokens
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536}
@@ -185,6 +187,21 @@ class Limits:
 
 
 @dataclasses.dataclass(frozen=True)
+class Audit:
+    """Checkpoints of both logs' chains (docs/REFERENCE.md §7.3): one after at most
+    ``checkpoint_records`` records (>= 1), and at most ``checkpoint_seconds`` (> 0, at most a day)
+    after a record; to the journal and to ``syslog_socket`` (an absolute path, or ``""``: no syslog copy)."""
+
+    checkpoint_records: int = 100
+    checkpoint_seconds: float = 60.0
+    syslog_socket: str = "/dev/log"
+
+    def writer_args(self) -> dict[str, Any]:
+        """The :class:`mcpd.common.audit.writer.AuditLog` arguments these settings mean."""
+        return {"checkpoints": (self.checkpoint_records, self.checkpoint_seconds), "syslog_socket": self.syslog_socket}
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """The whole daemon configuration; build it with :func:`load` or :func:`from_dict`."""
 
@@ -216,6 +233,7 @@ class Config:
     auth_cache_seconds: float = 30.0
     audit_log: str = _ROOT.audit_log
     access_log: str = _ROOT.access_log
+    audit: Audit = Audit()
     state_dir: str = _ROOT.state_dir
     helper_state_dir: str = _ROOT.helper_state_dir
     read: ReadLimits = ReadLimits()
@@ -313,7 +331,12 @@ def _check_ranges(cfg: Config) -> None:
                      "connections.max_per_address": cfg.connections.max_per_address,
                      "connections.max_header_bytes": cfg.connections.max_header_bytes,
                      "login.tokens_per_user": cfg.login.tokens_per_user, "login.in_flight": cfg.login.in_flight,
-                     "login.in_flight_per_address": cfg.login.in_flight_per_address})
+                     "login.in_flight_per_address": cfg.login.in_flight_per_address,
+                     "audit.checkpoint_records": cfg.audit.checkpoint_records})
+    if not 0 < cfg.audit.checkpoint_seconds <= 86400:
+        raise ConfigError("audit.checkpoint_seconds: must be more than 0 and at most 86400 (a day)")
+    if cfg.audit.syslog_socket and (not cfg.audit.syslog_socket.startswith("/") or "\0" in cfg.audit.syslog_socket):
+        raise ConfigError('audit.syslog_socket: must be an absolute path, or "" (no syslog copy)')
     c = cfg.connections
     if min(c.handshake_seconds, c.header_seconds, c.body_seconds, c.idle_seconds) <= 0:
         raise ConfigError("connections: every *_seconds must be positive")

@@ -67,13 +67,15 @@ class AccessLog:
         path: the access log file (created 0600 in a 0700 folder when missing; the folder must be
             writable by the front's account). Each record also goes to the journal, as
             ``mcpd-access``, where journald runs.
+        writer: more :class:`~mcpd.common.audit.writer.AuditLog` arguments (its checkpoints:
+            :meth:`mcpd.common.config.Audit.writer_args`).
 
     Raises:
         OSError: the file cannot be opened (the front refuses to start: calls must be recorded).
     """
 
-    def __init__(self, path: str) -> None:
-        self.log = AuditLog(path, ident="mcpd-access")
+    def __init__(self, path: str, writer: Mapping[str, Any] | None = None) -> None:
+        self.log = AuditLog(path, ident="mcpd-access", **(writer or {}))
 
     def call(self, principal: Principal, peer: str, session: str, tool: str, arguments: Any, started: float,
              stage: str, *, result: Mapping[str, Any] | None = None, error: ToolError | None = None,

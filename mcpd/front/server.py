@@ -151,7 +151,7 @@ class Server:
             dispatcher.limits = resources.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)
         if self.cfg.access_log:
             try:
-                dispatcher.access = resources.access = AccessLog(self.cfg.access_log)
+                dispatcher.access = resources.access = AccessLog(self.cfg.access_log, self.cfg.audit.writer_args())
             except OSError as exc:  # every call must leave a record: no log, no service
                 log.error("access_log: cannot open %s: %s (its folder must exist and be the service user's own, "
                           "0700: install -d -m 0700 -o %s %s)", self.cfg.access_log, exc, self.cfg.service_user,

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         service = pwd.getpwnam(cfg.service_user)
         state_fd = safe_folder(cfg.helper_state_dir, owner=os.geteuid(), create=False)
         os.close(safe_folder(os.path.dirname(cfg.audit_log), owner=os.geteuid(), create=False))
-        audit = AuditLog(cfg.audit_log, head_dir=state_fd)  # the chain's head: in its own state folder
+        audit = AuditLog(cfg.audit_log, head_dir=state_fd, **cfg.audit.writer_args())  # head: its own state folder
     except (config.ConfigError, KeyError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return config.EXIT_CONFIG

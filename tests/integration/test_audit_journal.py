@@ -1,71 +1,18 @@
 """Audit records reach the journal with structured fields (docs/REFERENCE.md §7; native journal protocol).
 
 The journal tests run a real systemd-journald of their own, in a journal namespace
-(``systemd-journald NS``: its socket is ``/run/systemd/journal.NS/socket``, read back with
-``journalctl --namespace=NS``), so they need no journald of the machine's and disturb none. Not
-root, they skip; as root, a machine without a systemd-journald binary fails them
-(``scripts/bootstrap.sh`` installs systemd).
+(:mod:`tests.support.journal`), so they need no journald of the machine's and disturb none.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import shutil
-import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from mcpd.common.audit.journal import journal_entry
 from mcpd.common.audit.writer import AuditLog
-from tests.support.rootonly import needs_root, root_prerequisite
-
-JOURNALD = next((p for p in ("/lib/systemd/systemd-journald", "/usr/lib/systemd/systemd-journald") if os.path.exists(p)),
-                None)
-
-
-@pytest.fixture()
-def journal() -> Iterator[tuple[str, str]]:
-    """(namespace, socket path) of a private journald, stopped and removed afterwards."""
-    needs_root("runs a journald of its own")
-    root_prerequisite(JOURNALD is not None and shutil.which("journalctl") is not None,
-                      "no systemd-journald on this machine: nothing to send records to")
-    ns = f"mcpdt{secrets.token_hex(4)}"
-    sock = f"/run/systemd/journal.{ns}/socket"
-    proc = subprocess.Popen([JOURNALD, ns], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 15
-        while not os.path.exists(sock):
-            assert proc.poll() is None and time.monotonic() < deadline, "journald did not start"
-            time.sleep(0.05)
-        yield ns, sock
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        machine = Path("/etc/machine-id").read_text().strip()
-        for leftover in (f"/run/systemd/journal.{ns}", f"/run/log/journal/{machine}.{ns}",
-                         f"/var/log/journal/{machine}.{ns}"):
-            shutil.rmtree(leftover, ignore_errors=True)
-
-
-def entries(ns: str, ident: str, count: int) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 15
-    while True:
-        out = subprocess.run(["journalctl", f"--namespace={ns}", "-o", "json", "--no-pager",
-                              f"SYSLOG_IDENTIFIER={ident}"], capture_output=True, text=True, timeout=30)
-        found = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
+from tests.support.journal import entries, journal  # noqa: F401 - journal: a fixture
 
 
 @pytest.mark.root

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mcpd.client.api import Client
+from mcpd.common.audit.head import Head, head_line
 from tests.support.privsep_fixture import PrivsepDaemon
 from tests.support.rootonly import root_prerequisite
 
@@ -72,3 +74,35 @@ def wait_for_record(d: PrivsepDaemon, match: Any, seconds: float = 15.0) -> dict
             return found[-1]
         assert time.monotonic() < deadline, "no such audit record"
         time.sleep(0.1)
+
+
+def rechain(path: Path, seq: int, old: bytes, new: bytes) -> None:
+    """Forge the log ``path`` as whoever can write it could: in record ``seq``, ``old`` becomes
+    ``new`` (the same length), and every later record's ``prev`` is recomputed, so the chain is
+    whole again (``mcpd audit verify`` of the file alone passes). Written in place."""
+    assert len(old) == len(new)
+    lines = path.read_bytes().splitlines(keepends=True)
+    prev = None
+    for i, line in enumerate(lines):
+        rec = json.loads(line)
+        if rec["seq"] == seq:
+            assert old in line
+            line = line.replace(old, new, 1)
+        elif prev is not None:
+            line = line.replace(rec["prev"].encode(), prev, 1)
+        if prev is not None or rec["seq"] == seq:
+            lines[i] = line
+            prev = hashlib.sha256(line).hexdigest().encode()
+    with open(path, "r+b") as f:
+        f.write(b"".join(lines))
+
+
+def forge_head(d: PrivsepDaemon) -> None:
+    """Rewrite the policy process's head state in place to name the audit log's last line as it
+    is now (what root, or the policy's account, could do after :func:`rechain`)."""
+    head_path = d.state_dir / "helper" / "audit.head"
+    head = Head.decode(head_path.read_bytes())
+    last = d.audit_path.read_bytes().splitlines(keepends=True)[-1]
+    with open(head_path, "r+b") as f:
+        f.write(head_line(head.log, head.seq, hashlib.sha256(last).hexdigest(), head.dev, head.ino, head.end,
+                          head.length))

@@ -8,12 +8,14 @@
   and ``refused_by_os`` too); ``--access`` reads the front's access log (the unprivileged route)
   instead of the policy process's audit log, whose view also shows the privileged calls only the front
   recorded; records out of order or repeated are a warning.
-* ``mcpd audit verify [--access] [--since-seq N] [--logrotate FILE] [FILE...]`` — checks the
-  hash chain (default: the audit log, or the access log, and its rotated files, oldest first)
+* ``mcpd audit verify [--access] [--since-seq N] [--logrotate FILE] [--checkpoints FILE] [FILE...]``
+  — checks the hash chain (default: the audit log, or the access log, and its rotated files, oldest first)
   from seq 1 and the audit log's end against its writer's head state: exit 0 and the record
   count when whole, else exit 1 listing every break (:func:`mcpd.admin.audit.verify.verify`); a
   history that does not begin at seq 1 passes only when logrotate's retention explains it
-  (:class:`mcpd.admin.audit.retention.History`) or ``--since-seq`` allows it.
+  (:class:`mcpd.admin.audit.retention.History`) or ``--since-seq`` allows it. ``--checkpoints
+  FILE``: and each checkpoint of the log in FILE (kept off the host) names a record read, with its
+  hash (:mod:`mcpd.admin.audit.checkpoints`); exit 2 when FILE is malformed.
 * ``mcpd audit replay [--since T] [--user U]`` — re-decides every past privileged call against
   today's grants and lists those whose outcome would now differ, with the rule deciding today.
 * ``mcpd grants at TIME`` (registered in the ``grants`` group) — the grants file in force at
@@ -36,6 +38,7 @@ from typing import Any
 
 import click
 
+from mcpd.admin.audit.checkpoints import CheckpointFileError, Claim, Lookup, compare, read_checkpoints
 from mcpd.admin.audit.filters import Filter, Order, last_records, parse_time
 from mcpd.admin.audit.loads import Load, loads
 from mcpd.admin.audit.logfiles import Line, follow_lines, read_lines, records, rotated_set
@@ -147,17 +150,22 @@ def tail(count: int, as_json: bool, user: str | None, decision: str | None, path
                    "the chain must still reach back to it")
 @click.option("--logrotate", "logrotate_file", default=LOGROTATE_FILE, show_default=True,
               type=click.Path(dir_okay=False), help="The logrotate file whose 'rotate N' says how many old files are kept")
+@click.option("--checkpoints", "checkpoints_file", default=None, type=click.Path(dir_okay=False),
+              help="Also prove the log matches these checkpoints a collector kept (journalctl -o json lines, "
+                   "syslog lines, or {\"log\", \"seq\", \"hash\"} JSON lines)")
 @_config_option
 def verify(files: tuple[str, ...], access: bool, since_seq: int | None, logrotate_file: str,
-           config_path: str | None) -> None:
+           checkpoints_file: str | None, config_path: str | None) -> None:
     """Prove the hash chain whole over FILEs, oldest first (default: the audit log, or with
     --access the access log, and its rotated files), from seq 1, and the audit log's end where its
     writer left it (its head state in helper_state_dir). Every break is listed (edited, deleted,
     reordered, repeated, truncated, lost, missing). A chain that does not begin at seq 1 fails,
     naming the records missing, unless logrotate's retention removed them (the files are numbered,
     and the logrotate file says how many it keeps) or --since-seq allows it. Exit 0 with the
-    record count, 1 when anything is wrong."""
+    record count, 1 when anything is wrong. With --checkpoints FILE, every checkpoint of this log
+    in FILE must name a record read, with its hash (2: FILE is malformed)."""
     cfg = _defaults(config_path)
+    claims = _read_claims(checkpoints_file) if checkpoints_file else None
     live = cfg.access_log if access else cfg.audit_log
     paths = list(files) or rotated_set(live)
     if not paths:
@@ -168,11 +176,13 @@ def verify(files: tuple[str, ...], access: bool, since_seq: int | None, logrotat
     try:
         history = History.of(paths, live if not files else None, logrotate_file)
         start = since_seq if since_seq is not None else history.accepted_start()
-        verdict = verify_chain(read_lines(paths), head, start or 1)
+        lookup = Lookup(c.point.seq for c in claims or ())
+        lines = read_lines(paths)
+        verdict = verify_chain(lookup.watch(lines) if claims is not None else lines, head, start or 1)
     except (OSError, EOFError) as exc:
         click.echo(f"error: {printable(str(exc))}", err=True)
         sys.exit(1)
-    if not os.path.exists(JOURNAL_SOCKET):
+    if claims is None and not os.path.exists(JOURNAL_SOCKET):
         click.echo("note: journald is not running on this host, so no copy of these records left it: a "
                    "consistent rewrite of the log and its head state (by root) cannot be seen here", err=True)
     span = "" if verdict.first_seq is None else f" (seq {verdict.first_seq}..{verdict.last_seq})"
@@ -187,6 +197,8 @@ def verify(files: tuple[str, ...], access: bool, since_seq: int | None, logrotat
         many = len(verdict.problems)
         click.echo(f"FAILED: {many} problem{'s' * (many > 1)} ({listed}); {verdict.count} records read{span}"
                    f"{'' if head is not None else note}")
+        if claims is not None:
+            _check_claims(claims, "mcpd-access" if access else "mcpd-audit", lookup, start or 1)
         sys.exit(1)
     begin = ""
     if since_seq is not None and verdict.first_seq not in (None, 1):
@@ -195,6 +207,43 @@ def verify(files: tuple[str, ...], access: bool, since_seq: int | None, logrotat
         begin = f"; {history.retention_words()}"
     old = f"; {verdict.unchained} older records before the chain began" if verdict.unchained else ""
     click.echo(f"OK: {verdict.count} records, chain whole{span}{begin}{old}{note}")
+    if claims is not None and not _check_claims(claims, "mcpd-access" if access else "mcpd-audit", lookup,
+                                                start or 1):
+        sys.exit(1)
+
+
+def _read_claims(path: str) -> list[Claim]:
+    """The checkpoints of ``path`` (:func:`~mcpd.admin.audit.checkpoints.read_checkpoints`); exit 2
+    naming the line when it is malformed, 1 when it cannot be read."""
+    try:
+        return read_checkpoints(path)
+    except CheckpointFileError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except OSError as exc:
+        click.echo(f"error: {printable(path)}: {printable(exc.strerror or str(exc))}", err=True)
+        sys.exit(1)
+
+
+def _check_claims(claims: list[Claim], log: str, lookup: Lookup, start: int) -> bool:
+    """Print how the log compares with the checkpoints of ``log`` in ``claims``; whether it matches all."""
+    out = compare(claims, log, lookup, start)
+    other = f"; {out.skipped} of other logs not checked" if out.skipped else ""
+    older = f"; {out.older} before the history kept (seq {start}) not checked" if out.older else ""
+    if out.failures:
+        click.echo(out.failures[0])
+        more = f" (and {len(out.failures) - 1} more)" if len(out.failures) > 1 else ""
+        click.echo(f"FAILED: checkpoints: the log does not match {len(out.failures)} of the checkpoints of {log}"
+                   f"{more}; {out.checked} match{other}{older}")
+        return False
+    if not out.checked:
+        click.echo(f"FAILED: checkpoints: none of {log} to check{other}{older}")
+        return False
+    tail = lookup.last_seq - out.last
+    after = f"; the {tail} records after it have no checkpoint yet" if tail > 0 else ""
+    click.echo(f"OK: checkpoints: {out.checked} of {log} match the log, the last covering seq {out.last}"
+               f"{after}{other}{older}")
+    return True
 
 
 def _head_of(cfg: Any, paths: list[str]) -> tuple[Head | None, str]:

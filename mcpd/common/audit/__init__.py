@@ -9,6 +9,7 @@ Used by the policy process (the audit log) and the front (the access log); ``mcp
 - :mod:`~mcpd.common.audit.head`: the chain's head file, outside the log;
 - :mod:`~mcpd.common.audit.alerts`: the rate limit on alerts;
 - :mod:`~mcpd.common.audit.journal`: the journal copy;
+- :mod:`~mcpd.common.audit.checkpoint`: checkpoints of the chain, to the journal and syslog;
 - :mod:`~mcpd.common.audit.writer`: :class:`~mcpd.common.audit.writer.AuditLog`, with its checks
   on start and before each record.
 """

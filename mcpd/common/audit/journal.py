@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import stat
+from typing import Any
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 
@@ -29,6 +30,12 @@ def journal_entry(line: str, ident: str) -> bytes:
     path = record.get("resolved_path") or record.get("requested_path")
     fields.update({"MCPD_PATH": path} if path else {})
     fields.update({f"MCPD_{k.upper()}": v for k, v in record.items() if v is not None})
+    return native_entry(fields)
+
+
+def native_entry(fields: dict[str, Any]) -> bytes:
+    """``fields`` (journal field name -> value; booleans as ``true``/``false``, others by ``str``)
+    in the native protocol's length-prefixed form: no newline in a value can forge a field."""
     out = bytearray()
     for key, value in fields.items():
         data = (str(value).lower() if isinstance(value, bool) else str(value)).encode()
@@ -50,8 +57,13 @@ class Journal:
 
     def send(self, line: str, ident: str) -> None:
         """Send the record ``line`` (:func:`journal_entry`); a journal busy or gone drops it."""
+        self.send_entry(journal_entry(line, ident))
+
+    def send_entry(self, entry: bytes) -> None:
+        """Send one entry already encoded (:func:`native_entry`), without waiting; a journal busy
+        or gone drops it."""
         try:
-            self.sock.sendto(journal_entry(line, ident), socket.MSG_DONTWAIT, self.path)
+            self.sock.sendto(entry, socket.MSG_DONTWAIT, self.path)
         except OSError:
             pass  # journald busy or gone: the file has the record
 

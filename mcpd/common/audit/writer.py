@@ -6,8 +6,8 @@ Each record is one ``write`` on a descriptor opened with ``O_APPEND`` (mode 0600
 others cannot write), under an exclusive ``flock``, so records never interleave; several
 adjacent records go in one ``write`` (:meth:`AuditLog.record_set`). Records are built by
 :mod:`~mcpd.common.audit.records`, chained by :mod:`~mcpd.common.audit.chain`, copied to the
-journal by :mod:`~mcpd.common.audit.journal`; alerts are limited by
-:mod:`~mcpd.common.audit.alerts`.
+journal by :mod:`~mcpd.common.audit.journal`, checkpointed off the host by
+:mod:`~mcpd.common.audit.checkpoint`; alerts are limited by :mod:`~mcpd.common.audit.alerts`.
 
 The checks this module holds: on start the chain resumes from the file's last line, or, when the
 file is empty, from the last line of ``FILE.1`` (the file logrotate just renamed), and the
@@ -45,6 +45,7 @@ from mcpd.common.audit.chain import (
     record_hash,
     tail_of,
 )
+from mcpd.common.audit.checkpoint import SYSLOG_SOCKET, Checkpoints
 from mcpd.common.audit.head import HEAD_FILE, Head, head_line, read_head
 from mcpd.common.audit.journal import JOURNAL_SOCKET, Journal
 from mcpd.common.audit.records import (
@@ -72,6 +73,9 @@ class AuditLog:
         head_dir: a descriptor of the writer's own state folder (0700), to keep the chain's head
             in (the file ``head_name``; :mod:`mcpd.common.audit.head`), or None to keep it in memory
             only.
+        checkpoints: ``(records, seconds)``, how often a checkpoint of the chain goes to the
+            journal and to syslog at ``syslog_socket`` (:mod:`mcpd.common.audit.checkpoint`; with
+            ``syslog`` only).
 
     On start, a log that does not end where the head says is one ``alert`` record, written at
     once.
@@ -84,7 +88,8 @@ class AuditLog:
 
     def __init__(self, path: str, syslog: bool = True, clock: Callable[[], float] = time.monotonic,
                  ident: str = "mcpd-audit", journal: str = JOURNAL_SOCKET, head_dir: int | None = None,
-                 head_name: str = HEAD_FILE) -> None:
+                 head_name: str = HEAD_FILE, checkpoints: tuple[int, float] = (100, 60.0),
+                 syslog_socket: str = SYSLOG_SOCKET) -> None:
         self.path, self._clock, self._abspath = path, clock, os.path.abspath(path)
         self._limit = AlertLimit(clock)
         folder = os.path.dirname(os.path.abspath(path))
@@ -98,7 +103,9 @@ class AuditLog:
         self._ident = ident
         self.started_fresh = False  # no head state, no record in the log or FILE.1: a new log
         self._head_fd = -1
-        self._journal: Journal | None = None
+        self._journal = Journal.at(journal) if syslog else None
+        self._checkpoints = Checkpoints(ident, self._abspath, *checkpoints, journal=self._journal,
+                                        syslog=syslog_socket) if syslog else None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
@@ -111,9 +118,11 @@ class AuditLog:
             os.close(self._fd)
             if self._head_fd >= 0:
                 os.close(self._head_fd)
+            if self._checkpoints is not None:
+                self._checkpoints.close()
+            if self._journal is not None:
+                self._journal.close()
             raise
-        if syslog:
-            self._journal = Journal.at(journal)
 
     def _open(self) -> int:
         flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY
@@ -428,6 +437,8 @@ class AuditLog:
         if self._journal is not None:
             for data in lines:
                 self._journal.send(data.decode("ascii").rstrip("\n"), self._ident)
+        if self._checkpoints is not None:
+            self._checkpoints.wrote(len(lines), seq, prev)
 
     def close(self) -> None:
         """Write the counts of alerts still held back, then close the file (idempotent)."""
@@ -439,6 +450,9 @@ class AuditLog:
             if self._head_fd >= 0:
                 os.close(self._head_fd)
                 self._head_fd = -1
+            if self._checkpoints is not None:
+                self._checkpoints.close()
+                self._checkpoints = None
             if self._journal is not None:
                 self._journal.close()
 
