@@ -1,7 +1,7 @@
 """``mcpd users sessions`` (list and revoke login tokens) and ``mcpd users unlock``
 (docs/REFERENCE.md §5.2, §5.3). Root only.
 
-Both work on the root helper's state folder (``helper_state_dir``, :mod:`mcpd.policy.login`): a
+Both work on the policy process's state folder (``helper_state_dir``, :mod:`mcpd.policy.login`): a
 login token is one file there, so revoking deletes it and the helper refuses the token on its next
 check (the front closes its sessions within a second); ``unlock`` edits ``lockout.json`` under the
 lock the helper takes for every attempt, like ``faillock --reset``.

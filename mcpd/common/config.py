@@ -31,14 +31,14 @@ Example (every key optional)::
     users_file: /etc/mcpd/users.yaml
     grants_file: /etc/mcpd/mcp-sudo.yaml
     helper_socket: /run/mcpd/helper.sock   # empty: no root helper (privileged → HELPER_UNAVAILABLE)
-    service_user: mcpd             # the only uid the root helper accepts on its socket (SO_PEERCRED)
-    auth_cache_seconds: 30         # how long the front may reuse a helper-verified token when the helper is down
+    service_user: mcpd             # the only uid the policy process accepts on the helper socket (SO_PEERCRED)
+    auth_cache_seconds: 30         # how long the front may reuse a token the policy process verified while it is down
     audit_log: /var/log/mcpd/audit.jsonl
-    access_log: /var/log/mcpd-front/access.jsonl   # the front's record of calls not sent to the helper
+    access_log: /var/log/mcpd-front/access.jsonl   # the front's record of calls not sent to the policy process
     audit: {checkpoint_records: 100, checkpoint_seconds: 60,   # both chains' checkpoints: every N records or M s
             syslog_socket: /dev/log}   # where their syslog copy goes ("": none; the journal copy goes too)
     state_dir: /var/lib/mcpd       # the front's state (0750 mcpd)
-    helper_state_dir: /var/lib/mcpd-helper   # the root helper's state (0700 root): issued tokens
+    helper_state_dir: /var/lib/mcpd-helper   # the policy process's state (0700 mcpd-policy): issued tokens
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536}
     workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64,
               spawn_burst: 16, spawns_per_second: 1,   # workers started per principal: a burst, then a rate
@@ -178,7 +178,7 @@ class UserLimits:
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """Per-principal limits: ``default`` tier, named ``tiers``, ``users`` (principal → tier name);
-    counters are saved every ``save_every`` requests and at shutdown (see ``mcpd/limits.py``)."""
+    counters are saved every ``save_every`` requests and at shutdown (see ``mcpd/front/limits.py``)."""
 
     default: UserLimits = UserLimits()
     tiers: dict[str, UserLimits] = dataclasses.field(default_factory=dict)

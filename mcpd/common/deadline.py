@@ -1,8 +1,9 @@
 """The one deadline rule of a call: how long the front, the policy process and a worker or walker
 wait for one call before it is ``TIMEOUT`` (docs/REFERENCE.md §2.5).
 
-Shared by the front (:mod:`mcpd.core.tools` re-exports it) and the policy process. It reads the
-call's raw or parsed arguments and never raises.
+Applied alike by the front (its worker pool, its wait on the policy process, a request's wait for
+room in its session) and the policy process. It reads the call's raw or parsed arguments and
+never raises.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ def deadline_seconds(args: dict[str, Any], default: float) -> float:
     """The deadline in seconds of one call with arguments ``args`` (raw or parsed).
 
     A call whose ``time_budget_seconds`` is a positive number (``files/find``) gets that
-    budget, at most :data:`BUDGET_MAX_SECONDS` (an infinite or huge one too), plus :data:`DEADLINE_MARGIN`, so the walk can stop
-    itself and answer before its process is killed; the result is never below ``default``
-    (``workers.timeout_seconds``; with 0, a call without a budget gets 0: "no deadline of its
-    own", which the front and the policy process then replace with their own default). Any
-    other value (absent, a bool, a string, zero, negative, NaN) counts as no budget: ``default``.
-    The cap comes before the conversion to float, so a huge integer never overflows.
+    budget, at most :data:`BUDGET_MAX_SECONDS` (an infinite or huge one too), plus
+    :data:`DEADLINE_MARGIN`, whether that is shorter or longer than ``default``: the walk stops
+    itself at its budget and answers before its process is killed, and a caller that asks for a
+    short budget wants a short wait. Any other call gets ``default`` (``workers.timeout_seconds``);
+    any other value (absent, a bool, a string, zero, negative, NaN) counts as no budget. The cap
+    comes before the conversion to float, so a huge integer never overflows.
     """
     budget = args.get("time_budget_seconds")
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
         return default
-    return max(default, float(min(budget, BUDGET_MAX_SECONDS)) + DEADLINE_MARGIN)
+    return float(min(budget, BUDGET_MAX_SECONDS)) + DEADLINE_MARGIN

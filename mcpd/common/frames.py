@@ -4,15 +4,19 @@ Everything of :mod:`mcpd.helper.wire.frames` (the format, blocking sends and rec
 re-exported here, so a front, policy or worker module imports one ``frames``. Added: reading
 frames through a buffer (:func:`take_frame`, :data:`READ_CHUNK`), the cap of a reply that carries
 file text (:func:`reply_cap`), a blocking receive that drops descriptors (:func:`recv_frame`),
+what a peer has not read yet (:func:`queued_bytes`),
 the error a refusal carries (:func:`reply_error`) and :func:`loads` with the number hooks the
 front parses a client's JSON with.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import socket
+import struct
+import termios
 from typing import Any
 
 from mcpd.helper.wire.errors import CODES, INTERNAL_ERROR, ToolError
@@ -33,6 +37,12 @@ from mcpd.helper.wire.frames import (  # noqa: F401 - the one wire format, re-ex
     use_codec,
 )
 from mcpd.helper.wire.frames import loads as _loads
+
+
+def queued_bytes(fd: int) -> int:
+    """Bytes written on the socket ``fd`` that its peer has not taken yet: unsent, or (TCP)
+    unacknowledged (``SIOCOUTQ``, one system call). Raises ``OSError`` (a closed descriptor)."""
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0" * 4))[0])
 
 
 def reply_error(data: Any) -> ToolError:

@@ -24,16 +24,6 @@ import magic
 from mcpd.core import magicdb
 from mcpd.helper.wire.errors import ENCODING_ERROR, ToolError
 
-#: Accepted values of the ``encoding`` argument → the Python codec used without a BOM.
-ENCODINGS: dict[str, str] = {
-    "utf-8": "utf-8",
-    "ascii": "ascii",
-    "latin-1": "latin-1",
-    "cp1252": "cp1252",
-    "utf-16": "utf-16-le",
-    "auto": "auto",
-}
-
 # UTF-32 LE first: its BOM begins with the UTF-16 LE one.
 _BOMS: tuple[tuple[bytes, str], ...] = (
     (codecs.BOM_UTF32_LE, "utf-32-le"),

@@ -26,6 +26,7 @@ from typing import Any
 
 from mcpd.common.config import ReadLimits
 from mcpd.core import textdecode, textmeta
+from mcpd.core.tools._schemas import ENCODINGS
 from mcpd.helper.wire.errors import BINARY_FILE, FILE_TOO_LARGE, LINE_TOO_LONG, RANGE_OUT_OF_BOUNDS, ToolError
 
 CHUNK = 1024 * 1024  # bytes per pread
@@ -415,7 +416,7 @@ def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]
     bom_codec, bom = textdecode.sniff_bom(head)
     requested = args.get("encoding") or "utf-8"
     args = {**args, "encoding": requested}
-    codec = bom_codec or textdecode.ENCODINGS[requested]
+    codec = bom_codec or ENCODINGS[requested]
     exempt = (bom_codec is not None and textdecode.is_wide(bom_codec)) or requested == "utf-16"
     if b"\0" in head and not exempt:
         raise ToolError(BINARY_FILE, "cannot read binary file")

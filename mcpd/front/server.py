@@ -140,7 +140,7 @@ class Server:
         authenticator, spawner, channel = _backends(self.cfg)
         pool = WorkerPool(spawner, self.cfg)
         backend: PrivilegedBackend = Unavailable() if channel is None else \
-            PolicyBackend(channel, pool, timeout=self.cfg.workers.timeout_seconds + 5,
+            PolicyBackend(channel, pool, timeout=self.cfg.workers.timeout_seconds,
                           per_principal=self.cfg.max_privileged_per_principal)
         resources = FileResources(pool, backend, self.cfg.workspaces, self.cfg.default_workspace)
         dispatcher = Dispatcher(pool, backend, resources=resources, tool_names=self.cfg.tool_names)

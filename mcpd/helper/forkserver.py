@@ -11,7 +11,7 @@ requests from the helper over a socketpair, one at a time:
   reach of the account's other processes until it has made itself non-dumpable (the ptrace check
   wants the caller's gid to equal the target's real, effective and saved gids at once; an
   ``exec`` with equal ids would make it dumpable again); the worker then takes the account's gid
-  back (docs/PRIVSEP.md, "A worker's start").
+  back (docs/PRIVSEP.md, rule 5: a worker's start).
 - ``walk``: a walker for one privileged files/list or files/find. The child keeps only its
   channel (fd 3), drops to the walker account (:data:`mcpd.common.config.WALK_USER`, no groups)
   keeping CAP_DAC_READ_SEARCH alone (:func:`drop_to_walker`), and execs ``python -I -m

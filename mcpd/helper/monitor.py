@@ -37,7 +37,7 @@ from mcpd.helper.wire import frames, opener, requests
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
 from mcpd.helper.wire.pathmatch import clean_path
 from mcpd.helper.wire.requests import Key, Request, SchemaError
-from mcpd.helper.wire.rootconf import POLICY_USER, WALK_USER, RootSettings, plain_ids
+from mcpd.helper.wire.rootconf import POLICY_USER, WALK_USER, RootSettings, covered, plain_ids
 
 log = logging.getLogger("mcpd.helper")
 CHANNELS = 24  # socketpairs to the policy process: its threads that ask root (calls, logins, spawns, checks)
@@ -78,7 +78,7 @@ class Monitor:
     def __init__(self, forks: ForkServer, settings: RootSettings, config_path: str) -> None:
         self.forks, self.settings = forks, settings
         self.files = frozenset({config_path, settings.users_file, settings.grants_file})
-        self.private = tuple({q for p in settings.private(config_path) if p for q in (p, os.path.realpath(p))})
+        self.private = tuple({q for p in settings.private(config_path) for q in (p, os.path.realpath(p) + p[len(p.rstrip("/")):])})
         self.daemon = frozenset({settings.service_user, POLICY_USER, WALK_USER})
         accounts = [pwd.getpwnam(name) for name in self.daemon]  # (main checked that they exist)
         self.daemon_ids = ({a.pw_uid for a in accounts}, {a.pw_gid for a in accounts})  # uids, gids
@@ -108,7 +108,7 @@ class Monitor:
         where = opener.place(fd, table := self.mounts())
         if opener.of_a_process(where):
             return opener.PROCESS
-        secret = opener.fd_path(fd).startswith(self.private) or self.secret(where, table, self.places(table))
+        secret = covered(opener.fd_path(fd), self.private) or self.secret(where, table, self.places(table))
         return "daemon secret" if secret else None
 
     def mounts(self) -> opener.Mounts:
@@ -129,15 +129,16 @@ class Monitor:
         secret not created yet is covered too); for a TLS key that is a symlink, the whole folder
         of the file it leads to (a certbot archive holds the earlier and the next keys there)."""
         at = functools.cache(lambda path: opener.place_of(path, table))
-        found = {(w[0], w[1].rstrip("/") + tail) for p in self.private
-                 for w, tail in ((at(p), ""), (at(os.path.dirname(p)), "/" + os.path.basename(p))) if w is not None}
+        found = {(w[0], w[1].rstrip("/") + tail + p[len(p.rstrip("/")):]) for p in self.private  # (a folder keeps its "/")
+                 for w, tail in ((at(p), ""), (at(os.path.dirname(p.rstrip("/"))), "/" + os.path.basename(p.rstrip("/"))))
+                 if w is not None}
         key = at(self.settings.tls_key) if os.path.islink(self.settings.tls_key) else None
-        return found | ({(key[0], os.path.dirname(key[1]))} if key else set())
+        return found | ({(key[0], os.path.dirname(key[1]) + "/")} if key else set())
 
     def secret(self, where: opener.Place, table: opener.Mounts, places: set[tuple[str, str]]) -> bool:
         """Whether the place ``where`` starts with one of ``places`` (:meth:`places`), or lies on an
         overlay one of whose layers starts with one, holds one, or cannot be found."""
-        if any(where[0] == fs and where[1].startswith(prefix) for fs, prefix in places):
+        if any(where[0] == fs and covered(where[1], (prefix,)) for fs, prefix in places):
             return True
         layers = [opener.place_of(p, table) if p.startswith("/") else None for p in opener.layers(where, table)]
         return any(w is None or self.secret(w, table, places) or any(

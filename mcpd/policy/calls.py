@@ -19,13 +19,10 @@ import contextlib
 import dataclasses
 import datetime
 import errno
-import fcntl
 import logging
 import os
 import pwd
 import socket
-import struct
-import termios
 import time
 from typing import Any
 
@@ -59,10 +56,11 @@ from mcpd.policy.workers import (
 
 log = logging.getLogger("mcpd.policy")
 
+
 def _deadline(args: dict[str, Any], default: float) -> float:
-    """A call's own deadline (:func:`~mcpd.common.deadline.deadline_seconds`: a find's capped
-    budget plus the margin), else ``default`` (``workers.timeout_seconds``)."""
-    return deadline_seconds(args, 0.0) or default
+    """A call's deadline: :func:`~mcpd.common.deadline.deadline_seconds` of ``args`` and ``default``
+    (``workers.timeout_seconds``), as the front computes it."""
+    return deadline_seconds(args, default)
 
 
 def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
@@ -238,7 +236,7 @@ def _pass(state: State, w: Worker, frame: dict[str, Any], fds: list[int]) -> Non
     data = frames.encode(frame)
     why = "it did not read its control socket"
     try:
-        if struct.unpack("i", fcntl.ioctl(w.ctl.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0] == 0:
+        if frames.queued_bytes(w.ctl.fileno()) == 0:
             rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
             if w.ctl.sendmsg([data], rights, socket.MSG_DONTWAIT) == len(data):
                 return

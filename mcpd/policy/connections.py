@@ -154,9 +154,9 @@ class Connection:
                 if not slot.acquire(blocking=False):
                     if entry.name == "privileged_call":  # received, so recorded here (the front does not)
                         self.state.audit.record("reject", tool=req["op"], route="privileged", session=req["session"],
-                                                peer=req["peer"], decision="reject", reason="the helper is busy",
+                                                peer=req["peer"], decision="reject", reason="the policy process is busy",
                                                 outcome=HELPER_UNAVAILABLE)
-                    self.reply(req["id"], {"ok": False, "error": ToolError(HELPER_UNAVAILABLE, "the helper is busy", reason="busy").to_dict()})
+                    self.reply(req["id"], {"ok": False, "error": ToolError(HELPER_UNAVAILABLE, "the policy process is busy", reason="busy").to_dict()})
                     continue
                 if cls == "call":  # on this thread: no hand-over on the privileged route's critical path
                     self._run(entry, req, slot)
@@ -205,7 +205,7 @@ def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[]
             continue
         pid, uid, _ = peer_credentials(conn)
         if uid != service_uid or not slots.acquire(blocking=False):
-            why = "too many helper connections" if uid == service_uid else "connection from a uid other than the service user"
+            why = "too many connections to the policy process" if uid == service_uid else "connection from a uid other than the service user"
             state.audit.record("alert", peer=f"pid={pid} uid={uid}", reason=why)
             conn.close()
             continue
@@ -223,6 +223,6 @@ def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[]
         except RuntimeError:  # no thread to start (the unit's TasksMax): refuse this one, serve on
             slots.release()
             conn.close()
-            state.audit.record("alert", peer=f"pid={pid} uid={uid}", reason="no thread for a new helper connection")
+            state.audit.record("alert", peer=f"pid={pid} uid={uid}", reason="no thread for a new connection to the policy process")
     for pool, _ in pools.values():
         pool.shutdown(wait=False, cancel_futures=True)

@@ -104,7 +104,7 @@ class Issued:
 
 
 class Store:
-    """Login tokens in the helper's state folder (see the module docstring); thread-safe.
+    """Login tokens in the policy process's state folder (see the module docstring); thread-safe.
 
     Args:
         dirfd: the folder, opened ``O_RDONLY|O_DIRECTORY`` (``main.root_folder``).
@@ -196,7 +196,7 @@ class Store:
 
 
 class Login:
-    """The helper's login service (see the module docstring).
+    """The policy process's login service (see the module docstring).
 
     Args:
         cfg: ``login`` of mcpd.yaml (PAM service, lockout numbers, answer time, in-flight limit).

@@ -21,7 +21,6 @@ PAM module that hangs) holds its channel and its root thread, and nothing else:
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import os
@@ -32,6 +31,7 @@ from typing import Any
 
 from mcpd.common import frames
 from mcpd.common.filesig import Signature
+from mcpd.common.inflight import InFlight
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, ToolError
 
 log = logging.getLogger("mcpd.policy")
@@ -67,7 +67,7 @@ class RootClient:
         for n, sock in enumerate(channels):
             frames.limit_sends(sock, frames.SEND_SECONDS)  # root reads each request at once
             self._free[n < RESERVED].put(sock)
-        self._opens: collections.Counter[str] = collections.Counter()  # principal -> opens in flight ("" all)
+        self._opens = InFlight(OPENS_EACH, OPENS)  # opens in flight, per principal and in all
         self._slots = threading.Condition()
         #: channels whose reply is late: fd -> (channel, request id, its pool, the principal of an open)
         self._late: dict[int, tuple[socket.socket, int, queue.LifoQueue[socket.socket], str | None]] = {}
@@ -78,15 +78,14 @@ class RootClient:
         """Count an open for principal ``who`` in flight, waiting (at most :data:`OPEN_WAIT_SECONDS`)
         while it or everyone has as many as allowed."""
         with self._slots:
-            if not self._slots.wait_for(lambda: self._opens[who] < OPENS_EACH and self._opens[""] < OPENS,
-                                        OPEN_WAIT_SECONDS):
+            if not self._slots.wait_for(lambda: self._opens.over(who) is None, OPEN_WAIT_SECONDS):
                 raise ToolError(HELPER_UNAVAILABLE, "too many privileged opens in flight", reason="busy")
-            self._opens.update((who, ""))
+            self._opens.add(who)
 
     def _open_done(self, who: str | None) -> None:
         if who is not None:
             with self._slots:
-                self._opens.subtract((who, ""))
+                self._opens.release(who)
                 self._slots.notify_all()
 
     def _reclaim(self) -> None:

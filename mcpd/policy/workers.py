@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import fcntl
 import os
 import pwd
 import resource
 import select
 import socket
 import stat
-import struct
-import termios
 import threading
 
 from mcpd.common import frames, identity
@@ -118,7 +115,7 @@ def _outq(sock: socket.socket) -> int:
     socket: 0). A message's descriptors stay in flight, counted against this account, until the
     peer reads the message (not a peek) or the last holder of the peer end closes it."""
     try:
-        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0])
+        return frames.queued_bytes(sock.fileno())
     except (OSError, ValueError):
         return 0
 
@@ -164,7 +161,7 @@ def untaken(state: State, owner: tuple[str, str] | None = None, calling: Worker 
     return count
 
 
-def kill_worker(state: State, w: Worker, reason: str = "helper stopping", token_id: str | None = None) -> None:
+def kill_worker(state: State, w: Worker, reason: str = "the daemon stopping", token_id: str | None = None) -> None:
     """SIGKILL worker ``w`` (root does, through its pidfd), wait (at most 5 s) until it is gone, forget it; one
     audit ``kill`` record saying why (``reason``) and, when asked by the front, with ``token_id``. Nothing
     when another request or the reaper has already forgotten it."""

@@ -14,7 +14,7 @@ parses and checks ``args`` with the tool's own ``parse_args`` (so both routes an
 codes, ``INVALID_ARGUMENT`` included), walks with :mod:`mcpd.core.walk` (names and ``lstat``
 only, never a byte of content), shows an entry only when the same grants allow it for the same
 principal (the secrets never are), sends one reply frame ``{"ok": true, "result": RAW}`` or
-``{"ok": false, "error": {...}}`` and exits. The helper SIGKILLs it at the call's deadline.
+``{"ok": false, "error": {...}}`` and exits. The policy process has root SIGKILL it at the call's deadline.
 
 The grants judge the path asked; the secrets and processes are judged by the object actually
 opened (:class:`Objects`): every folder the walk opens and every entry it shows is taken as
@@ -50,7 +50,7 @@ from mcpd.helper.wire import opener
 from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
 
 REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and its rules (from a grants file of at most 1 MiB)
-READ_SECONDS = 5.0  # the helper sends the request as soon as the walker exists
+READ_SECONDS = 5.0  # the policy process sends the request as soon as the walker exists
 OPS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any], dict[str, Any]]]] = {  # op -> (walk, parse)
     "files/list": (walk.walk_list, walk.parse_list_args), "files/find": (walk.walk_find, walk.parse_find_args)}
 _PR_SET_DUMPABLE = 4

@@ -7,7 +7,7 @@ tokens. Started by root's fork server for the policy process (``--ctl``: its con
 the policy process), it then tells the policy process it is hardened:
 one frame ``{"ready": true}`` on its control socket with a descriptor of its own
 ``/proc/self/status``, which the policy process reads to check it before it passes the worker a
-descriptor (docs/PRIVSEP.md, "A worker's start").
+descriptor (docs/PRIVSEP.md, rule 5: a worker's start).
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ def test_spawns_exits_kills_and_an_alert_flood_are_recorded(privsep_daemon: Priv
         recs = [r for r in d.audit() if r["seq"] > seq]
         flood_recs = [r for r in recs if r["event"] == "alert" and r["reason"] == new[0]["reason"]]
         assert sum(r.get("suppressed", 1) for r in flood_recs) == flood
-        killed = {r["pid"] for r in recs if r["event"] == "kill" and r["reason"] == "helper stopping"}
+        killed = {r["pid"] for r in recs if r["event"] == "kill" and r["reason"] == "the daemon stopping"}
         assert live and live <= killed
         assert mcpd("audit", "verify", "--config", str(d.config_path)).returncode == 0
     finally:

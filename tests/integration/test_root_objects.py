@@ -178,6 +178,29 @@ def test_root_refuses_the_secrets_by_object_through_bind_mounts_and_symlinks(ext
         os.close(fds[0])
 
 
+def test_a_folder_named_like_a_secret_folder_is_no_secret(everywhere: PrivsepDaemon) -> None:
+    """A secret folder ``D`` covers ``D`` and what is in it, not ``D-old`` beside it: root and the
+    policy process judge alike, so a grant covering ``D-old/x`` reads it (root once refused it by
+    the string prefix while ``mcpd grants test`` said it would open)."""
+    d = everywhere
+    for name in ("audit", "tls", "helper"):
+        assert (d.state_dir / name).is_dir(), name
+    made = [d.state_dir / f"{name}-old" for name in ("audit", "tls", "helper")]
+    try:
+        for folder in made:
+            folder.mkdir()
+            (folder / "x.txt").write_text(f"not a secret: {folder.name}\n")
+        for folder in made:
+            assert call(d, "files/read", path=str(folder / "x.txt")) == {"text": f"not a secret: {folder.name}\n"}
+        (d.state_dir / "audit" / "x.txt").write_text("inside the audit folder\n")
+        assert refused(call(d, "files/read", path=str(d.state_dir / "audit" / "x.txt")))
+    finally:
+        (d.state_dir / "audit" / "x.txt").unlink(missing_ok=True)
+        for folder in made:
+            (folder / "x.txt").unlink(missing_ok=True)
+            folder.rmdir()
+
+
 # -- item 4: privileged list and find judge the real object ----------------------------------------
 
 

@@ -1,6 +1,6 @@
 """The one deadline rule of a call (:func:`mcpd.common.deadline.deadline_seconds`), as the front
-and the policy process both apply it: a find's time budget plus a margin, capped, never below
-the default, and the default for anything that is not a positive number."""
+and the policy process both apply it: a find's time budget plus a margin, capped, shorter or
+longer than the default, and the default for anything that is not a positive number."""
 
 from __future__ import annotations
 
@@ -23,13 +23,14 @@ def test_anything_but_a_positive_number_is_no_budget(budget: Any) -> None:
 @pytest.mark.parametrize("budget", [10**400, math.inf, 61, 1e308])
 def test_a_huge_or_infinite_budget_is_capped_without_overflow(budget: Any) -> None:
     assert deadline_seconds({"time_budget_seconds": budget}, 0.0) == BUDGET_MAX_SECONDS + DEADLINE_MARGIN
-    assert deadline_seconds({"time_budget_seconds": budget}, 100.0) == 100.0
+    assert deadline_seconds({"time_budget_seconds": budget}, 100.0) == BUDGET_MAX_SECONDS + DEADLINE_MARGIN
 
 
-def test_a_budget_adds_the_margin_and_never_goes_below_the_default() -> None:
+def test_a_budget_adds_the_margin_in_place_of_the_default() -> None:
     assert deadline_seconds({"time_budget_seconds": 10}, 0.0) == 10 + DEADLINE_MARGIN
     assert deadline_seconds({"time_budget_seconds": 2.5}, 0.0) == 2.5 + DEADLINE_MARGIN
-    assert deadline_seconds({"time_budget_seconds": 10}, 30.0) == 30.0  # never below the default
+    assert deadline_seconds({"time_budget_seconds": 10}, 30.0) == 10 + DEADLINE_MARGIN  # shorter: the budget's
+    assert deadline_seconds({"time_budget_seconds": 50}, 30.0) == 50 + DEADLINE_MARGIN  # longer: the budget's
 
 
 def test_there_is_one_rule_and_its_cap_is_the_walks() -> None:

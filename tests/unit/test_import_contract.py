@@ -7,7 +7,8 @@ parser or web stack); the wire layer nothing of mcpd outside it; the policy proc
 ``mcpd.common`` and the wire layer; the walker of privileged list/find (``mcpd.walker``) only
 ``mcpd.common``, the wire layer (the opener among it), ``mcpd.core.walk`` and the grant matcher;
 ``core`` imports only ``common``; ``common`` imports none of the others;
-``worker`` only ``common`` and ``core``; the front and the client never import root-side code;
+``worker`` only ``common`` and ``core``; the front and the client never import root-side code, and the front loads no content parser
+(libmagic, charset-normalizer) and no PAM, nor does the policy process load PAM;
 ``mcpd dev``'s modules import one way (devmode, devroot, devsupervisor, devstate and devstop).
 """
 

@@ -1,4 +1,4 @@
-"""The root helper's login state (docs/REFERENCE.md §5.2, §5.3; mcpd/helper/login.py), as root in a real folder.
+"""The policy process's login state (docs/REFERENCE.md §5.2, §5.3; mcpd/policy/login.py), as root in a real folder.
 
 Token store: one root 0600 file per token, the per-account cap, revocation, the ``reauth_after:
 0`` compare-and-set raced by threads, symlinks and foreign files refused. Lockout: counted before
@@ -30,7 +30,7 @@ from mcpd.policy import login as login_module
 from mcpd.policy.login import LOCKOUT_FILE, Login, Store, unlock
 from tests.support.osaccounts import AccountFactory, os_accounts  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the helper's state folder must be root's")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the state folder's owner is checked as root")
 
 CFG = LoginConfig(answer_seconds=0.0, max_failures=3, lockout_seconds=60, free_failures=1, base_delay_seconds=0.5,
                   max_delay_seconds=2.0, in_flight_per_address=2)

@@ -14,7 +14,7 @@ from mcpd.core.tools import files_filetype, files_find, files_list, files_read
 
 
 class ToolModule(Protocol):
-    """The shape every ``mcpd/tools/<tool>.py`` module has."""
+    """The shape every ``mcpd/core/tools/<tool>.py`` module has."""
 
     NAME: str
     DESCRIPTION: str

@@ -9,6 +9,16 @@ from typing import Any
 
 from mcpd.common.validate import PATH_MAX
 
+#: Accepted values of ``files/read``'s ``encoding`` argument (:mod:`mcpd.core.textdecode` decodes) → the Python codec used without a BOM.
+ENCODINGS: dict[str, str] = {
+    "utf-8": "utf-8",
+    "ascii": "ascii",
+    "latin-1": "latin-1",
+    "cp1252": "cp1252",
+    "utf-16": "utf-16-le",
+    "auto": "auto",
+}
+
 PATH_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": PATH_MAX}
 PRIVILEGED_SCHEMA: dict[str, Any] = {
     "type": "boolean",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcpd.common.validate import check_bool, check_choice, check_int, check_object, check_path
-from mcpd.core.textdecode import ENCODINGS
+from mcpd.core.tools._schemas import ENCODINGS
 
 NAME = "files/read"
 

@@ -7,15 +7,14 @@ sizes every writer of a large event or answer keeps to (:data:`PIECE`, :data:`UN
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
-import struct
-import termios
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from mcpd.common import frames
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +257,7 @@ class ConnectionOffer:
             return 0
         sock = live.transport.get_extra_info("socket")
         try:
-            queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+            queued = frames.queued_bytes(sock.fileno())
         except (AttributeError, OSError):  # (no socket: closed)
             return 0
         return int(queued) + int(live.transport.get_write_buffer_size())

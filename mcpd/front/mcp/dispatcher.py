@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mcpd.common.deadline import deadline_seconds
 from mcpd.common.identity import Principal
 from mcpd.core.tools import TOOLS, ToolModule, by_any_name, portable_name
 from mcpd.front.access import AccessLog, Call
@@ -190,7 +189,7 @@ class Dispatcher:
                 else:
                     call.stage = "unprivileged"
                     call.result = await self.pool.call(
-                        c.principal.os_user, tool.NAME, args, timeout=deadline_seconds(args, 0.0) or None,
+                        c.principal.os_user, tool.NAME, args,
                         on_progress=ctx.progress if ctx.progress_token is not None else None,
                         token=c.token, owner=c.principal.name,
                     )

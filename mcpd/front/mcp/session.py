@@ -95,8 +95,9 @@ def heavy(msg: Any) -> bool:
 
 def admit_seconds(msg: Any, default: float) -> float:
     """How long a request may wait for room: its own deadline
-    (:func:`~mcpd.common.deadline.deadline_seconds`: ``default``, or a find's time budget, at most
-    :data:`~mcpd.common.deadline.BUDGET_MAX_SECONDS`, plus the margin), read from its raw arguments."""
+    (:func:`~mcpd.common.deadline.deadline_seconds`: a find's time budget, at most
+    :data:`~mcpd.common.deadline.BUDGET_MAX_SECONDS`, plus the margin, else ``default``), read
+    from its raw arguments."""
     params = msg.get("params") if isinstance(msg, dict) else None
     args = params.get("arguments") if isinstance(params, dict) else None
     return deadline_seconds(args, default) if isinstance(args, dict) else default

@@ -41,7 +41,8 @@ class PolicyBackend:
     Args:
         channel: the channel to the policy process.
         pool: the worker pool; a content call runs in a worker of the caller's, lent by the pool.
-        timeout: seconds to wait for the policy process's answer (its deadline plus margin).
+        timeout: a call's default deadline (``workers.timeout_seconds``); the front waits for the
+            policy process's answer one margin past the call's deadline by the one rule.
         per_principal: privileged calls one principal may have in flight at once (docs/REFERENCE.md §1.7),
             so no principal takes the policy process's capacity from the others; beyond it ``RATE_LIMITED``.
     """
@@ -81,7 +82,8 @@ class PolicyBackend:
                                "op": op, "args": args}
         if cap is not None:
             req["cap"] = cap
-        timeout = max(self._timeout, deadline_seconds(args, 0.0) + 2 * DEADLINE_MARGIN)
+        # the policy process's deadline for the call, by the one rule, plus a margin: its TIMEOUT comes first
+        timeout = deadline_seconds(args, self._timeout) + DEADLINE_MARGIN
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         walk = op in ("files/list", "files/find")

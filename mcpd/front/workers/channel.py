@@ -142,7 +142,7 @@ class WorkerChannel(asyncio.Protocol):
 
 
 async def read_reply_frame(channel: WorkerChannel, cap: int) -> dict[str, Any] | None:
-    """One reply (or progress) frame from a worker: :func:`mcpd.helper.wire.frames.recv_frame`'s format,
+    """One reply (or progress) frame from a worker: :func:`mcpd.common.frames.recv_frame`'s format,
     parsed with :func:`mcpd.common.wirejson.loads`. A reply marked ``"text_frame": true`` (see
     ``mcpd.worker.main.send_reply``) is followed by a frame of raw UTF-8 that becomes its
     ``result["text"]``.

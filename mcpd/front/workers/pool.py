@@ -23,6 +23,7 @@ from typing import Any
 
 from mcpd.common import frames
 from mcpd.common.config import Config
+from mcpd.common.deadline import deadline_seconds
 from mcpd.common.inflight import InFlight
 from mcpd.front import metrics
 from mcpd.front.workers.accounts import Account, Accounts, Worker
@@ -135,8 +136,9 @@ class WorkerPool:
         Args:
             os_user: the OS account whose rights the worker has.
             op: an op name (``"files/read"``); args: its JSON-serialisable arguments.
-            timeout: seconds for the whole call (queueing, spawning, running); default
-                ``workers.timeout_seconds``.
+            timeout: seconds for the whole call (queueing, spawning, running); default the
+                call's deadline (:func:`~mcpd.common.deadline.deadline_seconds` of ``args`` and
+                ``workers.timeout_seconds``).
             on_progress: awaited with ``(done, total | None, message)`` for each progress frame
                 the op sends (``files/find``); ``None``: the worker is not asked for progress.
             token: the caller's bearer token, handed to the spawner. The call runs only on a
@@ -173,7 +175,7 @@ class WorkerPool:
         self, os_user: str, op: str, args: dict[str, Any], timeout: float | None, on_progress: ProgressCallback | None,
         token: str, owner: str | None,
     ) -> dict[str, Any]:
-        limit = self._cfg.workers.timeout_seconds if timeout is None else timeout
+        limit = deadline_seconds(args, self._cfg.workers.timeout_seconds) if timeout is None else timeout
         encoded = encode_args(op, args)  # once per call, size checked before any worker is taken
         deadline = asyncio.get_running_loop().time() + limit
         principal = os_user if owner is None else owner

@@ -18,7 +18,7 @@ POLICY_USER = "mcpd-policy"  # the account of the policy process: tokens, grants
 DEV_TOKEN_FILE = "dev-token"  # the development mode's plain token, in ``state_dir``: a secret, never served
 #: the real gid a worker starts with ("nogroup"), its account's gid being its effective and saved
 #: gid: no process of the account matches its credentials until it is non-dumpable (docs/PRIVSEP.md,
-#: "A worker's start"); an account in this group gets no worker
+#: rule 5: a worker's start); an account in this group gets no worker
 WORKER_START_GID = 65534
 NO_ID = 0xFFFFFFFF  # (uid_t) -1: setresuid() and setresgid() take it as "leave this id as it is"
 
@@ -49,8 +49,9 @@ class RootSettings:
     per_account: int = 4  # workers.per_account: root's own bound on one account's workers is 4 times it
 
     def private(self, config_path: str) -> tuple[str, ...]:
-        """The daemon's own secrets root refuses to open whatever it is asked, as path prefixes (so
-        ``F~``, ``F.1`` and everything in a folder go too), the same set as the policy's fixed deny
+        """The daemon's own secrets root refuses to open whatever it is asked, as path prefixes for
+        :func:`covered` (a file ``F`` as ``F``, so ``F~`` and ``F.1`` go too; a folder ``D`` as ``D/``,
+        so ``D`` and everything in it go, ``D-other`` not), the same set as the policy's fixed deny
         (:func:`mcpd.policy.grants.secret_paths`): the config, users and grants files, the audit
         and access logs, the TLS key, the CA key beside it and the development mode's plain token,
         each file ``F`` also as ``.F`` in its folder (editor swap files); the policy's state
@@ -63,7 +64,12 @@ class RootSettings:
                    audit_dir if self.audit_log and os.path.basename(audit_dir) in ("mcpd", "audit") else "",
                    key_dir if os.path.basename(key_dir) == "tls" else ""]
         dots = [os.path.join(os.path.dirname(f), "." + os.path.basename(f)) for f in files if f]
-        return tuple(p for p in files + dots + folders if os.path.isabs(p))  # an empty setting names nothing
+        return tuple([p for p in files + dots if os.path.isabs(p)] + [f.rstrip("/") + "/" for f in folders if os.path.isabs(f)])
+
+
+def covered(path: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether ``path`` is at or below one of ``prefixes`` (:meth:`RootSettings.private`'s form)."""
+    return path.startswith(prefixes) or (path + "/").startswith(prefixes)
 
 
 def root_settings(data: Any, config_path: str) -> RootSettings:
