@@ -41,7 +41,7 @@ from mcpd.admin.certs import describe
 from mcpd.common.audit.chain import chain_after
 from mcpd.common.audit.head import read_head_at
 from mcpd.common.config import Config, load
-from mcpd.common.identity import load_users
+from mcpd.common.identity import MISSING_USERS_FILE, load_users
 from mcpd.common.printable import printable
 from mcpd.common.version import version
 from mcpd.front import tls
@@ -189,6 +189,13 @@ def policy_files(cfg: Config, config_path: str) -> dict[str, Any]:
         errors = getattr(exc, "errors", None)
         out["grants_problem"] = "; ".join(errors) if isinstance(errors, list) else _problem(exc)
     try:
+        os.lstat(cfg.users_file)
+        out["users_present"] = True
+    except FileNotFoundError:  # the daemon reads it as no principals (mcpd users check: missing)
+        out["users_present"] = False
+    except OSError:  # (not root: /etc/mcpd is closed) judged by the load below
+        out["users_present"] = None
+    try:
         load_users(cfg.users_file, owner_uid=0)
         out["users_valid"] = True
     except Exception as exc:  # noqa: BLE001 - UsersFileError or OSError
@@ -322,7 +329,8 @@ def render(s: dict[str, Any]) -> list[str]:
                      + ("" if helper_up is None else f", policy process {'answers' if helper_up else 'does not answer'}")))
     p = s["policy"]
     for what in ("grants", "users"):
-        out.append(_line(f"{what} file", f"{p[f'{what}_file']}: " + ("valid" if p[f"{what}_valid"]
+        valid = MISSING_USERS_FILE if what == "users" and p.get("users_present") is False else "valid"
+        out.append(_line(f"{what} file", f"{p[f'{what}_file']}: " + (valid if p[f"{what}_valid"]
                                                                      else f"invalid: {p.get(f'{what}_problem')}")))
     lr = p.get("last_reload")
     out.append(_line("grants last load", "none recorded" if not lr and not p.get("last_reload_problem") else

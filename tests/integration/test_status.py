@@ -156,6 +156,23 @@ def test_text_from_a_certificate_is_escaped_in_the_plain_view(d: PrivsepDaemon) 
     wait_served(d, file_fingerprint(cert))
 
 
+def test_a_missing_users_file_is_said_as_users_check_says_it(d: PrivsepDaemon) -> None:
+    """No users.yaml: the daemon runs with no principals; status and `mcpd users check` both say
+    it is missing and how to make the first principal (status does not call it valid)."""
+    users = d.state_dir / "users.yaml"
+    aside = d.state_dir / ".users.yaml.aside"
+    os.rename(users, aside)
+    try:
+        plain = status(d)
+        said = "missing (no principals yet: mcpd users add NAME --os-user ACCOUNT)"
+        assert f"users file: {users}: {said}" in plain.stdout, plain.stdout
+        checked = subprocess.run([sys.executable, "-m", "mcpd.admin.cli", "users", "check", str(users)],
+                                 capture_output=True, text=True, timeout=60, check=False)
+        assert (checked.returncode, checked.stderr) == (1, f"{users}: {said}\n")
+    finally:
+        os.rename(aside, users)
+
+
 def test_a_dead_helper_is_a_problem_even_with_metrics_off() -> None:
     """With the default configuration (no metrics endpoint to ask), status connects to the helper
     socket: while the helper runs it is accepted (as the service user: the policy process records
