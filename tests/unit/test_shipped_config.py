@@ -44,9 +44,20 @@ def _file_keys(data: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     return {k: _file_keys(data[k], schema[k]) if isinstance(schema.get(k), dict) else None for k in data}
 
 
-def test_shipped_daemon_config_loads_and_equals_defaults() -> None:
-    """etc/mcpd/mcpd.yaml passes mcpd.common.config.load and states exactly the built-in defaults."""
-    assert config.load(DAEMON) == config.Config()
+def test_shipped_daemon_config_loads_and_equals_defaults_but_allowed_hosts() -> None:
+    """etc/mcpd/mcpd.yaml passes mcpd.common.config.load and states exactly the built-in defaults,
+    but for allowed_hosts, which it sets to auto (its comment says why)."""
+    assert config.load(DAEMON) == dataclasses.replace(config.Config(), allowed_hosts=("auto",))
+
+
+def test_shipped_daemon_config_beyond_loopback_checks_the_host_header() -> None:
+    """docs/REFERENCE.md §1.3: a listener exposed beyond loopback takes only the Host names of its
+    certificate (DNS-rebinding defence): the shipped file, which binds every interface, says so."""
+    import ipaddress
+
+    cfg = config.load(DAEMON)
+    if not ipaddress.ip_address(cfg.listen.host).is_loopback:
+        assert "auto" in cfg.allowed_hosts
 
 
 def test_shipped_daemon_config_states_every_key() -> None:
