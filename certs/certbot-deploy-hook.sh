@@ -11,7 +11,8 @@
 # RENEWED_LINEAGE (the live folder, e.g. /etc/letsencrypt/live/host.example) and RENEWED_DOMAINS
 # (its names, space separated) in the environment. When MCPD_DOMAIN is set, only that lineage's
 # renewals are installed (certbot runs the hooks in renewal-hooks/deploy for every certificate).
-# MCPD_TLS_DIR, MCPD_GROUP and MCPD_RELOAD are passed on to install-pair.sh.
+# MCPD_TLS_DIR, MCPD_GROUP, MCPD_RELOAD and MCPD_BIN are passed on to install-pair.sh; its exit
+# status is this hook's, so certbot reports a pair that was refused.
 set -eu
 
 : "${RENEWED_LINEAGE:?run by certbot as a deploy hook (RENEWED_LINEAGE is not set)}"

@@ -9,13 +9,16 @@ loader and validates it with the file's one schema (:func:`mcpd.common.config.fr
 users and grants files are not opened) and nothing is written. Exit 0 with ``FILE: parsed OK``;
 exit 1 with ``FILE:LINE: reason`` on stderr (the line of the key the schema names, found in the
 parsed document; ``FILE: reason`` when the problem has no line, such as an unreadable file).
-A users file's values (salts, digests) are never printed.
+A users file's values (salts, digests) are never printed. A symlink is refused with the advice to
+name the real file; a users or grants file every account may read is a warning (on stderr; the
+check still passes).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -84,6 +87,8 @@ def check_file(path: str, owner_uid: int | None, validate: Callable[[Any, str], 
         validate: the file's schema, raising one of ``errors`` with ``file: where: reason``.
         errors: the exceptions ``validate`` raises for a broken document.
     """
+    if os.path.islink(path):
+        return [symlink_problem(path)]
     try:
         text = read_secure_file(path, os.geteuid() if owner_uid is None else owner_uid)
         data = parse_strict_yaml(text, path)
@@ -94,6 +99,23 @@ def check_file(path: str, owner_uid: int | None, validate: Callable[[Any, str], 
     except errors as exc:
         return [_located(str(exc), path, data)]
     return []
+
+
+def symlink_problem(path: str) -> str:
+    """What to say of a file to check that is a symlink (the daemon never follows one there)."""
+    return f"{path}: is a symlink; name the real file ({os.path.realpath(path)}), as the daemon's configuration must"
+
+
+def readable_warning(path: str) -> str | None:
+    """A warning when ``path`` (a users or grants file) is readable by every account, else None:
+    who may read what, and token digests, are root's alone (0600 root:root)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if not mode & stat.S_IROTH:
+        return None
+    return f"warning: {path}: readable by every account (mode {stat.S_IMODE(mode):04o}): make it 0600 root:root"
 
 
 def _config_schema(data: Any, path: str) -> object:
@@ -137,4 +159,11 @@ def users_check(file: str, any_owner: bool) -> None:
     """Check FILE as users.yaml like `visudo -cf`: exit 0 if valid, 1 with file:line errors.
 
     Token salts and digests are never printed; nothing is written."""
-    _report(file, check_file(file, None if any_owner else 0, identity.parse_users, (identity.UsersFileError,)))
+    try:
+        os.lstat(file)
+    except FileNotFoundError:  # the daemon runs with no principals then; a check of it fails
+        _report(file, [f"{file}: {identity.MISSING_USERS_FILE}"])
+    problems = check_file(file, None if any_owner else 0, identity.parse_users, (identity.UsersFileError,))
+    if not problems and (warning := readable_warning(file)):
+        click.echo(printable(warning), err=True)
+    _report(file, problems)

@@ -78,11 +78,13 @@ SERVICE_GROUP = "mcpd"  # the service user's group (systemd/sysusers.d)
 @click.pass_context
 def certs_cmd(ctx: click.Context, directory: str | None, hosts: tuple[str, ...], days: int, group: str | None) -> None:
     """With --dir and --host: create a private CA (reused when present) and issue a server
-    certificate for HOSTs. `mcpd certs fingerprint` prints what clients pin."""
+    certificate for HOSTs. `mcpd certs fingerprint` prints what clients pin; `mcpd certs check`
+    checks a pair as the front would."""
     if ctx.invoked_subcommand is not None:
         return
     if not directory or not hosts:
-        raise click.UsageError("--dir and --host are required (or a subcommand: mcpd certs fingerprint)")
+        raise click.UsageError("--dir and --host are required (or a subcommand: mcpd certs fingerprint, "
+                               "mcpd certs check)")
     gid = service_gid(group)
     pki = certs.make_pki(directory, list(hosts), days=days)
     if gid is not None:
@@ -117,14 +119,62 @@ def certs_fingerprint(cert: str | None, config_path: str) -> None:
             cert = load(config_path).tls.cert
         except ConfigError as exc:
             raise click.ClickException(str(exc)) from None
+    if not os.path.lexists(cert):
+        raise click.ClickException(printable(missing_certificate(cert)))
     try:
         facts = certs.describe(Path(cert).read_bytes())
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(f"{printable(cert)}: {printable(str(exc))}") from None
+    except OSError as exc:
+        raise click.ClickException(printable(f"cannot read the certificate {cert}: {exc.strerror}")) from None
+    except ValueError:
+        raise click.ClickException(printable(f"{cert} holds no PEM certificate")) from None
     click.echo(f"sha256 fingerprint: {facts.fingerprint}")
     click.echo(f"public key pin: sha256//{facts.spki_pin}")
     click.echo(f"subject: {printable(facts.subject)}")
     click.echo(f"valid until: {facts.not_after.isoformat()}")
+
+
+@certs_cmd.command("check")
+@click.option("--cert", default=None, type=click.Path(dir_okay=False), help="The certificate chain (PEM, leaf first)")
+@click.option("--key", default=None, type=click.Path(dir_okay=False), help="Its private key (PEM)")
+@click.option("--config", "config_path", default="/etc/mcpd/mcpd.yaml", show_default=True,
+              type=click.Path(dir_okay=False), help="Without --cert and --key: this configuration's tls.cert and tls.key")
+def certs_check(cert: str | None, key: str | None, config_path: str) -> None:
+    """Check a certificate and key exactly as the front checks them before it uses them (the files'
+    kind, size and modes, both parse, the key is the certificate's, the certificate is valid now,
+    OpenSSL takes them), without binding anything: exit 0 with the certificate's facts, 1 with the
+    reason. certs/install-pair.sh runs it before it installs a pair."""
+    from mcpd.common.printable import printable
+    from mcpd.front.tls import PairError, context_for, read_pair
+
+    if (cert is None) != (key is None):
+        raise click.UsageError("give both --cert and --key, or neither (then tls.cert and tls.key of --config)")
+    if cert is None or key is None:
+        from mcpd.common.config import ConfigError, load
+
+        try:
+            tls = load(config_path).tls
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+        cert, key = tls.cert, tls.key
+    for path in (cert, key):
+        if not os.path.lexists(path):
+            raise click.ClickException(printable(missing_certificate(path)))
+    try:
+        pair = read_pair(cert, key)
+        context_for(pair)
+    except PairError as exc:
+        raise click.ClickException(printable(f"the front would refuse this pair: {exc}")) from None
+    click.echo(printable(f"{cert}, {key}: the front would use this pair"))
+    click.echo(printable(f"subject: {pair.subject}"))
+    click.echo(f"sha256 fingerprint: {pair.fingerprint}")
+    click.echo(f"valid until: {pair.not_after.isoformat()}")
+
+
+def missing_certificate(path: str) -> str:
+    """What to say of a certificate or key file ``path`` that does not exist: which, and the
+    command that makes a pair there."""
+    return (f"no file {path}: make a certificate and key with `mcpd certs --dir {os.path.dirname(path) or '.'} "
+            "--host NAME` (or install an ACME pair with install-pair.sh, certs/README.md)")
 
 
 def service_gid(group: str | None) -> int | None:

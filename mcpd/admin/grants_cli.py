@@ -25,6 +25,7 @@ from typing import Any
 
 import click
 
+from mcpd.admin.check_cli import readable_warning, symlink_problem
 from mcpd.admin.grants_view import duration_text, policy_to_dict, reauth_text, rule_lines
 from mcpd.admin.opener_check import predict_open
 from mcpd.common import config as mcpd_config
@@ -135,16 +136,21 @@ def check(file: str | None, strict: bool, now_text: str | None, config_path: str
     """Check FILE like `visudo -c`: exit 0 if it parses, 1 with file:line errors otherwise.
 
     Also warns (exit 1 with --strict) about users and groups that are no OS account or group,
-    expired rules, entries every path of which is denied or that no path can match, and grants
-    of everything."""
+    expired rules, entries every path of which is denied or that no path can match, grants of
+    everything, and a file every account may read."""
     now = _now(now_text)
     path, secrets = _secrets(file, config_path)
     try:
+        if os.path.islink(path):
+            raise PolicyError([symlink_problem(path)])
         policy = load_policy(path, _owner_uid(any_owner), secrets)
     except PolicyError as exc:
         for line in exc.errors:
             click.echo(printable(line), err=True)
         sys.exit(1)
+    readable = readable_warning(path)
+    if readable:
+        click.echo(printable(readable), err=True)
     warnings = lint_policy(policy, now, lambda u: _exists(pwd.getpwnam, u), lambda g: _exists(grp.getgrnam, g))
     for table in (policy.users, policy.groups):
         for rules in table.values():
@@ -154,8 +160,8 @@ def check(file: str | None, strict: bool, now_text: str | None, config_path: str
                                       "needed") for e in rule.paths if rule.allowed and entry_covers_root(e.parts)]
     for at, message in sorted(warnings, key=lambda w: w[0]):
         click.echo(printable(f"warning: {path}:{at}: {message}"), err=True)
-    if strict and warnings:
-        click.echo(printable(f"{path}: {len(warnings)} warning(s); failing (--strict)"), err=True)
+    if strict and (warnings or readable):
+        click.echo(printable(f"{path}: {len(warnings) + bool(readable)} warning(s); failing (--strict)"), err=True)
         sys.exit(1)
     click.echo(printable(f"{path}: parsed OK"))
 

@@ -8,8 +8,8 @@ top (``systemd/``, ``etc/``, ``docs/``, ``certs/``). :data:`PLACES` says where e
   ``mcpd`` script and the Python beside the running interpreter, e.g. a venv in ``/opt/mcpd``);
 - ``sysusers.d`` and ``tmpfiles.d`` files in ``/etc/sysusers.d/`` and ``/etc/tmpfiles.d/``;
 - the PAM service ``/etc/pam.d/mcpd`` and ``/etc/logrotate.d/mcpd``;
-- the example configuration in ``/etc/mcpd/`` (``mcpd.yaml``, ``mcp-sudo.yaml``,
-  ``users.yaml.example``);
+- the configuration in ``/etc/mcpd/``: ``mcpd.yaml``, ``mcp-sudo.yaml`` (granting nothing), and
+  the examples ``mcp-sudo.yaml.example`` and ``users.yaml.example`` (never read by the daemon);
 - the docs in ``/usr/local/share/doc/mcpd/`` (the units' ``Documentation=``);
 - the certificate scripts (an ACME client's deploy hooks) in ``/usr/local/lib/mcpd/certs/``.
 
@@ -56,6 +56,7 @@ PLACES = (
     Place("etc/logrotate.d/mcpd", "etc/logrotate.d/mcpd"),
     Place("etc/mcpd/mcpd.yaml", "etc/mcpd/mcpd.yaml", 0o640, keep_existing=True),
     Place("etc/mcpd/mcp-sudo.yaml", "etc/mcpd/mcp-sudo.yaml", 0o600, keep_existing=True),
+    Place("etc/mcpd/mcp-sudo.yaml.example", "etc/mcpd/mcp-sudo.yaml.example"),
     Place("etc/mcpd/users.yaml.example", "etc/mcpd/users.yaml.example"),
     Place("docs/REFERENCE.md", "usr/local/share/doc/mcpd/REFERENCE.md"),
     Place("docs/AUDITING.md", "usr/local/share/doc/mcpd/AUDITING.md"),

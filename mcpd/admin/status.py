@@ -9,8 +9,10 @@ Where each fact comes from:
   reload): the pair in use, when it was loaded, the last check and why it was refused;
 - the metrics endpoint (``metrics_listen``, loopback, when on): sessions, workers, whether the
   helper's policy process answers;
-- the helper socket's presence; the grants and users files, validated as their ``check`` commands
-  do; the audit log's last ``reload``/``reload_failed`` records;
+- the helper socket: present, and whether a connection to it is accepted now (as the service user
+  when run as root, so the policy process takes it as the front's and records no alert); the
+  grants and users files, validated as their ``check`` commands do; the audit log's last
+  ``reload``/``reload_failed`` records;
 - the chains' heads: the audit log's head file (``audit.head`` in ``helper_state_dir``) and the
   access log's last record.
 
@@ -20,9 +22,11 @@ A fact the caller may not read (not root) is reported with the reason, never gue
 from __future__ import annotations
 
 import datetime
+import errno
 import ipaddress
 import json
 import os
+import pwd
 import socket
 import ssl
 import urllib.error
@@ -37,7 +41,7 @@ from mcpd.admin.certs import describe
 from mcpd.common.audit.chain import chain_after
 from mcpd.common.audit.head import read_head_at
 from mcpd.common.config import Config, load
-from mcpd.common.identity import load_users
+from mcpd.common.identity import MISSING_USERS_FILE, load_users
 from mcpd.common.printable import printable
 from mcpd.common.version import version
 from mcpd.front import tls
@@ -124,6 +128,56 @@ def metrics(cfg: Config) -> dict[str, Any] | None:
     return out
 
 
+def _connect(path: str) -> int:
+    """0 when a stream connection to the Unix socket ``path`` is accepted within
+    :data:`TIMEOUT_SECONDS`, else the errno why not."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(TIMEOUT_SECONDS)
+            s.connect(path)
+        return 0
+    except TimeoutError:
+        return errno.ETIMEDOUT
+    except OSError as exc:
+        return exc.errno or errno.EIO
+
+
+def helper_socket(cfg: Config) -> dict[str, Any]:
+    """The helper socket: whether it is there and whether a connection to it is accepted now
+    (``accepts``; refused or timed out: the helper and its policy process are not answering).
+
+    Run as root, the connection is made by a child process as ``service_user``, the only peer the
+    policy process serves, so it is taken and closed like one of the front's (an ``alert`` in the
+    audit log otherwise); run as another account, as that account."""
+    out: dict[str, Any] = {"socket": cfg.helper_socket or None,
+                           "socket_present": bool(cfg.helper_socket) and os.path.exists(cfg.helper_socket)}
+    if not out["socket_present"]:
+        return out
+    code = None
+    if os.geteuid() == 0:
+        try:
+            svc = pwd.getpwnam(cfg.service_user)
+        except KeyError:
+            svc = None
+        if svc is not None:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child
+                try:
+                    os.setgroups([])
+                    os.setgid(svc.pw_gid)
+                    os.setuid(svc.pw_uid)
+                    os._exit(_connect(cfg.helper_socket) & 0xFF)
+                except BaseException:
+                    os._exit(errno.EPERM)
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if code is None:
+        code = _connect(cfg.helper_socket)
+    out["accepts"] = code == 0
+    if code:
+        out["problem"] = os.strerror(code) if code > 0 else f"killed by signal {-code}"
+    return out
+
+
 def policy_files(cfg: Config, config_path: str) -> dict[str, Any]:
     """Whether the grants and users files are valid now, and the grants' last (re)load recorded."""
     out: dict[str, Any] = {"grants_file": cfg.grants_file, "users_file": cfg.users_file}
@@ -134,6 +188,13 @@ def policy_files(cfg: Config, config_path: str) -> dict[str, Any]:
         out["grants_valid"] = False
         errors = getattr(exc, "errors", None)
         out["grants_problem"] = "; ".join(errors) if isinstance(errors, list) else _problem(exc)
+    try:
+        os.lstat(cfg.users_file)
+        out["users_present"] = True
+    except FileNotFoundError:  # the daemon reads it as no principals (mcpd users check: missing)
+        out["users_present"] = False
+    except OSError:  # (not root: /etc/mcpd is closed) judged by the load below
+        out["users_present"] = None
     try:
         load_users(cfg.users_file, owner_uid=0)
         out["users_valid"] = True
@@ -189,8 +250,7 @@ def gather(config_path: str) -> dict[str, Any]:
         "listen": {"address": f"{cfg.listen.host}:{cfg.listen.port}", **served},
         "tls": files,
         "metrics": metrics(cfg),
-        "helper": {"socket": cfg.helper_socket or None,
-                   "socket_present": bool(cfg.helper_socket) and os.path.exists(cfg.helper_socket)},
+        "helper": helper_socket(cfg),
         "policy": policy_files(cfg, config_path),
         "chains": chains(cfg),
         "checked_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -212,6 +272,10 @@ def gather(config_path: str) -> dict[str, Any]:
         problems.append("the root helper's policy process does not answer")
     if cfg.helper_socket and not status["helper"]["socket_present"]:
         problems.append(f"no helper socket at {cfg.helper_socket}")
+    elif cfg.helper_socket and not status["helper"]["accepts"]:
+        problems.append(f"the helper socket {cfg.helper_socket} accepts no connection "
+                        f"({status['helper'].get('problem')}): the root helper and its policy process are not "
+                        "answering (systemctl status mcpd-helper; journalctl -u mcpd-helper)")
     pol = status["policy"]
     for what in ("grants", "users"):
         if not pol[f"{what}_valid"]:
@@ -258,12 +322,15 @@ def render(s: dict[str, Any]) -> list[str]:
                                  f"{m.get('pool_queued', '?')} calls waiting")]
     h = s["helper"]
     helper_up = None if m is None or not m.get("answers") else m.get("helper_up")
+    accepts = "" if not h["socket_present"] else \
+        ", accepts connections" if h.get("accepts") else f", accepts no connection ({h.get('problem')})"
     out.append(_line("helper", "none configured" if not h["socket"] else
-                     f"socket {h['socket']} {'present' if h['socket_present'] else 'missing'}"
+                     f"socket {h['socket']} {'present' if h['socket_present'] else 'missing'}{accepts}"
                      + ("" if helper_up is None else f", policy process {'answers' if helper_up else 'does not answer'}")))
     p = s["policy"]
     for what in ("grants", "users"):
-        out.append(_line(f"{what} file", f"{p[f'{what}_file']}: " + ("valid" if p[f"{what}_valid"]
+        valid = MISSING_USERS_FILE if what == "users" and p.get("users_present") is False else "valid"
+        out.append(_line(f"{what} file", f"{p[f'{what}_file']}: " + (valid if p[f"{what}_valid"]
                                                                      else f"invalid: {p.get(f'{what}_problem')}")))
     lr = p.get("last_reload")
     out.append(_line("grants last load", "none recorded" if not lr and not p.get("last_reload_problem") else

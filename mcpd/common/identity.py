@@ -40,6 +40,10 @@ from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 
 TOKEN_RE = re.compile(r"^mcpd_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
 NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+#: what a missing users file means (:func:`load_users`), as ``mcpd status`` and ``mcpd users check`` say it
+MISSING_USERS_FILE = "missing (no principals yet: mcpd users add NAME --os-user ACCOUNT)"
+#: what a principal or OS account name must be (:data:`NAME_RE`), for messages
+NAME_TEXT = "a name of lowercase letters, digits, '_', '.' and '-' (at most 32, not starting with a digit, '.' or '-')"
 
 
 class UsersFileError(Exception):
@@ -152,11 +156,11 @@ def parse_time(value: str) -> datetime.datetime:
     return dt
 
 
-def _str(value: Any, where: str, pattern: re.Pattern[str] | None = None) -> str:
+def _str(value: Any, where: str, expected: str, pattern: re.Pattern[str] | None = None) -> str:
     if isinstance(value, datetime.datetime):
         value = value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     if not isinstance(value, str) or (pattern and not pattern.match(value)):
-        raise UsersFileError(f"{where}: invalid value")
+        raise UsersFileError(f"{where}: invalid value (expected {expected})")
     return value
 
 
@@ -178,10 +182,10 @@ def parse_users(data: Any, source: str = "users.yaml") -> dict[str, UserRecord]:
     for name, body in users_raw.items():
         where = f"{source}: users.{name}"
         if not isinstance(name, str) or not NAME_RE.match(name):
-            raise UsersFileError(f"{where}: invalid principal name")
+            raise UsersFileError(f"{where}: invalid principal name (expected {NAME_TEXT})")
         if not isinstance(body, dict) or set(body) - {"os_user", "tokens"}:
             raise UsersFileError(f"{where}: expected keys os_user, tokens")
-        os_user = _str(body.get("os_user"), f"{where}.os_user", NAME_RE)
+        os_user = _str(body.get("os_user"), f"{where}.os_user", f"an OS account: {NAME_TEXT}", NAME_RE)
         tokens: list[TokenRecord] = []
         for i, t in enumerate(body.get("tokens") or []):
             tw = f"{where}.tokens[{i}]"
@@ -190,11 +194,12 @@ def parse_users(data: Any, source: str = "users.yaml") -> dict[str, UserRecord]:
             expires = t.get("expires")
             tokens.append(
                 TokenRecord(
-                    id=_str(t.get("id"), f"{tw}.id", _HEX12),
-                    salt=_str(t.get("salt"), f"{tw}.salt", _HEX32),
-                    sha256=_str(t.get("sha256"), f"{tw}.sha256", _HEX64),
-                    created=_str(t.get("created"), f"{tw}.created"),
-                    expires=None if expires is None else _str(expires, f"{tw}.expires"),
+                    id=_str(t.get("id"), f"{tw}.id", "12 lowercase hex digits, quoted", _HEX12),
+                    salt=_str(t.get("salt"), f"{tw}.salt", "32 lowercase hex digits, quoted", _HEX32),
+                    sha256=_str(t.get("sha256"), f"{tw}.sha256", "64 lowercase hex digits, quoted", _HEX64),
+                    created=_str(t.get("created"), f"{tw}.created", "a UTC time like 2026-11-29T21:00:00Z"),
+                    expires=None if expires is None else _str(expires, f"{tw}.expires",
+                                                              "a UTC time like 2027-01-01T00:00:00Z"),
                 )
             )
         users[name] = UserRecord(name=name, os_user=os_user, tokens=tokens)

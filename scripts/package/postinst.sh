@@ -23,7 +23,11 @@ if [ -d /run/systemd/system ]; then
   fi
 fi
 if [ "$upgrade" = no ]; then
-  echo "mcpd: installed, not started. Edit /etc/mcpd/mcpd.yaml (TLS: mcpd certs, see"
-  echo "/usr/share/doc/mcpd/README.md), then: systemctl enable --now mcpd-helper.socket mcpd.service"
+  echo 'mcpd: installed, not started. Settings: /etc/mcpd/mcpd.yaml; privileged reads: /etc/mcpd/mcp-sudo.yaml'
+  echo '(grants nothing yet; a worked example: /etc/mcpd/mcp-sudo.yaml.example). Next, as root:'
+  echo '  mcpd certs --dir /etc/mcpd/tls --host NAME    # each name clients use (or an ACME pair: /usr/share/doc/mcpd/certs/README.md)'
+  echo '  mcpd users add NAME --os-user ACCOUNT         # a principal; prints its token once'
+  echo '  systemctl enable --now mcpd-helper.socket mcpd.service'
+  echo '  mcpd status                                   # what runs, and anything to look at'
 fi
 exit 0

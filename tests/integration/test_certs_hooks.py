@@ -1,6 +1,8 @@
 """The ACME hook scripts in certs/ install a renewed pair with the right owner and mode and tell
 the running daemon, which then serves it: run as certbot and acme.sh run them (their environment
-variables), against the real daemon (root helper, front as the service user)."""
+variables), against the real daemon (root helper, front as the service user). A pair the front
+would refuse (a key of another certificate, a key that is no key) is refused before anything is
+replaced: the hook fails, the pair on disk stays, no reload runs."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from tests.support.tls import d, file_fingerprint, new_pair, served, wait_served
 pytestmark = pytest.mark.root
 
 CERTS = Path(__file__).resolve().parents[2] / "certs"
+MCPD = str(Path(sys.executable).parent / "mcpd")  # this checkout's command (install-pair.sh's MCPD_BIN)
 
 
 def run(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -51,7 +55,55 @@ def installed_as_the_front_needs(d: PrivsepDaemon, cert: bytes, key: bytes) -> N
 
 
 def hook_env(d: PrivsepDaemon) -> dict[str, str]:
-    return {"MCPD_TLS_DIR": str(d.state_dir / "tls"), "MCPD_RELOAD": f"kill -HUP {d.front_pid}"}
+    return {"MCPD_TLS_DIR": str(d.state_dir / "tls"), "MCPD_RELOAD": f"kill -HUP {d.front_pid}", "MCPD_BIN": MCPD}
+
+
+def on_disk(d: PrivsepDaemon) -> dict[str, tuple[bytes, int, int, int]]:
+    """Every file of the daemon's TLS folder: its bytes, owner, group and mode."""
+    out = {}
+    for path in sorted((d.state_dir / "tls").iterdir()):
+        st = os.lstat(path)
+        out[path.name] = (path.read_bytes(), st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
+    return out
+
+
+def test_a_good_pair_keeps_the_one_it_replaces_as_prev(d: PrivsepDaemon, tmp_path: Path) -> None:
+    before = on_disk(d)
+    cert, key = new_pair(d)
+    (tmp_path / "c.pem").write_bytes(cert)
+    (tmp_path / "k.pem").write_bytes(key)
+    proc = subprocess.run(["sh", str(CERTS / "install-pair.sh"), str(tmp_path / "c.pem"), str(tmp_path / "k.pem")],
+                          env={"PATH": os.defpath, **hook_env(d)}, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    installed_as_the_front_needs(d, cert, key)
+    after = on_disk(d)
+    assert after["server.crt.prev"] == before["server.crt"] and after["server.key.prev"] == before["server.key"]
+    wait_served(d, file_fingerprint(cert))
+
+
+@pytest.mark.parametrize("bad", ["a key of another certificate", "a key that is no key"])
+@pytest.mark.parametrize("hook", ["certbot-deploy-hook.sh", "acme-sh-reloadcmd.sh"])
+def test_a_pair_the_front_would_refuse_is_not_installed_and_the_hook_fails(
+        d: PrivsepDaemon, tmp_path: Path, hook: str, bad: str) -> None:
+    cert, key = new_pair(d)
+    key = new_pair(d)[1] if bad == "a key of another certificate" else b"-----BEGIN PRIVATE KEY-----\ngarbage\n"
+    before, good = on_disk(d), served(d)
+    reloaded = tmp_path / "reloaded"
+    env = {**hook_env(d), "MCPD_RELOAD": f"touch {reloaded}"}
+    if hook == "certbot-deploy-hook.sh":
+        env["RENEWED_LINEAGE"] = str(certbot_lineage(tmp_path / "le", cert, key))
+    else:
+        (tmp_path / "fullchain.cer").write_bytes(cert)
+        (tmp_path / "h.key").write_bytes(key)
+        env.update(CERT_FULLCHAIN_PATH=str(tmp_path / "fullchain.cer"), CERT_KEY_PATH=str(tmp_path / "h.key"))
+    proc = run(hook, env)
+    assert proc.returncode != 0 and "refused, nothing installed" in proc.stderr, proc.stderr
+    assert ("is not the key of the certificate" if bad == "a key of another certificate"
+            else "holds no usable PEM private key") in proc.stderr
+    assert on_disk(d) == before  # the pair in place, untouched; no temporary file left
+    assert not reloaded.exists()  # no reload was asked for
+    assert served(d) == good
 
 
 def test_certbot_deploy_hook_installs_the_renewal_and_the_front_serves_it(d: PrivsepDaemon, tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from mcpd.policy.grants import load_policy
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "MANIFEST.in", "LICENSE", "README.md", "mcpd", "systemd", "etc", "docs", "certs")
 ANALYZE = shutil.which("systemd-analyze")
@@ -46,6 +48,7 @@ def test_wheel_installs_into_a_fresh_venv_and_stages_units_systemd_accepts(tmp_p
                     "mcpd/share/certs/install-pair.sh", "mcpd/share/certs/certbot-deploy-hook.sh"):
         assert shipped in names, shipped
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert not [n for n in names if "/ansible/" in n]  # the role runs on the controller, not from a wheel
 
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)
@@ -66,9 +69,11 @@ def test_wheel_installs_into_a_fresh_venv_and_stages_units_systemd_accepts(tmp_p
     assert re.search(rf"^ExecStart={re.escape(str(venv))}/bin/python[0-9.]* -I -m mcpd\.helper ", helper, re.M), helper
     for staged in ("etc/sysusers.d/mcpd.conf", "etc/tmpfiles.d/mcpd.conf", "etc/pam.d/mcpd", "etc/logrotate.d/mcpd",
                    "etc/mcpd/mcpd.yaml", "etc/mcpd/mcp-sudo.yaml", "etc/mcpd/users.yaml.example",
-                   "usr/local/share/doc/mcpd/PRIVSEP.md"):
+                   "etc/mcpd/mcp-sudo.yaml.example", "usr/local/share/doc/mcpd/PRIVSEP.md"):
         assert (root / staged).is_file(), staged
     assert (root / "etc/mcpd/mcp-sudo.yaml").stat().st_mode & 0o777 == 0o600
+    granted = load_policy(str(root / "etc/mcpd/mcp-sudo.yaml"), owner_uid=os.geteuid())
+    assert (granted.users, granted.groups) == ({}, {})  # a new host grants no privileged read
     for hook in ("install-pair.sh", "certbot-deploy-hook.sh", "acme-sh-reloadcmd.sh"):  # ACME clients run them
         assert (root / "usr/local/lib/mcpd/certs" / hook).stat().st_mode & 0o777 == 0o755, hook
     if os.geteuid() == 0 and shutil.which("systemd-sysusers") and shutil.which("systemd-tmpfiles"):

@@ -235,6 +235,10 @@ def test_deb_installs_serves_upgrades_keeping_an_edited_config_and_purges(
     # Install: accounts and folders made, nothing started.
     out = run("dpkg", "-i", packages.deb, timeout=300).stdout
     assert "installed, not started" in out
+    for command in ("mcpd certs --dir /etc/mcpd/tls --host NAME", "mcpd users add NAME --os-user ACCOUNT",
+                    "systemctl enable --now mcpd-helper.socket mcpd.service"):  # the next steps, word for word
+        assert f"\n  {command}" in out, out
+    assert not list(Path("/opt/mcpd").rglob("ansible"))  # the role runs on the controller: not in the venv
     assert _mcpd_processes() == []
     for name in ACCOUNTS:
         assert _exists_user(name), name
@@ -244,6 +248,8 @@ def test_deb_installs_serves_upgrades_keeping_an_edited_config_and_purges(
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o640)
     assert run("/opt/mcpd/bin/mcpd", "--version").stdout.strip() == "mcpd 0.1.0"
     assert "parsed OK" in run("/usr/sbin/mcpd", "grants", "check", "/etc/mcpd/mcp-sudo.yaml").stdout
+    assert "no grants" in run("/usr/sbin/mcpd", "grants", "list", "--user", "root", "--group", "adm").stdout
+    assert Path("/etc/mcpd/mcp-sudo.yaml.example").is_file()
     for unit in ("mcpd.service", "mcpd-helper.service", "mcpd-helper.socket"):  # the installed paths resolve
         verify = run("systemd-analyze", "verify", "--no-pager", UNITS / unit, check=False, timeout=60)
         assert (verify.returncode, verify.stdout.strip(), verify.stderr.strip()) == (0, "", ""), unit + verify.stderr
@@ -297,7 +303,8 @@ def test_rpm_lists_the_files_conffiles_requirements_and_scripts(packages: Packag
                  "/usr/lib/systemd/system/mcpd.service", "/usr/lib/systemd/system/mcpd-helper.service",
                  "/usr/lib/systemd/system/mcpd-helper.socket", "/usr/lib/sysusers.d/mcpd.conf",
                  "/usr/lib/tmpfiles.d/mcpd.conf", "/etc/pam.d/mcpd", "/etc/logrotate.d/mcpd",
-                 "/etc/mcpd/mcpd.yaml", "/etc/mcpd/mcp-sudo.yaml", "/usr/share/doc/mcpd/PRIVSEP.md",
+                 "/etc/mcpd/mcpd.yaml", "/etc/mcpd/mcp-sudo.yaml", "/etc/mcpd/mcp-sudo.yaml.example",
+                 "/usr/share/doc/mcpd/PRIVSEP.md",
                  "/usr/lib/mcpd/certs/certbot-deploy-hook.sh", "/usr/share/doc/mcpd/certs/README.md"):
         assert name in files, name
     assert not [f for f in files if "/tmp/" in f or f.startswith("/usr/local")]
@@ -327,7 +334,7 @@ def _playbook(folder: Path, deb: Path, grants: dict[str, object], users: dict[st
     play = [{"name": "mcpd", "hosts": "localhost", "gather_facts": True, "roles": [{"role": "mcpd", "vars": {
         "mcpd_package_file": str(deb),
         "mcpd_config": {"listen": {"host": "127.0.0.1", "port": 9391}, "tool_names": "portable"},
-        "mcpd_users": users, "mcpd_grants": grants}}]}]
+        "mcpd_users": users, "mcpd_grants": grants, "mcpd_tls_hosts": ["localhost", "127.0.0.1"]}}]}]
     path = folder / "play.yml"
     path.write_text(yaml.safe_dump(play), encoding="utf-8")
     return path
@@ -367,11 +374,15 @@ def test_ansible_role_installs_then_changes_nothing_reloads_for_grants_and_refus
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600)
     assert record.sha256 in Path("/etc/mcpd/users.yaml").read_text(encoding="utf-8")
     assert record.sha256 not in out  # no_log: the digests stay out of the output
+    made = run("/usr/sbin/mcpd", "certs", "check")  # mcpd_tls_hosts: a pair the front takes, made once
+    assert "the front would use this pair" in made.stdout and "CN=localhost" in made.stdout
+    first_pair = Path("/etc/mcpd/tls/server.crt").read_bytes()
 
     # Second run, same variables: nothing changes, no handler runs.
     status, out, counts = _ansible(tmp_path, _playbook(tmp_path, packages.deb, _grants(["/var/log"]), users))
     assert status == 0 and counts["changed"] == 0, out[-3000:]
     assert "RUNNING HANDLER" not in out
+    assert Path("/etc/mcpd/tls/server.crt").read_bytes() == first_pair  # never re-issued over a pair
 
     # Only the grants change: a reload, not a restart.
     status, out, counts = _ansible(tmp_path, _playbook(tmp_path, packages.deb, _grants(["/var/log", "/etc"]), users))

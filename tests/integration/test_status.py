@@ -1,6 +1,7 @@
 """``mcpd status`` against a running daemon (root helper, front as the service user, metrics on):
-every fact it reports is checked against the daemon's own files and the wire, a refused reload
-and an invalid grants file show as problems (exit 1), and text from a certificate is escaped."""
+every fact it reports is checked against the daemon's own files and the wire, a refused reload,
+an invalid grants file and a dead helper show as problems (exit 1), and text from a certificate
+is escaped."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from mcpd.common.version import version
 from tests.conftest import SseSession
 from tests.support.net import free_port
 from tests.support.osaccounts import AccountFactory
-from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.privsep_fixture import PrivsepDaemon, running_privsep, start_privsep, stop_privsep
 from tests.support.tls import Target, file_fingerprint, hup, install, new_pair, served, wait_served
 
 pytestmark = pytest.mark.root
@@ -153,3 +154,42 @@ def test_text_from_a_certificate_is_escaped_in_the_plain_view(d: PrivsepDaemon) 
     install(d, cert, key)
     hup(d)
     wait_served(d, file_fingerprint(cert))
+
+
+def test_a_missing_users_file_is_said_as_users_check_says_it(d: PrivsepDaemon) -> None:
+    """No users.yaml: the daemon runs with no principals; status and `mcpd users check` both say
+    it is missing and how to make the first principal (status does not call it valid)."""
+    users = d.state_dir / "users.yaml"
+    aside = d.state_dir / ".users.yaml.aside"
+    os.rename(users, aside)
+    try:
+        plain = status(d)
+        said = "missing (no principals yet: mcpd users add NAME --os-user ACCOUNT)"
+        assert f"users file: {users}: {said}" in plain.stdout, plain.stdout
+        checked = subprocess.run([sys.executable, "-m", "mcpd.admin.cli", "users", "check", str(users)],
+                                 capture_output=True, text=True, timeout=60, check=False)
+        assert (checked.returncode, checked.stderr) == (1, f"{users}: {said}\n")
+    finally:
+        os.rename(aside, users)
+
+
+def test_a_dead_helper_is_a_problem_even_with_metrics_off() -> None:
+    """With the default configuration (no metrics endpoint to ask), status connects to the helper
+    socket: while the helper runs it is accepted (as the service user: the policy process records
+    no alert for it); once the helper is killed, its socket file still there, the refused
+    connection is a problem and status exits 1."""
+    with running_privsep() as alive:
+        code, s = as_json(alive)
+        assert code == 0 and s["problems"] == [], s["problems"]
+        assert s["helper"]["socket_present"] and s["helper"]["accepts"] is True
+        assert "accepts connections" in status(alive).stdout
+        assert not [r for r in alive.audit() if r.get("event") == "alert"], alive.audit()
+        alive.kill_helper()
+        assert alive.socket_path.exists()  # what `present` alone used to call healthy
+        code, s = as_json(alive)
+        assert code == 1 and s["helper"]["accepts"] is False, s["helper"]
+        assert any(f"the helper socket {alive.socket_path} accepts no connection" in p for p in s["problems"]), \
+            s["problems"]
+        plain = status(alive)
+        assert plain.returncode == 1 and "problems: none" not in plain.stdout, plain.stdout
+        assert "accepts no connection (Connection refused)" in plain.stdout, plain.stdout

@@ -16,17 +16,20 @@ import json
 import os
 import pwd
 import re
+import shlex
 import shutil
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from mcpd.common.config import EXIT_CONFIG
 from mcpd.helper import main as helper_main
+from tests.support.privsep_fixture import running_privsep
 from tests.support.rootonly import root_prerequisite
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,6 +162,28 @@ def test_helper_runs_its_own_entry_point_isolated() -> None:
     service = parse_unit(UNITS / "mcpd-helper.service")["Service"]
     assert service["ExecStart"] == [HELPER_EXEC]
     assert service["Type"] == ["exec"] and "NotifyAccess" not in service
+
+
+@pytest.mark.root
+def test_reloading_the_helper_unit_makes_the_policy_process_reload() -> None:
+    """`systemctl reload mcpd-helper` runs the unit's ExecReload= with $MAINPID, the root helper,
+    which passes SIGHUP on to the policy process: run against a real helper, the grants are
+    loaded again although the file did not change (a reload record, "no changes": only SIGHUP
+    forces one). `systemctl reload mcpd` is the same command for the front (its TLS pair)."""
+    command = parse_unit(UNITS / "mcpd-helper.service")["Service"]["ExecReload"]
+    assert command == ["/bin/kill -HUP $MAINPID"] == parse_unit(UNITS / "mcpd.service")["Service"]["ExecReload"]
+    with running_privsep() as d:
+        def reloads() -> list[dict[str, object]]:
+            return [r for r in d.audit() if r.get("event") == "reload" and r.get("load") == "reload" and r["part"] == 1]
+
+        before = len(reloads())
+        subprocess.run(shlex.split(command[0].replace("$MAINPID", str(d.helper_pid))), check=True, timeout=10)
+        deadline = time.monotonic() + 20
+        while len(reloads()) == before:
+            assert time.monotonic() < deadline, d.log("helper.log")
+            time.sleep(0.05)
+        assert reloads()[-1]["reason"] == "no changes"
+        assert d.helper is not None and d.helper.poll() is None  # reloaded, not stopped
 
 
 def test_front_runs_unprivileged_and_notifies_readiness() -> None:

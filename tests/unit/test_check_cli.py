@@ -79,13 +79,23 @@ def test_users_check_passes_the_example_and_names_a_bad_value_by_line_never_prin
     bad = write(tmp_path, "bad.yaml", text)
     res = check("users", bad)
     assert res.returncode == 1 and res.stdout == ""
-    assert res.stderr == f"{bad}:{line_of(text, bad_salt)}: users.alice.tokens[0].salt: invalid value\n"
+    assert res.stderr == (f"{bad}:{line_of(text, bad_salt)}: users.alice.tokens[0].salt: invalid value "
+                          "(expected 32 lowercase hex digits, quoted)\n")
     assert bad_salt not in res.stderr and "0000000000000000" not in res.stderr
+
+
+def test_users_check_says_what_an_os_user_must_be(tmp_path: Path) -> None:
+    text = SHIPPED_USERS.replace("    os_user: ci\n", "    os_user: CI-Bot\n", 1)
+    res = check("users", write(tmp_path, "users.yaml", text))
+    assert res.returncode == 1
+    assert f":{line_of(text, 'CI-Bot')}: users.ci-bot.os_user: invalid value (expected an OS account: a name of " \
+           "lowercase letters" in res.stderr, res.stderr
 
 
 def test_users_check_refuses_a_missing_file_and_an_unknown_key(tmp_path: Path) -> None:
     res = check("users", tmp_path / "absent.yaml")  # the daemon reads a missing file as "no users"; a check fails
-    assert res.returncode == 1 and "cannot open" in res.stderr
+    assert (res.returncode, res.stderr) == (
+        1, f"{tmp_path / 'absent.yaml'}: missing (no principals yet: mcpd users add NAME --os-user ACCOUNT)\n")
     text = SHIPPED_USERS.replace("    os_user: alice ", "    os_user: alice\n    shell: /bin/sh ", 1)
     res = check("users", write(tmp_path, "extra.yaml", text))
     assert res.returncode == 1
@@ -103,7 +113,20 @@ def test_checks_refuse_unsafe_files_as_the_daemon_does(tmp_path: Path, kind: str
     link = tmp_path / "link.yaml"
     link.symlink_to(path)
     res = check(kind, link)
-    assert res.returncode == 1 and "cannot open" in res.stderr
+    assert res.returncode == 1 and f"{link}: is a symlink; name the real file ({path})" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("kind", ["users", "grants"])
+def test_a_users_or_grants_file_every_account_may_read_is_a_warning(tmp_path: Path, kind: str) -> None:
+    """Who may read what, and the token digests, are root's alone: a 0644 file passes its check
+    (the daemon reads it) with a warning naming the mode; 0600 passes without one."""
+    path = write(tmp_path, "f.yaml", SHIPPED_USERS if kind == "users" else SHIPPED_GRANTS)
+    res = check(kind, path)
+    assert (res.returncode, res.stderr) == (0, ""), res.stderr
+    path.chmod(0o644)
+    res = check(kind, path)
+    assert res.returncode == 0 and res.stdout == f"{path}: parsed OK\n"
+    assert f"warning: {path}: readable by every account (mode 0644): make it 0600 root:root" in res.stderr
 
 
 @pytest.mark.parametrize(("kind", "text", "broken"), [

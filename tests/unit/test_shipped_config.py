@@ -23,7 +23,8 @@ from mcpd.policy.grants import RULE_KEYS, load_policy, parse_policy, secret_path
 
 ETC = Path(__file__).resolve().parents[2] / "etc"
 DAEMON = ETC / "mcpd/mcpd.yaml"
-GRANTS = ETC / "mcpd/mcp-sudo.yaml"
+LIVE_GRANTS = ETC / "mcpd/mcp-sudo.yaml"  # installed as /etc/mcpd/mcp-sudo.yaml: what a new host grants
+GRANTS = ETC / "mcpd/mcp-sudo.yaml.example"  # installed beside it, never read by the daemon
 USERS = ETC / "mcpd/users.yaml.example"
 PAM = ETC / "pam.d/mcpd"
 BEFORE_EXPIRY = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
@@ -43,9 +44,20 @@ def _file_keys(data: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     return {k: _file_keys(data[k], schema[k]) if isinstance(schema.get(k), dict) else None for k in data}
 
 
-def test_shipped_daemon_config_loads_and_equals_defaults() -> None:
-    """etc/mcpd/mcpd.yaml passes mcpd.common.config.load and states exactly the built-in defaults."""
-    assert config.load(DAEMON) == config.Config()
+def test_shipped_daemon_config_loads_and_equals_defaults_but_allowed_hosts() -> None:
+    """etc/mcpd/mcpd.yaml passes mcpd.common.config.load and states exactly the built-in defaults,
+    but for allowed_hosts, which it sets to auto (its comment says why)."""
+    assert config.load(DAEMON) == dataclasses.replace(config.Config(), allowed_hosts=("auto",))
+
+
+def test_shipped_daemon_config_beyond_loopback_checks_the_host_header() -> None:
+    """docs/REFERENCE.md §1.3: a listener exposed beyond loopback takes only the Host names of its
+    certificate (DNS-rebinding defence): the shipped file, which binds every interface, says so."""
+    import ipaddress
+
+    cfg = config.load(DAEMON)
+    if not ipaddress.ip_address(cfg.listen.host).is_loopback:
+        assert "auto" in cfg.allowed_hosts
 
 
 def test_shipped_daemon_config_states_every_key() -> None:
@@ -53,6 +65,25 @@ def test_shipped_daemon_config_states_every_key() -> None:
     data = yaml.safe_load(DAEMON.read_text(encoding="utf-8"))
     schema = _schema_keys(config.Config)
     assert _file_keys(data, schema) == schema
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_shipped_grants_file_grants_nothing(tool: str, tmp_path: Path) -> None:
+    """The grants file installed as /etc/mcpd/mcp-sudo.yaml loads with the helper's loader and
+    grants no account anything, whatever its name and groups (the example's included): privileged
+    reads start refused on a new host until the operator writes a rule."""
+    installed = tmp_path / "mcp-sudo.yaml"
+    shutil.copy(LIVE_GRANTS, installed)
+    installed.chmod(0o600)
+    policy = load_policy(str(installed), owner_uid=os.geteuid(), secrets=SHIPPED_SECRETS)
+    assert (policy.users, policy.groups) == ({}, {})
+    example = shipped_policy()
+    for user in (*example.users, "root", "someone"):
+        for path in ("/var/log/syslog", "/var/log/auth.log", "/etc/nginx/nginx.conf", "/srv/app/log/app.log"):
+            d = decide(policy, user, set(example.groups), tool, path, BEFORE_EXPIRY)
+            assert (d.allowed, d.reason) == (False, NO_GRANT), (user, path)
+    check = CliRunner().invoke(grants, ["check", "--any-owner", str(installed)])
+    assert (check.exit_code, check.stderr) == (0, ""), check.output
 
 
 def test_grants_example_has_the_spec_4_2_shape() -> None:
