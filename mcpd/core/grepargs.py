@@ -56,7 +56,8 @@ def parse_grep_args(args: Any) -> dict[str, Any]:
     ``include``/``exclude`` (tuples of globs), ``max_depth`` (int | None), ``follow_symlinks``,
     ``context`` (0..10), ``max_matches`` (1..1000), ``time_budget_seconds`` (float),
     ``max_file_bytes``/``max_total_bytes`` (int | None: the configured limits), ``cursor`` (the
-    decoded cursor dict, or None) and ``privileged``.
+    string, checked: :func:`cursor_of` decodes it) and ``privileged``; the dict is valid arguments
+    again (the front passes it on to the worker, which parses it again).
 
     Raises:
         ToolError: ``INVALID_ARGUMENT`` naming the argument: a bad path or number, an unknown key,
@@ -86,8 +87,14 @@ def parse_grep_args(args: Any) -> dict[str, Any]:
     }
     if out["follow_symlinks"] and out["privileged"]:
         raise invalid_argument("follow_symlinks is not available with privileged", argument="follow_symlinks")
-    out["cursor"] = decode_cursor(a.get("cursor"), query_hash(out))
+    out["cursor"] = a.get("cursor")
+    decode_cursor(out["cursor"], query_hash(out))
     return out
+
+
+def cursor_of(parsed: dict[str, Any]) -> dict[str, Any] | None:
+    """The decoded cursor of parsed arguments (``{"p", "o", "n"}``), or None."""
+    return decode_cursor(parsed["cursor"], query_hash(parsed))
 
 
 def query_hash(parsed: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 from mcpd.common.config import ReadLimits
 from mcpd.core import grepread, grepscan
 from mcpd.core.fileops import Context, progress_of
-from mcpd.core.grepargs import encode_cursor, parse_grep_args
+from mcpd.core.grepargs import cursor_of, encode_cursor, parse_grep_args
 from mcpd.core.walk import clean, skip_reason, walk_files
 from mcpd.helper.wire.errors import (
     BINARY_FILE,
@@ -187,7 +187,7 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
     """
     a = parse_grep_args(args)
     root = clean(a["path"])
-    cursor = a["cursor"]
+    cursor = cursor_of(a)
     at = _resume(root, cursor)
     if at is None:
         raise _bad_cursor()
@@ -234,7 +234,7 @@ def grep_opened(args: dict[str, Any], limits: ReadLimits, files: Iterable[tuple[
     """Search files root opened for a privileged call: ``files`` are ``(path, fd)`` in the walk's
     order (the fds stay the caller's to close); returns the :class:`Search` to go on with or answer from."""
     s = Search(args, limits, progress)
-    cursor = args["cursor"]
+    cursor = cursor_of(args)
     for path, fd in files:
         offset, line = (cursor["o"], cursor["n"]) if cursor is not None and cursor["p"] == path and \
             cursor["o"] is not None else (0, 1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mcpd.common.greplines import grep_lines
 from mcpd.core.grepargs import BUDGET, BUDGET_MAX, CONTEXT_MAX, MATCHES, MATCHES_MAX, MAX_GLOB, MAX_GLOBS, MAX_PATTERN
 from mcpd.core.grepargs import parse_grep_args as parse_args
 from mcpd.core.tools._schemas import PATH_SCHEMA, PRIVILEGED_SCHEMA
@@ -55,39 +56,9 @@ INPUT_SCHEMA: dict[str, Any] = {
     "required": ["pattern", "path"],
     "additionalProperties": False,
 }
-__all__ = ["DESCRIPTION", "INPUT_SCHEMA", "NAME", "format_result", "grep_lines", "parse_args"]
+__all__ = ["DESCRIPTION", "INPUT_SCHEMA", "NAME", "format_result", "parse_args"]
 _STOPS = {"max_matches": "stopped at max_matches", "answer_size": "stopped: the answer reached its size limit",
           "time_budget": "stopped when the time budget ran out", "byte_limit": "stopped at the limit of bytes searched"}
-
-
-def grep_lines(matches: list[dict[str, Any]]) -> list[str]:
-    """``grep -n`` lines of ``matches`` (``PATH:LINE:TEXT``; context ``PATH-LINE-TEXT``, each line
-    once, ``--`` between groups that do not touch), in their order."""
-    lines: list[str] = []
-    last: tuple[str, int] | None = None  # (path, line) printed last
-    context = any("before" in m for m in matches)
-    hits = {(m["path"], m["line"]) for m in matches}
-    for m in matches:
-        path, at = m["path"], m["line"]
-        before = m.get("before", [])
-        first = at - len(before)
-        if context and last is not None and (last[0] != path or last[1] < first - 1):
-            lines.append("--")
-        for i, text in enumerate(before):
-            n = first + i
-            if last is None or last[0] != path or n > last[1]:
-                lines.append(f"{path}{':' if (path, n) in hits else '-'}{n}{':' if (path, n) in hits else '-'}{text}")
-                last = (path, n)
-        if last is None or last[0] != path or at > last[1]:
-            lines.append(f"{path}:{at}:{m['text']}")
-            last = (path, at)
-        for i, text in enumerate(m.get("after", [])):
-            n = at + 1 + i
-            if last[0] != path or n > last[1]:
-                mark = ":" if (path, n) in hits else "-"
-                lines.append(f"{path}{mark}{n}{mark}{text}")
-                last = (path, n)
-    return lines
 
 
 def format_result(result: dict[str, Any]) -> dict[str, Any]:
