@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import bz2
 import gzip
+import hashlib
+import json
 import lzma
 import os
 import subprocess
@@ -330,3 +332,12 @@ def test_linuxctl_grep_prints_like_grep_and_exits_like_it(daemon: Daemon, tree: 
     inverted = linuxctl(*flags(daemon), "grep", "-r", "-v", "--exclude", "*.txt", "--exclude", "*.dat", "foo",
                         str(tree))
     assert inverted.stdout.decode().splitlines() == [f"{tree}/sub/b.log:1:nothing here"]
+
+
+def test_access_record_keeps_the_patterns_hash_not_the_pattern(daemon: Daemon, tree: Path) -> None:
+    grep(daemon, pattern="s3cr3t-needle", path=str(tree), max_depth=2)
+    records = [json.loads(line) for line in (daemon.state_dir / "access.jsonl").read_text().splitlines()]
+    rec = [r for r in records if r.get("tool") == "files/grep"][-1]
+    assert rec["pattern_sha256"] == hashlib.sha256(b"s3cr3t-needle").hexdigest() and rec["pattern_length"] == 13
+    assert rec["max_depth"] == 2 and rec["requested_path"] == str(tree)
+    assert "s3cr3t-needle" not in (daemon.state_dir / "access.jsonl").read_text()
