@@ -216,10 +216,10 @@ def find_fields(tool: str, arguments: Any) -> dict[str, Any]:
     are no object."""
     if tool == "files/grep" and isinstance(arguments, dict):
         pattern, depth = arguments.get("pattern"), arguments.get("max_depth")
-        out = {} if not isinstance(pattern, str) else {
+        kept: dict[str, Any] = {} if not isinstance(pattern, str) else {
             "pattern_sha256": hashlib.sha256(pattern.encode("utf-8", "surrogatepass")).hexdigest(),
             "pattern_length": len(pattern)}
-        return out if depth is None else {**out, "max_depth": depth if isinstance(depth, int) else "(value)"}
+        return kept if depth is None else {**kept, "max_depth": depth if isinstance(depth, int) else "(value)"}
     if tool != "files/find" or not isinstance(arguments, dict):
         return {}
     out: dict[str, Any] = {}
