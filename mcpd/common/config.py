@@ -39,7 +39,8 @@ Example (every key optional)::
             syslog_socket: /dev/log}   # where their syslog copy goes ("": none; the journal copy goes too)
     state_dir: /var/lib/mcpd       # the front's state (0750 mcpd)
     helper_state_dir: /var/lib/mcpd-helper   # the policy process's state (0700 mcpd-policy): issued tokens
-    read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536}
+    read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536,
+           grep_file_bytes: 1073741824, grep_total_bytes: 8589934592, grep_max_ratio: 200}   # files/grep's limits
     workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64,
               spawn_burst: 16, spawns_per_second: 1,   # workers started per principal: a burst, then a rate
               cancel_grace_seconds: 0.25}   # a cancelled call's worker may finish this long and is kept; 0: killed
@@ -98,11 +99,15 @@ class TLS:
 
 @dataclasses.dataclass(frozen=True)
 class ReadLimits:
-    """docs/REFERENCE.md §3 sizes, in bytes."""
+    """docs/REFERENCE.md §3 sizes, in bytes; ``grep_*``: files/grep's limits (bytes of text per
+    file and per call, decompressed; the largest decompression ratio before a file is a bomb)."""
 
     default_bytes: int = 10240
     response_cap: int = 10 * 1024 * 1024
     max_line_bytes: int = 64 * 1024
+    grep_file_bytes: int = 1024 * 1024 * 1024
+    grep_total_bytes: int = 8 * 1024 * 1024 * 1024
+    grep_max_ratio: int = 200
 
 
 #: Reserved key in the args of a worker-bound request: this call's own response cap in bytes (the
@@ -322,6 +327,9 @@ def _check_ranges(cfg: Config) -> None:
         "read.default_bytes": cfg.read.default_bytes,
         "read.response_cap": cfg.read.response_cap,
         "read.max_line_bytes": cfg.read.max_line_bytes,
+        "read.grep_file_bytes": cfg.read.grep_file_bytes,
+        "read.grep_total_bytes": cfg.read.grep_total_bytes,
+        "read.grep_max_ratio": cfg.read.grep_max_ratio,
         "workers.per_account": cfg.workers.per_account,
         "workers.max_accounts": cfg.workers.max_accounts,
         "workers.spawn_burst": cfg.workers.spawn_burst,

@@ -17,7 +17,7 @@ from typing import Any
 
 from mcpd.common.config import CAP_KEY, ReadLimits
 from mcpd.core import textread
-from mcpd.core.fileops import filetype, find, listing
+from mcpd.core.fileops import filetype, find, grep, listing
 from mcpd.core.tools import files_read
 from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
 
@@ -70,6 +70,7 @@ OPS: dict[str, Callable[[Any, OpContext], dict[str, Any]]] = {
     "files/list": listing.op_list,
     "files/find": find.op_find,
     "files/filetype": filetype.op_filetype,
+    "files/grep": grep.op_grep,
 }
 
 

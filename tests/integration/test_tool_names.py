@@ -18,8 +18,8 @@ from tests.support.linuxctl import flags, linuxctl
 pytestmark = pytest.mark.anyio
 
 PORTABLE_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-SLASH = ["files/read", "files/list", "files/find", "files/filetype"]
-PORTABLE = ["files_read", "files_list", "files_find", "files_filetype"]
+SLASH = ["files/read", "files/list", "files/find", "files/filetype", "files/grep"]
+PORTABLE = ["files_read", "files_list", "files_find", "files_filetype", "files_grep"]
 
 
 async def _names_and_calls(d: Daemon, path: Path) -> tuple[list[str], dict[str, Any]]:

@@ -1,8 +1,10 @@
 """Workers as tests watch them: the files that keep one busy, the pids a daemon spawned, the
-prelude a worker runs to show what it keeps, and a daemon whose logins go through PAM."""
+prelude a worker runs to show what it keeps, a daemon whose logins go through PAM, and the
+messages a session gets meanwhile."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
@@ -12,6 +14,7 @@ import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,3 +93,16 @@ def wait_until_ready(ctl: socket.socket, seconds: float = 30.0) -> None:
     while struct.unpack("i", fcntl.ioctl(ctl.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0] == 0:
         assert time.monotonic() < deadline, "the worker never reported itself hardened"
         time.sleep(0.01)
+
+
+async def messages_for(session: Any, seconds: float) -> list[Any]:
+    """Every message an ``SseSession`` receives within ``seconds`` (to show that one never came)."""
+
+    seen: list[Any] = []
+    deadline = asyncio.get_running_loop().time() + seconds
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        try:
+            seen.append(await session.next_message(timeout=left))
+        except TimeoutError:
+            break
+    return seen

@@ -27,7 +27,7 @@ FOLDER = REPO / "mcpd/helper"  # root's folder: root's code and the wire layer (
 BUDGET = 871  # code lines of every module in root's folder
 FORBIDDEN = frozenset({
     "click", "cryptography", "charset_normalizer", "magic", "starlette", "uvicorn", "httpx",
-    "sse_starlette", "anyio",
+    "sse_starlette", "anyio", "re2", "zstandard",
 })
 
 # Runs in a fresh interpreter with -I: no PYTHONPATH, no user site, no current folder on sys.path.

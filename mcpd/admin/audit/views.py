@@ -14,11 +14,11 @@ from typing import Any
 
 from mcpd.admin.audit.filters import route_of
 from mcpd.admin.audit.verify import loss_words
-from mcpd.common.audit.records import FIND_ARGS
+from mcpd.common.audit.records import FIND_ARGS, GREP_FIELDS
 from mcpd.common.printable import field, printable
 
 #: the arguments of ``files/find`` a record keeps (field, label): how a readable line names them
-FIND_FIELDS = tuple((key, arg) for arg, key in FIND_ARGS)
+FIND_FIELDS = tuple((key, arg) for arg, key in FIND_ARGS) + tuple((key, key) for key in GREP_FIELDS)
 
 
 def _text(value: Any) -> str:

@@ -17,7 +17,7 @@ import click
 
 from mcpd.client.api import TRANSPORTS
 from mcpd.client.config import Settings
-from mcpd.client.linuxctl import credentials, files, tools
+from mcpd.client.linuxctl import credentials, files, grep, tools
 
 HELP = """Read files on an mcpd server: whole files, ranges, listings, searches.
 
@@ -88,6 +88,7 @@ main.add_command(files.get)
 main.add_command(files.list_group)
 main.add_command(files.find_group)
 main.add_command(files.read_uri)
+main.add_command(grep.grep)
 main.add_command(tools.tools)
 main.add_command(tools.call)
 main.add_command(credentials.login_cmd)

@@ -27,8 +27,10 @@ def fail(exc: MCPClientError) -> NoReturn:
     sys.exit(exc.exit_code)
 
 
-def run(settings: Settings, fn: Callable[[Client], Awaitable[T]]) -> T:
-    """Connect with ``settings``, run ``await fn(client)`` and return its value; errors exit via :func:`fail`."""
+def run(settings: Settings, fn: Callable[[Client], Awaitable[T]],
+        on_error: Callable[[MCPClientError], object] | None = None) -> T:
+    """Connect with ``settings``, run ``await fn(client)`` and return its value; errors exit via
+    ``on_error`` (default :func:`fail`; ``linuxctl grep``'s exits 2, as grep does)."""
 
     async def go() -> T:
         url, token, cacert = resolve(settings)
@@ -38,4 +40,5 @@ def run(settings: Settings, fn: Callable[[Client], Awaitable[T]]) -> T:
     try:
         return asyncio.run(go())
     except MCPClientError as exc:
-        fail(exc)
+        (on_error or fail)(exc)
+        sys.exit(exc.exit_code)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import hashlib
 import json
 import re
 import time
@@ -203,10 +204,22 @@ class Prepared:
 FIND_ARGS = (("name", "find_name"), ("type", "find_type"), ("max_depth", "max_depth"))  # argument -> field
 
 
+#: what a ``files/grep`` record keeps of its pattern: its SHA-256 (hex) and length, never the pattern
+GREP_FIELDS = ("pattern_sha256", "pattern_length")
+
+
 def find_fields(tool: str, arguments: Any) -> dict[str, Any]:
     """What a ``files/find`` call searched for, as record fields (``find_name``, ``find_type``,
     ``max_depth``), from its raw ``arguments`` (a value that is no scalar as its JSON type in
-    brackets, ``(list)``); ``{}`` for any other tool or arguments that are no object."""
+    brackets, ``(list)``); for ``files/grep``, :data:`GREP_FIELDS` of its pattern (a pattern
+    that is no string: neither) and ``max_depth``; ``{}`` for any other tool or arguments that
+    are no object."""
+    if tool == "files/grep" and isinstance(arguments, dict):
+        pattern, depth = arguments.get("pattern"), arguments.get("max_depth")
+        kept: dict[str, Any] = {} if not isinstance(pattern, str) else {
+            "pattern_sha256": hashlib.sha256(pattern.encode("utf-8", "surrogatepass")).hexdigest(),
+            "pattern_length": len(pattern)}
+        return kept if depth is None else {**kept, "max_depth": depth if isinstance(depth, int) else "(value)"}
     if tool != "files/find" or not isinstance(arguments, dict):
         return {}
     out: dict[str, Any] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from mcpd.core.tools import files_filetype, files_find, files_list, files_read
+from mcpd.core.tools import files_filetype, files_find, files_grep, files_list, files_read
 
 
 class ToolModule(Protocol):
@@ -33,7 +33,7 @@ def _registry(*modules: Any) -> dict[str, ToolModule]:
     return {m.NAME: m for m in modules}
 
 
-TOOLS: Mapping[str, ToolModule] = _registry(files_read, files_list, files_find, files_filetype)
+TOOLS: Mapping[str, ToolModule] = _registry(files_read, files_list, files_find, files_filetype, files_grep)
 
 
 def portable_name(name: str) -> str:

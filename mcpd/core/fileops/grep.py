@@ -1,0 +1,243 @@
+"""``files/grep``: search file contents for a pattern, in one file or a tree (docs/REFERENCE.md §3 ``files/grep``).
+
+The walk is :func:`mcpd.core.walk.walk_files`, the reading :mod:`mcpd.core.grepread` (plain or
+decompressed, with its limits), the matching :mod:`mcpd.core.grepscan` (RE2). This module runs
+them for one call, on either route: :func:`op_grep` on the unprivileged route opens every file
+itself, with the worker's account's rights; :func:`grep_opened` searches files root opened for a
+privileged call, in the walk's order.
+
+Each file of a tree is opened as ``O_PATH`` first, relative to its folder, and judged on that
+descriptor: only a regular file is then opened for reading (through ``/proc/self/fd/N``, where
+the kernel checks the account's rights), so a FIFO or a device met in a tree is never opened. A
+file whose head holds a NUL byte is binary and skipped. A file named alone that cannot be searched
+is an error (``BINARY_FILE``, ``FILE_TOO_LARGE``, ...), in a tree it is counted in
+``files_skipped`` by reason and the first :data:`SKIPS_SHOWN` are named in ``skipped``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from mcpd.common.config import ReadLimits
+from mcpd.core import grepread, grepscan
+from mcpd.core.fileops import Context, progress_of
+from mcpd.core.grepargs import cursor_of, encode_cursor, parse_grep_args
+from mcpd.core.walk import clean, skip_reason, walk_files
+from mcpd.helper.wire.errors import (
+    BINARY_FILE,
+    FILE_TOO_LARGE,
+    INVALID_ARGUMENT,
+    NOT_A_REGULAR_FILE,
+    ToolError,
+    from_oserror,
+)
+
+__all__ = ["Search", "grep_opened", "op_grep"]
+
+SKIPS_SHOWN = 100  # skipped files named in the answer (files_skipped counts them all)
+PROGRESS_FILES, PROGRESS_BYTES = 1000, 64 * 1024 * 1024  # a progress call after this many files or bytes
+_CLOSE = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+class Search:
+    """One call's state: the pattern, the budget, what was searched and skipped, and the answer."""
+
+    def __init__(self, args: dict[str, Any], limits: ReadLimits, progress: Callable[[int, int | None, str], None]
+                 | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.args, self.clock, self.progress = args, clock, progress
+        self.regex = grepscan.compile_pattern(args)
+        self.file_limit = min(args["max_file_bytes"] or limits.grep_file_bytes, limits.grep_file_bytes)
+        total = min(args["max_total_bytes"] or limits.grep_total_bytes, limits.grep_total_bytes)
+        self.max_ratio = limits.grep_max_ratio
+        self.budget = grepscan.Budget(args["max_matches"], max(limits.response_cap // 4, 1), total,
+                                      clock() + args["time_budget_seconds"])
+        self.searched = self.matched = 0
+        self.skipped: dict[str, int] = {}
+        self.named: list[dict[str, str]] = []
+        self.stop: grepscan.Stop | None = None
+        self.stop_path = ""
+        self._ticks, self._told_files, self._told_bytes = 0, 0, 0
+
+    def skip(self, path: str, reason: str) -> None:
+        """Count ``path`` as skipped for ``reason``."""
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if len(self.named) < SKIPS_SHOWN:
+            self.named.append({"path": path, "reason": reason})
+
+    def tick(self, path: str) -> bool:
+        """Before each walk entry: True when the time is up (the walk then stops before ``path``)."""
+        self._ticks += 1
+        if self._ticks % 64 == 0 and self.clock() > self.budget.deadline:
+            self.stop, self.stop_path = grepscan.Stop("time_budget", 0, 1), path
+            return True
+        return False
+
+    def search(self, fd: int, path: str, name: str, offset: int = 0, line: int = 1, alone: bool = False) -> bool:
+        """Search the open regular file ``fd`` from ``offset``/``line``; True when the call must stop.
+
+        ``alone``: the file was named by ``path`` (its refusals are errors, see the module docstring).
+        """
+        kind = grepread.compression(name)
+        late = "byte_limit" if self.budget.searched >= self.budget.total_bytes else \
+            "time_budget" if self.clock() > self.budget.deadline else None
+        if late is not None:
+            self.stop, self.stop_path = grepscan.Stop(late, offset, line), path
+            return True
+        try:
+            size = os.fstat(fd).st_size
+            if kind is None and size > self.file_limit:
+                raise grepread.Skipped("too_large", f"the file has {size} bytes, over the per-file limit of "
+                                       f"{self.file_limit}", size=size, limit=self.file_limit)
+            if b"\0" in grepread.head(fd, kind):
+                raise grepread.Skipped("binary", "cannot read binary file")
+            before = len(self.budget.matches)
+            stop = grepscan.scan(grepread.chunks(fd, kind, size, offset, self.file_limit, self.max_ratio), self.regex,
+                                 path, self.args, self.budget, offset, line, self.clock)
+        except grepread.Skipped as why:
+            if alone:
+                if why.reason == "binary":
+                    raise ToolError(BINARY_FILE, why.message) from None
+                if why.reason in ("too_large", "compression_ratio"):
+                    raise ToolError(FILE_TOO_LARGE, f"{path}: {why.message}", path=path, reason=why.reason,
+                                    **why.details) from None
+                if why.reason == "unsupported_compression":
+                    raise ToolError(INVALID_ARGUMENT, f"{path}: {why.message}", path=path, reason=why.reason) from None
+            self.skip(path, why.reason)
+            return False
+        except OSError as err:
+            if alone:
+                raise from_oserror(err, path) from None
+            self.skip(path, skip_reason(err))
+            return False
+        self.searched += 1
+        self.matched += len(self.budget.matches) > before
+        self._told()
+        if stop is not None:
+            self.stop, self.stop_path = stop, path
+            return True
+        return False
+
+    def _told(self) -> None:
+        if self.progress is None:
+            return
+        if self.searched - self._told_files >= PROGRESS_FILES or self.budget.searched - self._told_bytes >= \
+                PROGRESS_BYTES:
+            self._told_files, self._told_bytes = self.searched, self.budget.searched
+            self.progress(self.searched, None, f"{self.searched} files searched, {len(self.budget.matches)} matches")
+
+    def result(self, root: str) -> dict[str, Any]:
+        """The op's result (docs/REFERENCE.md §3 ``files/grep``)."""
+        stop, cursor = self.stop, None
+        if stop is not None:
+            offset = None if stop.offset < 0 else stop.offset
+            cursor = encode_cursor(self.args, self.stop_path, offset, stop.line)
+        return {"path": root, "matches": self.budget.matches, "files_searched": self.searched,
+                "files_matched": self.matched, "bytes_searched": self.budget.searched,
+                "files_skipped": dict(sorted(self.skipped.items())), "skipped": self.named,
+                "truncated": stop is not None, "stopped": None if stop is None else stop.reason,
+                "next_cursor": cursor}
+
+
+def open_entry(dfd: int, name: str, follow: bool) -> int:
+    """Open entry ``name`` of folder ``dfd`` for reading when it is a regular file (module docstring).
+
+    Raises:
+        grepread.Skipped: ``not_regular`` or ``symlink`` (never opened for reading).
+        OSError: the kernel's refusal (``EACCES``: the account may not read it).
+    """
+    pfd = os.open(name, os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW), dir_fd=dfd)
+    try:
+        mode = os.fstat(pfd).st_mode
+        if stat.S_ISLNK(mode):
+            raise grepread.Skipped("symlink", "symlink not followed")
+        if not stat.S_ISREG(mode):
+            raise grepread.Skipped("not_regular", "not a regular file")
+        return os.open(f"/proc/self/fd/{pfd}", _CLOSE)
+    finally:
+        os.close(pfd)
+
+
+def _resume(root: str, cursor: dict[str, Any] | None) -> tuple[str, ...] | None:
+    """The cursor's path as components below ``root`` (None: it lies elsewhere, so the cursor is refused)."""
+    if cursor is None:
+        return ()
+    path = cursor["p"]
+    if path == root:
+        return ()
+    prefix = root.rstrip("/") + "/"
+    return tuple(path[len(prefix):].split("/")) if path.startswith(prefix) else None
+
+
+def _bad_cursor() -> ToolError:
+    return ToolError(INVALID_ARGUMENT, "cursor belongs to another search: pass next_cursor back unchanged",
+                     argument="cursor")
+
+
+def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
+    """The ``files/grep`` op of the unprivileged route: validates ``args`` again, then searches.
+
+    Raises:
+        ToolError: ``INVALID_ARGUMENT`` (arguments, pattern, cursor); the opener's error for the
+            path; for a file named alone, what keeps it from being searched.
+    """
+    a = parse_grep_args(args)
+    root = clean(a["path"])
+    cursor = cursor_of(a)
+    at = _resume(root, cursor)
+    if at is None:
+        raise _bad_cursor()
+    s = Search(a, ctx.limits, progress_of(ctx))  # type: ignore[attr-defined]
+    try:
+        rfd = ctx.open_dir(root)
+    except ToolError as exc:
+        if exc.code not in (INVALID_ARGUMENT, NOT_A_REGULAR_FILE):  # not a directory: one file
+            raise
+        if cursor is not None and (at or cursor["o"] is None):
+            return s.result(root)
+        fd = ctx.open_file(root)
+        try:
+            offset, line = (cursor["o"], cursor["n"]) if cursor else (0, 1)
+            s.search(fd, root, posixpath.basename(root), offset, line, alone=True)
+        finally:
+            os.close(fd)
+        return s.result(root)
+    try:
+        for dfd, name, path, resumed in walk_files(rfd, root, a, s.skip, s.tick, resume=at):
+            if resumed and cursor is not None and cursor["o"] is None:
+                continue
+            start = (cursor["o"], cursor["n"]) if resumed and cursor is not None else (0, 1)
+            try:
+                fd = open_entry(dfd, name, a["follow_symlinks"])
+            except grepread.Skipped as why:
+                s.skip(path, why.reason)
+                continue
+            except OSError as err:
+                s.skip(path, skip_reason(err))
+                continue
+            try:
+                if s.search(fd, path, name, *start):
+                    break
+            finally:
+                os.close(fd)
+    finally:
+        os.close(rfd)
+    return s.result(root)
+
+
+def grep_opened(args: dict[str, Any], limits: ReadLimits, files: Iterable[tuple[str, int]],
+                progress: Callable[[int, int | None, str], None] | None = None, alone: bool = False) -> Search:
+    """Search files root opened for a privileged call: ``files`` are ``(path, fd)`` in the walk's
+    order (the fds stay the caller's to close); returns the :class:`Search` to go on with or answer from."""
+    s = Search(args, limits, progress)
+    cursor = cursor_of(args)
+    for path, fd in files:
+        offset, line = (cursor["o"], cursor["n"]) if cursor is not None and cursor["p"] == path and \
+            cursor["o"] is not None else (0, 1)
+        if s.search(fd, path, posixpath.basename(path), offset, line, alone=alone):
+            break
+    return s

@@ -1,0 +1,164 @@
+"""The bytes ``files/grep`` searches in one open file: plain, or decompressed (docs/REFERENCE.md §3 ``files/grep``).
+
+A file whose name ends in ``.gz``, ``.xz``, ``.bz2`` or ``.zst`` is searched as the text it
+decompresses to (the standard library's gzip, lzma and bz2; ``zstandard`` for ``.zst`` when it
+is installed, else such a file is skipped, reason ``unsupported_compression``). Every file is
+read with ``os.pread`` on the descriptor it is given, at most :data:`CHUNK` bytes at a time, so
+memory never follows the file.
+
+Limits, each a :class:`Skipped` with its reason when passed:
+
+* ``too_large``: a plain file over the per-file limit is not searched at all (its ``fstat`` size
+  says so); a compressed one is searched until its decompressed text passes the limit.
+* ``compression_ratio``: a compressed file whose decompressed bytes pass both
+  :data:`RATIO_SLACK` and ``max_ratio`` times the compressed bytes read so far (a bomb).
+* ``corrupt``: compressed data that does not decompress.
+
+A plain file is read up to the size ``fstat`` gave when it was opened (bytes appended later are
+not searched; a file truncated meanwhile ends where its reads end); a file that reports size 0
+(``/proc``) is read until a read comes back empty, within the per-file limit.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import lzma
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+CHUNK = 1024 * 1024  # bytes per read
+BINARY_PROBE = 8192  # bytes of a file's head (decompressed) searched for a NUL byte
+RATIO_SLACK = 1024 * 1024  # decompressed bytes any compressed file may reach before its ratio is judged
+SUFFIXES = (".gz", ".xz", ".bz2", ".zst")
+
+
+class Skipped(Exception):
+    """A file not searched (or not to its end): ``reason`` is a ``files_skipped`` key, ``message`` a sentence."""
+
+    def __init__(self, reason: str, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.details = reason, message, details
+
+
+def compression(name: str) -> str | None:
+    """The compressed format of a file by its name's suffix (``gz``, ``xz``, ``bz2``, ``zst``), or None."""
+    for suffix in SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return suffix[1:]
+    return None
+
+
+class _Raw:
+    """A read-only file object over a descriptor, by ``pread`` from its start; counts what was read."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.pos = fd, 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = os.pread(self.fd, CHUNK if n is None or n < 0 else min(n, CHUNK), self.pos)
+        self.pos += len(data)
+        return data
+
+    def readinto(self, buf: Any) -> int:
+        data = self.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def _zstd(raw: _Raw) -> Any:
+    try:
+        import zstandard
+    except ImportError:
+        raise Skipped("unsupported_compression", "zstandard is not installed: .zst files are not searched") from None
+    return cast(Any, zstandard.ZstdDecompressor().stream_reader(cast(Any, raw), read_size=64 * 1024,
+                                                                 read_across_frames=True))
+
+
+_OPENERS: dict[str, Callable[[_Raw], Any]] = {
+    "gz": lambda raw: gzip.GzipFile(fileobj=cast(Any, raw), mode="rb"),
+    "xz": lambda raw: lzma.LZMAFile(cast(Any, raw)),
+    "bz2": lambda raw: bz2.BZ2File(cast(Any, raw)),
+    "zst": _zstd,
+}
+_BAD_DATA: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, lzma.LZMAError, ValueError)
+
+
+def head(fd: int, kind: str | None) -> bytes:
+    """The first :data:`BINARY_PROBE` bytes of the file's text (decompressed when ``kind``)."""
+    if kind is None:
+        return os.pread(fd, BINARY_PROBE, 0)
+    stream = _OPENERS[kind](_Raw(fd))
+    try:
+        return stream.read(BINARY_PROBE)
+    except _BAD_DATA:
+        raise Skipped("corrupt", "the compressed data is damaged") from None
+    finally:
+        stream.close()
+
+
+def chunks(fd: int, kind: str | None, size: int, start: int, file_limit: int, max_ratio: int) -> Iterator[bytes]:
+    """The file's text from byte ``start`` on, in pieces of at most :data:`CHUNK` bytes.
+
+    ``kind``: :func:`compression`'s answer; ``size``: the ``fstat`` size at open (bytes);
+    ``file_limit``: the per-file limit (bytes of text); ``max_ratio``: the bomb bound.
+
+    Raises:
+        Skipped: ``too_large``, ``compression_ratio``, ``corrupt``, ``unsupported_compression``
+            (module docstring), before the first piece or between two.
+        OSError: a read failed.
+    """
+    if kind is None:
+        if size > file_limit:
+            raise Skipped("too_large", f"the file has {size} bytes, over the per-file limit of {file_limit}",
+                          size=size, limit=file_limit)
+        end = size if size > 0 else file_limit
+        pos = start
+        while pos < end:
+            data = os.pread(fd, min(CHUNK, end - pos), pos)
+            if not data:
+                return
+            pos += len(data)
+            yield data
+        return
+    raw = _Raw(fd)
+    stream = _OPENERS[kind](raw)
+    made = 0
+    try:
+        while True:
+            try:
+                data = stream.read(CHUNK)
+            except _BAD_DATA:
+                raise Skipped("corrupt", "the compressed data is damaged") from None
+            if not data:
+                return
+            made += len(data)
+            if made > file_limit:
+                raise Skipped("too_large", f"the decompressed text passes the per-file limit of {file_limit} bytes",
+                              limit=file_limit)
+            if made > RATIO_SLACK and made > max_ratio * max(raw.pos, 1):
+                raise Skipped("compression_ratio", f"decompresses more than {max_ratio} times its size "
+                              "(a decompression bomb?): not searched further", limit=max_ratio)
+            if made <= start:
+                continue
+            yield data if made - len(data) >= start else data[start - (made - len(data)):]
+    finally:
+        stream.close()

@@ -1,0 +1,222 @@
+"""Matching lines for ``files/grep``: the pattern as RE2 compiles it, and one file's text scanned line by line.
+
+RE2 (``google-re2``) matches in time linear in the text, whatever the pattern: ``(a*)*b`` on a
+long line of ``a`` answers at once. The pattern is compiled once per call, for UTF-8 text, with
+``^``/``$`` at line ends and no match ever spanning a newline; a pattern holding newlines is
+several patterns, any of which matches (as grep's). ``fixed_string`` matches the pattern
+literally, ``word`` only where it is neither preceded nor followed by a word character (RE2's
+ASCII ``\\b``), ``ignore_case`` folds case (Unicode simple folding).
+
+The text is searched as bytes, each 1 MiB read whole by RE2 (not a Python loop per line): bytes
+that are not UTF-8 are matched by no character class, ``.`` included, but never stop a search, and
+a line shown is decoded with each such byte written ``\\xNN``. Lines end at ``\\n``; a line over
+:data:`PIECE` bytes is searched in pieces of that size (a match across two pieces is missed),
+each with the line's number. A line shown is cut at :data:`SHOW_BYTES` bytes, around the match,
+with the bytes left out said in ``[... N bytes]`` markers.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from mcpd.helper.wire.errors import invalid_argument
+
+PIECE = 1024 * 1024  # bytes: the longest line searched whole
+SHOW_BYTES = 2048  # bytes of a line shown
+_SPECIAL = frozenset("\\.+*?()|[]{}^$")
+
+
+def compile_pattern(args: dict[str, Any]) -> Any:
+    """The compiled RE2 pattern of parsed ``files/grep`` arguments (bytes patterns, byte offsets).
+
+    Raises:
+        ToolError: ``INVALID_ARGUMENT`` (argument ``pattern``) with RE2's reason, e.g.
+            ``invalid pattern: missing ): (``; backreferences and lookaround are not RE2.
+    """
+    import re2
+
+    parts = args["pattern"].split("\n")
+    if args["fixed_string"]:
+        parts = ["".join("\\" + c if c in _SPECIAL else c for c in p) for p in parts]
+    body = "|".join(f"(?:{p})" for p in parts) if len(parts) > 1 else parts[0]
+    if args["word"]:
+        body = f"\\b(?:{body})\\b"
+    opts = re2.Options()
+    opts.never_nl, opts.log_errors, opts.case_sensitive = True, False, not args["ignore_case"]
+    opts.max_mem = 64 * 1024 * 1024
+    try:
+        return re2.compile(("(?m)" + body).encode("utf-8"), opts)
+    except re2.error as exc:
+        why = exc.args[0] if exc.args else "not an RE2 pattern"
+        why = why.decode("utf-8", "backslashreplace") if isinstance(why, bytes) else str(why)
+        why = why.partition(": ")[0]  # RE2 names the part of the pattern after the colon: ours, wrapped
+        raise invalid_argument(f"invalid pattern: {why[:300]} (RE2 syntax)", argument="pattern") from None
+
+
+def show(raw: bytes, at: int = 0) -> str:
+    """Line ``raw`` as text (module docstring), cut around byte ``at`` when over :data:`SHOW_BYTES`."""
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    if len(raw) <= SHOW_BYTES:
+        return raw.decode("utf-8", "backslashreplace")
+    start = 0 if at < SHOW_BYTES - 256 else min(at - 128, len(raw) - SHOW_BYTES)
+    end = start + SHOW_BYTES
+    while start > 0 and 0x80 <= raw[start] < 0xC0 and at - start < 256:  # not inside a character
+        start -= 1
+    while end < len(raw) and 0x80 <= raw[end] < 0xC0:
+        end -= 1
+    text = raw[start:end].decode("utf-8", "backslashreplace")
+    return (f"[... {start} bytes] " if start else "") + text + f" [... {len(raw) - end} more bytes]"
+
+
+@dataclass
+class Budget:
+    """What one call may still take (shared by every file of the call); the scan stops when it is gone."""
+
+    max_matches: int
+    answer_bytes: int  # of text shown, contexts included
+    total_bytes: int  # of text searched
+    deadline: float  # time.monotonic() seconds
+    matches: list[dict[str, Any]] = field(default_factory=list)
+    searched: int = 0  # bytes
+    shown: int = 0  # bytes
+
+    def add(self, match: dict[str, Any], size: int) -> str | None:
+        """Keep ``match`` (``size`` bytes of text shown); the stop reason when the budget is now spent."""
+        self.matches.append(match)
+        self.shown += size
+        if len(self.matches) >= self.max_matches:
+            return "max_matches"
+        return "answer_size" if self.shown >= self.answer_bytes else None
+
+
+@dataclass
+class Stop:
+    """Where and why a scan stopped early: go on at byte ``offset`` of the text, line ``line``."""
+
+    reason: str
+    offset: int
+    line: int
+
+
+def _spans(regex: Any, block: bytes, invert: bool) -> Iterator[tuple[int, int, int]]:
+    """``(start, end, match start)`` of each selected line of ``block`` (``end`` before its ``\\n``)."""
+    pos, size = 0, len(block)
+    while pos < size:
+        m = regex.search(block, pos)
+        hit = size if m is None else block.rfind(b"\n", 0, m.start()) + 1
+        if invert:
+            while pos < hit:
+                end = block.find(b"\n", pos, hit)
+                end = hit if end < 0 else end
+                yield pos, end, pos
+                pos = end + 1
+            if m is None:
+                return
+        elif m is None:
+            return
+        end = block.find(b"\n", m.start())
+        end = size if end < 0 else end
+        if not invert:
+            yield hit, end, m.start()
+        pos = end + 1
+
+
+def _before(block: bytes, start: int, n: int, prev: collections.deque[bytes]) -> list[bytes]:
+    """The ``n`` lines before the line at ``start`` (from the previous block's tail when need be)."""
+    out: list[bytes] = []
+    pos = start
+    while len(out) < n and pos > 0:
+        begin = block.rfind(b"\n", 0, pos - 1) + 1
+        out.append(block[begin:pos - 1])
+        pos = begin
+    if len(out) < n:
+        out.extend(list(prev)[::-1][:n - len(out)])
+    return out[::-1]
+
+
+def _after(block: bytes, pos: int, n: int) -> list[bytes]:
+    """Up to ``n`` lines of ``block`` from ``pos`` (a line start) on."""
+    out: list[bytes] = []
+    while len(out) < n and pos < len(block):
+        end = block.find(b"\n", pos)
+        end = len(block) if end < 0 else end
+        out.append(block[pos:end])
+        pos = end + 1
+    return out
+
+
+def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], budget: Budget,
+         offset: int = 0, line: int = 1, now: Any = None) -> Stop | None:
+    """Search one file's text (``pieces``, from byte ``offset``, line ``line``) into ``budget``.
+
+    Each selected line becomes ``{"path", "line", "byte_offset", "text"}`` (plus ``before`` and
+    ``after``, lists of the context lines' texts, when ``args["context"]``). Returns None at the
+    end of the text, or a :class:`Stop` when the budget is spent (``max_matches``,
+    ``answer_size``) or, checked after each piece, its bytes (``byte_limit``) or time
+    (``time_budget``; ``now`` is the clock) ran out. Raises what ``pieces`` raises.
+    """
+    n, invert = args["context"], args["invert"]
+    prev: collections.deque[bytes] = collections.deque(maxlen=max(n, 1))
+    waiting: list[tuple[dict[str, Any], int]] = []  # matches still owed after-context, and how many lines
+    stop: Stop | None = None
+    carry = b""
+    it = iter(pieces)
+    done = False
+    while not done:
+        chunk = next(it, None)
+        if chunk is None:
+            done, data = True, carry
+        else:
+            data = carry + chunk if carry else chunk
+        cut = len(data) if done else data.rfind(b"\n") + 1
+        if cut == 0:
+            if len(data) < PIECE:
+                carry = data
+                continue
+            cut = len(data)
+        block, carry = data[:cut], data[cut:]
+        if not block:
+            continue
+        if waiting:
+            lines = _after(block, 0, max(k for _, k in waiting))
+            for owed, k in waiting:
+                owed["after"].extend(show(x) for x in lines[:k])
+            waiting = []
+        if stop is not None:
+            return stop
+        counted, at_line = 0, line
+        for start, end, hit in _spans(regex, block, invert):
+            at_line += block.count(b"\n", counted, start)
+            counted = start
+            text = show(block[start:end], hit - start)
+            match: dict[str, Any] = {"path": path, "line": at_line, "byte_offset": offset + start, "text": text}
+            size = len(text)
+            if n:
+                match["before"] = [show(x) for x in _before(block, start, n, prev)]
+                after = _after(block, end + 1, n)
+                match["after"] = [show(x) for x in after]
+                size += sum(len(x) for x in match["before"]) + sum(len(x) for x in match["after"])
+                if len(after) < n and end + 1 >= len(block) and not done:
+                    waiting.append((match, n - len(after)))
+            why = budget.add(match, size)
+            if why is not None:
+                stop = Stop(why, offset + end + 1, at_line + 1)
+                break
+        if n:
+            prev.extend(_before(block, len(block) + 1, n, prev) if block.endswith(b"\n") else [])
+        budget.searched += len(block)
+        if stop is not None:
+            if not waiting or done:
+                return stop
+            continue
+        line += block.count(b"\n")
+        offset += len(block)
+        if not done and budget.searched >= budget.total_bytes:
+            return Stop("byte_limit", offset, line)
+        if not done and now is not None and now() > budget.deadline:
+            return Stop("time_budget", offset, line)
+    return None
