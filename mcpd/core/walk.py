@@ -31,7 +31,7 @@ import os
 import posixpath
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from mcpd.common.validate import check_bool, check_choice, check_int, check_number, check_object, check_path
@@ -124,7 +124,7 @@ def raw_entry(name: str, st: os.stat_result, target: str | None) -> dict[str, An
     return entry if target is None else {**entry, "target": target}
 
 
-def _shown(name: str) -> bool:  # no screen: nothing hidden
+def shown_all(name: str) -> bool:  # no screen: nothing hidden
     return False
 
 
@@ -167,7 +167,7 @@ def walk_list(args: dict[str, Any], open_dir: Opener, allow: Allow, screen: Scre
     entries: list[dict[str, Any]] = []
     counter = itertools.count()
     try:
-        hidden = _shown if screen is None else screen(dfd)
+        hidden = shown_all if screen is None else screen(dfd)
         with os.scandir(dfd) as it:  # stream the names, keep the `limit` smallest; next(counter) counts those shown
             shown = (e.name for e in it if (allow is None or allow(posixpath.join(path, e.name))) and not hidden(e.name)
                      and next(counter) >= 0)
@@ -181,7 +181,7 @@ def walk_list(args: dict[str, Any], open_dir: Opener, allow: Allow, screen: Scre
     return {"path": path, "kind": "directory", "entries": entries, "total": next(counter), "limit": limit}
 
 
-def _kind(e: os.DirEntry[str], follow: bool) -> str:
+def entry_kind(e: os.DirEntry[str], follow: bool) -> str:
     """The entry's type, from the directory listing when it can; with ``follow``, a link's target's."""
     try:
         if e.is_dir(follow_symlinks=follow):
@@ -232,7 +232,7 @@ def walk_find(args: dict[str, Any], open_dir: Opener, allow: Allow,
             visited.add((st.st_dev, st.st_ino))
             with os.scandir(fd) as it:
                 entries = sorted(it, key=lambda e: e.name)
-            hidden = _shown if screen is None else screen(fd)
+            hidden = shown_all if screen is None else screen(fd)
         except OSError as err:
             return error(path, err)
         for e in entries:
@@ -245,7 +245,7 @@ def walk_find(args: dict[str, Any], open_dir: Opener, allow: Allow,
             full = posixpath.join(path, e.name)
             if allow is not None and not allow(full) or hidden(e.name):
                 continue
-            kind = _kind(e, follow)
+            kind = entry_kind(e, follow)
             if (a["name"] is None or fnmatch.fnmatchcase(e.name, a["name"])) and a["type"] in (None, kind):
                 matches.append({"path": full, "type": kind})
                 if len(matches) >= a["max_results"]:
@@ -271,91 +271,3 @@ def walk_find(args: dict[str, Any], open_dir: Opener, allow: Allow,
     finally:
         os.close(rfd)
     return out
-
-
-#: why ``walk_files`` passed over an entry (files/grep's ``files_skipped`` reasons)
-_SKIPS = {errno.EACCES: "permission", errno.EPERM: "permission", errno.ENOENT: "vanished", errno.ENOTDIR: "vanished",
-          errno.ELOOP: "symlink"}
-
-
-def skip_reason(err: OSError) -> str:
-    """The ``files_skipped`` reason of an ``OSError`` met on the way (``permission``, ``vanished``,
-    ``symlink``; any other is ``error``)."""
-    return _SKIPS.get(err.errno or 0, "error")
-
-
-class _Halt(Exception):
-    """A tick stopped :func:`walk_files`."""
-
-
-def walk_files(rfd: int, root: str, args: dict[str, Any], skip: Callable[[str, str], None],
-               tick: Callable[[str], bool], allow: Allow = None, screen: Screen = None,
-               resume: tuple[str, ...] = ()) -> Iterator[tuple[int, str, str, bool]]:
-    """The files of a tree for ``files/grep``: depth first in name order, like :func:`walk_find`.
-
-    ``rfd``: the open folder ``root`` (the caller keeps and closes it). ``args``: parsed
-    ``files/grep`` arguments (``include``/``exclude``: globs on the file's own name, case
-    sensitive; ``max_depth``, 1 = ``root``'s own entries; ``follow_symlinks``: symlinks to files
-    and folders are followed, a folder met again, by (st_dev, st_ino), is not entered). Yields
-    ``(folder fd, name, path, resumed)`` for each regular file (by the listing's type; the caller
-    opens it and checks again), ``resumed`` true for the file ``resume`` (the components of a
-    cursor's path below ``root``) names; entries ordered before ``resume`` are passed over.
-    ``skip(path, reason)`` hears of every entry passed over for a reason (``not_regular``,
-    ``symlink``, ``loop``, ``too_deep``, or :func:`skip_reason`'s for a folder that could not be
-    read); ``tick(path)`` is called before each entry and stops the walk when it returns True.
-    ``allow`` and ``screen`` are the privileged route's filters (module docstring); an entry they
-    refuse is passed over in silence. Descriptors are closed when the iterator is closed.
-    """
-    follow, include, exclude, max_depth = bool(args["follow_symlinks"]), args["include"], args["exclude"], \
-        args["max_depth"]
-    visited = set[tuple[int, int]]()
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | (0 if follow else os.O_NOFOLLOW)
-
-    def level(fd: int, path: str, depth: int, at: tuple[str, ...]) -> Iterator[tuple[int, str, str, bool]]:
-        if depth > DEPTH_CAP:
-            return skip(path, "too_deep")
-        try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) in visited:
-                return skip(path, "loop")
-            visited.add((st.st_dev, st.st_ino))
-            with os.scandir(fd) as it:
-                entries = sorted(it, key=lambda e: e.name)
-            hidden = _shown if screen is None else screen(fd)
-        except OSError as err:
-            return skip(path, skip_reason(err))
-        for e in entries:
-            here = at[0] if at else None
-            if here is not None and e.name < here:
-                continue
-            inner = at[1:] if e.name == here else ()
-            full = posixpath.join(path, e.name)
-            if tick(full):
-                raise _Halt
-            if allow is not None and not allow(full) or hidden(e.name):
-                continue
-            kind = _kind(e, follow)
-            if kind == "dir":
-                if max_depth is not None and depth >= max_depth:
-                    continue
-                try:
-                    child = os.open(e.name, flags, dir_fd=fd)
-                except OSError as err:
-                    skip(full, skip_reason(err))
-                    continue
-                try:
-                    yield from level(child, full, depth + 1, inner)
-                finally:
-                    os.close(child)
-            elif kind == "file":
-                if include and not any(fnmatch.fnmatchcase(e.name, g) for g in include) or any(
-                        fnmatch.fnmatchcase(e.name, g) for g in exclude):
-                    continue
-                yield fd, e.name, full, e.name == here and len(at) == 1
-            else:
-                skip(full, "symlink" if kind in ("symlink", "unknown") else "not_regular")
-
-    try:
-        yield from level(rfd, root, 1, resume)
-    except _Halt:
-        return

@@ -451,7 +451,7 @@ def test_first_load_failure_grants_nothing(tmp_path: Path) -> None:
 @pytest.mark.root
 def test_grants_check_like_visudo(tmp_path: Path) -> None:
     runner = CliRunner()
-    path = write_root_file(tmp_path, GOOD.replace("alice", pwd.getpwuid(os.geteuid()).pw_name))  # a real account
+    path = write_root_file(tmp_path, GOOD.replace("alice", pwd.getpwuid(os.geteuid()).pw_name), 0o600)  # a real account
     ok = runner.invoke(grants, ["check", path])
     assert ok.exit_code == 0 and ok.output == f"{path}: parsed OK\n"
     Path(path).write_text("users:\n  a: {privileged: {tools: {files/read: {allowed: true}}}}\n")

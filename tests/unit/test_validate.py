@@ -10,7 +10,8 @@ from mcpd.common.validate import check_bool, check_choice, check_int, check_obje
 from mcpd.core.tools import TOOLS, files_find, files_list, files_read
 from mcpd.helper.wire.errors import INVALID_ARGUMENT, ToolError
 
-PATH_KEY = {"files/read": "path", "files/list": "path", "files/filetype": "path", "files/find": "root"}
+PATH_KEY = {"files/read": "path", "files/list": "path", "files/filetype": "path", "files/find": "root", "files/grep": "path"}
+REQUIRED = {"files/grep": {"pattern": "x"}}  # other arguments a tool needs beside its path
 
 
 def refused(fn: Any, *args: Any) -> ToolError:
@@ -48,7 +49,7 @@ def test_integers_are_accepted_where_floats_are_not() -> None:
     ["/tmp/\ud800", "/tmp/\udcff.log", "relative", "", "/a\0b", "/" + "a" * 256, "/x/" + "b" * 4094],
 )
 def test_every_tool_refuses_the_same_bad_paths(tool: str, path: str) -> None:
-    err = refused(TOOLS[tool].parse_args, {PATH_KEY[tool]: path})
+    err = refused(TOOLS[tool].parse_args, {**REQUIRED.get(tool, {}), PATH_KEY[tool]: path})
     assert err.details["argument"] == PATH_KEY[tool]
 
 

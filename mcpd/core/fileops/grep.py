@@ -1,6 +1,6 @@
 """``files/grep``: search file contents for a pattern, in one file or a tree (docs/REFERENCE.md §3 ``files/grep``).
 
-The walk is :func:`mcpd.core.walk.walk_files`, the reading :mod:`mcpd.core.grepread` (plain or
+The walk is :func:`mcpd.core.grepwalk.walk_files`, the reading :mod:`mcpd.core.grepread` (plain or
 decompressed, with its limits), the matching :mod:`mcpd.core.grepscan` (RE2). This module runs
 them for one call, on either route: :func:`op_grep` on the unprivileged route opens every file
 itself, with the worker's account's rights; :func:`grep_opened` searches files root opened for a
@@ -27,7 +27,8 @@ from mcpd.common.config import ReadLimits
 from mcpd.core import grepread, grepscan
 from mcpd.core.fileops import Context, progress_of
 from mcpd.core.grepargs import cursor_of, encode_cursor, parse_grep_args
-from mcpd.core.walk import clean, skip_reason, walk_files
+from mcpd.core.grepwalk import skip_reason, walk_files
+from mcpd.core.walk import clean
 from mcpd.helper.wire.errors import (
     BINARY_FILE,
     FILE_TOO_LARGE,
