@@ -239,3 +239,52 @@ def test_a_full_or_missing_syslog_socket_never_holds_a_record_back(tmp_path: Pat
     with AuditLog(str(tmp_path / "b.jsonl"), journal="", checkpoints=(1, 60),
                   syslog_socket=str(tmp_path / "none")) as w:
         w.record("accept", user="a")
+
+
+def _chained(tmp_path: Path, n: int) -> tuple[Path, list[bytes]]:
+    log = tmp_path / "c.jsonl"
+    with AuditLog(str(log), syslog=False) as w:
+        for i in range(n):
+            w.record("accept", user="a", requested_path=f"/f{i}")
+    return log, log.read_bytes().splitlines(keepends=True)
+
+
+def _plain(cps: Path, *points: tuple[int, str]) -> None:
+    cps.write_text("".join(json.dumps({"log": "mcpd-audit", "seq": s, "hash": h}) + "\n" for s, h in points))
+
+
+def test_a_forged_second_checkpoint_of_a_seq_is_a_conflict_never_a_match(tmp_path: Path) -> None:
+    """The host's root rewrote record 3, re-chained the log and sent checkpoints of the new chain:
+    the collector holds both checkpoints of seq 3. Whichever the log matches, the two conflict:
+    verify fails naming seq 3, and neither is counted as a match."""
+    log, lines = _chained(tmp_path, 4)
+    cps = tmp_path / "cps"
+    _plain(cps, (2, record_hash(lines[1])), (3, record_hash(lines[2])), (3, "cd" * 32))
+    out = CliRunner().invoke(audit, ["verify", "--checkpoints", str(cps), str(log)])
+    assert out.exit_code == 1, out.output
+    assert "conflicting: 2 checkpoints give record seq 3 different hashes" in out.output
+    assert f"at {cps}:2" in out.output and f"at {cps}:3" in out.output
+    assert "FAILED: checkpoints: the log does not match 1 of the checkpoints of mcpd-audit; 1 match" in out.output
+    assert "OK: checkpoints" not in out.output
+    _plain(cps, (3, "cd" * 32), (3, record_hash(lines[2])))  # the forged one first: the same verdict
+    out = CliRunner().invoke(audit, ["verify", "--checkpoints", str(cps), str(log)])
+    assert out.exit_code == 1 and "conflicting: 2 checkpoints give record seq 3" in out.output
+    _plain(cps, (3, record_hash(lines[2])), (3, record_hash(lines[2])))  # the same one twice: one checkpoint
+    out = CliRunner().invoke(audit, ["verify", "--checkpoints", str(cps), str(log)])
+    assert out.exit_code == 0 and "OK: checkpoints: 1 of mcpd-audit match" in out.output
+
+
+def test_a_forged_second_record_of_a_checkpointed_seq_is_never_a_match(tmp_path: Path) -> None:
+    """The log holds its record 3 as checkpointed, and after it a forged record numbered 3: the
+    checkpoint proves neither, and the repeated run is not called exact copies."""
+    log, lines = _chained(tmp_path, 4)
+    forged = lines[2].replace(b'"/f2"', b'"/fX"')
+    log.write_bytes(b"".join(lines[:3]) + lines[1] + forged)  # seq 2 again (an exact copy), then a forged 3
+    cps = tmp_path / "cps"
+    _plain(cps, (3, record_hash(lines[2])))
+    out = CliRunner().invoke(audit, ["verify", "--checkpoints", str(cps), str(log)])
+    assert out.exit_code == 1, out.output
+    assert f"{log}:4: repeated: 2 records (seq 2..3) again from this line: records numbered as those from" in out.output
+    assert "exact copies" not in out.output
+    assert f"{log}:5: rewritten: the log holds 2 different records numbered seq 3" in out.output
+    assert "OK: checkpoints" not in out.output
