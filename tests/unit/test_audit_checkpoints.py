@@ -6,7 +6,10 @@ naming it, escaped, never a traceback."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -288,3 +291,53 @@ def test_a_forged_second_record_of_a_checkpointed_seq_is_never_a_match(tmp_path:
     assert "exact copies" not in out.output
     assert f"{log}:5: rewritten: the log holds 2 different records numbered seq 3" in out.output
     assert "OK: checkpoints" not in out.output
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    """`mcpd audit ARGS` in its own process: a reader that waited on a FIFO would fail the timeout."""
+    return subprocess.run([sys.executable, "-m", "mcpd.admin.cli", "audit", *args], capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_deeply_nested_json_is_an_error_naming_the_line_never_a_traceback(tmp_path: Path) -> None:
+    log, lines = _chained(tmp_path, 2)
+    deep = "[" * 200000 + "]" * 200000
+    cps = tmp_path / "cps"
+    cps.write_text(json.dumps({"log": "mcpd-audit", "seq": 1, "hash": HASH}) + "\n" + '{"log": ' + deep[:60000] + "}\n")
+    proc = _run("verify", "--checkpoints", str(cps), str(log))
+    assert proc.returncode == 2 and f"error: {cps}:2: not a checkpoint: JSON nested too deeply" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    log.write_bytes(lines[0] + b'{"seq": 2, "x": ' + deep.encode() + b"}\n" + lines[1])
+    proc = _run("verify", str(log))
+    assert proc.returncode == 1 and f"{log}:2: edited: not a valid chained record" in proc.stdout, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_line_over_the_cap_is_refused_naming_it(tmp_path: Path) -> None:
+    from mcpd.admin.audit.checkpoints import MAX_LINE
+    from mcpd.admin.audit.logfiles import MAX_LINE as LOG_LINE
+    log, lines = _chained(tmp_path, 2)
+    cps = tmp_path / "cps"
+    cps.write_text(json.dumps({"log": "mcpd-audit", "seq": 1, "hash": record_hash(lines[0])}) + "\n"
+                   + "x" * (MAX_LINE + 1) + "\n")
+    proc = _run("verify", "--checkpoints", str(cps), str(log))
+    assert proc.returncode == 2 and f"error: {cps}:2: a line over {MAX_LINE} bytes is no checkpoint" in proc.stderr
+    log.write_bytes(lines[0] + b"y" * (8 * LOG_LINE))  # no newline in 8 MiB: read no further than the cap
+    proc = _run("verify", str(log))
+    assert proc.returncode == 1 and f"error: {log}:2: a line over {LOG_LINE} bytes is no record" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_fifo_is_refused_never_waited_on(tmp_path: Path) -> None:
+    """Nobody writes to the FIFOs: a reader that opened and read them would block until the timeout."""
+    log, _ = _chained(tmp_path, 1)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = _run("verify", "--checkpoints", str(fifo), str(log))
+    assert proc.returncode == 2 and f"error: {fifo}: not a regular file" in proc.stderr
+    proc = _run("verify", str(fifo))
+    assert proc.returncode == 1 and f"error: {fifo}: not a regular file" in proc.stderr
+    gz = tmp_path / "old.jsonl.1.gz"
+    os.mkfifo(gz)
+    proc = _run("verify", str(gz), str(log))
+    assert proc.returncode == 1 and f"error: {gz}: not a regular file" in proc.stderr

@@ -12,12 +12,13 @@ reads them; :func:`compare` says which checkpoint the log does not match, and ho
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from mcpd.admin.audit.logfiles import Line
+from mcpd.admin.audit.logfiles import Line, LogFileError, bounded_lines, open_regular
 from mcpd.common.audit.chain import record_seq
 from mcpd.common.audit.checkpoint import Checkpoint, parse_message
 from mcpd.common.printable import field, printable
@@ -46,14 +47,17 @@ def read_checkpoints(path: str) -> list[Claim]:
 
     Raises:
         OSError: it cannot be read.
-        CheckpointFileError: a line that is none of the three forms.
+        CheckpointFileError: a line that is none of the three forms, or over :data:`MAX_LINE`
+            bytes (none is read further), or the file is no regular file (a FIFO: never waited on).
     """
     seen: dict[Checkpoint, Claim] = {}
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
+    try:
+        f = io.BufferedReader(open_regular(path))
+    except LogFileError:
+        raise CheckpointFileError(f"{printable(path)}: not a regular file") from None
+    with f:
+        for number, raw in _bounded(f, path):
             where = f"{printable(path)}:{number}"
-            if len(raw) > MAX_LINE:
-                raise CheckpointFileError(f"{where}: a line over {MAX_LINE} bytes is no checkpoint")
             try:
                 text = raw.decode("utf-8").strip()
             except UnicodeDecodeError:
@@ -66,6 +70,16 @@ def read_checkpoints(path: str) -> list[Claim]:
                 raise CheckpointFileError(f"{where}: {exc}") from None
             seen.setdefault(point, Claim(point, where))
     return list(seen.values())
+
+
+def _bounded(f: Any, path: str) -> Iterator[tuple[int, bytes]]:
+    """:func:`~mcpd.admin.audit.logfiles.bounded_lines` of ``f``, a line over :data:`MAX_LINE`
+    bytes a :class:`CheckpointFileError` naming it."""
+    try:
+        yield from bounded_lines(f, path, MAX_LINE)
+    except LogFileError as exc:
+        raise CheckpointFileError(f"{printable(path)}:{exc.line}: a line over {MAX_LINE} bytes is no "
+                                  "checkpoint") from None
 
 
 def parse_line(text: str) -> Checkpoint:
@@ -83,6 +97,8 @@ def parse_line(text: str) -> Checkpoint:
         obj = json.loads(text)  # (an object: the text begins with "{")
     except ValueError as exc:
         raise ValueError(f"not valid JSON ({printable(str(exc))})") from None
+    except RecursionError:
+        raise ValueError("not a checkpoint: JSON nested too deeply") from None
     if "MCPD_CHECKPOINT_SEQ" in obj:
         return _checked(_journal(obj, "MCPD_LOG"), _journal(obj, "MCPD_CHECKPOINT_SEQ"),
                         _journal(obj, "MCPD_CHECKPOINT_HASH"))
