@@ -247,6 +247,8 @@ def test_a_child_the_service_account_stops_cannot_hang_status() -> None:
 STOPPER = r"""
 import os, signal, sys, time
 parent, uid = sys.argv[1], sys.argv[2]
+with open(f"/proc/{parent}/cmdline", "rb") as f:
+    forked = f.read()  # (a fork of status, not another child of the test's, such as a daemon's front)
 end = time.monotonic() + 20
 while time.monotonic() < end:
     for p in filter(str.isdigit, os.listdir("/proc")):
@@ -255,9 +257,11 @@ while time.monotonic() < end:
         try:
             with open(f"/proc/{p}/status") as f:
                 t = f.read()
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                same = f.read() == forked
         except OSError:
             continue
-        if f"\nPPid:\t{parent}\n" in t and f"\nUid:\t{uid}\t" in t:
+        if same and f"\nPPid:\t{parent}\n" in t and f"\nUid:\t{uid}\t" in t:
             os.kill(int(p), signal.SIGSTOP)
             print(p, flush=True)
             sys.exit(0)
@@ -312,3 +316,66 @@ def test_status_as_root_answers_when_the_service_account_stops_its_child(monkeyp
     assert out["accepts"] is None and out["problem"].startswith("unknown: the check as mcpd did not end"), out
     with pytest.raises(ChildProcessError):  # killed and reaped: no child of ours left
         os.waitpid(int(stopped), os.WNOHANG)
+
+
+def test_untrusted_files_and_metrics_it_reads_give_unknown_never_a_traceback(tmp_path: Path) -> None:
+    """What status reads that another account could write (the front's tls-state.json, the access
+    log, the metrics answer) or that was damaged (the audit head): deeply nested JSON, NaN and
+    infinite counts, an answer that is no metrics. Each is unknown or a problem, with the reason;
+    status exits 1, no traceback."""
+    import http.server
+    import threading
+
+    answers = [b'mcpd_sessions{transport="mcp"} NaN\nmcpd_workers +Inf\nmcpd_workers_busy -1\n'
+               b"mcpd_pool_queued 2.5\nmcpd_helper_up NaN\n"]
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(answers[0])
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    deep = b"[" * 200000 + b"]" * 200000
+    try:
+        front, helper = tmp_path / "front", tmp_path / "helper"
+        front.mkdir()
+        helper.mkdir(mode=0o700)
+        (front / "tls-state.json").write_bytes(deep)
+        (helper / "audit.head").write_bytes(deep)
+        os.chmod(helper / "audit.head", 0o600)
+        (tmp_path / "access.jsonl").write_bytes(b'{"seq": ' + deep + b"}\n")
+        config = tmp_path / "mcpd.yaml"
+        config.write_text(json.dumps({
+            "listen": {"host": "127.0.0.1", "port": free_port()}, "metrics_listen": f"127.0.0.1:{server.server_port}",
+            "state_dir": str(front), "helper_state_dir": str(helper), "helper_socket": "",
+            "access_log": str(tmp_path / "access.jsonl"), "audit_log": str(tmp_path / "audit.jsonl"),
+            "users_file": str(tmp_path / "users.yaml"), "grants_file": str(tmp_path / "grants.yaml")}))
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            proc = subprocess.run([sys.executable, "-m", "mcpd.admin.cli", "status", "--config", str(config), *args],
+                                  capture_output=True, text=True, timeout=60, check=False)
+            assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+            return proc
+
+        s = json.loads(run("--json").stdout)
+        assert s["metrics"]["answers"] is True and s["metrics"]["sessions"] == {"mcp": None}, s["metrics"]
+        assert [s["metrics"][k] for k in ("workers", "workers_busy", "pool_queued", "helper_up")] == [None] * 4
+        assert s["tls"]["front"] is None and s["tls"]["front_problem"].endswith("JSON nested too deeply")
+        assert "not an audit head" in s["chains"]["audit"]["problem"]
+        assert s["chains"]["access"]["seq"] == 0  # a last line that is no record: no seq
+        plain = run().stdout
+        assert "sessions: mcp unknown" in plain and "workers: unknown live, unknown busy, unknown calls" in plain
+        assert "last reload: unknown (" in plain
+        answers[0] = b"{" * 100000 + b"\n"  # no exposition format at all
+        s = json.loads(run("--json").stdout)
+        assert s["metrics"]["answers"] is False and "not Prometheus metrics" in s["metrics"]["problem"]
+        assert any("not Prometheus metrics" in p for p in s["problems"]), s["problems"]
+    finally:
+        server.shutdown()
+        server.server_close()
