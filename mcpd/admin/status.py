@@ -96,7 +96,7 @@ def tls_files(cfg: Config) -> dict[str, Any]:
     """The configured pair checked now as a reload would check it, and the front's own record."""
     out: dict[str, Any] = {"cert": cfg.tls.cert, "key": cfg.tls.key}
     try:
-        pair = tls.read_pair(cfg.tls.cert, cfg.tls.key)
+        pair = tls.read_pair(cfg.tls.cert, cfg.tls.key, owners=_service_uid(cfg))
         out.update(valid=True, fingerprint_sha256=pair.fingerprint, subject=pair.subject,
                    not_after=pair.not_after.isoformat())
     except tls.PairError as exc:
@@ -115,6 +115,14 @@ def tls_files(cfg: Config) -> dict[str, Any]:
         out["front"] = None
         out["front_problem"] = f"{path}: JSON nested too deeply"
     return out
+
+
+def _service_uid(cfg: Config) -> tuple[int, ...]:
+    """The uid of ``service_user`` (the front's, which may own the key), none when unknown."""
+    try:
+        return (pwd.getpwnam(cfg.service_user).pw_uid,)
+    except KeyError:
+        return ()
 
 
 def metrics(cfg: Config) -> dict[str, Any] | None:
