@@ -341,3 +341,6 @@ def test_a_fifo_is_refused_never_waited_on(tmp_path: Path) -> None:
     os.mkfifo(gz)
     proc = _run("verify", str(gz), str(log))
     assert proc.returncode == 1 and f"error: {gz}: not a regular file" in proc.stderr
+    for follow in ([], ["--follow"]):
+        proc = _run("tail", *follow, "--file", str(fifo))
+        assert proc.returncode == 1 and f"error: {fifo}: not a regular file" in proc.stderr, proc.stderr

@@ -30,12 +30,16 @@ MAX_LINE = 1 << 20  # bytes of one line of a log, newline included: a longer one
 class LogFileError(OSError):
     """A log file that cannot be read as one: not a regular file, or a line over
     :data:`MAX_LINE` bytes (the message names the file, and the line). An :class:`OSError`, so
-    every command that reports an unreadable file reports this one alike. ``line``: the line's
-    number (0: the file as a whole)."""
+    every command that reports an unreadable file reports this one alike: ``filename`` is the
+    file, ``strerror`` the reason (with the line's number), ``line`` that number (0: the file as a
+    whole), and ``str()`` all of it, ``FILE[:LINE]: reason``."""
 
-    def __init__(self, message: str, line: int = 0) -> None:
-        super().__init__(message)
-        self.line = line
+    def __init__(self, path: str, reason: str, line: int = 0) -> None:
+        super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")
+        self.filename, self.strerror, self.line = path, f"line {line}: {reason}" if line else reason, line
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ def open_regular(path: str) -> io.FileIO:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise LogFileError(f"{path}: not a regular file")
+            raise LogFileError(path, "not a regular file")
         os.set_blocking(fd, True)
         return io.FileIO(fd, "rb", closefd=True)
     except BaseException:
@@ -112,7 +116,7 @@ def bounded_lines(f: IO[bytes], path: str, limit: int = MAX_LINE) -> Iterator[tu
     while raw := f.readline(limit + 1):
         number += 1
         if len(raw) > limit:
-            raise LogFileError(f"{path}:{number}: a line over {limit} bytes is no record", number)
+            raise LogFileError(path, f"a line over {limit} bytes is no record", number)
         yield number, raw
 
 
@@ -167,7 +171,7 @@ def backwards(path: str, end: int | None = None, block: int = 65536) -> Iterator
     can go on from exactly there.
 
     Raises:
-        OSError: cannot open or read the file.
+        OSError: cannot open or read the file, or it is no regular file (:class:`LogFileError`).
     """
     if path.endswith(".gz"):
         with open_log(path) as f:
@@ -175,7 +179,10 @@ def backwards(path: str, end: int | None = None, block: int = 65536) -> Iterator
         return
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LogFileError(path, "not a regular file")
+        size = st.st_size
         pos = size if end is None else min(end, size)
         rest = b""
         while pos > 0:
@@ -213,9 +220,9 @@ def follow_lines(path: str, start: int, interval: float = 0.5) -> Iterator[bytes
     ends.
 
     Raises:
-        OSError: ``path`` cannot be opened.
+        OSError: ``path`` cannot be opened, or is no regular file (:class:`LogFileError`).
     """
-    handle = open(path, "rb")
+    handle = io.BufferedReader(open_regular(path))
     try:
         handle.seek(start)
         inode = os.fstat(handle.fileno()).st_ino
@@ -231,7 +238,7 @@ def follow_lines(path: str, start: int, interval: float = 0.5) -> Iterator[bytes
             try:
                 if os.stat(path).st_ino != inode:
                     handle.close()
-                    handle = open(path, "rb")
+                    handle = io.BufferedReader(open_regular(path))
                     inode = os.fstat(handle.fileno()).st_ino
                     pending = b""
             except FileNotFoundError:
