@@ -140,6 +140,9 @@ def tail(count: int, as_json: bool, user: str | None, decision: str | None, path
                     sys.stdout.flush()
         except KeyboardInterrupt:
             pass
+        except OSError as exc:  # (rotated to something that is no regular file, or unreadable)
+            click.echo(f"error: {printable(exc.filename or path)}: {printable(str(exc.strerror))}", err=True)
+            sys.exit(1)
 
 
 @audit.command()
