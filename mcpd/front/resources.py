@@ -78,12 +78,13 @@ TEMPLATE: dict[str, Any] = {
     "name": "file",
     "title": "File on the server",
     "description": (
-        "A text file on the server, read with the caller's account rights. Query options: "
+        "A file on the server, read with the caller's account rights. Query options: "
         "start_line, end_line (1-based, inclusive), encoding (utf-8, ascii, latin-1, cp1252, utf-16, "
-        "auto), include_metadata (default true: size, lines, encoding, language, lastModified, sha256 "
+        "auto, base64: a blob), include_metadata (default true: size, lines, encoding, language, lastModified, sha256 "
         "in _meta), privileged (through an mcp-sudo.yaml grant). Example: "
         "file:///var/log/syslog?start_line=50&end_line=100. file:relative/path reads inside the "
-        "caller's workspace."
+        "caller's workspace. A file that is not text comes back as a blob (base64); a .gz, .xz, .bz2 or "
+        ".zst file as its decompressed text."
     ),
     "mimeType": "text/plain",
 }

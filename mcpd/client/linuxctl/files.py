@@ -235,7 +235,7 @@ def find_files(settings: Settings, root: str, name: str | None, kind: str | None
 @click.argument("uri", callback=utf8_text)
 @click.option("--start-line", type=click.IntRange(min=1), help="First line (1-based)")
 @click.option("--end-line", type=click.IntRange(min=1), help="Last line (inclusive)")
-@click.option("--encoding", help="utf-8 (default), ascii, latin-1, cp1252, utf-16 or auto")
+@click.option("--encoding", help="utf-8 (default), ascii, latin-1, cp1252, utf-16, auto or base64 (a blob)")
 @click.option("--metadata", is_flag=True, help="Print one JSON object: uri, mimeType, text, metadata")
 @click.option("--privileged", is_flag=True, help="Read through a sudo-style grant (mcp-sudo.yaml)")
 @click.pass_obj
