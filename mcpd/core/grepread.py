@@ -90,10 +90,10 @@ class _Zstd:
     ``zstandard``'s own stream reader ends quietly where a frame was cut short; this one raises
     ``EOFError`` there (``corrupt``). Input is fed :data:`FEED` bytes at a time, since one
     ``decompress`` call has no output bound: a zstd block turns a few bytes into 128 KiB, so a
-    feed makes at most about 16 MiB however the data was made.
+    feed makes at most about 4 MiB however the data was made.
     """
 
-    FEED = 512  # compressed bytes per decompress call
+    FEED = 128  # compressed bytes per decompress call
 
     def __init__(self, raw: _Raw, zstandard: Any) -> None:
         self._raw, self._new = raw, zstandard.ZstdDecompressor().decompressobj
