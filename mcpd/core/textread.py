@@ -398,7 +398,8 @@ def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]
 
 def _read(src: rawread.Source, st: os.stat_result, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]:
     requested = args["encoding"]
-    head = pread_full(src.rd, BINARY_PROBE, 0, src.size)
+    head = b"" if requested == "base64" and not args.get("include_metadata") else \
+        pread_full(src.rd, BINARY_PROBE, 0, src.size)  # (a base64 window needs no probe)
     if requested == "base64":
         text, info = rawread.base64_window(src, args, limits)
         used, bom = "base64", 0
