@@ -306,6 +306,8 @@ class FileResources:
                 call.arguments = args
                 if self.limits is not None:  # same quota and answer cap as tools/call (RATE_LIMITED)
                     args = self.limits.charge_call(caller.principal.name, args)
+                if args["encoding"] == "base64":
+                    args = {**args, "limit": WHOLE}  # a blob is the whole file
                 try:
                     result = await self._read(ctx, call, args)
                 except ToolError as exc:
