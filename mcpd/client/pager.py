@@ -39,6 +39,7 @@ from mcpd.client.errors import MCPClientError, ToolFailed
 
 PAGE_BYTES = 1024 * 1024  # file bytes asked for per page: well under the 10 MiB default cap
 MIN_PAGE_BYTES = 64 * 1024
+UNPACKED_PAGE_BYTES = 6 * 1024 * 1024  # a decompressed text's pages: base64 of 6 MiB fits the 10 MiB cap
 PROGRESS_BYTES = 8 * 1024 * 1024  # a copy this large shows progress on a terminal
 DEFAULT_MAX_BYTES = 100 * 1024 * 1024
 
@@ -150,7 +151,8 @@ async def _first_page_large(client: Client, base: dict[str, Any], offset: int, p
 
 async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int | None = None,
                      encoding: str = "utf-8", privileged: bool = False, max_bytes: int = DEFAULT_MAX_BYTES,
-                     page_bytes: int = PAGE_BYTES, on_progress: Progress | None = None) -> AsyncIterator[bytes]:
+                     page_bytes: int = PAGE_BYTES, on_progress: Progress | None = None,
+                     decompress: bool = False) -> AsyncIterator[bytes]:
     """Yield the bytes of ``path`` from ``offset`` (to the end, or ``limit`` bytes), page by page.
 
     Args:
@@ -161,13 +163,22 @@ async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int |
         max_bytes: refuse (:class:`FileTooBig`) a range larger than this many bytes.
         page_bytes: file bytes per call (halved when the server's cap is smaller).
         on_progress: called as ``(bytes done, total bytes or 0)`` after each page.
+        decompress: a ``.gz``/``.xz``/``.bz2``/``.zst`` file's decompressed text instead of its
+            bytes, read as base64 pages of :data:`UNPACKED_PAGE_BYTES` (each page decompresses
+            again from the start: few large pages), to its end.
 
     Raises:
         FileTooBig, Shrank, ToolFailed (the server's codes), and the transport errors.
     """
-    base: dict[str, Any] = {"path": path, "encoding": encoding, "decompress": False}
+    base: dict[str, Any] = {"path": path, "encoding": encoding, "decompress": decompress}
     if privileged:
         base["privileged"] = True
+    if decompress:
+        end = None if limit is None else offset + limit
+        async for chunk in _byte_pages(client, base, offset, end, None, 0, max_bytes,
+                                       max(page_bytes, UNPACKED_PAGE_BYTES), on_progress):
+            yield chunk
+        return
     first = min(page_bytes, limit) if limit is not None else page_bytes
     try:
         plan, data, pos = await _first_page(client, base, offset, first, encoding)

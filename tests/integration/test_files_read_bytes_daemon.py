@@ -259,6 +259,18 @@ def test_linuxctl_copies_a_compressed_file_as_its_own_bytes(daemon: Daemon, tmp_
     assert get_files(daemon, p) == p.read_bytes()
 
 
+@pytest.mark.parametrize("kind", ["gz", "zst"])
+def test_linuxctl_decompress_prints_the_text_like_zcat(daemon: Daemon, tmp_path: Path, kind: str) -> None:
+    text = b"".join(b"%08d Dec  7 host sshd[%d]: Accepted publickey\n" % (i, i % 9973) for i in range(200_000))
+    assert len(text) > 8 * MiB  # two pages of decompressed text
+    p = tmp_path / f"auth.log.2.{kind}"
+    p.write_bytes(COMPRESSORS[kind](text))
+    assert sha256_of(get_files(daemon, p, "--decompress")) == sha256_of(text)
+    assert get_files(daemon, p, "--decompress", "--offset", "100", "--limit", "50") == text[100:150]
+    res = linuxctl(*flags(daemon), "get", "files", str(p), "--decompress", "--max-bytes", str(MiB))
+    assert res.returncode == 1 and b"--max-bytes" in res.stderr
+
+
 def test_linuxctl_read_of_a_binary_resource_prints_its_bytes(daemon: Daemon, tmp_path: Path) -> None:
     data = bytes(range(256)) * 40
     p = tmp_path / "table.bin"

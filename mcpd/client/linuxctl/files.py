@@ -58,18 +58,21 @@ def get() -> None:
 @click.option("--max-bytes", type=click.IntRange(min=1), default=pager.DEFAULT_MAX_BYTES, show_default=True,
               help="Refuse (exit 1) a file or range larger than this many bytes")
 @click.option("--privileged", is_flag=True, help="Read through a sudo-style grant (mcp-sudo.yaml)")
+@click.option("--decompress", is_flag=True, help="Print a .gz/.xz/.bz2/.zst file's decompressed text (as zcat)")
 @click.option("--encoding", default="utf-8", show_default=True,
               help="How the server decodes the file (utf-8, ascii, latin-1, cp1252, utf-16 or auto); "
                    "the output is still the file's own bytes")
 @click.pass_obj
 def get_files(settings: Settings, path: str, start_line: int | None, end_line: int | None,
-              offset: int | None, limit: int | None, max_bytes: int, privileged: bool, encoding: str) -> None:
+              offset: int | None, limit: int | None, max_bytes: int, privileged: bool, decompress: bool,
+              encoding: str) -> None:
     """Print the file PATH byte for byte (no newline added), however long, binary or text.
 
     The file is read in pages of 1 MiB up to the size it had when reading began, so a file that
     grows meanwhile still ends. A file that is not text in --encoding (a binary, a Latin-1 file
     read as UTF-8) is read on as bytes (base64 pages), and a .gz/.xz/.bz2/.zst file is copied as
-    its own bytes. With --offset/--limit only that byte range is printed; with
+    its own bytes (--decompress: its decompressed text, --offset/--limit counting in it). With
+    --offset/--limit only that byte range is printed; with
     --start-line/--end-line, those lines of the text (one answer, so at most the server's
     response cap; a compressed file's decompressed text).
     Progress goes to stderr when stderr is a terminal and the file is over 8 MiB.
@@ -88,7 +91,8 @@ def get_files(settings: Settings, path: str, start_line: int | None, end_line: i
 
     async def copy(client: Client) -> None:
         async for chunk in pager.read_pages(client, path, offset=offset or 0, limit=limit, encoding=encoding,
-                                            privileged=privileged, max_bytes=max_bytes, on_progress=show):
+                                            privileged=privileged, max_bytes=max_bytes, on_progress=show,
+                                            decompress=decompress):
             write_out(chunk)
 
     run(settings, copy)
