@@ -184,3 +184,24 @@ def test_truncated_or_corrupt_data_is_a_clear_error(tmp_path: Path, kind: str) -
         error = fails(p, "ENCODING_ERROR", include_metadata=True)
         assert error["details"]["reason"] == "corrupt" and error["details"]["compression"] == kind, error
         assert "damaged or truncated" in error["message"]
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst", "bz2", "xz"])
+def test_several_members_or_frames_are_one_text(tmp_path: Path, kind: str) -> None:
+    parts = [log_text(3000), b"", log_text(10)]
+    p = tmp_path / f"joined.log.{kind}"
+    p.write_bytes(b"".join(COMPRESSORS[kind](part) for part in parts))
+    whole = b"".join(parts)
+    meta = ok(p, include_metadata=True, limit=10)["metadata"]
+    assert meta["size"] == len(whole) and meta["sha256"] == hashlib.sha256(whole).hexdigest()
+    assert text(p, offset=len(whole) - 33) == whole[-33:].decode()  # (30 from the end is inside an é)
+
+
+def test_an_empty_compressed_file_reads_as_empty(tmp_path: Path) -> None:
+    for kind in sorted(COMPRESSORS):
+        p = tmp_path / f"empty.{kind}"
+        p.write_bytes(COMPRESSORS[kind](b""))
+        assert text(p) == ""
+        assert ok(p, encoding="base64")["metadata"] == {
+            "byteRange": {"start": 0, "end": 0}, "next_offset": None, "eof": True, "size": 0,
+            "encoding": "base64", "compression": kind, "compressedSize": p.stat().st_size}
