@@ -9,6 +9,7 @@ import dataclasses
 import gzip
 import hashlib
 import lzma
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 import zstandard
 
 from mcpd.common.config import ReadLimits
+from mcpd.core import grepread
 from tests.support.textread import LIMITS, call, text
 
 COMPRESSORS = {
@@ -205,3 +207,18 @@ def test_an_empty_compressed_file_reads_as_empty(tmp_path: Path) -> None:
         assert ok(p, encoding="base64")["metadata"] == {
             "byteRange": {"start": 0, "end": 0}, "next_offset": None, "eof": True, "size": 0,
             "encoding": "base64", "compression": kind, "compressedSize": p.stat().st_size}
+
+
+def test_grep_reader_says_corrupt_at_a_cut_zstd_frame(tmp_path: Path) -> None:
+    """files/grep reads through the same decompressor: a .zst cut short is ``corrupt``, not a quiet end."""
+    whole = COMPRESSORS["zst"](log_text(20_000))
+    p = tmp_path / "cut.log.zst"
+    p.write_bytes(whole[: len(whole) // 2])
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        with pytest.raises(grepread.Skipped) as info:
+            for _ in grepread.chunks(fd, "zst", 0, 0, 1 << 30, 200):
+                pass
+        assert info.value.reason == "corrupt"
+    finally:
+        os.close(fd)
