@@ -94,6 +94,11 @@ def _is_too_large(exc: ToolFailed) -> bool:
     return exc.code == "FILE_TOO_LARGE"
 
 
+def _unknown(exc: ToolFailed, argument: str) -> bool:
+    """``exc`` is a server's refusal of ``argument`` itself (one older than it)."""
+    return exc.code == "INVALID_ARGUMENT" and exc.details.get("argument") == argument
+
+
 async def _first_page(client: Client, base: dict[str, Any], offset: int, page: int,
                       requested: str) -> tuple[Plan, bytes, int]:
     """The first page with metadata: ``(plan, bytes, end offset)``; falls back for files over the cap."""
@@ -181,7 +186,13 @@ async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int |
         return
     first = min(page_bytes, limit) if limit is not None else page_bytes
     try:
-        plan, data, pos = await _first_page(client, base, offset, first, encoding)
+        try:
+            plan, data, pos = await _first_page(client, base, offset, first, encoding)
+        except ToolFailed as exc:
+            if not _unknown(exc, "decompress"):
+                raise
+            del base["decompress"]  # a server older than the argument decompresses nothing: the same bytes
+            plan, data, pos = await _first_page(client, base, offset, first, encoding)
     except ToolFailed as exc:
         if exc.code not in NOT_TEXT:
             raise
@@ -258,6 +269,10 @@ async def _byte_pages(client: Client, base: dict[str, Any], pos: int, stop: int 
         try:
             result = await client.call_tool("files/read", {**args, "offset": pos, "limit": n})
         except ToolFailed as exc:
+            if _unknown(exc, "encoding") or _unknown(exc, "decompress"):
+                raise MCPClientError("the server cannot send a file's bytes (files/read encoding base64): it is "
+                                     "older than this linuxctl; for a text file, give its --encoding",
+                                     "UNSUPPORTED") from None
             if not _is_too_large(exc) or page <= MIN_PAGE_BYTES:
                 raise
             page = max(MIN_PAGE_BYTES, page // 2)
