@@ -2,8 +2,11 @@
 
 One core serves both routes in the account's own worker (a file it opened itself, or the
 descriptor root opened for a granted privileged read), so the two routes cannot drift apart. It
-reads only with ``os.pread`` on the descriptor it is given, streams in 1 MiB chunks, counts lines with ``bytes.count`` and never trusts the file size: memory
-is proportional to the answer (at most the response cap), never to the file.
+reads only with ``os.pread`` on the descriptor it is given (directly, or through the bounded
+decompressor of :mod:`mcpd.core.rawread` for a compressed file), streams in 1 MiB chunks, counts
+lines with ``bytes.count`` and never trusts the file size: memory is proportional to the answer
+(at most the response cap), never to the file. ``encoding: base64`` windows are
+:mod:`mcpd.core.rawread`'s.
 
 Lines end at ``\\n`` only. For UTF-8, ASCII, Latin-1, CP1252 and other ASCII-compatible
 encodings, lines are found in the bytes (0x0A is only ever ``\\n`` there) and the selection is
