@@ -40,7 +40,7 @@ Example (every key optional)::
     state_dir: /var/lib/mcpd       # the front's state (0750 mcpd)
     helper_state_dir: /var/lib/mcpd-helper   # the policy process's state (0700 mcpd-policy): issued tokens
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536,
-           grep_file_bytes: 1073741824, grep_total_bytes: 8589934592, grep_max_ratio: 200}   # files/grep's limits
+           grep_file_bytes: 1073741824, grep_total_bytes: 8589934592, grep_max_ratio: 200}   # files/grep's limits; files/read's decompression too
     workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64,
               spawn_burst: 16, spawns_per_second: 1,   # workers started per principal: a burst, then a rate
               cancel_grace_seconds: 0.25}   # a cancelled call's worker may finish this long and is kept; 0: killed
@@ -100,7 +100,8 @@ class TLS:
 @dataclasses.dataclass(frozen=True)
 class ReadLimits:
     """docs/REFERENCE.md §3 sizes, in bytes; ``grep_*``: files/grep's limits (bytes of text per
-    file and per call, decompressed; the largest decompression ratio before a file is a bomb)."""
+    file and per call, decompressed; the largest decompression ratio before a file is a bomb);
+    ``grep_file_bytes`` and ``grep_max_ratio`` also bound files/read's decompression."""
 
     default_bytes: int = 10240
     response_cap: int = 10 * 1024 * 1024
