@@ -27,18 +27,19 @@ from mcpd.common.config import ReadLimits
 from mcpd.core import grepread, grepscan
 from mcpd.core.fileops import Context, progress_of
 from mcpd.core.grepargs import cursor_of, encode_cursor, parse_grep_args
-from mcpd.core.grepwalk import skip_reason, walk_files
+from mcpd.core.grepwalk import resume_at, skip_reason, walk_files
 from mcpd.core.walk import clean
 from mcpd.helper.wire.errors import (
     BINARY_FILE,
     FILE_TOO_LARGE,
+    INTERNAL_ERROR,
     INVALID_ARGUMENT,
     NOT_A_REGULAR_FILE,
     ToolError,
     from_oserror,
 )
 
-__all__ = ["Search", "grep_opened", "op_grep"]
+__all__ = ["Search", "grep_granted", "grep_opened", "op_grep"]
 
 SKIPS_SHOWN = 100  # skipped files named in the answer (files_skipped counts them all)
 PROGRESS_FILES, PROGRESS_BYTES = 1000, 64 * 1024 * 1024  # a progress call after this many files or bytes
@@ -163,17 +164,6 @@ def open_entry(dfd: int, name: str, follow: bool) -> int:
         os.close(pfd)
 
 
-def _resume(root: str, cursor: dict[str, Any] | None) -> tuple[str, ...] | None:
-    """The cursor's path as components below ``root`` (None: it lies elsewhere, so the cursor is refused)."""
-    if cursor is None:
-        return ()
-    path = cursor["p"]
-    if path == root:
-        return ()
-    prefix = root.rstrip("/") + "/"
-    return tuple(path[len(prefix):].split("/")) if path.startswith(prefix) else None
-
-
 def _bad_cursor() -> ToolError:
     return ToolError(INVALID_ARGUMENT, "cursor belongs to another search: pass next_cursor back unchanged",
                      argument="cursor")
@@ -189,7 +179,7 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
     a = parse_grep_args(args)
     root = clean(a["path"])
     cursor = cursor_of(a)
-    at = _resume(root, cursor)
+    at = resume_at(root, cursor)
     if at is None:
         raise _bad_cursor()
     s = Search(a, ctx.limits, progress_of(ctx))  # type: ignore[attr-defined]
@@ -242,3 +232,41 @@ def grep_opened(args: dict[str, Any], limits: ReadLimits, files: Iterable[tuple[
         if s.search(fd, path, posixpath.basename(path), offset, line, alone=alone):
             break
     return s
+
+
+def grep_granted(args: Any, limits: ReadLimits, batches: Iterable[tuple[dict[str, Any], list[int]]]) -> dict[str, Any]:
+    """The privileged route's search, in the worker (docs/REFERENCE.md §4.1): validates ``args``
+    again, then searches the files root opened, batch by batch, in the walk's order.
+
+    ``batches``: ``(frame, fds)`` of :mod:`mcpd.policy.grepcall`'s worker frames (``files``: one
+    path per descriptor; ``skips``: ``[path, reason]`` of files passed over; ``not_granted``: how
+    many files the grant refused, counted, never named; the last one's ``walk``: the walker's
+    result); it is left unfinished once the search stopped. A file that is the ``path`` itself is
+    searched alone (its refusals are errors, as on the ordinary route).
+
+    Raises:
+        ToolError: ``INVALID_ARGUMENT`` (arguments); ``INTERNAL_ERROR`` for a malformed frame;
+            for a file named alone, what keeps it from being searched.
+    """
+    a = parse_grep_args(args)
+    root, cursor = clean(a["path"]), cursor_of(a)
+    s = Search(a, limits)
+    walked: Any = None
+    for frame, fds in batches:
+        files, skips, refused = frame.get("files"), frame.get("skips"), frame.get("not_granted")
+        if not isinstance(files, list) or len(files) != len(fds) or not all(isinstance(p, str) for p in files) or \
+                not isinstance(skips, list) or not isinstance(refused, int):
+            raise ToolError(INTERNAL_ERROR, "malformed batch of granted files")
+        for path, reason in skips:
+            s.skip(str(path), str(reason))
+        if refused:
+            s.skipped["not_granted"] = s.skipped.get("not_granted", 0) + refused
+        for path, fd in zip(files, fds, strict=True):
+            at = cursor is not None and cursor["p"] == path and cursor["o"] is not None
+            if s.search(fd, path, posixpath.basename(path), *((cursor["o"], cursor["n"]) if at and cursor else (0, 1)),
+                        alone=path == root):
+                return s.result(root)
+        walked = frame.get("walk")
+    if isinstance(walked, dict) and walked.get("stopped") == "time_budget" and isinstance(walked.get("stop_path"), str):
+        s.stop, s.stop_path = grepscan.Stop("time_budget", 0, 1), walked["stop_path"]
+    return s.result(root)

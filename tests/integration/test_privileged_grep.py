@@ -1,0 +1,148 @@
+"""Privileged files/grep through the real privilege-separated daemon (docs/REFERENCE.md §4.1): a
+walker plans the tree, the policy process judges each file against the grant, root opens it, the
+caller's worker (its own account) searches it. It finds what the account cannot read; what the
+grant does not cover is counted, never named nor searched; a symlink or a hard link the caller's
+account plants in the tree leads nowhere; one audit record per call says what was opened."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.privsep_fixture import SECRET_TEXT, PrivsepDaemon, privsep_daemon  # noqa: F401
+
+pytestmark = pytest.mark.root
+
+NEEDLE = "needle"
+
+
+def grep(d: PrivsepDaemon, who: str = "alice", **args: Any) -> dict[str, Any]:
+    from mcpd.client.api import Client
+
+    async def go() -> Any:
+        async with Client(d.url, d.tokens[who], d.cacert, timeout=60) as c:
+            return await c.call_tool("files/grep", args, check=False)
+
+    out = asyncio.run(go())
+    return {**out["structuredContent"], "_text": out["content"][0]["text"]}
+
+
+@pytest.fixture(scope="module")
+def tree(privsep_daemon: PrivsepDaemon) -> Iterator[PrivsepDaemon]:  # noqa: F811
+    """``app/g``, root-only: two files holding the needle (one gzip), one denied file and a denied
+    folder holding it too, and ``drop/``, a folder of alice's own account where it planted a
+    symlink to ``/etc/shadow`` and a hard link to ``secret`` (a root-only file outside the grant).
+    alice may grep ``app`` but not ``g/denied.log`` nor ``g/private``."""
+    d = privsep_daemon
+    g = d.app / "g"
+    (g / "private").mkdir(parents=True)
+    (g / "notes.txt").write_text(f"a {NEEDLE} in a root-only file\n")
+    (g / "rot.log.gz").write_bytes(gzip.compress(f"old\nrotated {NEEDLE}\n".encode()))
+    (g / "denied.log").write_text(f"{NEEDLE} DENIED-CONTENT\n")
+    (g / "private" / "key.txt").write_text(f"{NEEDLE} PRIVATE-CONTENT\n")
+    for p in [g, *g.rglob("*")]:
+        os.chmod(p, 0o700 if p.is_dir() else 0o600)
+    drop, uid = g / "drop", d.accounts["alice"].uid
+    drop.mkdir(mode=0o755)
+    os.chown(drop, uid, uid)
+    os.symlink("/etc/shadow", drop / "shadow.txt")
+    os.lchown(drop / "shadow.txt", uid, uid)
+    os.link(d.secret, drop / "hard.txt")
+    rule = {"allowed": True, "paths": [str(d.app)], "deny": [str(g / "private"), str(g / "denied.log")]}
+    d.write_grants({"users": {d.accounts["alice"].name: {"privileged": {"tools": {"files/grep": rule}}}}})
+    deadline = time.monotonic() + 20
+    while "error" in grep(d, pattern="x", path=str(d.log_file), privileged=True) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(g)
+        d.write_grants(d.default_grants())
+
+
+def test_it_finds_matches_in_root_only_files_the_account_cannot_read(tree: PrivsepDaemon) -> None:
+    d, g = tree, tree.app / "g"
+    out = grep(d, pattern=NEEDLE, path=str(g), privileged=True)
+    assert [(m["path"], m["line"]) for m in out["matches"]] == [(str(g / "notes.txt"), 1), (str(g / "rot.log.gz"), 2)]
+    assert out["files_searched"] == 2 and out["truncated"] is False
+    ordinary = grep(d, pattern=NEEDLE, path=str(g))
+    assert ordinary["error"]["code"] == "PERMISSION_DENIED"  # the kernel's answer: app is 0700 root
+    alone = grep(d, pattern="line 2", path=str(d.log_file), privileged=True)
+    assert [(m["line"], m["text"]) for m in alone["matches"]] == [(2, "app log line 2")]
+
+
+def test_files_the_grant_does_not_cover_are_counted_never_named_nor_searched(tree: PrivsepDaemon) -> None:
+    d, g = tree, tree.app / "g"
+    out = grep(d, pattern=NEEDLE, path=str(g), privileged=True)
+    assert out["files_skipped"]["not_granted"] == 1  # denied.log; the denied folder is not entered
+    assert "not covered by your grant for files/grep" in out["_text"]
+    dump = repr(out)
+    assert "DENIED-CONTENT" not in dump and "PRIVATE-CONTENT" not in dump
+    assert "denied.log" not in dump and "private" not in dump  # not even the names
+    for denied in (g / "denied.log", g / "private", g / "private" / "key.txt"):
+        alone = grep(d, pattern=NEEDLE, path=str(denied), privileged=True)
+        assert alone["error"]["code"] == "PERMISSION_DENIED"
+        assert alone["error"]["details"]["reason"] == "path is denied by the grant"
+
+
+def test_a_symlink_or_hard_link_the_account_planted_is_not_followed(tree: PrivsepDaemon) -> None:
+    """``drop/shadow.txt`` (alice's symlink to /etc/shadow) and ``drop/hard.txt`` (a second link to
+    a root-only file outside the grant) are skipped; nothing of either file is answered."""
+    d, drop = tree, tree.app / "g" / "drop"
+    out = grep(d, pattern="root", path=str(drop), privileged=True)
+    assert out["matches"] == [] and out["files_searched"] == 0
+    assert {"path": str(drop / "shadow.txt"), "reason": "symlink"} in out["skipped"]
+    assert {"path": str(drop / "hard.txt"), "reason": "refused_at_open"} in out["skipped"]
+    assert SECRET_TEXT.strip() not in repr(out) and "root:" not in repr(out)
+    for planted in ("shadow.txt", "hard.txt"):
+        alone = grep(d, pattern="root", path=str(drop / planted), privileged=True)
+        assert alone["error"]["code"] == "PERMISSION_DENIED", alone
+
+
+def test_one_audit_record_names_what_was_opened(tree: PrivsepDaemon) -> None:
+    d, g = tree, tree.app / "g"
+    before = len(d.audit())
+    grep(d, pattern=NEEDLE, path=str(g), privileged=True)
+    time.sleep(0.2)
+    recs = [r for r in d.audit()[before:] if r.get("tool") == "files/grep"]
+    assert len(recs) == 1, recs
+    rec = recs[0]
+    assert rec["decision"] == "accept" and rec["route"] == "privileged" and rec["requested_path"] == str(g)
+    assert rec["files_opened"] == 2 and rec["not_granted"] == 1 and rec["bytes"] == 2
+    assert "pattern_sha256" in rec and NEEDLE not in repr(rec)
+
+
+def test_without_a_grant_it_is_refused_as_privileged_find_is(tree: PrivsepDaemon) -> None:
+    d = tree
+    before = len(d.audit())
+    bob = grep(d, "bob", pattern=NEEDLE, path=str(d.app), privileged=True)
+    assert bob["error"]["code"] == "PERMISSION_DENIED"
+    assert bob["error"]["details"]["reason"] == "no grant covers this path"
+    above = grep(d, pattern="root", path=str(d.srv), privileged=True)  # the grant is below it
+    assert above["error"]["details"]["reason"] == "no grant covers this path"
+    assert SECRET_TEXT.strip() not in repr(above)
+    time.sleep(0.2)
+    recs = [r for r in d.audit()[before:] if r.get("tool") == "files/grep"]
+    assert [r["decision"] for r in recs] == ["reject", "reject"]
+
+
+def test_limits_and_the_cursor_work_as_on_the_ordinary_route(tree: PrivsepDaemon) -> None:
+    d, g = tree, tree.app / "g"
+    first = grep(d, pattern=NEEDLE, path=str(g), privileged=True, max_matches=1)
+    assert [m["path"] for m in first["matches"]] == [str(g / "notes.txt")]
+    assert first["stopped"] == "max_matches" and first["next_cursor"]
+    rest = grep(d, pattern=NEEDLE, path=str(g), privileged=True, max_matches=1, cursor=first["next_cursor"])
+    assert [m["path"] for m in rest["matches"]] == [str(g / "rot.log.gz")]
+    other = grep(d, pattern=NEEDLE, path=str(g), cursor=first["next_cursor"])  # bound to the privileged route
+    assert other["error"]["code"] == "INVALID_ARGUMENT"
+    tiny = grep(d, pattern=NEEDLE, path=str(g), privileged=True, max_file_bytes=8)
+    assert tiny["files_skipped"].get("too_large") == 2 and tiny["matches"] == []  # the gzip too: 19 bytes of text
+    follow = grep(d, pattern=NEEDLE, path=str(g), privileged=True, follow_symlinks=True)
+    assert follow["error"]["code"] == "INVALID_ARGUMENT"
