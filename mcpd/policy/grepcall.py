@@ -126,7 +126,9 @@ def run(state: State, policy: grantmatch.Policy, args: dict[str, Any], principal
         frames.send_frame(chan, walker_frame(policy, GREP_OP, args, principal.os_user, groups, follow, login))
         plan = _Plan(chan, end, frames.reply_cap(state.cfg.read.response_cap))
         who, groupset = principal.name, frozenset(groups)
-        files, skips, refused = [], [], 0
+        files: list[Any] = []
+        skips: list[list[Any]] = []
+        refused = 0
         frame_iter = plan.frames()
         report = None
         while report is None:

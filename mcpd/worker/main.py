@@ -22,7 +22,7 @@ import select
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from mcpd.common import frames, sched, wirejson
@@ -146,7 +146,7 @@ def serve_grep(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], f
         limits = dataclasses.replace(limits, response_cap=args["cap"])  # the principal's max_file_bytes
     args = {k: v for k, v in args.items() if k != "cap"} if isinstance(args, dict) else args
 
-    def batches() -> Iterator[tuple[dict[str, Any], list[int]]]:
+    def batches() -> Generator[tuple[dict[str, Any], list[int]], None, None]:
         got, held = frame, fds
         while True:
             try:
@@ -158,15 +158,16 @@ def serve_grep(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], f
             if got.get("last") is not False:
                 return
             frames.send_frame(ctl, {"id": rid, "took": True})
-            got, held = frames.recv_frame_fds(ctl, REQUEST_CAP, GRANTED_FDS)
-            if got is None or got.get("id") != rid:
+            nxt, held = frames.recv_frame_fds(ctl, REQUEST_CAP, GRANTED_FDS)
+            if nxt is None or nxt.get("id") != rid:  # (ended, or another call's: never ours to search)
                 for fd in held:
                     os.close(fd)
                 raise OSError("the policy process ended the call")
+            got = nxt
 
     batch = batches()
     try:
-        reply = {"id": rid, "ok": True, "result": grep.grep_granted(args, limits, batch)}
+        reply: dict[str, Any] = {"id": rid, "ok": True, "result": grep.grep_granted(args, limits, batch)}
     except ToolError as exc:
         reply = {"id": rid, "ok": False, "error": exc.to_dict()}
     except Exception as exc:  # noqa: BLE001 - answered without details, as ops.run answers
@@ -174,11 +175,10 @@ def serve_grep(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], f
         reply = {"id": rid, "ok": False, "error": ToolError(INTERNAL_ERROR, "internal error").to_dict()}
     finally:
         batch.close()
-    result = reply.get("result") if reply["ok"] else None
-    matches = len(result["matches"]) if isinstance(result, dict) else 0
+    result: dict[str, Any] = reply.get("result") or {}
     code = None if reply["ok"] else reply["error"]["code"]
-    frames.send_frame(ctl, {"id": rid, "code": code, "bytes": matches,
-                            "searched": result["files_searched"] if isinstance(result, dict) else 0})
+    frames.send_frame(ctl, {"id": rid, "code": code, "bytes": len(result.get("matches", ())),
+                            "searched": result.get("files_searched", 0)})
     send_reply(sock, reply)
 
 

@@ -262,9 +262,9 @@ def grep_granted(args: Any, limits: ReadLimits, batches: Iterable[tuple[dict[str
         if refused:
             s.skipped["not_granted"] = s.skipped.get("not_granted", 0) + refused
         for path, fd in zip(files, fds, strict=True):
-            at = cursor is not None and cursor["p"] == path and cursor["o"] is not None
-            if s.search(fd, path, posixpath.basename(path), *((cursor["o"], cursor["n"]) if at and cursor else (0, 1)),
-                        alone=path == root):
+            offset, line = (cursor["o"], cursor["n"]) if cursor is not None and cursor["p"] == path and \
+                cursor["o"] is not None else (0, 1)
+            if s.search(fd, path, posixpath.basename(path), offset, line, alone=path == root):
                 return s.result(root)
         walked = frame.get("walk")
     if isinstance(walked, dict) and walked.get("stopped") == "time_budget" and isinstance(walked.get("stop_path"), str):
