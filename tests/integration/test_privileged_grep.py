@@ -10,6 +10,8 @@ import asyncio
 import gzip
 import os
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -55,6 +57,7 @@ def tree(privsep_daemon: PrivsepDaemon) -> Iterator[PrivsepDaemon]:  # noqa: F81
     os.symlink("/etc/shadow", drop / "shadow.txt")
     os.lchown(drop / "shadow.txt", uid, uid)
     os.link(d.secret, drop / "hard.txt")
+    os.mkfifo(g / "pipe.log", 0o600)  # a FIFO with no writer: opening it for reading would block
     rule = {"allowed": True, "paths": [str(d.app)], "deny": [str(g / "private"), str(g / "denied.log")]}
     d.write_grants({"users": {d.accounts["alice"].name: {"privileged": {"tools": {"files/grep": rule}}}}})
     deadline = time.monotonic() + 20
@@ -72,6 +75,7 @@ def test_it_finds_matches_in_root_only_files_the_account_cannot_read(tree: Privs
     out = grep(d, pattern=NEEDLE, path=str(g), privileged=True)
     assert [(m["path"], m["line"]) for m in out["matches"]] == [(str(g / "notes.txt"), 1), (str(g / "rot.log.gz"), 2)]
     assert out["files_searched"] == 2 and out["truncated"] is False
+    assert {"path": str(g / "pipe.log"), "reason": "not_regular"} in out["skipped"]  # never opened
     ordinary = grep(d, pattern=NEEDLE, path=str(g))
     assert ordinary["error"]["code"] == "PERMISSION_DENIED"  # the kernel's answer: app is 0700 root
     alone = grep(d, pattern="line 2", path=str(d.log_file), privileged=True)
@@ -146,3 +150,65 @@ def test_limits_and_the_cursor_work_as_on_the_ordinary_route(tree: PrivsepDaemon
     assert tiny["files_skipped"].get("too_large") == 2 and tiny["matches"] == []  # the gzip too: 19 bytes of text
     follow = grep(d, pattern=NEEDLE, path=str(g), privileged=True, follow_symlinks=True)
     assert follow["error"]["code"] == "INVALID_ARGUMENT"
+
+
+@pytest.fixture
+def big(tree: PrivsepDaemon) -> Iterator[PrivsepDaemon]:
+    """``app/big``: 30 root-only folders of 100 files, each holding the needle once."""
+    big = tree.app / "big"
+    for i in range(30):
+        sub = big / f"d{i:02d}"
+        sub.mkdir(parents=True, mode=0o700)
+        for j in range(100):
+            (sub / f"f{j:03d}.txt").write_text(f"line\n{NEEDLE} {i} {j}\n")
+            os.chmod(sub / f"f{j:03d}.txt", 0o600)
+    os.chmod(big, 0o700)
+    try:
+        yield tree
+    finally:
+        shutil.rmtree(big)
+
+
+def test_the_time_budget_stops_it_and_the_cursor_goes_on_without_repeats(big: PrivsepDaemon) -> None:
+    d, root = big, big.app / "big"
+    first = grep(d, pattern=NEEDLE, path=str(root), privileged=True, time_budget_seconds=0.3, max_matches=1000)
+    assert first["stopped"] == "time_budget" and first["next_cursor"], {k: first[k] for k in ("stopped",
+                                                                                            "files_searched")}
+    seen = [(m["path"], m["line"]) for m in first["matches"]]
+    cursor = first["next_cursor"]
+    for _ in range(200):
+        page = grep(d, pattern=NEEDLE, path=str(root), privileged=True, time_budget_seconds=5, max_matches=1000,
+                    cursor=cursor)
+        seen += [(m["path"], m["line"]) for m in page["matches"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert len(seen) == len(set(seen)) == 3000  # every file once, in the walk's order
+    assert seen == sorted(seen)
+
+
+def test_a_worker_killed_mid_search_stops_the_call_its_walker_and_root_opens(big: PrivsepDaemon) -> None:
+    """Cancelling a call ends its worker (docs/REFERENCE.md §2.3); here the worker is killed in
+    the middle of a long privileged search: the call fails at once, its walker is gone, nothing
+    more is opened for it (its audit record counts what was), and the next call is served."""
+    d, root = big, big.app / "big"
+    before = len(d.audit())
+    replies: list[dict[str, Any]] = []
+    caller = threading.Thread(target=lambda: replies.append(
+        grep(d, pattern="nomatch", path=str(root), privileged=True, time_budget_seconds=30)))
+    caller.start()
+    deadline, killed = time.monotonic() + 20, 0
+    while not killed and caller.is_alive() and time.monotonic() < deadline:
+        if d.walkers():  # the search is under way: its worker holds a batch
+            for pid in d.workers("alice"):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        time.sleep(0.01)
+    caller.join(60)
+    assert killed and replies and replies[0]["error"]["code"] in ("INTERNAL_ERROR", "HELPER_UNAVAILABLE"), replies
+    time.sleep(1.0)  # the fork server reaps within its tick
+    assert d.walkers() == []
+    rec = [r for r in d.audit()[before:] if r.get("tool") == "files/grep"][-1]
+    assert rec["decision"] == "accept" and rec["outcome"] == "INTERNAL_ERROR" and rec["files_opened"] < 3000
+    again = grep(d, pattern=f"{NEEDLE} 0 0$", path=str(root), privileged=True)
+    assert [m["path"] for m in again["matches"]] == [str(root / "d00" / "f000.txt")]
