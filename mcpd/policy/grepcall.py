@@ -41,6 +41,9 @@ from mcpd.policy.calls import _await_report, _deadline, _end_late, _pass, check_
 from mcpd.policy.state import GREP_OP, State, Worker
 from mcpd.policy.workers import kill_worker
 
+#: the reasons a walker may give for a file it passed over (:func:`mcpd.core.grepwalk.walk_files`'s):
+#: no other text of a walker's reaches an answer but the paths :func:`judged` lets through
+WALK_SKIPS = frozenset({"not_regular", "symlink", "loop", "too_deep", "permission", "vanished", "error"})
 BATCH = 4  # descriptors per batch: as many as a worker may leave untaken (UNTAKEN_TOTAL stays in RLIMIT_NOFILE)
 
 
@@ -144,7 +147,8 @@ def run(state: State, policy: grantmatch.Policy, args: dict[str, Any], principal
                             break
                         files = list(got.get("files") or [])
                         skips += [s for s in got.get("skips") or [] if isinstance(s, list) and len(s) == 2
-                                  and judged(policy, principal.os_user, groupset, root, s[0], login)]
+                                  and s[1] in WALK_SKIPS and judged(policy, principal.os_user, groupset, root, s[0],
+                                                                    login)]
                         refused += int(got.get("not_granted") or 0)
                         continue
                     path = files.pop(0)
@@ -174,6 +178,10 @@ def run(state: State, policy: grantmatch.Policy, args: dict[str, Any], principal
                     frame["args"] = first
                 if last:
                     frame["walk"] = plan.result
+                while frame["skips"] and len(frames.encode(frame)) > frames.HELPER_REQUEST_CAP:  # a worker's cap
+                    skips.insert(0, frame["skips"].pop())  # (long names: the rest go in the next frame)
+                    frame["last"] = last = False
+                    frame.pop("walk", None)
                 if passed:  # the worker's report of the batch before: "took" or its last
                     report = _worker_report(state, w, rid, end)
                     if "took" not in report:

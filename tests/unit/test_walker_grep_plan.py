@@ -111,3 +111,12 @@ def test_the_policy_opens_nothing_a_lying_walker_plans_outside_the_grant(tree: P
     assert not ok("/etc/shadow") and not ok(f"{pub}/../../etc/shadow") and not ok(f"{pub}-evil/x")
     assert not ok(f"{pub}//a.log") and not ok(f"{pub}/./a.log") and not ok("a.log") and not ok(None) and not ok(7)
     assert not judged(policy, "bob", frozenset(), pub, f"{pub}/a.log", None)  # another account's grant
+
+
+def test_only_the_walks_own_skip_reasons_reach_an_answer() -> None:
+    """A walker's skip reasons are the walk's (any other text from it, which a taken-over walker
+    could fill with names it saw, is dropped by the policy process)."""
+    from mcpd.core import grepwalk
+    from mcpd.policy.grepcall import WALK_SKIPS
+
+    assert WALK_SKIPS == set(grepwalk._SKIPS.values()) | {"error", "not_regular", "symlink", "loop", "too_deep"}
