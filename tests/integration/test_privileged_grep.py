@@ -212,3 +212,42 @@ def test_a_worker_killed_mid_search_stops_the_call_its_walker_and_root_opens(big
     assert rec["decision"] == "accept" and rec["outcome"] == "INTERNAL_ERROR" and rec["files_opened"] < 3000
     again = grep(d, pattern=f"{NEEDLE} 0 0$", path=str(root), privileged=True)
     assert [m["path"] for m in again["matches"]] == [str(root / "d00" / "f000.txt")]
+
+
+def test_a_file_swapped_for_a_symlink_while_searched_never_leaks_its_target(tree: PrivsepDaemon) -> None:
+    """The account swaps ``drop/swap.txt`` between a plain file and a symlink to ``/etc/shadow``
+    as fast as it can while privileged greps run: whichever the walker listed, root opens no
+    symlink, and nothing of /etc/shadow is ever answered."""
+    d, drop = tree, tree.app / "g" / "drop"
+    uid = d.accounts["alice"].uid
+    stop = threading.Event()
+
+    def swap() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            tmp = drop / f".swap{n % 2}"
+            if n % 2:
+                os.symlink("/etc/shadow", tmp)
+                os.lchown(tmp, uid, uid)
+            else:
+                tmp.write_text("a plain line\n")
+                os.chown(tmp, uid, uid)
+            os.replace(tmp, drop / "swap.txt")
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    answers = []
+    try:
+        for _ in range(15):
+            answers.append(grep(d, pattern="root|plain", path=str(drop), privileged=True))
+    finally:
+        stop.set()
+        swapper.join(10)
+        (drop / "swap.txt").unlink(missing_ok=True)
+    assert all("error" not in a for a in answers), answers
+    reasons = [s["reason"] for a in answers for s in a["skipped"] if s["path"].endswith("swap.txt")]
+    print(f"swap.txt: searched {sum(a['files_matched'] for a in answers)} times, skipped for {sorted(set(reasons))}")
+    texts = [m["text"] for a in answers for m in a["matches"]]
+    assert set(texts) <= {"a plain line"}, texts  # the plain file's line, or nothing: never shadow's
+    assert not any("root:" in repr(a) or SECRET_TEXT.strip() in repr(a) for a in answers)
