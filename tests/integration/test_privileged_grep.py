@@ -251,3 +251,16 @@ def test_a_file_swapped_for_a_symlink_while_searched_never_leaks_its_target(tree
     texts = [m["text"] for a in answers for m in a["matches"]]
     assert set(texts) <= {"a plain line"}, texts  # the plain file's line, or nothing: never shadow's
     assert not any("root:" in repr(a) or SECRET_TEXT.strip() in repr(a) for a in answers)
+
+
+def test_linuxctl_grep_privileged_prints_like_grep(tree: PrivsepDaemon) -> None:
+    from tests.support.linuxctl import flags, linuxctl
+
+    d, g = tree, tree.app / "g"
+    out = linuxctl(*flags(d, d.tokens["alice"]), "grep", "-r", "--privileged", NEEDLE, str(g))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode().splitlines() == [f"{g}/notes.txt:1:a {NEEDLE} in a root-only file",
+                                                f"{g}/rot.log.gz:2:rotated {NEEDLE}"]
+    assert "1 not_granted" in out.stderr.decode() and "DENIED" not in out.stderr.decode()
+    ordinary = linuxctl(*flags(d, d.tokens["alice"]), "grep", "-r", NEEDLE, str(g))
+    assert ordinary.returncode == 2 and b"PERMISSION_DENIED" in ordinary.stderr
