@@ -27,6 +27,7 @@ from typing import Any
 
 from mcpd.common import frames, grantmatch, identity
 from mcpd.common.audit.records import Prepared
+from mcpd.common.config import CAP_KEY
 from mcpd.helper.wire.errors import (
     FILE_NOT_FOUND,
     HELPER_UNAVAILABLE,
@@ -119,7 +120,7 @@ def run(state: State, policy: grantmatch.Policy, args: dict[str, Any], principal
         raise ToolError(HELPER_UNAVAILABLE, "that worker is busy", reason="busy")
     rid, end = req["rid"], time.monotonic() + _deadline(args, state.cfg.workers.timeout_seconds)
     root = args["path"].rstrip("/") or "/"
-    first = dict(args, **({"cap": req["cap"]} if req.get("cap") is not None else {}))
+    first = dict(args, **({CAP_KEY: req["cap"]} if req.get("cap") is not None else {}))  # the principal's max_file_bytes
     counts = {"opened": 0, "not_granted": 0}
     passed, walker = False, None
     try:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from mcpd.common import frames, sched, wirejson
-from mcpd.common.config import ReadLimits
+from mcpd.common.config import CAP_KEY, ReadLimits
 from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 
 if TYPE_CHECKING:
@@ -142,9 +142,10 @@ def serve_grep(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], f
     from mcpd.core.fileops import grep
 
     rid, limits, args = frame.get("id"), ctx.limits, frame.get("args")
-    if isinstance(args, dict) and isinstance(args.get("cap"), int) and 0 < args["cap"] < limits.response_cap:
-        limits = dataclasses.replace(limits, response_cap=args["cap"])  # the principal's max_file_bytes
-    args = {k: v for k, v in args.items() if k != "cap"} if isinstance(args, dict) else args
+    cap = args.get(CAP_KEY) if isinstance(args, dict) else None
+    if isinstance(cap, int) and not isinstance(cap, bool) and 0 < cap < limits.response_cap:
+        limits = dataclasses.replace(limits, response_cap=cap)  # the principal's max_file_bytes
+    args = {k: v for k, v in args.items() if k != CAP_KEY} if isinstance(args, dict) else args
 
     def batches() -> Generator[tuple[dict[str, Any], list[int]], None, None]:
         got, held = frame, fds
