@@ -3,8 +3,8 @@
 The walk is :func:`mcpd.core.grepwalk.walk_files`, the reading :mod:`mcpd.core.grepread` (plain or
 decompressed, with its limits), the matching :mod:`mcpd.core.grepscan` (RE2). This module runs
 them for one call, on either route: :func:`op_grep` on the unprivileged route opens every file
-itself, with the worker's account's rights; :func:`grep_opened` searches files root opened for a
-privileged call, in the walk's order.
+itself, with the worker's account's rights; :func:`grep_granted` searches files root opened for a
+privileged call, batch by batch in the walk's order (:mod:`mcpd.policy.grepcall`).
 
 Each file of a tree is opened as ``O_PATH`` first, relative to its folder, and judged on that
 descriptor: only a regular file is then opened for reading (through ``/proc/self/fd/N``, where
@@ -39,7 +39,7 @@ from mcpd.helper.wire.errors import (
     from_oserror,
 )
 
-__all__ = ["Search", "grep_granted", "grep_opened", "op_grep"]
+__all__ = ["Search", "grep_granted", "op_grep"]
 
 SKIPS_SHOWN = 100  # skipped files named in the answer (files_skipped counts them all)
 PROGRESS_FILES, PROGRESS_BYTES = 1000, 64 * 1024 * 1024  # a progress call after this many files or bytes
@@ -218,20 +218,6 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
     finally:
         os.close(rfd)
     return s.result(root)
-
-
-def grep_opened(args: dict[str, Any], limits: ReadLimits, files: Iterable[tuple[str, int]],
-                progress: Callable[[int, int | None, str], None] | None = None, alone: bool = False) -> Search:
-    """Search files root opened for a privileged call: ``files`` are ``(path, fd)`` in the walk's
-    order (the fds stay the caller's to close); returns the :class:`Search` to go on with or answer from."""
-    s = Search(args, limits, progress)
-    cursor = cursor_of(args)
-    for path, fd in files:
-        offset, line = (cursor["o"], cursor["n"]) if cursor is not None and cursor["p"] == path and \
-            cursor["o"] is not None else (0, 1)
-        if s.search(fd, path, posixpath.basename(path), offset, line, alone=alone):
-            break
-    return s
 
 
 def grep_granted(args: Any, limits: ReadLimits, batches: Iterable[tuple[dict[str, Any], list[int]]]) -> dict[str, Any]:
