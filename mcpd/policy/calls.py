@@ -9,7 +9,9 @@ stays here: the worker gets its ``fstat`` facts as data and, for a regular file,
 holding the first ``SAMPLE_BYTES`` (:func:`mcpd.policy.opened.described`). ``files/list`` and
 ``files/find`` run as a metadata walk in a walker (:mod:`mcpd.walker`): a killable child of
 root's fork server holding CAP_DAC_READ_SEARCH only, which parses the call's arguments itself
-and filters every entry by the grant. One audit record per call received.
+and filters every entry by the grant. ``files/grep`` combines both (:mod:`mcpd.policy.grepcall`):
+a walker plans, root opens each file judged granted here, the worker searches. One audit record
+per call received.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from mcpd.helper.wire.errors import (
 )
 from mcpd.policy.grants import os_groups
 from mcpd.policy.opened import described
-from mcpd.policy.state import CONTENT_OPS, WALK_OPS, Refused, State, Worker, principal_of
+from mcpd.policy.state import CONTENT_OPS, GREP_OP, WALK_OPS, Refused, State, Worker, principal_of
 from mcpd.policy.workers import (
     NOT_YOURS,
     UNTAKEN,
@@ -80,7 +82,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     key = WALK_OPS.get(op, "path")
     args = dict(req["args"])  # only the path here: the worker or walker parses the rest (tool's own parse_args)
     try:
-        if op not in WALK_OPS and op not in CONTENT_OPS:
+        if op not in WALK_OPS and op not in CONTENT_OPS and op != GREP_OP:
             raise ToolError(PERMISSION_DENIED, "permission denied", reason="unknown tool")
         requested = check_path(args, key)
     except ToolError as exc:
@@ -105,6 +107,14 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
                         path=requested, reason=decision.reason)
     args[key] = decision.resolved_path
     try:
+        if op == GREP_OP:
+            from mcpd.policy import grepcall  # (it builds on this module's hand-over to workers)
+
+            fresh = None if login is None else (login.login_time, used)
+            reply, outcome, size, prepared = grepcall.run(state, policy, args, principal, sorted(groups),
+                                                          decision.covers_root, fresh, req, record)
+            state.audit.finish(prepared, outcome=outcome, bytes=size, duration_ms=_ms(started))
+            return reply
         if op not in WALK_OPS:
             reply, outcome, size, prepared = _content(state, op, args, principal, decision.covers_root, req, record)
             if outcome in (PERMISSION_DENIED, NOT_A_REGULAR_FILE):  # the worker's own check refused it
@@ -165,16 +175,7 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     wait for its report; the accept record (``record``'s fields, and ``real_path``, the real path
     of what root opened when it is not the one judged) is encoded while the worker reads, and
     written by the caller."""
-    if not isinstance(req.get("worker"), int) or req.get("rid") is None:
-        raise Refused("content call without worker and rid")
-    w = bound_worker(state, principal, req["worker"])
-    held = untaken(state, w.owner, w)
-    if state.workers.get(w.pid) is not w:  # it was one of them: killed
-        raise ToolError(INTERNAL_ERROR, "the worker ended during the call: it did not read its control socket")
-    if held >= UNTAKEN_MAX or (held and untaken(state) >= UNTAKEN_TOTAL):
-        raise ToolError(HELPER_UNAVAILABLE, f"no privileged read for this principal: its workers left {held} "
-                        "descriptors untaken in their sockets (a process of its account keeps them); "
-                        "none is passed until they are released", reason=UNTAKEN)
+    w = claim_worker(state, principal, req)
     fd = None if follow else state.opened.take(args["path"], principal.name)  # an earlier read's, checked again
     if fd is not None:
         real = args["path"]
@@ -191,12 +192,7 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
         if not w.busy.acquire(blocking=False):
             raise ToolError(HELPER_UNAVAILABLE, "that worker is busy", reason="busy")
         try:
-            if not w.checked:  # once per worker: only one seen hardened gets a descriptor
-                why = check_started(w, pwd.getpwnam(w.owner[1]))
-                if why is not None:
-                    kill_worker(state, w, f"it did not start safely: {why}")
-                    raise ToolError(INTERNAL_ERROR, f"the worker did not start safely: {why}")
-                w.checked = True
+            check_worker(state, w)
             if req.get("cap") is not None:
                 args[CAP_KEY] = req["cap"]  # the principal's max_file_bytes: it can only narrow the cap
             frame: dict[str, Any] = {"id": req["rid"], "op": op, "args": args}
@@ -223,6 +219,39 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     if report is None:
         raise ToolError(TIMEOUT, "the call did not finish in time")
     return {"ok": True, "dispatched": True}, report.get("code"), int(report.get("bytes") or 0), prepared
+
+
+def claim_worker(state: State, principal: identity.Principal, req: dict[str, Any]) -> Worker:
+    """The worker ``req`` names for a content call of ``principal``, when it may be passed descriptors.
+
+    Raises:
+        Refused: no worker or rid in the request.
+        ToolError: ``PERMISSION_DENIED`` (not the principal's worker), ``INTERNAL_ERROR`` (it was
+            killed: it had left a call untaken), ``HELPER_UNAVAILABLE`` (reason :data:`UNTAKEN`).
+    """
+    if not isinstance(req.get("worker"), int) or req.get("rid") is None:
+        raise Refused("content call without worker and rid")
+    w = bound_worker(state, principal, req["worker"])
+    held = untaken(state, w.owner, w)
+    if state.workers.get(w.pid) is not w:  # it was one of them: killed
+        raise ToolError(INTERNAL_ERROR, "the worker ended during the call: it did not read its control socket")
+    if held >= UNTAKEN_MAX or (held and untaken(state) >= UNTAKEN_TOTAL):
+        raise ToolError(HELPER_UNAVAILABLE, f"no privileged read for this principal: its workers left {held} "
+                        "descriptors untaken in their sockets (a process of its account keeps them); "
+                        "none is passed until they are released", reason=UNTAKEN)
+    return w
+
+
+def check_worker(state: State, w: Worker) -> None:
+    """Once per worker, before its first descriptor (the caller holds ``w.busy``): only one seen
+    hardened gets one (:func:`~mcpd.policy.workers.check_started`); else it is killed and the call
+    fails ``INTERNAL_ERROR``."""
+    if not w.checked:
+        why = check_started(w, pwd.getpwnam(w.owner[1]))
+        if why is not None:
+            kill_worker(state, w, f"it did not start safely: {why}")
+            raise ToolError(INTERNAL_ERROR, f"the worker did not start safely: {why}")
+        w.checked = True
 
 
 def _pass(state: State, w: Worker, frame: dict[str, Any], fds: list[int]) -> None:
@@ -294,6 +323,14 @@ def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:
         w.reports += chunk
 
 
+def walker_frame(policy: grantmatch.Policy, op: str, args: dict[str, Any], os_user: str, groups: list[str],
+                 follow: bool, login: tuple[float, bool] | None) -> dict[str, Any]:
+    """The request frame of a walker (:mod:`mcpd.walker`) for one call decided under ``policy``."""
+    return {"op": op, "args": args, "os_user": os_user, "groups": groups, "follow": follow,
+            "rules": grantmatch.rules_to_wire(policy, os_user, set(groups), op), "secrets": list(policy.secrets),
+            "login_time": None if login is None else login[0], "login_used": login is not None and login[1]}
+
+
 def _walk(state: State, policy: grantmatch.Policy, op: str, args: dict[str, Any], os_user: str, groups: list[str],
           follow: bool, login: tuple[float, bool] | None = None) -> dict[str, Any]:
     """Run one walk in a new walker (root's fork server; :mod:`mcpd.walker`): send it the call and
@@ -306,9 +343,7 @@ def _walk(state: State, policy: grantmatch.Policy, op: str, args: dict[str, Any]
     entry's ``reauth_after`` as this call was judged."""
     pid, ours, pidfd = state.root.walk()
     # (the frame after the walker's start: whatever a reload does meanwhile, it carries ``policy``)
-    frame = {"op": op, "args": args, "os_user": os_user, "groups": groups, "follow": follow,
-             "rules": grantmatch.rules_to_wire(policy, os_user, set(groups), op), "secrets": list(policy.secrets),
-             "login_time": None if login is None else login[0], "login_used": login is not None and login[1]}
+    frame = walker_frame(policy, op, args, os_user, groups, follow, login)
     end = time.monotonic() + _deadline(args, state.cfg.workers.timeout_seconds)
     try:
         ours.settimeout(max(end - time.monotonic(), 0.001))

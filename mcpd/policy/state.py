@@ -28,6 +28,7 @@ from mcpd.policy.rootclient import RootClient
 
 CONTENT_OPS = ("files/read", "files/filetype")
 WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path argument (the walker parses the rest)
+GREP_OP = "files/grep"  # walked by a walker, each file opened by root, searched by the worker (mcpd.policy.grepcall)
 EXITED_KEPT = 256  # ended workers whose owner is remembered (State.exited)
 
 
