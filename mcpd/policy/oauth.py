@@ -55,7 +55,13 @@ RELOAD_EVERY = 1.0  # seconds: an unknown kid re-reads its issuer's file at most
 
 
 class OAuthRefused(Exception):
-    """The token is not accepted; the message is the reason, for the audit record only."""
+    """The token is not accepted; the message is the reason, for the audit record only.
+    ``signed``: its issuer's signature was verified (a genuine token, refused for its claims),
+    else anyone could have sent it (such refusals are not recorded, as unknown static tokens are not)."""
+
+    def __init__(self, reason: str, signed: bool = False) -> None:
+        super().__init__(reason)
+        self.signed = signed
 
 
 def _jwks_owners() -> set[int]:
@@ -192,21 +198,26 @@ class OAuthVerifier:
         kty = key._jwk_data.get("kty", "")
         if not alg.startswith(_KTY_ALGS.get(kty, ("-",))) or key._jwk_data.get("alg", alg) != alg:
             raise OAuthRefused("algorithm does not fit the key")
-        try:
+        try:  # (PyJWT checks the signature first, then the claims)
             claims = jwt.decode(token, key.key, algorithms=[alg], audience=list(iss.cfg.audiences),
                                 issuer=iss.cfg.issuer, leeway=self.cfg.leeway_seconds,
                                 options={"require": ["exp", "iss", "aud"], "verify_iat": False})
         except jwt.ExpiredSignatureError:
-            raise OAuthRefused("expired") from None
+            raise OAuthRefused("expired", signed=True) from None
         except jwt.ImmatureSignatureError:
-            raise OAuthRefused("not yet valid") from None
+            raise OAuthRefused("not yet valid", signed=True) from None
         except jwt.InvalidAudienceError:
-            raise OAuthRefused("wrong audience") from None
+            raise OAuthRefused("wrong audience", signed=True) from None
         except jwt.MissingRequiredClaimError as exc:
-            raise OAuthRefused(f"no {exc.claim} claim") from None
-        except jwt.PyJWTError as exc:
+            raise OAuthRefused(f"no {exc.claim} claim", signed=True) from None
+        except (jwt.InvalidSignatureError, jwt.DecodeError) as exc:
             raise OAuthRefused(f"invalid: {type(exc).__name__}") from None
-        return self._principal(iss.cfg, claims, token)
+        except jwt.PyJWTError as exc:
+            raise OAuthRefused(f"invalid: {type(exc).__name__}", signed=True) from None
+        try:
+            return self._principal(iss.cfg, claims, token)
+        except OAuthRefused as exc:
+            raise OAuthRefused(str(exc), signed=True) from None
 
     def _principal(self, cfg: OAuthIssuer, claims: dict[str, Any], token: str) -> Principal:
         value = claims.get(cfg.principal_claim)

@@ -88,8 +88,9 @@ class State:
             try:
                 return self.oauth.verify(token), None
             except OAuthRefused as exc:
-                self.audit.record("reject", tool="authenticate", decision="reject", reason=f"oauth: {exc}",
-                                  route="oauth")
+                if exc.signed:  # a genuine token refused (expired, audience, account): who, and why
+                    self.audit.record("reject", tool="authenticate", decision="reject", reason=f"oauth: {exc}",
+                                      route="oauth")
                 return None
         self.users.refresh()
         principal = identity.verify(self.users.current, token)

@@ -229,3 +229,26 @@ def test_static_tokens_and_password_logins_still_work(setup: OAuthSetup) -> None
     login_token = str(login_client.login(d.url, setup.carol.name, setup.carol_password, d.cacert)["token"])
     res = _read(d, login_token, str(d.app / "log.txt"), privileged=True)
     assert not res.get("isError"), res
+
+
+def test_a_privileged_message_on_sse_without_its_scope_is_403(setup: OAuthSetup) -> None:
+    """The HTTP+SSE transport answers the same 403 on POST /message; nothing of it reaches the stream."""
+    d = setup.d
+    token = setup.idp.token(setup.carol.name)
+
+    async def go() -> None:
+        async with httpx.AsyncClient(verify=ssl_context(d.cacert), timeout=20) as c:
+            auth = {"Authorization": f"Bearer {token}"}
+            async with c.stream("GET", d.url + "/sse", headers=auth) as s:
+                endpoint, lines = "", s.aiter_lines()  # (held: the stream stays open)
+                async for line in lines:
+                    if line.startswith("data:"):
+                        endpoint = line.split(":", 1)[1].strip()
+                        break
+                call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                        "params": {"name": "files/read", "arguments": {"path": "/etc/hostname", "privileged": True}}}
+                r = await c.post(d.url + endpoint, json=call, headers=auth)
+                assert r.status_code == 403, (endpoint, r.text)
+                assert 'error="insufficient_scope"' in r.headers["www-authenticate"]
+
+    asyncio.run(go())
