@@ -252,3 +252,21 @@ def test_a_privileged_message_on_sse_without_its_scope_is_403(setup: OAuthSetup)
                 assert 'error="insufficient_scope"' in r.headers["www-authenticate"]
 
     asyncio.run(go())
+
+
+def test_a_tokens_groups_count_for_grants_as_issuer_groups(setup: OAuthSetup) -> None:
+    """A grant to ``groups: {corp:auditors}`` lets a token carrying group ``auditors`` of issuer
+    corp read, and no one else: not the same account with a token without it."""
+    d, idp, name = setup.d, setup.idp, setup.carol.name
+    grants = d.default_grants()
+    grants["users"][name] = grants["users"][d.accounts["alice"].name]
+    grants["groups"] = {"corp:auditors": {"privileged": {"tools": {
+        "files/read": {"allowed": True, "paths": [str(d.srv / "secret")]}}}}}
+    d.write_grants(grants)
+    member = idp.token(name, scope="files:read files:privileged", groups=["auditors"])
+    other = idp.token(name, scope="files:read files:privileged", groups=["staff"])
+    deadline = time.monotonic() + 15
+    while _read(d, member, str(d.srv / "secret"), privileged=True).get("isError"):
+        assert time.monotonic() < deadline, "the group grant never applied"
+        time.sleep(0.3)
+    assert _read(d, other, str(d.srv / "secret"), privileged=True).get("isError")
