@@ -270,3 +270,27 @@ def test_a_tokens_groups_count_for_grants_as_issuer_groups(setup: OAuthSetup) ->
         assert time.monotonic() < deadline, "the group grant never applied"
         time.sleep(0.3)
     assert _read(d, other, str(d.srv / "secret"), privileged=True).get("isError")
+
+
+def test_a_key_removed_from_the_set_is_refused_and_an_expiring_token_ends_its_session(setup: OAuthSetup) -> None:
+    """Rotation both ways: a new key is taken on its first token; once the file no longer holds it,
+    its tokens are refused within the reload time. A session whose token expires is closed by the
+    once-a-second re-check (after the leeway): the next request is refused."""
+    d, idp, name = setup.d, setup.idp, setup.carol.name
+    idp.add_rsa("rsa3")
+    token = idp.token(name, kid="rsa3")
+    with _http(d) as c:
+        assert c.post("/mcp", json=INIT, headers=_h(token)).status_code == 200
+        idp.write(kids=["rsa1", "ec1"])  # rsa3 removed
+        deadline = time.monotonic() + 10
+        while c.post("/mcp", json=INIT, headers=_h(token)).status_code != 401:
+            assert time.monotonic() < deadline, "a removed key still verifies"
+            time.sleep(0.3)
+        short = idp.token(name, exp=int(time.time()) + 1)  # + leeway_seconds 5
+        sid = _session(c, short)
+        deadline = time.monotonic() + 20
+        ping = {"jsonrpc": "2.0", "id": 9, "method": "ping"}
+        while c.post("/mcp", json=ping, headers=_h(short, sid)).status_code == 200:
+            assert time.monotonic() < deadline, "an expired token's session lives on"
+            time.sleep(0.5)
+        assert c.post("/mcp", json=ping, headers=_h(short, sid)).status_code in (401, 404)
