@@ -18,6 +18,12 @@ from typing import Any
 
 import httpx
 import pytest
+from mcp.client.auth.utils import (
+    extract_field_from_www_auth,
+    extract_resource_metadata_from_www_auth,
+    extract_scope_from_www_auth,
+    handle_protected_resource_response,
+)
 
 from mcpd.client import login as login_client
 from mcpd.client.api import Client, ssl_context, text_of
@@ -123,6 +129,8 @@ def test_metadata_is_served_at_both_paths_and_nothing_else_under_well_known(setu
             assert r.json() == {"resource": setup.resource, "authorization_servers": [ISSUER, setup.provider],
                                 "scopes_supported": ["files:read", "files:privileged"],
                                 "bearer_methods_supported": ["header"]}
+            prm = asyncio.run(handle_protected_resource_response(r))  # the MCP SDK's own parser
+            assert prm is not None and str(prm.resource) == setup.resource
         assert c.get("/.well-known/openid-configuration").status_code == 404
         assert c.get("/.well-known/oauth-protected-resource/other").status_code == 404
 
@@ -137,6 +145,7 @@ def test_every_401_names_the_metadata_and_the_scope(setup: OAuthSetup) -> None:
             assert challenge.startswith("Bearer ")
             assert f'resource_metadata="{meta}"' in challenge and 'scope="files:read"' in challenge
             assert ('error="invalid_token"' in challenge) == (token is not None)
+            assert extract_resource_metadata_from_www_auth(r) == meta  # as the MCP SDK reads it
 
 
 def test_an_oauth_token_runs_as_its_account_with_the_person_in_the_records(setup: OAuthSetup) -> None:
@@ -160,6 +169,24 @@ def test_an_oauth_token_runs_as_its_account_with_the_person_in_the_records(setup
         ISSUER, f"u-{carol.name}", "agent-client", "agent-9")
 
 
+def test_an_oauth_tokens_worker_lives_while_its_token_does(setup: OAuthSetup) -> None:
+    """The policy process's sweep of revoked tokens' workers (twice a second) keeps an OAuth
+    token's worker until the token's exp: calls a few seconds apart reuse it, nothing is killed."""
+    d, carol = setup.d, setup.carol
+    token = setup.idp.token(carol.name, sub="u-sweep")
+
+    async def go() -> list[dict[str, Any]]:
+        async with Client(d.url, token, d.cacert, timeout=30) as c:
+            out = []
+            for _ in range(3):
+                out.append(await c.call_tool("files/read", {"path": "/etc/hostname"}, check=False))
+                await asyncio.sleep(1.5)
+            return out
+
+    assert not any(r.get("isError") for r in asyncio.run(go()))
+    assert not [r for r in d.audit() if r.get("event") == "kill" and r.get("user") == "corp:u-sweep"]
+
+
 def test_a_privileged_call_without_its_scope_is_403_with_the_scopes_it_needs(setup: OAuthSetup) -> None:
     d = setup.d
     token = setup.idp.token(setup.carol.name)  # files:read only
@@ -172,6 +199,9 @@ def test_a_privileged_call_without_its_scope_is_403_with_the_scopes_it_needs(set
         challenge = r.headers["www-authenticate"]
         assert 'error="insufficient_scope"' in challenge
         assert 'scope="files:read files:privileged"' in challenge and "resource_metadata=" in challenge
+        # and the MCP SDK's OAuth client reads it as a step-up (its own parsers, on this answer)
+        assert extract_field_from_www_auth(r, "error") == "insufficient_scope"
+        assert extract_scope_from_www_auth(r) == "files:read files:privileged"
         no_read = setup.idp.token(setup.carol.name, scope="openid")
         r = c.post("/mcp", json=INIT, headers=_h(no_read))
         assert r.status_code == 403 and 'scope="files:read"' in r.headers["www-authenticate"]
