@@ -36,15 +36,13 @@ from typing import Any
 import jwt
 
 from mcpd.common.identity import NAME_RE, Principal, looks_like_jwt
-from mcpd.common.oauthconfig import OAuth, OAuthIssuer
+from mcpd.common.oauthconfig import JWKS_USER, OAuth, OAuthIssuer
 from mcpd.common.printable import printable
 from mcpd.common.reload import Reloading
 from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 
 log = logging.getLogger(__name__)
 
-#: the account that may own a JWK Set file beside root (``mcpd jwks fetch`` runs as it)
-JWKS_USER = "mcpd-jwks"
 #: what a principal claim's value may be: it becomes the principal ``<issuer>:<value>``
 CLAIM_VALUE_RE = re.compile(r"[A-Za-z0-9_.@+=-]{1,128}")
 #: the uids of ordinary accounts: below are root and the system's accounts, above the dynamic ones and nobody
