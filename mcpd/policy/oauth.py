@@ -79,16 +79,16 @@ def load_jwks(path: str, owners: set[int] | None = None) -> dict[str, jwt.PyJWK]
         ConfigFileError: unsafe file (see the module docstring), not JSON, not a JWK Set, or no
             usable key in it.
     """
-    errors: list[str] = []
+    found: list[list[str]] = []
     text = ""
     for owner in sorted(owners if owners is not None else _jwks_owners()):
         try:
             text = read_secure_file(path, owner_uid=owner)
             break
         except ConfigFileError as exc:
-            errors = exc.errors
-    else:
-        raise ConfigFileError(errors)
+            found.append(exc.errors)
+    else:  # the reason of the attempt whose owner fitted, when one did (else: not owned by any)
+        raise ConfigFileError(next((e for e in found if not any("not owned by" in m for m in e)), found[0]))
     try:
         data = json.loads(text)
     except ValueError:

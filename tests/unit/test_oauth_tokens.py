@@ -163,3 +163,17 @@ def test_only_refusals_of_genuine_tokens_say_so(idp: TestIssuer, os_accounts: Ac
         with pytest.raises(OAuthRefused) as refused:
             v.verify(genuine)
         assert refused.value.signed
+
+
+def test_a_jwks_file_is_trusted_from_root_or_mcpd_jwks_only(idp: TestIssuer, os_accounts: AccountFactory) -> None:
+    """Whoever writes the key set mints tokens: only root and mcpd-jwks may own the file."""
+    from mcpd.admin import devroot
+    from mcpd.common.oauthconfig import JWKS_USER
+
+    fetcher = devroot.ensure_system_account(JWKS_USER)
+    os.chown(idp.jwks_file, fetcher.pw_uid, fetcher.pw_gid)
+    assert set(load_jwks(str(idp.jwks_file))) == {"rsa1", "ec1"}
+    mallory = os_accounts.user(password="pw-2")
+    os.chown(idp.jwks_file, mallory.uid, mallory.gid)
+    with pytest.raises(Exception, match="not owned by"):
+        load_jwks(str(idp.jwks_file))
