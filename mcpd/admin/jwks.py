@@ -50,28 +50,9 @@ def sources(config_path: str) -> list[Source]:
     Raises:
         mcpd.common.config.ConfigError: the configuration is unreadable or invalid.
     """
-    from mcpd.common.config import ConfigError
-    from mcpd.common.strictyaml import parse_strict_yaml
-    from mcpd.helper.wire.securefile import ConfigFileError
+    from mcpd.common.config import load
 
-    # Until the oauth block is part of mcpd.common.config's schema, read just the keys needed here.
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            data = parse_strict_yaml(f.read(), config_path) or {}
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{config_path}: cannot read: {getattr(exc, 'strerror', None) or 'not UTF-8'}") from None
-    except ConfigFileError as exc:
-        raise ConfigError("; ".join(exc.errors)) from None
-    oauth = data.get("oauth") if isinstance(data, dict) else None
-    issuers = (oauth.get("issuers") if isinstance(oauth, dict) else None) or []
-    base = os.path.dirname(os.path.abspath(config_path))
-    out = []
-    for i, item in enumerate(issuers if isinstance(issuers, list) else [None]):
-        if not isinstance(item, dict) or not all(isinstance(item.get(k, ""), str) for k in
-                                                 ("name", "jwks_uri", "jwks_file")) or not item.get("jwks_file"):
-            raise ConfigError(f"{config_path}: oauth.issuers[{i}]: needs name and jwks_file (strings)")
-        out.append(Source(item.get("name", ""), item.get("jwks_uri", ""), os.path.join(base, item["jwks_file"])))
-    return out
+    return [Source(i.name, i.jwks_uri, i.jwks_file) for i in load(config_path).oauth.issuers]
 
 
 class _HttpsOnlyRedirects(urllib.request.HTTPRedirectHandler):

@@ -56,6 +56,15 @@ Example (every key optional)::
       tiers: {small: {requests_per_day: 100, max_file_bytes: 1048576}}
       users: {alice: small}        # principal -> tier (login principals are named after the OS account)
       save_every: 20               # counters hit disk every N requests and at shutdown
+    oauth:                         # OAuth 2.1 resource server (docs/REFERENCE.md §5.4); absent: off
+      resource: https://files.example.com:9091/mcp
+      scopes_supported: [files:read, files:privileged]
+      leeway_seconds: 60
+      issuers: [{name: corp, issuer: https://idp.example.com/realms/corp,
+                 jwks_file: /var/lib/mcpd/jwks/corp.json, jwks_uri: https://idp.example.com/certs,
+                 audiences: [https://files.example.com:9091/mcp], algorithms: [RS256, ES256],
+                 principal_claim: sub, account_claim: preferred_username, accounts: ["*"],
+                 groups_claim: groups, client_id: mcpd-cli}]
 """
 
 from __future__ import annotations
@@ -67,11 +76,13 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from mcpd.common.oauthconfig import OAuth, OAuthIssuer, check_oauth
 from mcpd.common.strictyaml import parse_strict_yaml
 from mcpd.helper.wire.rootconf import DEV_TOKEN_FILE, EXIT_CONFIG, POLICY_USER, WALK_USER, RootSettings  # noqa: F401
 from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 
-__all__ = ["EXIT_CONFIG", "POLICY_USER", "WALK_USER", "Config", "ConfigError", "load", "from_dict"]
+__all__ = ["EXIT_CONFIG", "POLICY_USER", "WALK_USER", "Config", "ConfigError", "OAuth", "OAuthIssuer", "load",
+           "from_dict"]
 _ROOT = RootSettings()  # the defaults of the keys the root helper reads itself
 # base_path: "/seg/seg", each segment plain (served and advertised alike), none "." or ".."
 _BASE_PATH_RE = re.compile(r"(?:/(?!\.\.?(?:/|$))[A-Za-z0-9._~-]+)+")
@@ -248,6 +259,7 @@ class Config:
     default_workspace: str = "~"
     login: Login = Login()
     limits: Limits = Limits()
+    oauth: OAuth = OAuth()
 
 
 def _convert(value: Any, hint: Any, where: str) -> Any:
@@ -307,6 +319,10 @@ def from_dict(data: dict[str, Any]) -> Config:
         data = {**data, "allowed_hosts": ["auto"]}
     cfg = _build(Config, data, "")
     _check_ranges(cfg)
+    try:
+        check_oauth(cfg.oauth)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return cfg
 
 
@@ -436,4 +452,6 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
         access_log=r(cfg.access_log),
         state_dir=r(cfg.state_dir),
         helper_state_dir=r(cfg.helper_state_dir),
+        oauth=dataclasses.replace(cfg.oauth, issuers=tuple(
+            dataclasses.replace(i, jwks_file=r(i.jwks_file)) for i in cfg.oauth.issuers)),
     )

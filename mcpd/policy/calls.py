@@ -30,6 +30,7 @@ from mcpd.common import frames, grantmatch, identity
 from mcpd.common.audit.records import REFUSED_AT_OPEN, Prepared, find_fields
 from mcpd.common.config import CAP_KEY
 from mcpd.common.deadline import deadline_seconds
+from mcpd.common.oauthconfig import SCOPE_PRIVILEGED
 from mcpd.common.validate import check_path
 from mcpd.helper.wire.errors import (
     HELPER_UNAVAILABLE,
@@ -76,7 +77,11 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     principal, login = principal_of(state, req)
     op, who = req["op"], {"session": req["session"], "peer": req["peer"], "user": principal.name,
                           "os_user": principal.os_user, "token_id": principal.token_id, "tool": req["op"],
-                          "route": "privileged", **find_fields(req["op"], req["args"])}
+                          "route": "privileged", **find_fields(req["op"], req["args"]), **dict(principal.claims)}
+    if principal.scopes is not None and SCOPE_PRIVILEGED not in principal.scopes:  # (the front answers 403 first)
+        state.audit.record("reject", decision="reject", reason="insufficient scope", outcome=PERMISSION_DENIED, **who)
+        raise ToolError(PERMISSION_DENIED, f"permission denied: the token lacks the scope {SCOPE_PRIVILEGED}",
+                        reason="insufficient scope", scope=SCOPE_PRIVILEGED)
     key = WALK_OPS.get(op, "path")
     args = dict(req["args"])  # only the path here: the worker or walker parses the rest (tool's own parse_args)
     try:
@@ -86,7 +91,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     except ToolError as exc:
         state.audit.record("reject", decision="reject", reason=exc.message, outcome=exc.code, **who)
         raise
-    groups = os_groups(principal.os_user)
+    groups = os_groups(principal.os_user) | set(principal.groups)  # an OAuth token's groups: <issuer>:<group>
     policy = state.policy.policy
     login_time = None if login is None else datetime.datetime.fromtimestamp(login.login_time, datetime.UTC)
     used = login is not None and state.issued.used(login.id)  # before this call's claim: the walker decides alike

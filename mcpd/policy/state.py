@@ -23,6 +23,7 @@ from mcpd.common.reload import Reloading
 from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Issued, Login, Store
+from mcpd.policy.oauth import OAuthRefused, OAuthVerifier
 from mcpd.policy.opened import OpenedFiles
 from mcpd.policy.rootclient import RootClient
 
@@ -61,6 +62,8 @@ class State:
     root: RootClient
     issued: Store
     login: Login
+    #: OAuth access tokens' verifier (docs/REFERENCE.md §5.4); None: OAuth is off
+    oauth: OAuthVerifier | None = None
     workers: dict[int, Worker] = dataclasses.field(default_factory=dict)
     #: the owners of the workers last seen ending (pid -> owner), at most EXITED_KEPT: the front's
     #: kill request for one it found dead is answered without an alert (it is no attack)
@@ -79,7 +82,15 @@ class State:
         self.spawns = TokenBuckets(2 * self.cfg.workers.spawn_burst, self.cfg.workers.spawns_per_second)
 
     def authenticate(self, token: str) -> tuple[identity.Principal, Issued | None] | None:
-        """The principal of a ``users.yaml`` token or of a login token (docs/REFERENCE.md §5), else None."""
+        """The principal of a ``users.yaml`` token, of a login token or of an OAuth access token
+        (docs/REFERENCE.md §5), else None (an OAuth token's reason is in a ``reject`` record)."""
+        if self.oauth is not None and identity.looks_like_jwt(token):
+            try:
+                return self.oauth.verify(token), None
+            except OAuthRefused as exc:
+                self.audit.record("reject", tool="authenticate", decision="reject", reason=f"oauth: {exc}",
+                                  route="oauth")
+                return None
         self.users.refresh()
         principal = identity.verify(self.users.current, token)
         if principal is not None:

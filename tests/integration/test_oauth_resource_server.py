@@ -1,0 +1,231 @@
+"""mcpd as an OAuth 2.1 resource server (docs/REFERENCE.md §5.4), the real daemon: helper, policy
+process and front as in production, tokens from a real OpenID provider on loopback
+(``oidc-provider-mock``) and from an issuer of our own keys; static tokens and password logins
+keep working beside them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from mcpd.client import login as login_client
+from mcpd.client.api import Client, ssl_context, text_of
+from mcpd.common import identity
+from tests.support.jwtkeys import ISSUER, TestIssuer
+from tests.support.oidcmock import fetch_jwks, id_token, running_provider, set_user
+from tests.support.osaccounts import Account, AccountFactory, ensure_user, pam_service
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.streamable import INIT
+
+pytestmark = pytest.mark.root
+
+CLIENT_ID = "mcpd-test-client"
+V = "2025-06-18"
+
+
+class OAuthSetup:
+    d: PrivsepDaemon
+    idp: TestIssuer
+    provider: str
+    carol: Account
+    carol_password: str
+    resource: str
+
+
+@pytest.fixture(scope="module")
+def setup() -> Iterator[OAuthSetup]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: root helper, OS accounts, PAM")
+    factory = AccountFactory()
+    jwks_dir = Path(f"/tmp/mcpd-jwks-{secrets.token_hex(4)}")
+    jwks_dir.mkdir(mode=0o755)
+    os.chmod(jwks_dir, 0o755)
+    s = OAuthSetup()
+    d: PrivsepDaemon | None = None
+    with running_provider() as provider, pam_service() as service:
+        try:
+            s.carol_password = secrets.token_urlsafe(12)
+            s.carol = factory.user(password=s.carol_password)
+            ensure_user(s.carol.name, password=s.carol_password)
+            s.idp = TestIssuer(jwks_dir / "corp.json")
+            fetch_jwks(provider, jwks_dir / "mock.json")
+            s.provider = provider
+            s.resource = "https://files.test.example:9091/mcp"  # the canonical name clients know it by
+            s.idp.audience = s.resource
+            oauth = {"resource": s.resource, "leeway_seconds": 5, "issuers": [
+                {"name": "corp", "issuer": ISSUER, "jwks_file": str(jwks_dir / "corp.json"),
+                 "audiences": [s.resource], "accounts": [s.carol.name, "root"], "groups_claim": "groups"},
+                {"name": "mock", "issuer": provider, "jwks_file": str(jwks_dir / "mock.json"),
+                 "audiences": [CLIENT_ID], "account_claim": "account", "accounts": ["mcpdt*"]}]}
+            d = start_privsep(factory, oauth=oauth,
+                              login={"pam_service": service, "answer_seconds": 0.2})
+            grants = d.default_grants()
+            grants["users"][s.carol.name] = grants["users"][d.accounts["alice"].name]
+            d.write_grants(grants)
+            users = identity.load_users(d.state_dir / "users.yaml")  # carol may also log in with her password
+            users["carol"] = identity.UserRecord(name="carol", os_user=s.carol.name, tokens=[])
+            identity.save_users(d.state_dir / "users.yaml", users)
+            s.d = d
+            yield s
+        finally:
+            if d is not None:
+                stop_privsep(d)
+            factory.cleanup()
+            shutil.rmtree(jwks_dir, ignore_errors=True)
+
+
+def _http(d: PrivsepDaemon) -> httpx.Client:
+    return httpx.Client(verify=ssl_context(d.cacert), timeout=30, base_url=d.url)
+
+
+def _h(token: str | None, sid: str | None = None) -> dict[str, str]:
+    h = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    if token is not None:
+        h["Authorization"] = f"Bearer {token}"
+    if sid is not None:
+        h.update({"Mcp-Session-Id": sid, "MCP-Protocol-Version": V})
+    return h
+
+
+def _session(c: httpx.Client, token: str) -> str:
+    r = c.post("/mcp", json=INIT, headers=_h(token))
+    assert r.status_code == 200, (r.status_code, r.headers, r.text)
+    sid = r.headers["mcp-session-id"]
+    assert c.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                  headers=_h(token, sid)).status_code == 202
+    return sid
+
+
+def _read(d: PrivsepDaemon, token: str, path: str, privileged: bool = False) -> dict[str, Any]:
+    async def go() -> dict[str, Any]:
+        async with Client(d.url, token, d.cacert, timeout=30) as c:
+            return await c.call_tool("files/read", {"path": path, "privileged": privileged}, check=False)
+
+    return asyncio.run(go())
+
+
+def test_metadata_is_served_at_both_paths_and_nothing_else_under_well_known(setup: OAuthSetup) -> None:
+    with _http(setup.d) as c:
+        for path in ("/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp"):
+            r = c.get(path)
+            assert r.status_code == 200, path
+            assert r.json() == {"resource": setup.resource, "authorization_servers": [ISSUER, setup.provider],
+                                "scopes_supported": ["files:read", "files:privileged"],
+                                "bearer_methods_supported": ["header"]}
+        assert c.get("/.well-known/openid-configuration").status_code == 404
+        assert c.get("/.well-known/oauth-protected-resource/other").status_code == 404
+
+
+def test_every_401_names_the_metadata_and_the_scope(setup: OAuthSetup) -> None:
+    meta = setup.resource.replace("/mcp", "/.well-known/oauth-protected-resource/mcp")
+    with _http(setup.d) as c:
+        for token in (None, "mcpd_000000000000_" + "a" * 43, setup.idp.token(setup.carol.name, aud="https://x/mcp")):
+            r = c.post("/mcp", json=INIT, headers=_h(token))
+            assert r.status_code == 401
+            challenge = r.headers["www-authenticate"]
+            assert challenge.startswith("Bearer ")
+            assert f'resource_metadata="{meta}"' in challenge and 'scope="files:read"' in challenge
+            assert ('error="invalid_token"' in challenge) == (token is not None)
+
+
+def test_an_oauth_token_runs_as_its_account_with_the_person_in_the_records(setup: OAuthSetup) -> None:
+    d, carol = setup.d, setup.carol
+    Path(carol.home, "notes.txt").write_text("carol's notes\n")
+    os.chown(Path(carol.home, "notes.txt"), carol.uid, carol.gid)
+    token = setup.idp.token(carol.name, jti="jti-read-1", act={"sub": "agent-9"})
+    res = _read(d, token, f"{carol.home}/notes.txt")
+    assert not res.get("isError") and text_of(res) == "carol's notes\n", res
+    alice = d.accounts["alice"]
+    private = Path(alice.home, "private.txt")
+    private.write_text("alice's\n")
+    os.chown(private, alice.uid, alice.gid)
+    os.chmod(private, 0o600)
+    alice_only = _read(d, token, str(private))  # the kernel decides, as carol
+    assert alice_only.get("isError")
+    lines = [json.loads(x) for x in d.access_path.read_text().splitlines()]
+    mine = [r for r in lines if r.get("jti") == "jti-read-1" and r.get("event") == "access"]
+    assert mine and mine[0]["user"] == f"corp:u-{carol.name}" and mine[0]["os_user"] == carol.name
+    assert (mine[0]["iss"], mine[0]["sub"], mine[0]["client"], mine[0]["act"]) == (
+        ISSUER, f"u-{carol.name}", "agent-client", "agent-9")
+
+
+def test_a_privileged_call_without_its_scope_is_403_with_the_scopes_it_needs(setup: OAuthSetup) -> None:
+    d = setup.d
+    token = setup.idp.token(setup.carol.name)  # files:read only
+    with _http(d) as c:
+        sid = _session(c, token)
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "files/read", "arguments": {"path": str(d.app / "log.txt"), "privileged": True}}}
+        r = c.post("/mcp", json=call, headers=_h(token, sid))
+        assert r.status_code == 403
+        challenge = r.headers["www-authenticate"]
+        assert 'error="insufficient_scope"' in challenge
+        assert 'scope="files:read files:privileged"' in challenge and "resource_metadata=" in challenge
+        no_read = setup.idp.token(setup.carol.name, scope="openid")
+        r = c.post("/mcp", json=INIT, headers=_h(no_read))
+        assert r.status_code == 403 and 'scope="files:read"' in r.headers["www-authenticate"]
+    # stepped up: the same call with files:privileged is decided by the grants, and granted
+    up = setup.idp.token(setup.carol.name, scope="files:read files:privileged", jti="jti-priv-1")
+    res = _read(d, up, str(d.app / "log.txt"), privileged=True)
+    assert not res.get("isError"), res
+    rec = [r for r in d.audit() if r.get("jti") == "jti-priv-1" and r.get("route") == "privileged"]
+    assert rec and rec[-1]["decision"] == "accept" and rec[-1]["iss"] == ISSUER
+    denied = _read(d, up, str(d.srv / "secret"), privileged=True)  # the grant still decides
+    assert denied.get("isError")
+
+
+@pytest.mark.parametrize("forge", ["alg none", "hs256 with the public key", "wrong iss", "no aud", "expired",
+                                   "nbf future", "unknown kid", "colon in principal", "control in principal",
+                                   "account root", "16 KiB"])
+def test_forged_tokens_are_401_through_the_daemon(setup: OAuthSetup, forge: str) -> None:
+    idp, name = setup.idp, setup.carol.name
+    token = {"alg none": lambda: idp.unsigned(name),
+             "hs256 with the public key": lambda: idp.hs256_with_public_key(name),
+             "wrong iss": lambda: idp.token(name, iss="https://evil.example"),
+             "no aud": lambda: idp.token(name, aud=None),
+             "expired": lambda: idp.token(name, exp=int(time.time()) - 60),
+             "nbf future": lambda: idp.token(name, nbf=int(time.time()) + 600),
+             "unknown kid": lambda: idp.token(name, headers={"kid": "rotated-away"}),
+             "colon in principal": lambda: idp.token(name, sub="alice:x"),
+             "control in principal": lambda: idp.token(name, sub="alice\u0007"),
+             "account root": lambda: idp.token("root"),
+             "16 KiB": lambda: idp.token(name, pad="x" * 16384)}[forge]()  # (64 KiB: 431, past the header cap)
+    with _http(setup.d) as c:
+        r = c.post("/mcp", json=INIT, headers=_h(token))
+        assert r.status_code == 401, (forge, r.status_code, r.text)
+        assert c.get("/mcp", params={"access_token": idp.token(name)}, headers=_h(None)).status_code == 401
+
+
+def test_a_token_from_the_real_provider_is_accepted(setup: OAuthSetup) -> None:
+    """oidc-provider-mock signs a JWT after an authorization-code flow (its aud: the client id, as
+    Entra's is); the daemon verifies it against the key set fetched from the provider."""
+    sub = f"p-{secrets.token_hex(3)}"
+    set_user(setup.provider, sub, {"account": setup.carol.name, "scope": "files:read"})
+    token = id_token(setup.provider, CLIENT_ID, sub)
+    Path(setup.carol.home, "mock.txt").write_text("from the mock\n")
+    os.chown(Path(setup.carol.home, "mock.txt"), setup.carol.uid, setup.carol.gid)
+    res = _read(setup.d, token, f"{setup.carol.home}/mock.txt")
+    assert not res.get("isError") and text_of(res) == "from the mock\n", res
+    other = id_token(setup.provider, "another-client", sub)  # a token for another audience
+    with _http(setup.d) as c:
+        assert c.post("/mcp", json=INIT, headers=_h(other)).status_code == 401
+
+
+def test_static_tokens_and_password_logins_still_work(setup: OAuthSetup) -> None:
+    d = setup.d
+    res = _read(d, d.tokens["alice"], str(d.app / "log.txt"), privileged=True)
+    assert not res.get("isError"), res
+    login_token = str(login_client.login(d.url, setup.carol.name, setup.carol_password, d.cacert)["token"])
+    res = _read(d, login_token, str(d.app / "log.txt"), privileged=True)
+    assert not res.get("isError"), res
