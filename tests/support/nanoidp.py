@@ -44,28 +44,30 @@ class Idp:
     issuer: str
     cafile: str
     log: Path
+    user: str = USER
+    password: str = PASSWORD
 
     def client(self) -> httpx.Client:
         return httpx.Client(verify=ssl.create_default_context(cafile=self.cafile), timeout=20)
 
-    def decide(self, user_code: str, approve: bool = True, user: str = USER, password: str = PASSWORD) -> None:
-        """Approve (or deny) ``user_code`` on the device page, as the person at a browser would."""
+    def decide(self, user_code: str, approve: bool = True) -> None:
+        """Approve (or deny) ``user_code`` on the device page as :attr:`user`, as a person at a browser would."""
         with self.client() as c:
             page = c.get(f"{self.issuer}/device", params={"user_code": user_code})
             assert page.status_code == 200, page.text[:500]
             form = {"user_code": user_code, "action": "authorize" if approve else "deny"}
             if approve:
-                form |= {"username": user, "password": password}
+                form |= {"username": self.user, "password": self.password}
             answer = c.post(f"{self.issuer}/device", data=form)
             assert answer.status_code == 200, answer.text[:500]
 
 
-def _configure(folder: Path, issuer: str) -> None:
+def _configure(folder: Path, issuer: str, user: str, audience: str) -> None:
     settings_file = folder / "settings.yaml"
     settings = yaml.safe_load(settings_file.read_text(encoding="utf-8"))
     oauth = settings["oauth"]
     oauth["issuer"] = issuer
-    oauth["audience"] = RESOURCE
+    oauth["audience"] = audience
     oauth["scopes_supported"] = ["openid", "files:read", "files:privileged", "offline_access"]
     oauth["clients"].append({"client_id": CLIENT_ID, "token_endpoint_auth_method": "none",
                              "allowed_scopes": ["openid", "files:read", "files:privileged", "offline_access"],
@@ -73,14 +75,16 @@ def _configure(folder: Path, issuer: str) -> None:
     settings_file.write_text(yaml.safe_dump(settings), encoding="utf-8")
     users_file = folder / "users.yaml"
     users = yaml.safe_load(users_file.read_text(encoding="utf-8"))
-    users["users"][USER] = {"password": PASSWORD, "email": "alice@example.org", "roles": ["USER"],
+    users["users"][user] = {"password": PASSWORD, "email": "alice@example.org", "roles": ["USER"],
                             "groups": ["developers"], "tenant": "default"}
     users_file.write_text(yaml.safe_dump(users), encoding="utf-8")
 
 
 @contextmanager
-def nanoidp(folder: Path) -> Iterator[Idp]:
-    """Start NanoIDP over TLS on a free loopback port; stop it when the block ends."""
+def nanoidp(folder: Path, user: str = USER, audience: str = RESOURCE) -> Iterator[Idp]:
+    """Start NanoIDP over TLS on a free loopback port, with the person ``user`` (password
+    :data:`PASSWORD`; the access tokens' ``sub``) and ``audience`` in its tokens' ``aud``; stop it
+    when the block ends."""
     binary = Path(sys.executable).parent / "nanoidp"
     if not binary.exists() and shutil.which("nanoidp") is None:
         pytest.fail("nanoidp is missing: install the test extras (pip install -e '.[test]')")
@@ -89,12 +93,12 @@ def nanoidp(folder: Path) -> Iterator[Idp]:
     issuer = f"https://127.0.0.1:{port}"
     config = folder / "config"
     subprocess.run([str(binary), "init", str(config)], check=True, capture_output=True, timeout=60)
-    _configure(config, issuer)
+    _configure(config, issuer, user, audience)
     log = folder / "nanoidp.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", LAUNCH, str(config), str(port), str(pki.server_cert),
                                  str(pki.server_key)], stdout=out, stderr=subprocess.STDOUT, cwd=folder)
-    idp = Idp(issuer, str(pki.ca_cert), log)
+    idp = Idp(issuer, str(pki.ca_cert), log, user)
     try:
         deadline = time.monotonic() + 30
         while True:
