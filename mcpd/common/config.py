@@ -61,7 +61,7 @@ Example (every key optional)::
       scopes_supported: [files:read, files:privileged]
       leeway_seconds: 60
       issuers: [{name: corp, issuer: https://idp.example.com/realms/corp,
-                 jwks_file: /var/lib/mcpd/jwks/corp.json, jwks_uri: https://idp.example.com/certs,
+                 jwks_file: /var/lib/mcpd-jwks/corp.json, jwks_uri: https://idp.example.com/certs,
                  audiences: [https://files.example.com:9091/mcp], algorithms: [RS256, ES256],
                  principal_claim: sub, account_claim: preferred_username, accounts: ["*"],
                  groups_claim: groups, client_id: mcpd-cli}]

@@ -189,3 +189,30 @@ def test_browser_flow_refuses_a_redirect_with_a_wrong_state() -> None:
                            wait_seconds=20)
     assert seen["code_challenge_method"] == "S256" and len(seen["code_challenge"]) == 43
     assert seen["redirect_uri"].startswith("http://127.0.0.1:") and seen["resource"] == RESOURCE
+
+
+def test_browser_flow_with_pkce_end_to_end(idp: Idp) -> None:
+    """--browser's flow against the provider: the person logs in on its page, the redirect reaches
+    the one-time loopback listener, the code is redeemed with the PKCE verifier."""
+    import re
+    import ssl
+
+    provider = oidc.discover(idp.issuer, idp.cafile, 10)
+
+    def person_at_browser(url: str) -> None:
+        with httpx.Client(verify=ssl.create_default_context(cafile=idp.cafile), timeout=20) as browser:
+            page = browser.get(url)
+            assert page.status_code == 200, page.text[:300]
+            form = {"username": idp.user, "password": idp.password}
+            found = re.search(r'name="transaction_id" value="([^"]+)"', page.text)
+            if found:
+                form["transaction_id"] = found.group(1)
+            answer = browser.post(url, data=form)
+            assert answer.status_code in (302, 303), answer.text[:500]
+            assert answer.headers["location"].startswith("http://127.0.0.1:")
+            assert httpx.get(answer.headers["location"]).status_code == 200  # the listener's "you may close"
+
+    tokens = oidc.browser_login(provider, oidc.Request(CLIENT_ID, "files:read", RESOURCE), idp.cafile,
+                                person_at_browser, timeout=20, wait_seconds=30)
+    got = claims(tokens.access_token)
+    assert got["sub"] == USER and got["iss"] == idp.issuer and "files:read" in got["scope"].split()
