@@ -216,3 +216,45 @@ def test_browser_flow_with_pkce_end_to_end(idp: Idp) -> None:
                                 person_at_browser, timeout=20, wait_seconds=30)
     got = claims(tokens.access_token)
     assert got["sub"] == USER and got["iss"] == idp.issuer and "files:read" in got["scope"].split()
+
+
+def _device_provider(server: Served) -> oidc.Provider:
+    server.posts["/device"] = [(200, json.dumps({"device_code": "dc", "user_code": "ABCD-EFGH", "interval": 1,
+                                                 "expires_in": 60, "verification_uri": server.url + "/dev"}).encode())]
+    return oidc.Provider(server.url, server.url + "/token", server.url + "/device")
+
+
+def test_device_polling_honours_interval_and_slow_down(server: Served) -> None:
+    """A provider that answers pending, then slow_down twice, then the token: each slow_down adds
+    5 s to the wait between polls (here counted, not slept)."""
+    provider = _device_provider(server)
+    answers = [(400, {"error": "authorization_pending"}), (400, {"error": "slow_down"}),
+               (400, {"error": "slow_down"}), (200, {"access_token": "a.b.c", "token_type": "Bearer",
+                                                     "expires_in": 300})]
+    server.posts["/token"] = [(status, json.dumps(body).encode()) for status, body in answers]
+    waits: list[float] = []
+    shown: list[str] = []
+    tokens = oidc.device_login(provider, oidc.Request(CLIENT_ID, "files:read", RESOURCE), server.cafile,
+                               lambda uri, code, _complete: shown.append(code), timeout=10, sleep=waits.append)
+    assert tokens.access_token == "a.b.c" and tokens.expires_at > time.time() + 200
+    assert shown == ["ABCD-EFGH"]
+    assert waits == [1.0, 1.0, 6.0, 11.0]
+
+
+@pytest.mark.parametrize(("error", "needle"), [("access_denied", "refused at the identity provider"),
+                                               ("expired_token", "expired before it was approved"),
+                                               ("invalid_grant", "refused the token: invalid_grant")])
+def test_device_polling_stops_on_a_refusal(server: Served, error: str, needle: str) -> None:
+    provider = _device_provider(server)
+    server.posts["/token"] = [(400, json.dumps({"error": error}).encode())]
+    with pytest.raises(AuthError, match=needle):
+        oidc.device_login(provider, oidc.Request(CLIENT_ID, "files:read"), server.cafile,
+                          lambda *_: None, timeout=10, sleep=lambda _s: None)
+
+
+def test_device_token_answer_without_a_bearer_token_is_refused(server: Served) -> None:
+    provider = _device_provider(server)
+    server.posts["/token"] = [(200, json.dumps({"access_token": "x", "token_type": "mac"}).encode())]
+    with pytest.raises(ProtocolError, match="no bearer access token"):
+        oidc.device_login(provider, oidc.Request(CLIENT_ID, "files:read"), server.cafile,
+                          lambda *_: None, timeout=10, sleep=lambda _s: None)

@@ -1,11 +1,14 @@
 """A small HTTPS server on loopback for tests of mcpd's outgoing fetches (the JWK Set download,
-an identity provider's documents): it serves a mutable ``{path: (status, body)}`` table with a
-certificate from a private CA made by :func:`mcpd.admin.certs.make_pki`, and counts requests."""
+an identity provider's documents): it serves a mutable ``{path: (status, body)}`` table to GETs,
+and to POSTs the next of ``posts[path]`` (a list of ``(status, body)``, the last one repeated),
+with a certificate from a private CA made by :func:`mcpd.admin.certs.make_pki`; it records the
+paths asked for and the times of the POSTs."""
 
 from __future__ import annotations
 
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,6 +27,8 @@ class Served:
     cafile: str
     routes: dict[str, tuple[int, bytes]]
     requests: list[str] = field(default_factory=list)
+    posts: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)
+    posted_at: list[float] = field(default_factory=list)
 
 
 @contextmanager
@@ -41,6 +46,18 @@ def https_server(folder: Path, routes: dict[str, tuple[int, bytes]] | None = Non
             if 300 <= status < 400:
                 self.send_header("Location", body.decode())
                 body = b""
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            served.requests.append(self.path)
+            served.posted_at.append(time.monotonic())
+            queue = served.posts.get(self.path) or [(404, b"{}")]
+            status, body = queue.pop(0) if len(queue) > 1 else queue[0]
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
