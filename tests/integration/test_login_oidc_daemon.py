@@ -62,19 +62,25 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
         factory.cleanup()
 
 
-def test_device_grant_token_reads_the_persons_own_file(chain: Chain, tmp_path: Path) -> None:
-    d, idp = chain.d, chain.idp
-    fetched = subprocess.run([str(BIN / "mcpd"), "jwks", "fetch", "--config", str(d.config_path), "--cafile",
-                              idp.cafile], capture_output=True, text=True, timeout=60, check=False)
-    assert fetched.returncode == 0 and "corp: wrote" in fetched.stdout, fetched.stderr
+def fetch_keys(chain: Chain) -> str:
+    fetched = subprocess.run([str(BIN / "mcpd"), "jwks", "fetch", "--config", str(chain.d.config_path), "--cafile",
+                              chain.idp.cafile], capture_output=True, text=True, timeout=60, check=False)
+    assert fetched.returncode == 0, fetched.stderr
     assert chain.jwks_file.stat().st_mode & 0o777 == 0o644
+    return fetched.stdout
 
-    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path), "HOME": str(tmp_path)}
+
+def login(chain: Chain, home: Path, *extra: str) -> dict[str, str]:
+    """`linuxctl login --oidc` with only the server's URL and the client id (the resource and the
+    issuer come from the front's metadata), approved on the provider's page; the environment that
+    uses the stored token."""
+    d, idp = chain.d, chain.idp
+    env = {**os.environ, "XDG_CONFIG_HOME": str(home), "HOME": str(home)}
     env.pop("MCP_TOKEN", None)
-    login = [str(BIN / "linuxctl"), "--url", d.url, "--cacert", d.cacert, "login", "--oidc", "--client-id",
-             CLIENT_ID, "--idp-cacert", idp.cafile]  # no --issuer, no --resource: the front's metadata says
+    args = [str(BIN / "linuxctl"), "--url", d.url, "--cacert", d.cacert, "login", "--oidc", "--client-id",
+            CLIENT_ID, "--idp-cacert", idp.cafile, *extra]
     seen = []
-    with subprocess.Popen(login, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
         assert proc.stderr is not None and proc.stdout is not None
         for line in proc.stderr:
             seen.append(line)
@@ -84,17 +90,53 @@ def test_device_grant_token_reads_the_persons_own_file(chain: Chain, tmp_path: P
         out = proc.stdout.read()
         assert proc.wait(60) == 0, "".join(seen)
     assert out == ""  # the token is never printed
+    return env
 
+
+def read(chain: Chain, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`linuxctl get files ARGS` with the stored token, retried while the key set is not loaded yet
+    (the policy process re-reads it when it changes)."""
+    command = [str(BIN / "linuxctl"), "--url", chain.d.url, "--cacert", chain.d.cacert, "get", "files", *args]
+    deadline = time.monotonic() + 20
+    while True:
+        got = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+        if got.returncode != 3 or time.monotonic() > deadline:
+            return got
+        time.sleep(0.5)
+
+
+def test_device_grant_token_reads_the_persons_own_file(chain: Chain, tmp_path: Path) -> None:
+    assert "corp: wrote" in fetch_keys(chain)
+    env = login(chain, tmp_path)
     secret = Path(chain.person.home) / f"oauth-{secrets.token_hex(3)}.txt"
     secret.write_text("only its owner reads this\n", encoding="utf-8")
     os.chown(secret, chain.person.uid, chain.person.gid)
     secret.chmod(0o600)
-    read = [str(BIN / "linuxctl"), "--url", d.url, "--cacert", d.cacert, "get", "files", str(secret)]
-    deadline = time.monotonic() + 20  # the policy process re-reads the key set when it changes
+    got = read(chain, env, str(secret))
+    assert got.returncode == 0, got.stderr + chain.d.log("helper.log")[-3000:]
+    assert got.stdout == "only its owner reads this\n"
+
+
+def test_privileged_call_steps_up_to_files_privileged(chain: Chain, tmp_path: Path) -> None:
+    """A token with files:read only is refused a privileged read with 403 insufficient_scope, and
+    linuxctl says how to get the scope; after `login --oidc --privileged` the grant decides, and
+    the person's grant allows it."""
+    d = chain.d
+    grants = d.default_grants()
+    grants["users"][chain.person.name] = grants["users"][d.accounts["alice"].name]
+    d.write_grants(grants)
+    fetch_keys(chain)
+    env = login(chain, tmp_path)
+    refused = read(chain, env, "--privileged", str(d.log_file))
+    assert refused.returncode == 1, refused.stderr
+    assert "HTTP_403" in refused.stderr and "files:privileged" in refused.stderr
+    assert "linuxctl login --oidc --privileged" in refused.stderr
+    env = login(chain, tmp_path, "--privileged")
+    deadline = time.monotonic() + 20  # the policy process re-reads the grants file when it changes
     while True:
-        got = subprocess.run(read, capture_output=True, text=True, env=env, timeout=60, check=False)
+        got = read(chain, env, "--privileged", str(d.log_file))
         if got.returncode == 0 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert got.returncode == 0, got.stderr + d.log("helper.log")[-3000:] + d.log("front.log")[-2000:]
-    assert got.stdout == "only its owner reads this\n"
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == d.log_file.read_text(encoding="utf-8")
