@@ -12,6 +12,7 @@ a regular file, at ``jwks_file`` is refused. On any failure the old file stays a
 
 from __future__ import annotations
 
+import errno
 import os
 import ssl
 import sys
@@ -111,7 +112,7 @@ def _current(dirfd: int, name: str) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise FetchError(f"refusing to replace {name}: {'a symlink' if exc.errno == 40 else exc.strerror}") from None
+        raise FetchError(f"refusing to replace {name}: {'a symlink' if exc.errno == errno.ELOOP else exc.strerror}") from None
     try:
         st = os.fstat(fd)
         if not (st.st_mode & 0o170000 == 0o100000):
