@@ -12,8 +12,10 @@ a regular file, at ``jwks_file`` is refused. On any failure the old file stays a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import pwd
 import ssl
 import sys
 import urllib.error
@@ -27,6 +29,7 @@ from mcpd.common.folders import safe_folder, write_file
 from mcpd.common.jwkset import MAX_JWKS_BYTES, JWKSetError, canonical, parse_jwk_set
 from mcpd.common.printable import printable
 
+JWKS_USER = "mcpd-jwks"  # the service's account (systemd/mcpd-jwks.service), owner of /var/lib/mcpd-jwks
 EXIT_FAILED = 1  # at least one issuer's set could not be fetched or written (its old file kept)
 EXIT_USAGE = 2  # no such issuer, or none with a jwks_uri
 EXIT_CONFIG = 78  # mcpd.yaml unreadable or invalid
@@ -126,17 +129,26 @@ def _current(dirfd: int, name: str) -> bytes | None:
 def store(path: str, data: bytes) -> bool:
     """Write ``data`` to ``path`` atomically (mode 0644) unless it holds exactly that; True when written.
 
-    The folder must be this process's own (made 0700 when missing) in folders only root can
+    The folder must be this process's own (made 0700 when missing), or for root also the
+    service account's (:data:`JWKS_USER`, whose the new file then is), in folders only root can
     change, and not writable by group or others.
 
     Raises:
         FetchError: an unsafe folder, a symlink or non-regular file at ``path``, or the write failed.
     """
     folder, name = os.path.split(os.path.abspath(path))
-    try:
-        dirfd = safe_folder(folder, owner=os.geteuid(), leaf_mask=0o022)
-    except OSError as exc:
-        raise FetchError(f"unsafe or missing folder {folder}: {exc.strerror or exc}") from None
+    owners = [os.geteuid()]
+    if os.geteuid() == 0:  # root run by hand writes the service account's folder (the file becomes its own)
+        with contextlib.suppress(KeyError):
+            owners.append(pwd.getpwnam(JWKS_USER).pw_uid)
+    for owner in owners:
+        try:
+            dirfd = safe_folder(folder, owner=owner, leaf_mask=0o022, create=owner == owners[0])
+            break
+        except OSError as exc:
+            problem = exc
+    else:
+        raise FetchError(f"unsafe or missing folder {folder}: {problem.strerror or problem}") from None
     try:
         if _current(dirfd, name) == data:
             return False

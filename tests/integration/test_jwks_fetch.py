@@ -222,3 +222,22 @@ def test_unreachable_issuer_keeps_the_old_file(site: Path, idp: Served) -> None:
     assert proc.returncode == 1 and "cannot reach it" in proc.stderr, proc.stderr
     assert target.read_bytes() == kept
     assert os.path.exists(target)
+
+
+@pytest.mark.root
+def test_root_by_hand_writes_the_service_accounts_folder_as_its_file(idp: Served, site: Path) -> None:
+    """Run as root into mcpd-jwks's folder (as `mcpd jwks fetch` by hand on a host): the new file
+    is mcpd-jwks's, as the timer's runs leave it, so the next run of the service can replace it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: chowns to the mcpd-jwks account")
+    from mcpd.admin import devroot
+    from mcpd.admin.jwks import JWKS_USER
+
+    account = devroot.ensure_system_account(JWKS_USER)
+    folder = site.parent / "jwks"
+    os.chown(folder, account.pw_uid, account.pw_gid)
+    serve(idp, public_jwks())
+    proc = fetch(site, cafile=idp.cafile)
+    assert proc.returncode == 0, proc.stderr
+    st = (folder / "corp.json").stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (account.pw_uid, 0o644)
