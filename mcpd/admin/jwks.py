@@ -27,9 +27,9 @@ import click
 
 from mcpd.common.folders import safe_folder, write_file
 from mcpd.common.jwkset import MAX_JWKS_BYTES, JWKSetError, canonical, parse_jwk_set
+from mcpd.common.oauthconfig import JWKS_USER
 from mcpd.common.printable import printable
 
-JWKS_USER = "mcpd-jwks"  # the service's account (systemd/mcpd-jwks.service), owner of /var/lib/mcpd-jwks
 EXIT_FAILED = 1  # at least one issuer's set could not be fetched or written (its old file kept)
 EXIT_USAGE = 2  # no such issuer, or none with a jwks_uri
 EXIT_CONFIG = 78  # mcpd.yaml unreadable or invalid

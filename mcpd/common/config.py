@@ -323,6 +323,9 @@ def from_dict(data: dict[str, Any]) -> Config:
         check_oauth(cfg.oauth)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if cfg.oauth.enabled and not cfg.helper_socket:
+        raise ConfigError('oauth: needs the helper unit (helper_socket not ""): only its policy process verifies '
+                          "access tokens")
     return cfg
 
 

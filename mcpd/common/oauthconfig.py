@@ -33,6 +33,9 @@ class OAuthIssuer:
     client_id: str = ""
 
 
+#: the account that may own a JWK Set file beside root: ``mcpd jwks fetch`` runs as it (a system
+#: account of this name, not a systemd DynamicUser, whose uid has no name while it is not running)
+JWKS_USER = "mcpd-jwks"
 #: signature algorithms an issuer may allow: asymmetric only (never ``none``, never HS*)
 OAUTH_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 #: the scopes that mean something here: the ordinary route, and the privileged route on top of it

@@ -71,8 +71,6 @@ def _backends(cfg: Config) -> tuple[Authenticator, Spawner, PolicyChannel | None
     downgrade.
     """
     if not cfg.helper_socket:
-        if cfg.oauth.enabled:
-            raise ConfigError("oauth: needs the policy process (helper_socket), which alone verifies access tokens")
         return FileAuthenticator(cfg.users_file), LocalSpawner(cfg.read), None
     channel = PolicyChannel(cfg.helper_socket, frames.reply_cap(cfg.read.response_cap))
     return PolicyAuthenticator(channel, cfg.auth_cache_seconds, oauth=cfg.oauth.enabled), PolicySpawner(channel), channel

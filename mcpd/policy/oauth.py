@@ -36,15 +36,13 @@ from typing import Any
 import jwt
 
 from mcpd.common.identity import NAME_RE, Principal, looks_like_jwt
-from mcpd.common.oauthconfig import OAuth, OAuthIssuer
+from mcpd.common.oauthconfig import JWKS_USER, OAuth, OAuthIssuer
 from mcpd.common.printable import printable
 from mcpd.common.reload import Reloading
 from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 
 log = logging.getLogger(__name__)
 
-#: the account that may own a JWK Set file beside root (``mcpd jwks fetch`` runs as it)
-JWKS_USER = "mcpd-jwks"
 #: what a principal claim's value may be: it becomes the principal ``<issuer>:<value>``
 CLAIM_VALUE_RE = re.compile(r"[A-Za-z0-9_.@+=-]{1,128}")
 #: the uids of ordinary accounts: below are root and the system's accounts, above the dynamic ones and nobody
@@ -55,7 +53,13 @@ RELOAD_EVERY = 1.0  # seconds: an unknown kid re-reads its issuer's file at most
 
 
 class OAuthRefused(Exception):
-    """The token is not accepted; the message is the reason, for the audit record only."""
+    """The token is not accepted; the message is the reason, for the audit record only.
+    ``signed``: its issuer's signature was verified (a genuine token, refused for its claims),
+    else anyone could have sent it (such refusals are not recorded, as unknown static tokens are not)."""
+
+    def __init__(self, reason: str, signed: bool = False) -> None:
+        super().__init__(reason)
+        self.signed = signed
 
 
 def _jwks_owners() -> set[int]:
@@ -192,21 +196,26 @@ class OAuthVerifier:
         kty = key._jwk_data.get("kty", "")
         if not alg.startswith(_KTY_ALGS.get(kty, ("-",))) or key._jwk_data.get("alg", alg) != alg:
             raise OAuthRefused("algorithm does not fit the key")
-        try:
+        try:  # (PyJWT checks the signature first, then the claims)
             claims = jwt.decode(token, key.key, algorithms=[alg], audience=list(iss.cfg.audiences),
                                 issuer=iss.cfg.issuer, leeway=self.cfg.leeway_seconds,
                                 options={"require": ["exp", "iss", "aud"], "verify_iat": False})
         except jwt.ExpiredSignatureError:
-            raise OAuthRefused("expired") from None
+            raise OAuthRefused("expired", signed=True) from None
         except jwt.ImmatureSignatureError:
-            raise OAuthRefused("not yet valid") from None
+            raise OAuthRefused("not yet valid", signed=True) from None
         except jwt.InvalidAudienceError:
-            raise OAuthRefused("wrong audience") from None
+            raise OAuthRefused("wrong audience", signed=True) from None
         except jwt.MissingRequiredClaimError as exc:
-            raise OAuthRefused(f"no {exc.claim} claim") from None
-        except jwt.PyJWTError as exc:
+            raise OAuthRefused(f"no {exc.claim} claim", signed=True) from None
+        except (jwt.InvalidSignatureError, jwt.DecodeError) as exc:
             raise OAuthRefused(f"invalid: {type(exc).__name__}") from None
-        return self._principal(iss.cfg, claims, token)
+        except jwt.PyJWTError as exc:
+            raise OAuthRefused(f"invalid: {type(exc).__name__}", signed=True) from None
+        try:
+            return self._principal(iss.cfg, claims, token)
+        except OAuthRefused as exc:
+            raise OAuthRefused(str(exc), signed=True) from None
 
     def _principal(self, cfg: OAuthIssuer, claims: dict[str, Any], token: str) -> Principal:
         value = claims.get(cfg.principal_claim)

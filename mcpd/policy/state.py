@@ -45,7 +45,9 @@ class Worker:
     owner: tuple[str, str]
     ctl: socket.socket
     token_id: str = ""  # the token that spawned it: the worker ends when it no longer authenticates
-    login: bool = False  # a password login's token (else one in users.yaml)
+    login: bool = False  # a password login's token (else one in users.yaml, or an OAuth token)
+    #: an OAuth access token's exp (UNIX seconds): the worker is bound to it until then; 0: not one
+    oauth_expires: float = 0.0
     busy: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     reports: bytearray = dataclasses.field(default_factory=bytearray)  # bytes of its reports read so far
     checked: bool = False  # seen hardened (_started), which it must be before it gets a descriptor
@@ -88,8 +90,9 @@ class State:
             try:
                 return self.oauth.verify(token), None
             except OAuthRefused as exc:
-                self.audit.record("reject", tool="authenticate", decision="reject", reason=f"oauth: {exc}",
-                                  route="oauth")
+                if exc.signed:  # a genuine token refused (expired, audience, account): who, and why
+                    self.audit.record("reject", tool="authenticate", decision="reject", reason=f"oauth: {exc}",
+                                      route="oauth")
                 return None
         self.users.refresh()
         principal = identity.verify(self.users.current, token)

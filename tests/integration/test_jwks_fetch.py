@@ -231,7 +231,7 @@ def test_root_by_hand_writes_the_service_accounts_folder_as_its_file(idp: Served
     if os.geteuid() != 0:
         pytest.skip("needs root: chowns to the mcpd-jwks account")
     from mcpd.admin import devroot
-    from mcpd.admin.jwks import JWKS_USER
+    from mcpd.common.oauthconfig import JWKS_USER
 
     account = devroot.ensure_system_account(JWKS_USER)
     folder = site.parent / "jwks"

@@ -18,6 +18,12 @@ from typing import Any
 
 import httpx
 import pytest
+from mcp.client.auth.utils import (
+    extract_field_from_www_auth,
+    extract_resource_metadata_from_www_auth,
+    extract_scope_from_www_auth,
+    handle_protected_resource_response,
+)
 
 from mcpd.client import login as login_client
 from mcpd.client.api import Client, ssl_context, text_of
@@ -123,6 +129,8 @@ def test_metadata_is_served_at_both_paths_and_nothing_else_under_well_known(setu
             assert r.json() == {"resource": setup.resource, "authorization_servers": [ISSUER, setup.provider],
                                 "scopes_supported": ["files:read", "files:privileged"],
                                 "bearer_methods_supported": ["header"]}
+            prm = asyncio.run(handle_protected_resource_response(r))  # the MCP SDK's own parser
+            assert prm is not None and str(prm.resource) == setup.resource
         assert c.get("/.well-known/openid-configuration").status_code == 404
         assert c.get("/.well-known/oauth-protected-resource/other").status_code == 404
 
@@ -137,6 +145,7 @@ def test_every_401_names_the_metadata_and_the_scope(setup: OAuthSetup) -> None:
             assert challenge.startswith("Bearer ")
             assert f'resource_metadata="{meta}"' in challenge and 'scope="files:read"' in challenge
             assert ('error="invalid_token"' in challenge) == (token is not None)
+            assert extract_resource_metadata_from_www_auth(r) == meta  # as the MCP SDK reads it
 
 
 def test_an_oauth_token_runs_as_its_account_with_the_person_in_the_records(setup: OAuthSetup) -> None:
@@ -160,6 +169,24 @@ def test_an_oauth_token_runs_as_its_account_with_the_person_in_the_records(setup
         ISSUER, f"u-{carol.name}", "agent-client", "agent-9")
 
 
+def test_an_oauth_tokens_worker_lives_while_its_token_does(setup: OAuthSetup) -> None:
+    """The policy process's sweep of revoked tokens' workers (twice a second) keeps an OAuth
+    token's worker until the token's exp: calls a few seconds apart reuse it, nothing is killed."""
+    d, carol = setup.d, setup.carol
+    token = setup.idp.token(carol.name, sub="u-sweep")
+
+    async def go() -> list[dict[str, Any]]:
+        async with Client(d.url, token, d.cacert, timeout=30) as c:
+            out = []
+            for _ in range(3):
+                out.append(await c.call_tool("files/read", {"path": "/etc/hostname"}, check=False))
+                await asyncio.sleep(1.5)
+            return out
+
+    assert not any(r.get("isError") for r in asyncio.run(go()))
+    assert not [r for r in d.audit() if r.get("event") == "kill" and r.get("user") == "corp:u-sweep"]
+
+
 def test_a_privileged_call_without_its_scope_is_403_with_the_scopes_it_needs(setup: OAuthSetup) -> None:
     d = setup.d
     token = setup.idp.token(setup.carol.name)  # files:read only
@@ -172,6 +199,9 @@ def test_a_privileged_call_without_its_scope_is_403_with_the_scopes_it_needs(set
         challenge = r.headers["www-authenticate"]
         assert 'error="insufficient_scope"' in challenge
         assert 'scope="files:read files:privileged"' in challenge and "resource_metadata=" in challenge
+        # and the MCP SDK's OAuth client reads it as a step-up (its own parsers, on this answer)
+        assert extract_field_from_www_auth(r, "error") == "insufficient_scope"
+        assert extract_scope_from_www_auth(r) == "files:read files:privileged"
         no_read = setup.idp.token(setup.carol.name, scope="openid")
         r = c.post("/mcp", json=INIT, headers=_h(no_read))
         assert r.status_code == 403 and 'scope="files:read"' in r.headers["www-authenticate"]
@@ -229,3 +259,68 @@ def test_static_tokens_and_password_logins_still_work(setup: OAuthSetup) -> None
     login_token = str(login_client.login(d.url, setup.carol.name, setup.carol_password, d.cacert)["token"])
     res = _read(d, login_token, str(d.app / "log.txt"), privileged=True)
     assert not res.get("isError"), res
+
+
+def test_a_privileged_message_on_sse_without_its_scope_is_403(setup: OAuthSetup) -> None:
+    """The HTTP+SSE transport answers the same 403 on POST /message; nothing of it reaches the stream."""
+    d = setup.d
+    token = setup.idp.token(setup.carol.name)
+
+    async def go() -> None:
+        async with httpx.AsyncClient(verify=ssl_context(d.cacert), timeout=20) as c:
+            auth = {"Authorization": f"Bearer {token}"}
+            async with c.stream("GET", d.url + "/sse", headers=auth) as s:
+                endpoint, lines = "", s.aiter_lines()  # (held: the stream stays open)
+                async for line in lines:
+                    if line.startswith("data:"):
+                        endpoint = line.split(":", 1)[1].strip()
+                        break
+                call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                        "params": {"name": "files/read", "arguments": {"path": "/etc/hostname", "privileged": True}}}
+                r = await c.post(d.url + endpoint, json=call, headers=auth)
+                assert r.status_code == 403, (endpoint, r.text)
+                assert 'error="insufficient_scope"' in r.headers["www-authenticate"]
+
+    asyncio.run(go())
+
+
+def test_a_tokens_groups_count_for_grants_as_issuer_groups(setup: OAuthSetup) -> None:
+    """A grant to ``groups: {corp:auditors}`` lets a token carrying group ``auditors`` of issuer
+    corp read, and no one else: not the same account with a token without it."""
+    d, idp, name = setup.d, setup.idp, setup.carol.name
+    grants = d.default_grants()
+    grants["users"][name] = grants["users"][d.accounts["alice"].name]
+    grants["groups"] = {"corp:auditors": {"privileged": {"tools": {
+        "files/read": {"allowed": True, "paths": [str(d.srv / "secret")]}}}}}
+    d.write_grants(grants)
+    member = idp.token(name, scope="files:read files:privileged", groups=["auditors"])
+    other = idp.token(name, scope="files:read files:privileged", groups=["staff"])
+    deadline = time.monotonic() + 15
+    while _read(d, member, str(d.srv / "secret"), privileged=True).get("isError"):
+        assert time.monotonic() < deadline, "the group grant never applied"
+        time.sleep(0.3)
+    assert _read(d, other, str(d.srv / "secret"), privileged=True).get("isError")
+
+
+def test_a_key_removed_from_the_set_is_refused_and_an_expiring_token_ends_its_session(setup: OAuthSetup) -> None:
+    """Rotation both ways: a new key is taken on its first token; once the file no longer holds it,
+    its tokens are refused within the reload time. A session whose token expires is closed by the
+    once-a-second re-check (after the leeway): the next request is refused."""
+    d, idp, name = setup.d, setup.idp, setup.carol.name
+    idp.add_rsa("rsa3")
+    token = idp.token(name, kid="rsa3")
+    with _http(d) as c:
+        assert c.post("/mcp", json=INIT, headers=_h(token)).status_code == 200
+        idp.write(kids=["rsa1", "ec1"])  # rsa3 removed
+        deadline = time.monotonic() + 10
+        while c.post("/mcp", json=INIT, headers=_h(token)).status_code != 401:
+            assert time.monotonic() < deadline, "a removed key still verifies"
+            time.sleep(0.3)
+        short = idp.token(name, exp=int(time.time()) + 1)  # + leeway_seconds 5
+        sid = _session(c, short)
+        deadline = time.monotonic() + 20
+        ping = {"jsonrpc": "2.0", "id": 9, "method": "ping"}
+        while c.post("/mcp", json=ping, headers=_h(short, sid)).status_code == 200:
+            assert time.monotonic() < deadline, "an expired token's session lives on"
+            time.sleep(0.5)
+        assert c.post("/mcp", json=ping, headers=_h(short, sid)).status_code in (401, 404)

@@ -61,3 +61,9 @@ def test_oauth_jwks_file_is_resolved_against_the_config_folder(tmp_path: Path) -
     cfg_file = tmp_path / "mcpd.yaml"
     cfg_file.write_text(yaml.safe_dump(_oauth(jwks_file="jwks/corp.json")), encoding="utf-8")
     assert config.load(cfg_file).oauth.issuers[0].jwks_file == str(tmp_path / "jwks/corp.json")
+
+
+def test_oauth_needs_the_policy_process() -> None:
+    """Without a helper unit nothing could verify an access token: such a configuration stops the daemon."""
+    with pytest.raises(config.ConfigError, match="helper"):
+        config.from_dict({**_oauth(), "helper_socket": ""})

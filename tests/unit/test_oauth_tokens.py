@@ -126,3 +126,20 @@ def test_a_bad_jwks_file_keeps_the_last_good_set_and_refuses_unsafe_ones(idp: Te
 def test_token_shape() -> None:
     assert looks_like_jwt("eyJh.eyJi.c2ln") and not looks_like_jwt("mcpd_0a1b2c3d4e5f_" + "a" * 43)
     assert not looks_like_jwt("eyJh.eyJi." + "A" * 65536)  # 64 KiB: refused unread
+
+
+def test_only_refusals_of_genuine_tokens_say_so(idp: TestIssuer, os_accounts: AccountFactory) -> None:
+    """A forged token (anyone could send one) is refused without a record; a genuine token of the
+    issuer refused for its claims is flagged for its ``reject`` record (who, and why)."""
+    alice = os_accounts.user(password="pw-1")
+    v = _verifier(idp)
+    for forged in (idp.unsigned(alice.name), idp.hs256_with_public_key(alice.name),
+                   idp.token(alice.name)[:-6] + "AAAAAA"):
+        with pytest.raises(OAuthRefused) as refused:
+            v.verify(forged)
+        assert not refused.value.signed
+    for genuine in (idp.token(alice.name, exp=int(time.time()) - 300), idp.token(alice.name, aud="other"),
+                    idp.token("root")):
+        with pytest.raises(OAuthRefused) as refused:
+            v.verify(genuine)
+        assert refused.value.signed
