@@ -143,7 +143,7 @@ def resolve(settings: Settings, *, need_token: bool = True) -> tuple[str, str, s
     if need_token and not merged.get("token"):
         from mcpd.client.tokenstore import usable_token
 
-        merged["token"] = usable_token(name, settings.timeout) or ""
+        merged["token"] = usable_token(name, merged["url"], settings.timeout) or ""
     if need_token and not merged.get("token"):
         raise UsageError("no token: use --token, MCP_TOKEN, linuxctl login (--oidc) or the config file")
     return merged["url"], merged.get("token", ""), merged.get("cacert") or None

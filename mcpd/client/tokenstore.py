@@ -4,7 +4,8 @@ One file per context: ``$XDG_CONFIG_HOME/linuxctl/tokens/CONTEXT.json`` (default
 ``~/.config/linuxctl/tokens/``; ``default`` when no context is chosen), mode 0600 in a 0700
 folder, written whole (a new file, then rename) and never through a symlink. It holds the access
 token, its expiry, the refresh token, and what a refresh needs (issuer, token endpoint, client id,
-scope, resource, the CA file trusted for the IdP). A file readable by group or others, or not the caller's, is refused.
+scope, resource, the CA file trusted for the IdP) and the server it was got for, to which alone it
+is ever sent. A file readable by group or others, or not the caller's, is refused.
 
 :func:`usable_token` gives the stored access token to :func:`mcpd.client.config.resolve`,
 refreshing it first when it expires within :data:`REFRESH_MARGIN` seconds and a refresh token is
@@ -28,7 +29,7 @@ from mcpd.client.errors import AuthError, MCPClientError, UsageError
 REFRESH_MARGIN = 60.0  # seconds before expiry a stored token is renewed
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 FIELDS = ("access_token", "expires_at", "refresh_token", "scope", "issuer", "token_endpoint", "client_id",
-          "resource", "audience", "idp_cafile")
+          "resource", "audience", "idp_cafile", "server")
 
 
 def token_path(context: str | None) -> Path:
@@ -99,6 +100,17 @@ def load(context: str | None) -> dict[str, Any] | None:
     return record
 
 
+def server_key(url: str) -> str:
+    """The server a token is kept for: its ``/mcp`` URL (scheme, host, port and base path).
+
+    Raises:
+        UsageError: not an https URL.
+    """
+    from mcpd.client.endpoints import endpoints
+
+    return endpoints(url)[0]
+
+
 def forget(context: str | None) -> bool:
     """Remove the stored tokens of ``context``; True when there were some."""
     try:
@@ -108,14 +120,16 @@ def forget(context: str | None) -> bool:
     return True
 
 
-def usable_token(context: str | None, timeout: float) -> str | None:
-    """The stored access token of ``context``, refreshed when due; None when there is none usable.
+def usable_token(context: str | None, url: str, timeout: float) -> str | None:
+    """The stored access token of ``context`` for the server ``url``, refreshed when due; None
+    when there is none usable, or the token was got for another server (it is never sent to any
+    server but the one it was got for, whatever the context says now).
 
     Raises:
         UsageError: an unsafe token file (:func:`load`).
     """
     record = load(context)
-    if record is None:
+    if record is None or record.get("server") != server_key(url):
         return None
     expires_at = float(record.get("expires_at") or 0)
     if not expires_at or expires_at - time.time() > REFRESH_MARGIN:

@@ -95,6 +95,9 @@ def test_device_grant_end_to_end_keeps_the_token_0600_never_printed(idp: Idp, se
     os.environ["XDG_CONFIG_HOME"] = str(tmp_path)
     try:
         assert resolve(Settings(url=server.url, token=None, cacert=None, timeout=10))[1] == token
+        # never sent to another server, even one reached through the same (default) context
+        with pytest.raises(UsageError, match="no token"):
+            resolve(Settings(url="https://127.0.0.1:1", token=None, cacert=None, timeout=10))
     finally:
         del os.environ["XDG_CONFIG_HOME"]
 
@@ -114,12 +117,12 @@ def test_stored_token_is_refreshed_before_it_expires(idp: Idp, server: Served, t
     record = tokenstore.load(None)
     assert record is not None and record["refresh_token"], record and list(record)
     tokenstore.save(None, {**record, "expires_at": time.time() + 5})  # due for renewal
-    fresh = tokenstore.usable_token(None, timeout=20)
+    fresh = tokenstore.usable_token(None, server.url, timeout=20)
     assert fresh and fresh != record["access_token"]
     after = tokenstore.load(None)
     assert after is not None and after["access_token"] == fresh and after["expires_at"] > time.time() + 60
     tokenstore.save(None, {**after, "expires_at": time.time() - 1, "refresh_token": "forged-refresh-token"})
-    assert tokenstore.usable_token(None, timeout=20) is None  # refused at the IdP: forgotten, log in again
+    assert tokenstore.usable_token(None, server.url, timeout=20) is None  # refused at the IdP: forgotten, log in again
     assert tokenstore.load(None) is None
 
 

@@ -78,7 +78,7 @@ def oidc_login(settings: Settings, *, browser: bool, issuer: str | None, client_
             "access_token": tokens.access_token, "expires_at": tokens.expires_at,
             "refresh_token": tokens.refresh_token, "scope": tokens.scope or wanted, "issuer": provider.issuer,
             "token_endpoint": provider.token_endpoint, "client_id": client_id, "resource": resource,
-            "audience": audience or "", "idp_cafile": idp_cafile or ""})
+            "audience": audience or "", "idp_cafile": idp_cafile or "", "server": tokenstore.server_key(url)})
     except MCPClientError as exc:
         fail(exc)
     until = (datetime.datetime.fromtimestamp(tokens.expires_at).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
