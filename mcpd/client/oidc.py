@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import secrets
 import threading
 import time
@@ -76,6 +77,36 @@ class Request:
         return {"client_id": self.client_id, "scope": self.scope, **extra}
 
 
+def _send(client: httpx.Client, method: str, url: str, **kwargs: Any) -> tuple[int, bytes]:
+    """``(status, body)`` of one request, reading at most :data:`MAX_DOCUMENT_BYTES` + 1 bytes of
+    the body (a hostile endpoint's endless answer is not read).
+
+    Raises:
+        ConnectError: the endpoint cannot be reached.
+    """
+    try:
+        with client.stream(method, url, headers={"Accept": "application/json"}, **kwargs) as resp:
+            body = b""
+            for chunk in resp.iter_bytes():
+                body += chunk
+                if len(body) > MAX_DOCUMENT_BYTES:
+                    break
+            return resp.status_code, body
+    except httpx.HTTPError as exc:
+        raise ConnectError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    """``body`` as a JSON object; None when too large, not JSON, or not an object."""
+    if len(body) > MAX_DOCUMENT_BYTES:
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def _https(url: str, what: str) -> str:
     u = urllib.parse.urlsplit(url)
     if u.scheme != "https" or not u.hostname:
@@ -85,20 +116,14 @@ def _https(url: str, what: str) -> str:
 
 def _get_json(client: httpx.Client, url: str) -> dict[str, Any] | None:
     """The JSON object at ``url``; None for a 404 (or 400/405: no such document)."""
-    try:
-        resp = client.get(url, headers={"Accept": "application/json"})
-    except httpx.HTTPError as exc:
-        raise ConnectError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
-    if resp.status_code in (400, 404, 405):
+    status, body = _send(client, "GET", url)
+    if status in (400, 404, 405):
         return None
-    if resp.status_code != 200 or len(resp.content) > MAX_DOCUMENT_BYTES:
-        raise ProtocolError(f"{url} answered {resp.status_code} ({len(resp.content)} bytes)")
-    try:
-        doc = resp.json()
-    except ValueError:
-        raise ProtocolError(f"{url} is not JSON") from None
-    if not isinstance(doc, dict):
-        raise ProtocolError(f"{url} is not a JSON object")
+    if status != 200:
+        raise ProtocolError(f"{url} answered {status}")
+    doc = _json_object(body)
+    if doc is None:
+        raise ProtocolError(f"{url} is not a JSON object of at most {MAX_DOCUMENT_BYTES} bytes")
     return doc
 
 
@@ -164,17 +189,11 @@ def discover(issuer: str, cafile: str | None, timeout: float = 30.0) -> Provider
 
 
 def _token_request(client: httpx.Client, provider: Provider, form: dict[str, str]) -> tuple[int, dict[str, Any]]:
-    try:
-        resp = client.post(provider.token_endpoint, data=form, headers={"Accept": "application/json"})
-    except httpx.HTTPError as exc:
-        raise ConnectError(f"cannot reach {provider.token_endpoint}: {type(exc).__name__}") from None
-    try:
-        body = resp.json() if len(resp.content) <= MAX_DOCUMENT_BYTES else None
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        raise ProtocolError(f"the token endpoint answered {resp.status_code} without a JSON object")
-    return resp.status_code, body
+    status, raw = _send(client, "POST", provider.token_endpoint, data=form)
+    body = _json_object(raw)
+    if body is None:
+        raise ProtocolError(f"the token endpoint answered {status} without a JSON object")
+    return status, body
 
 
 def _tokens(body: dict[str, Any]) -> Tokens:
@@ -213,18 +232,11 @@ def device_login(provider: Provider, request: Request, cafile: str | None, show:
     if not provider.device_authorization_endpoint:
         raise UsageError(f"{provider.issuer} offers no device authorization grant: use --browser")
     with _client(cafile, timeout) as client:
-        try:
-            resp = client.post(provider.device_authorization_endpoint, data=request.params(),
-                               headers={"Accept": "application/json"})
-        except httpx.HTTPError as exc:
-            raise ConnectError(f"cannot reach {provider.device_authorization_endpoint}: {type(exc).__name__}") from None
-        try:
-            grant = resp.json()
-        except ValueError:
-            grant = None
-        if not isinstance(grant, dict):
-            raise ProtocolError(f"the device authorization endpoint answered {resp.status_code} without JSON")
-        if resp.status_code != 200:
+        status, raw = _send(client, "POST", provider.device_authorization_endpoint, data=request.params())
+        grant = _json_object(raw)
+        if grant is None:
+            raise ProtocolError(f"the device authorization endpoint answered {status} without a JSON object")
+        if status != 200:
             raise AuthError(f"the identity provider refused the device authorization: {_refusal(grant)}")
         code, user_code, uri = grant.get("device_code"), grant.get("user_code"), grant.get("verification_uri")
         if not all(isinstance(v, str) and v for v in (code, user_code, uri)):

@@ -261,3 +261,17 @@ def test_device_token_answer_without_a_bearer_token_is_refused(server: Served) -
     with pytest.raises(ProtocolError, match="no bearer access token"):
         oidc.device_login(provider, oidc.Request(CLIENT_ID, "files:read"), server.cafile,
                           lambda *_: None, timeout=10, sleep=lambda _s: None)
+
+
+def test_oversize_documents_are_refused(server: Served) -> None:
+    """A metadata document or a token answer past the cap is refused without being read whole."""
+    big = json.dumps({"issuer": server.url, "token_endpoint": server.url + "/token",
+                      "pad": "x" * oidc.MAX_DOCUMENT_BYTES}).encode()
+    server.routes["/.well-known/openid-configuration"] = (200, big)
+    with pytest.raises(ProtocolError, match="not a JSON object of at most"):
+        oidc.discover(server.url, server.cafile, 10)
+    provider = _device_provider(server)
+    server.posts["/token"] = [(200, big)]
+    with pytest.raises(ProtocolError, match="without a JSON object"):
+        oidc.device_login(provider, oidc.Request(CLIENT_ID, "files:read"), server.cafile,
+                          lambda *_: None, timeout=10, sleep=lambda _s: None)
