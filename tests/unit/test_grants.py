@@ -521,3 +521,20 @@ def test_an_oauth_group_may_be_named_and_applies_to_its_token_holders_only() -> 
         parse_policy(text.replace("groups:", "users:"))
     with pytest.raises(PolicyError, match="invalid group name"):
         parse_policy(text.replace("corp:ops", "\"corp:o ps\""))
+
+
+@pytest.mark.root
+def test_grants_test_and_list_judge_an_oauth_tokens_groups(tmp_path: Path) -> None:
+    """``--token-group corp:ops`` judges the call of an OAuth token carrying group ops of issuer
+    corp: the account's own groups and the token's together, as the policy process decides it."""
+    text = "groups:\n  corp:ops:\n    privileged:\n      tools:\n        files/read: {allowed: true, paths: [/var/log]}\n"
+    path = write_root_file(tmp_path, text)
+    runner = CliRunner()
+    args = ["test", "--user", "nobody", "--tool", "files/read", "--path", "/var/log/a", "--file", path]
+    assert runner.invoke(grants, args).exit_code == 1
+    yes = runner.invoke(grants, [*args, "--token-group", "corp:ops"])
+    assert yes.exit_code == 0 and "groups.corp:ops" in yes.output
+    bad = runner.invoke(grants, [*args, "--token-group", "ops"])
+    assert bad.exit_code == 2 and "<issuer name>:<group>" in bad.output
+    listed = runner.invoke(grants, ["list", "--user", "nobody", "--token-group", "corp:ops", "--file", path])
+    assert "files/read via groups.corp:ops" in listed.output

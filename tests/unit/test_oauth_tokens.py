@@ -123,6 +123,26 @@ def test_a_bad_jwks_file_keeps_the_last_good_set_and_refuses_unsafe_ones(idp: Te
         load_jwks(str(link))
 
 
+def test_kid_and_typ_rules(idp: TestIssuer, os_accounts: AccountFactory) -> None:
+    """No ``kid``: only a set of exactly one key is used; no ``typ``: accepted; a key's own ``alg``
+    or type must fit the token's ``alg`` (an EC key never verifies an RS256 token)."""
+    import jwt
+
+    alice = os_accounts.user(password="pw-1")
+    claims = idp.claims(alice.name)
+    no_kid = jwt.encode(claims, idp.keys["rsa1"], algorithm="RS256")
+    with pytest.raises(OAuthRefused, match="not exactly one key"):
+        _verifier(idp).verify(no_kid)
+    idp.write(kids=["rsa1"])
+    assert _verifier(idp).verify(no_kid).os_user == alice.name  # (and without typ)
+    idp.write()
+    wrong_key = jwt.encode(claims, idp.keys["rsa1"], algorithm="RS256", headers={"kid": "ec1"})
+    with pytest.raises(OAuthRefused, match="does not fit"):
+        _verifier(idp).verify(wrong_key)
+    with pytest.raises(OAuthRefused, match="algorithm not allowed"):
+        _verifier(idp, algorithms=["ES256"]).verify(idp.token(alice.name))
+
+
 def test_token_shape() -> None:
     assert looks_like_jwt("eyJh.eyJi.c2ln") and not looks_like_jwt("mcpd_0a1b2c3d4e5f_" + "a" * 43)
     assert not looks_like_jwt("eyJh.eyJi." + "A" * 65536)  # 64 KiB: refused unread
