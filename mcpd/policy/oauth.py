@@ -86,7 +86,8 @@ def load_jwks(path: str, owners: set[int] | None = None) -> dict[str, jwt.PyJWK]
             text = read_secure_file(path, owner_uid=owner)
             break
         except ConfigFileError as exc:
-            errors = exc.errors
+            if not errors or not any("not owned by" in e for e in exc.errors):
+                errors = exc.errors  # what is wrong besides the owner beats "not owned by" the other owner
     else:
         raise ConfigFileError(errors)
     try:
