@@ -275,3 +275,23 @@ def test_oversize_documents_are_refused(server: Served) -> None:
     with pytest.raises(ProtocolError, match="without a JSON object"):
         oidc.device_login(provider, oidc.Request(CLIENT_ID, "files:read"), server.cafile,
                           lambda *_: None, timeout=10, sleep=lambda _s: None)
+
+
+@pytest.mark.parametrize("no_resource", [False, True])
+def test_resource_parameter_is_sent_unless_told_not_to(server: Served, tmp_path: Path, no_resource: bool) -> None:
+    """--no-resource (Entra's v2 endpoints refuse the parameter) sends none; otherwise the device
+    authorization request carries the server's resource, the scope and the client id."""
+    server.routes["/.well-known/openid-configuration"] = (200, json.dumps(
+        {"issuer": server.url, "token_endpoint": server.url + "/token",
+         "device_authorization_endpoint": server.url + "/device"}).encode())
+    _device_provider(server)
+    server.posts["/token"] = [(200, json.dumps({"access_token": "h.p.s", "token_type": "Bearer"}).encode())]
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path), "HOME": str(tmp_path)}
+    args = [LINUXCTL, "--url", server.url, "--cacert", server.cafile, "login", "--oidc", "--client-id", CLIENT_ID,
+            "--idp-cacert", server.cafile, "--issuer", server.url, "--resource", RESOURCE,
+            *(["--no-resource"] if no_resource else [])]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    sent = dict(urllib.parse.parse_qsl(server.bodies[0].decode()))
+    assert sent["client_id"] == CLIENT_ID and sent["scope"] == "files:read"
+    assert ("resource" in sent) is not no_resource and sent.get("resource", RESOURCE) == RESOURCE

@@ -29,6 +29,7 @@ class Served:
     requests: list[str] = field(default_factory=list)
     posts: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)
     posted_at: list[float] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
 
 
 @contextmanager
@@ -52,7 +53,7 @@ def https_server(folder: Path, routes: dict[str, tuple[int, bytes]] | None = Non
             self.wfile.write(body)
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            served.bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
             served.requests.append(self.path)
             served.posted_at.append(time.monotonic())
             queue = served.posts.get(self.path) or [(404, b"{}")]

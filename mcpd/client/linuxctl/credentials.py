@@ -42,6 +42,8 @@ def contexts_cmd() -> None:
               help="With --oidc: the public client id registered for linuxctl [MCPD_OIDC_CLIENT_ID]")
 @click.option("--resource", default=None, help="With --oidc: the server's resource URI [default: from its "
               "protected-resource metadata]")
+@click.option("--no-resource", is_flag=True, help="With --oidc: send no resource parameter (Entra ID's v2 "
+              "endpoints refuse it)")
 @click.option("--privileged", is_flag=True, help="With --oidc: ask for files:privileged too")
 @click.option("--scope", default=None, help="With --oidc: the whole scope to ask for instead (Entra: "
               "'api://GUID/files:read')")
@@ -50,8 +52,8 @@ def contexts_cmd() -> None:
               help="With --oidc: PEM CA file to trust for the identity provider [default: the system's CAs]")
 @click.pass_obj
 def login_cmd(settings: Settings, user: str | None, password_stdin: bool, oidc: bool, browser: bool,
-              issuer: str | None, client_id: str | None, resource: str | None, privileged: bool, scope: str | None,
-              audience: str | None, idp_cacert: str | None) -> None:
+              issuer: str | None, client_id: str | None, resource: str | None, no_resource: bool, privileged: bool,
+              scope: str | None, audience: str | None, idp_cacert: str | None) -> None:
     """Log in with your OS password; prints `export MCP_TOKEN=...` (use: eval "$(linuxctl login)").
 
     The token expires (8 h by default) and is printed only, never written to disk by linuxctl.
@@ -64,7 +66,8 @@ def login_cmd(settings: Settings, user: str | None, password_stdin: bool, oidc: 
         from mcpd.client.linuxctl.oidc_login import oidc_login
 
         oidc_login(settings, browser=browser, issuer=issuer, client_id=client_id, resource=resource,
-                   privileged=privileged, scope=scope, audience=audience, idp_cafile=idp_cacert)
+                   send_resource=not no_resource, privileged=privileged, scope=scope, audience=audience,
+                   idp_cafile=idp_cacert)
         return
     import getpass
 

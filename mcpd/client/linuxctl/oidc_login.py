@@ -52,8 +52,8 @@ def _open_browser(url: str) -> None:
 
 
 def oidc_login(settings: Settings, *, browser: bool, issuer: str | None, client_id: str | None,
-               resource: str | None, privileged: bool, scope: str | None, audience: str | None,
-               idp_cafile: str | None) -> None:
+               resource: str | None, send_resource: bool, privileged: bool, scope: str | None,
+               audience: str | None, idp_cafile: str | None) -> None:
     """Run the login and store the tokens; exits with the client's status on failure."""
     try:
         if not client_id:
@@ -68,7 +68,7 @@ def oidc_login(settings: Settings, *, browser: bool, issuer: str | None, client_
             raise UsageError("the server publishes no resource metadata: give --resource (its canonical URI)")
         wanted = scope or " ".join([SCOPE_READ] + ([SCOPE_PRIVILEGED] if privileged else []))
         provider = oidc.discover(chosen, idp_cafile, settings.timeout)
-        request = oidc.Request(client_id, wanted, resource, audience or "")
+        request = oidc.Request(client_id, wanted, resource if send_resource else "", audience or "")
         if browser:
             tokens = oidc.browser_login(provider, request, idp_cafile, _open_browser, settings.timeout)
         else:
