@@ -3,7 +3,7 @@
 The other command groups live in their own modules (``users``: :mod:`mcpd.admin.users_cli` with
 :mod:`mcpd.admin.sessions_cli`; ``grants``: :mod:`mcpd.admin.grants_cli` with ``grants at`` from
 :mod:`mcpd.admin.audit.commands`; ``audit``; ``config check`` and ``users check``:
-:mod:`mcpd.admin.check_cli`) and are registered at the bottom of this file.
+:mod:`mcpd.admin.check_cli`; ``jwks fetch``: :mod:`mcpd.admin.jwks`) and are registered at the bottom of this file.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from mcpd.admin import certs
 from mcpd.admin.audit.commands import audit, grants_at
 from mcpd.admin.check_cli import config, users_check
 from mcpd.admin.grants_cli import grants
+from mcpd.admin.jwks import jwks
 from mcpd.admin.sessions_cli import sessions, unlock_cmd
 from mcpd.admin.users_cli import users
 
@@ -303,6 +304,7 @@ grants.add_command(grants_at)  # `mcpd grants at TIME`: the grants in force then
 main.add_command(grants)
 main.add_command(audit)
 main.add_command(users)
+main.add_command(jwks)  # `mcpd jwks fetch`: the OAuth issuers' key sets
 main.add_command(config)  # `mcpd config check FILE`; `mcpd users check FILE` below
 users.add_command(users_check)
 users.add_command(sessions)

@@ -15,7 +15,7 @@ top (``systemd/``, ``etc/``, ``docs/``, ``certs/``). :data:`PLACES` says where e
 
 A file the operator owns (configuration, PAM service) is never overwritten: it is kept and
 reported. With ``root`` = ``/`` (only as root), :func:`activate` then runs ``systemd-sysusers``
-(the accounts ``mcpd``, ``mcpd-policy`` and ``mcpd-walk``), ``systemd-tmpfiles --create`` (the
+(the accounts ``mcpd``, ``mcpd-policy``, ``mcpd-walk`` and ``mcpd-jwks``), ``systemd-tmpfiles --create`` (the
 folders; the policy process's state and audit folders become ``mcpd-policy``'s, 0700, files an
 older root-owned layout left in them included) and ``systemctl daemon-reload``; nothing is run for
 a staging root. A helper already running keeps its old code until it is restarted.
@@ -50,6 +50,8 @@ PLACES = (
     Place("systemd/mcpd.service", "etc/systemd/system/mcpd.service"),
     Place("systemd/mcpd-helper.service", "etc/systemd/system/mcpd-helper.service"),
     Place("systemd/mcpd-helper.socket", "etc/systemd/system/mcpd-helper.socket"),
+    Place("systemd/mcpd-jwks.service", "etc/systemd/system/mcpd-jwks.service"),
+    Place("systemd/mcpd-jwks.timer", "etc/systemd/system/mcpd-jwks.timer"),
     Place("systemd/sysusers.d/mcpd.conf", "etc/sysusers.d/mcpd.conf"),
     Place("systemd/tmpfiles.d/mcpd.conf", "etc/tmpfiles.d/mcpd.conf"),
     Place("etc/pam.d/mcpd", "etc/pam.d/mcpd", keep_existing=True),
@@ -64,6 +66,7 @@ PLACES = (
     Place("docs/INTERNALS.md", "usr/local/share/doc/mcpd/INTERNALS.md"),
     Place("docs/SPEC-NOTES.md", "usr/local/share/doc/mcpd/SPEC-NOTES.md"),
     Place("docs/PACKAGING.md", "usr/local/share/doc/mcpd/PACKAGING.md"),
+    Place("docs/OAUTH.md", "usr/local/share/doc/mcpd/OAUTH.md"),
     Place("README.md", "usr/local/share/doc/mcpd/README.md"),
     Place("certs/README.md", "usr/local/share/doc/mcpd/certs/README.md"),
     Place("certs/install-pair.sh", "usr/local/lib/mcpd/certs/install-pair.sh", 0o755),
@@ -172,7 +175,7 @@ def prefix_warnings(prefix: str | None = None) -> list[str]:
 
 
 ACTIVATE = (
-    ("systemd-sysusers", "/etc/sysusers.d/mcpd.conf"),  # mcpd, mcpd-policy, mcpd-walk: before tmpfiles names them
+    ("systemd-sysusers", "/etc/sysusers.d/mcpd.conf"),  # mcpd, mcpd-policy, mcpd-walk, mcpd-jwks: before tmpfiles names them
     ("systemd-tmpfiles", "--create", "/etc/tmpfiles.d/mcpd.conf"),  # folders, owners and modes
     ("systemctl", "daemon-reload"),
 )

@@ -10,7 +10,8 @@ every key is optional::
     cacert: /etc/ssl/our-ca.crt    # top-level url/token/cacert: defaults for every context
 
 Which source wins for each of url, token and cacert (flags, an explicit context, the environment,
-``current-context``, the top level) is :func:`resolve`'s, as docs/REFERENCE.md §6 states it. A
+``current-context``, the top level, and last the context's tokens from ``linuxctl login --oidc``,
+:mod:`mcpd.client.tokenstore`) is :func:`resolve`'s, as docs/REFERENCE.md §6 states it. A
 missing file is an empty one. Errors are :class:`~mcpd.client.errors.UsageError` (exit 2).
 """
 
@@ -122,6 +123,7 @@ def resolve(settings: Settings, *, need_token: bool = True) -> tuple[str, str, s
     flags = {k: v for k, v in given.items() if v and k not in settings.from_env}
     env = {k: v for k, v in given.items() if v and k in settings.from_env}
     layers: list[dict[str, str]] = [flags, env]
+    name = settings.context
     if settings.context is not None or not all(k in flags or k in env for k in KEYS):
         path = config_path()
         file = load_config_file(path)
@@ -139,5 +141,9 @@ def resolve(settings: Settings, *, need_token: bool = True) -> tuple[str, str, s
     if not merged.get("url"):
         raise UsageError("no server URL: use --url, MCPD_URL, --context or the config file")
     if need_token and not merged.get("token"):
-        raise UsageError("no token: use --token, MCP_TOKEN, linuxctl login or the config file")
+        from mcpd.client.tokenstore import usable_token
+
+        merged["token"] = usable_token(name, merged["url"], settings.timeout) or ""
+    if need_token and not merged.get("token"):
+        raise UsageError("no token: use --token, MCP_TOKEN, linuxctl login (--oidc) or the config file")
     return merged["url"], merged.get("token", ""), merged.get("cacert") or None

@@ -10,6 +10,7 @@ Used by the MCP client (:mod:`mcpd.client.session`) and the login client
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 
@@ -37,7 +38,24 @@ class HTTPRefused(ProtocolError):
         if self.retry_after is not None:
             text += f" (retry after {self.retry_after} s)"
         said = server_message(body)
-        super().__init__(f"{text}: {said}" if said else text, f"HTTP_{status}")
+        text = f"{text}: {said}" if said else text
+        needed = insufficient_scope(headers) if status == 403 else None
+        if needed is not None:
+            hint = " --privileged" if "files:privileged" in needed.split() else ""
+            text += f" (the OAuth token lacks a scope of: {needed}; get one with `linuxctl login --oidc{hint}`)"
+        super().__init__(text, f"HTTP_{status}")
+
+
+_CHALLENGE_PARAM_RE = re.compile(r'([a-z_]+)="([^"\\]{0,200})"')
+
+
+def insufficient_scope(headers: httpx.Headers) -> str | None:
+    """The ``scope`` of a ``WWW-Authenticate: Bearer error="insufficient_scope"`` challenge (the
+    scopes the refused request needs, space-separated), or ``None`` for any other answer."""
+    params = dict(_CHALLENGE_PARAM_RE.findall(headers.get("www-authenticate", "")))
+    if params.get("error") != "insufficient_scope":
+        return None
+    return " ".join(params.get("scope", "").split()) or None
 
 
 def server_message(body: bytes) -> str:

@@ -58,9 +58,9 @@ def safe_folder(path: str, owner: int = 0, leaf_mask: int = 0o077, create: bool 
         os.close(fd)
 
 
-def write_file(dirfd: int, name: str, data: bytes) -> None:
-    """Replace ``name`` in the folder ``dirfd``: a fresh 0600 file (``O_EXCL``) owned by the
-    folder's owner, fsync, rename.
+def write_file(dirfd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """Replace ``name`` in the folder ``dirfd``: a fresh file (``O_EXCL``) of ``mode`` (0600
+    unless told, whatever the umask) owned by the folder's owner, fsync, rename.
 
     Raises:
         OSError: the write failed (nothing replaced).
@@ -68,6 +68,7 @@ def write_file(dirfd: int, name: str, data: bytes) -> None:
     tmp, owner = f".{name}.{secrets.token_hex(4)}", os.fstat(dirfd).st_uid
     try:
         with os.fdopen(os.open(tmp, _NEW, 0o600, dir_fd=dirfd), "wb") as f:
+            os.fchmod(f.fileno(), mode)
             if owner != os.geteuid():  # root (mcpd users unlock) writing the policy's folder: its file
                 os.fchown(f.fileno(), owner, -1)
             f.write(data)

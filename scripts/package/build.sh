@@ -102,6 +102,7 @@ cp "$REPO/LICENSE" "$FILES/usr/local/share/doc/mcpd/copyright"
 cp "$REPO/README.md" "$FILES/usr/local/share/doc/mcpd/README.md"
 grep -q '^ExecStart=/opt/mcpd/bin/python3 -I -m mcpd.helper ' "$FILES/etc/systemd/system/mcpd-helper.service"
 grep -q '^ExecStart=/opt/mcpd/bin/mcpd serve ' "$FILES/etc/systemd/system/mcpd.service"
+grep -q '^ExecStart=/opt/mcpd/bin/mcpd jwks fetch ' "$FILES/etc/systemd/system/mcpd-jwks.service"
 
 # 5. The packages.
 export MCPD_VERSION=$VERSION MCPD_RELEASE=$RELEASE MCPD_ARCH=$ARCH

@@ -28,6 +28,7 @@ if [ "$upgrade" = no ]; then
   echo '  mcpd certs --dir /etc/mcpd/tls --host NAME    # each name clients use (or an ACME pair: /usr/share/doc/mcpd/certs/README.md)'
   echo '  mcpd users add NAME --os-user ACCOUNT         # a principal; prints its token once'
   echo '  systemctl enable --now mcpd-helper.socket mcpd.service'
+  echo '  systemctl enable --now mcpd-jwks.timer        # only with OAuth issuers (/usr/share/doc/mcpd/OAUTH.md)'
   echo '  mcpd status                                   # what runs, and anything to look at'
 fi
 exit 0

@@ -19,6 +19,6 @@ case "$1" in
     ;;
 esac
 if [ "$1" = purge ]; then
-  rm -rf /etc/mcpd /var/lib/mcpd /var/lib/mcpd-helper /var/log/mcpd /var/log/mcpd-front /run/mcpd
+  rm -rf /etc/mcpd /var/lib/mcpd /var/lib/mcpd-helper /var/lib/mcpd-jwks /var/log/mcpd /var/log/mcpd-front /run/mcpd
 fi
 exit 0

@@ -10,9 +10,9 @@ case "$1" in
   *) exit 0 ;;
 esac
 if [ -d /run/systemd/system ]; then
-  systemctl stop mcpd.service mcpd-helper.service mcpd-helper.socket || true
+  systemctl stop mcpd-jwks.timer mcpd-jwks.service mcpd.service mcpd-helper.service mcpd-helper.socket || true
 fi
 if command -v systemctl >/dev/null 2>&1; then
-  systemctl disable mcpd.service mcpd-helper.socket >/dev/null 2>&1 || true
+  systemctl disable mcpd.service mcpd-helper.socket mcpd-jwks.timer >/dev/null 2>&1 || true
 fi
 exit 0

@@ -59,12 +59,13 @@ def test_wheel_installs_into_a_fresh_venv_and_stages_units_systemd_accepts(tmp_p
     assert "systemctl" not in out  # a staging root: nothing was run
 
     units = root / "etc" / "systemd" / "system"
-    for name in ("mcpd.service", "mcpd-helper.service", "mcpd-helper.socket"):
+    for name in ("mcpd.service", "mcpd-helper.service", "mcpd-helper.socket", "mcpd-jwks.service", "mcpd-jwks.timer"):
         proc = subprocess.run([ANALYZE or "systemd-analyze", "verify", "--no-pager", str(units / name)],
                               capture_output=True, text=True, timeout=60, check=False)
         assert proc.returncode == 0 and proc.stdout.strip() == "" and proc.stderr.strip() == "", \
             name + proc.stdout + proc.stderr
     assert f"ExecStart={venv}/bin/mcpd serve " in (units / "mcpd.service").read_text()
+    assert f"ExecStart={venv}/bin/mcpd jwks fetch " in (units / "mcpd-jwks.service").read_text()
     helper = (units / "mcpd-helper.service").read_text()
     assert re.search(rf"^ExecStart={re.escape(str(venv))}/bin/python[0-9.]* -I -m mcpd\.helper ", helper, re.M), helper
     for staged in ("etc/sysusers.d/mcpd.conf", "etc/tmpfiles.d/mcpd.conf", "etc/pam.d/mcpd", "etc/logrotate.d/mcpd",
@@ -97,7 +98,7 @@ def apply_staged_accounts_and_folders(root: Path) -> None:
     for command in ACTIVATE[:2]:
         run(command[0], f"--root={root}", *command[1:-1], Path(command[-1]).name)
     accounts = {line.split(":")[0]: line.split(":") for line in (root / "etc/passwd").read_text().splitlines()}
-    assert {"mcpd", "mcpd-policy", "mcpd-walk"} <= set(accounts)
+    assert {"mcpd", "mcpd-policy", "mcpd-walk", "mcpd-jwks"} <= set(accounts)
     uid, gid = int(accounts["mcpd-policy"][2]), int(accounts["mcpd-policy"][3])
     for rel in ("var/lib/mcpd-helper", "var/log/mcpd", "var/log/mcpd/audit.jsonl"):
         st = (root / rel).stat()

@@ -42,9 +42,9 @@ from tests.support.osaccounts import AccountFactory, remove_group, remove_user, 
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "scripts" / "package" / "build.sh"
-ACCOUNTS = ("mcpd", POLICY_USER, WALK_USER)
+ACCOUNTS = ("mcpd", POLICY_USER, WALK_USER, "mcpd-jwks")
 UNITS = Path("/usr/lib/systemd/system")
-PURGED = ("/opt/mcpd", "/etc/mcpd", "/var/lib/mcpd", "/var/lib/mcpd-helper", "/var/log/mcpd", "/var/log/mcpd-front",
+PURGED = ("/opt/mcpd", "/etc/mcpd", "/var/lib/mcpd", "/var/lib/mcpd-helper", "/var/lib/mcpd-jwks", "/var/log/mcpd", "/var/log/mcpd-front",
           "/run/mcpd", "/usr/lib/systemd/system/mcpd.service", "/usr/lib/tmpfiles.d/mcpd.conf", "/usr/sbin/mcpd")
 START_SECONDS = 30.0
 
@@ -250,7 +250,8 @@ def test_deb_installs_serves_upgrades_keeping_an_edited_config_and_purges(
     assert "parsed OK" in run("/usr/sbin/mcpd", "grants", "check", "/etc/mcpd/mcp-sudo.yaml").stdout
     assert "no grants" in run("/usr/sbin/mcpd", "grants", "list", "--user", "root", "--group", "adm").stdout
     assert Path("/etc/mcpd/mcp-sudo.yaml.example").is_file()
-    for unit in ("mcpd.service", "mcpd-helper.service", "mcpd-helper.socket"):  # the installed paths resolve
+    for unit in ("mcpd.service", "mcpd-helper.service", "mcpd-helper.socket", "mcpd-jwks.service",
+                 "mcpd-jwks.timer"):  # the installed paths resolve
         verify = run("systemd-analyze", "verify", "--no-pager", UNITS / unit, check=False, timeout=60)
         assert (verify.returncode, verify.stdout.strip(), verify.stderr.strip()) == (0, "", ""), unit + verify.stderr
     conffiles = run("dpkg-query", "-W", "-f", "${Conffiles}", "mcpd").stdout
@@ -301,7 +302,8 @@ def test_rpm_lists_the_files_conffiles_requirements_and_scripts(packages: Packag
     files = run("rpm", "-qpl", packages.rpm).stdout.split("\n")
     for name in ("/opt/mcpd/bin/mcpd", "/opt/mcpd/bin/python3", "/opt/mcpd/pyvenv.cfg",
                  "/usr/lib/systemd/system/mcpd.service", "/usr/lib/systemd/system/mcpd-helper.service",
-                 "/usr/lib/systemd/system/mcpd-helper.socket", "/usr/lib/sysusers.d/mcpd.conf",
+                 "/usr/lib/systemd/system/mcpd-helper.socket", "/usr/lib/systemd/system/mcpd-jwks.service",
+                 "/usr/lib/systemd/system/mcpd-jwks.timer", "/usr/lib/sysusers.d/mcpd.conf",
                  "/usr/lib/tmpfiles.d/mcpd.conf", "/etc/pam.d/mcpd", "/etc/logrotate.d/mcpd",
                  "/etc/mcpd/mcpd.yaml", "/etc/mcpd/mcp-sudo.yaml", "/etc/mcpd/mcp-sudo.yaml.example",
                  "/usr/share/doc/mcpd/PRIVSEP.md",

@@ -34,7 +34,7 @@ from tests.support.rootonly import root_prerequisite
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
-UNIT_FILES = ("mcpd.service", "mcpd-helper.service", "mcpd-helper.socket")
+UNIT_FILES = ("mcpd.service", "mcpd-helper.service", "mcpd-helper.socket", "mcpd-jwks.service", "mcpd-jwks.timer")
 SHIPPED_BINARY = "/usr/local/bin/mcpd"
 HELPER_EXEC = "/usr/bin/python3 -I -m mcpd.helper --config /etc/mcpd/mcpd.yaml"
 FRONT_MAX_EXPOSURE = 2.0
@@ -200,6 +200,34 @@ def test_front_runs_unprivileged_and_notifies_readiness() -> None:
     assert "mcpd-helper.socket" in unit["Unit"]["After"][0].split()
 
 
+def test_jwks_fetch_runs_unprivileged_writing_only_its_key_folder() -> None:
+    """mcpd-jwks.service is a oneshot `mcpd jwks fetch` as its own account, with no capability,
+    writing only /var/lib/mcpd-jwks (made 0755 mcpd-jwks by tmpfiles too), reading mcpd.yaml as a
+    credential (it is not in the mcpd group, which may read the TLS key), started by the timer at
+    boot and every 15 minutes."""
+    service = parse_unit(UNITS / "mcpd-jwks.service")["Service"]
+    assert service["Type"] == ["oneshot"]
+    assert service["User"] == ["mcpd-jwks"] and service["Group"] == ["mcpd-jwks"]
+    assert "SupplementaryGroups" not in service and "DynamicUser" not in service
+    assert service["ExecStart"] == ["/usr/local/bin/mcpd jwks fetch --config %d/mcpd.yaml"]
+    assert service["LoadCredential"] == ["mcpd.yaml:/etc/mcpd/mcpd.yaml"]
+    assert service["CapabilityBoundingSet"] == [""] and service["NoNewPrivileges"] == ["yes"]
+    assert service["StateDirectory"] == ["mcpd-jwks"] and "ReadWritePaths" not in service
+    assert service["ProtectSystem"] == ["strict"] and service["ProtectHome"] == ["yes"]
+    assert ("d", "0755", "mcpd-jwks", "mcpd-jwks") in tmpfiles_lines()["/var/lib/mcpd-jwks"]
+    timer = parse_unit(UNITS / "mcpd-jwks.timer")
+    assert timer["Timer"]["OnBootSec"] and timer["Timer"]["OnUnitActiveSec"] == ["15min"]
+    assert timer["Install"]["WantedBy"] == ["timers.target"]
+
+
+@needs_analyze
+def test_jwks_fetch_sandbox_exposure_at_most_2(tmp_path: Path) -> None:
+    """The fetcher, which talks to the network, is sandboxed like the front (exposure ≤ 2.0)."""
+    score = exposure(staged_units(tmp_path) / "mcpd-jwks.service")
+    print(f"\nexposure mcpd-jwks.service={score:.1f}")
+    assert score <= FRONT_MAX_EXPOSURE
+
+
 def test_helper_capabilities_are_exactly_the_justified_set() -> None:
     """The helper keeps only setuid/setgid, read-search and kill (docs/PRIVSEP.md); no netlink, so
     no audit-write either (PAM skips its kernel audit record); no CAP_CHOWN and chown calls
@@ -245,8 +273,9 @@ def tmpfiles_lines() -> dict[str, list[tuple[str, str, str, str]]]:
     return lines
 
 
-def test_sysusers_declares_the_three_accounts_without_a_shell() -> None:
-    """mcpd (the front), mcpd-policy (the policy process) and mcpd-walk (walkers): system users
+def test_sysusers_declares_the_four_accounts_without_a_shell() -> None:
+    """mcpd (the front), mcpd-policy (the policy process), mcpd-walk (walkers) and mcpd-jwks (the
+    key set fetcher): system users
     with a group of their own (ID `-`) and no login shell."""
     rows = {}
     for raw in (UNITS / "sysusers.d" / "mcpd.conf").read_text(encoding="utf-8").splitlines():
@@ -256,7 +285,8 @@ def test_sysusers_declares_the_three_accounts_without_a_shell() -> None:
             rows[name] = (kind, ident, home, shell)
     assert rows == {"mcpd": ("u", "-", "/var/lib/mcpd", "/usr/sbin/nologin"),
                     "mcpd-policy": ("u", "-", "/", "/usr/sbin/nologin"),
-                    "mcpd-walk": ("u", "-", "/", "/usr/sbin/nologin")}
+                    "mcpd-walk": ("u", "-", "/", "/usr/sbin/nologin"),
+                    "mcpd-jwks": ("u", "-", "/", "/usr/sbin/nologin")}
 
 
 def logrotate_stanzas() -> dict[str, list[str]]:

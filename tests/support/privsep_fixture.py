@@ -348,7 +348,7 @@ def start_privsep(factory: AccountFactory, etc: bool = False, nofile: int | None
         conf.mkdir(mode=0o750)
         os.chown(conf, 0, service.pw_gid)
     identity.save_users(conf / "users.yaml", users)
-    port = free_port()
+    port = int(overrides.get("listen", {}).get("port") or free_port())  # a test may need the URL before the start
     cfg: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
         "tls": {"cert": str(pki.server_cert), "key": str(pki.server_key)},

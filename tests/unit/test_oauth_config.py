@@ -13,7 +13,7 @@ from mcpd.common import config
 
 OAUTH_OK: dict[str, Any] = {
     "resource": "https://files.example.com:9091/mcp",
-    "issuers": [{"name": "corp", "issuer": "https://idp.example.com", "jwks_file": "/var/lib/mcpd/jwks/corp.json",
+    "issuers": [{"name": "corp", "issuer": "https://idp.example.com", "jwks_file": "/var/lib/mcpd-jwks/corp.json",
                  "audiences": ["https://files.example.com:9091/mcp"], "accounts": ["*"]}],
 }
 

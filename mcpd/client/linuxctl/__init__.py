@@ -28,6 +28,7 @@ Where the server, token and CA come from, first match wins:
   MCPD_URL / MCP_TOKEN / MCPD_CACERT
   without --context: the config file's current-context
   the config file's top-level url / token / cacert
+  and for the token last: the context's token from `linuxctl login --oidc` (for its server only)
 
 \b
 The config file is ~/.config/linuxctl/config.yaml ($XDG_CONFIG_HOME/linuxctl/config.yaml),
