@@ -26,9 +26,8 @@ place. Root judges the daemon's secrets and a process's ``/proc`` folder (:func:
 place, before anything is opened for reading, and so does the walker for every folder and entry of
 a privileged list or find.
 
-:func:`open_checked_dir` has the signature of :func:`mcpd.core.fileopen.open_directory`, so the
-metadata walk (:mod:`mcpd.core.walk`) takes either: the walker of privileged list/find
-(:mod:`mcpd.walker`, not root) opens its starting folder with it.
+:func:`open_checked` with ``want="dir"`` is the walker's (:func:`mcpd.walker.main.open_checked_dir`,
+not root's): the walker of privileged list/find opens its starting folder with it.
 """
 
 from __future__ import annotations
@@ -228,7 +227,3 @@ def open_checked(path: str, follow_symlinks: bool = False, want: str = "file",
         if fd >= 0:
             os.close(fd)
 
-
-def open_checked_dir(path: str, follow_symlinks: bool = False, judge: Judge | None = None) -> int:
-    """:func:`open_checked` with ``want="dir"``, returning the descriptor only (the walk's opener)."""
-    return open_checked(path, follow_symlinks, "dir", judge)[0]
