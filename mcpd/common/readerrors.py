@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import errno
 
-from mcpd.helper.wire.errors import NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError, from_oserror
+from mcpd.helper.wire.errors import NOT_A_REGULAR_FILE, ToolError, denied, from_oserror
+from mcpd.helper.wire.openrules import SYMLINK
 
 
 def reader_error(exc: OSError, path: str) -> ToolError:
@@ -24,7 +25,7 @@ def reader_error(exc: OSError, path: str) -> ToolError:
     """
     err = exc.errno
     if err == errno.ELOOP:
-        return ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="symlink in path")
+        return denied(path, SYMLINK)
     if err == errno.EISDIR:
         return ToolError(NOT_A_REGULAR_FILE, f"not a regular file: {path}", path=path, type="directory")
     if err == errno.ENXIO:

@@ -62,6 +62,12 @@ def invalid_argument(message: str, **details: Any) -> ToolError:
     return ToolError(INVALID_ARGUMENT, message, **details)
 
 
+def denied(path: str, reason: str) -> ToolError:
+    """The ``PERMISSION_DENIED`` of an open refused for ``path``: message ``permission denied:
+    <path>``, details ``path`` and ``reason`` (``symlink in path``, ``path changed while opening`` ...)."""
+    return ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason=reason)
+
+
 def from_oserror(exc: OSError, path: str) -> ToolError:
     """Map an ``OSError`` from resolving ``path`` to the docs/REFERENCE.md §2.5 code, as root's
     opener meets them (an ``O_PATH`` resolution, whose symlink refusal the opener makes itself).
@@ -77,8 +83,6 @@ def from_oserror(exc: OSError, path: str) -> ToolError:
     if err in (errno.ENOENT, errno.ENOTDIR):
         return ToolError(FILE_NOT_FOUND, f"no such file: {path}", path=path)
     if err in (errno.EACCES, errno.EPERM):
-        return ToolError(
-            PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="the account may not read it"
-        )
+        return denied(path, "the account may not read it")
     name = errno.errorcode.get(err or 0, "EIO")
     return ToolError(INTERNAL_ERROR, f"cannot read {path}: {name}", path=path, errno=name)
