@@ -9,10 +9,9 @@ from __future__ import annotations
 import os
 import stat
 
-from mcpd.common.grantmatch import SECRET, Policy, is_secret
+from mcpd.common.grantmatch import SECRET, Policy, components, is_secret
 from mcpd.helper.wire.filekind import kind as file_kind
 from mcpd.helper.wire.openrules import CHANGED, NOT_DIR, NOT_REGULAR, SYMLINK, refusal
-from mcpd.helper.wire.pathmatch import components
 
 #: what root's opener needs of the inode, per tool: files/read a regular file, files/filetype any
 #: kind (a regular file with one link), files/find a directory, files/list a directory or one

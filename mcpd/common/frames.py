@@ -34,9 +34,17 @@ from mcpd.helper.wire.frames import (  # noqa: F401 - the one wire format, re-ex
     recv_frame_fds,
     send_frame,
     too_deep,
-    use_codec,
 )
+from mcpd.helper.wire.frames import codec as _codec
 from mcpd.helper.wire.frames import loads as _loads
+
+
+def use_codec(dumps: Any, loads: Any) -> None:
+    """Encode (``dumps(obj) -> bytes``) and parse (``loads(bytes) -> value``, raising
+    :class:`FrameError` like :func:`loads`) this process's frames with a faster JSON codec: the
+    front, the policy process and the workers install :mod:`mcpd.common.wirejson`'s (orjson).
+    Root never calls it and keeps the standard library's."""
+    _codec.update(dumps=dumps, loads=loads)
 
 
 def queued_bytes(fd: int) -> int:

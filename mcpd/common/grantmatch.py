@@ -5,7 +5,7 @@ every entry of a privileged list or find by the same grants). No YAML, no file r
 and validating ``mcp-sudo.yaml`` is :mod:`mcpd.policy.grants`; the walker gets the rules that
 apply as data (:func:`rules_to_wire`, :func:`policy_from_wire`).
 
-A path is judged as a tuple of components (:func:`mcpd.helper.wire.pathmatch.components`), never
+A path is judged as a tuple of components (:func:`components`), never
 as a string, so ``/srv/app`` can never match ``/srv/app-evil`` and no glob can match a ``/``: an
 entry covers a path when it matches the path itself or one of its ancestors; ``*``, ``?`` and
 ``[...]`` match within one component (``fnmatch.fnmatchcase``), ``**`` zero or more whole
@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcpd.helper.wire.pathmatch import PathError, clean_path, components
+from mcpd.helper.wire.pathmatch import PathError, clean_path
 
 TOOLS = ("files/read", "files/list", "files/find", "files/filetype", "files/grep")
 NO_GRANT = "no grant covers this path"
@@ -40,6 +40,11 @@ _GLOB_CHARS = frozenset("*?[")
 
 
 # ---------------------------------------------------------------- entries
+
+
+def components(clean: str) -> tuple[str, ...]:
+    """The components of an already cleaned absolute path (``/`` → ``()``)."""
+    return tuple(part for part in clean.split("/") if part)
 
 
 def split_entry(entry: str) -> tuple[str, ...]:

@@ -14,7 +14,8 @@ import errno
 import os
 import stat
 
-from mcpd.helper.wire.errors import INVALID_ARGUMENT, NOT_A_REGULAR_FILE, ToolError, from_oserror
+from mcpd.common.readerrors import reader_error
+from mcpd.helper.wire.errors import INVALID_ARGUMENT, NOT_A_REGULAR_FILE, ToolError
 from mcpd.helper.wire.filekind import kind  # the one file-type table (docs/REFERENCE.md §2.5 details.type)
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
@@ -35,9 +36,9 @@ def _open(path: str, flags: int) -> int:
             try:
                 return_mode = os.stat(path).st_mode
             except OSError:
-                raise from_oserror(exc, path) from None
+                raise reader_error(exc, path) from None
             raise not_regular(path, return_mode) from None
-        raise from_oserror(exc, path) from None
+        raise reader_error(exc, path) from None
 
 
 def open_regular(path: str) -> int:
@@ -56,14 +57,14 @@ def open_regular(path: str) -> int:
     try:
         pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError as exc:
-        raise from_oserror(exc, path) from None
+        raise reader_error(exc, path) from None
     try:
         st = os.fstat(pfd)
         if not stat.S_ISREG(st.st_mode):
             raise not_regular(path, st.st_mode)
         return os.open(f"/proc/self/fd/{pfd}", _FILE_FLAGS)
     except OSError as exc:
-        raise from_oserror(exc, path) from None
+        raise reader_error(exc, path) from None
     finally:
         os.close(pfd)
 
@@ -82,6 +83,6 @@ def open_directory(path: str) -> int:
             try:
                 mode = os.stat(path).st_mode
             except OSError:
-                raise from_oserror(exc, path) from None
+                raise reader_error(exc, path) from None
             raise ToolError(INVALID_ARGUMENT, f"not a directory: {path}", path=path, type=kind(mode)) from None
-        raise from_oserror(exc, path) from None
+        raise reader_error(exc, path) from None

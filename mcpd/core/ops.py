@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcpd.common.config import CAP_KEY, ReadLimits
+from mcpd.common.readerrors import reader_error
 from mcpd.core import textread
 from mcpd.core.fileops import filetype, find, grep, listing
 from mcpd.core.tools import files_read
-from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
+from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, invalid_argument
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def files_read_op(args: Any, ctx: OpContext) -> dict[str, Any]:
     try:
         return textread.read_fd(fd, a, ctx.limits)
     except OSError as exc:
-        raise from_oserror(exc, path) from None
+        raise reader_error(exc, path) from None
     finally:
         os.close(fd)
 

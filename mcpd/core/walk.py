@@ -34,6 +34,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mcpd.common.readerrors import reader_error
+from mcpd.common.typenames import TYPE_NAMES, type_name  # the one file-type table
 from mcpd.common.validate import check_bool, check_choice, check_int, check_number, check_object, check_path
 from mcpd.helper.wire.errors import (
     FILE_NOT_FOUND,
@@ -41,10 +43,8 @@ from mcpd.helper.wire.errors import (
     NOT_A_REGULAR_FILE,
     PERMISSION_DENIED,
     ToolError,
-    from_oserror,
     invalid_argument,
 )
-from mcpd.helper.wire.filekind import TYPE_NAMES, type_name  # the one file-type table
 
 Opener = Callable[[str], int]  # absolute path -> descriptor of that directory, or raises ToolError
 Allow = Callable[[str], bool] | None  # the grant filter: may this absolute path be shown (or entered)?
@@ -155,7 +155,7 @@ def walk_list(args: dict[str, Any], open_dir: Opener, allow: Allow, screen: Scre
                 raise no_grant(path)
             st, target = lstat_at(path if pfd is None else posixpath.basename(path), pfd)
         except OSError as err:
-            raise from_oserror(err, path) from None
+            raise reader_error(err, path) from None
         finally:
             if pfd is not None:
                 os.close(pfd)
@@ -175,7 +175,7 @@ def walk_list(args: dict[str, Any], open_dir: Opener, allow: Allow, screen: Scre
                 with contextlib.suppress(FileNotFoundError):  # removed since it was listed
                     entries.append(raw_entry(name, *lstat_at(name, dfd)))
     except OSError as err:
-        raise from_oserror(err, path) from None
+        raise reader_error(err, path) from None
     finally:
         os.close(dfd)
     return {"path": path, "kind": "directory", "entries": entries, "total": next(counter), "limit": limit}

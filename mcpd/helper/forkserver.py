@@ -33,6 +33,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from mcpd.helper.wire import frames
@@ -49,17 +50,22 @@ def _prctl(option: int, *args: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl failed")
 
 
+def capset(permitted: int, inheritable: int = 0) -> None:
+    """Make the capability mask ``permitted`` (capabilities 0 to 31) this process's effective and
+    permitted sets, and ``inheritable`` its inheritable set (``capset``, version 3). Raises ``OSError``."""
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)  # struct __user_cap_header_struct {version, pid}
+    data = (ctypes.c_uint32 * 6)(permitted, permitted, inheritable, 0, 0, 0)  # 2 x {effective, permitted, inheritable}
+    if ctypes.CDLL(None, use_errno=True).capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
 def drop_to_walker(uid: int, gid: int) -> None:
     """As root: become ``uid``/``gid`` (:func:`_become`: all three ids, no supplementary group,
     no_new_privs) keeping only CAP_DAC_READ_SEARCH in the permitted, effective, inheritable and
     ambient sets, so it survives the ``exec`` of the walker. Raises ``OSError`` (the child then exits)."""
     _prctl(_PR_SET_KEEPCAPS, 1)  # setresuid away from root keeps the permitted set (exec clears it)
     _become(uid, gid, [])
-    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)  # struct __user_cap_header_struct {version, pid}
-    one = 1 << CAP_DAC_READ_SEARCH
-    data = (ctypes.c_uint32 * 6)(one, one, one, 0, 0, 0)  # 2 x {effective, permitted, inheritable}
-    if ctypes.CDLL(None, use_errno=True).capset(header, data) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
+    capset(1 << CAP_DAC_READ_SEARCH, inheritable=1 << CAP_DAC_READ_SEARCH)
     _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH)
 
 
@@ -87,6 +93,19 @@ def _become(uid: int, gid: int, groups: list[int], real_gid: int | None = None) 
             or set(os.getgroups()) != set(groups):
         raise OSError("the child's ids are not plain, or not the ones asked for")
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+
+
+def forked(child: Callable[..., object], *args: Any, code: int = 127) -> int:
+    """Fork: the child runs ``child(*args)`` and then exits ``code`` whatever happens (it never
+    returns into its parent's code, which would go on as root); the parent gets the child's pid.
+    Fork only while the process has one thread (the helper before its first, the fork server)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            child(*args)
+        finally:
+            os._exit(code)
+    return pid
 
 
 def _exec(module: str, args: list[str], **env: str) -> None:
@@ -129,12 +148,7 @@ def serve(sock: socket.socket, walker: tuple[int, int]) -> None:
         req, fds = frames.recv_frame_fds(sock, FORK_REQUEST_CAP, 4)
         if req is None:
             return
-        pid = os.fork()
-        if pid == 0:
-            try:
-                _child(req, fds, walker)
-            finally:
-                os._exit(127)
+        pid = forked(_child, req, fds, walker)
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
@@ -179,12 +193,12 @@ def start(walker: tuple[int, int]) -> ForkServer:
         raise RuntimeError("the fork server must be started before any thread")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     frames.limit_sends(theirs, frames.SEND_SECONDS)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            ours.close()
-            serve(theirs, walker)
-        finally:
-            os._exit(0)
+    pid = forked(_fork_server, ours, theirs, walker, code=0)
     theirs.close()
     return ForkServer(ours, pid)
+
+
+def _fork_server(ours: socket.socket, theirs: socket.socket, walker: tuple[int, int]) -> None:
+    """In the fork server: drop the helper's end ``ours`` (so the helper's exit ends it) and serve."""
+    ours.close()
+    serve(theirs, walker)

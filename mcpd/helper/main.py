@@ -22,7 +22,6 @@ import select
 import signal
 import socket
 import stat
-import sys
 import threading
 from collections.abc import Callable
 
@@ -40,7 +39,7 @@ STOP_SECONDS = 10.0  # how long a stopping helper waits for the policy process t
 #: the fork server's children (setgroups, setresgid, setresuid; the socket's group, below); signal
 #: the children it made, which run as other uids. PAM as root reads /etc/shadow with these too.
 KEEP = {"CAP_DAC_READ_SEARCH": 2, "CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
-_PR_CAPBSET_READ, _PR_CAPBSET_DROP, _CAP_VERSION_3 = 23, 24, 0x20080522
+_PR_CAPBSET_READ, _PR_CAPBSET_DROP = 23, 24
 _PR_SET_PDEATHSIG, _PR_GET_PDEATHSIG = 1, 2
 
 
@@ -54,9 +53,7 @@ def drop_capabilities() -> None:
     for cap in sorted(set(range(last + 1)) - set(KEEP.values())):
         if libc.prctl(_PR_CAPBSET_READ, cap, 0, 0, 0) == 1 and libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), f"cannot drop capability {cap} from the bounding set")
-    mask = sum(1 << cap for cap in KEEP.values())
-    if libc.capset((ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0), (ctypes.c_uint32 * 6)(mask, mask, 0, 0, 0, 0)) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
+    forkserver.capset(sum(1 << cap for cap in KEEP.values()))  # the inheritable set (and the ambient) empty
 
 
 def listening_socket(path: str, service_gid: int) -> socket.socket:
@@ -119,12 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     forks = forkserver.start((walker.pw_uid, walker.pw_gid))  # one thread here: the only safe moment to fork
     listener = listening_socket(settings.helper_socket, service.pw_gid)
     pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(CHANNELS)]
-    pid = os.fork()  # still one thread
-    if pid == 0:
-        try:
-            forkserver.policy_child(policy.pw_uid, policy.pw_gid, path, [listener.fileno(), *(b.fileno() for _, b in pairs)])
-        finally:
-            os._exit(127)
+    fds = [listener.fileno(), *(b.fileno() for _, b in pairs)]
+    pid = forkserver.forked(forkserver.policy_child, policy.pw_uid, policy.pw_gid, path, fds)  # still one thread
     pidfd = os.pidfd_open(pid)
     listener.close()
     monitor = Monitor(forks, settings, path)
@@ -164,6 +157,3 @@ def _wait(pid: int, pidfd: int) -> int:
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
-
-if __name__ == "__main__":
-    sys.exit(main())

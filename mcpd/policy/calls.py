@@ -33,6 +33,7 @@ from mcpd.common.audit.records import REFUSED_AT_OPEN, Prepared, find_fields
 from mcpd.common.config import CAP_KEY
 from mcpd.common.deadline import deadline_seconds
 from mcpd.common.oauthconfig import SCOPE_PRIVILEGED
+from mcpd.common.readerrors import reader_error
 from mcpd.common.validate import check_path
 from mcpd.helper.wire.errors import (
     HELPER_UNAVAILABLE,
@@ -41,7 +42,6 @@ from mcpd.helper.wire.errors import (
     PERMISSION_DENIED,
     TIMEOUT,
     ToolError,
-    from_oserror,
 )
 from mcpd.policy.grants import os_groups
 from mcpd.policy.opened import described
@@ -205,7 +205,7 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
                 try:
                     frame["facts"], sample = described(fd)
                 except OSError as err:
-                    raise from_oserror(err, args["path"]) from None
+                    raise reader_error(err, args["path"]) from None
                 os.close(fd)
                 fd = -1 if sample is None else sample
             _pass(state, w, frame, [fd] if fd >= 0 else [])

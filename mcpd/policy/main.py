@@ -20,12 +20,12 @@ import socket
 import sys
 import time
 
-from mcpd.common import config, filesig, identity, sched, wirejson
+from mcpd.common import config, filesig, frames, identity, sched, wirejson
 from mcpd.common.audit.writer import AuditLog
 from mcpd.common.filesig import Signature
 from mcpd.common.folders import safe_folder
 from mcpd.common.reload import Reloading
-from mcpd.helper.wire import frames, securefile
+from mcpd.helper.wire import securefile
 from mcpd.helper.wire.errors import ToolError
 from mcpd.policy.connections import serve
 from mcpd.policy.grants import secret_paths

@@ -66,6 +66,12 @@ _SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_RESTRICT_SELF = 444, 446  # the same
 _LANDLOCK_READ_DIR = 1 << 3
 
 
+def open_checked_dir(path: str, follow_symlinks: bool = False, judge: opener.Judge | None = None) -> int:
+    """:func:`~mcpd.helper.wire.opener.open_checked` with ``want="dir"``, returning the descriptor
+    only: the walk's opener, with the signature of :func:`mcpd.core.fileopen.open_directory`."""
+    return opener.open_checked(path, follow_symlinks, "dir", judge)[0]
+
+
 def metadata_only() -> bool:
     """Confine this process for good with Landlock: of the file system accesses the kernel knows,
     only listing a folder stays allowed (``O_PATH`` opens, ``stat`` and ``readlink`` are not
@@ -257,7 +263,7 @@ def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None,
         def allow(path: str) -> bool:
             return decide(path).allowed
 
-        open_dir = functools.partial(opener.open_checked_dir, follow_symlinks=follow, judge=objects.judge)
+        open_dir = functools.partial(open_checked_dir, follow_symlinks=follow, judge=objects.judge)
         if walk_op is None:
             return {"ok": True, "result": plan_grep(args, open_dir, allow, lambda p: decide(p).reason !=
                                                     grantmatch.SECRET, objects.screen, send)}

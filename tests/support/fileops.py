@@ -13,21 +13,22 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from mcpd.helper.wire.errors import NOT_A_REGULAR_FILE, ToolError, from_oserror
+from mcpd.common.readerrors import reader_error
+from mcpd.helper.wire.errors import NOT_A_REGULAR_FILE, ToolError
 
 
 def _open_dir(path: str) -> int:
     try:
         return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as err:
-        raise from_oserror(err, path) from None
+        raise reader_error(err, path) from None
 
 
 def _open_file(path: str) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as err:
-        raise from_oserror(err, path) from None
+        raise reader_error(err, path) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise ToolError(NOT_A_REGULAR_FILE, f"not a regular file: {path}", path=path, type="other")

@@ -7,7 +7,8 @@ import socket
 import stat
 from pathlib import Path
 
-from mcpd.helper.wire.filekind import TYPE_NAMES, kind, type_name
+from mcpd.common.typenames import TYPE_NAMES, type_name
+from mcpd.helper.wire.filekind import kind
 
 
 def test_every_type_has_both_names(tmp_path: Path) -> None:

@@ -24,11 +24,12 @@ from typing import Any
 import pytest
 
 from mcpd.common.config import SAMPLE_BYTES, ReadLimits
+from mcpd.common.readerrors import reader_error
 from mcpd.core import ops
 from mcpd.core.fileopen import open_directory, open_regular
 from mcpd.core.fileops import filetype as filetype_module
 from mcpd.core.fileops.filetype import filetype
-from mcpd.helper.wire.errors import FILE_NOT_FOUND, INTERNAL_ERROR, ToolError, from_oserror
+from mcpd.helper.wire.errors import FILE_NOT_FOUND, INTERNAL_ERROR, ToolError
 from mcpd.policy.opened import SAMPLE_SEALS, described
 
 NAMES = ("t.txt", "dir", "ln", "fifo", "sock")
@@ -152,7 +153,7 @@ def test_grant_filter_and_opener_errors_still_apply(tree: Path) -> None:
     assert reply["ok"] is False and reply["error"]["details"]["reason"] == "no grant covers this path"
 
     def missing(path: str) -> int:
-        raise from_oserror(FileNotFoundError(2, "gone"), path)
+        raise reader_error(FileNotFoundError(2, "gone"), path)
 
     with pytest.raises(ToolError) as exc:
         filetype(str(tree / "gone"), ops.OpContext(limits=ReadLimits(), open_file=missing, open_dir=no_dir))

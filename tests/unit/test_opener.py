@@ -14,6 +14,7 @@ import pytest
 
 from mcpd.helper.wire import opener
 from mcpd.helper.wire.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError
+from mcpd.walker.main import open_checked_dir
 
 
 def read_all(fd: int) -> bytes:
@@ -113,17 +114,17 @@ def test_missing_and_invalid_paths(tree: Path) -> None:
 
 
 def test_open_checked_dir(tree: Path) -> None:
-    fd = opener.open_checked_dir(str(tree / "granted"))
+    fd = open_checked_dir(str(tree / "granted"))
     try:
         assert "ok.txt" in os.listdir(fd)
     finally:
         os.close(fd)
     (tree / "dirlink").symlink_to(tree / "granted")
     with pytest.raises(ToolError) as info:
-        opener.open_checked_dir(str(tree / "dirlink"))
+        open_checked_dir(str(tree / "dirlink"))
     assert info.value.details["reason"] == "symlink in path"
     with pytest.raises(ToolError) as info:
-        opener.open_checked_dir(str(tree / "granted" / "ok.txt"))
+        open_checked_dir(str(tree / "granted" / "ok.txt"))
     assert info.value.code == NOT_A_REGULAR_FILE
 
 

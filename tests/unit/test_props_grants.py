@@ -116,7 +116,7 @@ def test_entry_covers_agrees_with_brute_force(entry: tuple[str, ...], path: tupl
 @SETTINGS
 @given(raw=RAW_PATH)
 def test_clean_path_agrees_with_a_component_stack(raw: str) -> None:
-    assert pathmatch.components(pathmatch.clean_path(raw)) == clean(raw)
+    assert grantmatch.components(pathmatch.clean_path(raw)) == clean(raw)
 
 
 @SETTINGS

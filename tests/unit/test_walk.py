@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from mcpd.common.readerrors import reader_error
+from mcpd.common.typenames import TYPE_NAMES
 from mcpd.core import walk
 from mcpd.core.fileopen import open_directory
 from mcpd.core.fileops import format_find, format_list
 from mcpd.core.tools import files_find, files_list
-from mcpd.helper.wire.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError, from_oserror
-from mcpd.helper.wire.filekind import TYPE_NAMES
+from mcpd.helper.wire.errors import FILE_NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED, ToolError
 from tests.support.codelines import code_lines
 
 WALK_PY = Path(walk.__file__)
@@ -216,7 +217,7 @@ def test_find_errors_capped_and_counted(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_find_root_opener_error_propagates(tmp_path: Path) -> None:
     def refuse(path: str) -> int:
-        raise from_oserror(PermissionError(13, "denied"), path)
+        raise reader_error(PermissionError(13, "denied"), path)
 
     with pytest.raises(ToolError) as exc:
         walk.walk_find(find_args(tmp_path), refuse, None)

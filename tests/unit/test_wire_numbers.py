@@ -9,8 +9,8 @@ import json
 import orjson
 import pytest
 
-from mcpd.common import wirejson
-from mcpd.helper.wire import frames
+from mcpd.common import frames, wirejson
+from mcpd.helper.wire.frames import codec
 
 INTEGERS = [0, -1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -2**63, -2**63 - 1, 2**100, -2**100, 10**400, -10**400,
             10**19, 10**18, 123456789012345678901234567890]
@@ -44,13 +44,13 @@ def test_long_digit_runs_in_strings_change_nothing() -> None:
 def test_frames_decoded_with_the_codec_keep_huge_integers() -> None:
     """As the worker and the policy process decode every frame (frames.use_codec)."""
     body = wirejson.dumps({"id": 1, "op": "files/read", "args": {"path": "/x", "offset": 2**64, "end_line": 10**400}})
-    saved = dict(frames._codec)
+    saved = dict(codec)
     frames.use_codec(wirejson.dumps, wirejson.loads)
     try:
         assert frames.decode_body(body)["args"] == {"path": "/x", "offset": 2**64, "end_line": 10**400}
     finally:
-        frames._codec.clear()
-        frames._codec.update(saved)
+        codec.clear()
+        codec.update(saved)
 
 
 def test_depth_is_still_refused_on_the_fallback() -> None:

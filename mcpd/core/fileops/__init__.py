@@ -26,8 +26,8 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from mcpd.common.config import SAMPLE_BYTES
+from mcpd.common.typenames import TYPE_NAMES, type_name
 from mcpd.core.walk import LIST_MAX, clean, no_grant
-from mcpd.helper.wire.filekind import TYPE_NAMES, type_name
 
 __all__ = [
     "SAMPLE_BYTES", "TYPE_NAMES", "Context", "allowed", "clean", "describe", "format_find", "format_list",

@@ -30,11 +30,12 @@ import os
 import stat
 from typing import Any, NamedTuple
 
+from mcpd.common.readerrors import reader_error
 from mcpd.core import magicdb, textdecode
 from mcpd.core.fileops import SAMPLE_BYTES, Context, allowed, clean, no_grant, type_name
 from mcpd.core.tools import files_filetype
 from mcpd.core.walk import lstat_at
-from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError, from_oserror
+from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 
 BINARY_PROBE = 8 * 1024  # a NUL in these first bytes means binary (docs/REFERENCE.md §3's rule)
 
@@ -127,7 +128,7 @@ def _opened(path: str, ctx: Context) -> tuple[Inode, str | None, int | None]:
         inode = Inode.of(os.fstat(fd))
     except OSError as err:
         os.close(fd)
-        raise from_oserror(err, path) from None
+        raise reader_error(err, path) from None
     if stat.S_ISREG(inode.mode):
         return inode, None, fd
     os.close(fd)  # (the unprivileged opener gives regular files only): described, never read
@@ -158,7 +159,7 @@ def _sample(fd: int, path: str) -> bytes:
             got += len(chunk)
         return b"".join(chunks)
     except OSError as err:
-        raise from_oserror(err, path) from None
+        raise reader_error(err, path) from None
     finally:
         os.close(fd)
 

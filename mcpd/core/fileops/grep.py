@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from mcpd.common.config import ReadLimits
+from mcpd.common.readerrors import reader_error
 from mcpd.core import grepread, grepscan
 from mcpd.core.fileops import Context, progress_of
 from mcpd.core.grepargs import cursor_of, encode_cursor, parse_grep_args
@@ -36,7 +37,6 @@ from mcpd.helper.wire.errors import (
     INVALID_ARGUMENT,
     NOT_A_REGULAR_FILE,
     ToolError,
-    from_oserror,
 )
 
 __all__ = ["Search", "grep_granted", "op_grep"]
@@ -113,7 +113,7 @@ class Search:
             return False
         except OSError as err:
             if alone:
-                raise from_oserror(err, path) from None
+                raise reader_error(err, path) from None
             self.skip(path, skip_reason(err))
             return False
         self.searched += 1

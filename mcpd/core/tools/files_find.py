@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcpd.common.typenames import TYPE_NAMES
 from mcpd.core.tools._schemas import PATH_SCHEMA, PRIVILEGED_SCHEMA
 from mcpd.core.walk import FIND_BUDGET as DEFAULT_BUDGET
 from mcpd.core.walk import FIND_MAX as MAX_RESULTS
@@ -16,7 +17,6 @@ from mcpd.core.walk import FIND_MAX_BUDGET as MAX_BUDGET
 from mcpd.core.walk import FIND_RESULTS as DEFAULT_MAX_RESULTS
 from mcpd.core.walk import MAX_PATTERN
 from mcpd.core.walk import parse_find_args as parse_args
-from mcpd.helper.wire.filekind import TYPE_NAMES
 
 NAME = "files/find"
 DESCRIPTION = (

@@ -62,14 +62,20 @@ def invalid_argument(message: str, **details: Any) -> ToolError:
     return ToolError(INVALID_ARGUMENT, message, **details)
 
 
+def denied(path: str, reason: str) -> ToolError:
+    """The ``PERMISSION_DENIED`` of an open refused for ``path``: message ``permission denied:
+    <path>``, details ``path`` and ``reason`` (``symlink in path``, ``path changed while opening`` ...)."""
+    return ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason=reason)
+
+
 def from_oserror(exc: OSError, path: str) -> ToolError:
-    """Map an ``OSError`` from opening or reading ``path`` to the docs/REFERENCE.md §2.5 code.
+    """Map an ``OSError`` from resolving ``path`` to the docs/REFERENCE.md §2.5 code, as root's
+    opener meets them (an ``O_PATH`` resolution, whose symlink refusal the opener makes itself).
 
     ``ENOENT``/``ENOTDIR`` → ``FILE_NOT_FOUND``; ``EACCES``/``EPERM`` → ``PERMISSION_DENIED``
-    (reason ``the account may not read it``); ``ELOOP`` → ``PERMISSION_DENIED`` (reason
-    ``symlink in path``); ``EISDIR`` → ``NOT_A_REGULAR_FILE``; ``ENXIO`` (a FIFO or socket that
-    cannot be opened without blocking) → ``NOT_A_REGULAR_FILE``; anything else → ``INTERNAL_ERROR``
-    with the errno name only.
+    (reason ``the account may not read it``); anything else → ``INTERNAL_ERROR`` with the errno
+    name only. What only a reader meets (a symlink at the leaf, a directory, a FIFO or socket) is
+    mapped by :func:`mcpd.common.readerrors.reader_error`, which adds those to this one.
     """
     import errno
 
@@ -77,14 +83,6 @@ def from_oserror(exc: OSError, path: str) -> ToolError:
     if err in (errno.ENOENT, errno.ENOTDIR):
         return ToolError(FILE_NOT_FOUND, f"no such file: {path}", path=path)
     if err in (errno.EACCES, errno.EPERM):
-        return ToolError(
-            PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="the account may not read it"
-        )
-    if err == errno.ELOOP:
-        return ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="symlink in path")
-    if err == errno.EISDIR:
-        return ToolError(NOT_A_REGULAR_FILE, f"not a regular file: {path}", path=path, type="directory")
-    if err == errno.ENXIO:
-        return ToolError(NOT_A_REGULAR_FILE, f"not a regular file: {path}", path=path, type="fifo or socket")
+        return denied(path, "the account may not read it")
     name = errno.errorcode.get(err or 0, "EIO")
     return ToolError(INTERNAL_ERROR, f"cannot read {path}: {name}", path=path, errno=name)

@@ -1,8 +1,9 @@
 """The one file-type table (root, worker and front alike): an ``st_mode`` to its names.
 
 Two spellings of the same seven types: the short one of ``files/list``, ``files/find`` and
-``files/filetype`` (:func:`type_name`, :data:`TYPE_NAMES`) and the docs/REFERENCE.md §2.5 ``details.type`` of
-``NOT_A_REGULAR_FILE`` (:func:`kind`: ``regular file``, ``char device`` ...).
+``files/filetype`` (:mod:`mcpd.common.typenames`, which only the unprivileged readers use) and the
+docs/REFERENCE.md §2.5 ``details.type`` of ``NOT_A_REGULAR_FILE`` (:func:`kind`: ``regular file``,
+``char device`` ...), which root's opener gives.
 """
 
 from __future__ import annotations
@@ -19,12 +20,6 @@ TABLE = (
     (stat.S_ISCHR, "char", "char device"),
     (stat.S_ISBLK, "block", "block device"),
 )
-TYPE_NAMES = tuple(short for _, short, _ in TABLE)  # file, dir, symlink, fifo, socket, char, block
-
-
-def type_name(mode: int) -> str:
-    """The short name (one of :data:`TYPE_NAMES`) of an ``st_mode``; ``unknown`` for anything else."""
-    return next((short for test, short, _ in TABLE if test(mode)), "unknown")
 
 
 def kind(mode: int) -> str:

@@ -6,8 +6,8 @@ the body, so a peer announcing 1 GB costs nothing (the connection is simply refu
 accepts request frames up to :data:`HELPER_REQUEST_CAP` (64 KiB).
 
 This module holds what root uses: the format, blocking sends and receives with descriptors. What
-only the other processes use (buffered reading, reply caps, JSON with number hooks) is in
-:mod:`mcpd.common.frames`, which re-exports all of this.
+only the other processes use (buffered reading, reply caps, JSON with number hooks, a faster JSON
+codec) is in :mod:`mcpd.common.frames`, which re-exports all of this.
 """
 
 from __future__ import annotations
@@ -30,21 +30,16 @@ class FrameError(Exception):
     """A malformed frame: over the cap, truncated, not JSON, or not a JSON object."""
 
 
-_codec: dict[str, Any] = {}  # "dumps"/"loads" a process installed with use_codec
-
-
-def use_codec(dumps: Any, loads: Any) -> None:
-    """Encode (``dumps(obj) -> bytes``) and parse (``loads(bytes) -> value``, raising
-    :class:`FrameError` like :func:`loads`) this process's frames with a faster JSON codec: the
-    front, the policy process and the workers install :mod:`mcpd.common.wirejson`'s (orjson).
-    Root never calls it and keeps the standard library's."""
-    _codec.update(dumps=dumps, loads=loads)
+#: the JSON codec of this process's frames, ``"dumps"`` and ``"loads"``, when one is installed
+#: (:func:`mcpd.common.frames.use_codec`: the front, the policy process and the workers install
+#: orjson's); root installs none and keeps the standard library's
+codec: dict[str, Any] = {}
 
 
 def encode(obj: dict[str, Any]) -> bytes:
     """Encode one object as a frame (header + compact UTF-8 JSON)."""
-    if "dumps" in _codec:
-        body = _codec["dumps"](obj)
+    if "dumps" in codec:
+        body = codec["dumps"](obj)
     else:
         body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
     return HEADER.pack(len(body)) + body
@@ -88,7 +83,7 @@ def loads(data: bytes | str) -> Any:
 
 def decode_body(body: bytes) -> dict[str, Any]:
     """Parse a frame body with :func:`loads`; raise :class:`FrameError` unless it is one JSON object."""
-    obj = _codec["loads"](body) if "loads" in _codec else loads(body)
+    obj = codec["loads"](body) if "loads" in codec else loads(body)
     if not isinstance(obj, dict):
         raise FrameError("frame is not a JSON object")
     return obj

@@ -26,9 +26,8 @@ place. Root judges the daemon's secrets and a process's ``/proc`` folder (:func:
 place, before anything is opened for reading, and so does the walker for every folder and entry of
 a privileged list or find.
 
-:func:`open_checked_dir` has the signature of :func:`mcpd.core.fileopen.open_directory`, so the
-metadata walk (:mod:`mcpd.core.walk`) takes either: the walker of privileged list/find
-(:mod:`mcpd.walker`, not root) opens its starting folder with it.
+:func:`open_checked` with ``want="dir"`` is the walker's (:func:`mcpd.walker.main.open_checked_dir`,
+not root's): the walker of privileged list/find opens its starting folder with it.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ import stat
 import sys
 from collections.abc import Callable
 
-from mcpd.helper.wire.errors import NOT_A_REGULAR_FILE, PERMISSION_DENIED, ToolError, from_oserror, invalid_argument
+from mcpd.helper.wire.errors import NOT_A_REGULAR_FILE, ToolError, denied, from_oserror, invalid_argument
 from mcpd.helper.wire.filekind import kind as file_kind
 from mcpd.helper.wire.openrules import CHANGED, NOT_DIR, NOT_REGULAR, SYMLINK, refusal
 from mcpd.helper.wire.pathmatch import PathError, clean_path
@@ -84,10 +83,6 @@ def _openat2(path: str, flags: int, resolve: int) -> int:
 def _open(path: str, follow_symlinks: bool) -> int:
     resolve = _RESOLVE_NO_MAGICLINKS if follow_symlinks else _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
     return _openat2(path, os.O_PATH | os.O_CLOEXEC, resolve)
-
-
-def _denied(path: str, reason: str) -> ToolError:
-    return ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason=reason)
 
 
 def fd_path(fd: int) -> str:
@@ -174,7 +169,7 @@ def _reopen(fd: int, st: os.stat_result, flags: int, path: str) -> int:
     now = os.fstat(new)
     if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
         os.close(new)
-        raise _denied(path, CHANGED)
+        raise denied(path, CHANGED)
     return new
 
 
@@ -209,17 +204,17 @@ def open_checked(path: str, follow_symlinks: bool = False, want: str = "file",
     try:
         fd = _open(cleaned, follow_symlinks)
     except OSError as exc:
-        raise (_denied(cleaned, SYMLINK) if exc.errno == errno.ELOOP else from_oserror(exc, cleaned)) from None
+        raise (denied(cleaned, SYMLINK) if exc.errno == errno.ELOOP else from_oserror(exc, cleaned)) from None
     try:
         st = os.fstat(fd)
         if not follow_symlinks and fd_path(fd) != cleaned:
-            raise _denied(cleaned, CHANGED)
+            raise denied(cleaned, CHANGED)
         if judge is not None and (why := judge(fd)) is not None:
-            raise _denied(cleaned, why)
+            raise denied(cleaned, why)
         why = refusal(st.st_mode, st.st_nlink, want)  # the judgement `mcpd grants test` predicts with
         if why is not None:
             raise (ToolError(NOT_A_REGULAR_FILE, f"{why}: {cleaned}", path=cleaned, type=file_kind(st.st_mode))
-                   if why in (NOT_DIR, NOT_REGULAR) else _denied(cleaned, why))
+                   if why in (NOT_DIR, NOT_REGULAR) else denied(cleaned, why))
         if want == "any" and not stat.S_ISREG(st.st_mode):
             fd, keep = -1, fd
             return keep, st
@@ -228,7 +223,3 @@ def open_checked(path: str, follow_symlinks: bool = False, want: str = "file",
         if fd >= 0:
             os.close(fd)
 
-
-def open_checked_dir(path: str, follow_symlinks: bool = False, judge: Judge | None = None) -> int:
-    """:func:`open_checked` with ``want="dir"``, returning the descriptor only (the walk's opener)."""
-    return open_checked(path, follow_symlinks, "dir", judge)[0]

@@ -1,7 +1,7 @@
 """Lexical path cleaning (docs/REFERENCE.md §4.3): a path is judged as a tuple of components, never as a
 string. :func:`clean_path` cleans a request path lexically (``/var/log/../../etc/shadow`` →
 ``/etc/shadow``) and refuses relative paths and NUL bytes; grant entries are matched against the
-components by :mod:`mcpd.common.grantmatch`.
+path's components (:func:`mcpd.common.grantmatch.components`) by :mod:`mcpd.common.grantmatch`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,3 @@ def clean_path(path: str) -> str:
         raise PathError("path must be absolute")
     return "/" + posixpath.normpath(path).lstrip("/")
 
-
-def components(clean: str) -> tuple[str, ...]:
-    """The components of an already cleaned absolute path (``/`` → ``()``)."""
-    return tuple(part for part in clean.split("/") if part)
