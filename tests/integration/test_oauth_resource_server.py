@@ -31,6 +31,7 @@ from mcpd.common import identity
 from tests.support.jwtkeys import ISSUER, TestIssuer
 from tests.support.oidcmock import fetch_jwks, id_token, running_provider, set_user
 from tests.support.osaccounts import Account, AccountFactory, ensure_user, pam_service
+from tests.support.privsep_calls import wait_for
 from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 from tests.support.streamable import INIT
 
@@ -83,6 +84,12 @@ def setup() -> Iterator[OAuthSetup]:
             users["carol"] = identity.UserRecord(name="carol", os_user=s.carol.name, tokens=[])
             identity.save_users(d.state_dir / "users.yaml", users)
             s.d = d
+
+            def answering() -> bool:  # the TLS port opens before the policy process answers (503 until then)
+                with _http(d) as c:
+                    return c.post("/mcp", json=INIT, headers=_h(d.tokens["alice"])).status_code == 200
+
+            wait_for(answering, 60)
             yield s
         finally:
             if d is not None:
