@@ -83,16 +83,20 @@ _QUERY_KEYS = frozenset({"start_line", "end_line", "encoding", "include_metadata
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
 
 
-def rpc_error(exc: ToolError, modern: bool = False) -> RpcError:
+def rpc_error(exc: ToolError, modern: bool = False, uri: str | None = None) -> RpcError:
     """The JSON-RPC error for a failed resource read: code by the table in the module docstring
-    (``modern``: a 2026-07-28 request), ``data = {"code", "message", "details"}``."""
+    (``modern``: a 2026-07-28 request), ``data = {"code", "message", "details"}``, and ``uri``, the
+    URI as requested, when given."""
     if exc.code in _SERVER_SIDE:
         code = INTERNAL
     elif exc.code == FILE_NOT_FOUND and not modern:
         code = RESOURCE_NOT_FOUND
     else:
         code = INVALID_PARAMS
-    return RpcError(code, exc.message, exc.to_dict())
+    data = exc.to_dict()
+    if uri is not None:
+        data["uri"] = uri
+    return RpcError(code, exc.message, data)
 
 
 #: Extensions the host's mime.types may lack (checked first, so the answer does not depend on it).
@@ -288,7 +292,8 @@ class FileResources:
                 by :func:`rpc_error`.
         """
         caller = ctx.caller
-        call = Call(self.access, caller.principal, caller.peer, ctx.session_id, "resources/read", {"uri": uri})
+        call = Call(self.access, caller.principal, caller.peer, ctx.session_id, "resources/read", {"uri": uri},
+                    ctx.trace)
         try:
             with call:
                 args = read_args(uri, params, self.workspace_of(caller.principal))
@@ -298,7 +303,7 @@ class FileResources:
                 if args["privileged"]:
                     call.stage = "forwarded"
                     result = await self.privileged.call(
-                        caller.token, caller.principal, ctx.session_id, caller.peer, files_read.NAME, args
+                        caller.token, caller.principal, ctx.session_id, caller.peer, files_read.NAME, args, ctx.trace
                     )
                 else:
                     call.stage = "unprivileged"
@@ -306,7 +311,7 @@ class FileResources:
                                                   token=caller.token, owner=caller.principal.name)
                 call.result = result
         except ToolError as exc:
-            raise rpc_error(exc, ctx.modern) from None
+            raise rpc_error(exc, ctx.modern, uri) from None
         item: dict[str, Any] = {"uri": uri, "mimeType": mime_type(args["path"]), "text": result["text"]}
         if result.get("metadata") is not None:
             item["_meta"] = result["metadata"]

@@ -30,6 +30,7 @@ from mcpd.common import frames, grantmatch, identity
 from mcpd.common.audit.records import REFUSED_AT_OPEN, Prepared, find_fields
 from mcpd.common.config import CAP_KEY
 from mcpd.common.deadline import deadline_seconds
+from mcpd.common.tracecontext import trace_fields
 from mcpd.common.validate import check_path
 from mcpd.helper.wire.errors import (
     HELPER_UNAVAILABLE,
@@ -64,7 +65,9 @@ def _deadline(args: dict[str, Any], default: float) -> float:
 
 
 def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
-    """``privileged_call {token, session, peer, op, args, cap?, worker?, rid?}`` (docs/REFERENCE.md §4.1-4.5a).
+    """``privileged_call {token, session, peer, op, args, cap?, worker?, rid?, traceparent?,
+    tracestate?}`` (docs/REFERENCE.md §4.1-4.5a; the trace context checked again, and dropped when
+    invalid, before it joins the record).
 
     Decides the grant for the token's principal, then: content ops open the file once and hand the
     descriptor to the principal's worker ``worker`` (its reply, id ``rid``, goes to the front);
@@ -76,7 +79,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     principal, login = principal_of(state, req)
     op, who = req["op"], {"session": req["session"], "peer": req["peer"], "user": principal.name,
                           "os_user": principal.os_user, "token_id": principal.token_id, "tool": req["op"],
-                          "route": "privileged", **find_fields(req["op"], req["args"])}
+                          "route": "privileged", **find_fields(req["op"], req["args"]), **trace_fields(req)}
     key = WALK_OPS.get(op, "path")
     args = dict(req["args"])  # only the path here: the worker or walker parses the rest (tool's own parse_args)
     try:

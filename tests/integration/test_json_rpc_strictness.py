@@ -76,3 +76,44 @@ async def test_a_forged_key_is_shown_escaped_and_short(daemon: Daemon) -> None:
         refused_duplicate(r)
         message = r.json()["error"]["message"]
         assert "\x1b" not in message and len(message) < 200, message
+
+
+BATCH = [{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}]
+
+
+def refused_batch(answer: Any, version: str) -> None:
+    assert isinstance(answer, dict) and answer["id"] is None and answer["error"]["code"] == -32600, answer
+    message = answer["error"]["message"]
+    assert f"batches are not part of MCP {version}" in message and "none of the batch's members was run" in message
+
+
+@pytest.mark.parametrize("version", ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"])
+async def test_batches_only_in_sessions_that_negotiated_a_version_with_them_on_mcp(
+        daemon: Daemon, version: str) -> None:
+    async with client(daemon) as c:
+        sid = await open_session(c, daemon, version=version)
+        h = hdrs(daemon, sid, **{"MCP-Protocol-Version": version})
+        r = await c.post("/mcp", json=BATCH, headers=h)
+        if version < "2025-06-18":
+            assert r.status_code == 200, r.text
+            assert sorted(m["id"] for m in r.json()) == [1, 2] and all("result" in m for m in r.json()), r.text
+        else:
+            assert r.status_code == 400, r.text
+            refused_batch(r.json(), version)
+        r = await c.post("/mcp", json=BATCH[0], headers=h)  # one message at a time: served
+        assert r.json() == {"jsonrpc": "2.0", "id": 1, "result": {}}
+
+
+@pytest.mark.parametrize("version", ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"])
+async def test_batches_only_in_sessions_that_negotiated_a_version_with_them_on_sse(
+        daemon: Daemon, version: str) -> None:
+    async with SseSession(daemon) as s:
+        await s.initialize(version)
+        assert (await s.post(BATCH)).status_code == 202
+        answer = await s.next_message()
+        if version < "2025-06-18":
+            assert isinstance(answer, list) and sorted(m["id"] for m in answer) == [1, 2], answer
+        else:
+            refused_batch(answer, version)
+            # none ran: the next message on the stream is the reply to what is sent next
+        assert await s.request("ping", req_id="after") == {"jsonrpc": "2.0", "id": "after", "result": {}}
