@@ -12,8 +12,8 @@ Whether it received the request is not guessed: the policy client says so
 (:func:`policy_received`), once the whole request is in the policy process's socket. Fields: ``user`` (principal),
 ``token_id``, ``os_user``, ``peer``, ``session``, ``route``, ``tool``, ``requested_path``,
 ``resolved_path``, ``decision``, ``reason``, ``outcome`` (an error code, ``CANCELLED``, or null on success),
-``bytes`` (text bytes answered, or entries/matches listed), ``duration_ms``. Never a token or
-file contents.
+``bytes`` (text bytes answered, or entries/matches listed), ``duration_ms``, and the request's
+``traceparent``/``tracestate`` when it sent valid ones. Never a token or file contents.
 
 On the unprivileged route the front decides nothing: the OS account's own permissions do, so
 ``decision`` is ``accept``, and a call the kernel refused there (``PERMISSION_DENIED``: the daemon
@@ -79,7 +79,7 @@ class AccessLog:
 
     def call(self, principal: Principal, peer: str, session: str, tool: str, arguments: Any, started: float,
              stage: str, *, result: Mapping[str, Any] | None = None, error: ToolError | None = None,
-             outcome: str | None = None, received: bool = False) -> None:
+             outcome: str | None = None, received: bool = False, trace: Mapping[str, str] | None = None) -> None:
         """Record one call, unless the policy process did (``stage`` ``forwarded`` and ``received``).
 
         Args:
@@ -90,6 +90,8 @@ class AccessLog:
             result: the op's result on success. error: the failure, if any. outcome: the
                 outcome code when there is no ``error`` (``CANCELLED``).
             received: a forwarded call's request is in the policy process, which records it.
+            trace: the request's valid ``traceparent``/``tracestate``
+                (:func:`mcpd.common.tracecontext.trace_fields`), written as they are.
 
         Raises:
             OSError: the record could not be written (the caller fails the call: fail closed).
@@ -122,9 +124,10 @@ class AccessLog:
                               outcome if error is None else error.code)
         self.log.record_with("access", first, bytes=answer_size(result),
                              duration_ms=round((time.monotonic() - started) * 1000, 1), **extra,
-                             **dict(principal.claims))  # an OAuth token's iss, sub, client, act, jti
+                             **dict(principal.claims), **(trace or {}))  # claims: an OAuth token's iss, sub, client, act, jti
 
-    def unknown_tool(self, principal: Principal, peer: str, session: str, name: Any, arguments: Any) -> None:
+    def unknown_tool(self, principal: Principal, peer: str, session: str, name: Any, arguments: Any,
+                     trace: Mapping[str, str] | None = None) -> None:
         """Record a ``tools/call`` of a tool that does not exist (answered ``-32602``): ``reject``,
         reason ``unknown tool``, outcome ``INVALID_ARGUMENT``, the name as sent (``tool``; a name that is no string as its JSON
         type in brackets), its route and path when the arguments give them.
@@ -134,7 +137,7 @@ class AccessLog:
         """
         tool = name if isinstance(name, str) else f"({type(name).__name__})"
         self.call(principal, peer, session, tool, arguments, time.monotonic(), "refused",
-                  error=ToolError(INVALID_ARGUMENT, "unknown tool"))
+                  error=ToolError(INVALID_ARGUMENT, "unknown tool"), trace=trace)
 
     def login_refused(self, peer: str, user: Any, status: int, reason: str) -> None:
         """Record a ``POST /login`` the front answered itself, without asking the policy process
@@ -206,8 +209,9 @@ class Call:
     closed). ``log`` ``None``: nothing is recorded."""
 
     def __init__(self, log: AccessLog | None, principal: Principal, peer: str, session: str, tool: str,
-                 arguments: Any) -> None:
+                 arguments: Any, trace: Mapping[str, str] | None = None) -> None:
         self.log, self.who, self.tool, self.arguments = log, (principal, peer, session), tool, arguments
+        self.trace = trace
         self.stage, self.started = "refused", time.monotonic()
         self.result: Mapping[str, Any] | None = None
         self.received = False
@@ -234,4 +238,5 @@ class Call:
             outcome = {"outcome": "CANCELLED"}
         else:
             outcome = {"error": ToolError(INTERNAL_ERROR, "internal error")}
-        self.log.call(*self.who, self.tool, self.arguments, self.started, self.stage, received=self.received, **outcome)
+        self.log.call(*self.who, self.tool, self.arguments, self.started, self.stage, received=self.received,
+                      trace=self.trace, **outcome)

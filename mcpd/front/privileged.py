@@ -24,7 +24,8 @@ class PrivilegedBackend(Protocol):
     """Runs one privileged operation on behalf of an authenticated caller (docs/REFERENCE.md §4)."""
 
     async def call(
-        self, token: str, principal: Principal, session_id: str, peer: str, op: str, args: dict[str, Any]
+        self, token: str, principal: Principal, session_id: str, peer: str, op: str, args: dict[str, Any],
+        trace: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Run ``op`` (e.g. ``"files/read"``) with parsed ``args``; return the op's result dict.
 
@@ -38,7 +39,8 @@ class Unavailable:
     """A backend for a front without a helper unit: every call is ``HELPER_UNAVAILABLE``."""
 
     async def call(
-        self, token: str, principal: Principal, session_id: str, peer: str, op: str, args: dict[str, Any]
+        self, token: str, principal: Principal, session_id: str, peer: str, op: str, args: dict[str, Any],
+        trace: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Always raises ``ToolError(HELPER_UNAVAILABLE)`` (docs/REFERENCE.md §2.5)."""
         raise ToolError(HELPER_UNAVAILABLE, NO_PRIVILEGED)

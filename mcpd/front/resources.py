@@ -93,16 +93,20 @@ _QUERY_KEYS = frozenset({"start_line", "end_line", "encoding", "include_metadata
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
 
 
-def rpc_error(exc: ToolError, modern: bool = False) -> RpcError:
+def rpc_error(exc: ToolError, modern: bool = False, uri: str | None = None) -> RpcError:
     """The JSON-RPC error for a failed resource read: code by the table in the module docstring
-    (``modern``: a 2026-07-28 request), ``data = {"code", "message", "details"}``."""
+    (``modern``: a 2026-07-28 request), ``data = {"code", "message", "details"}``, and ``uri``, the
+    URI as requested, when given."""
     if exc.code in _SERVER_SIDE:
         code = INTERNAL
     elif exc.code == FILE_NOT_FOUND and not modern:
         code = RESOURCE_NOT_FOUND
     else:
         code = INVALID_PARAMS
-    return RpcError(code, exc.message, exc.to_dict())
+    data = exc.to_dict()
+    if uri is not None:
+        data["uri"] = uri
+    return RpcError(code, exc.message, data)
 
 
 #: Extensions the host's mime.types may lack (checked first, so the answer does not depend on it).
@@ -298,7 +302,8 @@ class FileResources:
                 by :func:`rpc_error`.
         """
         caller = ctx.caller
-        call = Call(self.access, caller.principal, caller.peer, ctx.session_id, "resources/read", {"uri": uri})
+        call = Call(self.access, caller.principal, caller.peer, ctx.session_id, "resources/read", {"uri": uri},
+                    ctx.trace)
         args: dict[str, Any] | None = None
         try:
             with call:
@@ -322,7 +327,7 @@ class FileResources:
         except ToolError as exc:
             if exc.code == FILE_TOO_LARGE and args is not None and args.get("encoding") == "base64":
                 exc = ToolError(FILE_TOO_LARGE, exc.message, **{**exc.details, "suggestion": _PAGE_IT})
-            raise rpc_error(exc, ctx.modern) from None
+            raise rpc_error(exc, ctx.modern, uri) from None
         item: dict[str, Any] = {"uri": uri}
         if args["encoding"] == "base64":
             item.update(mimeType=mime_type(args["path"], binary=True), blob=result["text"])
@@ -338,7 +343,7 @@ class FileResources:
         if args["privileged"]:
             call.stage = "forwarded"
             return await self.privileged.call(
-                caller.token, caller.principal, ctx.session_id, caller.peer, files_read.NAME, args
+                caller.token, caller.principal, ctx.session_id, caller.peer, files_read.NAME, args, ctx.trace
             )
         call.stage = "unprivileged"
         return await self.pool.call(caller.principal.os_user, files_read.NAME, args,

@@ -34,6 +34,7 @@ from mcpd.common.config import CAP_KEY
 from mcpd.common.deadline import deadline_seconds
 from mcpd.common.oauthconfig import SCOPE_PRIVILEGED
 from mcpd.common.readerrors import reader_error
+from mcpd.common.tracecontext import trace_fields
 from mcpd.common.validate import check_path
 from mcpd.helper.wire.errors import (
     HELPER_UNAVAILABLE,
@@ -67,7 +68,9 @@ def _deadline(args: dict[str, Any], default: float) -> float:
 
 
 def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
-    """``privileged_call {token, session, peer, op, args, cap?, worker?, rid?}`` (docs/REFERENCE.md §4.1-4.5a).
+    """``privileged_call {token, session, peer, op, args, cap?, worker?, rid?, traceparent?,
+    tracestate?}`` (docs/REFERENCE.md §4.1-4.5a; the trace context checked again, and dropped when
+    invalid, before it joins the record).
 
     Decides the grant for the token's principal, then: content ops open the file once and hand the
     descriptor to the principal's worker ``worker`` (its reply, id ``rid``, goes to the front);
@@ -79,7 +82,8 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     principal, login = principal_of(state, req)
     op, who = req["op"], {"session": req["session"], "peer": req["peer"], "user": principal.name,
                           "os_user": principal.os_user, "token_id": principal.token_id, "tool": req["op"],
-                          "route": "privileged", **find_fields(req["op"], req["args"]), **dict(principal.claims)}
+                          "route": "privileged", **find_fields(req["op"], req["args"]), **dict(principal.claims),
+                          **trace_fields(req)}
     if principal.scopes is not None and SCOPE_PRIVILEGED not in principal.scopes:  # (the front answers 403 first)
         state.audit.record("reject", decision="reject", reason="insufficient scope", outcome=PERMISSION_DENIED, **who)
         raise ToolError(PERMISSION_DENIED, f"permission denied: the token lacks the scope {SCOPE_PRIVILEGED}",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcpd.common.identity import MAX_JWT_CHARS
+from mcpd.common.tracecontext import TRACEPARENT_CHARS, TRACESTATE_CHARS
 from mcpd.helper.wire.requests import Key, Request, SchemaError, check, table
 from mcpd.policy.calls import handle_call
 from mcpd.policy.handlers import handle_authenticate, handle_kill, handle_login, handle_revoke, handle_spawn
@@ -22,7 +23,10 @@ CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}
 
 TOKEN, PEER, INT, OPT_INT = Key(str, longest=MAX_JWT_CHARS), Key(str, longest=100), Key(int), Key(int, required=False)
 CALL = {"token": TOKEN, "session": Key(str, longest=64), "peer": PEER, "op": Key(str, longest=64), "args": Key(dict),
-        "cap": OPT_INT, "worker": OPT_INT, "rid": OPT_INT}
+        "cap": OPT_INT, "worker": OPT_INT, "rid": OPT_INT,
+        # the call's W3C trace context, as the front found it valid (checked again in handle_call)
+        "traceparent": Key(str, longest=TRACEPARENT_CHARS, required=False),
+        "tracestate": Key(str, longest=TRACESTATE_CHARS, required=False)}
 LOGIN = {"user": Key(str, longest=64), "password": Key(str, longest=4096), "peer": PEER}
 #: request type -> its keys, handler, what it may do and when, and its capacity class; nothing else is served
 REQUESTS = table(

@@ -103,7 +103,7 @@ class Tally:
 async def fuzz_sse(d: Daemon, client: httpx.AsyncClient, gen: Generator, count: int) -> Tally:
     tally = Tally()
     async with SseSession(d, client=client) as s:
-        await s.initialize()
+        await s.initialize("2025-03-26")  # (a version with batches, which the bodies hold)
         gate = asyncio.Semaphore(CONCURRENCY)
 
         async def one() -> None:
@@ -150,8 +150,8 @@ async def fuzz_sse(d: Daemon, client: httpx.AsyncClient, gen: Generator, count: 
 async def fuzz_mcp(d: Daemon, client: httpx.AsyncClient, gen: Generator, count: int) -> Tally:
     tally = Tally()
     base = {**d.auth(), "Accept": "application/json"}
-    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "fuzz", "version": "0"}}}
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {  # (a version with batches)
+        "protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "fuzz", "version": "0"}}}
     r = await client.post(d.url + "/mcp", json=init, headers=base)
     assert r.status_code == 200, r.text
     sid = r.headers["mcp-session-id"]
@@ -305,8 +305,14 @@ class McpFuzz:
             **INIT_PARAMS, "protocolVersion": version}}, headers=self.base(owner))
         assert r.status_code == 200, r.text
         name = f"{role}{len(self.known)}"
-        self.known[name] = fuzzmcp.Known(r.headers["mcp-session-id"], owner, role)
+        self.known[name] = fuzzmcp.Known(r.headers["mcp-session-id"], owner, role, version=version)
         return name
+
+    def batches(self, target: str | None) -> bool | None:
+        """Whether the session ``target`` takes batches (negotiated before 2025-06-18); ``None``:
+        unknown (a session the fuzzed requests opened)."""
+        k = self.known.get(target) if target is not None else None
+        return None if k is None or k.version is None else k.version < "2025-06-18"
 
     def base(self, token: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[token]}", "Accept": "application/json, text/event-stream",
@@ -380,7 +386,8 @@ class McpFuzz:
     async def one(self, gate: asyncio.Semaphore) -> None:
         req = self.make()
         if req.method == "DELETE":
-            _, outcomes = fuzzmcp.predict(req, lambda t, p: "live" if self.state(t, p, 0, 0) != "absent" else "absent")
+            _, outcomes = fuzzmcp.predict(req, lambda t, p: "live" if self.state(t, p, 0, 0) != "absent" else "absent",
+                                          self.batches)
             if any(o.kind == "deleted" for o in outcomes):
                 k = self.known[req.target] if req.target else None
                 if k is None or k.role != "victim":
@@ -435,9 +442,11 @@ class McpFuzz:
 
     async def _send(self, req: fuzzmcp.Req) -> None:
         k = self.known.get(req.target) if req.target else None
+        if k is not None and req.body and b"initialize" in req.body:
+            k.version = None  # it may negotiate again: whether it takes batches is unknown from now on
         deleting = False
         if req.method == "DELETE" and k is not None and k.role == "victim":
-            _, outcomes = fuzzmcp.predict(req, lambda t, p: self.state(t, p, self.seq + 1, self.seq + 1))
+            _, outcomes = fuzzmcp.predict(req, lambda t, p: self.state(t, p, self.seq + 1, self.seq + 1), self.batches)
             deleting = any(o.kind == "deleted" for o in outcomes)
         sent = self.tick()
         if deleting and k is not None and k.delete_sent is None:
@@ -474,7 +483,7 @@ class McpFuzz:
 
     def judge(self, req: fuzzmcp.Req, sent: int, answered: int, r: httpx.Response, body: bytes,
               must_conflict: bool) -> None:
-        route, outcomes = fuzzmcp.predict(req, lambda t, p: self.state(t, p, sent, answered))
+        route, outcomes = fuzzmcp.predict(req, lambda t, p: self.state(t, p, sent, answered), self.batches)
         if must_conflict:  # the harness holds this session's GET stream: a second one is 409
             outcomes = [o for o in outcomes if o.kind != "stream"]
         why = fuzzmcp.check(outcomes, r.status_code, r.headers, body, req.method)

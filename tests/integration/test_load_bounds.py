@@ -27,8 +27,9 @@ import pytest
 from tests.conftest import Daemon, SseSession, open_raw, tree_rss_kib
 
 MIB = 1024 * 1024
+# 2025-03-26: the batches of these tests end with 2025-06-18
 INIT = {"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
-    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    "protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
 
 
 def mib_file(folder: Path, name: str = "one-mib.txt") -> Path:
@@ -134,7 +135,7 @@ def test_a_batch_answer_is_bounded_in_bytes(daemon_factory: Callable[..., Daemon
                 assert len(r.content) < 5 * MIB
                 return list(r.json())
             async with SseSession(d, client=c) as s:
-                await s.initialize()
+                await s.initialize("2025-03-26")
                 assert (await s.post(batch)).status_code == 202
                 ev = await s.next_event(timeout=60)
                 assert len(ev.data) < 5 * MIB

@@ -248,7 +248,8 @@ def test_reauth_zero_admits_exactly_one_call_of_a_batch_of_twenty(limited: Any) 
                     msgs.append({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {
                         "name": "files/read", "arguments": {"path": str(d.log_file), "privileged": True}}})
                     futures.append(c._pending.setdefault(i, loop.create_future()))
-                await c._post(msgs)
+                # one POST each, all at once (the client's 2025-06-18 session takes no batch)
+                await asyncio.gather(*(c._post(m) for m in msgs))
                 return list(await asyncio.wait_for(asyncio.gather(*futures), 60))
 
         replies = asyncio.run(batch())

@@ -74,7 +74,7 @@ def test_metrics_export_pool_helper_logins_and_every_limit_hit(daemon_factory: C
 
     async def hit_limits() -> None:
         async with client(d) as mcp:
-            sid = await open_session(mcp, d)
+            sid = await open_session(mcp, d, version="2025-03-26")  # (batches end with 2025-06-18)
             assert (await mcp.post("/mcp", json=INIT, headers=hdrs(d))).status_code == 429
             r = await mcp.post("/mcp", content=b"[" + b" " * 5000 + b"]", headers=hdrs(d, sid))
             assert r.status_code == 413

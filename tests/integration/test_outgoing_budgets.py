@@ -437,7 +437,7 @@ def test_a_post_stream_its_client_left_leaves_nothing_charged(
     were cut. Fixed: an ended stream takes nothing more."""
     d, m, big, small = daemon_with_metrics(daemon_factory, tmp_path)
     with httpx.Client(verify=d.ssl_context(), timeout=60) as c:
-        sid = session_of(d, c)["Mcp-Session-Id"]
+        sid = session_of(d, c, version="2025-03-26")["Mcp-Session-Id"]  # (batches end with 2025-06-18)
         for k in range(2):
             abandoned_post_stream(d, sid, big, k)
         assert until(lambda: m.outgoing() == 0, 5), f"{m.outgoing():.0f} bytes still charged for clients that left"

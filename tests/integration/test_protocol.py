@@ -268,7 +268,7 @@ async def test_a_batch_far_past_max_batch_is_refused_whole_with_one_error(daemon
     d = daemon_factory(session_queue_bytes=1024 * 1024)
     body = b"[" + b",".join([b'{"id":0}'] * 50_000) + b"]"
     async with httpx.AsyncClient(verify=d.ssl_context(), timeout=120) as c, SseSession(d, client=c) as s:
-        await s.initialize()
+        await s.initialize("2025-03-26")  # (batches end with 2025-06-18)
         assert (await s.post(None, raw=body)).status_code == 202
         ev = await s.next_event(timeout=120)
         assert len(ev.data) < 1024, f"a batch refusal of {len(ev.data)} bytes"
@@ -283,7 +283,7 @@ async def test_a_batch_one_past_max_batch_runs_none_of_its_members(daemon_factor
     them does nothing, a slow read is not started), and the one answer is a -32600 with id null."""
     d = daemon_factory(max_batch=3)
     async with SseSession(d) as s:
-        await s.initialize()
+        await s.initialize("2025-03-26")  # (batches end with 2025-06-18)
         batch = [msg("ping", 1), msg("ping", 2), msg("ping", 3),
                  {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}]
         seen = await answered_next(s, batch, expect=1)
@@ -299,7 +299,7 @@ async def test_a_batch_within_max_batch_answers_every_member_within_the_queue_by
     each member still gets an answer with its id, those past the bound -32000 ("send it alone")."""
     d = daemon_factory(session_queue_bytes=8192)
     async with SseSession(d) as s:
-        await s.initialize()
+        await s.initialize("2025-03-26")  # (batches end with 2025-06-18)
         ids = [f"{i:02d}" + "x" * 1000 for i in range(20)]
         assert (await s.post([msg("ping", i) for i in ids])).status_code == 202
         answer = json.loads((await s.next_event()).data)

@@ -162,7 +162,7 @@ async def test_call_and_cancel_loop_starts_workers_only_within_the_bucket(
     target.write_text("x\n" * 1000)
     slow = slow_file(tmp_path)
     async with SseSession(d) as s:
-        await s.initialize()
+        await s.initialize("2025-03-26")  # (its batches end with 2025-06-18)
         started0, t0 = metrics.started(), time.monotonic()
         first = await s.request("tools/call", {"name": "files/read", "arguments": {"path": str(target)}})
         assert not first["result"].get("isError")
@@ -181,7 +181,7 @@ async def test_call_and_cancel_loop_starts_workers_only_within_the_bucket(
 
         before_bob = metrics.started()
         async with SseSession(d, token=d.other_token) as bob:  # another principal: a bucket of its own
-            await bob.initialize()
+            await bob.initialize("2025-03-26")  # (its batches end with 2025-06-18)
             got = await bob.request("tools/call", {"name": "files/read", "arguments": {"path": str(target)}})
             assert not got["result"].get("isError"), got
         bobs = metrics.started() - before_bob
@@ -232,7 +232,7 @@ async def test_cancelling_quick_reads_in_a_burst_keeps_the_workers_with_the_canc
     target = tmp_path / "f.txt"
     target.write_text("x\n" * 1000)
     async with SseSession(d) as s:
-        await s.initialize()
+        await s.initialize("2025-03-26")  # (its batches end with 2025-06-18)
         await cancelled_reads_keep_their_workers(s, Metrics(port), target)
 
 
@@ -295,7 +295,7 @@ async def test_call_and_cancel_loop_through_the_root_helper_stays_within_the_buc
     slow.chmod(0o644)
     since = len(d.audit_path.read_text().splitlines())
     async with SseSession(front) as s:
-        await s.initialize()
+        await s.initialize("2025-03-26")  # (its batches end with 2025-06-18)
         t0 = time.monotonic()
         first = await s.request("tools/call", {"name": "files/read", "arguments": {"path": str(target)}})
         assert not first["result"].get("isError"), first
@@ -309,7 +309,7 @@ async def test_call_and_cancel_loop_through_the_root_helper_stays_within_the_buc
         assert "RATE_LIMITED" in codes(answers)
 
         async with SseSession(front, token=d.tokens["bob"]) as bob:
-            await bob.initialize()
+            await bob.initialize("2025-03-26")  # (its batches end with 2025-06-18)
             got = await bob.request("tools/call", {"name": "files/read", "arguments": {"path": str(target)}})
             assert not got["result"].get("isError"), got
 
@@ -330,7 +330,7 @@ async def test_cancelling_quick_reads_through_the_root_helper_writes_no_spawn_re
     target.chmod(0o644)
     with privsep_with(dict(WORKERS, cancel_grace_seconds=GRACE)) as (d, metrics):
         async with SseSession(cast(Daemon, _Front(d))) as s:
-            await s.initialize()
+            await s.initialize("2025-03-26")  # (its batches end with 2025-06-18)
             since = len(d.audit_path.read_text().splitlines())
             await cancelled_reads_keep_their_workers(s, metrics, target)
             assert audit_spawns(d.audit_path, "alice", since) == BURST  # the warm-up's, and no more

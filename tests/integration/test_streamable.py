@@ -281,7 +281,7 @@ async def test_a_batch_far_past_max_batch_is_refused_whole(daemon_factory: Calla
     took 8 s and a 9.3 MB answer; then 513 replies and nothing for the rest); the session goes on."""
     d = daemon_factory(session_queue_bytes=1024 * 1024)
     async with client(d) as c:
-        sid = await open_session(c, d)
+        sid = await open_session(c, d, version="2025-03-26")  # (batches end with 2025-06-18)
         body = json.dumps([{"jsonrpc": "2.0", "id": i, "method": "ping"} for i in range(50_000)]).encode()
         r = await c.post("/mcp", content=body, headers=hdrs(d, sid), timeout=120)
         assert r.status_code == 400 and len(r.content) < 1024, (r.status_code, len(r.content))
@@ -298,7 +298,7 @@ async def test_a_batch_past_max_batch_asking_for_progress_is_refused_on_its_stre
     stream) gets its one refusal on that stream, not an empty stream."""
     d = daemon_factory(max_batch=2)
     async with client(d) as c:
-        sid = await open_session(c, d)
+        sid = await open_session(c, d, version="2025-03-26")  # (batches end with 2025-06-18)
         batch = [{"jsonrpc": "2.0", "id": i, "method": "ping", "params": {"_meta": {"progressToken": i}}}
                  for i in range(3)]
         r = await c.post("/mcp", json=batch, headers=hdrs(d, sid))

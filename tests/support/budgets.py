@@ -103,10 +103,12 @@ def bob_is_served(d: Daemon, c: httpx.Client, small: Path) -> None:
     assert r.status_code == 200 and r.json()["result"]["content"][0]["text"] == "small\n", r.text
 
 
-def session_of(d: Daemon, c: httpx.Client, token: str | None = None) -> dict[str, str]:
-    """A new Streamable HTTP session's headers for a JSON answer (``Accept: application/json``)."""
+def session_of(d: Daemon, c: httpx.Client, token: str | None = None, version: str | None = None) -> dict[str, str]:
+    """A new Streamable HTTP session's headers for a JSON answer (``Accept: application/json``),
+    of protocol ``version`` (``None``: :data:`tests.support.streams.INIT`'s)."""
     headers = {"Accept": "application/json", **d.auth(token)}
-    r = c.post(d.url + "/mcp", json=INIT, headers=headers)
+    init = INIT if version is None else {**INIT, "params": {**INIT["params"], "protocolVersion": version}}
+    r = c.post(d.url + "/mcp", json=init, headers=headers)
     assert r.status_code == 200, r.text
     return {**headers, "Mcp-Session-Id": r.headers["mcp-session-id"]}
 

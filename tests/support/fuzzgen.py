@@ -140,7 +140,7 @@ class Generator:
                 ["file://" + self.files[0], "file:///no/such", "nope:", Raw('"file:///\\ud800"'), 5])})
         elif kind == 7:
             msg.update(method=r.choice(["nope", "", "server/discover", "initialize"]),
-                       params=r.choice([None, {}, [], "x", {"protocolVersion": "2025-06-18", "capabilities": {},
+                       params=r.choice([None, {}, [], "x", {"protocolVersion": "2025-03-26", "capabilities": {},
                                                             "clientInfo": {"name": "f", "version": "0"}}]))
         elif kind == 8:
             msg.update(method="ping", params={"_meta": {"progressToken": r.choice(["t", 1, Raw("1e400"), None])}})

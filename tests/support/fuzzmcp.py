@@ -146,6 +146,7 @@ class Known:
     deleted: int | None = None
     streams_open: int = 0  # GET streams of it the harness holds open now
     gets: int = 0  # GETs sent to it so far
+    version: str | None = None  # the protocol version it negotiated, when the harness knows it
 
 
 class McpGenerator:
@@ -527,9 +528,12 @@ def _stateless(req: Req, payload: Any) -> list[Outcome]:
                     progress=progress, json_ok=req.accept.json, stateless=True)]
 
 
-def predict(req: Req, state: SessionState) -> tuple[str, list[Outcome]]:
+def predict(req: Req, state: SessionState,
+            batches: Callable[[str | None], bool | None] = lambda target: None) -> tuple[str, list[Outcome]]:
     """The route the request takes (``stateless``, ``session``, or where it was refused first) and
-    the outcomes the documented rules allow. ``state`` tells a session's state when asked."""
+    the outcomes the documented rules allow. ``state`` tells a session's state when asked;
+    ``batches`` whether the target session takes batches (it negotiated a version before
+    2025-06-18), ``None`` when the harness does not know (then either answer is allowed)."""
     origins = req.header("Origin")
     if origins and any(o != OK_ORIGIN for o in origins):
         return "origin", [Outcome("plain", 403)]
@@ -582,12 +586,20 @@ def predict(req: Req, state: SessionState) -> tuple[str, list[Outcome]]:
     racing = found == "racing"
     gone = [_refusal(404, INVALID_REQUEST, rid)] if racing else []
     members = payload if isinstance(payload, list) else [payload]
+    progress = req.accept.sse and any(isinstance(m, dict) and "method" in m and "id" in m and _progress(m)
+                                      for m in members)
+    refused: list[Outcome] = []
+    if isinstance(payload, list) and payload and batches(req.target) is not True:
+        # a session of 2025-06-18 or later: the batch is refused whole, one -32600 without an id
+        refused = [Outcome("reply", replies=("one", (), 1), progress=progress, json_ok=req.accept.json, cut=racing)]
+        if batches(req.target) is False:
+            return "session", refused + gone
     replies = _replies(payload)
-    if req.accept.sse and any(isinstance(m, dict) and "method" in m and "id" in m and _progress(m) for m in members):
-        return "session", [Outcome("reply", replies=replies, progress=True, cut=racing)] + gone
+    if progress:
+        return "session", [Outcome("reply", replies=replies, progress=True, cut=racing)] + refused + gone
     if replies is None:
-        return "session", [Outcome("empty", 202)] + gone
-    return "session", [Outcome("reply", replies=replies, json_ok=req.accept.json)] + gone
+        return "session", [Outcome("empty", 202)] + refused + gone
+    return "session", [Outcome("reply", replies=replies, json_ok=req.accept.json)] + refused + gone
 
 
 # -- checking a response --------------------------------------------------------------------------

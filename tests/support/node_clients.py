@@ -19,7 +19,7 @@ import pytest
 PACKAGES = {
     "node": "22.23.3",
     "@modelcontextprotocol/inspector": "2.12.0",
-    "@modelcontextprotocol/conformance": "0.1.16",
+    "@modelcontextprotocol/conformance": "0.2.0-alpha.12",
     "@modelcontextprotocol/sdk": "1.32.2",
 }
 INSTALL_TIMEOUT = 600

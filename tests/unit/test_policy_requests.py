@@ -27,6 +27,8 @@ def test_the_table_serves_six_requests_each_in_its_class() -> None:
 def test_a_request_that_fits_gets_its_entry() -> None:
     assert check_request(CALL).name == "privileged_call"
     assert check_request(dict(CALL, cap=10, worker=123, rid=4)).handler is REQUESTS["privileged_call"].handler
+    traced = dict(CALL, traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", tracestate="a=1")
+    assert check_request(traced).name == "privileged_call"
     assert check_request({"type": "kill_worker", "id": 1, "token": "t", "pid": 5}).name == "kill_worker"
 
 
@@ -37,6 +39,9 @@ def test_a_request_that_fits_gets_its_entry() -> None:
     ({k: v for k, v in CALL.items() if k != "op"}, "privileged_call: missing key 'op'"),
     (dict(CALL, token="t" * (MAX_JWT_CHARS + 1)), "privileged_call: malformed key 'token'"),
     (dict(CALL, worker=True), "privileged_call: malformed key 'worker'"),
+    (dict(CALL, traceparent="0" * 56), "privileged_call: malformed key 'traceparent'"),
+    (dict(CALL, tracestate=["a=1"]), "privileged_call: malformed key 'tracestate'"),
+    (dict(CALL, tracestate="a=" * 300), "privileged_call: malformed key 'tracestate'"),
     (dict(CALL, args=["/etc"]), "privileged_call: malformed key 'args'"),
     (dict(CALL, id="7"), "privileged_call: malformed key 'id'"),
     ({"type": "pam_login", "id": 1, "user": "u" * 65, "password": "p", "peer": "x"}, "pam_login: malformed key 'user'"),

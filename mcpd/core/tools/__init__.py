@@ -1,6 +1,6 @@
 """The tool registry (docs/REFERENCE.md §2.4): tool name → the module that defines it.
 
-Each tool module defines ``NAME``, ``DESCRIPTION``, ``INPUT_SCHEMA``, ``parse_args(args)`` and
+Each tool module defines ``NAME``, ``DESCRIPTION``, ``INPUT_SCHEMA``, ``OUTPUT_SCHEMA``, ``parse_args(args)`` and
 ``format_result(result)`` (see docs/INTERNALS.md). The front lists and dispatches exactly the
 tools in :data:`TOOLS`.
 """
@@ -19,6 +19,7 @@ class ToolModule(Protocol):
     NAME: str
     DESCRIPTION: str
     INPUT_SCHEMA: dict[str, Any]
+    OUTPUT_SCHEMA: dict[str, Any] | None
 
     def parse_args(self, args: Any) -> dict[str, Any]:
         """Validate raw arguments; return them normalised (incl. ``privileged``) or raise ToolError."""

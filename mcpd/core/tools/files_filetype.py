@@ -10,6 +10,7 @@ from typing import Any
 
 from mcpd.common.validate import check_bool, check_object, check_path
 from mcpd.core.fileops import SAMPLE_BYTES
+from mcpd.core.tools._outputs import FILETYPE, output_schema
 from mcpd.core.tools._schemas import PATH_SCHEMA, PRIVILEGED_SCHEMA
 
 NAME = "files/filetype"
@@ -30,6 +31,8 @@ INPUT_SCHEMA: dict[str, Any] = {
     "required": ["path"],
     "additionalProperties": False,
 }
+#: the ``structuredContent`` it answers (listed to sessions of 2025-06-18 and later)
+OUTPUT_SCHEMA: dict[str, Any] | None = output_schema(FILETYPE)
 _KNOWN = frozenset(INPUT_SCHEMA["properties"])
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcpd.common.typenames import TYPE_NAMES
+from mcpd.core.tools._outputs import FIND, output_schema
 from mcpd.core.tools._schemas import PATH_SCHEMA, PRIVILEGED_SCHEMA
 from mcpd.core.walk import FIND_BUDGET as DEFAULT_BUDGET
 from mcpd.core.walk import FIND_MAX as MAX_RESULTS
@@ -49,8 +50,10 @@ INPUT_SCHEMA: dict[str, Any] = {
     "required": ["root"],
     "additionalProperties": False,
 }
+#: the ``structuredContent`` it answers (listed to sessions of 2025-06-18 and later)
+OUTPUT_SCHEMA: dict[str, Any] | None = output_schema(FIND)
 __all__ = [
-    "DEFAULT_BUDGET", "DEFAULT_MAX_RESULTS", "DESCRIPTION", "INPUT_SCHEMA", "MAX_BUDGET", "MAX_PATTERN", "MAX_RESULTS",
+    "DEFAULT_BUDGET", "DEFAULT_MAX_RESULTS", "DESCRIPTION", "INPUT_SCHEMA", "OUTPUT_SCHEMA", "MAX_BUDGET", "MAX_PATTERN", "MAX_RESULTS",
     "NAME", "format_result", "parse_args",
 ]
 

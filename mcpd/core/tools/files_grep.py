@@ -12,6 +12,7 @@ from typing import Any
 from mcpd.common.greplines import grep_lines
 from mcpd.core.grepargs import BUDGET, BUDGET_MAX, CONTEXT_MAX, MATCHES, MATCHES_MAX, MAX_GLOB, MAX_GLOBS, MAX_PATTERN
 from mcpd.core.grepargs import parse_grep_args as parse_args
+from mcpd.core.tools._outputs import GREP, output_schema
 from mcpd.core.tools._schemas import PATH_SCHEMA, PRIVILEGED_SCHEMA
 
 NAME = "files/grep"
@@ -57,7 +58,9 @@ INPUT_SCHEMA: dict[str, Any] = {
     "required": ["pattern", "path"],
     "additionalProperties": False,
 }
-__all__ = ["DESCRIPTION", "INPUT_SCHEMA", "NAME", "format_result", "parse_args"]
+#: the ``structuredContent`` it answers (listed to sessions of 2025-06-18 and later)
+OUTPUT_SCHEMA: dict[str, Any] | None = output_schema(GREP)
+__all__ = ["DESCRIPTION", "INPUT_SCHEMA", "OUTPUT_SCHEMA", "NAME", "format_result", "parse_args"]
 _STOPS = {"max_matches": "stopped at max_matches", "answer_size": "stopped: the answer reached its size limit",
           "time_budget": "stopped when the time budget ran out", "byte_limit": "stopped at the limit of bytes searched"}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcpd.common.listing import entry_line
+from mcpd.core.tools._outputs import LIST, output_schema
 from mcpd.core.tools._schemas import PATH_SCHEMA, PRIVILEGED_SCHEMA
 from mcpd.core.walk import LIST_LIMIT as DEFAULT_LIMIT
 from mcpd.core.walk import LIST_MAX as MAX_LIMIT
@@ -41,7 +42,9 @@ INPUT_SCHEMA: dict[str, Any] = {
     "required": ["path"],
     "additionalProperties": False,
 }
-__all__ = ["DEFAULT_LIMIT", "DESCRIPTION", "INPUT_SCHEMA", "MAX_LIMIT", "NAME", "format_result", "parse_args"]
+#: the ``structuredContent`` it answers (listed to sessions of 2025-06-18 and later)
+OUTPUT_SCHEMA: dict[str, Any] | None = output_schema(LIST)
+__all__ = ["DEFAULT_LIMIT", "DESCRIPTION", "INPUT_SCHEMA", "OUTPUT_SCHEMA", "MAX_LIMIT", "NAME", "format_result", "parse_args"]
 
 
 def format_result(result: dict[str, Any]) -> dict[str, Any]:

@@ -70,6 +70,9 @@ INPUT_SCHEMA: dict[str, Any] = {
     "required": ["path"],
     "additionalProperties": False,
 }
+#: none: ``structuredContent`` comes only with ``include_metadata`` (a declared schema would
+#: require it in every answer)
+OUTPUT_SCHEMA: dict[str, Any] | None = None
 
 _INTS: dict[str, int] = {"start_line": 1, "end_line": 1, "offset": 0, "limit": 1}
 _BOOLS = ("privileged", "include_metadata")

@@ -18,6 +18,7 @@ from mcpd.core.tools import TOOLS, ToolModule, by_any_name, portable_name
 from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, RpcError, Send, encodable
+from mcpd.front.mcp.versions import STRUCTURED_SINCE
 from mcpd.front.privileged import PrivilegedBackend
 from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
 
@@ -44,6 +45,9 @@ class RequestContext:
     progress_token: str | int | None
     send: Send = field(repr=False)
     modern: bool = False  # a 2026-07-28 request (its resource errors use that revision's codes)
+    protocol_version: str | None = None  # the session's (or the stateless request's) version
+    #: ``traceparent``/``tracestate`` of the request's ``_meta``, when valid (for the records)
+    trace: dict[str, str] = field(default_factory=dict)
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Send one ``notifications/progress`` on this session, if the request asked for it (``_meta.progressToken``)."""
@@ -152,17 +156,21 @@ class Dispatcher:
             "resources/read": self.resources_read,
         }
 
-    def list_tools(self) -> list[dict[str, Any]]:
-        """The ``tools`` array of ``tools/list``."""
-        return [
-            {
+    def list_tools(self, structured: bool = True) -> list[dict[str, Any]]:
+        """The ``tools`` array of ``tools/list``; ``structured``: with each tool's ``outputSchema``
+        (sessions of 2025-06-18 and later, where the field exists)."""
+        out = []
+        for t in self.tools.values():
+            tool = {
                 "name": portable_name(t.NAME) if self._portable else t.NAME,
                 "description": t.DESCRIPTION,
                 "inputSchema": t.INPUT_SCHEMA,
                 "annotations": dict(READ_ONLY_ANNOTATIONS),
             }
-            for t in self.tools.values()
-        ]
+            if structured and t.OUTPUT_SCHEMA is not None:
+                tool["outputSchema"] = t.OUTPUT_SCHEMA
+            out.append(tool)
+        return out
 
     async def call_tool(self, ctx: RequestContext, name: Any, arguments: Any) -> dict[str, Any]:
         """Run one ``tools/call`` by either spelling of the tool's name; tool failures become
@@ -175,17 +183,17 @@ class Dispatcher:
         c = ctx.caller
         if tool is None:
             if self.access is not None:  # every call leaves one record, this one too
-                self.access.unknown_tool(c.principal, c.peer, ctx.session_id, name, arguments)
+                self.access.unknown_tool(c.principal, c.peer, ctx.session_id, name, arguments, ctx.trace)
             raise RpcError(INVALID_PARAMS, "unknown tool")
         try:
-            with Call(self.access, c.principal, c.peer, ctx.session_id, tool.NAME, arguments) as call:
+            with Call(self.access, c.principal, c.peer, ctx.session_id, tool.NAME, arguments, ctx.trace) as call:
                 args = tool.parse_args({} if arguments is None else arguments)
                 if self.limits is not None:  # per-principal quota and answer size
                     args = self.limits.charge_call(c.principal.name, args)
                 if args.get("privileged"):
                     call.stage = "forwarded"
                     call.result = await self.privileged.call(c.token, c.principal, ctx.session_id, c.peer,
-                                                             tool.NAME, args)
+                                                             tool.NAME, args, ctx.trace)
                 else:
                     call.stage = "unprivileged"
                     call.result = await self.pool.call(
@@ -203,8 +211,9 @@ class Dispatcher:
     # -- method handlers ----------------------------------------------------------------------
 
     async def tools_list(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
-        """``tools/list``: every tool, in one page."""
-        return {"tools": self.list_tools()}
+        """``tools/list``: every tool, in one page (with ``outputSchema`` from 2025-06-18 on)."""
+        version = ctx.protocol_version
+        return {"tools": self.list_tools(version is not None and version >= STRUCTURED_SINCE)}
 
     async def tools_call(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
         """``tools/call``: :meth:`call_tool`; ``-32602`` when ``name`` is not a string."""

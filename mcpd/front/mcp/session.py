@@ -18,6 +18,7 @@ from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from mcpd.common.deadline import deadline_seconds
+from mcpd.common.tracecontext import trace_fields
 from mcpd.front import metrics
 from mcpd.front.mcp.dispatcher import Caller, Dispatcher, Handler, RequestContext
 from mcpd.front.mcp.jsonrpc import (
@@ -40,6 +41,7 @@ from mcpd.front.mcp.versions import (
     CAPABILITIES,
     INSTRUCTIONS,
     MODERN_VERSIONS,
+    NO_BATCHES_SINCE,
     SERVER_INFO,
     SUPPORTED_VERSIONS,
     modern_result,
@@ -176,6 +178,11 @@ class McpSession:
         if isinstance(payload, list):
             if not payload:
                 out(error_reply(None, INVALID_REQUEST, "invalid request: empty batch"))
+                return None
+            if self.protocol_version is not None and self.protocol_version >= NO_BATCHES_SINCE:
+                out(error_reply(None, INVALID_REQUEST, f"batches are not part of MCP {self.protocol_version} "
+                                f"(none since {NO_BATCHES_SINCE}): none of the batch's members was run; "
+                                "send each message in a request of its own"))
                 return None
             cap = self.dispatcher.max_batch
             if len(payload) > cap:
@@ -356,7 +363,8 @@ class McpSession:
             params = params_of(msg)
             meta = params.get("_meta")
             token = meta.get("progressToken") if isinstance(meta, dict) else None
-            ctx = RequestContext(caller, self.session_id, token if valid_id(token) else None, out, self.modern)
+            ctx = RequestContext(caller, self.session_id, token if valid_id(token) else None, out, self.modern,
+                                 self.protocol_version, trace_fields(meta))
             result = await handler(ctx, params)
             if self.modern:
                 result = modern_result(method, result)

@@ -17,6 +17,11 @@ LATEST_VERSION = SUPPORTED_VERSIONS[-1]
 # The stateless era (no initialize; version and capabilities in each request's _meta), served on
 # Streamable HTTP only (mcpd.front.transport.streamable).
 MODERN_VERSIONS = ("2026-07-28",)
+#: the first revision without JSON-RPC batches: a session that negotiated it or a later one is
+#: refused a batch whole
+NO_BATCHES_SINCE = "2025-06-18"
+#: the first revision with structured tool output (``outputSchema`` in ``tools/list``)
+STRUCTURED_SINCE = "2025-06-18"
 HEADER_MISMATCH = -32020
 UNSUPPORTED_VERSION = -32022
 META_VERSION = "io.modelcontextprotocol/protocolVersion"

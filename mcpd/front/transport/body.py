@@ -4,12 +4,14 @@ body is a JSON-RPC error (:func:`rpc_refusal`)."""
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from mcpd.common import frames, wirejson
+from mcpd.common import frames, printable, wirejson
 from mcpd.common.validate import digits
 from mcpd.front import metrics
 from mcpd.front.mcp.jsonrpc import INVALID_REQUEST, PARSE_ERROR, error_reply, json_float
@@ -96,6 +98,61 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+class _DuplicateKey(ValueError):
+    """An object of the body names one key twice (raised by :func:`_unique_members`)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The ``object_pairs_hook`` of the slow parse: the object, or :class:`_DuplicateKey`."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def _members(value: Any) -> int:
+    """How many members the objects of parsed JSON ``value`` hold, all depths together (level by
+    level, as :func:`mcpd.common.frames.too_deep` walks)."""
+    count = 0
+    level = [value] if type(value) is dict or type(value) is list else []
+    while level:
+        count += sum(len(item) for item in level if type(item) is dict)
+        level = [child for item in level for child in (item.values() if type(item) is dict else item)
+                 if type(child) is dict or type(child) is list]
+    return count
+
+
+def duplicate_key(body: bytes, value: Any) -> str | None:
+    """A key that some object of JSON text ``body`` (parsed as ``value``) names twice, else ``None``.
+
+    Every member of an object in the text has one ``:`` outside strings, so when the parsed objects
+    hold as many members as the text has colons no member was lost to a later one of the same
+    name: the usual body is answered with one count in C and a walk of its few objects. Only a
+    body whose strings hold colons too (a ``file://`` URI) or that has a duplicate is parsed again,
+    keeping every member, to find out."""
+    if _members(value) == body.count(b":"):
+        return None
+    try:
+        _decoder_pairs().decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+    except _DuplicateKey as dup:
+        return dup.key
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _decoder_pairs() -> json.JSONDecoder:
+    return json.JSONDecoder(parse_constant=_reject_constant, parse_float=json_float,
+                            object_pairs_hook=_unique_members)
+
+
 def parse_json(body: bytes) -> Any:
     """Parse a JSON-RPC body: an object or an array (docs/REFERENCE.md §1.3, §2.3). A number with a fraction
     or an exponent whose float is not exactly that number is an
@@ -105,7 +162,8 @@ def parse_json(body: bytes) -> Any:
     Raises:
         BodyRefused: 400 with ``-32700`` for bytes that are not JSON (``NaN``/``Infinity`` included)
             or JSON nested deeper than 64 levels, 400 with ``-32600`` for JSON that is neither an
-            object nor an array.
+            object nor an array, or where an object names a key twice, at any depth
+            (:func:`duplicate_key`; the later one would otherwise win).
     """
     try:
         payload = frames.loads(body, parse_constant=_reject_constant, parse_float=json_float)
@@ -113,6 +171,10 @@ def parse_json(body: bytes) -> Any:
         raise BodyRefused(400, "parse error", PARSE_ERROR) from None
     if not isinstance(payload, (dict, list)):
         raise BodyRefused(400, "invalid request", INVALID_REQUEST)
+    key = duplicate_key(body, payload)
+    if key is not None:
+        raise BodyRefused(400, f"invalid request: an object has the key {printable.field(key, 64)} twice",
+                          INVALID_REQUEST)
     return payload
 
 
