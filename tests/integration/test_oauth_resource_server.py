@@ -396,4 +396,7 @@ def test_a_forged_jwt_flood_takes_no_capacity_from_valid_tokens(setup: OAuthSetu
 
     statuses = asyncio.run(go())
     assert statuses and set(statuses) <= {200, 201}, statuses
-    assert not [r for r in d.audit()[records_before:] if str(r.get("reason", "")).startswith("oauth")]
+    # (an earlier test's short-lived token may still be re-checked, and refused as expired, meanwhile:
+    # the forged tokens here are not expired, so any other refusal with a record is one of theirs)
+    assert not [r for r in d.audit()[records_before:] if str(r.get("reason", "")).startswith("oauth")
+                and r.get("reason") != "oauth: expired"]
