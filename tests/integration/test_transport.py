@@ -359,9 +359,10 @@ def test_allowed_hosts_malformed_entry_is_a_config_error(tmp_path: Any) -> None:
 
 
 @contextlib.asynccontextmanager
-async def raw_session(daemon: Daemon, initialize: bool) -> AsyncIterator[tuple[httpx.AsyncClient, Any, str]]:
+async def raw_session(daemon: Daemon, initialize: bool,
+                      version: str = "2025-06-18") -> AsyncIterator[tuple[httpx.AsyncClient, Any, str]]:
     """A bare SSE session over httpx (no MCP client in the way): yields ``(client, the stream's
-    line iterator, the POST endpoint)``, after ``initialize`` when asked."""
+    line iterator, the POST endpoint)``, after ``initialize`` (of protocol ``version``) when asked."""
     async with httpx.AsyncClient(verify=daemon.ssl_context(), timeout=30,
                                  headers={"Authorization": f"Bearer {daemon.token}"}) as c:
         async with c.stream("GET", daemon.url + "/sse") as stream:
@@ -374,7 +375,7 @@ async def raw_session(daemon: Daemon, initialize: bool) -> AsyncIterator[tuple[h
             assert endpoint
             if initialize:
                 init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+                    "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
                 assert (await c.post(daemon.url + endpoint, json=init)).status_code == 202
             yield c, lines, endpoint
 
@@ -405,8 +406,9 @@ async def test_json_nested_deeper_than_64_levels_is_a_parse_error_and_the_stream
 
 async def test_a_non_finite_id_is_an_invalid_request_and_every_reply_stays_json(daemon: Daemon) -> None:
     """``1e400`` parses as infinity: the request is refused -32600 with ``id: null`` (alone and in a
-    batch, whose other members are answered), and the stream goes on carrying valid JSON."""
-    async with raw_session(daemon, initialize=True) as (c, lines, endpoint):
+    batch, whose other members are answered, on a 2025-03-26 session: later ones take no batch),
+    and the stream goes on carrying valid JSON."""
+    async with raw_session(daemon, initialize=True, version="2025-03-26") as (c, lines, endpoint):
         raw = b'[{"jsonrpc": "2.0", "id": 1e400, "method": "ping"}, {"jsonrpc": "2.0", "id": 7, "method": "ping"}]'
         r = await c.post(daemon.url + endpoint, content=raw, headers={"Content-Type": "application/json"})
         assert r.status_code == 202, r.text
