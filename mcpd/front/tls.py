@@ -76,7 +76,7 @@ def fingerprint(der: bytes) -> str:
 def _read_once(path: str, what: str, secret: bool, owners: frozenset[int] = frozenset()) -> bytes:
     """The bytes of ``path``, read from one descriptor after checking what it is: a regular file of
     at most :data:`MAX_PEM_BYTES`, not writable by other accounts (its group nor every account),
-    and (``secret``) not readable by every account and owned by one of ``owners``."""
+    owned by one of ``owners`` and (``secret``) not readable by every account."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except OSError as exc:
@@ -94,9 +94,9 @@ def _read_once(path: str, what: str, secret: bool, owners: frozenset[int] = froz
                             "root:mcpd)")
         if secret and st.st_mode & stat.S_IROTH:
             raise PairError(f"the {what} {path} is readable by every account (make it 0640 root:mcpd or 0600)")
-        if secret and st.st_uid not in owners:
+        if st.st_uid not in owners:
             raise PairError(f"the {what} {path} is owned by uid {st.st_uid}, neither root nor the account that "
-                            "reads it (make it 0640 root:mcpd)")
+                            f"reads it (make it {'0640' if secret else '0644'} root:mcpd)")
         data = b""
         while len(data) <= MAX_PEM_BYTES:
             chunk = os.read(fd, MAX_PEM_BYTES + 1 - len(data))
@@ -118,16 +118,17 @@ def read_pair(cert_path: str, key_path: str, now: datetime.datetime | None = Non
     encrypted).
 
     The rule: each file opened once, a regular file, not writable by other accounts (group or
-    every account), the key not readable by every account and owned by root, this process's
-    account or one of ``owners`` (the service account, for a check run as root); both parse; the key is the leaf certificate's; the leaf is valid now (its
+    every account), both owned by root, this process's account or one of ``owners`` (the
+    service account, for a check run as root), the key not readable by every account; both parse; the key is the leaf certificate's; the leaf is valid now (its
     start at most :data:`CLOCK_SKEW_SECONDS` ahead of ``now``, default this host's clock, and its
     end not passed).
 
     Raises:
         PairError: the first check that failed (no key material in the message).
     """
-    cert_pem = _read_once(cert_path, "certificate", secret=False)
-    key_pem = _read_once(key_path, "key", secret=True, owners=frozenset({0, os.geteuid(), *owners}))
+    allowed = frozenset({0, os.geteuid(), *owners})
+    cert_pem = _read_once(cert_path, "certificate", secret=False, owners=allowed)
+    key_pem = _read_once(key_path, "key", secret=True, owners=allowed)
     try:
         chain = x509.load_pem_x509_certificates(cert_pem)
     except ValueError:

@@ -142,6 +142,28 @@ def test_a_key_owned_by_another_account_is_refused(pki: certs.PKI) -> None:
     tls.read_pair(str(pki.server_cert), str(pki.server_key))
 
 
+@pytest.mark.root
+def test_a_certificate_owned_by_another_account_is_refused_and_a_reload_keeps_the_pair(
+        pki: certs.PKI, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The key's owner rule holds for the certificate too: a certificate nobody owns (0644, not
+    writable by others) could be rewritten by that account with a certificate of its own choosing
+    for the key. Refused at a reload (logged, the pair in use kept), by ``certs check`` and status
+    (the same :func:`read_pair`), taken when it is the service account's."""
+    live = tls.LiveCertificate(str(pki.server_cert), str(pki.server_key), str(tmp_path))
+    before, context = live.pair.fingerprint, live.context
+    os.chmod(pki.server_cert, 0o644)
+    os.chown(pki.server_cert, 65534, 65534)
+    with caplog.at_level("ERROR", logger="mcpd.front.tls"):
+        assert live.reload("test") is False
+    assert live.pair.fingerprint == before and live.context is context
+    assert any(f"the certificate {pki.server_cert} is owned by uid 65534, neither root" in r.getMessage()
+               for r in caplog.records), caplog.records
+    assert "certificate" in refused(pki.server_cert, pki.server_key)
+    tls.read_pair(str(pki.server_cert), str(pki.server_key), owners=[65534])  # (the service account's: taken)
+    os.chown(pki.server_cert, 0, 0)
+    assert live.reload("test") is True
+
+
 def test_a_reload_refuses_a_group_writable_key_and_keeps_the_pair(pki: certs.PKI, tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     live = tls.LiveCertificate(str(pki.server_cert), str(pki.server_key), str(tmp_path))
