@@ -55,6 +55,14 @@ class PairError(ValueError):
     """A certificate/key pair that cannot be used; ``str()`` is the reason, without key material."""
 
 
+class PairMismatch(PairError):
+    """Both files are good but the key is not the certificate's (an install cut between them)."""
+
+
+#: the suffix of the pair an install replaced (``certs/install-pair.sh`` keeps it beside the files)
+PREVIOUS = ".prev"
+
+
 @dataclass(frozen=True)
 class Pair:
     """A checked certificate chain and key (PEM bytes) and the facts ``mcpd status`` shows."""
@@ -142,7 +150,7 @@ def read_pair(cert_path: str, key_path: str, now: datetime.datetime | None = Non
     leaf = chain[0]
     spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     if key.public_key().public_bytes(*spki) != leaf.public_key().public_bytes(*spki):
-        raise PairError(f"the key {key_path} is not the key of the certificate {cert_path}")
+        raise PairMismatch(f"the key {key_path} is not the key of the certificate {cert_path}")
     now = now or datetime.datetime.now(datetime.UTC)
     start, end = leaf.not_valid_before_utc, leaf.not_valid_after_utc
     if end <= now:
@@ -210,6 +218,11 @@ class LiveCertificate:
         cert_path, key_path: the configured files (``tls.cert``, ``tls.key``).
         state_dir: where :data:`STATE_FILE` is written; ``None``: nowhere.
 
+    At start, when the key is not the certificate's (:class:`PairMismatch`: an install killed
+    between its two renames) and the pair it replaced (both paths with :data:`PREVIOUS` added)
+    passes every check, that pair is served, with a warning, until a reload takes the configured
+    one; :attr:`refused` says so meanwhile.
+
     Raises:
         PairError: the first load failed (the front must not start).
     """
@@ -217,11 +230,21 @@ class LiveCertificate:
     def __init__(self, cert_path: str, key_path: str, state_dir: str | None = None) -> None:
         self.cert_path, self.key_path, self.state_dir = cert_path, key_path, state_dir
         self._sigs = self._signatures()
-        self.pair = read_pair(cert_path, key_path)
+        self.refused: str | None = None  # why the last reload failed; None after a good one
+        try:
+            self.pair = read_pair(cert_path, key_path)
+        except PairMismatch as exc:
+            try:
+                self.pair = read_pair(cert_path + PREVIOUS, key_path + PREVIOUS)
+            except PairError:
+                raise exc from None
+            self.refused = f"{exc}; serving the previous pair ({cert_path}{PREVIOUS}, {key_path}{PREVIOUS})"
+            log.warning("tls: THE CONFIGURED PAIR DOES NOT MATCH (%s): starting on the previous pair %s%s "
+                        "(fingerprint %s, valid until %s); install a matching pair and reload", exc, cert_path,
+                        PREVIOUS, self.pair.fingerprint, self.pair.not_after.isoformat())
         self.context = self._current = context_for(self.pair)
         self.context.sni_callback = self._select
         self.loaded_at = self.checked_at = time.time()
-        self.refused: str | None = None  # why the last reload failed; None after a good one
         self._write_state()
 
     def _select(self, sslobj: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
