@@ -321,3 +321,49 @@ def test_a_sigterm_between_the_two_renames_puts_the_certificate_in_place_back(d:
                            capture_output=True, text=True, timeout=60, check=False)
     assert check.returncode == 0, check.stderr
     assert not [p for p in os.listdir(tls) if p.startswith(".server.")]
+
+
+def test_a_sigkill_between_the_two_renames_leaves_a_pair_the_front_starts_on(d: PrivsepDaemon,
+                                                                              tmp_path: Path) -> None:
+    """SIGKILL (or power loss) runs no trap: killed while the certificate is renamed, the new
+    certificate stays beside the old key. A front starting then serves the pair the install
+    replaced (``.prev``), with a warning, rather than not starting; installing again puts a
+    matching pair in place."""
+    from mcpd.front import tls as front_tls
+    cert, key = new_pair(d)
+    (tmp_path / "c.pem").write_bytes(cert)
+    (tmp_path / "k.pem").write_bytes(key)
+    tls = d.state_dir / "tls"
+    old = front_tls.read_pair(str(tls / "server.crt"), str(tls / "server.key")).fingerprint
+    wrappers = tmp_path / "bin"
+    wrappers.mkdir()
+    marker = tmp_path / "renamed"
+    (wrappers / "mv").write_text(f'#!/bin/sh\n/bin/mv "$@" || exit\ncase "$*" in *server.crt) touch {marker}; '
+                                 'sleep 30;; esac\n')
+    os.chmod(wrappers / "mv", 0o755)
+    proc = subprocess.Popen(["sh", str(CERTS / "install-pair.sh"), str(tmp_path / "c.pem"), str(tmp_path / "k.pem")],
+                            env={"PATH": f"{wrappers}:{os.defpath}", **hook_env(d), "MCPD_RELOAD": "true"},
+                            start_new_session=True, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(400):
+            if marker.exists():
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the installer never renamed the certificate")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert (tls / "server.crt").read_bytes() == cert  # the new certificate, the old key
+    with pytest.raises(front_tls.PairMismatch):
+        front_tls.read_pair(str(tls / "server.crt"), str(tls / "server.key"))
+    live = front_tls.LiveCertificate(str(tls / "server.crt"), str(tls / "server.key"), str(tmp_path))
+    assert live.pair.fingerprint == old and live.refused and "serving the previous pair" in live.refused
+    for leftover in tls.glob(".server.*"):  # (what the killed run could not remove)
+        leftover.unlink()
+    again = subprocess.run(
+        ["sh", str(CERTS / "install-pair.sh"), str(tmp_path / "c.pem"), str(tmp_path / "k.pem")],
+        env={"PATH": os.defpath, **hook_env(d), "MCPD_RELOAD": "true"}, capture_output=True, text=True, timeout=60,
+        check=False)
+    assert again.returncode == 0, again.stderr
+    assert live.reload("test") is True and live.pair.fingerprint == file_fingerprint(cert)
