@@ -85,12 +85,21 @@ if [ -z "$mcpd" ] || [ ! -x "$mcpd" ]; then
 fi
 
 umask 077
-tmp_crt='' tmp_key='' tmp_prev=''
+tmp_crt='' tmp_key='' tmp_prev='' renaming=''
 cleanup() { rm -f -- ${tmp_crt:+"$tmp_crt"} ${tmp_key:+"$tmp_key"} ${tmp_prev:+"$tmp_prev"}; }
+# A signal between the two renames (the shell runs its trap once the running mv has ended, so the
+# files say what happened): the new certificate is in place and the new key is not. The
+# certificate in place before is put back from server.crt.prev, so the pair on disk matches.
+rollback() {
+    if [ -n "$renaming" ] && [ -n "$tmp_key" ] && [ -e "$tmp_key" ] && { [ -z "$tmp_crt" ] || [ ! -e "$tmp_crt" ]; }; then
+        if [ -f "$dest/server.crt.prev" ]; then ln -f -T -- "$dest/server.crt.prev" "$dest/server.crt"; fi
+        echo "$0: interrupted before the key was installed: the certificate in place was put back" >&2
+    fi
+}
 trap cleanup EXIT
-trap 'exit 129' HUP
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'rollback; exit 129' HUP
+trap 'rollback; exit 130' INT
+trap 'rollback; exit 143' TERM
 tmp_crt=$(mktemp -- "$dest/.server.crt.XXXXXX")
 tmp_key=$(mktemp -- "$dest/.server.key.XXXXXX")
 cat -- "$chain" > "$tmp_crt"
@@ -118,6 +127,7 @@ for name in server.crt server.key; do
         ln -f -T -- "$dest/$name" "$dest/$name.prev"
     fi
 done
+renaming=1
 mv -f -T -- "$tmp_crt" "$dest/server.crt"
 tmp_crt=''
 if ! mv -f -T -- "$tmp_key" "$dest/server.key"; then

@@ -21,8 +21,10 @@ A fact the caller may not read (not root) is reported with the reason, never gue
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
+import http.client
 import ipaddress
 import json
 import math
@@ -32,9 +34,8 @@ import select
 import signal
 import socket
 import ssl
+import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -50,6 +51,7 @@ from mcpd.common.printable import printable
 from mcpd.common.version import version
 from mcpd.front import tls
 from mcpd.front.metrics import parse_listen
+from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 from mcpd.policy.grants import load_policy, secret_paths
 
 #: how long the handshake with the listener and the metrics request may take, in seconds
@@ -57,6 +59,9 @@ TIMEOUT_SECONDS = 5.0
 #: how long the child that connects as ``service_user`` may take, beyond its own connect
 #: timeout, before it is killed and the answer is "unknown" (that account can stop it)
 CHILD_GRACE_SECONDS = 2.0
+#: the largest ``tls-state.json`` and metrics answer read, in bytes
+STATE_MAX_BYTES = 1 << 20
+METRICS_MAX_BYTES = 1 << 22
 
 
 def _problem(exc: BaseException) -> str:
@@ -103,11 +108,13 @@ def tls_files(cfg: Config) -> dict[str, Any]:
         out.update(valid=False, problem=str(exc))
     path = os.path.join(cfg.state_dir, tls.STATE_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            state = json.loads(f.read(1 << 20))
+        state = json.loads(_read_state(path, cfg))
         out["front"] = state if isinstance(state, dict) else None
         if out["front"] is None:
             out["front_problem"] = f"{path}: not a JSON object"
+    except ConfigFileError as exc:
+        out["front"] = None
+        out["front_problem"] = str(exc)
     except (OSError, ValueError) as exc:
         out["front"] = None
         out["front_problem"] = f"{path}: {_problem(exc)}"
@@ -115,6 +122,22 @@ def tls_files(cfg: Config) -> dict[str, Any]:
         out["front"] = None
         out["front_problem"] = f"{path}: JSON nested too deeply"
     return out
+
+
+def _read_state(path: str, cfg: Config) -> str:
+    """The front's ``tls-state.json``, read as root reads a configuration file
+    (:func:`~mcpd.helper.wire.securefile.read_secure_file`: no symlink at the leaf, never blocking
+    on a FIFO, a regular file, at most :data:`STATE_MAX_BYTES`) and owned by the front's account,
+    root or the caller: the service account owns that folder and may put anything there."""
+    owners = {0, os.geteuid(), *_service_uid(cfg)}
+    try:
+        uid = os.lstat(path).st_uid
+    except OSError:
+        uid = 0  # (the open says why)
+    if uid not in owners:
+        raise ConfigFileError([f"{path}: owned by uid {uid}, neither root nor {cfg.service_user}"])
+    # the descriptor's owner is checked against this one: a file swapped in since is refused
+    return read_secure_file(path, uid, max_bytes=STATE_MAX_BYTES)
 
 
 def _service_uid(cfg: Config) -> tuple[int, ...]:
@@ -130,11 +153,9 @@ def metrics(cfg: Config) -> dict[str, Any] | None:
     if not cfg.metrics_listen:
         return None
     host, port = parse_listen(cfg.metrics_listen)
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/metrics"
     try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS) as r:  # noqa: S310 - loopback, from the config
-            text = r.read(1 << 22).decode("utf-8", "replace")
-    except (OSError, urllib.error.URLError) as exc:
+        text = _fetch_metrics(_connect_host(host), port).decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException) as exc:
         return {"listen": cfg.metrics_listen, "answers": False, "problem": _problem(exc)}
     out: dict[str, Any] = {"listen": cfg.metrics_listen, "answers": True, "sessions": {}}
     try:
@@ -150,6 +171,50 @@ def metrics(cfg: Config) -> dict[str, Any] | None:
         return {"listen": cfg.metrics_listen, "answers": False,
                 "problem": f"its answer is not Prometheus metrics ({type(exc).__name__})"}
     return out
+
+
+def _fetch_metrics(host: str, port: int) -> bytes:
+    """The body of ``GET /metrics`` from ``host``:``port``, all of it within one deadline of
+    :data:`TIMEOUT_SECONDS` (connect, headers and body: an answer sent one byte at a time is cut
+    there, not waited for), at most :data:`METRICS_MAX_BYTES`.
+
+    Raises:
+        OSError: no connection, not 200, or not all of it by the deadline.
+        http.client.HTTPException: the answer is not HTTP.
+    """
+    deadline = time.monotonic() + TIMEOUT_SECONDS
+    conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT_SECONDS)
+    try:
+        conn.connect()
+        sock = conn.sock
+        assert sock is not None
+        # at the deadline the socket is shut down: any read then blocked or to come ends at once
+        timer = threading.Timer(max(deadline - time.monotonic(), 0.0), _shut, (sock,))
+        timer.start()
+        try:
+            conn.request("GET", "/metrics")
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise OSError(f"HTTP Error {resp.status}: {printable(resp.reason)}")
+            body = bytearray()
+            while len(body) <= METRICS_MAX_BYTES and (chunk := resp.read1(65536)):
+                body += chunk
+        finally:
+            timer.cancel()
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no complete answer within {TIMEOUT_SECONDS:g} s")
+        return bytes(body[:METRICS_MAX_BYTES])
+    except (OSError, http.client.HTTPException):
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no complete answer within {TIMEOUT_SECONDS:g} s") from None
+        raise
+    finally:
+        conn.close()
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _count(value: Any) -> int | None:

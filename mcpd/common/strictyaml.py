@@ -89,11 +89,19 @@ def parse_strict_yaml(text: str, source: str) -> Any:
         containers.
 
     Raises:
-        ConfigFileError: syntax error, several documents, duplicate key or merge key.
+        ConfigFileError: syntax error, a character YAML does not allow, nesting too deep for the
+            parser, several documents, duplicate key or merge key.
     """
-    loader = _StrictLoader(text)
+    loader = None
     try:
+        loader = _StrictLoader(text)  # (its reader already refuses a control character)
         return loader.get_single_data()
+    except RecursionError:
+        raise ConfigFileError([f"{source}: invalid YAML: nested too deeply"]) from None
+    except yaml.reader.ReaderError as exc:
+        at = text.count("\n", 0, exc.position) + 1
+        what = f"U+{exc.character:04X}" if isinstance(exc.character, int) else "a byte"
+        raise ConfigFileError([f"{source}:{at}: invalid YAML: {exc.reason} ({what})"]) from None
     except _StrictError as exc:
         raise ConfigFileError([f"{source}:{exc.args[0]}: {exc.args[1]}"]) from None
     except yaml.MarkedYAMLError as exc:
@@ -104,7 +112,8 @@ def parse_strict_yaml(text: str, source: str) -> Any:
     except yaml.YAMLError as exc:
         raise ConfigFileError([f"{source}: invalid YAML: {type(exc).__name__}"]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load_secure_yaml(path: str, owner_uid: int = 0) -> Any:

@@ -55,6 +55,14 @@ class PairError(ValueError):
     """A certificate/key pair that cannot be used; ``str()`` is the reason, without key material."""
 
 
+class PairMismatch(PairError):
+    """Both files are good but the key is not the certificate's (an install cut between them)."""
+
+
+#: the suffix of the pair an install replaced (``certs/install-pair.sh`` keeps it beside the files)
+PREVIOUS = ".prev"
+
+
 @dataclass(frozen=True)
 class Pair:
     """A checked certificate chain and key (PEM bytes) and the facts ``mcpd status`` shows."""
@@ -76,7 +84,7 @@ def fingerprint(der: bytes) -> str:
 def _read_once(path: str, what: str, secret: bool, owners: frozenset[int] = frozenset()) -> bytes:
     """The bytes of ``path``, read from one descriptor after checking what it is: a regular file of
     at most :data:`MAX_PEM_BYTES`, not writable by other accounts (its group nor every account),
-    and (``secret``) not readable by every account and owned by one of ``owners``."""
+    owned by one of ``owners`` and (``secret``) not readable by every account."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except OSError as exc:
@@ -94,9 +102,9 @@ def _read_once(path: str, what: str, secret: bool, owners: frozenset[int] = froz
                             "root:mcpd)")
         if secret and st.st_mode & stat.S_IROTH:
             raise PairError(f"the {what} {path} is readable by every account (make it 0640 root:mcpd or 0600)")
-        if secret and st.st_uid not in owners:
+        if st.st_uid not in owners:
             raise PairError(f"the {what} {path} is owned by uid {st.st_uid}, neither root nor the account that "
-                            "reads it (make it 0640 root:mcpd)")
+                            f"reads it (make it {'0640' if secret else '0644'} root:mcpd)")
         data = b""
         while len(data) <= MAX_PEM_BYTES:
             chunk = os.read(fd, MAX_PEM_BYTES + 1 - len(data))
@@ -118,16 +126,17 @@ def read_pair(cert_path: str, key_path: str, now: datetime.datetime | None = Non
     encrypted).
 
     The rule: each file opened once, a regular file, not writable by other accounts (group or
-    every account), the key not readable by every account and owned by root, this process's
-    account or one of ``owners`` (the service account, for a check run as root); both parse; the key is the leaf certificate's; the leaf is valid now (its
+    every account), both owned by root, this process's account or one of ``owners`` (the
+    service account, for a check run as root), the key not readable by every account; both parse; the key is the leaf certificate's; the leaf is valid now (its
     start at most :data:`CLOCK_SKEW_SECONDS` ahead of ``now``, default this host's clock, and its
     end not passed).
 
     Raises:
         PairError: the first check that failed (no key material in the message).
     """
-    cert_pem = _read_once(cert_path, "certificate", secret=False)
-    key_pem = _read_once(key_path, "key", secret=True, owners=frozenset({0, os.geteuid(), *owners}))
+    allowed = frozenset({0, os.geteuid(), *owners})
+    cert_pem = _read_once(cert_path, "certificate", secret=False, owners=allowed)
+    key_pem = _read_once(key_path, "key", secret=True, owners=allowed)
     try:
         chain = x509.load_pem_x509_certificates(cert_pem)
     except ValueError:
@@ -141,7 +150,7 @@ def read_pair(cert_path: str, key_path: str, now: datetime.datetime | None = Non
     leaf = chain[0]
     spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     if key.public_key().public_bytes(*spki) != leaf.public_key().public_bytes(*spki):
-        raise PairError(f"the key {key_path} is not the key of the certificate {cert_path}")
+        raise PairMismatch(f"the key {key_path} is not the key of the certificate {cert_path}")
     now = now or datetime.datetime.now(datetime.UTC)
     start, end = leaf.not_valid_before_utc, leaf.not_valid_after_utc
     if end <= now:
@@ -209,6 +218,11 @@ class LiveCertificate:
         cert_path, key_path: the configured files (``tls.cert``, ``tls.key``).
         state_dir: where :data:`STATE_FILE` is written; ``None``: nowhere.
 
+    At start, when the key is not the certificate's (:class:`PairMismatch`: an install killed
+    between its two renames) and the pair it replaced (both paths with :data:`PREVIOUS` added)
+    passes every check, that pair is served, with a warning, until a reload takes the configured
+    one; :attr:`refused` says so meanwhile.
+
     Raises:
         PairError: the first load failed (the front must not start).
     """
@@ -216,11 +230,21 @@ class LiveCertificate:
     def __init__(self, cert_path: str, key_path: str, state_dir: str | None = None) -> None:
         self.cert_path, self.key_path, self.state_dir = cert_path, key_path, state_dir
         self._sigs = self._signatures()
-        self.pair = read_pair(cert_path, key_path)
+        self.refused: str | None = None  # why the last reload failed; None after a good one
+        try:
+            self.pair = read_pair(cert_path, key_path)
+        except PairMismatch as exc:
+            try:
+                self.pair = read_pair(cert_path + PREVIOUS, key_path + PREVIOUS)
+            except PairError:
+                raise exc from None
+            self.refused = f"{exc}; serving the previous pair ({cert_path}{PREVIOUS}, {key_path}{PREVIOUS})"
+            log.warning("tls: THE CONFIGURED PAIR DOES NOT MATCH (%s): starting on the previous pair %s%s "
+                        "(fingerprint %s, valid until %s); install a matching pair and reload", exc, cert_path,
+                        PREVIOUS, self.pair.fingerprint, self.pair.not_after.isoformat())
         self.context = self._current = context_for(self.pair)
         self.context.sni_callback = self._select
         self.loaded_at = self.checked_at = time.time()
-        self.refused: str | None = None  # why the last reload failed; None after a good one
         self._write_state()
 
     def _select(self, sslobj: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:

@@ -279,3 +279,91 @@ def test_a_killed_install_leaves_no_temporary_file(d: PrivsepDaemon, tmp_path: P
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
     assert on_disk(d) == before  # no temporary file left, nothing replaced
+
+
+def test_a_sigterm_between_the_two_renames_puts_the_certificate_in_place_back(d: PrivsepDaemon,
+                                                                                tmp_path: Path) -> None:
+    """The attack: the certificate's rename is slowed (a ``mv`` wrapper first in ``PATH``) and
+    SIGTERM reaches the installer meanwhile. The shell runs its trap once that ``mv`` has ended:
+    the new certificate is in place, the new key is not. The trap puts the certificate in place
+    before back (from ``server.crt.prev``): the pair on disk still matches, and nothing
+    temporary is left."""
+    cert, key = new_pair(d)
+    (tmp_path / "c.pem").write_bytes(cert)
+    (tmp_path / "k.pem").write_bytes(key)
+    tls = d.state_dir / "tls"
+    before = {name: (tls / name).read_bytes() for name in ("server.crt", "server.key")}
+    wrappers = tmp_path / "bin"
+    wrappers.mkdir()
+    marker = tmp_path / "renaming"
+    (wrappers / "mv").write_text(f'#!/bin/sh\ncase "$*" in *server.crt) touch {marker}; sleep 2;; esac\n'
+                                 'exec /bin/mv "$@"\n')
+    os.chmod(wrappers / "mv", 0o755)
+    proc = subprocess.Popen(["sh", str(CERTS / "install-pair.sh"), str(tmp_path / "c.pem"), str(tmp_path / "k.pem")],
+                            env={"PATH": f"{wrappers}:{os.defpath}", **hook_env(d), "MCPD_RELOAD": "true"},
+                            start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(400):
+            if marker.exists():
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the installer never renamed the certificate")
+        os.kill(proc.pid, signal.SIGTERM)  # the shell only: the mv it waits for goes on
+        err = proc.communicate(timeout=30)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 143 and "the certificate in place was put back" in err, err
+    assert {name: (tls / name).read_bytes() for name in ("server.crt", "server.key")} == before
+    check = subprocess.run([MCPD, "certs", "check", "--cert", str(tls / "server.crt"), "--key", str(tls / "server.key")],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert check.returncode == 0, check.stderr
+    assert not [p for p in os.listdir(tls) if p.startswith(".server.")]
+
+
+def test_a_sigkill_between_the_two_renames_leaves_a_pair_the_front_starts_on(d: PrivsepDaemon,
+                                                                              tmp_path: Path) -> None:
+    """SIGKILL (or power loss) runs no trap: killed while the certificate is renamed, the new
+    certificate stays beside the old key. A front starting then serves the pair the install
+    replaced (``.prev``), with a warning, rather than not starting; installing again puts a
+    matching pair in place."""
+    from mcpd.front import tls as front_tls
+    cert, key = new_pair(d)
+    (tmp_path / "c.pem").write_bytes(cert)
+    (tmp_path / "k.pem").write_bytes(key)
+    tls = d.state_dir / "tls"
+    old = front_tls.read_pair(str(tls / "server.crt"), str(tls / "server.key")).fingerprint
+    wrappers = tmp_path / "bin"
+    wrappers.mkdir()
+    marker = tmp_path / "renamed"
+    (wrappers / "mv").write_text(f'#!/bin/sh\n/bin/mv "$@" || exit\ncase "$*" in *server.crt) touch {marker}; '
+                                 'sleep 30;; esac\n')
+    os.chmod(wrappers / "mv", 0o755)
+    proc = subprocess.Popen(["sh", str(CERTS / "install-pair.sh"), str(tmp_path / "c.pem"), str(tmp_path / "k.pem")],
+                            env={"PATH": f"{wrappers}:{os.defpath}", **hook_env(d), "MCPD_RELOAD": "true"},
+                            start_new_session=True, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(400):
+            if marker.exists():
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the installer never renamed the certificate")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert (tls / "server.crt").read_bytes() == cert  # the new certificate, the old key
+    with pytest.raises(front_tls.PairMismatch):
+        front_tls.read_pair(str(tls / "server.crt"), str(tls / "server.key"))
+    live = front_tls.LiveCertificate(str(tls / "server.crt"), str(tls / "server.key"), str(tmp_path))
+    assert live.pair.fingerprint == old and live.refused and "serving the previous pair" in live.refused
+    for leftover in tls.glob(".server.*"):  # (what the killed run could not remove)
+        leftover.unlink()
+    again = subprocess.run(
+        ["sh", str(CERTS / "install-pair.sh"), str(tmp_path / "c.pem"), str(tmp_path / "k.pem")],
+        env={"PATH": os.defpath, **hook_env(d), "MCPD_RELOAD": "true"}, capture_output=True, text=True, timeout=60,
+        check=False)
+    assert again.returncode == 0, again.stderr
+    assert live.reload("test") is True and live.pair.fingerprint == file_fingerprint(cert)

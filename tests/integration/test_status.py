@@ -379,3 +379,114 @@ def test_untrusted_files_and_metrics_it_reads_give_unknown_never_a_traceback(tmp
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _state_attack_config(folder: Path) -> Any:
+    from mcpd.common import config
+    return config.from_dict({"state_dir": str(folder), "service_user": "mcpd",
+                             "tls": {"cert": "/nonexistent.crt", "key": "/nonexistent.key"}})
+
+
+def _as_service(*argv: str) -> None:
+    svc = pwd.getpwnam("mcpd")
+    subprocess.run(["setpriv", f"--reuid={svc.pw_uid}", f"--regid={svc.pw_gid}", "--clear-groups", *argv],
+                   check=True, timeout=30)
+
+
+def _bounded(fn: Any, *args: Any, limit: float) -> tuple[float, Any]:
+    """``fn(*args)`` with an alarm at ``limit`` seconds: a hang fails the test, not the run."""
+    def hung(*_: object) -> None:
+        raise TimeoutError(f"{fn.__name__} still running after {limit} s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    began = time.monotonic()
+    try:
+        result = fn(*args)
+        return time.monotonic() - began, result
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture
+def service_folder() -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the attacker is the service account")
+    svc = pwd.getpwnam("mcpd")
+    folder = Path(tempfile.mkdtemp(prefix="mcpd-front-state-", dir="/tmp"))
+    os.chown(folder, svc.pw_uid, svc.pw_gid)
+    os.chmod(folder, 0o750)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_fifo_the_service_account_puts_as_tls_state_cannot_hang_status(service_folder: Path) -> None:
+    """The service account owns the front's state folder: a FIFO there as ``tls-state.json``
+    (nobody writing to it) is not a regular file, said at once, not an open() that never returns."""
+    from mcpd.admin import status as status_module
+    _as_service("mkfifo", str(service_folder / "tls-state.json"))
+    _, out = _bounded(status_module.tls_files, _state_attack_config(service_folder), limit=5)
+    assert out["front"] is None and "not a regular file" in out["front_problem"], out
+
+
+def test_a_symlink_to_a_root_only_file_as_tls_state_is_not_followed(service_folder: Path, tmp_path: Path) -> None:
+    """A symlink the service account puts as ``tls-state.json`` to a JSON file only root may read:
+    refused (not followed), its content nowhere in what status reports. A hard link or a file of
+    another account's is refused too: only root's, the front's account's or the caller's is read."""
+    from mcpd.admin import status as status_module
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"token_hash": "SECRET-ROOT-ONLY"}')
+    os.chmod(secret, 0o600)
+    os.chmod(tmp_path, 0o700)
+    _as_service("ln", "-s", str(secret), str(service_folder / "tls-state.json"))
+    out = status_module.tls_files(_state_attack_config(service_folder))
+    assert out["front"] is None and "cannot open" in out["front_problem"], out
+    assert "SECRET" not in json.dumps(out)
+    os.unlink(service_folder / "tls-state.json")
+    nobody = pwd.getpwnam("nobody")
+    planted = service_folder / "tls-state.json"
+    planted.write_text('{"loaded_at": "forged"}')
+    os.chown(planted, nobody.pw_uid, nobody.pw_gid)
+    out = status_module.tls_files(_state_attack_config(service_folder))
+    assert out["front"] is None and f"owned by uid {nobody.pw_uid}" in out["front_problem"], out
+    os.chown(planted, pwd.getpwnam("mcpd").pw_uid, -1)  # the front's own: read
+    assert status_module.tls_files(_state_attack_config(service_folder))["front"] == {"loaded_at": "forged"}
+
+
+def test_a_metrics_answer_dripped_one_byte_a_second_ends_at_one_deadline() -> None:
+    """A loopback server (what the service account may run when the front is down) that sends its
+    headers and then one byte a second: every read returns within the per-read timeout, but the
+    whole answer is cut at one deadline, so status ends within it, with the reason. The same for
+    headers dripped one byte a second."""
+    import threading
+
+    from mcpd.admin import status as status_module
+    from mcpd.common import config
+
+    for head, drip in ((b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n", b"#"), (b"HTTP/1.0 200 OK\r\nX-", b"a")):
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        stop = threading.Event()
+
+        def serve(srv: socket.socket = srv, head: bytes = head, drip: bytes = drip) -> None:
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(head)
+                with contextlib.suppress(OSError):
+                    while not stop.wait(1.0):
+                        conn.sendall(drip)
+
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        try:
+            cfg = config.from_dict({"metrics_listen": f"127.0.0.1:{srv.getsockname()[1]}"})
+            took, out = _bounded(status_module.metrics, cfg, limit=status_module.TIMEOUT_SECONDS * 3)
+        finally:
+            stop.set()
+            t.join(5)
+            srv.close()
+        assert took < status_module.TIMEOUT_SECONDS + 1.5, took
+        assert out is not None and out["answers"] is False and "within" in out["problem"], out

@@ -344,3 +344,45 @@ def test_a_fifo_is_refused_never_waited_on(tmp_path: Path) -> None:
     for follow in ([], ["--follow"]):
         proc = _run("tail", *follow, "--file", str(fifo))
         assert proc.returncode == 1 and f"error: {fifo}: not a regular file" in proc.stderr, proc.stderr
+
+
+def test_checkpoints_of_records_the_files_no_longer_hold_fail_unless_since_seq_skips_them(tmp_path: Path) -> None:
+    """The attack: the host's root deletes the rotated file (records 1..5, checkpointed) and sets
+    ``rotate 0`` in the logrotate file, so retention explains the chain beginning at seq 6. The
+    collector's checkpoints prove records 1..5 were written: that fails (exit 1, naming them),
+    whatever logrotate says. ``--since-seq`` at or above them skips them, said so; below them,
+    the missing records are the chain's failure."""
+    log = tmp_path / "audit.jsonl"
+    with AuditLog(str(log), syslog=False, journal="") as w:
+        for i in range(5):
+            w.record("accept", user="a", requested_path=f"/f{i}")
+        log.rename(str(log) + ".1")
+        for i in range(5, 9):
+            w.record("accept", user="a", requested_path=f"/f{i}")
+    old, new = (Path(str(log) + ".1").read_bytes().splitlines(keepends=True), log.read_bytes().splitlines(keepends=True))
+    cps = tmp_path / "cps"
+    _plain(cps, (2, record_hash(old[1])), (4, record_hash(old[3])), (7, record_hash(new[1])))
+    conf = tmp_path / "mcpd.yaml"
+    conf.write_text(json.dumps({"audit_log": str(log), "helper_state_dir": str(tmp_path / "none")}))
+    rotate = tmp_path / "logrotate"
+    rotate.write_text(f"{log} {{\n  rotate 4\n}}\n")
+
+    def run(*more: str) -> tuple[int, str]:
+        out = CliRunner().invoke(audit, ["verify", "--config", str(conf), "--logrotate", str(rotate),
+                                         "--checkpoints", str(cps), *more])
+        assert isinstance(out.exception, (SystemExit, type(None))), out.exception
+        return out.exit_code, out.output
+
+    code, out = run()
+    assert code == 0 and "OK: checkpoints: 3 of mcpd-audit match" in out, out  # the genuine log
+    os.unlink(str(log) + ".1")
+    rotate.write_text(f"{log} {{\n  rotate 0\n}}\n")
+    code, out = run()
+    assert "OK: 5 records, chain whole (seq 6..10)" in out, out  # (retention explains the chain)
+    assert code == 1, out
+    assert "checkpointed records missing: seq 2..4: 2 checkpoints" in out
+    assert "--since-seq 6 skips them" in out and "OK: checkpoints" not in out
+    code, out = run("--since-seq", "6")  # on purpose: skipped, said so
+    assert code == 0 and "2 before seq 6 skipped, as --since-seq 6 asks" in out, out
+    code, out = run("--since-seq", "3")  # below a checkpoint of a record gone: the chain fails
+    assert code == 1 and "missing: 3 records (seq 3..5)" in out and "missing: record seq 4 is in none" in out, out

@@ -152,3 +152,20 @@ def test_checks_refuse_a_file_root_does_not_own(tmp_path: Path) -> None:
     os.chown(path, 65534, 65534)
     res = check("config", path)
     assert res.returncode == 1 and "not owned by root" in res.stderr
+
+
+@pytest.mark.parametrize("kind", ["config", "users", "grants"])
+@pytest.mark.parametrize(("name", "text", "reason"), [
+    ("deep.yaml", "[" * 100000 + "\n", "deep.yaml: invalid YAML: nested too deeply"),
+    ("ctl.yaml", "\x1b[31mevil: [\n", "ctl.yaml:1: invalid YAML: special characters are not allowed (U+001B)"),
+    ("ctl2.yaml", "a: 1\nb: \x07\n", "ctl2.yaml:2: invalid YAML: special characters are not allowed (U+0007)"),
+])
+def test_a_hostile_file_is_one_clear_line_never_a_traceback(
+        tmp_path: Path, kind: str, name: str, text: str, reason: str) -> None:
+    """Nesting deeper than the parser's recursion (``[`` a hundred thousand times) and a control
+    character YAML refuses before parsing (an ESC opening the file): exit 1, the file's name and
+    why, no traceback, nothing of the file's text echoed."""
+    res = check(kind, write(tmp_path, name, text))
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr and "\x1b" not in res.stdout + res.stderr
+    assert reason in res.stdout + res.stderr, (res.stdout, res.stderr)

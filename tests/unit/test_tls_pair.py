@@ -142,6 +142,28 @@ def test_a_key_owned_by_another_account_is_refused(pki: certs.PKI) -> None:
     tls.read_pair(str(pki.server_cert), str(pki.server_key))
 
 
+@pytest.mark.root
+def test_a_certificate_owned_by_another_account_is_refused_and_a_reload_keeps_the_pair(
+        pki: certs.PKI, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The key's owner rule holds for the certificate too: a certificate nobody owns (0644, not
+    writable by others) could be rewritten by that account with a certificate of its own choosing
+    for the key. Refused at a reload (logged, the pair in use kept), by ``certs check`` and status
+    (the same :func:`read_pair`), taken when it is the service account's."""
+    live = tls.LiveCertificate(str(pki.server_cert), str(pki.server_key), str(tmp_path))
+    before, context = live.pair.fingerprint, live.context
+    os.chmod(pki.server_cert, 0o644)
+    os.chown(pki.server_cert, 65534, 65534)
+    with caplog.at_level("ERROR", logger="mcpd.front.tls"):
+        assert live.reload("test") is False
+    assert live.pair.fingerprint == before and live.context is context
+    assert any(f"the certificate {pki.server_cert} is owned by uid 65534, neither root" in r.getMessage()
+               for r in caplog.records), caplog.records
+    assert "certificate" in refused(pki.server_cert, pki.server_key)
+    tls.read_pair(str(pki.server_cert), str(pki.server_key), owners=[65534])  # (the service account's: taken)
+    os.chown(pki.server_cert, 0, 0)
+    assert live.reload("test") is True
+
+
 def test_a_reload_refuses_a_group_writable_key_and_keeps_the_pair(pki: certs.PKI, tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     live = tls.LiveCertificate(str(pki.server_cert), str(pki.server_key), str(tmp_path))
@@ -154,3 +176,37 @@ def test_a_reload_refuses_a_group_writable_key_and_keeps_the_pair(pki: certs.PKI
                for r in caplog.records), caplog.records
     os.chmod(pki.server_key, 0o640)
     assert live.reload("test") is True
+
+
+def test_a_mismatched_pair_at_start_falls_back_to_the_previous_pair(pki: certs.PKI, tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """An install killed (SIGKILL, power loss) between its two renames leaves the new certificate
+    with the old key. At start the front serves the pair it replaced (``.prev``, checked as any
+    pair), says so loudly and in its state; a reload with a matching pair takes that one. With no
+    good ``.prev`` pair, or a configured pair refused for another reason, it does not start."""
+    old_cert, old_key = pki.server_cert.read_bytes(), pki.server_key.read_bytes()
+    old = tls.read_pair(str(pki.server_cert), str(pki.server_key)).fingerprint
+    prev_cert, prev_key = Path(f"{pki.server_cert}.prev"), Path(f"{pki.server_key}.prev")
+    other = certs.make_pki(tmp_path / "other", ["localhost"])
+    pki.server_cert.write_bytes(other.server_cert.read_bytes())  # the new certificate, the old key
+    with pytest.raises(tls.PairMismatch):  # no .prev pair: no start
+        tls.LiveCertificate(str(pki.server_cert), str(pki.server_key), str(tmp_path))
+    prev_cert.write_bytes(old_cert)
+    prev_key.write_bytes(old_key)
+    os.chmod(prev_key, 0o600)
+    with caplog.at_level("WARNING", logger="mcpd.front.tls"):
+        live = tls.LiveCertificate(str(pki.server_cert), str(pki.server_key), str(tmp_path))
+    assert live.pair.fingerprint == old and live.refused and "serving the previous pair" in live.refused
+    assert any("THE CONFIGURED PAIR DOES NOT MATCH" in r.getMessage() for r in caplog.records), caplog.records
+    assert '"last_check_ok": false' in (tmp_path / tls.STATE_FILE).read_text()
+    pki.server_key.write_bytes(other.server_key.read_bytes())  # the install finished by hand
+    assert live.reload("test") is True and live.refused is None
+    assert live.pair.fingerprint == tls.read_pair(str(other.server_cert), str(other.server_key)).fingerprint
+    pki.server_key.write_bytes(old_key)
+    os.chmod(prev_key, 0o644)  # a .prev key every account may read: refused as any, no start
+    with pytest.raises(tls.PairMismatch):
+        tls.LiveCertificate(str(pki.server_cert), str(pki.server_key), str(tmp_path))
+    os.chmod(prev_key, 0o600)
+    os.chmod(pki.server_key, 0o644)  # not a mismatch: refused, no fallback
+    with pytest.raises(tls.PairError, match="readable by every account"):
+        tls.LiveCertificate(str(pki.server_cert), str(pki.server_key), str(tmp_path))

@@ -174,13 +174,17 @@ class Outcome:
     older: int
 
 
-def compare(claims: list[Claim], log: str, lookup: Lookup, history_from: int = 1) -> Outcome:
+def compare(claims: list[Claim], log: str, lookup: Lookup, history_from: int = 1,
+            by_request: bool = False) -> Outcome:
     """Each checkpoint of ``log`` in ``claims`` against the records ``lookup`` saw: the record it
     names must be there (``truncated``: past the log's end; ``missing``: not in the files read)
     with its hash (``rewritten``), and be the only record with that seq (two: ``rewritten``, the
     checkpoint proves neither). Checkpoints giving one seq different hashes are ``conflicting``
     (one was forged, or the log rewritten and checkpointed again): none of them counts as a match.
-    Checkpoints of records before ``history_from`` are not checked.
+    Checkpoints of records before ``history_from`` are skipped (``older``) only ``by_request``
+    (``--since-seq``): otherwise (``history_from`` from logrotate's retention, which the host's
+    root may set) a checkpoint proves its record was written and the files no longer hold it, one
+    failure, ``checkpointed records missing``.
     Every failure is one line, escaped (:func:`mcpd.common.printable.printable`)."""
     mine = sorted((c for c in claims if c.point.log == log), key=lambda c: c.point.seq)
     failures: list[str] = []
@@ -189,10 +193,14 @@ def compare(claims: list[Claim], log: str, lookup: Lookup, history_from: int = 1
     by_seq: dict[int, list[Claim]] = {}
     for claim in mine:
         by_seq.setdefault(claim.point.seq, []).append(claim)
+    gone: list[Claim] = []
     for claim in mine:
         seq, said = claim.point.seq, f"the checkpoint at {claim.where}"
         if seq < history_from:
-            older += 1
+            if by_request:
+                older += 1
+            else:
+                gone.append(claim)
             continue
         hits = lookup.found.get(seq, [])
         hit = hits[0] if hits else None
@@ -221,4 +229,10 @@ def compare(claims: list[Claim], log: str, lookup: Lookup, history_from: int = 1
                             f"{claim.point.hash} as {said} says; the first record changed is one of {span}")
         else:
             checked, last, good = checked + 1, seq, seq
+    if gone:
+        failures.insert(0, f"(the log): checkpointed records missing: seq {gone[0].point.seq}..{gone[-1].point.seq}: {len(gone)} checkpoint"
+                        f"{'s' * (len(gone) > 1)} (the first at {gone[0].where}) say these records were written, "
+                        f"and the files read begin at seq {history_from}: logrotate's retention does not explain "
+                        f"records a collector holds; if they were removed on purpose, --since-seq {history_from} "
+                        "skips them")
     return Outcome(tuple(failures), checked, last, len(claims) - len(mine), older)

@@ -207,7 +207,8 @@ def verify(files: tuple[str, ...], access: bool, since_seq: int | None, logrotat
         click.echo(f"FAILED: {many} problem{'s' * (many > 1)} ({listed}); {verdict.count} records read{span}"
                    f"{'' if head is not None else note}")
         if claims is not None:
-            _check_claims(claims, "mcpd-access" if access else "mcpd-audit", lookup, start or 1)
+            _check_claims(claims, "mcpd-access" if access else "mcpd-audit", lookup, start or 1,
+                          since_seq is not None)
         sys.exit(1)
     begin = ""
     if since_seq is not None and verdict.first_seq not in (None, 1):
@@ -217,7 +218,7 @@ def verify(files: tuple[str, ...], access: bool, since_seq: int | None, logrotat
     old = f"; {verdict.unchained} older records before the chain began" if verdict.unchained else ""
     click.echo(f"OK: {verdict.count} records, chain whole{span}{begin}{old}{note}")
     if claims is not None and not _check_claims(claims, "mcpd-access" if access else "mcpd-audit", lookup,
-                                                start or 1):
+                                                start or 1, since_seq is not None):
         sys.exit(1)
 
 
@@ -234,11 +235,12 @@ def _read_claims(path: str) -> list[Claim]:
         sys.exit(1)
 
 
-def _check_claims(claims: list[Claim], log: str, lookup: Lookup, start: int) -> bool:
-    """Print how the log compares with the checkpoints of ``log`` in ``claims``; whether it matches all."""
-    out = compare(claims, log, lookup, start)
+def _check_claims(claims: list[Claim], log: str, lookup: Lookup, start: int, by_request: bool) -> bool:
+    """Print how the log compares with the checkpoints of ``log`` in ``claims``; whether it matches
+    all (``by_request``: ``start`` is ``--since-seq``'s, and checkpoints before it are skipped)."""
+    out = compare(claims, log, lookup, start, by_request)
     other = f"; {out.skipped} of other logs not checked" if out.skipped else ""
-    older = f"; {out.older} before the history kept (seq {start}) not checked" if out.older else ""
+    older = f"; {out.older} before seq {start} skipped, as --since-seq {start} asks" if out.older else ""
     if out.failures:
         click.echo(out.failures[0])
         more = f" (and {len(out.failures) - 1} more)" if len(out.failures) > 1 else ""
