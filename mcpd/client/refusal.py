@@ -42,7 +42,7 @@ class HTTPRefused(ProtocolError):
         needed = insufficient_scope(headers) if status == 403 else None
         if needed is not None:
             hint = " --privileged" if "files:privileged" in needed.split() else ""
-            text += f" (the OAuth token lacks a scope of: {needed}; get one with `linuxctl login --oidc{hint}`)"
+            text += f" (this call needs an OAuth token with the scopes {needed}; get one with `linuxctl login --oidc{hint}`)"
         super().__init__(text, f"HTTP_{status}")
 
 
