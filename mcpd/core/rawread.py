@@ -100,11 +100,11 @@ def source(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits
 
 def unpack_error(why: grepread.Skipped, path: str, kind: str | None, requested: str) -> ToolError:
     """The ``files/read`` error for a compressed file that cannot be read as its text:
-    ``FILE_TOO_LARGE`` (reason ``too_large`` or ``compression_ratio``), ``ENCODING_ERROR`` (reason
+    ``FILE_TOO_LARGE`` (reason ``too_large``, ``compression_ratio`` or ``window_too_large``), ``ENCODING_ERROR`` (reason
     ``corrupt``: damaged or truncated data), ``INVALID_ARGUMENT`` (``unsupported_compression``);
     details ``path``, ``compression``, ``reason`` and a ``suggestion``."""
     raw = "decompress: false reads the file's own bytes (with encoding: base64)"
-    if why.reason in ("too_large", "compression_ratio"):
+    if why.reason in ("too_large", "compression_ratio", "window_too_large"):
         return ToolError(FILE_TOO_LARGE, f"{path}: {why.message}", path=path, compression=kind, reason=why.reason,
                          suggestion=raw, **why.details)
     if why.reason == "corrupt":
