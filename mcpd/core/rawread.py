@@ -15,6 +15,7 @@ the end of the file was reached, since no warning can be appended to base64 text
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import posixpath
 from collections.abc import Callable
@@ -40,6 +41,16 @@ def too_large(size: int, limits: ReadLimits, suggestion: str) -> ToolError:
         limit=limits.response_cap,
         suggestion=suggestion,
     )
+
+
+def identity(st: os.stat_result) -> dict[str, str]:
+    """Which file an answer was read from, as opaque strings (docs/REFERENCE.md §3): ``fileId``
+    from its device and inode (another file renamed over the path has another), ``version`` from
+    those, its size and its mtime (changes with every write)."""
+    def digest(*parts: int) -> str:
+        return hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).hexdigest()
+    return {"fileId": digest(st.st_dev, st.st_ino),
+            "version": digest(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)}
 
 
 def plain(fd: int) -> Pread:
