@@ -20,6 +20,12 @@ without a range shows only the first 10 KiB, so a whole file is read as consecut
   character that size cut in two is read whole); a file that reports no size (``/proc``) is read
   until an empty page. A file that shrank below the first size is an error, never a silent short
   copy.
+* A file replaced or rewritten while read is ``FILE_CHANGED``, never a silent splice of two files:
+  the first page's ``fileId`` (device and inode) and ``version`` (those, size and mtime) are
+  compared with every base64 page's and, after the last text page, with one small base64 call's.
+  Another ``fileId`` (a file renamed over the path) is an error; another ``version`` is one
+  unless the file grew (an appended log). A rewrite in place that also grew it, or one that puts
+  the size and mtime back, is not seen.
 
 Errors are the client's exception family (:mod:`mcpd.client.errors`).
 """
@@ -66,9 +72,40 @@ class FileTooBig(MCPClientError):
 
 
 class Shrank(MCPClientError):
-    """The file ended before the size first seen: it was truncated or replaced while read (exit 1)."""
+    """The file ended before the size first seen, or was replaced or rewritten while read (exit 1)."""
 
     default_code = "FILE_CHANGED"
+
+
+Ident = tuple[str, Any, int]  # a page's (fileId, version, size): which file, as it was
+
+
+def _ident(meta: dict[str, Any]) -> Ident | None:
+    """The identity an answer's structured content gives (None from a server older than it)."""
+    fid, size = meta.get("fileId"), meta.get("size")
+    return (fid, meta.get("version"), size if isinstance(size, int) else 0) if isinstance(fid, str) else None
+
+
+def _same_file(first: Ident | None, now: Ident | None) -> None:
+    """Raise :class:`Shrank` when ``now`` is another file than ``first``, or the same one rewritten."""
+    if first is None or now is None:
+        return
+    if now[0] != first[0]:
+        raise Shrank("the file was replaced (another file renamed over its path) while it was read: the copy "
+                     "mixes two files")
+    if now[1] != first[1] and now[2] <= first[2]:
+        raise Shrank("the file was rewritten while it was read: the copy mixes two versions of it")
+
+
+async def _probe(client: Client, base: dict[str, Any]) -> Ident | None:
+    """The file's identity now, from one 1-byte base64 call (None when the server cannot say)."""
+    try:
+        result = await client.call_tool("files/read", {**base, "encoding": "base64", "offset": 0, "limit": 1})
+    except ToolFailed as exc:
+        if exc.code == "FILE_NOT_FOUND":
+            raise Shrank("the file was removed or renamed while it was read") from None
+        return None
+    return _ident(result.get("structuredContent") or {})
 
 
 @dataclass
@@ -81,6 +118,7 @@ class Plan:
     bom: bytes
     encoding: str | None
     page: int
+    ident: Ident | None = None
 
 
 def _codec_name(codec: str) -> str:
@@ -126,7 +164,7 @@ async def _first_page(client: Client, base: dict[str, Any], offset: int, page: i
     encoding = requested if requested != "auto" else _REQUESTABLE.get(codec)
     if meta.get("bom"):
         encoding = requested if requested != "auto" else "utf-8"  # a BOM selects the codec again
-    plan = Plan(int(meta.get("size") or 0), codec, bom, encoding, page)
+    plan = Plan(int(meta.get("size") or 0), codec, bom, encoding, page, _ident(meta))
     return plan, data, end
 
 
@@ -209,6 +247,7 @@ async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int |
     if plan.encoding is None and (stop is None or pos < stop):
         raise MCPClientError(f"the server guessed {plan.codec}, which cannot be asked for again page by "
                              "page: give --encoding", "UNSUPPORTED")
+    first_id = plan.ident if plan.ident is not None else await _probe(client, base)
     done = len(data)
     if data:
         yield data
@@ -224,7 +263,8 @@ async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int |
             result = await client.call_tool("files/read", {**base, "offset": pos, "limit": n})
         except ToolFailed as exc:
             if exc.code in NOT_TEXT:  # not text from here on: the rest as bytes
-                async for chunk in _byte_pages(client, base, pos, stop, want, done, max_bytes, page, on_progress):
+                async for chunk in _byte_pages(client, base, pos, stop, want, done, max_bytes, page, on_progress,
+                                               first_id):
                     yield chunk
                 return
             if not _is_too_large(exc) or page <= MIN_PAGE_BYTES:
@@ -245,17 +285,19 @@ async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int |
         if stop is None and done > max_bytes:
             raise FileTooBig(done, max_bytes)
         yield chunk
+    _same_file(first_id, await _probe(client, base))
     if on_progress is not None:
         on_progress(done, want)
 
 
 
 async def _byte_pages(client: Client, base: dict[str, Any], pos: int, stop: int | None, want: int | None,
-                      done: int, max_bytes: int, page: int, on_progress: Progress | None) -> AsyncIterator[bytes]:
+                      done: int, max_bytes: int, page: int, on_progress: Progress | None,
+                      first_id: Ident | None = None) -> AsyncIterator[bytes]:
     """The file's bytes from ``pos`` to ``stop`` (None: to its end) through ``encoding: base64``
     pages. ``want``: the bytes of the whole copy when known (None: learnt here from the first
     page's ``size``, the copy's ``stop`` too, and checked against ``max_bytes``); ``done``: bytes
-    already yielded.
+    already yielded; ``first_id``: the identity of the copy's first page (None: this one's).
 
     Raises:
         FileTooBig, Shrank, ToolFailed, MCPClientError (an answer that is not base64).
@@ -278,6 +320,9 @@ async def _byte_pages(client: Client, base: dict[str, Any], pos: int, stop: int 
             page = max(MIN_PAGE_BYTES, page // 2)
             continue
         meta = result.get("structuredContent") or {}
+        now = _ident(meta)
+        first_id = now if first_id is None else first_id
+        _same_file(first_id, now)
         if want is None:
             size = meta.get("size")
             if isinstance(size, int) and size > 0:

@@ -52,11 +52,11 @@ def _escape(ch: str) -> str:
     return f"\\U{code:08x}"
 
 
-def _shown(ch: str, strict: bool) -> str:
+def _shown(ch: str, strict: bool, line: bool = False) -> str:
     """``ch`` as :func:`printable` writes it."""
     if ch == "\\":
-        return "\\\\"
-    if ch == " ":
+        return ch if line else "\\\\"
+    if ch == " " or (line and ch == "\t"):
         return ch
     if not ch.isprintable() or ch in _REORDERING:
         return _escape(ch)
@@ -66,7 +66,7 @@ def _shown(ch: str, strict: bool) -> str:
     return ch
 
 
-def printable(text: str, strict: bool = False) -> str:
+def printable(text: str, strict: bool = False, line: bool = False) -> str:
     """``text`` with everything that is not plainly visible written as an escape.
 
     Args:
@@ -75,6 +75,10 @@ def printable(text: str, strict: bool = False) -> str:
             strike-through). Names in many scripts hold them (Devanagari vowel signs, Hebrew
             points, a decomposed ``é``), so a listing of names (``linuxctl list``) keeps them; the
             audit views, which must show exactly what was sent, use the strict form.
+        line: the text is a file's line shown as ``grep -rn`` shows it (``linuxctl grep``): a tab
+            and a backslash stay themselves (they cannot forge a line or move the cursor), all
+            the rest is escaped as below. Not one-to-one (a line holding the four characters
+            ``\\x1b`` looks like one holding ESC), so never for a name or an audit field.
     Returns:
         a string of visible characters and plain spaces only: a backslash becomes ``\\\\``;
         control characters (C0, DEL, C1, so newline, carriage return, tab and ESC), format
@@ -84,9 +88,9 @@ def printable(text: str, strict: bool = False) -> str:
         ``\\xNN``, ``\\uNNNN`` or ``\\UNNNNNNNN``. The mapping is one-to-one, so two different
         inputs never look the same, and the result never spans two lines.
     """
-    if text.isascii() and text.isprintable() and "\\" not in text:
+    if text.isascii() and text.isprintable() and (line or "\\" not in text):
         return text  # the usual case: nothing to do
-    return "".join(_shown(ch, strict) for ch in text)
+    return "".join(_shown(ch, strict, line) for ch in text)
 
 
 _QUOTE_IF = frozenset(' "\\')

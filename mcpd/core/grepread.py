@@ -13,6 +13,8 @@ Limits, each a :class:`Skipped` with its reason when passed:
 * ``compression_ratio``: a compressed file whose decompressed bytes pass both
   :data:`RATIO_SLACK` and ``max_ratio`` times the compressed bytes read so far (a bomb).
 * ``corrupt``: compressed data that does not decompress.
+* ``window_too_large``: a valid zstd frame whose window is larger than the decoder allows
+  (``zstandard``'s default, 128 MiB: a frame made with ``--long=31`` needs 2 GiB).
 
 A plain file is read up to the size ``fstat`` gave when it was opened (bytes appended later are
 not searched; a file truncated meanwhile ends where its reads end); a file that reports size 0
@@ -118,6 +120,9 @@ class _Zstd:
             try:
                 self._out += self._frame.decompress(data)
             except self._error as exc:
+                if "too much memory" in str(exc):  # a valid frame whose window passes the decoder's bound
+                    raise Skipped("window_too_large", "the zstd frame needs a window larger than the decoder's "
+                                  "limit of 128 MiB (made with --long?): not decompressed") from None
                 raise ValueError(str(exc)) from None
             if not self._frame.eof:
                 break

@@ -15,6 +15,7 @@ the end of the file was reached, since no warning can be appended to base64 text
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import posixpath
 from collections.abc import Callable
@@ -40,6 +41,16 @@ def too_large(size: int, limits: ReadLimits, suggestion: str) -> ToolError:
         limit=limits.response_cap,
         suggestion=suggestion,
     )
+
+
+def identity(st: os.stat_result) -> dict[str, str]:
+    """Which file an answer was read from, as opaque strings (docs/REFERENCE.md §3): ``fileId``
+    from its device and inode (another file renamed over the path has another), ``version`` from
+    those, its size and its mtime (changes with every write)."""
+    def digest(*parts: int) -> str:
+        return hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).hexdigest()
+    return {"fileId": digest(st.st_dev, st.st_ino),
+            "version": digest(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)}
 
 
 def plain(fd: int) -> Pread:
@@ -100,11 +111,11 @@ def source(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits
 
 def unpack_error(why: grepread.Skipped, path: str, kind: str | None, requested: str) -> ToolError:
     """The ``files/read`` error for a compressed file that cannot be read as its text:
-    ``FILE_TOO_LARGE`` (reason ``too_large`` or ``compression_ratio``), ``ENCODING_ERROR`` (reason
+    ``FILE_TOO_LARGE`` (reason ``too_large``, ``compression_ratio`` or ``window_too_large``), ``ENCODING_ERROR`` (reason
     ``corrupt``: damaged or truncated data), ``INVALID_ARGUMENT`` (``unsupported_compression``);
     details ``path``, ``compression``, ``reason`` and a ``suggestion``."""
     raw = "decompress: false reads the file's own bytes (with encoding: base64)"
-    if why.reason in ("too_large", "compression_ratio"):
+    if why.reason in ("too_large", "compression_ratio", "window_too_large"):
         return ToolError(FILE_TOO_LARGE, f"{path}: {why.message}", path=path, compression=kind, reason=why.reason,
                          suggestion=raw, **why.details)
     if why.reason == "corrupt":

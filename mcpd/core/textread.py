@@ -427,5 +427,6 @@ def _read(src: rawread.Source, st: os.stat_result, args: dict[str, Any], limits:
                 info["totalLines"] = meta["lines"]
         if src.kind is not None:
             meta.update(compression=src.kind, compressedSize=st.st_size)
-        result["metadata"] = {**meta, **info, **({"encoding": "base64"} if requested == "base64" else {})}
+        result["metadata"] = {**meta, **info, **({"encoding": "base64"} if requested == "base64" else {}),
+                              **rawread.identity(st)}
     return result

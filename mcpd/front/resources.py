@@ -57,6 +57,7 @@ from mcpd.front.mcp.jsonrpc import INTERNAL, INVALID_PARAMS, RpcError
 from mcpd.front.privileged import PrivilegedBackend
 from mcpd.helper.wire.errors import (
     BINARY_FILE,
+    ENCODING_ERROR,
     FILE_NOT_FOUND,
     FILE_TOO_LARGE,
     HELPER_UNAVAILABLE,
@@ -80,7 +81,8 @@ TEMPLATE: dict[str, Any] = {
     "description": (
         "A file on the server, read with the caller's account rights. Query options: "
         "start_line, end_line (1-based, inclusive), encoding (utf-8, ascii, latin-1, cp1252, utf-16, "
-        "auto, base64: a blob), include_metadata (default true: size, lines, encoding, language, lastModified, sha256 "
+        "auto, base64: a blob), decompress (default true; false: a compressed file's own bytes), "
+        "include_metadata (default true: size, lines, encoding, language, lastModified, sha256 "
         "in _meta), privileged (through an mcp-sudo.yaml grant). Example: "
         "file:///var/log/syslog?start_line=50&end_line=100. file:relative/path reads inside the "
         "caller's workspace. A file that is not text comes back as a blob (base64); a .gz, .xz, .bz2 or "
@@ -89,7 +91,7 @@ TEMPLATE: dict[str, Any] = {
     "mimeType": "text/plain",
 }
 
-_QUERY_KEYS = frozenset({"start_line", "end_line", "encoding", "include_metadata", "privileged"})
+_QUERY_KEYS = frozenset({"start_line", "end_line", "encoding", "include_metadata", "privileged", "decompress"})
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
 
 
@@ -125,6 +127,14 @@ def mime_type(path: str, binary: bool = False) -> str:
         return _MIME_BY_SUFFIX[suffix]
     guessed, _ = mimetypes.guess_type(posixpath.basename(path), strict=False)
     return guessed or ("application/octet-stream" if binary else "text/plain")
+
+
+def _other_encoding(exc: ToolError) -> str:
+    """The ``suggestion`` of a resource read whose text is not in the encoding asked for."""
+    found = exc.details.get("detectedEncoding")
+    names = [found] if isinstance(found, str) and found not in ("unknown", "base64", "latin-1") else []
+    options = ", ".join(f"?encoding={n}" for n in [*names, "latin-1", "auto"])
+    return f"read it again with {options}, or ?encoding=base64 (its bytes, as a blob)"
 
 
 def _denied(path: str, reason: str) -> ToolError:
@@ -181,7 +191,7 @@ def _query_options(query: str) -> dict[str, Any]:
             if number is None:
                 raise invalid_argument(f"{key} must be an integer", argument=key)
             out[key] = number
-        elif key in ("include_metadata", "privileged"):
+        elif key in ("include_metadata", "privileged", "decompress"):
             out[key] = _bool(value, key)
         else:
             out[key] = value
@@ -224,7 +234,7 @@ def read_args(uri: str, params: Mapping[str, Any], workspace: str | None) -> dic
 
     Args:
         uri: the ``file:`` URI. params: the ``resources/read`` params (``encoding``,
-            ``includeMetadata``, ``lineRange``, ``privileged``; others ignored).
+            ``includeMetadata``, ``lineRange``, ``privileged``, ``decompress``; others ignored).
         workspace: the caller's workspace (absolute) or ``None``.
 
     Raises:
@@ -242,6 +252,8 @@ def read_args(uri: str, params: Mapping[str, Any], workspace: str | None) -> dic
         args["include_metadata"] = params["includeMetadata"]
     if "privileged" in params:
         args["privileged"] = params["privileged"]
+    if "decompress" in params:
+        args["decompress"] = params["decompress"]
     if "lineRange" in params:
         rng = params["lineRange"]
         if not isinstance(rng, dict) or set(rng) - {"start", "end"}:
@@ -327,6 +339,8 @@ class FileResources:
         except ToolError as exc:
             if exc.code == FILE_TOO_LARGE and args is not None and args.get("encoding") == "base64":
                 exc = ToolError(FILE_TOO_LARGE, exc.message, **{**exc.details, "suggestion": _PAGE_IT})
+            elif exc.code == ENCODING_ERROR and "suggestion" not in exc.details:
+                exc = ToolError(ENCODING_ERROR, exc.message, **{**exc.details, "suggestion": _other_encoding(exc)})
             raise rpc_error(exc, ctx.modern, uri) from None
         item: dict[str, Any] = {"uri": uri}
         if args["encoding"] == "base64":

@@ -334,6 +334,19 @@ def test_linuxctl_grep_prints_like_grep_and_exits_like_it(daemon: Daemon, tree: 
     assert inverted.stdout.decode().splitlines() == [f"{tree}/sub/b.log:1:nothing here"]
 
 
+
+def test_linuxctl_grep_keeps_tabs_and_backslashes_but_not_terminal_controls(daemon: Daemon, tmp_path: Path) -> None:
+    """A line's tab and backslash print as grep -rn prints them; CR, ESC, other C0, C1 and bidi
+    controls, which could forge or recolour a line, are escaped."""
+    p = tmp_path / "odd.conf"
+    p.write_bytes("key\tvalue a\tb\\c\nforged\r fake:1:line \x1b[31mred\x1b[0m \u0085 \u202e evil\n".encode())
+    out = linuxctl(*flags(daemon), "grep", "a", str(p))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode().splitlines() == [
+        f"{p}:1:key\tvalue a\tb\\c",
+        f"{p}:2:forged\\x0d fake:1:line \\x1b[31mred\\x1b[0m \\x85 \\u202e evil",
+    ]
+
 def test_access_record_keeps_the_patterns_hash_not_the_pattern(daemon: Daemon, tree: Path) -> None:
     grep(daemon, pattern="s3cr3t-needle", path=str(tree), max_depth=2)
     records = [json.loads(line) for line in (daemon.state_dir / "access.jsonl").read_text().splitlines()]

@@ -327,3 +327,29 @@ def test_privileged_base64_and_decompressed_reads_under_a_grant(privsep_daemon: 
     finally:
         for path in (blob, packed, outside):
             path.unlink(missing_ok=True)
+
+
+def _wide_window_zst() -> bytes:
+    """A valid zstd frame whose header asks for a 2 GiB window (windowLog 31), holding RLE blocks of
+    ``x`` and a last block ``xxxxxxxxxx``: no default decoder accepts it."""
+    def rle(n: int, last: bool) -> bytes:
+        return ((n << 3) | (1 << 1) | int(last)).to_bytes(3, "little") + b"x"
+    return b"\x28\xb5\x2f\xfd" + bytes([0x00, 21 << 3]) + rle(128 * 1024, False) * 3 + rle(10, True)
+
+
+def test_a_zstd_window_past_the_decoder_bound_is_file_too_large_not_corrupt(daemon: Daemon, tmp_path: Path) -> None:
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    p = folder / "long.log.zst"
+    p.write_bytes(_wide_window_zst())
+    read, = calls(daemon, {"path": str(p), "offset": 0, "limit": 100})
+    error = error_of(read, "FILE_TOO_LARGE")
+    assert error["details"]["reason"] == "window_too_large" and error["details"]["compression"] == "zst"
+    assert "window" in error["message"] and "decompress: false" in error["details"]["suggestion"]
+
+    async def grep() -> list[dict[str, Any]]:
+        async with Client(daemon.url, daemon.token, daemon.cacert, timeout=CALL_TIMEOUT) as c:
+            return [await c.call_tool("files/grep", {"path": str(q), "pattern": "x"}, check=False) for q in (p, folder)]
+    alone, tree = asyncio.run(grep())
+    assert error_of(alone, "FILE_TOO_LARGE")["details"]["reason"] == "window_too_large"
+    assert tree["structuredContent"]["files_skipped"] == {"window_too_large": 1}, tree

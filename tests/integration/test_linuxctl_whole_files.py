@@ -173,6 +173,45 @@ def test_file_shrinking_while_read_is_an_error(daemon: Any, tmp_path: Path) -> N
     assert err.startswith(b"FILE_CHANGED: ")
 
 
+
+@pytest.mark.parametrize("kind", ["text", "binary"])
+@pytest.mark.parametrize("grown", [0, 5000, "in place"])
+def test_file_replaced_while_read_is_an_error_not_a_splice(daemon: Any, tmp_path: Path, kind: str,
+                                                            grown: Any) -> None:
+    """mv B PATH between two pages (B the same size or larger), or the same file rewritten in
+    place at its size: FILE_CHANGED and exit 1, never the first page of one file and the rest of
+    another with exit 0."""
+    fill = b"\0" if kind == "binary" else b""
+    path = make_file(tmp_path, "replaced.dat", fill + b"a" * (3 * pager.PAGE_BYTES - len(fill)))
+    extra = grown if isinstance(grown, int) else 0
+    other = make_file(tmp_path, "other.dat", fill + b"b" * (3 * pager.PAGE_BYTES + extra - len(fill)))
+    with subprocess.Popen([LINUXCTL, *flags(daemon), "get", "files", str(path)], env=env_for(daemon),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            got = b""
+            while len(got) < pager.PAGE_BYTES - 1:  # linuxctl blocks writing page 1 until it is all read
+                chunk = proc.stdout.read(pager.PAGE_BYTES - 1 - len(got))
+                assert chunk, proc.stderr.read()
+                got += chunk
+            if grown == "in place":
+                time.sleep(0.01)  # a later mtime, whatever the file system's clock grain
+                with open(path, "r+b") as f:
+                    f.write(other.read_bytes())
+            else:
+                os.rename(other, path)
+            got += proc.stdout.read()
+            err = proc.stderr.read()
+            assert proc.wait(timeout=60) == 1, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert err.startswith(b"FILE_CHANGED: ") and (b"rewritten" if grown == "in place" else b"replaced") in err
+    assert b"a" * 10 in got
+    unchanged = linuxctl(*flags(daemon), "get", "files", str(path))  # the new file, left alone: copied whole
+    assert unchanged.returncode == 0, unchanged.stderr
+    assert unchanged.stdout == path.read_bytes()
+
 def test_progress_on_a_terminal_only_for_large_files(daemon: Any, tmp_path: Path) -> None:
     path = make_file(tmp_path, "progress.log", log_bytes(9 * MiB))
     small = make_file(tmp_path, "small.log", b"tiny\n")

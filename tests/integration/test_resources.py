@@ -436,3 +436,43 @@ async def test_resource_symlinks_and_tricks_leak_nothing_across_accounts(privsep
         for name in links:
             (Path(alice.home) / f"a13-{name}").unlink(missing_ok=True)
         private.unlink(missing_ok=True)
+
+
+async def test_resource_decompress_false_reads_the_stored_bytes(daemon: Daemon, tmp_path: Path) -> None:
+    """decompress is a resource option (query and params), checked like every other: the
+    suggestion of a compressed file that does not decompress names it."""
+    import base64
+    import gzip
+    p = tmp_path / "app.log.gz"
+    packed = gzip.compress(b"hello\n")
+    p.write_bytes(packed)
+    async with client(daemon) as c:
+        text = (await c.request("resources/read", {"uri": uri_of(p)}))["contents"][0]
+        by_query = (await c.request("resources/read", {"uri": uri_of(p, "decompress=false")}))["contents"][0]
+        by_param = (await c.request("resources/read", {"uri": uri_of(p), "decompress": False}))["contents"][0]
+        bad_query = await rpc_failure(c, uri_of(p, "decompress=maybe"))
+    assert text["text"] == "hello\n"
+    assert base64.b64decode(by_query["blob"]) == base64.b64decode(by_param["blob"]) == packed
+    assert bad_query.code == "INVALID_ARGUMENT" and bad_query.details["argument"] == "decompress"
+    broken = tmp_path / "broken.gz"
+    broken.write_bytes(packed[:12])
+    async with client(daemon) as c:
+        corrupt = await rpc_failure(c, uri_of(broken))
+        raw = (await c.request("resources/read", {"uri": uri_of(broken), "decompress": False}))["contents"][0]
+        with pytest.raises(Exception) as bad_param:
+            await c.request("resources/read", {"uri": uri_of(p), "decompress": "no"})
+    assert corrupt.details["reason"] == "corrupt" and "decompress" in corrupt.details["suggestion"]
+    assert base64.b64decode(raw["blob"]) == packed[:12]
+    assert "decompress" in str(bad_param.value)
+
+
+async def test_resource_not_in_the_encoding_suggests_one_that_reads_it(daemon: Daemon, tmp_path: Path) -> None:
+    p = tmp_path / "latin1.txt"
+    p.write_bytes("caf\u00e9 cr\u00e8me\n".encode("latin-1"))
+    async with client(daemon) as c:
+        failed = await rpc_failure(c, uri_of(p))
+        again = await c.read_resource(uri_of(p, "encoding=latin-1"))
+    assert failed.code == "ENCODING_ERROR"
+    for option in ("?encoding=latin-1", "?encoding=auto", "?encoding=base64"):
+        assert option in failed.details["suggestion"]
+    assert again["text"] == "caf\u00e9 cr\u00e8me\n"

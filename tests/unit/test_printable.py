@@ -154,3 +154,12 @@ def test_different_fields_never_look_the_same(a: str, b: str) -> None:
 
     if a != b:
         assert field(a, limit=None) != field(b, limit=None)
+
+
+def test_line_mode_keeps_tab_and_backslash_and_escapes_what_forges_a_line() -> None:
+    from mcpd.common.printable import printable as shown
+    assert shown("a\tb\\c", line=True) == "a\tb\\c"
+    assert shown("a\tb\\c") == "a\\x09b\\\\c"  # names and audit fields keep the one-to-one form
+    for ch, esc in (("\r", "\\x0d"), ("\n", "\\x0a"), ("\x1b", "\\x1b"), ("\x07", "\\x07"), ("\x7f", "\\x7f"),
+                    ("\u0085", "\\x85"), ("\u202e", "\\u202e"), ("\u2028", "\\u2028"), ("\u200b", "\\u200b")):
+        assert shown(f"x{ch}y", line=True) == f"x{esc}y"

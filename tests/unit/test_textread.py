@@ -574,6 +574,13 @@ def test_include_metadata_fields(tmp_path: Path) -> None:
     p = mk(tmp_path, data, "tool")
     os.utime(p, (0, 1700000000))
     meta = call(p, include_metadata=True)["result"]["metadata"]
+    st = os.stat(p)
+    ident = {"fileId": meta.pop("fileId"), "version": meta.pop("version")}
+    assert ident == {k: v for k, v in call(p, encoding="base64")["result"]["metadata"].items() if k in ident}
+    os.utime(p, (0, 1700000001))  # a write's new mtime: a new version of the same file
+    assert call(p, encoding="base64")["result"]["metadata"]["fileId"] == ident["fileId"]
+    assert call(p, encoding="base64")["result"]["metadata"]["version"] != ident["version"]
+    assert st.st_size == len(data)
     assert meta == {
         "path": str(p),
         "size": len(data),

@@ -2,8 +2,8 @@
 
 Exit 0 when a line was selected, 1 when none was, 2 on any error (a usage error, a tool error, a
 refused token, an unreachable server: its ``CODE: message`` on stderr), as grep(1) does. The
-lines are escaped (:func:`mcpd.common.printable.printable`): a file's text cannot drive the
-terminal. When the server stops at its match or answer limit, the next page is asked for with
+lines are escaped (:func:`mcpd.common.printable.printable`; a line's tabs and backslashes stay as
+grep prints them): a file's text cannot drive the terminal. When the server stops at its match or answer limit, the next page is asked for with
 its cursor, until ``--max-count`` lines are printed or nothing is left; when it stops at its
 time or byte limit, that is said on stderr with the cursor, and the exit status follows the
 lines printed.
@@ -70,7 +70,7 @@ def grep(settings: Settings, pattern: str, path: str, recursive: bool, ignore_ca
             page = dict(args, max_matches=want, **({"cursor": cursor} if cursor else {}))
             data = (await client.call_tool("files/grep", page, timeout=wait)).get("structuredContent") or {}
             matches = [m for m in data.get("matches") or [] if isinstance(m, dict)]
-            lines = grep_lines(matches, printable)
+            lines = grep_lines(matches, printable, lambda text: printable(text, line=True))
             if lines:
                 write_out(("\n".join(lines) + "\n").encode("utf-8"))
             printed += len(matches)

@@ -104,7 +104,7 @@ class Search:
             if alone:
                 if why.reason == "binary":
                     raise ToolError(BINARY_FILE, why.message) from None
-                if why.reason in ("too_large", "compression_ratio"):
+                if why.reason in ("too_large", "compression_ratio", "window_too_large"):
                     raise ToolError(FILE_TOO_LARGE, f"{path}: {why.message}", path=path, reason=why.reason,
                                     **why.details) from None
                 if why.reason == "unsupported_compression":

@@ -25,7 +25,8 @@ lastModified, sha256 as structured content).
 
 encoding base64 reads any file, binary too: the text item is the bytes of the window (offset, limit; \
 10240 bytes without limit; at most 3/4 of the response cap) base64-encoded, and structured content gives \
-byteRange {start, end}, next_offset (null at the end), eof and size. Lines do not apply to it.
+byteRange {start, end}, next_offset (null at the end), eof, size, and fileId and version (the file read: \
+another fileId = another file at the path; another version = it was written). Lines do not apply to it.
 
 Compressed files (.gz, .xz, .bz2, .zst) are read as the text they decompress to: offsets and lines count in \
 that text (a read further back decompresses again from the start); metadata names the compression. \
