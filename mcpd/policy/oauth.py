@@ -5,8 +5,9 @@ or refuses it (:class:`OAuthRefused`, its reason for the audit record only). In 
 (:func:`~mcpd.common.identity.looks_like_jwt`), the header (``typ`` ``at+jwt`` or ``JWT``,
 ``alg`` in the issuer's allow-list, which never holds ``none`` or ``HS*``), the issuer by exact
 ``iss``, the key by ``kid`` in that issuer's JWK Set (an unknown ``kid`` re-reads the file once,
-at most once a second, then refuses), the signature with PyJWT, ``exp`` (required), ``nbf`` and
-``iat`` with ``leeway_seconds``, ``aud`` among the issuer's ``audiences`` (required). Then the
+at most once a second, then refuses), the signature alone with PyJWT's JWS (every refusal after it
+is ``signed``: of a genuine token), ``exp`` (required), ``nbf`` and ``iat`` JSON numbers of seconds
+(:func:`_plain_time`) checked with ``leeway_seconds``, ``aud`` among the issuer's ``audiences`` (required). Then the
 identity: principal ``<issuer name>:<principal_claim>`` (:data:`CLAIM_VALUE_RE`: never a
 ``:``, a control character or a space), the OS account of ``account_claim`` when it matches the
 issuer's ``accounts`` globs and is an ordinary account (:func:`ordinary_account`) root says is
@@ -35,6 +36,7 @@ from typing import Any
 
 import jwt
 
+from mcpd.common.config import POLICY_USER, WALK_USER
 from mcpd.common.identity import NAME_RE, Principal, looks_like_jwt
 from mcpd.common.oauthconfig import JWKS_USER, OAuth, OAuthIssuer
 from mcpd.common.printable import printable
@@ -57,9 +59,16 @@ class OAuthRefused(Exception):
     ``signed``: its issuer's signature was verified (a genuine token, refused for its claims),
     else anyone could have sent it (such refusals are not recorded, as unknown static tokens are not)."""
 
-    def __init__(self, reason: str, signed: bool = False) -> None:
+    def __init__(self, reason: str, signed: bool = False, claims: dict[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.signed = signed
+        #: the verified token's :func:`audit_claims` (empty unless ``signed``)
+        self.claims = audit_claims(claims) if signed and claims is not None else ()
+
+
+def _plain_time(value: Any) -> bool:
+    """Whether ``value`` is a JSON number of seconds PyJWT and the clock can hold (0 to 2**53)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 2**53
 
 
 def _jwks_owners() -> set[int]:
@@ -113,6 +122,12 @@ class _Issuer:
     cfg: OAuthIssuer
     keys: Reloading[dict[str, jwt.PyJWK]]
     last_reload: float = 0.0
+
+
+def daemon_accounts(service_user: str) -> set[str]:
+    """The daemon's own OS accounts, never a token's account: the service's, the policy
+    process's, the walker's and the JWK Set fetcher's (:data:`JWKS_USER`)."""
+    return {service_user, POLICY_USER, WALK_USER, JWKS_USER}
 
 
 def ordinary_account(name: str, reserved: set[str]) -> str | None:
@@ -196,33 +211,41 @@ class OAuthVerifier:
         kty = key._jwk_data.get("kty", "")
         if not alg.startswith(_KTY_ALGS.get(kty, ("-",))) or key._jwk_data.get("alg", alg) != alg:
             raise OAuthRefused("algorithm does not fit the key")
-        try:  # (PyJWT checks the signature first, then the claims)
-            claims = jwt.decode(token, key.key, algorithms=[alg], audience=list(iss.cfg.audiences),
-                                issuer=iss.cfg.issuer, leeway=self.cfg.leeway_seconds,
-                                options={"require": ["exp", "iss", "aud"], "verify_iat": False})
-        except jwt.ExpiredSignatureError:
-            raise OAuthRefused("expired", signed=True) from None
-        except jwt.ImmatureSignatureError:
-            raise OAuthRefused("not yet valid", signed=True) from None
-        except jwt.InvalidAudienceError:
-            raise OAuthRefused("wrong audience", signed=True) from None
-        except jwt.MissingRequiredClaimError as exc:
-            raise OAuthRefused(f"no {exc.claim} claim", signed=True) from None
-        except (jwt.InvalidSignatureError, jwt.DecodeError) as exc:
-            raise OAuthRefused(f"invalid: {type(exc).__name__}") from None
+        try:  # the signature alone first: every refusal after it is of a genuine token
+            jwt.api_jws.PyJWS().decode_complete(token, key.key, algorithms=[alg])
         except jwt.PyJWTError as exc:
-            raise OAuthRefused(f"invalid: {type(exc).__name__}", signed=True) from None
+            raise OAuthRefused(f"invalid: {type(exc).__name__}") from None
+        for name in ("exp", "nbf", "iat"):
+            if name in unverified and not _plain_time(unverified[name]):
+                raise OAuthRefused(f"{name} is not a number of seconds", signed=True, claims=unverified)
+        try:  # then the claims (the signature already verified: PyJWT is not asked again)
+            claims = jwt.decode(token, options={"verify_signature": False, "verify_exp": True, "verify_nbf": True,
+                                                "verify_iat": False, "verify_aud": True, "verify_iss": True,
+                                                "verify_sub": True, "verify_jti": True,
+                                                "require": ["exp", "iss", "aud"]},
+                                audience=list(iss.cfg.audiences), issuer=iss.cfg.issuer,
+                                leeway=self.cfg.leeway_seconds)
+        except jwt.ExpiredSignatureError:
+            raise OAuthRefused("expired", signed=True, claims=unverified) from None
+        except jwt.ImmatureSignatureError:
+            raise OAuthRefused("not yet valid", signed=True, claims=unverified) from None
+        except jwt.InvalidAudienceError:
+            raise OAuthRefused("wrong audience", signed=True, claims=unverified) from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise OAuthRefused(f"no {exc.claim} claim", signed=True, claims=unverified) from None
+        except (jwt.PyJWTError, ValueError, TypeError, OverflowError) as exc:
+            raise OAuthRefused(f"invalid: {type(exc).__name__}", signed=True, claims=unverified) from None
         try:
             return self._principal(iss.cfg, claims, token)
         except OAuthRefused as exc:
-            raise OAuthRefused(str(exc), signed=True) from None
+            raise OAuthRefused(str(exc), signed=True, claims=claims) from None
 
     def _principal(self, cfg: OAuthIssuer, claims: dict[str, Any], token: str) -> Principal:
         value = claims.get(cfg.principal_claim)
         if not isinstance(value, str) or not CLAIM_VALUE_RE.fullmatch(value):
             raise OAuthRefused(f"principal claim {cfg.principal_claim} missing or not a plain name")
         account = claims.get(cfg.account_claim)
-        if not isinstance(account, str) or not NAME_RE.match(account):
+        if not isinstance(account, str) or not NAME_RE.fullmatch(account):
             raise OAuthRefused(f"account claim {cfg.account_claim} missing or not an OS account name")
         if not any(fnmatch.fnmatchcase(account, glob) for glob in cfg.accounts):
             raise OAuthRefused("account not allowed for this issuer")
@@ -236,9 +259,14 @@ class OAuthVerifier:
         if isinstance(raw, list):
             groups = tuple(f"{cfg.name}:{g}" for g in raw if isinstance(g, str) and CLAIM_VALUE_RE.fullmatch(g))
         return Principal(name=f"{cfg.name}:{value}", os_user=account,
-                         token_id=hashlib.sha256(token.encode("ascii")).hexdigest()[:12],
+                         token_id=oauth_token_id(token),
                          scopes=scopes_of(claims), expires=float(claims["exp"]),
                          claims=audit_claims(claims), groups=groups)
+
+
+def oauth_token_id(token: str) -> str:
+    """An access token's 12-hex id in records (as a static token's): its SHA-256's first 12 digits."""
+    return hashlib.sha256(token.encode("ascii", "replace")).hexdigest()[:12]
 
 
 def scopes_of(claims: dict[str, Any]) -> tuple[str, ...]:
