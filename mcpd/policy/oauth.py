@@ -15,16 +15,16 @@ usable (``/etc/shadow``: not locked, not expired).
 
 Each JWK Set file is held by the one reload holder, read without root's help (a public file, mode
 0644) and trusted only when it is a regular file, no symlink, owned by root or by
-:data:`JWKS_USER`, not group- or world-writable; a bad file is logged and the last good set kept.
-Keys with private members (``d``), symmetric keys (``oct``) and keys for another use than ``sig``
-are dropped. No network is used here.
+:data:`JWKS_USER`, not group- or world-writable, and a JWK Set :func:`~mcpd.common.jwkset.parse_jwk_set`
+accepts whole (a key with a private member, a symmetric key, a broken key refuses the set, as
+``mcpd jwks fetch`` refuses it); a bad file is logged and the last good set kept. Keys for
+another use than ``sig`` are not used. No network is used here.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import logging
 import pwd
 import re
@@ -38,6 +38,7 @@ import jwt
 
 from mcpd.common.config import POLICY_USER, WALK_USER
 from mcpd.common.identity import NAME_RE, Principal, looks_like_jwt
+from mcpd.common.jwkset import JWKSetError, parse_jwk_set
 from mcpd.common.oauthconfig import JWKS_USER, OAuth, OAuthIssuer
 from mcpd.common.printable import printable
 from mcpd.common.reload import Reloading
@@ -85,8 +86,9 @@ def load_jwks(path: str, owners: set[int] | None = None) -> dict[str, jwt.PyJWK]
     without one).
 
     Raises:
-        ConfigFileError: unsafe file (see the module docstring), not JSON, not a JWK Set, or no
-            usable key in it.
+        ConfigFileError: unsafe file (see the module docstring), not a JWK Set of public keys
+            (:func:`~mcpd.common.jwkset.parse_jwk_set`: the whole set is refused), or no usable
+            signing key in it.
     """
     found: list[list[str]] = []
     text = ""
@@ -98,16 +100,14 @@ def load_jwks(path: str, owners: set[int] | None = None) -> dict[str, jwt.PyJWK]
             found.append(exc.errors)
     else:  # the reason of the attempt whose owner fitted, when one did (else: not owned by any)
         raise ConfigFileError(next((e for e in found if not any("not owned by" in m for m in e)), found[0]))
-    try:
-        data = json.loads(text)
-    except ValueError:
-        raise ConfigFileError([f"{path}: not JSON"]) from None
-    if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
-        raise ConfigFileError([f"{path}: not a JWK Set (an object with a 'keys' list)"])
+    try:  # the one JWK Set checker: a private, symmetric or broken key refuses the whole set
+        checked = parse_jwk_set(text.encode("utf-8"))
+    except JWKSetError as exc:
+        raise ConfigFileError([f"{path}: {exc}"]) from None
     keys: dict[str, jwt.PyJWK] = {}
-    for i, jwk in enumerate(data["keys"]):
-        if not isinstance(jwk, dict) or jwk.get("kty") not in _KTY_ALGS or "d" in jwk or jwk.get("use", "sig") != "sig":
-            continue  # symmetric, private, encryption-only or unknown keys are never used
+    for i, jwk in enumerate(checked):
+        if jwk.get("use", "sig") != "sig":
+            continue  # a public key for encryption is never used to verify
         try:
             keys[str(jwk.get("kid", ""))] = jwt.PyJWK(jwk)
         except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError) as exc:

@@ -112,8 +112,10 @@ def test_a_bad_jwks_file_keeps_the_last_good_set_and_refuses_unsafe_ones(idp: Te
     idp.jwks_file.write_text("{not json", encoding="utf-8")
     v.refresh()
     assert v.verify(idp.token(alice.name)).os_user == alice.name  # last good set
-    idp.write(extra=[{"kty": "oct", "k": "c2VjcmV0", "kid": "hs"}])
-    assert set(load_jwks(str(idp.jwks_file))) == {"rsa1", "ec1"}  # a symmetric key is never used
+    idp.write(extra=[{"kty": "oct", "k": "c2VjcmV0", "kid": "hs"}])  # a symmetric key refuses the set
+    with pytest.raises(Exception, match="symmetric"):
+        load_jwks(str(idp.jwks_file))
+    idp.write()
     os.chmod(idp.jwks_file, 0o666)
     with pytest.raises(Exception, match="writable"):
         load_jwks(str(idp.jwks_file))
@@ -229,3 +231,18 @@ def test_the_jwks_fetchers_account_is_a_daemon_account(idp: TestIssuer) -> None:
     v = OAuthVerifier(_cfg(idp.jwks_file, accounts=["mcpd*"]), usable, reserved)
     with pytest.raises(OAuthRefused, match="daemon account"):
         v.verify(idp.token(JWKS_USER))
+
+
+@pytest.mark.parametrize("member", ["d", "p", "q", "dp", "dq", "qi", "oth", "k"])
+def test_a_jwks_file_with_a_private_member_is_refused_whole_and_the_last_good_set_kept(
+        idp: TestIssuer, os_accounts: AccountFactory, member: str) -> None:
+    """One key-set checker (the fetcher's): any private member refuses the whole file."""
+    alice = os_accounts.user(password="pw-1")
+    v = _verifier(idp)
+    assert v.verify(idp.token(alice.name)).os_user == alice.name
+    leaked = dict(idp.jwks(["rsa1"])["keys"][0], kid="leak", **{member: "AQAB"})
+    idp.write(extra=[leaked])
+    with pytest.raises(Exception, match="private key members"):
+        load_jwks(str(idp.jwks_file))
+    v.refresh()
+    assert v.verify(idp.token(alice.name)).os_user == alice.name  # the last good set stays
