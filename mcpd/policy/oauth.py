@@ -15,7 +15,8 @@ usable (``/etc/shadow``: not locked, not expired).
 
 Each JWK Set file is held by the one reload holder, read without root's help (a public file, mode
 0644) and trusted only when it is a regular file, no symlink, owned by root or by
-:data:`JWKS_USER`, not group- or world-writable, and a JWK Set :func:`~mcpd.common.jwkset.parse_jwk_set`
+:data:`JWKS_USER`, not group- or world-writable, in a folder of the same owners and mode
+(:func:`~mcpd.common.folders.safe_folder`, checked before the read), and a JWK Set :func:`~mcpd.common.jwkset.parse_jwk_set`
 accepts whole (a key with a private member, a symmetric key, a broken key refuses the set, as
 ``mcpd jwks fetch`` refuses it); a bad file is logged and the last good set kept. Keys for
 another use than ``sig`` are not used. No network is used here.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import logging
+import os
 import pwd
 import re
 import threading
@@ -37,6 +39,7 @@ from typing import Any
 import jwt
 
 from mcpd.common.config import POLICY_USER, WALK_USER
+from mcpd.common.folders import safe_folder
 from mcpd.common.identity import NAME_RE, Principal, looks_like_jwt
 from mcpd.common.jwkset import JWKSetError, parse_jwk_set
 from mcpd.common.oauthconfig import JWKS_USER, OAuth, OAuthIssuer
@@ -92,7 +95,17 @@ def load_jwks(path: str, owners: set[int] | None = None) -> dict[str, jwt.PyJWK]
     """
     found: list[list[str]] = []
     text = ""
-    for owner in sorted(owners if owners is not None else _jwks_owners()):
+    owners = owners if owners is not None else _jwks_owners()
+    folder_errors = []
+    for owner in sorted(owners):  # the folder: owned by one of them, not group/other-writable, root's above
+        try:
+            os.close(safe_folder(os.path.dirname(os.path.abspath(path)), owner=owner, leaf_mask=0o022, create=False))
+            break
+        except OSError as exc:
+            folder_errors.append(f"{path}: unsafe folder: {exc.strerror or exc}")
+    else:
+        raise ConfigFileError(folder_errors[-1:])
+    for owner in sorted(owners):
         try:
             text = read_secure_file(path, owner_uid=owner)
             break

@@ -246,3 +246,15 @@ def test_a_jwks_file_with_a_private_member_is_refused_whole_and_the_last_good_se
         load_jwks(str(idp.jwks_file))
     v.refresh()
     assert v.verify(idp.token(alice.name)).os_user == alice.name  # the last good set stays
+
+
+def test_a_jwks_file_in_a_folder_others_can_write_is_refused(idp: TestIssuer) -> None:
+    """Whoever can rename in the folder can swap the key set: a 0777 folder is refused."""
+    folder = idp.jwks_file.parent
+    assert set(load_jwks(str(idp.jwks_file))) == {"rsa1", "ec1"}
+    os.chmod(folder, 0o777)
+    try:
+        with pytest.raises(Exception, match="unsafe folder"):
+            load_jwks(str(idp.jwks_file))
+    finally:
+        os.chmod(folder, 0o700)
