@@ -16,10 +16,14 @@ import contextlib
 import errno
 import os
 import pwd
+import signal
 import ssl
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,8 +70,30 @@ class _HttpsOnlyRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise :class:`TimeoutError` in the block once ``seconds`` have passed (a SIGALRM timer: the
+    whole download, connecting, TLS, headers and body, not each socket read; only in the main
+    thread, where the command runs: elsewhere the block runs under its reads' timeouts alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"no complete answer within {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def download(url: str, cafile: str | None, timeout: float) -> bytes:
-    """GET ``url`` over verified TLS; its body (at most :data:`MAX_JWKS_BYTES` bytes).
+    """GET ``url`` over verified TLS; its body (at most :data:`MAX_JWKS_BYTES` bytes), all of it
+    within ``timeout`` seconds (one deadline, however slowly the server sends).
 
     Raises:
         FetchError: not https, TLS not trusted, unreachable, not 200, too large, or too slow.
@@ -82,14 +108,22 @@ def download(url: str, cafile: str | None, timeout: float) -> bytes:
     opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx), _HttpsOnlyRedirects())
     request = urllib.request.Request(url, headers={"Accept": "application/jwk-set+json, application/json",
                                                    "User-Agent": "mcpd-jwks-fetch"})
+    end = time.monotonic() + timeout
     try:
-        with opener.open(request, timeout=timeout) as resp:
+        with _deadline(timeout), opener.open(request, timeout=timeout) as resp:
             if resp.status != 200:
                 raise FetchError(f"answered HTTP {resp.status}")
             length = resp.headers.get("Content-Length")
             if length is not None and length.isdigit() and int(length) > MAX_JWKS_BYTES:
                 raise FetchError(f"larger than {MAX_JWKS_BYTES} bytes")
-            body: bytes = resp.read(MAX_JWKS_BYTES + 1)
+            body = b""
+            while len(body) <= MAX_JWKS_BYTES:  # in chunks, against the one deadline
+                if time.monotonic() > end:
+                    raise TimeoutError(f"no complete answer within {timeout:g} s")
+                chunk = resp.read1(65536)
+                if not chunk:
+                    break
+                body += chunk
     except urllib.error.HTTPError as exc:
         raise FetchError(f"answered HTTP {exc.code}") from None
     except urllib.error.URLError as exc:
@@ -187,7 +221,7 @@ def jwks() -> None:
 @click.option("--cafile", default=None, type=click.Path(dir_okay=False),
               help="Trust this CA (PEM) for the issuers' HTTPS instead of the system's CAs")
 @click.option("--timeout", default=15.0, show_default=True, type=click.FloatRange(0.1, 300),
-              help="Seconds allowed for each download")
+              help="Seconds allowed for each issuer's whole download")
 def fetch_cmd(config_path: str, names: tuple[str, ...], cafile: str | None, timeout: float) -> None:
     """Download each issuer's jwks_uri into its jwks_file when the set changed (atomically, 0644).
 

@@ -21,6 +21,7 @@ from starlette.routing import Route
 from mcpd.common.config import Config
 from mcpd.common.identity import Principal
 from mcpd.common.oauthconfig import SCOPE_PRIVILEGED, SCOPE_READ, OAuth
+from mcpd.front.resources import uri_privileged
 
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 
@@ -83,7 +84,7 @@ def _privileged(member: Any) -> bool:
         return isinstance(args, dict) and bool(args.get("privileged"))
     if member.get("method") == "resources/read":
         uri = params.get("uri")
-        return bool(params.get("privileged")) or (isinstance(uri, str) and "privileged=" in uri)
+        return bool(params.get("privileged")) or (isinstance(uri, str) and uri_privileged(uri))
     return False
 
 

@@ -198,6 +198,16 @@ def _query_options(query: str) -> dict[str, Any]:
     return out
 
 
+def uri_privileged(uri: str) -> bool:
+    """Whether ``uri``'s query asks for the privileged route, read as :func:`read_args` reads it
+    (decoded: ``privileg%65d=true`` is ``privileged=true``); False for a URI it refuses (such a
+    call is refused whatever its scopes)."""
+    try:
+        return bool(_query_options(split_uri(uri)[2]).get("privileged"))
+    except ToolError:
+        return False
+
+
 def split_uri(uri: str) -> tuple[str, bool, str]:
     """Split a ``file:`` URI into ``(decoded path, is_relative, query)``.
 

@@ -31,7 +31,7 @@ from mcpd.policy.connections import serve
 from mcpd.policy.grants import secret_paths
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Login, Store
-from mcpd.policy.oauth import OAuthVerifier
+from mcpd.policy.oauth import OAuthVerifier, daemon_accounts
 from mcpd.policy.rootclient import RootClient
 from mcpd.policy.state import State
 from mcpd.policy.workers import kill_worker
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                   principal_of=lambda account: principal_name(users, account))
     state = State(cfg=cfg, audit=audit, users=users, policy=holder, root=root, issued=issued, login=login)
     if cfg.oauth.enabled:
-        state.oauth = OAuthVerifier(cfg.oauth, root.usable, {cfg.service_user, config.POLICY_USER, config.WALK_USER})
+        state.oauth = OAuthVerifier(cfg.oauth, root.usable, daemon_accounts(cfg.service_user))
     flags = {"stop": False, "hup": False}
     signal.signal(signal.SIGTERM, lambda *_: flags.update(stop=True))
     signal.signal(signal.SIGINT, lambda *_: flags.update(stop=True))

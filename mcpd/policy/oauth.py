@@ -5,8 +5,9 @@ or refuses it (:class:`OAuthRefused`, its reason for the audit record only). In 
 (:func:`~mcpd.common.identity.looks_like_jwt`), the header (``typ`` ``at+jwt`` or ``JWT``,
 ``alg`` in the issuer's allow-list, which never holds ``none`` or ``HS*``), the issuer by exact
 ``iss``, the key by ``kid`` in that issuer's JWK Set (an unknown ``kid`` re-reads the file once,
-at most once a second, then refuses), the signature with PyJWT, ``exp`` (required), ``nbf`` and
-``iat`` with ``leeway_seconds``, ``aud`` among the issuer's ``audiences`` (required). Then the
+at most once a second, then refuses), the signature alone with PyJWT's JWS (every refusal after it
+is ``signed``: of a genuine token), ``exp`` (required), ``nbf`` and ``iat`` JSON numbers of seconds
+(:func:`_plain_time`) checked with ``leeway_seconds``, ``aud`` among the issuer's ``audiences`` (required). Then the
 identity: principal ``<issuer name>:<principal_claim>`` (:data:`CLAIM_VALUE_RE`: never a
 ``:``, a control character or a space), the OS account of ``account_claim`` when it matches the
 issuer's ``accounts`` globs and is an ordinary account (:func:`ordinary_account`) root says is
@@ -14,17 +15,19 @@ usable (``/etc/shadow``: not locked, not expired).
 
 Each JWK Set file is held by the one reload holder, read without root's help (a public file, mode
 0644) and trusted only when it is a regular file, no symlink, owned by root or by
-:data:`JWKS_USER`, not group- or world-writable; a bad file is logged and the last good set kept.
-Keys with private members (``d``), symmetric keys (``oct``) and keys for another use than ``sig``
-are dropped. No network is used here.
+:data:`JWKS_USER`, not group- or world-writable, in a folder of the same owners and mode
+(:func:`~mcpd.common.folders.safe_folder`, checked before the read), and a JWK Set :func:`~mcpd.common.jwkset.parse_jwk_set`
+accepts whole (a key with a private member, a symmetric key, a broken key refuses the set, as
+``mcpd jwks fetch`` refuses it); a bad file is logged and the last good set kept. Keys for
+another use than ``sig`` are not used. No network is used here.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import logging
+import os
 import pwd
 import re
 import threading
@@ -35,7 +38,10 @@ from typing import Any
 
 import jwt
 
+from mcpd.common.config import POLICY_USER, WALK_USER
+from mcpd.common.folders import safe_folder
 from mcpd.common.identity import NAME_RE, Principal, looks_like_jwt
+from mcpd.common.jwkset import JWKSetError, parse_jwk_set
 from mcpd.common.oauthconfig import JWKS_USER, OAuth, OAuthIssuer
 from mcpd.common.printable import printable
 from mcpd.common.reload import Reloading
@@ -57,9 +63,16 @@ class OAuthRefused(Exception):
     ``signed``: its issuer's signature was verified (a genuine token, refused for its claims),
     else anyone could have sent it (such refusals are not recorded, as unknown static tokens are not)."""
 
-    def __init__(self, reason: str, signed: bool = False) -> None:
+    def __init__(self, reason: str, signed: bool = False, claims: dict[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.signed = signed
+        #: the verified token's :func:`audit_claims` (empty unless ``signed``)
+        self.claims = audit_claims(claims) if signed and claims is not None else ()
+
+
+def _plain_time(value: Any) -> bool:
+    """Whether ``value`` is a JSON number of seconds PyJWT and the clock can hold (0 to 2**53)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 2**53
 
 
 def _jwks_owners() -> set[int]:
@@ -76,12 +89,23 @@ def load_jwks(path: str, owners: set[int] | None = None) -> dict[str, jwt.PyJWK]
     without one).
 
     Raises:
-        ConfigFileError: unsafe file (see the module docstring), not JSON, not a JWK Set, or no
-            usable key in it.
+        ConfigFileError: unsafe file (see the module docstring), not a JWK Set of public keys
+            (:func:`~mcpd.common.jwkset.parse_jwk_set`: the whole set is refused), or no usable
+            signing key in it.
     """
     found: list[list[str]] = []
     text = ""
-    for owner in sorted(owners if owners is not None else _jwks_owners()):
+    owners = owners if owners is not None else _jwks_owners()
+    folder_errors = []
+    for owner in sorted(owners):  # the folder: owned by one of them, not group/other-writable, root's above
+        try:
+            os.close(safe_folder(os.path.dirname(os.path.abspath(path)), owner=owner, leaf_mask=0o022, create=False))
+            break
+        except OSError as exc:
+            folder_errors.append(f"{path}: unsafe folder: {exc.strerror or exc}")
+    else:
+        raise ConfigFileError(folder_errors[-1:])
+    for owner in sorted(owners):
         try:
             text = read_secure_file(path, owner_uid=owner)
             break
@@ -89,16 +113,14 @@ def load_jwks(path: str, owners: set[int] | None = None) -> dict[str, jwt.PyJWK]
             found.append(exc.errors)
     else:  # the reason of the attempt whose owner fitted, when one did (else: not owned by any)
         raise ConfigFileError(next((e for e in found if not any("not owned by" in m for m in e)), found[0]))
-    try:
-        data = json.loads(text)
-    except ValueError:
-        raise ConfigFileError([f"{path}: not JSON"]) from None
-    if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
-        raise ConfigFileError([f"{path}: not a JWK Set (an object with a 'keys' list)"])
+    try:  # the one JWK Set checker: a private, symmetric or broken key refuses the whole set
+        checked = parse_jwk_set(text.encode("utf-8"))
+    except JWKSetError as exc:
+        raise ConfigFileError([f"{path}: {exc}"]) from None
     keys: dict[str, jwt.PyJWK] = {}
-    for i, jwk in enumerate(data["keys"]):
-        if not isinstance(jwk, dict) or jwk.get("kty") not in _KTY_ALGS or "d" in jwk or jwk.get("use", "sig") != "sig":
-            continue  # symmetric, private, encryption-only or unknown keys are never used
+    for i, jwk in enumerate(checked):
+        if jwk.get("use", "sig") != "sig":
+            continue  # a public key for encryption is never used to verify
         try:
             keys[str(jwk.get("kid", ""))] = jwt.PyJWK(jwk)
         except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError) as exc:
@@ -113,6 +135,12 @@ class _Issuer:
     cfg: OAuthIssuer
     keys: Reloading[dict[str, jwt.PyJWK]]
     last_reload: float = 0.0
+
+
+def daemon_accounts(service_user: str) -> set[str]:
+    """The daemon's own OS accounts, never a token's account: the service's, the policy
+    process's, the walker's and the JWK Set fetcher's (:data:`JWKS_USER`)."""
+    return {service_user, POLICY_USER, WALK_USER, JWKS_USER}
 
 
 def ordinary_account(name: str, reserved: set[str]) -> str | None:
@@ -196,33 +224,41 @@ class OAuthVerifier:
         kty = key._jwk_data.get("kty", "")
         if not alg.startswith(_KTY_ALGS.get(kty, ("-",))) or key._jwk_data.get("alg", alg) != alg:
             raise OAuthRefused("algorithm does not fit the key")
-        try:  # (PyJWT checks the signature first, then the claims)
-            claims = jwt.decode(token, key.key, algorithms=[alg], audience=list(iss.cfg.audiences),
-                                issuer=iss.cfg.issuer, leeway=self.cfg.leeway_seconds,
-                                options={"require": ["exp", "iss", "aud"], "verify_iat": False})
-        except jwt.ExpiredSignatureError:
-            raise OAuthRefused("expired", signed=True) from None
-        except jwt.ImmatureSignatureError:
-            raise OAuthRefused("not yet valid", signed=True) from None
-        except jwt.InvalidAudienceError:
-            raise OAuthRefused("wrong audience", signed=True) from None
-        except jwt.MissingRequiredClaimError as exc:
-            raise OAuthRefused(f"no {exc.claim} claim", signed=True) from None
-        except (jwt.InvalidSignatureError, jwt.DecodeError) as exc:
-            raise OAuthRefused(f"invalid: {type(exc).__name__}") from None
+        try:  # the signature alone first: every refusal after it is of a genuine token
+            jwt.api_jws.PyJWS().decode_complete(token, key.key, algorithms=[alg])
         except jwt.PyJWTError as exc:
-            raise OAuthRefused(f"invalid: {type(exc).__name__}", signed=True) from None
+            raise OAuthRefused(f"invalid: {type(exc).__name__}") from None
+        for name in ("exp", "nbf", "iat"):
+            if name in unverified and not _plain_time(unverified[name]):
+                raise OAuthRefused(f"{name} is not a number of seconds", signed=True, claims=unverified)
+        try:  # then the claims (the signature already verified: PyJWT is not asked again)
+            claims = jwt.decode(token, options={"verify_signature": False, "verify_exp": True, "verify_nbf": True,
+                                                "verify_iat": False, "verify_aud": True, "verify_iss": True,
+                                                "verify_sub": True, "verify_jti": True,
+                                                "require": ["exp", "iss", "aud"]},
+                                audience=list(iss.cfg.audiences), issuer=iss.cfg.issuer,
+                                leeway=self.cfg.leeway_seconds)
+        except jwt.ExpiredSignatureError:
+            raise OAuthRefused("expired", signed=True, claims=unverified) from None
+        except jwt.ImmatureSignatureError:
+            raise OAuthRefused("not yet valid", signed=True, claims=unverified) from None
+        except jwt.InvalidAudienceError:
+            raise OAuthRefused("wrong audience", signed=True, claims=unverified) from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise OAuthRefused(f"no {exc.claim} claim", signed=True, claims=unverified) from None
+        except (jwt.PyJWTError, ValueError, TypeError, OverflowError) as exc:
+            raise OAuthRefused(f"invalid: {type(exc).__name__}", signed=True, claims=unverified) from None
         try:
             return self._principal(iss.cfg, claims, token)
         except OAuthRefused as exc:
-            raise OAuthRefused(str(exc), signed=True) from None
+            raise OAuthRefused(str(exc), signed=True, claims=claims) from None
 
     def _principal(self, cfg: OAuthIssuer, claims: dict[str, Any], token: str) -> Principal:
         value = claims.get(cfg.principal_claim)
         if not isinstance(value, str) or not CLAIM_VALUE_RE.fullmatch(value):
             raise OAuthRefused(f"principal claim {cfg.principal_claim} missing or not a plain name")
         account = claims.get(cfg.account_claim)
-        if not isinstance(account, str) or not NAME_RE.match(account):
+        if not isinstance(account, str) or not NAME_RE.fullmatch(account):
             raise OAuthRefused(f"account claim {cfg.account_claim} missing or not an OS account name")
         if not any(fnmatch.fnmatchcase(account, glob) for glob in cfg.accounts):
             raise OAuthRefused("account not allowed for this issuer")
@@ -236,9 +272,14 @@ class OAuthVerifier:
         if isinstance(raw, list):
             groups = tuple(f"{cfg.name}:{g}" for g in raw if isinstance(g, str) and CLAIM_VALUE_RE.fullmatch(g))
         return Principal(name=f"{cfg.name}:{value}", os_user=account,
-                         token_id=hashlib.sha256(token.encode("ascii")).hexdigest()[:12],
+                         token_id=oauth_token_id(token),
                          scopes=scopes_of(claims), expires=float(claims["exp"]),
                          claims=audit_claims(claims), groups=groups)
+
+
+def oauth_token_id(token: str) -> str:
+    """An access token's 12-hex id in records (as a static token's): its SHA-256's first 12 digits."""
+    return hashlib.sha256(token.encode("ascii", "replace")).hexdigest()[:12]
 
 
 def scopes_of(claims: dict[str, Any]) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from mcpd.common.reload import Reloading
 from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Issued, Login, Store
-from mcpd.policy.oauth import OAuthRefused, OAuthVerifier
+from mcpd.policy.oauth import OAuthRefused, OAuthVerifier, oauth_token_id
 from mcpd.policy.opened import OpenedFiles
 from mcpd.policy.rootclient import RootClient
 
@@ -93,7 +93,7 @@ class State:
             except OAuthRefused as exc:
                 if exc.signed:  # a genuine token refused (expired, audience, account): who, and why
                     self.audit.record("reject", tool="authenticate", decision="reject", reason=f"oauth: {exc}",
-                                      route="oauth")
+                                      route="oauth", token_id=oauth_token_id(token), **dict(exc.claims))
                 return None
         self.users.refresh()
         principal = identity.verify(self.users.current, token)

@@ -241,3 +241,44 @@ def test_root_by_hand_writes_the_service_accounts_folder_as_its_file(idp: Served
     assert proc.returncode == 0, proc.stderr
     st = (folder / "corp.json").stat()
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (account.pw_uid, 0o644)
+
+
+def test_a_trickling_server_gets_one_deadline_for_the_whole_download(tmp_path: Path) -> None:
+    """--timeout bounds the whole download: a server sending a byte a second (each read well
+    within the timeout) is given up on at the deadline, not after its last byte."""
+    import socket
+    import ssl
+    import threading
+    import time
+
+    from mcpd.admin import certs
+    from mcpd.admin.jwks import FetchError, download
+
+    pki = certs.make_pki(tmp_path / "pki", ["127.0.0.1"])
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(pki.server_cert), str(pki.server_key))
+    listener = socket.create_server(("127.0.0.1", 0))
+    port, stop = listener.getsockname()[1], threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with ctx.wrap_socket(conn, server_side=True) as tls:
+            tls.recv(65536)
+            tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
+            while not stop.wait(0.5):
+                try:
+                    tls.sendall(b" ")
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(FetchError, match="within 2 s"):
+            download(f"https://127.0.0.1:{port}/certs", str(pki.ca_cert), 2.0)
+        assert time.monotonic() - started < 4
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()

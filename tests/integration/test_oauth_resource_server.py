@@ -7,6 +7,7 @@ keep working beside them.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import secrets
@@ -400,3 +401,21 @@ def test_a_forged_jwt_flood_takes_no_capacity_from_valid_tokens(setup: OAuthSetu
     # the forged tokens here are not expired, so any other refusal with a record is one of theirs)
     assert not [r for r in d.audit()[records_before:] if str(r.get("reason", "")).startswith("oauth")
                 and r.get("reason") != "oauth: expired"]
+
+
+def test_a_genuine_tokens_refusal_is_recorded_with_who(setup: OAuthSetup) -> None:
+    """A signed token refused for its claims: its record names the token (token_id), its issuer,
+    subject, client and jti (escaped); a bad time claim is a 401, never a 503."""
+    d, idp = setup.d, setup.idp
+    n0 = len(d.audit())
+    root = idp.token("root", jti="J\x1b[2J\nINJECT", sub="u-root")
+    huge = idp.token(setup.carol.name, exp=10**400, jti="jti-huge-exp")
+    with _http(d) as c:
+        for token in (root, huge):
+            assert c.post("/mcp", json=INIT, headers=_h(token)).status_code == 401
+    recs = [r for r in d.audit()[n0:] if str(r.get("reason", "")).startswith("oauth")]
+    by_sub = {r.get("sub"): r for r in recs}
+    rec = by_sub["u-root"]
+    assert rec["iss"] == ISSUER and rec["client"] == "agent-client" and "INJECT" in rec["jti"]
+    assert "\x1b" not in rec["jti"] and rec["token_id"] == hashlib.sha256(root.encode()).hexdigest()[:12]
+    assert any(r.get("jti") == "jti-huge-exp" for r in recs)

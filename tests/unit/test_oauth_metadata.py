@@ -45,3 +45,17 @@ def test_needed_scopes() -> None:
         ("files:read",)
     assert oauth.needed_scopes({"method": "resources/read", "params": {"uri": "file:///x?privileged=true"}}) == \
         ("files:read", "files:privileged")
+
+
+def test_needed_scopes_read_a_resource_uri_as_the_resource_parser_does() -> None:
+    """The query is decoded as resources/read decodes it: an encoded key or value is still a
+    privileged read (so the 403 step-up challenge is given), a mere substring is not."""
+    def needs(uri: str) -> tuple[str, ...]:
+        return oauth.needed_scopes({"method": "resources/read", "params": {"uri": uri}})
+    priv = ("files:read", "files:privileged")
+    assert needs("file:///x?privileg%65d=true") == priv
+    assert needs("file:///x?privileged=%74rue") == priv
+    assert needs("file:///x?privileged=TRUE") == priv
+    assert needs("file:///x?privileged=false") == ("files:read",)
+    assert needs("file:///x/privileged=true") == ("files:read",)  # a path, not a query option
+    assert needs("file:///x?privileged=maybe") == ("files:read",)  # refused by the parser anyway

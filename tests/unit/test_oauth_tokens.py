@@ -112,8 +112,10 @@ def test_a_bad_jwks_file_keeps_the_last_good_set_and_refuses_unsafe_ones(idp: Te
     idp.jwks_file.write_text("{not json", encoding="utf-8")
     v.refresh()
     assert v.verify(idp.token(alice.name)).os_user == alice.name  # last good set
-    idp.write(extra=[{"kty": "oct", "k": "c2VjcmV0", "kid": "hs"}])
-    assert set(load_jwks(str(idp.jwks_file))) == {"rsa1", "ec1"}  # a symmetric key is never used
+    idp.write(extra=[{"kty": "oct", "k": "c2VjcmV0", "kid": "hs"}])  # a symmetric key refuses the set
+    with pytest.raises(Exception, match="symmetric"):
+        load_jwks(str(idp.jwks_file))
+    idp.write()
     os.chmod(idp.jwks_file, 0o666)
     with pytest.raises(Exception, match="writable"):
         load_jwks(str(idp.jwks_file))
@@ -177,3 +179,82 @@ def test_a_jwks_file_is_trusted_from_root_or_mcpd_jwks_only(idp: TestIssuer, os_
     os.chown(idp.jwks_file, mallory.uid, mallory.gid)
     with pytest.raises(Exception, match="not owned by"):
         load_jwks(str(idp.jwks_file))
+
+
+@pytest.mark.parametrize("claim, value", [("nbf", "soon"), ("exp", 10**400), ("exp", float("nan")),
+                                          ("exp", True), ("iat", "x"), ("exp", -1), ("nbf", 2**53)])
+def test_a_genuine_tokens_bad_time_claim_is_a_signed_refusal_never_a_crash(idp: TestIssuer,
+                                                                           os_accounts: AccountFactory,
+                                                                           claim: str, value: object) -> None:
+    """The signature is checked before any claim: a claim PyJWT cannot read (a string, a number past
+    2**53, NaN, a boolean) is a refusal of a genuine token, with its record, never an OverflowError."""
+    alice = os_accounts.user(password="pw-1")
+    with pytest.raises(OAuthRefused) as refused:
+        _verifier(idp).verify(idp.token(alice.name, **{claim: value}))
+    assert refused.value.signed, str(refused.value)
+    forged = idp.token(alice.name, **{claim: value})
+    with pytest.raises(OAuthRefused) as refused:
+        _verifier(idp).verify(forged[:-6] + ("AAAAAA" if not forged.endswith("AAAAAA") else "BBBBBB"))
+    assert not refused.value.signed
+
+
+def test_a_signed_refusal_names_the_tokens_claims_escaped(idp: TestIssuer, os_accounts: AccountFactory) -> None:
+    alice = os_accounts.user(password="pw-1")
+    with pytest.raises(OAuthRefused) as refused:
+        _verifier(idp).verify(idp.token("root", jti="J\x1b[2J\nINJECT", sub="u-root"))
+    claims = dict(refused.value.claims)
+    assert claims["iss"] == ISSUER and claims["sub"] == "u-root" and claims["client"] == "agent-client"
+    assert "\x1b" not in claims["jti"] and "\n" not in claims["jti"] and "INJECT" in claims["jti"]
+    with pytest.raises(OAuthRefused) as refused:
+        _verifier(idp).verify(idp.token(alice.name, exp=int(time.time()) - 300, jti="j-old"))
+    assert dict(refused.value.claims)["jti"] == "j-old"
+    with pytest.raises(OAuthRefused) as refused:
+        _verifier(idp).verify(idp.unsigned(alice.name, jti="j-forged"))
+    assert refused.value.claims == ()  # anyone's claims are never recorded
+
+
+def test_an_account_claim_with_a_trailing_newline_is_no_account_name(idp: TestIssuer,
+                                                                      os_accounts: AccountFactory) -> None:
+    alice = os_accounts.user(password="pw-1")
+    with pytest.raises(OAuthRefused, match="not an OS account name"):
+        _verifier(idp).verify(idp.token(alice.name, preferred_username=alice.name + "\n"))
+
+
+def test_the_jwks_fetchers_account_is_a_daemon_account(idp: TestIssuer) -> None:
+    from mcpd.admin import devroot
+    from mcpd.common.oauthconfig import JWKS_USER
+    from mcpd.policy.oauth import daemon_accounts
+
+    devroot.ensure_system_account(JWKS_USER)
+    reserved = daemon_accounts("mcpd")
+    assert JWKS_USER in reserved and {"mcpd", "mcpd-policy", "mcpd-walk"} <= reserved
+    v = OAuthVerifier(_cfg(idp.jwks_file, accounts=["mcpd*"]), usable, reserved)
+    with pytest.raises(OAuthRefused, match="daemon account"):
+        v.verify(idp.token(JWKS_USER))
+
+
+@pytest.mark.parametrize("member", ["d", "p", "q", "dp", "dq", "qi", "oth", "k"])
+def test_a_jwks_file_with_a_private_member_is_refused_whole_and_the_last_good_set_kept(
+        idp: TestIssuer, os_accounts: AccountFactory, member: str) -> None:
+    """One key-set checker (the fetcher's): any private member refuses the whole file."""
+    alice = os_accounts.user(password="pw-1")
+    v = _verifier(idp)
+    assert v.verify(idp.token(alice.name)).os_user == alice.name
+    leaked = dict(idp.jwks(["rsa1"])["keys"][0], kid="leak", **{member: "AQAB"})
+    idp.write(extra=[leaked])
+    with pytest.raises(Exception, match="private key members"):
+        load_jwks(str(idp.jwks_file))
+    v.refresh()
+    assert v.verify(idp.token(alice.name)).os_user == alice.name  # the last good set stays
+
+
+def test_a_jwks_file_in_a_folder_others_can_write_is_refused(idp: TestIssuer) -> None:
+    """Whoever can rename in the folder can swap the key set: a 0777 folder is refused."""
+    folder = idp.jwks_file.parent
+    assert set(load_jwks(str(idp.jwks_file))) == {"rsa1", "ec1"}
+    os.chmod(folder, 0o777)
+    try:
+        with pytest.raises(Exception, match="unsafe folder"):
+            load_jwks(str(idp.jwks_file))
+    finally:
+        os.chmod(folder, 0o700)
