@@ -85,3 +85,13 @@ def from_args(args: Any) -> tuple[str, ...]:
     if not isinstance(value, list):
         return DETECTORS
     return union(v for v in value if isinstance(v, str) and v in DETECTORS)
+
+
+def counts_text(counts: Any) -> str:
+    """How the access and audit records write a call's redaction counts: ``kind:N`` items, comma
+    separated, in :data:`DETECTORS` order (``""``: nothing was redacted); anything malformed is
+    left out (a number the worker reports is no more than a number)."""
+    if not isinstance(counts, dict):
+        return ""
+    return ",".join(f"{k}:{counts[k]}" for k in DETECTORS
+                    if isinstance(counts.get(k), int) and not isinstance(counts[k], bool) and counts[k] > 0)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mcpd.common.config import ReadLimits
-from mcpd.core import textdecode, textmeta
+from mcpd.core import redactread, textdecode, textmeta
 from mcpd.core.tools._schemas import ENCODINGS
 from mcpd.helper.wire.errors import BINARY_FILE, FILE_TOO_LARGE, LINE_TOO_LONG, RANGE_OUT_OF_BOUNDS, ToolError
 
@@ -191,6 +191,7 @@ class _Selector:
         self.done = False
         self.col = 0  # length of the current selected line so far (bytes, or characters × unit)
         self.line_off = 0  # byte offset of the current selected line
+        self.first_off = 0  # byte offset of the selection's first line (0: the file's start)
         self.parts: list[Any] = []
         self.size = 0  # bytes selected
         self.seen = 0  # bytes scanned
@@ -209,6 +210,7 @@ class _Selector:
                 return
             i = p + 1
             self.line, self.selecting, self.col, self.line_off = self.start, True, 0, byte_of(i)
+            self.first_off = self.line_off
         seg = chunk[i:]
         if self.end is not None:
             p, _ = _scan(seg, self.nl, self.end - self.line + 1)  # at least 1: line <= end here
@@ -294,7 +296,7 @@ def _text_chunks(fd: int, pos: int, codec: str, requested: str) -> Iterator[tupl
 
 
 def _lines(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits, codec: str,
-           bom: int) -> tuple[str, str, dict[str, Any]]:
+           bom: int, detectors: tuple[str, ...] = ()) -> tuple[str, str, dict[str, Any]]:
     start = args.get("start_line") or 1
     end = args.get("end_line")
     if end is not None and end < start:
@@ -340,7 +342,9 @@ def _lines(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits
         win = textdecode.decode_window(b"".join(sel.parts), codec, args["encoding"], final=True)
         text, used = win.text, win.codec
     returned = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
-    info = {"linesReturned": returned, "lineRange": {"start": start, "end": start + returned - 1}}
+    info: dict[str, Any] = {"linesReturned": returned, "lineRange": {"start": start, "end": start + returned - 1}}
+    if detectors:
+        text, info["redacted"] = redactread.redact_page(fd, text, max(sel.first_off, bom), used, bom, detectors)
     return text, used, info
 
 
@@ -356,10 +360,11 @@ def _warning(args: dict[str, Any], first: int, end: int, total: int | None) -> s
 
 
 def _window(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits, codec: str, bom: int,
-            head: bytes | None = None) -> tuple[str, str, dict[str, Any]]:
+            head: bytes | None = None, detectors: tuple[str, ...] = ()) -> tuple[str, str, dict[str, Any]]:
     """The byte window ``offset``/``limit`` of the file, decoded. ``head``: the file's first bytes
     as :func:`read_fd` read them (at most :data:`BINARY_PROBE`; fewer: the whole file), used
-    instead of a second read when they hold the window."""
+    instead of a second read when they hold the window. ``detectors``: the window is cut to whole
+    lines and redacted (:mod:`mcpd.core.redactread`)."""
     offset = args.get("offset") or 0
     limit = args.get("limit")
     n = limit if limit is not None else limits.default_bytes
@@ -383,15 +388,22 @@ def _window(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimit
     )
     first, end = start + win.skip, start + win.skip + win.used
     text = win.text
-    if limit is None and (more or end < start + len(data)):
+    info: dict[str, Any] = {}
+    cut = False
+    if detectors:
+        whole = not more and end >= start + len(data)
+        text, first, cut_end = redactread.whole_lines(fd, text, first, end, win.codec, bom, whole)
+        cut, end = cut_end < end, cut_end
+        text, info["redacted"] = redactread.redact_page(fd, text, first, win.codec, bom, detectors)
+    if (limit is None or cut) and (more or end < start + len(data)):
         seen = start + len(got)
         total = st.st_size if st.st_size >= seen else None
         sep = "\n" if text else ""  # always one added line break: the agent strips exactly it
         text = text + sep + _warning(args, first, end, total)
-    return text, win.codec, {"byteRange": {"start": first, "end": end}}
+    return text, win.codec, {"byteRange": {"start": first, "end": end}, **info}
 
 
-def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]:
+def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits, detectors: tuple[str, ...] = ()) -> dict[str, Any]:
     """Answer a ``files/read`` call from an open regular file (docs/REFERENCE.md §3).
 
     Args:
@@ -401,11 +413,12 @@ def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]
             (``utf-8``, ``ascii``, ``latin-1``, ``cp1252``, ``utf-16``, ``auto``),
             ``include_metadata`` (bool).
         limits: ``default_bytes``, ``response_cap``, ``max_line_bytes`` (bytes).
+        detectors: the secret detectors the answer goes through (docs/REFERENCE.md §3 "Redaction").
 
     Returns:
         ``{"text": str}``, plus ``"metadata"`` (see :func:`mcpd.core.textmeta.describe`) when
         ``include_metadata``; for a line selection it adds ``linesReturned``, ``totalLines`` and
-        ``lineRange``.
+        ``lineRange``. With ``detectors``, ``"redacted"``: how many secrets of each kind were replaced.
 
     Raises:
         ToolError: ``BINARY_FILE``, ``ENCODING_ERROR``, ``FILE_TOO_LARGE``, ``LINE_TOO_LONG``,
@@ -421,12 +434,15 @@ def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]
     if b"\0" in head and not exempt:
         raise ToolError(BINARY_FILE, "cannot read binary file")
     if args.get("start_line") is not None or args.get("end_line") is not None:
-        text, used, info = _lines(fd, st, args, limits, codec, bom)
+        text, used, info = _lines(fd, st, args, limits, codec, bom, detectors)
     else:
-        text, used, info = _window(fd, st, args, limits, codec, bom, head)
+        text, used, info = _window(fd, st, args, limits, codec, bom, head, detectors)
     if len(text) > limits.response_cap // 4 and len(text.encode("utf-8")) > limits.response_cap:
         raise too_large(st.st_size, limits, "read a smaller range")
     result: dict[str, Any] = {"text": text}
+    redacted = info.pop("redacted", None)
+    if detectors:
+        result["redacted"] = redacted or {}
     if args.get("include_metadata"):
         meta = textmeta.describe(fd, st, args["path"], head, used, bom, limits)
         if "lineRange" in info:

@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mcpd.common.identity import Principal
+from mcpd.common.redaction import with_redaction
 from mcpd.common.validate import digits
 from mcpd.core.tools import files_read
 from mcpd.front.access import AccessLog, Call
@@ -295,6 +296,7 @@ class FileResources:
                 call.arguments = args
                 if self.limits is not None:  # same quota and answer cap as tools/call (RATE_LIMITED)
                     args = self.limits.charge_call(caller.principal.name, args)
+                args = with_redaction(files_read.NAME, args, caller.principal.redact)
                 if args["privileged"]:
                     call.stage = "forwarded"
                     result = await self.privileged.call(
@@ -310,4 +312,6 @@ class FileResources:
         item: dict[str, Any] = {"uri": uri, "mimeType": mime_type(args["path"]), "text": result["text"]}
         if result.get("metadata") is not None:
             item["_meta"] = result["metadata"]
+        if isinstance(result.get("redacted"), dict):  # docs/REFERENCE.md §3 "Redaction"
+            item["_meta"] = {**item.get("_meta", {}), "redacted": result["redacted"]}
         return {"contents": [item]}

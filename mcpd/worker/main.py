@@ -94,7 +94,7 @@ def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any]
     For ``files/filetype`` the frame also holds ``"facts"`` (what root's descriptor showed) and
     ``fds`` is the sealed sample memfd of a regular file, or empty
     (:func:`mcpd.policy.opened.described`). The reply goes to the front on ``sock``; a report ``{"id", "code", "bytes"}`` (no content) goes back to the
-    policy process on ``ctl`` for its audit record."""
+    policy process on ``ctl`` for its audit record, with ``"redacted"`` (secrets replaced, by kind) when the answer was redacted."""
     from mcpd.core import ops
 
     args = frame.get("args")
@@ -120,10 +120,12 @@ def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any]
     text = result.get("text") if isinstance(result, dict) else None
     size = 0 if not isinstance(text, str) else len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
     code = None if reply.get("ok") else reply["error"]["code"]
+    redacted = result.get("redacted") if isinstance(result, dict) else None  # counts by kind, never content
     # The report first: the policy process writes its audit record and answers the front, which reads
     # this reply only after that answer (so a reply larger than the socket buffers never holds
     # up the report).
-    frames.send_frame(ctl, {"id": frame.get("id"), "code": code, "bytes": size})
+    frames.send_frame(ctl, {"id": frame.get("id"), "code": code, "bytes": size,
+                            **({"redacted": redacted} if isinstance(redacted, dict) else {})})
     send_reply(sock, reply)
 
 

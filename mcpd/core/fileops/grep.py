@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from mcpd.common.config import ReadLimits
-from mcpd.core import grepread, grepscan
+from mcpd.core import grepread, grepscan, redact
 from mcpd.core.fileops import Context, progress_of
 from mcpd.core.grepargs import cursor_of, encode_cursor, parse_grep_args
 from mcpd.core.grepwalk import skip_reason, walk_files
@@ -49,8 +49,8 @@ class Search:
     """One call's state: the pattern, the budget, what was searched and skipped, and the answer."""
 
     def __init__(self, args: dict[str, Any], limits: ReadLimits, progress: Callable[[int, int | None, str], None]
-                 | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.args, self.clock, self.progress = args, clock, progress
+                 | None = None, clock: Callable[[], float] = time.monotonic, redact: tuple[str, ...] = ()) -> None:
+        self.args, self.clock, self.progress, self.redact = args, clock, progress, redact
         self.regex = grepscan.compile_pattern(args)
         self.file_limit = min(args["max_file_bytes"] or limits.grep_file_bytes, limits.grep_file_bytes)
         total = min(args["max_total_bytes"] or limits.grep_total_bytes, limits.grep_total_bytes)
@@ -97,8 +97,10 @@ class Search:
             if b"\0" in grepread.head(fd, kind):
                 raise grepread.Skipped("binary", "cannot read binary file")
             before = len(self.budget.matches)
+            secrets = grepscan.Redaction(self.redact, kind is None and bool(self.redact) and
+                                         redact.inside_at(fd, offset)) if self.redact else None
             stop = grepscan.scan(grepread.chunks(fd, kind, size, offset, self.file_limit, self.max_ratio), self.regex,
-                                 path, self.args, self.budget, offset, line, self.clock)
+                                 path, self.args, self.budget, offset, line, self.clock, secrets)
         except grepread.Skipped as why:
             if alone:
                 if why.reason == "binary":
@@ -137,11 +139,14 @@ class Search:
         if stop is not None:
             offset = None if stop.offset < 0 else stop.offset
             cursor = encode_cursor(self.args, self.stop_path, offset, stop.line)
-        return {"path": root, "matches": self.budget.matches, "files_searched": self.searched,
-                "files_matched": self.matched, "bytes_searched": self.budget.searched,
-                "files_skipped": dict(sorted(self.skipped.items())), "skipped": self.named,
-                "truncated": stop is not None, "stopped": None if stop is None else stop.reason,
-                "next_cursor": cursor}
+        out = {"path": root, "matches": self.budget.matches, "files_searched": self.searched,
+               "files_matched": self.matched, "bytes_searched": self.budget.searched,
+               "files_skipped": dict(sorted(self.skipped.items())), "skipped": self.named,
+               "truncated": stop is not None, "stopped": None if stop is None else stop.reason,
+               "next_cursor": cursor}
+        if self.redact:
+            out["redacted"] = grepscan.shown_marks(self.budget.matches, self.redact)
+        return out
 
 
 def open_entry(dfd: int, name: str, follow: bool) -> int:
@@ -192,7 +197,7 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
     at = _resume(root, cursor)
     if at is None:
         raise _bad_cursor()
-    s = Search(a, ctx.limits, progress_of(ctx))  # type: ignore[attr-defined]
+    s = Search(a, ctx.limits, progress_of(ctx), redact=getattr(ctx, "redact", ()))  # type: ignore[attr-defined]
     try:
         rfd = ctx.open_dir(root)
     except ToolError as exc:

@@ -89,9 +89,13 @@ def parse_args(args: Any) -> dict[str, Any]:
 
 
 def format_result(result: dict[str, Any]) -> dict[str, Any]:
-    """The MCP ``CallToolResult`` for a ``files/read`` result ``{"text", "metadata"?}``: one raw text
-    content item, and ``structuredContent`` = the metadata when present."""
+    """The MCP ``CallToolResult`` for a ``files/read`` result ``{"text", "metadata"?, "redacted"?}``:
+    one raw text content item, and ``structuredContent`` = the metadata when present, with
+    ``redacted`` (secrets replaced, by kind) when the answer was redacted."""
     reply: dict[str, Any] = {"content": [{"type": "text", "text": result["text"]}]}
-    if result.get("metadata") is not None:
-        reply["structuredContent"] = result["metadata"]
+    meta = result.get("metadata")
+    if isinstance(result.get("redacted"), dict):
+        meta = {**(meta or {}), "redacted": result["redacted"]}
+    if meta is not None:
+        reply["structuredContent"] = meta
     return reply

@@ -11,6 +11,7 @@ from typing import Any
 
 from mcpd.common import identity
 from mcpd.common.identity import Principal
+from mcpd.common.redaction import RedactError, parse_redact
 from mcpd.front.auth import CheckerDown, TokenUndecided
 from mcpd.front.policy_client.channel import PolicyChannel, PolicyUnavailable
 
@@ -94,8 +95,9 @@ class PolicyAuthenticator:
             self._cache.pop(key, None)
             return None
         try:
-            principal = Principal(name=str(p["name"]), os_user=str(p["os_user"]), token_id=str(p["token_id"]))
-        except KeyError:
+            principal = Principal(name=str(p["name"]), os_user=str(p["os_user"]), token_id=str(p["token_id"]),
+                                  redact=parse_redact(p.get("redact") or []))
+        except (KeyError, RedactError):
             return None
         if len(self._cache) > 10000:
             self._cache.clear()
