@@ -103,6 +103,7 @@ class Redaction:
 
     detectors: tuple[str, ...]
     inside: bool = False
+    mid_line: bool = False  # the text searched next starts inside a line over PIECE bytes
 
 
 def shown_marks(matches: list[dict[str, Any]], detectors: tuple[str, ...]) -> dict[str, int]:
@@ -117,13 +118,26 @@ def shown_marks(matches: list[dict[str, Any]], detectors: tuple[str, ...]) -> di
     return counts
 
 
-def _redacted(block: bytes, secrets: Redaction) -> tuple[bytes, list[int]]:
-    """``block`` redacted (its lines kept), and the offset in ``block`` of each of its line starts."""
+LONG_LINE = b"[WITHHELD: a line over 1 MiB, searched in pieces]"
+
+
+def _redacted(block: bytes, secrets: Redaction, piece: bool) -> tuple[bytes, list[int]]:
+    """``block`` redacted (its lines kept), and the offset in ``block`` of each of its line starts.
+    ``piece``: the block ends inside a line over :data:`PIECE` bytes; such a line (its start here,
+    its rest in the blocks after) is :data:`LONG_LINE`, never searched, as a piece could cut a secret."""
     from mcpd.core import redact
 
-    out, _ = redact.redact(block, secrets.detectors, secrets.inside)
+    first = block.find(b"\n")
+    if secrets.mid_line and first < 0:
+        out = LONG_LINE
+    else:
+        a = first + 1 if secrets.mid_line else 0
+        b = block.rfind(b"\n") + 1 if piece else len(block)
+        mid, _ = redact.redact(block[a:b], secrets.detectors, secrets.inside)
+        out = (LONG_LINE + b"\n" if secrets.mid_line else b"") + mid + (LONG_LINE if piece else b"")
     secrets.inside = "private-key" in secrets.detectors and redact.starts_inside(block)
-    starts, p = [0], block.find(b"\n")
+    secrets.mid_line = piece
+    starts, p = [0], first
     while p >= 0:
         starts.append(p + 1)
         p = block.find(b"\n", p + 1)
@@ -219,9 +233,9 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
         block, carry = data[:cut], data[cut:]
         if not block:
             continue
-        size, starts = len(block), None
+        raw_len, starts = len(block), None  # the file's bytes in this block (redaction changes the block's)
         if secrets is not None:
-            block, starts = _redacted(block, secrets)
+            block, starts = _redacted(block, secrets, not done and not block.endswith(b"\n"))
         if waiting:
             lines = _after(block, 0, max(k for _, k in waiting))
             for owed, k in waiting:
@@ -247,18 +261,18 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
             why = budget.add(match, size)
             if why is not None:
                 nxt = end + 1 if starts is None else starts[at_line - line + 1] if at_line - line + 1 < len(starts) \
-                    else size
+                    else raw_len
                 stop = Stop(why, offset + nxt, at_line + 1)
                 break
         if n:
             prev.extend(_before(block, len(block) + 1, n, prev) if block.endswith(b"\n") else [])
-        budget.searched += size
+        budget.searched += raw_len
         if stop is not None:
             if not waiting or done:
                 return stop
             continue
         line += block.count(b"\n")
-        offset += size
+        offset += raw_len
         if not done and budget.searched >= budget.total_bytes:
             return Stop("byte_limit", offset, line)
         if not done and now is not None and now() > budget.deadline:

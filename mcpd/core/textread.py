@@ -447,5 +447,7 @@ def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits, detectors: tuple[
         meta = textmeta.describe(fd, st, args["path"], head, used, bom, limits)
         if "lineRange" in info:
             info["totalLines"] = meta["lines"]
+        if detectors:  # a digest of the whole file would let a short secret be guessed offline
+            meta["sha256"] = None
         result["metadata"] = {**meta, **info}
     return result

@@ -188,3 +188,26 @@ def test_a_pathological_file_is_answered_whole(redacting: tuple[PrivsepDaemon, s
     assert text.split("\n")[2] == "[REDACTED:private-key]"
     out = _run(d, token, "files/grep", pattern="after", path=str(bad))
     assert out["structuredContent"]["matches"] == []  # inside the unterminated key block: redacted too
+
+
+def test_linuxctl_pages_a_redacted_file_whole(redacting: tuple[PrivsepDaemon, str, Path]) -> None:
+    """The pager of ``linuxctl get files`` over pages that cut lines: every line comes once, in
+    order, redacted, and no truncation warning is printed as content."""
+    from mcpd.client.pager import read_pages
+
+    d, token, conf = redacting
+    big = conf.parent / "many.conf"
+    lines = [f"line {i} password=pw{i}-{SECRET}\n" if i % 7 == 0 else f"line {i} plain text {'x' * (i % 50)}\n"
+             for i in range(3000)]
+    big.write_text("".join(lines))
+    alice = d.accounts["alice"]
+    os.chown(big, alice.uid, alice.gid)
+
+    async def go() -> bytes:
+        async with Client(d.url, token, d.cacert, timeout=60) as c:
+            return b"".join([p async for p in read_pages(c, str(big), page_bytes=1000)])
+
+    got = asyncio.run(go()).decode()
+    assert "[WARNING" not in got and SECRET not in got
+    want = [x.split(" password=")[0] + " password=[REDACTED:assignment]\n" if "password=" in x else x for x in lines]
+    assert got == "".join(want)

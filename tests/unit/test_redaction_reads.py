@@ -62,6 +62,7 @@ def test_line_numbers_stay_and_a_page_inside_a_key_shows_none_of_it(tmp_path: Pa
     r = op("files/read", path=str(f), start_line=8, end_line=9, include_metadata=True)
     assert r["text"] == "[REDACTED:private-key]\n\n"
     assert r["metadata"]["lineRange"] == {"start": 8, "end": 9} and r["redacted"] == {"private-key": 1}
+    assert r["metadata"]["sha256"] is None and r["metadata"]["size"] == len(data)  # no digest to guess against
     assert not any(b.decode() in r["text"] for b in body)
     last = data.count(b"\n") - 1  # "api_key=..." is the line before the last
     r = op("files/read", path=str(f), start_line=last, end_line=last)
@@ -134,3 +135,37 @@ def test_grep_resumed_inside_a_key_shows_none_of_it(tmp_path: Path) -> None:
     texts = [m["text"] for m in r["matches"]]
     assert texts[0] == "[REDACTED:private-key]"
     assert not any(x.decode() in "\n".join(texts) for x in key.split(b"\n")[1:-2] if x)
+
+
+def test_grep_withholds_a_line_searched_in_pieces(tmp_path: Path) -> None:
+    """A secret on a line over 1 MiB could be cut by a piece edge: such a line is never searched
+    nor shown when redacting; the lines around it are."""
+    from mcpd.core.grepscan import PIECE
+
+    f = tmp_path / "min.js"
+    edge = PIECE - 9  # "password=" ends right at the first piece's edge
+    long = b"x" * edge + b"password=" + SECRET.encode() + b"y" * PIECE
+    f.write_bytes(b"before password=a1\n" + long + b"\nafter token=b2\n")
+    r = op("files/grep", pattern="password|token|WITHHELD|hunter", path=str(f))
+    texts = [(m["line"], m["text"][:60]) for m in r["matches"]]
+    assert texts[0] == (1, "before password=[REDACTED:assignment]") and texts[-1] == (3, "after token=[REDACTED:assignment]")
+    assert all(t.startswith("[WITHHELD") for n, t in texts if n == 2) and SECRET not in repr(r)
+    assert r["matches"][-1]["byte_offset"] == 19 + len(long) + 1
+
+
+def test_grep_resumes_at_the_files_offsets(tmp_path: Path) -> None:
+    f = tmp_path / "many.env"
+    lines = [f"K{i}_PASSWORD={SECRET}{i}\n".encode() for i in range(20)]
+    data = b"".join(lines)
+    f.write_bytes(data)
+    seen, cursor = [], None
+    for _ in range(25):
+        args: dict[str, Any] = {"pattern": "PASSWORD", "path": str(f), "max_matches": 3}
+        if cursor:
+            args["cursor"] = cursor
+        r = op("files/grep", **args)
+        seen += [(m["line"], m["byte_offset"]) for m in r["matches"]]
+        cursor = r["next_cursor"]
+        if not cursor:
+            break
+    assert seen == [(i + 1, sum(len(x) for x in lines[:i])) for i in range(20)]
