@@ -77,14 +77,14 @@ def with_redaction(op: str, args: dict[str, Any], detectors: Iterable[str]) -> d
 
 
 def from_args(args: Any) -> tuple[str, ...]:
-    """The detectors a worker's request ``args`` carry (:data:`REDACT_KEY`); unknown names are
-    ignored, a malformed value means every detector (fail closed)."""
+    """The detectors a worker's request ``args`` carry (:data:`REDACT_KEY`); a malformed value or
+    an unknown name means every detector (fail closed)."""
     value = args.get(REDACT_KEY) if isinstance(args, dict) else None
     if value is None:
         return ()
-    if not isinstance(value, list):
+    if not isinstance(value, list) or any(not isinstance(v, str) or v not in DETECTORS for v in value):
         return DETECTORS
-    return union(v for v in value if isinstance(v, str) and v in DETECTORS)
+    return union(value)
 
 
 def counts_text(counts: Any) -> str:

@@ -211,3 +211,25 @@ def test_linuxctl_pages_a_redacted_file_whole(redacting: tuple[PrivsepDaemon, st
     assert "[WARNING" not in got and SECRET not in got
     want = [x.split(" password=")[0] + " password=[REDACTED:assignment]\n" if "password=" in x else x for x in lines]
     assert got == "".join(want)
+
+
+def test_a_client_cannot_turn_redaction_off(redacting: tuple[PrivsepDaemon, str, Path]) -> None:
+    """The call's redaction key is no argument: sent by a client, the call is refused, on either
+    route and through the resource's query, and nothing is read."""
+    d, token, conf = redacting
+    for privileged in (False, True):
+        got = _run(d, token, "files/read", path=str(conf), privileged=privileged, _redact=[])
+        assert got["isError"] and got["structuredContent"]["error"]["code"] == "INVALID_ARGUMENT"
+        assert SECRET not in json.dumps(got)
+    got = _run(d, token, "files/grep", pattern=SECRET, path=str(conf), _redact=[])
+    assert got["isError"] and SECRET not in json.dumps(got)
+
+    async def go() -> Any:
+        async with Client(d.url, token, d.cacert, timeout=60) as c:
+            return await c.read_resource(f"file://{conf}?_redact=")
+
+    from mcpd.client.errors import ResourceFailed
+
+    with pytest.raises(ResourceFailed) as err:
+        asyncio.run(go())
+    assert err.value.code == "INVALID_ARGUMENT"

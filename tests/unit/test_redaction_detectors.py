@@ -178,3 +178,4 @@ def test_the_call_carries_its_detectors_and_never_a_clients() -> None:
     assert with_redaction("files/read", {"path": "/x", "_redact": ["token"]}, ()) == {"path": "/x"}
     assert with_redaction("files/list", {"path": "/x"}, ("token",)) == {"path": "/x"}
     assert from_args({"_redact": "junk"}) == DETECTORS  # malformed: every detector (fail closed)
+    assert from_args({"_redact": ["token", "bogus"]}) == DETECTORS
