@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcpd.common.config import CAP_KEY, ReadLimits
-from mcpd.common.redaction import REDACT_KEY, from_args
+from mcpd.common.redaction import REDACT_KEY, from_args, union
 from mcpd.core import textread
 from mcpd.core.fileops import filetype, find, grep, listing
 from mcpd.core.tools import files_read
@@ -34,7 +34,8 @@ class OpContext:
     route's grant filter (``None``: no filter). ``progress(done, total | None, message)`` is
     called by long ops (``files/find``) every few thousand entries (``None``: nobody listens).
     ``redact`` names the secret detectors the answer goes through (docs/REFERENCE.md §3
-    "Redaction"), as the call carried them (:data:`mcpd.common.redaction.REDACT_KEY`).
+    "Redaction"): the worker's own (its principal's, given at its start) and those the call
+    carries (:data:`mcpd.common.redaction.REDACT_KEY`).
     ``facts`` is set on the privileged route of ``files/filetype`` only: what root's descriptor of
     the granted path showed (``{"mode", "size", "dev", "ino", "target"}``, see
     :func:`mcpd.core.fileops.filetype.filetype`), and ``open_file`` then gives a sample, not the file.
@@ -95,8 +96,8 @@ def run(frame: Any, ctx: OpContext) -> dict[str, Any]:
         if handler is None:
             raise invalid_argument("unknown operation")
         args = frame.get("args")
-        if isinstance(args, dict) and REDACT_KEY in args:  # the call's redaction (mcpd.common.redaction)
-            ctx = dataclasses.replace(ctx, redact=from_args(args))
+        if isinstance(args, dict) and REDACT_KEY in args:  # the call's redaction, over the worker's own floor
+            ctx = dataclasses.replace(ctx, redact=union(ctx.redact, from_args(args)))
             args = {k: v for k, v in args.items() if k != REDACT_KEY}
         if isinstance(args, dict) and CAP_KEY in args:  # the caller's max_file_bytes (mcpd/front/limits.py)
             args = dict(args)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from mcpd.common import frames, sched, wirejson
 from mcpd.common.config import ReadLimits
+from mcpd.common.redaction import REDACT_KEY, from_args
 from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 
 if TYPE_CHECKING:
@@ -275,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     opened for privileged reads
     (:func:`serve_granted`); workers started by the front itself (development mode) have none.
 
-    ``--limits`` is a JSON object of :class:`mcpd.common.config.ReadLimits` fields (bytes). Exits 0 when
+    ``--limits`` is a JSON object of :class:`mcpd.common.config.ReadLimits` fields (bytes), and,
+    from the policy process, the principal's redaction under :data:`mcpd.common.redaction.REDACT_KEY`:
+    every answer of this worker goes through those detectors, whatever a call says. Exits 0 when
     the socket closes, 2 on bad arguments (not a Unix stream socket, bad limits).
     """
     _seal()
@@ -287,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limits", default="{}", help="ReadLimits as a JSON object (bytes)")
     opts = parser.parse_args(argv)
     try:
-        limits = ReadLimits(**json.loads(opts.limits))
+        given = json.loads(opts.limits)
+        floor = from_args(given)  # the principal's redaction, when the policy process started it
+        limits = ReadLimits(**{k: v for k, v in given.items() if k != REDACT_KEY})
         sock = socket.socket(fileno=opts.fd)
     except (ValueError, TypeError, OSError) as exc:
         print(f"mcpd.worker: bad arguments: {exc}", file=sys.stderr)
@@ -308,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     from mcpd.core import fileopen
     from mcpd.core.ops import OpContext
 
-    ctx = OpContext(limits=limits, open_file=fileopen.open_regular, open_dir=fileopen.open_directory)
+    ctx = OpContext(limits=limits, open_file=fileopen.open_regular, open_dir=fileopen.open_directory, redact=floor)
     with sock:
         serve(sock, ctx, ctl)
     return 0

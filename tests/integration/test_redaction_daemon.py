@@ -94,6 +94,9 @@ def test_a_redacting_principal_reads_no_secret(redacting: tuple[PrivsepDaemon, s
     assert SECRET not in d.access_path.read_text()
     plain = _run(d, d.tokens["alice"], "files/read", path=str(conf))  # alice's own principal: no redact
     assert SECRET in _text(plain)
+    # carol's workers were started with her redaction (a floor no call lowers), alice's without
+    starts = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in d.workers("alice")]
+    assert any(b'"_redact": ["private-key"' in x for x in starts) and any(b"_redact" not in x for x in starts)
 
 
 def test_lines_and_offsets_stay_the_files(redacting: tuple[PrivsepDaemon, str, Path]) -> None:

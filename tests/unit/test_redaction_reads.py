@@ -169,3 +169,49 @@ def test_grep_resumes_at_the_files_offsets(tmp_path: Path) -> None:
         if not cursor:
             break
     assert seen == [(i + 1, sum(len(x) for x in lines[:i])) for i in range(20)]
+
+
+def test_a_worker_started_with_a_principals_redaction_redacts_every_call(tmp_path: Path) -> None:
+    """The policy process starts a principal's worker with its redaction: a call that carries no
+    detectors (a front that dropped them) is still redacted, and a call's own add to them."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from mcpd.common import frames
+
+    def exact(sock: socket.socket, n: int) -> bytes:
+        got = b""
+        while len(got) < n:
+            part = sock.recv(n - len(got))
+            assert part, "the worker closed the socket"
+            got += part
+        return got
+
+    def answer(sock: socket.socket) -> tuple[dict[str, Any], str]:
+        reply = frames.recv_frame(sock, 1 << 24)
+        assert reply is not None and reply.get("ok"), reply
+        (size,) = frames.HEADER.unpack(exact(sock, frames.HEADER.size))
+        return reply["result"], exact(sock, size).decode()
+
+    f, _, _ = _config(tmp_path)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(f, 0o644)
+    mine, theirs = socket.socketpair()
+    proc = subprocess.Popen([sys.executable, "-I", "-m", "mcpd.worker", "--fd", str(theirs.fileno()),
+                             "--parent", str(os.getpid()), "--limits", json.dumps({REDACT_KEY: ["assignment"]})],
+                            pass_fds=[theirs.fileno()])
+    theirs.close()
+    try:
+        mine.settimeout(30)
+        frames.send_frame(mine, {"id": 1, "op": "files/read", "args": {"path": str(f)}})
+        result, text = answer(mine)
+        assert result["redacted"] == {"assignment": 2} and SECRET not in text
+        frames.send_frame(mine, {"id": 2, "op": "files/read", "args": {"path": str(f), REDACT_KEY: ["private-key"]}})
+        result, text = answer(mine)
+        assert result["redacted"] == {"private-key": 1, "assignment": 2} and "[REDACTED:private-key]" in text
+    finally:
+        mine.close()
+        proc.wait(timeout=30)
