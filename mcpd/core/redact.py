@@ -39,9 +39,10 @@ LOOKBACK = 64 * 1024  # bytes looked at before a page to know whether it starts 
 _KEY_NAME = rb"(?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?"
 _BEGIN = rb"-----BEGIN " + _KEY_NAME + rb"-----"
 _END = rb"-----END " + _KEY_NAME + rb"-----"
-#: a setting's name ends in one of these (any prefix), or in a short word after ``_``, ``.``, ``-`` or at its start
+#: a setting's name ends in one of these (any prefix), or in a short word after ``_``, ``.``, ``-`` or at its
+#: start (``pwd`` only after one: a shell's ``PWD=/home/alice`` is no secret)
 _ASSIGN_WORDS = rb"(?:[A-Za-z0-9_.-]{0,64}(?:password|passwd|passphrase|secret|api[_-]?key|apikey" \
-    rb"|(?:private|access)[_-]?key)|(?:[A-Za-z0-9_.-]{0,64}[_.-])?(?:token|pass|pwd|pw))"
+    rb"|(?:private|access)[_-]?key)|(?:[A-Za-z0-9_.-]{0,64}[_.-])?(?:token|pass)|[A-Za-z0-9_.-]{0,64}[_.-]pwd)"
 
 #: kind -> patterns whose group 1 is the secret
 _SOURCES: dict[str, tuple[bytes, ...]] = {
