@@ -121,8 +121,8 @@ def shown_marks(matches: list[dict[str, Any]], detectors: tuple[str, ...]) -> di
 LONG_LINE = b"[WITHHELD: a line over 1 MiB, searched in pieces]"
 
 
-def _redacted(block: bytes, secrets: Redaction, piece: bool) -> tuple[bytes, list[int]]:
-    """``block`` redacted (its lines kept), and the offset in ``block`` of each of its line starts.
+def _redacted(block: bytes, secrets: Redaction, piece: bool) -> bytes:
+    """``block`` redacted (its lines kept).
     ``piece``: the block ends inside a line over :data:`PIECE` bytes; such a line (its start here,
     its rest in the blocks after) is :data:`LONG_LINE`, never searched, as a piece could cut a secret."""
     from mcpd.core import redact
@@ -137,11 +137,16 @@ def _redacted(block: bytes, secrets: Redaction, piece: bool) -> tuple[bytes, lis
         out = (LONG_LINE + b"\n" if secrets.mid_line else b"") + mid + (LONG_LINE if piece else b"")
     secrets.inside = "private-key" in secrets.detectors and redact.starts_inside(block)
     secrets.mid_line = piece
-    starts, p = [0], first
+    return out
+
+
+def _line_starts(block: bytes) -> list[int]:
+    """The offset in ``block`` of each of its line starts."""
+    starts, p = [0], block.find(b"\n")
     while p >= 0:
         starts.append(p + 1)
         p = block.find(b"\n", p + 1)
-    return out, starts
+    return starts
 
 
 @dataclass
@@ -233,9 +238,9 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
         block, carry = data[:cut], data[cut:]
         if not block:
             continue
-        raw_len, starts = len(block), None  # the file's bytes in this block (redaction changes the block's)
+        raw_len, starts, raw = len(block), None, None  # the file's bytes in this block (redaction changes the block's)
         if secrets is not None:
-            block, starts = _redacted(block, secrets, not done and not block.endswith(b"\n"))
+            raw, block = block, _redacted(block, secrets, not done and not block.endswith(b"\n"))
         if waiting:
             lines = _after(block, 0, max(k for _, k in waiting))
             for owed, k in waiting:
@@ -248,7 +253,9 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
             at_line += block.count(b"\n", counted, start)
             counted = start
             text = show(block[start:end], hit - start)
-            at = start if starts is None else starts[at_line - line]  # the file's offset, not the redacted text's
+            if raw is not None and starts is None:
+                starts = _line_starts(raw)  # the file's offsets, not the redacted text's (on a first match only)
+            at = start if starts is None else starts[at_line - line]
             match: dict[str, Any] = {"path": path, "line": at_line, "byte_offset": offset + at, "text": text}
             size = len(text)
             if n:

@@ -41,35 +41,42 @@ _BEGIN = rb"-----BEGIN " + _KEY_NAME + rb"-----"
 _END = rb"-----END " + _KEY_NAME + rb"-----"
 #: a setting's name ends in one of these (any prefix), or in a short word after ``_``, ``.``, ``-`` or at its
 #: start (``pwd`` only after one: a shell's ``PWD=/home/alice`` is no secret)
-_ASSIGN_WORDS = rb"(?:[A-Za-z0-9_.-]{0,64}(?:password|passwd|passphrase|secret|api[_-]?key|apikey" \
-    rb"|(?:private|access)[_-]?key)|(?:[A-Za-z0-9_.-]{0,64}[_.-])?(?:token|pass)|[A-Za-z0-9_.-]{0,64}[_.-]pwd)"
+_ASSIGN_WORDS = rb"(?:[A-Za-z0-9_.-]*(?:password|passwd|passphrase|secret|api[_-]?key|apikey" \
+    rb"|(?:private|access)[_-]?key)|(?:[A-Za-z0-9_.-]*[_.-])?(?:token|pass)|[A-Za-z0-9_.-]*[_.-]pwd)"
 
-#: kind -> patterns whose group 1 is the secret
+#: the end of a token: a byte no token holds, or the end of the text
+_STOP = rb"(?:[^A-Za-z0-9_]|\z)"
+#: kind -> patterns whose group 1 is the secret. A pattern starts with its literal where it can
+#: (RE2 then skips to it at memchr speed); one that begins a word must not follow a word byte,
+#: which :func:`_replace` checks (:data:`_WORD_START`) rather than a ``\b`` that would slow RE2 down
 _SOURCES: dict[str, tuple[bytes, ...]] = {
     "private-key": (rb"(?s)(" + _BEGIN + rb"(?:.*?" + _END + rb"|.*\z))",),
     "cloud-key": (
-        rb"\b((?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|ANPA|ANVA|APKA)[A-Z0-9]{16})\b",
-        rb"(?i)aws_?secret_?(?:access_?)?key[\"']?\s*(?:=|:|=>)\s*[\"']?([A-Za-z0-9/+]{40})\b",
+        rb"((?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|ANPA|ANVA|APKA)[A-Z0-9]{16})" + _STOP,
+        rb"(?i)aws_?secret_?(?:access_?)?key[\"']?\s*(?:=|:|=>)\s*[\"']?([A-Za-z0-9/+]{40})(?:[^A-Za-z0-9/+]|\z)",
         rb"\"private_key\"\s*:\s*\"([^\"]+)\"",
-        rb"(?i)\bAccountKey=([A-Za-z0-9+/=]{20,})",
+        rb"(?i)AccountKey=([A-Za-z0-9+/=]{20,})",
     ),
     "token": (
-        rb"(?i)\bbearer\s+([A-Za-z0-9._~+/-]{16,}=*)",
-        rb"\b(eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*)",
-        rb"\b((?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{36,255})\b",
-        rb"\b(github_pat_[A-Za-z0-9_]{22,255})\b",
-        rb"\b(xox[abposr]-[A-Za-z0-9-]{10,255})\b",
-        rb"\b(mcpd_[0-9a-f]{12}_[A-Za-z0-9_-]{43})",
+        rb"(?i)bearer\s+([A-Za-z0-9._~+/-]{16,}=*)",
+        rb"(eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*)",
+        rb"((?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{36,255})" + _STOP,
+        rb"(github_pat_[A-Za-z0-9_]{22,255})" + _STOP,
+        rb"(xox[abposr]-[A-Za-z0-9-]{10,255})",
+        rb"(mcpd_[0-9a-f]{12}_[A-Za-z0-9_-]{43})",
     ),
-    "url-password": (rb"(?i)\b[a-z][a-z0-9+.-]{1,30}://[^\s:/@\"'<>]{1,256}:([^\s@/\"'<>]{1,512})@",),
-    "shadow-hash": (
-        rb"(?m)^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,31}\$?:(\$(?:1|2[abxy]|5|6|7|y|gy|sha1|md5|apr1)\$[./A-Za-z0-9$=,]{8,})(?::|$)",
-    ),
+    "url-password": (rb"://[^\s:/@\"'<>]{1,256}:([^\s@/\"'<>]{1,512})@",),
+    "shadow-hash": (rb":(\$(?:1|2[abxy]|5|6|7|y|gy|sha1|md5|apr1)\$[./A-Za-z0-9$=,]{8,})(?::|\n|\z)",),
     "assignment": (
         rb"(?im)(?:^|[^A-Za-z0-9])" + _ASSIGN_WORDS + rb"[\"']?[ \t]*(?:=|:|=>)[ \t]*"
         rb"(\"[^\"\n]*\"|'[^'\n]*'|[^\s\"',;}{][^\n\"',;}]*)",
     ),
 }
+#: (kind, pattern index) of the patterns whose match must begin a word
+_WORD_START = frozenset({("cloud-key", 0), ("token", 0), ("token", 1), ("token", 2), ("token", 3), ("token", 4),
+                         ("token", 5)})
+#: what precedes a shadow hash on its line: an account name (and ``:``), as ``/etc/shadow`` has it
+_SHADOW_NAME = rb"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,31}\$?"
 _PLAIN_VALUES = frozenset((b"true", b"false", b"yes", b"no", b"on", b"off", b"null", b"none", b"~", b"required",
                            b"optional"))
 
@@ -82,6 +89,7 @@ def _compile(source: bytes) -> Any:
 
 
 _PATTERNS: dict[str, tuple[Any, ...]] = {kind: tuple(_compile(s) for s in sources) for kind, sources in _SOURCES.items()}
+_SHADOW_NAME_RE = _compile(_SHADOW_NAME)
 _END_RE = _compile(rb"(?m)" + _END + rb"[^\n]*")
 _LAST_MARK = _compile(rb"(?s).*(" + _BEGIN + rb"|" + _END + rb")")
 
@@ -100,14 +108,29 @@ def _assignment_value(value: bytes) -> tuple[int, int] | None:
     return start, end
 
 
+def _starts_word(data: bytes, at: int) -> bool:
+    return at == 0 or not (data[at - 1:at].isalnum() or data[at - 1:at] == b"_")
+
+
+def _shadow_line(data: bytes, colon: int) -> bool:
+    """Whether the ``:`` at ``colon`` follows an account name alone on its line (``name:$6$...``)."""
+    start = data.rfind(b"\n", max(0, colon - 34), colon) + 1
+    return (start > 0 or colon <= 33) and _SHADOW_NAME_RE.fullmatch(data[start:colon]) is not None
+
+
 def _replace(data: bytes, kind: str, counts: dict[str, int]) -> bytes:
     """``data`` with every ``kind`` secret replaced (module docstring)."""
     mark = MARK % kind.encode()
-    for regex in _PATTERNS[kind]:
+    for i, regex in enumerate(_PATTERNS[kind]):
+        word = (kind, i) in _WORD_START
         out: list[bytes] = []
         pos = 0
         for m in regex.finditer(data):
             start, end = m.span(1)
+            if word and not _starts_word(data, m.start()):
+                continue
+            if kind == "shadow-hash" and not _shadow_line(data, m.start()):
+                continue
             if kind == "assignment":
                 where = _assignment_value(data[start:end])
                 if where is None:
@@ -156,6 +179,8 @@ def redact_text(text: str, detectors: tuple[str, ...] | list[str], inside: bool 
 def starts_inside(before: bytes) -> bool:
     """Whether text following ``before`` (UTF-8 bytes) lies inside a private key block: the last
     ``BEGIN ... PRIVATE KEY`` or ``END`` line of ``before`` is a ``BEGIN``."""
+    if b"PRIVATE KEY" not in before:
+        return False
     m = _LAST_MARK.search(before)
     return m is not None and m.group(1).startswith(b"-----BEGIN")
 
