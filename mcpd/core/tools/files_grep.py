@@ -27,7 +27,8 @@ DESCRIPTION = (
     f"`files_skipped` by reason. Stops at `max_matches` (default {MATCHES}, max {MATCHES_MAX}), after "
     f"`time_budget_seconds` (default {BUDGET}, max {BUDGET_MAX}) or at the byte limits, and then gives "
     "`next_cursor`: call again with the same arguments and `cursor` set to it for the rest. `privileged: true` "
-    "searches under an mcp-sudo.yaml grant for files/grep."
+    "searches under an mcp-sudo.yaml grant for files/grep. When the server redacts secrets for this caller, the "
+    "text is searched and shown redacted ([REDACTED:<kind>]; `structuredContent.redacted` counts them)."
 )
 _GLOBS: dict[str, Any] = {"oneOf": [
     {"type": "string", "minLength": 1, "maxLength": MAX_GLOB},

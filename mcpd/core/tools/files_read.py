@@ -34,6 +34,8 @@ edge are left out.
 - default mode: the whole file up to 10240 bytes; a longer file gives its first 10240 bytes (cut back to \
 a whole character) and the truncation warning with the next call's arguments.
 
+Redaction: when the server redacts secrets for this caller, each one reads [REDACTED:<kind>] (line numbers and byte offsets stay the file's; structuredContent.redacted counts them by kind), and a byte window shows whole lines only: a line it cuts is withheld and the warning names its offset.
+
 An empty file reads as "" in every mode (start_line 1 included). A byte-order mark selects UTF-8/16/32 \
 and is stripped. Errors (isError, structuredContent.error.code): INVALID_ARGUMENT, FILE_NOT_FOUND, \
 PERMISSION_DENIED, NOT_A_REGULAR_FILE (directories, FIFOs, sockets, devices), BINARY_FILE (a NUL byte in \
