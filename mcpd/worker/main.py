@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         floor = from_args(given)  # the principal's redaction, when the policy process started it
         limits = ReadLimits(**{k: v for k, v in given.items() if k != REDACT_KEY})
         sock = socket.socket(fileno=opts.fd)
-    except (ValueError, TypeError, OSError) as exc:
+    except (ValueError, TypeError, AttributeError, OSError) as exc:  # (AttributeError: --limits not an object)
         print(f"mcpd.worker: bad arguments: {exc}", file=sys.stderr)
         return 2
     if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
