@@ -215,3 +215,17 @@ def test_a_worker_started_with_a_principals_redaction_redacts_every_call(tmp_pat
     finally:
         mine.close()
         proc.wait(timeout=30)
+
+
+def test_utf16_files_are_redacted_on_every_path(tmp_path: Path) -> None:
+    f = tmp_path / "win.ini"
+    text = f"[db]\npassword={SECRET}\nother=1\n"
+    f.write_bytes(text.encode("utf-16"))  # with its BOM
+    whole = op("files/read", path=str(f))
+    assert whole["text"] == "[db]\npassword=[REDACTED:assignment]\nother=1\n"
+    assert op("files/read", path=str(f), start_line=2, end_line=2)["text"] == "password=[REDACTED:assignment]\n"
+    at = 2 + len("[db]\npass".encode("utf-16-le"))  # a window starting inside the secret's line
+    r = op("files/read", path=str(f), offset=at, limit=200, include_metadata=True)
+    assert r["text"] == "other=1\n" and SECRET not in r["text"]
+    assert r["metadata"]["byteRange"]["start"] == 2 + len("[db]\npassword=".encode("utf-16-le")) + len(
+        f"{SECRET}\n".encode("utf-16-le"))
