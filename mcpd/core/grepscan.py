@@ -103,7 +103,7 @@ class Redaction:
 
     detectors: tuple[str, ...]
     inside: bool = False
-    mid_line: bool = False  # the text searched next starts inside a line over PIECE bytes
+    mid_line: bool = False  # the text searched next starts inside a line (a long one, or where a cursor pointed)
 
 
 def shown_marks(matches: list[dict[str, Any]], detectors: tuple[str, ...]) -> dict[str, int]:
@@ -118,13 +118,14 @@ def shown_marks(matches: list[dict[str, Any]], detectors: tuple[str, ...]) -> di
     return counts
 
 
-LONG_LINE = b"[WITHHELD: a line over 1 MiB, searched in pieces]"
+LONG_LINE = b"[WITHHELD: part of a line, not searched]"
 
 
 def _redacted(block: bytes, secrets: Redaction, piece: bool) -> bytes:
     """``block`` redacted (its lines kept).
     ``piece``: the block ends inside a line over :data:`PIECE` bytes; such a line (its start here,
-    its rest in the blocks after) is :data:`LONG_LINE`, never searched, as a piece could cut a secret."""
+    its rest in the blocks after) is :data:`LONG_LINE`, never searched, as a piece could cut a
+    secret; so is the rest of a line a search resumed inside (``secrets.mid_line``)."""
     from mcpd.core import redact
 
     first = block.find(b"\n")

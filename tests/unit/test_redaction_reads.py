@@ -229,3 +229,26 @@ def test_utf16_files_are_redacted_on_every_path(tmp_path: Path) -> None:
     assert r["text"] == "other=1\n" and SECRET not in r["text"]
     assert r["metadata"]["byteRange"]["start"] == 2 + len("[db]\npassword=".encode("utf-16-le")) + len(
         f"{SECRET}\n".encode("utf-16-le"))
+
+
+def test_a_cursor_forged_to_point_inside_a_line_shows_none_of_it(tmp_path: Path) -> None:
+    """An attacker edits the cursor to resume inside the secret's line (``ord=...``, which no
+    detector would know for an assignment) or inside a key, in a plain and a gzip file: the
+    rest of that line is withheld, the key's lines too."""
+    import gzip
+
+    from mcpd.core.grepargs import encode_cursor, parse_grep_args
+
+    f, data, key = _config(tmp_path)
+    g = tmp_path / "app.conf.gz"
+    g.write_bytes(gzip.compress(data))
+    inside_line = data.index(b"word = ") + 2
+    inside_key = data.index(key) + key.index(b"\n") + 1
+    for path in (f, g):
+        for at in (inside_line, inside_key):
+            args = parse_grep_args({"pattern": ".", "path": str(path)})
+            r = op("files/grep", pattern=".", path=str(path), cursor=encode_cursor(args, str(path), at, 3))
+            shown = "\n".join(m["text"] for m in r["matches"])
+            assert SECRET not in shown, (path, at, shown)
+            assert not any(x.decode() in shown for x in key.split(b"\n")[1:-2] if x), (path, at)
+            assert r["matches"][0]["text"].startswith(("[WITHHELD", "[REDACTED:private-key]")), shown

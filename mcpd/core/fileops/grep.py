@@ -97,10 +97,9 @@ class Search:
             if b"\0" in grepread.head(fd, kind):
                 raise grepread.Skipped("binary", "cannot read binary file")
             before = len(self.budget.matches)
-            secrets = grepscan.Redaction(self.redact, kind is None and bool(self.redact) and
-                                         redact.inside_at(fd, offset)) if self.redact else None
-            stop = grepscan.scan(grepread.chunks(fd, kind, size, offset, self.file_limit, self.max_ratio), self.regex,
-                                 path, self.args, self.budget, offset, line, self.clock, secrets)
+            secrets, skipped = self._redaction(fd, kind, offset)
+            stop = grepscan.scan(grepread.chunks(fd, kind, size, offset, self.file_limit, self.max_ratio, skipped),
+                                 self.regex, path, self.args, self.budget, offset, line, self.clock, secrets)
         except grepread.Skipped as why:
             if alone:
                 if why.reason == "binary":
@@ -124,6 +123,30 @@ class Search:
             self.stop, self.stop_path = stop, path
             return True
         return False
+
+    def _redaction(self, fd: int, kind: str | None, offset: int) -> tuple[grepscan.Redaction | None,
+                                                                         Callable[[bytes], None] | None]:
+        """The redaction state of a search from ``offset`` (docs/REFERENCE.md §3 "Redaction"): whether
+        it starts inside a private key block or inside a line (a cursor may name any offset: that
+        line's rest is withheld), judged on the bytes before it; for a compressed file, on the text
+        :func:`mcpd.core.grepread.chunks` skips (the second item, its callback)."""
+        if not self.redact:
+            return None, None
+        secrets = grepscan.Redaction(self.redact)
+        if offset <= 0:
+            return secrets, None
+        if kind is None:
+            secrets.inside = redact.inside_at(fd, offset)
+            secrets.mid_line = os.pread(fd, 1, offset - 1) != b"\n"
+            return secrets, None
+        tail = [b""]
+
+        def before(data: bytes) -> None:
+            tail[0] = (tail[0] + data)[-redact.LOOKBACK:]
+            secrets.inside = "private-key" in self.redact and redact.starts_inside(tail[0])
+            secrets.mid_line = not tail[0].endswith(b"\n")
+
+        return secrets, before
 
     def _told(self) -> None:
         if self.progress is None:
