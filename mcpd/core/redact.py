@@ -5,7 +5,7 @@ Runs in the worker only (docs/REFERENCE.md §3 "Redaction"), on UTF-8 bytes, wit
 it holds. The detectors (:data:`mcpd.common.redaction.DETECTORS`; run in :data:`ORDER`):
 
 - ``private-key``: a PEM or OpenSSH private key block from its ``-----BEGIN ... PRIVATE KEY-----``
-  line to its ``END`` line (or to the end of the text when the text ends inside it, or from the
+  line to its ``END`` line (or such a block base64-encoded, as kubeconfig's ``client-key-data``) (or to the end of the text when the text ends inside it, or from the
   start of the text when it starts inside one, :func:`redact`'s ``inside``). The block becomes the
   marker followed by as many newlines as it held: line numbers never change.
 - ``cloud-key``: AWS access key ids (``AKIA``/``ASIA``...), AWS secret keys assigned to an
@@ -50,7 +50,12 @@ _STOP = rb"(?:[^A-Za-z0-9_]|\z)"
 #: (RE2 then skips to it at memchr speed); one that begins a word must not follow a word byte,
 #: which :func:`_replace` checks (:data:`_WORD_START`) rather than a ``\b`` that would slow RE2 down
 _SOURCES: dict[str, tuple[bytes, ...]] = {
-    "private-key": (rb"(?s)(" + _BEGIN + rb"(?:.*?" + _END + rb"|.*\z))",),
+    "private-key": (
+        rb"(?s)(" + _BEGIN + rb"(?:.*?" + _END + rb"|.*\z))",
+        # the same block base64-encoded whole, as kubeconfig's client-key-data holds it: "-----BEGIN"
+        # then, within the name, "PRIVATE KEY" at one of its three base64 alignments
+        rb"(LS0tLS1CRUdJTi[A-Za-z0-9+/]{0,60}(?:UFJJVkFURSBLRVk|QUklWQVRFIEtFW|SVZBVEUgS0VZ)[A-Za-z0-9+/=]*)",
+    ),
     "cloud-key": (
         rb"((?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|ANPA|ANVA|APKA)[A-Z0-9]{16})" + _STOP,
         rb"(?i)aws_?secret_?(?:access_?)?key[\"']?\s*(?:=|:|=>)\s*[\"']?([A-Za-z0-9/+]{40})(?:[^A-Za-z0-9/+]|\z)",

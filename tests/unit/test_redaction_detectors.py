@@ -179,3 +179,15 @@ def test_the_call_carries_its_detectors_and_never_a_clients() -> None:
     assert with_redaction("files/list", {"path": "/x"}, ("token",)) == {"path": "/x"}
     assert from_args({"_redact": "junk"}) == DETECTORS  # malformed: every detector (fail closed)
     assert from_args({"_redact": ["token", "bogus"]}) == DETECTORS
+
+
+@pytest.mark.parametrize("name", ["pkcs8", "rsa", "ec", "openssh"])
+def test_a_base64_encoded_key_as_kubeconfig_holds_it_is_a_private_key(name: str) -> None:
+    import base64
+
+    blob = base64.b64encode(_keys()[name])
+    line = b"    client-key-data: " + blob + b"\n"
+    out, counts = redact(line, DETECTORS)
+    assert out == b"    client-key-data: [REDACTED:private-key]\n" and counts == {"private-key": 1}
+    cert = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    assert redact(b"    certificate-authority-data: " + cert + b"\n", DETECTORS)[1] == {}
