@@ -26,4 +26,15 @@ trap 'rm -rf "$dist"' EXIT
 .venv/bin/python -m build --outdir "$dist" . >"$dist/build.log" 2>&1 || { cat "$dist/build.log" >&2; exit 1; }
 .venv/bin/twine check --strict "$dist"/*.whl "$dist"/*.tar.gz
 
-.venv/bin/python -m pytest "$@"
+# With no arguments, the whole suite: every test but the serial ones (those that install mcpd
+# system-wide) on MCPD_TEST_JOBS processes (pytest-xdist; 3 by default: most tests wait on
+# daemons, accounts and timers rather than the CPU), then the serial ones alone. Arguments: one
+# plain pytest run of what they name.
+if [ "$#" -gt 0 ]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+rc=0
+.venv/bin/python -m pytest -n "${MCPD_TEST_JOBS:-3}" -m "not serial" || rc=$?
+.venv/bin/python -m pytest -m serial || rc2=$?
+[ "$rc" = 0 ] && rc=${rc2:-0}
+exit "$rc"

@@ -62,10 +62,19 @@ ROOT_FIXTURE_FILES = frozenset({Path(__file__).parent / "support" / "osaccounts.
                                 Path(__file__).parent / "support" / "privsep_fixture.py"})
 
 
+#: Test files that install or purge mcpd system-wide (the .deb into /opt, /etc/mcpd and the
+#: service accounts every privilege-separation test shares): marked ``serial``, so
+#: ``scripts/test.sh`` runs them alone after the parallel part.
+SERIAL_FILES = frozenset({"test_package.py"})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``root`` every test that uses one of :data:`ROOT_FIXTURES` (so ``-m "not root"``
-    leaves it out, and the rule of :func:`pytest_runtest_makereport` applies to it)."""
+    leaves it out, and the rule of :func:`pytest_runtest_makereport` applies to it), and
+    ``serial`` every test of :data:`SERIAL_FILES`."""
     for item in items:
+        if item.path.name in SERIAL_FILES and item.get_closest_marker("serial") is None:
+            item.add_marker(pytest.mark.serial)
         if item.get_closest_marker("root") is None and ROOT_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.root)
 

@@ -148,19 +148,26 @@ def certs_check(cert: str | None, key: str | None, config_path: str) -> None:
 
     if (cert is None) != (key is None):
         raise click.UsageError("give both --cert and --key, or neither (then tls.cert and tls.key of --config)")
-    if cert is None or key is None:
-        from mcpd.common.config import ConfigError, load
+    import pwd
 
+    from mcpd.common.config import ConfigError, load
+
+    service_user = "mcpd"
+    if cert is None or key is None:
         try:
-            tls = load(config_path).tls
+            cfg = load(config_path)
         except ConfigError as exc:
             raise click.ClickException(str(exc)) from None
-        cert, key = tls.cert, tls.key
+        cert, key, service_user = cfg.tls.cert, cfg.tls.key, cfg.service_user
+    try:
+        owners: tuple[int, ...] = (pwd.getpwnam(service_user).pw_uid,)  # (the front's: it may own the key)
+    except KeyError:
+        owners = ()
     for path in (cert, key):
         if not os.path.lexists(path):
             raise click.ClickException(printable(missing_certificate(path)))
     try:
-        pair = read_pair(cert, key)
+        pair = read_pair(cert, key, owners=owners)
         context_for(pair)
     except PairError as exc:
         raise click.ClickException(printable(f"the front would refuse this pair: {exc}")) from None

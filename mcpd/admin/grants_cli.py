@@ -72,8 +72,19 @@ def _load(grants_file: str | None, config_path: str | None, any_owner: bool) -> 
         sys.exit(mcpd_config.EXIT_CONFIG)
 
 
-def _groups(user: str, given: tuple[str, ...]) -> frozenset[str]:
-    return frozenset(given) if given else os_groups(user)
+def _groups(user: str, given: tuple[str, ...], token_groups: tuple[str, ...] = ()) -> frozenset[str]:
+    """The groups a call of ``user`` is judged with: ``given`` or the OS's, plus an OAuth token's
+    groups (``<issuer>:<group>``, docs/REFERENCE.md §5.4), as the policy process adds them."""
+    for g in token_groups:
+        if ":" not in g:
+            raise click.BadParameter(f"{printable(g)}: an OAuth token's group is <issuer name>:<group>",
+                                     param_hint="--token-group")
+    return (frozenset(given) if given else os_groups(user)) | frozenset(token_groups)
+
+
+_token_group_option = click.option(
+    "--token-group", "token_groups", multiple=True, metavar="ISSUER:GROUP",
+    help="Judge as an OAuth token carrying this group, added to the account's groups (repeat)")
 
 
 def _exists(lookup: Any, name: str) -> bool:
@@ -169,16 +180,17 @@ def check(file: str | None, strict: bool, now_text: str | None, config_path: str
 @grants.command("list")
 @click.option("--user", "user", required=True, help="OS user name")
 @click.option("--group", "groups", multiple=True, help="Use these groups instead of the OS's (repeat)")
+@_token_group_option
 @_now_option
 @_file_option
 @_config_option
 @_any_owner_option
-def list_cmd(user: str, groups: tuple[str, ...], now_text: str | None, grants_file: str | None,
-             config_path: str | None, any_owner: bool) -> None:
+def list_cmd(user: str, groups: tuple[str, ...], token_groups: tuple[str, ...], now_text: str | None,
+             grants_file: str | None, config_path: str | None, any_owner: bool) -> None:
     """List every grant that applies to USER, like `sudo -l -U USER`."""
     now = _now(now_text)
     policy = _load(grants_file, config_path, any_owner)
-    member = _groups(user, groups)
+    member = _groups(user, groups, token_groups)
     sources = [(f"users.{user}", policy.users.get(user, {}))]
     sources += [(f"groups.{g}", policy.groups[g]) for g in sorted(member) if g in policy.groups]
     found = False
@@ -213,12 +225,14 @@ def _login_text(login_age: float | None, login_used: bool, window: float | None)
                    "[default: a static users.yaml token, which never satisfies reauth_after]")
 @click.option("--login-used", is_flag=True,
               help="With --login-age: that login already had its one call under a reauth_after: 0 rule")
+@_token_group_option
 @_now_option
 @_file_option
 @_config_option
 @_any_owner_option
 def test(user: str, tool: str, path: str, groups: tuple[str, ...], login_age_text: str | None, login_used: bool,
-         now_text: str | None, grants_file: str | None, config_path: str | None, any_owner: bool) -> None:
+         token_groups: tuple[str, ...], now_text: str | None, grants_file: str | None, config_path: str | None,
+         any_owner: bool) -> None:
     """Decide one call as the daemon would: exit 0 when it would be served, 1 when not; print the
     deciding rule and why. For a path that exists here, also predict root's opener."""
     now = _now(now_text)
@@ -229,7 +243,8 @@ def test(user: str, tool: str, path: str, groups: tuple[str, ...], login_age_tex
         raise click.UsageError("--login-used needs --login-age (a static token has no login to use)")
     policy = _load(grants_file, config_path, any_owner)
     login_time = None if login_age is None else now - datetime.timedelta(seconds=login_age)
-    d = decide(policy, user, _groups(user, groups), tool, path, now, login_time=login_time, login_used=login_used)
+    d = decide(policy, user, _groups(user, groups, token_groups), tool, path, now, login_time=login_time,
+               login_used=login_used)
     refused, opened = _open_check(policy, d, tool)
     verdict = f"denied: would be refused at open: {refused}" if refused else \
         f"{'allowed' if d.allowed else 'denied'}: {d.reason}"

@@ -16,8 +16,9 @@ from mcpd.helper.wire.pathmatch import components
 
 #: what root's opener needs of the inode, per tool: files/read a regular file, files/filetype any
 #: kind (a regular file with one link), files/find a directory, files/list a directory or one
-#: entry described alone
-OPEN_WANT = {"files/read": "file", "files/filetype": "any", "files/find": "dir", "files/list": "list"}
+#: entry described alone, files/grep a directory (its walker's) or a regular file searched alone
+OPEN_WANT = {"files/read": "file", "files/filetype": "any", "files/find": "dir", "files/list": "list",
+             "files/grep": "grep"}
 
 
 def predict_open(policy: Policy, path: str, tool: str, follow: bool) -> str | None:
@@ -41,7 +42,7 @@ def predict_open(policy: Policy, path: str, tool: str, follow: bool) -> str | No
     want = OPEN_WANT[tool]
     if follow:
         st = os.stat(path)
-        if tool in ("files/read", "files/filetype") and is_secret(policy, os.path.realpath(path)):
+        if tool in ("files/read", "files/filetype", "files/grep") and is_secret(policy, os.path.realpath(path)):
             return SECRET
     else:
         prefix, st = "", os.lstat("/")
@@ -57,6 +58,8 @@ def predict_open(policy: Policy, path: str, tool: str, follow: bool) -> str | No
             os.close(fd)
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or real != path:
             return CHANGED
+    if want == "grep":
+        want = "dir" if stat.S_ISDIR(st.st_mode) else "file"
     why = refusal(st.st_mode, st.st_nlink, "dir" if want == "list" else want)
     if want == "list" and why == NOT_DIR:
         return None  # a path that is not a directory is described alone

@@ -25,10 +25,14 @@ import datetime
 import errno
 import ipaddress
 import json
+import math
 import os
 import pwd
+import select
+import signal
 import socket
 import ssl
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -50,6 +54,9 @@ from mcpd.policy.grants import load_policy, secret_paths
 
 #: how long the handshake with the listener and the metrics request may take, in seconds
 TIMEOUT_SECONDS = 5.0
+#: how long the child that connects as ``service_user`` may take, beyond its own connect
+#: timeout, before it is killed and the answer is "unknown" (that account can stop it)
+CHILD_GRACE_SECONDS = 2.0
 
 
 def _problem(exc: BaseException) -> str:
@@ -89,7 +96,7 @@ def tls_files(cfg: Config) -> dict[str, Any]:
     """The configured pair checked now as a reload would check it, and the front's own record."""
     out: dict[str, Any] = {"cert": cfg.tls.cert, "key": cfg.tls.key}
     try:
-        pair = tls.read_pair(cfg.tls.cert, cfg.tls.key)
+        pair = tls.read_pair(cfg.tls.cert, cfg.tls.key, owners=_service_uid(cfg))
         out.update(valid=True, fingerprint_sha256=pair.fingerprint, subject=pair.subject,
                    not_after=pair.not_after.isoformat())
     except tls.PairError as exc:
@@ -97,12 +104,25 @@ def tls_files(cfg: Config) -> dict[str, Any]:
     path = os.path.join(cfg.state_dir, tls.STATE_FILE)
     try:
         with open(path, encoding="utf-8") as f:
-            state = json.load(f)
+            state = json.loads(f.read(1 << 20))
         out["front"] = state if isinstance(state, dict) else None
+        if out["front"] is None:
+            out["front_problem"] = f"{path}: not a JSON object"
     except (OSError, ValueError) as exc:
         out["front"] = None
         out["front_problem"] = f"{path}: {_problem(exc)}"
+    except RecursionError:
+        out["front"] = None
+        out["front_problem"] = f"{path}: JSON nested too deeply"
     return out
+
+
+def _service_uid(cfg: Config) -> tuple[int, ...]:
+    """The uid of ``service_user`` (the front's, which may own the key), none when unknown."""
+    try:
+        return (pwd.getpwnam(cfg.service_user).pw_uid,)
+    except KeyError:
+        return ()
 
 
 def metrics(cfg: Config) -> dict[str, Any] | None:
@@ -117,15 +137,27 @@ def metrics(cfg: Config) -> dict[str, Any] | None:
     except (OSError, urllib.error.URLError) as exc:
         return {"listen": cfg.metrics_listen, "answers": False, "problem": _problem(exc)}
     out: dict[str, Any] = {"listen": cfg.metrics_listen, "answers": True, "sessions": {}}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "mcpd_sessions":
-                out["sessions"][sample.labels.get("transport", "")] = int(sample.value)
-            elif sample.name in ("mcpd_workers", "mcpd_workers_busy", "mcpd_pool_queued"):
-                out[sample.name.removeprefix("mcpd_")] = int(sample.value)
-            elif sample.name == "mcpd_helper_up":
-                out["helper_up"] = bool(sample.value)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "mcpd_sessions":
+                    out["sessions"][str(sample.labels.get("transport", ""))] = _count(sample.value)
+                elif sample.name in ("mcpd_workers", "mcpd_workers_busy", "mcpd_pool_queued"):
+                    out[sample.name.removeprefix("mcpd_")] = _count(sample.value)
+                elif sample.name == "mcpd_helper_up":
+                    out["helper_up"] = None if _count(sample.value) is None else bool(sample.value)
+    except (ValueError, TypeError, IndexError, RecursionError) as exc:  # not the exposition format
+        return {"listen": cfg.metrics_listen, "answers": False,
+                "problem": f"its answer is not Prometheus metrics ({type(exc).__name__})"}
     return out
+
+
+def _count(value: Any) -> int | None:
+    """A metric's value as a count, or ``None`` (unknown) when it is none: NaN, infinite,
+    negative or not a whole number."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or value != int(value):
+        return None
+    return int(value)
 
 
 def _connect(path: str) -> int:
@@ -169,13 +201,40 @@ def helper_socket(cfg: Config) -> dict[str, Any]:
                     os._exit(_connect(cfg.helper_socket) & 0xFF)
                 except BaseException:
                     os._exit(errno.EPERM)
-            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            code = _reap(pid, TIMEOUT_SECONDS + CHILD_GRACE_SECONDS)
+            if code is None:
+                out["accepts"] = None
+                out["problem"] = (f"unknown: the check as {cfg.service_user} did not end within "
+                                  f"{TIMEOUT_SECONDS + CHILD_GRACE_SECONDS:g} s (stopped or stuck; killed)")
+                return out
     if code is None:
         code = _connect(cfg.helper_socket)
     out["accepts"] = code == 0
     if code:
         out["problem"] = os.strerror(code) if code > 0 else f"killed by signal {-code}"
     return out
+
+
+def _reap(pid: int, deadline: float) -> int | None:
+    """The exit code of our child ``pid`` (negative: the signal that ended it), waited for at most
+    ``deadline`` seconds; ``None`` when it had not ended by then: it is killed (``SIGKILL`` ends a
+    stopped process too) and reaped. The child runs as another account, which may stop it
+    (``SIGSTOP``), so a plain ``waitpid`` could wait forever."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        end = time.monotonic() + deadline
+        while (left := end - time.monotonic()) > 0 and not poller.poll(max(1, int(left * 1000))):
+            pass
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
+    os.waitpid(pid, 0)  # (killed: ends now, stopped or not)
+    return None
 
 
 def policy_files(cfg: Config, config_path: str) -> dict[str, Any]:
@@ -272,6 +331,9 @@ def gather(config_path: str) -> dict[str, Any]:
         problems.append("the root helper's policy process does not answer")
     if cfg.helper_socket and not status["helper"]["socket_present"]:
         problems.append(f"no helper socket at {cfg.helper_socket}")
+    elif cfg.helper_socket and status["helper"]["accepts"] is None:
+        problems.append(f"whether the helper socket {cfg.helper_socket} accepts a connection is "
+                        f"{status['helper'].get('problem')}")
     elif cfg.helper_socket and not status["helper"]["accepts"]:
         problems.append(f"the helper socket {cfg.helper_socket} accepts no connection "
                         f"({status['helper'].get('problem')}): the root helper and its policy process are not "
@@ -288,6 +350,10 @@ def gather(config_path: str) -> dict[str, Any]:
 
 def _line(label: str, value: Any) -> str:
     return f"{label}: {printable(str(value))}"
+
+
+def _known(value: Any) -> str:
+    return "unknown" if value is None else str(value)
 
 
 def render(s: dict[str, Any]) -> list[str]:
@@ -316,14 +382,16 @@ def render(s: dict[str, Any]) -> list[str]:
     elif not m.get("answers"):
         out.append(_line("sessions, workers", f"unknown (metrics {m['listen']}: {m.get('problem')})"))
     else:
-        sess = ", ".join(f"{k} {v}" for k, v in sorted(m["sessions"].items())) or "none"
+        sess = ", ".join(f"{k} {_known(v)}" for k, v in sorted(m["sessions"].items())) or "none"
         out += [_line("sessions", sess),
-                _line("workers", f"{m.get('workers', '?')} live, {m.get('workers_busy', '?')} busy, "
-                                 f"{m.get('pool_queued', '?')} calls waiting")]
+                _line("workers", f"{_known(m.get('workers'))} live, {_known(m.get('workers_busy'))} busy, "
+                                 f"{_known(m.get('pool_queued'))} calls waiting")]
     h = s["helper"]
     helper_up = None if m is None or not m.get("answers") else m.get("helper_up")
     accepts = "" if not h["socket_present"] else \
-        ", accepts connections" if h.get("accepts") else f", accepts no connection ({h.get('problem')})"
+        ", accepts connections" if h.get("accepts") else \
+        f", accepts connections: {h.get('problem')}" if h.get("accepts") is None else \
+        f", accepts no connection ({h.get('problem')})"
     out.append(_line("helper", "none configured" if not h["socket"] else
                      f"socket {h['socket']} {'present' if h['socket_present'] else 'missing'}{accepts}"
                      + ("" if helper_up is None else f", policy process {'answers' if helper_up else 'does not answer'}")))

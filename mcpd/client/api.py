@@ -95,12 +95,14 @@ class Client(Session):
         Args:
             uri: ``file:///abs/path`` (or ``file:relative/path`` inside the workspace); a query
                 such as ``?start_line=5&end_line=9&encoding=latin-1`` also works.
-            encoding: ``utf-8``, ``ascii``, ``latin-1``, ``cp1252``, ``utf-16`` or ``auto``.
+            encoding: ``utf-8``, ``ascii``, ``latin-1``, ``cp1252``, ``utf-16``, ``auto`` or
+                ``base64`` (the file's bytes as a ``blob``).
             include_metadata: ask for ``_meta`` (size, lines, encoding, language, sha256 ...).
             line_range: ``(start, end)`` lines, 1-based and inclusive; ``None`` for an open end.
             privileged: read through an mcp-sudo.yaml grant (docs/REFERENCE.md §4).
 
-        Returns: the first ``contents`` item: ``{"uri", "mimeType", "text", "_meta"?}``.
+        Returns: the first ``contents`` item: ``{"uri", "mimeType", "text", "_meta"?}``, or with
+            ``"blob"`` (base64) in place of ``"text"`` for a file that is not text.
         Raises: :class:`ResourceFailed` (``.code`` is the tool error code, docs/REFERENCE.md §2.5),
             :class:`RPCError`, and the transport errors.
         """

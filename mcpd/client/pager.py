@@ -12,6 +12,10 @@ without a range shows only the first 10 KiB, so a whole file is read as consecut
 * Each page's text is encoded back with the codec the server decoded it with, which gives the
   file's own bytes (a decoder that accepted them round-trips exactly); the next page starts where
   those bytes end, so a character cut at a page edge is read whole by the next page.
+* A file that is not text in the encoding asked for (``BINARY_FILE``, or ``ENCODING_ERROR`` on
+  any page) is read on from where the text ended as bytes: ``encoding: base64`` pages, whose
+  structured content gives the file's size, the next offset and the end of the file. Every
+  page asks for ``decompress: false``: a ``.gz`` file is copied as its own bytes.
 * Reading stops at the size seen first, so a file that grows while it is read still ends (a
   character that size cut in two is read whole); a file that reports no size (``/proc``) is read
   until an empty page. A file that shrank below the first size is an error, never a silent short
@@ -26,6 +30,8 @@ Errors are the client's exception family (:mod:`mcpd.client.errors`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import codecs
 import re
 from collections.abc import AsyncIterator, Callable
@@ -37,6 +43,7 @@ from mcpd.client.errors import MCPClientError, ToolFailed
 
 PAGE_BYTES = 1024 * 1024  # file bytes asked for per page: well under the 10 MiB default cap
 MIN_PAGE_BYTES = 64 * 1024
+UNPACKED_PAGE_BYTES = 6 * 1024 * 1024  # a decompressed text's pages: base64 of 6 MiB fits the 10 MiB cap
 PROGRESS_BYTES = 8 * 1024 * 1024  # a copy this large shows progress on a terminal
 DEFAULT_MAX_BYTES = 100 * 1024 * 1024
 
@@ -45,6 +52,7 @@ _REQUESTABLE = {"utf-8": "utf-8", "ascii": "ascii", "latin-1": "latin-1", "iso88
                 "cp1252": "cp1252", "utf-16-le": "utf-16"}
 _BOM_OF = {"utf-8": codecs.BOM_UTF8, "utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE,
            "utf-32-le": codecs.BOM_UTF32_LE, "utf-32-be": codecs.BOM_UTF32_BE}
+NOT_TEXT = frozenset({"BINARY_FILE", "ENCODING_ERROR"})  # answers after which the file is read as bytes
 NOTICE = re.compile(r"\n?\[WARNING: File truncated: showed bytes (\d+)-(\d+) of [^\n]*\]\Z")
 
 Progress = Callable[[int, int], None]
@@ -88,6 +96,11 @@ def _codec_name(codec: str) -> str:
 
 def _is_too_large(exc: ToolFailed) -> bool:
     return exc.code == "FILE_TOO_LARGE"
+
+
+def _unknown(exc: ToolFailed, argument: str) -> bool:
+    """``exc`` is a server's refusal of ``argument`` itself (one older than it)."""
+    return exc.code == "INVALID_ARGUMENT" and exc.details.get("argument") == argument
 
 
 async def _first_page(client: Client, base: dict[str, Any], offset: int, page: int,
@@ -149,7 +162,8 @@ async def _first_page_large(client: Client, base: dict[str, Any], offset: int, p
 
 async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int | None = None,
                      encoding: str = "utf-8", privileged: bool = False, max_bytes: int = DEFAULT_MAX_BYTES,
-                     page_bytes: int = PAGE_BYTES, on_progress: Progress | None = None) -> AsyncIterator[bytes]:
+                     page_bytes: int = PAGE_BYTES, on_progress: Progress | None = None,
+                     decompress: bool = False) -> AsyncIterator[bytes]:
     """Yield the bytes of ``path`` from ``offset`` (to the end, or ``limit`` bytes), page by page.
 
     Args:
@@ -160,15 +174,38 @@ async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int |
         max_bytes: refuse (:class:`FileTooBig`) a range larger than this many bytes.
         page_bytes: file bytes per call (halved when the server's cap is smaller).
         on_progress: called as ``(bytes done, total bytes or 0)`` after each page.
+        decompress: a ``.gz``/``.xz``/``.bz2``/``.zst`` file's decompressed text instead of its
+            bytes, read as base64 pages of :data:`UNPACKED_PAGE_BYTES` (each page decompresses
+            again from the start: few large pages), to its end.
 
     Raises:
         FileTooBig, Shrank, ToolFailed (the server's codes), and the transport errors.
     """
-    base: dict[str, Any] = {"path": path, "encoding": encoding}
+    base: dict[str, Any] = {"path": path, "encoding": encoding, "decompress": decompress}
     if privileged:
         base["privileged"] = True
+    if decompress:
+        end = None if limit is None else offset + limit
+        async for chunk in _byte_pages(client, base, offset, end, None, 0, max_bytes,
+                                       max(page_bytes, UNPACKED_PAGE_BYTES), on_progress):
+            yield chunk
+        return
     first = min(page_bytes, limit) if limit is not None else page_bytes
-    plan, data, pos = await _first_page(client, base, offset, first, encoding)
+    try:
+        try:
+            plan, data, pos = await _first_page(client, base, offset, first, encoding)
+        except ToolFailed as exc:
+            if not _unknown(exc, "decompress"):
+                raise
+            del base["decompress"]  # a server older than the argument decompresses nothing: the same bytes
+            plan, data, pos = await _first_page(client, base, offset, first, encoding)
+    except ToolFailed as exc:
+        if exc.code not in NOT_TEXT:
+            raise
+        end = None if limit is None else offset + limit
+        async for chunk in _byte_pages(client, base, offset, end, None, 0, max_bytes, page_bytes, on_progress):
+            yield chunk
+        return
     stop = plan.size if plan.size else None
     if limit is not None:
         stop = offset + limit if stop is None else min(stop, offset + limit)
@@ -192,6 +229,10 @@ async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int |
         try:
             result = await client.call_tool("files/read", {**base, "offset": pos, "limit": n})
         except ToolFailed as exc:
+            if exc.code in NOT_TEXT:  # not text from here on: the rest as bytes
+                async for chunk in _byte_pages(client, base, pos, stop, want, done, max_bytes, page, on_progress):
+                    yield chunk
+                return
             if not _is_too_large(exc) or page <= MIN_PAGE_BYTES:
                 raise
             page = max(MIN_PAGE_BYTES, page // 2)
@@ -229,3 +270,57 @@ async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int |
     if on_progress is not None:
         on_progress(done, want)
 
+
+
+async def _byte_pages(client: Client, base: dict[str, Any], pos: int, stop: int | None, want: int | None,
+                      done: int, max_bytes: int, page: int, on_progress: Progress | None) -> AsyncIterator[bytes]:
+    """The file's bytes from ``pos`` to ``stop`` (None: to its end) through ``encoding: base64``
+    pages. ``want``: the bytes of the whole copy when known (None: learnt here from the first
+    page's ``size``, the copy's ``stop`` too, and checked against ``max_bytes``); ``done``: bytes
+    already yielded.
+
+    Raises:
+        FileTooBig, Shrank, ToolFailed, MCPClientError (an answer that is not base64).
+    """
+    args = {**base, "encoding": "base64"}
+    start = pos
+    while stop is None or pos < stop:
+        if on_progress is not None and want is not None:
+            on_progress(done, want)
+        n = page if stop is None else min(page, stop - pos)
+        try:
+            result = await client.call_tool("files/read", {**args, "offset": pos, "limit": n})
+        except ToolFailed as exc:
+            if _unknown(exc, "encoding") or _unknown(exc, "decompress"):
+                raise MCPClientError("the server cannot send a file's bytes (files/read encoding base64): it is "
+                                     "older than this linuxctl; for a text file, give its --encoding",
+                                     "UNSUPPORTED") from None
+            if not _is_too_large(exc) or page <= MIN_PAGE_BYTES:
+                raise
+            page = max(MIN_PAGE_BYTES, page // 2)
+            continue
+        meta = result.get("structuredContent") or {}
+        if want is None:
+            size = meta.get("size")
+            if isinstance(size, int) and size > 0:
+                stop = size if stop is None else min(stop, size)
+            want = stop - start if stop is not None else 0
+            if want > max_bytes:
+                raise FileTooBig(want, max_bytes)
+        try:
+            chunk = base64.b64decode(text_of(result), validate=True)
+        except (binascii.Error, ValueError):
+            raise MCPClientError("the server's base64 answer does not decode", "PROTOCOL_ERROR") from None
+        pos += len(chunk)
+        done += len(chunk)
+        if stop is None and done > max_bytes:
+            raise FileTooBig(done, max_bytes)
+        if chunk:
+            yield chunk
+        if meta.get("eof") is True or not chunk:
+            if stop is not None and pos < stop:
+                raise Shrank(f"the file ended at byte {pos}, before the {stop} bytes it had when reading "
+                             "began: it was truncated or replaced while read")
+            break
+    if on_progress is not None and want is not None:
+        on_progress(done, want)

@@ -40,7 +40,7 @@ Example (every key optional)::
     state_dir: /var/lib/mcpd       # the front's state (0750 mcpd)
     helper_state_dir: /var/lib/mcpd-helper   # the policy process's state (0700 mcpd-policy): issued tokens
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536,
-           grep_file_bytes: 1073741824, grep_total_bytes: 8589934592, grep_max_ratio: 200}   # files/grep's limits
+           grep_file_bytes: 1073741824, grep_total_bytes: 8589934592, grep_max_ratio: 200}   # files/grep's limits; files/read's decompression too
     workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64,
               spawn_burst: 16, spawns_per_second: 1,   # workers started per principal: a burst, then a rate
               cancel_grace_seconds: 0.25}   # a cancelled call's worker may finish this long and is kept; 0: killed
@@ -56,6 +56,15 @@ Example (every key optional)::
       tiers: {small: {requests_per_day: 100, max_file_bytes: 1048576}}
       users: {alice: small}        # principal -> tier (login principals are named after the OS account)
       save_every: 20               # counters hit disk every N requests and at shutdown
+    oauth:                         # OAuth 2.1 resource server (docs/REFERENCE.md §5.4); absent: off
+      resource: https://files.example.com:9091/mcp
+      scopes_supported: [files:read, files:privileged]
+      leeway_seconds: 60
+      issuers: [{name: corp, issuer: https://idp.example.com/realms/corp,
+                 jwks_file: /var/lib/mcpd-jwks/corp.json, jwks_uri: https://idp.example.com/certs,
+                 audiences: [https://files.example.com:9091/mcp], algorithms: [RS256, ES256],
+                 principal_claim: sub, account_claim: preferred_username, accounts: ["*"],
+                 groups_claim: groups, client_id: mcpd-cli}]
 """
 
 from __future__ import annotations
@@ -67,11 +76,13 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from mcpd.common.oauthconfig import OAuth, OAuthIssuer, check_oauth
 from mcpd.common.strictyaml import parse_strict_yaml
 from mcpd.helper.wire.rootconf import DEV_TOKEN_FILE, EXIT_CONFIG, POLICY_USER, WALK_USER, RootSettings  # noqa: F401
 from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 
-__all__ = ["EXIT_CONFIG", "POLICY_USER", "WALK_USER", "Config", "ConfigError", "load", "from_dict"]
+__all__ = ["EXIT_CONFIG", "POLICY_USER", "WALK_USER", "Config", "ConfigError", "OAuth", "OAuthIssuer", "load",
+           "from_dict"]
 _ROOT = RootSettings()  # the defaults of the keys the root helper reads itself
 # base_path: "/seg/seg", each segment plain (served and advertised alike), none "." or ".."
 _BASE_PATH_RE = re.compile(r"(?:/(?!\.\.?(?:/|$))[A-Za-z0-9._~-]+)+")
@@ -100,7 +111,8 @@ class TLS:
 @dataclasses.dataclass(frozen=True)
 class ReadLimits:
     """docs/REFERENCE.md §3 sizes, in bytes; ``grep_*``: files/grep's limits (bytes of text per
-    file and per call, decompressed; the largest decompression ratio before a file is a bomb)."""
+    file and per call, decompressed; the largest decompression ratio before a file is a bomb);
+    ``grep_file_bytes`` and ``grep_max_ratio`` also bound files/read's decompression."""
 
     default_bytes: int = 10240
     response_cap: int = 10 * 1024 * 1024
@@ -248,6 +260,7 @@ class Config:
     default_workspace: str = "~"
     login: Login = Login()
     limits: Limits = Limits()
+    oauth: OAuth = OAuth()
 
 
 def _convert(value: Any, hint: Any, where: str) -> Any:
@@ -307,6 +320,13 @@ def from_dict(data: dict[str, Any]) -> Config:
         data = {**data, "allowed_hosts": ["auto"]}
     cfg = _build(Config, data, "")
     _check_ranges(cfg)
+    try:
+        check_oauth(cfg.oauth)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if cfg.oauth.enabled and not cfg.helper_socket:
+        raise ConfigError('oauth: needs the helper unit (helper_socket not ""): only its policy process verifies '
+                          "access tokens")
     return cfg
 
 
@@ -436,4 +456,6 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
         access_log=r(cfg.access_log),
         state_dir=r(cfg.state_dir),
         helper_state_dir=r(cfg.helper_state_dir),
+        oauth=dataclasses.replace(cfg.oauth, issuers=tuple(
+            dataclasses.replace(i, jwks_file=r(i.jwks_file)) for i in cfg.oauth.issuers)),
     )

@@ -29,7 +29,7 @@ from typing import Any
 
 from mcpd.helper.wire.pathmatch import PathError, clean_path, components
 
-TOOLS = ("files/read", "files/list", "files/find", "files/filetype")
+TOOLS = ("files/read", "files/list", "files/find", "files/filetype", "files/grep")
 NO_GRANT = "no grant covers this path"
 DENIED = "path is denied by the grant"
 GRANTED = "granted"

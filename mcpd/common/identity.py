@@ -41,6 +41,9 @@ from mcpd.common.strictyaml import parse_strict_yaml
 from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 
 TOKEN_RE = re.compile(r"^mcpd_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
+#: the longest OAuth access token taken (characters): larger ones are refused unread
+MAX_JWT_CHARS = 8192
+_JWT_RE = re.compile(r"[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*")
 NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
 #: what a missing users file means (:func:`load_users`), as ``mcpd status`` and ``mcpd users check`` say it
 MISSING_USERS_FILE = "missing (no principals yet: mcpd users add NAME --os-user ACCOUNT)"
@@ -59,14 +62,40 @@ class Principal:
     Attributes:
         name: the principal's name in ``users.yaml``.
         os_user: the OS account whose rights its unprivileged calls use (docs/REFERENCE.md §5.1).
-        token_id: the 12-hex id of the token that authenticated this request.
+        token_id: the 12-hex id of the token that authenticated this request (of an OAuth
+            access token: the first 12 hex digits of its SHA-256).
         redact: the secret detectors its answers go through (docs/REFERENCE.md §3 "Redaction").
+        scopes: an OAuth access token's scopes (docs/REFERENCE.md §5.4); ``None`` for static and
+            login tokens, which are not limited by scope.
+        expires: when an OAuth access token expires (UNIX seconds; 0: not an OAuth token).
+        claims: an OAuth token's ``iss``, ``sub``, ``client``, ``act``, ``jti`` for the records.
+        groups: an OAuth token's groups, ``<issuer>:<group>``.
     """
 
     name: str
     os_user: str
     token_id: str
     redact: tuple[str, ...] = ()
+    scopes: tuple[str, ...] | None = None
+    expires: float = 0.0
+    claims: tuple[tuple[str, str], ...] = ()
+    groups: tuple[str, ...] = ()
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Principal:
+        """The principal the policy process sent (``dataclasses.asdict`` of one, as JSON).
+
+        Raises:
+            KeyError, TypeError, ValueError: not a principal's shape (an unknown detector:
+                :class:`mcpd.common.redaction.RedactError`, a ValueError).
+        """
+        scopes = data.get("scopes")
+        return cls(name=str(data["name"]), os_user=str(data["os_user"]), token_id=str(data["token_id"]),
+                   redact=parse_redact(data.get("redact") or []),
+                   scopes=None if scopes is None else tuple(str(s) for s in scopes),
+                   expires=float(data.get("expires", 0.0)),
+                   claims=tuple((str(k), str(v)) for k, v in data.get("claims", ())),
+                   groups=tuple(str(g) for g in data.get("groups", ())))
 
 
 @dataclass
@@ -154,6 +183,12 @@ def login_principal(users: dict[str, UserRecord], os_user: str, token_id: str) -
     redact = union(*(users[n].redact for n in bound))
     return Principal(name=bound[0] if len(bound) == 1 else f"login:{os_user}", os_user=os_user, token_id=token_id,
                      redact=redact)
+
+
+def looks_like_jwt(token: str) -> bool:
+    """Whether ``token`` has an OAuth access token's shape: a compact JWS (three base64url parts)
+    of at most :data:`MAX_JWT_CHARS` characters (docs/REFERENCE.md §5.4)."""
+    return len(token) <= MAX_JWT_CHARS and _JWT_RE.fullmatch(token) is not None
 
 
 def parse_time(value: str) -> datetime.datetime:

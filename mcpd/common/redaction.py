@@ -22,6 +22,9 @@ ALL = "secrets"
 REDACT_KEY = "_redact"
 #: the ops whose answers are redacted
 REDACTED_OPS = ("files/read", "files/grep")
+#: the refusal of a base64 read (or a binary resource) for a caller whose answers are redacted:
+#: ``PERMISSION_DENIED``, this as its message and ``reason``
+REDACTED_BYTES = "redaction applies: bytes cannot be redacted"
 #: what a ``redact`` value must be, for messages
 REDACT_TEXT = f"'{ALL}' or a list of detectors ({', '.join(DETECTORS)})"
 

@@ -101,8 +101,8 @@ def check_number(args: dict[str, Any], key: str, default: float, above: float, h
     return float(value)  # (in range, so an integer of any size has passed the bound first: no overflow)
 
 
-def check_bool(args: dict[str, Any], key: str) -> bool:
-    """Optional boolean ``args[key]`` (default False).
+def check_bool(args: dict[str, Any], key: str, default: bool = False) -> bool:
+    """Optional boolean ``args[key]``, else ``default``.
 
     Raises:
         ToolError: ``INVALID_ARGUMENT`` for anything but true/false.
@@ -110,7 +110,7 @@ def check_bool(args: dict[str, Any], key: str) -> bool:
     value = args.get(key)
     if value is not None and not isinstance(value, bool):
         raise invalid_argument(f"{key} must be true or false", argument=key)
-    return bool(value)
+    return default if value is None else value
 
 
 def check_choice(args: dict[str, Any], key: str, choices: Collection[str], default: str | None) -> str | None:

@@ -84,13 +84,64 @@ class _Raw:
         pass
 
 
+class _Zstd:
+    """A ``.zst`` stream of any number of frames, read like the standard library's decompressors.
+
+    ``zstandard``'s own stream reader ends quietly where a frame was cut short; this one raises
+    ``EOFError`` there (``corrupt``). Input is fed :data:`FEED` bytes at a time, since one
+    ``decompress`` call has no output bound: a zstd block turns a few bytes into 128 KiB, so a
+    feed makes at most about 4 MiB however the data was made.
+    """
+
+    FEED = 128  # compressed bytes per decompress call
+
+    def __init__(self, raw: _Raw, zstandard: Any) -> None:
+        self._raw, self._new = raw, zstandard.ZstdDecompressor().decompressobj
+        self._error = zstandard.ZstdError
+        self._frame: Any = None  # the frame being decompressed (None between frames)
+        self._in, self._at = b"", 0
+        self._out = bytearray()
+
+    def _feed(self) -> bool:
+        """Decompress one feed; False at the end of the input."""
+        if self._at >= len(self._in):
+            self._in, self._at = self._raw.read(64 * 1024), 0
+            if not self._in:
+                if self._frame is not None:
+                    raise EOFError("a zstd frame is cut short")
+                return False
+        data = self._in[self._at:self._at + self.FEED]
+        self._at += len(data)
+        while data:
+            if self._frame is None:
+                self._frame = self._new()
+            try:
+                self._out += self._frame.decompress(data)
+            except self._error as exc:
+                raise ValueError(str(exc)) from None
+            if not self._frame.eof:
+                break
+            data, self._frame = self._frame.unused_data, None
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        n = CHUNK if n is None or n < 0 else n
+        while len(self._out) < n and self._feed():
+            pass
+        out = bytes(self._out[:n])
+        del self._out[:n]
+        return out
+
+    def close(self) -> None:
+        self._frame, self._out = None, bytearray()
+
+
 def _zstd(raw: _Raw) -> Any:
     try:
         import zstandard
     except ImportError:
         raise Skipped("unsupported_compression", "zstandard is not installed: .zst files are not searched") from None
-    return cast(Any, zstandard.ZstdDecompressor().stream_reader(cast(Any, raw), read_size=64 * 1024,
-                                                                 read_across_frames=True))
+    return _Zstd(raw, zstandard)
 
 
 _OPENERS: dict[str, Callable[[_Raw], Any]] = {
@@ -159,7 +210,7 @@ def chunks(fd: int, kind: str | None, size: int, start: int, file_limit: int, ma
                               limit=file_limit)
             if made > RATIO_SLACK and made > max_ratio * max(raw.pos, 1):
                 raise Skipped("compression_ratio", f"decompresses more than {max_ratio} times its size "
-                              "(a decompression bomb?): not searched further", limit=max_ratio)
+                              "(a decompression bomb?): not decompressed further", limit=max_ratio)
             if made <= start:
                 if skipped is not None:
                     skipped(data)
@@ -169,3 +220,47 @@ def chunks(fd: int, kind: str | None, size: int, start: int, file_limit: int, ma
             yield data if made - len(data) >= start else data[start - (made - len(data)):]
     finally:
         stream.close()
+
+
+class Unpacked:
+    """Random access, by ``pread(n, pos)``, to the decompressed text of an open compressed file
+    (``files/read``'s reading of ``.gz``, ``.xz``, ``.bz2``, ``.zst``), under :func:`chunks`'s limits.
+
+    The stream is decompressed forward from the start: a read at or after the current position
+    goes on from there; a read before it decompresses again from the start (bounded by the same
+    limits). Memory is one piece (at most :data:`CHUNK` bytes) plus what a read returns.
+    ``made`` counts the most decompressed bytes produced; ``ended`` is True once the stream's
+    end was reached (``made`` is then the text's size).
+
+    Raises (from ``pread``): :class:`Skipped` ``too_large``, ``compression_ratio``, ``corrupt``,
+    ``unsupported_compression``; ``OSError`` from reading.
+    """
+
+    def __init__(self, fd: int, kind: str, file_limit: int, max_ratio: int) -> None:
+        self.fd, self.kind, self.file_limit, self.max_ratio = fd, kind, file_limit, max_ratio
+        self.made, self.ended = 0, False
+        self._restart()
+
+    def _restart(self) -> None:
+        self._pieces = chunks(self.fd, self.kind, 0, 0, self.file_limit, self.max_ratio)
+        self._buf, self._base, self._pos, self._done = b"", 0, 0, False  # piece, its text offset, past it
+
+    def pread(self, n: int, pos: int) -> bytes:
+        """Up to ``n`` bytes of the text at offset ``pos`` (fewer only at its end)."""
+        if pos < self._base:
+            self._restart()
+        parts: list[bytes] = []
+        while n > 0:
+            if pos >= self._pos:
+                piece = None if self._done else next(self._pieces, None)
+                if piece is None:
+                    self._done = self.ended = True
+                    break
+                self._buf, self._base = piece, self._pos
+                self._pos += len(piece)
+                self.made = max(self.made, self._pos)
+                continue
+            part = self._buf[pos - self._base:pos - self._base + n]
+            parts.append(part)
+            pos, n = pos + len(part), n - len(part)
+        return b"".join(parts)

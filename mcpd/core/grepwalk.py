@@ -29,9 +29,22 @@ class _Halt(Exception):
     """A tick stopped :func:`walk_files`."""
 
 
+def resume_at(root: str, cursor: dict[str, Any] | None) -> tuple[str, ...] | None:
+    """The components below ``root`` of a decoded cursor's path (``()`` without a cursor, or for
+    ``root`` itself); None when it lies elsewhere (the cursor is then refused)."""
+    if cursor is None:
+        return ()
+    path = cursor["p"]
+    if path == root:
+        return ()
+    prefix = root.rstrip("/") + "/"
+    return tuple(path[len(prefix):].split("/")) if path.startswith(prefix) else None
+
+
 def walk_files(rfd: int, root: str, args: dict[str, Any], skip: Callable[[str, str], None],
                tick: Callable[[str], bool], allow: Allow = None, screen: Screen = None,
-               resume: tuple[str, ...] = ()) -> Iterator[tuple[int, str, str, bool]]:
+               resume: tuple[str, ...] = (), refused: Callable[[str], None] | None = None,
+               ) -> Iterator[tuple[int, str, str, bool]]:
     """The files of a tree for ``files/grep``: depth first in name order, like :func:`walk_find`.
 
     ``rfd``: the open folder ``root`` (the caller keeps and closes it). ``args``: parsed
@@ -45,12 +58,18 @@ def walk_files(rfd: int, root: str, args: dict[str, Any], skip: Callable[[str, s
     ``symlink``, ``loop``, ``too_deep``, or :func:`skip_reason`'s for a folder that could not be
     read); ``tick(path)`` is called before each entry and stops the walk when it returns True.
     ``allow`` and ``screen`` are the privileged route's filters (module docstring); an entry they
-    refuse is passed over in silence. Descriptors are closed when the iterator is closed.
+    refuse is passed over in silence, but ``refused(path)`` hears of each regular file (by the
+    listing's type) that ``allow`` refused and the globs would have searched (``screen``'s are
+    never told). Descriptors are closed when the iterator is closed.
     """
     follow, include, exclude, max_depth = bool(args["follow_symlinks"]), args["include"], args["exclude"], \
         args["max_depth"]
     visited = set[tuple[int, int]]()
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | (0 if follow else os.O_NOFOLLOW)
+
+    def wanted(name: str) -> bool:  # the include and exclude globs
+        return not (include and not any(fnmatch.fnmatchcase(name, g) for g in include) or any(
+            fnmatch.fnmatchcase(name, g) for g in exclude))
 
     def level(fd: int, path: str, depth: int, at: tuple[str, ...]) -> Iterator[tuple[int, str, str, bool]]:
         if depth > DEPTH_CAP:
@@ -73,7 +92,11 @@ def walk_files(rfd: int, root: str, args: dict[str, Any], skip: Callable[[str, s
             full = posixpath.join(path, e.name)
             if tick(full):
                 raise _Halt
-            if allow is not None and not allow(full) or hidden(e.name):
+            if hidden(e.name):
+                continue
+            if allow is not None and not allow(full):
+                if refused is not None and entry_kind(e, follow) == "file" and wanted(e.name):
+                    refused(full)
                 continue
             kind = entry_kind(e, follow)
             if kind == "dir":
@@ -89,8 +112,7 @@ def walk_files(rfd: int, root: str, args: dict[str, Any], skip: Callable[[str, s
                 finally:
                     os.close(child)
             elif kind == "file":
-                if include and not any(fnmatch.fnmatchcase(e.name, g) for g in include) or any(
-                        fnmatch.fnmatchcase(e.name, g) for g in exclude):
+                if not wanted(e.name):
                     continue
                 yield fd, e.name, full, e.name == here and len(at) == 1
             else:

@@ -25,6 +25,7 @@ Only the secret part is replaced (``password=[REDACTED:assignment]``); newlines 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import re2
@@ -190,15 +191,22 @@ def starts_inside(before: bytes) -> bool:
     return m is not None and m.group(1).startswith(b"-----BEGIN")
 
 
-def inside_at(fd: int, pos: int, codec: str = "utf-8", floor: int = 0) -> bool:
-    """:func:`starts_inside` for byte ``pos`` of the open file ``fd``, judged on the
+def inside_at(fd: int | Callable[[int, int], bytes], pos: int, codec: str = "utf-8", floor: int = 0) -> bool:
+    """:func:`starts_inside` for byte ``pos`` of the open file ``fd`` (or of what a reader
+    ``(n, pos) -> bytes`` reads, as a decompressed text's), judged on the
     :data:`LOOKBACK` bytes before it (not before ``floor``, a BOM's end), decoded with ``codec``."""
     if pos <= floor:
         return False
     start = max(floor, pos - LOOKBACK)
     unit = 4 if "32" in codec else 2 if "16" in codec else 1
     start += (pos - start) % unit
-    raw = os.pread(fd, pos - start, start)
+    raw = b""
+    while len(raw) < pos - start:  # a reader may answer short
+        got = os.pread(fd, pos - start - len(raw), start + len(raw)) if isinstance(fd, int) else \
+            fd(pos - start - len(raw), start + len(raw))
+        if not got:
+            break
+        raw += got
     if unit > 1 or codec not in ("utf-8", "ascii", "latin-1", "cp1252"):
         raw = raw.decode(codec, "ignore").encode("utf-8", "surrogatepass")
     return starts_inside(raw)

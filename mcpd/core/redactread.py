@@ -11,9 +11,8 @@ the whole window. A page that starts inside a private key block (judged on the
 
 from __future__ import annotations
 
-import os
-
 from mcpd.core import redact, textdecode
+from mcpd.core.rawread import Pread, pread_full
 
 LONG_LINE = "[WITHHELD: this window lies inside one line; read that line whole with start_line/end_line]"
 
@@ -22,21 +21,21 @@ def _nbytes(text: str, codec: str) -> int:
     return len(text.encode(codec, "surrogatepass" if codec.startswith("utf") else "strict"))
 
 
-def _line_starts_at(fd: int, pos: int, codec: str, bom: int) -> bool:
+def _line_starts_at(rd: Pread, pos: int, codec: str, bom: int) -> bool:
     """Whether byte ``pos`` of the file begins a line (the file's start, or a ``\\n`` before it)."""
     if pos <= bom:
         return True
     unit = textdecode.unit(codec)
     if pos - unit < bom:
         return False
-    return os.pread(fd, unit, pos - unit).decode(codec, "ignore") == "\n"
+    return pread_full(rd, unit, pos - unit).decode(codec, "ignore") == "\n"
 
 
-def whole_lines(fd: int, text: str, first: int, end: int, codec: str, bom: int, at_eof: bool) -> tuple[str, int, int]:
+def whole_lines(rd: Pread, text: str, first: int, end: int, codec: str, bom: int, at_eof: bool) -> tuple[str, int, int]:
     """The byte window ``[first, end)`` decoded as ``text``, cut to whole lines (module docstring):
     ``(text, first, end)``. ``at_eof``: the window reaches the end of the file (its last line,
     even unterminated, is whole)."""
-    if text and not _line_starts_at(fd, first, codec, bom):
+    if text and not _line_starts_at(rd, first, codec, bom):
         i = text.find("\n")
         if i < 0:
             return LONG_LINE, first, end
@@ -51,10 +50,10 @@ def whole_lines(fd: int, text: str, first: int, end: int, codec: str, bom: int, 
     return text, first, end
 
 
-def redact_page(fd: int, text: str, first: int, codec: str, bom: int,
+def redact_page(rd: Pread, text: str, first: int, codec: str, bom: int,
                 detectors: tuple[str, ...]) -> tuple[str, dict[str, int]]:
     """``text`` (whole lines from byte ``first`` of the file) with its secrets redacted, and the counts by kind."""
     if text == LONG_LINE:
         return text, {}
-    inside = "private-key" in detectors and redact.inside_at(fd, first, codec, bom)
+    inside = "private-key" in detectors and redact.inside_at(rd, first, codec, bom)
     return redact.redact_text(text, detectors, inside)

@@ -11,6 +11,7 @@ import datetime
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -61,13 +62,16 @@ def _count_lines(last: str | bytes, newlines: int, seen: bool) -> int:
 
 
 def describe(
-    fd: int, st: os.stat_result, path: str, head: bytes, codec: str, bom: int, limits: ReadLimits
+    rd: Callable[[int, int], bytes], st: os.stat_result, path: str, head: bytes, codec: str, bom: int,
+    limits: ReadLimits, counted: bool = False,
 ) -> dict[str, Any]:
     """The metadata of an open file.
 
     Args:
-        fd: the open descriptor (read with ``pread`` from byte 0 to end of file).
-        st: its ``fstat`` (``size`` comes from here, in bytes).
+        rd: ``(n, pos) -> bytes`` of the file (read from byte 0 to its end): its own bytes, or the
+            text it decompresses to.
+        st: its ``fstat`` (``size`` comes from here, in bytes, unless ``counted``: then ``size``
+            is the bytes ``rd`` gave, and ``sha256`` theirs).
         path: the path as requested. head: the file's first bytes (for the shebang).
         codec: the codec actually used to decode the answer. bom: BOM length in bytes.
         limits: ``response_cap`` bounds the bytes hashed.
@@ -81,14 +85,14 @@ def describe(
     """
     suggestion = "call again without include_metadata: files over the response cap are not hashed"
     cap = limits.response_cap
-    if st.st_size > cap:
+    if st.st_size > cap and not counted:
         raise ToolError(FILE_TOO_LARGE, "file too large to checksum", size=st.st_size, limit=cap, suggestion=suggestion)
     h = hashlib.sha256()
     wide = textdecode.is_wide(codec)
     dec = codecs.getincrementaldecoder(codec)(errors="replace") if wide else None
     pos, newlines, last = 0, 0, ""
     while True:
-        b = os.pread(fd, _CHUNK, pos)
+        b = rd(_CHUNK, pos)
         if not b:
             break
         h.update(b)
@@ -103,7 +107,7 @@ def describe(
     mtime = datetime.datetime.fromtimestamp(st.st_mtime, tz=datetime.UTC)
     return {
         "path": path,
-        "size": st.st_size,
+        "size": pos if counted else st.st_size,
         "lines": _count_lines(last, newlines, last != ""),
         "encoding": codec,
         "bom": bom > 0,

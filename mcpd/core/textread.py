@@ -2,8 +2,11 @@
 
 One core serves both routes in the account's own worker (a file it opened itself, or the
 descriptor root opened for a granted privileged read), so the two routes cannot drift apart. It
-reads only with ``os.pread`` on the descriptor it is given, streams in 1 MiB chunks, counts lines with ``bytes.count`` and never trusts the file size: memory
-is proportional to the answer (at most the response cap), never to the file.
+reads only with ``os.pread`` on the descriptor it is given (directly, or through the bounded
+decompressor of :mod:`mcpd.core.rawread` for a compressed file), streams in 1 MiB chunks, counts
+lines with ``bytes.count`` and never trusts the file size: memory is proportional to the answer
+(at most the response cap), never to the file. ``encoding: base64`` windows are
+:mod:`mcpd.core.rawread`'s.
 
 Lines end at ``\\n`` only. For UTF-8, ASCII, Latin-1, CP1252 and other ASCII-compatible
 encodings, lines are found in the bytes (0x0A is only ever ``\\n`` there) and the selection is
@@ -25,12 +28,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mcpd.common.config import ReadLimits
-from mcpd.core import redactread, textdecode, textmeta
+from mcpd.common.redaction import REDACTED_BYTES
+from mcpd.core import grepread, rawread, redactread, textdecode, textmeta
+from mcpd.core.rawread import Pread, pread_full, too_large
 from mcpd.core.tools._schemas import ENCODINGS
-from mcpd.helper.wire.errors import BINARY_FILE, FILE_TOO_LARGE, LINE_TOO_LONG, RANGE_OUT_OF_BOUNDS, ToolError
+from mcpd.helper.wire.errors import BINARY_FILE, LINE_TOO_LONG, PERMISSION_DENIED, RANGE_OUT_OF_BOUNDS, ToolError
 
 CHUNK = 1024 * 1024  # bytes per pread
-OFF_T_END = 1 << 63  # bytes: no file offset reaches this (off_t is signed 64-bit); reads there are empty
 BINARY_PROBE = 8192  # bytes of the file's head searched for a NUL byte
 INDEX_FILES = 32  # files with a line index per process (the least recently used is dropped first)
 INDEX_POINTS = 4096  # checkpoints per file (16 bytes each); past that, every other one is dropped
@@ -119,39 +123,6 @@ class LineIndex:
 
 
 LINE_INDEX = LineIndex()  # this process's index (each worker has its own)
-
-
-def too_large(size: int, limits: ReadLimits, suggestion: str) -> ToolError:
-    """A ``FILE_TOO_LARGE`` error (docs/REFERENCE.md §3 "response cap"): ``size`` in bytes as far as known."""
-    return ToolError(
-        FILE_TOO_LARGE,
-        f"the answer would exceed the response cap of {limits.response_cap} bytes",
-        size=size,
-        limit=limits.response_cap,
-        suggestion=suggestion,
-    )
-
-
-def pread_full(fd: int, n: int, pos: int, size: int = 0) -> bytes:
-    """Up to ``n`` bytes at byte ``pos`` (fewer only at end of file). ``size``: the file's size
-    from ``fstat``, when known: a read that comes back short at or past it is taken as the end of
-    the file without one more read to see it (``0``, as a ``/proc`` file reports: always read on
-    until a read returns nothing)."""
-    parts: list[bytes] = []
-    got = 0
-    while got < n:
-        room = OFF_T_END - 1 - (pos + got)  # offset + count may not pass the largest off_t: nothing is there
-        if room <= 0:
-            break
-        ask = min(n - got, CHUNK, room)
-        b = os.pread(fd, ask, pos + got)
-        if not b:
-            break
-        parts.append(b)
-        got += len(b)
-        if len(b) < ask and 0 < size <= pos + got:
-            break
-    return b"".join(parts)
 
 
 def _nth(buf: Any, nl: Any, n: int, start: int = 0) -> int:
@@ -267,11 +238,11 @@ def _text_offsets(base: int, t: str, codec: str) -> Callable[[int], int]:
     return lambda k: base + len(t[:k].encode(codec))
 
 
-def _byte_chunks(fd: int, pos: int, first: int = CHUNK) -> Iterator[tuple[bytes, Callable[[int], int]]]:
+def _byte_chunks(rd: Pread, pos: int, first: int = CHUNK) -> Iterator[tuple[bytes, Callable[[int], int]]]:
     """Consecutive chunks from byte ``pos``: ``first`` bytes, then :data:`CHUNK` bytes at a time."""
     size = first
     while True:
-        b = os.pread(fd, size, pos)
+        b = rd(size, pos)
         if not b:
             return
         yield b, _offsets(pos)
@@ -279,11 +250,11 @@ def _byte_chunks(fd: int, pos: int, first: int = CHUNK) -> Iterator[tuple[bytes,
         size = CHUNK
 
 
-def _text_chunks(fd: int, pos: int, codec: str, requested: str) -> Iterator[tuple[str, Callable[[int], int]]]:
+def _text_chunks(rd: Pread, pos: int, codec: str, requested: str) -> Iterator[tuple[str, Callable[[int], int]]]:
     dec = codecs.getincrementaldecoder(codec)()
     start = pos
     while True:
-        b = os.pread(fd, CHUNK, pos)
+        b = rd(CHUNK, pos)
         try:
             t = dec.decode(b, final=not b)
         except UnicodeDecodeError as exc:
@@ -295,8 +266,9 @@ def _text_chunks(fd: int, pos: int, codec: str, requested: str) -> Iterator[tupl
         start = pos - len(dec.getstate()[0])
 
 
-def _lines(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits, codec: str,
+def _lines(rd: Pread, st: os.stat_result | None, args: dict[str, Any], limits: ReadLimits, codec: str,
            bom: int, detectors: tuple[str, ...] = ()) -> tuple[str, str, dict[str, Any]]:
+    """Line mode; ``st``: the file's ``fstat`` for the line index (``None``: a decompressed text, not indexed)."""
     start = args.get("start_line") or 1
     end = args.get("end_line")
     if end is not None and end < start:
@@ -307,16 +279,16 @@ def _lines(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits
     nbytes: Callable[[Any], int] = (lambda s: len(s.encode(codec))) if wide else len
     sel = _Selector(start, end, limits, nl, nbytes)
     pos, key, size, known = bom, None, CHUNK, -1
-    if not wide:  # bytes: a checkpoint is a place to start counting (UTF-16/32 decode from the start)
+    if not wide and st is not None:  # bytes: a checkpoint is a place to start counting (UTF-16/32 decode from the start)
         key = LineIndex.key(st)
         known = LINE_INDEX.frontier(key)
         hit = LINE_INDEX.before(key, start)
         if hit is not None:  # near the first line already: a small first read, the selection is often short
             pos, sel.line, nxt = hit
             size = (nxt - pos if nxt > pos else INDEX_STEP) + INDEX_STEP
-    chunks = _text_chunks(fd, bom, codec, args["encoding"]) if wide else _byte_chunks(fd, pos, size)
+    chunks = _text_chunks(rd, bom, codec, args["encoding"]) if wide else _byte_chunks(rd, pos, size)
     for chunk, byte_of in chunks:
-        if key is not None and not sel.selecting and pos + len(chunk) > known + INDEX_STEP:
+        if st is not None and key is not None and not sel.selecting and pos + len(chunk) > known + INDEX_STEP:
             line, prev = sel.line, 0  # checkpoints every INDEX_STEP bytes of new ground
             for sub in range(0, min(len(chunk), st.st_size - pos), INDEX_STEP):
                 line += chunk.count(nl, prev, sub)
@@ -344,27 +316,32 @@ def _lines(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits
     returned = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
     info: dict[str, Any] = {"linesReturned": returned, "lineRange": {"start": start, "end": start + returned - 1}}
     if detectors:
-        text, info["redacted"] = redactread.redact_page(fd, text, max(sel.first_off, bom), used, bom, detectors)
+        text, info["redacted"] = redactread.redact_page(rd, text, max(sel.first_off, bom), used, bom, detectors)
     return text, used, info
 
 
-def _warning(args: dict[str, Any], first: int, end: int, total: int | None) -> str:
+def _warning(args: dict[str, Any], first: int, end: int, total: int | None, unpacked: bool = False) -> str:
     nxt: dict[str, Any] = {"path": args["path"], "offset": end}
     if args.get("encoding", "utf-8") != "utf-8":
         nxt["encoding"] = args["encoding"]
+    if args.get("decompress") is False:
+        nxt["decompress"] = False
     if args.get("privileged"):
         nxt["privileged"] = True
-    of = f"{total} bytes total" if total is not None else "an unknown total (the file reports no size)"
+    unknown = "the decompressed text's size is known only at its end" if unpacked else "the file reports no size"
+    of = f"{total} bytes total" if total is not None else f"an unknown total ({unknown})"
     call = json.dumps(nxt, ensure_ascii=False)
     return f"[WARNING: File truncated: showed bytes {first}-{end - 1} of {of}. To read more, call files/read with {call}]"
 
 
-def _window(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimits, codec: str, bom: int,
-            head: bytes | None = None, detectors: tuple[str, ...] = ()) -> tuple[str, str, dict[str, Any]]:
-    """The byte window ``offset``/``limit`` of the file, decoded. ``head``: the file's first bytes
-    as :func:`read_fd` read them (at most :data:`BINARY_PROBE`; fewer: the whole file), used
-    instead of a second read when they hold the window. ``detectors``: the window is cut to whole
-    lines and redacted (:mod:`mcpd.core.redactread`)."""
+def _window(rd: Pread, size: int, args: dict[str, Any], limits: ReadLimits, codec: str, bom: int,
+            head: bytes | None = None, unpacked: bool = False,
+            detectors: tuple[str, ...] = ()) -> tuple[str, str, dict[str, Any]]:
+    """The byte window ``offset``/``limit`` of the file, decoded. ``size``: the file's size as
+    known (0: unknown). ``head``: the file's first bytes as :func:`read_fd` read them (at most
+    :data:`BINARY_PROBE`; fewer: the whole file), used instead of a second read when they hold
+    the window. ``unpacked``: the bytes are a decompressed text (for the warning's words).
+    ``detectors``: the window is cut to whole lines and redacted (:mod:`mcpd.core.redactread`)."""
     offset = args.get("offset") or 0
     limit = args.get("limit")
     n = limit if limit is not None else limits.default_bytes
@@ -372,15 +349,15 @@ def _window(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimit
     start = max(offset, bom)
     n = max(0, n - (start - offset))  # the window counts file bytes, a stripped BOM included
     suggestion = f"read a smaller range: offset/limit with limit <= {cap}, or start_line/end_line"
-    if n > cap and st.st_size - start > cap:
-        raise too_large(st.st_size, limits, suggestion)  # known too large: refuse without reading
+    if n > cap and size - start > cap:
+        raise too_large(size, limits, suggestion)  # known too large: refuse without reading
     want = min(n, cap + 1)
     if head is not None and (start + want + 1 <= len(head) or len(head) < BINARY_PROBE):
         got = head[start:start + want + 1]  # the head holds it (or all the file there was): no second read
     else:
-        got = pread_full(fd, want + 1, start)
+        got = pread_full(rd, want + 1, start)
     if len(got) > cap and n > cap:
-        raise too_large(max(st.st_size, start + len(got)), limits, suggestion)
+        raise too_large(max(size, start + len(got)), limits, suggestion)
     more = len(got) > want
     data = got[:want]
     win = textdecode.decode_window(
@@ -392,14 +369,14 @@ def _window(fd: int, st: os.stat_result, args: dict[str, Any], limits: ReadLimit
     cut = False
     if detectors:
         whole = not more and end >= start + len(data)
-        text, first, cut_end = redactread.whole_lines(fd, text, first, end, win.codec, bom, whole)
+        text, first, cut_end = redactread.whole_lines(rd, text, first, end, win.codec, bom, whole)
         cut, end = cut_end < end, cut_end
-        text, info["redacted"] = redactread.redact_page(fd, text, first, win.codec, bom, detectors)
+        text, info["redacted"] = redactread.redact_page(rd, text, first, win.codec, bom, detectors)
     if (limit is None or cut) and (more or end < start + len(data)):
         seen = start + len(got)
-        total = st.st_size if st.st_size >= seen else None
+        total = size if size >= seen else None
         sep = "\n" if text else ""  # always one added line break: the agent strips exactly it
-        text = text + sep + _warning(args, first, end, total)
+        text = text + sep + _warning(args, first, end, total, unpacked)
     return text, win.codec, {"byteRange": {"start": first, "end": end}, **info}
 
 
@@ -410,44 +387,71 @@ def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits, detectors: tuple[
         fd: a descriptor open for reading (position is not used; only ``pread``).
         args: the normalised arguments of :func:`mcpd.core.tools.files_read.parse_args`: ``path``,
             ``start_line``/``end_line``/``offset``/``limit`` (int or None), ``encoding``
-            (``utf-8``, ``ascii``, ``latin-1``, ``cp1252``, ``utf-16``, ``auto``),
+            (``utf-8``, ``ascii``, ``latin-1``, ``cp1252``, ``utf-16``, ``auto``, ``base64``),
+            ``decompress`` (bool: a ``.gz``/``.xz``/``.bz2``/``.zst`` file is read as its text),
             ``include_metadata`` (bool).
-        limits: ``default_bytes``, ``response_cap``, ``max_line_bytes`` (bytes).
-        detectors: the secret detectors the answer goes through (docs/REFERENCE.md §3 "Redaction").
+        limits: ``default_bytes``, ``response_cap``, ``max_line_bytes`` (bytes), and the
+            decompression bounds ``grep_file_bytes``, ``grep_max_ratio``.
+        detectors: the secret detectors the answer goes through (docs/REFERENCE.md §3 "Redaction");
+            with any, a base64 read is refused (bytes cannot be redacted).
 
     Returns:
         ``{"text": str}``, plus ``"metadata"`` (see :func:`mcpd.core.textmeta.describe`) when
         ``include_metadata``; for a line selection it adds ``linesReturned``, ``totalLines`` and
-        ``lineRange``. With ``detectors``, ``"redacted"``: how many secrets of each kind were replaced.
+        ``lineRange``. A base64 read always has ``"metadata"`` (:func:`mcpd.core.rawread.base64_window`);
+        a decompressed one's says ``compression`` and ``compressedSize``. With ``detectors``,
+        ``"redacted"``: how many secrets of each kind were replaced.
 
     Raises:
         ToolError: ``BINARY_FILE``, ``ENCODING_ERROR``, ``FILE_TOO_LARGE``, ``LINE_TOO_LONG``,
-            ``RANGE_OUT_OF_BOUNDS``. ``OSError`` from reading propagates (the caller maps it).
+            ``RANGE_OUT_OF_BOUNDS``, and :func:`mcpd.core.rawread.unpack_error`'s. ``OSError`` from
+            reading propagates (the caller maps it).
     """
     st = os.fstat(fd)
-    head = pread_full(fd, BINARY_PROBE, 0, st.st_size)
-    bom_codec, bom = textdecode.sniff_bom(head)
+    src = rawread.source(fd, st, args, limits)
     requested = args.get("encoding") or "utf-8"
-    args = {**args, "encoding": requested}
-    codec = bom_codec or ENCODINGS[requested]
-    exempt = (bom_codec is not None and textdecode.is_wide(bom_codec)) or requested == "utf-16"
-    if b"\0" in head and not exempt:
-        raise ToolError(BINARY_FILE, "cannot read binary file")
-    if args.get("start_line") is not None or args.get("end_line") is not None:
-        text, used, info = _lines(fd, st, args, limits, codec, bom, detectors)
+    if requested == "base64" and detectors:
+        raise ToolError(PERMISSION_DENIED, REDACTED_BYTES, path=args["path"], reason=REDACTED_BYTES)
+    try:
+        return _read(src, st, {**args, "encoding": requested}, limits, detectors)
+    except grepread.Skipped as why:
+        raise rawread.unpack_error(why, args["path"], src.kind, requested) from None
+
+
+def _read(src: rawread.Source, st: os.stat_result, args: dict[str, Any], limits: ReadLimits,
+          detectors: tuple[str, ...]) -> dict[str, Any]:
+    requested = args["encoding"]
+    head = b"" if requested == "base64" and not args.get("include_metadata") else \
+        pread_full(src.rd, BINARY_PROBE, 0, src.size)  # (a base64 window needs no probe)
+    if requested == "base64":
+        text, info = rawread.base64_window(src, args, limits)
+        used, bom = "base64", 0
     else:
-        text, used, info = _window(fd, st, args, limits, codec, bom, head, detectors)
-    if len(text) > limits.response_cap // 4 and len(text.encode("utf-8")) > limits.response_cap:
-        raise too_large(st.st_size, limits, "read a smaller range")
+        bom_codec, bom = textdecode.sniff_bom(head)
+        codec = bom_codec or ENCODINGS[requested]
+        exempt = (bom_codec is not None and textdecode.is_wide(bom_codec)) or requested == "utf-16"
+        if b"\0" in head and not exempt:
+            raise ToolError(BINARY_FILE, "cannot read binary file")
+        if args.get("start_line") is not None or args.get("end_line") is not None:
+            text, used, info = _lines(src.rd, st if src.kind is None else None, args, limits, codec, bom, detectors)
+        else:
+            text, used, info = _window(src.rd, src.size, args, limits, codec, bom, head, src.kind is not None,
+                                       detectors)
+        if len(text) > limits.response_cap // 4 and len(text.encode("utf-8")) > limits.response_cap:
+            raise too_large(src.size, limits, "read a smaller range")
     result: dict[str, Any] = {"text": text}
     redacted = info.pop("redacted", None)
     if detectors:
         result["redacted"] = redacted or {}
-    if args.get("include_metadata"):
-        meta = textmeta.describe(fd, st, args["path"], head, used, bom, limits)
-        if "lineRange" in info:
-            info["totalLines"] = meta["lines"]
-        if detectors:  # a digest of the whole file would let a short secret be guessed offline
-            meta["sha256"] = None
-        result["metadata"] = {**meta, **info}
+    if args.get("include_metadata") or requested == "base64":
+        meta: dict[str, Any] = {}
+        if args.get("include_metadata"):
+            meta = textmeta.describe(src.rd, st, args["path"], head, used, bom, limits, counted=src.kind is not None)
+            if "lineRange" in info:
+                info["totalLines"] = meta["lines"]
+            if detectors:  # a digest of the whole file would let a short secret be guessed offline
+                meta["sha256"] = None
+        if src.kind is not None:
+            meta.update(compression=src.kind, compressedSize=st.st_size)
+        result["metadata"] = {**meta, **info, **({"encoding": "base64"} if requested == "base64" else {})}
     return result

@@ -125,7 +125,8 @@ class AccessLog:
         if isinstance((result or {}).get("redacted"), dict):  # docs/REFERENCE.md §3 "Redaction": counts, by kind
             extra["redacted"] = counts_text(result["redacted"])  # type: ignore[index]
         self.log.record_with("access", first, bytes=answer_size(result),
-                             duration_ms=round((time.monotonic() - started) * 1000, 1), **extra)
+                             duration_ms=round((time.monotonic() - started) * 1000, 1), **extra,
+                             **dict(principal.claims))  # an OAuth token's iss, sub, client, act, jti
 
     def unknown_tool(self, principal: Principal, peer: str, session: str, name: Any, arguments: Any) -> None:
         """Record a ``tools/call`` of a tool that does not exist (answered ``-32602``): ``reject``,

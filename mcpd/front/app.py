@@ -9,8 +9,9 @@ Order of the stack, outermost first (read it top to bottom in :func:`build_app`)
 2. ``AuthenticationMiddleware`` with :class:`BearerBackend` — no or bad bearer token on any route
    → ``401`` with an RFC 6750 challenge (docs/REFERENCE.md §1.3), a token that cannot be checked now (the
    policy process busy or down) → ``503`` with ``Retry-After``; tokens in the query string are ignored. Paths
-   under ``/.well-known/`` need no token and are all ``404``: mcpd serves no OAuth discovery
-   documents, so a client told "invalid token" says so instead of starting an OAuth flow.
+   under ``/.well-known/`` need no token and are all ``404`` unless OAuth is configured: then the
+   protected-resource metadata is served there (``mcpd.front.oauth``), every ``401`` names it, and
+   an OAuth token without ``files:read`` gets ``403 insufficient_scope``.
 3. The router: ``GET /sse`` and ``POST /message`` (``mcpd.front.transport.sse``), ``GET``, ``POST``
    and ``DELETE /mcp`` (``mcpd.front.transport.streamable``), ``POST /login`` and
    ``POST /logout`` (``mcpd.front.login``; ``/login`` alone needs no bearer), at the root and,
@@ -36,6 +37,8 @@ from starlette.routing import BaseRoute, Mount
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcpd.common.config import Config, ConfigError
+from mcpd.common.oauthconfig import SCOPE_READ, OAuth
+from mcpd.front import oauth as oauth_front
 from mcpd.front.auth import CHECKER_DOWN_RETRY, Authenticator, CheckerDown, McpUser, TokenUndecided, parse_bearer
 from mcpd.front.connections.handover import DETACH
 from mcpd.front.hosts import HostMiddleware, HostRule
@@ -69,16 +72,26 @@ class OriginMiddleware(CheckMiddleware):
 
 
 WELL_KNOWN = "/.well-known/"
-INVALID_TOKEN_CHALLENGE = 'Bearer error="invalid_token", error_description="the token is unknown, expired or revoked"'
+INVALID_TOKEN_DESCRIPTION = "the token is unknown, expired or revoked"
+INVALID_TOKEN_CHALLENGE = f'Bearer error="invalid_token", error_description="{INVALID_TOKEN_DESCRIPTION}"'
 
 
 class BearerRefused(AuthenticationError):
     """A ``401``; ``error`` is the RFC 6750 error code, or ``None`` when no bearer token was sent
     (RFC 6750 §3.1: then the challenge carries no error attribute)."""
 
-    def __init__(self, message: str, error: str | None) -> None:
+    def __init__(self, message: str, error: str | None, challenge: str | None = None) -> None:
         super().__init__(message)
         self.error = error
+        self.challenge = challenge  # the WWW-Authenticate value, when OAuth is on (mcpd.front.oauth)
+
+
+class InsufficientScope(AuthenticationError):
+    """A ``403 insufficient_scope`` (an OAuth token without ``files:read``): ``response`` is it."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__("insufficient scope")
+        self.response = response
 
 
 class TokenCheckBusy(AuthenticationError):
@@ -108,10 +121,18 @@ class BearerBackend(AuthenticationBackend):
     """
 
     def __init__(self, authenticator: Authenticator, open_paths: frozenset[str] = frozenset(),
-                 open_prefixes: tuple[str, ...] = ()) -> None:
+                 open_prefixes: tuple[str, ...] = (), oauth: OAuth | None = None) -> None:
         self.authenticator = authenticator
         self.open_paths = open_paths
         self.open_prefixes = open_prefixes
+        self.oauth = oauth if oauth is not None and oauth.enabled else None
+        self._challenges = {None: "Bearer", "invalid_token": INVALID_TOKEN_CHALLENGE} if self.oauth is None else {
+            None: oauth_front.challenge(self.oauth),
+            "invalid_token": oauth_front.challenge(self.oauth, "invalid_token", INVALID_TOKEN_DESCRIPTION)}
+
+    def refused(self, message: str, error: str | None) -> BearerRefused:
+        """The ``401`` for ``error`` (None: no token sent), with its challenge."""
+        return BearerRefused(message, error, self._challenges[error])
 
     async def authenticate(self, conn: HTTPConnection) -> tuple[AuthCredentials, McpUser] | None:
         header = conn.headers.get("authorization")
@@ -123,8 +144,8 @@ class BearerBackend(AuthenticationBackend):
             return None  # POST /login: the password is the credential (docs/REFERENCE.md §5.2)
         if token is None:
             sent_bearer = header is not None and header.strip().lower().startswith("bearer")
-            raise BearerRefused("invalid token" if sent_bearer else "bearer token required",
-                                "invalid_token" if sent_bearer else None)
+            raise self.refused("invalid token" if sent_bearer else "bearer token required",
+                               "invalid_token" if sent_bearer else None)
         # Opening a stream (GET) always asks the policy process; a POST within a couple of seconds of the
         # token's last check (the session re-check renews it every second) needs no round trip.
         try:
@@ -134,7 +155,11 @@ class BearerBackend(AuthenticationBackend):
         except TokenUndecided:
             raise TokenCheckBusy("the token could not be checked now; retry in a moment") from None
         if principal is None:
-            raise BearerRefused("invalid token", "invalid_token")
+            raise self.refused("invalid token", "invalid_token")
+        if self.oauth is not None and principal.scopes is not None:
+            refusal = oauth_front.scope_refusal(self.oauth, principal, (SCOPE_READ,))
+            if refusal is not None:
+                raise InsufficientScope(refusal)
         return AuthCredentials(["mcp"]), McpUser(principal, token)
 
 
@@ -146,8 +171,12 @@ def unauthorized(conn: HTTPConnection, exc: AuthenticationError) -> Response:
     told its token is bad would stop, or ask its user for a new one."""
     if isinstance(exc, TokenCheckBusy):
         return PlainTextResponse(str(exc), status_code=503, headers={"Retry-After": str(exc.retry_after)})
+    if isinstance(exc, InsufficientScope):
+        return exc.response
     error = exc.error if isinstance(exc, BearerRefused) else "invalid_token"
     challenge = "Bearer" if error is None else INVALID_TOKEN_CHALLENGE
+    if isinstance(exc, BearerRefused) and exc.challenge is not None:
+        challenge = exc.challenge
     return PlainTextResponse(str(exc), status_code=401, headers={"WWW-Authenticate": challenge})
 
 
@@ -261,12 +290,12 @@ def build_app(
     streamable = StreamableTransport(cfg, manager)
     logins = LoginRoutes(login or NoLogin(), cfg.login)
     logins.access = dispatcher.access  # the logins the front refuses itself are recorded too
-    routes: list[BaseRoute] = [*transport.routes(), *streamable.routes(), *logins.routes()]
+    routes: list[BaseRoute] = [*transport.routes(), *streamable.routes(), *logins.routes(), *oauth_front.routes(cfg)]
     if cfg.base_path:
         routes.append(Mount(cfg.base_path, routes=transport.routes() + streamable.routes() + logins.routes()))
     open_paths = frozenset({"/login", f"{cfg.base_path}/login"})
     open_prefixes = tuple({WELL_KNOWN, f"{cfg.base_path}{WELL_KNOWN}"})
-    backend = BearerBackend(authenticator, open_paths, open_prefixes)
+    backend = BearerBackend(authenticator, open_paths, open_prefixes, cfg.oauth)
     middleware = [
         Middleware(RefusalLogMiddleware),
         Middleware(OriginMiddleware, allowed_origins=cfg.allowed_origins),

@@ -26,6 +26,11 @@ Rules:
   which a file over the response cap needs (it is not hashed: ``FILE_TOO_LARGE``).
 * ``mimeType`` is guessed from the file name's extension (``mimetypes``), ``text/plain`` when
   unknown: it costs no second call and no second grant (libmagic is in ``files/filetype``).
+* A file that is not text (``BINARY_FILE``), or one asked for with ``encoding=base64``, is
+  answered as a ``blob`` (base64) of the whole file, with ``application/octet-stream`` when the
+  extension says nothing; a binary file costs a second ``files/read`` (as bytes) on the same
+  route, within the same call. A file whose bytes do not fit one answer (three quarters of the
+  response cap) is ``FILE_TOO_LARGE``, suggesting ``files/read`` with ``encoding: base64``.
 * Errors are JSON-RPC errors whose ``data`` is ``{"code", "message", "details"}`` (docs/REFERENCE.md §2.5), with
   the codes of the request's revision: ``FILE_NOT_FOUND`` → ``-32002`` (``-32602`` for 2026-07-28,
   which retired ``-32002``); what the server could not do (``HELPER_UNAVAILABLE``, ``TIMEOUT``,
@@ -52,7 +57,9 @@ from mcpd.front.mcp.dispatcher import RequestContext, ToolPool
 from mcpd.front.mcp.jsonrpc import INTERNAL, INVALID_PARAMS, RpcError
 from mcpd.front.privileged import PrivilegedBackend
 from mcpd.helper.wire.errors import (
+    BINARY_FILE,
     FILE_NOT_FOUND,
+    FILE_TOO_LARGE,
     HELPER_UNAVAILABLE,
     INTERNAL_ERROR,
     PERMISSION_DENIED,
@@ -62,6 +69,8 @@ from mcpd.helper.wire.errors import (
     invalid_argument,
 )
 
+WHOLE = 1 << 62  # bytes: a blob is the whole file, up to what one answer may hold
+_PAGE_IT = "files/read with encoding base64 reads it page by page (offset, next_offset)"
 RESOURCE_NOT_FOUND = -32002  # JSON-RPC code of a missing resource (MCP up to 2025-11-25)
 _SERVER_SIDE = frozenset({HELPER_UNAVAILABLE, TIMEOUT, RATE_LIMITED, INTERNAL_ERROR})
 
@@ -70,12 +79,13 @@ TEMPLATE: dict[str, Any] = {
     "name": "file",
     "title": "File on the server",
     "description": (
-        "A text file on the server, read with the caller's account rights. Query options: "
+        "A file on the server, read with the caller's account rights. Query options: "
         "start_line, end_line (1-based, inclusive), encoding (utf-8, ascii, latin-1, cp1252, utf-16, "
-        "auto), include_metadata (default true: size, lines, encoding, language, lastModified, sha256 "
+        "auto, base64: a blob), include_metadata (default true: size, lines, encoding, language, lastModified, sha256 "
         "in _meta), privileged (through an mcp-sudo.yaml grant). Example: "
         "file:///var/log/syslog?start_line=50&end_line=100. file:relative/path reads inside the "
-        "caller's workspace."
+        "caller's workspace. A file that is not text comes back as a blob (base64); a .gz, .xz, .bz2 or "
+        ".zst file as its decompressed text."
     ),
     "mimeType": "text/plain",
 }
@@ -104,14 +114,14 @@ _MIME_BY_SUFFIX: dict[str, str] = {
 }
 
 
-def mime_type(path: str) -> str:
+def mime_type(path: str, binary: bool = False) -> str:
     """A MIME type from ``path``'s extension (a small built-in table, then ``mimetypes``);
-    ``text/plain`` when unknown."""
+    ``text/plain`` when unknown (``application/octet-stream`` for a ``binary`` answer)."""
     suffix = posixpath.splitext(path)[1].lower()
-    if suffix in _MIME_BY_SUFFIX:
+    if suffix in _MIME_BY_SUFFIX and not binary:
         return _MIME_BY_SUFFIX[suffix]
     guessed, _ = mimetypes.guess_type(posixpath.basename(path), strict=False)
-    return guessed or "text/plain"
+    return guessed or ("application/octet-stream" if binary else "text/plain")
 
 
 def _denied(path: str, reason: str) -> ToolError:
@@ -278,7 +288,7 @@ class FileResources:
         return "/" + "/".join(p for p in root.split("/") if p not in ("", "."))
 
     async def read(self, ctx: RequestContext, uri: str, params: Mapping[str, Any]) -> dict[str, Any]:
-        """The ``ReadResourceResult``: ``{"contents": [{"uri", "mimeType", "text", "_meta"?}]}``.
+        """The ``ReadResourceResult``: ``{"contents": [{"uri", "mimeType", "text" or "blob", "_meta"?}]}``.
 
         Args:
             ctx: the request (caller, session). uri: the requested URI (echoed back unchanged).
@@ -290,28 +300,50 @@ class FileResources:
         """
         caller = ctx.caller
         call = Call(self.access, caller.principal, caller.peer, ctx.session_id, "resources/read", {"uri": uri})
+        args: dict[str, Any] | None = None
         try:
             with call:
                 args = read_args(uri, params, self.workspace_of(caller.principal))
                 call.arguments = args
                 if self.limits is not None:  # same quota and answer cap as tools/call (RATE_LIMITED)
                     args = self.limits.charge_call(caller.principal.name, args)
-                args = with_redaction(files_read.NAME, args, caller.principal.redact)
-                if args["privileged"]:
-                    call.stage = "forwarded"
-                    result = await self.privileged.call(
-                        caller.token, caller.principal, ctx.session_id, caller.peer, files_read.NAME, args
-                    )
-                else:
-                    call.stage = "unprivileged"
-                    result = await self.pool.call(caller.principal.os_user, files_read.NAME, args,
-                                                  token=caller.token, owner=caller.principal.name)
+                if args["encoding"] == "base64":
+                    args = {**args, "limit": WHOLE}  # a blob is the whole file
+                try:
+                    result = await self._read(ctx, call, args)
+                except ToolError as exc:
+                    if exc.code != BINARY_FILE:
+                        raise
+                    args = {**args, "encoding": "base64", "start_line": None, "end_line": None, "limit": WHOLE}
+                    result = await self._read(ctx, call, args)  # not text: the same file as bytes
+                if args["encoding"] == "base64" and not (result.get("metadata") or {}).get("eof", True):
+                    raise ToolError(FILE_TOO_LARGE, "the file is too large for one resource read",
+                                    path=args["path"], suggestion=_PAGE_IT)
                 call.result = result
         except ToolError as exc:
+            if exc.code == FILE_TOO_LARGE and args is not None and args.get("encoding") == "base64":
+                exc = ToolError(FILE_TOO_LARGE, exc.message, **{**exc.details, "suggestion": _PAGE_IT})
             raise rpc_error(exc, ctx.modern) from None
-        item: dict[str, Any] = {"uri": uri, "mimeType": mime_type(args["path"]), "text": result["text"]}
+        item: dict[str, Any] = {"uri": uri}
+        if args["encoding"] == "base64":
+            item.update(mimeType=mime_type(args["path"], binary=True), blob=result["text"])
+        else:
+            item.update(mimeType=mime_type(args["path"]), text=result["text"])
         if result.get("metadata") is not None:
             item["_meta"] = result["metadata"]
         if isinstance(result.get("redacted"), dict):  # docs/REFERENCE.md §3 "Redaction"
             item["_meta"] = {**item.get("_meta", {}), "redacted": result["redacted"]}
         return {"contents": [item]}
+
+    async def _read(self, ctx: RequestContext, call: Call, args: dict[str, Any]) -> dict[str, Any]:
+        """One ``files/read`` op for the resource, on the route ``args["privileged"]`` names."""
+        caller = ctx.caller
+        args = with_redaction(files_read.NAME, args, caller.principal.redact)
+        if args["privileged"]:
+            call.stage = "forwarded"
+            return await self.privileged.call(
+                caller.token, caller.principal, ctx.session_id, caller.peer, files_read.NAME, args
+            )
+        call.stage = "unprivileged"
+        return await self.pool.call(caller.principal.os_user, files_read.NAME, args,
+                                    token=caller.token, owner=caller.principal.name)

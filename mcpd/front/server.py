@@ -73,7 +73,7 @@ def _backends(cfg: Config) -> tuple[Authenticator, Spawner, PolicyChannel | None
     if not cfg.helper_socket:
         return FileAuthenticator(cfg.users_file), LocalSpawner(cfg.read), None
     channel = PolicyChannel(cfg.helper_socket, frames.reply_cap(cfg.read.response_cap))
-    return PolicyAuthenticator(channel, cfg.auth_cache_seconds), PolicySpawner(channel), channel
+    return PolicyAuthenticator(channel, cfg.auth_cache_seconds, oauth=cfg.oauth.enabled), PolicySpawner(channel), channel
 
 
 class _NotifyingServer(uvicorn.Server):

@@ -27,6 +27,7 @@ import ssl
 import stat
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from cryptography import x509
@@ -72,10 +73,10 @@ def fingerprint(der: bytes) -> str:
     return ":".join(f"{b:02X}" for b in hashlib.sha256(der).digest())
 
 
-def _read_once(path: str, what: str, secret: bool) -> bytes:
+def _read_once(path: str, what: str, secret: bool, owners: frozenset[int] = frozenset()) -> bytes:
     """The bytes of ``path``, read from one descriptor after checking what it is: a regular file of
-    at most :data:`MAX_PEM_BYTES`, not writable by other accounts, and (``secret``) not readable by
-    them either."""
+    at most :data:`MAX_PEM_BYTES`, not writable by other accounts (its group nor every account),
+    and (``secret``) not readable by every account and owned by one of ``owners``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except OSError as exc:
@@ -88,8 +89,14 @@ def _read_once(path: str, what: str, secret: bool) -> bytes:
             raise PairError(f"the {what} {path} is larger than {MAX_PEM_BYTES} bytes")
         if st.st_mode & stat.S_IWOTH:
             raise PairError(f"the {what} {path} is writable by every account")
+        if st.st_mode & stat.S_IWGRP:
+            raise PairError(f"the {what} {path} is writable by its group (make it {'0640' if secret else '0644'} "
+                            "root:mcpd)")
         if secret and st.st_mode & stat.S_IROTH:
             raise PairError(f"the {what} {path} is readable by every account (make it 0640 root:mcpd or 0600)")
+        if secret and st.st_uid not in owners:
+            raise PairError(f"the {what} {path} is owned by uid {st.st_uid}, neither root nor the account that "
+                            "reads it (make it 0640 root:mcpd)")
         data = b""
         while len(data) <= MAX_PEM_BYTES:
             chunk = os.read(fd, MAX_PEM_BYTES + 1 - len(data))
@@ -105,12 +112,14 @@ def _read_once(path: str, what: str, secret: bool) -> bytes:
         os.close(fd)
 
 
-def read_pair(cert_path: str, key_path: str, now: datetime.datetime | None = None) -> Pair:
+def read_pair(cert_path: str, key_path: str, now: datetime.datetime | None = None,
+              owners: Iterable[int] = ()) -> Pair:
     """Read and check the certificate chain (PEM, leaf first) and its private key (PEM, not
     encrypted).
 
-    The rule: each file opened once, a regular file, not writable by other accounts, the key not
-    readable by them; both parse; the key is the leaf certificate's; the leaf is valid now (its
+    The rule: each file opened once, a regular file, not writable by other accounts (group or
+    every account), the key not readable by every account and owned by root, this process's
+    account or one of ``owners`` (the service account, for a check run as root); both parse; the key is the leaf certificate's; the leaf is valid now (its
     start at most :data:`CLOCK_SKEW_SECONDS` ahead of ``now``, default this host's clock, and its
     end not passed).
 
@@ -118,7 +127,7 @@ def read_pair(cert_path: str, key_path: str, now: datetime.datetime | None = Non
         PairError: the first check that failed (no key material in the message).
     """
     cert_pem = _read_once(cert_path, "certificate", secret=False)
-    key_pem = _read_once(key_path, "key", secret=True)
+    key_pem = _read_once(key_path, "key", secret=True, owners=frozenset({0, os.geteuid(), *owners}))
     try:
         chain = x509.load_pem_x509_certificates(cert_pem)
     except ValueError:

@@ -9,7 +9,9 @@ stays here: the worker gets its ``fstat`` facts as data and, for a regular file,
 holding the first ``SAMPLE_BYTES`` (:func:`mcpd.policy.opened.described`). ``files/list`` and
 ``files/find`` run as a metadata walk in a walker (:mod:`mcpd.walker`): a killable child of
 root's fork server holding CAP_DAC_READ_SEARCH only, which parses the call's arguments itself
-and filters every entry by the grant. One audit record per call received.
+and filters every entry by the grant. ``files/grep`` combines both (:mod:`mcpd.policy.grepcall`):
+a walker plans, root opens each file judged granted here, the worker searches. One audit record
+per call received.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from mcpd.common import frames, grantmatch, identity
 from mcpd.common.audit.records import REFUSED_AT_OPEN, Prepared, find_fields
 from mcpd.common.config import CAP_KEY
 from mcpd.common.deadline import deadline_seconds
+from mcpd.common.oauthconfig import SCOPE_PRIVILEGED
 from mcpd.common.redaction import REDACT_KEY, counts_text, union, with_redaction
 from mcpd.common.validate import check_path
 from mcpd.helper.wire.errors import (
@@ -43,7 +46,7 @@ from mcpd.helper.wire.errors import (
 )
 from mcpd.policy.grants import os_groups
 from mcpd.policy.opened import described
-from mcpd.policy.state import CONTENT_OPS, WALK_OPS, Refused, State, Worker, principal_of
+from mcpd.policy.state import CONTENT_OPS, GREP_OP, WALK_OPS, Refused, State, Worker, principal_of
 from mcpd.policy.workers import (
     NOT_YOURS,
     UNTAKEN,
@@ -77,17 +80,21 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     principal, login = principal_of(state, req)
     op, who = req["op"], {"session": req["session"], "peer": req["peer"], "user": principal.name,
                           "os_user": principal.os_user, "token_id": principal.token_id, "tool": req["op"],
-                          "route": "privileged", **find_fields(req["op"], req["args"])}
+                          "route": "privileged", **find_fields(req["op"], req["args"]), **dict(principal.claims)}
+    if principal.scopes is not None and SCOPE_PRIVILEGED not in principal.scopes:  # (the front answers 403 first)
+        state.audit.record("reject", decision="reject", reason="insufficient scope", outcome=PERMISSION_DENIED, **who)
+        raise ToolError(PERMISSION_DENIED, f"permission denied: the token lacks the scope {SCOPE_PRIVILEGED}",
+                        reason="insufficient scope", scope=SCOPE_PRIVILEGED)
     key = WALK_OPS.get(op, "path")
     args = dict(req["args"])  # only the path here: the worker or walker parses the rest (tool's own parse_args)
     try:
-        if op not in WALK_OPS and op not in CONTENT_OPS:
+        if op not in WALK_OPS and op not in CONTENT_OPS and op != GREP_OP:
             raise ToolError(PERMISSION_DENIED, "permission denied", reason="unknown tool")
         requested = check_path(args, key)
     except ToolError as exc:
         state.audit.record("reject", decision="reject", reason=exc.message, outcome=exc.code, **who)
         raise
-    groups = os_groups(principal.os_user)
+    groups = os_groups(principal.os_user) | set(principal.groups)  # an OAuth token's groups: <issuer>:<group>
     policy = state.policy.policy
     login_time = None if login is None else datetime.datetime.fromtimestamp(login.login_time, datetime.UTC)
     used = login is not None and state.issued.used(login.id)  # before this call's claim: the walker decides alike
@@ -108,6 +115,14 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     # the redaction of this call: the principal's and the grant's, whatever the front sent (docs/REFERENCE.md §3)
     args = with_redaction(op, args, union(principal.redact, decision.redact))
     try:
+        if op == GREP_OP:
+            from mcpd.policy import grepcall  # (it builds on this module's hand-over to workers)
+
+            fresh = None if login is None else (login.login_time, used)
+            reply, outcome, size, prepared = grepcall.run(state, policy, args, principal, sorted(groups),
+                                                          decision.covers_root, fresh, req, record)
+            state.audit.finish(prepared, outcome=outcome, bytes=size, duration_ms=_ms(started))
+            return reply
         if op not in WALK_OPS:
             reply, outcome, size, prepared, redacted = _content(state, op, args, principal, decision.covers_root, req,
                                                                 record)
@@ -171,16 +186,7 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     of what root opened when it is not the one judged) is encoded while the worker reads, and
     written by the caller. The last item: the worker's count of secrets redacted
     (:func:`mcpd.common.redaction.counts_text`), or None when the call was not redacted."""
-    if not isinstance(req.get("worker"), int) or req.get("rid") is None:
-        raise Refused("content call without worker and rid")
-    w = bound_worker(state, principal, req["worker"])
-    held = untaken(state, w.owner, w)
-    if state.workers.get(w.pid) is not w:  # it was one of them: killed
-        raise ToolError(INTERNAL_ERROR, "the worker ended during the call: it did not read its control socket")
-    if held >= UNTAKEN_MAX or (held and untaken(state) >= UNTAKEN_TOTAL):
-        raise ToolError(HELPER_UNAVAILABLE, f"no privileged read for this principal: its workers left {held} "
-                        "descriptors untaken in their sockets (a process of its account keeps them); "
-                        "none is passed until they are released", reason=UNTAKEN)
+    w = claim_worker(state, principal, req)
     fd = None if follow else state.opened.take(args["path"], principal.name)  # an earlier read's, checked again
     if fd is not None:
         real = args["path"]
@@ -197,12 +203,7 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
         if not w.busy.acquire(blocking=False):
             raise ToolError(HELPER_UNAVAILABLE, "that worker is busy", reason="busy")
         try:
-            if not w.checked:  # once per worker: only one seen hardened gets a descriptor
-                why = check_started(w, pwd.getpwnam(w.owner[1]))
-                if why is not None:
-                    kill_worker(state, w, f"it did not start safely: {why}")
-                    raise ToolError(INTERNAL_ERROR, f"the worker did not start safely: {why}")
-                w.checked = True
+            check_worker(state, w)
             if req.get("cap") is not None:
                 args[CAP_KEY] = req["cap"]  # the principal's max_file_bytes: it can only narrow the cap
             frame: dict[str, Any] = {"id": req["rid"], "op": op, "args": args}
@@ -230,6 +231,39 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
         raise ToolError(TIMEOUT, "the call did not finish in time")
     redacted = counts_text(report.get("redacted")) if REDACT_KEY in args else None
     return {"ok": True, "dispatched": True}, report.get("code"), int(report.get("bytes") or 0), prepared, redacted
+
+
+def claim_worker(state: State, principal: identity.Principal, req: dict[str, Any]) -> Worker:
+    """The worker ``req`` names for a content call of ``principal``, when it may be passed descriptors.
+
+    Raises:
+        Refused: no worker or rid in the request.
+        ToolError: ``PERMISSION_DENIED`` (not the principal's worker), ``INTERNAL_ERROR`` (it was
+            killed: it had left a call untaken), ``HELPER_UNAVAILABLE`` (reason :data:`UNTAKEN`).
+    """
+    if not isinstance(req.get("worker"), int) or req.get("rid") is None:
+        raise Refused("content call without worker and rid")
+    w = bound_worker(state, principal, req["worker"])
+    held = untaken(state, w.owner, w)
+    if state.workers.get(w.pid) is not w:  # it was one of them: killed
+        raise ToolError(INTERNAL_ERROR, "the worker ended during the call: it did not read its control socket")
+    if held >= UNTAKEN_MAX or (held and untaken(state) >= UNTAKEN_TOTAL):
+        raise ToolError(HELPER_UNAVAILABLE, f"no privileged read for this principal: its workers left {held} "
+                        "descriptors untaken in their sockets (a process of its account keeps them); "
+                        "none is passed until they are released", reason=UNTAKEN)
+    return w
+
+
+def check_worker(state: State, w: Worker) -> None:
+    """Once per worker, before its first descriptor (the caller holds ``w.busy``): only one seen
+    hardened gets one (:func:`~mcpd.policy.workers.check_started`); else it is killed and the call
+    fails ``INTERNAL_ERROR``."""
+    if not w.checked:
+        why = check_started(w, pwd.getpwnam(w.owner[1]))
+        if why is not None:
+            kill_worker(state, w, f"it did not start safely: {why}")
+            raise ToolError(INTERNAL_ERROR, f"the worker did not start safely: {why}")
+        w.checked = True
 
 
 def _pass(state: State, w: Worker, frame: dict[str, Any], fds: list[int]) -> None:
@@ -301,6 +335,14 @@ def _await_report(w: Worker, rid: Any, seconds: float) -> dict[str, Any] | None:
         w.reports += chunk
 
 
+def walker_frame(policy: grantmatch.Policy, op: str, args: dict[str, Any], os_user: str, groups: list[str],
+                 follow: bool, login: tuple[float, bool] | None) -> dict[str, Any]:
+    """The request frame of a walker (:mod:`mcpd.walker`) for one call decided under ``policy``."""
+    return {"op": op, "args": args, "os_user": os_user, "groups": groups, "follow": follow,
+            "rules": grantmatch.rules_to_wire(policy, os_user, set(groups), op), "secrets": list(policy.secrets),
+            "login_time": None if login is None else login[0], "login_used": login is not None and login[1]}
+
+
 def _walk(state: State, policy: grantmatch.Policy, op: str, args: dict[str, Any], os_user: str, groups: list[str],
           follow: bool, login: tuple[float, bool] | None = None) -> dict[str, Any]:
     """Run one walk in a new walker (root's fork server; :mod:`mcpd.walker`): send it the call and
@@ -313,9 +355,7 @@ def _walk(state: State, policy: grantmatch.Policy, op: str, args: dict[str, Any]
     entry's ``reauth_after`` as this call was judged."""
     pid, ours, pidfd = state.root.walk()
     # (the frame after the walker's start: whatever a reload does meanwhile, it carries ``policy``)
-    frame = {"op": op, "args": args, "os_user": os_user, "groups": groups, "follow": follow,
-             "rules": grantmatch.rules_to_wire(policy, os_user, set(groups), op), "secrets": list(policy.secrets),
-             "login_time": None if login is None else login[0], "login_used": login is not None and login[1]}
+    frame = walker_frame(policy, op, args, os_user, groups, follow, login)
     end = time.monotonic() + _deadline(args, state.cfg.workers.timeout_seconds)
     try:
         ours.settimeout(max(end - time.monotonic(), 0.001))

@@ -45,6 +45,8 @@ RULE_KEYS = ("allowed", "paths", "deny", "expires", "reauth_after", "redact")
 _DURATION_RE = re.compile(r"^(0|[1-9][0-9]{0,6})(s|m|h)?$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, None: 1}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?$")
+#: a group an OAuth token carries (docs/REFERENCE.md §5.4): ``<issuer name>:<group>``
+_IDP_GROUP_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}:[A-Za-z0-9_.@+=-]{1,128}$")
 _Errors = list[tuple[int, str]]  # (line, message), prefixed with the file name at the end
 
 
@@ -135,7 +137,7 @@ def _subjects(kind: str, value: Any, line: int, errs: _Errors) -> dict[str, dict
     d = _mapping(value, line, kind, errs) or LineDict()
     for name, body in d.items():
         at = d.key_line[name]
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        if not isinstance(name, str) or not (_NAME_RE.match(name) or kind == "groups" and _IDP_GROUP_RE.match(name)):
             errs.append((at, f"invalid {kind[:-1]} name {name!r}"))
             continue
         subject = what = f"{kind}.{name}"

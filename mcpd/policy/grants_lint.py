@@ -126,7 +126,7 @@ def lint_policy(policy: Policy, now: datetime.datetime, user_exists: Callable[[s
     secrets = secret_entries(policy.secrets)
     for kind, table, exists in (("users", policy.users, user_exists), ("groups", policy.groups, group_exists)):
         for name, rules in table.items():
-            if rules and not exists(name):
+            if rules and not exists(name) and ":" not in name:  # (corp:ops: an OAuth token's group, §5.4)
                 what = "OS account" if kind == "users" else "OS group"
                 out.append((min(r.line for r in rules.values()),
                             f"{kind}.{name}: no {what} is named {name}: its rules apply to no one "

@@ -77,7 +77,8 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
         with state.lock:
             state.spawns.give_back(principal.name, time.monotonic())
         raise
-    w = Worker(pid, pidfd, (principal.name, principal.os_user), ctl, principal.token_id, login is not None)
+    w = Worker(pid, pidfd, (principal.name, principal.os_user), ctl, principal.token_id, login is not None,
+               oauth_expires=principal.expires if principal.scopes is not None else 0.0)
     who = {"user": principal.name, "os_user": principal.os_user, "token_id": principal.token_id, "pid": pid}
     with state.lock:
         state.workers[pid] = w

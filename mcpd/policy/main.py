@@ -31,6 +31,7 @@ from mcpd.policy.connections import serve
 from mcpd.policy.grants import secret_paths
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Login, Store
+from mcpd.policy.oauth import OAuthVerifier
 from mcpd.policy.rootclient import RootClient
 from mcpd.policy.state import State
 from mcpd.policy.workers import kill_worker
@@ -123,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     login = Login(cfg.login, issued, audit, lambda: enrolled(users), pam=root.pam,
                   principal_of=lambda account: principal_name(users, account))
     state = State(cfg=cfg, audit=audit, users=users, policy=holder, root=root, issued=issued, login=login)
+    if cfg.oauth.enabled:
+        state.oauth = OAuthVerifier(cfg.oauth, root.usable, {cfg.service_user, config.POLICY_USER, config.WALK_USER})
     flags = {"stop": False, "hup": False}
     signal.signal(signal.SIGTERM, lambda *_: flags.update(stop=True))
     signal.signal(signal.SIGINT, lambda *_: flags.update(stop=True))
@@ -133,9 +136,13 @@ def main(argv: list[str] | None = None) -> int:
             flags["hup"] = False
             result = holder.reload()
             users.refresh(force=True)
+            if state.oauth is not None:
+                state.oauth.refresh()
             log.info("reload: %s", "; ".join(result.summary or result.errors))
         else:
             holder.reload_if_changed()
+            if state.oauth is not None:
+                state.oauth.refresh()
 
     log.info("policy process serving; accepting uid %d (%s)", service.pw_uid, cfg.service_user)
     serve(state, listener, service.pw_uid, lambda: flags["stop"], tick)

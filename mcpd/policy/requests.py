@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcpd.common.identity import MAX_JWT_CHARS
 from mcpd.helper.wire.requests import Key, Request, SchemaError, check, table
 from mcpd.policy.calls import handle_call
 from mcpd.policy.handlers import handle_authenticate, handle_kill, handle_login, handle_revoke, handle_spawn
@@ -19,7 +20,7 @@ from mcpd.policy.state import Refused
 # capacity class -> threads (in flight: 4x); "call" requests run on their connection's thread instead
 CLASSES = {"auth": 8, "spawn": 4, "call": 16, "login": 8}
 
-TOKEN, PEER, INT, OPT_INT = Key(str, longest=256), Key(str, longest=100), Key(int), Key(int, required=False)
+TOKEN, PEER, INT, OPT_INT = Key(str, longest=MAX_JWT_CHARS), Key(str, longest=100), Key(int), Key(int, required=False)
 CALL = {"token": TOKEN, "session": Key(str, longest=64), "peer": PEER, "op": Key(str, longest=64), "args": Key(dict),
         "cap": OPT_INT, "worker": OPT_INT, "rid": OPT_INT}
 LOGIN = {"user": Key(str, longest=64), "password": Key(str, longest=4096), "peer": PEER}

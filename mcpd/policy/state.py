@@ -23,11 +23,13 @@ from mcpd.common.reload import Reloading
 from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Issued, Login, Store
+from mcpd.policy.oauth import OAuthRefused, OAuthVerifier
 from mcpd.policy.opened import OpenedFiles
 from mcpd.policy.rootclient import RootClient
 
 CONTENT_OPS = ("files/read", "files/filetype")
 WALK_OPS = {"files/list": "path", "files/find": "root"}  # walk op -> its path argument (the walker parses the rest)
+GREP_OP = "files/grep"  # walked by a walker, each file opened by root, searched by the worker (mcpd.policy.grepcall)
 EXITED_KEPT = 256  # ended workers whose owner is remembered (State.exited)
 
 
@@ -44,7 +46,9 @@ class Worker:
     owner: tuple[str, str]
     ctl: socket.socket
     token_id: str = ""  # the token that spawned it: the worker ends when it no longer authenticates
-    login: bool = False  # a password login's token (else one in users.yaml)
+    login: bool = False  # a password login's token (else one in users.yaml, or an OAuth token)
+    #: an OAuth access token's exp (UNIX seconds): the worker is bound to it until then; 0: not one
+    oauth_expires: float = 0.0
     busy: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     reports: bytearray = dataclasses.field(default_factory=bytearray)  # bytes of its reports read so far
     checked: bool = False  # seen hardened (_started), which it must be before it gets a descriptor
@@ -61,6 +65,8 @@ class State:
     root: RootClient
     issued: Store
     login: Login
+    #: OAuth access tokens' verifier (docs/REFERENCE.md §5.4); None: OAuth is off
+    oauth: OAuthVerifier | None = None
     workers: dict[int, Worker] = dataclasses.field(default_factory=dict)
     #: the owners of the workers last seen ending (pid -> owner), at most EXITED_KEPT: the front's
     #: kill request for one it found dead is answered without an alert (it is no attack)
@@ -79,7 +85,16 @@ class State:
         self.spawns = TokenBuckets(2 * self.cfg.workers.spawn_burst, self.cfg.workers.spawns_per_second)
 
     def authenticate(self, token: str) -> tuple[identity.Principal, Issued | None] | None:
-        """The principal of a ``users.yaml`` token or of a login token (docs/REFERENCE.md §5), else None."""
+        """The principal of a ``users.yaml`` token, of a login token or of an OAuth access token
+        (docs/REFERENCE.md §5), else None (an OAuth token's reason is in a ``reject`` record)."""
+        if self.oauth is not None and identity.looks_like_jwt(token):
+            try:
+                return self.oauth.verify(token), None
+            except OAuthRefused as exc:
+                if exc.signed:  # a genuine token refused (expired, audience, account): who, and why
+                    self.audit.record("reject", tool="authenticate", decision="reject", reason=f"oauth: {exc}",
+                                      route="oauth")
+                return None
         self.users.refresh()
         principal = identity.verify(self.users.current, token)
         if principal is not None:

@@ -18,6 +18,7 @@ import select
 import socket
 import stat
 import threading
+import time
 
 from mcpd.common import frames, identity
 from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
@@ -194,10 +195,13 @@ def reap(state: State) -> None:
 
 def _still_bound(state: State, w: Worker, usable: dict[str, bool]) -> bool:
     """Whether the token that spawned ``w`` still authenticates its principal: in ``users.yaml``
-    (the principal still there, bound to the same account, with that token unexpired), or as a
+    (the principal still there, bound to the same account, with that token unexpired), as a
     live login token whose account may still use it (``usable``: root's answer per account, asked
-    once per sweep)."""
+    once per sweep), or as an OAuth token not past its ``exp`` (and the leeway) whose account may
+    still use it (this process keeps no token: the front's re-check ends the others sooner)."""
     users, (name, os_user) = state.users.current, w.owner
+    if w.oauth_expires:  # an OAuth token (not kept here): bound until its exp, while its account may log in
+        return time.time() < w.oauth_expires + state.cfg.oauth.leeway_seconds and _usable(state, os_user, usable)
     if not w.login:
         p = users.get(name)
         now = datetime.datetime.now(datetime.UTC)
@@ -207,6 +211,11 @@ def _still_bound(state: State, w: Worker, usable: dict[str, bool]) -> bool:
     principal = None if rec is None or rec.os_user != os_user else identity.login_principal(users, os_user, rec.id)
     if principal is None or principal.name != name:
         return False
+    return _usable(state, os_user, usable)
+
+
+def _usable(state: State, os_user: str, usable: dict[str, bool]) -> bool:
+    """Root's answer whether ``os_user`` may still use its tokens, asked once per sweep (``usable``)."""
     if os_user not in usable:
         try:
             usable[os_user] = state.root.usable(os_user)

@@ -1,4 +1,4 @@
-"""One privileged files/list or files/find metadata walk, out of root (docs/REFERENCE.md §4.4, §4.5a; docs/PRIVSEP.md).
+"""One privileged files/list, files/find or files/grep metadata walk, out of root (docs/REFERENCE.md §4.4, §4.5a; docs/PRIVSEP.md).
 
 The fork server starts it for each call as ``python -I -m mcpd.walker --fd 3``, already dropped to
 the walker account (:data:`mcpd.common.config.WALK_USER`: not root, no groups, owns nothing) with
@@ -15,6 +15,11 @@ codes, ``INVALID_ARGUMENT`` included), walks with :mod:`mcpd.core.walk` (names a
 only, never a byte of content), shows an entry only when the same grants allow it for the same
 principal (the secrets never are), sends one reply frame ``{"ok": true, "result": RAW}`` or
 ``{"ok": false, "error": {...}}`` and exits. The policy process has root SIGKILL it at the call's deadline.
+
+For ``files/grep`` the walk is a plan (:func:`plan_grep`): the regular files to search, in the
+walk's order, streamed as frames ``{"plan": {"files": [PATH], "skips": [[PATH, REASON]],
+"not_granted": N}}`` before the one reply, which says whether the time ran out and where. It
+never opens a file: root opens each one the policy process judges granted again.
 
 The grants judge the path asked; the secrets and processes are judged by the object actually
 opened (:class:`Objects`): every folder the walk opens and every entry it shows is taken as
@@ -41,18 +46,21 @@ import re
 import resource
 import socket
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 from mcpd.common import frames, grantmatch
-from mcpd.core import walk
+from mcpd.core import grepargs, grepwalk, walk
 from mcpd.helper.wire import opener
-from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
+from mcpd.helper.wire.errors import INTERNAL_ERROR, INVALID_ARGUMENT, NOT_A_REGULAR_FILE, ToolError
 
 REQUEST_CAP = 4 * 1024 * 1024  # bytes: the call and its rules (from a grants file of at most 1 MiB)
 READ_SECONDS = 5.0  # the policy process sends the request as soon as the walker exists
 OPS: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Any], dict[str, Any]]]] = {  # op -> (walk, parse)
     "files/list": (walk.walk_list, walk.parse_list_args), "files/find": (walk.walk_find, walk.parse_find_args)}
+GREP = "files/grep"
+PLAN_BATCH = 64  # files and skips per plan frame of files/grep
 _PR_SET_DUMPABLE = 4
 _SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_RESTRICT_SELF = 444, 446  # the same on every architecture
 _LANDLOCK_READ_DIR = 1 << 3
@@ -164,12 +172,76 @@ class Objects:
         return hidden
 
 
-def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None) -> dict[str, Any]:
+def plan_grep(args: dict[str, Any], open_dir: walk.Opener, allow: walk.Allow, counted: Callable[[str], bool],
+              screen: walk.Screen, send: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The plan of one privileged ``files/grep`` (module docstring): the walk of
+    :func:`mcpd.core.grepwalk.walk_files` from the parsed ``args``' path and cursor, with the
+    grant filter ``allow`` and the object rule ``screen``. Each plan frame goes to ``send`` (at
+    most :data:`PLAN_BATCH` files and skips); ``not_granted`` counts the files ``allow`` refused
+    for which ``counted`` says so (not the daemon's secrets: they are never told). A path that is
+    no directory is planned alone (``{"alone": true}``; root's opener judges what it is). Returns
+    the reply's result ``{"alone", "stopped": None | "time_budget", "stop_path"}``.
+
+    Raises:
+        ToolError: the opener's error for the path; ``INVALID_ARGUMENT`` for a cursor of another path.
+    """
+    root, cursor = walk.clean(args["path"]), grepargs.cursor_of(args)
+    at = grepwalk.resume_at(root, cursor)
+    if at is None:
+        raise ToolError(INVALID_ARGUMENT, "cursor belongs to another search: pass next_cursor back unchanged",
+                        argument="cursor")
+    try:
+        rfd = open_dir(root)
+    except ToolError as exc:
+        if exc.code != NOT_A_REGULAR_FILE:
+            raise
+        if cursor is None or not at and cursor["o"] is not None:
+            send({"plan": {"files": [root], "skips": [], "not_granted": 0}})
+        return {"alone": True, "stopped": None, "stop_path": None}
+    plan: dict[str, Any] = {"files": [], "skips": [], "not_granted": 0}
+    deadline, ticks, stopped = time.monotonic() + args["time_budget_seconds"], [0], [""]
+
+    def flush(full: bool = True) -> None:
+        if full and len(plan["files"]) + len(plan["skips"]) < PLAN_BATCH:
+            return
+        if plan["files"] or plan["skips"] or plan["not_granted"]:
+            send({"plan": dict(plan)})
+            plan.update(files=[], skips=[], not_granted=0)
+
+    def skip(path: str, reason: str) -> None:
+        plan["skips"].append([path, reason])
+        flush()
+
+    def tick(path: str) -> bool:
+        ticks[0] += 1
+        if ticks[0] % 64 == 0 and time.monotonic() > deadline:
+            stopped[0] = path
+            return True
+        return False
+
+    def refused(path: str) -> None:
+        if counted(path):
+            plan["not_granted"] += 1
+
+    try:
+        for _, _, path, resumed in grepwalk.walk_files(rfd, root, args, skip, tick, allow, screen, at, refused):
+            if not (resumed and cursor is not None and cursor["o"] is None):
+                plan["files"].append(path)
+                flush()
+    finally:
+        os.close(rfd)
+    flush(False)
+    return {"alone": False, "stopped": "time_budget" if stopped[0] else None, "stop_path": stopped[0] or None}
+
+
+def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None,
+        send: Callable[[dict[str, Any]], None] = lambda _: None) -> dict[str, Any]:
     """The reply frame for one request frame (module docstring); never raises. ``confine`` runs
-    once everything is parsed, just before the walk (:func:`metadata_only` in a real walker)."""
+    once everything is parsed, just before the walk (:func:`metadata_only` in a real walker);
+    ``send`` sends ``files/grep``'s plan frames before the reply."""
     try:
         op = frame["op"]
-        walk_op, parse_args = OPS[op]
+        walk_op, parse_args = OPS[op] if op != GREP else (None, grepargs.parse_grep_args)
         args = parse_args(frame["args"])
         policy = grantmatch.policy_from_wire(frame["rules"], tuple(frame["secrets"]))
         follow, user, groups = bool(frame["follow"]), frame["os_user"], frozenset(frame["groups"])
@@ -179,10 +251,16 @@ def run(frame: dict[str, Any], confine: Callable[[], object] = lambda: None) -> 
         objects = Objects(tuple(frame["secrets"]))  # reads the mount table: before confining
         confine()
 
+        def decide(path: str) -> grantmatch.Decision:
+            return grantmatch.decide(policy, user, groups, op, path, grantmatch.utcnow(), login_time, used)
+
         def allow(path: str) -> bool:
-            return grantmatch.decide(policy, user, groups, op, path, grantmatch.utcnow(), login_time, used).allowed
+            return decide(path).allowed
 
         open_dir = functools.partial(opener.open_checked_dir, follow_symlinks=follow, judge=objects.judge)
+        if walk_op is None:
+            return {"ok": True, "result": plan_grep(args, open_dir, allow, lambda p: decide(p).reason !=
+                                                    grantmatch.SECRET, objects.screen, send)}
         return {"ok": True, "result": walk_op(args, open_dir, allow, screen=objects.screen)}
     except ToolError as exc:
         return {"ok": False, "error": exc.to_dict()}
@@ -210,5 +288,5 @@ def main(argv: list[str] | None = None) -> int:
         if frame is None:
             return 1
         chan.settimeout(None)
-        frames.send_frame(chan, run(frame, metadata_only))
+        frames.send_frame(chan, run(frame, metadata_only, lambda plan: frames.send_frame(chan, plan)))
     return 0

@@ -22,11 +22,11 @@ import select
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from mcpd.common import frames, sched, wirejson
-from mcpd.common.config import ReadLimits
+from mcpd.common.config import CAP_KEY, ReadLimits
 from mcpd.common.redaction import REDACT_KEY, from_args
 from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from mcpd.core.ops import OpContext
 
 REQUEST_CAP = frames.HELPER_REQUEST_CAP  # bytes: a request frame to a worker is at most 64 KiB
+GRANTED_FDS = 4  # descriptors in one frame of the policy process (a privileged grep's batch)
 
 
 
@@ -60,10 +61,13 @@ def serve(sock: socket.socket, ctx: OpContext, ctl: socket.socket | None = None)
             body = frames.take_frame(received, REQUEST_CAP)
             if body is None:
                 if ctl is not None and ctl in select.select([sock, ctl], [], [])[0]:
-                    granted, fds = frames.recv_frame_fds(ctl, REQUEST_CAP, 1)
+                    granted, fds = frames.recv_frame_fds(ctl, REQUEST_CAP, GRANTED_FDS)
                     if granted is None:
                         return
-                    serve_granted(sock, ctl, granted, fds, ctx)
+                    if granted.get("op") == "files/grep":
+                        serve_grep(sock, ctl, granted, fds, ctx)
+                    else:
+                        serve_granted(sock, ctl, granted, fds, ctx)
                     continue
                 chunk = sock.recv(frames.READ_CHUNK)  # (a descriptor sent along is dropped by the kernel)
                 if not chunk:  # the front is gone (between frames or inside one)
@@ -127,6 +131,58 @@ def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any]
     # up the report).
     frames.send_frame(ctl, {"id": frame.get("id"), "code": code, "bytes": size,
                             **({"redacted": redacted} if isinstance(redacted, dict) else {})})
+    send_reply(sock, reply)
+
+
+def serve_grep(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], fds: list[int],
+               ctx: OpContext) -> None:
+    """Run one privileged ``files/grep`` (docs/REFERENCE.md §4.1): ``frame`` and ``fds`` are its
+    first batch of files root opened (:mod:`mcpd.policy.grepcall`); each further batch is asked
+    for with ``{"id", "took": true}`` on ``ctl`` until the last, or until the search stopped. Then
+    the report ``{"id", "code", "bytes" (matches), "searched"}`` goes to the policy process and
+    the reply to the front, as :func:`serve_granted`'s. Raises ``OSError`` or
+    :class:`~mcpd.common.frames.FrameError` when the policy process's socket fails (the loop ends)."""
+    from mcpd.core.fileops import grep
+
+    rid, limits, args = frame.get("id"), ctx.limits, frame.get("args")
+    cap = args.get(CAP_KEY) if isinstance(args, dict) else None
+    if isinstance(cap, int) and not isinstance(cap, bool) and 0 < cap < limits.response_cap:
+        limits = dataclasses.replace(limits, response_cap=cap)  # the principal's max_file_bytes
+    args = {k: v for k, v in args.items() if k != CAP_KEY} if isinstance(args, dict) else args
+
+    def batches() -> Generator[tuple[dict[str, Any], list[int]], None, None]:
+        got, held = frame, fds
+        while True:
+            try:
+                yield got, held
+            finally:
+                for fd in held:
+                    os.close(fd)
+                held = []
+            if got.get("last") is not False:
+                return
+            frames.send_frame(ctl, {"id": rid, "took": True})
+            nxt, held = frames.recv_frame_fds(ctl, REQUEST_CAP, GRANTED_FDS)
+            if nxt is None or nxt.get("id") != rid:  # (ended, or another call's: never ours to search)
+                for fd in held:
+                    os.close(fd)
+                raise OSError("the policy process ended the call")
+            got = nxt
+
+    batch = batches()
+    try:
+        reply: dict[str, Any] = {"id": rid, "ok": True, "result": grep.grep_granted(args, limits, batch)}
+    except ToolError as exc:
+        reply = {"id": rid, "ok": False, "error": exc.to_dict()}
+    except Exception as exc:  # noqa: BLE001 - answered without details, as ops.run answers
+        print(f"mcpd.worker: privileged grep failed: {type(exc).__name__}", file=sys.stderr)
+        reply = {"id": rid, "ok": False, "error": ToolError(INTERNAL_ERROR, "internal error").to_dict()}
+    finally:
+        batch.close()
+    result: dict[str, Any] = reply.get("result") or {}
+    code = None if reply["ok"] else reply["error"]["code"]
+    frames.send_frame(ctl, {"id": rid, "code": code, "bytes": len(result.get("matches", ())),
+                            "searched": result.get("files_searched", 0)})
     send_reply(sock, reply)
 
 

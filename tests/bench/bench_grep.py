@@ -13,7 +13,8 @@ each), ``--gz-mb`` MiB of log text in ``.gz`` files, and ``--configs`` small con
   ``grep -rn ... | head -1000``;
 * the configuration files alone (a rare pattern over ``--configs`` small files).
 
-Prints a table of seconds and MiB/s; asserts nothing about time. Bounded by the tool's own
+Where ``rg`` (ripgrep) is installed, each search is also timed with it (``rg -n``, with
+``--search-zip`` for the rare pattern so it reads the ``.gz`` files too). Prints a table of seconds and MiB/s; asserts nothing about time. Bounded by the tool's own
 60 s budget per call and the generated sizes; the defaults take about a minute or two.
 """
 
@@ -39,6 +40,7 @@ from tests.conftest import start_daemon, stop_daemon  # noqa: E402
 
 RARE, COMMON = "kernel: oom-killer invoked", "GET /api"
 LOG_FILE_MB = 8
+RG = shutil.which("rg")
 
 
 def log_lines(rng: random.Random, size: int) -> bytes:
@@ -116,16 +118,19 @@ def main() -> None:
                 async with Client(daemon.url, daemon.token, daemon.cacert, timeout=120) as c:
                     await tool(c, {"pattern": "warm-up", "path": str(root / "etc"), "max_depth": 1})
                     rows = []
-                    for label, args, cmd in (
+                    for label, args, cmd, rg_cmd in (
                         ("rare pattern, whole tree", {"pattern": RARE, "path": str(root), "max_matches": 1000},
-                         f"grep -rn '{RARE}' {root}; zgrep -n '{RARE}' {root}/var/log/*.gz"),
+                         f"grep -rn '{RARE}' {root}; zgrep -n '{RARE}' {root}/var/log/*.gz",
+                         f"rg -n --search-zip '{RARE}' {root}"),
                         ("common pattern, first 1000", {"pattern": COMMON, "path": str(root), "max_matches": 1000},
-                         f"grep -rn '{COMMON}' {root} | head -1000"),
+                         f"grep -rn '{COMMON}' {root} | head -1000", f"rg -n '{COMMON}' {root} | head -1000"),
                         ("config files only", {"pattern": "listen = ", "path": str(root / "etc"),
-                                               "max_matches": 1000}, f"grep -rn 'listen = ' {root}/etc"),
+                                               "max_matches": 1000}, f"grep -rn 'listen = ' {root}/etc",
+                         f"rg -n 'listen = ' {root}/etc"),
                     ):
                         ours = [await tool(c, args) for _ in range(opts.runs)]
-                        rows.append((label, (min(o[0] for o in ours), ours[0][1]), best(opts.runs, lambda: shell(cmd))))
+                        rows.append((label, (min(o[0] for o in ours), ours[0][1]), best(opts.runs, lambda: shell(cmd)),
+                                     best(opts.runs, lambda: shell(rg_cmd)) if RG else None))
                     return rows
 
             rows = asyncio.run(measure())
@@ -135,9 +140,13 @@ def main() -> None:
     mib = total / (1 << 20)
     print(f"tree: {opts.log_mb} MiB plain logs, {opts.gz_mb} MiB of log text in .gz, {opts.configs} config files "
           f"({mib:.0f} MiB of text); best of {opts.runs}")
-    print(f"{'search':<28} {'files/grep s':>12} {'lines':>7} {'GNU grep s':>11} {'lines':>7} {'ratio':>6}")
-    for label, (ours, n), (gnu, m) in rows:
-        print(f"{label:<28} {ours:>12.3f} {n:>7} {gnu:>11.3f} {m:>7} {ours / gnu if gnu else 0:>6.2f}")
+    head = f"{'search':<28} {'files/grep s':>12} {'lines':>7} {'GNU grep s':>11} {'lines':>7} {'ratio':>6}"
+    print(head + (f" {'rg s':>8} {'lines':>7} {'ratio':>6}" if RG else "  (rg not installed)"))
+    for label, (ours, n), (gnu, m), rg in rows:
+        line = f"{label:<28} {ours:>12.3f} {n:>7} {gnu:>11.3f} {m:>7} {ours / gnu if gnu else 0:>6.2f}"
+        if rg is not None:
+            line += f" {rg[0]:>8.3f} {rg[1]:>7} {ours / rg[0] if rg[0] else 0:>6.2f}"
+        print(line)
     print(f"files/grep over the whole tree: {mib / rows[0][1][0]:.0f} MiB/s of text")
 
 

@@ -1,6 +1,7 @@
 """files/grep runs with the caller's own account on the ordinary route: what the account may not
 read is skipped (``permission``), a file named alone is ``PERMISSION_DENIED``, and nothing of it is
-answered; and a privileged files/grep is refused, with its audit record, until that route exists."""
+answered; and a privileged files/grep without a grant for files/grep is refused, with its audit
+record, even where the account has grants for the other tools."""
 
 from __future__ import annotations
 
@@ -41,9 +42,11 @@ def test_what_the_account_cannot_read_is_skipped_not_answered(privsep_daemon: Pr
         public.unlink()
 
 
-def test_privileged_grep_is_refused_and_recorded(privsep_daemon: PrivsepDaemon) -> None:  # noqa: F811
-    d = privsep_daemon
+def test_privileged_grep_without_its_grant_is_refused_and_recorded(privsep_daemon: PrivsepDaemon) -> None:  # noqa: F811
+    d = privsep_daemon  # (alice may read and list app: a grant of those tools is none for files/grep)
     out = grep(d, pattern="app", path=str(d.app), privileged=True)
-    assert out["error"]["code"] == "PERMISSION_DENIED" and out["error"]["details"]["reason"] == "unknown tool"
+    assert out["error"]["code"] == "PERMISSION_DENIED"
+    assert out["error"]["details"]["reason"] == "no grant covers this path"
+    assert "app log line" not in repr(out)
     rec = [r for r in d.audit() if r.get("tool") == "files/grep"][-1]
     assert rec["decision"] == "reject" and rec["route"] == "privileged" and "pattern_sha256" in rec

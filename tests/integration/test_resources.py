@@ -132,7 +132,7 @@ async def test_resource_missing_file_is_32002_with_file_not_found(daemon: Daemon
     [
         (lambda t: uri_of(t), -32602, "NOT_A_REGULAR_FILE"),
         (lambda t: uri_of(t / "two.txt", "start_line=9"), -32602, "RANGE_OUT_OF_BOUNDS"),
-        (lambda t: uri_of(t / "bin"), -32602, "BINARY_FILE"),
+        (lambda t: uri_of(t / "two.txt", "encoding=base64&start_line=1"), -32602, "INVALID_ARGUMENT"),
         (lambda t: uri_of(t / "two.txt", "encoding=klingon"), -32602, "INVALID_ARGUMENT"),
         (lambda t: uri_of(t / "two.txt", "bogus=1"), -32602, "INVALID_ARGUMENT"),
         (lambda t: uri_of(t / "two.txt", "start_line=0"), -32602, "INVALID_ARGUMENT"),

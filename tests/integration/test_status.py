@@ -6,11 +6,15 @@ is escaped."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
 import json
 import os
 import pwd
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -193,3 +197,185 @@ def test_a_dead_helper_is_a_problem_even_with_metrics_off() -> None:
         plain = status(alive)
         assert plain.returncode == 1 and "problems: none" not in plain.stdout, plain.stdout
         assert "accepts no connection (Connection refused)" in plain.stdout, plain.stdout
+
+
+def _child_as_service() -> tuple[int, pwd.struct_passwd]:
+    """A child of this process running as the service account, as `mcpd status` forks one to
+    connect to the helper socket; it lingers (a connect that takes its time)."""
+    svc = pwd.getpwnam("mcpd")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgroups([])
+            os.setgid(svc.pw_gid)
+            os.setuid(svc.pw_uid)
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    for _ in range(200):
+        with open(f"/proc/{pid}/status") as f:
+            if f"\nUid:\t{svc.pw_uid}\t" in f.read():
+                return pid, svc
+        time.sleep(0.01)
+    raise AssertionError("the child never became the service account")
+
+
+def test_a_child_the_service_account_stops_cannot_hang_status() -> None:
+    """The service account may signal the child status runs as it: stopped (SIGSTOP, sent by
+    that account), the wait ends at its deadline, the child is killed and reaped, and the answer is
+    unknown, not a hang."""
+    from mcpd.admin.status import _reap
+    pid, svc = _child_as_service()
+    subprocess.run(["setpriv", f"--reuid={svc.pw_uid}", f"--regid={svc.pw_gid}", "--clear-groups",
+                    "kill", "-STOP", str(pid)], check=True, timeout=30)
+    began = time.monotonic()
+    try:
+        code = _reap(pid, 1.0)
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)  # (not reaped: still ours)
+        os.waitpid(pid, 0)
+        raise
+    assert code is None
+    assert 1.0 <= time.monotonic() - began < 3.0
+    with pytest.raises(ChildProcessError):  # killed and reaped: no zombie left
+        os.waitpid(pid, os.WNOHANG)
+    pid, _ = _child_as_service()
+    os.kill(pid, signal.SIGTERM)  # a child that ends in time: its status, as before
+    assert _reap(pid, 5.0) == -signal.SIGTERM
+
+
+STOPPER = r"""
+import os, signal, sys, time
+parent, uid = sys.argv[1], sys.argv[2]
+with open(f"/proc/{parent}/cmdline", "rb") as f:
+    forked = f.read()  # (a fork of status, not another child of the test's, such as a daemon's front)
+end = time.monotonic() + 20
+while time.monotonic() < end:
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        if int(p) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{p}/status") as f:
+                t = f.read()
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                same = f.read() == forked
+        except OSError:
+            continue
+        if same and f"\nPPid:\t{parent}\n" in t and f"\nUid:\t{uid}\t" in t:
+            os.kill(int(p), signal.SIGSTOP)
+            print(p, flush=True)
+            sys.exit(0)
+    time.sleep(0.01)
+sys.exit(1)
+"""
+
+
+def test_status_as_root_answers_when_the_service_account_stops_its_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attack end to end: status (as root) forks its connect to the helper socket as the
+    service account; that account, scanning /proc, stops the child (SIGSTOP). Status still answers
+    by its deadline: whether the socket accepts is unknown, with the reason, a problem; the child
+    is killed and reaped. (The connect is made to linger so the attacker's scan finds it surely.)"""
+    from mcpd.admin import status as status_module
+    from mcpd.common import config
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))
+    os.chmod(folder, 0o755)
+    sock = folder / "helper.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(sock))
+    listener.listen(8)
+    os.chmod(sock, 0o777)
+    real = status_module._connect
+    monkeypatch.setattr(status_module, "_connect", lambda path: (time.sleep(30), real(path))[1])
+    svc = pwd.getpwnam("mcpd")
+    stopper = subprocess.Popen(["setpriv", f"--reuid={svc.pw_uid}", f"--regid={svc.pw_gid}", "--clear-groups",
+                                sys.executable, "-c", STOPPER, str(os.getpid()), str(svc.pw_uid)],
+                               stdout=subprocess.PIPE, text=True)
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("mcpd status hangs on its stopped child")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(25)
+    began = time.monotonic()
+    out = None
+    try:
+        out = status_module.helper_socket(config.from_dict({"helper_socket": str(sock), "service_user": "mcpd"}))
+        took = time.monotonic() - began
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        stopped = stopper.communicate(timeout=30)[0].strip()
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
+        if out is None and stopped:  # (it hung: the child is still ours, unreaped)
+            with contextlib.suppress(OSError):
+                os.kill(int(stopped), signal.SIGKILL)
+                os.waitpid(int(stopped), 0)
+    assert stopper.returncode == 0 and stopped, "the service account found no child to stop"
+    assert took < status_module.TIMEOUT_SECONDS + status_module.CHILD_GRACE_SECONDS + 2
+    assert out["accepts"] is None and out["problem"].startswith("unknown: the check as mcpd did not end"), out
+    with pytest.raises(ChildProcessError):  # killed and reaped: no child of ours left
+        os.waitpid(int(stopped), os.WNOHANG)
+
+
+def test_untrusted_files_and_metrics_it_reads_give_unknown_never_a_traceback(tmp_path: Path) -> None:
+    """What status reads that another account could write (the front's tls-state.json, the access
+    log, the metrics answer) or that was damaged (the audit head): deeply nested JSON, NaN and
+    infinite counts, an answer that is no metrics. Each is unknown or a problem, with the reason;
+    status exits 1, no traceback."""
+    import http.server
+    import threading
+
+    answers = [b'mcpd_sessions{transport="mcp"} NaN\nmcpd_workers +Inf\nmcpd_workers_busy -1\n'
+               b"mcpd_pool_queued 2.5\nmcpd_helper_up NaN\n"]
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(answers[0])
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    deep = b"[" * 200000 + b"]" * 200000
+    try:
+        front, helper = tmp_path / "front", tmp_path / "helper"
+        front.mkdir()
+        helper.mkdir(mode=0o700)
+        (front / "tls-state.json").write_bytes(deep)
+        (helper / "audit.head").write_bytes(deep)
+        os.chmod(helper / "audit.head", 0o600)
+        (tmp_path / "access.jsonl").write_bytes(b'{"seq": ' + deep + b"}\n")
+        config = tmp_path / "mcpd.yaml"
+        config.write_text(json.dumps({
+            "listen": {"host": "127.0.0.1", "port": free_port()}, "metrics_listen": f"127.0.0.1:{server.server_port}",
+            "state_dir": str(front), "helper_state_dir": str(helper), "helper_socket": "",
+            "access_log": str(tmp_path / "access.jsonl"), "audit_log": str(tmp_path / "audit.jsonl"),
+            "users_file": str(tmp_path / "users.yaml"), "grants_file": str(tmp_path / "grants.yaml")}))
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            proc = subprocess.run([sys.executable, "-m", "mcpd.admin.cli", "status", "--config", str(config), *args],
+                                  capture_output=True, text=True, timeout=60, check=False)
+            assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+            return proc
+
+        s = json.loads(run("--json").stdout)
+        assert s["metrics"]["answers"] is True and s["metrics"]["sessions"] == {"mcp": None}, s["metrics"]
+        assert [s["metrics"][k] for k in ("workers", "workers_busy", "pool_queued", "helper_up")] == [None] * 4
+        assert s["tls"]["front"] is None and s["tls"]["front_problem"].endswith("JSON nested too deeply")
+        assert "not an audit head" in s["chains"]["audit"]["problem"]
+        assert s["chains"]["access"]["seq"] == 0  # a last line that is no record: no seq
+        plain = run().stdout
+        assert "sessions: mcp unknown" in plain and "workers: unknown live, unknown busy, unknown calls" in plain
+        assert "last reload: unknown (" in plain
+        answers[0] = b"{" * 100000 + b"\n"  # no exposition format at all
+        s = json.loads(run("--json").stdout)
+        assert s["metrics"]["answers"] is False and "not Prometheus metrics" in s["metrics"]["problem"]
+        assert any("not Prometheus metrics" in p for p in s["problems"]), s["problems"]
+    finally:
+        server.shutdown()
+        server.server_close()

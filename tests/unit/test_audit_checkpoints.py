@@ -6,7 +6,10 @@ naming it, escaped, never a traceback."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -239,3 +242,105 @@ def test_a_full_or_missing_syslog_socket_never_holds_a_record_back(tmp_path: Pat
     with AuditLog(str(tmp_path / "b.jsonl"), journal="", checkpoints=(1, 60),
                   syslog_socket=str(tmp_path / "none")) as w:
         w.record("accept", user="a")
+
+
+def _chained(tmp_path: Path, n: int) -> tuple[Path, list[bytes]]:
+    log = tmp_path / "c.jsonl"
+    with AuditLog(str(log), syslog=False) as w:
+        for i in range(n):
+            w.record("accept", user="a", requested_path=f"/f{i}")
+    return log, log.read_bytes().splitlines(keepends=True)
+
+
+def _plain(cps: Path, *points: tuple[int, str]) -> None:
+    cps.write_text("".join(json.dumps({"log": "mcpd-audit", "seq": s, "hash": h}) + "\n" for s, h in points))
+
+
+def test_a_forged_second_checkpoint_of_a_seq_is_a_conflict_never_a_match(tmp_path: Path) -> None:
+    """The host's root rewrote record 3, re-chained the log and sent checkpoints of the new chain:
+    the collector holds both checkpoints of seq 3. Whichever the log matches, the two conflict:
+    verify fails naming seq 3, and neither is counted as a match."""
+    log, lines = _chained(tmp_path, 4)
+    cps = tmp_path / "cps"
+    _plain(cps, (2, record_hash(lines[1])), (3, record_hash(lines[2])), (3, "cd" * 32))
+    out = CliRunner().invoke(audit, ["verify", "--checkpoints", str(cps), str(log)])
+    assert out.exit_code == 1, out.output
+    assert "conflicting: 2 checkpoints give record seq 3 different hashes" in out.output
+    assert f"at {cps}:2" in out.output and f"at {cps}:3" in out.output
+    assert "FAILED: checkpoints: the log does not match 1 of the checkpoints of mcpd-audit; 1 match" in out.output
+    assert "OK: checkpoints" not in out.output
+    _plain(cps, (3, "cd" * 32), (3, record_hash(lines[2])))  # the forged one first: the same verdict
+    out = CliRunner().invoke(audit, ["verify", "--checkpoints", str(cps), str(log)])
+    assert out.exit_code == 1 and "conflicting: 2 checkpoints give record seq 3" in out.output
+    _plain(cps, (3, record_hash(lines[2])), (3, record_hash(lines[2])))  # the same one twice: one checkpoint
+    out = CliRunner().invoke(audit, ["verify", "--checkpoints", str(cps), str(log)])
+    assert out.exit_code == 0 and "OK: checkpoints: 1 of mcpd-audit match" in out.output
+
+
+def test_a_forged_second_record_of_a_checkpointed_seq_is_never_a_match(tmp_path: Path) -> None:
+    """The log holds its record 3 as checkpointed, and after it a forged record numbered 3: the
+    checkpoint proves neither, and the repeated run is not called exact copies."""
+    log, lines = _chained(tmp_path, 4)
+    forged = lines[2].replace(b'"/f2"', b'"/fX"')
+    log.write_bytes(b"".join(lines[:3]) + lines[1] + forged)  # seq 2 again (an exact copy), then a forged 3
+    cps = tmp_path / "cps"
+    _plain(cps, (3, record_hash(lines[2])))
+    out = CliRunner().invoke(audit, ["verify", "--checkpoints", str(cps), str(log)])
+    assert out.exit_code == 1, out.output
+    assert f"{log}:4: repeated: 2 records (seq 2..3) again from this line: records numbered as those from" in out.output
+    assert "exact copies" not in out.output
+    assert f"{log}:5: rewritten: the log holds 2 different records numbered seq 3" in out.output
+    assert "OK: checkpoints" not in out.output
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    """`mcpd audit ARGS` in its own process: a reader that waited on a FIFO would fail the timeout."""
+    return subprocess.run([sys.executable, "-m", "mcpd.admin.cli", "audit", *args], capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_deeply_nested_json_is_an_error_naming_the_line_never_a_traceback(tmp_path: Path) -> None:
+    log, lines = _chained(tmp_path, 2)
+    deep = "[" * 200000 + "]" * 200000
+    cps = tmp_path / "cps"
+    cps.write_text(json.dumps({"log": "mcpd-audit", "seq": 1, "hash": HASH}) + "\n" + '{"log": ' + deep[:60000] + "}\n")
+    proc = _run("verify", "--checkpoints", str(cps), str(log))
+    assert proc.returncode == 2 and f"error: {cps}:2: not a checkpoint: JSON nested too deeply" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    log.write_bytes(lines[0] + b'{"seq": 2, "x": ' + deep.encode() + b"}\n" + lines[1])
+    proc = _run("verify", str(log))
+    assert proc.returncode == 1 and f"{log}:2: edited: not a valid chained record" in proc.stdout, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_line_over_the_cap_is_refused_naming_it(tmp_path: Path) -> None:
+    from mcpd.admin.audit.checkpoints import MAX_LINE
+    from mcpd.admin.audit.logfiles import MAX_LINE as LOG_LINE
+    log, lines = _chained(tmp_path, 2)
+    cps = tmp_path / "cps"
+    cps.write_text(json.dumps({"log": "mcpd-audit", "seq": 1, "hash": record_hash(lines[0])}) + "\n"
+                   + "x" * (MAX_LINE + 1) + "\n")
+    proc = _run("verify", "--checkpoints", str(cps), str(log))
+    assert proc.returncode == 2 and f"error: {cps}:2: a line over {MAX_LINE} bytes is no checkpoint" in proc.stderr
+    log.write_bytes(lines[0] + b"y" * (8 * LOG_LINE))  # no newline in 8 MiB: read no further than the cap
+    proc = _run("verify", str(log))
+    assert proc.returncode == 1 and f"error: {log}:2: a line over {LOG_LINE} bytes is no record" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_fifo_is_refused_never_waited_on(tmp_path: Path) -> None:
+    """Nobody writes to the FIFOs: a reader that opened and read them would block until the timeout."""
+    log, _ = _chained(tmp_path, 1)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = _run("verify", "--checkpoints", str(fifo), str(log))
+    assert proc.returncode == 2 and f"error: {fifo}: not a regular file" in proc.stderr
+    proc = _run("verify", str(fifo))
+    assert proc.returncode == 1 and f"error: {fifo}: not a regular file" in proc.stderr
+    gz = tmp_path / "old.jsonl.1.gz"
+    os.mkfifo(gz)
+    proc = _run("verify", str(gz), str(log))
+    assert proc.returncode == 1 and f"error: {gz}: not a regular file" in proc.stderr
+    for follow in ([], ["--follow"]):
+        proc = _run("tail", *follow, "--file", str(fifo))
+        assert proc.returncode == 1 and f"error: {fifo}: not a regular file" in proc.stderr, proc.stderr

@@ -181,3 +181,24 @@ def test_replay_counts_only_calls_whose_outcome_would_differ(tmp_path: Path) -> 
     assert diffs(rule % "/nowhere") == [("/srv/served", False)]  # the refusals stay refusals
     assert diffs(rule % "/srv") == [("/srv/denied", True)]  # refused by the grants then, allowed now
     assert diffs(rule % "/srv, /etc") == [("/srv/denied", True), ("/etc/hosts", True)]
+
+
+def test_tail_filters_oauth_calls_by_issuer_subject_client_and_jti(tmp_path: Path) -> None:
+    """docs/REFERENCE.md §5.4: an OAuth call's record names the person and the agent; ``audit tail``
+    filters on them and shows them escaped (a forged sub cannot make a second line)."""
+    path = tmp_path / "audit.jsonl"
+    with AuditLog(str(path), syslog=False) as log:
+        for sub, client in (("alice", "agent-a"), (f"bob{FORGED}", "agent-b")):
+            log.record("accept", user=f"corp:{sub[:3]}", os_user=USER, route="privileged", tool="files/read",
+                       requested_path="/srv/x", decision="accept", reason="granted", iss="https://idp.example",
+                       sub=sub, client=client, act="bot < agent", jti=f"j-{client}")
+        log.record("accept", user=USER, os_user=USER, route="privileged", tool="files/read",
+                   requested_path="/srv/x", decision="accept", reason="granted")
+    run = CliRunner().invoke
+    out = run(audit, ["tail", "--file", str(path), "--sub", "alice"])
+    assert out.exit_code == 0 and len(out.output.splitlines()) == 1
+    assert "sub=alice  client=agent-a  act=\"bot < agent\"  jti=j-agent-a" in out.output
+    assert len(run(audit, ["tail", "--file", str(path), "--iss", "https://idp.example"]).output.splitlines()) == 2
+    assert run(audit, ["tail", "--file", str(path), "--client", "agent-b", "--jti", "j-agent-a"]).output == ""
+    forged = run(audit, ["tail", "--file", str(path), "--client", "agent-b"]).output
+    assert len(forged.splitlines()) == 1 and not any(ch in forged.rstrip("\n") for ch in BAD)

@@ -70,3 +70,4 @@ def test_the_cancel_grace_is_a_number_from_zero_to_sixty(workers: dict[str, obje
     # (a find's time budget may exceed it; a short timeout_seconds must not refuse the default grace)
     short = from_dict({"workers": {"timeout_seconds": 0.05}})
     assert short.workers.cancel_grace_seconds == 0.25
+

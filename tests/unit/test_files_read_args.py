@@ -26,6 +26,7 @@ def test_parse_args_normalises_every_key() -> None:
         "limit": None,
         "privileged": False,
         "encoding": "utf-8",
+        "decompress": True,
         "include_metadata": False,
     }
 
@@ -39,9 +40,21 @@ def test_parse_args_keeps_given_values() -> None:
         "limit": 1,
         "privileged": True,
         "encoding": "cp1252",
+        "decompress": False,
         "include_metadata": True,
     }
     assert files_read.parse_args(args) == args
+
+
+@pytest.mark.parametrize("key", ["start_line", "end_line"])
+def test_base64_reads_bytes_not_lines(key: str) -> None:
+    error = invalid({"path": "/x", "encoding": "base64", key: 2})
+    assert error.details["argument"] == key and "offset and limit" in error.message
+
+
+@pytest.mark.parametrize("value", [0, 1, "true", "no", []])
+def test_decompress_is_a_boolean(value: Any) -> None:
+    assert invalid({"path": "/x", "decompress": value}).details["argument"] == "decompress"
 
 
 @pytest.mark.parametrize("args", [None, [], "path", 3])
@@ -118,7 +131,7 @@ def test_input_schema_matches_parse_args() -> None:
     assert schema["additionalProperties"] is False
     assert schema["required"] == ["path"]
     assert set(schema["properties"]) == set(files_read.parse_args({"path": "/x"}))
-    assert set(schema["properties"]["encoding"]["enum"]) == {"utf-8", "ascii", "latin-1", "cp1252", "utf-16", "auto"}
+    assert set(schema["properties"]["encoding"]["enum"]) == {"utf-8", "ascii", "latin-1", "cp1252", "utf-16", "auto", "base64"}
     for name in ("start_line", "end_line", "offset", "limit"):
         assert schema["properties"][name]["type"] == "integer"
 

@@ -504,3 +504,37 @@ def test_grants_export_json(tmp_path: Path) -> None:
     }
     os.chmod(path, 0o666)
     assert CliRunner().invoke(grants, ["export", "--file", path]).exit_code == 78
+
+
+def test_an_oauth_group_may_be_named_and_applies_to_its_token_holders_only() -> None:
+    """docs/REFERENCE.md §4.2, §5.4: ``groups: {corp:ops: ...}`` names an OAuth token's group; the
+    policy process adds ``<issuer>:<group>`` to the account's groups for that token's calls; lint
+    does not call it a missing OS group; the user-subject syntax still has no ':'."""
+    from mcpd.policy.grants_lint import lint_policy
+
+    text = "groups:\n  corp:ops:\n    privileged:\n      tools:\n        files/read: {allowed: true, paths: [/var/log]}\n"
+    p = parse_policy(text)
+    assert allowed(p, "/var/log/x", user="bob", groups=frozenset({"corp:ops"}))
+    assert not allowed(p, "/var/log/x", user="bob", groups=frozenset({"ops"}))
+    assert not lint_policy(p, NOW, lambda _: True, lambda _: False)
+    with pytest.raises(PolicyError, match="invalid user name"):
+        parse_policy(text.replace("groups:", "users:"))
+    with pytest.raises(PolicyError, match="invalid group name"):
+        parse_policy(text.replace("corp:ops", "\"corp:o ps\""))
+
+
+@pytest.mark.root
+def test_grants_test_and_list_judge_an_oauth_tokens_groups(tmp_path: Path) -> None:
+    """``--token-group corp:ops`` judges the call of an OAuth token carrying group ops of issuer
+    corp: the account's own groups and the token's together, as the policy process decides it."""
+    text = "groups:\n  corp:ops:\n    privileged:\n      tools:\n        files/read: {allowed: true, paths: [/var/log]}\n"
+    path = write_root_file(tmp_path, text)
+    runner = CliRunner()
+    args = ["test", "--user", "nobody", "--tool", "files/read", "--path", "/var/log/a", "--file", path]
+    assert runner.invoke(grants, args).exit_code == 1
+    yes = runner.invoke(grants, [*args, "--token-group", "corp:ops"])
+    assert yes.exit_code == 0 and "groups.corp:ops" in yes.output
+    bad = runner.invoke(grants, [*args, "--token-group", "ops"])
+    assert bad.exit_code == 2 and "<issuer name>:<group>" in bad.output
+    listed = runner.invoke(grants, ["list", "--user", "nobody", "--token-group", "corp:ops", "--file", path])
+    assert "files/read via groups.corp:ops" in listed.output

@@ -66,6 +66,9 @@ def tree(tmp_path: Path) -> Path:
     ("pipe", "files/read", "not a regular file (fifo)"),
     ("plain.log", "files/find", "not a directory (regular file)"),
     ("shadow-link", "files/list", "symlink in path"),
+    ("twice.log", "files/grep", "file has several hard links"),  # a file searched alone
+    ("pipe", "files/grep", "not a regular file (fifo)"),
+    ("shadow-link", "files/grep", "symlink in path"),
 ])
 def test_grants_test_predicts_what_the_opener_refuses(tmp_path: Path, tree: Path, name: str, tool: str,
                                                       reason: str) -> None:
@@ -83,7 +86,8 @@ def test_grants_test_predicts_what_the_opener_refuses(tmp_path: Path, tree: Path
     assert out[2] == f"rule: users.{me} {tool} paths {tree} ({path}:6)"  # the grant itself allows it
     assert "note: the grant allows this path, but root's opener refuses it as it is on this host now" in out
     # root's opener, asked for real, refuses the same path for the same reason
-    want = {"files/read": "file", "files/filetype": "any", "files/find": "dir", "files/list": "dir"}[tool]
+    want = {"files/read": "file", "files/filetype": "any", "files/find": "dir", "files/list": "dir",
+            "files/grep": "file"}[tool]
     with pytest.raises(ToolError) as refused:
         fd, _ = open_checked(f"{tree}/{name}", False, want)
         os.close(fd)
@@ -93,7 +97,8 @@ def test_grants_test_predicts_what_the_opener_refuses(tmp_path: Path, tree: Path
 
 @pytest.mark.root
 @pytest.mark.parametrize(("name", "tool"), [("plain.log", "files/read"), ("pipe", "files/filetype"),
-                                            ("pipe", "files/list"), ("sub", "files/find"), ("sub", "files/list")])
+                                            ("pipe", "files/list"), ("sub", "files/find"), ("sub", "files/list"),
+                                            ("sub", "files/grep"), ("plain.log", "files/grep")])
 def test_grants_test_says_the_opener_would_open_it(tmp_path: Path, tree: Path, name: str, tool: str) -> None:
     me = pwd.getpwuid(os.geteuid()).pw_name
     path = grants_file(tmp_path, f"""

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from mcpd.common.identity import MAX_JWT_CHARS
 from mcpd.policy.requests import CLASSES, REQUESTS, check_request
 from mcpd.policy.state import Refused
 
@@ -34,7 +35,7 @@ def test_a_request_that_fits_gets_its_entry() -> None:
     ({"type": 3, "id": 1}, "unknown request type"),
     (dict(CALL, extra=1), "privileged_call: unknown key 'extra'"),
     ({k: v for k, v in CALL.items() if k != "op"}, "privileged_call: missing key 'op'"),
-    (dict(CALL, token="t" * 257), "privileged_call: malformed key 'token'"),
+    (dict(CALL, token="t" * (MAX_JWT_CHARS + 1)), "privileged_call: malformed key 'token'"),
     (dict(CALL, worker=True), "privileged_call: malformed key 'worker'"),
     (dict(CALL, args=["/etc"]), "privileged_call: malformed key 'args'"),
     (dict(CALL, id="7"), "privileged_call: malformed key 'id'"),

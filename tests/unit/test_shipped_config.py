@@ -64,7 +64,32 @@ def test_shipped_daemon_config_states_every_key() -> None:
     """Every key of the schema appears in the production config, so operators see them all."""
     data = yaml.safe_load(DAEMON.read_text(encoding="utf-8"))
     schema = _schema_keys(config.Config)
+    del schema["oauth"]  # the one block shown commented out: present, it turns OAuth on
     assert _file_keys(data, schema) == schema
+
+
+def _commented_oauth_block() -> str:
+    lines = DAEMON.read_text(encoding="utf-8").splitlines()
+    start = lines.index("# oauth:")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("#"):
+            break
+        block.append(line[2:])
+    return "\n".join(block) + "\n"
+
+
+def test_shipped_oauth_example_states_every_key_and_loads() -> None:
+    """The commented-out oauth block of etc/mcpd/mcpd.yaml, uncommented, is valid and names every
+    key of the oauth schema (docs/REFERENCE.md §5.4), each issuer key included."""
+    data = yaml.safe_load(_commented_oauth_block())
+    schema = _schema_keys(config.OAuth)
+    assert set(data["oauth"]) == set(schema)
+    issuer_keys = {f.name for f in dataclasses.fields(config.OAuthIssuer)}
+    assert [set(i) for i in data["oauth"]["issuers"]] == [issuer_keys]
+    cfg = config.from_dict(data)
+    assert cfg.oauth.enabled and cfg.oauth.issuers[0].name == "corp"
+    assert not config.Config().oauth.enabled  # absent: off
 
 
 @pytest.mark.parametrize("tool", TOOLS)

@@ -119,3 +119,38 @@ def test_a_refused_reload_keeps_the_pair_in_use_and_records_why(pki: certs.PKI, 
     assert '"last_check_ok": false' in state and "is not the key" in state
     pki.server_key.write_bytes(good_key)
     assert live.reload("test") is True and live.refused is None and live.context is context
+
+
+@pytest.mark.parametrize("mode", [0o660, 0o620, 0o670])
+def test_a_key_its_group_may_write_is_refused(pki: certs.PKI, mode: int) -> None:
+    """certs/README: no other account may write the key. A key its group (the front's, say) may
+    write could be replaced by that group's accounts with a key of their own."""
+    os.chmod(pki.server_key, mode)
+    assert f"the key {pki.server_key} is writable by its group" in refused(pki.server_cert, pki.server_key)
+    os.chmod(pki.server_key, 0o640)
+    os.chmod(pki.server_cert, 0o664)
+    assert "is writable by its group" in refused(pki.server_cert, pki.server_key)
+
+
+@pytest.mark.root
+def test_a_key_owned_by_another_account_is_refused(pki: certs.PKI) -> None:
+    os.chown(pki.server_key, 65534, 0)  # nobody's: that account could rewrite it
+    text = refused(pki.server_cert, pki.server_key)
+    assert "is owned by uid 65534, neither root nor the account that reads it" in text
+    tls.read_pair(str(pki.server_cert), str(pki.server_key), owners=[65534])  # (the service account's: taken)
+    os.chown(pki.server_key, 0, 0)
+    tls.read_pair(str(pki.server_cert), str(pki.server_key))
+
+
+def test_a_reload_refuses_a_group_writable_key_and_keeps_the_pair(pki: certs.PKI, tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    live = tls.LiveCertificate(str(pki.server_cert), str(pki.server_key), str(tmp_path))
+    before, context = live.pair.fingerprint, live.context
+    os.chmod(pki.server_key, 0o660)
+    with caplog.at_level("ERROR", logger="mcpd.front.tls"):
+        assert live.reload("test") is False
+    assert live.pair.fingerprint == before and live.context is context
+    assert any("refused, the certificate in use" in r.getMessage() and "writable by its group" in r.getMessage()
+               for r in caplog.records), caplog.records
+    os.chmod(pki.server_key, 0o640)
+    assert live.reload("test") is True

@@ -24,7 +24,8 @@ from mcpd.common.grantmatch import rules_to_wire
 from mcpd.policy.grants import parse_policy
 from mcpd.walker import main as walker
 
-ALLOWED = {"mcpd", "mcpd.common", "mcpd.core", "mcpd.core.walk", "mcpd.helper", "mcpd.common.grantmatch",
+ALLOWED = {"mcpd", "mcpd.common", "mcpd.core", "mcpd.core.walk", "mcpd.core.grepwalk", "mcpd.core.grepargs",
+           "mcpd.helper", "mcpd.common.grantmatch",
            "mcpd.helper.wire.pathmatch", "mcpd.walker", "mcpd.walker.main"}
 
 
@@ -157,8 +158,8 @@ def test_no_well_formed_request_exits_1_without_reply(junk: bytes) -> None:
 
 
 def test_walker_imports_only_its_allowed_modules() -> None:
-    """Common, the wire layer (its opener among it), core.walk and the grant matcher: no reading
-    core, no root code, no PAM."""
+    """Common, the wire layer (its opener among it), core.walk, grep's walk and arguments and the
+    grant matcher: no reading core, no regex engine, no root code, no PAM."""
     code = "import json, sys; import mcpd.walker.main; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60, check=True)
     mods = json.loads(out.stdout)

@@ -12,12 +12,13 @@ reads them; :func:`compare` says which checkpoint the log does not match, and ho
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from mcpd.admin.audit.logfiles import Line
+from mcpd.admin.audit.logfiles import Line, LogFileError, bounded_lines, open_regular
 from mcpd.common.audit.chain import record_seq
 from mcpd.common.audit.checkpoint import Checkpoint, parse_message
 from mcpd.common.printable import field, printable
@@ -46,14 +47,17 @@ def read_checkpoints(path: str) -> list[Claim]:
 
     Raises:
         OSError: it cannot be read.
-        CheckpointFileError: a line that is none of the three forms.
+        CheckpointFileError: a line that is none of the three forms, or over :data:`MAX_LINE`
+            bytes (none is read further), or the file is no regular file (a FIFO: never waited on).
     """
     seen: dict[Checkpoint, Claim] = {}
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
+    try:
+        f = io.BufferedReader(open_regular(path))
+    except LogFileError:
+        raise CheckpointFileError(f"{printable(path)}: not a regular file") from None
+    with f:
+        for number, raw in _bounded(f, path):
             where = f"{printable(path)}:{number}"
-            if len(raw) > MAX_LINE:
-                raise CheckpointFileError(f"{where}: a line over {MAX_LINE} bytes is no checkpoint")
             try:
                 text = raw.decode("utf-8").strip()
             except UnicodeDecodeError:
@@ -66,6 +70,16 @@ def read_checkpoints(path: str) -> list[Claim]:
                 raise CheckpointFileError(f"{where}: {exc}") from None
             seen.setdefault(point, Claim(point, where))
     return list(seen.values())
+
+
+def _bounded(f: Any, path: str) -> Iterator[tuple[int, bytes]]:
+    """:func:`~mcpd.admin.audit.logfiles.bounded_lines` of ``f``, a line over :data:`MAX_LINE`
+    bytes a :class:`CheckpointFileError` naming it."""
+    try:
+        yield from bounded_lines(f, path, MAX_LINE)
+    except LogFileError as exc:
+        raise CheckpointFileError(f"{printable(path)}:{exc.line}: a line over {MAX_LINE} bytes is no "
+                                  "checkpoint") from None
 
 
 def parse_line(text: str) -> Checkpoint:
@@ -83,6 +97,8 @@ def parse_line(text: str) -> Checkpoint:
         obj = json.loads(text)  # (an object: the text begins with "{")
     except ValueError as exc:
         raise ValueError(f"not valid JSON ({printable(str(exc))})") from None
+    except RecursionError:
+        raise ValueError("not a checkpoint: JSON nested too deeply") from None
     if "MCPD_CHECKPOINT_SEQ" in obj:
         return _checked(_journal(obj, "MCPD_LOG"), _journal(obj, "MCPD_CHECKPOINT_SEQ"),
                         _journal(obj, "MCPD_CHECKPOINT_HASH"))
@@ -122,12 +138,12 @@ def _checked(log: str, seq: str, digest: str) -> Checkpoint:
 
 class Lookup:
     """What :func:`compare` needs of a log, gathered while ``verify`` reads it: the hash and
-    place of each record a checkpoint names (the first with that seq), the highest seq and
-    where it is."""
+    place of each record a checkpoint names (every distinct record with that seq, in file
+    order: a log may hold two), the highest seq and where it is."""
 
     def __init__(self, seqs: Iterable[int]) -> None:
         self.wanted = set(seqs)
-        self.found: dict[int, tuple[str, str]] = {}  # seq -> (hash, FILE:LINE)
+        self.found: dict[int, list[tuple[str, str]]] = {}  # seq -> [(hash, FILE:LINE)], distinct hashes
         self.last_seq, self.last_where = 0, "(the log)"
 
     def watch(self, lines: Iterable[Line]) -> Iterator[Line]:
@@ -136,8 +152,10 @@ class Lookup:
             rec = line.record() if line.raw.endswith(b"\n") else None
             seq = record_seq(rec)
             if seq is not None:
-                if seq in self.wanted and seq not in self.found:
-                    self.found[seq] = (line.digest, line.where)
+                if seq in self.wanted:
+                    hits = self.found.setdefault(seq, [])
+                    if len(hits) < 8 and all(h != line.digest for h, _ in hits):  # (bounded: 8 tell enough)
+                        hits.append((line.digest, line.where))
                 if seq > self.last_seq:
                     self.last_seq, self.last_where = seq, line.where
             yield line
@@ -159,19 +177,37 @@ class Outcome:
 def compare(claims: list[Claim], log: str, lookup: Lookup, history_from: int = 1) -> Outcome:
     """Each checkpoint of ``log`` in ``claims`` against the records ``lookup`` saw: the record it
     names must be there (``truncated``: past the log's end; ``missing``: not in the files read)
-    with its hash (``rewritten``). Checkpoints of records before ``history_from`` are not checked.
+    with its hash (``rewritten``), and be the only record with that seq (two: ``rewritten``, the
+    checkpoint proves neither). Checkpoints giving one seq different hashes are ``conflicting``
+    (one was forged, or the log rewritten and checkpointed again): none of them counts as a match.
+    Checkpoints of records before ``history_from`` are not checked.
     Every failure is one line, escaped (:func:`mcpd.common.printable.printable`)."""
     mine = sorted((c for c in claims if c.point.log == log), key=lambda c: c.point.seq)
     failures: list[str] = []
     checked = last = older = 0
     good = 0  # the highest seq a checkpoint matched so far
+    by_seq: dict[int, list[Claim]] = {}
+    for claim in mine:
+        by_seq.setdefault(claim.point.seq, []).append(claim)
     for claim in mine:
         seq, said = claim.point.seq, f"the checkpoint at {claim.where}"
         if seq < history_from:
             older += 1
             continue
-        hit = lookup.found.get(seq)
-        if hit is None and seq > lookup.last_seq:
+        hits = lookup.found.get(seq, [])
+        hit = hits[0] if hits else None
+        rivals = by_seq[seq]
+        if len(rivals) > 1:  # two hashes for one record: one is forged, and which cannot be told here
+            if claim is rivals[0]:
+                told = ", ".join(f"{c.point.hash} at {c.where}" for c in rivals)
+                failures.append(f"(the checkpoints): conflicting: {len(rivals)} checkpoints give record seq {seq} "
+                                f"different hashes ({told}): one was forged, or the log was rewritten and "
+                                "checkpointed again; none of them proves the log")
+        elif len(hits) > 1:
+            places = ", ".join(f"{h} at {w}" for h, w in hits)
+            failures.append(f"{printable(hits[-1][1])}: rewritten: the log holds {len(hits)} different records "
+                            f"numbered seq {seq} ({places}); {said} names one of them, which proves neither")
+        elif hit is None and seq > lookup.last_seq:
             failures.append(f"{printable(lookup.last_where)}: truncated: record seq {seq} is missing: the log ends "
                             f"at seq {lookup.last_seq}, but {said} says it was written (the end was cut off, or the "
                             "log replaced)")

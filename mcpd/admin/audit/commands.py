@@ -83,6 +83,10 @@ def audit() -> None:
 @click.option("--decision", default=None, help="Only this decision (accept, reject ...)")
 @click.option("--path", "path_glob", default=None, help="Only records whose requested or resolved path matches this glob")
 @click.option("--event", default=None, help="Only this event (accept, reject, reload, alert, spawn, login ...)")
+@click.option("--iss", default=None, help="Only OAuth calls of this issuer (its iss)")
+@click.option("--sub", default=None, help="Only OAuth calls of this subject (the token's sub)")
+@click.option("--client", default=None, help="Only OAuth calls of this client (azp or client_id)")
+@click.option("--jti", default=None, help="Only the calls of this OAuth token (its jti)")
 @_since
 @_until
 @click.option("--follow", is_flag=True, help="Keep printing new records (Ctrl-C to stop)")
@@ -91,7 +95,8 @@ def audit() -> None:
               help="The log to read (default: from --config, else /var/log/mcpd/audit.jsonl)")
 @_config_option
 def tail(count: int, as_json: bool, user: str | None, decision: str | None, path_glob: str | None,
-         event: str | None, since: datetime.datetime | None, until: datetime.datetime | None, follow: bool,
+         event: str | None, iss: str | None, sub: str | None, client: str | None, jti: str | None,
+         since: datetime.datetime | None, until: datetime.datetime | None, follow: bool,
          access: bool, log_file: str | None, config_path: str | None) -> None:
     """Print the last N records (readable, or --json), filtered, and with --follow the new ones.
     The log's rotated files are read too (newest last): -n and the filters span them. From the
@@ -101,7 +106,8 @@ def tail(count: int, as_json: bool, user: str | None, decision: str | None, path
     path = log_file or (cfg.access_log if access else cfg.audit_log)
     if not path:
         raise click.ClickException("no access log is configured (access_log in mcpd.yaml)")
-    flt = Filter(user, decision, path_glob, since, until, event)
+    claims = tuple((k, v) for k, v in (("iss", iss), ("sub", sub), ("client", client), ("jti", jti)) if v is not None)
+    flt = Filter(user, decision, path_glob, since, until, event, claims=claims)
     other = cfg.access_log if not access and not log_file and cfg.access_log else None
 
     def show(raw: bytes, rec: dict[str, Any], source: str = "") -> None:
@@ -140,6 +146,9 @@ def tail(count: int, as_json: bool, user: str | None, decision: str | None, path
                     sys.stdout.flush()
         except KeyboardInterrupt:
             pass
+        except OSError as exc:  # (rotated to something that is no regular file, or unreadable)
+            click.echo(f"error: {printable(exc.filename or path)}: {printable(str(exc.strerror))}", err=True)
+            sys.exit(1)
 
 
 @audit.command()

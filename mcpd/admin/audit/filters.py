@@ -54,7 +54,8 @@ class Filter:
     every refusal, see :data:`DECISIONS`), ``path`` (a glob over the requested and resolved path),
     ``since``/``until`` (aware datetimes, inclusive), ``event`` (``alert``, ``reload`` ...;
     ``login`` lists every login attempt, refused ones too, also as older logs recorded those:
-    event ``reject`` with tool ``login``), ``route`` (the route column, :func:`route_of`)."""
+    event ``reject`` with tool ``login``), ``route`` (the route column, :func:`route_of`),
+    ``claims`` (an OAuth call's ``iss``, ``sub``, ``client``, ``jti``: each given pair must match)."""
 
     user: str | None = None
     decision: str | None = None
@@ -63,10 +64,11 @@ class Filter:
     until: datetime.datetime | None = None
     event: str | None = None
     route: str | None = None
+    claims: tuple[tuple[str, str], ...] = ()
 
     def __bool__(self) -> bool:
-        return any(v is not None for v in (self.user, self.decision, self.path, self.since, self.until, self.event,
-                                           self.route))
+        return bool(self.claims) or any(v is not None for v in (self.user, self.decision, self.path, self.since,
+                                                                self.until, self.event, self.route))
 
     def match(self, rec: dict[str, Any]) -> bool:
         """Whether ``rec`` passes every filter given."""
@@ -74,6 +76,8 @@ class Filter:
                 self.event == "login" and rec.get("tool") == "login" and rec.get("event") == "reject"):
             return False
         if self.route is not None and route_of(rec) != self.route:
+            return False
+        if any(rec.get(key) != value for key, value in self.claims):
             return False
         if self.user is not None and self.user not in (rec.get("user"), rec.get("os_user")):
             return False

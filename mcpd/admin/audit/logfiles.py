@@ -10,9 +10,11 @@ lines; it judges nothing (the chain: :mod:`mcpd.admin.audit.verify`; filters:
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -22,6 +24,22 @@ from mcpd.common.audit.chain import record_hash, record_seq
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _ROTATED = re.compile(r"^\.(\d+)(\.gz)?$")
+MAX_LINE = 1 << 20  # bytes of one line of a log, newline included: a longer one is no record
+
+
+class LogFileError(OSError):
+    """A log file that cannot be read as one: not a regular file, or a line over
+    :data:`MAX_LINE` bytes (the message names the file, and the line). An :class:`OSError`, so
+    every command that reports an unreadable file reports this one alike: ``filename`` is the
+    file, ``strerror`` the reason (with the line's number), ``line`` that number (0: the file as a
+    whole), and ``str()`` all of it, ``FILE[:LINE]: reason``."""
+
+    def __init__(self, path: str, reason: str, line: int = 0) -> None:
+        super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")
+        self.filename, self.strerror, self.line = path, f"line {line}: {reason}" if line else reason, line
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 @dataclass(frozen=True)
@@ -40,7 +58,7 @@ class Line:
         """The JSON object of this line, or ``None`` when it is not one."""
         try:
             obj = json.loads(self.raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested too deeply: no record either)
             return None
         return obj if isinstance(obj, dict) else None
 
@@ -54,24 +72,64 @@ class Line:
         return rec if ok and isinstance(prev, str) and _HEX64.match(prev) else None
 
 
-def open_log(path: str) -> IO[bytes]:
-    """``path`` open for reading bytes, decompressed when it ends in ``.gz``.
+def open_regular(path: str) -> io.FileIO:
+    """``path`` open for reading bytes, unbuffered, when it is a regular file: a FIFO, device or
+    socket is refused rather than waited on (opened without blocking, then looked at).
 
     Raises:
+        LogFileError: it is no regular file.
         OSError: it cannot be opened.
     """
-    return gzip.GzipFile(path, "rb") if path.endswith(".gz") else open(path, "rb")  # type: ignore[return-value]
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LogFileError(path, "not a regular file")
+        os.set_blocking(fd, True)
+        return io.FileIO(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_log(path: str) -> IO[bytes]:
+    """``path`` (a regular file, :func:`open_regular`) open for reading bytes, decompressed when
+    it ends in ``.gz``.
+
+    Raises:
+        OSError: it cannot be opened, or is no regular file (:class:`LogFileError`).
+    """
+    raw = open_regular(path)
+    if not path.endswith(".gz"):
+        return io.BufferedReader(raw)
+    unzipped = gzip.GzipFile(fileobj=raw, mode="rb")
+    unzipped.myfileobj = raw  # (closed with it)
+    return unzipped  # type: ignore[return-value]
+
+
+def bounded_lines(f: IO[bytes], path: str, limit: int = MAX_LINE) -> Iterator[tuple[int, bytes]]:
+    """Each line of ``f`` (newline kept) with its number (1-based), none read past ``limit`` bytes.
+
+    Raises:
+        LogFileError: a line over ``limit`` bytes (naming ``path`` and the line).
+    """
+    number = 0
+    while raw := f.readline(limit + 1):
+        number += 1
+        if len(raw) > limit:
+            raise LogFileError(path, f"a line over {limit} bytes is no record", number)
+        yield number, raw
 
 
 def read_lines(paths: Iterable[str]) -> Iterator[Line]:
     """Every line of ``paths`` in order (``.gz`` files decompressed).
 
     Raises:
-        OSError: a file cannot be opened or read.
+        OSError: a file cannot be opened or read, is no regular file, or holds a line over
+            :data:`MAX_LINE` bytes (:class:`LogFileError`).
     """
     for path in paths:
         with open_log(path) as f:
-            for number, raw in enumerate(f, 1):
+            for number, raw in bounded_lines(f, path):
                 yield Line(f"{path}:{number}", raw)
 
 
@@ -113,7 +171,7 @@ def backwards(path: str, end: int | None = None, block: int = 65536) -> Iterator
     can go on from exactly there.
 
     Raises:
-        OSError: cannot open or read the file.
+        OSError: cannot open or read the file, or it is no regular file (:class:`LogFileError`).
     """
     if path.endswith(".gz"):
         with open_log(path) as f:
@@ -121,7 +179,10 @@ def backwards(path: str, end: int | None = None, block: int = 65536) -> Iterator
         return
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LogFileError(path, "not a regular file")
+        size = st.st_size
         pos = size if end is None else min(end, size)
         rest = b""
         while pos > 0:
@@ -159,9 +220,9 @@ def follow_lines(path: str, start: int, interval: float = 0.5) -> Iterator[bytes
     ends.
 
     Raises:
-        OSError: ``path`` cannot be opened.
+        OSError: ``path`` cannot be opened, or is no regular file (:class:`LogFileError`).
     """
-    handle = open(path, "rb")
+    handle = io.BufferedReader(open_regular(path))
     try:
         handle.seek(start)
         inode = os.fstat(handle.fileno()).st_ino
@@ -177,7 +238,7 @@ def follow_lines(path: str, start: int, interval: float = 0.5) -> Iterator[bytes
             try:
                 if os.stat(path).st_ino != inode:
                     handle.close()
-                    handle = open(path, "rb")
+                    handle = io.BufferedReader(open_regular(path))
                     inode = os.fstat(handle.fileno()).st_ino
                     pending = b""
             except FileNotFoundError:

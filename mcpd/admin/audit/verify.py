@@ -230,11 +230,11 @@ def verify(lines: Iterable[Line], head: Head | None = None,  # noqa: C901 - one 
                 add(line.where, f"edited: this record's prev is not the hash of record {seq - 1} ({before[1]})")
         else:  # a number seen before: a copy, or a number used again
             earlier = known(seq)
+            same = earlier is not None and earlier[0] == digest
             if repeats and repeats[2] == seq - 1 and follows:
-                repeats[2] = seq
+                repeats[2], repeats[4] = seq, repeats[4] and same  # one forged record: not all copies
             else:
-                repeats[:] = [add(line.where, ""), seq, seq, earlier[1] if earlier else None,
-                              earlier is not None and earlier[0] == digest]
+                repeats[:] = [add(line.where, ""), seq, seq, earlier[1] if earlier else None, same]
             copy = ("exact copies of" if repeats[4] else "records numbered as") + \
                 (f" those from {repeats[3]}" if repeats[3] else " records read before")
             problems[repeats[0]][1] = f"repeated: {_range(repeats[1], repeats[2])} again from this line: {copy}"

@@ -69,6 +69,7 @@ def human(rec: dict[str, Any], source: str = "") -> str:
     size = rec.get("bytes")
     rule = f"  rule: {_text(rec['grant'])}" if rec.get("grant") else ""
     where = f"  [{source}]" if source else ""
+    rule += "".join(f"  {key}={_text(rec[key])}" for key in ("iss", "sub", "client", "act", "jti") if rec.get(key))
     return (f"{printable(when)}  {who:<14} {_text(route_of(rec)):<12} {_text(rec.get('tool') or '-'):<14} {path}{extra}  "
             f"{_text(rec.get('decision') or '-')}  {_reason(rec)}  {'-' if size is None else _text(size)}{rule}{where}")
 

@@ -6,6 +6,8 @@ whose result :mod:`.output` prints. Their paths, URIs and patterns must be UTF-8
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import sys
@@ -56,17 +58,23 @@ def get() -> None:
 @click.option("--max-bytes", type=click.IntRange(min=1), default=pager.DEFAULT_MAX_BYTES, show_default=True,
               help="Refuse (exit 1) a file or range larger than this many bytes")
 @click.option("--privileged", is_flag=True, help="Read through a sudo-style grant (mcp-sudo.yaml)")
+@click.option("--decompress", is_flag=True, help="Print a .gz/.xz/.bz2/.zst file's decompressed text (as zcat)")
 @click.option("--encoding", default="utf-8", show_default=True,
               help="How the server decodes the file (utf-8, ascii, latin-1, cp1252, utf-16 or auto); "
                    "the output is still the file's own bytes")
 @click.pass_obj
 def get_files(settings: Settings, path: str, start_line: int | None, end_line: int | None,
-              offset: int | None, limit: int | None, max_bytes: int, privileged: bool, encoding: str) -> None:
-    """Print the file PATH byte for byte (no newline added), however long.
+              offset: int | None, limit: int | None, max_bytes: int, privileged: bool, decompress: bool,
+              encoding: str) -> None:
+    """Print the file PATH byte for byte (no newline added), however long, binary or text.
 
     The file is read in pages of 1 MiB up to the size it had when reading began, so a file that
-    grows meanwhile still ends. With --offset/--limit only that byte range is printed; with
-    --start-line/--end-line, those lines (one answer, so at most the server's response cap).
+    grows meanwhile still ends. A file that is not text in --encoding (a binary, a Latin-1 file
+    read as UTF-8) is read on as bytes (base64 pages), and a .gz/.xz/.bz2/.zst file is copied as
+    its own bytes (--decompress: its decompressed text, --offset/--limit counting in it). With
+    --offset/--limit only that byte range is printed; with
+    --start-line/--end-line, those lines of the text (one answer, so at most the server's
+    response cap; a compressed file's decompressed text).
     Progress goes to stderr when stderr is a terminal and the file is over 8 MiB.
     """
     if start_line is not None or end_line is not None:
@@ -83,7 +91,8 @@ def get_files(settings: Settings, path: str, start_line: int | None, end_line: i
 
     async def copy(client: Client) -> None:
         async for chunk in pager.read_pages(client, path, offset=offset or 0, limit=limit, encoding=encoding,
-                                            privileged=privileged, max_bytes=max_bytes, on_progress=show):
+                                            privileged=privileged, max_bytes=max_bytes, on_progress=show,
+                                            decompress=decompress):
             write_out(chunk)
 
     run(settings, copy)
@@ -230,7 +239,7 @@ def find_files(settings: Settings, root: str, name: str | None, kind: str | None
 @click.argument("uri", callback=utf8_text)
 @click.option("--start-line", type=click.IntRange(min=1), help="First line (1-based)")
 @click.option("--end-line", type=click.IntRange(min=1), help="Last line (inclusive)")
-@click.option("--encoding", help="utf-8 (default), ascii, latin-1, cp1252, utf-16 or auto")
+@click.option("--encoding", help="utf-8 (default), ascii, latin-1, cp1252, utf-16, auto or base64 (a blob)")
 @click.option("--metadata", is_flag=True, help="Print one JSON object: uri, mimeType, text, metadata")
 @click.option("--privileged", is_flag=True, help="Read through a sudo-style grant (mcp-sudo.yaml)")
 @click.pass_obj
@@ -238,7 +247,8 @@ def read_uri(settings: Settings, uri: str, start_line: int | None, end_line: int
              metadata: bool, privileged: bool) -> None:
     """Read the resource URI (file:///abs/path or file:relative/path in the workspace).
 
-    Prints the text exactly (no extra newline); with --metadata, one JSON object instead. Without
+    Prints the text exactly (no extra newline), or a binary file's bytes (the server's blob);
+    with --metadata, one JSON object instead (``blob`` in place of ``text``). Without
     a line range the server sends at most its first window (10 KiB by default): a longer file is
     printed up to there and the command exits 1 with TRUNCATED on stderr.
     """
@@ -247,10 +257,19 @@ def read_uri(settings: Settings, uri: str, start_line: int | None, end_line: int
                                                    line_range=line_range, privileged=privileged))
     raw = item.get("text")
     text = raw if isinstance(raw, str) else ""
+    blob = item.get("blob")
+    if isinstance(blob, str) and not metadata:  # a file that is not text: its bytes
+        try:
+            write_out(base64.b64decode(blob, validate=True))
+        except (binascii.Error, ValueError):
+            raise click.ClickException("the server's blob is not base64") from None
+        return
     cut = pager.NOTICE.search(text) if line_range is None else None
     if metadata:
         out = {"uri": item.get("uri"), "mimeType": item.get("mimeType"), "text": text,
                "metadata": item.get("_meta")}
+        if isinstance(blob, str):
+            out = {**{k: v for k, v in out.items() if k != "text"}, "blob": blob}
         click.echo(json.dumps(out, indent=2, ensure_ascii=False))
     else:
         write_out(text[: cut.start()].encode("utf-8") if cut else text.encode("utf-8"))

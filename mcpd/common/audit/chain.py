@@ -73,7 +73,7 @@ def chain_after(line: bytes) -> tuple[int, str]:
         return 0, GENESIS
     try:
         seq = record_seq(json.loads(line))
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested too deeply: no record either)
         seq = None
     return (0 if seq is None else seq), record_hash(line)
 
@@ -91,7 +91,7 @@ def file_number(first: bytes) -> int | None:
     parsed; None when it is no JSON)."""
     try:
         rec = json.loads(first)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return file_number_of(rec)
 

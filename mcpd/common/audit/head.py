@@ -50,7 +50,10 @@ class Head:
         Raises:
             ValueError: not such a line (torn, edited or empty).
         """
-        obj = json.loads(data)
+        try:
+            obj = json.loads(data)
+        except RecursionError:
+            raise ValueError("not an audit head (JSON nested too deeply)") from None
         if not isinstance(obj, dict) or set(obj) != {f.name for f in dataclasses.fields(cls)}:
             raise ValueError("not an audit head")
         head = cls(**obj)

@@ -3,8 +3,8 @@
 The walk is :func:`mcpd.core.grepwalk.walk_files`, the reading :mod:`mcpd.core.grepread` (plain or
 decompressed, with its limits), the matching :mod:`mcpd.core.grepscan` (RE2). This module runs
 them for one call, on either route: :func:`op_grep` on the unprivileged route opens every file
-itself, with the worker's account's rights; :func:`grep_opened` searches files root opened for a
-privileged call, in the walk's order.
+itself, with the worker's account's rights; :func:`grep_granted` searches files root opened for a
+privileged call, batch by batch in the walk's order (:mod:`mcpd.policy.grepcall`).
 
 Each file of a tree is opened as ``O_PATH`` first, relative to its folder, and judged on that
 descriptor: only a regular file is then opened for reading (through ``/proc/self/fd/N``, where
@@ -27,18 +27,19 @@ from mcpd.common.config import ReadLimits
 from mcpd.core import grepread, grepscan, redact
 from mcpd.core.fileops import Context, progress_of
 from mcpd.core.grepargs import cursor_of, encode_cursor, parse_grep_args
-from mcpd.core.grepwalk import skip_reason, walk_files
+from mcpd.core.grepwalk import resume_at, skip_reason, walk_files
 from mcpd.core.walk import clean
 from mcpd.helper.wire.errors import (
     BINARY_FILE,
     FILE_TOO_LARGE,
+    INTERNAL_ERROR,
     INVALID_ARGUMENT,
     NOT_A_REGULAR_FILE,
     ToolError,
     from_oserror,
 )
 
-__all__ = ["Search", "grep_opened", "op_grep"]
+__all__ = ["Search", "grep_granted", "op_grep"]
 
 SKIPS_SHOWN = 100  # skipped files named in the answer (files_skipped counts them all)
 PROGRESS_FILES, PROGRESS_BYTES = 1000, 64 * 1024 * 1024  # a progress call after this many files or bytes
@@ -191,17 +192,6 @@ def open_entry(dfd: int, name: str, follow: bool) -> int:
         os.close(pfd)
 
 
-def _resume(root: str, cursor: dict[str, Any] | None) -> tuple[str, ...] | None:
-    """The cursor's path as components below ``root`` (None: it lies elsewhere, so the cursor is refused)."""
-    if cursor is None:
-        return ()
-    path = cursor["p"]
-    if path == root:
-        return ()
-    prefix = root.rstrip("/") + "/"
-    return tuple(path[len(prefix):].split("/")) if path.startswith(prefix) else None
-
-
 def _bad_cursor() -> ToolError:
     return ToolError(INVALID_ARGUMENT, "cursor belongs to another search: pass next_cursor back unchanged",
                      argument="cursor")
@@ -217,7 +207,7 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
     a = parse_grep_args(args)
     root = clean(a["path"])
     cursor = cursor_of(a)
-    at = _resume(root, cursor)
+    at = resume_at(root, cursor)
     if at is None:
         raise _bad_cursor()
     s = Search(a, ctx.limits, progress_of(ctx), redact=getattr(ctx, "redact", ()))  # type: ignore[attr-defined]
@@ -258,15 +248,39 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
     return s.result(root)
 
 
-def grep_opened(args: dict[str, Any], limits: ReadLimits, files: Iterable[tuple[str, int]],
-                progress: Callable[[int, int | None, str], None] | None = None, alone: bool = False) -> Search:
-    """Search files root opened for a privileged call: ``files`` are ``(path, fd)`` in the walk's
-    order (the fds stay the caller's to close); returns the :class:`Search` to go on with or answer from."""
-    s = Search(args, limits, progress)
-    cursor = cursor_of(args)
-    for path, fd in files:
-        offset, line = (cursor["o"], cursor["n"]) if cursor is not None and cursor["p"] == path and \
-            cursor["o"] is not None else (0, 1)
-        if s.search(fd, path, posixpath.basename(path), offset, line, alone=alone):
-            break
-    return s
+def grep_granted(args: Any, limits: ReadLimits, batches: Iterable[tuple[dict[str, Any], list[int]]]) -> dict[str, Any]:
+    """The privileged route's search, in the worker (docs/REFERENCE.md §4.1): validates ``args``
+    again, then searches the files root opened, batch by batch, in the walk's order.
+
+    ``batches``: ``(frame, fds)`` of :mod:`mcpd.policy.grepcall`'s worker frames (``files``: one
+    path per descriptor; ``skips``: ``[path, reason]`` of files passed over; ``not_granted``: how
+    many files the grant refused, counted, never named; the last one's ``walk``: the walker's
+    result); it is left unfinished once the search stopped. A file that is the ``path`` itself is
+    searched alone (its refusals are errors, as on the ordinary route).
+
+    Raises:
+        ToolError: ``INVALID_ARGUMENT`` (arguments); ``INTERNAL_ERROR`` for a malformed frame;
+            for a file named alone, what keeps it from being searched.
+    """
+    a = parse_grep_args(args)
+    root, cursor = clean(a["path"]), cursor_of(a)
+    s = Search(a, limits)
+    walked: Any = None
+    for frame, fds in batches:
+        files, skips, refused = frame.get("files"), frame.get("skips"), frame.get("not_granted")
+        if not isinstance(files, list) or len(files) != len(fds) or not all(isinstance(p, str) for p in files) or \
+                not isinstance(skips, list) or not isinstance(refused, int):
+            raise ToolError(INTERNAL_ERROR, "malformed batch of granted files")
+        for path, reason in skips:
+            s.skip(str(path), str(reason))
+        if refused:
+            s.skipped["not_granted"] = s.skipped.get("not_granted", 0) + refused
+        for path, fd in zip(files, fds, strict=True):
+            offset, line = (cursor["o"], cursor["n"]) if cursor is not None and cursor["p"] == path and \
+                cursor["o"] is not None else (0, 1)
+            if s.search(fd, path, posixpath.basename(path), offset, line, alone=path == root):
+                return s.result(root)
+        walked = frame.get("walk")
+    if isinstance(walked, dict) and walked.get("stopped") == "time_budget" and isinstance(walked.get("stop_path"), str):
+        s.stop, s.stop_path = grepscan.Stop("time_budget", 0, 1), walked["stop_path"]
+    return s.result(root)

@@ -9,7 +9,8 @@ from typing import Any
 
 from mcpd.common.validate import PATH_MAX
 
-#: Accepted values of ``files/read``'s ``encoding`` argument (:mod:`mcpd.core.textdecode` decodes) → the Python codec used without a BOM.
+#: Accepted values of ``files/read``'s ``encoding`` argument (:mod:`mcpd.core.textdecode` decodes) → the Python codec used without a BOM;
+#: ``base64`` is no text encoding: the bytes themselves, base64-encoded (:mod:`mcpd.core.rawread`).
 ENCODINGS: dict[str, str] = {
     "utf-8": "utf-8",
     "ascii": "ascii",
@@ -17,6 +18,7 @@ ENCODINGS: dict[str, str] = {
     "cp1252": "cp1252",
     "utf-16": "utf-16-le",
     "auto": "auto",
+    "base64": "base64",
 }
 
 PATH_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": PATH_MAX}

@@ -27,7 +27,9 @@ DESCRIPTION = (
     f"`files_skipped` by reason. Stops at `max_matches` (default {MATCHES}, max {MATCHES_MAX}), after "
     f"`time_budget_seconds` (default {BUDGET}, max {BUDGET_MAX}) or at the byte limits, and then gives "
     "`next_cursor`: call again with the same arguments and `cursor` set to it for the rest. `privileged: true` "
-    "searches under an mcp-sudo.yaml grant for files/grep. When the server redacts secrets for this caller, the "
+    "searches under an mcp-sudo.yaml grant for files/grep: each file the grant covers is opened by the "
+    "server and searched with your account's worker; files the grant does not cover are counted as `not_granted`. "
+    "When the server redacts secrets for this caller, the "
     "text is searched and shown redacted ([REDACTED:<kind>]; `structuredContent.redacted` counts them)."
 )
 _GLOBS: dict[str, Any] = {"oneOf": [
@@ -76,6 +78,10 @@ def format_result(result: dict[str, Any]) -> dict[str, Any]:
         else ""
     lines.append(f"[{n} {'match' if n == 1 else 'matches'} in {result.get('files_matched', 0)} of {searched} "
                  f"{'file' if searched == 1 else 'files'} searched under {result['path']}{tail}]")
+    if skipped.get("not_granted"):
+        n = skipped["not_granted"]
+        lines.append(f"[NOTE: {n} {'file' if n == 1 else 'files'} in the folders searched {'is' if n == 1 else 'are'} "
+                     "not covered by your grant for files/grep: not searched, and not named]")
     if result.get("stopped"):
         again = json.dumps({"cursor": result.get("next_cursor")})
         lines.append(f"[NOTE: {_STOPS.get(result['stopped'], 'stopped')}; the rest: call again with the same "

@@ -11,6 +11,7 @@ from typing import Any
 
 from mcpd.common.validate import check_bool, check_choice, check_int, check_object, check_path
 from mcpd.core.tools._schemas import ENCODINGS
+from mcpd.helper.wire.errors import invalid_argument
 
 NAME = "files/read"
 
@@ -18,8 +19,18 @@ DESCRIPTION = """Read a text file on the server. Returns the text raw (no line n
 
 Arguments: path (absolute, required); start_line, end_line (integers >= 1); offset (integer >= 0, bytes); \
 limit (integer >= 1, bytes); privileged (boolean, default false: read with root's rights under a \
-mcp-sudo.yaml grant); encoding (utf-8 default, ascii, latin-1, cp1252, utf-16, auto); include_metadata \
-(boolean: adds path, size, lines, encoding, language, lastModified, sha256 as structured content).
+mcp-sudo.yaml grant); encoding (utf-8 default, ascii, latin-1, cp1252, utf-16, auto, base64); decompress \
+(boolean, default true); include_metadata (boolean: adds path, size, lines, encoding, language, \
+lastModified, sha256 as structured content).
+
+encoding base64 reads any file, binary too: the text item is the bytes of the window (offset, limit; \
+10240 bytes without limit; at most 3/4 of the response cap) base64-encoded, and structured content gives \
+byteRange {start, end}, next_offset (null at the end), eof and size. Lines do not apply to it.
+
+Compressed files (.gz, .xz, .bz2, .zst) are read as the text they decompress to: offsets and lines count in \
+that text (a read further back decompresses again from the start); metadata names the compression. \
+decompress false reads the file's own bytes (BINARY_FILE as text: use base64). A decompression bomb \
+(ratio over 200, or text over 1 GiB) is FILE_TOO_LARGE; damaged data ENCODING_ERROR (reason corrupt).
 
 Modes, in this precedence:
 - line mode (start_line and/or end_line given): lines end at \\n only (\\r, \\f, U+2028 are ordinary \
@@ -52,7 +63,10 @@ INPUT_SCHEMA: dict[str, Any] = {
         "offset": {"type": "integer", "minimum": 0, "description": "Byte offset of a byte range."},
         "limit": {"type": "integer", "minimum": 1, "description": "Maximum bytes of a byte range."},
         "privileged": {"type": "boolean", "default": False, "description": "Read through a sudo-style grant."},
-        "encoding": {"type": "string", "enum": sorted(ENCODINGS), "default": "utf-8"},
+        "encoding": {"type": "string", "enum": sorted(ENCODINGS), "default": "utf-8",
+                     "description": "How the bytes are decoded; base64: the bytes themselves, base64-encoded."},
+        "decompress": {"type": "boolean", "default": True,
+                       "description": "Read a .gz/.xz/.bz2/.zst file as the text it decompresses to."},
         "include_metadata": {"type": "boolean", "default": False, "description": "Add file metadata."},
     },
     "required": ["path"],
@@ -72,13 +86,13 @@ def parse_args(args: Any) -> dict[str, Any]:
 
     Returns:
         ``{"path": str, "start_line", "end_line", "offset", "limit": int | None,
-        "privileged": bool, "encoding": str, "include_metadata": bool}``.
+        "privileged": bool, "encoding": str, "decompress": bool, "include_metadata": bool}``.
 
     Raises:
         ToolError: ``INVALID_ARGUMENT`` (details ``argument``) for a non-object, an unknown key,
             a missing, relative, over-long, NUL-containing or non-UTF-8 path, a wrong type
             (``true`` and ``3.0`` are not integers), a line number < 1, a negative offset, a
-            limit < 1, an unknown encoding.
+            limit < 1, an unknown encoding, a line range with ``encoding: base64``.
     """
     args = check_object(args, _KNOWN)
     out: dict[str, Any] = {"path": check_path(args, "path")}
@@ -87,13 +101,19 @@ def parse_args(args: Any) -> dict[str, Any]:
     for name in _BOOLS:
         out[name] = check_bool(args, name)
     out["encoding"] = check_choice(args, "encoding", ENCODINGS, "utf-8")
+    out["decompress"] = check_bool(args, "decompress", True)
+    if out["encoding"] == "base64" and (out["start_line"] is not None or out["end_line"] is not None):
+        key = "start_line" if out["start_line"] is not None else "end_line"
+        raise invalid_argument("encoding base64 reads bytes, not lines: use offset and limit", argument=key)
     return out
 
 
 def format_result(result: dict[str, Any]) -> dict[str, Any]:
     """The MCP ``CallToolResult`` for a ``files/read`` result ``{"text", "metadata"?, "redacted"?}``:
     one raw text content item, and ``structuredContent`` = the metadata when present, with
-    ``redacted`` (secrets replaced, by kind) when the answer was redacted."""
+    ``redacted`` (secrets replaced, by kind) when the answer was redacted. A base64 read is a text
+    item too (of base64): every MCP client hands text items to its model, while blob resources
+    are dropped or shown as an attachment by several."""
     reply: dict[str, Any] = {"content": [{"type": "text", "text": result["text"]}]}
     meta = result.get("metadata")
     if isinstance(result.get("redacted"), dict):

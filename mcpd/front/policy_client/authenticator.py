@@ -11,7 +11,6 @@ from typing import Any
 
 from mcpd.common import identity
 from mcpd.common.identity import Principal
-from mcpd.common.redaction import RedactError, parse_redact
 from mcpd.front.auth import CheckerDown, TokenUndecided
 from mcpd.front.policy_client.channel import PolicyChannel, PolicyUnavailable
 
@@ -31,8 +30,9 @@ class PolicyAuthenticator:
         fresh_seconds: a token verified within this many seconds is accepted without asking
             again (the session re-check keeps open sessions' tokens fresh every second).
 
-    The cache key is a SHA-256 of the token; the token itself is never kept. A token that is not
-    even well-formed (``mcpd_<id>_<secret>``) is refused here, without asking. Tokens the policy
+    The cache key is a SHA-256 of the token; the token itself is never kept, and an OAuth access
+    token's entry is dropped at its ``exp``. A token that is not even well-formed
+    (``mcpd_<id>_<secret>``, or with ``oauth`` on a JWT's shape) is refused here, without asking. Tokens the policy
     process has not verified lately (unknown to the cache: a new token, or a forged one) are checked at
     most :data:`UNKNOWN_CHECKS` at a time, so a flood of forged tokens never takes the policy
     process's whole capacity for token checks: the re-checks of open sessions and known tokens always find
@@ -42,8 +42,10 @@ class PolicyAuthenticator:
     it is not running (:class:`~mcpd.front.auth.CheckerDown`, answered 503, never 401).
     """
 
-    def __init__(self, channel: PolicyChannel, cache_seconds: float = 30.0, fresh_seconds: float = 2.0) -> None:
+    def __init__(self, channel: PolicyChannel, cache_seconds: float = 30.0, fresh_seconds: float = 2.0,
+                 oauth: bool = False) -> None:
         self._channel = channel
+        self._oauth = oauth
         self._cache_seconds = cache_seconds
         self._fresh_seconds = fresh_seconds
         self._cache: dict[str, tuple[float, Principal]] = {}
@@ -61,10 +63,13 @@ class PolicyAuthenticator:
             TokenUndecided: the policy process is busy (or unknown tokens' checks are all taken) and the
                 token was not verified within ``cache_seconds``.
         """
-        if not identity.TOKEN_RE.match(token):
+        if not identity.TOKEN_RE.match(token) and not (self._oauth and identity.looks_like_jwt(token)):
             return None  # the policy process would refuse it, and take a malformed request for an attack
         key = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
         cached = self._cache.get(key)
+        if cached and cached[1].expires and cached[1].expires <= time.time():  # an OAuth token, expired: gone
+            self._cache.pop(key, None)
+            cached = None
         age = time.monotonic() - cached[0] if cached else None
         if cached and not fresh and age is not None and age <= self._fresh_seconds:
             return cached[1]
@@ -95,9 +100,8 @@ class PolicyAuthenticator:
             self._cache.pop(key, None)
             return None
         try:
-            principal = Principal(name=str(p["name"]), os_user=str(p["os_user"]), token_id=str(p["token_id"]),
-                                  redact=parse_redact(p.get("redact") or []))
-        except (KeyError, RedactError):
+            principal = Principal.from_wire(p)
+        except (KeyError, TypeError, ValueError):
             return None
         if len(self._cache) > 10000:
             self._cache.clear()

@@ -20,6 +20,7 @@ from starlette.routing import Route
 from mcpd.common.config import Config
 from mcpd.front.auth import McpUser
 from mcpd.front.mcp.dispatcher import Caller
+from mcpd.front.oauth import needed_scopes, scope_refusal
 from mcpd.front.sessions.table import SESSION_ID_RE, SessionManager, SessionRefused
 from mcpd.front.transport.body import BodyRefused, read_json
 from mcpd.front.transport.stream import SessionStream
@@ -75,6 +76,10 @@ class Transport:
             return exc.response()
         if session.closed:  # closed while the body was read: as for any closed session
             return PlainTextResponse("no such session", status_code=404)
+        if user.principal.scopes is not None:  # an OAuth token: a privileged call needs files:privileged (403)
+            refused = scope_refusal(self.cfg.oauth, user.principal, needed_scopes(payload))
+            if refused is not None:
+                return refused
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
         if session.protocol.receive(payload, Caller(user.principal, user.token, peer)) is not None:
             # let the call start first: it reaches its worker (or the policy process) and runs there while

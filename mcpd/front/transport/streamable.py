@@ -59,6 +59,7 @@ from mcpd.front.mcp.dispatcher import Caller
 from mcpd.front.mcp.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, valid_id
 from mcpd.front.mcp.session import McpSession
 from mcpd.front.mcp.versions import SUPPORTED_VERSIONS
+from mcpd.front.oauth import needed_scopes, scope_refusal
 from mcpd.front.sessions.session import Session
 from mcpd.front.sessions.table import SESSION_ID_RE, SessionManager, SessionRefused
 from mcpd.front.transport.accept import MalformedAccept, acceptable
@@ -230,6 +231,10 @@ class StreamableTransport:
         except BodyRefused as exc:
             return exc.response(always_rpc=True)
         user: McpUser = request.user
+        if user.principal.scopes is not None:  # an OAuth token: a privileged call needs files:privileged (403)
+            refused = scope_refusal(self.cfg.oauth, user.principal, needed_scopes(payload))
+            if refused is not None:
+                return refused
         sid = request.headers.get(SESSION_HEADER)
         is_initialize = isinstance(payload, dict) and payload.get("method") == "initialize"
         header_version = request.headers.get(VERSION_HEADER)
