@@ -127,8 +127,8 @@ def _rule(subject: str, tool: str, body: Any, line: int, errs: _Errors) -> Rule 
     except RedactError as exc:
         errs.append((at("redact", line), f"{where}: {exc}"))
     if redact and tool not in ("files/read", "files/grep"):
-        errs.append((at("redact", line), f"{where}: redact applies to files/read only (what {tool} answers "
-                     "holds no file content)"))
+        errs.append((at("redact", line), f"{where}: redact applies to files/read and files/grep only "
+                     f"(what {tool} answers holds no file content)"))
     return Rule(subject, tool, allowed, paths, deny, expires, line, reauth, redact)
 
 

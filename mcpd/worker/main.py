@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from mcpd.common import frames, sched, wirejson
 from mcpd.common.config import CAP_KEY, ReadLimits
-from mcpd.common.redaction import REDACT_KEY, from_args
+from mcpd.common.redaction import REDACT_KEY, from_args, union
 from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 
 if TYPE_CHECKING:
@@ -139,8 +139,10 @@ def serve_grep(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], f
     """Run one privileged ``files/grep`` (docs/REFERENCE.md §4.1): ``frame`` and ``fds`` are its
     first batch of files root opened (:mod:`mcpd.policy.grepcall`); each further batch is asked
     for with ``{"id", "took": true}`` on ``ctl`` until the last, or until the search stopped. Then
-    the report ``{"id", "code", "bytes" (matches), "searched"}`` goes to the policy process and
-    the reply to the front, as :func:`serve_granted`'s. Raises ``OSError`` or
+    the report ``{"id", "code", "bytes" (matches), "searched"}`` (and ``"redacted"``, counts by
+    kind, when the call's redaction, ``args``' :data:`~mcpd.common.redaction.REDACT_KEY` with the
+    worker's floor, replaced any) goes to the policy process and the reply to the front, as
+    :func:`serve_granted`'s. Raises ``OSError`` or
     :class:`~mcpd.common.frames.FrameError` when the policy process's socket fails (the loop ends)."""
     from mcpd.core.fileops import grep
 
@@ -148,7 +150,9 @@ def serve_grep(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], f
     cap = args.get(CAP_KEY) if isinstance(args, dict) else None
     if isinstance(cap, int) and not isinstance(cap, bool) and 0 < cap < limits.response_cap:
         limits = dataclasses.replace(limits, response_cap=cap)  # the principal's max_file_bytes
-    args = {k: v for k, v in args.items() if k != CAP_KEY} if isinstance(args, dict) else args
+    # the call's redaction (the policy process's: principal's and grant's) over the worker's own floor
+    detectors = union(ctx.redact, from_args(args)) if isinstance(args, dict) else ctx.redact
+    args = {k: v for k, v in args.items() if k not in (CAP_KEY, REDACT_KEY)} if isinstance(args, dict) else args
 
     def batches() -> Generator[tuple[dict[str, Any], list[int]], None, None]:
         got, held = frame, fds
@@ -171,7 +175,7 @@ def serve_grep(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], f
 
     batch = batches()
     try:
-        reply: dict[str, Any] = {"id": rid, "ok": True, "result": grep.grep_granted(args, limits, batch)}
+        reply: dict[str, Any] = {"id": rid, "ok": True, "result": grep.grep_granted(args, limits, batch, detectors)}
     except ToolError as exc:
         reply = {"id": rid, "ok": False, "error": exc.to_dict()}
     except Exception as exc:  # noqa: BLE001 - answered without details, as ops.run answers
@@ -181,8 +185,10 @@ def serve_grep(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], f
         batch.close()
     result: dict[str, Any] = reply.get("result") or {}
     code = None if reply["ok"] else reply["error"]["code"]
+    redacted = result.get("redacted")  # counts by kind, never content
     frames.send_frame(ctl, {"id": rid, "code": code, "bytes": len(result.get("matches", ())),
-                            "searched": result.get("files_searched", 0)})
+                            "searched": result.get("files_searched", 0),
+                            **({"redacted": redacted} if isinstance(redacted, dict) else {})})
     send_reply(sock, reply)
 
 

@@ -121,3 +121,9 @@ def test_grants_test_shows_the_redaction_that_applies(tmp_path: Path) -> None:
     assert "redaction for principal alice: private-key, token (users.yaml: none)\n" in res.stdout
     assert "redaction for principal alice-bot: private-key, token, assignment (users.yaml: assignment)\n" \
         in res.stdout
+
+
+def test_redact_on_a_files_grep_rule_is_allowed() -> None:
+    policy = parse_policy("users:\n  alice:\n    privileged:\n      tools:\n"
+                          "        files/grep: {allowed: true, paths: [/srv], redact: [token]}\n")
+    assert policy is not None

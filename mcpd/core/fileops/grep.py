@@ -248,7 +248,8 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
     return s.result(root)
 
 
-def grep_granted(args: Any, limits: ReadLimits, batches: Iterable[tuple[dict[str, Any], list[int]]]) -> dict[str, Any]:
+def grep_granted(args: Any, limits: ReadLimits, batches: Iterable[tuple[dict[str, Any], list[int]]],
+                 redact: tuple[str, ...] = ()) -> dict[str, Any]:
     """The privileged route's search, in the worker (docs/REFERENCE.md §4.1): validates ``args``
     again, then searches the files root opened, batch by batch, in the walk's order.
 
@@ -256,7 +257,8 @@ def grep_granted(args: Any, limits: ReadLimits, batches: Iterable[tuple[dict[str
     path per descriptor; ``skips``: ``[path, reason]`` of files passed over; ``not_granted``: how
     many files the grant refused, counted, never named; the last one's ``walk``: the walker's
     result); it is left unfinished once the search stopped. A file that is the ``path`` itself is
-    searched alone (its refusals are errors, as on the ordinary route).
+    searched alone (its refusals are errors, as on the ordinary route). ``redact``: the call's
+    detectors (docs/REFERENCE.md §3 "Redaction"), as :func:`op_grep`'s context carries them.
 
     Raises:
         ToolError: ``INVALID_ARGUMENT`` (arguments); ``INTERNAL_ERROR`` for a malformed frame;
@@ -264,7 +266,7 @@ def grep_granted(args: Any, limits: ReadLimits, batches: Iterable[tuple[dict[str
     """
     a = parse_grep_args(args)
     root, cursor = clean(a["path"]), cursor_of(a)
-    s = Search(a, limits)
+    s = Search(a, limits, redact=redact)
     walked: Any = None
     for frame, fds in batches:
         files, skips, refused = frame.get("files"), frame.get("skips"), frame.get("not_granted")
