@@ -236,3 +236,89 @@ def test_a_client_cannot_turn_redaction_off(redacting: tuple[PrivsepDaemon, str,
     with pytest.raises(ResourceFailed) as err:
         asyncio.run(go())
     assert err.value.code == "INVALID_ARGUMENT"
+
+
+def _grep_grant(d: PrivsepDaemon, redact: Any = None) -> None:
+    grants = d.default_grants()
+    rule: dict[str, Any] = {"allowed": True, "paths": [str(d.app)]}
+    if redact is not None:
+        rule["redact"] = redact
+    grants["users"][d.accounts["alice"].name]["privileged"]["tools"]["files/grep"] = rule
+    d.write_grants(grants)
+
+
+def _priv_grep(d: PrivsepDaemon, token: str, want_marker: bool) -> dict[str, Any]:
+    target = d.app / "app.conf"
+    for _ in range(100):  # the reload is seen within a moment
+        got = _run(d, token, "files/grep", pattern="password|token", path=str(target), privileged=True)
+        if not got.get("isError") and ("[REDACTED:" in _text(got)) == want_marker:
+            return got
+        asyncio.run(asyncio.sleep(0.1))
+    return got
+
+
+def test_a_redacting_principal_greps_a_root_only_file_redacted(redacting: tuple[PrivsepDaemon, str, Path]) -> None:
+    """carol (redact: secrets) with a files/grep grant without redact: the privileged search is
+    redacted all the same, counted in the answer and in the audit record."""
+    d, token, _ = redacting
+    _grep_grant(d)
+    try:
+        got = _priv_grep(d, token, True)
+        assert not got.get("isError"), got
+        text = json.dumps(got)
+        assert SECRET not in text and "[REDACTED:assignment]" in _text(got)
+        # (the url line matches too: its marker holds "password")
+        assert got["structuredContent"]["redacted"] == {"url-password": 1, "assignment": 2}
+        rec = [r for r in d.audit() if r.get("tool") == "files/grep" and r.get("user") == "carol"][-1]
+        assert rec["redacted"] == "url-password:1,assignment:2" and SECRET not in d.audit_text()
+        plain = _priv_grep(d, d.tokens["alice"], False)  # alice's own principal: no redaction
+        assert SECRET in _text(plain)
+    finally:
+        d.write_grants(d.default_grants())
+
+
+def test_a_grant_with_redact_redacts_a_privileged_grep(redacting: tuple[PrivsepDaemon, str, Path]) -> None:
+    d, _, _ = redacting
+    _grep_grant(d, ["assignment"])
+    try:
+        got = _priv_grep(d, d.tokens["alice"], True)
+        assert SECRET not in json.dumps(got) and got["structuredContent"]["redacted"] == {"assignment": 2}
+        rec = [r for r in d.audit() if r.get("tool") == "files/grep" and r.get("user") == "alice"][-1]
+        assert rec["redacted"] == "assignment:2"
+    finally:
+        d.write_grants(d.default_grants())
+
+
+def test_base64_reads_are_refused_on_both_routes(redacting: tuple[PrivsepDaemon, str, Path]) -> None:
+    d, token, conf = redacting
+    for path, privileged in ((conf, False), (d.app / "app.conf", True)):
+        got = _run(d, token, "files/read", path=str(path), encoding="base64", privileged=privileged)
+        assert got["isError"] and got["structuredContent"]["error"]["code"] == "PERMISSION_DENIED", got
+        assert "redaction applies" in _text(got) and SECRET not in json.dumps(got)
+
+
+def test_linuxctl_says_a_binary_file_cannot_be_redacted(redacting: tuple[PrivsepDaemon, str, Path]) -> None:
+    from tests.support.linuxctl import flags, linuxctl
+
+    d, token, conf = redacting
+    blob = conf.parent / "blob.bin"
+    blob.write_bytes(b"\0\1\2password=" + SECRET.encode() + b"\n")
+    alice = d.accounts["alice"]
+    os.chown(blob, alice.uid, alice.gid)
+    res = linuxctl(*flags(d, token), "get", "files", str(blob))
+    assert res.returncode != 0 and b"redaction applies" in res.stderr, res
+    assert SECRET.encode() not in res.stdout + res.stderr
+
+
+def test_a_compressed_file_read_as_text_is_redacted(redacting: tuple[PrivsepDaemon, str, Path]) -> None:
+    import gzip
+
+    d, token, conf = redacting
+    gz = conf.parent / "app.conf.gz"
+    gz.write_bytes(gzip.compress(CONF))
+    alice = d.accounts["alice"]
+    os.chown(gz, alice.uid, alice.gid)
+    got = _run(d, token, "files/read", path=str(gz))
+    assert not got.get("isError"), got
+    assert SECRET not in _text(got) and "password = [REDACTED:assignment]" in _text(got)
+    assert got["structuredContent"]["redacted"]["assignment"] == 2
