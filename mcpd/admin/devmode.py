@@ -143,7 +143,8 @@ def prepare(state_dir: Path, port: int, new_token: bool = False, metrics_port: i
             f.write(token + "\n")
     else:  # the same token; bound again to this run's account (devroot rebinds it to mcpd-dev)
         users[DEV_PRINCIPAL] = identity.UserRecord(name=DEV_PRINCIPAL, os_user=current_account(),
-                                                   tokens=users[DEV_PRINCIPAL].tokens)
+                                                   tokens=users[DEV_PRINCIPAL].tokens,
+                                                   redact=users[DEV_PRINCIPAL].redact)
     identity.save_users(cfg.users_file, users)
     return DevState(
         state_dir=folder, config_path=config_path, cacert=pki.ca_cert.resolve(),

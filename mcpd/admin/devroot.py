@@ -167,7 +167,8 @@ def setup_root_state(state: DevState) -> RootSetup:
 
     users = identity.load_users(cfg.users_file)
     record = users[DEV_PRINCIPAL]
-    users[DEV_PRINCIPAL] = identity.UserRecord(name=record.name, os_user=DEV_ACCOUNT, tokens=record.tokens)
+    users[DEV_PRINCIPAL] = identity.UserRecord(name=record.name, os_user=DEV_ACCOUNT, tokens=record.tokens,
+                                                 redact=record.redact)
     identity.save_users(cfg.users_file, users)
     _own(Path(cfg.users_file), 0, 0, 0o600)
     grants = Path(cfg.grants_file)

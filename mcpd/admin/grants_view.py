@@ -9,7 +9,9 @@ import datetime
 from typing import Any
 
 from mcpd.common.grantmatch import Policy, Rule
+from mcpd.common.identity import UsersFileError, load_users
 from mcpd.common.printable import printable
+from mcpd.common.redaction import describe, union
 
 _FMT = "%Y-%m-%dT%H:%M:%SZ"
 
@@ -38,6 +40,7 @@ def rule_lines(policy: Policy, rule: Rule, now: datetime.datetime, head: str, in
     state = "expired" if rule.allowed and rule.expired(now) else "allowed" if rule.allowed else "not allowed"
     facts = [state] + ([f"expires {rule.expires.strftime(_FMT)}"] if rule.expires else [])
     facts += [f"reauth_after {duration_text(rule.reauth_after)}"] if rule.reauth_after is not None else []
+    facts += [f"redact {describe(rule.redact)}"] if rule.redact else []
     lines = [f"{head} ({', '.join(facts)}, {policy.source}:{rule.line})"]
     lines += [f"{indent}path {e.text} ({policy.source}:{e.line})" for e in rule.paths]
     lines += [f"{indent}deny {e.text} ({policy.source}:{e.line})" for e in rule.deny]
@@ -47,8 +50,8 @@ def rule_lines(policy: Policy, rule: Rule, now: datetime.datetime, head: str, in
 
 def rule_to_dict(rule: Rule) -> dict[str, Any]:
     """The JSON shape of one rule: ``allowed``, ``paths``, ``deny``, ``expires`` (ISO 8601 UTC or
-    null), ``reauth_after`` (seconds, an integer, or null) and ``line``."""
-    return {
+    null), ``reauth_after`` (seconds, an integer, or null), ``line``, and ``redact`` (detector names) when the rule has it."""
+    out: dict[str, Any] = {
         "allowed": rule.allowed,
         "paths": [e.text for e in rule.paths],
         "deny": [e.text for e in rule.deny],
@@ -56,6 +59,9 @@ def rule_to_dict(rule: Rule) -> dict[str, Any]:
         "reauth_after": None if rule.reauth_after is None else int(rule.reauth_after),
         "line": rule.line,
     }
+    if rule.redact:
+        out["redact"] = list(rule.redact)
+    return out
 
 
 def policy_to_dict(policy: Policy) -> dict[str, Any]:
@@ -68,3 +74,20 @@ def policy_to_dict(policy: Policy) -> dict[str, Any]:
         }
 
     return {"users": subjects(policy.users), "groups": subjects(policy.groups), "fixed_deny": list(policy.secrets)}
+
+
+def redaction_lines(grant: tuple[str, ...], users_file: str, os_user: str) -> list[str]:
+    """What ``mcpd grants test`` says of redaction (docs/REFERENCE.md §3 "Redaction"): the allowing
+    grant's detectors, each principal of ``users_file`` bound to ``os_user`` with its own, and the
+    union that applies to that principal's privileged call. A users file that cannot be read here
+    is said so (the grant's part still stands)."""
+    lines = [f"redaction (grant): {describe(grant)}"]
+    try:
+        users = load_users(users_file)
+    except (UsersFileError, OSError) as exc:
+        return lines + [f"redaction (users.yaml): unknown here ({str(exc)[:200]})"]
+    for name in sorted(n for n, u in users.items() if u.os_user == os_user):
+        own = users[name].redact
+        lines.append(f"redaction for principal {name}: {describe(union(grant, own))} "
+                     f"(users.yaml: {describe(own)})")
+    return lines

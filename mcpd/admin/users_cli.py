@@ -1,6 +1,6 @@
 """``mcpd users``: principals (a name bound to an OS account) and their tokens in ``users.yaml``.
 
-``add``, ``rotate``, ``remove`` and ``list`` edit or show the file under a lock on its folder;
+``add``, ``rotate``, ``remove``, ``redact`` and ``list`` edit or show the file under a lock on its folder;
 ``rotate`` and ``remove`` also revoke the account's password-login tokens when run as root. The
 login-token commands of the group (``sessions``, ``unlock``) are :mod:`mcpd.admin.sessions_cli`'s;
 :mod:`mcpd.admin.cli` adds them.
@@ -22,6 +22,7 @@ import click
 
 from mcpd.common import identity
 from mcpd.common.printable import printable
+from mcpd.common.redaction import RedactError, describe, parse_redact
 
 DEFAULT_USERS_FILE = "/etc/mcpd/users.yaml"
 
@@ -93,9 +94,11 @@ def check_os_user(name: str) -> None:
 
 
 def issue_token(users: dict[str, identity.UserRecord], name: str, os_user: str) -> str:
-    """Replace ``name``'s tokens with one fresh token; return the plain token (to print once)."""
+    """Replace ``name``'s tokens with one fresh token (its ``redact`` kept); return the plain token (to print once)."""
     token, record = identity.new_token()
-    users[name] = identity.UserRecord(name=name, os_user=os_user, tokens=[record])
+    old = users.get(name)
+    users[name] = identity.UserRecord(name=name, os_user=os_user, tokens=[record],
+                                      redact=old.redact if old is not None else ())
     return token
 
 
@@ -186,4 +189,24 @@ def users_list(users_file: str) -> None:
         tokens = ", ".join(
             f"{t.id} (created {t.created}{', expires ' + t.expires if t.expires else ''})" for t in rec.tokens
         )
-        click.echo("\t".join(printable(f) for f in (name, f"os_user={rec.os_user}", f"tokens: {tokens or 'none'}")))
+        fields = [name, f"os_user={rec.os_user}", f"tokens: {tokens or 'none'}"]
+        fields += [f"redact: {describe(rec.redact)}"] if rec.redact else []
+        click.echo("\t".join(printable(f) for f in fields))
+
+
+@users.command("redact")
+@click.argument("name")
+@click.argument("detectors", nargs=-1, required=True)
+@users_file_option
+def users_redact(name: str, detectors: tuple[str, ...], users_file: str) -> None:
+    """Have NAME's answers redacted: DETECTORS is `secrets` (all), `none`, or detector names
+    (private-key cloud-key token url-password shadow-hash assignment); docs/REFERENCE.md §3."""
+    try:
+        chosen = () if detectors == ("none",) else parse_redact(list(detectors))
+    except RedactError as exc:
+        raise click.BadParameter(str(exc), param_hint="DETECTORS") from None
+    with locked_users(users_file) as table:
+        if name not in table:
+            raise click.ClickException(f"no principal {name}")
+        table[name].redact = chosen
+    click.echo(printable(f"{name}: redact {describe(chosen)}"))

@@ -26,6 +26,10 @@ without a range shows only the first 10 KiB, so a whole file is read as consecut
   Another ``fileId`` (a file renamed over the path) is an error; another ``version`` is one
   unless the file grew (an appended log). A rewrite in place that also grew it, or one that puts
   the size and mtime back, is not seen.
+* A redacted answer (docs/REFERENCE.md §3 "Redaction", ``structuredContent.redacted``) is not the
+  file's bytes: it is printed as the server gave it, and the next page starts where its truncation
+  warning says the shown lines end (a line the page cut is then read by the next page), else after
+  the whole window.
 
 Errors are the client's exception family (:mod:`mcpd.client.errors`).
 """
@@ -159,6 +163,8 @@ async def _first_page(client: Client, base: dict[str, Any], offset: int, page: i
     codec = _codec_name(str(meta.get("encoding") or "utf-8"))
     bom = _BOM_OF.get(codec, b"") if meta.get("bom") and offset == 0 else b""
     text = text_of(result)
+    if "redacted" in meta:  # a redacted page (docs/REFERENCE.md §3 "Redaction"): its warning is no content
+        text = NOTICE.sub("", text)
     data = bom + text.encode(codec)
     end = int(rng.get("end", offset + len(data)))
     encoding = requested if requested != "auto" else _REQUESTABLE.get(codec)
@@ -271,7 +277,23 @@ async def read_pages(client: Client, path: str, *, offset: int = 0, limit: int |
                 raise
             page = max(MIN_PAGE_BYTES, page // 2)
             continue
-        chunk = text_of(result).encode(plan.codec)
+        text = text_of(result)
+        if "redacted" in (result.get("structuredContent") or {}):
+            # a redacted page: its text is not the file's bytes, and whole lines only; it covers the
+            # bytes its warning names (a line it cut is withheld), else the whole window
+            cut = NOTICE.search(text)
+            if not cut and not text:
+                break  # the end of the file
+            text, nxt = (NOTICE.sub("", text), int(cut.group(2)) + 1) if cut else (text, pos + n)
+            if nxt <= pos:  # no progress (cannot happen with a whole-line answer): stop rather than loop
+                raise MCPClientError(f"a redacted page at byte {pos} made no progress: read the file by lines",
+                                     "UNSUPPORTED")
+            done += nxt - pos
+            pos = nxt
+            if text:
+                yield text.encode(plan.codec)
+            continue
+        chunk = text.encode(plan.codec)
         if not chunk:
             if stop is None or (first_size is None and stop - pos < 4):
                 break  # end of a file without a size, or --limit ends inside a character (left out)

@@ -115,6 +115,7 @@ class Rule:
     expires: datetime.datetime | None
     line: int
     reauth_after: float | None = None
+    redact: tuple[str, ...] = ()  # the secret detectors of what this grant serves (mcpd.common.redaction)
 
     def expired(self, now: datetime.datetime) -> bool:
         """Whether ``expires`` is at or before ``now`` (an aware datetime)."""
@@ -155,6 +156,7 @@ class Decision:
         covers_root: the allowing entry covers ``/`` and no deny applies (symlinks may be followed).
         note: an explanation for operators only (e.g. which grant expired).
         reauth_after: the ``reauth_after`` window (seconds) of the allowing rule, or ``None``.
+        redact: the allowing rule's ``redact`` detectors (docs/REFERENCE.md §3 "Redaction").
     """
 
     allowed: bool
@@ -164,6 +166,7 @@ class Decision:
     covers_root: bool = False
     note: str = ""
     reauth_after: float | None = None
+    redact: tuple[str, ...] = ()
 
 
 
@@ -268,7 +271,8 @@ def _decide(policy: Policy, user: str, groups: frozenset[str] | set[str], tool: 
             reauth = reauth or (rule, entry)
         else:
             root = entry_covers_root(entry.parts) and not any(r.deny for r in rules)
-            return Decision(True, GRANTED, _where(policy, rule, "paths", entry), cleaned, root, "", rule.reauth_after)
+            return Decision(True, GRANTED, _where(policy, rule, "paths", entry), cleaned, root, "", rule.reauth_after,
+                            rule.redact)
     if reauth is not None:
         rule, entry = reauth
         return Decision(False, REAUTH, _where(policy, rule, "paths", entry), cleaned, False,

@@ -11,6 +11,7 @@ the command that created it. Verification looks the record up by ``id`` and comp
     users:
       alice:                       # principal name
         os_user: alice             # the OS account whose rights unprivileged calls use
+        redact: secrets            # optional: secrets, or a list of detectors (mcpd.common.redaction)
         tokens:
           - id: 0a1b2c3d4e5f
             salt: 9f...            # 32 hex digits
@@ -35,6 +36,7 @@ from typing import Any
 import yaml
 
 from mcpd.common import filesig
+from mcpd.common.redaction import RedactError, parse_redact, union
 from mcpd.common.strictyaml import parse_strict_yaml
 from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 
@@ -62,6 +64,7 @@ class Principal:
         os_user: the OS account whose rights its unprivileged calls use (docs/REFERENCE.md §5.1).
         token_id: the 12-hex id of the token that authenticated this request (of an OAuth
             access token: the first 12 hex digits of its SHA-256).
+        redact: the secret detectors its answers go through (docs/REFERENCE.md §3 "Redaction").
         scopes: an OAuth access token's scopes (docs/REFERENCE.md §5.4); ``None`` for static and
             login tokens, which are not limited by scope.
         expires: when an OAuth access token expires (UNIX seconds; 0: not an OAuth token).
@@ -72,6 +75,7 @@ class Principal:
     name: str
     os_user: str
     token_id: str
+    redact: tuple[str, ...] = ()
     scopes: tuple[str, ...] | None = None
     expires: float = 0.0
     claims: tuple[tuple[str, str], ...] = ()
@@ -82,10 +86,12 @@ class Principal:
         """The principal the policy process sent (``dataclasses.asdict`` of one, as JSON).
 
         Raises:
-            KeyError, TypeError, ValueError: not a principal's shape.
+            KeyError, TypeError, ValueError: not a principal's shape (an unknown detector:
+                :class:`mcpd.common.redaction.RedactError`, a ValueError).
         """
         scopes = data.get("scopes")
         return cls(name=str(data["name"]), os_user=str(data["os_user"]), token_id=str(data["token_id"]),
+                   redact=parse_redact(data.get("redact") or []),
                    scopes=None if scopes is None else tuple(str(s) for s in scopes),
                    expires=float(data.get("expires", 0.0)),
                    claims=tuple((str(k), str(v)) for k, v in data.get("claims", ())),
@@ -110,6 +116,7 @@ class UserRecord:
     name: str
     os_user: str
     tokens: list[TokenRecord] = field(default_factory=list)
+    redact: tuple[str, ...] = ()
 
 
 def _digest(salt_hex: str, secret: str) -> str:
@@ -157,7 +164,7 @@ def verify(users: dict[str, UserRecord], token: str, now: datetime.datetime | No
         when = now or datetime.datetime.now(datetime.UTC)
         if when >= parse_time(rec.expires):
             return None
-    return Principal(name=user.name, os_user=user.os_user, token_id=rec.id)
+    return Principal(name=user.name, os_user=user.os_user, token_id=rec.id, redact=user.redact)
 
 
 def login_principal(users: dict[str, UserRecord], os_user: str, token_id: str) -> Principal | None:
@@ -167,12 +174,15 @@ def login_principal(users: dict[str, UserRecord], os_user: str, token_id: str) -
     principal's sessions, quotas, limits and workspace and never collides with another one's; when
     several principals are bound to the account, ``login:<os_user>``, a name no static principal
     can have (``NAME_RE`` has no ``:``). ``None`` when no principal is bound to it any more
-    (``mcpd users remove``): the login token then authenticates nobody.
+    (``mcpd users remove``): the login token then authenticates nobody. A login redacts as its
+    principal, with every bound principal's ``redact`` together.
     """
     bound = sorted(u.name for u in users.values() if u.os_user == os_user)
     if not bound:
         return None
-    return Principal(name=bound[0] if len(bound) == 1 else f"login:{os_user}", os_user=os_user, token_id=token_id)
+    redact = union(*(users[n].redact for n in bound))
+    return Principal(name=bound[0] if len(bound) == 1 else f"login:{os_user}", os_user=os_user, token_id=token_id,
+                     redact=redact)
 
 
 def looks_like_jwt(token: str) -> bool:
@@ -216,8 +226,12 @@ def parse_users(data: Any, source: str = "users.yaml") -> dict[str, UserRecord]:
         where = f"{source}: users.{name}"
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise UsersFileError(f"{where}: invalid principal name (expected {NAME_TEXT})")
-        if not isinstance(body, dict) or set(body) - {"os_user", "tokens"}:
-            raise UsersFileError(f"{where}: expected keys os_user, tokens")
+        if not isinstance(body, dict) or set(body) - {"os_user", "tokens", "redact"}:
+            raise UsersFileError(f"{where}: expected keys os_user, tokens, redact")
+        try:
+            redact = parse_redact(body.get("redact"))
+        except RedactError as exc:
+            raise UsersFileError(f"{where}.redact: {exc}") from None
         os_user = _str(body.get("os_user"), f"{where}.os_user", f"an OS account: {NAME_TEXT}", NAME_RE)
         tokens: list[TokenRecord] = []
         for i, t in enumerate(body.get("tokens") or []):
@@ -235,7 +249,7 @@ def parse_users(data: Any, source: str = "users.yaml") -> dict[str, UserRecord]:
                                                               "a UTC time like 2027-01-01T00:00:00Z"),
                 )
             )
-        users[name] = UserRecord(name=name, os_user=os_user, tokens=tokens)
+        users[name] = UserRecord(name=name, os_user=os_user, tokens=tokens, redact=redact)
     return users
 
 
@@ -280,6 +294,8 @@ def dump_users(users: dict[str, UserRecord]) -> dict[str, Any]:
                 {k: v for k, v in vars(t).items() if v is not None} for t in u.tokens
             ],
         }
+        if u.redact:
+            out[name]["redact"] = list(u.redact)
     return {"users": out}
 
 

@@ -171,11 +171,14 @@ def head(fd: int, kind: str | None) -> bytes:
         stream.close()
 
 
-def chunks(fd: int, kind: str | None, size: int, start: int, file_limit: int, max_ratio: int) -> Iterator[bytes]:
+def chunks(fd: int, kind: str | None, size: int, start: int, file_limit: int, max_ratio: int,
+           skipped: Callable[[bytes], None] | None = None) -> Iterator[bytes]:
     """The file's text from byte ``start`` on, in pieces of at most :data:`CHUNK` bytes.
 
     ``kind``: :func:`compression`'s answer; ``size``: the ``fstat`` size at open (bytes);
-    ``file_limit``: the per-file limit (bytes of text); ``max_ratio``: the bomb bound.
+    ``file_limit``: the per-file limit (bytes of text); ``max_ratio``: the bomb bound;
+    ``skipped``: given the decompressed text before ``start`` of a compressed file, in order, before
+    the first piece is yielded (a plain file's is read with ``pread`` by whoever needs it).
 
     Raises:
         Skipped: ``too_large``, ``compression_ratio``, ``corrupt``, ``unsupported_compression``
@@ -214,7 +217,11 @@ def chunks(fd: int, kind: str | None, size: int, start: int, file_limit: int, ma
                 raise Skipped("compression_ratio", f"decompresses more than {max_ratio} times its size "
                               "(a decompression bomb?): not decompressed further", limit=max_ratio)
             if made <= start:
+                if skipped is not None:
+                    skipped(data)
                 continue
+            if made - len(data) < start and skipped is not None:
+                skipped(data[:start - (made - len(data))])
             yield data if made - len(data) >= start else data[start - (made - len(data)):]
     finally:
         stream.close()

@@ -13,6 +13,10 @@ a line shown is decoded with each such byte written ``\\xNN``. Lines end at ``\\
 :data:`PIECE` bytes is searched in pieces of that size (a match across two pieces is missed),
 each with the line's number. A line shown is cut at :data:`SHOW_BYTES` bytes, around the match,
 with the bytes left out said in ``[... N bytes]`` markers.
+
+With redaction (docs/REFERENCE.md §3 "Redaction", :class:`Redaction`) each block of whole lines is
+redacted first (:mod:`mcpd.core.redact`) and the pattern searched in what is left, so no pattern
+can find a secret, or tell it by what matches; line numbers and byte offsets stay the file's.
 """
 
 from __future__ import annotations
@@ -94,6 +98,59 @@ class Budget:
 
 
 @dataclass
+class Redaction:
+    """The detectors of a redacted search, and whether the text searched next starts inside a private key block."""
+
+    detectors: tuple[str, ...]
+    inside: bool = False
+    mid_line: bool = False  # the text searched next starts inside a line (a long one, or where a cursor pointed)
+
+
+def shown_marks(matches: list[dict[str, Any]], detectors: tuple[str, ...]) -> dict[str, int]:
+    """The secrets redacted in the lines an answer shows, by kind: each marker shown counts once."""
+    counts: dict[str, int] = {}
+    for m in matches:
+        for text in [m["text"], *m.get("before", ()), *m.get("after", ())]:
+            if "[REDACTED:" in text:
+                for kind in detectors:
+                    if (n := text.count(f"[REDACTED:{kind}]")):
+                        counts[kind] = counts.get(kind, 0) + n
+    return counts
+
+
+LONG_LINE = b"[WITHHELD: part of a line, not searched]"
+
+
+def _redacted(block: bytes, secrets: Redaction, piece: bool) -> bytes:
+    """``block`` redacted (its lines kept).
+    ``piece``: the block ends inside a line over :data:`PIECE` bytes; such a line (its start here,
+    its rest in the blocks after) is :data:`LONG_LINE`, never searched, as a piece could cut a
+    secret; so is the rest of a line a search resumed inside (``secrets.mid_line``)."""
+    from mcpd.core import redact
+
+    first = block.find(b"\n")
+    if secrets.mid_line and first < 0:
+        out = LONG_LINE
+    else:
+        a = first + 1 if secrets.mid_line else 0
+        b = block.rfind(b"\n") + 1 if piece else len(block)
+        mid, _ = redact.redact(block[a:b], secrets.detectors, secrets.inside)
+        out = (LONG_LINE + b"\n" if secrets.mid_line else b"") + mid + (LONG_LINE if piece else b"")
+    secrets.inside = "private-key" in secrets.detectors and redact.starts_inside(block)
+    secrets.mid_line = piece
+    return out
+
+
+def _line_starts(block: bytes) -> list[int]:
+    """The offset in ``block`` of each of its line starts."""
+    starts, p = [0], block.find(b"\n")
+    while p >= 0:
+        starts.append(p + 1)
+        p = block.find(b"\n", p + 1)
+    return starts
+
+
+@dataclass
 class Stop:
     """Where and why a scan stopped early: go on at byte ``offset`` of the text, line ``line``."""
 
@@ -150,14 +207,15 @@ def _after(block: bytes, pos: int, n: int) -> list[bytes]:
 
 
 def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], budget: Budget,
-         offset: int = 0, line: int = 1, now: Any = None) -> Stop | None:
+         offset: int = 0, line: int = 1, now: Any = None, secrets: Redaction | None = None) -> Stop | None:
     """Search one file's text (``pieces``, from byte ``offset``, line ``line``) into ``budget``.
 
     Each selected line becomes ``{"path", "line", "byte_offset", "text"}`` (plus ``before`` and
     ``after``, lists of the context lines' texts, when ``args["context"]``). Returns None at the
     end of the text, or a :class:`Stop` when the budget is spent (``max_matches``,
     ``answer_size``) or, checked after each piece, its bytes (``byte_limit``) or time
-    (``time_budget``; ``now`` is the clock) ran out. Raises what ``pieces`` raises.
+    (``time_budget``; ``now`` is the clock) ran out. ``secrets``: search and show the text redacted
+    (module docstring). Raises what ``pieces`` raises.
     """
     n, invert = args["context"], args["invert"]
     prev: collections.deque[bytes] = collections.deque(maxlen=max(n, 1))
@@ -181,6 +239,9 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
         block, carry = data[:cut], data[cut:]
         if not block:
             continue
+        raw_len, starts, raw = len(block), None, None  # the file's bytes in this block (redaction changes the block's)
+        if secrets is not None:
+            raw, block = block, _redacted(block, secrets, not done and not block.endswith(b"\n"))
         if waiting:
             lines = _after(block, 0, max(k for _, k in waiting))
             for owed, k in waiting:
@@ -193,7 +254,10 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
             at_line += block.count(b"\n", counted, start)
             counted = start
             text = show(block[start:end], hit - start)
-            match: dict[str, Any] = {"path": path, "line": at_line, "byte_offset": offset + start, "text": text}
+            if raw is not None and starts is None:
+                starts = _line_starts(raw)  # the file's offsets, not the redacted text's (on a first match only)
+            at = start if starts is None else starts[at_line - line]
+            match: dict[str, Any] = {"path": path, "line": at_line, "byte_offset": offset + at, "text": text}
             size = len(text)
             if n:
                 match["before"] = [show(x) for x in _before(block, start, n, prev)]
@@ -204,17 +268,19 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
                     waiting.append((match, n - len(after)))
             why = budget.add(match, size)
             if why is not None:
-                stop = Stop(why, offset + end + 1, at_line + 1)
+                nxt = end + 1 if starts is None else starts[at_line - line + 1] if at_line - line + 1 < len(starts) \
+                    else raw_len
+                stop = Stop(why, offset + nxt, at_line + 1)
                 break
         if n:
             prev.extend(_before(block, len(block) + 1, n, prev) if block.endswith(b"\n") else [])
-        budget.searched += len(block)
+        budget.searched += raw_len
         if stop is not None:
             if not waiting or done:
                 return stop
             continue
         line += block.count(b"\n")
-        offset += len(block)
+        offset += raw_len
         if not done and budget.searched >= budget.total_bytes:
             return Stop("byte_limit", offset, line)
         if not done and now is not None and now() > budget.deadline:

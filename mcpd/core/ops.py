@@ -17,6 +17,7 @@ from typing import Any
 
 from mcpd.common.config import CAP_KEY, ReadLimits
 from mcpd.common.readerrors import reader_error
+from mcpd.common.redaction import REDACT_KEY, from_args, union
 from mcpd.core import textread
 from mcpd.core.fileops import filetype, find, grep, listing
 from mcpd.core.tools import files_read
@@ -33,6 +34,9 @@ class OpContext:
     or raises ``ToolError``; ``open_dir(path) -> fd`` a directory; ``allow(path)`` is the privileged
     route's grant filter (``None``: no filter). ``progress(done, total | None, message)`` is
     called by long ops (``files/find``) every few thousand entries (``None``: nobody listens).
+    ``redact`` names the secret detectors the answer goes through (docs/REFERENCE.md §3
+    "Redaction"): the worker's own (its principal's, given at its start) and those the call
+    carries (:data:`mcpd.common.redaction.REDACT_KEY`).
     ``facts`` is set on the privileged route of ``files/filetype`` only: what root's descriptor of
     the granted path showed (``{"mode", "size", "dev", "ino", "target"}``, see
     :func:`mcpd.core.fileops.filetype.filetype`), and ``open_file`` then gives a sample, not the file.
@@ -44,6 +48,7 @@ class OpContext:
     allow: Callable[[str], bool] | None = None
     progress: Callable[[int, int | None, str], None] | None = None
     facts: dict[str, Any] | None = None
+    redact: tuple[str, ...] = ()
 
 
 def files_read_op(args: Any, ctx: OpContext) -> dict[str, Any]:
@@ -59,7 +64,7 @@ def files_read_op(args: Any, ctx: OpContext) -> dict[str, Any]:
         raise ToolError(PERMISSION_DENIED, f"permission denied: {path}", path=path, reason="no grant covers this path")
     fd = ctx.open_file(path)
     try:
-        return textread.read_fd(fd, a, ctx.limits)
+        return textread.read_fd(fd, a, ctx.limits, ctx.redact)
     except OSError as exc:
         raise reader_error(exc, path) from None
     finally:
@@ -92,6 +97,9 @@ def run(frame: Any, ctx: OpContext) -> dict[str, Any]:
         if handler is None:
             raise invalid_argument("unknown operation")
         args = frame.get("args")
+        if isinstance(args, dict) and REDACT_KEY in args:  # the call's redaction, over the worker's own floor
+            ctx = dataclasses.replace(ctx, redact=union(ctx.redact, from_args(args)))
+            args = {k: v for k, v in args.items() if k != REDACT_KEY}
         if isinstance(args, dict) and CAP_KEY in args:  # the caller's max_file_bytes (mcpd/front/limits.py)
             args = dict(args)
             cap = args.pop(CAP_KEY)

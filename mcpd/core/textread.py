@@ -28,10 +28,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mcpd.common.config import ReadLimits
-from mcpd.core import grepread, rawread, textdecode, textmeta
+from mcpd.common.redaction import REDACTED_BYTES
+from mcpd.core import grepread, rawread, redactread, textdecode, textmeta
 from mcpd.core.rawread import Pread, pread_full, too_large
 from mcpd.core.tools._schemas import ENCODINGS
-from mcpd.helper.wire.errors import BINARY_FILE, LINE_TOO_LONG, RANGE_OUT_OF_BOUNDS, ToolError
+from mcpd.helper.wire.errors import BINARY_FILE, LINE_TOO_LONG, PERMISSION_DENIED, RANGE_OUT_OF_BOUNDS, ToolError
 
 CHUNK = 1024 * 1024  # bytes per pread
 BINARY_PROBE = 8192  # bytes of the file's head searched for a NUL byte
@@ -161,6 +162,7 @@ class _Selector:
         self.done = False
         self.col = 0  # length of the current selected line so far (bytes, or characters × unit)
         self.line_off = 0  # byte offset of the current selected line
+        self.first_off = 0  # byte offset of the selection's first line (0: the file's start)
         self.parts: list[Any] = []
         self.size = 0  # bytes selected
         self.seen = 0  # bytes scanned
@@ -179,6 +181,7 @@ class _Selector:
                 return
             i = p + 1
             self.line, self.selecting, self.col, self.line_off = self.start, True, 0, byte_of(i)
+            self.first_off = self.line_off
         seg = chunk[i:]
         if self.end is not None:
             p, _ = _scan(seg, self.nl, self.end - self.line + 1)  # at least 1: line <= end here
@@ -264,7 +267,7 @@ def _text_chunks(rd: Pread, pos: int, codec: str, requested: str) -> Iterator[tu
 
 
 def _lines(rd: Pread, st: os.stat_result | None, args: dict[str, Any], limits: ReadLimits, codec: str,
-           bom: int) -> tuple[str, str, dict[str, Any]]:
+           bom: int, detectors: tuple[str, ...] = ()) -> tuple[str, str, dict[str, Any]]:
     """Line mode; ``st``: the file's ``fstat`` for the line index (``None``: a decompressed text, not indexed)."""
     start = args.get("start_line") or 1
     end = args.get("end_line")
@@ -311,7 +314,9 @@ def _lines(rd: Pread, st: os.stat_result | None, args: dict[str, Any], limits: R
         win = textdecode.decode_window(b"".join(sel.parts), codec, args["encoding"], final=True)
         text, used = win.text, win.codec
     returned = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
-    info = {"linesReturned": returned, "lineRange": {"start": start, "end": start + returned - 1}}
+    info: dict[str, Any] = {"linesReturned": returned, "lineRange": {"start": start, "end": start + returned - 1}}
+    if detectors:
+        text, info["redacted"] = redactread.redact_page(rd, text, max(sel.first_off, bom), used, bom, detectors)
     return text, used, info
 
 
@@ -330,11 +335,13 @@ def _warning(args: dict[str, Any], first: int, end: int, total: int | None, unpa
 
 
 def _window(rd: Pread, size: int, args: dict[str, Any], limits: ReadLimits, codec: str, bom: int,
-            head: bytes | None = None, unpacked: bool = False) -> tuple[str, str, dict[str, Any]]:
+            head: bytes | None = None, unpacked: bool = False,
+            detectors: tuple[str, ...] = ()) -> tuple[str, str, dict[str, Any]]:
     """The byte window ``offset``/``limit`` of the file, decoded. ``size``: the file's size as
     known (0: unknown). ``head``: the file's first bytes as :func:`read_fd` read them (at most
     :data:`BINARY_PROBE`; fewer: the whole file), used instead of a second read when they hold
-    the window. ``unpacked``: the bytes are a decompressed text (for the warning's words)."""
+    the window. ``unpacked``: the bytes are a decompressed text (for the warning's words).
+    ``detectors``: the window is cut to whole lines and redacted (:mod:`mcpd.core.redactread`)."""
     offset = args.get("offset") or 0
     limit = args.get("limit")
     n = limit if limit is not None else limits.default_bytes
@@ -358,15 +365,22 @@ def _window(rd: Pread, size: int, args: dict[str, Any], limits: ReadLimits, code
     )
     first, end = start + win.skip, start + win.skip + win.used
     text = win.text
-    if limit is None and (more or end < start + len(data)):
+    info: dict[str, Any] = {}
+    cut = False
+    if detectors:
+        whole = not more and end >= start + len(data)
+        text, first, cut_end = redactread.whole_lines(rd, text, first, end, win.codec, bom, whole)
+        cut, end = cut_end < end, cut_end
+        text, info["redacted"] = redactread.redact_page(rd, text, first, win.codec, bom, detectors)
+    if (limit is None or cut) and (more or end < start + len(data)):
         seen = start + len(got)
         total = size if size >= seen else None
         sep = "\n" if text else ""  # always one added line break: the agent strips exactly it
         text = text + sep + _warning(args, first, end, total, unpacked)
-    return text, win.codec, {"byteRange": {"start": first, "end": end}}
+    return text, win.codec, {"byteRange": {"start": first, "end": end}, **info}
 
 
-def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]:
+def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits, detectors: tuple[str, ...] = ()) -> dict[str, Any]:
     """Answer a ``files/read`` call from an open regular file (docs/REFERENCE.md §3).
 
     Args:
@@ -378,12 +392,15 @@ def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]
             ``include_metadata`` (bool).
         limits: ``default_bytes``, ``response_cap``, ``max_line_bytes`` (bytes), and the
             decompression bounds ``grep_file_bytes``, ``grep_max_ratio``.
+        detectors: the secret detectors the answer goes through (docs/REFERENCE.md §3 "Redaction");
+            with any, a base64 read is refused (bytes cannot be redacted).
 
     Returns:
         ``{"text": str}``, plus ``"metadata"`` (see :func:`mcpd.core.textmeta.describe`) when
         ``include_metadata``; for a line selection it adds ``linesReturned``, ``totalLines`` and
         ``lineRange``. A base64 read always has ``"metadata"`` (:func:`mcpd.core.rawread.base64_window`);
-        a decompressed one's says ``compression`` and ``compressedSize``.
+        a decompressed one's says ``compression`` and ``compressedSize``. With ``detectors``,
+        ``"redacted"``: how many secrets of each kind were replaced.
 
     Raises:
         ToolError: ``BINARY_FILE``, ``ENCODING_ERROR``, ``FILE_TOO_LARGE``, ``LINE_TOO_LONG``,
@@ -393,13 +410,16 @@ def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]
     st = os.fstat(fd)
     src = rawread.source(fd, st, args, limits)
     requested = args.get("encoding") or "utf-8"
+    if requested == "base64" and detectors:
+        raise ToolError(PERMISSION_DENIED, REDACTED_BYTES, path=args["path"], reason=REDACTED_BYTES)
     try:
-        return _read(src, st, {**args, "encoding": requested}, limits)
+        return _read(src, st, {**args, "encoding": requested}, limits, detectors)
     except grepread.Skipped as why:
         raise rawread.unpack_error(why, args["path"], src.kind, requested) from None
 
 
-def _read(src: rawread.Source, st: os.stat_result, args: dict[str, Any], limits: ReadLimits) -> dict[str, Any]:
+def _read(src: rawread.Source, st: os.stat_result, args: dict[str, Any], limits: ReadLimits,
+          detectors: tuple[str, ...]) -> dict[str, Any]:
     requested = args["encoding"]
     head = b"" if requested == "base64" and not args.get("include_metadata") else \
         pread_full(src.rd, BINARY_PROBE, 0, src.size)  # (a base64 window needs no probe)
@@ -413,18 +433,24 @@ def _read(src: rawread.Source, st: os.stat_result, args: dict[str, Any], limits:
         if b"\0" in head and not exempt:
             raise ToolError(BINARY_FILE, "cannot read binary file")
         if args.get("start_line") is not None or args.get("end_line") is not None:
-            text, used, info = _lines(src.rd, st if src.kind is None else None, args, limits, codec, bom)
+            text, used, info = _lines(src.rd, st if src.kind is None else None, args, limits, codec, bom, detectors)
         else:
-            text, used, info = _window(src.rd, src.size, args, limits, codec, bom, head, src.kind is not None)
+            text, used, info = _window(src.rd, src.size, args, limits, codec, bom, head, src.kind is not None,
+                                       detectors)
         if len(text) > limits.response_cap // 4 and len(text.encode("utf-8")) > limits.response_cap:
             raise too_large(src.size, limits, "read a smaller range")
     result: dict[str, Any] = {"text": text}
+    redacted = info.pop("redacted", None)
+    if detectors:
+        result["redacted"] = redacted or {}
     if args.get("include_metadata") or requested == "base64":
         meta: dict[str, Any] = {}
         if args.get("include_metadata"):
             meta = textmeta.describe(src.rd, st, args["path"], head, used, bom, limits, counted=src.kind is not None)
             if "lineRange" in info:
                 info["totalLines"] = meta["lines"]
+            if detectors:  # a digest of the whole file would let a short secret be guessed offline
+                meta["sha256"] = None
         if src.kind is not None:
             meta.update(compression=src.kind, compressedSize=st.st_size)
         result["metadata"] = {**meta, **info, **({"encoding": "base64"} if requested == "base64" else {}),

@@ -12,8 +12,9 @@ Whether it received the request is not guessed: the policy client says so
 (:func:`policy_received`), once the whole request is in the policy process's socket. Fields: ``user`` (principal),
 ``token_id``, ``os_user``, ``peer``, ``session``, ``route``, ``tool``, ``requested_path``,
 ``resolved_path``, ``decision``, ``reason``, ``outcome`` (an error code, ``CANCELLED``, or null on success),
-``bytes`` (text bytes answered, or entries/matches listed), ``duration_ms``, and the request's
-``traceparent``/``tracestate`` when it sent valid ones. Never a token or file contents.
+``bytes`` (text bytes answered, or entries/matches listed), ``duration_ms``, the request's
+``traceparent``/``tracestate`` when it sent valid ones, and for a redacted answer ``redacted``
+(``kind:N,...``, :func:`mcpd.common.redaction.counts_text`). Never a token or file contents.
 
 On the unprivileged route the front decides nothing: the OS account's own permissions do, so
 ``decision`` is ``accept``, and a call the kernel refused there (``PERMISSION_DENIED``: the daemon
@@ -38,6 +39,7 @@ from typing import Any
 from mcpd.common.audit.records import REFUSED_BY_OS, Fields, encode_fields, find_fields
 from mcpd.common.audit.writer import AuditLog
 from mcpd.common.identity import Principal
+from mcpd.common.redaction import counts_text
 from mcpd.front import metrics
 from mcpd.helper.wire.errors import (
     HELPER_UNAVAILABLE,
@@ -122,6 +124,8 @@ class AccessLog:
                               (result or {}).get("path", requested) if requested else None,
                               decision, reason,
                               outcome if error is None else error.code)
+        if isinstance((result or {}).get("redacted"), dict):  # docs/REFERENCE.md §3 "Redaction": counts, by kind
+            extra["redacted"] = counts_text(result["redacted"])  # type: ignore[index]
         self.log.record_with("access", first, bytes=answer_size(result),
                              duration_ms=round((time.monotonic() - started) * 1000, 1), **extra,
                              **dict(principal.claims), **(trace or {}))  # claims: an OAuth token's iss, sub, client, act, jti

@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mcpd.common.identity import Principal
+from mcpd.common.redaction import with_redaction
 from mcpd.common.validate import digits
 from mcpd.core.tools import files_read
 from mcpd.front.access import AccessLog, Call
@@ -359,11 +360,14 @@ class FileResources:
             item.update(mimeType=mime_type(args["path"]), text=result["text"])
         if result.get("metadata") is not None:
             item["_meta"] = result["metadata"]
+        if isinstance(result.get("redacted"), dict):  # docs/REFERENCE.md §3 "Redaction"
+            item["_meta"] = {**item.get("_meta", {}), "redacted": result["redacted"]}
         return {"contents": [item]}
 
     async def _read(self, ctx: RequestContext, call: Call, args: dict[str, Any]) -> dict[str, Any]:
         """One ``files/read`` op for the resource, on the route ``args["privileged"]`` names."""
         caller = ctx.caller
+        args = with_redaction(files_read.NAME, args, caller.principal.redact)
         if args["privileged"]:
             call.stage = "forwarded"
             return await self.privileged.call(

@@ -34,6 +34,7 @@ from mcpd.common.config import CAP_KEY
 from mcpd.common.deadline import deadline_seconds
 from mcpd.common.oauthconfig import SCOPE_PRIVILEGED
 from mcpd.common.readerrors import reader_error
+from mcpd.common.redaction import REDACT_KEY, counts_text, union, with_redaction
 from mcpd.common.tracecontext import trace_fields
 from mcpd.common.validate import check_path
 from mcpd.helper.wire.errors import (
@@ -115,6 +116,8 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
         raise ToolError(PERMISSION_DENIED, f"permission denied: {requested}: {decision.reason}{hint}",
                         path=requested, reason=decision.reason)
     args[key] = decision.resolved_path
+    # the redaction of this call: the principal's and the grant's, whatever the front sent (docs/REFERENCE.md §3)
+    args = with_redaction(op, args, union(principal.redact, decision.redact))
     try:
         if op == GREP_OP:
             from mcpd.policy import grepcall  # (it builds on this module's hand-over to workers)
@@ -125,12 +128,14 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
             state.audit.finish(prepared, outcome=outcome, bytes=size, duration_ms=_ms(started))
             return reply
         if op not in WALK_OPS:
-            reply, outcome, size, prepared = _content(state, op, args, principal, decision.covers_root, req, record)
+            reply, outcome, size, prepared, redacted = _content(state, op, args, principal, decision.covers_root, req,
+                                                                record)
             if outcome in (PERMISSION_DENIED, NOT_A_REGULAR_FILE):  # the worker's own check refused it
                 state.audit.record("reject", decision=REFUSED_AT_OPEN, reason=f"refused by the worker ({outcome})",
                                    outcome=outcome, bytes=0, duration_ms=_ms(started), **record)
             else:
-                state.audit.finish(prepared, outcome=outcome, bytes=size, duration_ms=_ms(started))
+                state.audit.finish(prepared, outcome=outcome, bytes=size, duration_ms=_ms(started),
+                                   **({"redacted": redacted} if redacted is not None else {}))
             return reply
         fresh = None if login is None else (login.login_time, used)
         reply = _walk(state, policy, op, args, principal.os_user, sorted(groups), decision.covers_root, fresh)
@@ -178,12 +183,13 @@ def _ms(started: float) -> float:
 
 
 def _content(state: State, op: str, args: dict[str, Any], principal: identity.Principal, follow: bool,
-             req: dict[str, Any], record: dict[str, Any]) -> tuple[dict[str, Any], str | None, int, Prepared]:
+             req: dict[str, Any], record: dict[str, Any]) -> tuple[dict[str, Any], str | None, int, Prepared, str | None]:
     """Hand the opened file to the principal's worker (``files/read``: root's descriptor;
     ``files/filetype``: only :func:`~mcpd.policy.opened.described`'s facts and sample memfd) and
     wait for its report; the accept record (``record``'s fields, and ``real_path``, the real path
     of what root opened when it is not the one judged) is encoded while the worker reads, and
-    written by the caller."""
+    written by the caller. The last item: the worker's count of secrets redacted
+    (:func:`mcpd.common.redaction.counts_text`), or None when the call was not redacted."""
     w = claim_worker(state, principal, req)
     fd = None if follow else state.opened.take(args["path"], principal.name)  # an earlier read's, checked again
     if fd is not None:
@@ -227,7 +233,8 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
             os.close(fd)
     if report is None:
         raise ToolError(TIMEOUT, "the call did not finish in time")
-    return {"ok": True, "dispatched": True}, report.get("code"), int(report.get("bytes") or 0), prepared
+    redacted = counts_text(report.get("redacted")) if REDACT_KEY in args else None
+    return {"ok": True, "dispatched": True}, report.get("code"), int(report.get("bytes") or 0), prepared, redacted
 
 
 def claim_worker(state: State, principal: identity.Principal, req: dict[str, Any]) -> Worker:

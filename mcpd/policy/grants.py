@@ -12,6 +12,7 @@ The file (docs/REFERENCE.md §4.2)::
               deny: ["/var/log/auth.log"]     # optional; always wins
               expires: 2027-03-31T00:00:00Z   # optional, ISO 8601 with a UTC offset
               reauth_after: 5m                # optional: 0, 30s, 5m, 1h
+              redact: secrets                 # optional: secrets, or a list of detectors
     groups:
       ops: {privileged: {tools: {...}}}       # members of the OS group (primary group included)
 
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from mcpd.common.config import DEV_TOKEN_FILE
 from mcpd.common.filesig import signature
 from mcpd.common.grantmatch import TOOLS, Entry, Policy, Rule, escape_glob, split_entry
+from mcpd.common.redaction import RedactError, parse_redact
 from mcpd.common.strictyaml import LineDict, LineList, parse_strict_yaml
 from mcpd.helper.wire.pathmatch import PathError, clean_path
 from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
@@ -39,7 +41,7 @@ from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 if TYPE_CHECKING:
     from mcpd.common.config import Config
 
-RULE_KEYS = ("allowed", "paths", "deny", "expires", "reauth_after")
+RULE_KEYS = ("allowed", "paths", "deny", "expires", "reauth_after", "redact")
 _DURATION_RE = re.compile(r"^(0|[1-9][0-9]{0,6})(s|m|h)?$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, None: 1}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?$")
@@ -119,7 +121,15 @@ def _rule(subject: str, tool: str, body: Any, line: int, errs: _Errors) -> Rule 
     reauth = parse_duration(d["reauth_after"]) if "reauth_after" in d else None
     if reauth is None and "reauth_after" in d:
         errs.append((at("reauth_after", line), "reauth_after must be a duration like 0, 30s, 5m or 1h"))
-    return Rule(subject, tool, allowed, paths, deny, expires, line, reauth)
+    redact: tuple[str, ...] = ()
+    try:
+        redact = parse_redact(d.get("redact"))
+    except RedactError as exc:
+        errs.append((at("redact", line), f"{where}: {exc}"))
+    if redact and tool not in ("files/read", "files/grep"):
+        errs.append((at("redact", line), f"{where}: redact applies to files/read and files/grep only "
+                     f"(what {tool} answers holds no file content)"))
+    return Rule(subject, tool, allowed, paths, deny, expires, line, reauth, redact)
 
 
 def _subjects(kind: str, value: Any, line: int, errs: _Errors) -> dict[str, dict[str, Rule]]:

@@ -116,7 +116,8 @@ def lint_policy(policy: Policy, now: datetime.datetime, user_exists: Callable[[s
         now: the time expiry is judged at (aware).
         user_exists, group_exists: whether an OS account or group of that name exists.
 
-    Warned: a subject that is no OS account or group; an allowed rule that has expired; a
+    Warned: a subject that is no OS account or group; an allowed rule that has expired; ``redact``
+    on a rule ``allowed: false`` (only the allowing rule's redaction applies); a
     ``paths`` entry every path of which is denied (by a ``deny`` of its own rule, or by the fixed
     deny of the daemon's own secrets); a ``paths`` or ``deny`` entry no request can match
     (:func:`entry_problems`), and :func:`entry_problems`'s hints.
@@ -139,6 +140,9 @@ def _lint_rule(rule: Rule, now: datetime.datetime, secrets: tuple[tuple[str, tup
     where, out, dead = f"{rule.subject} {rule.tool}", [], 0
     if rule.allowed and rule.expired(now):
         out.append((rule.line, f"{where}: expired {rule.expires:%Y-%m-%dT%H:%M:%SZ}: it grants nothing"))
+    if rule.redact and not rule.allowed:
+        out.append((rule.line, f"{where}: redact on a rule that grants nothing redacts nothing (the rule "
+                    "that allows a call decides its redaction, with the principal's own)"))
     for key, entries in (("paths", rule.paths), ("deny", rule.deny)):
         for entry in entries:
             problem, hints = entry_problems(entry)

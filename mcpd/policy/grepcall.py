@@ -13,7 +13,9 @@ front; its last report ends the call. Nothing here reads a byte of content.
 Worker frames (control socket): ``{"id", "op": "files/grep", "args" (first only), "files":
 [PATH] (one per descriptor), "skips": [[PATH, REASON]], "not_granted": N, "last": bool, "walk"
 (last only: the walker's result)}``; the worker answers each non-last batch ``{"id", "took":
-true}`` and ends with its report ``{"id", "code", "bytes" (matches), "searched"}``.
+true}`` and ends with its report ``{"id", "code", "bytes" (matches), "searched", "redacted"
+(a redacted call's counts by kind)}``. The call's redaction goes to the worker in ``args``, never
+to the walker.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 from mcpd.common import frames, grantmatch, identity
 from mcpd.common.audit.records import Prepared
 from mcpd.common.config import CAP_KEY
+from mcpd.common.redaction import REDACT_KEY, counts_text
 from mcpd.helper.wire.errors import (
     FILE_NOT_FOUND,
     HELPER_UNAVAILABLE,
@@ -127,7 +130,8 @@ def run(state: State, policy: grantmatch.Policy, args: dict[str, Any], principal
         check_worker(state, w)
         walker = pid, chan, pidfd = state.root.walk()
         chan.settimeout(max(end - time.monotonic(), 0.001))
-        frames.send_frame(chan, walker_frame(policy, GREP_OP, args, principal.os_user, groups, follow, login))
+        plain = {k: v for k, v in args.items() if k != REDACT_KEY}  # the walker plans names: no redaction key
+        frames.send_frame(chan, walker_frame(policy, GREP_OP, plain, principal.os_user, groups, follow, login))
         plan = _Plan(chan, end, frames.reply_cap(state.cfg.read.response_cap))
         who, groupset = principal.name, frozenset(groups)
         files: list[Any] = []
@@ -211,6 +215,8 @@ def run(state: State, policy: grantmatch.Policy, args: dict[str, Any], principal
             os.close(walker[2])
             with contextlib.suppress(ToolError, OSError):
                 state.root.kill(walker[0])
+    if REDACT_KEY in args:  # the worker's count of secrets redacted in the answer (never content)
+        record["redacted"] = counts_text(report.get("redacted"))
     prepared = state.audit.prepare("accept", decision="accept", reason="granted", **record)
     return {"ok": True, "dispatched": True}, report.get("code"), int(report.get("bytes") or 0), prepared
 

@@ -15,6 +15,7 @@ import pwd
 import time
 from typing import Any
 
+from mcpd.common.redaction import REDACT_KEY
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, INTERNAL_ERROR, PERMISSION_DENIED, RATE_LIMITED, ToolError
 from mcpd.helper.wire.rootconf import WORKER_START_GID, plain_ids
 from mcpd.policy.state import State, Worker, principal_of
@@ -68,7 +69,10 @@ def handle_spawn(state: State, req: dict[str, Any]) -> dict[str, Any]:
         raise ToolError(RATE_LIMITED, f"too many new workers for this principal; retry in {wait:.2f} s",
                         limit=state.spawns.burst, retry_after_seconds=round(wait, 3))
     try:
-        pid, front, ctl, pidfd = state.root.spawn(pw.pw_name, json.dumps(dataclasses.asdict(state.cfg.read)))
+        start: dict[str, Any] = dataclasses.asdict(state.cfg.read)
+        if principal.redact:  # the principal's redaction, a floor no call can lower (docs/REFERENCE.md §3)
+            start[REDACT_KEY] = list(principal.redact)
+        pid, front, ctl, pidfd = state.root.spawn(pw.pw_name, json.dumps(start))
     except ToolError:  # root refused, was busy or did not answer: no worker of the principal's
         with state.lock:
             state.spawns.give_back(principal.name, time.monotonic())

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from mcpd.common import frames, sched, wirejson
 from mcpd.common.config import CAP_KEY, ReadLimits
+from mcpd.common.redaction import REDACT_KEY, from_args, union
 from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any]
     For ``files/filetype`` the frame also holds ``"facts"`` (what root's descriptor showed) and
     ``fds`` is the sealed sample memfd of a regular file, or empty
     (:func:`mcpd.policy.opened.described`). The reply goes to the front on ``sock``; a report ``{"id", "code", "bytes"}`` (no content) goes back to the
-    policy process on ``ctl`` for its audit record."""
+    policy process on ``ctl`` for its audit record, with ``"redacted"`` (secrets replaced, by kind) when the answer was redacted."""
     from mcpd.core import ops
 
     args = frame.get("args")
@@ -124,10 +125,12 @@ def serve_granted(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any]
     text = result.get("text") if isinstance(result, dict) else None
     size = 0 if not isinstance(text, str) else len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
     code = None if reply.get("ok") else reply["error"]["code"]
+    redacted = result.get("redacted") if isinstance(result, dict) else None  # counts by kind, never content
     # The report first: the policy process writes its audit record and answers the front, which reads
     # this reply only after that answer (so a reply larger than the socket buffers never holds
     # up the report).
-    frames.send_frame(ctl, {"id": frame.get("id"), "code": code, "bytes": size})
+    frames.send_frame(ctl, {"id": frame.get("id"), "code": code, "bytes": size,
+                            **({"redacted": redacted} if isinstance(redacted, dict) else {})})
     send_reply(sock, reply)
 
 
@@ -136,8 +139,10 @@ def serve_grep(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], f
     """Run one privileged ``files/grep`` (docs/REFERENCE.md §4.1): ``frame`` and ``fds`` are its
     first batch of files root opened (:mod:`mcpd.policy.grepcall`); each further batch is asked
     for with ``{"id", "took": true}`` on ``ctl`` until the last, or until the search stopped. Then
-    the report ``{"id", "code", "bytes" (matches), "searched"}`` goes to the policy process and
-    the reply to the front, as :func:`serve_granted`'s. Raises ``OSError`` or
+    the report ``{"id", "code", "bytes" (matches), "searched"}`` (and ``"redacted"``, counts by
+    kind, when the call's redaction, ``args``' :data:`~mcpd.common.redaction.REDACT_KEY` with the
+    worker's floor, replaced any) goes to the policy process and the reply to the front, as
+    :func:`serve_granted`'s. Raises ``OSError`` or
     :class:`~mcpd.common.frames.FrameError` when the policy process's socket fails (the loop ends)."""
     from mcpd.core.fileops import grep
 
@@ -145,7 +150,9 @@ def serve_grep(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], f
     cap = args.get(CAP_KEY) if isinstance(args, dict) else None
     if isinstance(cap, int) and not isinstance(cap, bool) and 0 < cap < limits.response_cap:
         limits = dataclasses.replace(limits, response_cap=cap)  # the principal's max_file_bytes
-    args = {k: v for k, v in args.items() if k != CAP_KEY} if isinstance(args, dict) else args
+    # the call's redaction (the policy process's: principal's and grant's) over the worker's own floor
+    detectors = union(ctx.redact, from_args(args)) if isinstance(args, dict) else ctx.redact
+    args = {k: v for k, v in args.items() if k not in (CAP_KEY, REDACT_KEY)} if isinstance(args, dict) else args
 
     def batches() -> Generator[tuple[dict[str, Any], list[int]], None, None]:
         got, held = frame, fds
@@ -168,7 +175,7 @@ def serve_grep(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], f
 
     batch = batches()
     try:
-        reply: dict[str, Any] = {"id": rid, "ok": True, "result": grep.grep_granted(args, limits, batch)}
+        reply: dict[str, Any] = {"id": rid, "ok": True, "result": grep.grep_granted(args, limits, batch, detectors)}
     except ToolError as exc:
         reply = {"id": rid, "ok": False, "error": exc.to_dict()}
     except Exception as exc:  # noqa: BLE001 - answered without details, as ops.run answers
@@ -178,8 +185,10 @@ def serve_grep(sock: socket.socket, ctl: socket.socket, frame: dict[str, Any], f
         batch.close()
     result: dict[str, Any] = reply.get("result") or {}
     code = None if reply["ok"] else reply["error"]["code"]
+    redacted = result.get("redacted")  # counts by kind, never content
     frames.send_frame(ctl, {"id": rid, "code": code, "bytes": len(result.get("matches", ())),
-                            "searched": result.get("files_searched", 0)})
+                            "searched": result.get("files_searched", 0),
+                            **({"redacted": redacted} if isinstance(redacted, dict) else {})})
     send_reply(sock, reply)
 
 
@@ -329,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     opened for privileged reads
     (:func:`serve_granted`); workers started by the front itself (development mode) have none.
 
-    ``--limits`` is a JSON object of :class:`mcpd.common.config.ReadLimits` fields (bytes). Exits 0 when
+    ``--limits`` is a JSON object of :class:`mcpd.common.config.ReadLimits` fields (bytes), and,
+    from the policy process, the principal's redaction under :data:`mcpd.common.redaction.REDACT_KEY`:
+    every answer of this worker goes through those detectors, whatever a call says. Exits 0 when
     the socket closes, 2 on bad arguments (not a Unix stream socket, bad limits).
     """
     _seal()
@@ -341,9 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limits", default="{}", help="ReadLimits as a JSON object (bytes)")
     opts = parser.parse_args(argv)
     try:
-        limits = ReadLimits(**json.loads(opts.limits))
+        given = json.loads(opts.limits)
+        floor = from_args(given)  # the principal's redaction, when the policy process started it
+        limits = ReadLimits(**{k: v for k, v in given.items() if k != REDACT_KEY})
         sock = socket.socket(fileno=opts.fd)
-    except (ValueError, TypeError, OSError) as exc:
+    except (ValueError, TypeError, AttributeError, OSError) as exc:  # (AttributeError: --limits not an object)
         print(f"mcpd.worker: bad arguments: {exc}", file=sys.stderr)
         return 2
     if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
@@ -362,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     from mcpd.core import fileopen
     from mcpd.core.ops import OpContext
 
-    ctx = OpContext(limits=limits, open_file=fileopen.open_regular, open_dir=fileopen.open_directory)
+    ctx = OpContext(limits=limits, open_file=fileopen.open_regular, open_dir=fileopen.open_directory, redact=floor)
     with sock:
         serve(sock, ctx, ctl)
     return 0

@@ -25,7 +25,7 @@ from typing import Any
 
 from mcpd.common.config import ReadLimits
 from mcpd.common.readerrors import reader_error
-from mcpd.core import grepread, grepscan
+from mcpd.core import grepread, grepscan, redact
 from mcpd.core.fileops import Context, progress_of
 from mcpd.core.grepargs import cursor_of, encode_cursor, parse_grep_args
 from mcpd.core.grepwalk import resume_at, skip_reason, walk_files
@@ -50,8 +50,8 @@ class Search:
     """One call's state: the pattern, the budget, what was searched and skipped, and the answer."""
 
     def __init__(self, args: dict[str, Any], limits: ReadLimits, progress: Callable[[int, int | None, str], None]
-                 | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.args, self.clock, self.progress = args, clock, progress
+                 | None = None, clock: Callable[[], float] = time.monotonic, redact: tuple[str, ...] = ()) -> None:
+        self.args, self.clock, self.progress, self.redact = args, clock, progress, redact
         self.regex = grepscan.compile_pattern(args)
         self.file_limit = min(args["max_file_bytes"] or limits.grep_file_bytes, limits.grep_file_bytes)
         total = min(args["max_total_bytes"] or limits.grep_total_bytes, limits.grep_total_bytes)
@@ -98,8 +98,9 @@ class Search:
             if b"\0" in grepread.head(fd, kind):
                 raise grepread.Skipped("binary", "cannot read binary file")
             before = len(self.budget.matches)
-            stop = grepscan.scan(grepread.chunks(fd, kind, size, offset, self.file_limit, self.max_ratio), self.regex,
-                                 path, self.args, self.budget, offset, line, self.clock)
+            secrets, skipped = self._redaction(fd, kind, offset)
+            stop = grepscan.scan(grepread.chunks(fd, kind, size, offset, self.file_limit, self.max_ratio, skipped),
+                                 self.regex, path, self.args, self.budget, offset, line, self.clock, secrets)
         except grepread.Skipped as why:
             if alone:
                 if why.reason == "binary":
@@ -124,6 +125,30 @@ class Search:
             return True
         return False
 
+    def _redaction(self, fd: int, kind: str | None, offset: int) -> tuple[grepscan.Redaction | None,
+                                                                         Callable[[bytes], None] | None]:
+        """The redaction state of a search from ``offset`` (docs/REFERENCE.md §3 "Redaction"): whether
+        it starts inside a private key block or inside a line (a cursor may name any offset: that
+        line's rest is withheld), judged on the bytes before it; for a compressed file, on the text
+        :func:`mcpd.core.grepread.chunks` skips (the second item, its callback)."""
+        if not self.redact:
+            return None, None
+        secrets = grepscan.Redaction(self.redact)
+        if offset <= 0:
+            return secrets, None
+        if kind is None:
+            secrets.inside = redact.inside_at(fd, offset)
+            secrets.mid_line = os.pread(fd, 1, offset - 1) != b"\n"
+            return secrets, None
+        tail = [b""]
+
+        def before(data: bytes) -> None:
+            tail[0] = (tail[0] + data)[-redact.LOOKBACK:]
+            secrets.inside = "private-key" in self.redact and redact.starts_inside(tail[0])
+            secrets.mid_line = not tail[0].endswith(b"\n")
+
+        return secrets, before
+
     def _told(self) -> None:
         if self.progress is None:
             return
@@ -138,11 +163,14 @@ class Search:
         if stop is not None:
             offset = None if stop.offset < 0 else stop.offset
             cursor = encode_cursor(self.args, self.stop_path, offset, stop.line)
-        return {"path": root, "matches": self.budget.matches, "files_searched": self.searched,
-                "files_matched": self.matched, "bytes_searched": self.budget.searched,
-                "files_skipped": dict(sorted(self.skipped.items())), "skipped": self.named,
-                "truncated": stop is not None, "stopped": None if stop is None else stop.reason,
-                "next_cursor": cursor}
+        out = {"path": root, "matches": self.budget.matches, "files_searched": self.searched,
+               "files_matched": self.matched, "bytes_searched": self.budget.searched,
+               "files_skipped": dict(sorted(self.skipped.items())), "skipped": self.named,
+               "truncated": stop is not None, "stopped": None if stop is None else stop.reason,
+               "next_cursor": cursor}
+        if self.redact:
+            out["redacted"] = grepscan.shown_marks(self.budget.matches, self.redact)
+        return out
 
 
 def open_entry(dfd: int, name: str, follow: bool) -> int:
@@ -182,7 +210,7 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
     at = resume_at(root, cursor)
     if at is None:
         raise _bad_cursor()
-    s = Search(a, ctx.limits, progress_of(ctx))  # type: ignore[attr-defined]
+    s = Search(a, ctx.limits, progress_of(ctx), redact=getattr(ctx, "redact", ()))  # type: ignore[attr-defined]
     try:
         rfd = ctx.open_dir(root)
     except ToolError as exc:
@@ -220,7 +248,8 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
     return s.result(root)
 
 
-def grep_granted(args: Any, limits: ReadLimits, batches: Iterable[tuple[dict[str, Any], list[int]]]) -> dict[str, Any]:
+def grep_granted(args: Any, limits: ReadLimits, batches: Iterable[tuple[dict[str, Any], list[int]]],
+                 redact: tuple[str, ...] = ()) -> dict[str, Any]:
     """The privileged route's search, in the worker (docs/REFERENCE.md §4.1): validates ``args``
     again, then searches the files root opened, batch by batch, in the walk's order.
 
@@ -228,7 +257,8 @@ def grep_granted(args: Any, limits: ReadLimits, batches: Iterable[tuple[dict[str
     path per descriptor; ``skips``: ``[path, reason]`` of files passed over; ``not_granted``: how
     many files the grant refused, counted, never named; the last one's ``walk``: the walker's
     result); it is left unfinished once the search stopped. A file that is the ``path`` itself is
-    searched alone (its refusals are errors, as on the ordinary route).
+    searched alone (its refusals are errors, as on the ordinary route). ``redact``: the call's
+    detectors (docs/REFERENCE.md §3 "Redaction"), as :func:`op_grep`'s context carries them.
 
     Raises:
         ToolError: ``INVALID_ARGUMENT`` (arguments); ``INTERNAL_ERROR`` for a malformed frame;
@@ -236,7 +266,7 @@ def grep_granted(args: Any, limits: ReadLimits, batches: Iterable[tuple[dict[str
     """
     a = parse_grep_args(args)
     root, cursor = clean(a["path"]), cursor_of(a)
-    s = Search(a, limits)
+    s = Search(a, limits, redact=redact)
     walked: Any = None
     for frame, fds in batches:
         files, skips, refused = frame.get("files"), frame.get("skips"), frame.get("not_granted")

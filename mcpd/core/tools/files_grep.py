@@ -29,7 +29,9 @@ DESCRIPTION = (
     f"`time_budget_seconds` (default {BUDGET}, max {BUDGET_MAX}) or at the byte limits, and then gives "
     "`next_cursor`: call again with the same arguments and `cursor` set to it for the rest. `privileged: true` "
     "searches under an mcp-sudo.yaml grant for files/grep: each file the grant covers is opened by the "
-    "server and searched with your account's worker; files the grant does not cover are counted as `not_granted`."
+    "server and searched with your account's worker; files the grant does not cover are counted as `not_granted`. "
+    "When the server redacts secrets for this caller, the "
+    "text is searched and shown redacted ([REDACTED:<kind>]; `structuredContent.redacted` counts them)."
 )
 _GLOBS: dict[str, Any] = {"oneOf": [
     {"type": "string", "minLength": 1, "maxLength": MAX_GLOB},

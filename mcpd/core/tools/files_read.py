@@ -46,6 +46,8 @@ edge are left out.
 - default mode: the whole file up to 10240 bytes; a longer file gives its first 10240 bytes (cut back to \
 a whole character) and the truncation warning with the next call's arguments.
 
+Redaction: when the server redacts secrets for this caller, each one reads [REDACTED:<kind>] (line numbers and byte offsets stay the file's; structuredContent.redacted counts them by kind), and a byte window shows whole lines only: a line it cuts is withheld and the warning names its offset.
+
 An empty file reads as "" in every mode (start_line 1 included). A byte-order mark selects UTF-8/16/32 \
 and is stripped. Errors (isError, structuredContent.error.code): INVALID_ARGUMENT, FILE_NOT_FOUND, \
 PERMISSION_DENIED, NOT_A_REGULAR_FILE (directories, FIFOs, sockets, devices), BINARY_FILE (a NUL byte in \
@@ -111,11 +113,15 @@ def parse_args(args: Any) -> dict[str, Any]:
 
 
 def format_result(result: dict[str, Any]) -> dict[str, Any]:
-    """The MCP ``CallToolResult`` for a ``files/read`` result ``{"text", "metadata"?}``: one raw text
-    content item, and ``structuredContent`` = the metadata when present. A base64 read is a text
+    """The MCP ``CallToolResult`` for a ``files/read`` result ``{"text", "metadata"?, "redacted"?}``:
+    one raw text content item, and ``structuredContent`` = the metadata when present, with
+    ``redacted`` (secrets replaced, by kind) when the answer was redacted. A base64 read is a text
     item too (of base64): every MCP client hands text items to its model, while blob resources
     are dropped or shown as an attachment by several."""
     reply: dict[str, Any] = {"content": [{"type": "text", "text": result["text"]}]}
-    if result.get("metadata") is not None:
-        reply["structuredContent"] = result["metadata"]
+    meta = result.get("metadata")
+    if isinstance(result.get("redacted"), dict):
+        meta = {**(meta or {}), "redacted": result["redacted"]}
+    if meta is not None:
+        reply["structuredContent"] = meta
     return reply

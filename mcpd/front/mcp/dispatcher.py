@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mcpd.common.identity import Principal
+from mcpd.common.redaction import with_redaction
 from mcpd.core.tools import TOOLS, ToolModule, by_any_name, portable_name
 from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
@@ -190,6 +191,7 @@ class Dispatcher:
                 args = tool.parse_args({} if arguments is None else arguments)
                 if self.limits is not None:  # per-principal quota and answer size
                     args = self.limits.charge_call(c.principal.name, args)
+                args = with_redaction(tool.NAME, args, c.principal.redact)  # the policy process decides its own
                 if args.get("privileged"):
                     call.stage = "forwarded"
                     call.result = await self.privileged.call(c.token, c.principal, ctx.session_id, c.peer,
