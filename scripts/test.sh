@@ -27,14 +27,15 @@ trap 'rm -rf "$dist"' EXIT
 .venv/bin/twine check --strict "$dist"/*.whl "$dist"/*.tar.gz
 
 # With no arguments, the whole suite: every test but the serial ones (those that install mcpd
-# system-wide) on MCPD_TEST_JOBS processes (pytest-xdist; 3 by default: most tests wait on
+# system-wide) on MCPD_TEST_JOBS processes (pytest-xdist, a test file to a process, so a module
+# runs its tests in order with its fixtures once; 3 by default: most tests wait on
 # daemons, accounts and timers rather than the CPU), then the serial ones alone. Arguments: one
 # plain pytest run of what they name.
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
 rc=0
-.venv/bin/python -m pytest -n "${MCPD_TEST_JOBS:-3}" -m "not serial" || rc=$?
+.venv/bin/python -m pytest -n "${MCPD_TEST_JOBS:-3}" --dist loadfile -m "not serial" || rc=$?
 .venv/bin/python -m pytest -m serial || rc2=$?
 [ "$rc" = 0 ] && rc=${rc2:-0}
 exit "$rc"
