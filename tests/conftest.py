@@ -9,6 +9,7 @@ private CA, a server certificate, ``mcpd.yaml`` and ``users.yaml`` with two prin
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import pwd
@@ -102,6 +103,15 @@ def pytest_runtest_makereport(item: pytest.Item,
         report.longrepr = (f"a root-only test skipped in a run as root ({report.when}): {reason}\n"
                            "as root it must run; mark it root_may_skip(reason) only if the skip is right even as root")
     return report
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_a_files_garbage() -> Iterator[None]:
+    """Collect garbage once a test file's tests are done, so that a socket or transport a file
+    left unclosed is reported (as ResourceWarning, an error here) in that file's last test,
+    not in whichever test of another file the same process happens to run next."""
+    yield
+    gc.collect()
 
 
 @dataclass

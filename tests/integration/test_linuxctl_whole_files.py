@@ -8,6 +8,7 @@ while it is read, and --max-bytes.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import subprocess
@@ -48,6 +49,23 @@ def log_bytes(size: int) -> bytes:
         n, i = n + len(b), i + 1
     return b"".join(parts) + b"last line, no newline"
 
+
+
+def read_while_page_one_is_written(proc: subprocess.Popen[bytes]) -> bytes:
+    """Read from ``linuxctl get files``'s stdout all of page 1 but more than its pipe holds.
+
+    linuxctl asks for page 2 only once page 1 is all in the pipe, so when this returns linuxctl
+    is still writing page 1 and the test may change the file before page 2 is read (reading all
+    but one byte would not do: linuxctl's write ends as soon as the rest fits in the pipe).
+    """
+    assert proc.stdout is not None and proc.stderr is not None
+    short = pager.PAGE_BYTES - 2 * fcntl.fcntl(proc.stdout.fileno(), fcntl.F_GETPIPE_SZ)
+    got = b""
+    while len(got) < short:
+        chunk = proc.stdout.read(short - len(got))
+        assert chunk, proc.stderr.read()
+        got += chunk
+    return got
 
 def test_five_mib_log_byte_exact(daemon: Any, tmp_path: Path) -> None:
     path = make_file(tmp_path, "big.log", log_bytes(5 * MiB))
@@ -157,11 +175,7 @@ def test_file_shrinking_while_read_is_an_error(daemon: Any, tmp_path: Path) -> N
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         try:
             assert proc.stdout is not None and proc.stderr is not None
-            got = b""
-            while len(got) < pager.PAGE_BYTES - 1:  # linuxctl blocks writing page 1 until it is all read
-                chunk = proc.stdout.read(pager.PAGE_BYTES - 1 - len(got))
-                assert chunk, proc.stderr.read()
-                got += chunk
+            got = read_while_page_one_is_written(proc)
             os.truncate(path, 1000)
             got += proc.stdout.read()
             err = proc.stderr.read()
@@ -189,11 +203,7 @@ def test_file_replaced_while_read_is_an_error_not_a_splice(daemon: Any, tmp_path
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         try:
             assert proc.stdout is not None and proc.stderr is not None
-            got = b""
-            while len(got) < pager.PAGE_BYTES - 1:  # linuxctl blocks writing page 1 until it is all read
-                chunk = proc.stdout.read(pager.PAGE_BYTES - 1 - len(got))
-                assert chunk, proc.stderr.read()
-                got += chunk
+            got = read_while_page_one_is_written(proc)
             if grown == "in place":
                 time.sleep(0.01)  # a later mtime, whatever the file system's clock grain
                 with open(path, "r+b") as f:
@@ -262,11 +272,7 @@ def test_character_cut_by_the_first_size_is_completed(daemon: Any, tmp_path: Pat
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         try:
             assert proc.stdout is not None and proc.stderr is not None
-            got = b""
-            while len(got) < pager.PAGE_BYTES - 1:  # page 1 is read, page 2 not yet asked for
-                chunk = proc.stdout.read(pager.PAGE_BYTES - 1 - len(got))
-                assert chunk, proc.stderr.read()
-                got += chunk
+            got = read_while_page_one_is_written(proc)
             with open(path, "ab") as f:
                 f.write(b"\xa9 and more text that is not printed\n")
             got += proc.stdout.read()

@@ -341,6 +341,7 @@ def test_a_forged_jwt_flood_takes_no_capacity_from_valid_tokens(setup: OAuthSetu
     every valid request is served, no session is closed, no forged token leaves a record."""
     import ssl
 
+    from tests.support.floods import ForgedTokenFlood
     from tests.support.jwtkeys import TestIssuer as Attacker
 
     d, carol = setup.d, setup.carol
@@ -349,28 +350,6 @@ def test_a_forged_jwt_flood_takes_no_capacity_from_valid_tokens(setup: OAuthSetu
     host, port = "127.0.0.1", int(d.url.rsplit(":", 1)[1])
     ctx = ssl.create_default_context(cafile=d.cacert)
     records_before = len(d.audit())
-    body = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
-
-    async def flood(until: float, offset: int) -> None:
-        try:
-            reader, writer = await asyncio.open_connection(host, port, ssl=ctx, server_hostname=host)
-        except OSError:
-            return
-        i = offset
-        try:
-            while time.monotonic() < until:
-                i += 1
-                writer.write((f"POST /message?session_id={secrets.token_hex(16)} HTTP/1.1\r\nHost: {host}\r\n"
-                              f"Authorization: Bearer {forged[i % len(forged)]}\r\nContent-Type: application/json\r\n"
-                              f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                await reader.readexactly(length)
-        except (OSError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
 
     async def go() -> list[int]:
         statuses: list[int] = []
@@ -378,10 +357,9 @@ def test_a_forged_jwt_flood_takes_no_capacity_from_valid_tokens(setup: OAuthSetu
         async with httpx.AsyncClient(verify=ctx, timeout=20, base_url=d.url) as c:
             r = await c.post("/mcp", json=INIT, headers=_h(token))
             sid = r.headers["mcp-session-id"]
-            until = time.monotonic() + 8
-            tasks = [asyncio.create_task(flood(until, k * 3)) for k in range(100)]
-            try:
-                while time.monotonic() < until:
+            async with ForgedTokenFlood(host, port, ctx, connections=100, seconds=8,
+                                        token=lambda i: forged[i % len(forged)]) as flood:
+                while time.monotonic() < flood.until:
                     ping = {"jsonrpc": "2.0", "id": len(statuses), "method": "ping"}
                     statuses.append((await c.post("/mcp", json=ping, headers=_h(token, sid))).status_code)
                     async with c.stream("GET", "/sse", headers={"Authorization": f"Bearer {d.tokens['alice']}"}) as s:
@@ -389,10 +367,6 @@ def test_a_forged_jwt_flood_takes_no_capacity_from_valid_tokens(setup: OAuthSetu
                     if set(statuses) != {200, 201}:
                         break
                     await asyncio.sleep(0.1)
-            finally:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
         return statuses
 
     statuses = asyncio.run(go())

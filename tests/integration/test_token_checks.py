@@ -6,7 +6,6 @@ nor make the policy process raise an alert as for a compromised front."""
 from __future__ import annotations
 
 import asyncio
-import secrets
 import ssl
 import time
 
@@ -14,31 +13,9 @@ import httpx
 import pytest
 
 from tests.conftest import EVENT_TIMEOUT, SseSession
+from tests.support.floods import ForgedTokenFlood, random_token
 from tests.support.privsep_fixture import PrivsepDaemon, privsep_daemon  # noqa: F401  (fixture)
 from tests.support.streamable import as_daemon
-
-
-async def _forged_flood(host: str, port: int, ctx: ssl.SSLContext, until: float) -> None:
-    """One connection POSTing with forged, token-shaped tokens (never cached) until ``until``."""
-    body = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
-    try:
-        reader, writer = await asyncio.open_connection(host, port, ssl=ctx, server_hostname=host)
-    except OSError:
-        return
-    try:
-        while time.monotonic() < until:
-            forged = f"mcpd_{secrets.token_hex(6)}_{secrets.token_urlsafe(32)}"
-            writer.write((f"POST /message?session_id={secrets.token_hex(16)} HTTP/1.1\r\nHost: {host}\r\n"
-                          f"Authorization: Bearer {forged}\r\nContent-Type: application/json\r\n"
-                          f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
-            await reader.readexactly(length)
-    except (OSError, asyncio.IncompleteReadError):
-        pass
-    finally:
-        writer.close()
 
 
 @pytest.mark.root
@@ -59,21 +36,15 @@ def test_a_forged_token_flood_never_closes_a_valid_session_nor_refuses_a_valid_t
         statuses: list[int] = []
         async with SseSession(bob_d) as bob:
             assert (await bob.request("ping", req_id="before"))["result"] == {}
-            until = time.monotonic() + 10
-            flood = [asyncio.create_task(_forged_flood(host, port, ctx, until)) for _ in range(200)]
-            try:
-                async with httpx.AsyncClient(verify=ctx, timeout=EVENT_TIMEOUT) as c:
-                    while time.monotonic() < until:
-                        statuses.append((await bob.post({"jsonrpc": "2.0", "id": len(statuses), "method": "ping"})).status_code)
-                        async with c.stream("GET", f"{pd.url}/sse", headers={"Authorization": f"Bearer {pd.tokens['alice']}"}) as r:
-                            statuses.append(r.status_code + 1)  # (alice's streams: 201 when opened)
-                        if set(statuses) != {202, 201}:
-                            break
-                        await asyncio.sleep(0.1)
-            finally:
-                for task in flood:
-                    task.cancel()
-                await asyncio.gather(*flood, return_exceptions=True)
+            async with ForgedTokenFlood(host, port, ctx, connections=200, seconds=10, token=random_token) as flood, \
+                    httpx.AsyncClient(verify=ctx, timeout=EVENT_TIMEOUT) as c:
+                while time.monotonic() < flood.until:
+                    statuses.append((await bob.post({"jsonrpc": "2.0", "id": len(statuses), "method": "ping"})).status_code)
+                    async with c.stream("GET", f"{pd.url}/sse", headers={"Authorization": f"Bearer {pd.tokens['alice']}"}) as r:
+                        statuses.append(r.status_code + 1)  # (alice's streams: 201 when opened)
+                    if set(statuses) != {202, 201}:
+                        break
+                    await asyncio.sleep(0.1)
             statuses.append((await bob.post({"jsonrpc": "2.0", "id": "after", "method": "ping"})).status_code)
         return statuses
 
