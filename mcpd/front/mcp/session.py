@@ -38,12 +38,12 @@ from mcpd.front.mcp.jsonrpc import (
     valid_id,
 )
 from mcpd.front.mcp.versions import (
-    CAPABILITIES,
     INSTRUCTIONS,
     MODERN_VERSIONS,
     NO_BATCHES_SINCE,
     SERVER_INFO,
     SUPPORTED_VERSIONS,
+    capabilities,
     modern_result,
     negotiate,
 )
@@ -86,7 +86,7 @@ class Room(Protocol):
 
 
 #: Methods whose reply may be large (a worker's answer): each takes :attr:`Room.call_cost`.
-HEAVY_METHODS = frozenset({"tools/call", "resources/read"})
+HEAVY_METHODS = frozenset({"tools/call", "resources/read", "tasks/result", "tasks/get"})
 
 
 def heavy(msg: Any) -> bool:
@@ -394,7 +394,7 @@ class McpSession:
         self.initialized = True
         return {
             "protocolVersion": self.protocol_version,
-            "capabilities": CAPABILITIES,
+            "capabilities": capabilities(self.protocol_version),
             "serverInfo": dict(SERVER_INFO),
             "instructions": INSTRUCTIONS,
         }
@@ -404,7 +404,7 @@ class McpSession:
         ones need ``initialize``), capabilities and instructions; identity via :func:`modern_result`."""
         return {
             "supportedVersions": [*reversed(MODERN_VERSIONS), *reversed(SUPPORTED_VERSIONS)],
-            "capabilities": CAPABILITIES,
+            "capabilities": capabilities(MODERN_VERSIONS[-1]),
             "instructions": INSTRUCTIONS,
         }
 
