@@ -65,7 +65,8 @@ META = {"io.modelcontextprotocol/protocolVersion": V, "io.modelcontextprotocol/c
         "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}
 
 
-NAME_FIELD = {"tools/call": "name", "resources/read": "uri"}
+NAME_FIELD = {"tools/call": "name", "resources/read": "uri",
+              "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
 
 
 def request(method: str, params: dict[str, Any] | None = None, rid: Any = 1, meta: dict[str, Any] | None = None,
@@ -77,7 +78,7 @@ def headers(d: Daemon, body: dict[str, Any], **override: str | None) -> dict[str
     h: dict[str, str | None] = {**d.auth(), "Accept": ACCEPT_BOTH, "Content-Type": "application/json",
                                 "MCP-Protocol-Version": V, "Mcp-Method": body["method"]}
     field = NAME_FIELD.get(body["method"])
-    if field:
+    if field and isinstance(body["params"].get(field), str):
         h["Mcp-Name"] = body["params"][field]
     h.update({k.replace("_", "-"): v for k, v in override.items()})
     return {k: v for k, v in h.items() if v is not None}
