@@ -395,8 +395,8 @@ async def test_extension_cancel_stops_the_work(daemon_factory: Callable[..., Dae
     ("tasks/get", {"taskId": "0" * 32}, EXT_META, {"Mcp_Name": None}, 400, -32020),
     ("tasks/get", {"taskId": "0" * 32}, EXT_META, {"Mcp_Name": "1" * 32}, 400, -32020),
     ("tasks/update", {"taskId": "0" * 32, "inputResponses": []}, EXT_META, {}, 200, -32602),
-    ("tasks/list", {}, EXT_META, {}, 200, -32601),                    # not part of this revision
-    ("tasks/result", {"taskId": "0" * 32}, EXT_META, {}, 200, -32601),
+    ("tasks/list", {}, EXT_META, {}, 404, -32601),                    # not part of this revision
+    ("tasks/result", {"taskId": "0" * 32}, EXT_META, {}, 404, -32601),
 ])
 async def test_extension_errors(daemon: Daemon, method: str, params: dict[str, Any], meta: dict[str, Any],
                                 override: dict[str, str | None], status: int, code: int) -> None:

@@ -37,6 +37,7 @@ from mcpd.front.mcp.jsonrpc import (
     params_of,
     valid_id,
 )
+from mcpd.front.mcp.tasks import SESSION_ONLY_METHODS
 from mcpd.front.mcp.versions import (
     INSTRUCTIONS,
     MODERN_VERSIONS,
@@ -147,6 +148,8 @@ class McpSession:
 
     def knows(self, method: str) -> bool:
         """Whether ``method`` is served (in this session's era)."""
+        if self.modern and method in SESSION_ONLY_METHODS:
+            return False
         return method in self._lifecycle or method in self.dispatcher.handlers
 
     # -- intake -------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from mcpd.front import metrics
 from mcpd.front.mcp.jsonrpc import INTERNAL, INVALID_PARAMS, METHOD_NOT_FOUND, SERVER_BUSY, RpcError
 from mcpd.front.mcp.versions import META_CLIENT_CAPABILITIES, TASKS_SINCE
 from mcpd.front.mcp.versions import TASKS_EXTENSION as EXTENSION
@@ -48,6 +49,8 @@ TASK_TOOLS = frozenset({"files/find", "files/grep"})
 RELATED_TASK = "io.modelcontextprotocol/related-task"
 #: a 2026-07-28 request for a task method from a client that did not declare the extension
 MISSING_CAPABILITY = -32021
+#: the task methods of the 2025-11-25 sessions only (the 2026-07-28 extension has neither)
+SESSION_ONLY_METHODS = frozenset({"tasks/list", "tasks/result"})
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 LIST_PAGE = 50  # tasks per tasks/list page
 CANCEL_WAIT_SECONDS = 5.0  # how long tasks/cancel waits for the work to have stopped
@@ -166,6 +169,7 @@ class TaskStore:
         if tool not in TASK_TOOLS:
             raise RpcError(METHOD_NOT_FOUND, f"{tool} cannot run as a task (only {', '.join(sorted(TASK_TOOLS))} can)")
         if self._full(ctx):
+            metrics.limit_hit("tasks_per_principal")
             raise RpcError(SERVER_BUSY, f"this principal keeps {self.max_per_principal} tasks already; cancel one "
                            "or wait until one's ttl ends", {"maxTasks": self.max_per_principal})
         return min(ttl, self.max_ttl_ms)
