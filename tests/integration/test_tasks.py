@@ -17,59 +17,16 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon
-from tests.support.streamable import META, client, hdrs, headers, open_session, post, request
+from tests.support.streamable import META, Rpc, client, hdrs, headers, post, request
 from tests.support.workers import worker_pids
 
 pytestmark = pytest.mark.anyio
 
-TASKS = "2025-11-25"
+TASKS = "2025-11-25"  # (Rpc's default version)
 EXT = "io.modelcontextprotocol/tasks"
 #: the 2026-07-28 _meta of a client that declares the tasks extension
 EXT_META = {**META, "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXT: {}}}}
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
-
-
-class Rpc:
-    """A 2025-11-25 (or older) Streamable HTTP session of one principal: one request a POST."""
-
-    def __init__(self, c: httpx.AsyncClient, d: Daemon, sid: str, token: str | None, version: str) -> None:
-        self.c, self.d, self.sid, self.token, self.version = c, d, sid, token, version
-        self.n = 0
-
-    @classmethod
-    async def open(cls, c: httpx.AsyncClient, d: Daemon, token: str | None = None, version: str = TASKS) -> Rpc:
-        return cls(c, d, await open_session(c, d, token=token, version=version), token, version)
-
-    async def __call__(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        self.n += 1
-        rid = self.n
-        body = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}}
-        r = await self.c.post("/mcp", json=body, headers=hdrs(self.d, self.sid, token=self.token,
-                                                             **{"MCP-Protocol-Version": self.version}))
-        assert r.status_code == 200, r.text
-        reply: dict[str, Any] = r.json()
-        assert reply["id"] == rid
-        return reply
-
-    async def ok(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        reply = await self(method, params)
-        assert "result" in reply, reply
-        result: dict[str, Any] = reply["result"]
-        return result
-
-    async def err(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        reply = await self(method, params)
-        assert "error" in reply, reply
-        error: dict[str, Any] = reply["error"]
-        return error
-
-    async def until_done(self, task_id: str) -> dict[str, Any]:
-        for _ in range(400):
-            task = await self.ok("tasks/get", {"taskId": task_id})
-            if task["status"] != "working":
-                return task
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"task {task_id} still works")
 
 
 def check_task(task: dict[str, Any], ttl: int, poll: int = 1000) -> None:
