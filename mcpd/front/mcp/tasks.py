@@ -122,6 +122,7 @@ class TaskStore:
         self._tasks: dict[str, Task] = {}
         self._owned: dict[str, int] = {}  # principal name -> tasks kept
         self._seq = 0
+        self._running: set[asyncio.Task[None]] = set()  # (held: the loop keeps only weak references)
 
     def configure(self, max_per_principal: int, default_ttl_seconds: float, max_ttl_seconds: float,
                   poll_interval_seconds: float) -> None:
@@ -135,9 +136,6 @@ class TaskStore:
         """The ``tasks/*`` method handlers, for the dispatcher's table."""
         return {"tasks/get": self.tasks_get, "tasks/result": self.tasks_result, "tasks/cancel": self.tasks_cancel,
                 "tasks/list": self.tasks_list, "tasks/update": self.tasks_update}
-
-    def __len__(self) -> int:
-        return len(self._tasks)
 
     # -- creating ---------------------------------------------------------------------------------
 
@@ -192,6 +190,8 @@ class TaskStore:
         task.expiry = loop.call_later(ttl_ms / 1000, self._expire, task.task_id)
         work_ctx = replace(ctx, progress_token=None)
         task.runner = loop.create_task(self._work(task, work_ctx, name, arguments))
+        self._running.add(task.runner)
+        task.runner.add_done_callback(self._running.discard)
         log.info("task %s: %s for %s (session %s, ttl %d ms)", task.task_id, name, task.owner, ctx.session_id, ttl_ms)
         if ctx.modern:
             return {**self._view(task), "resultType": "task"}

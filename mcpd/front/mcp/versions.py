@@ -31,7 +31,7 @@ SERVER_INFO = {"name": "mcpd", "version": version()}
 CAPABILITIES = {"tools": {"listChanged": False}, "resources": {"listChanged": False}}
 #: the first session-era revision with tasks (docs/REFERENCE.md §2.6), and their capability there
 TASKS_SINCE = "2025-11-25"
-SESSION_TASKS = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+SESSION_TASKS: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
 #: the 2026-07-28 revision's tasks extension, declared in ``server/discover`` and by its clients
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 # Caching hints the 2026-07-28 revision requires on these results: (ttlMs, cacheScope). The lists
