@@ -19,8 +19,8 @@ from mcpd.core.tools import TOOLS, ToolModule, by_any_name, portable_name
 from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, RpcError, Send, encodable
-from mcpd.front.mcp.tasks import TASK_TOOLS, TaskStore, session_tasks
-from mcpd.front.mcp.versions import STRUCTURED_SINCE
+from mcpd.front.mcp.tasks import TASK_TOOLS, TaskStore
+from mcpd.front.mcp.versions import STRUCTURED_SINCE, session_tasks
 from mcpd.front.privileged import PrivilegedBackend
 from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from mcpd.front import metrics
 from mcpd.front.mcp.jsonrpc import INTERNAL, INVALID_PARAMS, METHOD_NOT_FOUND, SERVER_BUSY, RpcError
-from mcpd.front.mcp.versions import META_CLIENT_CAPABILITIES, TASKS_SINCE
+from mcpd.front.mcp.versions import META_CLIENT_CAPABILITIES, session_tasks
 from mcpd.front.mcp.versions import TASKS_EXTENSION as EXTENSION
 
 if TYPE_CHECKING:
@@ -64,11 +64,6 @@ Runner = Callable[["RequestContext", str, Any], Awaitable[dict[str, Any]]]
 def _iso(ts: float) -> str:
     """``ts`` (seconds since the epoch) as ISO 8601 UTC with milliseconds: ``2026-07-28T10:30:00.000Z``."""
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def session_tasks(version: str | None) -> bool:
-    """Whether a session of protocol ``version`` has tasks (2025-11-25 and later session revisions)."""
-    return version is not None and version >= TASKS_SINCE
 
 
 def declares_extension(params: dict[str, Any]) -> bool:

@@ -51,12 +51,17 @@ INSTRUCTIONS = (
 )
 
 
+def session_tasks(version: str | None) -> bool:
+    """Whether a session of protocol ``version`` has tasks (2025-11-25 and later session revisions)."""
+    return version is not None and version >= TASKS_SINCE
+
+
 def capabilities(version: str | None) -> dict[str, Any]:
     """The server's capabilities in protocol ``version``: :data:`CAPABILITIES`, with tasks from
     2025-11-25 on (``capabilities.tasks`` in a session, the tasks extension in 2026-07-28)."""
     if version in MODERN_VERSIONS:
         return {**CAPABILITIES, "extensions": {TASKS_EXTENSION: {}}}
-    if version is not None and version >= TASKS_SINCE:
+    if session_tasks(version):
         return {**CAPABILITIES, "tasks": SESSION_TASKS}
     return CAPABILITIES
 
