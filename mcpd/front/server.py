@@ -148,7 +148,7 @@ class Server:
         dispatcher.max_batch_bytes = self.cfg.session_queue_bytes
         t = self.cfg.tasks
         dispatcher.tasks.configure(t.max_per_principal, t.default_ttl_seconds, t.max_ttl_seconds,
-                                   t.poll_interval_seconds)
+                                   t.poll_interval_seconds, t.max_result_bytes)
         login = PolicyLogin(channel) if channel is not None else NoLogin()
         if self.cfg.limits != Limits():
             dispatcher.limits = resources.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)

@@ -365,3 +365,25 @@ async def test_extension_errors(daemon: Daemon, method: str, params: dict[str, A
         assert err["code"] == code
         if code == -32021:
             assert err["data"] == {"requiredCapabilities": {"extensions": {EXT: {}}}}
+
+
+async def test_results_held_are_bounded_in_bytes(daemon: Daemon, daemon_factory: Callable[..., Daemon],
+                                                 tmp_path: Path) -> None:
+    from mcpd.front.mcp.jsonrpc import approx_size
+
+    tree = small_tree(tmp_path / "t")
+    find = {"name": "files/find", "arguments": {"root": str(tree)}}
+    async with client(daemon) as c:
+        size = approx_size(await (await Rpc.open(c, daemon)).ok("tools/call", find))
+    d = daemon_factory(tasks={"max_result_bytes": size * 3 // 2})
+    async with client(d) as c:
+        rpc = await Rpc.open(c, d)
+        first = (await rpc.ok("tools/call", {**find, "task": {"ttl": 1500}}))["task"]["taskId"]
+        assert (await rpc.until_done(first))["status"] == "completed"
+        second = (await rpc.ok("tools/call", {**find, "task": {}}))["task"]["taskId"]
+        assert (await rpc.until_done(second))["status"] == "failed"
+        err = (await rpc.ok("tasks/result", {"taskId": second}))["structuredContent"]["error"]
+        assert err["code"] == "FILE_TOO_LARGE" and err["details"] == {"size": size, "limit": size * 3 // 2 - size, "suggestion": err["details"]["suggestion"]}
+        await asyncio.sleep(2)  # the first task's ttl ends: its bytes are freed
+        third = (await rpc.ok("tools/call", {**find, "task": {}}))["task"]["taskId"]
+        assert (await rpc.until_done(third))["status"] == "completed"

@@ -16,7 +16,7 @@ Two revisions shape them differently; one :class:`TaskStore` serves both:
 
 A task belongs to the principal that made it, in the revision it was made in: anyone else asking
 for its id is told it does not exist. A principal keeps at most ``max_per_principal`` tasks
-(running or finished); each one ends when its time to live does (from its creation): its work
+(running or finished) and ``max_result_bytes`` of their results; each one ends when its time to live does (from its creation): its work
 is cancelled and its result freed. The work itself is the dispatcher's ``tools/call`` (same
 argument checks, limits, policy decision and records as a direct call); cancelling a task
 cancels that coroutine, as ``notifications/cancelled`` cancels a request, which stops the
@@ -35,9 +35,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from mcpd.front import metrics
-from mcpd.front.mcp.jsonrpc import INTERNAL, INVALID_PARAMS, METHOD_NOT_FOUND, SERVER_BUSY, RpcError
+from mcpd.front.mcp.jsonrpc import INTERNAL, INVALID_PARAMS, METHOD_NOT_FOUND, SERVER_BUSY, RpcError, approx_size
 from mcpd.front.mcp.versions import META_CLIENT_CAPABILITIES, session_tasks
 from mcpd.front.mcp.versions import TASKS_EXTENSION as EXTENSION
+from mcpd.helper.wire.errors import FILE_TOO_LARGE, ToolError
 
 if TYPE_CHECKING:
     from mcpd.front.mcp.dispatcher import RequestContext
@@ -88,6 +89,7 @@ class Task:
     status: str = "working"
     message: str | None = None
     result: dict[str, Any] | None = None  # the CallToolResult, once completed (or failed with isError)
+    held: int = 0  # bytes of ``result`` counted against its owner's max_result_bytes
     error: dict[str, Any] | None = None  # the JSON-RPC error object, once failed with one
     done: asyncio.Event = field(default_factory=asyncio.Event)
     runner: asyncio.Task[None] | None = None
@@ -105,23 +107,29 @@ class TaskStore:
         default_ttl_ms, max_ttl_ms: a task's time to live when its client names none, and at most
             (milliseconds, from its creation).
         poll_ms: the ``pollInterval`` suggested (milliseconds).
+        max_result_bytes: bytes of results one principal's tasks hold at once (about, counted on
+            their strings); a result that would pass it is replaced by a ``FILE_TOO_LARGE`` error
+            result.
     """
 
     def __init__(self, run: Runner, max_per_principal: int = 16, default_ttl_ms: int = 300_000,
-                 max_ttl_ms: int = 3_600_000, poll_ms: int = 1000) -> None:
+                 max_ttl_ms: int = 3_600_000, poll_ms: int = 1000, max_result_bytes: int = 64 * 1024 * 1024) -> None:
         self.run = run
+        self.max_result_bytes = max_result_bytes
         self.max_per_principal = max_per_principal
         self.default_ttl_ms = default_ttl_ms
         self.max_ttl_ms = max_ttl_ms
         self.poll_ms = poll_ms
         self._tasks: dict[str, Task] = {}
         self._owned: dict[str, int] = {}  # principal name -> tasks kept
+        self._held: dict[str, int] = {}  # principal name -> bytes of results kept
         self._seq = 0
         self._running: set[asyncio.Task[None]] = set()  # (held: the loop keeps only weak references)
 
     def configure(self, max_per_principal: int, default_ttl_seconds: float, max_ttl_seconds: float,
-                  poll_interval_seconds: float) -> None:
-        """Set the bounds from ``mcpd.yaml``'s ``tasks`` section (counts, seconds)."""
+                  poll_interval_seconds: float, max_result_bytes: int) -> None:
+        """Set the bounds from ``mcpd.yaml``'s ``tasks`` section (counts, seconds, bytes)."""
+        self.max_result_bytes = max_result_bytes
         self.max_per_principal = max_per_principal
         self.default_ttl_ms = int(default_ttl_seconds * 1000)
         self.max_ttl_ms = int(max_ttl_seconds * 1000)
@@ -209,7 +217,7 @@ class TaskStore:
             task.error = {"code": INTERNAL, "message": "internal error"}
             self._finish(task, "failed", "internal error")
         else:
-            task.result = result
+            task.result = result = self._hold(task, result)
             if result.get("isError") and not task.modern:  # (2025-11-25: a tool error is a failed task)
                 content = result.get("content")
                 text = content[0].get("text") if isinstance(content, list) and content and \
@@ -217,6 +225,22 @@ class TaskStore:
                 self._finish(task, "failed", text if isinstance(text, str) else "the tool failed")
             else:
                 self._finish(task, "completed", "the call is done")
+
+    def _hold(self, task: Task, result: dict[str, Any]) -> dict[str, Any]:
+        """``result`` counted against its owner's :attr:`max_result_bytes`, or, past it, the
+        ``FILE_TOO_LARGE`` error result that takes its place."""
+        size = approx_size(result)
+        held = self._held.get(task.owner, 0)
+        if held + size > self.max_result_bytes:
+            from mcpd.front.mcp.dispatcher import tool_error_result  # (the dispatcher imports this module)
+
+            return tool_error_result(ToolError(
+                FILE_TOO_LARGE, "this result would pass the bytes this principal's tasks may hold", size=size,
+                limit=self.max_result_bytes - held,
+                suggestion="cancel or let expire your other tasks, narrow the search, or call without a task"))
+        task.held = size
+        self._held[task.owner] = held + size
+        return result
 
     def _finish(self, task: Task, status: str, message: str) -> None:
         if task.status in TERMINAL:
@@ -231,11 +255,12 @@ class TaskStore:
         task = self._tasks.pop(task_id, None)
         if task is None:
             return
-        left = self._owned.get(task.owner, 1) - 1
-        if left > 0:
-            self._owned[task.owner] = left
-        else:
-            self._owned.pop(task.owner, None)
+        for table, amount in ((self._owned, 1), (self._held, task.held)):
+            left = table.get(task.owner, 0) - amount
+            if left > 0:
+                table[task.owner] = left
+            else:
+                table.pop(task.owner, None)
         if task.runner is not None and not task.runner.done():
             task.runner.cancel()
         task.result = task.error = None
