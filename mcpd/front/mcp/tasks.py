@@ -207,6 +207,8 @@ class TaskStore:
             self._finish(task, "cancelled", "the task was cancelled")
             raise
         except RpcError as exc:
+            if task.status in TERMINAL:
+                return
             error: dict[str, Any] = {"code": exc.code, "message": exc.message}
             if exc.data is not None:
                 error["data"] = exc.data
@@ -217,6 +219,8 @@ class TaskStore:
             task.error = {"code": INTERNAL, "message": "internal error"}
             self._finish(task, "failed", "internal error")
         else:
+            if task.status in TERMINAL:
+                return  # (cancelled meanwhile: the work ended before the cancellation reached it)
             task.result = result = self._hold(task, result)
             if result.get("isError") and not task.modern:  # (2025-11-25: a tool error is a failed task)
                 content = result.get("content")
