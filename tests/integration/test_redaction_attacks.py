@@ -100,6 +100,29 @@ def _grep_grant(d: PrivsepDaemon, **rule: Any) -> None:
     d.write_grants(grants)
 
 
+# --- the text the detectors judge is the text the caller gets back -----------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="an ASCII file read with encoding utf-16 decodes to CJK text no detector "
+                   "matches; encoding the answer back as UTF-16LE gives the file's bytes, secrets and keys whole")
+@pytest.mark.parametrize("privileged", [False, True])
+def test_reading_in_another_encoding_gives_no_secret_back(setup: tuple[PrivsepDaemon, str, Path],
+                                                         privileged: bool) -> None:
+    d, token, own = setup
+    data = (CONF + KEY).encode()
+    data += b"\n" * (len(data) % 2)  # UTF-16 wants whole code units
+    path = d.app / "enc.conf" if privileged else own / "enc.conf"
+    if privileged:
+        path.write_bytes(data)  # root's 0600: alice's grant (no redact) reads it, carol's redaction applies
+    else:
+        _alices(d, path, data)
+    for args in ({"encoding": "utf-16"}, {"encoding": "utf-16", "offset": 0, "limit": len(data)},
+                 {"encoding": "utf-16", "start_line": 1}):
+        got = _run(d, token, "files/read", path=str(path), privileged=privileged, **args)
+        back = _text(got).encode("utf-16-le", "surrogatepass") if not got.get("isError") else b""
+        assert PW.encode() not in back and not _leaks(back.decode("latin-1")), (args, back[:200])
+
+
 # --- the grant that allows a file decides its redaction ------------------------------------------
 
 
@@ -346,3 +369,36 @@ def test_privileged_grep_with_a_folder_swapped_for_a_symlink_stays_in_the_grant(
         t.join(5)
     assert not any(SECRET_TEXT in s for s in shown)
     assert any("decoy" in s for s in shown)  # the searches did run
+
+
+# --- root reads nothing of /proc that is a process's, or the kernel's memory ------------------------
+
+
+def test_a_grant_on_proc_serves_no_process_folder_and_no_kernel_memory(setup: tuple[PrivsepDaemon, str, Path]) -> None:
+    """An operator grants ``/proc`` (for meminfo, loadavg ...): root still opens no process's folder
+    (the helper's environ, ``/proc/self``) and no memory image (``/proc/kcore``), by read or grep."""
+    d, _, _ = setup
+    rule = {"allowed": True, "paths": ["/proc"]}
+    grants = d.default_grants()
+    grants["users"][d.accounts["alice"].name]["privileged"]["tools"].update(
+        {"files/read": rule, "files/grep": dict(rule)})
+    d.write_grants(grants)
+    try:
+        token = d.tokens["alice"]
+        ok = _granted(d, lambda r: "MemTotal" in _text(r), {"name": "files/read", "path": "/proc/meminfo",
+                                                           "privileged": True}, token)
+        assert "MemTotal" in _text(ok), ok
+        helper = f"/proc/{d.helper_pid}"
+        for path in (f"{helper}/environ", f"{helper}/cmdline", "/proc/self/environ", "/proc/1/environ"):
+            got = _run(d, token, "files/read", path=path, privileged=True)
+            assert got.get("isError"), (path, got)
+            got = _run(d, token, "files/grep", pattern=".", path=path, privileged=True)
+            assert got.get("isError") or not got["structuredContent"]["matches"], (path, got)
+        for encoding in ("base64", "latin-1"):
+            got = _run(d, token, "files/read", path="/proc/kcore", privileged=True, encoding=encoding,
+                       offset=4096, limit=64)
+            assert got.get("isError"), got
+        got = _run(d, token, "files/grep", pattern="PATH=", path=helper, privileged=True)
+        assert not got["structuredContent"].get("matches"), got
+    finally:
+        d.write_grants(d.default_grants())
