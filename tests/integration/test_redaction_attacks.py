@@ -402,3 +402,34 @@ def test_a_grant_on_proc_serves_no_process_folder_and_no_kernel_memory(setup: tu
         assert not got["structuredContent"].get("matches"), got
     finally:
         d.write_grants(d.default_grants())
+
+
+# --- very long lines ----------------------------------------------------------------------------
+
+
+def test_linuxctl_pages_past_long_lines_without_a_secret(setup: tuple[PrivsepDaemon, str, Path]) -> None:
+    """Lines longer than a page (one holding a password mid-way, one holding a JWT at its end)
+    around a key: ``linuxctl get files`` ends, shows each short line once and no secret; the
+    long line read whole by its line number is redacted."""
+    from tests.support.linuxctl import flags, linuxctl
+
+    d, token, own = setup
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjYXJvbCJ9." + secrets.token_urlsafe(32)
+    long1 = "x" * 15000 + f" password={PW} " + "y" * 15000
+    long2 = "z" * 40000 + " Authorization: " + jwt
+    text = f"head\n{long1}\nmid\n{KEY}{long2}\ntail\n"
+    path = _alices(d, own / "long.txt", text.encode())
+    res = linuxctl(*flags(d, token), "get", "files", str(path))
+    out = res.stdout.decode("utf-8", "replace")
+    assert res.returncode == 0, res
+    assert PW not in out and jwt[-20:] not in out and not _leaks(out), out[:300]
+    for line in ("head", "mid", "tail"):
+        assert out.count(f"\n{line}\n") + out.startswith(f"{line}\n") == 1, (line, out[:200])
+    whole = _run(d, token, "files/read", path=str(path), start_line=2, end_line=2)
+    assert PW not in _text(whole) and "password=[REDACTED:assignment]" in _text(whole)
+    whole = _run(d, token, "files/read", path=str(path), start_line=text[:text.index(long2)].count("\n") + 1,
+                 end_line=text[:text.index(long2)].count("\n") + 1)
+    assert jwt[-20:] not in _text(whole) and "[REDACTED:token]" in _text(whole), _text(whole)[-200:]
+    grep = _run(d, token, "files/grep", pattern="password|Authorization", path=str(path), context=2)
+    assert PW not in json.dumps(grep) and jwt[-20:] not in json.dumps(grep)
+    assert len(grep["structuredContent"]["matches"]) == 2
