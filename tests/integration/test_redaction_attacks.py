@@ -433,3 +433,17 @@ def test_linuxctl_pages_past_long_lines_without_a_secret(setup: tuple[PrivsepDae
     grep = _run(d, token, "files/grep", pattern="password|Authorization", path=str(path), context=2)
     assert PW not in json.dumps(grep) and jwt[-20:] not in json.dumps(grep)
     assert len(grep["structuredContent"]["matches"]) == 2
+
+
+# --- the counts say what was redacted, not what a file says ----------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="files/grep counts the markers in the lines shown: a file holding the "
+                   "literal text '[REDACTED:private-key]' makes the answer and the access record claim a redaction")
+def test_a_file_cannot_forge_the_redaction_counts(setup: tuple[PrivsepDaemon, str, Path]) -> None:
+    d, token, own = setup
+    path = _alices(d, own / "forged.txt", b"note: [REDACTED:private-key] [REDACTED:token] nothing secret\n")
+    read = _run(d, token, "files/read", path=str(path), include_metadata=True)
+    assert read["structuredContent"]["redacted"] == {}, read["structuredContent"]
+    grep = _run(d, token, "files/grep", pattern="note", path=str(path))
+    assert grep["structuredContent"]["redacted"] == {}, grep["structuredContent"]
