@@ -447,3 +447,41 @@ def test_a_file_cannot_forge_the_redaction_counts(setup: tuple[PrivsepDaemon, st
     assert read["structuredContent"]["redacted"] == {}, read["structuredContent"]
     grep = _run(d, token, "files/grep", pattern="note", path=str(path))
     assert grep["structuredContent"]["redacted"] == {}, grep["structuredContent"]
+
+
+def test_redaction_given_to_a_principal_reaches_its_privileged_calls(setup: tuple[PrivsepDaemon, str, Path]) -> None:
+    """erin (alice's account, no redact) reads a root-only file through alice's grant (no redact);
+    once the operator gives erin ``redact: secrets``, her privileged reads and greps are redacted
+    within seconds, in one session."""
+    d, _, _ = setup
+    target = d.app / "erin.conf"
+    target.write_text(CONF)
+    _grep_grant(d)
+    users_file = d.config_path.parent / "users.yaml"
+    users = identity.load_users(users_file)
+    token, rec = identity.new_token()
+    users["erin"] = identity.UserRecord(name="erin", os_user=d.accounts["alice"].name, tokens=[rec])
+    identity.save_users(users_file, users)
+    probe = {"name": "files/grep", "pattern": "password", "path": str(target), "privileged": True}
+    assert PW in _text(_granted(d, lambda r: PW in _text(r), probe, token))
+
+    async def go() -> tuple[str, str, float]:
+        async with Client(d.url, token, d.cacert, timeout=60) as c:
+            users = identity.load_users(users_file)
+            users["erin"] = identity.UserRecord(name="erin", os_user=d.accounts["alice"].name, tokens=[rec],
+                                                redact=parse_redact("secrets"))
+            identity.save_users(users_file, users)
+            changed = time.monotonic()
+            read = grep = ""
+            while time.monotonic() - changed < 15:
+                read = _text(await c.call_tool("files/read", {"path": str(target), "privileged": True}, check=False))
+                grep = _text(await c.call_tool("files/grep", {"pattern": "password", "path": str(target),
+                                                              "privileged": True}, check=False))
+                if "[REDACTED:" in read and "[REDACTED:" in grep:
+                    break
+                await asyncio.sleep(0.25)
+            return read, grep, time.monotonic() - changed
+
+    read, grep, took = asyncio.run(go())
+    assert PW not in read + grep and "[REDACTED:assignment]" in read + grep, (read, grep)
+    assert took < 10
