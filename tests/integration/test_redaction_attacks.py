@@ -485,3 +485,23 @@ def test_redaction_given_to_a_principal_reaches_its_privileged_calls(setup: tupl
     read, grep, took = asyncio.run(go())
     assert PW not in read + grep and "[REDACTED:assignment]" in read + grep, (read, grep)
     assert took < 10
+
+
+def test_a_line_over_a_grep_piece_never_shows_a_secret_it_holds(setup: tuple[PrivsepDaemon, str, Path]) -> None:
+    """A 3 MiB line (searched in pieces) whose password the piece boundary cuts in two, plain
+    and gzip: grep (any pattern, inverted too, with context) shows it withheld, never a part of it."""
+    d, token, own = setup
+    cut = 2 * 1024 * 1024 - len("before\n")  # the line's bytes in the first piece searched
+    noise = secrets.token_hex(1024 * 1024)  # (compresses about 2:1: no bomb)
+    line = noise[:cut - 20] + f" password={PW} " + noise[-1024 * 1024:]
+    text = f"before\n{line}\nafter\n"
+    for path in (_alices(d, own / "huge.txt", text.encode()), _alices(d, own / "huge.txt.gz",
+                                                                      gzip.compress(text.encode()))):
+        shown = []
+        for args in ({"pattern": "password"}, {"pattern": "Zq8"}, {"pattern": "before", "invert": True},
+                     {"pattern": "after", "context": 3}, {"pattern": "[0-9a-f]{4} pass"}):
+            got = _run(d, token, "files/grep", path=str(path), **args)
+            assert not got.get("isError"), got
+            shown.append(json.dumps(got))
+        assert not any(PW[:8] in s or PW[-8:] in s for s in shown), path
+        assert "WITHHELD" in shown[2]
