@@ -327,6 +327,8 @@ def test_privileged_grep_never_leaves_the_grant(setup: tuple[PrivsepDaemon, str,
     for name in ("fifo", "null", "hard", "to-secret", "via-proc"):
         one = _run(d, d.tokens["alice"], "files/grep", pattern=word, path=str(up / name), privileged=True)
         assert SECRET_TEXT not in json.dumps(one) and (one.get("isError") or not one["structuredContent"]["matches"])
+        read = _run(d, d.tokens["alice"], "files/read", path=str(up / name), privileged=True)
+        assert read.get("isError") and SECRET_TEXT not in json.dumps(read), (name, read)
 
 
 def test_privileged_grep_with_a_folder_swapped_for_a_symlink_stays_in_the_grant(
