@@ -10,7 +10,11 @@ the strict mark makes it say so.
 
 from __future__ import annotations
 
+import base64
+
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from mcpd.common.redaction import DETECTORS
 from mcpd.core.redact import redact
@@ -122,3 +126,27 @@ NEAR_MISSES = [
 def test_a_near_miss_is_left_alone(text: bytes) -> None:
     out, counts = redact(text, DETECTORS)
     assert out == text and counts == {}
+
+
+def _wrapped_key(width: int) -> tuple[bytes, bytes]:
+    """A PEM private key base64-encoded again and wrapped at ``width`` columns (GNU ``base64``:
+    76, ``openssl base64``: 64), and the PEM."""
+    key = ec.generate_private_key(ec.SECP384R1())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                            serialization.NoEncryption())
+    flat = base64.b64encode(pem)
+    return b"".join(flat[i:i + width] + b"\n" for i in range(0, len(flat), width)), pem
+
+
+@pytest.mark.xfail(strict=True, reason="detector miss: a base64-encoded PEM key wrapped over lines (base64, "
+                   "openssl base64) has its first line redacted and every other line shown: decoding them "
+                   "gives back the PEM's body lines")
+@pytest.mark.parametrize("width", [76, 64])
+def test_a_base64_wrapped_key_shows_none_of_its_lines(width: int) -> None:
+    text, pem = _wrapped_key(width)
+    out, counts = redact(text, DETECTORS)
+    assert counts.get("private-key") == 1
+    shown = b"".join(line for line in out.split(b"\n") if line and not line.startswith(b"[REDACTED"))
+    decoded = base64.b64decode(shown[:len(shown) - len(shown) % 4]) if shown else b""
+    assert not any(body in decoded for body in pem.split(b"\n")[2:-2]), "the PEM's body decodes from what is shown"
+    assert not any(line in out for line in text.split(b"\n")[1:] if line), "lines of the encoded key are shown"
