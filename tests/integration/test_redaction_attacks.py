@@ -149,12 +149,11 @@ def test_the_resource_in_another_encoding_gives_no_secret_back(setup: tuple[Priv
 # --- the grant that allows a file decides its redaction ------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="a tree's privileged grep is redacted by the rule that allows the "
-                   "tree's root only: a file a redacting rule allows is searched and shown unredacted")
 def test_a_privileged_tree_grep_redacts_a_file_as_its_own_grant_says(setup: tuple[PrivsepDaemon, str, Path]) -> None:
     """alice's own rule grants ``app/vault`` with ``redact: secrets``; her group's grants ``app``
     without. A privileged read of ``app/vault/db.conf`` is redacted (alice's rule allows it); so
-    must be the same file found by a privileged grep of ``app``."""
+    must be the same file found by a privileged grep of ``app`` (found by this attack: it was
+    searched with the root's rule's redaction, none, and shown whole; now it is skipped)."""
     d, _, _ = setup
     alice = d.accounts["alice"]
     vault = d.app / "vault"
@@ -175,6 +174,9 @@ def test_a_privileged_tree_grep_redacts_a_file_as_its_own_grant_says(setup: tupl
         tree = _run(d, d.tokens["alice"], "files/grep", pattern="password", path=str(d.app), privileged=True)
         assert not tree.get("isError") and tree["structuredContent"]["files_searched"] >= 1, tree
         assert PW not in json.dumps(tree), "the vault's password is shown by a grep of the tree"
+        sc = tree["structuredContent"]
+        assert sc["files_skipped"].get("redacted_grant") == 1, sc
+        assert {"path": str(vault / "db.conf"), "reason": "redacted_grant"} in sc["skipped"]
     finally:
         d.write_grants(d.default_grants())
 
