@@ -158,7 +158,8 @@ def test_a_privileged_tree_grep_redacts_a_file_as_its_own_grant_says(setup: tupl
     alice = d.accounts["alice"]
     vault = d.app / "vault"
     vault.mkdir(mode=0o700, exist_ok=True)
-    (vault / "db.conf").write_text(CONF)  # root's 0600: only a grant reads it
+    vault_pw = "vault-" + secrets.token_hex(6)
+    (vault / "db.conf").write_text(CONF.replace(PW, vault_pw))  # root's 0600: only a grant reads it
     group = grp.getgrgid(alice.gid).gr_name
     redacting = {"allowed": True, "paths": [str(vault)], "redact": "secrets"}
     plain = {"allowed": True, "paths": [str(d.app)]}
@@ -168,12 +169,12 @@ def test_a_privileged_tree_grep_redacts_a_file_as_its_own_grant_says(setup: tupl
     try:
         read = _granted(d, lambda r: "[REDACTED:" in _text(r), {"name": "files/read", "path": str(vault / "db.conf"),
                                                                "privileged": True}, d.tokens["alice"])
-        assert "password = [REDACTED:assignment]" in _text(read) and PW not in _text(read), read
+        assert "password = [REDACTED:assignment]" in _text(read) and vault_pw not in _text(read), read
         one = _run(d, d.tokens["alice"], "files/grep", pattern="password", path=str(vault / "db.conf"), privileged=True)
-        assert PW not in json.dumps(one) and one["structuredContent"]["matches"], one
+        assert vault_pw not in json.dumps(one) and one["structuredContent"]["matches"], one
         tree = _run(d, d.tokens["alice"], "files/grep", pattern="password", path=str(d.app), privileged=True)
         assert not tree.get("isError") and tree["structuredContent"]["files_searched"] >= 1, tree
-        assert PW not in json.dumps(tree), "the vault's password is shown by a grep of the tree"
+        assert vault_pw not in json.dumps(tree), "the vault's password is shown by a grep of the tree"
         sc = tree["structuredContent"]
         assert sc["files_skipped"].get("redacted_grant") == 1, sc
         assert {"path": str(vault / "db.conf"), "reason": "redacted_grant"} in sc["skipped"]
