@@ -380,6 +380,27 @@ def _read_back(fd: int | Callable[[int, int], bytes], start: int, stop: int) -> 
     return raw
 
 
+def literal_marks(raw: bytes, out: bytes) -> dict[int, dict[str, int]]:
+    """The markers the text ``raw`` itself holds (literal ``[REDACTED:<kind>]``, no secret) that
+    survive into its redaction ``out`` (the same lines), by line index from 0 and kind: what a
+    count of the markers shown must leave out (a file cannot forge a redaction count)."""
+    got: dict[int, dict[str, int]] = {}
+    lines: list[bytes] | None = None
+    pos = raw.find(b"[REDACTED:")
+    while pos >= 0:
+        i = raw.count(b"\n", 0, pos)
+        if i not in got:
+            lines = out.split(b"\n") if lines is None else lines
+            a = raw.rfind(b"\n", 0, pos) + 1
+            b = raw.find(b"\n", pos)
+            row = raw[a:len(raw) if b < 0 else b]
+            shown = lines[i] if i < len(lines) else b""
+            got[i] = {k: n for k in DETECTORS
+                      if (n := min(row.count(MARK % k.encode()), shown.count(MARK % k.encode())))}
+        pos = raw.find(b"[REDACTED:", pos + 1)
+    return {i: n for i, n in got.items() if n}
+
+
 def add_counts(into: dict[str, int], counts: dict[str, int]) -> None:
     """Add ``counts`` (kind -> number) to ``into``."""
     for kind, n in counts.items():
