@@ -171,14 +171,22 @@ def _no_secret(data: bytes, at: int, vstart: int, core: bytes) -> bool:
     if head.endswith(b"passwd") and all(w in _NSS_SOURCES for w in core.lower().split()
                                         if not w.startswith(b"[")):
         return True
-    line = data[data.rfind(b"\n", 0, at) + 1:at + 1]
+    line = data[_line_start(data, at):at + 1]
     return data[vstart:vstart + 1] not in b"\"'" and core.count(b" ") >= 2 and b": " in line
+
+
+def _line_start(data: bytes, at: int) -> int:
+    """The start of the line holding byte ``at``, looked for no more than 256 bytes back (linear on
+    a long line of many matches)."""
+    lo = max(0, at - 256)
+    nl = data.rfind(b"\n", lo, at)
+    return nl + 1 if nl >= 0 else lo
 
 
 def _block_end(data: bytes, at: int, end: int) -> int:
     """The end of a YAML block scalar (``password: |``, ``>-``) whose indicator ends at ``end``, the
     match starting at ``at``: the lines after it indented more than the key's line, blank ones too."""
-    line = data.rfind(b"\n", 0, at) + 1
+    line = _line_start(data, at)
     indent = len(data[line:at + 1]) - len(data[line:at + 1].lstrip(b" \t-"))
     nl = data.find(b"\n", end)
     stop = end
@@ -247,6 +255,8 @@ def _replace(data: bytes, kind: str, counts: dict[str, int]) -> bytes:
         pos = 0
         for m in regex.finditer(data):
             start, end = m.span(1)
+            if start < pos:  # inside what a block scalar or a wrapped key already took: each byte once
+                continue
             if word and not _starts_word(data, m.start()):
                 continue
             if kind == "shadow-hash" and not _shadow_line(data, m.start()):
