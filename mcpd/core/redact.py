@@ -43,9 +43,9 @@ _KEY_NAME = rb"(?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?"
 #: PEM's five dashes, or SSH.com's (RFC 4716 style) four and a space
 _BEGIN = rb"(?:-----BEGIN |---- BEGIN )" + _KEY_NAME + rb"(?:-----| ----)"
 _END = rb"(?:-----END |---- END )" + _KEY_NAME + rb"(?:-----| ----)"
-#: what follows a BEGIN line that opens a key (a line break, an escaped one, whitespace, base64, the
-#: text's end); a BEGIN line quoted in a script (``'-----BEGIN ...-----'``) opens none unless an END follows
-_OPENS = rb"(?:\s|\\[rn]|[A-Za-z0-9+/]|\z)"
+#: what follows a BEGIN line that opens a key: anything but a closing quote or parenthesis (fail
+#: closed); a BEGIN line quoted in a script (``'-----BEGIN ...-----'``) opens none unless an END follows
+_OPENS = rb"(?:[^'\"`)]|\z)"
 #: a setting's name ends in one of these (any prefix), or in a short word after ``_``, ``.``, ``-`` or at its
 #: start (``pwd`` only after one: a shell's ``PWD=/home/alice`` is no secret)
 _ASSIGN_WORDS = rb"(?:[A-Za-z0-9_.-]*(?:password|passwd|passphrase|secret|api[_-]?key|apikey" \
