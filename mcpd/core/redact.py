@@ -1,24 +1,29 @@
 """Secret detectors: text in, the same text with each recognised secret replaced by ``[REDACTED:<kind>]``.
 
 Runs in the worker only (docs/REFERENCE.md §3 "Redaction"), on UTF-8 bytes, with RE2
-(``google-re2``): every detector is one RE2 pattern, so the time is linear in the text whatever
+(``google-re2``): every detector is RE2 patterns and one forward pass over what they match (each byte
+once), so the time is linear in the text whatever
 it holds. The detectors (:data:`mcpd.common.redaction.DETECTORS`; run in :data:`ORDER`):
 
-- ``private-key``: a PEM or OpenSSH private key block from its ``-----BEGIN ... PRIVATE KEY-----``
-  line to its ``END`` line (or such a block base64-encoded, as kubeconfig's ``client-key-data``) (or to the end of the text when the text ends inside it, or from the
-  start of the text when it starts inside one, :func:`redact`'s ``inside``). The block becomes the
-  marker followed by as many newlines as it held: line numbers never change.
+- ``private-key``: a PEM, OpenSSH or SSH2 private key block from its ``BEGIN ... PRIVATE KEY`` line
+  to its ``END`` line (without one, to the end of the text, unless the BEGIN line is quoted); such
+  a block base64-encoded whole, on one line or wrapped (:func:`_wrapped_end`); a PuTTY ``.ppk``'s
+  private lines. A text that starts inside a block (:func:`redact`'s ``inside``, :func:`inside_at`,
+  :func:`still_inside`) is redacted up to its END line. The block becomes the marker followed by
+  as many newlines as it held: line numbers never change.
 - ``cloud-key``: AWS access key ids (``AKIA``/``ASIA``...), AWS secret keys assigned to an
   ``aws_secret_access_key``-like name, a GCP service account's ``"private_key"``, an Azure
   connection string's ``AccountKey``.
 - ``token``: ``Bearer`` credentials, JWTs (``eyJ...``), GitHub (``ghp_``, ``gho_``, ``github_pat_``...),
-  Slack (``xox?-``) and mcpd's own bearer tokens.
+  Slack (``xox?-``) and mcpd's own bearer tokens, HTTP Basic credentials, Docker's ``"auth"``.
 - ``url-password``: the password of ``scheme://user:password@host`` (the user may be empty).
 - ``shadow-hash``: a crypt hash (``$1$``, ``$5$``, ``$6$``, ``$y$``, ``$2b$``...) in a shadow-like ``name:hash:`` line
   (a locked account's ``!`` before it too).
 - ``assignment``: the value of ``password=``, ``passwd:``, ``secret:``, ``api_key=``, ``token=``
-  style settings (config, ``.env``, YAML, JSON, INI); a name must end in the keyword
-  (``password_policy=strict`` is no secret), and booleans, ``${VAR}`` references and markers are left.
+  style settings (config, ``.env``, YAML and its block scalars, JSON, INI, PHP ``define``, .netrc
+  and redis words); a name must end in the keyword (``password_policy=strict`` is no secret), and
+  booleans, ``${VAR}`` references, markers and the near-misses :func:`_no_secret` names are left.
+  The table in docs/REFERENCE.md "Redaction" is the contract.
 
 Only the secret part is replaced (``password=[REDACTED:assignment]``); newlines are never removed.
 """
