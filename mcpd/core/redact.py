@@ -342,40 +342,44 @@ def still_inside(inside: bool, text: bytes) -> bool:
 def inside_at(fd: int | Callable[[int, int], bytes], pos: int, codec: str = "utf-8", floor: int = 0) -> bool:
     """:func:`starts_inside` for byte ``pos`` of the open file ``fd`` (or of what a reader
     ``(n, pos) -> bytes`` reads, as a decompressed text's), judged on the
-    :data:`LOOKBACK` bytes before it (not before ``floor``, a BOM's end), decoded with ``codec``."""
+    :data:`LOOKBACK` bytes before it (not before ``floor``, a BOM's end), decoded with ``codec``;
+    when those hold no marker and are all key body, on the body before them (:func:`_deep_inside`)."""
     if pos <= floor:
         return False
-    start = max(floor, pos - LOOKBACK)
-    unit = 4 if "32" in codec else 2 if "16" in codec else 1
-    start += (pos - start) % unit
-    raw = _read_back(fd, start, pos)
-    if unit > 1 or codec not in ("utf-8", "ascii", "latin-1", "cp1252"):
-        raw = raw.decode(codec, "ignore").encode("utf-8", "surrogatepass")
+    start, raw = _window(fd, pos, LOOKBACK, 0, codec, floor)
     last = _last_mark(raw)
     if last is not None or start <= floor:
         return bool(last)
     return _deep_inside(fd, start, codec, floor, raw)
 
 
+def _window(fd: int | Callable[[int, int], bytes], pos: int, size: int, past: int, codec: str,
+            floor: int) -> tuple[int, bytes]:
+    """Where the ``size`` bytes before ``pos`` start (not before ``floor``, whole ``codec`` units),
+    and them and ``past`` bytes after ``pos``, as UTF-8."""
+    start = max(floor, pos - size)
+    unit = 4 if "32" in codec else 2 if "16" in codec else 1
+    start += (pos - start) % unit
+    raw = _read_back(fd, start, pos + past)
+    if unit > 1 or codec not in ("utf-8", "ascii", "latin-1", "cp1252"):
+        raw = raw.decode(codec, "ignore").encode("utf-8", "surrogatepass")
+    return start, raw
+
+
 def _deep_inside(fd: int | Callable[[int, int], bytes], pos: int, codec: str, floor: int, window: bytes) -> bool:
     """:func:`inside_at` when the window before ``pos`` holds no marker: if it is all key body
-    (:data:`_BODY`), the body is followed back, :data:`LOOKBACK` bytes at a time, to the marker
-    before it (a ``BEGIN`` there: inside); text that is no key body, or the file's start, first:
-    not inside; more than :data:`DEEP_LOOKBACK` bytes of body: inside (fail closed)."""
-    gone = 0
+    (:data:`_BODY`), the body is followed back, in steps that double from :data:`LOOKBACK` to
+    8 MiB (a decompressed text's reader starts over for each), to the marker before it (a
+    ``BEGIN`` there: inside); text that is no key body, or the file's start, first: not inside;
+    more than :data:`DEEP_LOOKBACK` bytes of body: inside (fail closed)."""
+    gone, step = 0, LOOKBACK
     while True:
-        if _BODY.fullmatch(window) is None:
-            return False
-        if pos <= floor:
+        if _BODY.fullmatch(window) is None or pos <= floor:
             return False
         if gone >= DEEP_LOOKBACK:
             return True
-        start = max(floor, pos - LOOKBACK)
-        unit = 4 if "32" in codec else 2 if "16" in codec else 1
-        start += (pos - start) % unit
-        raw = _read_back(fd, start, pos + 256)  # a little past: a marker line the step cuts is whole
-        if unit > 1 or codec not in ("utf-8", "ascii", "latin-1", "cp1252"):
-            raw = raw.decode(codec, "ignore").encode("utf-8", "surrogatepass")
+        step = min(step * 2, 8 * 1024 * 1024)
+        start, raw = _window(fd, pos, step, 256, codec, floor)  # a little past: a marker the step cuts is whole
         last = _last_mark(raw)
         if last is not None:
             return last
