@@ -13,7 +13,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-FEED = 64 * 1024  # compressed bytes read at a time
+FEED = 8 * 1024  # compressed bytes read at a time: what was read is about what was used (the bomb ratio)
 
 
 class GzipStream:
