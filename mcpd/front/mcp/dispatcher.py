@@ -17,11 +17,12 @@ from mcpd.common.identity import Principal
 from mcpd.common.redaction import with_redaction
 from mcpd.core.tools import TOOLS, ToolModule, by_any_name, portable_name
 from mcpd.front.access import AccessLog, Call
+from mcpd.front.confirm import hitl_of, input_required
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, RpcError, Send, encodable
 from mcpd.front.mcp.versions import STRUCTURED_SINCE
 from mcpd.front.privileged import PrivilegedBackend
-from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
+from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class Caller:
     principal: Principal
     token: str = field(repr=False)
     peer: str
+    origin: str = ""  # ``https://host:port`` and base path the request came to (the confirmation page's)
 
 
 @dataclass
@@ -173,9 +175,13 @@ class Dispatcher:
             out.append(tool)
         return out
 
-    async def call_tool(self, ctx: RequestContext, name: Any, arguments: Any) -> dict[str, Any]:
+    async def call_tool(self, ctx: RequestContext, name: Any, arguments: Any,
+                        hitl: dict[str, Any] | None = None) -> dict[str, Any]:
         """Run one ``tools/call`` by either spelling of the tool's name; tool failures become
         ``isError`` results. Grants, limits and records always see the ``files/…`` name.
+
+        ``hitl``: a person in the loop (:func:`mcpd.front.confirm.hitl_of`); a privileged call
+        that needs one answers the revision's input-required result (:func:`mcpd.front.confirm.input_required`).
 
         Raises:
             RpcError: ``-32602`` for an unknown tool name.
@@ -194,8 +200,12 @@ class Dispatcher:
                 args = with_redaction(tool.NAME, args, c.principal.redact)  # the policy process decides its own
                 if args.get("privileged"):
                     call.stage = "forwarded"
+                    if (hitl or {}).get("declined"):
+                        raise ToolError(PERMISSION_DENIED, "permission denied: the user declined the confirmation",
+                                        reason="declined")
+                    extra = {k: v for k, v in (hitl or {}).items() if k in ("interactive", "confirm", "why")}
                     call.result = await self.privileged.call(c.token, c.principal, ctx.session_id, c.peer,
-                                                             tool.NAME, args, ctx.trace)
+                                                             tool.NAME, args, ctx.trace, **extra)
                 else:
                     call.stage = "unprivileged"
                     call.result = await self.pool.call(
@@ -205,7 +215,8 @@ class Dispatcher:
                     )
                 return tool.format_result(readable(call.result))
         except ToolError as exc:
-            return tool_error_result(exc)
+            asked = input_required(exc, c.origin) if (hitl or {}).get("interactive") else None
+            return asked if asked is not None else tool_error_result(exc)
         except Exception:
             log.exception("tool %s failed unexpectedly (session %s)", tool.NAME, ctx.session_id)
             return tool_error_result(ToolError(INTERNAL_ERROR, "internal error"))
@@ -222,7 +233,7 @@ class Dispatcher:
         name = params.get("name")
         if not isinstance(name, str):
             raise RpcError(INVALID_PARAMS, "name must be a string")
-        return await self.call_tool(ctx, name, params.get("arguments"))
+        return await self.call_tool(ctx, name, params.get("arguments"), hitl_of(params, ctx.modern))
 
     async def resources_list(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
         """``resources/list``: none (files are reached through the template)."""

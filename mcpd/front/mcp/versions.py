@@ -55,7 +55,7 @@ def modern_result(method: str, result: dict[str, Any]) -> dict[str, Any]:
     """A result as the 2026-07-28 revision shapes it: ``resultType: "complete"``, the server's
     identity in ``_meta``, and ``ttlMs``/``cacheScope`` on the cacheable methods (:data:`CACHE_HINTS`)."""
     out = dict(result)
-    out["resultType"] = "complete"
+    out.setdefault("resultType", "complete")  # an input-required answer keeps its own (mcpd.front.confirm)
     meta = out.get("_meta")
     out["_meta"] = {**(meta if isinstance(meta, dict) else {}), META_SERVER_INFO: dict(SERVER_INFO)}
     hint = CACHE_HINTS.get(method)
