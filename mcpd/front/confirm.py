@@ -27,11 +27,12 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from mcpd.front.login import LoginUnavailable, PolicyLogin
 from mcpd.front.transport.body import BodyRefused, read_capped
+from mcpd.helper.wire import frames
 from mcpd.helper.wire.errors import ToolError
 
 PREFIX = "/confirm/"
@@ -145,9 +146,34 @@ class ConfirmRoutes:
         self.login = login
 
     def routes(self) -> list[Route]:
-        """The page's two routes."""
+        """The page's two routes, and ``POST /approve/<id>`` (an approver's bearer token)."""
         return [Route(PREFIX + "{cid}", self.show, methods=["GET"]),
-                Route(PREFIX + "{cid}", self.answer, methods=["POST"])]
+                Route(PREFIX + "{cid}", self.answer, methods=["POST"]),
+                Route("/approve/{cid}", self.decide, methods=["POST"])]
+
+    async def decide(self, request: Request) -> Response:
+        """``POST {base}/approve/<id>`` with the approver's bearer token (checked by the middleware)
+        and ``{"decision": "approve" | "deny"}`` (``linuxctl approve``): ``200 {message, view}``
+        when decided, ``403 {error}`` when refused, ``404`` for an unknown, used or expired id."""
+        cid = request.path_params["cid"]
+        try:
+            data = frames.loads(await read_capped(request, FORM_CAP))
+        except (BodyRefused, frames.FrameError):
+            data = None
+        if not isinstance(data, dict) or data.get("decision") not in ("approve", "deny"):
+            return JSONResponse({"error": 'expected {"decision": "approve" or "deny"}'}, status_code=400)
+        if not _ID.fullmatch(cid):
+            return JSONResponse({"error": GONE}, status_code=404)
+        peer = request.client.host if request.client else "unknown"
+        reply = await self._ask({"type": "confirm_decide", "token": request.user.token, "cid": cid,
+                                 "decision": data["decision"], "peer": peer})
+        if reply is None:
+            return JSONResponse({"error": "the policy process is not reachable"}, status_code=503,
+                                headers={"Retry-After": "5"})
+        if reply.get("ok"):
+            return JSONResponse({"message": reply.get("message"), "view": reply.get("view")})
+        message = str(reply.get("message") or (reply.get("error") or {}).get("message") or "refused")
+        return JSONResponse({"error": message}, status_code=404 if message.startswith("this link") else 403)
 
     async def _ask(self, req: dict[str, Any]) -> dict[str, Any] | None:
         if not isinstance(self.login, PolicyLogin):

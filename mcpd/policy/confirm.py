@@ -88,7 +88,7 @@ class Confirmations:
     # -- records -------------------------------------------------------------------------------
 
     def _record(self, p: Pending, decision: str, **more: Any) -> None:
-        self.audit.record("confirm", decision=decision, kind=p.kind, confirm_id=p.id[:8], user=p.principal,
+        self.audit.record("confirm", decision=decision, kind=p.kind, confirm_id=p.id, user=p.principal,
                           os_user=p.os_user, token_id=p.token_id, tool=p.op, requested_path=p.path,
                           **({"why": p.why} if p.why else {}), **more)
 

@@ -70,9 +70,9 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
         return decision
     if not decision.allowed or decision.approve is None:
         return decision
-    if box.approved(principal.name, op, requested) is not None:
-        return decision
     p = mine if mine is not None and mine.kind == APPROVE else None
+    if p is None and box.approved(principal.name, op, requested) is not None:
+        return decision  # an approval with `for` still covers this principal, tool and path
     if p is None:
         why = req.get("why") if isinstance(req.get("why"), str) else ""
         p = box.open(APPROVE, principal.name, principal.os_user, principal.token_id, op, requested, why,

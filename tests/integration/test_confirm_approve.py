@@ -1,0 +1,115 @@
+"""Approval grants (``approve: {by, for}``, docs/REFERENCE.md §4.6) end to end: real PAM, real
+OS accounts, the root helper and the front's page; the approver approves on the page (password)
+or with ``linuxctl approve`` (bearer token). The requester's client is driven over raw HTTP
+(2026-07-28 requests; the pinned TypeScript SDK does not speak that revision).
+
+The attacks: an approval for one path reused for another, approving one's own request when the
+grant forbids it, and someone the grant does not name approving.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcpd.client import login as login_client
+from mcpd.client.errors import AuthError
+from tests.support.confirm import call, call_body, page, page_url, sign_in
+from tests.support.osaccounts import AccountFactory, ensure_user, pam_service
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+
+pytestmark = pytest.mark.root
+
+PAM_FILE = Path(__file__).resolve().parents[2] / "etc/pam.d/mcpd"
+
+
+@pytest.fixture(scope="module")
+def appd() -> Iterator[tuple[PrivsepDaemon, dict[str, str]]]:
+    """alice's files/read needs an approval by bob (or alice herself, which ``self`` forbids), for 1h."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: PAM service, OS accounts, root helper")
+    factory = AccountFactory()
+    d: PrivsepDaemon | None = None
+    with pam_service(PAM_FILE) as service:
+        try:
+            d = start_privsep(factory, login={"pam_service": service, "answer_seconds": 0.0, "max_failures": 50,
+                                              "free_failures": 50})
+            passwords = {}
+            for name in ("alice", "bob"):
+                passwords[name] = secrets.token_urlsafe(12)
+                ensure_user(d.accounts[name].name, password=passwords[name])
+            grants = d.default_grants()
+            rule = grants["users"][d.accounts["alice"].name]["privileged"]["tools"]["files/read"]
+            rule["approve"] = {"by": ["bob", "alice"], "for": "1h"}
+            d.write_grants(grants)
+            time.sleep(1.0)  # SIGHUP reload
+            for name in ("one.txt", "two.txt", "three.txt", "four.txt"):
+                (d.app / name).write_text(f"{name} text\n")
+            yield d, passwords
+        finally:
+            if d is not None:
+                stop_privsep(d)
+            factory.cleanup()
+
+
+def confirm_records(d: PrivsepDaemon, path: str) -> list[dict[str, Any]]:
+    return [r for r in d.audit() if r.get("event") == "confirm" and r.get("requested_path") == path]
+
+
+def test_approved_on_the_page_then_covered_for_that_path_only(appd: Any) -> None:
+    d, pw = appd
+    path = str(d.app / "one.txt")
+    first = call(d, d.tokens["alice"], call_body(path, why="checking the nightly job"))
+    url = page_url(first)
+    shown = page(d, url)
+    assert "checking the nightly job" in shown.text and path in shown.text and "Approve" in shown.text
+    done = sign_in(d, url, d.accounts["bob"].name, pw["bob"], decision="approve")
+    assert done.status_code == 200 and "approved" in done.text
+    retry = call(d, d.tokens["alice"], call_body(path, state=first["requestState"], rid=2))
+    assert retry["resultType"] == "complete" and retry["content"][0]["text"] == "one.txt text\n"
+    again = call(d, d.tokens["alice"], call_body(path, rid=3))  # within `for: 1h`: no new approval
+    assert again["resultType"] == "complete"
+    other = call(d, d.tokens["alice"], call_body(str(d.app / "two.txt"), rid=4))  # another path: asked again
+    assert other["resultType"] == "input_required"
+    steps = [(r["decision"], r.get("by")) for r in confirm_records(d, path)]
+    assert steps[:3] == [("requested", None), ("approved", "bob"), ("used", "bob")]
+    assert all(r["user"] == "alice" for r in confirm_records(d, path))
+    assert [r for r in confirm_records(d, path) if r["decision"] == "requested"][0]["why"] == "checking the nightly job"
+
+
+def test_own_request_cannot_be_approved_and_strangers_cannot_approve(appd: Any) -> None:
+    d, pw = appd
+    path = str(d.app / "three.txt")
+    first = call(d, d.tokens["alice"], call_body(path))
+    cid = first["requestState"]
+    with pytest.raises(AuthError, match="your own request"):
+        login_client.approve(d.url, d.tokens["alice"], cid, d.cacert)
+    refused = sign_in(d, page_url(first), d.accounts["alice"].name, pw["alice"], decision="approve")
+    assert refused.status_code == 403 and "your own request" in refused.text
+    retry = call(d, d.tokens["alice"], call_body(path, state=cid, rid=2))
+    assert retry["resultType"] == "input_required" and retry["requestState"] == cid
+    assert [r["reason"] for r in confirm_records(d, path) if r["decision"] == "refused"] == ["own request"] * 2
+
+
+def test_denied_with_linuxctl_approve_and_a_waiting_call(appd: Any) -> None:
+    d, _ = appd
+    path = str(d.app / "four.txt")
+    first = call(d, d.tokens["alice"], call_body(path))
+    out: dict[str, Any] = {}
+    waiter = threading.Thread(target=lambda: out.update(call(d, d.tokens["alice"],
+                                                             call_body(path, state=first["requestState"], rid=2))))
+    waiter.start()  # the retry waits for the decision (within its deadline)
+    time.sleep(1.0)
+    answer = login_client.approve(d.url, d.tokens["bob"], first["requestState"], d.cacert, deny=True)
+    assert answer["message"] == "denied" and answer["view"]["path"] == path
+    waiter.join(30)
+    assert out["isError"] is True
+    assert out["structuredContent"]["error"]["details"]["reason"] == "the approver denied this call"
+    assert [r["decision"] for r in confirm_records(d, path)][-1] == "denied"
