@@ -11,7 +11,7 @@ with ``inputResponses`` and the ``requestState`` (:func:`hitl_of` reads them bac
 
 The page is the front's own, over its own TLS: one HTML document, no script at all, no resource
 from anywhere (``Content-Security-Policy: default-src 'none'``, its one inline style allowed by
-hash, ``form-action 'self'``, ``frame-ancestors 'none'``), ``no-store``, no referrer. Its form
+hash, ``form-action 'self'``, ``frame-ancestors 'none'``), ``no-store``, no referrer to other sites (``same-origin``: with ``no-referrer`` a browser sends ``Origin: null``). Its form
 carries the record's CSRF token; a ``POST`` is taken only with that token and, when the browser
 sends an ``Origin``, only from this page's own origin. The password goes to the policy process
 (root's PAM) and is never logged. What the policy process says is shown; nothing is decided here.
@@ -50,7 +50,7 @@ STYLE = ("body{font-family:sans-serif;max-width:34em;margin:3em auto;padding:0 1
 _STYLE_HASH = base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
 CSP = (f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; form-action 'self'; frame-ancestors 'none'; "
        "base-uri 'none'")
-HEADERS = {"Content-Security-Policy": CSP, "Cache-Control": "no-store", "Referrer-Policy": "no-referrer",
+HEADERS = {"Content-Security-Policy": CSP, "Cache-Control": "no-store", "Referrer-Policy": "same-origin",
            "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff"}
 
 
