@@ -1,5 +1,5 @@
 """The confirmation page (``GET``/``POST {base}/confirm/<id>``) and the input-required answer
-that points to it (docs/REFERENCE.md §4.6).
+that points to it (docs/REFERENCE.md §4.7).
 
 A privileged call that needs a person (a step-up sign-in for ``reauth_after``, or an approval
 under a grant's ``approve``) comes back from the policy process as ``PERMISSION_DENIED`` with
@@ -40,7 +40,7 @@ INPUT_KEY = "mcpd_confirm"
 FORM_CAP = 8192
 _ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
-META_REASON = "mcpd/reason"  # the agent's stated reason for a call, in its ``_meta`` (shown to approvers)
+META_REASON = "dev.mcpd/reason"  # the agent's stated reason for a call, in its ``_meta`` (shown to approvers)
 
 STYLE = ("body{font-family:sans-serif;max-width:34em;margin:3em auto;padding:0 1em;color:#222}"
          "h1{font-size:1.4em}dl{display:grid;grid-template-columns:auto 1fr;gap:.3em 1em}"
@@ -60,7 +60,7 @@ HEADERS = {"Content-Security-Policy": CSP, "Cache-Control": "no-store", "Referre
 def hitl_of(params: dict[str, Any], modern: bool) -> dict[str, Any]:
     """The ``privileged_call`` keys a ``tools/call``'s ``params`` bring (all optional):
     ``interactive`` (a 2026-07-28 client that declared ``elicitation.url`` in its request's
-    capabilities), ``confirm`` (the ``requestState`` of a retry) and ``why`` (``_meta["mcpd/reason"]``,
+    capabilities), ``confirm`` (the ``requestState`` of a retry) and ``why`` (``_meta["dev.mcpd/reason"]``,
     at most 500 characters). A retry whose ``inputResponses[mcpd_confirm].action`` is not
     ``accept`` brings ``declined: True``."""
     out: dict[str, Any] = {}

@@ -3,7 +3,7 @@ handlers of the confirmation page's requests (``confirm_view``, ``confirm_answer
 ``confirm_decide``). The records themselves are :mod:`mcpd.policy.confirm`'s.
 
 A call the grants refuse only for ``reauth_after``, or allow under an ``approve`` block, passes
-the gate as follows (docs/REFERENCE.md §4.6):
+the gate as follows (docs/REFERENCE.md §4.7):
 
 - the front says the client can open a URL (``interactive``): a new record is opened and the call
   answers ``PERMISSION_DENIED`` with ``details.confirm`` (the record's id and kind), which the

@@ -1,4 +1,4 @@
-"""Approval grants (``approve: {by, for}``, docs/REFERENCE.md §4.6) end to end: real PAM, real
+"""Approval grants (``approve: {by, for}``, docs/REFERENCE.md §4.7) end to end: real PAM, real
 OS accounts, the root helper and the front's page; the approver approves on the page (password)
 or with ``linuxctl approve`` (bearer token). The requester's client is driven over raw HTTP
 (2026-07-28 requests; the pinned TypeScript SDK does not speak that revision).

@@ -1,4 +1,4 @@
-"""Step-up sign-in for ``reauth_after`` on 2026-07-28 requests (docs/REFERENCE.md §4.6), end to
+"""Step-up sign-in for ``reauth_after`` on 2026-07-28 requests (docs/REFERENCE.md §4.7), end to
 end with real PAM, real OS accounts, the real root helper and the front's own TLS page, driven
 over raw HTTP (the pinned TypeScript SDK does not speak the 2026-07-28 revision).
 

@@ -22,7 +22,7 @@ def call_body(path: str, caps: dict[str, Any] | None = None, rid: int = 1, state
                             "io.modelcontextprotocol/clientCapabilities": CAPS_URL if caps is None else caps,
                             "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}
     if why is not None:
-        meta["mcpd/reason"] = why
+        meta["dev.mcpd/reason"] = why
     params: dict[str, Any] = {"name": tool, "arguments": {"path": path, "privileged": True}, "_meta": meta}
     if state is not None:
         params["requestState"] = state
