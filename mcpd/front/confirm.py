@@ -19,10 +19,12 @@ sends an ``Origin``, only from this page's own origin. The password goes to the 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import html
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -31,9 +33,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from mcpd.front.login import LoginUnavailable, PolicyLogin
+from mcpd.front.mcp.outgoing import ClientDidNotAnswer
 from mcpd.front.transport.body import BodyRefused, read_capped
 from mcpd.helper.wire import frames
-from mcpd.helper.wire.errors import ToolError
+from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
 
 PREFIX = "/confirm/"
 INPUT_KEY = "mcpd_confirm"
@@ -57,18 +60,34 @@ HEADERS = {"Content-Security-Policy": CSP, "Cache-Control": "no-store", "Referre
 # ---------------------------------------------------------------- the MCP side
 
 
-def hitl_of(params: dict[str, Any], modern: bool) -> dict[str, Any]:
+def _url_mode(caps: Any) -> bool:
+    elicit = caps.get("elicitation") if isinstance(caps, dict) else None
+    return isinstance(elicit, dict) and isinstance(elicit.get("url"), dict)
+
+
+def may_elicit(caps: dict[str, Any], msg: dict[str, Any]) -> bool:
+    """Whether request ``msg`` of a session whose client declared ``caps`` may send that client a
+    URL-mode ``elicitation/create`` (a privileged ``tools/call``): its answer is then an event stream."""
+    params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+    args = params.get("arguments")
+    return (msg.get("method") == "tools/call" and isinstance(args, dict) and args.get("privileged") is True
+            and _url_mode(caps))
+
+
+def hitl_of(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
     """The ``privileged_call`` keys a ``tools/call``'s ``params`` bring (all optional):
-    ``interactive`` (a 2026-07-28 client that declared ``elicitation.url`` in its request's
-    capabilities), ``confirm`` (the ``requestState`` of a retry) and ``why`` (``_meta["dev.mcpd/reason"]``,
-    at most 500 characters). A retry whose ``inputResponses[mcpd_confirm].action`` is not
-    ``accept`` brings ``declined: True``."""
+    ``interactive`` (a 2026-07-28 request that declared ``elicitation.url`` in its capabilities,
+    or a 2025-11-25 session whose client did at ``initialize``: then also ``elicit``),
+    ``confirm`` (the ``requestState`` of a retry) and ``why`` (``_meta["dev.mcpd/reason"]``, at
+    most 500 characters). A retry whose ``inputResponses[mcpd_confirm].action`` is not
+    ``accept`` brings ``declined: True``. ``ctx``: the request's
+    :class:`~mcpd.front.mcp.dispatcher.RequestContext`."""
     out: dict[str, Any] = {}
     meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-    caps = meta.get(META_CAPABILITIES)
-    elicit = caps.get("elicitation") if isinstance(caps, dict) else None
-    if modern and isinstance(elicit, dict) and isinstance(elicit.get("url"), dict):
+    if ctx.modern and _url_mode(meta.get(META_CAPABILITIES)):
         out["interactive"] = True
+    elif not ctx.modern and ctx.ask is not None and _url_mode(ctx.client_capabilities):
+        out["interactive"] = out["elicit"] = True
     state = params.get("requestState")
     if isinstance(state, str) and _ID.fullmatch(state):
         out["confirm"] = state
@@ -97,6 +116,44 @@ def input_required(exc: ToolError, origin: str) -> dict[str, Any] | None:
             "inputRequests": {INPUT_KEY: {"method": "elicitation/create", "params": {
                 "mode": "url", "message": f"{what}: {exc.details.get('path', '')}. Open the page, then retry.",
                 "url": page_url(origin, confirm["id"])}}}}
+
+
+async def elicit_then_retry(ctx: Any, exc: ToolError, retry: Callable[[str], Awaitable[dict[str, Any]]]
+                            ) -> dict[str, Any]:
+    """A 2025-11-25 session's way through a refusal that carries ``details.confirm``: send the
+    client a URL-mode ``elicitation/create`` (``elicitationId`` the record's id, ``url`` its page),
+    and once it accepts, run ``retry(id)`` (the same call naming the record; the policy process
+    waits there, up to the call's deadline, for the sign-in or decision) until it no longer asks
+    for the same record or the record's time is up; then ``notifications/elicitation/complete``.
+
+    Raises:
+        ToolError: ``exc`` itself when it carries no record; ``PERMISSION_DENIED`` (reason
+            ``declined``) when the client declines, cancels or does not answer; the retry's own.
+    """
+    confirm = exc.details.get("confirm")
+    if not isinstance(confirm, dict) or not isinstance(confirm.get("id"), str) or ctx.ask is None:
+        raise exc
+    cid, seconds = confirm["id"], float(confirm.get("expires_in") or 60)
+    params = {"mode": "url", "elicitationId": cid, "url": page_url(ctx.caller.origin, cid),
+              "message": str(input_required(exc, ctx.caller.origin)["inputRequests"][INPUT_KEY]["params"]["message"])}
+    try:
+        answer = await ctx.ask("elicitation/create", params, seconds)
+    except ClientDidNotAnswer as why:
+        raise ToolError(PERMISSION_DENIED, f"permission denied: the confirmation was not answered: {why}",
+                        reason="declined") from None
+    if answer.get("action") != "accept":
+        raise ToolError(PERMISSION_DENIED, "permission denied: the user declined the confirmation", reason="declined")
+    end = asyncio.get_running_loop().time() + seconds
+    while True:
+        try:
+            result = await retry(cid)
+            break
+        except ToolError as again:
+            same = again.details.get("confirm")
+            if not (isinstance(same, dict) and same.get("id") == cid) or asyncio.get_running_loop().time() >= end:
+                raise
+    ctx.send({"jsonrpc": "2.0", "method": "notifications/elicitation/complete", "params": {"elicitationId": cid}})
+    return result
 
 
 # ---------------------------------------------------------------- the page

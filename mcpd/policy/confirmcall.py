@@ -59,6 +59,8 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
     mine = None if not isinstance(cid, str) else box.for_retry(cid, principal.name, principal.token_id, op, requested)
     if not decision.allowed and decision.reason == grantmatch.REAUTH:
         if mine is not None and mine.kind == SIGNIN:
+            if mine.state == PENDING:  # the retry waits, up to its deadline, for the sign-in
+                box.wait(mine, wait_seconds)
             if mine.state == SIGNED_IN:
                 again = redecide(datetime.datetime.fromtimestamp(mine.at, datetime.UTC))
                 if again.allowed and box.use(mine):

@@ -63,7 +63,7 @@ def _client(d: PrivsepDaemon) -> httpx2.AsyncClient:
                               timeout=httpx2.Timeout(20, read=90), verify=ssl.create_default_context(cafile=d.cacert))
 
 
-@pytest.mark.parametrize("mode", ["2026-07-28"])
+@pytest.mark.parametrize("mode", ["2026-07-28", "legacy"])
 @pytest.mark.parametrize("tool", ["files/read", "files/list"])
 async def test_sdk_client_completes_a_call_after_the_page(sdkd: Any, mode: str, tool: str) -> None:
     d, pw = sdkd

@@ -38,7 +38,8 @@ def stepd() -> Iterator[tuple[PrivsepDaemon, dict[str, str]]]:
     with pam_service(PAM_FILE) as service:
         try:
             d = start_privsep(factory, login={"pam_service": service, "answer_seconds": 0.0, "max_failures": 50,
-                                              "free_failures": 50, "confirm_seconds": CONFIRM_SECONDS})
+                                              "free_failures": 50, "confirm_seconds": CONFIRM_SECONDS},
+                              workers={"per_account": 4, "timeout_seconds": 4})  # a retry waits this long
             passwords = {}
             for name in ("alice", "bob"):
                 passwords[name] = secrets.token_urlsafe(12)

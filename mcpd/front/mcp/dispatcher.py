@@ -17,7 +17,7 @@ from mcpd.common.identity import Principal
 from mcpd.common.redaction import with_redaction
 from mcpd.core.tools import TOOLS, ToolModule, by_any_name, portable_name
 from mcpd.front.access import AccessLog, Call
-from mcpd.front.confirm import hitl_of, input_required
+from mcpd.front.confirm import elicit_then_retry, hitl_of, input_required
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, RpcError, Send, encodable
 from mcpd.front.mcp.versions import STRUCTURED_SINCE
@@ -51,6 +51,11 @@ class RequestContext:
     protocol_version: str | None = None  # the session's (or the stateless request's) version
     #: ``traceparent``/``tracestate`` of the request's ``_meta``, when valid (for the records)
     trace: dict[str, str] = field(default_factory=dict)
+    #: what the session's client declared at ``initialize`` (session era; empty otherwise)
+    client_capabilities: dict[str, Any] = field(default_factory=dict)
+    #: ``(method, params, timeout) -> result``: a request to the session's client on this request's
+    #: stream (:class:`mcpd.front.mcp.outgoing.Outgoing`); None in the stateless era
+    ask: Callable[[str, dict[str, Any], float], Awaitable[dict[str, Any]]] | None = None
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Send one ``notifications/progress`` on this session, if the request asked for it (``_meta.progressToken``)."""
@@ -204,8 +209,15 @@ class Dispatcher:
                         raise ToolError(PERMISSION_DENIED, "permission denied: the user declined the confirmation",
                                         reason="declined")
                     extra = {k: v for k, v in (hitl or {}).items() if k in ("interactive", "confirm", "why")}
-                    call.result = await self.privileged.call(c.token, c.principal, ctx.session_id, c.peer,
-                                                             tool.NAME, args, ctx.trace, **extra)
+                    try:
+                        call.result = await self.privileged.call(c.token, c.principal, ctx.session_id, c.peer,
+                                                                 tool.NAME, args, ctx.trace, **extra)
+                    except ToolError as exc:  # a 2025-11-25 session: URL-mode elicitation, then the retry
+                        if not (hitl or {}).get("elicit"):
+                            raise
+                        call.result = await elicit_then_retry(ctx, exc, lambda cid: self.privileged.call(
+                            c.token, c.principal, ctx.session_id, c.peer, tool.NAME, args, ctx.trace,
+                            **dict(extra, confirm=cid)))
                 else:
                     call.stage = "unprivileged"
                     call.result = await self.pool.call(
@@ -215,7 +227,7 @@ class Dispatcher:
                     )
                 return tool.format_result(readable(call.result))
         except ToolError as exc:
-            asked = input_required(exc, c.origin) if (hitl or {}).get("interactive") else None
+            asked = input_required(exc, c.origin) if ctx.modern and (hitl or {}).get("interactive") else None
             return asked if asked is not None else tool_error_result(exc)
         except Exception:
             log.exception("tool %s failed unexpectedly (session %s)", tool.NAME, ctx.session_id)
@@ -233,7 +245,7 @@ class Dispatcher:
         name = params.get("name")
         if not isinstance(name, str):
             raise RpcError(INVALID_PARAMS, "name must be a string")
-        return await self.call_tool(ctx, name, params.get("arguments"), hitl_of(params, ctx.modern))
+        return await self.call_tool(ctx, name, params.get("arguments"), hitl_of(params, ctx))
 
     async def resources_list(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
         """``resources/list``: none (files are reached through the template)."""

@@ -54,6 +54,7 @@ from starlette.routing import Route
 
 from mcpd.common.config import Config
 from mcpd.front.auth import McpUser
+from mcpd.front.confirm import may_elicit
 from mcpd.front.connections.handover import DETACH
 from mcpd.front.mcp.dispatcher import Caller
 from mcpd.front.mcp.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, valid_id
@@ -264,7 +265,9 @@ class StreamableTransport:
         caller = Caller(user.principal, user.token, peer, self._origin(request))
         members = _members(payload)
         # (an initialize is answered as JSON: a failed one must not leave its session behind)
-        if not opened and SSE_TYPE in accepts and any(_is_request(m) and _wants_progress(m) for m in members):
+        # (an event stream too for a call that may ask its client to open a page: mcpd.front.confirm)
+        if not opened and SSE_TYPE in accepts and any(_is_request(m) and (_wants_progress(m) or may_elicit(
+                session.protocol.client_capabilities, m)) for m in members):
             return self._event_response(self._events(session, payload, caller, _drop(request)), headers)
         out = self._post_stream(replies_only=True)
         task = session.protocol.receive(payload, caller, out.put)
