@@ -9,54 +9,30 @@ grant forbids it, and someone the grant does not name approving.
 
 from __future__ import annotations
 
-import os
-import secrets
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mcpd.client import login as login_client
 from mcpd.client.errors import AuthError
-from tests.support.confirm import call, call_body, page, page_url, sign_in
-from tests.support.osaccounts import AccountFactory, ensure_user, pam_service
-from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.confirm import call, call_body, confirm_daemon, page, page_url, sign_in
+from tests.support.privsep_fixture import PrivsepDaemon
 
 pytestmark = pytest.mark.root
 
-PAM_FILE = Path(__file__).resolve().parents[2] / "etc/pam.d/mcpd"
 
 
 @pytest.fixture(scope="module")
 def appd() -> Iterator[tuple[PrivsepDaemon, dict[str, str]]]:
     """alice's files/read needs an approval by bob (or alice herself, which ``self`` forbids), for 1h."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: PAM service, OS accounts, root helper")
-    factory = AccountFactory()
-    d: PrivsepDaemon | None = None
-    with pam_service(PAM_FILE) as service:
-        try:
-            d = start_privsep(factory, login={"pam_service": service, "answer_seconds": 0.0, "max_failures": 50,
-                                              "free_failures": 50})
-            passwords = {}
-            for name in ("alice", "bob"):
-                passwords[name] = secrets.token_urlsafe(12)
-                ensure_user(d.accounts[name].name, password=passwords[name])
-            grants = d.default_grants()
-            rule = grants["users"][d.accounts["alice"].name]["privileged"]["tools"]["files/read"]
-            rule["approve"] = {"by": ["bob", "alice"], "for": "1h"}
-            d.write_grants(grants)
-            time.sleep(1.0)  # SIGHUP reload
-            for name in ("one.txt", "two.txt", "three.txt", "four.txt"):
-                (d.app / name).write_text(f"{name} text\n")
-            yield d, passwords
-        finally:
-            if d is not None:
-                stop_privsep(d)
-            factory.cleanup()
+    with confirm_daemon({"files/read": {"approve": {"by": ["bob", "alice"], "for": "1h"}}},
+                        {"max_failures": 50, "free_failures": 50}) as found:
+        for name in ("one.txt", "two.txt", "three.txt", "four.txt"):
+            (found[0].app / name).write_text(f"{name} text\n")
+        yield found
 
 
 def confirm_records(d: PrivsepDaemon, path: str) -> list[dict[str, Any]]:

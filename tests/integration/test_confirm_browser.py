@@ -9,54 +9,30 @@ Screenshots of the two pages go to ``$MCPD_TEST_SHOTS`` when it is set.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.confirm import call, call_body, page_url
-from tests.support.osaccounts import AccountFactory, ensure_user, pam_service
-from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.confirm import SIGNIN_READ_APPROVED_LIST, call, call_body, confirm_daemon, page_url
+from tests.support.privsep_fixture import PrivsepDaemon
 
 pytestmark = pytest.mark.root
 
-PAM_FILE = Path(__file__).resolve().parents[2] / "etc/pam.d/mcpd"
 
 
 @pytest.fixture(scope="module")
 def browserd() -> Iterator[tuple[PrivsepDaemon, dict[str, str]]]:
     """alice: files/read needs a fresh sign-in; files/list needs bob's approval."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: PAM service, OS accounts, root helper")
     for tool in ("chromium", "chromedriver"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed (scripts/bootstrap.sh installs it)")
-    factory = AccountFactory()
-    d: PrivsepDaemon | None = None
-    with pam_service(PAM_FILE) as service:
-        try:
-            d = start_privsep(factory, login={"pam_service": service, "answer_seconds": 0.0})
-            passwords = {}
-            for name in ("alice", "bob"):
-                passwords[name] = secrets.token_urlsafe(12)
-                ensure_user(d.accounts[name].name, password=passwords[name])
-            grants = d.default_grants()
-            tools = grants["users"][d.accounts["alice"].name]["privileged"]["tools"]
-            tools["files/read"]["reauth_after"] = "1h"
-            tools["files/list"]["approve"] = {"by": ["bob"]}
-            d.write_grants(grants)
-            time.sleep(1.0)
-            yield d, passwords
-        finally:
-            if d is not None:
-                stop_privsep(d)
-            factory.cleanup()
+    with confirm_daemon(SIGNIN_READ_APPROVED_LIST) as found:
+        yield found
 
 
 @pytest.fixture(scope="module")

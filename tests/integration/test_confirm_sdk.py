@@ -7,12 +7,8 @@ it opens the page it is given and signs in (or has the approver approve) before 
 
 from __future__ import annotations
 
-import os
-import secrets
 import ssl
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -22,40 +18,18 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ElicitResult
 
-from tests.support.confirm import sign_in
-from tests.support.osaccounts import AccountFactory, ensure_user, pam_service
-from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.confirm import SIGNIN_READ_APPROVED_LIST, confirm_daemon, sign_in
+from tests.support.privsep_fixture import PrivsepDaemon
 
 pytestmark = [pytest.mark.root, pytest.mark.anyio]
 
-PAM_FILE = Path(__file__).resolve().parents[2] / "etc/pam.d/mcpd"
 
 
 @pytest.fixture(scope="module")
 def sdkd() -> Iterator[tuple[PrivsepDaemon, dict[str, str]]]:
     """alice: files/read needs a fresh sign-in; files/list needs bob's approval."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: PAM service, OS accounts, root helper")
-    factory = AccountFactory()
-    d: PrivsepDaemon | None = None
-    with pam_service(PAM_FILE) as service:
-        try:
-            d = start_privsep(factory, login={"pam_service": service, "answer_seconds": 0.0})
-            passwords = {}
-            for name in ("alice", "bob"):
-                passwords[name] = secrets.token_urlsafe(12)
-                ensure_user(d.accounts[name].name, password=passwords[name])
-            grants = d.default_grants()
-            tools = grants["users"][d.accounts["alice"].name]["privileged"]["tools"]
-            tools["files/read"]["reauth_after"] = "1h"
-            tools["files/list"]["approve"] = {"by": ["bob"]}
-            d.write_grants(grants)
-            time.sleep(1.0)
-            yield d, passwords
-        finally:
-            if d is not None:
-                stop_privsep(d)
-            factory.cleanup()
+    with confirm_daemon(SIGNIN_READ_APPROVED_LIST) as found:
+        yield found
 
 
 def _client(d: PrivsepDaemon) -> httpx2.AsyncClient:

@@ -9,50 +9,36 @@ token or from another origin.
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.confirm import call, call_body, csrf_of, page, page_url, sign_in, submit
-from tests.support.osaccounts import AccountFactory, ensure_user, pam_service
-from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
+from tests.support.confirm import (
+    call,
+    call_body,
+    confirm_daemon,
+    csrf_of,
+    page,
+    page_url,
+    sign_in,
+    submit,
+)
+from tests.support.privsep_fixture import PrivsepDaemon
 
 pytestmark = pytest.mark.root
 
 CONFIRM_SECONDS = 12
-PAM_FILE = Path(__file__).resolve().parents[2] / "etc/pam.d/mcpd"
 
 
 @pytest.fixture(scope="module")
 def stepd() -> Iterator[tuple[PrivsepDaemon, dict[str, str]]]:
     """The privsep daemon, alice's files/read under ``reauth_after: 1h``, passwords for alice and bob."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: PAM service, OS accounts, root helper")
-    factory = AccountFactory()
-    d: PrivsepDaemon | None = None
-    with pam_service(PAM_FILE) as service:
-        try:
-            d = start_privsep(factory, login={"pam_service": service, "answer_seconds": 0.0, "max_failures": 50,
-                                              "free_failures": 50, "confirm_seconds": CONFIRM_SECONDS},
-                              workers={"per_account": 4, "timeout_seconds": 4})  # a retry waits this long
-            passwords = {}
-            for name in ("alice", "bob"):
-                passwords[name] = secrets.token_urlsafe(12)
-                ensure_user(d.accounts[name].name, password=passwords[name])
-            grants = d.default_grants()
-            grants["users"][d.accounts["alice"].name]["privileged"]["tools"]["files/read"]["reauth_after"] = "1h"
-            d.write_grants(grants)
-            time.sleep(1.0)  # SIGHUP reload
-            yield d, passwords
-        finally:
-            if d is not None:
-                stop_privsep(d)
-            factory.cleanup()
+    with confirm_daemon({"files/read": {"reauth_after": "1h"}}, {"max_failures": 50, "free_failures": 50,
+                        "confirm_seconds": CONFIRM_SECONDS}, workers={"per_account": 4, "timeout_seconds": 4}) as found:
+        yield found
 
 
 def confirm_records(d: PrivsepDaemon) -> list[dict[str, Any]]:

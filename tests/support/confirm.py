@@ -4,13 +4,23 @@ confirmation page's form (its CSRF token read from the page's HTML)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from mcpd.client.api import ssl_context
+from tests.support.osaccounts import AccountFactory, ensure_user, pam_service
+from tests.support.privsep_fixture import PrivsepDaemon, start_privsep, stop_privsep
 
+PAM_FILE = Path(__file__).resolve().parents[2] / "etc/pam.d/mcpd"
 V = "2026-07-28"
 CAPS_URL = {"elicitation": {"url": {}}}
 
@@ -76,3 +86,39 @@ def sign_in(d: Any, url: str, user: str, password: str, decision: str = "signin"
     shown = page(d, url)
     assert shown.status_code == 200, shown.text
     return submit(d, url, {"csrf": csrf_of(shown.text), "user": user, "password": password, "decision": decision})
+
+
+#: alice's tools as most of these tests want them: files/read needs a fresh sign-in (1h),
+#: files/list bob's approval
+SIGNIN_READ_APPROVED_LIST = {"files/read": {"reauth_after": "1h"}, "files/list": {"approve": {"by": ["bob"]}}}
+
+
+@contextlib.contextmanager
+def confirm_daemon(rules: dict[str, dict[str, Any]], login: dict[str, Any] | None = None,
+                   **overrides: Any) -> Iterator[tuple[PrivsepDaemon, dict[str, str]]]:
+    """The privsep daemon with the shipped PAM service, alice's default grants with ``rules``
+    (tool -> keys added to its rule) and passwords for alice and bob: ``(daemon, passwords)``.
+    Skips without root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: PAM service, OS accounts, root helper")
+    factory = AccountFactory()
+    d: PrivsepDaemon | None = None
+    with pam_service(PAM_FILE) as service:
+        try:
+            d = start_privsep(factory, login={"pam_service": service, "answer_seconds": 0.0, **(login or {})},
+                              **overrides)
+            passwords = {}
+            for name in ("alice", "bob"):
+                passwords[name] = secrets.token_urlsafe(12)
+                ensure_user(d.accounts[name].name, password=passwords[name])
+            grants = d.default_grants()
+            tools = grants["users"][d.accounts["alice"].name]["privileged"]["tools"]
+            for tool, keys in rules.items():
+                tools[tool].update(keys)
+            d.write_grants(grants)
+            time.sleep(1.0)  # SIGHUP reload
+            yield d, passwords
+        finally:
+            if d is not None:
+                stop_privsep(d)
+            factory.cleanup()
