@@ -32,6 +32,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from mcpd.common.config import Login as LoginConfig
+from mcpd.common.inflight import InFlight
 from mcpd.front.login import LoginUnavailable, PolicyLogin
 from mcpd.front.mcp.outgoing import ClientDidNotAnswer
 from mcpd.front.transport.body import BodyRefused, read_capped
@@ -199,9 +201,9 @@ class ConfirmRoutes:
     """``GET`` and ``POST {base}/confirm/<id>`` over the policy process (through the login backend's
     channel: ``confirm_view``, ``confirm_answer``); no bearer token (the password is the credential)."""
 
-    def __init__(self, login: Any) -> None:
+    def __init__(self, login: Any, cfg: LoginConfig) -> None:
         self.login = login
-
+        self._in_flight = InFlight(cfg.in_flight_per_address, cfg.in_flight)  # sign-ins, as POST /login's
     def routes(self) -> list[Route]:
         """The page's two routes, and ``POST /approve/<id>`` (an approver's bearer token)."""
         return [Route(PREFIX + "{cid}", self.show, methods=["GET"]),
@@ -251,7 +253,17 @@ class ConfirmRoutes:
         return _page(title, _form(request.url.path, view))
 
     async def answer(self, request: Request) -> Response:
-        """The form's ``POST``: CSRF token and origin checked, then the policy process's answer shown."""
+        """The form's ``POST``: CSRF token and origin checked, then the policy process's answer
+        shown; as many in flight as ``POST /login`` allows (in all, per address), else ``429``."""
+        peer = request.client.host if request.client else "unknown"
+        if self._in_flight.take(peer) is not None:
+            return _page("Busy", "<p>Too many sign-ins in flight; try again in a moment.</p>", 429)
+        try:
+            return await self._answer(request, peer)
+        finally:
+            self._in_flight.release(peer)
+
+    async def _answer(self, request: Request, peer: str) -> Response:
         cid = request.path_params["cid"]
         origin = request.headers.get("origin")
         own = f"https://{request.headers.get('host', '')}"
@@ -269,7 +281,6 @@ class ConfirmRoutes:
             return _page("Refused", "<p>The form's token is missing: reload the page.</p>", 403)
         if not (0 < len(fields["user"]) <= 64 and 0 < len(fields["password"]) <= 1024 and len(fields["decision"]) <= 16):
             return _page("Refused", "<p>Account and password are required.</p>", 400)
-        peer = request.client.host if request.client else "unknown"
         reply = await self._ask({"type": "confirm_answer", "cid": cid, "peer": peer, **fields})
         if reply is None:
             return _page("Unavailable", "<p>The policy process is not reachable; try again in a moment.</p>", 503)

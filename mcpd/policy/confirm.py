@@ -88,6 +88,7 @@ class Confirmations:
     # -- records -------------------------------------------------------------------------------
 
     def _record(self, p: Pending, decision: str, **more: Any) -> None:
+        """One ``confirm`` record of ``p``: ``decision``, the requester, the call, and ``more``."""
         self.audit.record("confirm", decision=decision, kind=p.kind, confirm_id=p.id, user=p.principal,
                           os_user=p.os_user, token_id=p.token_id, tool=p.op, requested_path=p.path,
                           **({"why": p.why} if p.why else {}), **more)
@@ -173,9 +174,13 @@ class Confirmations:
 
     # -- the page's and the approvers' answers --------------------------------------------------
 
-    def check_csrf(self, p: Pending, csrf: str) -> bool:
-        """Whether ``csrf`` is ``p``'s form token (constant time)."""
-        return hmac.compare_digest(p.csrf.encode(), csrf.encode())
+    def check_csrf(self, p: Pending, csrf: str, peer: str) -> bool:
+        """Whether ``csrf`` is ``p``'s form token (constant time); a wrong or missing one is a
+        ``refused`` record (reason ``csrf token missing or wrong``)."""
+        if hmac.compare_digest(p.csrf.encode(), csrf.encode()):
+            return True
+        self._record(p, "refused", peer=peer, reason="csrf token missing or wrong")
+        return False
 
     def signed_in(self, p: Pending, os_user: str, peer: str) -> str | None:
         """``os_user`` signed in with its password for sign-in record ``p``: the refusal, or None

@@ -122,8 +122,7 @@ def handle_answer(state: State, req: dict[str, Any]) -> dict[str, Any]:
     p, why = _live(state, req)
     if p is None:
         return {"ok": False, "message": why}
-    if not state.confirms.check_csrf(p, req["csrf"]):
-        state.confirms._record(p, "refused", peer=req["peer"], reason="csrf token missing or wrong")
+    if not state.confirms.check_csrf(p, req["csrf"], req["peer"]):
         return {"ok": False, "message": "the form's token is missing or wrong: reload the page"}
     if req["decision"] not in ("signin", "approve", "deny"):
         return {"ok": False, "message": "unknown decision"}

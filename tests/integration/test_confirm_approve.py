@@ -9,9 +9,13 @@ grant forbids it, and someone the grant does not name approving.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +26,6 @@ from tests.support.confirm import call, call_body, confirm_daemon, page, page_ur
 from tests.support.privsep_fixture import PrivsepDaemon
 
 pytestmark = pytest.mark.root
-
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +75,23 @@ def test_own_request_cannot_be_approved_and_strangers_cannot_approve(appd: Any) 
     retry = call(d, d.tokens["alice"], call_body(path, state=cid, rid=2))
     assert retry["resultType"] == "input_required" and retry["requestState"] == cid
     assert [r["reason"] for r in confirm_records(d, path) if r["decision"] == "refused"] == ["own request"] * 2
+
+
+def test_mcpd_approve_command_approves_as_the_tokens_principal(appd: Any) -> None:
+    d, _ = appd
+    path = str(d.app / "two.txt")
+    first = call(d, d.tokens["alice"], call_body(path))
+    env = {**os.environ, "MCPD_URL": d.url, "MCP_TOKEN": d.tokens["bob"], "MCPD_CACERT": d.cacert}
+    mcpd = str(Path(sys.executable).with_name("mcpd"))
+    done = subprocess.run([mcpd, "approve", first["requestState"]], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"approved: the waiting call may go on: alice files/read {path}" in done.stderr
+    again = subprocess.run([mcpd, "approve", first["requestState"]], env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert again.returncode == 2 and "unknown, used or expired" in again.stderr  # decided already
+    retry = call(d, d.tokens["alice"], call_body(path, state=first["requestState"], rid=2))
+    assert retry["resultType"] == "complete" and retry["content"][0]["text"] == "two.txt text\n"
 
 
 def test_denied_with_linuxctl_approve_and_a_waiting_call(appd: Any) -> None:
