@@ -60,6 +60,7 @@ class Pending:
     created: float
     expires: float
     approve: Approve | None = None
+    login_at: float = 0.0  # an approval after a step-up sign-in: that sign-in's time (UNIX seconds)
     state: str = PENDING
     by: str = ""
     at: float = 0.0
@@ -103,12 +104,14 @@ class Confirmations:
             del self._approved[key]
 
     def open(self, kind: str, principal: str, os_user: str, token_id: str, op: str, path: str, why: str = "",
-             approve: Approve | None = None) -> Pending:
+             approve: Approve | None = None, login_at: float = 0.0) -> Pending:
         """A new record for one call (``kind`` :data:`SIGNIN` or :data:`APPROVE`), recorded
-        ``requested``; beyond :data:`MAX_PENDING` the oldest is expired first."""
+        ``requested``; beyond :data:`MAX_PENDING` the oldest is expired first. ``login_at``: an
+        approval that follows a step-up sign-in of the same call keeps its time, so the call's
+        retry is judged with it."""
         now = time.time()
         p = Pending(secrets.token_urlsafe(ID_BYTES), secrets.token_urlsafe(ID_BYTES), kind, principal, os_user,
-                    token_id, op, path, why[:500], now, now + self.ttl, approve)
+                    token_id, op, path, why[:500], now, now + self.ttl, approve, login_at)
         with self._cond:
             self._sweep(now)
             while len(self._items) >= MAX_PENDING:

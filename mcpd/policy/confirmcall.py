@@ -42,8 +42,10 @@ def _ask(p: Pending, path: str) -> ToolError:
 
 def gate(state: State, req: dict[str, Any], principal: Principal, op: str, requested: str,
          decision: grantmatch.Decision, redecide: Callable[[datetime.datetime], grantmatch.Decision],
-         wait_seconds: float) -> grantmatch.Decision:
-    """The decision a call goes on with once a person has had their say (see the module docstring).
+         wait_seconds: float) -> tuple[grantmatch.Decision, float]:
+    """The decision a call goes on with once a person has had their say (see the module docstring),
+    and the time (UNIX seconds) of the step-up sign-in it was judged with (``0.0``: none), by
+    which a walker judges each entry's ``reauth_after`` too.
 
     Args:
         req: the ``privileged_call`` request (``interactive``, ``confirm``, ``why``: optional).
@@ -57,33 +59,41 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
     """
     box, interactive, cid = state.confirms, bool(req.get("interactive")), req.get("confirm")
     mine = None if not isinstance(cid, str) else box.for_retry(cid, principal.name, principal.token_id, op, requested)
+    carried = 0.0  # the sign-in an approval that follows it carries (a rule with both)
     if not decision.allowed and decision.reason == grantmatch.REAUTH:
+        login_at = 0.0
         if mine is not None and mine.kind == SIGNIN:
             if mine.state == PENDING:  # the retry waits, up to its deadline, for the sign-in
                 box.wait(mine, wait_seconds)
             if mine.state == SIGNED_IN:
-                again = redecide(datetime.datetime.fromtimestamp(mine.at, datetime.UTC))
-                if again.allowed and box.use(mine):
-                    return again
+                login_at = mine.at
             elif mine.state == PENDING and interactive:
                 raise _ask(mine, requested)
-        if interactive:
+        elif mine is not None and mine.kind == APPROVE:
+            login_at = mine.login_at
+        if login_at:
+            again = redecide(datetime.datetime.fromtimestamp(login_at, datetime.UTC))
+            if again.allowed and (mine is not None and (mine.kind == APPROVE or box.use(mine))):
+                decision = again
+                if mine.kind == SIGNIN:  # signed in: an approval the rule asks for comes next
+                    mine = None
+                carried = login_at
+        if not decision.allowed and interactive:
             raise _ask(box.open(SIGNIN, principal.name, principal.os_user, principal.token_id, op, requested), requested)
-        return decision
     if not decision.allowed or decision.approve is None:
-        return decision
+        return decision, carried
     p = mine if mine is not None and mine.kind == APPROVE else None
     if p is None and box.approved(principal.name, op, requested) is not None:
-        return decision  # an approval with `for` still covers this principal, tool and path
+        return decision, carried  # an approval with `for` still covers this principal, tool and path
     if p is None:
         why = req.get("why") if isinstance(req.get("why"), str) else ""
         p = box.open(APPROVE, principal.name, principal.os_user, principal.token_id, op, requested, why,
-                     decision.approve)
+                     decision.approve, carried)
         if interactive:
             raise _ask(p, requested)
     outcome = box.wait(p, wait_seconds)
     if outcome == APPROVED and box.use(p):
-        return decision
+        return decision, carried
     if outcome == DENIED:
         raise ToolError(PERMISSION_DENIED, f"permission denied: {requested}: {APPROVAL_DENIED} ({p.by})",
                         path=requested, reason=APPROVAL_DENIED)

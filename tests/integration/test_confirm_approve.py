@@ -31,7 +31,8 @@ pytestmark = pytest.mark.root
 @pytest.fixture(scope="module")
 def appd() -> Iterator[tuple[PrivsepDaemon, dict[str, str]]]:
     """alice's files/read needs an approval by bob (or alice herself, which ``self`` forbids), for 1h."""
-    with confirm_daemon({"files/read": {"approve": {"by": ["bob", "alice"], "for": "1h"}}},
+    with confirm_daemon({"files/read": {"approve": {"by": ["bob", "alice"], "for": "1h"}},
+                         "files/list": {"reauth_after": "1h", "approve": {"by": ["bob"]}}},
                         {"max_failures": 50, "free_failures": 50}) as found:
         for name in ("one.txt", "two.txt", "three.txt", "four.txt"):
             (found[0].app / name).write_text(f"{name} text\n")
@@ -75,6 +76,20 @@ def test_own_request_cannot_be_approved_and_strangers_cannot_approve(appd: Any) 
     retry = call(d, d.tokens["alice"], call_body(path, state=cid, rid=2))
     assert retry["resultType"] == "input_required" and retry["requestState"] == cid
     assert [r["reason"] for r in confirm_records(d, path) if r["decision"] == "refused"] == ["own request"] * 2
+
+
+def test_a_rule_with_reauth_after_and_approve_needs_both(appd: Any) -> None:
+    d, pw = appd
+    path = str(d.app)
+    first = call(d, d.tokens["alice"], call_body(path, tool="files/list"))
+    assert "Sign in" in page(d, page_url(first)).text
+    assert sign_in(d, page_url(first), d.accounts["alice"].name, pw["alice"]).status_code == 200
+    second = call(d, d.tokens["alice"], call_body(path, tool="files/list", state=first["requestState"], rid=2))
+    assert second["resultType"] == "input_required" and second["requestState"] != first["requestState"]
+    assert "Approve" in page(d, page_url(second)).text  # signed in: now the approval
+    login_client.approve(d.url, d.tokens["bob"], second["requestState"], d.cacert)
+    done = call(d, d.tokens["alice"], call_body(path, tool="files/list", state=second["requestState"], rid=3))
+    assert done["resultType"] == "complete" and "one.txt" in str(done["content"])
 
 
 def test_mcpd_approve_command_approves_as_the_tokens_principal(appd: Any) -> None:

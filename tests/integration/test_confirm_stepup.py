@@ -36,7 +36,7 @@ CONFIRM_SECONDS = 12
 @pytest.fixture(scope="module")
 def stepd() -> Iterator[tuple[PrivsepDaemon, dict[str, str]]]:
     """The privsep daemon, alice's files/read under ``reauth_after: 1h``, passwords for alice and bob."""
-    with confirm_daemon({"files/read": {"reauth_after": "1h"}}, {"max_failures": 50, "free_failures": 50,
+    with confirm_daemon({"files/read": {"reauth_after": "1h"}, "files/list": {"reauth_after": "1h"}}, {"max_failures": 50, "free_failures": 50,
                         "confirm_seconds": CONFIRM_SECONDS}, workers={"per_account": 4, "timeout_seconds": 4}) as found:
         yield found
 
@@ -68,6 +68,14 @@ def test_stepup_input_required_then_sign_in_then_retry_succeeds(stepd: Any) -> N
     again = call(d, d.tokens["alice"], call_body(str(d.log_file), state=first["requestState"], rid=3))
     assert again["resultType"] == "input_required" and again["requestState"] != first["requestState"]
     assert page(d, url).status_code == 404
+
+
+def test_a_listing_after_the_sign_in_holds_its_entries(stepd: Any) -> None:
+    d, pw = stepd
+    first = call(d, d.tokens["alice"], call_body(str(d.app), tool="files/list"))
+    assert sign_in(d, page_url(first), d.accounts["alice"].name, pw["alice"]).status_code == 200
+    done = call(d, d.tokens["alice"], call_body(str(d.app), tool="files/list", state=first["requestState"], rid=2))
+    assert done["resultType"] == "complete" and "log.txt" in str(done["content"])  # the walker judged it alike
 
 
 def test_without_url_elicitation_the_refusal_says_where_to_log_in(stepd: Any) -> None:
