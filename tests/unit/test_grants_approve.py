@@ -46,3 +46,16 @@ def test_approve_malformed_is_an_error_with_file_and_line(bad: str, message: str
         parse_policy(policy(bad), "g.yaml")
     assert len(info.value.errors) == 1 and info.value.errors[0].startswith("g.yaml:8: ")
     assert message in info.value.errors[0]
+
+
+def test_grants_views_and_reload_summaries_show_approve() -> None:
+    from mcpd.admin.grants_view import rule_lines, rule_to_dict
+    from mcpd.policy.grants_reload import summarize_changes
+
+    p = parse_policy(policy("{by: [bob, '%ops'], for: 1h}"))
+    rule = p.users["alice"]["files/read"]
+    assert "approve by bob, %ops for 1h (not their own)" in rule_lines(p, rule, NOW, "users.alice files/read", "  ")[0]
+    assert rule_to_dict(rule)["approve"] == {"by": ["bob", "%ops"], "for": 3600, "self": False}
+    q = parse_policy(policy("{by: [bob], self: true}"))
+    assert summarize_changes(p, q) == ["users.alice files/read approve by bob for 0s self added",
+                                       "users.alice files/read approve by bob,%ops for 3600s removed"]
