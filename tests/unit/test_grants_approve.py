@@ -59,3 +59,12 @@ def test_grants_views_and_reload_summaries_show_approve() -> None:
     q = parse_policy(policy("{by: [bob], self: true}"))
     assert summarize_changes(p, q) == ["users.alice files/read approve by bob for 0s self added",
                                        "users.alice files/read approve by bob,%ops for 3600s removed"]
+
+
+def test_grants_check_warns_about_an_approver_group_that_does_not_exist() -> None:
+    from mcpd.policy.grants_lint import lint_policy
+
+    p = parse_policy(policy("{by: [bob, '%nosuchgroup', '%ops']}"))
+    warnings = lint_policy(p, NOW, lambda name: True, lambda name: name == "ops")
+    assert [w for _, w in warnings] == [
+        "users.alice files/read: approve.by %nosuchgroup: no OS group is named nosuchgroup: nobody of it can approve"]
