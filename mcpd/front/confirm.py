@@ -70,7 +70,8 @@ def _url_mode(caps: Any) -> bool:
 def may_elicit(caps: dict[str, Any], msg: dict[str, Any]) -> bool:
     """Whether request ``msg`` of a session whose client declared ``caps`` may send that client a
     URL-mode ``elicitation/create`` (a privileged ``tools/call``): its answer is then an event stream."""
-    params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+    raw = msg.get("params")
+    params: dict[str, Any] = raw if isinstance(raw, dict) else {}
     args = params.get("arguments")
     return (msg.get("method") == "tools/call" and isinstance(args, dict) and args.get("privileged") is True
             and _url_mode(caps))
@@ -85,7 +86,8 @@ def hitl_of(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
     ``accept`` brings ``declined: True``. ``ctx``: the request's
     :class:`~mcpd.front.mcp.dispatcher.RequestContext`."""
     out: dict[str, Any] = {}
-    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    raw = params.get("_meta")
+    meta: dict[str, Any] = raw if isinstance(raw, dict) else {}
     if ctx.modern and _url_mode(meta.get(META_CAPABILITIES)):
         out["interactive"] = True
     elif not ctx.modern and ctx.ask is not None and _url_mode(ctx.client_capabilities):
@@ -136,8 +138,9 @@ async def elicit_then_retry(ctx: Any, exc: ToolError, retry: Callable[[str], Awa
     if not isinstance(confirm, dict) or not isinstance(confirm.get("id"), str) or ctx.ask is None:
         raise exc
     cid, seconds = confirm["id"], float(confirm.get("expires_in") or 60)
-    params = {"mode": "url", "elicitationId": cid, "url": page_url(ctx.caller.origin, cid),
-              "message": str(input_required(exc, ctx.caller.origin)["inputRequests"][INPUT_KEY]["params"]["message"])}
+    shaped = input_required(exc, ctx.caller.origin) or {}
+    message = shaped.get("inputRequests", {}).get(INPUT_KEY, {}).get("params", {}).get("message", "")
+    params = {"mode": "url", "elicitationId": cid, "url": page_url(ctx.caller.origin, cid), "message": str(message)}
     try:
         answer = await ctx.ask("elicitation/create", params, seconds)
     except ClientDidNotAnswer as why:

@@ -86,7 +86,8 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
     if p is None and box.approved(principal.name, op, requested) is not None:
         return decision, carried  # an approval with `for` still covers this principal, tool and path
     if p is None:
-        why = req.get("why") if isinstance(req.get("why"), str) else ""
+        stated = req.get("why")
+        why = stated if isinstance(stated, str) else ""
         p = box.open(APPROVE, principal.name, principal.os_user, principal.token_id, op, requested, why,
                      decision.approve, carried)
         if interactive:
