@@ -68,12 +68,15 @@ def _shot(drv: Any, name: str) -> None:
 
 def _fill_and_send(drv: Any, user: str, password: str, button: str) -> str:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     field = drv.find_element(By.NAME, "user")
     field.clear()
     field.send_keys(user)
     drv.find_element(By.NAME, "password").send_keys(password)
     drv.find_element(By.CSS_SELECTOR, f'button[value="{button}"]').click()
+    # (click returns before the answer's page has loaded: wait for it, by its title)
+    WebDriverWait(drv, 60).until(lambda d: d.title in ("Done", "Refused", "Busy", "Unavailable"))
     return str(drv.find_element(By.TAG_NAME, "body").text)
 
 
