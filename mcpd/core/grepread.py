@@ -171,14 +171,32 @@ def head(fd: int, kind: str | None) -> bytes:
         stream.close()
 
 
+def newlines(fd: int, start: int, end: int) -> int:
+    """The number of ``\\n`` in bytes ``start`` to ``end`` of the plain file ``fd``, read again by
+    ``pread`` (:data:`CHUNK` bytes at a time; a file cut short meanwhile counts to where it ends).
+
+    Raises:
+        OSError: a read failed.
+    """
+    count, pos = 0, start
+    while pos < end:
+        data = os.pread(fd, min(CHUNK, end - pos), pos)
+        if not data:
+            break
+        count += data.count(b"\n")
+        pos += len(data)
+    return count
+
+
 def chunks(fd: int, kind: str | None, size: int, start: int, file_limit: int, max_ratio: int,
-           skipped: Callable[[bytes], None] | None = None) -> Iterator[bytes]:
+           skipped: Callable[[bytes], None] | None = None, first: bytes = b"") -> Iterator[bytes]:
     """The file's text from byte ``start`` on, in pieces of at most :data:`CHUNK` bytes.
 
     ``kind``: :func:`compression`'s answer; ``size``: the ``fstat`` size at open (bytes);
     ``file_limit``: the per-file limit (bytes of text); ``max_ratio``: the bomb bound;
     ``skipped``: given the decompressed text before ``start`` of a compressed file, in order, before
-    the first piece is yielded (a plain file's is read with ``pread`` by whoever needs it).
+    the first piece is yielded (a plain file's is read with ``pread`` by whoever needs it);
+    ``first``: a plain file's first piece, already read at ``start`` (it is not read again).
 
     Raises:
         Skipped: ``too_large``, ``compression_ratio``, ``corrupt``, ``unsupported_compression``
@@ -191,6 +209,9 @@ def chunks(fd: int, kind: str | None, size: int, start: int, file_limit: int, ma
                           size=size, limit=file_limit)
         end = size if size > 0 else file_limit
         pos = start
+        if first:
+            pos += len(first)
+            yield first
         while pos < end:
             data = os.pread(fd, min(CHUNK, end - pos), pos)
             if not data:

@@ -22,7 +22,7 @@ can find a secret, or tell it by what matches; line numbers and byte offsets sta
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,7 +207,8 @@ def _after(block: bytes, pos: int, n: int) -> list[bytes]:
 
 
 def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], budget: Budget,
-         offset: int = 0, line: int = 1, now: Any = None, secrets: Redaction | None = None) -> Stop | None:
+         offset: int = 0, line: int = 1, now: Any = None, secrets: Redaction | None = None,
+         recount: Callable[[int, int], int] | None = None) -> Stop | None:
     """Search one file's text (``pieces``, from byte ``offset``, line ``line``) into ``budget``.
 
     Each selected line becomes ``{"path", "line", "byte_offset", "text"}`` (plus ``before`` and
@@ -215,8 +216,22 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
     end of the text, or a :class:`Stop` when the budget is spent (``max_matches``,
     ``answer_size``) or, checked after each piece, its bytes (``byte_limit``) or time
     (``time_budget``; ``now`` is the clock) ran out. ``secrets``: search and show the text redacted
-    (module docstring). Raises what ``pieces`` raises.
+    (module docstring). ``recount(start, end)``: the number of ``\\n`` in the text's bytes
+    ``start`` to ``end`` (file offsets), read again; given, a block without a selected line is not
+    counted as it passes, only when a later match or a stop needs the line number (counting
+    ``\\n`` costs more than searching: a file nothing matches is never counted). Not used with
+    ``secrets``. Raises what ``pieces`` (or ``recount``) raises.
     """
+    lazy = recount is not None and secrets is None
+    counted = offset  # file offset ``line`` is the number of; below ``offset`` when blocks were passed uncounted
+
+    def sync() -> None:  # bring ``line`` to ``offset``
+        nonlocal line, counted
+        if counted < offset:
+            assert recount is not None
+            line += recount(counted, offset)
+            counted = offset
+
     n, invert = args["context"], args["invert"]
     prev: collections.deque[bytes] = collections.deque(maxlen=max(n, 1))
     waiting: list[tuple[dict[str, Any], int]] = []  # matches still owed after-context, and how many lines
@@ -249,10 +264,14 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
             waiting = []
         if stop is not None:
             return stop
-        counted, at_line = 0, line
+        seen, at_line, selected = 0, line, False
         for start, end, hit in _spans(regex, block, invert):
-            at_line += block.count(b"\n", counted, start)
-            counted = start
+            if not selected:
+                selected = True
+                sync()
+                at_line = line
+            at_line += block.count(b"\n", seen, start)
+            seen = start
             text = show(block[start:end], hit - start)
             if raw is not None and starts is None:
                 starts = _line_starts(raw)  # the file's offsets, not the redacted text's (on a first match only)
@@ -279,10 +298,14 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
             if not waiting or done:
                 return stop
             continue
-        line += block.count(b"\n")
+        if not lazy or selected:
+            line += block.count(b"\n")
+            counted += raw_len
         offset += raw_len
         if not done and budget.searched >= budget.total_bytes:
+            sync()
             return Stop("byte_limit", offset, line)
         if not done and now is not None and now() > budget.deadline:
+            sync()
             return Stop("time_budget", offset, line)
     return None

@@ -71,6 +71,24 @@ def test_resume_inside_a_compressed_file(tmp_path: Path) -> None:
     assert rest["matches"][0]["byte_offset"] == sum(len(b"line %d foo\n" % i) for i in range(1, 31))
 
 
+def test_line_numbers_after_reads_without_a_match_and_across_a_byte_limit(tmp_path: Path) -> None:
+    lines = [b"filler line %d" % i for i in range(400_000)]  # ~7 MB: several 1 MiB reads, most without a match
+    for i in (5, 150_000, 399_990):
+        lines[i] = b"HIT %d" % i
+    data = b"\n".join(lines) + b"\n"
+    want = [(i + 1, len(b"\n".join(lines[:i])) + 1) for i in (5, 150_000, 399_990)]
+    (tmp_path / "plain.log").write_bytes(data)
+    (tmp_path / "packed.log.gz").write_bytes(gzip.compress(data, 1))
+    for name in ("plain.log", "packed.log.gz"):
+        out = grep(pattern="HIT", path=str(tmp_path / name))
+        assert [(m["line"], m["byte_offset"]) for m in out["matches"]] == want, name
+        assert out["bytes_searched"] == len(data)
+    cut = grep(pattern="HIT", path=str(tmp_path / "plain.log"), max_total_bytes=1536 * 1024)  # stops after a read without a match
+    assert cut["stopped"] == "byte_limit" and [m["line"] for m in cut["matches"]] == [6]
+    rest = grep(pattern="HIT", path=str(tmp_path / "plain.log"), cursor=cut["next_cursor"])
+    assert [(m["line"], m["byte_offset"]) for m in rest["matches"]] == want[1:] and rest["next_cursor"] is None
+
+
 def test_cursor_checks() -> None:
     parsed = parse_grep_args({"pattern": "x", "path": "/srv"})
     good = encode_cursor(parsed, "/srv/a", 10, 2)

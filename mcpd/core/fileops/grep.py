@@ -95,12 +95,25 @@ class Search:
             if kind is None and size > self.file_limit:
                 raise grepread.Skipped("too_large", f"the file has {size} bytes, over the per-file limit of "
                                        f"{self.file_limit}", size=size, limit=self.file_limit)
-            if b"\0" in grepread.head(fd, kind):
+            first = b""  # a plain file searched from its start: its first piece, read once for the probe too
+            if kind is None and offset == 0 and size > 0:
+                first = os.pread(fd, min(grepread.CHUNK, size), 0)
+                binary = first.find(b"\0", 0, grepread.BINARY_PROBE) >= 0
+            else:
+                binary = b"\0" in grepread.head(fd, kind)
+            if binary:
                 raise grepread.Skipped("binary", "cannot read binary file")
             before = len(self.budget.matches)
-            secrets, skipped = self._redaction(fd, kind, offset)
-            stop = grepscan.scan(grepread.chunks(fd, kind, size, offset, self.file_limit, self.max_ratio, skipped),
-                                 self.regex, path, self.args, self.budget, offset, line, self.clock, secrets)
+            if self._passes(first, size):
+                self.budget.searched += size
+                stop = None
+            else:
+                secrets, skipped = self._redaction(fd, kind, offset)
+                recount = None if kind is not None else lambda a, b: grepread.newlines(fd, a, b)
+                stop = grepscan.scan(grepread.chunks(fd, kind, size, offset, self.file_limit, self.max_ratio,
+                                                     skipped, first),
+                                     self.regex, path, self.args, self.budget, offset, line, self.clock, secrets,
+                                     recount)
         except grepread.Skipped as why:
             if alone:
                 if why.reason == "binary":
@@ -124,6 +137,15 @@ class Search:
             self.stop, self.stop_path = stop, path
             return True
         return False
+
+    def _passes(self, first: bytes, size: int) -> bool:
+        """Whether the whole of a plain file, ``first`` (read from its start, ``size`` bytes by its
+        ``fstat``), selects no line and so need not be scanned: what :func:`grepscan.scan` would find
+        (one block, as the text ends with a newline), told by one search, with no redaction, no
+        ``invert``, and no byte or time limit reached at its end (the scan's stop is then left to it)."""
+        b = self.budget
+        return len(first) == size and first.endswith(b"\n") and not self.redact and not self.args["invert"] \
+            and b.searched + size < b.total_bytes and self.clock() <= b.deadline and self.regex.search(first) is None
 
     def _redaction(self, fd: int, kind: str | None, offset: int) -> tuple[grepscan.Redaction | None,
                                                                          Callable[[bytes], None] | None]:
