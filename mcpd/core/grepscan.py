@@ -7,7 +7,7 @@ several patterns, any of which matches (as grep's). ``fixed_string`` matches the
 literally, ``word`` only where it is neither preceded nor followed by a word character (RE2's
 ASCII ``\\b``), ``ignore_case`` folds case (Unicode simple folding).
 
-The text is searched as bytes, each 1 MiB read whole by RE2 (not a Python loop per line): bytes
+The text is searched as bytes, each piece read (:mod:`mcpd.core.grepread`) whole by RE2 (not a Python loop per line): bytes
 that are not UTF-8 are matched by no character class, ``.`` included, but never stop a search, and
 a line shown is decoded with each such byte written ``\\xNN``. Lines end at ``\\n``; a line over
 :data:`PIECE` bytes is searched in pieces of that size (a match across two pieces is missed),
@@ -58,6 +58,18 @@ def compile_pattern(args: dict[str, Any]) -> Any:
         why = why.decode("utf-8", "backslashreplace") if isinstance(why, bytes) else str(why)
         why = why.partition(": ")[0]  # RE2 names the part of the pattern after the colon: ours, wrapped
         raise invalid_argument(f"invalid pattern: {why[:300]} (RE2 syntax)", argument="pattern") from None
+
+
+def literal(args: dict[str, Any]) -> bytes | None:
+    """The bytes a ``files/grep`` pattern matches exactly, when it is one ASCII literal (no RE2
+    special character unless ``fixed_string``, no newline, no ``ignore_case`` or ``word``): then
+    ``pattern in text`` tells, as the compiled pattern's search does, whether any line matches;
+    None for every other pattern (and the empty one, which matches every line)."""
+    p = args["pattern"]
+    if not p or not p.isascii() or "\n" in p or args["ignore_case"] or args["word"] or \
+            not args["fixed_string"] and any(c in _SPECIAL for c in p):
+        return None
+    return p.encode("ascii")
 
 
 def show(raw: bytes, at: int = 0) -> str:
@@ -159,11 +171,13 @@ class Stop:
     line: int
 
 
-def _spans(regex: Any, block: bytes, invert: bool) -> Iterator[tuple[int, int, int]]:
-    """``(start, end, match start)`` of each selected line of ``block`` (``end`` before its ``\\n``)."""
-    pos, size = 0, len(block)
+def _spans(regex: Any, block: bytes, invert: bool, size: int) -> Iterator[tuple[int, int, int]]:
+    """``(start, end, match start)`` of each selected line of ``block[:size]`` (``end`` before its
+    ``\\n``), searched as a text that ends at ``size`` (a view, not a copy)."""
+    text = block if size == len(block) else memoryview(block)[:size]
+    pos = 0
     while pos < size:
-        m = regex.search(block, pos)
+        m = regex.search(text, pos)
         hit = size if m is None else block.rfind(b"\n", 0, m.start()) + 1
         if invert:
             while pos < hit:
@@ -175,7 +189,7 @@ def _spans(regex: Any, block: bytes, invert: bool) -> Iterator[tuple[int, int, i
                 return
         elif m is None:
             return
-        end = block.find(b"\n", m.start())
+        end = block.find(b"\n", m.start(), size)
         end = size if end < 0 else end
         if not invert:
             yield hit, end, m.start()
@@ -195,12 +209,12 @@ def _before(block: bytes, start: int, n: int, prev: collections.deque[bytes]) ->
     return out[::-1]
 
 
-def _after(block: bytes, pos: int, n: int) -> list[bytes]:
-    """Up to ``n`` lines of ``block`` from ``pos`` (a line start) on."""
+def _after(block: bytes, pos: int, n: int, size: int) -> list[bytes]:
+    """Up to ``n`` lines of ``block[:size]`` from ``pos`` (a line start) on."""
     out: list[bytes] = []
-    while len(out) < n and pos < len(block):
-        end = block.find(b"\n", pos)
-        end = len(block) if end < 0 else end
+    while len(out) < n and pos < size:
+        end = block.find(b"\n", pos, size)
+        end = size if end < 0 else end
         out.append(block[pos:end])
         pos = end + 1
     return out
@@ -251,21 +265,24 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
                 carry = data
                 continue
             cut = len(data)
-        block, carry = data[:cut], data[cut:]
-        if not block:
+        if not cut:
             continue
-        raw_len, starts, raw = len(block), None, None  # the file's bytes in this block (redaction changes the block's)
+        # the block is block[:size], not copied out of data (a 1 MiB copy per read costs more than the search)
+        block, size, carry = data, cut, data[cut:]
+        raw_len, starts, raw = size, None, None  # the file's bytes in this block (redaction changes the block's)
         if secrets is not None:
-            raw, block = block, _redacted(block, secrets, not done and not block.endswith(b"\n"))
+            raw = data[:cut]
+            block = _redacted(raw, secrets, not done and not raw.endswith(b"\n"))
+            size = len(block)
         if waiting:
-            lines = _after(block, 0, max(k for _, k in waiting))
+            lines = _after(block, 0, max(k for _, k in waiting), size)
             for owed, k in waiting:
                 owed["after"].extend(show(x) for x in lines[:k])
             waiting = []
         if stop is not None:
             return stop
         seen, at_line, selected = 0, line, False
-        for start, end, hit in _spans(regex, block, invert):
+        for start, end, hit in _spans(regex, block, invert, size):
             if not selected:
                 selected = True
                 sync()
@@ -277,29 +294,29 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
                 starts = _line_starts(raw)  # the file's offsets, not the redacted text's (on a first match only)
             at = start if starts is None else starts[at_line - line]
             match: dict[str, Any] = {"path": path, "line": at_line, "byte_offset": offset + at, "text": text}
-            size = len(text)
+            shown = len(text)
             if n:
                 match["before"] = [show(x) for x in _before(block, start, n, prev)]
-                after = _after(block, end + 1, n)
+                after = _after(block, end + 1, n, size)
                 match["after"] = [show(x) for x in after]
-                size += sum(len(x) for x in match["before"]) + sum(len(x) for x in match["after"])
-                if len(after) < n and end + 1 >= len(block) and not done:
+                shown += sum(len(x) for x in match["before"]) + sum(len(x) for x in match["after"])
+                if len(after) < n and end + 1 >= size and not done:
                     waiting.append((match, n - len(after)))
-            why = budget.add(match, size)
+            why = budget.add(match, shown)
             if why is not None:
                 nxt = end + 1 if starts is None else starts[at_line - line + 1] if at_line - line + 1 < len(starts) \
                     else raw_len
                 stop = Stop(why, offset + nxt, at_line + 1)
                 break
         if n:
-            prev.extend(_before(block, len(block) + 1, n, prev) if block.endswith(b"\n") else [])
+            prev.extend(_before(block, size + 1, n, prev) if block.endswith(b"\n", 0, size) else [])
         budget.searched += raw_len
         if stop is not None:
             if not waiting or done:
                 return stop
             continue
         if not lazy or selected:
-            line += block.count(b"\n")
+            line += block.count(b"\n", 0, size)
             counted += raw_len
         offset += raw_len
         if not done and budget.searched >= budget.total_bytes:

@@ -43,6 +43,7 @@ __all__ = ["Search", "grep_granted", "op_grep"]
 
 SKIPS_SHOWN = 100  # skipped files named in the answer (files_skipped counts them all)
 PROGRESS_FILES, PROGRESS_BYTES = 1000, 64 * 1024 * 1024  # a progress call after this many files or bytes
+SMALL_FILE = 4096  # bytes: a file up to this size is searched for a literal pattern with ``in``, not RE2
 _CLOSE = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
@@ -53,6 +54,7 @@ class Search:
                  | None = None, clock: Callable[[], float] = time.monotonic, redact: tuple[str, ...] = ()) -> None:
         self.args, self.clock, self.progress, self.redact = args, clock, progress, redact
         self.regex = grepscan.compile_pattern(args)
+        self.literal = grepscan.literal(args)
         self.file_limit = min(args["max_file_bytes"] or limits.grep_file_bytes, limits.grep_file_bytes)
         total = min(args["max_total_bytes"] or limits.grep_total_bytes, limits.grep_total_bytes)
         self.max_ratio = limits.grep_max_ratio
@@ -97,7 +99,7 @@ class Search:
                                        f"{self.file_limit}", size=size, limit=self.file_limit)
             first = b""  # a plain file searched from its start: its first piece, read once for the probe too
             if kind is None and offset == 0 and size > 0:
-                first = os.pread(fd, min(grepread.CHUNK, size), 0)
+                first = os.pread(fd, min(grepread.READ, size), 0)
                 binary = first.find(b"\0", 0, grepread.BINARY_PROBE) >= 0
             else:
                 binary = b"\0" in grepread.head(fd, kind)
@@ -144,8 +146,12 @@ class Search:
         (one block, as the text ends with a newline), told by one search, with no redaction, no
         ``invert``, and no byte or time limit reached at its end (the scan's stop is then left to it)."""
         b = self.budget
-        return len(first) == size and first.endswith(b"\n") and not self.redact and not self.args["invert"] \
-            and b.searched + size < b.total_bytes and self.clock() <= b.deadline and self.regex.search(first) is None
+        if len(first) != size or not first.endswith(b"\n") or self.redact or self.args["invert"] or \
+                b.searched + size >= b.total_bytes or self.clock() > b.deadline:
+            return False
+        if self.literal is not None and size <= SMALL_FILE:  # a call into RE2 costs more than a small file's find
+            return self.literal not in first
+        return self.regex.search(first) is None
 
     def _redaction(self, fd: int, kind: str | None, offset: int) -> tuple[grepscan.Redaction | None,
                                                                          Callable[[bytes], None] | None]:
