@@ -50,6 +50,8 @@ class Skipped(Exception):
 
 def compression(name: str) -> str | None:
     """The compressed format of a file by its name's suffix (``gz``, ``xz``, ``bz2``, ``zst``), or None."""
+    if not name.endswith(SUFFIXES):
+        return None
     for suffix in SUFFIXES:
         if name.endswith(suffix) and len(name) > len(suffix):
             return suffix[1:]

@@ -81,10 +81,12 @@ class Search:
             return True
         return False
 
-    def search(self, fd: int, path: str, name: str, offset: int = 0, line: int = 1, alone: bool = False) -> bool:
+    def search(self, fd: int, path: str, name: str, offset: int = 0, line: int = 1, alone: bool = False,
+               size: int | None = None) -> bool:
         """Search the open regular file ``fd`` from ``offset``/``line``; True when the call must stop.
 
-        ``alone``: the file was named by ``path`` (its refusals are errors, see the module docstring).
+        ``alone``: the file was named by ``path`` (its refusals are errors, see the module docstring);
+        ``size``: its ``fstat`` size in bytes when the caller has it (else ``fd`` is asked).
         """
         kind = grepread.compression(name)
         late = "byte_limit" if self.budget.searched >= self.budget.total_bytes else \
@@ -93,7 +95,8 @@ class Search:
             self.stop, self.stop_path = grepscan.Stop(late, offset, line), path
             return True
         try:
-            size = os.fstat(fd).st_size
+            if size is None:
+                size = os.fstat(fd).st_size
             if kind is None and size > self.file_limit:
                 raise grepread.Skipped("too_large", f"the file has {size} bytes, over the per-file limit of "
                                        f"{self.file_limit}", size=size, limit=self.file_limit)
@@ -201,8 +204,9 @@ class Search:
         return out
 
 
-def open_entry(dfd: int, name: str, follow: bool) -> int:
-    """Open entry ``name`` of folder ``dfd`` for reading when it is a regular file (module docstring).
+def open_entry(dfd: int, name: str, follow: bool) -> tuple[int, int]:
+    """Open entry ``name`` of folder ``dfd`` for reading when it is a regular file (module docstring):
+    the descriptor and the file's size (bytes, by the ``fstat`` that judged it: the same file).
 
     Raises:
         grepread.Skipped: ``not_regular`` or ``symlink`` (never opened for reading).
@@ -210,12 +214,13 @@ def open_entry(dfd: int, name: str, follow: bool) -> int:
     """
     pfd = os.open(name, os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW), dir_fd=dfd)
     try:
-        mode = os.fstat(pfd).st_mode
+        st = os.fstat(pfd)
+        mode = st.st_mode
         if stat.S_ISLNK(mode):
             raise grepread.Skipped("symlink", "symlink not followed")
         if not stat.S_ISREG(mode):
             raise grepread.Skipped("not_regular", "not a regular file")
-        return os.open(f"/proc/self/fd/{pfd}", _CLOSE)
+        return os.open(f"/proc/self/fd/{pfd}", _CLOSE), st.st_size
     finally:
         os.close(pfd)
 
@@ -259,7 +264,7 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
                 continue
             start = (cursor["o"], cursor["n"]) if resumed and cursor is not None else (0, 1)
             try:
-                fd = open_entry(dfd, name, a["follow_symlinks"])
+                fd, size = open_entry(dfd, name, a["follow_symlinks"])
             except grepread.Skipped as why:
                 s.skip(path, why.reason)
                 continue
@@ -267,7 +272,7 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
                 s.skip(path, skip_reason(err))
                 continue
             try:
-                if s.search(fd, path, name, *start):
+                if s.search(fd, path, name, *start, size=size):
                     break
             finally:
                 os.close(fd)
