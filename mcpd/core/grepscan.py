@@ -309,7 +309,7 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
                 stop = Stop(why, offset + nxt, at_line + 1)
                 break
         if n:
-            prev.extend(_before(block, size + 1, n, prev) if block.endswith(b"\n", 0, size) else [])
+            prev.extend(_before(block, size, n, prev) if block.endswith(b"\n", 0, size) else [])  # its last lines
         budget.searched += raw_len
         if stop is not None:
             if not waiting or done:

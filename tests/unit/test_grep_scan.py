@@ -1,6 +1,7 @@
-"""files/grep's scanning core in-process, on the worker's real openers: context across 1 MiB reads,
-inverted selection, very long lines, resuming inside a compressed file, the cursor's checks, the
-config keys, and the pattern's compilation."""
+"""files/grep's scanning core in-process, on the worker's real openers: context across reads,
+inverted selection, very long lines, line numbers after reads nothing matched, resuming inside a
+compressed file, the literal patterns told without RE2, the cursor's checks, the config keys, and
+the pattern's compilation."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from mcpd.common.config import ConfigError, ReadLimits, from_dict
 from mcpd.common.greplines import grep_lines
 from mcpd.core import fileopen
 from mcpd.core.grepargs import encode_cursor, parse_grep_args
-from mcpd.core.grepscan import PIECE, SHOW_BYTES
+from mcpd.core.grepread import READ
+from mcpd.core.grepscan import PIECE, SHOW_BYTES, compile_pattern, literal
 from mcpd.core.ops import OpContext, run
 
 CTX = OpContext(limits=ReadLimits(), open_file=fileopen.open_regular, open_dir=fileopen.open_directory)
@@ -29,11 +31,14 @@ def grep(**args: Any) -> dict[str, Any]:
 def test_context_across_read_boundaries(tmp_path: Path) -> None:
     f = tmp_path / "big.log"
     lines = [b"x" * 1000 + b" %d" % i for i in range(3000)]  # ~3 MB: three 1 MiB reads
-    lines[1047] = b"HIT"  # near the end of the first read
+    lines[1047] = b"HIT"  # near the end of the first 1 MiB
+    lines[131] = b"HIT"  # near the end of the first read of a plain file (grepread.READ)
     f.write_bytes(b"\n".join(lines) + b"\n")
-    (m,) = grep(pattern="^HIT$", path=str(f), context=3)["matches"]
-    assert m["line"] == 1048
-    assert m["before"] == [x.decode() for x in lines[1044:1047]] and m["after"] == [x.decode() for x in lines[1048:1051]]
+    assert sum(len(x) + 1 for x in lines[:132]) > READ > sum(len(x) + 1 for x in lines[:129])
+    found = grep(pattern="^HIT$", path=str(f), context=3)["matches"]
+    assert [m["line"] for m in found] == [132, 1048]
+    for m, i in zip(found, (131, 1047), strict=True):
+        assert m["before"] == [x.decode() for x in lines[i - 3:i]] and m["after"] == [x.decode() for x in lines[i + 1:i + 4]]
 
 
 def test_invert_with_context_and_text(tmp_path: Path) -> None:
@@ -87,6 +92,30 @@ def test_line_numbers_after_reads_without_a_match_and_across_a_byte_limit(tmp_pa
     assert cut["stopped"] == "byte_limit" and [m["line"] for m in cut["matches"]] == [6]
     rest = grep(pattern="HIT", path=str(tmp_path / "plain.log"), cursor=cut["next_cursor"])
     assert [(m["line"], m["byte_offset"]) for m in rest["matches"]] == want[1:] and rest["next_cursor"] is None
+
+
+def test_a_literal_pattern_is_told_by_find_as_re2_tells_it() -> None:
+    texts = [b"listen = 0.0.0.0\n", b"listen= x\n", b"a.b\r\n", b"axb\n", b"\xff\xfelisten = \x80\n", b"A.B\n", b""]
+    cases = [("listen = ", {}, b"listen = "), ("a.b", {}, None), ("a.b", {"fixed_string": True}, b"a.b"),
+             ("a+b", {}, None), ("x", {"ignore_case": True}, None), ("listen", {"word": True}, None),
+             ("caf\u00e9", {}, None), ("a\nb", {}, None), ("", {}, None), ("\t= ", {}, b"\t= ")]
+    for pattern, flags, want in cases:
+        args = parse_grep_args({"pattern": pattern, "path": "/x", **flags})
+        assert literal(args) == want, (pattern, flags)
+        if want is not None:
+            regex = compile_pattern(args)
+            for text in texts:
+                assert (want in text) == (regex.search(text) is not None), (pattern, flags, text)
+
+
+def test_small_files_answer_alike_whatever_the_pattern_kind(tmp_path: Path) -> None:
+    for i in range(30):
+        (tmp_path / f"c{i:02}.conf").write_bytes(b"x = 1\n" * (i % 4) + (b"listen = a.b\n" if i % 7 == 0 else b"") +
+                                                  (b"tail" if i % 5 == 0 else b""))
+    literal_hits = grep(pattern="listen = a.b", path=str(tmp_path), fixed_string=True)["matches"]
+    regex_hits = grep(pattern="listen = a[.]b", path=str(tmp_path))["matches"]
+    assert [(m["path"], m["line"], m["byte_offset"]) for m in literal_hits] == \
+        [(m["path"], m["line"], m["byte_offset"]) for m in regex_hits] and len(literal_hits) == 5
 
 
 def test_cursor_checks() -> None:
