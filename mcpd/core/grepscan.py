@@ -7,12 +7,13 @@ several patterns, any of which matches (as grep's). ``fixed_string`` matches the
 literally, ``word`` only where it is neither preceded nor followed by a word character (RE2's
 ASCII ``\\b``), ``ignore_case`` folds case (Unicode simple folding).
 
-The text is searched as bytes, each piece read (:mod:`mcpd.core.grepread`) whole by RE2 (not a Python loop per line): bytes
-that are not UTF-8 are matched by no character class, ``.`` included, but never stop a search, and
-a line shown is decoded with each such byte written ``\\xNN``. Lines end at ``\\n``; a line over
-:data:`PIECE` bytes is searched in pieces of that size (a match across two pieces is missed),
-each with the line's number. A line shown is cut at :data:`SHOW_BYTES` bytes, around the match,
-with the bytes left out said in ``[... N bytes]`` markers.
+The text is searched as bytes, each piece read (:mod:`mcpd.core.grepread`) whole by RE2 (not a
+Python loop per line): bytes that are not UTF-8 are matched by no character class, ``.``
+included, but never stop a search, and a line shown is decoded with each such byte written
+``\\xNN``. Lines end at ``\\n``; a line over :data:`PIECE` bytes is searched in pieces of that
+size (a match across two pieces is missed), each with the line's number. A line shown is cut at
+:data:`SHOW_BYTES` bytes, around the match, with the bytes left out said in ``[... N bytes]``
+markers.
 
 With redaction (docs/REFERENCE.md §3 "Redaction", :class:`Redaction`) each block of whole lines is
 redacted first (:mod:`mcpd.core.redact`) and the pattern searched in what is left, so no pattern
