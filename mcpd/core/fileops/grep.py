@@ -272,7 +272,7 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
                 s.skip(path, skip_reason(err))
                 continue
             try:
-                if s.search(fd, path, name, *start, size=size):
+                if s.search(fd, path, name, start[0], start[1], size=size):
                     break
             finally:
                 os.close(fd)
