@@ -30,6 +30,7 @@ from typing import Any
 from mcpd.helper.wire.errors import invalid_argument
 
 PIECE = 1024 * 1024  # bytes: the longest line searched whole
+LAZY_BYTES = 64 * 1024 * 1024  # bytes of a file passed uncounted at most (:func:`scan`'s ``recount``)
 SHOW_BYTES = 2048  # bytes of a line shown
 _SPECIAL = frozenset("\\.+*?()|[]{}^$")
 
@@ -234,8 +235,10 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
     (module docstring). ``recount(start, end)``: the number of ``\\n`` in the text's bytes
     ``start`` to ``end`` (file offsets), read again; given, a block without a selected line is not
     counted as it passes, only when a later match or a stop needs the line number (counting
-    ``\\n`` costs more than searching: a file nothing matches is never counted). Not used with
-    ``secrets``. Raises what ``pieces`` (or ``recount``) raises.
+    ``\\n`` costs more than searching: a file nothing matches is never counted); past
+    :data:`LAZY_BYTES` uncounted bytes the file is counted as it passes, so a stop (its time
+    budget spent) never waits long for its line number. Not used with ``secrets``. Raises what
+    ``pieces`` (or ``recount``) raises.
     """
     lazy = recount is not None and secrets is None
     counted = offset  # file offset ``line`` is the number of; below ``offset`` when blocks were passed uncounted
@@ -320,6 +323,9 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
             line += block.count(b"\n", 0, size)
             counted += raw_len
         offset += raw_len
+        if lazy and offset - counted >= LAZY_BYTES:  # a long file: counted from here on as it passes
+            sync()
+            lazy = False
         if not done and budget.searched >= budget.total_bytes:
             sync()
             return Stop("byte_limit", offset, line)

@@ -13,7 +13,7 @@ import pytest
 
 from mcpd.common.config import ConfigError, ReadLimits, from_dict
 from mcpd.common.greplines import grep_lines
-from mcpd.core import fileopen
+from mcpd.core import fileopen, grepscan
 from mcpd.core.grepargs import encode_cursor, parse_grep_args
 from mcpd.core.grepread import READ
 from mcpd.core.grepscan import PIECE, SHOW_BYTES, compile_pattern, literal
@@ -76,7 +76,8 @@ def test_resume_inside_a_compressed_file(tmp_path: Path) -> None:
     assert rest["matches"][0]["byte_offset"] == sum(len(b"line %d foo\n" % i) for i in range(1, 31))
 
 
-def test_line_numbers_after_reads_without_a_match_and_across_a_byte_limit(tmp_path: Path) -> None:
+def test_line_numbers_after_reads_without_a_match_and_across_a_byte_limit(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     lines = [b"filler line %d" % i for i in range(400_000)]  # ~7 MB: several 1 MiB reads, most without a match
     for i in (5, 150_000, 399_990):
         lines[i] = b"HIT %d" % i
@@ -88,6 +89,10 @@ def test_line_numbers_after_reads_without_a_match_and_across_a_byte_limit(tmp_pa
         out = grep(pattern="HIT", path=str(tmp_path / name))
         assert [(m["line"], m["byte_offset"]) for m in out["matches"]] == want, name
         assert out["bytes_searched"] == len(data)
+    monkeypatch.setattr(grepscan, "LAZY_BYTES", 300_000)  # (64 MiB: a long file is counted as it passes)
+    out = grep(pattern="HIT", path=str(tmp_path / "plain.log"))
+    assert [(m["line"], m["byte_offset"]) for m in out["matches"]] == want
+    monkeypatch.undo()
     cut = grep(pattern="HIT", path=str(tmp_path / "plain.log"), max_total_bytes=1536 * 1024)  # stops after a read without a match
     assert cut["stopped"] == "byte_limit" and [m["line"] for m in cut["matches"]] == [6]
     rest = grep(pattern="HIT", path=str(tmp_path / "plain.log"), cursor=cut["next_cursor"])
