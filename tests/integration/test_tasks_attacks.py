@@ -1,0 +1,278 @@
+"""Attacks on MCP tasks (docs/REFERENCE.md §2.6), on the real daemon over TLS: reaching another
+principal's task, hostile ``task``/``ttl``/``taskId``/``cursor`` values, outliving the bounds,
+cancel and result races, holding slots with ``tasks/result``, and a token revoked while its
+tasks work. Each test names the behaviour it holds the daemon to."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcpd.common import identity
+from tests.conftest import Daemon
+from tests.integration.test_tasks import EXT_META, hole, slow_daemon, slow_grep, small_tree, wait_gone, wait_worker
+from tests.support.streamable import Rpc, client, hdrs, post, request
+from tests.support.workers import worker_pids
+
+pytestmark = pytest.mark.anyio
+
+TASKS = "2025-11-25"
+
+
+def find(tree: Path, **task: Any) -> dict[str, Any]:
+    return {"name": "files/find", "arguments": {"root": str(tree)}, "task": task}
+
+
+async def raw(rpc: Rpc, text: str) -> dict[str, Any]:
+    """POST ``text`` as it is (JSON the client library would not write) on ``rpc``'s session; its
+    reply (a body that is not JSON is ``400`` with the parse error)."""
+    r = await rpc.c.post("/mcp", content=text.encode(), headers=hdrs(rpc.d, rpc.sid, token=rpc.token,
+                                                                      **{"MCP-Protocol-Version": rpc.version}))
+    reply: dict[str, Any] = r.json()
+    assert r.status_code == (400 if reply.get("error", {}).get("code") == -32700 else 200), r.text
+    return reply
+
+
+# -- another principal's task --------------------------------------------------------------------
+
+
+async def test_another_principal_can_neither_cancel_nor_wait_on_nor_see_a_running_task(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    d = slow_daemon(daemon_factory)
+    path = hole(tmp_path)
+    async with client(d) as c:
+        alice = await Rpc.open(c, d)
+        bob = await Rpc.open(c, d, token=d.other_token)
+        bob2 = await Rpc.open(c, d, token=d.other_token)
+        before = worker_pids(d.pid)
+        task_id = (await alice.ok("tools/call", {**slow_grep(path), "task": {"ttl": 60000}}))["task"]["taskId"]
+        await wait_worker(d, before)
+        never = "f" * 32
+        for who in (bob, bob2):
+            for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+                theirs = await who.err(method, {"taskId": task_id})
+                unknown = await who.err(method, {"taskId": never})
+                assert theirs == unknown  # "someone else's" reads exactly as "never existed"
+            assert (await who.ok("tasks/list"))["tasks"] == []
+        # the stateless era, bob declaring the extension: not found, not cancelled
+        for method in ("tasks/get", "tasks/cancel", "tasks/update"):
+            params: dict[str, Any] = {"taskId": task_id}
+            if method == "tasks/update":
+                params["inputResponses"] = {}
+            body = request(method, params, meta=EXT_META)
+            r = await post(c, d, body, Authorization=f"Bearer {d.other_token}")
+            assert r.json()["error"]["code"] == -32602, r.text
+        # alice's task still works, untouched by every attempt
+        assert (await alice.ok("tasks/get", {"taskId": task_id}))["status"] == "working"
+        assert (await alice.ok("tasks/cancel", {"taskId": task_id}))["status"] == "cancelled"
+
+
+async def test_the_other_revision_of_the_same_principal_cannot_cancel_a_task(daemon: Daemon,
+                                                                             tmp_path: Path) -> None:
+    tree = small_tree(tmp_path / "t")
+    async with client(daemon) as c:
+        alice = await Rpc.open(c, daemon)
+        r = await post(c, daemon, request("tools/call", {"name": "files/find", "arguments": {"root": str(tree)}},
+                                          meta=EXT_META))
+        modern_id = r.json()["result"]["taskId"]
+        # a 2025-11-25 session of the same principal does not reach the stateless task
+        assert (await alice.err("tasks/cancel", {"taskId": modern_id}))["code"] == -32602
+        assert (await alice.err("tasks/result", {"taskId": modern_id}))["code"] == -32602
+        assert modern_id not in [t["taskId"] for t in (await alice.ok("tasks/list"))["tasks"]]
+
+
+# -- hostile values ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cursor", ["²", "١٢", "１", "-1", " 1", "1 ", "", "9" * 21, "1e3"])
+async def test_a_cursor_of_non_ascii_digits_or_not_a_number_is_invalid_params(daemon: Daemon, cursor: str) -> None:
+    async with client(daemon) as c:
+        rpc = await Rpc.open(c, daemon)
+        err = await rpc.err("tasks/list", {"cursor": cursor})
+        assert err["code"] == -32602 and err["message"] == "invalid cursor", err
+
+
+@pytest.mark.parametrize("text", [
+    '{"ttl": NaN}', '{"ttl": Infinity}', '{"ttl": -Infinity}', '{"ttl": 1e400}', '{"ttl": 5.0}', '{"ttl": -0}',
+    '{"ttl": 0}', '{"ttl": true}', '{"ttl": "5000"}', '{"ttl": null}', '{"ttl": [1]}', '[]', 'null', '"x"', '7',
+])
+async def test_a_hostile_task_value_is_invalid_params_and_starts_nothing(daemon: Daemon, tmp_path: Path,
+                                                                          text: str) -> None:
+    tree = small_tree(tmp_path / "t")
+    async with client(daemon) as c:
+        rpc = await Rpc.open(c, daemon)
+        body = ('{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "files/find", '
+                f'"arguments": {{"root": "{tree}"}}, "task": {text}}}}}')
+        reply = await raw(rpc, body)
+        assert reply["error"]["code"] in (-32602, -32700), reply  # (NaN, Infinity: not JSON)
+        assert (await rpc.ok("tasks/list"))["tasks"] == []
+        assert await rpc.ok("ping") == {}
+
+
+async def test_a_ttl_of_thousands_of_digits_is_cut_to_the_maximum(daemon: Daemon, tmp_path: Path) -> None:
+    tree = small_tree(tmp_path / "t")
+    async with client(daemon) as c:
+        rpc = await Rpc.open(c, daemon)
+        for digits in (40, 400):
+            reply = await raw(rpc, '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": '
+                              f'"files/find", "arguments": {{"root": "{tree}"}}, "task": {{"ttl": 1{"0" * digits}}}}}}}')
+            assert reply["result"]["task"]["ttl"] == 3_600_000, reply
+        # thousands of digits: the request is refused as a whole, a parse error, never a crash
+        for digits in (4000, 5000):
+            reply = await raw(rpc, '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": '
+                              f'"files/find", "arguments": {{"root": "{tree}"}}, "task": {{"ttl": 1{"0" * digits}}}}}}}')
+            assert "error" in reply or reply["result"]["task"]["ttl"] == 3_600_000, reply
+        assert len((await rpc.ok("tasks/list"))["tasks"]) <= 4
+        assert await rpc.ok("ping") == {}
+
+
+@pytest.mark.parametrize("task_id", [None, 7, 7.5, True, [], {}, "", "x" * 129, "é" * 129, "\u0000",
+                                     "🙂" * 40, "../" * 10, "0" * 32])
+async def test_a_hostile_task_id_is_invalid_params(daemon: Daemon, task_id: Any) -> None:
+    async with client(daemon) as c:
+        rpc = await Rpc.open(c, daemon)
+        for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+            err = await rpc.err(method, {"taskId": task_id})
+            assert err["code"] == -32602, err
+        assert await rpc.ok("ping") == {}
+
+
+async def test_a_lone_surrogate_task_id_in_raw_json_is_answered(daemon: Daemon) -> None:
+    async with client(daemon) as c:
+        rpc = await Rpc.open(c, daemon)
+        reply = await raw(rpc, '{"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"taskId": "\\ud800"}}')
+        assert reply["error"]["code"] == -32602, reply
+        reply = await raw(rpc, '{"jsonrpc": "2.0", "id": 2, "method": "tasks/list", "params": {"cursor": "\\udfff"}}')
+        assert reply["error"]["code"] == -32602, reply
+        assert await rpc.ok("ping") == {}
+
+
+# -- bounds -------------------------------------------------------------------------------------------
+
+
+async def test_tasks_never_polled_are_freed_by_their_ttl_and_free_their_places(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    d = daemon_factory(tasks={"max_per_principal": 3, "default_ttl_seconds": 1, "max_ttl_seconds": 1})
+    tree = small_tree(tmp_path / "t")
+    async with client(d) as c:
+        rpc = await Rpc.open(c, d)
+        for _ in range(3):  # asks for an hour, gets the maximum: one second
+            assert (await rpc.ok("tools/call", find(tree, ttl=3_600_000)))["task"]["ttl"] == 1000
+        assert (await rpc.err("tools/call", find(tree)))["code"] == -32000
+        await asyncio.sleep(1.5)
+        assert (await rpc.ok("tasks/list"))["tasks"] == []
+        assert "task" in await rpc.ok("tools/call", find(tree))  # the places came back
+
+
+async def test_tasks_created_faster_than_they_end_stop_at_the_bound_and_others_are_served(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    d = slow_daemon(daemon_factory, tasks={"max_per_principal": 6})
+    path = hole(tmp_path)
+    tree = small_tree(tmp_path / "t")
+    async with client(d) as c:
+        alice = await Rpc.open(c, d)
+        replies = await asyncio.gather(*(alice("tools/call", {**slow_grep(path), "task": {}}) for _ in range(20)))
+        made = [r["result"]["task"]["taskId"] for r in replies if "result" in r]
+        assert len(made) == 6 and all(r["error"]["code"] == -32000 for r in replies if "error" in r)
+        # bob (the same OS account here) is served at once: alice's tasks hold her workers, not his
+        bob = await Rpc.open(c, d, token=d.other_token)
+        started = time.monotonic()
+        got = await bob.ok("tools/call", {"name": "files/find", "arguments": {"root": str(tree), "name": "*.conf"}})
+        assert len(got["structuredContent"]["matches"]) == 2 and time.monotonic() - started < 2.5
+        for task_id in made:
+            await alice.ok("tasks/cancel", {"taskId": task_id})
+
+
+async def test_waiting_tasks_results_hold_no_slot_of_other_sessions_or_principals(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    d = slow_daemon(daemon_factory, max_in_flight=4)
+    path = hole(tmp_path)
+    tree = small_tree(tmp_path / "t")
+    async with client(d) as c:
+        alice = await Rpc.open(c, d)
+        ids = [(await alice.ok("tools/call", {**slow_grep(path), "task": {}}))["task"]["taskId"] for _ in range(2)]
+        # alice's session fills its requests in flight with waits on her two tasks
+        waits = [asyncio.ensure_future(alice("tasks/result", {"taskId": ids[i % 2]})) for i in range(4)]
+        await asyncio.sleep(0.5)
+        other = await Rpc.open(c, d)  # her other session, and bob, are not held by them
+        bob = await Rpc.open(c, d, token=d.other_token)
+        for rpc in (other, bob):
+            got = await asyncio.wait_for(rpc.ok("tools/call", {"name": "files/find",
+                                                               "arguments": {"root": str(tree)}}), 5)
+            assert "isError" not in got
+        assert (await asyncio.wait_for(other.ok("tasks/cancel", {"taskId": ids[0]}), 5))["status"] == "cancelled"
+        await other.ok("tasks/cancel", {"taskId": ids[1]})
+        for reply in await asyncio.wait_for(asyncio.gather(*waits), 10):
+            assert reply["error"]["code"] == -32602 and "cancelled" in reply["error"]["message"]
+
+
+# -- races ----------------------------------------------------------------------------------------------
+
+
+async def test_racing_cancels_and_results_agree_on_one_outcome(daemon_factory: Callable[..., Daemon],
+                                                              tmp_path: Path) -> None:
+    d = slow_daemon(daemon_factory)
+    path = hole(tmp_path)
+    async with client(d) as c:
+        rpc = await Rpc.open(c, d)
+        before = worker_pids(d.pid)
+        task_id = (await rpc.ok("tools/call", {**slow_grep(path), "task": {}}))["task"]["taskId"]
+        busy = await wait_worker(d, before)
+        results = [asyncio.ensure_future(rpc("tasks/result", {"taskId": task_id})) for _ in range(3)]
+        cancels = await asyncio.gather(*(rpc("tasks/cancel", {"taskId": task_id}) for _ in range(8)))
+        assert sum("result" in r for r in cancels) == 1, cancels  # one cancel wins, the others find it ended
+        assert all(r["error"]["code"] == -32602 and "terminal" in r["error"]["message"]
+                   for r in cancels if "error" in r)
+        for reply in await asyncio.wait_for(asyncio.gather(*results), 10):
+            assert reply["error"]["code"] == -32602 and "cancelled" in reply["error"]["message"]
+        await wait_gone(d, busy)
+        assert (await rpc.ok("tasks/get", {"taskId": task_id}))["status"] == "cancelled"
+
+
+async def test_a_closed_session_leaves_its_task_running_for_its_principal_only(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    d = slow_daemon(daemon_factory)
+    path = hole(tmp_path)
+    async with client(d) as c:
+        rpc = await Rpc.open(c, d)
+        before = worker_pids(d.pid)
+        task_id = (await rpc.ok("tools/call", {**slow_grep(path), "task": {}}))["task"]["taskId"]
+        busy = await wait_worker(d, before)
+        assert (await c.delete("/mcp", headers=hdrs(d, rpc.sid))).status_code == 200
+        again = await Rpc.open(c, d)
+        assert (await again.ok("tasks/get", {"taskId": task_id}))["status"] == "working"
+        assert busy & worker_pids(d.pid)
+        bob = await Rpc.open(c, d, token=d.other_token)
+        assert (await bob.err("tasks/get", {"taskId": task_id}))["code"] == -32602
+        await again.ok("tasks/cancel", {"taskId": task_id})
+        await wait_gone(d, busy)
+
+
+# -- revocation -----------------------------------------------------------------------------------------
+
+
+async def test_revoking_the_token_stops_the_work_of_its_tasks(daemon_factory: Callable[..., Daemon],
+                                                              tmp_path: Path) -> None:
+    d = slow_daemon(daemon_factory)
+    path = hole(tmp_path)
+    async with client(d) as c:
+        rpc = await Rpc.open(c, d)
+        before = worker_pids(d.pid)
+        task_id = (await rpc.ok("tools/call", {**slow_grep(path), "task": {"ttl": 60000}}))["task"]["taskId"]
+        busy = await wait_worker(d, before)
+        users_file = d.state_dir / "users.yaml"
+        users = identity.load_users(users_file)
+        plain, rec = identity.new_token()
+        users["alice"] = identity.UserRecord(name="alice", os_user=users["alice"].os_user, tokens=[rec])
+        identity.save_users(users_file, users)  # alice's token is rotated: the old one is revoked
+        # its session is closed within a second or two, and so must its task's work end (the
+        # grep's own deadline is 30 s away)
+        await wait_gone(d, busy, 6)
+        fresh = Rpc(c, d, (await Rpc.open(c, d, token=plain)).sid, plain, TASKS)
+        ended = await fresh.ok("tasks/get", {"taskId": task_id})  # the principal's new token reads it
+        assert ended["status"] == "cancelled" and "revoked" in ended["statusMessage"], ended
