@@ -210,7 +210,8 @@ class Server:
             dispatcher.tasks.revoke(owner, token)
 
         revalidation = asyncio.create_task(revalidate_forever(
-            sessions, authenticator, idle_seconds=self.cfg.mcp_session_idle_seconds, on_revoked=revoked))
+            sessions, authenticator, idle_seconds=self.cfg.mcp_session_idle_seconds, on_revoked=revoked,
+            working=dispatcher.tasks.working))
         watching = asyncio.create_task(certificate.watch())
         hangup = _reload_on_hangup(certificate)
         try:

@@ -276,3 +276,39 @@ async def test_revoking_the_token_stops_the_work_of_its_tasks(daemon_factory: Ca
         fresh = Rpc(c, d, (await Rpc.open(c, d, token=plain)).sid, plain, TASKS)
         ended = await fresh.ok("tasks/get", {"taskId": task_id})  # the principal's new token reads it
         assert ended["status"] == "cancelled" and "revoked" in ended["statusMessage"], ended
+
+
+def rotate_alice(d: Daemon) -> str:
+    """Give alice a new token in ``users.yaml``, revoking her old one; the new one's plain text."""
+    users_file = d.state_dir / "users.yaml"
+    users = identity.load_users(users_file)
+    plain, rec = identity.new_token()
+    users["alice"] = identity.UserRecord(name="alice", os_user=users["alice"].os_user, tokens=[rec])
+    identity.save_users(users_file, users)
+    return plain
+
+
+@pytest.mark.parametrize("made", ["closed session", "stateless request"])
+async def test_revoking_the_token_stops_its_tasks_without_an_open_session(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path, made: str) -> None:
+    d = slow_daemon(daemon_factory)
+    path = hole(tmp_path)
+    async with client(d) as c:
+        before = worker_pids(d.pid)
+        if made == "closed session":
+            rpc = await Rpc.open(c, d)
+            task_id = (await rpc.ok("tools/call", {**slow_grep(path), "task": {"ttl": 60000}}))["task"]["taskId"]
+            assert (await c.delete("/mcp", headers=hdrs(d, rpc.sid))).status_code == 200
+        else:
+            r = await post(c, d, request("tools/call", slow_grep(path), meta=EXT_META))
+            task_id = r.json()["result"]["taskId"]
+        busy = await wait_worker(d, before)
+        plain = rotate_alice(d)
+        await wait_gone(d, busy, 6)  # no session holds the token: the task's own must be checked
+        if made == "closed session":
+            fresh = await Rpc.open(c, d, token=plain)
+            ended = await fresh.ok("tasks/get", {"taskId": task_id})
+        else:
+            body = request("tasks/get", {"taskId": task_id}, meta=EXT_META)
+            ended = (await post(c, d, body, Authorization=f"Bearer {plain}")).json()["result"]
+        assert ended["status"] == "cancelled" and "revoked" in ended["statusMessage"], ended

@@ -20,7 +20,9 @@ for its id is told it does not exist. A principal keeps at most ``max_per_princi
 is cancelled and its result freed. The work itself is the dispatcher's ``tools/call`` (same
 argument checks, limits, policy decision and records as a direct call); cancelling a task
 cancels that coroutine, as ``notifications/cancelled`` cancels a request, which stops the
-worker's job.
+worker's job. The token that made a task is re-checked with the open sessions' tokens
+(:meth:`TaskStore.working`); once it is refused, its working tasks are cancelled
+(:meth:`TaskStore.revoke`), session or none.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class Task:
     runner: asyncio.Task[None] | None = None
     expiry: asyncio.TimerHandle | None = None
     token: str = field(default="", repr=False)  # the bearer token that made it (never logged)
+    token_id: str = ""  # that token's id (the principal's ``token_id``)
 
 
 class TaskStore:
@@ -188,7 +191,7 @@ class TaskStore:
         now = time.time()
         self._seq += 1
         task = Task(secrets.token_hex(16), ctx.caller.principal.name, ctx.modern, self._seq, now, ttl_ms, now,
-                    message="the call is running", token=ctx.caller.token)
+                    message="the call is running", token=ctx.caller.token, token_id=ctx.caller.principal.token_id)
         self._tasks[task.task_id] = task
         self._owned[task.owner] = self._owned.get(task.owner, 0) + 1
         loop = asyncio.get_running_loop()
@@ -272,6 +275,11 @@ class TaskStore:
         task.result = task.error = None
         task.done.set()  # (tasks/result waiting on it answers "not found")
         log.info("task %s expired", task_id)
+
+    def working(self) -> list[tuple[str, str, str]]:
+        """``(token, owner, token_id)`` of every task still working: the tokens whose revocation
+        must stop them (checked by :func:`mcpd.front.revalidate.revalidate_once`)."""
+        return [(t.token, t.owner, t.token_id) for t in self._tasks.values() if t.status not in TERMINAL]
 
     def revoke(self, owner: str, token: str) -> int:
         """The bearer ``token`` of principal ``owner`` no longer authenticates: stop the work of
