@@ -312,3 +312,99 @@ async def test_revoking_the_token_stops_its_tasks_without_an_open_session(
             body = request("tasks/get", {"taskId": task_id}, meta=EXT_META)
             ended = (await post(c, d, body, Authorization=f"Bearer {plain}")).json()["result"]
         assert ended["status"] == "cancelled" and "revoked" in ended["statusMessage"], ended
+
+
+async def test_another_principal_cannot_reach_a_stateless_task(daemon_factory: Callable[..., Daemon],
+                                                               tmp_path: Path) -> None:
+    d = slow_daemon(daemon_factory)
+    path = hole(tmp_path)
+    async with client(d) as c:
+        before = worker_pids(d.pid)
+        r = await post(c, d, request("tools/call", slow_grep(path), meta=EXT_META))
+        task_id = r.json()["result"]["taskId"]
+        await wait_worker(d, before)
+        bob = f"Bearer {d.other_token}"
+        for method, extra in (("tasks/get", {}), ("tasks/cancel", {}), ("tasks/update", {"inputResponses": {}})):
+            theirs = await post(c, d, request(method, {"taskId": task_id, **extra}, meta=EXT_META), Authorization=bob)
+            unknown = await post(c, d, request(method, {"taskId": "e" * 32, **extra}, meta=EXT_META),
+                                 Authorization=bob)
+            assert theirs.status_code == unknown.status_code and theirs.json() == unknown.json()
+            assert theirs.json()["error"]["code"] == -32602
+        # the Mcp-Name header must name the task asked for: one name in the header, another in the body
+        body = request("tasks/cancel", {"taskId": task_id}, meta=EXT_META)
+        r = await post(c, d, body, **{"Mcp-Name": "e" * 32})
+        assert r.status_code == 400 and r.json()["error"]["code"] == -32020
+        r = await post(c, d, request("tasks/get", {"taskId": task_id}, meta=EXT_META))
+        assert r.json()["result"]["status"] == "working"
+        assert "error" not in (await post(c, d, body)).json()
+
+
+async def test_tasks_list_pages_hold_each_task_once_and_only_the_callers(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    d = daemon_factory(tasks={"max_per_principal": 60})
+    tree = small_tree(tmp_path / "t")
+    async with client(d) as c:
+        alice = await Rpc.open(c, d)
+        bob = await Rpc.open(c, d, token=d.other_token)
+        mine = [(await alice.ok("tools/call", find(tree)))["task"]["taskId"] for _ in range(55)]
+        theirs = (await bob.ok("tools/call", find(tree)))["task"]["taskId"]
+        first = await alice.ok("tasks/list")
+        assert len(first["tasks"]) == 50 and "nextCursor" in first
+        second = await alice.ok("tasks/list", {"cursor": first["nextCursor"]})
+        assert "nextCursor" not in second
+        listed = [t["taskId"] for t in first["tasks"] + second["tasks"]]
+        assert listed == mine[::-1] and theirs not in listed  # newest first, each once
+        # bob replaying alice's cursor sees only his own
+        assert [t["taskId"] for t in (await bob.ok("tasks/list", {"cursor": first["nextCursor"]}))["tasks"]] == []
+        assert [t["taskId"] for t in (await bob.ok("tasks/list"))["tasks"]] == [theirs]
+
+
+async def test_a_wait_for_the_result_abandoned_by_its_client_leaves_the_task_working(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    d = slow_daemon(daemon_factory)
+    path = hole(tmp_path)
+    async with client(d) as c:
+        rpc = await Rpc.open(c, d)
+        before = worker_pids(d.pid)
+        task_id = (await rpc.ok("tools/call", {**slow_grep(path), "task": {}}))["task"]["taskId"]
+        busy = await wait_worker(d, before)
+        for _ in range(3):  # the client gives up waiting: its connection closes, the wait is cancelled
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(rpc("tasks/result", {"taskId": task_id}), 0.5)
+        await asyncio.sleep(0.5)
+        assert (await rpc.ok("tasks/get", {"taskId": task_id}))["status"] == "working"
+        assert busy & worker_pids(d.pid)
+        await rpc.ok("tasks/cancel", {"taskId": task_id})
+        await wait_gone(d, busy)
+
+
+async def test_the_daemon_stops_promptly_and_cleanly_with_tasks_working(daemon_factory: Callable[..., Daemon],
+                                                                        tmp_path: Path) -> None:
+    d = slow_daemon(daemon_factory)
+    path = hole(tmp_path)
+    async with client(d) as c:
+        rpc = await Rpc.open(c, d)
+        before = worker_pids(d.pid)
+        for _ in range(4):
+            await rpc.ok("tools/call", {**slow_grep(path), "task": {}})
+        waiting = asyncio.ensure_future(rpc("tasks/result", {"taskId": "0" * 32}))
+        await wait_worker(d, before)
+        started = time.monotonic()
+        d.proc.terminate()
+        assert d.proc.wait(timeout=10) in (0, -15) and time.monotonic() - started < 8  # (-15: as without tasks)
+        await asyncio.gather(waiting, return_exceptions=True)
+    log = d.log()
+    assert "Traceback" not in log and "Task was destroyed" not in log and "never retrieved" not in log, log[-3000:]
+
+
+async def test_a_task_with_bad_arguments_fails_as_its_call_would(daemon: Daemon) -> None:
+    async with client(daemon) as c:
+        rpc = await Rpc.open(c, daemon)
+        for arguments in ([], "x", {"root": 7}, {"root": "/", "max_results": 10 ** 400}, {"root": "\u0000"}):
+            direct = await rpc.ok("tools/call", {"name": "files/find", "arguments": arguments})
+            task = (await rpc.ok("tools/call", {"name": "files/find", "arguments": arguments, "task": {}}))["task"]
+            ended = await rpc.until_done(task["taskId"])
+            assert ended["status"] == "failed", (arguments, ended)
+            result = await rpc.ok("tasks/result", {"taskId": task["taskId"]})
+            assert result["isError"] is True and result["structuredContent"] == direct["structuredContent"]
+        assert await rpc.ok("ping") == {}
