@@ -6,6 +6,7 @@ tasks work. Each test names the behaviour it holds the daemon to."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -408,3 +409,63 @@ async def test_a_task_with_bad_arguments_fails_as_its_call_would(daemon: Daemon)
             result = await rpc.ok("tasks/result", {"taskId": task["taskId"]})
             assert result["isError"] is True and result["structuredContent"] == direct["structuredContent"]
         assert await rpc.ok("ping") == {}
+
+
+@pytest.mark.parametrize("params", ["[]", '"x"', "7", "null", '{"taskId": ["a"]}'])
+async def test_task_methods_with_params_not_an_object_are_answered(daemon: Daemon, params: str) -> None:
+    async with client(daemon) as c:
+        rpc = await Rpc.open(c, daemon)
+        for method in ("tasks/get", "tasks/result", "tasks/cancel", "tasks/list"):
+            if method == "tasks/list" and params.startswith("{"):
+                continue  # (tasks/list takes no taskId)
+            reply = await raw(rpc, f'{{"jsonrpc": "2.0", "id": 3, "method": "{method}", "params": {params}}}')
+            assert reply["error"]["code"] == -32602, (method, reply)
+        assert await rpc.ok("ping") == {}
+
+
+async def test_a_task_of_one_millisecond_ends_cleanly(daemon: Daemon, tmp_path: Path) -> None:
+    tree = small_tree(tmp_path / "t")
+    async with client(daemon) as c:
+        rpc = await Rpc.open(c, daemon)
+        made = [(await rpc.ok("tools/call", find(tree, ttl=1)))["task"]["taskId"] for _ in range(10)]
+        await asyncio.sleep(0.2)
+        for task_id in made:
+            assert (await rpc.err("tasks/result", {"taskId": task_id}))["code"] == -32602
+        assert not set(made) & {t["taskId"] for t in (await rpc.ok("tasks/list"))["tasks"]}
+    log = daemon.log()
+    assert "never retrieved" not in log and "Traceback" not in log
+
+
+async def test_a_hangup_neither_drops_tasks_nor_lengthens_their_ttl(daemon_factory: Callable[..., Daemon],
+                                                                   tmp_path: Path) -> None:
+    d = slow_daemon(daemon_factory)
+    path = hole(tmp_path)
+    async with client(d) as c:
+        rpc = await Rpc.open(c, d)
+        before = worker_pids(d.pid)
+        task_id = (await rpc.ok("tools/call", {**slow_grep(path), "task": {"ttl": 2500}}))["task"]["taskId"]
+        busy = await wait_worker(d, before)
+        d.proc.send_signal(signal.SIGHUP)  # the certificate is reloaded; the tasks are kept as they are
+        await asyncio.sleep(0.5)
+        assert (await rpc.ok("tasks/get", {"taskId": task_id}))["status"] == "working"
+        await asyncio.sleep(2.5)
+        assert (await rpc.err("tasks/get", {"taskId": task_id}))["code"] == -32602
+        await wait_gone(d, busy, 5)
+
+
+async def test_a_removed_principals_tasks_stop_and_no_one_else_reads_them(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    d = slow_daemon(daemon_factory)
+    path = hole(tmp_path)
+    users_file = d.state_dir / "users.yaml"
+    async with client(d) as c:
+        rpc = await Rpc.open(c, d)
+        before = worker_pids(d.pid)
+        task_id = (await rpc.ok("tools/call", {**slow_grep(path), "task": {}}))["task"]["taskId"]
+        busy = await wait_worker(d, before)
+        users = identity.load_users(users_file)
+        del users["alice"]
+        identity.save_users(users_file, users)  # mcpd users remove alice
+        await wait_gone(d, busy, 6)
+        bob = await Rpc.open(c, d, token=d.other_token)
+        assert (await bob.err("tasks/get", {"taskId": task_id}))["code"] == -32602
