@@ -286,9 +286,10 @@ class TaskStore:
         the tasks it made, as its sessions' requests are stopped (each reads ``cancelled``; an
         ended one keeps its outcome, its principal's other tokens still read it until its ttl).
         Returns how many were stopped."""
-        count = 0
+        count, wanted = 0, token.encode("utf-8", "surrogatepass")  # (bytes: compare_digest takes ASCII str only)
         for task in list(self._tasks.values()):
-            if task.owner != owner or task.status in TERMINAL or not hmac.compare_digest(task.token, token):
+            if task.owner != owner or task.status in TERMINAL or \
+                    not hmac.compare_digest(task.token.encode("utf-8", "surrogatepass"), wanted):
                 continue
             self._finish(task, "cancelled", "the task was cancelled: the token that made it was revoked")
             if task.runner is not None and not task.runner.done():
