@@ -178,8 +178,11 @@ def _spans(regex: Any, block: bytes, invert: bool, size: int) -> Iterator[tuple[
     ``\\n``), searched as a text that ends at ``size`` (a view, not a copy)."""
     text = block if size == len(block) else memoryview(block)[:size]
     pos = 0
+    ends_line = size > 0 and block[size - 1] == 0x0A
     while pos < size:
         m = regex.search(text, pos)
+        if m is not None and ends_line and m.start() >= size:
+            m = None  # an empty match after the block's last newline is no line (the next block's first starts there)
         hit = size if m is None else block.rfind(b"\n", 0, m.start()) + 1
         if invert:
             while pos < hit:

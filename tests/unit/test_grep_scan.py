@@ -58,6 +58,18 @@ def test_empty_lines_and_empty_pattern(tmp_path: Path) -> None:
     assert [m["line"] for m in grep(pattern="", path=str(f))["matches"]] == [1, 2, 3, 4]  # as grep ''
 
 
+def test_no_empty_line_after_the_last_newline_of_a_file_or_a_read(tmp_path: Path) -> None:
+    """``^$`` selects only lines that are empty, as ``grep -n '^$'`` does: the empty text after a
+    file's (or a read's) last newline is no line, however many reads the file takes."""
+    f = tmp_path / "n.txt"
+    f.write_bytes(b"a\n")
+    assert grep(pattern="^$", path=str(f))["matches"] == []
+    f.write_bytes(b"a\n" * (3 * READ // 2) + b"\n")  # reads end after a newline, none of them empty
+    assert [m["line"] for m in grep(pattern="^$", path=str(f))["matches"]] == [3 * READ // 2 + 1]
+    f.write_bytes(b"a\nb\n")
+    assert [m["line"] for m in grep(pattern="^$", path=str(f), invert=True)["matches"]] == [1, 2]
+
+
 def test_a_line_longer_than_a_piece_is_searched_in_pieces(tmp_path: Path) -> None:
     f = tmp_path / "one-line.txt"
     f.write_bytes(b"a" * (PIECE + 10) + b"NEEDLE" + b"a" * 100 + b"\nnext NEEDLE\n")
