@@ -19,6 +19,10 @@ command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 command -v logrotate >/dev/null 2>&1 || need_apt+=(logrotate)
 # the packages' tests inspect the .rpm that scripts/package/build.sh makes (tests/integration/test_package.py)
 command -v rpm >/dev/null 2>&1 || need_apt+=(rpm)
+# the confirmation page is tested in a real headless browser (tests/integration/test_confirm_browser.py)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+command -v certutil >/dev/null 2>&1 || need_apt+=(libnss3-tools)  # (the browser's trust of the test CA)
 if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1; then need_apt+=(python3-venv); fi
 [ -x /usr/bin/python3 ] || need_apt+=(python3 python3-venv)
 if [ "${1:-}" = "--check" ]; then

@@ -300,8 +300,19 @@ def status_cmd(config_path: str, as_json: bool) -> None:
     sys.exit(1 if facts["problems"] else 0)
 
 
+@click.command("approve", context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def approve(args: tuple[str, ...]) -> None:
+    """Approve (or --deny) a privileged call waiting for an approver: ``linuxctl approve ID``,
+    with the server and token ``linuxctl`` uses (MCP_URL, MCP_TOKEN, its config file)."""
+    from mcpd.client.linuxctl import main as linuxctl
+
+    linuxctl.main(["approve", *args], prog_name="mcpd")
+
+
 grants.add_command(grants_at)  # `mcpd grants at TIME`: the grants in force then, from the audit log
 main.add_command(grants)
+main.add_command(approve)
 main.add_command(audit)
 main.add_command(users)
 main.add_command(jwks)  # `mcpd jwks fetch`: the OAuth issuers' key sets

@@ -26,7 +26,14 @@ from typing import Any
 import click
 
 from mcpd.admin.check_cli import readable_warning, symlink_problem
-from mcpd.admin.grants_view import duration_text, policy_to_dict, reauth_text, redaction_lines, rule_lines
+from mcpd.admin.grants_view import (
+    approve_text,
+    duration_text,
+    policy_to_dict,
+    reauth_text,
+    redaction_lines,
+    rule_lines,
+)
 from mcpd.admin.opener_check import predict_open
 from mcpd.common import config as mcpd_config
 from mcpd.common.grantmatch import REAUTH, TOOLS, Decision, Policy, decide, entry_covers_root, utcnow
@@ -257,6 +264,7 @@ def test(user: str, tool: str, path: str, groups: tuple[str, ...], login_age_tex
     if d.allowed and d.reauth_after == 0:
         lines.append("note: this call would use the login's one reauth_after: 0 call; the next one is refused")
     lines += ["symlinks: followed (the grant covers /)"] if d.covers_root else []
+    lines += [f"note: the call waits for an approver: {approve_text(d.approve)}"] if d.allowed and d.approve else []
     lines += [opened] if opened else []
     lines += redaction_lines(d.redact, _defaults(config_path).users_file, user) if d.allowed else []
     for line in lines:

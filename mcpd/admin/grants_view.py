@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from mcpd.common.grantmatch import Policy, Rule
+from mcpd.common.grantmatch import Approve, Policy, Rule
 from mcpd.common.identity import UsersFileError, load_users
 from mcpd.common.printable import printable
 from mcpd.common.redaction import describe, union
@@ -34,6 +34,12 @@ def reauth_text(seconds: float) -> str:
             f"{duration_text(seconds)} old; a users.yaml token never qualifies")
 
 
+def approve_text(approve: Approve) -> str:
+    """A rule's ``approve`` block in words: ``approve by bob, %ops for 1h (not their own)``."""
+    cover = f" for {duration_text(approve.seconds)}" if approve.seconds else " each call"
+    return f"approve by {', '.join(approve.by)}{cover}{'' if approve.self_ok else ' (not their own)'}"
+
+
 def rule_lines(policy: Policy, rule: Rule, now: datetime.datetime, head: str, indent: str) -> list[str]:
     """The readable lines of one rule: ``head (state, expires, reauth_after, file:line)``, then its
     ``path`` and ``deny`` entries and what its ``reauth_after`` asks, each escaped."""
@@ -41,6 +47,7 @@ def rule_lines(policy: Policy, rule: Rule, now: datetime.datetime, head: str, in
     facts = [state] + ([f"expires {rule.expires.strftime(_FMT)}"] if rule.expires else [])
     facts += [f"reauth_after {duration_text(rule.reauth_after)}"] if rule.reauth_after is not None else []
     facts += [f"redact {describe(rule.redact)}"] if rule.redact else []
+    facts += [approve_text(rule.approve)] if rule.approve is not None else []
     lines = [f"{head} ({', '.join(facts)}, {policy.source}:{rule.line})"]
     lines += [f"{indent}path {e.text} ({policy.source}:{e.line})" for e in rule.paths]
     lines += [f"{indent}deny {e.text} ({policy.source}:{e.line})" for e in rule.deny]
@@ -50,7 +57,8 @@ def rule_lines(policy: Policy, rule: Rule, now: datetime.datetime, head: str, in
 
 def rule_to_dict(rule: Rule) -> dict[str, Any]:
     """The JSON shape of one rule: ``allowed``, ``paths``, ``deny``, ``expires`` (ISO 8601 UTC or
-    null), ``reauth_after`` (seconds, an integer, or null), ``line``, and ``redact`` (detector names) when the rule has it."""
+    null), ``reauth_after`` (seconds, an integer, or null), ``line``, ``redact`` (detector names) and
+    ``approve`` (``{by, for: seconds, self}``) when the rule has them."""
     out: dict[str, Any] = {
         "allowed": rule.allowed,
         "paths": [e.text for e in rule.paths],
@@ -61,6 +69,8 @@ def rule_to_dict(rule: Rule) -> dict[str, Any]:
     }
     if rule.redact:
         out["redact"] = list(rule.redact)
+    if rule.approve is not None:
+        out["approve"] = {"by": list(rule.approve.by), "for": int(rule.approve.seconds), "self": rule.approve.self_ok}
     return out
 
 

@@ -72,6 +72,31 @@ def logout(url: str, token: str, cafile: str | None, timeout: float = 30.0) -> N
         raise ProtocolError(f"logout answered {resp.status_code}")
 
 
+def approve(url: str, token: str, confirm_id: str, cafile: str | None, deny: bool = False,
+            timeout: float = 30.0) -> dict[str, Any]:
+    """Approve (or, ``deny``, deny) the waiting privileged call ``confirm_id`` as the token's
+    principal (``linuxctl approve``); return ``{"message", "view"}`` (who asked for what).
+
+    Raises:
+        AuthError: the token is not valid (exit 3), or the approval was refused (not an approver
+            of the grant, one's own request): exit 3.
+        UsageError: an unknown, used or expired id (exit 2).
+        ConnectError: unreachable, or the policy process is down (503): exit 4.
+    """
+    resp = _post(url, f"approve/{confirm_id}", cafile, timeout, headers={"Authorization": f"Bearer {token}"},
+                 json={"decision": "deny" if deny else "approve"})
+    if resp.status_code in (401, 403):
+        raise AuthError(server_message(resp.content) if resp.status_code == 403 else "token is not valid")
+    if resp.status_code in (400, 404):
+        raise UsageError(server_message(resp.content))
+    if resp.status_code == 503:
+        raise ConnectError(_unavailable(resp))
+    if resp.status_code != 200:
+        raise ProtocolError(f"approve answered {resp.status_code}")
+    data = resp.json()
+    return data if isinstance(data, dict) else {}
+
+
 def _unavailable(resp: httpx.Response) -> str:
     """A ``503``'s text: the server's message, and its ``Retry-After`` when it sent one (its policy
     process is restarting) rather than none (it has no helper unit at all)."""

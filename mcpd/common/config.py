@@ -200,6 +200,8 @@ class Login:
     tokens_per_user: int = 10
     in_flight: int = 8
     in_flight_per_address: int = 2
+    #: seconds a step-up sign-in or an approval waits for its person (mcpd.policy.confirm)
+    confirm_seconds: float = 300.0
 
 
 @dataclasses.dataclass(frozen=True)

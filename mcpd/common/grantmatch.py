@@ -104,6 +104,17 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class Approve:
+    """A grant's ``approve`` block: who may approve a call (``by``: principal names, and OS groups
+    as ``%group``), how long one approval covers the same principal and path (``seconds``; ``0``:
+    that one call) and whether an approver may approve their own request (``self_ok``)."""
+
+    by: tuple[str, ...]
+    seconds: float = 0.0
+    self_ok: bool = False
+
+
+@dataclass(frozen=True)
 class Rule:
     """The grant of one tool to one subject (``users.NAME`` or ``groups.NAME``)."""
 
@@ -116,6 +127,7 @@ class Rule:
     line: int
     reauth_after: float | None = None
     redact: tuple[str, ...] = ()  # the secret detectors of what this grant serves (mcpd.common.redaction)
+    approve: Approve | None = None  # a person approves each call first (mcpd.policy.confirm)
 
     def expired(self, now: datetime.datetime) -> bool:
         """Whether ``expires`` is at or before ``now`` (an aware datetime)."""
@@ -157,6 +169,7 @@ class Decision:
         note: an explanation for operators only (e.g. which grant expired).
         reauth_after: the ``reauth_after`` window (seconds) of the allowing rule, or ``None``.
         redact: the allowing rule's ``redact`` detectors (docs/REFERENCE.md §3 "Redaction").
+        approve: the allowing rule's ``approve`` block (a person approves the call first), or ``None``.
     """
 
     allowed: bool
@@ -167,6 +180,7 @@ class Decision:
     note: str = ""
     reauth_after: float | None = None
     redact: tuple[str, ...] = ()
+    approve: Approve | None = None
 
 
 
@@ -272,7 +286,7 @@ def _decide(policy: Policy, user: str, groups: frozenset[str] | set[str], tool: 
         else:
             root = entry_covers_root(entry.parts) and not any(r.deny for r in rules)
             return Decision(True, GRANTED, _where(policy, rule, "paths", entry), cleaned, root, "", rule.reauth_after,
-                            rule.redact)
+                            rule.redact, rule.approve)
     if reauth is not None:
         rule, entry = reauth
         return Decision(False, REAUTH, _where(policy, rule, "paths", entry), cleaned, False,

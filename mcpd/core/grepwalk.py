@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import fnmatch
 import os
-import posixpath
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -71,6 +70,8 @@ def walk_files(rfd: int, root: str, args: dict[str, Any], skip: Callable[[str, s
         return not (include and not any(fnmatch.fnmatchcase(name, g) for g in include) or any(
             fnmatch.fnmatchcase(name, g) for g in exclude))
 
+    globs = bool(include or exclude)  # (without globs every name is wanted: no call per entry)
+
     def level(fd: int, path: str, depth: int, at: tuple[str, ...]) -> Iterator[tuple[int, str, str, bool]]:
         if depth > DEPTH_CAP:
             return skip(path, "too_deep")
@@ -84,18 +85,19 @@ def walk_files(rfd: int, root: str, args: dict[str, Any], skip: Callable[[str, s
             hidden = shown_all if screen is None else screen(fd)
         except OSError as err:
             return skip(path, skip_reason(err))
+        prefix = path if path.endswith("/") else path + "/"  # (posixpath.join's, for a name without "/")
         for e in entries:
             here = at[0] if at else None
             if here is not None and e.name < here:
                 continue
             inner = at[1:] if e.name == here else ()
-            full = posixpath.join(path, e.name)
+            full = prefix + e.name
             if tick(full):
                 raise _Halt
             if hidden(e.name):
                 continue
             if allow is not None and not allow(full):
-                if refused is not None and entry_kind(e, follow) == "file" and wanted(e.name):
+                if refused is not None and entry_kind(e, follow) == "file" and (not globs or wanted(e.name)):
                     refused(full)
                 continue
             kind = entry_kind(e, follow)
@@ -112,7 +114,7 @@ def walk_files(rfd: int, root: str, args: dict[str, Any], skip: Callable[[str, s
                 finally:
                     os.close(child)
             elif kind == "file":
-                if not wanted(e.name):
+                if globs and not wanted(e.name):
                     continue
                 yield fd, e.name, full, e.name == here and len(at) == 1
             else:

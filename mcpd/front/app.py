@@ -40,6 +40,8 @@ from mcpd.common.config import Config, ConfigError
 from mcpd.common.oauthconfig import SCOPE_READ, OAuth
 from mcpd.front import oauth as oauth_front
 from mcpd.front.auth import CHECKER_DOWN_RETRY, Authenticator, CheckerDown, McpUser, TokenUndecided, parse_bearer
+from mcpd.front.confirm import PREFIX as CONFIRM_PREFIX
+from mcpd.front.confirm import ConfirmRoutes
 from mcpd.front.connections.handover import DETACH
 from mcpd.front.hosts import HostMiddleware, HostRule
 from mcpd.front.login import LoginBackend, LoginRoutes, NoLogin
@@ -59,12 +61,16 @@ class OriginMiddleware(CheckMiddleware):
         allowed_origins: exact ``Origin`` values accepted (scheme://host[:port]); empty allows none.
     """
 
-    def __init__(self, app: ASGIApp, allowed_origins: tuple[str, ...]) -> None:
+    def __init__(self, app: ASGIApp, allowed_origins: tuple[str, ...], exempt: tuple[str, ...] = ()) -> None:
         self.app = app
         self.allowed = frozenset(allowed_origins)
+        self.exempt = exempt  # path prefixes that hold their own origin rule (the confirmation page's)
 
     def refusal(self, scope: Scope) -> Response | None:
-        """The ``403`` for an HTTP request with an ``Origin`` header not allowed, else ``None``."""
+        """The ``403`` for an HTTP request with an ``Origin`` header not allowed, else ``None``
+        (paths under ``exempt`` check their origin themselves: :mod:`mcpd.front.confirm`)."""
+        if self.exempt and scope.get("path", "").startswith(self.exempt):
+            return None
         origins = [v for k, v in scope["headers"] if k == b"origin"]
         if origins and any(o.decode("latin-1") not in self.allowed for o in origins):
             return PlainTextResponse("origin not allowed", status_code=403)
@@ -290,15 +296,19 @@ def build_app(
     streamable = StreamableTransport(cfg, manager)
     logins = LoginRoutes(login or NoLogin(), cfg.login)
     logins.access = dispatcher.access  # the logins the front refuses itself are recorded too
-    routes: list[BaseRoute] = [*transport.routes(), *streamable.routes(), *logins.routes(), *oauth_front.routes(cfg)]
+    confirm = ConfirmRoutes(login, cfg.login)  # the confirmation page: no bearer, its own origin rule
+    routes: list[BaseRoute] = [*transport.routes(), *streamable.routes(), *logins.routes(), *oauth_front.routes(cfg),
+                               *confirm.routes()]
     if cfg.base_path:
-        routes.append(Mount(cfg.base_path, routes=transport.routes() + streamable.routes() + logins.routes()))
+        routes.append(Mount(cfg.base_path, routes=transport.routes() + streamable.routes() + logins.routes()
+                            + confirm.routes()))
     open_paths = frozenset({"/login", f"{cfg.base_path}/login"})
-    open_prefixes = tuple({WELL_KNOWN, f"{cfg.base_path}{WELL_KNOWN}"})
+    page = tuple({CONFIRM_PREFIX, f"{cfg.base_path}{CONFIRM_PREFIX}"})
+    open_prefixes = tuple({WELL_KNOWN, f"{cfg.base_path}{WELL_KNOWN}"}) + page
     backend = BearerBackend(authenticator, open_paths, open_prefixes, cfg.oauth)
     middleware = [
         Middleware(RefusalLogMiddleware),
-        Middleware(OriginMiddleware, allowed_origins=cfg.allowed_origins),
+        Middleware(OriginMiddleware, allowed_origins=cfg.allowed_origins, exempt=page),
         Middleware(HostMiddleware, rule=hosts),
         Middleware(AuthenticationMiddleware, backend=backend, on_error=unauthorized),
     ]

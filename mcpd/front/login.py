@@ -118,6 +118,14 @@ class PolicyLogin:
             s.close()
         return reply
 
+    async def ask(self, req: dict[str, Any]) -> dict[str, Any]:
+        """One request of the confirmation page (:mod:`mcpd.front.confirm`) to the policy process.
+
+        Raises:
+            LoginUnavailable: the policy process is not reachable.
+        """
+        return await self._ask(req)
+
     async def login(self, user: str, password: str, peer: str) -> dict[str, Any] | None:
         """See :class:`LoginBackend`."""
         reply = await self._ask({"type": "pam_login", "user": user, "password": password, "peer": peer})

@@ -25,9 +25,10 @@ class PrivilegedBackend(Protocol):
 
     async def call(
         self, token: str, principal: Principal, session_id: str, peer: str, op: str, args: dict[str, Any],
-        trace: dict[str, str] | None = None,
+        trace: dict[str, str] | None = None, **hitl: Any,
     ) -> dict[str, Any]:
         """Run ``op`` (e.g. ``"files/read"``) with parsed ``args``; return the op's result dict.
+        ``hitl``: ``interactive``, ``confirm``, ``why`` for a person in the loop (mcpd.front.confirm).
 
         Raises:
             ToolError: refused (``PERMISSION_DENIED``), failed, or ``HELPER_UNAVAILABLE``.
@@ -40,7 +41,7 @@ class Unavailable:
 
     async def call(
         self, token: str, principal: Principal, session_id: str, peer: str, op: str, args: dict[str, Any],
-        trace: dict[str, str] | None = None,
+        trace: dict[str, str] | None = None, **hitl: Any,
     ) -> dict[str, Any]:
         """Always raises ``ToolError(HELPER_UNAVAILABLE)`` (docs/REFERENCE.md §2.5)."""
         raise ToolError(HELPER_UNAVAILABLE, NO_PRIVILEGED)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from mcpd.front.auth import Authenticator, CheckerDown, TokenUndecided
 from mcpd.front.sessions.session import Session
@@ -33,10 +33,15 @@ CHECK_TIMEOUT = 15.0
 
 
 async def revalidate_once(manager: SessionManager, authenticator: Authenticator,
-                          on_revoked: Callable[[str, str], object] | None = None) -> int:
+                          on_revoked: Callable[[str, str], object] | None = None,
+                          working: Callable[[], Iterable[tuple[str, str, str]]] | None = None) -> int:
     """Check every open session's token once; return how many sessions were closed.
     ``on_revoked(principal_name, token)`` is called once per token (and principal) whose
-    sessions were closed (the front retires the workers that token started with them)."""
+    sessions were closed (the front retires the workers that token started with them, and
+    stops its tasks' work). ``working()`` gives ``(token, principal_name, token_id)`` of work
+    that no session holds (tasks, which outlive the session or stateless request that made
+    them): a token of those that now fails or names another principal or token id is passed to
+    ``on_revoked`` too; one that cannot be checked stops nothing."""
     by_token: dict[str, list[Session]] = {}
     for session in manager.sessions():
         by_token.setdefault(session.token, []).append(session)
@@ -62,6 +67,16 @@ async def revalidate_once(manager: SessionManager, authenticator: Authenticator,
                 manager.close(session)
                 revoked.add((p.name, token))
                 closed += 1
+    for token, name, token_id in set(working() if working is not None else ()):
+        if token in by_token or not token:
+            continue  # (checked with its sessions above)
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT):
+                principal = await authenticator.authenticate(token, fresh=True)
+        except (TimeoutError, TokenUndecided):  # (CheckerDown too: unknown is not revoked)
+            continue
+        if principal is None or (principal.name, principal.token_id) != (name, token_id):
+            revoked.add((name, token))
     if on_revoked is not None:
         for name, token in revoked:
             on_revoked(name, token)
@@ -70,7 +85,8 @@ async def revalidate_once(manager: SessionManager, authenticator: Authenticator,
 
 async def revalidate_forever(manager: SessionManager, authenticator: Authenticator,
                              interval: float = INTERVAL, idle_seconds: float | None = None,
-                             on_revoked: Callable[[str, str], object] | None = None) -> None:
+                             on_revoked: Callable[[str, str], object] | None = None,
+                             working: Callable[[], Iterable[tuple[str, str, str]]] | None = None) -> None:
     """Run :func:`revalidate_once` every ``interval`` seconds until cancelled; with
     ``idle_seconds``, also expire idle Streamable HTTP sessions (:meth:`SessionManager.expire_idle`);
     after many sessions closed, give their memory back (:meth:`SessionManager.give_back_memory`)."""
@@ -79,7 +95,7 @@ async def revalidate_forever(manager: SessionManager, authenticator: Authenticat
         try:
             if idle_seconds is not None:
                 manager.expire_idle(idle_seconds)
-            await revalidate_once(manager, authenticator, on_revoked)
+            await revalidate_once(manager, authenticator, on_revoked, working)
             manager.give_back_memory()
         except Exception:
             log.exception("session revalidation failed; retrying")

@@ -205,8 +205,13 @@ class Server:
                 return EXIT_CONFIG
         probing = asyncio.create_task(_probe_forever(channel)) if exporter is not None and channel is not None \
             else None
+        def revoked(owner: str, token: str) -> None:  # its workers retired, its tasks' work stopped
+            pool.retire_owner(owner, token)
+            dispatcher.tasks.revoke(owner, token)
+
         revalidation = asyncio.create_task(revalidate_forever(
-            sessions, authenticator, idle_seconds=self.cfg.mcp_session_idle_seconds, on_revoked=pool.retire_owner))
+            sessions, authenticator, idle_seconds=self.cfg.mcp_session_idle_seconds, on_revoked=revoked,
+            working=dispatcher.tasks.working))
         watching = asyncio.create_task(certificate.watch())
         hangup = _reload_on_hangup(certificate)
         try:

@@ -45,6 +45,7 @@ from mcpd.helper.wire.errors import (
     TIMEOUT,
     ToolError,
 )
+from mcpd.policy import confirmcall
 from mcpd.policy.grants import os_groups
 from mcpd.policy.opened import described
 from mcpd.policy.state import CONTENT_OPS, GREP_OP, WALK_OPS, Refused, State, Worker, principal_of
@@ -106,6 +107,17 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
                              login_time=login_time, login_used=used)
     if decision.allowed and decision.reauth_after == 0 and login is not None and not state.issued.claim(login.id):
         decision = dataclasses.replace(decision, allowed=False, reason=grantmatch.REAUTH)  # one login, one call
+    try:  # a step-up sign-in or an approval by a person (mcpd.policy.confirmcall)
+        decision, stepped = confirmcall.gate(state, req, principal, op, requested, decision, lambda at: grantmatch.decide(
+            policy, principal.os_user, groups, op, requested, grantmatch.utcnow(), login_time=at, login_used=False),
+            _deadline(args, state.cfg.workers.timeout_seconds))
+    except ToolError as exc:
+        state.audit.record("reject", decision="reject", reason=exc.details.get("reason"), outcome=exc.code, bytes=0,
+                           duration_ms=_ms(started), requested_path=requested, resolved_path=decision.resolved_path,
+                           grant=decision.rule, **who)
+        raise
+    # the login a walker judges every entry's reauth_after with: a step-up sign-in's, else the token's
+    fresh = (stepped, False) if stepped else None if login is None else (login.login_time, used)
     # the rule that decided; for a refusal because a rule expired, that rule and when (decide's note)
     record = dict(who, requested_path=requested, resolved_path=decision.resolved_path,
                   grant=decision.rule or (decision.note if not decision.allowed and decision.note else None))
@@ -122,7 +134,6 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
         if op == GREP_OP:
             from mcpd.policy import grepcall  # (it builds on this module's hand-over to workers)
 
-            fresh = None if login is None else (login.login_time, used)
             reply, outcome, size, prepared = grepcall.run(state, policy, args, principal, sorted(groups),
                                                           decision.covers_root, fresh, req, record)
             state.audit.finish(prepared, outcome=outcome, bytes=size, duration_ms=_ms(started))
@@ -137,7 +148,6 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
                 state.audit.finish(prepared, outcome=outcome, bytes=size, duration_ms=_ms(started),
                                    **({"redacted": redacted} if redacted is not None else {}))
             return reply
-        fresh = None if login is None else (login.login_time, used)
         reply = _walk(state, policy, op, args, principal.os_user, sorted(groups), decision.covers_root, fresh)
         outcome, size = None, len(reply["result"].get("entries", reply["result"].get("matches", [])))
     except ToolError as exc:

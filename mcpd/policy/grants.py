@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from mcpd.common.config import DEV_TOKEN_FILE
 from mcpd.common.filesig import signature
-from mcpd.common.grantmatch import TOOLS, Entry, Policy, Rule, escape_glob, split_entry
+from mcpd.common.grantmatch import TOOLS, Approve, Entry, Policy, Rule, escape_glob, split_entry
 from mcpd.common.redaction import RedactError, parse_redact
 from mcpd.common.strictyaml import LineDict, LineList, parse_strict_yaml
 from mcpd.helper.wire.pathmatch import PathError, clean_path
@@ -41,7 +41,8 @@ from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 if TYPE_CHECKING:
     from mcpd.common.config import Config
 
-RULE_KEYS = ("allowed", "paths", "deny", "expires", "reauth_after", "redact")
+RULE_KEYS = ("allowed", "paths", "deny", "expires", "reauth_after", "redact", "approve")
+APPROVE_KEYS = ("by", "for", "self")
 _DURATION_RE = re.compile(r"^(0|[1-9][0-9]{0,6})(s|m|h)?$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, None: 1}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?$")
@@ -129,7 +130,32 @@ def _rule(subject: str, tool: str, body: Any, line: int, errs: _Errors) -> Rule 
     if redact and tool not in ("files/read", "files/grep"):
         errs.append((at("redact", line), f"{where}: redact applies to files/read and files/grep only "
                      f"(what {tool} answers holds no file content)"))
-    return Rule(subject, tool, allowed, paths, deny, expires, line, reauth, redact)
+    approve = _approve(d["approve"], at("approve", line), where, errs) if "approve" in d else None
+    return Rule(subject, tool, allowed, paths, deny, expires, line, reauth, redact, approve)
+
+
+def _approve(value: Any, line: int, where: str, errs: _Errors) -> Approve | None:
+    """A rule's ``approve: {by: [NAME | %GROUP, ...], for: DURATION, self: BOOL}``: ``by`` a
+    non-empty list of principal names and ``%``-prefixed OS groups, ``for`` how long one approval
+    covers the same principal and path (default ``0``: that call only), ``self`` whether an
+    approver may approve their own request (default false). Errors go to ``errs``."""
+    d = _mapping(value, line, f"{where} approve", errs, APPROVE_KEYS)
+    if d is None:
+        return None
+    by, at = d.get("by"), d.key_line.get
+    names = [b[1:] if isinstance(b, str) and b.startswith("%") else b for b in by] if isinstance(by, list) else []
+    if not isinstance(by, list) or not by or not all(isinstance(n, str) and _NAME_RE.match(n) for n in names):
+        errs.append((at("by", line), f"{where}: approve.by must be a non-empty list of principal names "
+                     "and %groups"))
+        return None
+    seconds = parse_duration(d["for"]) if "for" in d else 0.0
+    if seconds is None:
+        errs.append((at("for", line), f"{where}: approve.for must be a duration like 0, 30s, 5m or 1h"))
+        return None
+    if not isinstance(d.get("self", False), bool):
+        errs.append((at("self", line), f"{where}: approve.self must be true or false"))
+        return None
+    return Approve(tuple(by), float(seconds), bool(d.get("self", False)))
 
 
 def _subjects(kind: str, value: Any, line: int, errs: _Errors) -> dict[str, dict[str, Rule]]:

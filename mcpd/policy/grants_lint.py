@@ -120,7 +120,8 @@ def lint_policy(policy: Policy, now: datetime.datetime, user_exists: Callable[[s
     on a rule ``allowed: false`` (only the allowing rule's redaction applies); a
     ``paths`` entry every path of which is denied (by a ``deny`` of its own rule, or by the fixed
     deny of the daemon's own secrets); a ``paths`` or ``deny`` entry no request can match
-    (:func:`entry_problems`), and :func:`entry_problems`'s hints.
+    (:func:`entry_problems`), and :func:`entry_problems`'s hints; an ``approve`` on a rule that
+    grants nothing, or whose ``by`` names an OS group (``%group``) that does not exist.
     """
     out: list[tuple[int, str]] = []
     secrets = secret_entries(policy.secrets)
@@ -133,7 +134,19 @@ def lint_policy(policy: Policy, now: datetime.datetime, user_exists: Callable[[s
                             "(check the spelling)"))
             for rule in rules.values():
                 out += _lint_rule(rule, now, secrets)
+                out += _lint_approve(rule, group_exists)
     return sorted(out, key=lambda w: w[0])
+
+
+def _lint_approve(rule: Rule, group_exists: Callable[[str], bool]) -> _Errors:
+    """An ``approve`` block on a rule that grants nothing, or naming an OS group that does not exist."""
+    if rule.approve is None:
+        return []
+    where = f"{rule.subject} {rule.tool}"
+    out = [(rule.line, f"{where}: approve on a rule that grants nothing approves nothing")] if not rule.allowed else []
+    out += [(rule.line, f"{where}: approve.by {b}: no OS group is named {b[1:]}: nobody of it can approve")
+            for b in rule.approve.by if b.startswith("%") and not group_exists(b[1:])]
+    return out
 
 
 def _lint_rule(rule: Rule, now: datetime.datetime, secrets: tuple[tuple[str, tuple[str, ...]], ...]) -> _Errors:

@@ -54,6 +54,8 @@ def _facts(policy: Policy) -> set[str]:
                 where = f"{kind}.{name} {tool}"
                 out |= {where, f"{where} allowed {str(r.allowed).lower()}", f"{where} expires {expires or 'never'}"}
                 out |= {f"{where} reauth_after {r.reauth_after:g}s"} if r.reauth_after is not None else set()
+                out |= {f"{where} approve by {','.join(r.approve.by)} for {r.approve.seconds:g}s"
+                        f"{' self' if r.approve.self_ok else ''}"} if r.approve is not None else set()
                 out |= {f"{where} {k} {e.text}" for k in ("paths", "deny") for e in getattr(r, k)}
     return out
 

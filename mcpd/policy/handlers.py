@@ -112,7 +112,7 @@ def handle_login(state: State, req: dict[str, Any]) -> dict[str, Any]:
     or ``ok: false`` whatever went wrong (the reason is in the audit record only); every answer
     leaves after the same time (:mod:`mcpd.policy.login`)."""
     found = state.login.login(req["user"], req["password"], req["peer"])
-    if found is None:
+    if found is None or found[1] is None:
         return {"ok": False}
     return {"ok": True, "token": found[0], "expires": found[1].expires, "os_user": found[1].os_user}
 

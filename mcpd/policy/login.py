@@ -257,7 +257,8 @@ class Login:
                     if "peer:" + peer in table:
                         table["peer:" + peer][0] -= 1
 
-    def _attempt(self, user: str, password: str, peer: str, fields: dict[str, Any]) -> tuple[str, Issued, int] | None:
+    def _attempt(self, user: str, password: str, peer: str, fields: dict[str, Any],
+                 issue: bool = True) -> tuple[str, Issued | None, int] | None:
         future = self._pool.submit(self._pam, user, password)
         try:
             ok, fields["pam_code"], reason = future.result(timeout=PAM_TIMEOUT_SECONDS)
@@ -269,13 +270,17 @@ class Login:
             why = exc.details.get("reason") or exc.message
             ok, fields["pam_code"], reason = False, -1, f"refused by the root helper: {why}"
         fields["reason"] = f"pam: {reason}"
+        if ok and not issue:
+            return "", None, 0
         return self.store.issue(user, self.cfg.token_ttl_seconds, peer) if ok else None
 
-    def login(self, user: str, password: str, peer: str) -> tuple[str, Issued] | None:
+    def login(self, user: str, password: str, peer: str, issue: bool = True) -> tuple[str, Issued | None] | None:
         """Check ``user``'s ``password`` from address ``peer``; blocks the calling thread for at
         least ``answer_seconds``. Returns ``(plain token, record)``, or ``None`` for every kind of
         refusal. Never raises for a refusal; raises ``OSError``/``ValueError`` only when the
-        lockout file is unsafe (then nobody logs in)."""
+        lockout file is unsafe (then nobody logs in). ``issue=False``: the same check (lockout,
+        PAM, answer time, record with route ``confirm``) for a sign-in on the confirmation page
+        (:mod:`mcpd.policy.confirm`), which issues no token: success is ``("", None)``."""
         start = time.monotonic()
         try:
             uid: int | None = pwd.getpwnam(user).pw_uid
@@ -283,13 +288,13 @@ class Login:
             uid = None
         slot, delay = self._take_slot(user, peer, uid is not None)
         fields: dict[str, Any] = {"user": self.principal_of(user) if uid else None, "os_user": user[:64],
-                                  "peer": peer, "route": "login"}
+                                  "peer": peer, "route": "login" if issue else "confirm"}
         why = slot or ("unknown account" if uid is None else "root may not log in; use grants" if uid == 0 else
                        "account not bound to any principal in users.yaml" if user not in self.enrolled() else None)
         issued = None
         try:
             if why is None:
-                issued = self._attempt(user, password, peer, fields)
+                issued = self._attempt(user, password, peer, fields, issue)
         except OSError as exc:
             fields["reason"] = f"token store: {exc.strerror}"
         finally:
@@ -297,6 +302,8 @@ class Login:
                 self._release(user, peer, issued is not None)
         if issued is None:
             self.audit.record("login", tool="login", decision="reject", **dict(fields, reason=why or fields["reason"]))
+        elif issued[1] is None:
+            self.audit.record("login", tool="login", decision="accept", **fields)
         else:
             self.audit.record("login", tool="login", decision="accept", token_id=issued[1].id, evicted=issued[2],
                               expires=int(issued[1].expires), **fields)

@@ -14,6 +14,7 @@ from typing import Any
 from mcpd.common.identity import MAX_JWT_CHARS
 from mcpd.common.tracecontext import TRACEPARENT_CHARS, TRACESTATE_CHARS
 from mcpd.helper.wire.requests import Key, Request, SchemaError, check, table
+from mcpd.policy import confirmcall
 from mcpd.policy.calls import handle_call
 from mcpd.policy.handlers import handle_authenticate, handle_kill, handle_login, handle_revoke, handle_spawn
 from mcpd.policy.state import Refused
@@ -26,8 +27,15 @@ CALL = {"token": TOKEN, "session": Key(str, longest=64), "peer": PEER, "op": Key
         "cap": OPT_INT, "worker": OPT_INT, "rid": OPT_INT,
         # the call's W3C trace context, as the front found it valid (checked again in handle_call)
         "traceparent": Key(str, longest=TRACEPARENT_CHARS, required=False),
-        "tracestate": Key(str, longest=TRACESTATE_CHARS, required=False)}
+        "tracestate": Key(str, longest=TRACESTATE_CHARS, required=False),
+        # a person in the loop (mcpd.policy.confirmcall): the client can open a URL; the record a
+        # retry names; the agent's stated reason
+        "interactive": Key(bool, required=False), "confirm": Key(str, longest=64, required=False),
+        "why": Key(str, longest=500, required=False)}
 LOGIN = {"user": Key(str, longest=64), "password": Key(str, longest=4096), "peer": PEER}
+CONFIRM_ID = Key(str, longest=64)
+ANSWER = {"cid": CONFIRM_ID, "csrf": Key(str, longest=64), "user": Key(str, longest=64),
+          "password": Key(str, longest=4096), "decision": Key(str, longest=16), "peer": PEER}
 #: request type -> its keys, handler, what it may do and when, and its capacity class; nothing else is served
 REQUESTS = table(
     Request("authenticate", {"token": TOKEN}, handle_authenticate, "the principal of a token, or ok false", "auth"),
@@ -36,6 +44,11 @@ REQUESTS = table(
     Request("kill_worker", {"token": TOKEN, "pid": INT}, handle_kill, "SIGKILL one of the principal's workers", "spawn"),
     Request("privileged_call", CALL, handle_call, "one call decided by the grants; root opens or walks", "call"),
     Request("pam_login", LOGIN, handle_login, "a password login (root's PAM) to a login token, once", "login"),
+    Request("confirm_view", {"cid": CONFIRM_ID}, confirmcall.handle_view, "what a confirmation page shows", "auth"),
+    Request("confirm_answer", ANSWER, confirmcall.handle_answer,
+            "a confirmation page's form: a password sign-in (root's PAM), then a sign-in or a decision", "login"),
+    Request("confirm_decide", {"token": TOKEN, "cid": CONFIRM_ID, "decision": Key(str, longest=16), "peer": PEER},
+            confirmcall.handle_decide, "an approver's decision with their bearer token", "auth"),
 )
 
 

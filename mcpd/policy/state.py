@@ -21,6 +21,7 @@ from mcpd.common.buckets import TokenBuckets
 from mcpd.common.config import Config
 from mcpd.common.reload import Reloading
 from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
+from mcpd.policy.confirm import Confirmations
 from mcpd.policy.grants_reload import PolicyHolder
 from mcpd.policy.login import Issued, Login, Store
 from mcpd.policy.oauth import OAuthRefused, OAuthVerifier, oauth_token_id
@@ -80,9 +81,12 @@ class State:
     #: bound is never met here, even with its requests delayed or after a restart of the front; a
     #: front that asks past it (compromised) is refused without an audit record per request
     spawns: TokenBuckets = dataclasses.field(init=False)
+    #: step-up sign-ins and approvals waiting for a person (mcpd.policy.confirm): here, never in root
+    confirms: Confirmations = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         self.spawns = TokenBuckets(2 * self.cfg.workers.spawn_burst, self.cfg.workers.spawns_per_second)
+        self.confirms = Confirmations(self.audit, self.cfg.login.confirm_seconds)
 
     def authenticate(self, token: str) -> tuple[identity.Principal, Issued | None] | None:
         """The principal of a ``users.yaml`` token, of a login token or of an OAuth access token

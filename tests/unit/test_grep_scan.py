@@ -1,6 +1,7 @@
-"""files/grep's scanning core in-process, on the worker's real openers: context across 1 MiB reads,
-inverted selection, very long lines, resuming inside a compressed file, the cursor's checks, the
-config keys, and the pattern's compilation."""
+"""files/grep's scanning core in-process, on the worker's real openers: context across reads,
+inverted selection, very long lines, line numbers after reads nothing matched, resuming inside a
+compressed file, the literal patterns told without RE2, the cursor's checks, the config keys, and
+the pattern's compilation."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 
 from mcpd.common.config import ConfigError, ReadLimits, from_dict
 from mcpd.common.greplines import grep_lines
-from mcpd.core import fileopen
+from mcpd.core import fileopen, grepscan
 from mcpd.core.grepargs import encode_cursor, parse_grep_args
-from mcpd.core.grepscan import PIECE, SHOW_BYTES
+from mcpd.core.grepread import READ
+from mcpd.core.grepscan import PIECE, SHOW_BYTES, compile_pattern, literal
 from mcpd.core.ops import OpContext, run
 
 CTX = OpContext(limits=ReadLimits(), open_file=fileopen.open_regular, open_dir=fileopen.open_directory)
@@ -29,11 +31,14 @@ def grep(**args: Any) -> dict[str, Any]:
 def test_context_across_read_boundaries(tmp_path: Path) -> None:
     f = tmp_path / "big.log"
     lines = [b"x" * 1000 + b" %d" % i for i in range(3000)]  # ~3 MB: three 1 MiB reads
-    lines[1047] = b"HIT"  # near the end of the first read
+    lines[1047] = b"HIT"  # near the end of the first 1 MiB
+    lines[131] = b"HIT"  # near the end of the first read of a plain file (grepread.READ)
     f.write_bytes(b"\n".join(lines) + b"\n")
-    (m,) = grep(pattern="^HIT$", path=str(f), context=3)["matches"]
-    assert m["line"] == 1048
-    assert m["before"] == [x.decode() for x in lines[1044:1047]] and m["after"] == [x.decode() for x in lines[1048:1051]]
+    assert sum(len(x) + 1 for x in lines[:132]) > READ > sum(len(x) + 1 for x in lines[:129])
+    found = grep(pattern="^HIT$", path=str(f), context=3)["matches"]
+    assert [m["line"] for m in found] == [132, 1048]
+    for m, i in zip(found, (131, 1047), strict=True):
+        assert m["before"] == [x.decode() for x in lines[i - 3:i]] and m["after"] == [x.decode() for x in lines[i + 1:i + 4]]
 
 
 def test_invert_with_context_and_text(tmp_path: Path) -> None:
@@ -53,6 +58,18 @@ def test_empty_lines_and_empty_pattern(tmp_path: Path) -> None:
     assert [m["line"] for m in grep(pattern="", path=str(f))["matches"]] == [1, 2, 3, 4]  # as grep ''
 
 
+def test_no_empty_line_after_the_last_newline_of_a_file_or_a_read(tmp_path: Path) -> None:
+    """``^$`` selects only lines that are empty, as ``grep -n '^$'`` does: the empty text after a
+    file's (or a read's) last newline is no line, however many reads the file takes."""
+    f = tmp_path / "n.txt"
+    f.write_bytes(b"a\n")
+    assert grep(pattern="^$", path=str(f))["matches"] == []
+    f.write_bytes(b"a\n" * (3 * READ // 2) + b"\n")  # reads end after a newline, none of them empty
+    assert [m["line"] for m in grep(pattern="^$", path=str(f))["matches"]] == [3 * READ // 2 + 1]
+    f.write_bytes(b"a\nb\n")
+    assert [m["line"] for m in grep(pattern="^$", path=str(f), invert=True)["matches"]] == [1, 2]
+
+
 def test_a_line_longer_than_a_piece_is_searched_in_pieces(tmp_path: Path) -> None:
     f = tmp_path / "one-line.txt"
     f.write_bytes(b"a" * (PIECE + 10) + b"NEEDLE" + b"a" * 100 + b"\nnext NEEDLE\n")
@@ -69,6 +86,53 @@ def test_resume_inside_a_compressed_file(tmp_path: Path) -> None:
     rest = grep(pattern="foo", path=str(f), max_matches=1000, cursor=first["next_cursor"])
     assert [m["line"] for m in rest["matches"]] == list(range(31, 101)) and rest["next_cursor"] is None
     assert rest["matches"][0]["byte_offset"] == sum(len(b"line %d foo\n" % i) for i in range(1, 31))
+
+
+def test_line_numbers_after_reads_without_a_match_and_across_a_byte_limit(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = [b"filler line %d" % i for i in range(400_000)]  # ~7 MB: several 1 MiB reads, most without a match
+    for i in (5, 150_000, 399_990):
+        lines[i] = b"HIT %d" % i
+    data = b"\n".join(lines) + b"\n"
+    want = [(i + 1, len(b"\n".join(lines[:i])) + 1) for i in (5, 150_000, 399_990)]
+    (tmp_path / "plain.log").write_bytes(data)
+    (tmp_path / "packed.log.gz").write_bytes(gzip.compress(data, 1))
+    for name in ("plain.log", "packed.log.gz"):
+        out = grep(pattern="HIT", path=str(tmp_path / name))
+        assert [(m["line"], m["byte_offset"]) for m in out["matches"]] == want, name
+        assert out["bytes_searched"] == len(data)
+    monkeypatch.setattr(grepscan, "LAZY_BYTES", 300_000)  # (64 MiB: a long file is counted as it passes)
+    out = grep(pattern="HIT", path=str(tmp_path / "plain.log"))
+    assert [(m["line"], m["byte_offset"]) for m in out["matches"]] == want
+    monkeypatch.undo()
+    cut = grep(pattern="HIT", path=str(tmp_path / "plain.log"), max_total_bytes=1536 * 1024)  # stops after a read without a match
+    assert cut["stopped"] == "byte_limit" and [m["line"] for m in cut["matches"]] == [6]
+    rest = grep(pattern="HIT", path=str(tmp_path / "plain.log"), cursor=cut["next_cursor"])
+    assert [(m["line"], m["byte_offset"]) for m in rest["matches"]] == want[1:] and rest["next_cursor"] is None
+
+
+def test_a_literal_pattern_is_told_by_find_as_re2_tells_it() -> None:
+    texts = [b"listen = 0.0.0.0\n", b"listen= x\n", b"a.b\r\n", b"axb\n", b"\xff\xfelisten = \x80\n", b"A.B\n", b""]
+    cases = [("listen = ", {}, b"listen = "), ("a.b", {}, None), ("a.b", {"fixed_string": True}, b"a.b"),
+             ("a+b", {}, None), ("x", {"ignore_case": True}, None), ("listen", {"word": True}, None),
+             ("caf\u00e9", {}, None), ("a\nb", {}, None), ("", {}, None), ("\t= ", {}, b"\t= ")]
+    for pattern, flags, want in cases:
+        args = parse_grep_args({"pattern": pattern, "path": "/x", **flags})
+        assert literal(args) == want, (pattern, flags)
+        if want is not None:
+            regex = compile_pattern(args)
+            for text in texts:
+                assert (want in text) == (regex.search(text) is not None), (pattern, flags, text)
+
+
+def test_small_files_answer_alike_whatever_the_pattern_kind(tmp_path: Path) -> None:
+    for i in range(30):
+        (tmp_path / f"c{i:02}.conf").write_bytes(b"x = 1\n" * (i % 4) + (b"listen = a.b\n" if i % 7 == 0 else b"") +
+                                                  (b"tail" if i % 5 == 0 else b""))
+    literal_hits = grep(pattern="listen = a.b", path=str(tmp_path), fixed_string=True)["matches"]
+    regex_hits = grep(pattern="listen = a[.]b", path=str(tmp_path))["matches"]
+    assert [(m["path"], m["line"], m["byte_offset"]) for m in literal_hits] == \
+        [(m["path"], m["line"], m["byte_offset"]) for m in regex_hits] and len(literal_hits) == 5
 
 
 def test_cursor_checks() -> None:

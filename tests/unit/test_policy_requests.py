@@ -16,10 +16,11 @@ CALL = {"type": "privileged_call", "id": 7, "token": "t", "session": "s", "peer"
         "args": {"path": "/etc/hosts"}}
 
 
-def test_the_table_serves_six_requests_each_in_its_class() -> None:
+def test_the_table_serves_nine_requests_each_in_its_class() -> None:
     assert {name: entry.pool for name, entry in REQUESTS.items()} == {
         "authenticate": "auth", "revoke": "auth", "spawn_worker": "spawn", "kill_worker": "spawn",
-        "privileged_call": "call", "pam_login": "login"}
+        "privileged_call": "call", "pam_login": "login", "confirm_view": "auth", "confirm_answer": "login",
+        "confirm_decide": "auth"}
     assert {entry.pool for entry in REQUESTS.values()} == set(CLASSES)
     assert all(entry.doc for entry in REQUESTS.values())
 

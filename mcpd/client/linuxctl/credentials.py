@@ -117,6 +117,25 @@ def logout_cmd(settings: Settings, oidc: bool) -> None:
     click.echo("logged out", err=True)
 
 
+@click.command("approve")
+@click.argument("confirm_id")
+@click.option("--deny", is_flag=True, help="Deny the call instead")
+@click.pass_obj
+def approve_cmd(settings: Settings, confirm_id: str, deny: bool) -> None:
+    """Approve (or --deny) a privileged call waiting for an approver: CONFIRM_ID is the last part
+    of its confirmation page's address. Acts as the token's principal (MCP_TOKEN, --token or the
+    config file), which the call's grant must name in approve.by."""
+    from mcpd.client import login as login_client
+
+    try:
+        url, token, cacert = resolve(settings)
+        answer = login_client.approve(url, token, confirm_id, cacert, deny, timeout=settings.timeout)
+    except MCPClientError as exc:
+        fail(exc)
+    view = answer.get("view") or {}
+    click.echo(f"{answer.get('message')}: {view.get('principal')} {view.get('op')} {view.get('path')}", err=True)
+
+
 def _server(settings: Settings) -> tuple[str, str | None]:
     """``(url, cacert)`` from the flags, environment or config file (no token needed)."""
     url, _token, cacert = resolve(settings, need_token=False)

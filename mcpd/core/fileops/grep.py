@@ -43,6 +43,7 @@ __all__ = ["Search", "grep_granted", "op_grep"]
 
 SKIPS_SHOWN = 100  # skipped files named in the answer (files_skipped counts them all)
 PROGRESS_FILES, PROGRESS_BYTES = 1000, 64 * 1024 * 1024  # a progress call after this many files or bytes
+SMALL_FILE = 4096  # bytes: a file up to this size is searched for a literal pattern with ``in``, not RE2
 _CLOSE = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
@@ -53,6 +54,7 @@ class Search:
                  | None = None, clock: Callable[[], float] = time.monotonic, redact: tuple[str, ...] = ()) -> None:
         self.args, self.clock, self.progress, self.redact = args, clock, progress, redact
         self.regex = grepscan.compile_pattern(args)
+        self.literal = grepscan.literal(args)
         self.file_limit = min(args["max_file_bytes"] or limits.grep_file_bytes, limits.grep_file_bytes)
         total = min(args["max_total_bytes"] or limits.grep_total_bytes, limits.grep_total_bytes)
         self.max_ratio = limits.grep_max_ratio
@@ -79,10 +81,12 @@ class Search:
             return True
         return False
 
-    def search(self, fd: int, path: str, name: str, offset: int = 0, line: int = 1, alone: bool = False) -> bool:
+    def search(self, fd: int, path: str, name: str, offset: int = 0, line: int = 1, alone: bool = False,
+               size: int | None = None) -> bool:
         """Search the open regular file ``fd`` from ``offset``/``line``; True when the call must stop.
 
-        ``alone``: the file was named by ``path`` (its refusals are errors, see the module docstring).
+        ``alone``: the file was named by ``path`` (its refusals are errors, see the module docstring);
+        ``size``: its ``fstat`` size in bytes when the caller has it (else ``fd`` is asked).
         """
         kind = grepread.compression(name)
         late = "byte_limit" if self.budget.searched >= self.budget.total_bytes else \
@@ -91,16 +95,30 @@ class Search:
             self.stop, self.stop_path = grepscan.Stop(late, offset, line), path
             return True
         try:
-            size = os.fstat(fd).st_size
+            if size is None:
+                size = os.fstat(fd).st_size
             if kind is None and size > self.file_limit:
                 raise grepread.Skipped("too_large", f"the file has {size} bytes, over the per-file limit of "
                                        f"{self.file_limit}", size=size, limit=self.file_limit)
-            if b"\0" in grepread.head(fd, kind):
+            first = b""  # a plain file searched from its start: its first piece, read once for the probe too
+            if kind is None and offset == 0 and size > 0:
+                first = os.pread(fd, min(grepread.READ, size), 0)
+                binary = first.find(b"\0", 0, grepread.BINARY_PROBE) >= 0
+            else:
+                binary = b"\0" in grepread.head(fd, kind)
+            if binary:
                 raise grepread.Skipped("binary", "cannot read binary file")
             before = len(self.budget.matches)
-            secrets, skipped = self._redaction(fd, kind, offset)
-            stop = grepscan.scan(grepread.chunks(fd, kind, size, offset, self.file_limit, self.max_ratio, skipped),
-                                 self.regex, path, self.args, self.budget, offset, line, self.clock, secrets)
+            if self._passes(first, size):
+                self.budget.searched += size
+                stop = None
+            else:
+                secrets, skipped = self._redaction(fd, kind, offset)
+                recount = None if kind is not None else lambda a, b: grepread.newlines(fd, a, b)
+                stop = grepscan.scan(grepread.chunks(fd, kind, size, offset, self.file_limit, self.max_ratio,
+                                                     skipped, first),
+                                     self.regex, path, self.args, self.budget, offset, line, self.clock, secrets,
+                                     recount)
         except grepread.Skipped as why:
             if alone:
                 if why.reason == "binary":
@@ -124,6 +142,19 @@ class Search:
             self.stop, self.stop_path = stop, path
             return True
         return False
+
+    def _passes(self, first: bytes, size: int) -> bool:
+        """Whether the whole of a plain file, ``first`` (read from its start, ``size`` bytes by its
+        ``fstat``), selects no line and so need not be scanned: what :func:`grepscan.scan` would find
+        (one block, as the text ends with a newline), told by one search, with no redaction, no
+        ``invert``, and no byte or time limit reached at its end (the scan's stop is then left to it)."""
+        b = self.budget
+        if len(first) != size or not first.endswith(b"\n") or self.redact or self.args["invert"] or \
+                b.searched + size >= b.total_bytes or self.clock() > b.deadline:
+            return False
+        if self.literal is not None and size <= SMALL_FILE:  # a call into RE2 costs more than a small file's find
+            return self.literal not in first
+        return self.regex.search(first) is None
 
     def _redaction(self, fd: int, kind: str | None, offset: int) -> tuple[grepscan.Redaction | None,
                                                                          Callable[[bytes], None] | None]:
@@ -169,12 +200,13 @@ class Search:
                "truncated": stop is not None, "stopped": None if stop is None else stop.reason,
                "next_cursor": cursor}
         if self.redact:
-            out["redacted"] = grepscan.shown_marks(self.budget.matches, self.redact, self.budget.literal)
+            out["redacted"] = grepscan.shown_marks(self.budget.matches, self.redact, self.budget.own_marks)
         return out
 
 
-def open_entry(dfd: int, name: str, follow: bool) -> int:
-    """Open entry ``name`` of folder ``dfd`` for reading when it is a regular file (module docstring).
+def open_entry(dfd: int, name: str, follow: bool) -> tuple[int, int]:
+    """Open entry ``name`` of folder ``dfd`` for reading when it is a regular file (module docstring):
+    the descriptor and the file's size (bytes, by the ``fstat`` that judged it: the same file).
 
     Raises:
         grepread.Skipped: ``not_regular`` or ``symlink`` (never opened for reading).
@@ -182,12 +214,13 @@ def open_entry(dfd: int, name: str, follow: bool) -> int:
     """
     pfd = os.open(name, os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW), dir_fd=dfd)
     try:
-        mode = os.fstat(pfd).st_mode
+        st = os.fstat(pfd)
+        mode = st.st_mode
         if stat.S_ISLNK(mode):
             raise grepread.Skipped("symlink", "symlink not followed")
         if not stat.S_ISREG(mode):
             raise grepread.Skipped("not_regular", "not a regular file")
-        return os.open(f"/proc/self/fd/{pfd}", _CLOSE)
+        return os.open(f"/proc/self/fd/{pfd}", _CLOSE), st.st_size
     finally:
         os.close(pfd)
 
@@ -231,7 +264,7 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
                 continue
             start = (cursor["o"], cursor["n"]) if resumed and cursor is not None else (0, 1)
             try:
-                fd = open_entry(dfd, name, a["follow_symlinks"])
+                fd, size = open_entry(dfd, name, a["follow_symlinks"])
             except grepread.Skipped as why:
                 s.skip(path, why.reason)
                 continue
@@ -239,7 +272,7 @@ def op_grep(args: Any, ctx: Context) -> dict[str, Any]:
                 s.skip(path, skip_reason(err))
                 continue
             try:
-                if s.search(fd, path, name, *start):
+                if s.search(fd, path, name, start[0], start[1], size=size):
                     break
             finally:
                 os.close(fd)

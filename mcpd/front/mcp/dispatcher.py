@@ -17,12 +17,13 @@ from mcpd.common.identity import Principal
 from mcpd.common.redaction import with_redaction
 from mcpd.core.tools import TOOLS, ToolModule, by_any_name, portable_name
 from mcpd.front.access import AccessLog, Call
+from mcpd.front.confirm import elicit_then_retry, hitl_of, input_required
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, RpcError, Send, encodable
 from mcpd.front.mcp.tasks import TASK_TOOLS, TaskStore
 from mcpd.front.mcp.versions import STRUCTURED_SINCE, session_tasks
 from mcpd.front.privileged import PrivilegedBackend
-from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
+from mcpd.helper.wire.errors import INTERNAL_ERROR, PERMISSION_DENIED, ToolError
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class Caller:
     principal: Principal
     token: str = field(repr=False)
     peer: str
+    origin: str = ""  # ``https://host:port`` and base path the request came to (the confirmation page's)
 
 
 @dataclass
@@ -50,6 +52,11 @@ class RequestContext:
     protocol_version: str | None = None  # the session's (or the stateless request's) version
     #: ``traceparent``/``tracestate`` of the request's ``_meta``, when valid (for the records)
     trace: dict[str, str] = field(default_factory=dict)
+    #: what the session's client declared at ``initialize`` (session era; empty otherwise)
+    client_capabilities: dict[str, Any] = field(default_factory=dict)
+    #: ``(method, params, timeout) -> result``: a request to the session's client on this request's
+    #: stream (:class:`mcpd.front.mcp.outgoing.Outgoing`); None in the stateless era
+    ask: Callable[[str, dict[str, Any], float], Awaitable[dict[str, Any]]] | None = None
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Send one ``notifications/progress`` on this session, if the request asked for it (``_meta.progressToken``)."""
@@ -180,9 +187,13 @@ class Dispatcher:
             out.append(tool)
         return out
 
-    async def call_tool(self, ctx: RequestContext, name: Any, arguments: Any) -> dict[str, Any]:
+    async def call_tool(self, ctx: RequestContext, name: Any, arguments: Any,
+                        hitl: dict[str, Any] | None = None) -> dict[str, Any]:
         """Run one ``tools/call`` by either spelling of the tool's name; tool failures become
         ``isError`` results. Grants, limits and records always see the ``files/…`` name.
+
+        ``hitl``: a person in the loop (:func:`mcpd.front.confirm.hitl_of`); a privileged call
+        that needs one answers the revision's input-required result (:func:`mcpd.front.confirm.input_required`).
 
         Raises:
             RpcError: ``-32602`` for an unknown tool name.
@@ -201,8 +212,19 @@ class Dispatcher:
                 args = with_redaction(tool.NAME, args, c.principal.redact)  # the policy process decides its own
                 if args.get("privileged"):
                     call.stage = "forwarded"
-                    call.result = await self.privileged.call(c.token, c.principal, ctx.session_id, c.peer,
-                                                             tool.NAME, args, ctx.trace)
+                    if (hitl or {}).get("declined"):
+                        raise ToolError(PERMISSION_DENIED, "permission denied: the user declined the confirmation",
+                                        reason="declined")
+                    extra = {k: v for k, v in (hitl or {}).items() if k in ("interactive", "confirm", "why")}
+                    try:
+                        call.result = await self.privileged.call(c.token, c.principal, ctx.session_id, c.peer,
+                                                                 tool.NAME, args, ctx.trace, **extra)
+                    except ToolError as exc:  # a 2025-11-25 session: URL-mode elicitation, then the retry
+                        if not (hitl or {}).get("elicit"):
+                            raise
+                        call.result = await elicit_then_retry(ctx, exc, lambda cid: self.privileged.call(
+                            c.token, c.principal, ctx.session_id, c.peer, tool.NAME, args, ctx.trace,
+                            **dict(extra, confirm=cid)))
                 else:
                     call.stage = "unprivileged"
                     call.result = await self.pool.call(
@@ -212,7 +234,8 @@ class Dispatcher:
                     )
                 return tool.format_result(readable(call.result))
         except ToolError as exc:
-            return tool_error_result(exc)
+            asked = input_required(exc, c.origin) if ctx.modern and (hitl or {}).get("interactive") else None
+            return asked if asked is not None else tool_error_result(exc)
         except Exception:
             log.exception("tool %s failed unexpectedly (session %s)", tool.NAME, ctx.session_id)
             return tool_error_result(ToolError(INTERNAL_ERROR, "internal error"))
@@ -235,7 +258,7 @@ class Dispatcher:
         ttl = self.tasks.wanted(ctx, tool.NAME, params) if tool is not None else None
         if ttl is not None:
             return self.tasks.create(ctx, name, params.get("arguments"), ttl)
-        return await self.call_tool(ctx, name, params.get("arguments"))
+        return await self.call_tool(ctx, name, params.get("arguments"), hitl_of(params, ctx))
 
     async def resources_list(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
         """``resources/list``: none (files are reached through the template)."""

@@ -37,6 +37,7 @@ from mcpd.front.mcp.jsonrpc import (
     params_of,
     valid_id,
 )
+from mcpd.front.mcp.outgoing import Outgoing
 from mcpd.front.mcp.tasks import SESSION_ONLY_METHODS
 from mcpd.front.mcp.versions import (
     INSTRUCTIONS,
@@ -124,7 +125,7 @@ class McpSession:
 
     # (slots: an idle session is held for hours, and an instance dict costs it about 280 bytes)
     __slots__ = ("dispatcher", "session_id", "send", "initialized", "protocol_version", "_in_flight", "_tasks",
-                 "_closed", "_lifecycle", "modern", "last_done", "room")
+                 "_closed", "_lifecycle", "modern", "last_done", "room", "client_capabilities", "outgoing")
 
     def __init__(self, dispatcher: Dispatcher, session_id: str, send: Send, modern: bool = False,
                  room: Room | None = None) -> None:
@@ -142,6 +143,9 @@ class McpSession:
         self._closed = False
         self._lifecycle = _MODERN_LIFECYCLE if modern else _LIFECYCLE
         self.modern = modern
+        #: what the client declared at ``initialize`` (session era), and this server's requests to it
+        self.client_capabilities: dict[str, Any] = {}
+        self.outgoing = Outgoing()
         if modern:
             self.initialized = True
             self.protocol_version = MODERN_VERSIONS[-1]
@@ -340,7 +344,8 @@ class McpSession:
             return error_reply(reply_id, INVALID_REQUEST, 'invalid request: jsonrpc must be "2.0"')
         if "method" not in msg:
             if has_id and ("result" in msg or "error" in msg):
-                return None  # a response from the client; this server sends no requests
+                self.outgoing.resolve(msg)  # a response to one of ours (mcpd.front.mcp.outgoing), else dropped
+                return None
             return error_reply(reply_id, INVALID_REQUEST, "invalid request: no method")
         method = msg["method"]
         if not isinstance(method, str):
@@ -367,7 +372,8 @@ class McpSession:
             meta = params.get("_meta")
             token = meta.get("progressToken") if isinstance(meta, dict) else None
             ctx = RequestContext(caller, self.session_id, token if valid_id(token) else None, out, self.modern,
-                                 self.protocol_version, trace_fields(meta))
+                                 self.protocol_version, trace_fields(meta), self.client_capabilities,
+                                 None if self.modern else functools.partial(self.outgoing.ask, out))
             result = await handler(ctx, params)
             if self.modern:
                 result = modern_result(method, result)
@@ -394,6 +400,8 @@ class McpSession:
         if not isinstance(requested, str):
             raise RpcError(INVALID_PARAMS, "protocolVersion must be a string")
         self.protocol_version = negotiate(requested)
+        caps = params.get("capabilities")
+        self.client_capabilities = caps if isinstance(caps, dict) else {}
         self.initialized = True
         return {
             "protocolVersion": self.protocol_version,

@@ -20,12 +20,15 @@ for its id is told it does not exist. A principal keeps at most ``max_per_princi
 is cancelled and its result freed. The work itself is the dispatcher's ``tools/call`` (same
 argument checks, limits, policy decision and records as a direct call); cancelling a task
 cancels that coroutine, as ``notifications/cancelled`` cancels a request, which stops the
-worker's job.
+worker's job. The token that made a task is re-checked with the open sessions' tokens
+(:meth:`TaskStore.working`); once it is refused, its working tasks are cancelled
+(:meth:`TaskStore.revoke`), session or none.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import secrets
 import time
@@ -94,6 +97,8 @@ class Task:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     runner: asyncio.Task[None] | None = None
     expiry: asyncio.TimerHandle | None = None
+    token: str = field(default="", repr=False)  # the bearer token that made it (never logged)
+    token_id: str = ""  # that token's id (the principal's ``token_id``)
 
 
 class TaskStore:
@@ -186,7 +191,7 @@ class TaskStore:
         now = time.time()
         self._seq += 1
         task = Task(secrets.token_hex(16), ctx.caller.principal.name, ctx.modern, self._seq, now, ttl_ms, now,
-                    message="the call is running")
+                    message="the call is running", token=ctx.caller.token, token_id=ctx.caller.principal.token_id)
         self._tasks[task.task_id] = task
         self._owned[task.owner] = self._owned.get(task.owner, 0) + 1
         loop = asyncio.get_running_loop()
@@ -270,6 +275,28 @@ class TaskStore:
         task.result = task.error = None
         task.done.set()  # (tasks/result waiting on it answers "not found")
         log.info("task %s expired", task_id)
+
+    def working(self) -> list[tuple[str, str, str]]:
+        """``(token, owner, token_id)`` of every task still working: the tokens whose revocation
+        must stop them (checked by :func:`mcpd.front.revalidate.revalidate_once`)."""
+        return [(t.token, t.owner, t.token_id) for t in self._tasks.values() if t.status not in TERMINAL]
+
+    def revoke(self, owner: str, token: str) -> int:
+        """The bearer ``token`` of principal ``owner`` no longer authenticates: stop the work of
+        the tasks it made, as its sessions' requests are stopped (each reads ``cancelled``; an
+        ended one keeps its outcome, its principal's other tokens still read it until its ttl).
+        Returns how many were stopped."""
+        count, wanted = 0, token.encode("utf-8", "surrogatepass")  # (bytes: compare_digest takes ASCII str only)
+        for task in list(self._tasks.values()):
+            if task.owner != owner or task.status in TERMINAL or \
+                    not hmac.compare_digest(task.token.encode("utf-8", "surrogatepass"), wanted):
+                continue
+            self._finish(task, "cancelled", "the task was cancelled: the token that made it was revoked")
+            if task.runner is not None and not task.runner.done():
+                task.runner.cancel()
+            log.info("task %s cancelled: its token was revoked", task.task_id)
+            count += 1
+        return count
 
     def close(self) -> None:
         """Stop every task's work and forget them all (the daemon stops)."""
@@ -368,12 +395,13 @@ class TaskStore:
 
     async def tasks_list(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
         """``tasks/list`` (2025-11-25): the caller's tasks, newest first, :data:`LIST_PAGE` a page;
-        ``-32602`` for a ``cursor`` this server did not give."""
+        ``-32602`` for a ``cursor`` this server did not give (one of ASCII digits only: ``str.isdigit``
+        also takes ``²`` and ``١``, which ``int`` refuses or reads as another number)."""
         self._era(ctx, params, session_only=True)
         cursor = params.get("cursor")
         below = None
         if cursor is not None:
-            if not isinstance(cursor, str) or not cursor.isdigit() or len(cursor) > 20:
+            if not isinstance(cursor, str) or not (cursor.isascii() and cursor.isdigit()) or len(cursor) > 20:
                 raise RpcError(INVALID_PARAMS, "invalid cursor")
             below = int(cursor)
         name = ctx.caller.principal.name

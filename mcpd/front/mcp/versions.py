@@ -75,7 +75,8 @@ def modern_result(method: str, result: dict[str, Any]) -> dict[str, Any]:
     """A result as the 2026-07-28 revision shapes it: ``resultType: "complete"``, the server's
     identity in ``_meta``, and ``ttlMs``/``cacheScope`` on the cacheable methods (:data:`CACHE_HINTS`)."""
     out = dict(result)
-    out.setdefault("resultType", "complete")  # ("task": a task's CreateTaskResult, docs/REFERENCE.md §2.6)
+    out.setdefault("resultType", "complete")  # ("task": a task's CreateTaskResult, docs/REFERENCE.md §2.6;
+    # "input_required": a call that needs a person, mcpd.front.confirm)
     meta = out.get("_meta")
     out["_meta"] = {**(meta if isinstance(meta, dict) else {}), META_SERVER_INFO: dict(SERVER_INFO)}
     hint = CACHE_HINTS.get(method)

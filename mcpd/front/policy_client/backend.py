@@ -53,7 +53,7 @@ class PolicyBackend:
 
     async def call(
         self, token: str, principal: Principal, session_id: str, peer: str, op: str, args: dict[str, Any],
-        trace: dict[str, str] | None = None,
+        trace: dict[str, str] | None = None, **hitl: Any,
     ) -> dict[str, Any]:
         """Run one privileged call; return the op's result dict.
 
@@ -70,18 +70,18 @@ class PolicyBackend:
             raise ToolError(RATE_LIMITED, f"{cap} privileged calls of this principal are in flight; "
                             "retry when one ends", limit=cap)
         try:
-            return await self._call(token, principal, session_id, peer, op, args, trace)
+            return await self._call(token, principal, session_id, peer, op, args, trace, hitl)
         finally:
             in_flight.release(principal.name)
 
     async def _call(
         self, token: str, principal: Principal, session_id: str, peer: str, op: str, args: dict[str, Any],
-        trace: dict[str, str] | None = None,
+        trace: dict[str, str] | None = None, hitl: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         args = dict(args)
         cap = args.pop(CAP_KEY, None)  # the principal's max_file_bytes (mcpd/front/limits.py)
         req: dict[str, Any] = {"type": "privileged_call", "token": token, "session": session_id, "peer": peer[:100],
-                               "op": op, "args": args, **(trace or {})}
+                               "op": op, "args": args, **(trace or {}), **(hitl or {})}
         if cap is not None:
             req["cap"] = cap
         # the policy process's deadline for the call, by the one rule, plus a margin: its TIMEOUT comes first

@@ -54,6 +54,7 @@ from starlette.routing import Route
 
 from mcpd.common.config import Config
 from mcpd.front.auth import McpUser
+from mcpd.front.confirm import may_elicit
 from mcpd.front.connections.handover import DETACH
 from mcpd.front.mcp.dispatcher import Caller
 from mcpd.front.mcp.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, valid_id
@@ -261,10 +262,12 @@ class StreamableTransport:
             session = found
         headers[SESSION_HEADER] = session.id
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
-        caller = Caller(user.principal, user.token, peer)
+        caller = Caller(user.principal, user.token, peer, self._origin(request))
         members = _members(payload)
         # (an initialize is answered as JSON: a failed one must not leave its session behind)
-        if not opened and SSE_TYPE in accepts and any(_is_request(m) and _wants_progress(m) for m in members):
+        # (an event stream too for a call that may ask its client to open a page: mcpd.front.confirm)
+        if not opened and SSE_TYPE in accepts and any(_is_request(m) and (_wants_progress(m) or may_elicit(
+                session.protocol.client_capabilities, m)) for m in members):
             return self._event_response(self._events(session, payload, caller, _drop(request)), headers)
         out = self._post_stream(replies_only=True)
         task = session.protocol.receive(payload, caller, out.put)
@@ -280,6 +283,12 @@ class StreamableTransport:
             # (a request cancelled by notifications/cancelled gets no reply: 202, the session lives)
             return Response(status_code=202, headers=headers)
         return self._answer(replies[0], accepts, user.principal.name, session.id, headers)
+
+    def _origin(self, request: Request) -> str:
+        """``https://`` and the request's ``Host`` (held to ``allowed_hosts`` already) and the base
+        path: where the confirmation page of a call is (mcpd.front.confirm)."""
+        host = request.headers.get("host", "")
+        return f"https://{host}{self.cfg.base_path}" if host else ""
 
     async def _stateless(self, request: Request, payload: Any, accepts: set[str], user: McpUser) -> Response:
         """One 2026-07-28 request: checked by :func:`check_modern`, run, answered; no session."""
@@ -298,7 +307,7 @@ class StreamableTransport:
         if not protocol.knows(payload["method"]):
             return rpc_refusal(404, METHOD_NOT_FOUND, "method not found", rid)
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
-        caller = Caller(user.principal, user.token, peer)
+        caller = Caller(user.principal, user.token, peer, self._origin(request))
         if SSE_TYPE in accepts and _wants_progress(payload):
             out = self._post_stream(owner=caller.principal.name, drop=_drop(request))
             return self._event_response(post_events(protocol, payload, caller, out, self.cfg.keepalive_seconds,

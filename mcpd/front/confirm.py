@@ -1,0 +1,296 @@
+"""The confirmation page (``GET``/``POST {base}/confirm/<id>``) and the input-required answer
+that points to it (docs/REFERENCE.md §4.7).
+
+A privileged call that needs a person (a step-up sign-in for ``reauth_after``, or an approval
+under a grant's ``approve``) comes back from the policy process as ``PERMISSION_DENIED`` with
+``details.confirm = {id, kind}``. On a 2026-07-28 request whose client declared URL-mode
+elicitation, :func:`input_required` turns it into that revision's ``InputRequiredResult``: one
+input request ``mcpd_confirm`` (``elicitation/create``, ``mode: "url"``, the page's address) and
+the record's id as ``requestState``; the client opens the page, then sends the same call again
+with ``inputResponses`` and the ``requestState`` (:func:`hitl_of` reads them back).
+
+The page is the front's own, over its own TLS: one HTML document, no script at all, no resource
+from anywhere (``Content-Security-Policy: default-src 'none'``, its one inline style allowed by
+hash, ``form-action 'self'``, ``frame-ancestors 'none'``), ``no-store``, no referrer to other sites (``same-origin``: with ``no-referrer`` a browser sends ``Origin: null``). Its form
+carries the record's CSRF token; a ``POST`` is taken only with that token and, when the browser
+sends an ``Origin``, only from this page's own origin. The password goes to the policy process
+(root's PAM) and is never logged. What the policy process says is shown; nothing is decided here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import html
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from mcpd.common.config import Login as LoginConfig
+from mcpd.common.inflight import InFlight
+from mcpd.front.login import LoginUnavailable, PolicyLogin
+from mcpd.front.mcp.outgoing import ClientDidNotAnswer
+from mcpd.front.transport.body import BodyRefused, read_capped
+from mcpd.helper.wire import frames
+from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
+
+PREFIX = "/confirm/"
+INPUT_KEY = "mcpd_confirm"
+FORM_CAP = 8192
+_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
+META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+META_REASON = "dev.mcpd/reason"  # the agent's stated reason for a call, in its ``_meta`` (shown to approvers)
+
+STYLE = ("body{font-family:sans-serif;max-width:34em;margin:3em auto;padding:0 1em;color:#222}"
+         "h1{font-size:1.4em}dl{display:grid;grid-template-columns:auto 1fr;gap:.3em 1em}"
+         "dt{font-weight:bold}dd{margin:0;word-break:break-all}label{display:block;margin:.6em 0}"
+         "input[type=text],input[type=password]{width:100%;padding:.4em}"
+         "button{margin:.8em .6em 0 0;padding:.5em 1.2em}.note{color:#555}.err{color:#a00}")
+_STYLE_HASH = base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
+CSP = (f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; form-action 'self'; frame-ancestors 'none'; "
+       "base-uri 'none'")
+HEADERS = {"Content-Security-Policy": CSP, "Cache-Control": "no-store", "Referrer-Policy": "same-origin",
+           "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff"}
+
+
+# ---------------------------------------------------------------- the MCP side
+
+
+def _url_mode(caps: Any) -> bool:
+    elicit = caps.get("elicitation") if isinstance(caps, dict) else None
+    return isinstance(elicit, dict) and isinstance(elicit.get("url"), dict)
+
+
+def may_elicit(caps: dict[str, Any], msg: dict[str, Any]) -> bool:
+    """Whether request ``msg`` of a session whose client declared ``caps`` may send that client a
+    URL-mode ``elicitation/create`` (a privileged ``tools/call``): its answer is then an event stream."""
+    raw = msg.get("params")
+    params: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    args = params.get("arguments")
+    return (msg.get("method") == "tools/call" and isinstance(args, dict) and args.get("privileged") is True
+            and _url_mode(caps))
+
+
+def hitl_of(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """The ``privileged_call`` keys a ``tools/call``'s ``params`` bring (all optional):
+    ``interactive`` (a 2026-07-28 request that declared ``elicitation.url`` in its capabilities,
+    or a 2025-11-25 session whose client did at ``initialize``: then also ``elicit``),
+    ``confirm`` (the ``requestState`` of a retry) and ``why`` (``_meta["dev.mcpd/reason"]``, at
+    most 500 characters). A retry whose ``inputResponses[mcpd_confirm].action`` is not
+    ``accept`` brings ``declined: True``. ``ctx``: the request's
+    :class:`~mcpd.front.mcp.dispatcher.RequestContext`."""
+    out: dict[str, Any] = {}
+    raw = params.get("_meta")
+    meta: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    if ctx.modern and _url_mode(meta.get(META_CAPABILITIES)):
+        out["interactive"] = True
+    elif not ctx.modern and ctx.ask is not None and _url_mode(ctx.client_capabilities):
+        out["interactive"] = out["elicit"] = True
+    state = params.get("requestState")
+    if isinstance(state, str) and _ID.fullmatch(state):
+        out["confirm"] = state
+        answers = params.get("inputResponses")
+        answer = answers.get(INPUT_KEY) if isinstance(answers, dict) else None
+        if isinstance(answer, dict) and answer.get("action") in ("decline", "cancel"):
+            out["declined"] = True
+    if isinstance(meta.get(META_REASON), str):
+        out["why"] = meta[META_REASON][:500]
+    return out
+
+
+def page_url(origin: str, confirm_id: str) -> str:
+    """The page of record ``confirm_id`` under ``origin`` (``https://host:port`` and base path)."""
+    return f"{origin}{PREFIX}{confirm_id}"
+
+
+def input_required(exc: ToolError, origin: str) -> dict[str, Any] | None:
+    """The 2026-07-28 ``InputRequiredResult`` for a refusal that carries ``details.confirm``, else None."""
+    confirm = exc.details.get("confirm")
+    if not isinstance(confirm, dict) or not isinstance(confirm.get("id"), str) or not origin:
+        return None
+    what = ("Sign in again to allow this privileged read" if confirm.get("kind") == "signin"
+            else "An approver must approve this privileged read")
+    return {"resultType": "input_required", "requestState": confirm["id"],
+            "inputRequests": {INPUT_KEY: {"method": "elicitation/create", "params": {
+                "mode": "url", "message": f"{what}: {exc.details.get('path', '')}. Open the page, then retry.",
+                "url": page_url(origin, confirm["id"])}}}}
+
+
+async def elicit_then_retry(ctx: Any, exc: ToolError, retry: Callable[[str], Awaitable[dict[str, Any]]]
+                            ) -> dict[str, Any]:
+    """A 2025-11-25 session's way through a refusal that carries ``details.confirm``: send the
+    client a URL-mode ``elicitation/create`` (``elicitationId`` the record's id, ``url`` its page),
+    and once it accepts, run ``retry(id)`` (the same call naming the record; the policy process
+    waits there, up to the call's deadline, for the sign-in or decision) until it no longer asks
+    for the same record or the record's time is up; then ``notifications/elicitation/complete``.
+
+    Raises:
+        ToolError: ``exc`` itself when it carries no record; ``PERMISSION_DENIED`` (reason
+            ``declined``) when the client declines, cancels or does not answer; the retry's own.
+    """
+    confirm = exc.details.get("confirm")
+    if not isinstance(confirm, dict) or not isinstance(confirm.get("id"), str) or ctx.ask is None:
+        raise exc
+    cid, seconds = confirm["id"], float(confirm.get("expires_in") or 60)
+    shaped = input_required(exc, ctx.caller.origin) or {}
+    message = shaped.get("inputRequests", {}).get(INPUT_KEY, {}).get("params", {}).get("message", "")
+    params = {"mode": "url", "elicitationId": cid, "url": page_url(ctx.caller.origin, cid), "message": str(message)}
+    try:
+        answer = await ctx.ask("elicitation/create", params, seconds)
+    except ClientDidNotAnswer as why:
+        raise ToolError(PERMISSION_DENIED, f"permission denied: the confirmation was not answered: {why}",
+                        reason="declined") from None
+    if answer.get("action") != "accept":
+        raise ToolError(PERMISSION_DENIED, "permission denied: the user declined the confirmation", reason="declined")
+    end = asyncio.get_running_loop().time() + seconds
+    while True:
+        try:
+            result = await retry(cid)
+            break
+        except ToolError as again:
+            same = again.details.get("confirm")
+            if not (isinstance(same, dict) and same.get("id") == cid) or asyncio.get_running_loop().time() >= end:
+                raise
+    ctx.send({"jsonrpc": "2.0", "method": "notifications/elicitation/complete", "params": {"elicitationId": cid}})
+    return result
+
+
+# ---------------------------------------------------------------- the page
+
+
+def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
+    doc = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+           f"<meta name=\"viewport\" content=\"width=device-width\"><style>{STYLE}</style></head>"
+           f"<body><h1>{html.escape(title)}</h1>{body}</body></html>")
+    return HTMLResponse(doc, status_code=status, headers=HEADERS)
+
+
+def _facts(view: dict[str, Any]) -> str:
+    rows = [("Who asks", f"{view['principal']} (account {view['os_user']})"), ("Tool", view["op"]),
+            ("Path", view["path"])]
+    if view.get("why"):
+        rows.append(("Stated reason", view["why"]))
+    rows.append(("Expires in", f"{view['expires_in']} s"))
+    return "<dl>" + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in rows) + "</dl>"
+
+
+def _form(action: str, view: dict[str, Any], error: str = "") -> str:
+    signin = view["kind"] == "signin"
+    intro = (f"Sign in as <b>{html.escape(view['os_user'])}</b> to allow this one call."
+             if signin else "Sign in as an approver, then approve or deny this call.")
+    buttons = ('<button type="submit" name="decision" value="signin">Sign in</button>' if signin else
+               '<button type="submit" name="decision" value="approve">Approve</button>'
+               '<button type="submit" name="decision" value="deny">Deny</button>')
+    user = html.escape(view["os_user"]) if signin else ""
+    err = f'<p class="err">{html.escape(error)}</p>' if error else ""
+    return (f"{_facts(view)}<p>{intro}</p>{err}<form method=\"post\" action=\"{html.escape(action)}\">"
+            f"<input type=\"hidden\" name=\"csrf\" value=\"{html.escape(view['csrf'])}\">"
+            f"<label>Account <input type=\"text\" name=\"user\" value=\"{user}\" autocomplete=\"username\" "
+            f"required></label><label>Password <input type=\"password\" name=\"password\" "
+            f"autocomplete=\"current-password\" required></label>{buttons}</form>"
+            "<p class=\"note\">This page is for one call only and expires soon.</p>")
+
+
+GONE = "This link is unknown, used or expired."
+
+
+class ConfirmRoutes:
+    """``GET`` and ``POST {base}/confirm/<id>`` over the policy process (through the login backend's
+    channel: ``confirm_view``, ``confirm_answer``); no bearer token (the password is the credential)."""
+
+    def __init__(self, login: Any, cfg: LoginConfig) -> None:
+        self.login = login
+        self._in_flight = InFlight(cfg.in_flight_per_address, cfg.in_flight)  # sign-ins, as POST /login's
+    def routes(self) -> list[Route]:
+        """The page's two routes, and ``POST /approve/<id>`` (an approver's bearer token)."""
+        return [Route(PREFIX + "{cid}", self.show, methods=["GET"]),
+                Route(PREFIX + "{cid}", self.answer, methods=["POST"]),
+                Route("/approve/{cid}", self.decide, methods=["POST"])]
+
+    async def decide(self, request: Request) -> Response:
+        """``POST {base}/approve/<id>`` with the approver's bearer token (checked by the middleware)
+        and ``{"decision": "approve" | "deny"}`` (``linuxctl approve``): ``200 {message, view}``
+        when decided, ``403 {error}`` when refused, ``404`` for an unknown, used or expired id."""
+        cid = request.path_params["cid"]
+        try:
+            data = frames.loads(await read_capped(request, FORM_CAP))
+        except (BodyRefused, frames.FrameError):
+            data = None
+        if not isinstance(data, dict) or data.get("decision") not in ("approve", "deny"):
+            return JSONResponse({"error": 'expected {"decision": "approve" or "deny"}'}, status_code=400)
+        if not _ID.fullmatch(cid):
+            return JSONResponse({"error": GONE}, status_code=404)
+        peer = request.client.host if request.client else "unknown"
+        reply = await self._ask({"type": "confirm_decide", "token": request.user.token, "cid": cid,
+                                 "decision": data["decision"], "peer": peer})
+        if reply is None:
+            return JSONResponse({"error": "the policy process is not reachable"}, status_code=503,
+                                headers={"Retry-After": "5"})
+        if reply.get("ok"):
+            return JSONResponse({"message": reply.get("message"), "view": reply.get("view")})
+        message = str(reply.get("message") or (reply.get("error") or {}).get("message") or "refused")
+        return JSONResponse({"error": message}, status_code=404 if message.startswith("this link") else 403)
+
+    async def _ask(self, req: dict[str, Any]) -> dict[str, Any] | None:
+        if not isinstance(self.login, PolicyLogin):
+            return None
+        try:
+            return await self.login.ask(req)
+        except LoginUnavailable:
+            return None
+
+    async def show(self, request: Request) -> Response:
+        """The page: what is asked, by whom, and the form (or :data:`GONE`, ``404``)."""
+        cid = request.path_params["cid"]
+        reply = await self._ask({"type": "confirm_view", "cid": cid}) if _ID.fullmatch(cid) else None
+        if reply is None or not reply.get("ok") or not isinstance(reply.get("view"), dict):
+            return _page("Confirmation", f"<p>{GONE}</p>", 404)
+        view = reply["view"]
+        title = "Sign in to allow a privileged read" if view["kind"] == "signin" else "Approve a privileged read"
+        return _page(title, _form(request.url.path, view))
+
+    async def answer(self, request: Request) -> Response:
+        """The form's ``POST``: CSRF token and origin checked, then the policy process's answer
+        shown; as many in flight as ``POST /login`` allows (in all, per address), else ``429``."""
+        peer = request.client.host if request.client else "unknown"
+        if self._in_flight.take(peer) is not None:
+            return _page("Busy", "<p>Too many sign-ins in flight; try again in a moment.</p>", 429)
+        try:
+            return await self._answer(request, peer)
+        finally:
+            self._in_flight.release(peer)
+
+    async def _answer(self, request: Request, peer: str) -> Response:
+        cid = request.path_params["cid"]
+        origin = request.headers.get("origin")
+        own = f"https://{request.headers.get('host', '')}"
+        if origin is not None and origin != own:
+            return _page("Refused", "<p>This form may only be sent from its own page.</p>", 403)
+        try:
+            body = await read_capped(request, FORM_CAP)
+        except BodyRefused:
+            return _page("Refused", "<p>The form is too large.</p>", 413)
+        form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace"), max_num_fields=8).items() if v}
+        if not _ID.fullmatch(cid):
+            return _page("Confirmation", f"<p>{GONE}</p>", 404)
+        fields = {k: form.get(k, "") for k in ("csrf", "user", "password", "decision")}
+        if not fields["csrf"] or len(fields["csrf"]) > 64:
+            return _page("Refused", "<p>The form's token is missing: reload the page.</p>", 403)
+        if not (0 < len(fields["user"]) <= 64 and 0 < len(fields["password"]) <= 1024 and len(fields["decision"]) <= 16):
+            return _page("Refused", "<p>Account and password are required.</p>", 400)
+        reply = await self._ask({"type": "confirm_answer", "cid": cid, "peer": peer, **fields})
+        if reply is None:
+            return _page("Unavailable", "<p>The policy process is not reachable; try again in a moment.</p>", 503)
+        message = str(reply.get("message") or "")
+        if reply.get("ok"):
+            return _page("Done", f"<p>{html.escape(message)}</p><p class=\"note\">You may close this page.</p>")
+        if message.startswith("this link"):
+            return _page("Refused", f"<p class=\"err\">{html.escape(message)}</p>", 404)
+        again = f'<p><a href="{html.escape(request.url.path)}">Try again</a></p>'
+        return _page("Refused", f"<p class=\"err\">{html.escape(message)}</p>{again}", 403)

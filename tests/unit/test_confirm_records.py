@@ -1,0 +1,113 @@
+"""The confirmation records of the policy process (mcpd.policy.confirm) and the front's shapes
+around them (mcpd.front.confirm, mcpd.front.mcp.outgoing), with a real audit log: bound to one
+principal, token, tool and path; used once; approvers as the grant names them; expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from mcpd.common.audit.writer import AuditLog
+from mcpd.common.grantmatch import Approve
+from mcpd.front.confirm import hitl_of, input_required
+from mcpd.front.mcp.outgoing import ClientDidNotAnswer, Outgoing
+from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
+from mcpd.policy.confirm import APPROVE, APPROVED, DENIED, EXPIRED, SIGNED_IN, SIGNIN, Confirmations
+
+
+def box(tmp_path: Path, ttl: float = 60) -> tuple[Confirmations, Path]:
+    path = tmp_path / "audit.jsonl"
+    return Confirmations(AuditLog(str(path), syslog=False), ttl), path
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_record_is_bound_to_principal_token_tool_and_path_and_used_once(tmp_path: Path) -> None:
+    b, path = box(tmp_path)
+    p = b.open(SIGNIN, "alice", "alice", "t1", "files/read", "/var/log/syslog")
+    assert b.for_retry(p.id, "alice", "t1", "files/read", "/var/log/syslog") is p
+    for other in (("bob", "t1", "files/read", "/var/log/syslog"), ("alice", "t2", "files/read", "/var/log/syslog"),
+                  ("alice", "t1", "files/list", "/var/log/syslog"), ("alice", "t1", "files/read", "/var/log/auth.log")):
+        assert b.for_retry(p.id, *other) is None
+    assert b.for_retry(p.id[:-1] + ("A" if p.id[-1] != "A" else "B"), "alice", "t1", "files/read",
+                       "/var/log/syslog") is None  # forged
+    assert not b.use(p)  # nobody signed in yet
+    assert b.signed_in(p, "bob", "1.2.3.4") is not None and p.state != SIGNED_IN
+    assert b.signed_in(p, "alice", "1.2.3.4") is None and p.state == SIGNED_IN
+    assert b.use(p) and not b.use(p)
+    assert b.get(p.id) is None
+    assert [r["decision"] for r in records(path)] == ["requested", "refused", "signed_in", "used"]
+    assert records(path)[1]["by"] == "bob" and records(path)[2]["by"] == "alice"
+
+
+def test_approvers_self_and_the_for_window(tmp_path: Path) -> None:
+    b, _ = box(tmp_path)
+    rule = Approve(("bob", "%ops"), 60.0, False)
+    p = b.open(APPROVE, "alice", "alice", "t1", "files/read", "/srv/a", "why not", rule)
+    assert b.decide(p, "carol", "carol", set(), True, "-") == "you are not an approver of this grant"
+    assert b.decide(p, "alice", "alice", {"ops"}, True, "-") == "you may not approve your own request"
+    assert b.decide(p, "dave", "dave", {"ops"}, True, "-") is None and p.state == APPROVED
+    assert b.approved("alice", "files/read", "/srv/a") == "dave"
+    assert b.approved("alice", "files/read", "/srv/b") is None and b.approved("bob", "files/read", "/srv/a") is None
+    q = b.open(APPROVE, "bob", "bob", "t9", "files/read", "/srv/a", "", Approve(("bob",), 0.0, True))
+    assert b.decide(q, "bob", "bob", set(), False, "-") is None and q.state == DENIED  # self: true
+
+
+def test_wait_returns_on_a_decision_and_records_expire(tmp_path: Path) -> None:
+    b, path = box(tmp_path, ttl=1.0)
+    p = b.open(APPROVE, "alice", "alice", "t1", "files/read", "/srv/a", "", Approve(("bob",)))
+    threading.Timer(0.2, lambda: b.decide(p, "bob", "bob", set(), True, "-")).start()
+    started = time.monotonic()
+    assert b.wait(p, 5) == APPROVED and time.monotonic() - started < 2
+    q = b.open(SIGNIN, "alice", "alice", "t1", "files/read", "/srv/a")
+    assert b.wait(q, 5) == EXPIRED
+    assert b.get(q.id) is None and records(path)[-1]["decision"] == "expired"
+
+
+def test_input_required_shape_and_hitl_of() -> None:
+    exc = ToolError(PERMISSION_DENIED, "x", path="/srv/a", confirm={"id": "A" * 32, "kind": "signin"})
+    out = input_required(exc, "https://h:1")
+    assert out is not None and out["resultType"] == "input_required" and out["requestState"] == "A" * 32
+    req = out["inputRequests"]["mcpd_confirm"]
+    assert req["method"] == "elicitation/create"
+    assert req["params"]["mode"] == "url" and req["params"]["url"] == "https://h:1/confirm/" + "A" * 32
+    assert input_required(ToolError(PERMISSION_DENIED, "x"), "https://h:1") is None
+    modern = SimpleNamespace(modern=True, ask=None, client_capabilities={})
+    caps = {"io.modelcontextprotocol/clientCapabilities": {"elicitation": {"url": {}}}, "dev.mcpd/reason": "r"}
+    assert hitl_of({"_meta": caps}, modern) == {"interactive": True, "why": "r"}
+    assert hitl_of({"_meta": {"io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}}, modern) == {}
+    retry = hitl_of({"requestState": "B" * 32, "inputResponses": {"mcpd_confirm": {"action": "decline"}}}, modern)
+    assert retry == {"confirm": "B" * 32, "declined": True}
+    assert hitl_of({"requestState": "../../x"}, modern) == {}
+    legacy = SimpleNamespace(modern=False, ask=object(), client_capabilities={"elicitation": {"url": {}}})
+    assert hitl_of({}, legacy) == {"interactive": True, "elicit": True}
+
+
+def test_outgoing_routes_the_response_and_times_out() -> None:
+    async def go() -> None:
+        out = Outgoing()
+        sent: list[dict[str, Any]] = []
+
+        def send(msg: dict[str, Any]) -> None:
+            sent.append(msg)
+            asyncio.get_running_loop().call_soon(out.resolve, {"jsonrpc": "2.0", "id": msg["id"],
+                                                               "result": {"action": "accept"}})
+
+        assert await out.ask(send, "elicitation/create", {"mode": "url"}, 5) == {"action": "accept"}
+        assert sent[0]["method"] == "elicitation/create" and sent[0]["id"].startswith("mcpd-")
+        assert not out.resolve({"id": "mcpd-99", "result": {}}) and not out.resolve({"id": 1, "result": {}})
+        try:
+            await out.ask(lambda m: None, "elicitation/create", {}, 0.05)
+        except ClientDidNotAnswer:
+            pass
+        else:
+            raise AssertionError("no answer must time out")
+
+    asyncio.run(go())
