@@ -126,6 +126,7 @@ _PATTERNS: dict[str, tuple[Any, ...]] = {kind: tuple(_compile(s) for s in source
 _VALUE_CUT = _compile(rb"[;,][ \t]*[A-Za-z_][A-Za-z0-9_.-]*[ \t]*[=:]")
 _REF_DEFAULT = _compile(rb"\$\{[A-Za-z_][A-Za-z0-9_]*:?[-=+]")
 _TYPE_NAME = _compile(rb"(?i)(?:str|string|bytes|int|bool|any|secretstr|optional\[str\])(?:[ \t]*[)=|,\]]|\z)")
+_TYPE_STARTS = frozenset((b"str", b"byt", b"int", b"boo", b"any", b"sec", b"opt"))  # _TYPE_NAME's, checked first
 _BLOCK_SCALAR = _compile(rb"[|>][1-9+-]{0,2}")
 _SHADOW_NAME_RE = _compile(_SHADOW_NAME)
 _END_RE = _compile(rb"(?m)" + _END + rb"[^\n]*")
@@ -144,7 +145,7 @@ def _assignment_value(value: bytes) -> tuple[int, int] | None:
     if value[:1] in (b'"', b"'"):
         start, end = 1, end - 1
     else:
-        cut = _VALUE_CUT.search(value)  # "pw;Database=x", "pw, user: bob": the next setting is none of it
+        cut = _VALUE_CUT.search(value) if b";" in value or b"," in value else None  # "pw;Database=x": not all one
         if cut is not None:
             end = cut.start()
     while end > start and value[end - 1] in b" \t\r":
@@ -171,7 +172,7 @@ def _no_secret(data: bytes, at: int, vstart: int, core: bytes) -> bool:
     head = data[at:vstart].rstrip(b" \t=:>\"'").lower()
     if core.isdigit() and head.endswith((b"token", b"pass")):
         return True
-    if _TYPE_NAME.match(core) is not None:
+    if core[:3].lower() in _TYPE_STARTS and _TYPE_NAME.match(core) is not None:
         return True
     if head.endswith(b"passwd") and all(w in _NSS_SOURCES for w in core.lower().split()
                                         if not w.startswith(b"[")):
@@ -271,7 +272,7 @@ def _replace(data: bytes, kind: str, counts: dict[str, int]) -> bytes:
                 if where is None or _no_secret(data, m.start(), start + where[0], data[start + where[0]:start + where[1]]):
                     continue
                 start, end = start + where[0], start + where[1]
-                if _BLOCK_SCALAR.fullmatch(data[start:end]) is not None:
+                if data[start:start + 1] in (b"|", b">") and _BLOCK_SCALAR.fullmatch(data[start:end]) is not None:
                     end = _block_end(data, m.start(), end)
             elif data.startswith(b"[REDACTED:", start):
                 continue
