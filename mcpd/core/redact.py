@@ -177,8 +177,8 @@ def _no_secret(data: bytes, at: int, vstart: int, core: bytes) -> bool:
     if head.endswith(b"passwd") and all(w in _NSS_SOURCES for w in core.lower().split()
                                         if not w.startswith(b"[")):
         return True
-    line = data[_line_start(data, at):at + 1]
-    return data[vstart:vstart + 1] not in b"\"'" and core.count(b" ") >= 2 and b": " in line
+    # a log message's "level: password: words ...": the name follows ": " (a YAML flow "{password: ...}" does not)
+    return data[at - 1:at + 1] == b": " and data[vstart:vstart + 1] not in b"\"'" and core.count(b" ") >= 2
 
 
 def _line_start(data: bytes, at: int) -> int:

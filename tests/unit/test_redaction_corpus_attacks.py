@@ -134,6 +134,7 @@ def test_a_fix_takes_only_the_secret(text: bytes, kept: bytes) -> None:
 
 @pytest.mark.parametrize("text", [
     b"password: correct horse battery staple\n",  # a passphrase of words at a line's start is one
+    b"db: {password: correct horse battery staple}\n",  # so is one in a YAML flow mapping
     b"PIN_PASSWORD=123456\n",  # digits are a password when the name says password
 ])
 def test_a_false_positive_fix_keeps_real_secrets(text: bytes) -> None:
