@@ -1,7 +1,7 @@
 """The bytes ``files/grep`` searches in one open file: plain, or decompressed (docs/REFERENCE.md §3 ``files/grep``).
 
 A file whose name ends in ``.gz``, ``.xz``, ``.bz2`` or ``.zst`` is searched as the text it
-decompresses to (the standard library's gzip, lzma and bz2; ``zstandard`` for ``.zst`` when it
+decompresses to (zlib for gzip (:mod:`mcpd.core.gunzip`), the standard library's lzma and bz2; ``zstandard`` for ``.zst`` when it
 is installed, else such a file is skipped, reason ``unsupported_compression``). Every file is
 read with ``os.pread`` on the descriptor it is given, a plain file at most :data:`READ` bytes at
 a time, a compressed one's text in pieces of at most :data:`CHUNK` bytes, so memory never follows
@@ -25,12 +25,13 @@ not searched; a file truncated meanwhile ends where its reads end); a file that 
 from __future__ import annotations
 
 import bz2
-import gzip
 import lzma
 import os
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, cast
+
+from mcpd.core.gunzip import GzipStream
 
 CHUNK = 1024 * 1024  # bytes per read of a compressed file's text
 READ = 128 * 1024  # bytes per read of a plain file: held in the processor's cache from the read to the search
@@ -155,7 +156,7 @@ def _zstd(raw: _Raw) -> Any:
 
 
 _OPENERS: dict[str, Callable[[_Raw], Any]] = {
-    "gz": lambda raw: gzip.GzipFile(fileobj=cast(Any, raw), mode="rb"),
+    "gz": GzipStream,  # headers parsed in C: a huge FCOMMENT costs no Python loop
     "xz": lambda raw: lzma.LZMAFile(cast(Any, raw)),
     "bz2": lambda raw: bz2.BZ2File(cast(Any, raw)),
     "zst": _zstd,

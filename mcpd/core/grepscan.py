@@ -101,6 +101,8 @@ class Budget:
     matches: list[dict[str, Any]] = field(default_factory=list)
     searched: int = 0  # bytes
     shown: int = 0  # bytes
+    #: (path, line) -> kind -> markers the file itself holds on that line (literal text, no redaction)
+    own_marks: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict)
 
     def add(self, match: dict[str, Any], size: int) -> str | None:
         """Keep ``match`` (``size`` bytes of text shown); the stop reason when the budget is now spent."""
@@ -120,14 +122,20 @@ class Redaction:
     mid_line: bool = False  # the text searched next starts inside a line (a long one, or where a cursor pointed)
 
 
-def shown_marks(matches: list[dict[str, Any]], detectors: tuple[str, ...]) -> dict[str, int]:
-    """The secrets redacted in the lines an answer shows, by kind: each marker shown counts once."""
+def shown_marks(matches: list[dict[str, Any]], detectors: tuple[str, ...],
+                literal: dict[tuple[str, int], dict[str, int]] | None = None) -> dict[str, int]:
+    """The secrets redacted in the lines an answer shows, by kind: each marker shown counts once,
+    less the markers the file itself holds on that line (``literal``: :attr:`Budget.own_marks`)."""
     counts: dict[str, int] = {}
     for m in matches:
-        for text in [m["text"], *m.get("before", ()), *m.get("after", ())]:
+        before, after = m.get("before", ()), m.get("after", ())
+        lines = [m["line"] - len(before) + i for i in range(len(before))] + [m["line"]] \
+            + [m["line"] + 1 + i for i in range(len(after))]
+        for text, at in zip([*before, m["text"], *after], lines):
             if "[REDACTED:" in text:
+                forged = (literal or {}).get((m["path"], at), {})
                 for kind in detectors:
-                    if (n := text.count(f"[REDACTED:{kind}]")):
+                    if (n := text.count(f"[REDACTED:{kind}]") - forged.get(kind, 0)) > 0:
                         counts[kind] = counts.get(kind, 0) + n
     return counts
 
@@ -150,7 +158,7 @@ def _redacted(block: bytes, secrets: Redaction, piece: bool) -> bytes:
         b = block.rfind(b"\n") + 1 if piece else len(block)
         mid, _ = redact.redact(block[a:b], secrets.detectors, secrets.inside)
         out = (LONG_LINE + b"\n" if secrets.mid_line else b"") + mid + (LONG_LINE if piece else b"")
-    secrets.inside = "private-key" in secrets.detectors and redact.starts_inside(block)
+    secrets.inside = "private-key" in secrets.detectors and redact.still_inside(secrets.inside, block)
     secrets.mid_line = piece
     return out
 
@@ -281,6 +289,9 @@ def scan(pieces: Iterable[bytes], regex: Any, path: str, args: dict[str, Any], b
             raw = data[:cut]
             block = _redacted(raw, secrets, not done and not raw.endswith(b"\n"))
             size = len(block)
+            if b"[REDACTED:" in raw:  # the file's own marker text is no redaction (shown_marks)
+                from mcpd.core.redact import literal_marks
+                budget.own_marks.update(((path, line + i), n) for i, n in literal_marks(raw, block).items())
         if waiting:
             lines = _after(block, 0, max(k for _, k in waiting), size)
             for owed, k in waiting:

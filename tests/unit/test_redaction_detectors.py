@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from mcpd.common.redaction import DETECTORS, RedactError, describe, from_args, parse_redact, with_redaction
-from mcpd.core.redact import inside_at, redact, redact_text, starts_inside
+from mcpd.core.redact import inside_at, literal_marks, redact, redact_text, starts_inside, still_inside
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "redaction"
 
@@ -149,8 +149,42 @@ def test_lone_surrogates_and_non_ascii_survive() -> None:
     assert out == "héllo \udcff password=[REDACTED:assignment]\n" and counts == {"assignment": 1}
 
 
+def test_a_page_deep_inside_a_large_key_is_inside_it(tmp_path: Path) -> None:
+    """A key body longer than the 64 KiB window is followed back to its BEGIN line; text that is
+    no key body, or an END line, before the window says not inside."""
+    import os
+
+    body = b"".join(b"QUJD" * 16 + b"\n" for _ in range(3000))  # 195 KB of base64 lines
+    cases = {b"-----BEGIN PGP PRIVATE KEY BLOCK-----\nVersion: x\n\n": True,
+             b"-----BEGIN RSA PRIVATE KEY-----\n-----END RSA PRIVATE KEY-----\n": False,
+             b"just some prose, no key\n": False, b"": False}
+    for head, inside in cases.items():
+        f = tmp_path / "big"
+        f.write_bytes(b"intro line\n" + head + body + b"-----END PGP PRIVATE KEY BLOCK-----\nout\n")
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            assert inside_at(fd, len(b"intro line\n" + head) + len(body) - 65) is inside, head
+        finally:
+            os.close(fd)
+
+
+def test_the_inside_state_goes_on_across_blocks_without_a_marker() -> None:
+    assert still_inside(True, b"QUJD\n" * 10) and not still_inside(False, b"QUJD\n")
+    assert not still_inside(True, b"-----END RSA PRIVATE KEY-----\nplain\n")
+    assert still_inside(False, b"x\n-----BEGIN RSA PRIVATE KEY-----\nQUJD\n")
+
+
+def test_a_files_own_marker_text_is_no_redaction() -> None:
+    raw = b"a [REDACTED:token]\npassword=x [REDACTED:token]\nplain\n[REDACTED:assignment]\n"
+    out, counts = redact(raw, DETECTORS)
+    assert counts == {"assignment": 1}
+    assert literal_marks(raw, out) == {0: {"token": 1}, 3: {"assignment": 1}}
+
+
 @pytest.mark.parametrize("filler", [b"a=", b"password=", b"-----BEGIN PRIVATE KEY-----", b"eyJ", b"://a:",
-                                    b"root:$6$", b"Bearer ", b"'", b"AKIA"])
+                                    b"root:$6$", b"Bearer ", b"'", b"AKIA", b" login a password b",
+                                    b"define('PASSWORD', 'x'", b"Private-Lines: 1\n", b"password: |\n ",
+                                    b"LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0t\n", b"x={SSHA}", b"p=${A:-"])
 def test_pathological_input_is_answered_whole(filler: bytes) -> None:
     """RE2 is linear: a 4 MiB line of one repeated fragment (what a backtracking engine chokes on)
     comes back with an exact answer, its length and lines kept where nothing matched."""

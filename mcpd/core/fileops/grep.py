@@ -175,7 +175,7 @@ class Search:
 
         def before(data: bytes) -> None:
             tail[0] = (tail[0] + data)[-redact.LOOKBACK:]
-            secrets.inside = "private-key" in self.redact and redact.starts_inside(tail[0])
+            secrets.inside = "private-key" in self.redact and redact.still_inside(secrets.inside, tail[0])
             secrets.mid_line = not tail[0].endswith(b"\n")
 
         return secrets, before
@@ -200,7 +200,7 @@ class Search:
                "truncated": stop is not None, "stopped": None if stop is None else stop.reason,
                "next_cursor": cursor}
         if self.redact:
-            out["redacted"] = grepscan.shown_marks(self.budget.matches, self.redact)
+            out["redacted"] = grepscan.shown_marks(self.budget.matches, self.redact, self.budget.own_marks)
         return out
 
 
