@@ -259,13 +259,17 @@ def sends(node: ast.AST, kind: str) -> bool:
     return False
 
 
-def served(mods: dict[str, Module], kind: str) -> tuple[str, str] | None:
-    """(table module, handler name) of the ``Request(kind, keys, handler, ...)`` entry serving ``kind``."""
+def served(mods: dict[str, Module], kind: str) -> tuple[str, str, str] | None:
+    """(module, table name, handler) of the ``Request(kind, keys, handler, ...)`` entry serving
+    ``kind`` in a module-level ``TABLE = table(...)``."""
     for mod in mods.values():
-        for call in ast.walk(mod.tree):
-            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Request"
-                    and len(call.args) >= 3 and isinstance(call.args[0], ast.Constant) and call.args[0].value == kind):
-                return mod.name, ast.unparse(call.args[2])
+        for node in mod.tree.body:
+            if not (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)):
+                continue
+            for call in ast.walk(node.value):
+                if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Request"
+                        and len(call.args) >= 3 and isinstance(call.args[0], ast.Constant) and call.args[0].value == kind):
+                    return mod.name, node.targets[0].id, ast.unparse(call.args[2])
     return None
 
 
@@ -317,17 +321,17 @@ def route(mods: dict[str, Module], op: str) -> list[str]:
     entry = next((f for f in funcs if package(f.module) == "front" and f.name.rsplit(".", 1)[-1] == method), None)
     steps = chain(funcs, entry, lambda f: sends(f.node, "privileged_call"), ("front",)) if entry else []
     out.append(hop("front", steps, "sends the policy process privileged_call"))
-    table, handler = served(mods, "privileged_call") or ("?", "?")
+    table, name, handler = served(mods, "privileged_call") or ("?", "?", "?")
     start = next((f for f in funcs if package(f.module) == "policy" and f.name == handler), None)
     goal = "walk" if op in ("files/list", "files/find") else "open"
     steps = chain(funcs, start, lambda f: sends(f.node, goal), ("policy",)) if start else []
-    out.append(hop("policy", [Function(table, f"REQUESTS[privileged_call]", start.node)] + steps if start else [],
+    out.append(hop("policy", [Function(table, f"{name}[privileged_call]", start.node)] + steps if start else [],
                    f"the table's handler, which asks root to {goal}"))
-    table, handler = served(mods, goal) or ("?", "?")
+    table, name, handler = served(mods, goal) or ("?", "?", "?")
     serve = find.get((table, handler.split(".")[-1])) or find.get((table, handler))
     opens = (lambda f: holds(f.node, "syscall")) if goal == "open" else (lambda f: f.module.endswith(".forkserver"))
     steps = chain(funcs, serve, opens, ("helper",)) if serve else []
-    out.append(hop("root", [Function(table, f"TABLE[{goal}]", serve.node)] + steps if serve else [],
+    out.append(hop("root", [Function(table, f"{name}[{goal}]", serve.node)] + steps if serve else [],
                    "opens the path once (openat2) and checks the descriptor" if goal == "open" else "has the fork server fork a walker"))
     if goal == "open":
         steps = chain(funcs, start, lambda f: holds(f.node, "SCM_RIGHTS"), ("policy",)) if start else []
