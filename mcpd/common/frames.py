@@ -121,8 +121,8 @@ def loads(data: bytes | str, parse_constant: Any = None, parse_float: Any = None
     return value
 
 
-#: the parser of this process's frames until a faster codec is installed (:func:`use_codec`)
-_codec.setdefault("loads", loads)
+#: the parser of this process's frames (root's has no depth rule) until :func:`use_codec` installs a faster one
+_codec["loads"] = loads
 
 
 def take_frame(buf: bytearray, cap: int) -> bytes | None:

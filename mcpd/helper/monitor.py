@@ -37,7 +37,7 @@ from mcpd.helper.wire import frames, opener, requests
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
 from mcpd.helper.wire.pathmatch import clean_path
 from mcpd.helper.wire.requests import Key, Request, SchemaError
-from mcpd.helper.wire.rootconf import POLICY_USER, WALK_USER, RootSettings, covered, plain_ids
+from mcpd.helper.wire.rootconf import RootSettings, covered, plain_ids
 
 log = logging.getLogger("mcpd.helper")
 CHANNELS = 24  # socketpairs to the policy process: its threads that ask root (calls, logins, spawns, checks)
@@ -73,14 +73,16 @@ class Monitor:
     Args:
         forks: the fork server.
         settings: root's settings; ``config_path``: the ``mcpd.yaml`` root read.
+        accounts: the daemon's own accounts: the service user's, ``mcpd-policy`` and ``mcpd-walk``
+            (as root looked them up at its start).
     """
 
-    def __init__(self, forks: ForkServer, settings: RootSettings, config_path: str) -> None:
+    def __init__(self, forks: ForkServer, settings: RootSettings, config_path: str,
+                 accounts: tuple[pwd.struct_passwd, ...]) -> None:
         self.forks, self.settings = forks, settings
         self.files = frozenset({config_path, settings.users_file, settings.grants_file})
         self.private = tuple({q for p in settings.private(config_path) for q in (p, os.path.realpath(p) + p[len(p.rstrip("/")):])})
-        self.daemon = frozenset({settings.service_user, POLICY_USER, WALK_USER})
-        accounts = [pwd.getpwnam(name) for name in self.daemon]  # (main checked that they exist)
+        self.daemon = frozenset(a.pw_name for a in accounts)
         self.daemon_ids = ({a.pw_uid for a in accounts}, {a.pw_gid for a in accounts})  # uids, gids
         self.pam_users: set[str] = set()  # one PAM conversation per account at a time
         self.children: dict[int, tuple[int, int]] = {}  # pid -> (pidfd, uid; -1: a walker) of every child made here

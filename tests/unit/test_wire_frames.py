@@ -1,7 +1,7 @@
 """The frames root reads (:mod:`mcpd.helper.wire.frames`): a peer that ends inside a frame, in its
 header or its body, is a :class:`FrameError` (never another exception, which would end a root
 thread without its channel being shut); an end between frames is ``None``. Root parses with the
-standard library alone (no codec installed): anything but one JSON object is a ``FrameError``,
+standard library alone (its codec): anything but one JSON object is a ``FrameError``,
 however deep."""
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ def received(data: bytes) -> tuple[dict | None, list[int]]:
 
 @pytest.fixture
 def as_root() -> Iterator[None]:
-    """No codec installed, as in root (the test process has mcpd.common.frames' parser)."""
+    """Root's codec, the standard library's (the test process has mcpd.common.frames' parser)."""
     saved = dict(frames.codec)
-    frames.codec.clear()
+    frames.codec.update(dumps=frames._dumps, loads=frames._loads)
     try:
         yield
     finally:

@@ -30,35 +30,38 @@ class FrameError(Exception):
     """A malformed frame: over the cap, truncated, not JSON, or not a JSON object."""
 
 
-#: the JSON codec of this process's frames, ``"dumps"`` and ``"loads"``, when one is installed:
-#: every process but root imports :mod:`mcpd.common.frames`, whose ``loads`` (with the depth rule)
-#: that makes the parser, and the front, the policy process and the workers install orjson's
-#: (:func:`mcpd.common.frames.use_codec`); root installs none and keeps the standard library's
-codec: dict[str, Any] = {}
+def _dumps(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+
+
+def _loads(body: bytes) -> Any:
+    """:func:`json.loads` alone, as root parses: its requests hold no nested value (its schema
+    check refuses any), so the depth rule of the other processes (:func:`mcpd.common.frames.loads`)
+    is not needed there. :class:`FrameError` for what is not JSON, or nested too deeply for the
+    parser."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise FrameError("not JSON") from None
+
+
+#: this process's JSON codec for frames, ``"dumps"`` (an object to compact UTF-8 bytes) and
+#: ``"loads"`` (bytes to a value, or :class:`FrameError`): root's is the standard library's;
+#: importing :mod:`mcpd.common.frames` (every other process) makes its ``loads``, with the depth
+#: rule, the parser, and the front, the policy process and the workers install orjson's
+#: (:func:`mcpd.common.frames.use_codec`)
+codec: dict[str, Any] = {"dumps": _dumps, "loads": _loads}
 
 
 def encode(obj: dict[str, Any]) -> bytes:
-    """Encode one object as a frame (header + compact UTF-8 JSON)."""
-    if "dumps" in codec:
-        body = codec["dumps"](obj)
-    else:
-        body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    """Encode one object as a frame (header + compact UTF-8 JSON, with :data:`codec`)."""
+    body = codec["dumps"](obj)
     return HEADER.pack(len(body)) + body
 
 
 def decode_body(body: bytes) -> dict[str, Any]:
-    """Parse a frame body with this process's codec (:data:`codec`), else with :func:`json.loads`
-    alone, as root does (its requests hold no nested value: its schema check refuses any, so the
-    depth rule of the other processes, :func:`mcpd.common.frames.loads`, is not needed there).
-    Raises :class:`FrameError`: not JSON (or nested too deeply for the parser), or not one JSON
-    object."""
-    if "loads" in codec:
-        obj = codec["loads"](body)
-    else:
-        try:
-            obj = json.loads(body)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise FrameError("not JSON") from None
+    """Parse a frame body with :data:`codec`; raise :class:`FrameError` unless it is one JSON object."""
+    obj = codec["loads"](body)
     if not isinstance(obj, dict):
         raise FrameError("frame is not a JSON object")
     return obj
