@@ -40,6 +40,18 @@ def lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def lint_with(tmp_path: Path, added: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` on a copy of the package in ``tmp_path`` with ``added`` (path in the
+    repository -> text) appended to those files (the copy comes first on sys.path: lint-imports
+    adds its cwd)."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(REPO / "mcpd", tmp_path / "mcpd", ignore=shutil.ignore_patterns("__pycache__"))
+    for path, text in added.items():
+        with open(tmp_path / path, "a", encoding="utf-8") as f:
+            f.write(text)
+    return lint_imports(tmp_path)
+
+
 def test_import_contracts_are_kept() -> None:
     """Every contract in pyproject.toml is kept (lint-imports exits 0)."""
     proc = lint_imports(REPO)
@@ -62,17 +74,10 @@ def test_every_contract_that_keeps_out_root_code_keeps_out_all_of_it() -> None:
 def test_import_contract_catches_a_forbidden_import(tmp_path: Path) -> None:
     """The check is not vacuous: the policy reaching the front, root reaching the policy, the walker reaching any policy
     module, or a core reader or libmagic reached through core.walk breaks it."""
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    shutil.copytree(REPO / "mcpd", tmp_path / "mcpd", ignore=shutil.ignore_patterns("__pycache__"))
-    with open(tmp_path / "mcpd/policy/login.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.front.limits\n")
-    with open(tmp_path / "mcpd/helper/monitor.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.policy.grants\n")
-    with open(tmp_path / "mcpd/core/walk.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.core.textread\n")
-    with open(tmp_path / "mcpd/walker/main.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.policy.grants\n")
-    proc = lint_imports(tmp_path)  # the copy comes first on sys.path: lint-imports adds its cwd
+    proc = lint_with(tmp_path, {"mcpd/policy/login.py": "\nimport mcpd.front.limits\n",
+                                "mcpd/helper/monitor.py": "\nimport mcpd.policy.grants\n",
+                                "mcpd/core/walk.py": "\nimport mcpd.core.textread\n",
+                                "mcpd/walker/main.py": "\nimport mcpd.policy.grants\n"})
     assert proc.returncode != 0, proc.stdout
     assert "mcpd.policy.login -> mcpd.front.limits" in proc.stdout, proc.stdout
     assert "mcpd.helper.monitor -> mcpd.policy.grants" in proc.stdout, proc.stdout
@@ -83,11 +88,7 @@ def test_import_contract_catches_a_forbidden_import(tmp_path: Path) -> None:
 
 def test_import_contract_catches_a_dev_mode_cycle(tmp_path: Path) -> None:
     """`mcpd dev`'s modules import one way: devroot importing devmode back (a cycle) breaks it."""
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    shutil.copytree(REPO / "mcpd", tmp_path / "mcpd", ignore=shutil.ignore_patterns("__pycache__"))
-    with open(tmp_path / "mcpd/admin/devroot.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.admin.devmode\n")
-    proc = lint_imports(tmp_path)
+    proc = lint_with(tmp_path, {"mcpd/admin/devroot.py": "\nimport mcpd.admin.devmode\n"})
     assert proc.returncode != 0, proc.stdout
     assert "mcpd.admin.devroot is not allowed to import mcpd.admin.devmode" in proc.stdout, proc.stdout
 
@@ -121,13 +122,8 @@ def test_no_module_imports_itself_back_at_run_time() -> None:
 def test_import_contract_catches_a_cycle(tmp_path: Path) -> None:
     """A cycle breaks the acyclic contract: between two modules of the policy process through an
     import inside a function, and between two subpackages of the front."""
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    shutil.copytree(REPO / "mcpd", tmp_path / "mcpd", ignore=shutil.ignore_patterns("__pycache__"))
-    with open(tmp_path / "mcpd/policy/grepcall.py", "a", encoding="utf-8") as f:
-        f.write("\n\ndef _back() -> None:\n    import mcpd.policy.calls  # noqa: F401\n")
-    with open(tmp_path / "mcpd/front/connections/handover.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.front.sessions.table\n")
-    proc = lint_imports(tmp_path)
+    proc = lint_with(tmp_path, {"mcpd/policy/grepcall.py": "\n\ndef _back() -> None:\n    import mcpd.policy.calls\n",
+                                "mcpd/front/connections/handover.py": "\nimport mcpd.front.sessions.table\n"})
     assert proc.returncode != 0, proc.stdout
     assert "No cycles are allowed in mcpd.policy." in proc.stdout, proc.stdout
     assert "No cycles are allowed in mcpd.front." in proc.stdout, proc.stdout
