@@ -141,11 +141,13 @@ def policy_child(uid: int, gid: int, config: str, fds: list[int]) -> None:
     _exec("mcpd.policy", ["--config", config, "--channels", str(len(fds) - 1)])
 
 
-def serve(sock: socket.socket, walker: tuple[int, int], helpers: socket.socket) -> None:
-    """In the fork server: close the helper's end ``helpers`` (so the helper's exit ends this
-    process), then serve spawn and walk requests on ``sock`` until the helper closes it; reap
-    children. ``walker``: the ``(uid, gid)`` walkers run as."""
-    helpers.close()
+def serve(sock: socket.socket, walker: tuple[int, int], *helpers: socket.socket) -> None:
+    """In the fork server: close the helper's sockets ``helpers`` (its end of ``sock``, so the
+    helper's exit ends this process, and the front's listening socket), then serve spawn and walk
+    requests on ``sock`` until the helper closes it; reap children. ``walker``: the ``(uid,
+    gid)`` walkers run as."""
+    for held in helpers:
+        held.close()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
@@ -195,14 +197,15 @@ class ForkServer:
         return int(reply["pid"]), got[0]
 
 
-def start(walker: tuple[int, int]) -> ForkServer:
+def start(walker: tuple[int, int], listener: socket.socket) -> ForkServer:
     """Fork the fork server; walkers will run as ``walker`` = ``(uid, gid)`` (not root's: the
-    caller checks). Call before any thread exists (raises ``RuntimeError`` otherwise)."""
+    caller checks); ``listener``, the front's listening socket, is closed there. Call before any
+    thread exists (raises ``RuntimeError`` otherwise)."""
     if threading.active_count() != 1:
         raise RuntimeError("the fork server must be started before any thread")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     frames.limit_sends(theirs, frames.SEND_SECONDS)
-    pid = forked(serve, theirs, walker, ours, code=0)
+    pid = forked(serve, theirs, walker, ours, listener, code=0)
     theirs.close()
     return ForkServer(ours, pid)
 

@@ -84,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         accounts = service, walker, policy = tuple(pwd.getpwnam(n) for n in (settings.service_user, WALK_USER, POLICY_USER))
         if not plain_ids(walker.pw_uid, walker.pw_gid, policy.pw_uid, policy.pw_gid):
             raise OSError(f"the accounts {WALK_USER} and {POLICY_USER} must not be root (or have an id of -1)")
-        listener = listening_socket()  # (fd 3 since this process started: the fork server holds it too)
+        listener = listening_socket()  # (fd 3 since this process started: the fork server closes it)
     except (ConfigFileError, yaml.YAMLError, ValueError, KeyError, OSError) as exc:  # (PyYAML's text quotes the file)
         why = f"{path}: not valid YAML (`mcpd config check` names the line)" if isinstance(exc, yaml.YAMLError) else exc
         log.error("cannot start: %s", "; ".join(getattr(exc, "errors", [])) or why)
         return EXIT_CONFIG
-    forks = forkserver.start((walker.pw_uid, walker.pw_gid))  # one thread here: the only safe moment to fork
+    forks = forkserver.start((walker.pw_uid, walker.pw_gid), listener)  # one thread here: the only safe moment to fork
     pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(CHANNELS)]
     fds = [listener.fileno(), *(b.fileno() for _, b in pairs)]
     pid = forkserver.forked(forkserver.policy_child, policy.pw_uid, policy.pw_gid, path, fds)  # still one thread

@@ -98,8 +98,6 @@ class Monitor:
         return {"_fds": [os.open(req["path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)]}
 
     def open(self, req: dict[str, Any]) -> dict[str, Any]:
-        if req["want"] not in ("file", "any"):
-            raise SchemaError("open: bad want")
         fd, _ = opener.open_checked(req["path"], req["follow"], req["want"], self.judge)
         real = opener.fd_path(fd) if req["follow"] else clean_path(req["path"])  # else the opener checked it is
         return {"_fds": [fd], "real": real}
@@ -236,15 +234,14 @@ class Monitor:
 
         Raises:
             SchemaError: a schema break (unknown type or key, missing key, wrong type, overlong
-                string, an ``open`` that wants neither a file nor anything).
+                string, a value not among its key's choices: an ``open`` that wants neither a file
+                nor anything).
         """
         entry = requests.check(TABLE, req)
         try:
             body = dict(entry.handler(self, req), ok=True)
         except ToolError as exc:
             body = {"ok": False, "error": exc.to_dict()}
-        except SchemaError:
-            raise
         except Exception as exc:  # noqa: BLE001 - reported to the policy, never kills the helper
             log.warning("%s failed: %s", req["type"], type(exc).__name__)  # (its text may hold a path: audit only)
             body = {"ok": False, "error": ToolError(PERMISSION_DENIED, "refused by the helper", reason=str(exc)[:200]).to_dict()}
@@ -289,10 +286,11 @@ class Monitor:
 
 
 STR, BOOL, INT = Key(str), Key(bool), Key(int)  # strings of at most 4096 characters
+WANT = Key(str, choices=("file", "any"))  # what an open may want: root never opens a folder to read
 #: request type -> its keys (each required), handler and what it may do; nothing else is served
 TABLE = requests.table(
     Request("config", {"path": STR}, Monitor.config, "open mcpd.yaml, the users or the grants file (O_NOFOLLOW): no other"),
-    Request("open", {"path": STR, "follow": BOOL, "want": STR}, Monitor.open, "open once with the opener's rules (want: file, any)"),
+    Request("open", {"path": STR, "follow": BOOL, "want": WANT}, Monitor.open, "open once with the opener's rules (want: file, any)"),
     Request("spawn", {"user": STR, "limits": STR}, Monitor.spawn, "a worker as this account (plain ids, not the daemon's)"),
     Request("walk", {}, Monitor.walk, "a walker (mcpd-walk, CAP_DAC_READ_SEARCH) from the fork server"),
     Request("kill", {"pid": INT}, Monitor.kill, "SIGKILL a child made here, through its pidfd"),
