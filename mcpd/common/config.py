@@ -41,6 +41,8 @@ Example (every key optional)::
     helper_state_dir: /var/lib/mcpd-helper   # the policy process's state (0700 mcpd-policy): issued tokens
     read: {default_bytes: 10240, response_cap: 10485760, max_line_bytes: 65536,
            grep_file_bytes: 1073741824, grep_total_bytes: 8589934592, grep_max_ratio: 200}   # files/grep's limits; files/read's decompression too
+    tasks: {max_per_principal: 16, default_ttl_seconds: 300, max_ttl_seconds: 3600,
+            poll_interval_seconds: 1, max_result_bytes: 67108864}   # files/find and files/grep as MCP tasks
     workers: {per_account: 4, timeout_seconds: 10, max_accounts: 64,
               spawn_burst: 16, spawns_per_second: 1,   # workers started per principal: a burst, then a rate
               cancel_grace_seconds: 0.25}   # a cancelled call's worker may finish this long and is kept; 0: killed
@@ -150,6 +152,22 @@ class Workers:
 
 
 @dataclasses.dataclass(frozen=True)
+class Tasks:
+    """Tool calls run as MCP tasks (docs/REFERENCE.md §2.6): how many one principal keeps at once
+    (running or finished, until each one's time to live ends), the time to live a task gets when
+    its client names none and the longest it may ask for (seconds; a task is dropped, its work
+    stopped and its result freed, when it ends), the polling interval suggested to clients, and the
+    bytes of results one principal's tasks hold at once (a result past them is a ``FILE_TOO_LARGE``
+    error result)."""
+
+    max_per_principal: int = 16
+    default_ttl_seconds: float = 300.0
+    max_ttl_seconds: float = 3600.0
+    poll_interval_seconds: float = 1.0
+    max_result_bytes: int = 64 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
 class Connections:
     """What one client connection may hold (docs/REFERENCE.md §1.7): counts, and seconds to send each part."""
 
@@ -255,6 +273,7 @@ class Config:
     helper_state_dir: str = _ROOT.helper_state_dir
     read: ReadLimits = ReadLimits()
     workers: Workers = Workers()
+    tasks: Tasks = Tasks()
     connections: Connections = Connections()
     workspaces: dict[str, str] = dataclasses.field(default_factory=dict)
     default_workspace: str = "~"
@@ -393,6 +412,11 @@ def _check_ranges(cfg: Config) -> None:
     if not 0 <= cfg.workers.cancel_grace_seconds <= 60:  # (and never past a call's deadline, whatever it is)
         raise ConfigError("workers.cancel_grace_seconds: must be 0 (a cancelled call's worker is killed at once) "
                           "to 60 (it never runs past the call's own deadline)")
+    t = cfg.tasks
+    if t.max_per_principal < 1 or t.max_result_bytes < 1 or not 0 < t.default_ttl_seconds <= t.max_ttl_seconds <= 86400 \
+            or not 0 < t.poll_interval_seconds <= 60:
+        raise ConfigError("tasks: max_per_principal and max_result_bytes must be at least 1, 0 < default_ttl_seconds <= "
+                          "max_ttl_seconds <= 86400 (a day), 0 < poll_interval_seconds <= 60")
     if cfg.workers.spawn_burst < cfg.workers.per_account:
         raise ConfigError("workers.spawn_burst: must be at least workers.per_account (an account's first "
                           "parallel calls each start a worker)")

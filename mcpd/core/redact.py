@@ -13,8 +13,9 @@ it holds. The detectors (:data:`mcpd.common.redaction.DETECTORS`; run in :data:`
   connection string's ``AccountKey``.
 - ``token``: ``Bearer`` credentials, JWTs (``eyJ...``), GitHub (``ghp_``, ``gho_``, ``github_pat_``...),
   Slack (``xox?-``) and mcpd's own bearer tokens.
-- ``url-password``: the password of ``scheme://user:password@host``.
-- ``shadow-hash``: a crypt hash (``$1$``, ``$5$``, ``$6$``, ``$y$``, ``$2b$``...) in a shadow-like ``name:hash:`` line.
+- ``url-password``: the password of ``scheme://user:password@host`` (the user may be empty).
+- ``shadow-hash``: a crypt hash (``$1$``, ``$5$``, ``$6$``, ``$y$``, ``$2b$``...) in a shadow-like ``name:hash:`` line
+  (a locked account's ``!`` before it too).
 - ``assignment``: the value of ``password=``, ``passwd:``, ``secret:``, ``api_key=``, ``token=``
   style settings (config, ``.env``, YAML, JSON, INI); a name must end in the keyword
   (``password_policy=strict`` is no secret), and booleans, ``${VAR}`` references and markers are left.
@@ -59,7 +60,7 @@ _SOURCES: dict[str, tuple[bytes, ...]] = {
     ),
     "cloud-key": (
         rb"((?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|ANPA|ANVA|APKA)[A-Z0-9]{16})" + _STOP,
-        rb"(?i)aws_?secret_?(?:access_?)?key[\"']?\s*(?:=|:|=>)\s*[\"']?([A-Za-z0-9/+]{40})(?:[^A-Za-z0-9/+]|\z)",
+        rb"(?i)aws_?secret_?(?:access_?)?key[\"']?\s*(?:=>|=|:)\s*[\"']?([A-Za-z0-9/+]{40})(?:[^A-Za-z0-9/+]|\z)",
         rb"\"private_key\"\s*:\s*\"([^\"]+)\"",
         rb"(?i)AccountKey=([A-Za-z0-9+/=]{20,})",
     ),
@@ -71,10 +72,10 @@ _SOURCES: dict[str, tuple[bytes, ...]] = {
         rb"(xox[abposr]-[A-Za-z0-9-]{10,255})",
         rb"(mcpd_[0-9a-f]{12}_[A-Za-z0-9_-]{43})",
     ),
-    "url-password": (rb"://[^\s:/@\"'<>]{1,256}:([^\s@/\"'<>]{1,512})@",),
-    "shadow-hash": (rb":(\$(?:1|2[abxy]|5|6|7|y|gy|sha1|md5|apr1)\$[./A-Za-z0-9$=,]{8,})(?::|\n|\z)",),
+    "url-password": (rb"://[^\s:/@\"'<>]{0,256}:([^\s@/\"'<>]{1,512})@",),
+    "shadow-hash": (rb":!{0,2}(\$(?:1|2[abxy]|5|6|7|y|gy|sha1|md5|apr1)\$[./A-Za-z0-9$=,]{8,})(?::|\n|\z)",),
     "assignment": (
-        rb"(?im)(?:^|[^A-Za-z0-9])" + _ASSIGN_WORDS + rb"[\"']?[ \t]*(?:=|:|=>)[ \t]*"
+        rb"(?im)(?:^|[^A-Za-z0-9])" + _ASSIGN_WORDS + rb"[\"']?[ \t]*(?:=>|=|:)[ \t]*"
         rb"(\"[^\"\n]*\"|'[^'\n]*'|[^\s\"',;}{][^\n\"',;}]*)",
     ),
 }

@@ -393,7 +393,8 @@ def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits, detectors: tuple[
         limits: ``default_bytes``, ``response_cap``, ``max_line_bytes`` (bytes), and the
             decompression bounds ``grep_file_bytes``, ``grep_max_ratio``.
         detectors: the secret detectors the answer goes through (docs/REFERENCE.md §3 "Redaction");
-            with any, a base64 read is refused (bytes cannot be redacted).
+            with any, a base64 read is refused (bytes cannot be redacted), and so is a
+            ``utf-16`` read of a file without a UTF-16 BOM (``PERMISSION_DENIED``).
 
     Returns:
         ``{"text": str}``, plus ``"metadata"`` (see :func:`mcpd.core.textmeta.describe`) when
@@ -404,7 +405,8 @@ def read_fd(fd: int, args: dict[str, Any], limits: ReadLimits, detectors: tuple[
 
     Raises:
         ToolError: ``BINARY_FILE``, ``ENCODING_ERROR``, ``FILE_TOO_LARGE``, ``LINE_TOO_LONG``,
-            ``RANGE_OUT_OF_BOUNDS``, and :func:`mcpd.core.rawread.unpack_error`'s. ``OSError`` from
+            ``RANGE_OUT_OF_BOUNDS``, ``PERMISSION_DENIED`` (redaction, above), and
+            :func:`mcpd.core.rawread.unpack_error`'s. ``OSError`` from
             reading propagates (the caller maps it).
     """
     st = os.fstat(fd)
@@ -428,6 +430,10 @@ def _read(src: rawread.Source, st: os.stat_result, args: dict[str, Any], limits:
         used, bom = "base64", 0
     else:
         bom_codec, bom = textdecode.sniff_bom(head)
+        if detectors and requested == "utf-16" and bom_codec is None:
+            # any bytes without NULs (ASCII, UTF-8) read as UTF-16 are text no detector reads, and
+            # encoded back give the bytes: a redacted caller reads UTF-16 by its BOM only
+            raise ToolError(PERMISSION_DENIED, REDACTED_BYTES, path=args["path"], reason=REDACTED_BYTES)
         codec = bom_codec or ENCODINGS[requested]
         exempt = (bom_codec is not None and textdecode.is_wide(bom_codec)) or requested == "utf-16"
         if b"\0" in head and not exempt:

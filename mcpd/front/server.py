@@ -146,6 +146,9 @@ class Server:
         dispatcher = Dispatcher(pool, backend, resources=resources, tool_names=self.cfg.tool_names)
         dispatcher.max_in_flight, dispatcher.max_batch = self.cfg.max_in_flight, self.cfg.max_batch
         dispatcher.max_batch_bytes = self.cfg.session_queue_bytes
+        t = self.cfg.tasks
+        dispatcher.tasks.configure(t.max_per_principal, t.default_ttl_seconds, t.max_ttl_seconds,
+                                   t.poll_interval_seconds, t.max_result_bytes)
         login = PolicyLogin(channel) if channel is not None else NoLogin()
         if self.cfg.limits != Limits():
             dispatcher.limits = resources.limits = LimitsTracker(self.cfg.limits, self.cfg.state_dir)
@@ -186,7 +189,7 @@ class Server:
         # pair in use at that moment (reloaded on SIGHUP or when the files change: mcpd/front/tls.py)
         config.ssl = certificate.context
         server = _NotifyingServer(config)
-        server.before_shutdown = (sessions.close_all,)
+        server.before_shutdown = (sessions.close_all, dispatcher.tasks.close)
         if dispatcher.limits is not None:
             server.on_shutdown = (dispatcher.limits.save,)
         exporter = None

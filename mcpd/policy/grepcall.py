@@ -2,7 +2,8 @@
 
 A walker (:func:`mcpd.walker.main.plan_grep`: names and ``lstat`` only) streams the regular files
 of the tree the grant lets it see, in the walk's order. This process judges every planned path
-again (:func:`judged`: a walker may lie), has root open each granted one with root's ``open``
+again (:func:`judged`: a walker may lie; a file whose allowing rule has detectors the call lacks
+is skipped, :data:`REDACTED_GRANT`), has root open each granted one with root's ``open``
 request (its checked opener: no symlink unless the grant covers ``/``, one hard link, never a
 device, FIFO or socket, never a secret), and passes the descriptors to the principal's worker in
 batches of at most :data:`BATCH`, one batch in flight: the next is passed only once the worker
@@ -49,6 +50,9 @@ from mcpd.policy.workers import kill_worker
 #: the reasons a walker may give for a file it passed over (:func:`mcpd.core.grepwalk.walk_files`'s):
 #: no other text of a walker's reaches an answer but the paths :func:`judged` lets through
 WALK_SKIPS = frozenset({"not_regular", "symlink", "loop", "too_deep", "permission", "vanished", "error"})
+#: the skip reason of a file whose allowing grant has detectors the search (decided on its root) lacks:
+#: never opened, as its redaction would be less than a read or a search of the file alone gets
+REDACTED_GRANT = "redacted_grant"
 BATCH = 4  # descriptors per batch: as many as a worker may leave untaken (UNTAKEN_TOTAL stays in RLIMIT_NOFILE)
 
 
@@ -56,18 +60,25 @@ def judged(policy: grantmatch.Policy, user: str, groups: frozenset[str], root: s
            login: tuple[float, bool] | None) -> bool:
     """Whether a path the walker planned may be opened: a clean absolute path, ``root`` itself or
     below it, that the grant allows this principal for ``files/grep`` now (as the call was decided)."""
+    return _allowing(policy, user, groups, root, path, login) is not None
+
+
+def _allowing(policy: grantmatch.Policy, user: str, groups: frozenset[str], root: str, path: Any,
+              login: tuple[float, bool] | None) -> grantmatch.Decision | None:
+    """:func:`judged`'s allowing decision (its ``redact`` is the rule's), or None when not allowed."""
     if not isinstance(path, str):
-        return False
+        return None
     try:
         if clean_path(path) != path:
-            return False
+            return None
     except PathError:
-        return False
+        return None
     if path != root and not path.startswith(root.rstrip("/") + "/"):
-        return False
+        return None
     since = None if login is None else datetime.datetime.fromtimestamp(login[0], datetime.UTC)
-    return grantmatch.decide(policy, user, groups, GREP_OP, path, grantmatch.utcnow(), since,
-                             login is not None and login[1]).allowed
+    decision = grantmatch.decide(policy, user, groups, GREP_OP, path, grantmatch.utcnow(), since,
+                                 login is not None and login[1])
+    return decision if decision.allowed else None
 
 
 def _skip_reason(exc: ToolError) -> str:
@@ -135,6 +146,7 @@ def run(state: State, policy: grantmatch.Policy, args: dict[str, Any], principal
         frames.send_frame(chan, walker_frame(policy, GREP_OP, plain, principal.os_user, groups, follow, login))
         plan = _Plan(chan, end, frames.reply_cap(state.cfg.read.response_cap))
         who, groupset = principal.name, frozenset(groups)
+        detectors = set(args.get(REDACT_KEY) or ())
         files: list[Any] = []
         skips: list[list[Any]] = []
         refused = 0
@@ -158,8 +170,12 @@ def run(state: State, policy: grantmatch.Policy, args: dict[str, Any], principal
                         refused += int(got.get("not_granted") or 0)
                         continue
                     path = files.pop(0)
-                    if not judged(policy, principal.os_user, groupset, root, path, login):
+                    allowing = _allowing(policy, principal.os_user, groupset, root, path, login)
+                    if allowing is None:
                         refused += 1  # (a walker planning what the grant refuses: never opened)
+                        continue
+                    if not set(allowing.redact) <= detectors:  # its own grant redacts more than this search
+                        skips.append([path, REDACTED_GRANT])
                         continue
                     try:
                         fd, real = state.root.open(path, follow, "file", who)

@@ -57,7 +57,8 @@ async def test_discover_lists_and_reads_statelessly(daemon: Daemon, tmp_path: Pa
     async with client(daemon) as c:
         disc = check_modern_result(await post(c, daemon, request("server/discover")), 300_000, "public")
         assert disc["supportedVersions"][0] == V and "2025-11-25" in disc["supportedVersions"]
-        assert set(disc["capabilities"]) == {"tools", "resources"} and disc["instructions"]
+        assert set(disc["capabilities"]) == {"tools", "resources", "extensions"} and disc["instructions"]
+        assert disc["capabilities"]["extensions"] == {"io.modelcontextprotocol/tasks": {}}
         tools = check_modern_result(await post(c, daemon, request("tools/list")), 300_000, "public")
         assert "files/read" in [t["name"] for t in tools["tools"]]
         check_modern_result(await post(c, daemon, request("resources/templates/list")), 300_000, "public")

@@ -32,8 +32,9 @@ MODERN = "2026-07-28"
 META_V = "io.modelcontextprotocol/protocolVersion"
 META_C = "io.modelcontextprotocol/clientCapabilities"
 MODERN_METHODS = {"server/discover", "tools/list", "tools/call", "resources/list", "resources/templates/list",
-                  "resources/read"}
-NAME_FIELDS = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
+                  "resources/read", "tasks/get", "tasks/update", "tasks/cancel"}
+NAME_FIELDS = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name",
+               "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
 JSON_TYPE, SSE_TYPE = "application/json", "text/event-stream"
 SID_RE = re.compile(r"[0-9a-f]{32}")
 OK_ORIGIN = "https://ok.example"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -65,7 +66,8 @@ META = {"io.modelcontextprotocol/protocolVersion": V, "io.modelcontextprotocol/c
         "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}}
 
 
-NAME_FIELD = {"tools/call": "name", "resources/read": "uri"}
+NAME_FIELD = {"tools/call": "name", "resources/read": "uri",
+              "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
 
 
 def request(method: str, params: dict[str, Any] | None = None, rid: Any = 1, meta: dict[str, Any] | None = None,
@@ -77,7 +79,7 @@ def headers(d: Daemon, body: dict[str, Any], **override: str | None) -> dict[str
     h: dict[str, str | None] = {**d.auth(), "Accept": ACCEPT_BOTH, "Content-Type": "application/json",
                                 "MCP-Protocol-Version": V, "Mcp-Method": body["method"]}
     field = NAME_FIELD.get(body["method"])
-    if field:
+    if field and isinstance(body["params"].get(field), str):
         h["Mcp-Name"] = body["params"][field]
     h.update({k.replace("_", "-"): v for k, v in override.items()})
     return {k: v for k, v in h.items() if v is not None}
@@ -95,3 +97,47 @@ def as_daemon(d: Any, principal: str = "alice", other: str = "bob") -> Daemon:
 def raw_headers(pairs: dict[str, str], *repeated: tuple[str, str]) -> list[tuple[str, str]]:
     """``pairs`` as a header list, then the ``repeated`` ones (a header sent twice)."""
     return [*pairs.items(), *repeated]
+
+
+class Rpc:
+    """A session-era Streamable HTTP session of one principal (2025-11-25 unless told): one request
+    a POST, answered as JSON; ``ok``/``err`` assert a result or an error, ``until_done`` polls a task."""
+
+    def __init__(self, c: httpx.AsyncClient, d: Daemon, sid: str, token: str | None, version: str) -> None:
+        self.c, self.d, self.sid, self.token, self.version = c, d, sid, token, version
+        self.n = 0
+
+    @classmethod
+    async def open(cls, c: httpx.AsyncClient, d: Daemon, token: str | None = None, version: str = "2025-11-25") -> Rpc:
+        return cls(c, d, await open_session(c, d, token=token, version=version), token, version)
+
+    async def __call__(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.n += 1
+        rid = self.n
+        body = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}}
+        r = await self.c.post("/mcp", json=body, headers=hdrs(self.d, self.sid, token=self.token,
+                                                             **{"MCP-Protocol-Version": self.version}))
+        assert r.status_code == 200, r.text
+        reply: dict[str, Any] = r.json()
+        assert reply["id"] == rid
+        return reply
+
+    async def ok(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        reply = await self(method, params)
+        assert "result" in reply, reply
+        result: dict[str, Any] = reply["result"]
+        return result
+
+    async def err(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        reply = await self(method, params)
+        assert "error" in reply, reply
+        error: dict[str, Any] = reply["error"]
+        return error
+
+    async def until_done(self, task_id: str) -> dict[str, Any]:
+        for _ in range(400):
+            task = await self.ok("tasks/get", {"taskId": task_id})
+            if task["status"] != "working":
+                return task
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"task {task_id} still works")

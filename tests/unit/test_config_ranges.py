@@ -71,3 +71,18 @@ def test_the_cancel_grace_is_a_number_from_zero_to_sixty(workers: dict[str, obje
     short = from_dict({"workers": {"timeout_seconds": 0.05}})
     assert short.workers.cancel_grace_seconds == 0.25
 
+
+
+@pytest.mark.parametrize("tasks", [
+    {"max_per_principal": 0},
+    {"default_ttl_seconds": 0},
+    {"default_ttl_seconds": 4000},  # past max_ttl_seconds (3600)
+    {"max_ttl_seconds": 86401, "default_ttl_seconds": 300},
+    {"poll_interval_seconds": 0},
+    {"poll_interval_seconds": 61},
+])
+def test_task_bounds_must_hold_together(tasks: dict[str, float]) -> None:
+    with pytest.raises(ConfigError, match="tasks:"):
+        from_dict({"tasks": tasks})
+    got = from_dict({"tasks": {"max_per_principal": 2, "max_ttl_seconds": 10, "default_ttl_seconds": 10}}).tasks
+    assert (got.max_per_principal, got.default_ttl_seconds, got.max_ttl_seconds) == (2, 10.0, 10.0)

@@ -19,7 +19,8 @@ from mcpd.core.tools import TOOLS, ToolModule, by_any_name, portable_name
 from mcpd.front.access import AccessLog, Call
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, RpcError, Send, encodable
-from mcpd.front.mcp.versions import STRUCTURED_SINCE
+from mcpd.front.mcp.tasks import TASK_TOOLS, TaskStore
+from mcpd.front.mcp.versions import STRUCTURED_SINCE, session_tasks
 from mcpd.front.privileged import PrivilegedBackend
 from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
 
@@ -156,10 +157,14 @@ class Dispatcher:
             "resources/templates/list": self.resource_templates_list,
             "resources/read": self.resources_read,
         }
+        #: tool calls run as tasks, and the tasks/* methods (docs/REFERENCE.md §2.6); bounds set by the server
+        self.tasks = TaskStore(self.call_tool)
+        self.handlers.update(self.tasks.handlers())
 
-    def list_tools(self, structured: bool = True) -> list[dict[str, Any]]:
+    def list_tools(self, structured: bool = True, tasks: bool = False) -> list[dict[str, Any]]:
         """The ``tools`` array of ``tools/list``; ``structured``: with each tool's ``outputSchema``
-        (sessions of 2025-06-18 and later, where the field exists)."""
+        (sessions of 2025-06-18 and later, where the field exists); ``tasks``: with
+        ``execution.taskSupport`` (sessions of 2025-11-25 and later)."""
         out = []
         for t in self.tools.values():
             tool = {
@@ -170,6 +175,8 @@ class Dispatcher:
             }
             if structured and t.OUTPUT_SCHEMA is not None:
                 tool["outputSchema"] = t.OUTPUT_SCHEMA
+            if tasks:
+                tool["execution"] = {"taskSupport": "optional" if t.NAME in TASK_TOOLS else "forbidden"}
             out.append(tool)
         return out
 
@@ -215,13 +222,19 @@ class Dispatcher:
     async def tools_list(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
         """``tools/list``: every tool, in one page (with ``outputSchema`` from 2025-06-18 on)."""
         version = ctx.protocol_version
-        return {"tools": self.list_tools(version is not None and version >= STRUCTURED_SINCE)}
+        return {"tools": self.list_tools(version is not None and version >= STRUCTURED_SINCE,
+                                         not ctx.modern and session_tasks(version))}
 
     async def tools_call(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
-        """``tools/call``: :meth:`call_tool`; ``-32602`` when ``name`` is not a string."""
+        """``tools/call``: :meth:`call_tool`, or a task running it when asked (docs/REFERENCE.md
+        §2.6, :meth:`TaskStore.wanted`); ``-32602`` when ``name`` is not a string."""
         name = params.get("name")
         if not isinstance(name, str):
             raise RpcError(INVALID_PARAMS, "name must be a string")
+        tool = self._callable.get(name)
+        ttl = self.tasks.wanted(ctx, tool.NAME, params) if tool is not None else None
+        if ttl is not None:
+            return self.tasks.create(ctx, name, params.get("arguments"), ttl)
         return await self.call_tool(ctx, name, params.get("arguments"))
 
     async def resources_list(self, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:

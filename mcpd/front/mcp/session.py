@@ -37,13 +37,14 @@ from mcpd.front.mcp.jsonrpc import (
     params_of,
     valid_id,
 )
+from mcpd.front.mcp.tasks import SESSION_ONLY_METHODS
 from mcpd.front.mcp.versions import (
-    CAPABILITIES,
     INSTRUCTIONS,
     MODERN_VERSIONS,
     NO_BATCHES_SINCE,
     SERVER_INFO,
     SUPPORTED_VERSIONS,
+    capabilities,
     modern_result,
     negotiate,
 )
@@ -86,7 +87,7 @@ class Room(Protocol):
 
 
 #: Methods whose reply may be large (a worker's answer): each takes :attr:`Room.call_cost`.
-HEAVY_METHODS = frozenset({"tools/call", "resources/read"})
+HEAVY_METHODS = frozenset({"tools/call", "resources/read", "tasks/result", "tasks/get"})
 
 
 def heavy(msg: Any) -> bool:
@@ -147,6 +148,8 @@ class McpSession:
 
     def knows(self, method: str) -> bool:
         """Whether ``method`` is served (in this session's era)."""
+        if self.modern and method in SESSION_ONLY_METHODS:
+            return False
         return method in self._lifecycle or method in self.dispatcher.handlers
 
     # -- intake -------------------------------------------------------------------------------
@@ -394,7 +397,7 @@ class McpSession:
         self.initialized = True
         return {
             "protocolVersion": self.protocol_version,
-            "capabilities": CAPABILITIES,
+            "capabilities": capabilities(self.protocol_version),
             "serverInfo": dict(SERVER_INFO),
             "instructions": INSTRUCTIONS,
         }
@@ -404,7 +407,7 @@ class McpSession:
         ones need ``initialize``), capabilities and instructions; identity via :func:`modern_result`."""
         return {
             "supportedVersions": [*reversed(MODERN_VERSIONS), *reversed(SUPPORTED_VERSIONS)],
-            "capabilities": CAPABILITIES,
+            "capabilities": capabilities(MODERN_VERSIONS[-1]),
             "instructions": INSTRUCTIONS,
         }
 

@@ -29,6 +29,11 @@ META_CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 SERVER_INFO = {"name": "mcpd", "version": version()}
 CAPABILITIES = {"tools": {"listChanged": False}, "resources": {"listChanged": False}}
+#: the first session-era revision with tasks (docs/REFERENCE.md §2.6), and their capability there
+TASKS_SINCE = "2025-11-25"
+SESSION_TASKS: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+#: the 2026-07-28 revision's tasks extension, declared in ``server/discover`` and by its clients
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 # Caching hints the 2026-07-28 revision requires on these results: (ttlMs, cacheScope). The lists
 # change only with the daemon's configuration; a file can change at any time and is the caller's.
 LIST_TTL_MS = 300_000
@@ -46,6 +51,21 @@ INSTRUCTIONS = (
 )
 
 
+def session_tasks(version: str | None) -> bool:
+    """Whether a session of protocol ``version`` has tasks (2025-11-25 and later session revisions)."""
+    return version is not None and version >= TASKS_SINCE
+
+
+def capabilities(version: str | None) -> dict[str, Any]:
+    """The server's capabilities in protocol ``version``: :data:`CAPABILITIES`, with tasks from
+    2025-11-25 on (``capabilities.tasks`` in a session, the tasks extension in 2026-07-28)."""
+    if version in MODERN_VERSIONS:
+        return {**CAPABILITIES, "extensions": {TASKS_EXTENSION: {}}}
+    if session_tasks(version):
+        return {**CAPABILITIES, "tasks": SESSION_TASKS}
+    return CAPABILITIES
+
+
 def negotiate(requested: str) -> str:
     """Echo a supported protocol version, else offer the newest."""
     return requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION
@@ -55,7 +75,7 @@ def modern_result(method: str, result: dict[str, Any]) -> dict[str, Any]:
     """A result as the 2026-07-28 revision shapes it: ``resultType: "complete"``, the server's
     identity in ``_meta``, and ``ttlMs``/``cacheScope`` on the cacheable methods (:data:`CACHE_HINTS`)."""
     out = dict(result)
-    out["resultType"] = "complete"
+    out.setdefault("resultType", "complete")  # ("task": a task's CreateTaskResult, docs/REFERENCE.md §2.6)
     meta = out.get("_meta")
     out["_meta"] = {**(meta if isinstance(meta, dict) else {}), META_SERVER_INFO: dict(SERVER_INFO)}
     hint = CACHE_HINTS.get(method)

@@ -24,7 +24,9 @@ VERSION_HEADER = "MCP-Protocol-Version"
 METHOD_HEADER = "Mcp-Method"
 NAME_HEADER = "Mcp-Name"
 # Methods whose Mcp-Name header mirrors a body field (2026-07-28 Streamable HTTP, "Request Metadata").
-NAME_FIELDS = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
+NAME_FIELDS = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name",
+               # (the tasks extension: routed by the task's id)
+               "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
 _B64_PREFIX, _B64_SUFFIX = "=?base64?", "?="
 
 
