@@ -72,7 +72,6 @@ def load(repo: Path) -> dict[str, Module]:
         typing = type_checking_lines(mod.tree)
         base = mod.name.split(".") if mod.path.name == "__init__.py" else mod.name.split(".")[:-1]
         for node in ast.walk(mod.tree):
-            targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -80,6 +79,8 @@ def load(repo: Path) -> dict[str, Module]:
                 if node.level:
                     where = ".".join(base[: len(base) - node.level + 1] + ([where] if where else []))
                 targets = [f"{where}.{a.name}" if f"{where}.{a.name}" in mods else where for a in node.names]
+            else:
+                continue
             for target in dict.fromkeys(t for t in targets if t in mods and t != mod.name):
                 (mod.typing_only if node.lineno in typing else mod.runtime).append((target, node.lineno))
     return mods
