@@ -52,7 +52,9 @@ errors, path cleaning: the small frozen code root shares); the front, the policy
 worker and the client import none of root's own modules; the front loads no content parser and
 none of the policy's code; the policy process loads no PAM. The contracts below, in
 `pyproject.toml`, state each rule exactly and are checked by `tests/unit/test_import_contract.py`;
-the line budget of what root loads is checked by `tests/unit/test_root_surface.py`."""
+the line budget of what root loads is checked by `tests/unit/test_root_surface.py`.
+`python scripts/modgraph.py` prints the packages, the arrows between them, any import cycle and
+root's line count from the tree; `--path files/read` the modules a privileged call passes through."""
 
 # A package's line when its __init__.py has no docstring (the docstring wins when there is one).
 PACKAGES = {

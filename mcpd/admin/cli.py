@@ -8,8 +8,11 @@ The other command groups live in their own modules (``users``: :mod:`mcpd.admin.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -209,10 +212,13 @@ def helper(config_path: str) -> None:
     """Run the root helper and its policy process (token checks, grants, logins, audit, account
     workers). Root only.
 
-    First makes the policy process's state and audit folders when they are missing (0700, owned
-    by the mcpd-policy account, in folders only root can change: what systemd-tmpfiles does for
-    the service), then replaces this process with the helper's own small entry point
-    (``python -I -m mcpd.helper``), so the root side never holds the CLI's libraries."""
+    First does what systemd does for the service: makes the policy process's state and audit
+    folders when they are missing (0700, owned by the mcpd-policy account, in folders only root can
+    change: systemd-tmpfiles' part) and the helper's listening socket (:func:`helper_socket`:
+    ``mcpd-helper.socket``'s part), then replaces this process with the helper's own small entry
+    point (``python -I -m mcpd.helper``), which takes the socket as systemd hands it over (fd 3,
+    ``LISTEN_PID`` and ``LISTEN_FDS=1``), so the root side never holds the CLI's libraries and
+    binds nothing itself."""
     from mcpd.common.config import POLICY_USER, ConfigError, load
     from mcpd.common.folders import safe_folder
 
@@ -223,7 +229,50 @@ def helper(config_path: str) -> None:
                 os.close(safe_folder(folder, owner=policy.pw_uid))
         except (ConfigError, KeyError, OSError) as exc:
             raise click.ClickException(f"cannot prepare the policy process's folders: {exc}") from None
+        if not cfg.helper_socket:
+            raise click.ClickException(f"{config_path}: helper_socket is empty: this configuration has no root helper")
+        try:
+            sock = helper_socket(cfg.helper_socket, pwd.getpwnam(cfg.service_user).pw_gid)
+        except (KeyError, OSError) as exc:
+            raise click.ClickException(f"cannot make the helper socket {cfg.helper_socket}: {exc}") from None
+        if sock.fileno() != 3:
+            os.dup2(sock.fileno(), 3)  # (inheritable)
+        os.set_inheritable(3, True)
+        os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="1")  # this pid: the exec keeps it
     os.execv(sys.executable, [sys.executable, "-I", "-m", "mcpd.helper", "--config", os.path.abspath(config_path)])
+
+
+def helper_socket(path: str, gid: int) -> socket.socket:
+    """The root helper's listening socket at ``path``, as ``systemd/mcpd-helper.socket`` makes it:
+    owner root, group ``gid`` (the service user's), mode 0660, listening; its folder is made (0755)
+    when missing, and a socket an earlier helper left there is replaced. The socket gets its group
+    as it is created (bound by a child whose effective gid is ``gid``, without ``CAP_CHOWN``'s
+    window), and this process keeps its own ids, so its parent-death signal (``mcpd dev``'s) stays
+    in force. Raises ``OSError``: ``path`` is something else than a socket, or cannot be bound."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise OSError(f"{path} exists and is not a socket")
+        os.unlink(path)
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:  # binds the socket both processes hold, then ends
+        code = 1
+        try:
+            os.umask(0o117)
+            os.setegid(gid)
+            sock.bind(path)
+            code = 0
+        except OSError as exc:
+            code = exc.errno or 1
+        finally:
+            os._exit(code)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if code != 0:
+        sock.close()
+        raise OSError(code, os.strerror(code) if code > 0 else "the binding child was killed", path)
+    sock.listen(64)
+    return sock
 
 
 @main.command("install-systemd")

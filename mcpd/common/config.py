@@ -265,7 +265,7 @@ class Config:
     mcp_session_evict_seconds: float = 60.0
     users_file: str = _ROOT.users_file
     grants_file: str = _ROOT.grants_file
-    helper_socket: str = _ROOT.helper_socket
+    helper_socket: str = "/run/mcpd/helper.sock"
     service_user: str = _ROOT.service_user
     auth_cache_seconds: float = 30.0
     audit_log: str = _ROOT.audit_log

@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from mcpd.helper.wire.frames import MAX_DEPTH, FrameError, too_deep
-from mcpd.helper.wire.frames import loads as std_loads
+from mcpd.common.frames import MAX_DEPTH, FrameError, too_deep
+from mcpd.common.frames import loads as std_loads
 
 # JSON leaves these raw, but line readers built on str.splitlines (httpx's among them) break lines
 # at them. In valid UTF-8 these byte sequences are always exactly these characters.
@@ -81,11 +81,11 @@ def loads(data: bytes) -> Any:
     number rule of every mcpd process: an integer is an ``int`` of any size, as
     :func:`json.loads` has it (2**64 and 10**400 included), a number with a fraction or an
     exponent a ``float``. orjson parses the usual text; text it could turn an integer into a float
-    for (:func:`maybe_lossy`) and text it refuses go to :func:`mcpd.helper.wire.frames.loads`.
+    for (:func:`maybe_lossy`) and text it refuses go to :func:`mcpd.common.frames.loads`.
 
     Raises:
-        FrameError: not JSON, or nested deeper than :data:`mcpd.helper.wire.frames.MAX_DEPTH` levels,
-            as :func:`mcpd.helper.wire.frames.loads`, which also parses what orjson refuses (``1e400``,
+        FrameError: not JSON, or nested deeper than :data:`mcpd.common.frames.MAX_DEPTH` levels,
+            as :func:`mcpd.common.frames.loads`, which also parses what orjson refuses (``1e400``,
             ``NaN``, text that is not valid UTF-8 such as a lone surrogate).
     """
     try:

@@ -32,12 +32,12 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from mcpd.common import frames
 from mcpd.common.config import Login as LoginConfig
 from mcpd.common.inflight import InFlight
 from mcpd.front.login import LoginUnavailable, PolicyLogin
 from mcpd.front.mcp.outgoing import ClientDidNotAnswer
 from mcpd.front.transport.body import BodyRefused, read_capped
-from mcpd.helper.wire import frames
 from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
 
 PREFIX = "/confirm/"

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from mcpd.common import frames
 from mcpd.common.config import Login as LoginConfig
 from mcpd.common.inflight import InFlight
 from mcpd.front import metrics
@@ -33,7 +34,6 @@ from mcpd.front.access import AccessLog
 from mcpd.front.auth import CHECKER_DOWN_RETRY
 from mcpd.front.policy_client.channel import PolicyChannel, PolicyUnavailable
 from mcpd.front.transport.body import BodyRefused, read_capped
-from mcpd.helper.wire import frames
 
 LOGIN_BODY_CAP = 8192
 #: within the policy process's pam_login schema: a longer field would be an alert there

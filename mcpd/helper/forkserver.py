@@ -40,14 +40,21 @@ from mcpd.helper.wire import frames
 from mcpd.helper.wire.rootconf import WORKER_START_GID, plain_ids
 
 _PR_SET_PDEATHSIG, _PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 1, 8, 38, 47, 2
-CAP_DAC_READ_SEARCH = 2  # linux/capability.h: the one capability a walker keeps
+#: The capabilities root keeps (linux/capability.h numbers), the unit's CapabilityBoundingSet:
+#: open and list any file or folder for a grant, and hand that to the walker; become an account in
+#: the fork server's children (setgroups, setresgid, setresuid); signal
+#: the children it made, which run as other uids. PAM as root reads /etc/shadow with these too.
+#: A walker keeps CAP_DAC_READ_SEARCH alone.
+KEEP = {"CAP_DAC_READ_SEARCH": 2, "CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
 _CAP_VERSION_3 = 0x20080522
 FORK_REQUEST_CAP = 1024 * 1024  # bytes: a spawn request carries the account's groups
 
 
-def _prctl(option: int, *args: int) -> None:
-    if ctypes.CDLL(None, use_errno=True).prctl(option, *args, *[0] * (4 - len(args))) != 0:
-        raise OSError(ctypes.get_errno(), "prctl failed")
+def prctl(option: int, *args: int) -> int:
+    """``prctl(option, *args)``, the arguments not given 0: its result. Raises ``OSError`` when it fails."""
+    if (result := ctypes.CDLL(None, use_errno=True).prctl(option, *args, *[0] * (4 - len(args)))) < 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}, ...) failed")
+    return int(result)
 
 
 def capset(permitted: int, inheritable: int = 0) -> None:
@@ -63,10 +70,10 @@ def drop_to_walker(uid: int, gid: int) -> None:
     """As root: become ``uid``/``gid`` (:func:`_become`: all three ids, no supplementary group,
     no_new_privs) keeping only CAP_DAC_READ_SEARCH in the permitted, effective, inheritable and
     ambient sets, so it survives the ``exec`` of the walker. Raises ``OSError`` (the child then exits)."""
-    _prctl(_PR_SET_KEEPCAPS, 1)  # setresuid away from root keeps the permitted set (exec clears it)
+    prctl(_PR_SET_KEEPCAPS, 1)  # setresuid away from root keeps the permitted set (exec clears it)
     _become(uid, gid, [])
-    capset(1 << CAP_DAC_READ_SEARCH, inheritable=1 << CAP_DAC_READ_SEARCH)
-    _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH)
+    capset(1 << KEEP["CAP_DAC_READ_SEARCH"], inheritable=1 << KEEP["CAP_DAC_READ_SEARCH"])
+    prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, KEEP["CAP_DAC_READ_SEARCH"])
 
 
 def _keep_only(fds: list[int], nulled: tuple[int, ...] = (0, 1, 2)) -> None:
@@ -92,7 +99,7 @@ def _become(uid: int, gid: int, groups: list[int], real_gid: int | None = None) 
     if not plain_ids(uid, real, gid, *groups) or os.getresuid() != (uid, uid, uid) or os.getresgid() != (real, gid, gid) \
             or set(os.getgroups()) != set(groups):
         raise OSError("the child's ids are not plain, or not the ones asked for")
-    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
 
 def forked(child: Callable[..., object], *args: Any, code: int = 127) -> int:
@@ -130,13 +137,17 @@ def policy_child(uid: int, gid: int, config: str, fds: list[int]) -> None:
     and exec ``python -I -m mcpd.policy``."""
     _keep_only(fds, (0, 1))
     _become(uid, gid, [])
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it: dies with the helper
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it: dies with the helper
     _exec("mcpd.policy", ["--config", config, "--channels", str(len(fds) - 1)])
 
 
-def serve(sock: socket.socket, walker: tuple[int, int]) -> None:
-    """Serve spawn and walk requests on ``sock`` until the helper closes it; reap children.
-    ``walker``: the ``(uid, gid)`` walkers run as."""
+def serve(sock: socket.socket, walker: tuple[int, int], *helpers: socket.socket) -> None:
+    """In the fork server: close the helper's sockets ``helpers`` (its end of ``sock``, so the
+    helper's exit ends this process, and the front's listening socket), then serve spawn and walk
+    requests on ``sock`` until the helper closes it; reap children. ``walker``: the ``(uid,
+    gid)`` walkers run as."""
+    for held in helpers:
+        held.close()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
@@ -186,19 +197,15 @@ class ForkServer:
         return int(reply["pid"]), got[0]
 
 
-def start(walker: tuple[int, int]) -> ForkServer:
+def start(walker: tuple[int, int], listener: socket.socket) -> ForkServer:
     """Fork the fork server; walkers will run as ``walker`` = ``(uid, gid)`` (not root's: the
-    caller checks). Call before any thread exists (raises ``RuntimeError`` otherwise)."""
+    caller checks); ``listener``, the front's listening socket, is closed there. Call before any
+    thread exists (raises ``RuntimeError`` otherwise)."""
     if threading.active_count() != 1:
         raise RuntimeError("the fork server must be started before any thread")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     frames.limit_sends(theirs, frames.SEND_SECONDS)
-    pid = forked(_fork_server, ours, theirs, walker, code=0)
+    pid = forked(serve, theirs, walker, ours, listener, code=0)
     theirs.close()
     return ForkServer(ours, pid)
 
-
-def _fork_server(ours: socket.socket, theirs: socket.socket, walker: tuple[int, int]) -> None:
-    """In the fork server: drop the helper's end ``ours`` (so the helper's exit ends it) and serve."""
-    ours.close()
-    serve(theirs, walker)

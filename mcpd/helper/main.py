@@ -2,7 +2,7 @@
 
 Loaded without the CLI: this module imports, at the top, everything root ever runs, so
 ``sys.modules`` after importing it is the whole root surface (``tests/unit/test_root_surface.py``
-counts it). Start-up order matters: every capability but :data:`KEEP` goes first
+counts it). Start-up order matters: every capability but :data:`~mcpd.helper.forkserver.KEEP` goes first
 (:func:`drop_capabilities`, whoever started it: systemd's unit, ``mcpd helper`` or ``mcpd dev``),
 ``mcpd.yaml`` is read once on a checked descriptor, the fork server is forked while this process
 has one thread, the policy process is started from it, and
@@ -13,73 +13,47 @@ until it is stopped or the policy process ends; it keeps no state of its own.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import logging
 import os
 import pwd
 import select
 import signal
 import socket
-import stat
 import threading
 from collections.abc import Callable
 
 import yaml
 
 from mcpd.helper import forkserver
-from mcpd.helper.monitor import CHANNELS, Monitor
+from mcpd.helper.monitor import CHANNELS, Monitor, log
 from mcpd.helper.wire.rootconf import EXIT_CONFIG, POLICY_USER, WALK_USER, plain_ids, root_settings
 from mcpd.helper.wire.securefile import ConfigFileError, read_secure_file
 
-log = logging.getLogger("mcpd.helper")
 STOP_SECONDS = 10.0  # how long a stopping helper waits for the policy process to finish
-#: The capabilities root keeps (linux/capability.h numbers), the unit's CapabilityBoundingSet:
-#: open and list any file or folder for a grant, and hand that to the walker; become an account in
-#: the fork server's children (setgroups, setresgid, setresuid; the socket's group, below); signal
-#: the children it made, which run as other uids. PAM as root reads /etc/shadow with these too.
-KEEP = {"CAP_DAC_READ_SEARCH": 2, "CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
 _PR_CAPBSET_READ, _PR_CAPBSET_DROP = 23, 24
-_PR_SET_PDEATHSIG, _PR_GET_PDEATHSIG = 1, 2
 
 
 def drop_capabilities() -> None:
-    """Keep only :data:`KEEP`: every other capability leaves the bounding set (so no ``exec`` as
+    """Keep only :data:`~mcpd.helper.forkserver.KEEP`: every other capability leaves the bounding set (so no ``exec`` as
     root regains one) and the permitted and effective sets; the inheritable set, and with it the
     ambient set, ends empty. Raises ``OSError`` (the helper then does not start)."""
-    libc = ctypes.CDLL(None, use_errno=True)
     with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as f:
         last = int(f.read())
-    for cap in sorted(set(range(last + 1)) - set(KEEP.values())):
-        if libc.prctl(_PR_CAPBSET_READ, cap, 0, 0, 0) == 1 and libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), f"cannot drop capability {cap} from the bounding set")
-    forkserver.capset(sum(1 << cap for cap in KEEP.values()))  # the inheritable set (and the ambient) empty
+    for cap in sorted(set(range(last + 1)) - set(forkserver.KEEP.values())):
+        if forkserver.prctl(_PR_CAPBSET_READ, cap) == 1:
+            forkserver.prctl(_PR_CAPBSET_DROP, cap)
+    forkserver.capset(sum(1 << cap for cap in forkserver.KEEP.values()))  # the inheritable set (and the ambient) empty
 
 
-def listening_socket(path: str, service_gid: int) -> socket.socket:
-    """The socket from systemd (``LISTEN_FDS``, fd 3), or a new one at ``path``: mode 0660, owner
-    root, group ``service_gid``. The change of effective gid this takes clears the parent-death
-    signal the starter gave (``mcpd dev``'s: the helper dies with it), so it is set again, and
-    ``OSError`` is raised when that fails or the starter ended meanwhile."""
-    if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1":
-        return socket.socket(fileno=3)
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        if stat.S_ISSOCK(os.lstat(path).st_mode):
-            os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old, libc, death, parent = os.umask(0o117), ctypes.CDLL(None, use_errno=True), ctypes.c_int(), os.getppid()
-    libc.prctl(_PR_GET_PDEATHSIG, ctypes.byref(death), 0, 0, 0)  # the starter's (mcpd dev's), if any
-    os.setegid(service_gid)  # the new socket's group, without CAP_CHOWN
-    try:
-        sock.bind(path)
-    finally:
-        os.setegid(0)
-        os.umask(old)
-    if death.value and (libc.prctl(_PR_SET_PDEATHSIG, death.value, 0, 0, 0) != 0 or os.getppid() != parent):
-        raise OSError("the process that started the helper ended, or its parent-death signal was lost")
-    sock.listen(64)
-    return sock
+def listening_socket() -> socket.socket:
+    """The listening socket the helper's starter hands it as fd 3 (``LISTEN_PID`` this process,
+    ``LISTEN_FDS=1``): systemd's ``mcpd-helper.socket``, or ``mcpd helper``, which makes it as that
+    unit does (:func:`mcpd.admin.cli.helper_socket`). Root binds nothing itself. Raises ``OSError``
+    when none was handed over, or fd 3 is not a socket."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()) or os.environ.get("LISTEN_FDS") != "1":
+        raise OSError("no listening socket was handed over (fd 3, LISTEN_FDS=1): start the helper "
+                      "with systemd's mcpd-helper.socket, or with `mcpd helper`")
+    return socket.socket(fileno=3)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns 0 after a clean stop; 78 (configuration broken, do not restart) when not root, when
     ``mcpd.yaml`` is not root's (owner, mode) or unreadable, an account (``mcpd-policy``,
-    ``mcpd-walk``: uid and gid plain, :func:`plain_ids`; the service user) is unknown, or the policy process exits
+    ``mcpd-walk``: uid and gid plain, :func:`plain_ids`; the service user) is unknown, no listening
+    socket was handed over (:func:`listening_socket`), or the policy process exits
     78 (its own folders are unsafe, the configuration or the grants are broken); 1 when the policy
     process ends otherwise. Root touches none of the policy's files: systemd-tmpfiles (or
     ``mcpd helper``) makes its folders.
@@ -106,21 +81,21 @@ def main(argv: list[str] | None = None) -> int:
         # its own keys only, with PyYAML's safe loader: the policy process holds the whole file to the
         # strict loader (no duplicate or merge key) and exits 78 otherwise, and root with it
         settings = root_settings(yaml.safe_load(read_secure_file(path, 0)), path)
-        service, walker, policy = (pwd.getpwnam(n) for n in (settings.service_user, WALK_USER, POLICY_USER))
+        accounts = service, walker, policy = tuple(pwd.getpwnam(n) for n in (settings.service_user, WALK_USER, POLICY_USER))
         if not plain_ids(walker.pw_uid, walker.pw_gid, policy.pw_uid, policy.pw_gid):
             raise OSError(f"the accounts {WALK_USER} and {POLICY_USER} must not be root (or have an id of -1)")
+        listener = listening_socket()  # (fd 3 since this process started: the fork server closes it)
     except (ConfigFileError, yaml.YAMLError, ValueError, KeyError, OSError) as exc:  # (PyYAML's text quotes the file)
         why = f"{path}: not valid YAML (`mcpd config check` names the line)" if isinstance(exc, yaml.YAMLError) else exc
         log.error("cannot start: %s", "; ".join(getattr(exc, "errors", [])) or why)
         return EXIT_CONFIG
-    forks = forkserver.start((walker.pw_uid, walker.pw_gid))  # one thread here: the only safe moment to fork
-    listener = listening_socket(settings.helper_socket, service.pw_gid)
+    forks = forkserver.start((walker.pw_uid, walker.pw_gid), listener)  # one thread here: the only safe moment to fork
     pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(CHANNELS)]
     fds = [listener.fileno(), *(b.fileno() for _, b in pairs)]
     pid = forkserver.forked(forkserver.policy_child, policy.pw_uid, policy.pw_gid, path, fds)  # still one thread
     pidfd = os.pidfd_open(pid)
     listener.close()
-    monitor = Monitor(forks, settings, path)
+    monitor = Monitor(forks, settings, path, accounts)
     for ours, theirs in pairs:
         theirs.close()
         threading.Thread(target=monitor.serve, args=(ours,), daemon=True).start()

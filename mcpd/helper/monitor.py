@@ -37,7 +37,7 @@ from mcpd.helper.wire import frames, opener, requests
 from mcpd.helper.wire.errors import HELPER_UNAVAILABLE, PERMISSION_DENIED, ToolError
 from mcpd.helper.wire.pathmatch import clean_path
 from mcpd.helper.wire.requests import Key, Request, SchemaError
-from mcpd.helper.wire.rootconf import POLICY_USER, WALK_USER, RootSettings, covered, plain_ids
+from mcpd.helper.wire.rootconf import RootSettings, covered, plain_ids
 
 log = logging.getLogger("mcpd.helper")
 CHANNELS = 24  # socketpairs to the policy process: its threads that ask root (calls, logins, spawns, checks)
@@ -73,14 +73,16 @@ class Monitor:
     Args:
         forks: the fork server.
         settings: root's settings; ``config_path``: the ``mcpd.yaml`` root read.
+        accounts: the daemon's own accounts: the service user's, ``mcpd-policy`` and ``mcpd-walk``
+            (as root looked them up at its start).
     """
 
-    def __init__(self, forks: ForkServer, settings: RootSettings, config_path: str) -> None:
+    def __init__(self, forks: ForkServer, settings: RootSettings, config_path: str,
+                 accounts: tuple[pwd.struct_passwd, ...]) -> None:
         self.forks, self.settings = forks, settings
         self.files = frozenset({config_path, settings.users_file, settings.grants_file})
         self.private = tuple({q for p in settings.private(config_path) for q in (p, os.path.realpath(p) + p[len(p.rstrip("/")):])})
-        self.daemon = frozenset({settings.service_user, POLICY_USER, WALK_USER})
-        accounts = [pwd.getpwnam(name) for name in self.daemon]  # (main checked that they exist)
+        self.daemon = frozenset(a.pw_name for a in accounts)
         self.daemon_ids = ({a.pw_uid for a in accounts}, {a.pw_gid for a in accounts})  # uids, gids
         self.pam_users: set[str] = set()  # one PAM conversation per account at a time
         self.children: dict[int, tuple[int, int]] = {}  # pid -> (pidfd, uid; -1: a walker) of every child made here
@@ -96,8 +98,6 @@ class Monitor:
         return {"_fds": [os.open(req["path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)]}
 
     def open(self, req: dict[str, Any]) -> dict[str, Any]:
-        if req["want"] not in ("file", "any"):
-            raise SchemaError("open: bad want")
         fd, _ = opener.open_checked(req["path"], req["follow"], req["want"], self.judge)
         real = opener.fd_path(fd) if req["follow"] else clean_path(req["path"])  # else the opener checked it is
         return {"_fds": [fd], "real": real}
@@ -234,15 +234,14 @@ class Monitor:
 
         Raises:
             SchemaError: a schema break (unknown type or key, missing key, wrong type, overlong
-                string, an ``open`` that wants neither a file nor anything).
+                string, a value not among its key's choices: an ``open`` that wants neither a file
+                nor anything).
         """
         entry = requests.check(TABLE, req)
         try:
             body = dict(entry.handler(self, req), ok=True)
         except ToolError as exc:
             body = {"ok": False, "error": exc.to_dict()}
-        except SchemaError:
-            raise
         except Exception as exc:  # noqa: BLE001 - reported to the policy, never kills the helper
             log.warning("%s failed: %s", req["type"], type(exc).__name__)  # (its text may hold a path: audit only)
             body = {"ok": False, "error": ToolError(PERMISSION_DENIED, "refused by the helper", reason=str(exc)[:200]).to_dict()}
@@ -287,10 +286,11 @@ class Monitor:
 
 
 STR, BOOL, INT = Key(str), Key(bool), Key(int)  # strings of at most 4096 characters
+WANT = Key(str, choices=("file", "any"))  # what an open may want: root never opens a folder to read
 #: request type -> its keys (each required), handler and what it may do; nothing else is served
 TABLE = requests.table(
     Request("config", {"path": STR}, Monitor.config, "open mcpd.yaml, the users or the grants file (O_NOFOLLOW): no other"),
-    Request("open", {"path": STR, "follow": BOOL, "want": STR}, Monitor.open, "open once with the opener's rules (want: file, any)"),
+    Request("open", {"path": STR, "follow": BOOL, "want": WANT}, Monitor.open, "open once with the opener's rules (want: file, any)"),
     Request("spawn", {"user": STR, "limits": STR}, Monitor.spawn, "a worker as this account (plain ids, not the daemon's)"),
     Request("walk", {}, Monitor.walk, "a walker (mcpd-walk, CAP_DAC_READ_SEARCH) from the fork server"),
     Request("kill", {"pid": INT}, Monitor.kill, "SIGKILL a child made here, through its pidfd"),

@@ -31,6 +31,7 @@ from typing import Any
 from mcpd.common import frames, grantmatch, identity
 from mcpd.common.audit.records import Prepared
 from mcpd.common.config import CAP_KEY
+from mcpd.common.deadline import deadline_seconds
 from mcpd.common.redaction import REDACT_KEY, counts_text
 from mcpd.helper.wire.errors import (
     FILE_NOT_FOUND,
@@ -42,7 +43,7 @@ from mcpd.helper.wire.errors import (
 )
 from mcpd.helper.wire.openrules import SYMLINK
 from mcpd.helper.wire.pathmatch import PathError, clean_path
-from mcpd.policy.calls import _await_report, _deadline, _end_late, _pass, check_worker, claim_worker, walker_frame
+from mcpd.policy.handover import await_report, check_worker, claim_worker, end_late, pass_call, walker_frame
 from mcpd.policy.state import GREP_OP, State, Worker
 from mcpd.policy.workers import kill_worker
 
@@ -132,7 +133,7 @@ def run(state: State, policy: grantmatch.Policy, args: dict[str, Any], principal
     w = claim_worker(state, principal, req)
     if not w.busy.acquire(blocking=False):
         raise ToolError(HELPER_UNAVAILABLE, "that worker is busy", reason="busy")
-    rid, end = req["rid"], time.monotonic() + _deadline(args, state.cfg.workers.timeout_seconds)
+    rid, end = req["rid"], time.monotonic() + deadline_seconds(args, state.cfg.workers.timeout_seconds)
     root = args["path"].rstrip("/") or "/"
     first = dict(args, **({CAP_KEY: req["cap"]} if req.get("cap") is not None else {}))  # the principal's max_file_bytes
     counts = {"opened": 0, "not_granted": 0}
@@ -208,7 +209,7 @@ def run(state: State, policy: grantmatch.Policy, args: dict[str, Any], principal
                     if "took" not in report:
                         break
                     report = None
-                _pass(state, w, frame, fds)
+                pass_call(state, w, frame, fds)
                 counts["opened"] += len(fds)
                 counts["not_granted"] += frame["not_granted"]
                 passed = True
@@ -239,9 +240,9 @@ def run(state: State, policy: grantmatch.Policy, args: dict[str, Any], principal
 
 def _worker_report(state: State, w: Worker, rid: Any, end: float) -> dict[str, Any]:
     """The worker's next report on this call, by the deadline ``end`` (else it is killed: ``TIMEOUT``)."""
-    report = _await_report(w, rid, max(end - time.monotonic(), 0.0))
+    report = await_report(w, rid, max(end - time.monotonic(), 0.0))
     if report is None:
-        report = _end_late(state, w, rid)
+        report = end_late(state, w, rid)
         if report is None:
             raise ToolError(TIMEOUT, "the call did not finish in time")
     return report

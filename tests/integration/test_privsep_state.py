@@ -17,6 +17,7 @@ import pwd
 import secrets
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import tempfile
@@ -173,6 +174,20 @@ def test_helper_refuses_a_config_file_another_account_can_change(
         bad.unlink()
 
 
+def run_helper(config: Path, listener: socket.socket | None) -> subprocess.CompletedProcess[str]:
+    """``python -I -m mcpd.helper --config CONFIG`` as root, handed ``listener`` as fd 3 the way
+    systemd's socket unit hands it (``LISTEN_PID``, ``LISTEN_FDS=1``), or nothing."""
+    import sys
+
+    argv = [sys.executable, "-I", "-m", "mcpd.helper", "--config", str(config)]
+    if listener is None:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    hand_over = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.environ.update(LISTEN_PID=str(os.getpid()), "
+                 "LISTEN_FDS='1'); os.execv(sys.argv[2], sys.argv[2:])")
+    return subprocess.run([sys.executable, "-c", hand_over, str(listener.fileno()), *argv],
+                          capture_output=True, text=True, timeout=60, pass_fds=(listener.fileno(),))
+
+
 @pytest.mark.parametrize("broken", ["duplicate key", "not valid YAML"])
 def test_helper_starts_nothing_from_a_config_the_strict_loader_refuses(
         front_owned_daemon: tuple[PrivsepDaemon, Path, AccountFactory, str], tmp_path: Path, broken: str) -> None:
@@ -180,8 +195,6 @@ def test_helper_starts_nothing_from_a_config_the_strict_loader_refuses(
     equal keys; the policy process holds the whole file to the strict loader. A file with a key
     twice (here the helper's socket) or one that is not YAML ends the helper with 78, and the
     message quotes nothing of the file."""
-    import sys
-
     d = front_owned_daemon[0]
     folder = tmp_path / "conf"
     folder.mkdir()
@@ -192,10 +205,24 @@ def test_helper_starts_nothing_from_a_config_the_strict_loader_refuses(
     bad = folder / "mcpd.yaml"
     bad.write_text(text)
     os.chmod(bad, 0o640)
-    res = subprocess.run([sys.executable, "-I", "-m", "mcpd.helper", "--config", str(bad)],
-                         capture_output=True, text=True, timeout=60)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(folder / "helper.sock"))
+        listener.listen(1)
+        res = run_helper(bad, listener)
     assert res.returncode == 78, res.stderr
     assert broken in res.stderr and "SECRET-TEXT" not in res.stderr, res.stderr
+    assert stat.S_ISSOCK(os.lstat(d.socket_path).st_mode)  # the running helper's socket is untouched
+
+
+def test_helper_started_without_its_socket_starts_nothing(
+        front_owned_daemon: tuple[PrivsepDaemon, Path, AccountFactory, str]) -> None:
+    """Root binds no socket: started by hand without one handed over (neither systemd's socket
+    unit nor ``mcpd helper``), it ends with 78 before it starts anything, and says how to start it."""
+    d = front_owned_daemon[0]
+    res = run_helper(d.config_path, None)
+    assert res.returncode == 78, res.stderr
+    assert "no listening socket was handed over" in res.stderr and "mcpd helper" in res.stderr, res.stderr
+    assert "started the policy process" not in res.stderr
     assert stat.S_ISSOCK(os.lstat(d.socket_path).st_mode)  # the running helper's socket is untouched
 
 
@@ -336,3 +363,28 @@ def test_the_shipped_etc_layout_authenticates_through_root() -> None:
         if d is not None:
             stop_privsep(d)
         factory.cleanup()
+
+
+def test_mcpd_helper_makes_the_socket_as_the_socket_unit_does(
+        front_owned_daemon: tuple[PrivsepDaemon, Path, AccountFactory, str], tmp_path: Path) -> None:
+    """``mcpd helper`` binds the helper socket root does not: owner root, the service user's
+    group, 0660, as ``mcpd-helper.socket`` has it. A path that holds anything but a socket is
+    refused (exit 1, the file untouched) and no helper starts."""
+    import sys
+
+    d = front_owned_daemon[0]
+    st = os.lstat(d.socket_path)
+    assert stat.S_ISSOCK(st.st_mode) and (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, d.service.pw_gid, 0o660)
+    os.chmod(tmp_path, 0o755)
+    taken = tmp_path / "not-a-socket"
+    taken.write_bytes(b"root's own bytes\n")
+    bad = tmp_path / "mcpd.yaml"
+    text = d.config_path.read_text()
+    assert "\nhelper_socket:" in "\n" + text
+    bad.write_text("\n".join(f"helper_socket: {taken}" if line.startswith("helper_socket:") else line
+                             for line in text.splitlines()) + "\n")
+    os.chmod(bad, 0o640)
+    res = subprocess.run([sys.executable, "-m", "mcpd.admin.cli", "helper", "--config", str(bad)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "exists and is not a socket" in res.stderr, res.stderr
+    assert taken.read_bytes() == b"root's own bytes\n"

@@ -136,6 +136,7 @@ def test_root_kills_only_the_children_it_made(privsep_daemon: PrivsepDaemon) -> 
 @pytest.mark.parametrize("request_", [
     {"type": "open", "path": "/etc/hostname", "follow": False, "want": "file", "extra": 1},
     {"type": "open", "path": "/etc/hostname", "follow": 0, "want": "file"},
+    {"type": "open", "path": "/etc", "follow": False, "want": "dir"},
     {"type": "spawn", "user": "x"},
     {"type": "setuid", "uid": 0},
     {"type": "kill", "pid": True},

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from mcpd.common.config import EXIT_CONFIG
-from mcpd.helper import main as helper_main
+from mcpd.helper import forkserver
 from tests.support.privsep_fixture import running_privsep
 from tests.support.rootonly import root_prerequisite
 
@@ -236,7 +236,7 @@ def test_helper_capabilities_are_exactly_the_justified_set() -> None:
     assert "User" not in service  # root, by design
     caps = set(service["CapabilityBoundingSet"][0].split())
     assert caps == {"CAP_SETUID", "CAP_SETGID", "CAP_DAC_READ_SEARCH", "CAP_KILL"}
-    assert caps == set(helper_main.KEEP)  # the set the helper itself keeps when started by hand
+    assert caps == set(forkserver.KEEP)  # the set the helper itself keeps when started by hand
     denied = [v for v in service["SystemCallFilter"] if v.startswith("~")]
     assert any("@chown" in v.split() or "~@chown" in v.split() for v in denied), denied
     assert service["AmbientCapabilities"] == [""]

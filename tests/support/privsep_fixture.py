@@ -147,9 +147,18 @@ class PrivsepDaemon:
 
     # -- processes ------------------------------------------------------------------------------
 
+    def policy_starts(self) -> set[tuple[Any, Any]]:
+        """The starts of this daemon's policy processes in its audit log: ``(seq, time)`` of each
+        grants ``load: start`` record (a set, so a log rotated meanwhile does not hide a new one)."""
+        return {(r.get("seq"), r.get("time")) for r in self.audit()
+                if r.get("event") == "reload" and r.get("load") == "start" and r.get("part", 1) == 1}
+
     def start_helper(self) -> None:
-        """Start ``mcpd helper`` as root and wait (bounded) until its socket is in place."""
+        """Start ``mcpd helper`` as root and wait (bounded) until its socket is in place and its
+        policy process has started (loaded the grants): ``mcpd helper`` makes the socket before the
+        helper runs, as systemd's socket unit does, so the socket alone says nothing of it."""
         self.socket_path.unlink(missing_ok=True)  # a killed helper's socket must not look ready
+        starts = self.policy_starts()
         nofile = self.nofile
 
         def limits() -> None:
@@ -165,7 +174,7 @@ class PrivsepDaemon:
         while True:
             try:
                 st = os.lstat(self.socket_path)
-                if stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660:
+                if stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660 and self.policy_starts() - starts:
                     return
             except FileNotFoundError:
                 pass

@@ -9,15 +9,19 @@ parser or web stack); the wire layer nothing of mcpd outside it; the policy proc
 ``core`` imports only ``common``; ``common`` imports none of the others;
 ``worker`` only ``common`` and ``core``; the front and the client never import root-side code, and the front loads no content parser
 (libmagic, charset-normalizer) and no PAM, nor does the policy process load PAM;
-``mcpd dev``'s modules import one way (devmode, devroot, devsupervisor, devstate and devstop).
+``mcpd dev``'s modules import one way (devmode, devroot, devsupervisor, devstate and devstop);
+and no import cycle anywhere: among the packages, or the modules or subpackages of one package
+(an import inside a function counts; one under ``TYPE_CHECKING`` never runs and does not).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
 import tomllib
+import types
 from pathlib import Path
 
 import pytest
@@ -34,6 +38,18 @@ def lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
         [str(LINT_IMPORTS), "--no-cache", "--no-logo"],
         cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
     )
+
+
+def lint_with(tmp_path: Path, added: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` on a copy of the package in ``tmp_path`` with ``added`` (path in the
+    repository -> text) appended to those files (the copy comes first on sys.path: lint-imports
+    adds its cwd)."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(REPO / "mcpd", tmp_path / "mcpd", ignore=shutil.ignore_patterns("__pycache__"))
+    for path, text in added.items():
+        with open(tmp_path / path, "a", encoding="utf-8") as f:
+            f.write(text)
+    return lint_imports(tmp_path)
 
 
 def test_import_contracts_are_kept() -> None:
@@ -58,17 +74,10 @@ def test_every_contract_that_keeps_out_root_code_keeps_out_all_of_it() -> None:
 def test_import_contract_catches_a_forbidden_import(tmp_path: Path) -> None:
     """The check is not vacuous: the policy reaching the front, root reaching the policy, the walker reaching any policy
     module, or a core reader or libmagic reached through core.walk breaks it."""
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    shutil.copytree(REPO / "mcpd", tmp_path / "mcpd", ignore=shutil.ignore_patterns("__pycache__"))
-    with open(tmp_path / "mcpd/policy/login.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.front.limits\n")
-    with open(tmp_path / "mcpd/helper/monitor.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.policy.grants\n")
-    with open(tmp_path / "mcpd/core/walk.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.core.textread\n")
-    with open(tmp_path / "mcpd/walker/main.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.policy.grants\n")
-    proc = lint_imports(tmp_path)  # the copy comes first on sys.path: lint-imports adds its cwd
+    proc = lint_with(tmp_path, {"mcpd/policy/login.py": "\nimport mcpd.front.limits\n",
+                                "mcpd/helper/monitor.py": "\nimport mcpd.policy.grants\n",
+                                "mcpd/core/walk.py": "\nimport mcpd.core.textread\n",
+                                "mcpd/walker/main.py": "\nimport mcpd.policy.grants\n"})
     assert proc.returncode != 0, proc.stdout
     assert "mcpd.policy.login -> mcpd.front.limits" in proc.stdout, proc.stdout
     assert "mcpd.helper.monitor -> mcpd.policy.grants" in proc.stdout, proc.stdout
@@ -79,10 +88,45 @@ def test_import_contract_catches_a_forbidden_import(tmp_path: Path) -> None:
 
 def test_import_contract_catches_a_dev_mode_cycle(tmp_path: Path) -> None:
     """`mcpd dev`'s modules import one way: devroot importing devmode back (a cycle) breaks it."""
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    shutil.copytree(REPO / "mcpd", tmp_path / "mcpd", ignore=shutil.ignore_patterns("__pycache__"))
-    with open(tmp_path / "mcpd/admin/devroot.py", "a", encoding="utf-8") as f:
-        f.write("\nimport mcpd.admin.devmode\n")
-    proc = lint_imports(tmp_path)
+    proc = lint_with(tmp_path, {"mcpd/admin/devroot.py": "\nimport mcpd.admin.devmode\n"})
     assert proc.returncode != 0, proc.stdout
     assert "mcpd.admin.devroot is not allowed to import mcpd.admin.devmode" in proc.stdout, proc.stdout
+
+
+def modgraph() -> types.ModuleType:
+    """``scripts/modgraph.py``, loaded from its file (scripts/ is no package)."""
+    spec = importlib.util.spec_from_file_location("modgraph", REPO / "scripts" / "modgraph.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["modgraph"] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_module_imports_itself_back_at_run_time() -> None:
+    """No cycle among mcpd's modules as they run: imports inside functions count, those under
+    ``TYPE_CHECKING`` do not; and every import the acyclic contract ignores is such a type-only
+    one (so the contract ignores nothing that runs)."""
+    graph = modgraph()
+    mods = graph.load(REPO)
+    runtime = {name: {target for target, _ in mod.runtime} for name, mod in mods.items()}
+    assert graph.cycles(runtime) == []
+    contract = next(c for c in tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+                    ["tool"]["importlinter"]["contracts"] if c["id"] == "acyclic")
+    for line in contract["ignore_imports"]:
+        importer, imported = (part.strip() for part in line.split("->"))
+        assert imported in {t for t, _ in mods[importer].typing_only}, f"{line}: not a type-only import"
+        assert imported not in runtime[importer], f"{line}: imported at run time too"
+
+
+def test_import_contract_catches_a_cycle(tmp_path: Path) -> None:
+    """A cycle breaks the acyclic contract: between two modules of the policy process through an
+    import inside a function, and between two subpackages of the front."""
+    proc = lint_with(tmp_path, {"mcpd/policy/grepcall.py": "\n\ndef _back() -> None:\n    import mcpd.policy.calls\n",
+                                "mcpd/front/connections/handover.py": "\nimport mcpd.front.sessions.table\n"})
+    assert proc.returncode != 0, proc.stdout
+    assert "No cycles are allowed in mcpd.policy." in proc.stdout, proc.stdout
+    assert "No cycles are allowed in mcpd.front." in proc.stdout, proc.stdout
+    graph = modgraph()
+    runtime = {name: {t for t, _ in mod.runtime} for name, mod in graph.load(tmp_path).items()}
+    assert ["mcpd.policy.calls", "mcpd.policy.grepcall"] in graph.cycles(runtime)

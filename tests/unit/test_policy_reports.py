@@ -13,7 +13,7 @@ import pytest
 
 from mcpd.helper.wire import frames
 from mcpd.helper.wire.errors import INTERNAL_ERROR, ToolError
-from mcpd.policy.calls import _await_report
+from mcpd.policy.handover import await_report
 from mcpd.policy.state import Worker
 
 
@@ -36,21 +36,21 @@ def test_a_report_split_anywhere_and_after_stale_ones_is_found(pair) -> None:
 
     t = threading.Thread(target=send)
     t.start()
-    assert _await_report(w, 7, 10.0) == {"id": 7, "code": None, "bytes": 4096}
+    assert await_report(w, 7, 10.0) == {"id": 7, "code": None, "bytes": 4096}
     t.join()
     worker.sendall(frames.encode({"id": 8, "code": "FILE_NOT_FOUND", "bytes": 0}) * 2)
-    assert _await_report(w, 8, 10.0)["code"] == "FILE_NOT_FOUND"
-    assert _await_report(w, 8, 10.0)["id"] == 8  # the second, already in the buffer
+    assert await_report(w, 8, 10.0)["code"] == "FILE_NOT_FOUND"
+    assert await_report(w, 8, 10.0)["id"] == 8  # the second, already in the buffer
     assert w.reports == bytearray()
 
 
 def test_no_report_in_time_is_none_and_a_gone_worker_an_internal_error(pair) -> None:
     w, worker = pair
-    assert _await_report(w, 1, 0.05) is None
+    assert await_report(w, 1, 0.05) is None
     worker.sendall(frames.encode({"id": 1})[:3])  # half a header, then the worker ends
     worker.close()
     with pytest.raises(ToolError) as err:
-        _await_report(w, 1, 5.0)
+        await_report(w, 1, 5.0)
     assert err.value.code == INTERNAL_ERROR
 
 
@@ -58,12 +58,12 @@ def test_an_oversized_or_garbled_report_is_refused_before_it_is_read(pair) -> No
     w, worker = pair
     worker.sendall(struct.pack("!I", 1 << 30))
     with pytest.raises(ToolError) as refused:  # the call fails (its record says so), nothing more is read
-        _await_report(w, 1, 5.0)
+        await_report(w, 1, 5.0)
     assert refused.value.code == INTERNAL_ERROR and "malformed report" in refused.value.message
     w.reports.clear()
     worker.sendall(struct.pack("!I", 3) + b"[1]")
     with pytest.raises(ToolError) as refused:
-        _await_report(w, 1, 5.0)
+        await_report(w, 1, 5.0)
     assert refused.value.code == INTERNAL_ERROR
 
 

@@ -20,10 +20,10 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mcpd.front.events import encode_message
 from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.mcp.session import McpSession
 from mcpd.front.transport.body import BodyRefused, parse_json
-from mcpd.front.transport.events import encode_message
 from tests.support.envelope import BODY, CALLER, SETTINGS
 from tests.support.fuzzgen import answered, dump, strict
 

@@ -61,3 +61,6 @@ def test_root_serves_seven_requests_with_every_key_required() -> None:
         check(TABLE, {"type": "kill", "id": 1, "pid": True})
     with pytest.raises(SchemaError, match="open: malformed key 'path'"):
         check(TABLE, {"type": "open", "id": 1, "path": "/" * 4097, "follow": True, "want": "any"})
+    for want in ("dir", "", "FILE"):  # root opens a file, or anything as O_PATH; never a folder to read
+        with pytest.raises(SchemaError, match="open: malformed key 'want'"):
+            check(TABLE, {"type": "open", "id": 1, "path": "/etc", "follow": True, "want": want})

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENTRY_MODULE = "mcpd.helper.main"
 MAIN_FILE = ("mcpd.helper.__main__", "mcpd/helper/__main__.py")  # run by `python -m mcpd.helper`
 FOLDER = REPO / "mcpd/helper"  # root's folder: root's code and the wire layer (mcpd/helper/wire/)
-BUDGET = 847  # code lines of every module in root's folder
+BUDGET = 800  # code lines of every module in root's folder
 FORBIDDEN = frozenset({
     "click", "cryptography", "charset_normalizer", "magic", "starlette", "uvicorn", "httpx",
     "sse_starlette", "anyio", "re2", "zstandard",

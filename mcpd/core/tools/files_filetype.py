@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcpd.common.config import SAMPLE_BYTES
 from mcpd.common.validate import check_bool, check_object, check_path
-from mcpd.core.fileops import SAMPLE_BYTES
 from mcpd.core.tools._outputs import FILETYPE, output_schema
 from mcpd.core.tools._schemas import PATH_SCHEMA, PRIVILEGED_SCHEMA
 

@@ -20,6 +20,7 @@ from mcpd.front.access import AccessLog, Call
 from mcpd.front.confirm import elicit_then_retry, hitl_of, input_required
 from mcpd.front.limits import LimitsTracker
 from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, RpcError, Send, encodable
+from mcpd.front.mcp.results import tool_error_result
 from mcpd.front.mcp.tasks import TASK_TOOLS, TaskStore
 from mcpd.front.mcp.versions import STRUCTURED_SINCE, session_tasks
 from mcpd.front.privileged import PrivilegedBackend
@@ -98,15 +99,6 @@ class ResourceProvider(Protocol):
         """The ``ReadResourceResult`` for ``uri`` (``params``: the whole ``resources/read`` params);
         raise :class:`RpcError` for an unknown or failed resource."""
         ...
-
-
-def tool_error_result(exc: ToolError) -> dict[str, Any]:
-    """The ``CallToolResult`` for a tool failure: ``isError`` with the code in ``structuredContent``."""
-    return {
-        "content": [{"type": "text", "text": exc.message}],
-        "isError": True,
-        "structuredContent": {"error": exc.to_dict()},
-    }
 
 
 def readable(value: Any) -> Any:

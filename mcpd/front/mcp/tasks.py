@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from mcpd.front import metrics
 from mcpd.front.mcp.jsonrpc import INTERNAL, INVALID_PARAMS, METHOD_NOT_FOUND, SERVER_BUSY, RpcError, approx_size
+from mcpd.front.mcp.results import tool_error_result
 from mcpd.front.mcp.versions import META_CLIENT_CAPABILITIES, session_tasks
 from mcpd.front.mcp.versions import TASKS_EXTENSION as EXTENSION
 from mcpd.helper.wire.errors import FILE_TOO_LARGE, ToolError
@@ -241,8 +242,6 @@ class TaskStore:
         size = approx_size(result)
         held = self._held.get(task.owner, 0)
         if held + size > self.max_result_bytes:
-            from mcpd.front.mcp.dispatcher import tool_error_result  # (the dispatcher imports this module)
-
             return tool_error_result(ToolError(
                 FILE_TOO_LARGE, "this result would pass the bytes this principal's tasks may hold", size=size,
                 limit=self.max_result_bytes - held,

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mcpd.common.identity import Principal
 from mcpd.front import metrics
 from mcpd.front.connections.handover import UNSEEN
+from mcpd.front.events import PING, endpoint_event, message_event
 from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.mcp.session import McpSession
 from mcpd.front.sessions.backpressure import Backpressure
 from mcpd.front.sessions.budgets import FULL
-from mcpd.front.transport.events import PING, endpoint_event, message_event
 
 if TYPE_CHECKING:
     from mcpd.front.sessions.table import SessionManager

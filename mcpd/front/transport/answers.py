@@ -20,11 +20,11 @@ from starlette.types import Receive, Scope, Send
 
 from mcpd.front import metrics
 from mcpd.front.connections.handover import DETACH, PIECE, UNSEEN
+from mcpd.front.events import EVENT_END, EVENT_HEAD, PING, encode_message, event_of, pieces
 from mcpd.front.mcp.dispatcher import Caller
 from mcpd.front.mcp.session import McpSession
 from mcpd.front.sessions.budgets import FULL
 from mcpd.front.sessions.table import SessionManager
-from mcpd.front.transport.events import EVENT_END, EVENT_HEAD, PING, encode_message, event_of, pieces
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from mcpd.front.connections.handover import PIECE
+from mcpd.front.events import STREAM_HEADERS, pieces
 from mcpd.front.sessions.session import Session
 from mcpd.front.sessions.table import SessionManager
-from mcpd.front.transport.events import STREAM_HEADERS, pieces
 
 if TYPE_CHECKING:
     from mcpd.front.connections.handover import StreamConnection

@@ -56,6 +56,7 @@ from mcpd.common.config import Config
 from mcpd.front.auth import McpUser
 from mcpd.front.confirm import may_elicit
 from mcpd.front.connections.handover import DETACH
+from mcpd.front.events import STREAM_HEADERS, event_of
 from mcpd.front.mcp.dispatcher import Caller
 from mcpd.front.mcp.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, valid_id
 from mcpd.front.mcp.session import McpSession
@@ -66,7 +67,6 @@ from mcpd.front.sessions.table import SESSION_ID_RE, SessionManager, SessionRefu
 from mcpd.front.transport.accept import MalformedAccept, acceptable
 from mcpd.front.transport.answers import PiecedAnswer, PostStream, Queued, disconnected, post_events
 from mcpd.front.transport.body import BodyRefused, read_json, rpc_refusal
-from mcpd.front.transport.events import STREAM_HEADERS, event_of
 from mcpd.front.transport.modern import VERSION_HEADER, HeaderRefused, check_modern, modern_version, one_header
 from mcpd.front.transport.stream import SessionStream
 

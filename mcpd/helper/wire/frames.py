@@ -6,8 +6,8 @@ the body, so a peer announcing 1 GB costs nothing (the connection is simply refu
 accepts request frames up to :data:`HELPER_REQUEST_CAP` (64 KiB).
 
 This module holds what root uses: the format, blocking sends and receives with descriptors. What
-only the other processes use (buffered reading, reply caps, JSON with number hooks, a faster JSON
-codec) is in :mod:`mcpd.common.frames`, which re-exports all of this.
+only the other processes use (buffered reading, reply caps, the JSON depth rule and number hooks,
+a faster JSON codec) is in :mod:`mcpd.common.frames`, which re-exports all of this.
 """
 
 from __future__ import annotations
@@ -30,60 +30,38 @@ class FrameError(Exception):
     """A malformed frame: over the cap, truncated, not JSON, or not a JSON object."""
 
 
-#: the JSON codec of this process's frames, ``"dumps"`` and ``"loads"``, when one is installed
-#: (:func:`mcpd.common.frames.use_codec`: the front, the policy process and the workers install
-#: orjson's); root installs none and keeps the standard library's
-codec: dict[str, Any] = {}
+def _dumps(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+
+
+def _loads(body: bytes) -> Any:
+    """:func:`json.loads` alone, as root parses: its requests hold no nested value (its schema
+    check refuses any), so the depth rule of the other processes (:func:`mcpd.common.frames.loads`)
+    is not needed there. :class:`FrameError` for what is not JSON, or nested too deeply for the
+    parser."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise FrameError("not JSON") from None
+
+
+#: this process's JSON codec for frames, ``"dumps"`` (an object to compact UTF-8 bytes) and
+#: ``"loads"`` (bytes to a value, or :class:`FrameError`): root's is the standard library's;
+#: importing :mod:`mcpd.common.frames` (every other process) makes its ``loads``, with the depth
+#: rule, the parser, and the front, the policy process and the workers install orjson's
+#: (:func:`mcpd.common.frames.use_codec`)
+codec: dict[str, Any] = {"dumps": _dumps, "loads": _loads}
 
 
 def encode(obj: dict[str, Any]) -> bytes:
-    """Encode one object as a frame (header + compact UTF-8 JSON)."""
-    if "dumps" in codec:
-        body = codec["dumps"](obj)
-    else:
-        body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    """Encode one object as a frame (header + compact UTF-8 JSON, with :data:`codec`)."""
+    body = codec["dumps"](obj)
     return HEADER.pack(len(body)) + body
 
 
-MAX_DEPTH = 64  # JSON nested deeper than this is refused like unparsable JSON (docs/REFERENCE.md §2.3)
-
-
-def too_deep(value: Any, limit: int = MAX_DEPTH, text: bytes | str | None = None) -> bool:
-    """Whether ``value`` (parsed JSON: the plain ``dict`` and ``list`` the parsers build) nests
-    arrays and objects more than ``limit`` levels deep (a bare object or array is one level).
-    Iterative, so any depth is safe to check. ``text``: the JSON ``value`` was parsed from, when at
-    hand: text with at most ``limit`` opening brackets cannot nest deeper, and is answered without
-    the walk (the usual case, counted in C)."""
-    if text is not None:
-        opening = (b"[", b"{") if isinstance(text, bytes) else ("[", "{")
-        if text.count(opening[0]) + text.count(opening[1]) <= limit:  # type: ignore[arg-type]
-            return False
-    # level by level, each in one comprehension (a 4 MiB batch of 466,000 members is walked in a
-    # fraction of a second, where a stack of (item, depth) pairs took 1.2 s of the event loop):
-    # after ``limit`` steps, ``level`` holds the containers nested ``limit + 1`` deep
-    level = [value] if type(value) is dict or type(value) is list else []
-    for _ in range(limit):
-        level = [child for item in level for child in (item.values() if type(item) is dict else item)
-                 if type(child) is dict or type(child) is list]
-    return bool(level)
-
-
-def loads(data: bytes | str) -> Any:
-    """Parse JSON as every mcpd process does: :class:`FrameError` for anything unparsable, nested
-    deeper than :data:`MAX_DEPTH` levels, or so deep the parser itself gives up. Bytes are decoded
-    as :func:`json.loads` decodes them (UTF-8, -16 or -32, found from the first bytes)."""
-    try:
-        value = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise FrameError("not JSON" if not isinstance(exc, RecursionError) else "JSON nested too deeply") from None
-    if too_deep(value, text=data):
-        raise FrameError(f"JSON nested deeper than {MAX_DEPTH} levels")
-    return value
-
-
 def decode_body(body: bytes) -> dict[str, Any]:
-    """Parse a frame body with :func:`loads`; raise :class:`FrameError` unless it is one JSON object."""
-    obj = codec["loads"](body) if "loads" in codec else loads(body)
+    """Parse a frame body with :data:`codec`; raise :class:`FrameError` unless it is one JSON object."""
+    obj = codec["loads"](body)
     if not isinstance(obj, dict):
         raise FrameError("frame is not a JSON object")
     return obj
@@ -95,13 +73,12 @@ def check_length(length: int, cap: int) -> None:
         raise FrameError(f"frame of {length} bytes exceeds the cap of {cap} bytes")
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """The rest of a frame begun: ``n`` bytes; :class:`FrameError` when the stream ends first."""
     chunks = bytearray()
     while len(chunks) < n:
         chunk = sock.recv(min(n - len(chunks), 1024 * 1024))
         if not chunk:
-            if not chunks:
-                return None
             raise FrameError("connection closed inside a frame")
         chunks += chunk
     return bytes(chunks)
@@ -140,13 +117,9 @@ def recv_frame_fds(sock: socket.socket, cap: int, max_fds: int) -> tuple[dict[st
     try:
         if not data:
             return None, fds
-        rest = _recv_exactly(sock, HEADER.size - len(data)) if len(data) < HEADER.size else b""
-        (length,) = HEADER.unpack(data + (rest or b""))
+        (length,) = HEADER.unpack(data + _recv_exactly(sock, HEADER.size - len(data)))
         check_length(length, cap)
-        body = _recv_exactly(sock, length) if length else b""
-        if body is None:
-            raise FrameError("connection closed inside a frame")
-        return decode_body(body), fds
+        return decode_body(_recv_exactly(sock, length)), fds
     except BaseException:
         for fd in fds:
             os.close(fd)

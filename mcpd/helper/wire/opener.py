@@ -65,8 +65,11 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 
-def _openat2(path: str, flags: int, resolve: int) -> int:
-    how = _OpenHow(flags, 0, resolve)
+def _openat2(path: str, follow_symlinks: bool) -> int:
+    """An ``O_PATH`` descriptor of ``path`` resolved by ``openat2``: no magic link, and no symlink
+    at all unless ``follow_symlinks``. Raises ``OSError`` (``ELOOP``: a symlink refused)."""
+    resolve = _RESOLVE_NO_MAGICLINKS if follow_symlinks else _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
+    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, resolve)
     fd = _libc.syscall(
         ctypes.c_long(_SYS_OPENAT2 or -1),
         ctypes.c_int(_AT_FDCWD),
@@ -78,11 +81,6 @@ def _openat2(path: str, flags: int, resolve: int) -> int:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
     return int(fd)
-
-
-def _open(path: str, follow_symlinks: bool) -> int:
-    resolve = _RESOLVE_NO_MAGICLINKS if follow_symlinks else _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
-    return _openat2(path, os.O_PATH | os.O_CLOEXEC, resolve)
 
 
 def fd_path(fd: int) -> str:
@@ -202,7 +200,7 @@ def open_checked(path: str, follow_symlinks: bool = False, want: str = "file",
     except PathError as exc:
         raise invalid_argument(str(exc), path=path if isinstance(path, str) else None) from None
     try:
-        fd = _open(cleaned, follow_symlinks)
+        fd = _openat2(cleaned, follow_symlinks)
     except OSError as exc:
         raise (denied(cleaned, SYMLINK) if exc.errno == errno.ELOOP else from_oserror(exc, cleaned)) from None
     try:

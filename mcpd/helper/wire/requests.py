@@ -16,11 +16,13 @@ from typing import Any
 @dataclasses.dataclass(frozen=True)
 class Key:
     """One key of a request: its exact type (``str``, ``int``, ``bool`` or ``dict``; ``bool`` is not
-    ``int``), whether it must be present, and for a string its most characters (0: no limit)."""
+    ``int``), whether it must be present, for a string its most characters (0: no limit), and
+    ``choices``: the only values it may take (empty: any of its type)."""
 
     type: type
     required: bool = True
     longest: int = 4096
+    choices: tuple[Any, ...] = ()
 
 
 ID = Key(int)  # the ``id`` every request carries, echoed in its reply
@@ -54,11 +56,11 @@ def table(*requests: Request) -> dict[str, Request]:
 def check(served: Mapping[str, Request], req: dict[str, Any]) -> Request:
     """The entry of ``served`` (a :func:`table`) for ``req`` (a decoded frame), once ``req`` holds
     exactly its keys: a known ``type``, an int ``id``, every required key and no other, each of its
-    exact type and no longer than its limit.
+    exact type, no longer than its limit and one of its choices when it has some.
 
     Raises:
         SchemaError: ``"unknown request type"``, or ``"<type>: unknown key 'k'"``,
-            ``"<type>: missing key 'k'"``, ``"<type>: malformed key 'k'"`` (wrong type, too long).
+            ``"<type>: missing key 'k'"``, ``"<type>: malformed key 'k'"`` (wrong type, too long, not a choice).
     """
     kind = req.get("type")
     if type(kind) is not str or kind not in served:
@@ -74,6 +76,7 @@ def check(served: Mapping[str, Request], req: dict[str, Any]) -> Request:
                 raise SchemaError(f"{kind}: missing key {key!r}")
             continue
         value = req[key]
-        if type(value) is not want.type or (isinstance(value, str) and want.longest and len(value) > want.longest):
+        if type(value) is not want.type or (isinstance(value, str) and want.longest and len(value) > want.longest) \
+                or (want.choices and value not in want.choices):
             raise SchemaError(f"{kind}: malformed key {key!r}")
     return entry

@@ -38,7 +38,6 @@ class RootSettings:
 
     users_file: str = "/etc/mcpd/users.yaml"
     grants_file: str = "/etc/mcpd/mcp-sudo.yaml"
-    helper_socket: str = "/run/mcpd/helper.sock"
     service_user: str = "mcpd"
     audit_log: str = "/var/log/mcpd/audit.jsonl"
     access_log: str = "/var/log/mcpd-front/access.jsonl"
