@@ -280,7 +280,9 @@ class ConfirmRoutes:
         if not _ID.fullmatch(cid):
             return _page("Confirmation", f"<p>{GONE}</p>", 404)
         fields = {k: form.get(k, "") for k in ("csrf", "user", "password", "decision")}
-        if not fields["csrf"] or len(fields["csrf"]) > 64:
+        if not fields["csrf"] or len(fields["csrf"]) > 64:  # the policy process records the refusal (no PAM)
+            await self._ask({"type": "confirm_answer", "cid": cid, "peer": peer, "csrf": "", "user": "",
+                             "password": "", "decision": ""})
             return _page("Refused", "<p>The form's token is missing: reload the page.</p>", 403)
         if not (0 < len(fields["user"]) <= 64 and 0 < len(fields["password"]) <= 1024 and len(fields["decision"]) <= 16):
             return _page("Refused", "<p>Account and password are required.</p>", 400)
