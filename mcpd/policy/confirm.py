@@ -108,6 +108,13 @@ class Confirmations:
         for key in [k for k, (until, _, _) in self._approved.items() if until <= now]:
             del self._approved[key]
 
+    def sweep(self) -> None:
+        """Expire what is past its time now (the policy process's loop calls it about twice a
+        second), so each ``expired`` record is written when the record expires, not at the next
+        look at the store."""
+        with self._cond:
+            self._sweep(time.time())
+
     def open(self, kind: str, principal: str, os_user: str, token_id: str, op: str, path: str, why: str = "",
              approve: Approve | None = None, login_at: float = 0.0) -> Pending:
         """A new record for one call (``kind`` :data:`SIGNIN` or :data:`APPROVE`), recorded

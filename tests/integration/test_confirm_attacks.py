@@ -186,6 +186,18 @@ def test_an_approval_for_a_while_covers_no_other_principal_or_path(attackd: Any)
     assert approved[0]["covers_seconds"] == 3600 and approved[0]["by"] == "bob" and approved[0]["user"] == "alice"
 
 
+def test_concurrent_retries_of_one_approval_run_one_call(attackd: Any) -> None:
+    d, _ = attackd
+    path = str(d.app / "five.txt")
+    first = call(d, d.tokens["alice"], call_body(path))
+    login_client.approve(d.url, d.tokens["bob"], first["requestState"], d.cacert)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: call(d, d.tokens["alice"], call_body(path, state=first["requestState"],
+                                                                                 rid=i)), range(8)))
+    assert [r["resultType"] for r in results].count("complete") == 1, results
+    assert [r["decision"] for r in confirms(d, confirm_id=first["requestState"])] == ["requested", "approved", "used"]
+
+
 # ---------------------------------------------------------------- the page: CSRF, framing, injection
 
 
@@ -339,6 +351,53 @@ def test_a_reload_that_adds_approve_makes_the_next_call_wait(attackd: Any) -> No
         time.sleep(1.5)
     assert asked["resultType"] == "input_required"
     assert call(d, d.tokens["bob"], call_body(str(d.app / "two.txt"), caps={}, rid=3))["resultType"] == "complete"
+
+
+# ---------------------------------------------------------------- expiry
+
+EXPIRY = 3
+
+
+@pytest.fixture(scope="module")
+def shortd() -> Iterator[tuple[PrivsepDaemon, dict[str, str]]]:
+    """Records live :data:`EXPIRY` seconds; alice's files/read waits for bob, one approval covering
+    2 s; her files/list needs a sign-in within the hour."""
+    with confirm_daemon({"files/read": {"approve": {"by": ["bob"], "for": "2s"}},
+                         "files/list": {"reauth_after": "1h"}},
+                        {"max_failures": 50, "free_failures": 50, "confirm_seconds": EXPIRY}) as found:
+        found[0].log_file.write_text("log\n")
+        yield found
+
+
+def test_an_expired_record_is_recorded_when_it_expires_and_is_dead(shortd: Any) -> None:
+    d, pw = shortd
+    approval = call(d, d.tokens["alice"], call_body(str(d.log_file)))
+    signin = call(d, d.tokens["alice"], call_body(str(d.app), tool="files/list", rid=2))
+    token = csrf_of(page(d, page_url(signin)).text)
+    time.sleep(EXPIRY + 1.5)  # nobody looks at either record meanwhile
+    for cid, kind in ((approval["requestState"], "approve"), (signin["requestState"], "signin")):
+        gone = confirms(d, confirm_id=cid, decision="expired")
+        assert len(gone) == 1 and gone[0]["kind"] == kind and gone[0]["user"] == "alice", cid
+        assert gone[0]["os_user"] == d.accounts["alice"].name and gone[0]["token_id"]
+    assert page(d, page_url(approval)).status_code == 404
+    late = submit(d, page_url(signin), {"csrf": token, "user": d.accounts["alice"].name, "password": pw["alice"],
+                                         "decision": "signin"})
+    assert late.status_code == 404
+    with pytest.raises(UsageError, match="unknown, used or expired"):
+        login_client.approve(d.url, d.tokens["bob"], approval["requestState"], d.cacert)
+    again = call(d, d.tokens["alice"], call_body(str(d.log_file), state=approval["requestState"], rid=3))
+    assert again["resultType"] == "input_required" and again["requestState"] != approval["requestState"]
+
+
+def test_an_approval_for_a_while_ends_at_its_time(shortd: Any) -> None:
+    d, _ = shortd
+    first = call(d, d.tokens["alice"], call_body(str(d.log_file)))
+    login_client.approve(d.url, d.tokens["bob"], first["requestState"], d.cacert)
+    assert call(d, d.tokens["alice"], call_body(str(d.log_file), state=first["requestState"], rid=2))[
+        "resultType"] == "complete"
+    assert call(d, d.tokens["alice"], call_body(str(d.log_file), rid=3))["resultType"] == "complete"  # within 2 s
+    time.sleep(2.5)
+    assert call(d, d.tokens["alice"], call_body(str(d.log_file), rid=4))["resultType"] == "input_required"
 
 
 # ---------------------------------------------------------------- passwords (last: locks bob's account)
