@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from mcpd.common.config import Login as LoginConfig
 from mcpd.common.inflight import InFlight
+from mcpd.common.printable import printable
 from mcpd.front.login import LoginUnavailable, PolicyLogin
 from mcpd.front.mcp.outgoing import ClientDidNotAnswer
 from mcpd.front.transport.body import BodyRefused, read_capped
@@ -177,7 +178,10 @@ def _facts(view: dict[str, Any]) -> str:
     if view.get("why"):
         rows.append(("Stated reason", view["why"]))
     rows.append(("Expires in", f"{view['expires_in']} s"))
-    return "<dl>" + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in rows) + "</dl>"
+    # the agent chose the path and the reason: controls, bidirectional overrides and invisible
+    # characters are shown as escapes, so what the approver reads is what is asked
+    return "<dl>" + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(printable(str(v)))}</dd>"
+                            for k, v in rows) + "</dl>"
 
 
 def _form(action: str, view: dict[str, Any], error: str = "") -> str:

@@ -261,6 +261,17 @@ def test_the_page_cannot_be_framed_and_escapes_what_the_agent_controls(attackd: 
         assert resp.headers["x-frame-options"] == "DENY" and resp.headers["cache-control"] == "no-store"
 
 
+def test_the_page_shows_bidi_and_invisible_characters_as_escapes(attackd: Any) -> None:
+    d, _ = attackd
+    name = "report\u202etxt.exe\u200b"  # shown raw, it would read "reportexe.txt"
+    first = call(d, d.tokens["alice"], call_body(str(d.app / name), why="fine\u202e.enif\u2066"))
+    shown = page(d, page_url(first))
+    assert shown.status_code == 200
+    for raw in ("\u202e", "\u200b", "\u2066"):
+        assert raw not in shown.text
+    assert "report\\u202etxt.exe\\u200b" in shown.text and "fine\\u202e.enif\\u2066" in shown.text
+
+
 def test_the_approvers_terminal_sees_no_control_characters_from_the_agent(attackd: Any) -> None:
     d, _ = attackd
     name = "\x1b]0;owned\x07\x1b[2Jclean.txt"
