@@ -287,8 +287,10 @@ def test_the_approvers_terminal_sees_no_control_characters_from_the_agent(attack
     assert done.returncode == 0, done.stderr
     assert b"\x1b" not in done.stderr + done.stdout and b"\x07" not in done.stderr + done.stdout
     tail = subprocess.run([str(Path(sys.executable).with_name("mcpd")), "audit", "tail", "--config",
-                           str(d.config_path), "-n", "40"], capture_output=True, timeout=60)
-    assert b"\x1b" not in tail.stdout + tail.stderr
+                           str(d.config_path), "--event", "confirm", "-n", "40"], capture_output=True, timeout=60)
+    assert tail.returncode == 0, tail.stderr
+    assert b"clean.txt" in tail.stdout and b"denied" in tail.stdout
+    assert b"\x1b" not in tail.stdout + tail.stderr and b"\r" not in tail.stdout
 
 
 # ---------------------------------------------------------------- floods and held capacity
