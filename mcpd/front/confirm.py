@@ -280,7 +280,10 @@ class ConfirmRoutes:
             body = await read_capped(request, FORM_CAP)
         except BodyRefused:
             return _page("Refused", "<p>The form is too large.</p>", 413)
-        form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace"), max_num_fields=8).items() if v}
+        try:
+            form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace"), max_num_fields=8).items() if v}
+        except ValueError:  # more fields than the form has
+            return _page("Refused", "<p>The form has too many fields.</p>", 400)
         if not _ID.fullmatch(cid):
             return _page("Confirmation", f"<p>{GONE}</p>", 404)
         fields = {k: form.get(k, "") for k in ("csrf", "user", "password", "decision")}

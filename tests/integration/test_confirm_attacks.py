@@ -244,6 +244,25 @@ def test_a_form_without_a_token_is_refused_and_recorded(attackd: Any) -> None:
         "csrf token missing or wrong"]
 
 
+def test_a_malformed_form_is_a_clear_refusal(attackd: Any) -> None:
+    d, pw = attackd
+    first = call(d, d.tokens["alice"], call_body(str(d.app / "five.txt")))
+    url = page_url(first)
+    token = csrf_of(page(d, url).text)
+    fields = {"csrf": token, "user": d.accounts["bob"].name, "password": pw["bob"], "decision": "approve"}
+    padded = "&".join([f"{k}={v}" for k, v in fields.items()] + [f"x{i}=1" for i in range(8)])
+    with httpx.Client(verify=ssl_context(d.cacert), timeout=30) as c:
+        many = c.post(url, content=padded, headers={"Content-Type": "application/x-www-form-urlencoded"})
+        big = c.post(url, content="csrf=" + "a" * 9000, headers={"Content-Type": "application/x-www-form-urlencoded"})
+        binary = c.post(url, content=b"\xff\xfe\x00csrf=\x80", headers={"Content-Type": "application/x-www-form-urlencoded"})
+        unknown = c.post(url, data={**fields, "decision": "approve-all"})
+    assert many.status_code == 400 and "too many fields" in many.text
+    assert big.status_code == 413 and binary.status_code == 403
+    assert unknown.status_code == 403 and "unknown decision" in unknown.text
+    assert page(d, url).status_code == 200  # still waiting
+    assert submit(d, url, fields).status_code == 200
+
+
 def test_the_page_cannot_be_framed_and_escapes_what_the_agent_controls(attackd: Any) -> None:
     d, _ = attackd
     name = '"><img src=x onerror=alert(1)><script>alert(2)<\\script>.txt'
