@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import grp
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -50,7 +51,9 @@ def attackd() -> Iterator[tuple[PrivsepDaemon, dict[str, str]]]:
                                 "max_delay_seconds": 0, "lockout_seconds": 600},
                         workers={"per_account": PER_ACCOUNT, "timeout_seconds": DEADLINE}) as (d, pw):
         alice, bob = d.accounts["alice"].name, d.accounts["bob"].name
-        d.accounts["carol"] = factory.user()
+        pw["carol"], pw["dave"] = secrets.token_urlsafe(12), secrets.token_urlsafe(12)
+        d.accounts["carol"] = factory.user(password=pw["carol"])
+        d.accounts["dave"] = factory.user(password=pw["dave"])  # an account no principal is bound to
         users_path = Path(d.config_path).parent / "users.yaml"
         users = identity.load_users(users_path)
         d.tokens["alice2"], rec = identity.new_token()
@@ -71,6 +74,7 @@ def attackd() -> Iterator[tuple[PrivsepDaemon, dict[str, str]]]:
             yield d, pw
         finally:
             d.accounts.pop("carol")
+            d.accounts.pop("dave")
             factory.cleanup()
 
 
@@ -181,6 +185,22 @@ def test_own_request_is_refused_through_a_group_and_a_second_principal(attackd: 
     reasons = [r["reason"] for r in confirms(d, decision="refused") if r["confirm_id"] in (cid, reading["requestState"])]
     assert sorted(reasons) == ["not an approver of this grant", "own request", "own request", "own request"]
     assert all(r.get("by") and r["user"] == "alice" for r in confirms(d, decision="refused"))
+
+
+def test_strangers_signing_in_on_the_page_are_refused_and_recorded(attackd: Any) -> None:
+    d, pw = attackd
+    first = call(d, d.tokens["alice"], call_body(str(d.app / "four.txt")))
+    cid = first["requestState"]
+    for who, said in (("carol", "not an approver"), ("dave", "authentication failed")):
+        refused = sign_in(d, page_url(first), d.accounts[who].name, pw[who], decision="approve")
+        assert refused.status_code == 403 and said in refused.text
+    assert page(d, page_url(first)).status_code == 200  # still waiting
+    seen = [(r["by"], r["reason"]) for r in confirms(d, confirm_id=cid, decision="refused")]
+    assert seen == [("carol", "not an approver of this grant")]
+    logins = [r for r in d.audit() if r.get("event") == "login" and r.get("route") == "confirm"
+              and d.accounts["dave"].name in (r.get("user"), r.get("os_user"))]
+    assert logins and pw["dave"] not in d.audit_text(), "dave's refused sign-in on the page is recorded"
+    assert all(r["user"] == "alice" and r["peer"] for r in confirms(d, confirm_id=cid, decision="refused"))
 
 
 def test_an_approval_for_a_while_covers_no_other_principal_or_path(attackd: Any) -> None:
