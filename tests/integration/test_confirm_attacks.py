@@ -30,8 +30,8 @@ from mcpd.client.errors import AuthError, UsageError
 from mcpd.common import identity
 from mcpd.front.policy_client.channel import CALL_CONNECTIONS, CALL_SHARE
 from mcpd.policy import confirm as confirm_store
-from tests.support.osaccounts import AccountFactory
 from tests.support.confirm import call, call_body, confirm_daemon, csrf_of, page, page_url, sign_in, submit
+from tests.support.osaccounts import AccountFactory
 from tests.support.privsep_fixture import PrivsepDaemon
 
 pytestmark = pytest.mark.root
