@@ -482,6 +482,36 @@ def test_an_approval_for_a_while_ends_at_its_time(shortd: Any) -> None:
     assert call(d, d.tokens["alice"], call_body(str(d.log_file), rid=4))["resultType"] == "input_required"
 
 
+# ---------------------------------------------------------------- a symlink under a grant of `/`
+
+
+@pytest.fixture(scope="module")
+def rootd() -> Iterator[tuple[PrivsepDaemon, dict[str, str]]]:
+    """alice's files/read covers `/` (symlinks followed, §4.3) and waits for bob's approval."""
+    with confirm_daemon({"files/read": {"paths": ["/"], "approve": {"by": ["bob"]}}},
+                        {"max_failures": 50, "free_failures": 50}) as found:
+        yield found
+
+
+@pytest.mark.xfail(strict=True, reason="an approval is bound to the path as spelled, not to what it resolves "
+                                       "to: a symlink re-pointed after the approval reads another file")
+def test_an_approved_symlink_repointed_before_the_retry_is_asked_again(rootd: Any) -> None:
+    d, _ = rootd
+    (d.app / "notes.txt").write_text("harmless notes\n")
+    (d.app / "payroll.txt").write_text("salaries\n")
+    link = d.app / "today.txt"
+    link.symlink_to(d.app / "notes.txt")
+    first = call(d, d.tokens["alice"], call_body(str(link)))
+    shown = page(d, page_url(first)).text
+    assert str(link) in shown and "payroll" not in shown  # what the approver sees, and approves
+    login_client.approve(d.url, d.tokens["bob"], first["requestState"], d.cacert)
+    link.unlink()
+    link.symlink_to(d.app / "payroll.txt")  # the requester's account re-points its own link
+    retry = call(d, d.tokens["alice"], call_body(str(link), state=first["requestState"], rid=2))
+    assert retry.get("resultType") == "input_required" or is_error(retry), retry
+    assert "salaries" not in str(retry)
+
+
 # ---------------------------------------------------------------- passwords (last: locks bob's account)
 
 
