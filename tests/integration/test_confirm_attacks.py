@@ -227,7 +227,12 @@ def test_concurrent_retries_of_one_approval_run_one_call(attackd: Any) -> None:
         results = list(pool.map(lambda i: call(d, d.tokens["alice"], call_body(path, state=first["requestState"],
                                                                                  rid=i)), range(8)))
     assert [r["resultType"] for r in results].count("complete") == 1, results
-    assert [r["decision"] for r in confirms(d, confirm_id=first["requestState"])] == ["requested", "approved", "used"]
+    steps = confirms(d, confirm_id=first["requestState"])
+    assert [r["decision"] for r in steps] == ["requested", "approved", "used"]
+    assert all((r["user"], r["os_user"], r["tool"], r["requested_path"]) == ("alice", d.accounts["alice"].name,
+                                                                           "files/read", path) for r in steps)
+    assert len({r["token_id"] for r in steps}) == 1 and steps[0]["token_id"] in d.tokens["alice"]
+    assert [r.get("by") for r in steps] == [None, "bob", "bob"] and steps[1]["peer"]
 
 
 # ---------------------------------------------------------------- the page: CSRF, framing, injection
