@@ -35,6 +35,7 @@ from starlette.routing import Route
 from mcpd.common import frames
 from mcpd.common.config import Login as LoginConfig
 from mcpd.common.inflight import InFlight
+from mcpd.common.printable import printable
 from mcpd.front.login import LoginUnavailable, PolicyLogin
 from mcpd.front.mcp.outgoing import ClientDidNotAnswer
 from mcpd.front.transport.body import BodyRefused, read_capped
@@ -177,7 +178,10 @@ def _facts(view: dict[str, Any]) -> str:
     if view.get("why"):
         rows.append(("Stated reason", view["why"]))
     rows.append(("Expires in", f"{view['expires_in']} s"))
-    return "<dl>" + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in rows) + "</dl>"
+    # the agent chose the path and the reason: controls, bidirectional overrides and invisible
+    # characters are shown as escapes, so what the approver reads is what is asked
+    return "<dl>" + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(printable(str(v)))}</dd>"
+                            for k, v in rows) + "</dl>"
 
 
 def _form(action: str, view: dict[str, Any], error: str = "") -> str:
@@ -276,11 +280,16 @@ class ConfirmRoutes:
             body = await read_capped(request, FORM_CAP)
         except BodyRefused:
             return _page("Refused", "<p>The form is too large.</p>", 413)
-        form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace"), max_num_fields=8).items() if v}
+        try:
+            form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace"), max_num_fields=8).items() if v}
+        except ValueError:  # more fields than the form has
+            return _page("Refused", "<p>The form has too many fields.</p>", 400)
         if not _ID.fullmatch(cid):
             return _page("Confirmation", f"<p>{GONE}</p>", 404)
         fields = {k: form.get(k, "") for k in ("csrf", "user", "password", "decision")}
-        if not fields["csrf"] or len(fields["csrf"]) > 64:
+        if not fields["csrf"] or len(fields["csrf"]) > 64:  # the policy process records the refusal (no PAM)
+            await self._ask({"type": "confirm_answer", "cid": cid, "peer": peer, "csrf": "", "user": "",
+                             "password": "", "decision": ""})
             return _page("Refused", "<p>The form's token is missing: reload the page.</p>", 403)
         if not (0 < len(fields["user"]) <= 64 and 0 < len(fields["password"]) <= 1024 and len(fields["decision"]) <= 16):
             return _page("Refused", "<p>Account and password are required.</p>", 400)

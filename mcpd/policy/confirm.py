@@ -17,7 +17,8 @@ retry by anyone else, or of another call, never matches it. Its id (:data:`ID_BY
 bytes, URL-safe) is in the page's address, its CSRF token (another random value) in the page's
 form only; both are compared in constant time. It lives :data:`TTL_SECONDS`, is used once (the
 retry that consumed it, or the page's one successful answer) and at most :data:`MAX_PENDING`
-are held (the oldest go first, as expired). Each request, sign-in, approval, denial, use and
+are held (the oldest go first, as expired), at most :data:`MAX_PENDING_PER_PRINCIPAL` of
+one principal (that principal's oldest first). Each request, sign-in, approval, denial, use and
 expiry is one audit record (event ``confirm``) naming the requester and, once known, who acted.
 """
 
@@ -35,6 +36,9 @@ from mcpd.common.grantmatch import Approve
 
 TTL_SECONDS = 300.0
 MAX_PENDING = 1000
+#: records one principal may hold at once: beyond it that principal's own oldest goes first, so
+#: one principal's flood never pushes out another's waiting record
+MAX_PENDING_PER_PRINCIPAL = 64
 ID_BYTES = 24
 #: the front's page for one record: ``{base}/confirm/<id>``
 PAGE_PREFIX = "/confirm/"
@@ -83,7 +87,8 @@ class Confirmations:
     def __init__(self, audit: AuditLog, ttl: float = TTL_SECONDS) -> None:
         self.audit, self.ttl = audit, ttl
         self._items: dict[str, Pending] = {}
-        self._approved: dict[tuple[str, str, str], tuple[float, str]] = {}  # (principal, op, path) -> (until, by)
+        # (principal, op, path) -> (until, by, the approve block it was given under)
+        self._approved: dict[tuple[str, str, str], tuple[float, str, Approve]] = {}
         self._cond = threading.Condition()
 
     # -- records -------------------------------------------------------------------------------
@@ -100,13 +105,21 @@ class Confirmations:
             del self._items[p.id]
             if p.state in (PENDING, SIGNED_IN, APPROVED):
                 self._record(p, EXPIRED)
-        for key in [k for k, (until, _) in self._approved.items() if until <= now]:
+        for key in [k for k, (until, _, _) in self._approved.items() if until <= now]:
             del self._approved[key]
+
+    def sweep(self) -> None:
+        """Expire what is past its time now (the policy process's loop calls it about twice a
+        second), so each ``expired`` record is written when the record expires, not at the next
+        look at the store."""
+        with self._cond:
+            self._sweep(time.time())
 
     def open(self, kind: str, principal: str, os_user: str, token_id: str, op: str, path: str, why: str = "",
              approve: Approve | None = None, login_at: float = 0.0) -> Pending:
         """A new record for one call (``kind`` :data:`SIGNIN` or :data:`APPROVE`), recorded
-        ``requested``; beyond :data:`MAX_PENDING` the oldest is expired first. ``login_at``: an
+        ``requested``; beyond :data:`MAX_PENDING_PER_PRINCIPAL` records of ``principal`` its
+        oldest is expired first, beyond :data:`MAX_PENDING` in all the oldest. ``login_at``: an
         approval that follows a step-up sign-in of the same call keeps its time, so the call's
         retry is judged with it."""
         now = time.time()
@@ -114,6 +127,9 @@ class Confirmations:
                     token_id, op, path, why[:500], now, now + self.ttl, approve, login_at)
         with self._cond:
             self._sweep(now)
+            while len(own := [x for x in self._items.values() if x.principal == principal]) >= MAX_PENDING_PER_PRINCIPAL:
+                min(own, key=lambda x: x.created).expires = now
+                self._sweep(now)
             while len(self._items) >= MAX_PENDING:
                 oldest = min(self._items.values(), key=lambda x: x.created)
                 oldest.expires = now
@@ -168,12 +184,14 @@ class Confirmations:
 
     # -- approvals in force --------------------------------------------------------------------
 
-    def approved(self, principal: str, op: str, path: str) -> str | None:
-        """Who approved this principal's ``op`` on ``path`` for a while still running, or None."""
+    def approved(self, principal: str, op: str, path: str, rule: Approve) -> str | None:
+        """Who approved this principal's ``op`` on ``path`` for a while still running under the
+        same ``approve`` block ``rule`` as the grant in force, or None (a reload that changed the
+        block, its approvers or its ``for``, ends the approvals given under the old one)."""
         with self._cond:
             self._sweep(time.time())
             found = self._approved.get((principal, op, path))
-            return None if found is None else found[1]
+            return None if found is None or found[2] != rule else found[1]
 
     # -- the page's and the approvers' answers --------------------------------------------------
 
@@ -218,7 +236,7 @@ class Confirmations:
                 return "you may not approve your own request"
             p.state, p.by, p.at = (APPROVED if approve else DENIED), approver, time.time()
             if approve and rule.seconds > 0:
-                self._approved[(p.principal, p.op, p.path)] = (p.at + rule.seconds, approver)
+                self._approved[(p.principal, p.op, p.path)] = (p.at + rule.seconds, approver, rule)
             self._record(p, p.state, by=approver, peer=peer,
                          **({"covers_seconds": int(rule.seconds)} if approve else {}))
             self._cond.notify_all()

@@ -82,8 +82,9 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
             raise _ask(box.open(SIGNIN, principal.name, principal.os_user, principal.token_id, op, requested), requested)
     if not decision.allowed or decision.approve is None:
         return decision, carried
-    p = mine if mine is not None and mine.kind == APPROVE else None
-    if p is None and box.approved(principal.name, op, requested) is not None:
+    # a record opened under another approve block (a reload changed it since) is judged as a first call
+    p = mine if mine is not None and mine.kind == APPROVE and mine.approve == decision.approve else None
+    if p is None and box.approved(principal.name, op, requested, decision.approve) is not None:
         return decision, carried  # an approval with `for` still covers this principal, tool and path
     if p is None:
         stated = req.get("why")

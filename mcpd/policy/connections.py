@@ -191,6 +191,7 @@ def serve(state: State, sock: socket.socket, service_uid: int, stop: Callable[[]
         reap(state)
         untaken(state)  # (closes the kept control sockets released since)
         state.opened.sweep()
+        state.confirms.sweep()
         if time.monotonic() - checked >= REVOKE_SECONDS:
             checked = time.monotonic()
             try:

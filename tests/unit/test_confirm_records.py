@@ -17,7 +17,16 @@ from mcpd.common.grantmatch import Approve
 from mcpd.front.confirm import hitl_of, input_required
 from mcpd.front.mcp.outgoing import ClientDidNotAnswer, Outgoing
 from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
-from mcpd.policy.confirm import APPROVE, APPROVED, DENIED, EXPIRED, SIGNED_IN, SIGNIN, Confirmations
+from mcpd.policy.confirm import (
+    APPROVE,
+    APPROVED,
+    DENIED,
+    EXPIRED,
+    MAX_PENDING_PER_PRINCIPAL,
+    SIGNED_IN,
+    SIGNIN,
+    Confirmations,
+)
 
 
 def box(tmp_path: Path, ttl: float = 60) -> tuple[Confirmations, Path]:
@@ -54,8 +63,11 @@ def test_approvers_self_and_the_for_window(tmp_path: Path) -> None:
     assert b.decide(p, "carol", "carol", set(), True, "-") == "you are not an approver of this grant"
     assert b.decide(p, "alice", "alice", {"ops"}, True, "-") == "you may not approve your own request"
     assert b.decide(p, "dave", "dave", {"ops"}, True, "-") is None and p.state == APPROVED
-    assert b.approved("alice", "files/read", "/srv/a") == "dave"
-    assert b.approved("alice", "files/read", "/srv/b") is None and b.approved("bob", "files/read", "/srv/a") is None
+    assert b.approved("alice", "files/read", "/srv/a", rule) == "dave"
+    assert b.approved("alice", "files/read", "/srv/b", rule) is None
+    assert b.approved("bob", "files/read", "/srv/a", rule) is None
+    # a reload that changed the approve block (dave's group no longer named) ends the approval
+    assert b.approved("alice", "files/read", "/srv/a", Approve(("bob",), 60.0, False)) is None
     q = b.open(APPROVE, "bob", "bob", "t9", "files/read", "/srv/a", "", Approve(("bob",), 0.0, True))
     assert b.decide(q, "bob", "bob", set(), False, "-") is None and q.state == DENIED  # self: true
 
@@ -111,3 +123,13 @@ def test_outgoing_routes_the_response_and_times_out() -> None:
             raise AssertionError("no answer must time out")
 
     asyncio.run(go())
+
+
+def test_one_principals_flood_expires_only_its_own_records(tmp_path: Path) -> None:
+    b, _ = box(tmp_path)
+    rule = Approve(("bob",), 0.0, False)
+    bobs = b.open(APPROVE, "bob", "bob", "t2", "files/read", "/srv/b", "", rule)
+    mine = [b.open(APPROVE, "alice", "alice", "t1", "files/read", f"/srv/{i}", "", rule)
+            for i in range(MAX_PENDING_PER_PRINCIPAL + 5)]
+    assert b.get(bobs.id) is bobs
+    assert [b.get(p.id) for p in mine[:5]] == [None] * 5 and all(b.get(p.id) is p for p in mine[5:])

@@ -12,6 +12,7 @@ import click
 from mcpd.client.config import Settings, config_path, load_config_file, resolve
 from mcpd.client.errors import MCPClientError
 from mcpd.client.linuxctl.calls import fail
+from mcpd.common.printable import printable
 
 
 @click.command("contexts")
@@ -133,7 +134,8 @@ def approve_cmd(settings: Settings, confirm_id: str, deny: bool) -> None:
     except MCPClientError as exc:
         fail(exc)
     view = answer.get("view") or {}
-    click.echo(f"{answer.get('message')}: {view.get('principal')} {view.get('op')} {view.get('path')}", err=True)
+    said = " ".join(printable(str(view.get(k))) for k in ("principal", "op", "path"))  # the agent chose the path
+    click.echo(f"{printable(str(answer.get('message')))}: {said}", err=True)
 
 
 def _server(settings: Settings) -> tuple[str, str | None]:
