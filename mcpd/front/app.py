@@ -40,11 +40,11 @@ from mcpd.common.config import Config, ConfigError
 from mcpd.common.oauthconfig import SCOPE_READ, OAuth
 from mcpd.front import oauth as oauth_front
 from mcpd.front.auth import CHECKER_DOWN_RETRY, Authenticator, CheckerDown, McpUser, TokenUndecided, parse_bearer
-from mcpd.front.confirm import PREFIX as CONFIRM_PREFIX
 from mcpd.front.confirm import ConfirmRoutes
 from mcpd.front.connections.handover import DETACH
 from mcpd.front.hosts import HostMiddleware, HostRule
 from mcpd.front.login import LoginBackend, LoginRoutes, NoLogin
+from mcpd.front.mcp.confirm import PREFIX as CONFIRM_PREFIX
 from mcpd.front.mcp.dispatcher import Dispatcher
 from mcpd.front.refused import CheckMiddleware, RefusalLogMiddleware
 from mcpd.front.sessions.table import SessionManager

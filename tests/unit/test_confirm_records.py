@@ -14,7 +14,7 @@ from typing import Any
 
 from mcpd.common.audit.writer import AuditLog
 from mcpd.common.grantmatch import Approve
-from mcpd.front.confirm import hitl_of, input_required
+from mcpd.front.mcp.confirm import hitl_of, input_required
 from mcpd.front.mcp.outgoing import ClientDidNotAnswer, Outgoing
 from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
 from mcpd.policy.confirm import (

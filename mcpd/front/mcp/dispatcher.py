@@ -17,8 +17,8 @@ from mcpd.common.identity import Principal
 from mcpd.common.redaction import with_redaction
 from mcpd.core.tools import TOOLS, ToolModule, by_any_name, portable_name
 from mcpd.front.access import AccessLog, Call
-from mcpd.front.confirm import elicit_then_retry, hitl_of, input_required
 from mcpd.front.limits import LimitsTracker
+from mcpd.front.mcp.confirm import elicit_then_retry, hitl_of, input_required
 from mcpd.front.mcp.jsonrpc import INVALID_PARAMS, RpcError, Send, encodable
 from mcpd.front.mcp.results import tool_error_result
 from mcpd.front.mcp.tasks import TASK_TOOLS, TaskStore
@@ -184,8 +184,8 @@ class Dispatcher:
         """Run one ``tools/call`` by either spelling of the tool's name; tool failures become
         ``isError`` results. Grants, limits and records always see the ``files/…`` name.
 
-        ``hitl``: a person in the loop (:func:`mcpd.front.confirm.hitl_of`); a privileged call
-        that needs one answers the revision's input-required result (:func:`mcpd.front.confirm.input_required`).
+        ``hitl``: a person in the loop (:func:`mcpd.front.mcp.confirm.hitl_of`); a privileged call
+        that needs one answers the revision's input-required result (:func:`mcpd.front.mcp.confirm.input_required`).
 
         Raises:
             RpcError: ``-32602`` for an unknown tool name.

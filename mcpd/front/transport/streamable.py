@@ -54,9 +54,9 @@ from starlette.routing import Route
 
 from mcpd.common.config import Config
 from mcpd.front.auth import McpUser
-from mcpd.front.confirm import may_elicit
 from mcpd.front.connections.handover import DETACH
 from mcpd.front.events import STREAM_HEADERS, event_of
+from mcpd.front.mcp.confirm import may_elicit
 from mcpd.front.mcp.dispatcher import Caller
 from mcpd.front.mcp.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, valid_id
 from mcpd.front.mcp.session import McpSession
