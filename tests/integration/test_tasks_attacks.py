@@ -16,8 +16,8 @@ import pytest
 
 from mcpd.common import identity
 from tests.conftest import Daemon, tree_rss_kib
-from tests.integration.test_tasks import EXT_META, hole, slow_daemon, slow_grep, small_tree, wait_gone, wait_worker
 from tests.support.streamable import Rpc, client, hdrs, post, request
+from tests.support.tasks import EXT_META, hole, slow_daemon, slow_grep, small_tree, wait_gone, wait_worker
 from tests.support.workers import worker_pids
 
 pytestmark = pytest.mark.anyio
