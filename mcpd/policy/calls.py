@@ -92,7 +92,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     try:  # a step-up sign-in or an approval by a person (mcpd.policy.confirmcall)
         decision, stepped = confirmcall.gate(state, req, principal, op, requested, decision, lambda at: grantmatch.decide(
             policy, principal.os_user, groups, op, requested, grantmatch.utcnow(), login_time=at, login_used=False),
-            deadline_seconds(args, state.cfg.workers.timeout_seconds))
+            deadline_seconds(args, state.cfg.workers.timeout_seconds, op))
     except ToolError as exc:
         state.audit.record("reject", decision="reject", reason=exc.details.get("reason"), outcome=exc.code, bytes=0,
                            duration_ms=_ms(started), requested_path=requested, resolved_path=decision.resolved_path,
@@ -213,7 +213,7 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
                 os.close(fd)
             fd = -1
             prepared = state.audit.prepare("accept", decision="accept", reason="granted", **record)
-            report = await_report(w, req["rid"], deadline_seconds(args, state.cfg.workers.timeout_seconds))
+            report = await_report(w, req["rid"], deadline_seconds(args, state.cfg.workers.timeout_seconds, op))
             if report is None:
                 report = end_late(state, w, req["rid"])
         finally:
@@ -240,7 +240,7 @@ def _walk(state: State, policy: grantmatch.Policy, op: str, args: dict[str, Any]
     pid, ours, pidfd = state.root.walk()
     # (the frame after the walker's start: whatever a reload does meanwhile, it carries ``policy``)
     frame = walker_frame(policy, op, args, os_user, groups, follow, login)
-    end = time.monotonic() + deadline_seconds(args, state.cfg.workers.timeout_seconds)
+    end = time.monotonic() + deadline_seconds(args, state.cfg.workers.timeout_seconds, op)
     try:
         ours.settimeout(max(end - time.monotonic(), 0.001))
         frames.send_frame(ours, frame)

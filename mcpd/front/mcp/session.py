@@ -104,7 +104,8 @@ def admit_seconds(msg: Any, default: float) -> float:
     from its raw arguments."""
     params = msg.get("params") if isinstance(msg, dict) else None
     args = params.get("arguments") if isinstance(params, dict) else None
-    return deadline_seconds(args, default) if isinstance(args, dict) else default
+    name = params.get("name") if isinstance(params, dict) else None
+    return deadline_seconds(args, default, name if isinstance(name, str) else None) if isinstance(args, dict) else default
 
 
 class McpSession:
