@@ -489,10 +489,6 @@ def long_paths(root: Path, files: int) -> Path:
     return root
 
 
-@pytest.mark.xfail(strict=True, reason="each tasks/result encodes the whole held result before the outgoing "
-                   "byte budgets are consulted, so concurrent reads of one result grow the front by a copy each "
-                   "(no worker, no quota charged), past principal_queue_bytes; concurrent direct calls of a large "
-                   "answer do the same, each at the cost of a worker run")
 async def test_concurrent_reads_of_one_held_result_stay_within_the_outgoing_budget(
         daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
     budget = 64 * 1024 * 1024

@@ -87,6 +87,24 @@ class Room(Protocol):
         ...
 
 
+class AnswerBudget(Protocol):
+    """The outgoing-byte budgets of a principal's answers (the session table,
+    :class:`~mcpd.front.sessions.budgets.Budgets`): an answer that may be large reserves room
+    there before its bytes are made (:meth:`reserve`) and gives it back (:meth:`unreserve`) as it
+    hands the answer to what holds it, which charges it from then on."""
+
+    admit_seconds: float
+
+    async def reserve(self, name: str, size: int, seconds: float) -> int:
+        """Wait for room for about ``size`` bytes of principal ``name``'s; the bytes reserved
+        (0 for a small answer). Raises :class:`RpcError` (``-32000``) when none can come."""
+        ...
+
+    def unreserve(self, name: str, size: int) -> None:
+        """Give back ``size`` bytes :meth:`reserve` reserved."""
+        ...
+
+
 #: Methods whose reply may be large (a worker's answer): each takes :attr:`Room.call_cost`.
 HEAVY_METHODS = frozenset({"tools/call", "resources/read", "tasks/result", "tasks/get"})
 
@@ -121,18 +139,23 @@ class McpSession:
         room: the backpressure of the stream behind ``send`` (:class:`Room`), or ``None``: every
             request whose reply goes there (not one a transport hands its own ``send``) waits for
             room first, and is answered ``-32000`` without running when none comes in time.
+        budget: the principals' outgoing-byte budgets (:class:`AnswerBudget`), or ``None``: the
+            reply of a method that may answer large (:data:`HEAVY_METHODS`) reserves its size
+            there before it is encoded, and is answered ``-32000`` instead when it can never fit
+            or no room comes within the request's deadline.
     """
 
     # (slots: an idle session is held for hours, and an instance dict costs it about 280 bytes)
     __slots__ = ("dispatcher", "session_id", "send", "initialized", "protocol_version", "_in_flight", "_tasks",
-                 "_closed", "_lifecycle", "modern", "last_done", "room", "client_capabilities", "outgoing")
+                 "_closed", "_lifecycle", "modern", "last_done", "room", "client_capabilities", "outgoing", "budget")
 
     def __init__(self, dispatcher: Dispatcher, session_id: str, send: Send, modern: bool = False,
-                 room: Room | None = None) -> None:
+                 room: Room | None = None, budget: AnswerBudget | None = None) -> None:
         self.dispatcher = dispatcher
         self.session_id = session_id
         self.send = send
         self.room = room
+        self.budget = budget
         self.initialized = False
         self.protocol_version: str | None = None
         # (both emptied by replacement, not by deletion: an idle session then holds two empty dicts,
@@ -323,6 +346,15 @@ class McpSession:
                                         f"this reply was dropped; send it alone")
                     size = approx_size(reply)  # (counted too: the array's bound holds whatever the members)
                 budget[0] -= size
+            reserved = 0
+            if send_reply and reply is not None and self.budget is not None and "result" in reply and heavy(msg):
+                try:  # (room for its bytes before they are made)
+                    reserved = await self.budget.reserve(caller.principal.name, approx_size(reply),
+                                                         admit_seconds(msg, self.budget.admit_seconds))
+                except RpcError as exc:
+                    reply = error_reply(reply["id"], exc.code, exc.message, exc.data)
+            if reserved:  # (what holds the reply charges it from here on, in this same step)
+                self.budget.unreserve(caller.principal.name, reserved)
             if send_reply and reply is not None and not self._closed:
                 if room is not None:
                     held, room = room, None

@@ -10,13 +10,17 @@ half of :class:`~mcpd.front.sessions.table.SessionManager` that keeps them; each
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from mcpd.common.config import Config
 from mcpd.front import metrics
 from mcpd.front.connections.handover import UNSEEN
+from mcpd.front.mcp.jsonrpc import SERVER_BUSY, RpcError
+from mcpd.front.sessions.backpressure import Waiter
 
 if TYPE_CHECKING:
     from mcpd.front.sessions.session import Session
@@ -41,13 +45,16 @@ class OutgoingBytes:
         total: bytes all of them may hold together.
     """
 
-    __slots__ = ("per_principal", "budget", "total", "_held")
+    __slots__ = ("per_principal", "budget", "total", "_held", "on_release")
 
     def __init__(self, per_principal: int, total: int) -> None:
         self.per_principal = per_principal
         self.budget = total
         self.total = 0
         self._held: dict[str, int] = {}
+        #: called with the principal's name when bytes are released while answers wait for room
+        #: (:meth:`Budgets.reserve`); ``None`` while none waits
+        self.on_release: Callable[[str], None] | None = None
 
     def charge(self, name: str, delta: int) -> str | None:
         """Add ``delta`` bytes (negative: released) to principal ``name``'s count and the total.
@@ -60,6 +67,8 @@ class OutgoingBytes:
         else:
             self._held.pop(name, None)
         self.total += delta
+        if delta < 0 and self.on_release is not None:
+            self.on_release(name)
         if delta > 0:
             if held > self.per_principal:
                 return "queue_bytes_per_principal"
@@ -122,6 +131,123 @@ class Budgets:
         #: what a cut gave up of answers that their writers release later (by ``cut``: principal,
         #: bytes): still in ``outgoing`` until then, but no longer held for the total's rule
         self._leaving: dict[Callable[[], None], tuple[str, int]] = {}
+        #: the answers waiting for room to be made (reserve), by principal, oldest first; when
+        #: each principal's bytes were last released; whether a grant is scheduled
+        self._reserving: dict[str, list[Waiter]] = {}
+        self._released: dict[str, float] = {}
+        self._granting = False
+
+    # -- room for an answer before it is made ------------------------------------------------------
+
+    async def reserve(self, name: str, size: int, seconds: float) -> int:
+        """Reserve room for an answer of about ``size`` bytes (its JSON, not made yet) in principal
+        ``name``'s and the total outgoing budgets, before its bytes are made: so what the front
+        holds for a principal's answers stays within ``principal_queue_bytes`` however many of them
+        are ready at once (the reads of one held task result cost neither a worker nor quota).
+
+        An answer of at most :data:`~mcpd.front.connections.handover.UNSEEN` bytes reserves
+        nothing (``0``: it is charged by what holds it, as ever). A larger one waits, in arrival
+        order among its principal's, until its bytes fit beside what the principal holds and what
+        all hold; the wait ends after ``seconds`` during which none of the principal's bytes went
+        out (a client that reads, however slowly, makes room in time).
+
+        Returns the bytes reserved, charged to :attr:`outgoing` until :meth:`unreserve` gives them
+        back, which the caller does right before it hands the answer to what holds it (and
+        charges it), in the same step of the event loop.
+
+        Raises:
+            RpcError: ``-32000`` when the answer can never fit (it is larger than
+                ``principal_queue_bytes`` or ``total_queue_bytes``), or no room came in time.
+        """
+        if size <= UNSEEN:
+            return 0
+        outgoing = self.outgoing
+        bound = min(outgoing.per_principal, outgoing.budget)
+        if size > bound:
+            metrics.limit_hit("queue_bytes_per_principal")
+            raise RpcError(SERVER_BUSY, f"the answer (about {size} bytes) is larger than this principal's outgoing "
+                           f"budget ({bound} bytes, principal_queue_bytes / total_queue_bytes) and can never be "
+                           "sent; ask for less (a smaller max_results, a narrower root or pattern)",
+                           {"size": size, "limit": bound})
+        waiters = self._reserving.get(name)
+        if not waiters and self._fits(name, size):
+            outgoing.charge(name, size)
+            return size
+        loop = asyncio.get_running_loop()
+        waiter = Waiter(size, 0, loop.create_future(), seconds)
+        self._reserving.setdefault(name, []).append(waiter)
+        outgoing.on_release = self._on_release
+        waiter.timer = loop.call_later(seconds, self._expire_reserve, name, waiter)
+        try:
+            granted = await waiter.fut
+        except asyncio.CancelledError:
+            fut = waiter.fut
+            if fut.done() and not fut.cancelled() and fut.result():  # granted, then cancelled
+                self.unreserve(name, size)
+            raise
+        finally:
+            if waiter.timer is not None:
+                waiter.timer.cancel()
+            left = self._reserving.get(name)
+            if left is not None and waiter in left:
+                left.remove(waiter)
+            if not left:
+                self._reserving.pop(name, None)
+            if not self._reserving:
+                outgoing.on_release = None
+                self._released.clear()
+        if not granted:
+            metrics.limit_hit("queue_bytes_per_principal")
+            raise RpcError(SERVER_BUSY, f"no room in this principal's outgoing budget for the answer (about {size} "
+                           f"bytes) within {seconds:g} s: its clients are not taking their other answers; retry "
+                           "later", {"size": size})
+        return size
+
+    def unreserve(self, name: str, size: int) -> None:
+        """Give back what :meth:`reserve` reserved for principal ``name`` (``size`` bytes; 0: nothing)."""
+        if size:
+            self.outgoing.charge(name, -size)
+
+    def _fits(self, name: str, size: int) -> bool:
+        """Whether ``size`` more bytes of principal ``name`` fit in both budgets now."""
+        outgoing = self.outgoing
+        return outgoing.held(name) + size <= outgoing.per_principal and outgoing.total + size <= outgoing.budget
+
+    def _on_release(self, name: str) -> None:
+        """Some bytes were released while answers wait for room: look again, once, soon (the
+        releaser may be about to charge what it hands over in the same step)."""
+        self._released[name] = time.monotonic()
+        if not self._granting:
+            self._granting = True
+            asyncio.get_running_loop().call_soon(self._grant_reserve)
+
+    def _grant_reserve(self) -> None:
+        """Reserve room for the waiting answers that fit now, each principal's oldest first (one
+        that does not fit holds back those behind it)."""
+        self._granting = False
+        for name, waiters in list(self._reserving.items()):
+            for waiter in waiters:
+                if waiter.fut.done():
+                    continue
+                if not self._fits(name, waiter.cost):
+                    break
+                self.outgoing.charge(name, waiter.cost)
+                waiter.fut.set_result(True)
+
+    def _expire_reserve(self, name: str, waiter: Waiter) -> None:
+        """``waiter``'s time is up unless some of principal ``name``'s bytes went out meanwhile
+        (then it waits ``waiter.seconds`` more from then): refuse it."""
+        waiter.timer = None
+        if waiter.fut.done():
+            return
+        again = self._released.get(name, 0.0) + waiter.seconds - time.monotonic()
+        if again > 0:
+            waiter.timer = asyncio.get_running_loop().call_later(again, self._expire_reserve, name, waiter)
+            return
+        waiter.fut.set_result(False)
+        if not self._granting and self._reserving.get(name, [None])[0] is waiter:  # (those behind may fit)
+            self._granting = True
+            asyncio.get_running_loop().call_soon(self._grant_reserve)
 
     def stream_attached(self) -> None:
         """Start the keep-alive ticker unless it runs (the table's)."""
