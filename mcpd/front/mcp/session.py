@@ -104,9 +104,25 @@ class AnswerBudget(Protocol):
         """Give back ``size`` bytes :meth:`reserve` reserved."""
         ...
 
+    def start_call_now(self, name: str) -> bool:
+        """Count a call that may answer large as in hand if there is room now; whether it did."""
+        ...
+
+    async def start_call(self, name: str, seconds: float) -> None:
+        """:meth:`start_call_now`, else wait; raises :class:`RpcError` (``-32000``) when no
+        start comes within ``seconds``."""
+        ...
+
+    def call_placed(self, name: str) -> None:
+        """A call counted in hand has its answer placed."""
+        ...
+
 
 #: Methods whose reply may be large (a worker's answer): each takes :attr:`Room.call_cost`.
 HEAVY_METHODS = frozenset({"tools/call", "resources/read", "tasks/result", "tasks/get"})
+#: Of those, the ones that make their answer (a worker's run): each is a call in hand
+#: (:meth:`AnswerBudget.start_call`) until its answer is placed.
+MAKING_METHODS = frozenset({"tools/call", "resources/read"})
 
 
 def heavy(msg: Any) -> bool:
@@ -335,8 +351,16 @@ class McpSession:
                 rid = msg.get("id") if isinstance(msg, dict) else None
                 self._no_room(room, rid if valid_id(rid) else None, "this request was not run")
                 return None
+        making = self.budget if self.budget is not None and isinstance(msg, dict) and \
+            msg.get("method") in MAKING_METHODS and "id" in msg else None
+        name = caller.principal.name
         try:
-            reply = await self._reply_for(msg, caller, out)
+            refused = None
+            if making is not None and not making.start_call_now(name):
+                refused = await self._wait_to_make(making, name, msg)
+                if refused is not None:
+                    making = None  # (not counted)
+            reply = refused if refused is not None else await self._reply_for(msg, caller, out)
             if budget is not None and reply is not None:  # a batch member: its array is bounded in bytes
                 size = approx_size(reply)
                 if size > budget[0]:
@@ -349,12 +373,15 @@ class McpSession:
             reserved = 0
             if send_reply and reply is not None and self.budget is not None and "result" in reply and heavy(msg):
                 try:  # (room for its bytes before they are made)
-                    reserved = await self.budget.reserve(caller.principal.name, approx_size(reply),
+                    reserved = await self.budget.reserve(name, approx_size(reply),
                                                          admit_seconds(msg, self.budget.admit_seconds))
                 except RpcError as exc:
                     reply = error_reply(reply["id"], exc.code, exc.message, exc.data)
             if reserved:  # (what holds the reply charges it from here on, in this same step)
-                self.budget.unreserve(caller.principal.name, reserved)
+                self.budget.unreserve(name, reserved)
+            if making is not None:
+                making.call_placed(name)
+                making = None
             if send_reply and reply is not None and not self._closed:
                 if room is not None:
                     held, room = room, None
@@ -363,8 +390,21 @@ class McpSession:
                 out(reply)
             return reply
         finally:
+            if making is not None:
+                making.call_placed(name)
             if room is not None:
                 room.release(cost)
+
+    @staticmethod
+    async def _wait_to_make(making: AnswerBudget, name: str, msg: Message) -> Message | None:
+        """Wait until principal ``name`` may start call ``msg`` (:meth:`AnswerBudget.start_call`,
+        within the call's deadline); ``None`` once it is counted, else its ``-32000`` reply."""
+        try:
+            await making.start_call(name, admit_seconds(msg, making.admit_seconds))
+        except RpcError as exc:
+            rid = msg.get("id")
+            return error_reply(rid if valid_id(rid) else None, exc.code, exc.message)
+        return None
 
     async def _reply_for(self, msg: Any, caller: Caller, out: Send) -> Message | None:
         if not isinstance(msg, dict):

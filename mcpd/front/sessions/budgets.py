@@ -20,7 +20,7 @@ from mcpd.common.config import Config
 from mcpd.front import metrics
 from mcpd.front.connections.handover import UNSEEN
 from mcpd.front.mcp.jsonrpc import SERVER_BUSY, RpcError
-from mcpd.front.sessions.backpressure import Waiter
+from mcpd.front.sessions.backpressure import CALLS_AT_ONCE, Waiter
 
 if TYPE_CHECKING:
     from mcpd.front.sessions.session import Session
@@ -136,6 +136,73 @@ class Budgets:
         self._reserving: dict[str, list[Waiter]] = {}
         self._released: dict[str, float] = {}
         self._granting = False
+        #: calls that may answer large a principal may have in hand at once (running, or their
+        #: answer waiting for room); by principal, how many it has, and those waiting to start
+        self.calls_at_once = max(CALLS_AT_ONCE, cfg.workers.per_account)
+        self._calls: dict[str, int] = {}
+        self._starting: dict[str, list[asyncio.Future[bool]]] = {}
+
+    # -- calls in hand, whose answers are not made yet ---------------------------------------------
+
+    def start_call_now(self, name: str) -> bool:
+        """Count one call of principal ``name`` that may answer large (``tools/call``,
+        ``resources/read``) as in hand, if it has fewer than :attr:`calls_at_once` and none waits
+        to start; whether it did (then :meth:`call_placed` ends it)."""
+        held = self._calls.get(name, 0)
+        if held >= self.calls_at_once or name in self._starting:
+            return False
+        self._calls[name] = held + 1
+        return True
+
+    async def start_call(self, name: str, seconds: float) -> None:
+        """:meth:`start_call_now`, else wait, in arrival order, until one of the principal's calls
+        in hand is placed (:meth:`call_placed`). So the answers a principal's calls have made and
+        that wait for room in its outgoing budget (:meth:`reserve`) are never more than
+        :attr:`calls_at_once`: a client calling faster than it reads is slowed down, not grown.
+
+        Raises:
+            RpcError: ``-32000`` once ``seconds`` passed without a start (the call is not run).
+        """
+        if self.start_call_now(name):
+            return
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._starting.setdefault(name, []).append(fut)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), seconds)
+        except TimeoutError:
+            if not fut.done():
+                fut.set_result(False)
+            elif fut.result():  # (started just as its time ran out: it runs)
+                return
+            metrics.limit_hit("queue_bytes_per_principal")
+            raise RpcError(SERVER_BUSY, f"this principal has {self.calls_at_once} calls whose answers are not taken "
+                           f"yet; none of them ended within {seconds:g} s; this call was not run, retry later",
+                           None) from None
+        except asyncio.CancelledError:
+            if not fut.done():
+                fut.set_result(False)
+            elif fut.result():
+                self.call_placed(name)
+            raise
+        finally:
+            waiting = self._starting.get(name)
+            if waiting is not None and fut in waiting:
+                waiting.remove(fut)
+            if not waiting:
+                self._starting.pop(name, None)
+
+    def call_placed(self, name: str) -> None:
+        """One call :meth:`start_call` counted has its answer placed (reserved, handed over, or
+        none): the oldest call waiting to start, if any, starts in its stead."""
+        for fut in self._starting.get(name, ()):
+            if not fut.done():
+                fut.set_result(True)
+                return
+        held = self._calls.get(name, 0) - 1
+        if held > 0:
+            self._calls[name] = held
+        else:
+            self._calls.pop(name, None)
 
     # -- room for an answer before it is made ------------------------------------------------------
 
