@@ -131,6 +131,19 @@ def heavy(msg: Any) -> bool:
     return isinstance(method, str) and method in HEAVY_METHODS
 
 
+def makes_on_workers(msg: Any) -> bool:
+    """Whether request ``msg`` makes its answer in the caller's workers (:data:`MAKING_METHODS`,
+    not ``privileged``: those calls are bounded by the privileged route)."""
+    if not isinstance(msg, dict) or "id" not in msg:
+        return False
+    method = msg.get("method")
+    if not isinstance(method, str) or method not in MAKING_METHODS:
+        return False
+    params = msg.get("params")
+    args = params.get("arguments") if isinstance(params, dict) else None
+    return not (isinstance(args, dict) and args.get("privileged") is True)
+
+
 def admit_seconds(msg: Any, default: float) -> float:
     """How long a request may wait for room: its own deadline
     (:func:`~mcpd.common.deadline.deadline_seconds`: a find's time budget, at most
@@ -351,8 +364,7 @@ class McpSession:
                 rid = msg.get("id") if isinstance(msg, dict) else None
                 self._no_room(room, rid if valid_id(rid) else None, "this request was not run")
                 return None
-        making = self.budget if self.budget is not None and isinstance(msg, dict) and \
-            msg.get("method") in MAKING_METHODS and "id" in msg else None
+        making = self.budget if self.budget is not None and makes_on_workers(msg) else None
         name = caller.principal.name
         try:
             refused = None

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Seconds an answer waits for room (:meth:`Budgets.reserve`) while none of its principal's
+#: answers moves (no piece written, none ended) before it is refused: its clients stopped reading.
+STALL_SECONDS = 2.0
+
 #: What each limit kind of a client that stopped reading says in the log.
 FULL = {"queue_overflow": "outgoing queue full",
          "queue_bytes_per_principal": "its principal's outgoing bytes are over principal_queue_bytes",
@@ -131,6 +135,10 @@ class Budgets:
         #: what a cut gave up of answers that their writers release later (by ``cut``: principal,
         #: bytes): still in ``outgoing`` until then, but no longer held for the total's rule
         self._leaving: dict[Callable[[], None], tuple[str, int]] = {}
+        #: the bytes of large answers made and not yet written, by principal and in all, against
+        #: the same budgets: room for each is reserved here before it is made (:meth:`reserve`),
+        #: given back as it is handed to what holds it, which counts it here until it is written
+        self.answering = OutgoingBytes(cfg.principal_queue_bytes, cfg.total_queue_bytes)
         #: the answers waiting for room to be made (reserve), by principal, oldest first; when
         #: each principal's bytes were last released; whether a grant is scheduled
         self._reserving: dict[str, list[Waiter]] = {}
@@ -138,27 +146,32 @@ class Budgets:
         self._granting = False
         #: calls that may answer large a principal may have in hand at once (running, or their
         #: answer waiting for room); by principal, how many it has, and those waiting to start
+        #: (none when ``max_calls_per_principal`` is as low: the pool bounds them then, refusing past it)
         self.calls_at_once = max(CALLS_AT_ONCE, cfg.workers.per_account)
+        self._gated = self.calls_at_once < cfg.max_calls_per_principal
         self._calls: dict[str, int] = {}
         self._starting: dict[str, list[asyncio.Future[bool]]] = {}
 
     # -- calls in hand, whose answers are not made yet ---------------------------------------------
 
     def start_call_now(self, name: str) -> bool:
-        """Count one call of principal ``name`` that may answer large (``tools/call``,
-        ``resources/read``) as in hand, if it has fewer than :attr:`calls_at_once` and none waits
-        to start; whether it did (then :meth:`call_placed` ends it)."""
+        """Count one call of principal ``name`` that may answer large (an unprivileged
+        ``tools/call`` or ``resources/read``, run by its workers) as in hand, unless it has
+        :attr:`calls_at_once` in hand (``workers.per_account``, at least 4: as many as its workers
+        run at once) or a call of its waits to start already; whether it did (then
+        :meth:`call_placed` ends it)."""
         held = self._calls.get(name, 0)
-        if held >= self.calls_at_once or name in self._starting:
+        if name in self._starting or (held >= self.calls_at_once and self._gated):
             return False
         self._calls[name] = held + 1
         return True
 
     async def start_call(self, name: str, seconds: float) -> None:
         """:meth:`start_call_now`, else wait, in arrival order, until one of the principal's calls
-        in hand is placed (:meth:`call_placed`). So the answers a principal's calls have made and
-        that wait for room in its outgoing budget (:meth:`reserve`) are never more than
-        :attr:`calls_at_once`: a client calling faster than it reads is slowed down, not grown.
+        in hand is placed (:meth:`call_placed`: its answer is handed on, or refused). So the
+        answers a principal's workers made and that wait for room (:meth:`reserve`) never pile up
+        past :attr:`calls_at_once`: a client calling faster than it reads is slowed down. The calls
+        waiting here would wait for a worker anyway.
 
         Raises:
             RpcError: ``-32000`` once ``seconds`` passed without a start (the call is not run).
@@ -208,19 +221,23 @@ class Budgets:
 
     async def reserve(self, name: str, size: int, seconds: float) -> int:
         """Reserve room for an answer of about ``size`` bytes (its JSON, not made yet) in principal
-        ``name``'s and the total outgoing budgets, before its bytes are made: so what the front
-        holds for a principal's answers stays within ``principal_queue_bytes`` however many of them
-        are ready at once (the reads of one held task result cost neither a worker nor quota).
+        ``name``'s and the total budgets of answers made and not yet written (:attr:`answering`,
+        bounded as :attr:`outgoing` is), before its bytes are made: so what the front holds of a
+        principal's answers stays within ``principal_queue_bytes`` however many of them are ready
+        at once (the reads of one held task result cost neither a worker nor quota).
 
         An answer of at most :data:`~mcpd.front.connections.handover.UNSEEN` bytes reserves
         nothing (``0``: it is charged by what holds it, as ever). A larger one waits, in arrival
-        order among its principal's, until its bytes fit beside what the principal holds and what
-        all hold; the wait ends after ``seconds`` during which none of the principal's bytes went
-        out (a client that reads, however slowly, makes room in time).
+        order among its principal's, until its bytes fit beside the principal's other answers and
+        all principals'; the wait ends after ``seconds`` (the call's deadline) while the principal's
+        answers moved, or once :data:`STALL_SECONDS` passed with none moving (its clients stopped
+        reading: waiting on would only hold the call), and is refused then; nothing of it is made.
 
-        Returns the bytes reserved, charged to :attr:`outgoing` until :meth:`unreserve` gives them
+        Returns the bytes reserved, counted in :attr:`answering` until :meth:`unreserve` gives them
         back, which the caller does right before it hands the answer to what holds it (and
-        charges it), in the same step of the event loop.
+        counts it there until it is written), in the same step of the event loop. What the
+        principal's clients have not taken (:attr:`outgoing`) is bounded apart, by cutting a
+        client that stopped reading, as ever.
 
         Raises:
             RpcError: ``-32000`` when the answer can never fit (it is larger than
@@ -228,8 +245,8 @@ class Budgets:
         """
         if size <= UNSEEN:
             return 0
-        outgoing = self.outgoing
-        bound = min(outgoing.per_principal, outgoing.budget)
+        answering = self.answering
+        bound = min(answering.per_principal, answering.budget)
         if size > bound:
             metrics.limit_hit("queue_bytes_per_principal")
             raise RpcError(SERVER_BUSY, f"the answer (about {size} bytes) is larger than this principal's outgoing "
@@ -238,13 +255,14 @@ class Budgets:
                            {"size": size, "limit": bound})
         waiters = self._reserving.get(name)
         if not waiters and self._fits(name, size):
-            outgoing.charge(name, size)
+            answering.charge(name, size)
             return size
         loop = asyncio.get_running_loop()
         waiter = Waiter(size, 0, loop.create_future(), seconds)
         self._reserving.setdefault(name, []).append(waiter)
-        outgoing.on_release = self._on_release
-        waiter.timer = loop.call_later(seconds, self._expire_reserve, name, waiter)
+        answering.on_release = self._on_release
+        waiter.timer = loop.call_later(min(STALL_SECONDS, seconds), self._expire_reserve, name, waiter,
+                                       time.monotonic() + seconds)
         try:
             granted = await waiter.fut
         except asyncio.CancelledError:
@@ -261,24 +279,26 @@ class Budgets:
             if not left:
                 self._reserving.pop(name, None)
             if not self._reserving:
-                outgoing.on_release = None
+                answering.on_release = None
                 self._released.clear()
         if not granted:
             metrics.limit_hit("queue_bytes_per_principal")
-            raise RpcError(SERVER_BUSY, f"no room in this principal's outgoing budget for the answer (about {size} "
-                           f"bytes) within {seconds:g} s: its clients are not taking their other answers; retry "
+            log.warning("an answer of %s (about %d bytes): %s; refused before it was made", name, size,
+                        FULL["queue_bytes_per_principal"])
+            raise RpcError(SERVER_BUSY, f"no room in this principal's outgoing budget (principal_queue_bytes) for the "
+                           f"answer (about {size} bytes): its clients are not taking their other answers; retry "
                            "later", {"size": size})
         return size
 
     def unreserve(self, name: str, size: int) -> None:
         """Give back what :meth:`reserve` reserved for principal ``name`` (``size`` bytes; 0: nothing)."""
         if size:
-            self.outgoing.charge(name, -size)
+            self.answering.charge(name, -size)
 
     def _fits(self, name: str, size: int) -> bool:
-        """Whether ``size`` more bytes of principal ``name`` fit in both budgets now."""
-        outgoing = self.outgoing
-        return outgoing.held(name) + size <= outgoing.per_principal and outgoing.total + size <= outgoing.budget
+        """Whether ``size`` more bytes of principal ``name``'s answers fit in both budgets now."""
+        answering = self.answering
+        return answering.held(name) + size <= answering.per_principal and answering.total + size <= answering.budget
 
     def _on_release(self, name: str) -> None:
         """Some bytes were released while answers wait for room: look again, once, soon (the
@@ -298,18 +318,25 @@ class Budgets:
                     continue
                 if not self._fits(name, waiter.cost):
                     break
-                self.outgoing.charge(name, waiter.cost)
+                self.answering.charge(name, waiter.cost)
                 waiter.fut.set_result(True)
 
-    def _expire_reserve(self, name: str, waiter: Waiter) -> None:
-        """``waiter``'s time is up unless some of principal ``name``'s bytes went out meanwhile
-        (then it waits ``waiter.seconds`` more from then): refuse it."""
+    def answer_moved(self, name: str) -> None:
+        """Some of principal ``name``'s answer went out (a piece written): its waiting answers wait on."""
+        if self._reserving:
+            self._released[name] = time.monotonic()
+
+    def _expire_reserve(self, name: str, waiter: Waiter, deadline: float) -> None:
+        """``waiter``'s time is up (at ``deadline``, loop-independent ``time.monotonic()``, or
+        once :data:`STALL_SECONDS` passed with none of principal ``name``'s answers moving, else
+        it waits on from then): refuse it."""
         waiter.timer = None
         if waiter.fut.done():
             return
-        again = self._released.get(name, 0.0) + waiter.seconds - time.monotonic()
+        now = time.monotonic()
+        again = min(self._released.get(name, 0.0) + STALL_SECONDS, deadline) - now
         if again > 0:
-            waiter.timer = asyncio.get_running_loop().call_later(again, self._expire_reserve, name, waiter)
+            waiter.timer = asyncio.get_running_loop().call_later(again, self._expire_reserve, name, waiter, deadline)
             return
         waiter.fut.set_result(False)
         if not self._granting and self._reserving.get(name, [None])[0] is waiter:  # (those behind may fit)

@@ -50,9 +50,12 @@ class PostStream:
     and progress is advisory), so a client reading a stream slowly is never cut for its own
     stream's bounds. The bytes count the messages queued and those taken (:meth:`drain`) until
     the response took them (:meth:`sent`).
-    ``replies_only``: keep only replies (an answer sent as JSON, which carries no progress); with
-    a ``manager``, a reply over :data:`~mcpd.front.connections.handover.UNSEEN` bytes is charged
-    from when it is encoded until its :class:`PiecedAnswer` (``held``) has written it.
+    ``replies_only``: keep only replies (an answer sent as JSON, which carries no progress).
+    With a ``manager``, a reply over :data:`~mcpd.front.connections.handover.UNSEEN` bytes is also
+    counted among the principal's answers made and not yet written
+    (:attr:`~mcpd.front.sessions.budgets.Budgets.answering`, for which room was reserved before it
+    was made) from when it is encoded until :meth:`close` (a JSON answer's: once its
+    :class:`PiecedAnswer` wrote it).
     ``manager`` and ``owner``: the session table, whose budgets of outgoing bytes by principal
     and in all are charged with what the stream holds (an event stream's; :meth:`close` releases
     it; :meth:`SessionManager.hold_answer`), and the principal's name: past either, the stream is
@@ -67,6 +70,7 @@ class PostStream:
         self._limit = limit
         self._limit_bytes = limit_bytes
         self._bytes = 0
+        self._answering = 0  # bytes of replies made, counted in the manager's ``answering`` until close
         self._replies_only = replies_only
         self._manager = manager
         self._owner = owner
@@ -92,15 +96,17 @@ class PostStream:
             return
         refused = isinstance(message, dict) and message.get("id") is None and "error" in message
         self._items.append(Queued(data, reply, refused, isinstance(message, dict) and "result" in message))
-        if self._manager is not None and (not self._replies_only or size > UNSEEN):
-            self._bytes += size
+        if reply and size > UNSEEN and self._manager is not None:  # (made: counted until written, close)
+            self._manager.answering.charge(self._owner, size)
+            self._answering += size
+        if self._replies_only:  # (a JSON answer: charged by its PiecedAnswer while its client is behind)
+            self._ready.set()
+            return
+        self._bytes += size
+        if self._manager is not None:
             kind = self._manager.hold_answer(self._owner, size, self._cut_off)
             if kind is not None:
                 self._overflow(kind)
-                if self._replies_only and self._drop is not None:  # (its answer is gone: so is its connection)
-                    self._drop()
-        elif not self._replies_only:
-            self._bytes += size
         self._ready.set()
 
     def _overflow(self, kind: str) -> None:
@@ -135,14 +141,12 @@ class PostStream:
             if self._manager is not None:
                 self._manager.hold_answer(self._owner, -size, self._cut_off)
 
-    @property
-    def holding(self) -> bool:
-        """Whether the stream still counts bytes against the budgets (until :meth:`close`)."""
-        return bool(self._bytes)
-
     def close(self) -> None:
         """Release what the stream still counts (it ended, or was cut); it takes nothing more."""
         self._closed = True
+        if self._answering and self._manager is not None:
+            self._manager.answering.charge(self._owner, -self._answering)
+            self._answering = 0
         if self._manager is not None and self._bytes:
             self._manager.hold_answer(self._owner, -self._bytes, self._cut_off)
         self._bytes = 0
@@ -188,15 +192,14 @@ class PiecedAnswer(Response):
     answer of at most ``UNSEEN`` bytes to a client that keeps up costs one :meth:`behind` more
     than a plain response.
 
-    An answer whose bytes were charged whole from when they were made (``held``: the
-    :class:`PostStream` that took its reply, counting it) stays charged so, whether its client is
-    behind or not, until it is written; then ``held`` releases it.
+    ``held``: the :class:`PostStream` that took the reply, which counts it among its principal's
+    answers made and not yet written until it is written (then closed here).
 
     Args:
         body: the answer's bytes. status: its HTTP status. headers: extra response headers.
         media_type: its ``Content-Type``. manager: the session table (its budgets).
         owner: the principal's name. session_id: the session the POST named (for the log), or ``None``.
-        held: the POST's stream that charges the answer's bytes, or ``None``.
+        held: the POST's stream that took the reply (closed once it is written), or ``None``.
     """
 
     def __init__(self, body: bytes, status: int, headers: dict[str, str] | None, media_type: str,
@@ -219,15 +222,12 @@ class PiecedAnswer(Response):
         data = self._data
         size = len(data)
         cut = None if offer is None else offer.abort
-        held = self._held if self._held is not None and self._held.holding else None
         charged = 0  # what hold_answer counts: 0, or the answer's size while its client is behind
         try:
             start: dict[str, Any] | None = {"type": "http.response.start", "status": self.status_code,
                                             "headers": self.raw_headers}
             for begin in range(0, size or 1, PIECE):
-                if held is not None and held.overflowed:  # (cut: its connection was dropped)
-                    return
-                owed = 0 if held is not None else size if offer is None or offer.behind() else 0
+                owed = size if offer is None or offer.behind() else 0
                 if owed != charged:
                     kind = self._manager.hold_answer(self._owner, owed - charged, cut)
                     charged = owed
@@ -243,11 +243,13 @@ class PiecedAnswer(Response):
                     start = None
                 end = begin + PIECE
                 await send({"type": "http.response.body", "body": data[begin:end], "more_body": end < size})
+                if self._held is not None:  # (a large answer moves: those waiting for room wait on)
+                    self._manager.answer_moved(self._owner)
             if charged:
                 self._manager.hold_answer(self._owner, -charged, cut)
                 charged = 0
-            if held is not None:
-                held.close()
+            if self._held is not None:
+                self._held.close()
             if size > UNSEEN and offer is not None:  # written: what its connection still holds
                 kind = self._manager.keep_answer(self._owner, offer)
                 if kind is not None:
