@@ -6,6 +6,11 @@ Charged here are the sessions' queues and streams (``session.py``), the ``/mcp``
 streams and large ``/mcp`` answers (``mcpd.front.transport.answers``). :class:`Budgets` is the
 half of :class:`~mcpd.front.sessions.table.SessionManager` that keeps them; each session's own
 ``session_queue_bytes`` is its backpressure (``backpressure.py``).
+
+Against the same two budgets, apart from those (a client that stopped reading is cut for those;
+one whose answers wait for room is not): the large answers made and not yet written, whose room
+is reserved before they are made (:meth:`Budgets.reserve`), and the calls in hand whose answers
+are not made yet (:meth:`Budgets.start_call`), so answers ready at once never pile up past them.
 """
 
 from __future__ import annotations
