@@ -390,7 +390,7 @@ class McpSession:
                                                          admit_seconds(msg, self.budget.admit_seconds))
                 except RpcError as exc:
                     reply = error_reply(reply["id"], exc.code, exc.message, exc.data)
-            if reserved:  # (what holds the reply charges it from here on, in this same step)
+            if reserved and self.budget is not None:  # (what holds the reply charges it from here on, in this same step)
                 self.budget.unreserve(name, reserved)
             if making is not None:
                 making.call_placed(name)
