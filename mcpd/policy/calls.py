@@ -85,10 +85,13 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     groups = os_groups(principal.os_user) | set(principal.groups)  # an OAuth token's groups: <issuer>:<group>
     policy = state.policy.policy
     login_time = None if login is None else datetime.datetime.fromtimestamp(login.login_time, datetime.UTC)
-    used = login is not None and state.issued.used(login.id)  # before this call's claim: the walker decides alike
+    # a retry of a call that waited at the front for its approval holds the login its first try claimed
+    held = login is not None and req.get("waited") and state.confirms.holds_claim(req.get("confirm"), login.id)
+    used = login is not None and not held and state.issued.used(login.id)  # before this call's claim: the walker decides alike
     decision = grantmatch.decide(policy, principal.os_user, groups, op, requested, grantmatch.utcnow(),
                              login_time=login_time, login_used=used)
-    if decision.allowed and decision.reauth_after == 0 and login is not None and not state.issued.claim(login.id):
+    claims = decision.allowed and decision.reauth_after == 0 and login is not None
+    if claims and not held and not state.issued.claim(login.id):
         decision = dataclasses.replace(decision, allowed=False, reason=grantmatch.REAUTH)  # one login, one call
     try:  # a step-up sign-in or an approval by a person (mcpd.policy.confirmcall)
         decision, stepped, bound = confirmcall.gate(state, req, principal, op, requested, decision, lambda at: grantmatch.decide(
@@ -96,6 +99,10 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
             deadline_seconds(args, state.cfg.workers.timeout_seconds),
             lambda: _resolution(state, decision.resolved_path or requested, decision.covers_root, principal.name))
     except ToolError as exc:
+        if exc.details.get("reason") == confirmcall.WAITING:  # the front waits and retries: one record, the retry's
+            if claims and login is not None:
+                state.confirms.hold_claim(exc.details["waiting"], login.id)
+            raise
         state.audit.record("reject", decision="reject", reason=exc.details.get("reason"), outcome=exc.code, bytes=0,
                            duration_ms=_ms(started), requested_path=requested, resolved_path=decision.resolved_path,
                            grant=decision.rule, **who)

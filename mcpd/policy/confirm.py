@@ -81,6 +81,7 @@ class Pending:
     approve: Approve | None = None
     login_at: float = 0.0  # an approval after a step-up sign-in: that sign-in's time (UNIX seconds)
     resolved: Resolution | None = None  # an approval: what the path resolved to when it was asked
+    claim: str = dataclasses.field(default="", repr=False)  # the login id (reauth_after: 0) the waiting call claimed
     state: str = PENDING
     by: str = ""
     at: float = 0.0
@@ -189,6 +190,18 @@ class Confirmations:
                 self._record(p, "refused", by=p.by, reason="the path resolves elsewhere now",
                              resolves_to=now.real, approved_resolution=p.resolved.real if p.resolved else None)
                 self._cond.notify_all()
+
+    def hold_claim(self, pid: str, login_id: str) -> None:
+        """The call waiting on record ``pid`` claimed the one call of login ``login_id``
+        (``reauth_after: 0``): its retry (:meth:`holds_claim`) goes on with that claim."""
+        with self._cond:
+            if (p := self._find(pid)) is not None:
+                p.claim = login_id
+
+    def holds_claim(self, pid: object, login_id: str) -> bool:
+        """Whether live record ``pid`` holds the claim of login ``login_id`` (:meth:`hold_claim`)."""
+        p = self.get(pid) if isinstance(pid, str) else None
+        return p is not None and bool(p.claim) and hmac.compare_digest(p.claim.encode(), login_id.encode())
 
     def use(self, p: Pending) -> bool:
         """Consume ``p`` once (compare-and-set): True for the one retry it admits, recorded ``used``."""

@@ -13,6 +13,12 @@ the gate as follows (docs/REFERENCE.md §4.7):
 - otherwise a sign-in is refused as before (with where to log in), and an approval is opened and
   waited for within the call's deadline (an approver runs ``linuxctl approve ID``).
 
+A call the front can wait for elsewhere (``defer``) never waits here: while its record waits for
+its person the call answers at once ``PERMISSION_DENIED`` with ``details.waiting`` (the record's
+id, reason :data:`WAITING`); the front gives back its call connection, waits on the record
+(``confirm_view`` until it is no longer pending, within the call's deadline) and retries the
+call naming the record with ``waited`` set, which is then judged with no wait at all.
+
 An approval is bound to what the path resolves to when it is asked (a
 :class:`~mcpd.policy.confirm.Resolution`, shown to the approver): a retry, a call under a ``for``
 approval, or a waiting call whose path resolves to another object by the time it is approved is
@@ -36,6 +42,7 @@ from mcpd.policy.state import State, principal_of
 APPROVAL_DENIED = "the approver denied this call"
 APPROVAL_TIMED_OUT = "no approver decided in time"
 SIGNIN_DECLINED = "the sign-in was declined"
+WAITING = "waiting for a person"
 RESOLVES_ELSEWHERE = "the path resolves to another file than the one approved"
 
 
@@ -64,7 +71,7 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
 
     Raises:
         ToolError: ``PERMISSION_DENIED`` with ``details.confirm`` (ask the client to open the page),
-            or with reason :data:`APPROVAL_DENIED` / :data:`APPROVAL_TIMED_OUT` /
+            with ``details.waiting`` (``defer``: wait on that record, then retry), or with reason :data:`APPROVAL_DENIED` / :data:`APPROVAL_TIMED_OUT` /
             :data:`RESOLVES_ELSEWHERE`.
     """
     box, interactive, cid = state.confirms, bool(req.get("interactive")), req.get("confirm")
@@ -74,7 +81,7 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
         login_at = 0.0
         if mine is not None and mine.kind == SIGNIN:
             if mine.state == PENDING:  # the retry waits, up to its deadline, for the sign-in
-                box.wait(mine, wait_seconds)
+                _wait(state, req, mine, wait_seconds)
             if mine.state == SIGNED_IN:
                 login_at = mine.at
             elif mine.state == PENDING and interactive:
@@ -108,7 +115,7 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
         if interactive:
             raise _ask(p, requested)
     waited = p.state == PENDING
-    outcome = box.wait(p, wait_seconds)
+    outcome = _wait(state, req, p, wait_seconds)
     if outcome == APPROVED and waited and (after := resolve()) != p.resolved:  # re-pointed while it waited
         box.moved(p, after)
         if interactive:
@@ -126,6 +133,18 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
     raise ToolError(PERMISSION_DENIED, f"permission denied: {requested}: {APPROVAL_TIMED_OUT} "
                     f"(approval {p.id} {'still waits' if outcome == PENDING else 'expired'})",
                     path=requested, reason=APPROVAL_TIMED_OUT, confirm={"id": p.id, "kind": p.kind})
+
+
+def _wait(state: State, req: dict[str, Any], p: Pending, seconds: float) -> str:
+    """Record ``p``'s state after waiting for its person: at most ``seconds`` here, none for a
+    retry the front already ``waited`` for; a call the front can wait for (``defer``) that would
+    wait is answered at once with where to wait (``details.waiting``, reason :data:`WAITING`)."""
+    if req.get("waited"):
+        return state.confirms.wait(p, 0.0)
+    if req.get("defer") and p.state == PENDING:
+        raise ToolError(PERMISSION_DENIED, f"permission denied: {p.path}: {WAITING}", path=p.path, reason=WAITING,
+                        waiting=p.id)
+    return state.confirms.wait(p, seconds)
 
 
 # ---------------------------------------------------------------- the page's requests
