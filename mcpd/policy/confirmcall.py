@@ -54,6 +54,12 @@ def _ask(p: Pending, path: str) -> ToolError:
                      confirm={"id": p.id, "kind": p.kind, "expires_in": p.view()["expires_in"]})
 
 
+def _elsewhere(path: str) -> ToolError:
+    """The refusal of a call whose path resolves to another object than the one approved."""
+    return ToolError(PERMISSION_DENIED, f"permission denied: {path}: {RESOLVES_ELSEWHERE}; ask again",
+                     path=path, reason=RESOLVES_ELSEWHERE)
+
+
 def gate(state: State, req: dict[str, Any], principal: Principal, op: str, requested: str,
          decision: grantmatch.Decision, redecide: Callable[[datetime.datetime], grantmatch.Decision],
          wait_seconds: float, resolve: Callable[[], Resolution]) -> tuple[grantmatch.Decision, float, Resolution | None]:
@@ -104,6 +110,8 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
     p = mine if mine is not None and mine.kind == APPROVE and mine.approve == decision.approve else None
     if p is not None and p.resolved != now:  # re-pointed since it was asked: that approval ends, ask again
         box.moved(p, now)
+        if not interactive:
+            raise _elsewhere(requested)
         p = None
     if p is None and box.approved(principal.name, op, requested, decision.approve, now) is not None:
         return decision, carried, now  # an approval with `for` still covers this principal, tool and object
@@ -121,8 +129,7 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
         if interactive:
             raise _ask(box.open(APPROVE, principal.name, principal.os_user, principal.token_id, op, requested,
                                 p.why, decision.approve, carried, after), requested)
-        raise ToolError(PERMISSION_DENIED, f"permission denied: {requested}: {RESOLVES_ELSEWHERE}; ask again",
-                        path=requested, reason=RESOLVES_ELSEWHERE)
+        raise _elsewhere(requested)
     if outcome == APPROVED and box.use(p):
         return decision, carried, p.resolved
     if outcome == DENIED:

@@ -522,6 +522,28 @@ def test_an_approved_symlink_repointed_before_the_retry_is_asked_again(rootd: An
     assert '"the path resolves elsewhere now"' in d.audit_text()
 
 
+def test_a_symlink_repointed_while_its_call_waits_is_refused(rootd: Any) -> None:
+    d, _ = rootd
+    (d.app / "memo.txt").write_text("a memo\n")
+    (d.app / "bonus.txt").write_text("bonuses\n")
+    link = d.app / "latest.txt"
+    link.symlink_to(d.app / "memo.txt")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # non-interactive: it waits for bob
+        waiting = pool.submit(call, d, d.tokens["alice"], call_body(str(link), caps={}, rid=7))
+        for _ in range(50):
+            asked = confirms(d, decision="requested", requested_path=str(link))
+            if asked:
+                break
+            time.sleep(0.1)
+        assert asked and asked[0]["resolves_to"] == str(d.app / "memo.txt")
+        link.unlink()
+        link.symlink_to(d.app / "bonus.txt")
+        login_client.approve(d.url, d.tokens["bob"], asked[0]["confirm_id"], d.cacert)
+        result = waiting.result()
+    assert is_error(result) == "the path resolves to another file than the one approved", result
+    assert "bonuses" not in str(result)
+
+
 # ---------------------------------------------------------------- passwords (last: locks bob's account)
 
 
