@@ -13,6 +13,7 @@ infinities as ``null``).
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 import orjson
@@ -37,11 +38,70 @@ def dumps(obj: Any) -> bytes:
         them as escapes and plain digits.
     Raises:
         TypeError, ValueError: ``obj`` holds something JSON cannot represent (as :func:`json.dumps`).
+
+    An :class:`Embedded` value is written as the JSON text it holds, as it is.
     """
     try:
-        return orjson.dumps(obj)
+        return orjson.dumps(obj, default=_fragment)
     except TypeError:  # orjson.JSONEncodeError: lone surrogate, integer over 64 bits, unknown type
-        return json.dumps(obj, separators=(",", ":")).encode("ascii")
+        return _std_dumps(obj)
+
+
+class Embedded:
+    """A value encoded once (:func:`embedded`): :func:`dumps` writes its JSON text ``data`` as it
+    is wherever the value sits in a message, so a large result held for many readers is encoded
+    once and each reader's message only copies its bytes. ``len()``: the bytes of that text."""
+
+    __slots__ = ("data", "_fragment")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._fragment = orjson.Fragment(data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def embedded(value: Any) -> Embedded:
+    """``value`` encoded once, as :func:`dumps_line` writes it (so a message around it stays on
+    one line). Raises as :func:`dumps`."""
+    return Embedded(dumps_line(value))
+
+
+def _fragment(value: Any) -> Any:
+    """orjson's ``default``: an :class:`Embedded` value's text; anything else is refused."""
+    if type(value) is Embedded:
+        return value._fragment
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+#: what stands for an :class:`Embedded` value in :func:`_std_dumps`'s text before its own text
+#: replaces it (random: no string a client sends can be it)
+_MARK = "mcpd-embedded-" + secrets.token_hex(16)
+_MARK_JSON = b'"' + _MARK.encode("ascii") + b'"'
+
+
+def _std_dumps(obj: Any) -> bytes:
+    """:func:`json.dumps` (``ensure_ascii``) of what orjson refused; each :class:`Embedded` value
+    goes in as its text, spliced in place of a mark (never parsed again)."""
+    texts: list[bytes] = []
+
+    def mark(value: Any) -> Any:
+        if type(value) is Embedded:
+            texts.append(value.data)
+            return _MARK
+        raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+    out = json.dumps(obj, separators=(",", ":"), default=mark).encode("ascii")
+    if not texts:
+        return out
+    parts = out.split(_MARK_JSON)
+    if len(parts) != len(texts) + 1:
+        raise ValueError("an embedded value's mark appears in the message")
+    spliced = [parts[0]]
+    for text, part in zip(texts, parts[1:], strict=True):
+        spliced += (text, part)
+    return b"".join(spliced)
 
 
 def embed(data: bytes) -> Any:

@@ -296,7 +296,7 @@ def build_app(
     streamable = StreamableTransport(cfg, manager)
     logins = LoginRoutes(login or NoLogin(), cfg.login)
     logins.access = dispatcher.access  # the logins the front refuses itself are recorded too
-    confirm = ConfirmRoutes(login, cfg.login)  # the confirmation page: no bearer, its own origin rule
+    confirm = ConfirmRoutes(login, logins.in_flight)  # the confirmation page: no bearer, its own origin rule
     routes: list[BaseRoute] = [*transport.routes(), *streamable.routes(), *logins.routes(), *oauth_front.routes(cfg),
                                *confirm.routes()]
     if cfg.base_path:

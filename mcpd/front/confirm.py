@@ -22,7 +22,6 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from mcpd.common import frames
-from mcpd.common.config import Login as LoginConfig
 from mcpd.common.inflight import InFlight
 from mcpd.common.printable import printable
 from mcpd.front.login import LoginUnavailable, PolicyLogin
@@ -91,9 +90,11 @@ class ConfirmRoutes:
     """``GET`` and ``POST {base}/confirm/<id>`` over the policy process (through the login backend's
     channel: ``confirm_view``, ``confirm_answer``); no bearer token (the password is the credential)."""
 
-    def __init__(self, login: Any, cfg: LoginConfig) -> None:
+    def __init__(self, login: Any, in_flight: InFlight) -> None:
+        """``login``: the login backend; ``in_flight``: the count of password checks POST /login
+        takes too (:attr:`mcpd.front.login.LoginRoutes.in_flight`), one limit for both."""
         self.login = login
-        self._in_flight = InFlight(cfg.in_flight_per_address, cfg.in_flight)  # sign-ins, as POST /login's
+        self._in_flight = in_flight
     def routes(self) -> list[Route]:
         """The page's two routes, and ``POST /approve/<id>`` (an approver's bearer token)."""
         return [Route(PREFIX + "{cid}", self.show, methods=["GET"]),

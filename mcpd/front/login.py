@@ -164,7 +164,8 @@ class LoginRoutes:
     def __init__(self, backend: LoginBackend, cfg: LoginConfig) -> None:
         self.backend, self.cfg = backend, cfg
         self.access: AccessLog | None = None  # set by build_app: the logins refused here are recorded there
-        self._in_flight = InFlight(cfg.in_flight_per_address, cfg.in_flight)  # logins, in all and per address
+        #: password checks in flight, in all and per address: POST /login's and the confirmation page's together
+        self.in_flight = InFlight(cfg.in_flight_per_address, cfg.in_flight)
 
     def routes(self) -> list[Route]:
         """``POST /login`` and ``POST /logout``."""
@@ -173,7 +174,7 @@ class LoginRoutes:
     async def login(self, request: Request) -> Response:
         """``POST /login``: see the module docstring."""
         peer = _peer(request)
-        if self._in_flight.take(peer) is not None:
+        if self.in_flight.take(peer) is not None:
             self._refused(peer, None, 429, "too many logins in flight")
             return self._busy()
         try:
@@ -182,7 +183,7 @@ class LoginRoutes:
             self._refused(peer, None, 429, POLICY_BUSY)
             return self._busy()
         finally:
-            self._in_flight.release(peer)
+            self.in_flight.release(peer)
 
     def _refused(self, peer: str, user: Any, status: int, reason: str) -> None:
         if self.access is not None:

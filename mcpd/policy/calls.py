@@ -96,7 +96,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     try:  # a step-up sign-in or an approval by a person (mcpd.policy.confirmcall)
         decision, stepped, bound = confirmcall.gate(state, req, principal, op, requested, decision, lambda at: grantmatch.decide(
             policy, principal.os_user, groups, op, requested, grantmatch.utcnow(), login_time=at, login_used=False),
-            deadline_seconds(args, state.cfg.workers.timeout_seconds),
+            deadline_seconds(args, state.cfg.workers.timeout_seconds, op),
             lambda: _resolution(state, decision.resolved_path or requested, decision.covers_root, principal.name))
     except ToolError as exc:
         if exc.details.get("reason") == confirmcall.WAITING:  # the front waits and retries: one record, the retry's
@@ -244,7 +244,7 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
                 os.close(fd)
             fd = -1
             prepared = state.audit.prepare("accept", decision="accept", reason="granted", **record)
-            report = await_report(w, req["rid"], deadline_seconds(args, state.cfg.workers.timeout_seconds))
+            report = await_report(w, req["rid"], deadline_seconds(args, state.cfg.workers.timeout_seconds, op))
             if report is None:
                 report = end_late(state, w, req["rid"])
         finally:
@@ -271,7 +271,7 @@ def _walk(state: State, policy: grantmatch.Policy, op: str, args: dict[str, Any]
     pid, ours, pidfd = state.root.walk()
     # (the frame after the walker's start: whatever a reload does meanwhile, it carries ``policy``)
     frame = walker_frame(policy, op, args, os_user, groups, follow, login)
-    end = time.monotonic() + deadline_seconds(args, state.cfg.workers.timeout_seconds)
+    end = time.monotonic() + deadline_seconds(args, state.cfg.workers.timeout_seconds, op)
     try:
         ours.settimeout(max(end - time.monotonic(), 0.001))
         frames.send_frame(ours, frame)

@@ -133,7 +133,7 @@ def run(state: State, policy: grantmatch.Policy, args: dict[str, Any], principal
     w = claim_worker(state, principal, req)
     if not w.busy.acquire(blocking=False):
         raise ToolError(HELPER_UNAVAILABLE, "that worker is busy", reason="busy")
-    rid, end = req["rid"], time.monotonic() + deadline_seconds(args, state.cfg.workers.timeout_seconds)
+    rid, end = req["rid"], time.monotonic() + deadline_seconds(args, state.cfg.workers.timeout_seconds, "files/grep")
     root = args["path"].rstrip("/") or "/"
     first = dict(args, **({CAP_KEY: req["cap"]} if req.get("cap") is not None else {}))  # the principal's max_file_bytes
     counts = {"opened": 0, "not_granted": 0}

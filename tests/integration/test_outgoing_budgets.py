@@ -275,7 +275,8 @@ def test_unread_json_answers_of_one_principal_share_its_budget(
     without a session (2026-07-28), then one on each of two sessions, then one more on the first
     session and one more without, with ``principal_queue_bytes`` at 20 MiB. What their
     connections have not taken adds up against her budget: the first three fit (about 18 MiB),
-    the last two would pass it, so each is dropped (the ``queue_bytes_per_principal`` limit
+    the last two would pass it, so each waits for room, and, as none of her answers moves, is
+    refused ``-32000`` before its bytes are made (the ``queue_bytes_per_principal`` limit
     counting it; no session's own bound is passed) and the front never holds more than the budget
     for her. Bob's own unread answer is untouched (his budget is his own), he reads it whole, and
     a new session of his is served."""
@@ -294,7 +295,10 @@ def test_unread_json_answers_of_one_principal_share_its_budget(
                      unread_answer(d, m, *stateless_read(d, big, 5))]
             posts += alice
             for raw in alice[3:]:
-                assert until(lambda: server_connections(d, raw.port) == 0), "an answer past her budget is held"
+                status, whole = answer_ends(raw)
+                error = json.loads(whole)["error"]
+                assert status == 200 and error["code"] == -32000 and "principal_queue_bytes" in error["message"], \
+                    "an answer past her budget was made"
             assert all(server_connections(d, raw.port) == 1 for raw in alice[:3]), "an answer within her budget was dropped"
             assert m.hits("queue_bytes_per_principal") == 2
             assert m.hits("queue_overflow") == 0, "no session's own bound was passed"

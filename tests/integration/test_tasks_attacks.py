@@ -16,8 +16,8 @@ import pytest
 
 from mcpd.common import identity
 from tests.conftest import Daemon, tree_rss_kib
-from tests.integration.test_tasks import EXT_META, hole, slow_daemon, slow_grep, small_tree, wait_gone, wait_worker
 from tests.support.streamable import Rpc, client, hdrs, post, request
+from tests.support.tasks import EXT_META, hole, slow_daemon, slow_grep, small_tree, wait_gone, wait_worker
 from tests.support.workers import worker_pids
 
 pytestmark = pytest.mark.anyio
@@ -477,6 +477,12 @@ async def test_a_removed_principals_tasks_stop_and_no_one_else_reads_them(
         assert (await bob.err("tasks/get", {"taskId": task_id}))["code"] == -32602
 
 
+def own_rss_kib(pid: int) -> int:
+    """Resident memory (KiB, ``VmRSS``) of ``pid`` alone (the front, without its workers)."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
 def long_paths(root: Path, files: int) -> Path:
     """``files`` empty files whose paths are about 3,800 characters long: a find of them answers
     about ``files`` × 7.5 KB (each path in the text and in ``structuredContent``)."""
@@ -489,10 +495,6 @@ def long_paths(root: Path, files: int) -> Path:
     return root
 
 
-@pytest.mark.xfail(strict=True, reason="each tasks/result encodes the whole held result before the outgoing "
-                   "byte budgets are consulted, so concurrent reads of one result grow the front by a copy each "
-                   "(no worker, no quota charged), past principal_queue_bytes; concurrent direct calls of a large "
-                   "answer do the same, each at the cost of a worker run")
 async def test_concurrent_reads_of_one_held_result_stay_within_the_outgoing_budget(
         daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
     budget = 64 * 1024 * 1024
@@ -513,10 +515,66 @@ async def test_concurrent_reads_of_one_held_result_stay_within_the_outgoing_budg
 
         sampler = asyncio.ensure_future(sample())
         try:
-            await asyncio.gather(*(sessions[i % 4]("tasks/result", {"taskId": task_id}) for i in range(40)),
-                                 return_exceptions=True)
+            replies = await asyncio.gather(*(sessions[i % 4]("tasks/result", {"taskId": task_id})
+                                             for i in range(40)), return_exceptions=True)
         finally:
             sampler.cancel()
         # what the front may hold for alice's answers, plus the result itself and its text once
         # more, and room for the allocator: about 200 MiB
         assert (peak - base) * 1024 < budget + 3 * 23 * 1024 * 1024 + 64 * 1024 * 1024, (base, peak)
+        # and every reader got the whole result, each in its turn (the budget makes them wait, not fail)
+        assert all(isinstance(r, dict) and len(r["result"]["structuredContent"]["matches"]) == 3000
+                   for r in replies), [r if not isinstance(r, dict) else r.get("error") for r in replies][:3]
+
+
+async def test_concurrent_direct_calls_of_a_large_answer_stay_within_the_outgoing_budget(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Direct calls answering large reserve their answer's bytes before they are made, as task
+    reads do, and no more of a principal's calls are in hand than its workers run at once: 24 calls
+    of a 22 MB answer over 4 sessions at once, against 64 MiB, grow the front (its workers aside)
+    by the budget, those calls' answers as read from the workers and room for the allocator
+    (about 266 MiB; each call holding its answer encoded grew it by about 320 MiB), and each is
+    answered in its turn."""
+    budget = 64 * 1024 * 1024
+    d = daemon_factory(principal_queue_bytes=budget)
+    tree = long_paths(tmp_path / "t", 3000)
+    async with client(d) as c:
+        sessions = [await Rpc.open(c, d) for _ in range(4)]
+        args = {"name": "files/find", "arguments": {"root": str(tree), "type": "file", "max_results": 3000}}
+        assert len((await sessions[0].ok("tools/call", args))["structuredContent"]["matches"]) == 3000
+        base, peak = own_rss_kib(d.pid), 0
+
+        async def sample() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, own_rss_kib(d.pid))
+                await asyncio.sleep(0.01)
+
+        sampler = asyncio.ensure_future(sample())
+        try:
+            replies = await asyncio.gather(*(sessions[i % 4]("tools/call", args) for i in range(24)),
+                                           return_exceptions=True)
+        finally:
+            sampler.cancel()
+        print("front grew by", (peak - base) // 1024, "MiB")
+        assert (peak - base) * 1024 < budget + 6 * 23 * 1024 * 1024 + 64 * 1024 * 1024, (base, peak)
+        assert all(isinstance(r, dict) and len(r["result"]["structuredContent"]["matches"]) == 3000
+                   for r in replies), [r if not isinstance(r, dict) else r.get("error") for r in replies][:3]
+
+
+async def test_an_answer_larger_than_the_outgoing_budget_is_refused_clearly(
+        daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
+    """A held result that could never fit in ``principal_queue_bytes`` is answered ``-32000``
+    saying so, not encoded (and the session goes on)."""
+    d = daemon_factory(principal_queue_bytes=4 * 1024 * 1024)
+    tree = long_paths(tmp_path / "t", 1000)
+    async with client(d) as c:
+        rpc = await Rpc.open(c, d)
+        args = {"name": "files/find", "arguments": {"root": str(tree), "type": "file", "max_results": 1000}}
+        task_id = (await rpc.ok("tools/call", {**args, "task": {}}))["task"]["taskId"]
+        assert (await rpc.until_done(task_id))["status"] == "completed"
+        error = await rpc.err("tasks/result", {"taskId": task_id})
+        assert error["code"] == -32000 and "principal_queue_bytes" in error["message"], error
+        assert error["data"]["limit"] == 4 * 1024 * 1024 and error["data"]["size"] > 4 * 1024 * 1024
+        assert (await rpc.err("tools/call", args))["code"] == -32000
+        assert await rpc.ok("ping") == {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
+from pathlib import Path
 
 _NOT_CODE = {
     tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
@@ -44,3 +45,8 @@ def code_lines(source: str) -> int:
             continue
         lines.update(range(tok.start[0], tok.end[0] + 1))
     return len(lines)
+
+
+def folder_code_lines(folder: Path, repo: Path) -> dict[str, int]:
+    """{path relative to ``repo``: code lines} of every module under ``folder``, sorted by path."""
+    return {str(p.relative_to(repo)): code_lines(p.read_text(encoding="utf-8")) for p in sorted(folder.rglob("*.py"))}

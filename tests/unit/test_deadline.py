@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from mcpd.common.deadline import BUDGET_MAX_SECONDS, DEADLINE_MARGIN, deadline_seconds
-from mcpd.core import tools, walk
+from mcpd.common.deadline import BUDGET_MAX_SECONDS, DEADLINE_MARGIN, DEFAULT_BUDGET_SECONDS, deadline_seconds
+from mcpd.core import grepargs, tools, walk
 
 
 @pytest.mark.parametrize("budget", [True, False, -1, 0, 0.0, -0.0, math.nan, "10", None, [5], {"x": 1}])
@@ -36,3 +36,17 @@ def test_a_budget_adds_the_margin_in_place_of_the_default() -> None:
 def test_there_is_one_rule_and_its_cap_is_the_walks() -> None:
     assert not hasattr(tools, "deadline_seconds")  # one rule: core keeps no copy of its own
     assert BUDGET_MAX_SECONDS == walk.FIND_MAX_BUDGET
+
+
+@pytest.mark.parametrize("op", ["files/find", "files/grep", "files_find", "files_grep"])
+def test_a_search_without_a_budget_gets_its_default_budget_plus_the_margin(op: str) -> None:
+    """A find or grep that gives no time_budget_seconds stops itself at its default budget: its
+    deadline is that plus the margin (not workers.timeout_seconds, which would kill it as it answers)."""
+    assert deadline_seconds({}, 10.0, op) == DEFAULT_BUDGET_SECONDS + DEADLINE_MARGIN
+    assert deadline_seconds({}, 3.0, op) == DEFAULT_BUDGET_SECONDS + DEADLINE_MARGIN
+    assert deadline_seconds({"time_budget_seconds": "x"}, 3.0, op) == 3.0  # a bad value is refused by the tool
+    assert deadline_seconds({}, 3.0, "files/read") == 3.0 and deadline_seconds({}, 3.0) == 3.0
+
+
+def test_the_default_budget_is_the_tools_own() -> None:
+    assert DEFAULT_BUDGET_SECONDS == walk.FIND_BUDGET == grepargs.BUDGET

@@ -16,15 +16,15 @@ and no import cycle anywhere: among the packages, or the modules or subpackages 
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 import tomllib
-import types
 from pathlib import Path
 
 import pytest
+
+from tests.support.modgraph import modgraph
 
 REPO = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
@@ -91,16 +91,6 @@ def test_import_contract_catches_a_dev_mode_cycle(tmp_path: Path) -> None:
     proc = lint_with(tmp_path, {"mcpd/admin/devroot.py": "\nimport mcpd.admin.devmode\n"})
     assert proc.returncode != 0, proc.stdout
     assert "mcpd.admin.devroot is not allowed to import mcpd.admin.devmode" in proc.stdout, proc.stdout
-
-
-def modgraph() -> types.ModuleType:
-    """``scripts/modgraph.py``, loaded from its file (scripts/ is no package)."""
-    spec = importlib.util.spec_from_file_location("modgraph", REPO / "scripts" / "modgraph.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["modgraph"] = module  # (its dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_no_module_imports_itself_back_at_run_time() -> None:

@@ -4,13 +4,14 @@ request tables and the calls (a step it cannot find prints ``(not found)``)."""
 
 from __future__ import annotations
 
-from tests.unit.test_import_contract import REPO, modgraph
-from tests.unit.test_root_surface import folder_counts
+from tests.support.codelines import folder_code_lines
+from tests.support.modgraph import REPO, modgraph
 
 
 def test_the_report_counts_root_as_the_budget_does_and_finds_no_cycle() -> None:
     text = "\n".join(modgraph().report(REPO, modgraph().load(REPO)))
-    assert f"code lines as the budget counts them): {sum(folder_counts().values())}" in text
+    root = sum(folder_code_lines(REPO / "mcpd/helper", REPO).values())
+    assert f"code lines as the budget counts them): {root}" in text
     assert "cycles between modules (at run time):\n  none" in text and "cycles between packages:\n  none" in text
     assert "  helper   -> " not in text  # root imports no other package
 

@@ -8,12 +8,16 @@ returns (a client that stopped reading)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
+from mcpd.common import wirejson
 from mcpd.common.config import Config
 from mcpd.common.identity import Principal
 from mcpd.front import metrics
 from mcpd.front.mcp.dispatcher import Dispatcher
+from mcpd.front.mcp.jsonrpc import RpcError
+from mcpd.front.sessions import budgets
 from mcpd.front.sessions.budgets import OutgoingBytes
 from mcpd.front.sessions.session import Session
 from mcpd.front.sessions.table import SessionManager
@@ -267,3 +271,65 @@ def test_past_the_total_the_kept_answers_of_the_principal_holding_the_most_are_d
         m.close_all()
 
     asyncio.run(go())
+
+
+def test_answers_reserve_their_room_in_order_and_are_refused_when_none_moves() -> None:
+    """Room for an answer before it is made (:meth:`SessionManager.reserve`), principal budget
+    400 KiB: a small answer reserves nothing; two of 128 KiB fit, one of 256 KiB waits, and one of
+    100 KiB behind it waits its turn though it would fit; each is given room as the answers before
+    it are written; an answer over the budget is refused at once; and a wait during which none of
+    the principal's answers moves ends in a refusal, nothing reserved. What is reserved never
+    counts for the cut rule (``outgoing``)."""
+    async def go() -> None:
+        m = SessionManager(Config(principal_queue_bytes=400 * KIB), Dispatcher(pool=None, privileged=None))  # type: ignore[arg-type]
+        assert await m.reserve("alice", 60 * KIB, 5) == 0
+        first = await m.reserve("alice", 128 * KIB, 5)
+        second = await m.reserve("alice", 128 * KIB, 5)
+        assert first == second == 128 * KIB and m.answering.held("alice") == 256 * KIB
+        assert m.outgoing.held("alice") == 0
+        third = asyncio.ensure_future(m.reserve("alice", 256 * KIB, 5))
+        await asyncio.sleep(0)
+        fourth = asyncio.ensure_future(m.reserve("alice", 100 * KIB, 5))
+        assert await m.reserve("bob", 128 * KIB, 5) == 128 * KIB  # (bob's budget is his own)
+        await asyncio.sleep(0.05)
+        assert not third.done() and not fourth.done()
+        m.unreserve("alice", first)  # (handed over, and written)
+        assert await third == 256 * KIB
+        await asyncio.sleep(0.05)
+        assert not fourth.done()
+        m.unreserve("alice", second)
+        assert await fourth == 100 * KIB
+        try:
+            await m.reserve("alice", 401 * KIB, 5)
+        except RpcError as exc:
+            assert exc.code == -32000 and exc.data == {"size": 401 * KIB, "limit": 400 * KIB}
+        else:
+            raise AssertionError("an answer larger than the budget was given room")
+        before, budgets.STALL_SECONDS = budgets.STALL_SECONDS, 0.2
+        try:
+            started = asyncio.get_running_loop().time()
+            try:
+                await m.reserve("alice", 128 * KIB, 5)
+            except RpcError as exc:
+                assert exc.code == -32000 and "principal_queue_bytes" in exc.message
+            else:
+                raise AssertionError("a wait with nothing moving was given room")
+            assert asyncio.get_running_loop().time() - started < 2
+        finally:
+            budgets.STALL_SECONDS = before
+        assert m.answering.held("alice") == 356 * KIB
+
+    asyncio.run(go())
+
+
+def test_a_value_encoded_once_is_spliced_whole_in_either_encoder() -> None:
+    """An :class:`~mcpd.common.wirejson.Embedded` value reads back as the value it holds, inside a
+    message orjson writes and inside one it refuses (an id over 64 bits, a lone surrogate), with
+    its line breakers still escaped."""
+    value = {"matches": ["/a\u2028b", "é", 2 ** 40], "n": 3}
+    held = wirejson.embedded(value)
+    for rid in (7, 2 ** 70, "\udc80"):
+        data = wirejson.dumps_line({"jsonrpc": "2.0", "id": rid, "result": {"structuredContent": held, "x": [held]}})
+        assert b"\xe2\x80\xa8" not in data
+        back = json.loads(data)
+        assert back["id"] == rid and back["result"] == {"structuredContent": value, "x": [value]}

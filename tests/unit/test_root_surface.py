@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.codelines import code_lines
+from tests.support.codelines import code_lines, folder_code_lines
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_MODULE = "mcpd.helper.main"
@@ -97,7 +97,7 @@ def g(): """one line: the def counts"""
 
 def folder_counts() -> dict[str, int]:
     """{path in the repository: code lines} of every module in root's folder, printed as a table."""
-    counts = {str(p.relative_to(REPO)): code_lines(p.read_text(encoding="utf-8")) for p in sorted(FOLDER.rglob("*.py"))}
+    counts = folder_code_lines(FOLDER, REPO)
     width = max(len(name) for name in counts)
     for name, count in counts.items():
         print(f"{name:<{width}} {count:5d}")

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+from mcpd.common.wirejson import Embedded
+
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
@@ -110,6 +112,8 @@ def approx_size(value: Any) -> int:
         return max(8, value.bit_length() // 3 + 2)
     if isinstance(value, float):
         return 24  # the longest shortest form: -1.2345678901234567e-308
+    if type(value) is Embedded:  # (encoded once already: exactly its bytes)
+        return len(value)
     return 8
 
 

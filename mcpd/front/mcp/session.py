@@ -87,14 +87,61 @@ class Room(Protocol):
         ...
 
 
+class AnswerBudget(Protocol):
+    """The outgoing-byte budgets of a principal's answers (the session table,
+    :class:`~mcpd.front.sessions.budgets.Budgets`): an answer that may be large reserves room
+    there before its bytes are made (:meth:`reserve`) and gives it back (:meth:`unreserve`) as it
+    hands the answer to what holds it, which charges it from then on."""
+
+    admit_seconds: float
+
+    async def reserve(self, name: str, size: int, seconds: float) -> int:
+        """Wait for room for about ``size`` bytes of principal ``name``'s; the bytes reserved
+        (0 for a small answer). Raises :class:`RpcError` (``-32000``) when none can come."""
+        ...
+
+    def unreserve(self, name: str, size: int) -> None:
+        """Give back ``size`` bytes :meth:`reserve` reserved."""
+        ...
+
+    def start_call_now(self, name: str) -> bool:
+        """Count a call that may answer large as in hand if there is room now; whether it did."""
+        ...
+
+    async def start_call(self, name: str, seconds: float) -> None:
+        """:meth:`start_call_now`, else wait; raises :class:`RpcError` (``-32000``) when no
+        start comes within ``seconds``."""
+        ...
+
+    def call_placed(self, name: str) -> None:
+        """A call counted in hand has its answer placed."""
+        ...
+
+
 #: Methods whose reply may be large (a worker's answer): each takes :attr:`Room.call_cost`.
 HEAVY_METHODS = frozenset({"tools/call", "resources/read", "tasks/result", "tasks/get"})
+#: Of those, the ones that make their answer (a worker's run): each is a call in hand
+#: (:meth:`AnswerBudget.start_call`) until its answer is placed.
+MAKING_METHODS = frozenset({"tools/call", "resources/read"})
 
 
 def heavy(msg: Any) -> bool:
     """Whether ``msg`` asks for a method whose reply may be large (:data:`HEAVY_METHODS`)."""
     method = msg.get("method") if isinstance(msg, dict) else None
     return isinstance(method, str) and method in HEAVY_METHODS
+
+
+def makes_on_workers(msg: Any) -> bool:
+    """Whether request ``msg`` makes its answer in the caller's workers (:data:`MAKING_METHODS`,
+    not ``privileged``: those calls are bounded by the privileged route)."""
+    if not isinstance(msg, dict) or "id" not in msg:
+        return False
+    method = msg.get("method")
+    if not isinstance(method, str) or method not in MAKING_METHODS:
+        return False
+    params = msg.get("params")
+    args = params.get("arguments") if isinstance(params, dict) else None
+    return not (isinstance(args, dict) and args.get("privileged") is True)
 
 
 def admit_seconds(msg: Any, default: float) -> float:
@@ -104,7 +151,8 @@ def admit_seconds(msg: Any, default: float) -> float:
     from its raw arguments."""
     params = msg.get("params") if isinstance(msg, dict) else None
     args = params.get("arguments") if isinstance(params, dict) else None
-    return deadline_seconds(args, default) if isinstance(args, dict) else default
+    name = params.get("name") if isinstance(params, dict) else None
+    return deadline_seconds(args, default, name if isinstance(name, str) else None) if isinstance(args, dict) else default
 
 
 class McpSession:
@@ -121,18 +169,23 @@ class McpSession:
         room: the backpressure of the stream behind ``send`` (:class:`Room`), or ``None``: every
             request whose reply goes there (not one a transport hands its own ``send``) waits for
             room first, and is answered ``-32000`` without running when none comes in time.
+        budget: the principals' outgoing-byte budgets (:class:`AnswerBudget`), or ``None``: the
+            reply of a method that may answer large (:data:`HEAVY_METHODS`) reserves its size
+            there before it is encoded, and is answered ``-32000`` instead when it can never fit
+            or no room comes within the request's deadline.
     """
 
     # (slots: an idle session is held for hours, and an instance dict costs it about 280 bytes)
     __slots__ = ("dispatcher", "session_id", "send", "initialized", "protocol_version", "_in_flight", "_tasks",
-                 "_closed", "_lifecycle", "modern", "last_done", "room", "client_capabilities", "outgoing")
+                 "_closed", "_lifecycle", "modern", "last_done", "room", "client_capabilities", "outgoing", "budget")
 
     def __init__(self, dispatcher: Dispatcher, session_id: str, send: Send, modern: bool = False,
-                 room: Room | None = None) -> None:
+                 room: Room | None = None, budget: AnswerBudget | None = None) -> None:
         self.dispatcher = dispatcher
         self.session_id = session_id
         self.send = send
         self.room = room
+        self.budget = budget
         self.initialized = False
         self.protocol_version: str | None = None
         # (both emptied by replacement, not by deletion: an idle session then holds two empty dicts,
@@ -312,8 +365,15 @@ class McpSession:
                 rid = msg.get("id") if isinstance(msg, dict) else None
                 self._no_room(room, rid if valid_id(rid) else None, "this request was not run")
                 return None
+        making = self.budget if self.budget is not None and makes_on_workers(msg) else None
+        name = caller.principal.name
         try:
-            reply = await self._reply_for(msg, caller, out)
+            refused = None
+            if making is not None and not making.start_call_now(name):
+                refused = await self._wait_to_make(making, name, msg)
+                if refused is not None:
+                    making = None  # (not counted)
+            reply = refused if refused is not None else await self._reply_for(msg, caller, out)
             if budget is not None and reply is not None:  # a batch member: its array is bounded in bytes
                 size = approx_size(reply)
                 if size > budget[0]:
@@ -323,6 +383,18 @@ class McpSession:
                                         f"this reply was dropped; send it alone")
                     size = approx_size(reply)  # (counted too: the array's bound holds whatever the members)
                 budget[0] -= size
+            reserved = 0
+            if send_reply and reply is not None and self.budget is not None and "result" in reply and heavy(msg):
+                try:  # (room for its bytes before they are made)
+                    reserved = await self.budget.reserve(name, approx_size(reply),
+                                                         admit_seconds(msg, self.budget.admit_seconds))
+                except RpcError as exc:
+                    reply = error_reply(reply["id"], exc.code, exc.message, exc.data)
+            if reserved:  # (what holds the reply charges it from here on, in this same step)
+                self.budget.unreserve(name, reserved)
+            if making is not None:
+                making.call_placed(name)
+                making = None
             if send_reply and reply is not None and not self._closed:
                 if room is not None:
                     held, room = room, None
@@ -331,8 +403,21 @@ class McpSession:
                 out(reply)
             return reply
         finally:
+            if making is not None:
+                making.call_placed(name)
             if room is not None:
                 room.release(cost)
+
+    @staticmethod
+    async def _wait_to_make(making: AnswerBudget, name: str, msg: Message) -> Message | None:
+        """Wait until principal ``name`` may start call ``msg`` (:meth:`AnswerBudget.start_call`,
+        within the call's deadline); ``None`` once it is counted, else its ``-32000`` reply."""
+        try:
+            await making.start_call(name, admit_seconds(msg, making.admit_seconds))
+        except RpcError as exc:
+            rid = msg.get("id")
+            return error_reply(rid if valid_id(rid) else None, exc.code, exc.message)
+        return None
 
     async def _reply_for(self, msg: Any, caller: Caller, out: Send) -> Message | None:
         if not isinstance(msg, dict):

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from mcpd.common import wirejson
 from mcpd.front import metrics
 from mcpd.front.mcp.jsonrpc import INTERNAL, INVALID_PARAMS, METHOD_NOT_FOUND, SERVER_BUSY, RpcError, approx_size
 from mcpd.front.mcp.results import tool_error_result
@@ -71,6 +72,16 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def encoded_once(result: dict[str, Any]) -> dict[str, Any]:
+    """A task's ``CallToolResult`` as it is held: each member that is an object, array or
+    string (``content``, ``structuredContent``) encoded once
+    (:class:`~mcpd.common.wirejson.Embedded`), so that every read of the result splices those
+    bytes into its reply instead of encoding the result again, and the decoded strings are freed;
+    ``_meta`` (merged with the related-task one by ``tasks/result``) and flags stay as they are."""
+    return {key: value if key == "_meta" or not isinstance(value, (dict, list, str)) else wirejson.embedded(value)
+            for key, value in result.items()}
+
+
 def declares_extension(params: dict[str, Any]) -> bool:
     """Whether a 2026-07-28 request's ``_meta`` client capabilities list the tasks extension."""
     meta = params.get("_meta")
@@ -92,7 +103,7 @@ class Task:
     updated: float = 0.0
     status: str = "working"
     message: str | None = None
-    result: dict[str, Any] | None = None  # the CallToolResult, once completed (or failed with isError)
+    result: dict[str, Any] | None = None  # the CallToolResult, once completed (or failed with isError): encoded_once
     held: int = 0  # bytes of ``result`` counted against its owner's max_result_bytes
     error: dict[str, Any] | None = None  # the JSON-RPC error object, once failed with one
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -227,14 +238,16 @@ class TaskStore:
         else:
             if task.status in TERMINAL:
                 return  # (cancelled meanwhile: the work ended before the cancellation reached it)
-            task.result = result = self._hold(task, result)
+            result = self._hold(task, result)
             if result.get("isError") and not task.modern:  # (2025-11-25: a tool error is a failed task)
                 content = result.get("content")
                 text = content[0].get("text") if isinstance(content, list) and content and \
                     isinstance(content[0], dict) else None
-                self._finish(task, "failed", text if isinstance(text, str) else "the tool failed")
+                status, message = "failed", text if isinstance(text, str) else "the tool failed"
             else:
-                self._finish(task, "completed", "the call is done")
+                status, message = "completed", "the call is done"
+            task.result = encoded_once(result)
+            self._finish(task, status, message)
 
     def _hold(self, task: Task, result: dict[str, Any]) -> dict[str, Any]:
         """``result`` counted against its owner's :attr:`max_result_bytes`, or, past it, the

@@ -85,7 +85,7 @@ class PolicyBackend:
             raise ToolError(RATE_LIMITED, f"{cap} privileged calls of this principal are in flight; "
                             "retry when one ends", limit=cap)
         try:
-            end = asyncio.get_running_loop().time() + deadline_seconds(args, self._timeout)
+            end = asyncio.get_running_loop().time() + deadline_seconds(args, self._timeout, op)
             asked = dict(hitl, defer=True)  # the policy process answers a wait at once: it is waited for here
             while True:
                 try:
@@ -142,7 +142,7 @@ class PolicyBackend:
         if cap is not None:
             req["cap"] = cap
         # the policy process's deadline for the call, by the one rule, plus a margin: its TIMEOUT comes first
-        timeout = deadline_seconds(args, self._timeout) + DEADLINE_MARGIN
+        timeout = deadline_seconds(args, self._timeout, op) + DEADLINE_MARGIN
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         walk = op in ("files/list", "files/find")

@@ -6,22 +6,35 @@ Charged here are the sessions' queues and streams (``session.py``), the ``/mcp``
 streams and large ``/mcp`` answers (``mcpd.front.transport.answers``). :class:`Budgets` is the
 half of :class:`~mcpd.front.sessions.table.SessionManager` that keeps them; each session's own
 ``session_queue_bytes`` is its backpressure (``backpressure.py``).
+
+Against the same two budgets, apart from those (a client that stopped reading is cut for those;
+one whose answers wait for room is not): the large answers made and not yet written, whose room
+is reserved before they are made (:meth:`Budgets.reserve`), and the calls in hand whose answers
+are not made yet (:meth:`Budgets.start_call`), so answers ready at once never pile up past them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from mcpd.common.config import Config
 from mcpd.front import metrics
 from mcpd.front.connections.handover import UNSEEN
+from mcpd.front.mcp.jsonrpc import SERVER_BUSY, RpcError
+from mcpd.front.sessions.backpressure import CALLS_AT_ONCE, Waiter
 
 if TYPE_CHECKING:
     from mcpd.front.sessions.session import Session
 
 log = logging.getLogger(__name__)
+
+#: Seconds an answer waits for room (:meth:`Budgets.reserve`) while none of its principal's
+#: answers moves (no piece written, none ended) before it is refused: its clients stopped reading.
+STALL_SECONDS = 2.0
 
 #: What each limit kind of a client that stopped reading says in the log.
 FULL = {"queue_overflow": "outgoing queue full",
@@ -41,13 +54,16 @@ class OutgoingBytes:
         total: bytes all of them may hold together.
     """
 
-    __slots__ = ("per_principal", "budget", "total", "_held")
+    __slots__ = ("per_principal", "budget", "total", "_held", "on_release")
 
     def __init__(self, per_principal: int, total: int) -> None:
         self.per_principal = per_principal
         self.budget = total
         self.total = 0
         self._held: dict[str, int] = {}
+        #: called with the principal's name when bytes are released while answers wait for room
+        #: (:meth:`Budgets.reserve`); ``None`` while none waits
+        self.on_release: Callable[[str], None] | None = None
 
     def charge(self, name: str, delta: int) -> str | None:
         """Add ``delta`` bytes (negative: released) to principal ``name``'s count and the total.
@@ -60,6 +76,8 @@ class OutgoingBytes:
         else:
             self._held.pop(name, None)
         self.total += delta
+        if delta < 0 and self.on_release is not None:
+            self.on_release(name)
         if delta > 0:
             if held > self.per_principal:
                 return "queue_bytes_per_principal"
@@ -122,6 +140,213 @@ class Budgets:
         #: what a cut gave up of answers that their writers release later (by ``cut``: principal,
         #: bytes): still in ``outgoing`` until then, but no longer held for the total's rule
         self._leaving: dict[Callable[[], None], tuple[str, int]] = {}
+        #: the bytes of large answers made and not yet written, by principal and in all, against
+        #: the same budgets: room for each is reserved here before it is made (:meth:`reserve`),
+        #: given back as it is handed to what holds it, which counts it here until it is written
+        self.answering = OutgoingBytes(cfg.principal_queue_bytes, cfg.total_queue_bytes)
+        #: the answers waiting for room to be made (reserve), by principal, oldest first; when
+        #: each principal's bytes were last released; whether a grant is scheduled
+        self._reserving: dict[str, list[Waiter]] = {}
+        self._released: dict[str, float] = {}
+        self._granting = False
+        #: calls that may answer large a principal may have in hand at once (running, or their
+        #: answer waiting for room); by principal, how many it has, and those waiting to start
+        #: (none when ``max_calls_per_principal`` is as low: the pool bounds them then, refusing past it)
+        self.calls_at_once = max(CALLS_AT_ONCE, cfg.workers.per_account)
+        self._gated = self.calls_at_once < cfg.max_calls_per_principal
+        self._calls: dict[str, int] = {}
+        self._starting: dict[str, list[asyncio.Future[bool]]] = {}
+
+    # -- calls in hand, whose answers are not made yet ---------------------------------------------
+
+    def start_call_now(self, name: str) -> bool:
+        """Count one call of principal ``name`` that may answer large (an unprivileged
+        ``tools/call`` or ``resources/read``, run by its workers) as in hand, unless it has
+        :attr:`calls_at_once` in hand (``workers.per_account``, at least 4: as many as its workers
+        run at once) or a call of its waits to start already; whether it did (then
+        :meth:`call_placed` ends it)."""
+        held = self._calls.get(name, 0)
+        if name in self._starting or (held >= self.calls_at_once and self._gated):
+            return False
+        self._calls[name] = held + 1
+        return True
+
+    async def start_call(self, name: str, seconds: float) -> None:
+        """:meth:`start_call_now`, else wait, in arrival order, until one of the principal's calls
+        in hand is placed (:meth:`call_placed`: its answer is handed on, or refused). So the
+        answers a principal's workers made and that wait for room (:meth:`reserve`) never pile up
+        past :attr:`calls_at_once`: a client calling faster than it reads is slowed down. The calls
+        waiting here would wait for a worker anyway.
+
+        Raises:
+            RpcError: ``-32000`` once ``seconds`` passed without a start (the call is not run).
+        """
+        if self.start_call_now(name):
+            return
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._starting.setdefault(name, []).append(fut)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), seconds)
+        except TimeoutError:
+            if not fut.done():
+                fut.set_result(False)
+            elif fut.result():  # (started just as its time ran out: it runs)
+                return
+            metrics.limit_hit("queue_bytes_per_principal")
+            raise RpcError(SERVER_BUSY, f"this principal has {self.calls_at_once} calls whose answers are not taken "
+                           f"yet; none of them ended within {seconds:g} s; this call was not run, retry later",
+                           None) from None
+        except asyncio.CancelledError:
+            if not fut.done():
+                fut.set_result(False)
+            elif fut.result():
+                self.call_placed(name)
+            raise
+        finally:
+            waiting = self._starting.get(name)
+            if waiting is not None and fut in waiting:
+                waiting.remove(fut)
+            if not waiting:
+                self._starting.pop(name, None)
+
+    def call_placed(self, name: str) -> None:
+        """One call :meth:`start_call` counted has its answer placed (reserved, handed over, or
+        none): the oldest call waiting to start, if any, starts in its stead."""
+        for fut in self._starting.get(name, ()):
+            if not fut.done():
+                fut.set_result(True)
+                return
+        held = self._calls.get(name, 0) - 1
+        if held > 0:
+            self._calls[name] = held
+        else:
+            self._calls.pop(name, None)
+
+    # -- room for an answer before it is made ------------------------------------------------------
+
+    async def reserve(self, name: str, size: int, seconds: float) -> int:
+        """Reserve room for an answer of about ``size`` bytes (its JSON, not made yet) in principal
+        ``name``'s and the total budgets of answers made and not yet written (:attr:`answering`,
+        bounded as :attr:`outgoing` is), before its bytes are made: so what the front holds of a
+        principal's answers stays within ``principal_queue_bytes`` however many of them are ready
+        at once (the reads of one held task result cost neither a worker nor quota).
+
+        An answer of at most :data:`~mcpd.front.connections.handover.UNSEEN` bytes reserves
+        nothing (``0``: it is charged by what holds it, as ever). A larger one waits, in arrival
+        order among its principal's, until its bytes fit beside the principal's other answers and
+        all principals'; the wait ends after ``seconds`` (the call's deadline) while the principal's
+        answers moved, or once :data:`STALL_SECONDS` passed with none moving (its clients stopped
+        reading: waiting on would only hold the call), and is refused then; nothing of it is made.
+
+        Returns the bytes reserved, counted in :attr:`answering` until :meth:`unreserve` gives them
+        back, which the caller does right before it hands the answer to what holds it (and
+        counts it there until it is written), in the same step of the event loop. What the
+        principal's clients have not taken (:attr:`outgoing`) is bounded apart, by cutting a
+        client that stopped reading, as ever.
+
+        Raises:
+            RpcError: ``-32000`` when the answer can never fit (it is larger than
+                ``principal_queue_bytes`` or ``total_queue_bytes``), or no room came in time.
+        """
+        if size <= UNSEEN:
+            return 0
+        answering = self.answering
+        bound = min(answering.per_principal, answering.budget)
+        if size > bound:
+            metrics.limit_hit("queue_bytes_per_principal")
+            raise RpcError(SERVER_BUSY, f"the answer (about {size} bytes) is larger than this principal's outgoing "
+                           f"budget ({bound} bytes, principal_queue_bytes / total_queue_bytes) and can never be "
+                           "sent; ask for less (a smaller max_results, a narrower root or pattern)",
+                           {"size": size, "limit": bound})
+        waiters = self._reserving.get(name)
+        if not waiters and self._fits(name, size):
+            answering.charge(name, size)
+            return size
+        loop = asyncio.get_running_loop()
+        waiter = Waiter(size, 0, loop.create_future(), seconds)
+        self._reserving.setdefault(name, []).append(waiter)
+        answering.on_release = self._on_release
+        waiter.timer = loop.call_later(min(STALL_SECONDS, seconds), self._expire_reserve, name, waiter,
+                                       time.monotonic() + seconds)
+        try:
+            granted = await waiter.fut
+        except asyncio.CancelledError:
+            fut = waiter.fut
+            if fut.done() and not fut.cancelled() and fut.result():  # granted, then cancelled
+                self.unreserve(name, size)
+            raise
+        finally:
+            if waiter.timer is not None:
+                waiter.timer.cancel()
+            left = self._reserving.get(name)
+            if left is not None and waiter in left:
+                left.remove(waiter)
+            if not left:
+                self._reserving.pop(name, None)
+            if not self._reserving:
+                answering.on_release = None
+                self._released.clear()
+        if not granted:
+            metrics.limit_hit("queue_bytes_per_principal")
+            log.warning("an answer of %s (about %d bytes): %s; refused before it was made", name, size,
+                        FULL["queue_bytes_per_principal"])
+            raise RpcError(SERVER_BUSY, f"no room in this principal's outgoing budget (principal_queue_bytes) for the "
+                           f"answer (about {size} bytes): its clients are not taking their other answers; retry "
+                           "later", {"size": size})
+        return size
+
+    def unreserve(self, name: str, size: int) -> None:
+        """Give back what :meth:`reserve` reserved for principal ``name`` (``size`` bytes; 0: nothing)."""
+        if size:
+            self.answering.charge(name, -size)
+
+    def _fits(self, name: str, size: int) -> bool:
+        """Whether ``size`` more bytes of principal ``name``'s answers fit in both budgets now."""
+        answering = self.answering
+        return answering.held(name) + size <= answering.per_principal and answering.total + size <= answering.budget
+
+    def _on_release(self, name: str) -> None:
+        """Some bytes were released while answers wait for room: look again, once, soon (the
+        releaser may be about to charge what it hands over in the same step)."""
+        self._released[name] = time.monotonic()
+        if not self._granting:
+            self._granting = True
+            asyncio.get_running_loop().call_soon(self._grant_reserve)
+
+    def _grant_reserve(self) -> None:
+        """Reserve room for the waiting answers that fit now, each principal's oldest first (one
+        that does not fit holds back those behind it)."""
+        self._granting = False
+        for name, waiters in list(self._reserving.items()):
+            for waiter in waiters:
+                if waiter.fut.done():
+                    continue
+                if not self._fits(name, waiter.cost):
+                    break
+                self.answering.charge(name, waiter.cost)
+                waiter.fut.set_result(True)
+
+    def answer_moved(self, name: str) -> None:
+        """Some of principal ``name``'s answer went out (a piece written): its waiting answers wait on."""
+        if self._reserving:
+            self._released[name] = time.monotonic()
+
+    def _expire_reserve(self, name: str, waiter: Waiter, deadline: float) -> None:
+        """``waiter``'s time is up (at ``deadline``, loop-independent ``time.monotonic()``, or
+        once :data:`STALL_SECONDS` passed with none of principal ``name``'s answers moving, else
+        it waits on from then): refuse it."""
+        waiter.timer = None
+        if waiter.fut.done():
+            return
+        now = time.monotonic()
+        again = min(self._released.get(name, 0.0) + STALL_SECONDS, deadline) - now
+        if again > 0:
+            waiter.timer = asyncio.get_running_loop().call_later(again, self._expire_reserve, name, waiter, deadline)
+            return
+        waiter.fut.set_result(False)
+        if not self._granting and self._reserving.get(name, [None])[0] is waiter:  # (those behind may fit)
+            self._granting = True
+            asyncio.get_running_loop().call_soon(self._grant_reserve)
 
     def stream_attached(self) -> None:
         """Start the keep-alive ticker unless it runs (the table's)."""

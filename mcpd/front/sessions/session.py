@@ -89,7 +89,7 @@ class Session(Backpressure):
         self._out: StreamOut | None = None  # the attached stream
         self._writer: asyncio.Task[None] | None = None  # writing the queue to the stream, while it must wait
         super().__init__()  # the room (Backpressure)
-        self.protocol = McpSession(dispatcher, session_id, self.send, room=self)
+        self.protocol = McpSession(dispatcher, session_id, self.send, room=self, budget=manager)
 
     def pressed(self) -> bool:
         """Whether the queue holds its budget: ``queue_bytes`` the client has not taken, or

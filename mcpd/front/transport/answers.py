@@ -51,6 +51,11 @@ class PostStream:
     stream's bounds. The bytes count the messages queued and those taken (:meth:`drain`) until
     the response took them (:meth:`sent`).
     ``replies_only``: keep only replies (an answer sent as JSON, which carries no progress).
+    With a ``manager``, a reply over :data:`~mcpd.front.connections.handover.UNSEEN` bytes is also
+    counted among the principal's answers made and not yet written
+    (:attr:`~mcpd.front.sessions.budgets.Budgets.answering`, for which room was reserved before it
+    was made) from when it is encoded until :meth:`close` (a JSON answer's: once its
+    :class:`PiecedAnswer` wrote it).
     ``manager`` and ``owner``: the session table, whose budgets of outgoing bytes by principal
     and in all are charged with what the stream holds (an event stream's; :meth:`close` releases
     it; :meth:`SessionManager.hold_answer`), and the principal's name: past either, the stream is
@@ -65,6 +70,7 @@ class PostStream:
         self._limit = limit
         self._limit_bytes = limit_bytes
         self._bytes = 0
+        self._answering = 0  # bytes of replies made, counted in the manager's ``answering`` until close
         self._replies_only = replies_only
         self._manager = manager
         self._owner = owner
@@ -90,6 +96,12 @@ class PostStream:
             return
         refused = isinstance(message, dict) and message.get("id") is None and "error" in message
         self._items.append(Queued(data, reply, refused, isinstance(message, dict) and "result" in message))
+        if reply and size > UNSEEN and self._manager is not None:  # (made: counted until written, close)
+            self._manager.answering.charge(self._owner, size)
+            self._answering += size
+        if self._replies_only:  # (a JSON answer: charged by its PiecedAnswer while its client is behind)
+            self._ready.set()
+            return
         self._bytes += size
         if self._manager is not None:
             kind = self._manager.hold_answer(self._owner, size, self._cut_off)
@@ -132,6 +144,9 @@ class PostStream:
     def close(self) -> None:
         """Release what the stream still counts (it ended, or was cut); it takes nothing more."""
         self._closed = True
+        if self._answering and self._manager is not None:
+            self._manager.answering.charge(self._owner, -self._answering)
+            self._answering = 0
         if self._manager is not None and self._bytes:
             self._manager.hold_answer(self._owner, -self._bytes, self._cut_off)
         self._bytes = 0
@@ -177,19 +192,32 @@ class PiecedAnswer(Response):
     answer of at most ``UNSEEN`` bytes to a client that keeps up costs one :meth:`behind` more
     than a plain response.
 
+    ``held``: the :class:`PostStream` that took the reply, which counts it among its principal's
+    answers made and not yet written until it is written (then closed here).
+
     Args:
         body: the answer's bytes. status: its HTTP status. headers: extra response headers.
         media_type: its ``Content-Type``. manager: the session table (its budgets).
         owner: the principal's name. session_id: the session the POST named (for the log), or ``None``.
+        held: the POST's stream that took the reply (closed once it is written), or ``None``.
     """
 
     def __init__(self, body: bytes, status: int, headers: dict[str, str] | None, media_type: str,
-                 manager: SessionManager, owner: str, session_id: str | None) -> None:
+                 manager: SessionManager, owner: str, session_id: str | None,
+                 held: PostStream | None = None) -> None:
         super().__init__(body, status_code=status, headers=headers, media_type=media_type)
         self._data = body  # (self.body, typed loosely: the same bytes)
         self._manager, self._owner, self._session_id = manager, owner, session_id
+        self._held = held
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._write(scope, receive, send)
+        finally:
+            if self._held is not None:
+                self._held.close()
+
+    async def _write(self, scope: Scope, receive: Receive, send: Send) -> None:
         offer = scope.get(DETACH)
         data = self._data
         size = len(data)
@@ -215,9 +243,13 @@ class PiecedAnswer(Response):
                     start = None
                 end = begin + PIECE
                 await send({"type": "http.response.body", "body": data[begin:end], "more_body": end < size})
+                if self._held is not None:  # (a large answer moves: those waiting for room wait on)
+                    self._manager.answer_moved(self._owner)
             if charged:
                 self._manager.hold_answer(self._owner, -charged, cut)
                 charged = 0
+            if self._held is not None:
+                self._held.close()
             if size > UNSEEN and offer is not None:  # written: what its connection still holds
                 kind = self._manager.keep_answer(self._owner, offer)
                 if kind is not None:

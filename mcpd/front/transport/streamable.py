@@ -149,16 +149,18 @@ class StreamableTransport:
                           None if owner is None else self.manager, owner or "", drop)
 
     def _answer(self, reply: Queued, accepts: set[str], owner: str, session_id: str | None = None,
-                headers: dict[str, str] | None = None) -> Response:
+                headers: dict[str, str] | None = None, held: PostStream | None = None) -> Response:
         """A POST's answer of one reply (already encoded): JSON (``400`` for an error without an
         id), or one event for a client that accepts only event streams; a :class:`PiecedAnswer`
         (charged to principal ``owner``'s and the total budgets while its client is behind).
-        ``session_id``: the session the POST named, for the log."""
+        ``session_id``: the session the POST named, for the log. ``held``: the POST's stream that
+        charges the reply's bytes (released once the answer is written)."""
         data = reply.data
         if JSON_TYPE not in accepts:  # an SSE-only client: the reply as a one-event stream
             return PiecedAnswer(event_of(data), 200, {**STREAM_HEADERS, **(headers or {})}, SSE_TYPE,
-                                self.manager, owner, session_id)
-        return PiecedAnswer(data, 400 if reply.refused else 200, headers, JSON_TYPE, self.manager, owner, session_id)
+                                self.manager, owner, session_id, held)
+        return PiecedAnswer(data, 400 if reply.refused else 200, headers, JSON_TYPE, self.manager, owner, session_id,
+                            held)
 
     # -- session lookup ---------------------------------------------------------------------------
 
@@ -269,7 +271,7 @@ class StreamableTransport:
         if not opened and SSE_TYPE in accepts and any(_is_request(m) and (_wants_progress(m) or may_elicit(
                 session.protocol.client_capabilities, m)) for m in members):
             return self._event_response(self._events(session, payload, caller, _drop(request)), headers)
-        out = self._post_stream(replies_only=True)
+        out = self._post_stream(replies_only=True, owner=user.principal.name, drop=_drop(request))
         task = session.protocol.receive(payload, caller, out.put)
         if task is not None:
             await asyncio.wait({task})
@@ -278,11 +280,12 @@ class StreamableTransport:
             self.manager.close(session)  # a failed initialize leaves no session behind
             headers.pop(SESSION_HEADER)
         if not replies:
+            out.close()
             if task is not None and task.cancelled() and session.closed:
                 return rpc_refusal(404, INVALID_REQUEST, "session ended", rid, headers=headers)
             # (a request cancelled by notifications/cancelled gets no reply: 202, the session lives)
             return Response(status_code=202, headers=headers)
-        return self._answer(replies[0], accepts, user.principal.name, session.id, headers)
+        return self._answer(replies[0], accepts, user.principal.name, session.id, headers, out)
 
     def _origin(self, request: Request) -> str:
         """``https://`` and the request's ``Host`` (held to ``allowed_hosts`` already) and the base
@@ -303,7 +306,8 @@ class StreamableTransport:
             check_modern(request.headers, payload)
         except HeaderRefused as exc:
             return rpc_refusal(exc.status, exc.code, exc.message, rid, exc.data)
-        protocol = McpSession(self.manager.dispatcher, secrets.token_hex(16), _discard, modern=True)
+        protocol = McpSession(self.manager.dispatcher, secrets.token_hex(16), _discard, modern=True,
+                              budget=self.manager)
         if not protocol.knows(payload["method"]):
             return rpc_refusal(404, METHOD_NOT_FOUND, "method not found", rid)
         peer = f"{request.client.host}:{request.client.port}" if request.client else "unknown"
@@ -312,9 +316,10 @@ class StreamableTransport:
             out = self._post_stream(owner=caller.principal.name, drop=_drop(request))
             return self._event_response(post_events(protocol, payload, caller, out, self.cfg.keepalive_seconds,
                                                     "stateless", cancel_on_close=True))
-        out = self._post_stream(replies_only=True)
+        out = self._post_stream(replies_only=True, owner=user.principal.name, drop=_drop(request))
         task = protocol.receive(payload, caller, out.put)
         if task is None:
+            out.close()
             return Response(status_code=202)
         gone = asyncio.ensure_future(disconnected(request.receive))
         try:
@@ -325,8 +330,9 @@ class StreamableTransport:
                 protocol.close()
         replies = out.drain()
         if not replies:
+            out.close()
             return Response(status_code=202)
-        return self._answer(replies[0], accepts, user.principal.name)
+        return self._answer(replies[0], accepts, user.principal.name, held=out)
 
     def _event_response(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None,
                         ) -> EventSourceResponse:

@@ -175,7 +175,7 @@ class WorkerPool:
         self, os_user: str, op: str, args: dict[str, Any], timeout: float | None, on_progress: ProgressCallback | None,
         token: str, owner: str | None,
     ) -> dict[str, Any]:
-        limit = deadline_seconds(args, self._cfg.workers.timeout_seconds) if timeout is None else timeout
+        limit = deadline_seconds(args, self._cfg.workers.timeout_seconds, op) if timeout is None else timeout
         encoded = encode_args(op, args)  # once per call, size checked before any worker is taken
         deadline = asyncio.get_running_loop().time() + limit
         principal = os_user if owner is None else owner
