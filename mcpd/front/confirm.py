@@ -55,6 +55,8 @@ def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
 def _facts(view: dict[str, Any]) -> str:
     rows = [("Who asks", f"{view['principal']} (account {view['os_user']})"), ("Tool", view["op"]),
             ("Path", view["path"])]
+    if view.get("resolves_to") and view["resolves_to"] != view["path"]:  # through a symlink: what is read
+        rows.append(("Resolves to", view["resolves_to"]))
     if view.get("why"):
         rows.append(("Stated reason", view["why"]))
     rows.append(("Expires in", f"{view['expires_in']} s"))

@@ -64,13 +64,14 @@ LOGINS_REFUSED.labels("429")
 #: for one of the front's connections to the policy process (``helper_connections``: all held, or the
 #: principal's share of them), and a call that needed a new worker past its principal's
 #: ``workers.spawn_burst``/``spawns_per_second`` (``worker_spawns``), and a task asked for past its
-#: principal's ``tasks.max_per_principal`` (``tasks_per_principal``).
+#: principal's ``tasks.max_per_principal`` (``tasks_per_principal``), and a privileged call that
+#: would wait for a person past the waits of its principal or of all (``approval_waits``).
 LIMIT_KINDS = (
     "connections_total", "connections_per_address", "header_deadline", "body_deadline", "body_bytes",
     "sessions_total", "sessions_per_principal", "in_flight", "batch", "queue_overflow",
     "privileged_per_principal", "requests_per_day", "logins_in_flight", "worker_accounts", "account_workers",
     "calls_per_principal", "batch_bytes", "header_bytes", "helper_connections", "worker_spawns",
-    "queue_bytes_per_principal", "queue_bytes_total", "tasks_per_principal",
+    "queue_bytes_per_principal", "queue_bytes_total", "tasks_per_principal", "approval_waits",
 )
 LIMITS_HIT = Counter("mcpd_limits_hit", "Requests, connections or sessions turned away by one of the front's caps",
                      ["limit"], registry=REGISTRY)

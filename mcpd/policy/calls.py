@@ -42,6 +42,7 @@ from mcpd.helper.wire.errors import (
     ToolError,
 )
 from mcpd.policy import confirmcall, grepcall
+from mcpd.policy.confirm import Resolution
 from mcpd.policy.grants import os_groups
 from mcpd.policy.handover import await_report, check_worker, claim_worker, end_late, pass_call, walker_frame
 from mcpd.policy.opened import described
@@ -84,16 +85,24 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     groups = os_groups(principal.os_user) | set(principal.groups)  # an OAuth token's groups: <issuer>:<group>
     policy = state.policy.policy
     login_time = None if login is None else datetime.datetime.fromtimestamp(login.login_time, datetime.UTC)
-    used = login is not None and state.issued.used(login.id)  # before this call's claim: the walker decides alike
+    # a retry of a call that waited at the front for its approval holds the login its first try claimed
+    held = login is not None and req.get("waited") and state.confirms.holds_claim(req.get("confirm"), login.id)
+    used = login is not None and not held and state.issued.used(login.id)  # before this call's claim: the walker decides alike
     decision = grantmatch.decide(policy, principal.os_user, groups, op, requested, grantmatch.utcnow(),
                              login_time=login_time, login_used=used)
-    if decision.allowed and decision.reauth_after == 0 and login is not None and not state.issued.claim(login.id):
+    claims = decision.allowed and decision.reauth_after == 0 and login is not None
+    if claims and not held and not state.issued.claim(login.id):
         decision = dataclasses.replace(decision, allowed=False, reason=grantmatch.REAUTH)  # one login, one call
     try:  # a step-up sign-in or an approval by a person (mcpd.policy.confirmcall)
-        decision, stepped = confirmcall.gate(state, req, principal, op, requested, decision, lambda at: grantmatch.decide(
+        decision, stepped, bound = confirmcall.gate(state, req, principal, op, requested, decision, lambda at: grantmatch.decide(
             policy, principal.os_user, groups, op, requested, grantmatch.utcnow(), login_time=at, login_used=False),
-            deadline_seconds(args, state.cfg.workers.timeout_seconds, op))
+            deadline_seconds(args, state.cfg.workers.timeout_seconds, op),
+            lambda: _resolution(state, decision.resolved_path or requested, decision.covers_root, principal.name))
     except ToolError as exc:
+        if exc.details.get("reason") == confirmcall.WAITING:  # the front waits and retries: one record, the retry's
+            if claims and login is not None:
+                state.confirms.hold_claim(exc.details["waiting"], login.id)
+            raise
         state.audit.record("reject", decision="reject", reason=exc.details.get("reason"), outcome=exc.code, bytes=0,
                            duration_ms=_ms(started), requested_path=requested, resolved_path=decision.resolved_path,
                            grant=decision.rule, **who)
@@ -120,7 +129,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
             return reply
         if op not in WALK_OPS:
             reply, outcome, size, prepared, redacted = _content(state, op, args, principal, decision.covers_root, req,
-                                                                record)
+                                                                record, bound)
             if outcome in (PERMISSION_DENIED, NOT_A_REGULAR_FILE):  # the worker's own check refused it
                 state.audit.record("reject", decision=REFUSED_AT_OPEN, reason=f"refused by the worker ({outcome})",
                                    outcome=outcome, bytes=0, duration_ms=_ms(started), **record)
@@ -168,18 +177,37 @@ def _refusal(exc: ToolError) -> tuple[str, str] | None:
     return None
 
 
+def _resolution(state: State, path: str, follow: bool, who: str) -> Resolution:
+    """What ``path`` resolves to now, as root's opener sees it (``follow``: the grant covers ``/``)
+    for principal ``who``: root's real path and the object's device and inode, or the path alone
+    (``0, 0``) when root refuses or cannot open it. One root ``open`` (want ``any``: a folder or
+    special file is only an ``O_PATH`` descriptor), closed at once."""
+    try:
+        fd, real = state.root.open(path, follow, "any", who)
+    except ToolError:
+        return Resolution(path)
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return Resolution(real, st.st_dev, st.st_ino)
+
+
 def _ms(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 1)
 
 
 def _content(state: State, op: str, args: dict[str, Any], principal: identity.Principal, follow: bool,
-             req: dict[str, Any], record: dict[str, Any]) -> tuple[dict[str, Any], str | None, int, Prepared, str | None]:
+             req: dict[str, Any], record: dict[str, Any],
+             bound: Resolution | None = None) -> tuple[dict[str, Any], str | None, int, Prepared, str | None]:
     """Hand the opened file to the principal's worker (``files/read``: root's descriptor;
     ``files/filetype``: only :func:`~mcpd.policy.opened.described`'s facts and sample memfd) and
     wait for its report; the accept record (``record``'s fields, and ``real_path``, the real path
     of what root opened when it is not the one judged) is encoded while the worker reads, and
     written by the caller. The last item: the worker's count of secrets redacted
-    (:func:`mcpd.common.redaction.counts_text`), or None when the call was not redacted."""
+    (:func:`mcpd.common.redaction.counts_text`), or None when the call was not redacted. ``bound``:
+    the resolution a person approved (:func:`mcpd.policy.confirmcall.gate`); what root opened must
+    be that object, else ``PERMISSION_DENIED`` (:data:`~mcpd.policy.confirmcall.RESOLVES_ELSEWHERE`)."""
     w = claim_worker(state, principal, req)
     fd = None if follow else state.opened.take(args["path"], principal.name)  # an earlier read's, checked again
     if fd is not None:
@@ -191,6 +219,9 @@ def _content(state: State, op: str, args: dict[str, Any], principal: identity.Pr
     if real != args["path"]:  # through a symlink (a grant on /): the record names the file root opened too
         record["real_path"] = real
     try:
+        if bound is not None and Resolution(real, (st := os.fstat(fd)).st_dev, st.st_ino) != bound:
+            raise ToolError(PERMISSION_DENIED, f"permission denied: {args['path']}: {confirmcall.RESOLVES_ELSEWHERE}"
+                            "; ask again", path=args["path"], reason=confirmcall.RESOLVES_ELSEWHERE)
         if grantmatch.is_secret(state.policy.policy, real):
             raise ToolError(PERMISSION_DENIED, f"permission denied: {args['path']}", path=args["path"],
                             reason=grantmatch.SECRET)

@@ -13,7 +13,10 @@ in root, never on disk: a restart forgets them, and the call is asked again):
   An approval of ``for`` seconds covers the same principal, tool and path for that long.
 
 Every record is bound to one principal (name and token id), one tool and one requested path: a
-retry by anyone else, or of another call, never matches it. Its id (:data:`ID_BYTES` random
+retry by anyone else, or of another call, never matches it. An approval is also bound to what the
+path resolved to when it was asked (:class:`Resolution`: root's real path and the object's device
+and inode), shown to the approver; a retry, or a call under a ``for`` approval, whose path now
+resolves to something else is asked again. Its id (:data:`ID_BYTES` random
 bytes, URL-safe) is in the page's address, its CSRF token (another random value) in the page's
 form only; both are compared in constant time. It lives :data:`TTL_SECONDS`, is used once (the
 retry that consumed it, or the page's one successful answer) and at most :data:`MAX_PENDING`
@@ -46,6 +49,18 @@ SIGNIN, APPROVE = "signin", "approve"
 PENDING, SIGNED_IN, APPROVED, DENIED, USED, EXPIRED = "pending", "signed_in", "approved", "denied", "used", "expired"
 
 
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """What a requested path resolved to: ``real`` (the real path root saw, following symlinks
+    only where the grant covers ``/``) and ``dev``/``ino`` of the object (``0, 0`` when root could
+    not open it: the call is then refused at its open anyway). Two resolutions are the same object
+    only when all three are equal."""
+
+    real: str
+    dev: int = 0
+    ino: int = 0
+
+
 @dataclasses.dataclass
 class Pending:
     """One confirmation: who asked (``principal``, ``os_user``, ``token_id``) for what (``op``,
@@ -65,6 +80,8 @@ class Pending:
     expires: float
     approve: Approve | None = None
     login_at: float = 0.0  # an approval after a step-up sign-in: that sign-in's time (UNIX seconds)
+    resolved: Resolution | None = None  # an approval: what the path resolved to when it was asked
+    claim: str = dataclasses.field(default="", repr=False)  # the login id (reauth_after: 0) the waiting call claimed
     state: str = PENDING
     by: str = ""
     at: float = 0.0
@@ -72,7 +89,8 @@ class Pending:
     def view(self) -> dict[str, Any]:
         """What the page shows (and the CSRF token its form carries); never the id's owner's token."""
         return {"kind": self.kind, "principal": self.principal, "os_user": self.os_user, "op": self.op,
-                "path": self.path, "why": self.why, "state": self.state, "csrf": self.csrf,
+                "path": self.path, "resolves_to": None if self.resolved is None else self.resolved.real,
+                "why": self.why, "state": self.state, "csrf": self.csrf,
                 "expires_in": max(0, int(self.expires - time.time()))}
 
 
@@ -87,8 +105,8 @@ class Confirmations:
     def __init__(self, audit: AuditLog, ttl: float = TTL_SECONDS) -> None:
         self.audit, self.ttl = audit, ttl
         self._items: dict[str, Pending] = {}
-        # (principal, op, path) -> (until, by, the approve block it was given under)
-        self._approved: dict[tuple[str, str, str], tuple[float, str, Approve]] = {}
+        # (principal, op, path) -> (until, by, the approve block it was given under, what path resolved to)
+        self._approved: dict[tuple[str, str, str], tuple[float, str, Approve, Resolution | None]] = {}
         self._cond = threading.Condition()
 
     # -- records -------------------------------------------------------------------------------
@@ -105,7 +123,7 @@ class Confirmations:
             del self._items[p.id]
             if p.state in (PENDING, SIGNED_IN, APPROVED):
                 self._record(p, EXPIRED)
-        for key in [k for k, (until, _, _) in self._approved.items() if until <= now]:
+        for key in [k for k, (until, *_) in self._approved.items() if until <= now]:
             del self._approved[key]
 
     def sweep(self) -> None:
@@ -116,15 +134,16 @@ class Confirmations:
             self._sweep(time.time())
 
     def open(self, kind: str, principal: str, os_user: str, token_id: str, op: str, path: str, why: str = "",
-             approve: Approve | None = None, login_at: float = 0.0) -> Pending:
+             approve: Approve | None = None, login_at: float = 0.0, resolved: Resolution | None = None) -> Pending:
         """A new record for one call (``kind`` :data:`SIGNIN` or :data:`APPROVE`), recorded
         ``requested``; beyond :data:`MAX_PENDING_PER_PRINCIPAL` records of ``principal`` its
         oldest is expired first, beyond :data:`MAX_PENDING` in all the oldest. ``login_at``: an
         approval that follows a step-up sign-in of the same call keeps its time, so the call's
-        retry is judged with it."""
+        retry is judged with it. ``resolved``: an approval's :class:`Resolution` (recorded as
+        ``resolves_to``)."""
         now = time.time()
         p = Pending(secrets.token_urlsafe(ID_BYTES), secrets.token_urlsafe(ID_BYTES), kind, principal, os_user,
-                    token_id, op, path, why[:500], now, now + self.ttl, approve, login_at)
+                    token_id, op, path, why[:500], now, now + self.ttl, approve, login_at, resolved=resolved)
         with self._cond:
             self._sweep(now)
             while len(own := [x for x in self._items.values() if x.principal == principal]) >= MAX_PENDING_PER_PRINCIPAL:
@@ -135,7 +154,8 @@ class Confirmations:
                 oldest.expires = now
                 self._sweep(now)
             self._items[p.id] = p
-            self._record(p, "requested", expires=int(p.expires))
+            self._record(p, "requested", expires=int(p.expires),
+                         **({"resolves_to": resolved.real} if resolved is not None else {}))
         return p
 
     def get(self, pid: str) -> Pending | None:
@@ -159,6 +179,29 @@ class Confirmations:
         if p is None or (p.principal, p.token_id, p.op, p.path) != (principal, token_id, op, path):
             return None
         return p if p.state != USED else None
+
+    def moved(self, p: Pending, now: Resolution) -> None:
+        """Approval record ``p``'s path resolves to ``now``, not to what was approved: ``p`` ends
+        (never admits a call) with a ``refused`` record (reason ``the path resolves elsewhere now``)."""
+        with self._cond:
+            if self._items.get(p.id) is p:
+                del self._items[p.id]
+                p.state = EXPIRED
+                self._record(p, "refused", by=p.by, reason="the path resolves elsewhere now",
+                             resolves_to=now.real, approved_resolution=p.resolved.real if p.resolved else None)
+                self._cond.notify_all()
+
+    def hold_claim(self, pid: str, login_id: str) -> None:
+        """The call waiting on record ``pid`` claimed the one call of login ``login_id``
+        (``reauth_after: 0``): its retry (:meth:`holds_claim`) goes on with that claim."""
+        with self._cond:
+            if (p := self._find(pid)) is not None:
+                p.claim = login_id
+
+    def holds_claim(self, pid: object, login_id: str) -> bool:
+        """Whether live record ``pid`` holds the claim of login ``login_id`` (:meth:`hold_claim`)."""
+        p = self.get(pid) if isinstance(pid, str) else None
+        return p is not None and bool(p.claim) and hmac.compare_digest(p.claim.encode(), login_id.encode())
 
     def use(self, p: Pending) -> bool:
         """Consume ``p`` once (compare-and-set): True for the one retry it admits, recorded ``used``."""
@@ -184,14 +227,17 @@ class Confirmations:
 
     # -- approvals in force --------------------------------------------------------------------
 
-    def approved(self, principal: str, op: str, path: str, rule: Approve) -> str | None:
+    def approved(self, principal: str, op: str, path: str, rule: Approve,
+                 resolved: Resolution | None = None) -> str | None:
         """Who approved this principal's ``op`` on ``path`` for a while still running under the
-        same ``approve`` block ``rule`` as the grant in force, or None (a reload that changed the
-        block, its approvers or its ``for``, ends the approvals given under the old one)."""
+        same ``approve`` block ``rule`` as the grant in force, the path still resolving to
+        ``resolved`` as it did then, or None (a reload that changed the block, its approvers or
+        its ``for``, ends the approvals given under the old one; a path re-pointed since is asked
+        again)."""
         with self._cond:
             self._sweep(time.time())
             found = self._approved.get((principal, op, path))
-            return None if found is None or found[2] != rule else found[1]
+            return None if found is None or found[2] != rule or found[3] != resolved else found[1]
 
     # -- the page's and the approvers' answers --------------------------------------------------
 
@@ -236,7 +282,7 @@ class Confirmations:
                 return "you may not approve your own request"
             p.state, p.by, p.at = (APPROVED if approve else DENIED), approver, time.time()
             if approve and rule.seconds > 0:
-                self._approved[(p.principal, p.op, p.path)] = (p.at + rule.seconds, approver, rule)
+                self._approved[(p.principal, p.op, p.path)] = (p.at + rule.seconds, approver, rule, p.resolved)
             self._record(p, p.state, by=approver, peer=peer,
                          **({"covers_seconds": int(rule.seconds)} if approve else {}))
             self._cond.notify_all()

@@ -12,6 +12,18 @@ the gate as follows (docs/REFERENCE.md §4.7):
   approval retry waits, at most the call's deadline, for the decision.
 - otherwise a sign-in is refused as before (with where to log in), and an approval is opened and
   waited for within the call's deadline (an approver runs ``linuxctl approve ID``).
+
+A call the front can wait for elsewhere (``defer``) never waits here: while its record waits for
+its person the call answers at once ``PERMISSION_DENIED`` with ``details.waiting`` (the record's
+id, reason :data:`WAITING`); the front gives back its call connection, waits on the record
+(``confirm_view`` until it is no longer pending, within the call's deadline) and retries the
+call naming the record with ``waited`` set, which is then judged with no wait at all.
+
+An approval is bound to what the path resolves to when it is asked (a
+:class:`~mcpd.policy.confirm.Resolution`, shown to the approver): a retry, a call under a ``for``
+approval, or a waiting call whose path resolves to another object by the time it is approved is
+asked again (interactive) or refused with :data:`RESOLVES_ELSEWHERE`; the caller checks the
+descriptor it then opens against the same resolution.
 """
 
 from __future__ import annotations
@@ -23,13 +35,15 @@ from typing import Any
 from mcpd.common import grantmatch
 from mcpd.common.identity import Principal
 from mcpd.helper.wire.errors import PERMISSION_DENIED, ToolError
-from mcpd.policy.confirm import APPROVE, APPROVED, DENIED, PENDING, SIGNED_IN, SIGNIN, Pending
+from mcpd.policy.confirm import APPROVE, APPROVED, DENIED, PENDING, SIGNED_IN, SIGNIN, Pending, Resolution
 from mcpd.policy.grants import os_groups
 from mcpd.policy.state import State, principal_of
 
 APPROVAL_DENIED = "the approver denied this call"
 APPROVAL_TIMED_OUT = "no approver decided in time"
 SIGNIN_DECLINED = "the sign-in was declined"
+WAITING = "waiting for a person"
+RESOLVES_ELSEWHERE = "the path resolves to another file than the one approved"
 
 
 def _ask(p: Pending, path: str) -> ToolError:
@@ -40,22 +54,31 @@ def _ask(p: Pending, path: str) -> ToolError:
                      confirm={"id": p.id, "kind": p.kind, "expires_in": p.view()["expires_in"]})
 
 
+def _elsewhere(path: str) -> ToolError:
+    """The refusal of a call whose path resolves to another object than the one approved."""
+    return ToolError(PERMISSION_DENIED, f"permission denied: {path}: {RESOLVES_ELSEWHERE}; ask again",
+                     path=path, reason=RESOLVES_ELSEWHERE)
+
+
 def gate(state: State, req: dict[str, Any], principal: Principal, op: str, requested: str,
          decision: grantmatch.Decision, redecide: Callable[[datetime.datetime], grantmatch.Decision],
-         wait_seconds: float) -> tuple[grantmatch.Decision, float]:
+         wait_seconds: float, resolve: Callable[[], Resolution]) -> tuple[grantmatch.Decision, float, Resolution | None]:
     """The decision a call goes on with once a person has had their say (see the module docstring),
-    and the time (UNIX seconds) of the step-up sign-in it was judged with (``0.0``: none), by
-    which a walker judges each entry's ``reauth_after`` too.
+    the time (UNIX seconds) of the step-up sign-in it was judged with (``0.0``: none), by
+    which a walker judges each entry's ``reauth_after`` too, and the resolution an approval was
+    given for (None: no approval), which the object the call then opens must still be.
 
     Args:
         req: the ``privileged_call`` request (``interactive``, ``confirm``, ``why``: optional).
         decision: the grants' decision for this call.
         redecide: the decision again for a login at the given (aware) time, not yet used.
         wait_seconds: how long an approval may be waited for in this call.
+        resolve: what the requested path resolves to now (asked only for a call under ``approve``).
 
     Raises:
         ToolError: ``PERMISSION_DENIED`` with ``details.confirm`` (ask the client to open the page),
-            or with reason :data:`APPROVAL_DENIED` / :data:`APPROVAL_TIMED_OUT`.
+            with ``details.waiting`` (``defer``: wait on that record, then retry), or with reason :data:`APPROVAL_DENIED` / :data:`APPROVAL_TIMED_OUT` /
+            :data:`RESOLVES_ELSEWHERE`.
     """
     box, interactive, cid = state.confirms, bool(req.get("interactive")), req.get("confirm")
     mine = None if not isinstance(cid, str) else box.for_retry(cid, principal.name, principal.token_id, op, requested)
@@ -64,7 +87,7 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
         login_at = 0.0
         if mine is not None and mine.kind == SIGNIN:
             if mine.state == PENDING:  # the retry waits, up to its deadline, for the sign-in
-                box.wait(mine, wait_seconds)
+                _wait(state, req, mine, wait_seconds)
             if mine.state == SIGNED_IN:
                 login_at = mine.at
             elif mine.state == PENDING and interactive:
@@ -81,21 +104,34 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
         if not decision.allowed and interactive:
             raise _ask(box.open(SIGNIN, principal.name, principal.os_user, principal.token_id, op, requested), requested)
     if not decision.allowed or decision.approve is None:
-        return decision, carried
+        return decision, carried, None
+    now = resolve()
     # a record opened under another approve block (a reload changed it since) is judged as a first call
     p = mine if mine is not None and mine.kind == APPROVE and mine.approve == decision.approve else None
-    if p is None and box.approved(principal.name, op, requested, decision.approve) is not None:
-        return decision, carried  # an approval with `for` still covers this principal, tool and path
+    if p is not None and p.resolved != now:  # re-pointed since it was asked: that approval ends, ask again
+        box.moved(p, now)
+        if not interactive:
+            raise _elsewhere(requested)
+        p = None
+    if p is None and box.approved(principal.name, op, requested, decision.approve, now) is not None:
+        return decision, carried, now  # an approval with `for` still covers this principal, tool and object
     if p is None:
         stated = req.get("why")
         why = stated if isinstance(stated, str) else ""
         p = box.open(APPROVE, principal.name, principal.os_user, principal.token_id, op, requested, why,
-                     decision.approve, carried)
+                     decision.approve, carried, now)
         if interactive:
             raise _ask(p, requested)
-    outcome = box.wait(p, wait_seconds)
+    waited = p.state == PENDING
+    outcome = _wait(state, req, p, wait_seconds)
+    if outcome == APPROVED and waited and (after := resolve()) != p.resolved:  # re-pointed while it waited
+        box.moved(p, after)
+        if interactive:
+            raise _ask(box.open(APPROVE, principal.name, principal.os_user, principal.token_id, op, requested,
+                                p.why, decision.approve, carried, after), requested)
+        raise _elsewhere(requested)
     if outcome == APPROVED and box.use(p):
-        return decision, carried
+        return decision, carried, p.resolved
     if outcome == DENIED:
         raise ToolError(PERMISSION_DENIED, f"permission denied: {requested}: {APPROVAL_DENIED} ({p.by})",
                         path=requested, reason=APPROVAL_DENIED)
@@ -104,6 +140,18 @@ def gate(state: State, req: dict[str, Any], principal: Principal, op: str, reque
     raise ToolError(PERMISSION_DENIED, f"permission denied: {requested}: {APPROVAL_TIMED_OUT} "
                     f"(approval {p.id} {'still waits' if outcome == PENDING else 'expired'})",
                     path=requested, reason=APPROVAL_TIMED_OUT, confirm={"id": p.id, "kind": p.kind})
+
+
+def _wait(state: State, req: dict[str, Any], p: Pending, seconds: float) -> str:
+    """Record ``p``'s state after waiting for its person: at most ``seconds`` here, none for a
+    retry the front already ``waited`` for; a call the front can wait for (``defer``) that would
+    wait is answered at once with where to wait (``details.waiting``, reason :data:`WAITING`)."""
+    if req.get("waited"):
+        return state.confirms.wait(p, 0.0)
+    if req.get("defer") and p.state == PENDING:
+        raise ToolError(PERMISSION_DENIED, f"permission denied: {p.path}: {WAITING}", path=p.path, reason=WAITING,
+                        waiting=p.id)
+    return state.confirms.wait(p, seconds)
 
 
 # ---------------------------------------------------------------- the page's requests

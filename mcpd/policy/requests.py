@@ -29,9 +29,11 @@ CALL = {"token": TOKEN, "session": Key(str, longest=64), "peer": PEER, "op": Key
         "traceparent": Key(str, longest=TRACEPARENT_CHARS, required=False),
         "tracestate": Key(str, longest=TRACESTATE_CHARS, required=False),
         # a person in the loop (mcpd.policy.confirmcall): the client can open a URL; the record a
-        # retry names; the agent's stated reason
+        # retry names; the agent's stated reason; the front waits on a waiting record itself (defer),
+        # and a retry it has waited for
         "interactive": Key(bool, required=False), "confirm": Key(str, longest=64, required=False),
-        "why": Key(str, longest=500, required=False)}
+        "why": Key(str, longest=500, required=False), "defer": Key(bool, required=False),
+        "waited": Key(bool, required=False)}
 LOGIN = {"user": Key(str, longest=64), "password": Key(str, longest=4096), "peer": PEER}
 CONFIRM_ID = Key(str, longest=64)
 ANSWER = {"cid": CONFIRM_ID, "csrf": Key(str, longest=64), "user": Key(str, longest=64),

@@ -26,6 +26,7 @@ from mcpd.policy.confirm import (
     SIGNED_IN,
     SIGNIN,
     Confirmations,
+    Resolution,
 )
 
 
@@ -70,6 +71,32 @@ def test_approvers_self_and_the_for_window(tmp_path: Path) -> None:
     assert b.approved("alice", "files/read", "/srv/a", Approve(("bob",), 60.0, False)) is None
     q = b.open(APPROVE, "bob", "bob", "t9", "files/read", "/srv/a", "", Approve(("bob",), 0.0, True))
     assert b.decide(q, "bob", "bob", set(), False, "-") is None and q.state == DENIED  # self: true
+
+
+def test_an_approval_holds_only_for_the_object_it_resolved_to(tmp_path: Path) -> None:
+    b, path = box(tmp_path)
+    rule = Approve(("bob",), 60.0, False)
+    notes, payroll = Resolution("/srv/notes.txt", 2049, 11), Resolution("/srv/payroll.txt", 2049, 12)
+    p = b.open(APPROVE, "alice", "alice", "t1", "files/read", "/srv/today.txt", "", rule, resolved=notes)
+    assert p.view()["resolves_to"] == "/srv/notes.txt" and records(path)[0]["resolves_to"] == "/srv/notes.txt"
+    assert b.decide(p, "bob", "bob", set(), True, "-") is None
+    assert b.approved("alice", "files/read", "/srv/today.txt", rule, notes) == "bob"
+    assert b.approved("alice", "files/read", "/srv/today.txt", rule, payroll) is None  # the link re-pointed
+    assert b.approved("alice", "files/read", "/srv/today.txt", rule, Resolution("/srv/notes.txt", 2049, 13)) is None
+    b.moved(p, payroll)  # the retry found the path resolving elsewhere: the record never admits a call
+    assert b.get(p.id) is None and not b.use(p)
+    last = records(path)[-1]
+    assert (last["decision"], last["reason"], last["resolves_to"]) == ("refused", "the path resolves elsewhere now",
+                                                                       "/srv/payroll.txt")
+
+
+def test_a_waiting_calls_login_claim_stays_with_its_record(tmp_path: Path) -> None:
+    b, _ = box(tmp_path)
+    p = b.open(APPROVE, "alice", "alice", "t1", "files/read", "/srv/a", "", Approve(("bob",), 0.0, False))
+    assert not b.holds_claim(p.id, "login1")
+    b.hold_claim(p.id, "login1")
+    assert b.holds_claim(p.id, "login1") and not b.holds_claim(p.id, "login2")
+    assert not b.holds_claim(None, "login1") and not b.holds_claim("forged" * 4, "login1")
 
 
 def test_wait_returns_on_a_decision_and_records_expire(tmp_path: Path) -> None:

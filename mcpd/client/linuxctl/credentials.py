@@ -135,6 +135,8 @@ def approve_cmd(settings: Settings, confirm_id: str, deny: bool) -> None:
         fail(exc)
     view = answer.get("view") or {}
     said = " ".join(printable(str(view.get(k))) for k in ("principal", "op", "path"))  # the agent chose the path
+    if view.get("resolves_to") and view["resolves_to"] != view.get("path"):  # through a symlink: what is read
+        said += f" (resolves to {printable(str(view['resolves_to']))})"
     click.echo(f"{printable(str(answer.get('message')))}: {said}", err=True)
 
 
