@@ -91,7 +91,7 @@ def handle_call(state: State, req: dict[str, Any]) -> dict[str, Any]:
     decision = grantmatch.decide(policy, principal.os_user, groups, op, requested, grantmatch.utcnow(),
                              login_time=login_time, login_used=used)
     claims = decision.allowed and decision.reauth_after == 0 and login is not None
-    if claims and not held and not state.issued.claim(login.id):
+    if claims and login is not None and not held and not state.issued.claim(login.id):
         decision = dataclasses.replace(decision, allowed=False, reason=grantmatch.REAUTH)  # one login, one call
     try:  # a step-up sign-in or an approval by a person (mcpd.policy.confirmcall)
         decision, stepped, bound = confirmcall.gate(state, req, principal, op, requested, decision, lambda at: grantmatch.decide(
