@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mcpd.admin.cli import helper_socket
 from mcpd.common import identity
 from mcpd.common.config import POLICY_USER, WALK_USER
 from tests.support.osaccounts import AccountFactory, remove_group, remove_user, require_root
@@ -175,6 +176,15 @@ def _socket_ready(path: str) -> bool:
         return False
 
 
+def _policy_started(audit: Path, before: int) -> bool:
+    """The policy process has loaded its grants: a ``load: start`` record after the first ``before`` lines."""
+    try:
+        lines = audit.read_bytes().split(b"\n")[before:]
+    except FileNotFoundError:
+        return False
+    return any(b'"load":"start"' in line.replace(b" ", b"") for line in lines)
+
+
 def _port_ready(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -193,12 +203,20 @@ def _serve_and_read(logs: Path, port: int, path: str, token: str) -> str:
     service = pwd.getpwnam(front_user)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
     started: list[subprocess.Popen[bytes]] = []
+    audit = Path("/var/log/mcpd/audit.jsonl")
+    before = audit.read_bytes().count(b"\n") if audit.exists() else 0
+    # mcpd-helper.socket's part: the listening socket, root:mcpd 0660, handed over as fd 3 (LISTEN_FDS)
+    listener = helper_socket("/run/mcpd/helper.sock", service.pw_gid)
+    hand_over = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.environ.update(LISTEN_PID=str(os.getpid()), "
+                 "LISTEN_FDS='1'); os.execv(sys.argv[2], sys.argv[2:])")
     try:
         with open(logs / "helper.log", "ab") as log:
-            helper = subprocess.Popen(helper_cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                      cwd="/", env=env)
+            helper = subprocess.Popen(["/opt/mcpd/bin/python3", "-I", "-c", hand_over, str(listener.fileno()),
+                                       *helper_cmd], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                      cwd="/", env=env, pass_fds=(listener.fileno(),))
+        listener.close()
         started.append(helper)
-        _wait("the helper", lambda: _socket_ready("/run/mcpd/helper.sock"), helper, logs / "helper.log")
+        _wait("the helper", lambda: _policy_started(audit, before), helper, logs / "helper.log")
         with open(logs / "front.log", "ab") as log:
             front = subprocess.Popen(front_cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                      cwd="/", env={**env, "HOME": service.pw_dir}, user=service.pw_uid,
