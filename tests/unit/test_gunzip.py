@@ -33,7 +33,7 @@ def test_members_padding_and_an_empty_file_read_as_gzip_reads_them() -> None:
     (gzip.compress(b"x") + b"junk", zlib.error),  # trailing bytes that are no member
     (gzip.compress(b"x")[:-8] + b"\0\0\0\0" + gzip.compress(b"x")[-4:], zlib.error),  # bad CRC
     (b"not gzip at all", zlib.error),
-])
+], ids=["cut short", "trailing junk", "bad CRC", "not gzip"])  # (gzip's header holds the time: no ids from data)
 def test_damaged_data_raises(data: bytes, error: type[BaseException]) -> None:
     with pytest.raises(error):
         _read(data)
