@@ -495,6 +495,21 @@ def long_paths(root: Path, files: int) -> Path:
     return root
 
 
+def assert_whole_or_no_room(replies: list[Any], matches: int) -> None:
+    """Each reply is the whole answer (``matches`` matches) or a ``-32000`` refusal for no room
+    (``principal_queue_bytes``: an answer that waited while nothing of its principal's was sent for
+    2 s; or the principal's calls whose answers are not taken), and at least half are whole: the
+    budget makes answers wait, and refuses them only when nothing moves."""
+    whole = [r for r in replies if isinstance(r, dict) and "result" in r
+             and len(r["result"]["structuredContent"]["matches"]) == matches]
+    refused = [r for r in replies if isinstance(r, dict) and "error" in r and r["error"]["code"] == -32000
+               and ("principal_queue_bytes" in r["error"]["message"]
+                    or "calls whose answers are not taken" in r["error"]["message"])]
+    assert len(whole) + len(refused) == len(replies), [r if not isinstance(r, dict) else r.get("error")
+                                                       for r in replies if r not in whole][:3]
+    assert len(whole) * 2 >= len(replies), (len(whole), len(refused))
+
+
 async def test_concurrent_reads_of_one_held_result_stay_within_the_outgoing_budget(
         daemon_factory: Callable[..., Daemon], tmp_path: Path) -> None:
     budget = 64 * 1024 * 1024
@@ -522,9 +537,9 @@ async def test_concurrent_reads_of_one_held_result_stay_within_the_outgoing_budg
         # what the front may hold for alice's answers, plus the result itself and its text once
         # more, and room for the allocator: about 200 MiB
         assert (peak - base) * 1024 < budget + 3 * 23 * 1024 * 1024 + 64 * 1024 * 1024, (base, peak)
-        # and every reader got the whole result, each in its turn (the budget makes them wait, not fail)
-        assert all(isinstance(r, dict) and len(r["result"]["structuredContent"]["matches"]) == 3000
-                   for r in replies), [r if not isinstance(r, dict) else r.get("error") for r in replies][:3]
+        # and every reader got the whole result in its turn, or (a machine so loaded that nothing of
+        # the principal's was sent for 2 s) the clear refusal for no room: never a part, never a crash
+        assert_whole_or_no_room(replies, 3000)
 
 
 async def test_concurrent_direct_calls_of_a_large_answer_stay_within_the_outgoing_budget(
@@ -558,8 +573,7 @@ async def test_concurrent_direct_calls_of_a_large_answer_stay_within_the_outgoin
             sampler.cancel()
         print("front grew by", (peak - base) // 1024, "MiB")
         assert (peak - base) * 1024 < budget + 6 * 23 * 1024 * 1024 + 64 * 1024 * 1024, (base, peak)
-        assert all(isinstance(r, dict) and len(r["result"]["structuredContent"]["matches"]) == 3000
-                   for r in replies), [r if not isinstance(r, dict) else r.get("error") for r in replies][:3]
+        assert_whole_or_no_room(replies, 3000)
 
 
 async def test_an_answer_larger_than_the_outgoing_budget_is_refused_clearly(
